@@ -1,0 +1,20 @@
+"""fa4sim: a discrete-event, cycle-level model of one SM running FlashAttention schedules.
+
+Layout (one idea per module):
+  engine.py          SimPy engine: units, warp roles, ops, dependencies (knows nothing of attention)
+  hardware.py        hardware profiles as data (profiles/*.json), every value with its source
+  tensor_core.py     MMA cycles from shape and rate (wgmma, tcgen05.mma)
+  exp2_emulation.py  FA4's polynomial exp2 on the FMA pipe: numerics and cost
+  softmax.py         softmax instruction counts per score element -> unit cycles
+  rescale.py         conditional rescaling: how often a warp rescales O
+  schedules/         fa4_sm100 (FA4 forward, Blackwell), fa3_sm90 (FA3-style forward, Hopper)
+  steady_state.py    periodic steady state detection and exact extrapolation
+  kernel_model.py    tiles over SMs: persistent / longest-first scheduling, waves, L2/HBM
+  model.py           simulate(): everything together -> Result
+  gantt.py, perfetto.py, cli.py, sweep.py: outputs and the command line
+"""
+from .errors import DeadlockError, InputError
+from .model import Result, simulate
+from .params import Problem
+
+__all__ = ["simulate", "Problem", "Result", "InputError", "DeadlockError"]

@@ -1,0 +1,200 @@
+"""fa4sim command line: run one simulation, list parameters, sweep a grid.
+
+Exit codes: 0 ok, 2 bad input (one line naming the parameter), 3 deadlock (the ops involved).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from . import hardware
+from .errors import DeadlockError, InputError
+from .params import Problem
+from .schedules import SCHEDULES
+
+EPILOG_RUN = """\
+examples:
+  fa4sim run --hw b200 --schedule fa4 --hdim 128 --seqlen 32768 --batch 1 --heads 16 --gantt fa4.png
+      FA4 forward on B200; prints TFLOP/s, utilisation and the bottleneck; draws one CTA's timeline
+  fa4sim run --hw b200 --set mufu_ex2_per_clk=32 --set exp_emulation=0
+      what if MUFU were twice as fast (a B300-like chip) and emulation were off?
+  fa4sim run --hw h100 --schedule fa3 --hdim 128 --seqlen 8192 --set pingpong=false --json
+      Hopper FA3-style forward without inter-warpgroup ping-pong, as one JSON object
+  fa4sim params --schedule fa4 --hw b200
+      every knob and hardware parameter you can --set, with defaults, units and sources
+"""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line and exit code 2."""
+
+    def error(self, message):
+        sys.stderr.write(f"fa4sim: error: {message}\n")
+        sys.exit(2)
+
+
+def _set_pairs(items: list[str]) -> dict[str, str]:
+    out = {}
+    for item in items or []:
+        if "=" not in item:
+            raise InputError("--set", f"expected NAME=VALUE, got {item!r}")
+        name, value = item.split("=", 1)
+        out[name.strip()] = value.strip()
+    return out
+
+
+def _default_schedule(hw_name: str) -> str:
+    arch = hardware.load(hw_name).arch
+    return next(n for n, m in SCHEDULES.items() if m.ARCH == arch)
+
+
+def _problem(a) -> Problem:
+    return Problem(batch=a.batch, heads=a.heads, seqlen_q=a.seqlen,
+                   seqlen_k=a.seqlen_k if a.seqlen_k is not None else a.seqlen, hdim=a.hdim, causal=a.causal)
+
+
+def add_problem_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--hw", default="b200", help="hardware profile: h100, h200, b200, or a profile .json (default b200)")
+    p.add_argument("--schedule", default=None, choices=sorted(SCHEDULES),
+                   help="fa4 (SM100, Blackwell) or fa3 (SM90, Hopper); default: the one for --hw")
+    p.add_argument("--hdim", type=int, default=128, help="head dimension (default 128)")
+    p.add_argument("--seqlen", type=int, default=8192, help="query sequence length (default 8192)")
+    p.add_argument("--seqlen-k", type=int, default=None, help="key sequence length (default: --seqlen)")
+    p.add_argument("--batch", type=int, default=2, help="batch size (default 2)")
+    p.add_argument("--heads", type=int, default=16, help="attention heads (default 16)")
+    p.add_argument("--causal", action="store_true", help="causal mask (bottom-right aligned)")
+    p.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
+                   help="override a schedule knob or a hardware parameter (repeatable); see `fa4sim params`")
+
+
+def cmd_run(a) -> int:
+    from .model import simulate
+    schedule = a.schedule or _default_schedule(a.hw)
+    r = simulate(a.hw, schedule, _problem(a), _set_pairs(a.set))
+    if a.gantt:
+        from .gantt import draw
+        draw(r.trace, a.gantt, title=_title(r), iterations=a.gantt_iters)
+    if a.trace:
+        from .perfetto import write
+        write(r.trace, a.trace, {"summary": r.to_json()["problem"], "schedule": schedule, "hw": r.hw.name})
+    if a.json:
+        print(json.dumps(r.to_json(), indent=None if a.compact else 1))
+    else:
+        print(_summary(r))
+        for path in (a.gantt, a.trace):
+            if path:
+                print(f"wrote {path}")
+    return 0
+
+
+def _title(r) -> str:
+    p = r.problem
+    return (f"{r.schedule} on {r.hw.name}: hd{p.hdim}, seqlen {p.seqlen_q}, batch {p.batch}, heads {p.heads}"
+            f"{', causal' if p.causal else ''} -> {r.tflops:.0f} TFLOP/s (one CTA, first {r.trace.tiles[0]} KV blocks simulated)")
+
+
+def _summary(r) -> str:
+    p, k = r.problem, r.kernel
+    lines = [
+        f"{r.schedule} on {r.hw.name} ({r.hw.description})",
+        f"problem   batch {p.batch} x heads {p.heads}, seqlen_q {p.seqlen_q}, seqlen_k {p.seqlen_k}, hdim {p.hdim}"
+        f"{', causal' if p.causal else ''}",
+        f"knobs     " + ", ".join(f"{n}={v}" for n, v in r.knobs.items()),
+        f"result    {r.tflops:.1f} TFLOP/s  ({r.tflops / r.hw.peak_tflops:.1%} of {r.hw.peak_tflops:.0f} peak at "
+        f"{r.hw.clock_ghz} GHz),  {r.time_us:.1f} us,  {r.cycles:.0f} cycles",
+        f"kernel    {k.units} tiles on {k.slots} slots ({k.waves:.2f} waves), slowest slot {k.tiles_on_slowest} tiles;"
+        f" L2 {k.l2_us:.1f} us, HBM {k.hbm_us:.1f} us, compute {k.compute_us:.1f} us",
+    ]
+    if r.interval:
+        lines.append(f"loop      {r.interval:.1f} cycles per KV block in the steady state (one CTA)")
+    lines.append("utilisation (steady state):")
+    for u, v in sorted(r.utilization.items(), key=lambda kv: -kv[1]):
+        lines.append(f"  {u:7s} {v:6.1%} {'#' * int(round(v * 40))}")
+    lines.append(f"bottleneck: {r.bottleneck}")
+    lines += [f"note: {n}" for n in r.notes]
+    return "\n".join(lines)
+
+
+def cmd_params(a) -> int:
+    schedule = a.schedule or _default_schedule(a.hw)
+    module = SCHEDULES[schedule]
+    hw = hardware.load(a.hw)
+    problem = Problem(1, 1, 8192, 8192, a.hdim, a.causal)
+    if a.json:
+        print(json.dumps({"schedule": {k.name: {"default": k.default_for(problem), "unit": k.unit, "allowed": k.describe(),
+                                                "doc": k.doc} for k in module.KNOBS},
+                          "hardware": hw.to_json()}, indent=1))
+        return 0
+    print(f"schedule knobs of {schedule} ({module.DESCRIPTION}); defaults for hdim {a.hdim}:")
+    for k in module.KNOBS:
+        print(f"  {k.name:18s} = {str(k.default_for(problem)):8s} {k.unit:11s} {k.describe():14s} {k.doc}")
+    print(f"\nhardware parameters of {hw.name} ({hw.description}); confidence H/M/L:")
+    for n, (unit, doc) in hardware.PARAMS.items():
+        print(f"  {n:22s} = {hw.values[n]!s:10s} {unit:18s} [{hw.confidence[n]}] {doc}\n{'':28s}source: {hw.sources[n]}")
+    return 0
+
+
+def cmd_sweep(a) -> int:
+    from .sweep import run_sweep
+    schedule = a.schedule or _default_schedule(a.hw)
+    return run_sweep(a, schedule, _problem(a), _set_pairs(a.set))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    top = _Parser(prog="fa4sim", formatter_class=argparse.RawDescriptionHelpFormatter,
+                  description="A cycle-level model of one GPU SM running FlashAttention forward schedules: "
+                              "FA4 on Blackwell (b200) and the FA3-style kernel on Hopper (h100, h200). "
+                              "It replays the schedule's warp roles on the SM's units (tensor core, MUFU, FMA and "
+                              "ALU pipes, TMEM, shared memory, TMA) and tells you the time, the TFLOP/s, how busy "
+                              "each unit is and why.",
+                  epilog=EPILOG_RUN)
+    sub = top.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
+    run = sub.add_parser("run", help="simulate one problem", formatter_class=argparse.RawDescriptionHelpFormatter,
+                         epilog=EPILOG_RUN, description="Simulate one attention forward and explain the result.")
+    add_problem_args(run)
+    run.add_argument("--json", action="store_true", help="print one JSON object (tflops, time_us, cycles, utilization, bottleneck, ...)")
+    run.add_argument("--compact", action="store_true", help="with --json: on one line")
+    run.add_argument("--gantt", metavar="FILE.png", help="draw one CTA's timeline (rows: units and warp roles)")
+    run.add_argument("--gantt-iters", type=int, default=6, help="KV iterations shown in the Gantt chart (default 6)")
+    run.add_argument("--trace", metavar="FILE.json", help="write a Perfetto/Chrome trace (1 cycle = 1 ns)")
+    run.set_defaults(func=cmd_run)
+
+    par = sub.add_parser("params", help="list every knob and hardware parameter with defaults, units and sources")
+    par.add_argument("--hw", default="b200")
+    par.add_argument("--schedule", choices=sorted(SCHEDULES))
+    par.add_argument("--hdim", type=int, default=128)
+    par.add_argument("--causal", action="store_true")
+    par.add_argument("--json", action="store_true")
+    par.set_defaults(func=cmd_params)
+
+    sw = sub.add_parser("sweep", help="simulate a grid of knob values and problem sizes in parallel",
+                        formatter_class=argparse.RawDescriptionHelpFormatter,
+                        description="Simulate every combination of the --grid values; write CSV, JSON and a plot.",
+                        epilog="example:\n  fa4sim sweep --hw b200 --grid exp_emulation=0,0.125,0.25,0.5 "
+                               "--grid seqlen=1024,4096,16384 --out sweeps/emu\n"
+                               "  grid names: seqlen, seqlen_k, hdim, batch, heads, causal, hw, or any --set name")
+    add_problem_args(sw)
+    sw.add_argument("--grid", action="append", default=[], metavar="NAME=V1,V2,...", help="a swept dimension (repeatable)")
+    sw.add_argument("--out", default="sweep", help="output prefix: writes PREFIX.csv, PREFIX.json, PREFIX.png")
+    sw.add_argument("--jobs", type=int, default=0, help="worker processes (default: all cores)")
+    sw.add_argument("--no-progress", action="store_true", help="no progress bar")
+    sw.set_defaults(func=cmd_sweep)
+    return top
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    a = parser.parse_args(argv)
+    try:
+        return a.func(a)
+    except InputError as e:
+        sys.stderr.write(f"fa4sim: error: {e}\n")
+        return 2
+    except DeadlockError as e:
+        sys.stderr.write(f"fa4sim: {e}\n")
+        return 3
+
+
+if __name__ == "__main__":
+    sys.exit(main())

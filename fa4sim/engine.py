@@ -1,0 +1,375 @@
+"""A discrete-event engine for warp-specialised kernel schedules, on SimPy.
+
+The engine knows nothing about attention. It is given a `Schedule`:
+
+* **units**: hardware pipes of one SM (tensor core, MUFU, FMA pipe, TMA, ...). A unit serves the
+  parts of ops in the order they are issued (first come, first served), `capacity` at a time.
+* **roles**: warp roles (load warp, MMA warp, softmax warpgroup, ...). Each runs its own program:
+  the ops of one loop iteration, in program order, repeated for every KV block of every tile.
+  A role is a plain SimPy process (a generator), as in SimPy's own examples.
+* **ops**: an op names the unit(s) it occupies and for how many cycles, plus a completion
+  latency. A *blocking* op holds its role until it completes; an *asynchronous* op (wgmma,
+  tcgen05.mma, TMA) holds its role only for `issue_cycles`, then runs on its units on its own,
+  and signals completion.
+  An op of `chunks` > 1 pieces reserves its units one piece at a time: an asynchronous op as it
+  issues its instructions (issue_cycles/chunks apart), a blocking op as each piece finishes.
+  So two warpgroups working at once interleave on a unit (Hopper's wgmma from two consumer
+  warpgroups; two softmax warpgroups sharing the MUFU), which approximates processor sharing,
+  while a single issuer stays in order. A unit named in `issue_depth` accepts an asynchronous
+  piece only while fewer than that many of its pieces are queued or running: the issuer stalls,
+  as a warp does when the tensor core's instruction queue is full, and two issuers alternate.
+* **edges**: `src -> dst`: an instance of dst may not issue before the matching instance of src
+  has completed (plus `lag` cycles of signalling, e.g. an mbarrier). `distance` d > 0 makes the
+  edge loop-carried: iteration g waits for iteration g - d (counted across tiles, as a
+  persistent kernel's pipeline keeps running). Buffer-slot anti-dependences are such edges with
+  d = number of stages.
+
+Software pipelining: an op with `skew` s runs, in its role's k-th iteration, the instance of KV
+iteration k - s (FA4's MMA warp issues PV(j-1) in iteration j). `when` restricts an op to the
+first or the last KV iteration of each tile (a Q load, an epilogue).
+
+Units are reserved when an op issues: a part starts at max(issue time, the unit's next free
+time). For FIFO service with known durations this equals a queue, and it costs one event per op
+instead of one per request and release: that is what keeps a whole simulation under a second.
+"""
+from __future__ import annotations
+
+import bisect
+import heapq
+from dataclasses import dataclass, field
+from typing import NamedTuple, Sequence
+
+import simpy
+
+from .errors import DeadlockError, InputError
+
+WHEN = ("all", "first", "last")
+EDGE_KINDS = ("flow", "anti", "output")
+
+
+@dataclass(frozen=True)
+class Op:
+    """One operation of a role's loop body.
+
+    uses: ((unit, cycles), ...) the cycles each unit is occupied (the op's initiation interval
+          on that unit). Parts on different units run concurrently; the op completes when all
+          parts are done, plus `latency` cycles.
+    """
+
+    name: str
+    role: str
+    uses: tuple[tuple[str, float], ...] = ()
+    latency: float = 0.0
+    kind: str = "compute"
+    asynchronous: bool = False
+    issue_cycles: float = 0.0
+    skew: int = 0
+    when: str = "all"
+    label: str = ""
+    chunks: int = 1  # served in this many equal pieces (see the module docstring)
+
+    @property
+    def occupancy(self) -> float:
+        """Longest part, in cycles: the op's duration with no queueing and no latency."""
+        return max((c for _, c in self.uses), default=0.0)
+
+
+@dataclass(frozen=True)
+class Edge:
+    """dst waits for src. distance counts KV iterations (per='iter') or tiles (per='tile')."""
+
+    src: str
+    dst: str
+    distance: int = 0
+    per: str = "iter"
+    kind: str = "flow"
+    lag: float = 0.0
+
+
+@dataclass
+class Schedule:
+    """Ops, units and dependencies: everything the engine needs, nothing about attention."""
+
+    name: str
+    units: dict[str, int]
+    roles: list[str]
+    ops: list[Op]
+    edges: list[Edge]
+    marker: str
+    meta: dict = field(default_factory=dict)
+    issue_depth: dict = field(default_factory=dict)  # unit -> max outstanding async pieces
+
+    def __post_init__(self):
+        self.validate()
+
+    def op(self, name: str) -> Op:
+        return self.ops[self._index[name]]
+
+    def validate(self) -> None:
+        names = [o.name for o in self.ops]
+        dup = {n for n in names if names.count(n) > 1}
+        if dup:
+            raise InputError("schedule", f"duplicate op names {sorted(dup)}")
+        self._index = {n: i for i, n in enumerate(names)}
+        for o in self.ops:
+            if o.role not in self.roles:
+                raise InputError("schedule", f"op {o.name} has unknown role {o.role!r}")
+            if o.when not in WHEN:
+                raise InputError("schedule", f"op {o.name}: when must be one of {WHEN}")
+            if o.chunks < 1:
+                raise InputError("schedule", f"op {o.name}: chunks must be >= 1")
+            if o.skew < 0 or o.latency < 0 or o.issue_cycles < 0:
+                raise InputError("schedule", f"op {o.name}: skew, latency and issue_cycles must be >= 0")
+            for unit, cycles in o.uses:
+                if unit not in self.units:
+                    raise InputError("schedule", f"op {o.name} uses unknown unit {unit!r}")
+                if not cycles >= 0:
+                    raise InputError("schedule", f"op {o.name}: {cycles} cycles on {unit} (must be >= 0)")
+        for e in self.edges:
+            for end in (e.src, e.dst):
+                if end not in self._index:
+                    raise InputError("schedule", f"edge {e.src}->{e.dst} names unknown op {end!r}")
+            if e.distance < 0 or e.per not in ("iter", "tile") or e.kind not in EDGE_KINDS:
+                raise InputError("schedule", f"edge {e.src}->{e.dst}: bad distance, per or kind")
+        if self.marker not in self._index or self.op(self.marker).when != "all":
+            raise InputError("schedule", f"marker {self.marker!r} must be an op that runs every iteration")
+
+
+class OpRecord(NamedTuple):
+    """One executed op instance. Times in cycles. start = first unit part began (or issue)."""
+
+    name: str
+    role: str
+    kind: str
+    tile: int
+    iter: int
+    issue: float
+    start: float
+    end: float
+    waited_for: str = ""  # the dependency that set the issue time ("" = the role itself)
+
+
+class Busy(NamedTuple):
+    """A unit occupied by the op record `rec` (index into Trace.ops) from start to end."""
+
+    unit: str
+    start: float
+    end: float
+    rec: int
+
+
+@dataclass
+class Trace:
+    """Everything that happened, in cycles. Identical for identical input."""
+
+    schedule: Schedule
+    tiles: tuple[int, ...]
+    ops: list[OpRecord]
+    busy: list[Busy]
+    end: float
+
+    def starts(self, op: str, tile: int = 0) -> list[float]:
+        """Start times of op's instances in one tile, by iteration."""
+        rows = sorted((r.iter, r.start) for r in self.ops if r.name == op and r.tile == tile)
+        return [s for _, s in rows]
+
+    def utilization(self, t0: float = 0.0, t1: float | None = None) -> dict[str, float]:
+        """Fraction of [t0, t1] each unit was busy (divided by its capacity)."""
+        t1 = self.end if t1 is None else t1
+        span = max(t1 - t0, 1e-12)
+        out = {u: 0.0 for u in self.schedule.units}
+        for b in self.busy:
+            out[b.unit] += max(0.0, min(b.end, t1) - max(b.start, t0))
+        return {u: v / (span * self.schedule.units[u]) for u, v in out.items()}
+
+
+class _Unit:
+    """FIFO service with `capacity` servers; reserve() returns (start, end) of a part."""
+
+    __slots__ = ("free", "ends")
+
+    def __init__(self, capacity: int):
+        self.free = [0.0] * capacity  # a heap of the times each server becomes free
+        self.ends: list[float] = []   # end times of reserved pieces (for issue_depth)
+
+    def reserve(self, now: float, cycles: float) -> tuple[float, float]:
+        start = max(now, self.free[0])
+        end = start + cycles
+        heapq.heapreplace(self.free, end)
+        heapq.heappush(self.ends, end)
+        return start, end
+
+    def room_at(self, now: float, depth: int) -> float:
+        """Earliest time >= now at which fewer than `depth` pieces are outstanding."""
+        while self.ends and self.ends[0] <= now:
+            heapq.heappop(self.ends)
+        if len(self.ends) < depth:
+            return now
+        return heapq.nsmallest(len(self.ends) - depth + 1, self.ends)[-1]
+
+
+def program(schedule: Schedule, role: str, tiles: Sequence[int]):
+    """The op instances a role runs, in order: (op index, tile, iteration)."""
+    ops = [(i, o) for i, o in enumerate(schedule.ops) if o.role == role]
+    depth = max((o.skew for _, o in ops), default=0)
+    for t, n in enumerate(tiles):
+        for k in range(n + depth):
+            for idx, o in ops:
+                it = k - o.skew
+                if 0 <= it < n and (o.when == "all" or (o.when == "first" and it == 0)
+                                    or (o.when == "last" and it == n - 1)):
+                    yield idx, t, it
+
+
+class _Resolver:
+    """Maps an edge and a dst instance to the src instance it waits for (or None)."""
+
+    def __init__(self, schedule: Schedule, tiles: Sequence[int]):
+        self.tiles = list(tiles)
+        self.base = [0]
+        for n in self.tiles:
+            self.base.append(self.base[-1] + n)
+        self.schedule = schedule
+
+    def src_instance(self, edge: Edge, tile: int, it: int):
+        src = self.schedule.op(edge.src)
+        if edge.per == "tile":
+            t = tile - edge.distance
+            if t < 0:
+                return None
+            n = self.tiles[t]
+            return t, (0 if src.when == "first" else n - 1)
+        g = self.base[tile] + it - edge.distance
+        if g < 0:
+            return None
+        t = bisect.bisect_right(self.base, g) - 1
+        i = g - self.base[t]
+        if src.when == "all":
+            return t, i
+        if src.when == "first":
+            return t, 0
+        # 'last': the latest last-iteration instance at or before g
+        if i == self.tiles[t] - 1:
+            return t, i
+        return (t - 1, self.tiles[t - 1] - 1) if t > 0 else None
+
+
+def simulate(schedule: Schedule, tiles: Sequence[int]) -> Trace:
+    """Run `schedule` for one CTA that processes tiles with the given numbers of KV blocks."""
+    tiles = tuple(int(n) for n in tiles)
+    if not tiles or min(tiles) < 1:
+        raise InputError("tiles", "each tile needs at least one KV block")
+    env = simpy.Environment()
+    units = {u: _Unit(c) for u, c in schedule.units.items()}
+    resolver = _Resolver(schedule, tiles)
+    ops = schedule.ops
+    incoming: list[list[tuple[int, Edge]]] = [[] for _ in ops]
+    for e in schedule.edges:
+        incoming[schedule._index[e.dst]].append((schedule._index[e.src], e))
+
+    done: dict[tuple[int, int, int], float] = {}
+    waiting: dict[tuple[int, int, int], simpy.Event] = {}
+    records: list = []  # OpRecord per instance, in issue order; end filled in at completion
+    busy: list[Busy] = []
+    position: dict[str, tuple[int, int, int] | None] = {}
+
+    def finish(key, rec):
+        done[key] = env.now
+        records[rec] = records[rec]._replace(end=env.now)
+        ev = waiting.pop(key, None)
+        if ev is not None:
+            ev.succeed(env.now)
+
+    def reserve_parts(op, rec, share=1.0):
+        """Reserve every unit part (or a share of it) now; return (first part start, last end)."""
+        now = env.now
+        first, last = float("inf"), now
+        for unit, cycles in op.uses:
+            if cycles > 0:
+                s, e = units[unit].reserve(now, cycles * share)
+                busy.append(Busy(unit, s, e, rec))
+                first, last = min(first, s), max(last, e)
+        return (now if first == float("inf") else first), last
+
+    depth = schedule.issue_depth
+
+    def wait_for_room(op):
+        """Stall an async issue while a gated unit's queue is full; re-check after waking."""
+        if not op.asynchronous:
+            return
+        for u, cycles in op.uses:
+            if cycles > 0 and u in depth:
+                while (t_room := units[u].room_at(env.now, depth[u])) > env.now:
+                    yield env.timeout(t_room - env.now)
+
+    def role_process(role):
+        for idx, t, it in program(schedule, role, tiles):
+            key = (idx, t, it)
+            position[role] = key
+            arrived = ready = env.now
+            binding = ""
+            for src_idx, e in incoming[idx]:
+                inst = resolver.src_instance(e, t, it)
+                if inst is None:
+                    continue
+                skey = (src_idx, inst[0], inst[1])
+                if skey not in done:
+                    ev = waiting.get(skey)
+                    if ev is None:
+                        ev = waiting[skey] = env.event()
+                    yield ev
+                if done[skey] + e.lag > ready:
+                    ready, binding = done[skey] + e.lag, ops[src_idx].name
+            if ready <= arrived:
+                binding = ""
+            if ready > env.now:
+                yield env.timeout(ready - env.now)
+            op = ops[idx]
+            issue = env.now
+            yield from wait_for_room(op)
+            rec = len(records)
+            first, last = reserve_parts(op, rec, 1.0 / op.chunks)
+            records.append(OpRecord(op.name, op.role, op.kind, t, it, issue, first, float("nan"), binding))
+            if op.asynchronous:
+                step = op.issue_cycles / op.chunks
+                for _ in range(op.chunks - 1):  # issue the remaining instructions
+                    if step:
+                        yield env.timeout(step)
+                    yield from wait_for_room(op)
+                    last = max(last, reserve_parts(op, rec, 1.0 / op.chunks)[1])
+                end = last + op.latency
+                ev = env.timeout(end - env.now)
+                ev.callbacks.append(lambda _e, key=key, rec=rec: finish(key, rec))
+                if step:
+                    yield env.timeout(step)
+            else:
+                for _ in range(op.chunks - 1):  # piece by piece, so other roles interleave
+                    if last > env.now:
+                        yield env.timeout(last - env.now)
+                    last = reserve_parts(op, rec, 1.0 / op.chunks)[1]
+                end = last + op.latency
+                if end > env.now:
+                    yield env.timeout(end - env.now)
+                finish(key, rec)
+        position[role] = None
+
+    for role in schedule.roles:
+        position[role] = None
+        env.process(role_process(role))
+    env.run()
+
+    stuck = [r for r, k in position.items() if k is not None]
+    if stuck:
+        blocked = []
+        for r in stuck:
+            idx, t, it = position[r]
+            missing = []
+            for src_idx, e in incoming[idx]:
+                inst = resolver.src_instance(e, t, it)
+                if inst is not None and (src_idx, inst[0], inst[1]) not in done:
+                    missing.append(f"{ops[src_idx].name}[tile {inst[0]}, iter {inst[1]}]")
+            blocked.append(f"{r}: {ops[idx].name}[tile {t}, iter {it}] waits for {', '.join(missing) or '?'}")
+        raise DeadlockError(blocked)
+
+    end = max((r.end for r in records), default=0.0)
+    return Trace(schedule, tiles, records, busy, end)

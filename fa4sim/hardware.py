@@ -1,0 +1,116 @@
+"""Hardware profiles: per-SM unit facts as data, every value with its source.
+
+Profiles live in fa4sim/profiles/<name>.json: {"name", "arch", "description", "params": {param:
+{"value", "source", "confidence"}}}. Confidence: H = vendor doc or several agreeing measurements,
+M = one good measurement, L = inference or guess (see ../shared/reference/hardware.md).
+`PARAMS` below says what each parameter means and in which unit; a profile must give them all
+(TMEM ones are 0 on SM90). A measured profile (issue 4's calibration) is the same format.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from .errors import InputError
+
+PROFILE_DIR = Path(__file__).parent / "profiles"
+
+# name -> (unit, meaning). Rates are per SM per clock unless said otherwise.
+PARAMS: dict[str, tuple[str, str]] = {
+    "clock_ghz": ("GHz", "SM clock while the kernel runs (cycles -> time)"),
+    "num_sms": ("SMs", "streaming multiprocessors on the chip"),
+    "tensor_flops_per_clk": ("FLOP/clk/SM", "dense BF16/FP16 tensor-core FLOPs"),
+    "mufu_ex2_per_clk": ("ops/clk/SM", "MUFU.EX2 throughput (all 4 sub-partitions)"),
+    "fma_lanes_per_clk": ("lane-ops/clk/SM", "FP32 FMA-pipe lanes (FFMA, FADD, FMUL; packed x2 ops count 2)"),
+    "alu_lanes_per_clk": ("lane-ops/clk/SM", "integer/ALU-pipe lanes (FMNMX, LOP3, SHF, LEA, F2FP)"),
+    "issue_per_clk": ("warp-instr/clk/SM", "instruction issue: 4 warp schedulers, 1 each per clock"),
+    "smem_bytes_per_clk": ("B/clk/SM", "shared-memory bandwidth (MMA operands, STS/LDS)"),
+    "smem_capacity_bytes": ("B", "max dynamic shared memory per CTA"),
+    "registers_per_sm": ("32-bit regs", "register file per SM"),
+    "tmem_columns": ("columns", "tensor memory columns (128 lanes x 32 bit each); 0 = no TMEM"),
+    "tmem_bytes_per_clk": ("B/clk/SM", "tcgen05.ld/st bandwidth between TMEM and registers"),
+    "tmem_latency": ("cycles", "tcgen05.ld/st latency until the data is usable (wait::ld)"),
+    "mma_latency_ss": ("cycles", "MMA completion latency beyond its issue interval, A and B in smem"),
+    "mma_latency_rs": ("cycles", "MMA completion latency beyond its issue interval, A in registers/TMEM"),
+    "mma_latency_pair": ("cycles", "extra completion latency of a CTA-pair (2-CTA) MMA"),
+    "mma_issue_cycles": ("cycles", "time the issuing warp spends per MMA instruction (wgmma / tcgen05.mma)"),
+    "mma_queue_depth": ("instructions", "MMA instructions queued or running before a further issue stalls"),
+    "mufu_latency": ("cycles", "MUFU.EX2 dependent-issue latency"),
+    "fma_latency": ("cycles", "FFMA dependent-issue latency"),
+    "smem_latency": ("cycles", "shared-memory load latency"),
+    "named_barrier_latency": ("cycles", "bar.sync/arrive signalling between warpgroups"),
+    "mbarrier_latency": ("cycles", "mbarrier arrive (or tcgen05.commit) -> waiting warp resumes"),
+    "tma_bytes_per_clk": ("B/clk/SM", "TMA load bandwidth into one SM's shared memory (L2 hits)"),
+    "l2_latency": ("cycles", "TMA tile load latency on an L2 hit"),
+    "hbm_latency": ("cycles", "TMA tile load latency from HBM (a cold tile)"),
+    "l2_bandwidth_tbps": ("TB/s", "whole-chip L2 -> SM bandwidth"),
+    "hbm_bandwidth_tbps": ("TB/s", "achievable HBM bandwidth"),
+    "l2_bytes": ("B", "L2 capacity"),
+    "launch_gap_us": ("us", "gap between back-to-back kernels of a timed loop (launch, ramp, drain)"),
+}
+
+# Parameters that must be whole numbers.
+INTEGER = {"mma_queue_depth", "num_sms", "smem_capacity_bytes", "registers_per_sm", "tmem_columns", "l2_bytes"}
+
+
+@dataclass(frozen=True)
+class HardwareProfile:
+    name: str
+    arch: str  # "sm90" or "sm100"
+    description: str
+    values: dict
+    sources: dict
+    confidence: dict
+
+    def __getattr__(self, key):
+        values = self.__dict__.get("values", {})
+        if key in values:
+            return values[key]
+        raise AttributeError(key)
+
+    @property
+    def peak_tflops(self) -> float:
+        """Dense BF16 peak of the whole chip at clock_ghz, in TFLOP/s."""
+        return self.tensor_flops_per_clk * self.num_sms * self.clock_ghz * 1e-3
+
+    def with_values(self, **overrides) -> "HardwareProfile":
+        """A copy with some parameters changed (a what-if); their source becomes 'user override'."""
+        for k in overrides:
+            if k not in PARAMS:
+                raise InputError(k, f"unknown hardware parameter; known: {', '.join(PARAMS)}")
+        values = {**self.values, **overrides}
+        sources = {**self.sources, **{k: "user override (--set)" for k in overrides}}
+        conf = {**self.confidence, **{k: "-" for k in overrides}}
+        return replace(self, values=values, sources=sources, confidence=conf)
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "arch": self.arch, "description": self.description,
+                "params": {k: {"value": self.values[k], "source": self.sources[k],
+                               "confidence": self.confidence[k]} for k in PARAMS}}
+
+
+def available() -> list[str]:
+    return sorted(p.stem for p in PROFILE_DIR.glob("*.json"))
+
+
+def from_json(data: dict, origin: str = "profile") -> HardwareProfile:
+    params = data.get("params", {})
+    missing = [k for k in PARAMS if k not in params]
+    if missing:
+        raise InputError("hw", f"{origin} lacks parameters {missing}")
+    return HardwareProfile(
+        name=data["name"], arch=data["arch"], description=data.get("description", ""),
+        values={k: params[k]["value"] for k in PARAMS},
+        sources={k: params[k]["source"] for k in PARAMS},
+        confidence={k: params[k].get("confidence", "?") for k in PARAMS})
+
+
+def load(name: str) -> HardwareProfile:
+    """A built-in profile by name (h100, h200, b200) or a profile JSON file by path."""
+    path = Path(name)
+    if path.suffix == ".json" and path.exists():
+        return from_json(json.loads(path.read_text()), origin=str(path))
+    if name not in available():
+        raise InputError("hw", f"unknown hardware {name!r}; allowed: {', '.join(available())} or a profile .json path")
+    return from_json(json.loads((PROFILE_DIR / f"{name}.json").read_text()), origin=name)

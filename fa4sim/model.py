@@ -1,0 +1,223 @@
+"""Simulate one attention forward: hardware + schedule + problem -> time, TFLOP/s and why.
+
+    from fa4sim import simulate, Problem
+    r = simulate("b200", "fa4", Problem(batch=1, heads=16, seqlen_q=32768, seqlen_k=32768, hdim=128))
+    print(r.tflops, r.bottleneck)
+
+Each distinct work shape (KV blocks, masked blocks) is simulated in detail for one CTA, with the
+periodic steady state extrapolated (steady_state.py); the kernel model spreads the shapes over
+the SMs. Causal problems have a shape per Q tile: shapes are simulated at a geometric ladder of
+block counts and the others interpolated, which is exact past the loop's transient (T is affine
+in the block count there) and close below it.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from . import hardware
+from .engine import Trace
+from .errors import InputError
+from .kernel_model import KernelTime, WorkUnit, kernel_time, work_units
+from .params import Problem, resolve
+from .schedules import SCHEDULES
+from .steady_state import CAP, Period, tile_times
+
+LADDER = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, CAP)
+
+
+@dataclass
+class Result:
+    hw: hardware.HardwareProfile
+    schedule: str
+    problem: Problem
+    knobs: dict
+    tflops: float
+    time_us: float
+    cycles: float
+    utilization: dict          # unit -> busy fraction in the steady state of the longest tile
+    bottleneck: str
+    interval: float | None     # steady-state cycles per KV block (one CTA)
+    tensor_waits: dict         # cause -> fraction of the steady-state loop the tensor core idles
+    kernel: KernelTime
+    trace: Trace               # one CTA, one tile of the longest shape (simulated blocks)
+    period: Period | None = None
+    notes: list = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        k = self.kernel
+        return {
+            "hw": self.hw.name, "arch": self.hw.arch, "schedule": self.schedule,
+            "problem": vars(self.problem), "knobs": self.knobs,
+            "hw_params": {n: self.hw.values[n] for n in hardware.PARAMS},
+            "tflops": round(self.tflops, 3), "time_us": round(self.time_us, 3),
+            "cycles": round(self.cycles, 1), "clock_ghz": self.hw.clock_ghz,
+            "peak_tflops": round(self.hw.peak_tflops, 1),
+            "mma_utilization": round(self.tflops / self.hw.peak_tflops, 4),
+            "utilization": {u: round(v, 4) for u, v in self.utilization.items()},
+            "bottleneck": self.bottleneck,
+            "steady_state_cycles_per_kv_block": None if self.interval is None else round(self.interval, 2),
+            "tensor_idle": {c: round(v, 4) for c, v in self.tensor_waits.items()},
+            "kernel": {"slots": k.slots, "work_units": k.units, "waves": round(k.waves, 3),
+                       "tiles_on_slowest_slot": k.tiles_on_slowest, "compute_us": round(k.compute_us, 3),
+                       "l2_us": round(k.l2_us, 3), "hbm_us": round(k.hbm_us, 3),
+                       "l2_gbytes": round(k.l2_bytes / 1e9, 4), "hbm_gbytes": round(k.hbm_bytes / 1e9, 4),
+                       "limiter": k.limiter, "launch_gap_us": self.hw.launch_gap_us},
+            "notes": self.notes,
+        }
+
+
+def split_overrides(module, overrides: dict) -> tuple[dict, dict]:
+    """--set NAME=VALUE pairs -> (hardware parameters, schedule knobs). Values may be strings."""
+    knob_names = {k.name for k in module.KNOBS}
+    hw_over, knob_over = {}, {}
+    for name, value in overrides.items():
+        if name in knob_names:
+            knob_over[name] = value
+        elif name in hardware.PARAMS:
+            hw_over[name] = _hw_value(name, value)
+        else:
+            raise InputError(name, f"unknown parameter; schedule knobs: {', '.join(sorted(knob_names))}; "
+                                   f"hardware: {', '.join(hardware.PARAMS)}")
+    return hw_over, knob_over
+
+
+def _hw_value(name: str, value):
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        raise InputError(name, f"must be a number, got {value!r}") from None
+    if not math.isfinite(v) or v < 0:
+        raise InputError(name, f"must be a finite number >= 0, got {value!r}")
+    if name in hardware.INTEGER:
+        if v != int(v):
+            raise InputError(name, f"must be an integer, got {value!r}")
+        v = int(v)
+    positive = {"clock_ghz", "num_sms", "tensor_flops_per_clk", "mufu_ex2_per_clk", "fma_lanes_per_clk",
+                "alu_lanes_per_clk", "issue_per_clk", "smem_bytes_per_clk", "tma_bytes_per_clk",
+                "l2_bandwidth_tbps", "hbm_bandwidth_tbps", "mma_queue_depth"}
+    if name in positive and v <= 0:
+        raise InputError(name, f"must be > 0, got {value!r}")
+    return v
+
+
+def simulate(hw="b200", schedule="fa4", problem: Problem | None = None, overrides: dict | None = None) -> Result:
+    """Predict one forward pass. `hw` is a profile name, a profile path or a HardwareProfile."""
+    if schedule not in SCHEDULES:
+        raise InputError("schedule", f"unknown schedule {schedule!r}; allowed: {', '.join(SCHEDULES)}")
+    if problem is None:
+        raise InputError("problem", "a Problem(batch, heads, seqlen_q, seqlen_k, hdim, causal) is required")
+    module = SCHEDULES[schedule]
+    profile = hw if isinstance(hw, hardware.HardwareProfile) else hardware.load(hw)
+    hw_over, knob_over = split_overrides(module, overrides or {})
+    if hw_over:
+        profile = profile.with_values(**hw_over)
+    if profile.arch != module.ARCH:
+        other = [n for n, m in SCHEDULES.items() if m.ARCH == profile.arch]
+        raise InputError("schedule", f"{schedule} is an {module.ARCH} schedule but hw {profile.name} is {profile.arch}; use {', '.join(other)}")
+    knobs = resolve(module.KNOBS, problem, knob_over)
+    module.check(profile, problem, knobs)
+
+    rows = module.rows_per_cta(knobs)
+    two_cta = bool(knobs.get("two_cta", False))
+    unit_rows = rows * (2 if two_cta else 1)
+    tile_n = knobs["tile_n"]
+    units = work_units(problem, unit_rows, tile_n)
+
+    cache: dict[tuple[int, int], tuple] = {}
+
+    def detailed(n: int, masked: int):
+        key = (n, masked)
+        if key not in cache:
+            sched = module.build(profile, problem, knobs, n, masked)
+            cache[key] = tile_times(sched, n)
+        return cache[key]
+
+    by_masked: dict[int, list[int]] = {}
+    for u in units:
+        by_masked.setdefault(u.masked, []).append(u.n_kv)
+
+    def cost_of(u: WorkUnit) -> tuple[float, float]:
+        ns = by_masked[u.masked]
+        if len(set(ns)) <= 4:
+            t1, t2, _, _ = detailed(u.n_kv, u.masked)
+            return t1, t2 - t1
+        return _interpolated(u, max(ns), detailed)
+
+    kt = kernel_time(problem, profile, units, cost_of, unit_rows, tile_n, two_cta)
+    longest = max(units, key=lambda u: (u.n_kv, -u.masked))
+    t1, t2, trace, period = detailed(longest.n_kv, longest.masked)
+    util, waits, interval = _steady_state(trace, period)
+    tflops = problem.flops / (kt.time_us * 1e-6) / 1e12
+    result = Result(profile, schedule, problem, knobs, tflops, kt.time_us, kt.cycles, util, "",
+                    interval, waits, kt, trace, period)
+    result.bottleneck = _bottleneck(result)
+    if profile.confidence.get("clock_ghz") != "H":
+        result.notes.append(f"clock {profile.clock_ghz} GHz is not a measured sustained clock; time scales with it")
+    return result
+
+
+def _interpolated(u: WorkUnit, n_max: int, detailed) -> tuple[float, float]:
+    """T1 and the further-tile cost for n blocks from simulated neighbours (affine in n)."""
+    ladder = sorted({n for n in LADDER if n < n_max} | {n_max})
+    n = u.n_kv
+    if n in ladder:
+        t1, t2, _, _ = detailed(n, u.masked)
+        return t1, t2 - t1
+    lo = max(x for x in ladder if x < n)
+    hi = min(x for x in ladder if x > n)
+    a, b = detailed(lo, u.masked), detailed(hi, u.masked)
+    w = (n - lo) / (hi - lo)
+    t1 = a[0] + w * (b[0] - a[0])
+    extra = (a[1] - a[0]) + w * ((b[1] - b[0]) - (a[1] - a[0]))
+    return t1, extra
+
+
+def _steady_state(trace: Trace, period: Period | None):
+    """Unit utilisation and tensor-core idle causes over the periodic part of the loop."""
+    starts = trace.starts(trace.schedule.marker)
+    if period is not None and len(starts) - period.first >= 2:
+        t0, t1 = starts[period.first], starts[-1]
+        interval = period.interval
+    else:
+        t0, t1, interval = 0.0, trace.end, None
+    util = trace.utilization(t0, t1)
+    waits: dict[str, float] = {}
+    span = max(t1 - t0, 1e-9)
+    pieces = sorted((b for b in trace.busy if b.unit == "tensor" and b.end > t0 and b.start < t1),
+                    key=lambda b: b.start)
+    prev_end = t0
+    for b in pieces:
+        gap = min(b.start, t1) - max(prev_end, t0)
+        if gap > 1e-9:
+            rec = trace.ops[b.rec]
+            cause = rec.waited_for or f"{rec.role} issue order"
+            waits[cause] = waits.get(cause, 0.0) + gap / span
+        prev_end = max(prev_end, b.end)
+    waits = dict(sorted(waits.items(), key=lambda kv: -kv[1]))
+    return util, waits, interval
+
+
+UNIT_WORDS = {"tensor": "tensor core", "mufu": "MUFU (exp2)", "fma": "FMA pipe", "alu": "ALU pipe",
+              "smem": "shared-memory bandwidth", "tmem": "TMEM bandwidth", "tma": "TMA", "issue": "instruction issue"}
+
+
+def _bottleneck(r: Result) -> str:
+    k = r.kernel
+    if k.limiter != "compute":
+        moved = k.hbm_bytes if k.limiter == "HBM" else k.l2_bytes
+        return (f"{k.limiter}-bound: moving {moved / 1e9:.2f} GB takes {max(k.l2_us, k.hbm_us):.1f} us, "
+                f"more than the {k.compute_us:.1f} us of compute")
+    top, frac = max(r.utilization.items(), key=lambda kv: kv[1])
+    parts = []
+    if frac >= 0.9:
+        parts.append(f"{UNIT_WORDS.get(top, top)}-bound: {frac:.0%} busy in the steady state")
+    else:
+        idle = sum(r.tensor_waits.values())
+        why = ", ".join(f"{c} {v:.0%}" for c, v in list(r.tensor_waits.items())[:3])
+        parts.append(f"latency-bound: no unit saturated (busiest: {UNIT_WORDS.get(top, top)} {frac:.0%}); "
+                     f"the tensor core idles {idle:.0%} of the loop waiting for {why or 'nothing'}")
+    tail = k.units / (math.ceil(k.waves) * k.slots) if k.units else 1.0
+    if not r.problem.causal and tail < 0.9:
+        parts.append(f"wave quantisation: {k.units} tiles on {k.slots} slots ({k.waves:.2f} waves, last wave {tail:.0%} full)")
+    return "; ".join(parts)

@@ -1,0 +1,126 @@
+"""The attention problem and the schedule knobs: names, defaults, units, allowed values.
+
+Every knob is reachable from the CLI as `--set NAME=VALUE`; `fa4sim params` prints this table.
+Parsing and checking live here so every bad value gets the same one-line error.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from .errors import InputError
+
+
+@dataclass(frozen=True)
+class Problem:
+    """Attention forward: q (batch, seqlen_q, heads, hdim), k and v (batch, seqlen_k, heads, hdim)."""
+
+    batch: int
+    heads: int
+    seqlen_q: int
+    seqlen_k: int
+    hdim: int
+    causal: bool = False
+
+    def __post_init__(self):
+        for name in ("batch", "heads", "seqlen_q", "seqlen_k", "hdim"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise InputError(name, f"must be a positive integer, got {v!r}")
+
+    @property
+    def flops(self) -> float:
+        """4 * b * h * sq * sk * d (two GEMMs), halved for causal: the convention of FA papers."""
+        f = 4.0 * self.batch * self.heads * self.seqlen_q * self.seqlen_k * self.hdim
+        return f / 2 if self.causal else f
+
+
+@dataclass(frozen=True)
+class Knob:
+    """A schedule parameter. `default` is a value or a function (problem, knobs) -> value, where
+    knobs holds the values given and the defaults of the knobs listed before it."""
+
+    name: str
+    default: Any
+    unit: str
+    doc: str
+    kind: str = "int"  # int | float | bool | fraction | float_or_none
+    minimum: float | None = None
+    maximum: float | None = None
+    choices: tuple = field(default=())
+
+    def default_for(self, problem: Problem, knobs: dict | None = None):
+        return self.default(problem, knobs or {}) if callable(self.default) else self.default
+
+    def parse(self, text: str):
+        """Turn a --set string into a checked value."""
+        t = str(text).strip()
+        if self.kind == "bool":
+            low = t.lower()
+            if low in ("1", "true", "yes", "on"):
+                return True
+            if low in ("0", "false", "no", "off"):
+                return False
+            raise InputError(self.name, f"must be true or false, got {text!r}")
+        if self.kind == "float_or_none" and t.lower() in ("none", "off", "always"):
+            return None
+        try:
+            v = float(t)
+        except ValueError:
+            allowed = "a number" + (" or 'none'" if self.kind == "float_or_none" else "")
+            raise InputError(self.name, f"must be {allowed}, got {text!r}") from None
+        return self.check(v)
+
+    def check(self, v):
+        """Check a value (from --set or from Python) and normalise its type."""
+        if self.kind == "bool":
+            if isinstance(v, bool):
+                return v
+            raise InputError(self.name, f"must be true or false, got {v!r}")
+        if v is None:
+            if self.kind == "float_or_none":
+                return None
+            raise InputError(self.name, "must be a number, got None")
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            raise InputError(self.name, f"must be a finite number, got {v!r}")
+        if self.kind == "int":
+            if v != int(v):
+                raise InputError(self.name, f"must be an integer, got {v}")
+            v = int(v)
+        lo, hi = self.minimum, self.maximum
+        if self.kind == "fraction":
+            lo, hi = 0.0, 1.0
+        if (lo is not None and v < lo) or (hi is not None and v > hi):
+            if hi is None:
+                raise InputError(self.name, f"must be >= {lo:g}, got {v:g}")
+            if lo is None:
+                raise InputError(self.name, f"must be <= {hi:g}, got {v:g}")
+            raise InputError(self.name, f"must be in {lo:g}..{hi:g}, got {v:g}")
+        if self.choices and v not in self.choices:
+            raise InputError(self.name, f"must be one of {list(self.choices)}, got {v}")
+        return v
+
+    def describe(self) -> str:
+        if self.kind == "bool":
+            return "true|false"
+        if self.kind == "fraction":
+            return "0..1"
+        if self.choices:
+            return "|".join(str(c) for c in self.choices)
+        lo = "" if self.minimum is None else f">= {self.minimum:g}"
+        return ("number or none " if self.kind == "float_or_none" else f"{self.kind} ") + lo
+
+
+def resolve(knobs: list[Knob], problem: Problem, given: dict[str, Any]) -> dict[str, Any]:
+    """Defaults for this problem, overridden by `given` (already parsed or raw Python values)."""
+    by_name = {k.name: k for k in knobs}
+    chosen = {}
+    for name, v in given.items():
+        if name not in by_name:
+            raise InputError(name, f"unknown schedule knob; known: {', '.join(by_name)}")
+        chosen[name] = by_name[name].parse(v) if isinstance(v, str) else by_name[name].check(v)
+    out: dict[str, Any] = {}
+    for k in knobs:
+        out[k.name] = chosen[k.name] if k.name in chosen else k.default_for(problem, {**out, **chosen})
+    return out

@@ -1,0 +1,185 @@
+"""FA3-style forward on SM90 (H100/H200), as flash-attn-4's Hopper path (flash_fwd_sm90.py) does it.
+
+Warp roles:
+  load      producer warpgroup: TMA of Q once per tile, then K and V through their own rings
+  wg{w}     consumer warpgroup w (tile_m/64 of them): 64 query rows each, issues its own wgmma
+            (M=64), keeps S, P and O in registers; a row is spread over the 4 threads of a quad
+  epilogue  the thread that TMA-stores O after all consumers wrote it to smem
+
+Per KV block j, consumer w (intra-warpgroup overlap on): issue S(j) = Q K(j)^T, issue
+O += P(j-1) V(j-1), wait S(j), softmax(j) while PV(j-1) runs on the tensor core, wait PV(j-1),
+rescale O, convert P(j). Off: issue S(j), wait, softmax, rescale, convert, issue PV(j), and the
+next S waits for it. Inter-warpgroup ping-pong (named barriers): WG w issues its GEMMs only after
+WG w-1 issued its own, so one WG's softmax overlaps the other's GEMMs.
+Tile defaults per head dim: the SM90 table of ../shared/reference/fa4-schedules.md.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+from ..engine import Edge, Op, Schedule
+from ..errors import InputError
+from ..params import Knob, Problem
+from ..rescale import rescale_rate
+from ..softmax import add, exp2_phase, phase, scaled
+from ..tensor_core import BYTES, check_shape, mma_cost
+
+NAME = "fa3"
+ARCH = "sm90"
+DESCRIPTION = "FA3-style forward (SM90: producer WG + tile_m/64 consumer WGs, wgmma, ping-pong, intra-WG overlap)"
+
+# hdim -> (tile_m, tile_n, P in registers, ping-pong): fa4-schedules.md, SM90 table
+TABLE = {64: (192, 128, True, True), 96: (192, 144, False, True), 128: (128, 128, True, True),
+         192: (128, 128, True, False), 256: (128, 80, True, False)}
+
+
+def _row(p: Problem):
+    if p.hdim in TABLE:
+        tm, tn, rs, pp = TABLE[p.hdim]
+        if p.hdim == 96 and p.causal:
+            tn = 128
+        return tm, tn, rs, pp
+    return 128, 128, True, p.hdim <= 128
+
+
+PIECES = 8  # modelling granularity of warpgroup compute ops (instructions interleave finer)
+
+KNOBS = [
+    Knob("tile_m", lambda p, k: _row(p)[0], "rows", "query rows per CTA tile (tile_m/64 consumer warpgroups)", minimum=64, maximum=256),
+    Knob("tile_n", lambda p, k: _row(p)[1], "keys", "keys per KV block", minimum=8, maximum=256),
+    Knob("kv_stages", 2, "slots", "smem stages of K and of V (each its own ring)", minimum=1),
+    Knob("pingpong", lambda p, k: _row(p)[3], "", "inter-warpgroup ping-pong of GEMM issue (named barriers)", kind="bool"),
+    Knob("intra_wg_overlap", True, "", "softmax(j) overlaps PV(j-1) inside a warpgroup", kind="bool"),
+    Knob("p_in_registers", lambda p, k: _row(p)[2], "", "PV takes P from registers (RS wgmma); false: P staged through smem (SS)", kind="bool"),
+    Knob("exp_emulation", 0.0, "fraction", "fraction of each row's exp2 done by the polynomial on the FMA pipe (FA4 trick; off in FA3)", kind="fraction"),
+    Knob("rescale_threshold", None, "log2 units", "conditional rescaling threshold tau; none = always rescale (FA3)", kind="float_or_none", minimum=0.0),
+    Knob("rescale_rate", None, "fraction", "override: fraction of (warp, KV block) pairs that rescale (none = derive)", kind="float_or_none", minimum=0.0, maximum=1.0),
+    Knob("score_std", 1.0, "nats", "std of softmax_scale*q.k for the rescale-rate model (randn inputs: 1)", kind="float", minimum=1e-3),
+]
+
+PRODUCER_REGS = {2: 24, 3: 32}  # setmaxnreg of the producer WG (fa4-schedules.md)
+REG_OVERHEAD = 32               # addresses, loop state, row max/sum: an estimate
+
+
+def consumer_warpgroups(k: dict) -> int:
+    return k["tile_m"] // 64
+
+
+def smem_bytes(p: Problem, k: dict) -> int:
+    """Q + K ring + V ring (+ P if staged); O reuses Q's buffer for the epilogue."""
+    d, s = p.hdim, k["kv_stages"]
+    b = k["tile_m"] * d * BYTES + 2 * s * k["tile_n"] * d * BYTES
+    if not k["p_in_registers"]:
+        b += k["tile_m"] * k["tile_n"] * BYTES
+    return b + 1024
+
+
+def registers_needed(p: Problem, k: dict) -> int:
+    """Per consumer thread: O (hdim/2 fp32), S (tile_n/2 fp32), P (tile_n/4 packed), overhead."""
+    p_regs = k["tile_n"] // 4 if k["p_in_registers"] else 0
+    return p.hdim // 2 + k["tile_n"] // 2 + p_regs + REG_OVERHEAD
+
+
+def check(hw, p: Problem, k: dict) -> None:
+    if hw.arch != ARCH:
+        raise InputError("schedule", f"fa3 is the SM90 schedule; hw {hw.name} is {hw.arch} (use --schedule fa4)")
+    check_shape(ARCH, k["tile_m"], k["tile_n"], p.hdim)
+    check_shape(ARCH, 64, p.hdim, k["tile_n"])
+    wgs = consumer_warpgroups(k)
+    if wgs not in (1, 2, 3):
+        raise InputError("tile_m", f"tile_m/64 = {wgs} consumer warpgroups; allowed 1..3 (tile_m 64, 128, 192)")
+    need = smem_bytes(p, k)
+    if need > hw.smem_capacity_bytes:
+        raise InputError("smem", f"shared memory {need} B (hdim {p.hdim}, tile_m {k['tile_m']}, tile_n {k['tile_n']}, "
+                                   f"kv_stages {k['kv_stages']}) exceeds {hw.smem_capacity_bytes} B (227 KB); lower kv_stages or tile_n")
+    prod = PRODUCER_REGS.get(wgs, 24)
+    avail = min(240, ((hw.registers_per_sm - 128 * prod) // (128 * wgs)) // 8 * 8)
+    regs = registers_needed(p, k)
+    if regs > avail:
+        raise InputError("registers", f"a consumer thread needs ~{regs} registers (hdim {p.hdim}, tile_n {k['tile_n']}); "
+                                   f"{wgs} consumer WGs get at most {avail}")
+
+
+def rows_per_cta(k: dict) -> int:
+    return k["tile_m"]
+
+
+def build(hw, p: Problem, k: dict, n_kv: int, masked_blocks: int) -> Schedule:
+    d, n, W = p.hdim, k["tile_n"], consumer_warpgroups(k)
+    mbar, nbar = hw.mbarrier_latency, hw.named_barrier_latency
+    overlap, pp, rs = k["intra_wg_overlap"], k["pingpong"] and W > 1, k["p_in_registers"]
+    elems, rows = 64 * n, 64  # per consumer warpgroup per KV block
+    f = k["exp_emulation"]
+    rate = k["rescale_rate"]
+    if rate is None:
+        rate = rescale_rate(n_kv, k["rescale_threshold"], k["score_std"], cols=n, rows=16)  # 16 rows per warp
+
+    qk = mma_cost(hw, 64, n, d, a_in_smem=True)
+    pv = mma_cost(hw, 64, d, n, a_in_smem=not rs)
+    ops: list[Op] = []
+    edges: list[Edge] = []
+
+    kv = n * d * BYTES / hw.tma_bytes_per_clk
+    ops += [Op("LQ", "load", (("tma", k["tile_m"] * d * BYTES / hw.tma_bytes_per_clk),), hw.hbm_latency, "load",
+               asynchronous=True, issue_cycles=1, when="first", label="TMA Q tile"),
+            Op("LK", "load", (("tma", kv),), hw.l2_latency, "load", asynchronous=True, issue_cycles=1, label="TMA K block"),
+            Op("LV", "load", (("tma", kv),), hw.l2_latency, "load", asynchronous=True, issue_cycles=1, label="TMA V block")]
+
+    for w in range(W):
+        r = f"wg{w}"
+        ops.append(Op(f"QK{w}", r, (("tensor", qk.tensor_cycles), ("smem", qk.smem_cycles)), qk.latency, "mma",
+                      asynchronous=True, issue_cycles=d // 16 * hw.mma_issue_cycles, chunks=d // 16, label=f"S = Q K^T (wgmma SS, WG{w})"))
+        pv_op = Op(f"PV{w}", r, (("tensor", pv.tensor_cycles), ("smem", pv.smem_cycles)), pv.latency, "mma",
+                   asynchronous=True, issue_cycles=n // 16 * hw.mma_issue_cycles, chunks=n // 16,
+                   skew=1 if overlap else 0,
+                   label=f"O += P V (wgmma {'RS' if rs else 'SS'}, WG{w})")
+        if overlap:
+            ops.append(pv_op)
+        if pp:
+            ops.append(Op(f"PP{w}", r, (), nbar, "sync", label="ping-pong: let the next WG issue"))
+        if masked_blocks:
+            ops.append(Op(f"MASK{w}", r, tuple(phase(hw, "mask", elems * masked_blocks).items()), 0.0, "softmax",
+                          when="first", label=f"causal/length mask, {masked_blocks} block(s)"))
+        ops.append(Op(f"MAX{w}", r, tuple(phase(hw, "max", elems, rows).items()), hw.fma_latency * 4, "softmax",
+                      label="row max (quad shuffles), acc_scale"))
+        exp = add(phase(hw, "scale", elems), exp2_phase(hw, elems, f), phase(hw, "sum", elems))
+        ops.append(Op(f"EXP{w}", r, tuple(exp.items()), hw.mufu_latency, "exp", label="exp2, row sum"))
+        ops.append(Op(f"RESC{w}", r, tuple(scaled(phase(hw, "rescale", rows * d), rate).items()), 0.0,
+                      "correction", label=f"O *= acc_scale (p={rate:.3g})"))
+        cvt = phase(hw, "convert", elems)
+        if not rs:
+            cvt = add(cvt, {"smem": elems * BYTES / hw.smem_bytes_per_clk})
+        ops.append(Op(f"CVT{w}", r, tuple(cvt.items()), 0.0 if rs else hw.smem_latency + nbar, "softmax",
+                      label="P -> bf16" + ("" if rs else " -> smem, fence, barrier")))
+        if not overlap:
+            ops.append(pv_op)
+        fin = add(phase(hw, "normalize", rows * d), {"smem": rows * d * BYTES / hw.smem_bytes_per_clk})
+        ops.append(Op(f"FIN{w}", r, tuple(fin.items()), hw.smem_latency, "correction", when="last",
+                      skew=1 if overlap else 0, label="O / row_sum -> smem"))
+    ops.append(Op("ST", "epilogue", (("tma", k["tile_m"] * d * BYTES / hw.tma_bytes_per_clk),), hw.l2_latency,
+                  "store", asynchronous=True, issue_cycles=1, when="last", label="TMA store O"))
+
+    S = k["kv_stages"]
+    for w in range(W):
+        edges += [Edge("LQ", f"QK{w}", lag=mbar), Edge("LK", f"QK{w}", lag=mbar), Edge("LV", f"PV{w}", lag=mbar),
+                  Edge(f"QK{w}", f"MASK{w}" if masked_blocks else f"MAX{w}"),       # wgmma wait
+                  Edge(f"PV{w}", f"RESC{w}", distance=1),  # O of block j-1 is final before rescaling
+                  Edge(f"PV{w}", f"FIN{w}"),
+                  Edge(f"FIN{w}", "ST", lag=nbar),
+                  Edge(f"QK{w}", "LK", S, kind="anti", lag=mbar),
+                  Edge(f"PV{w}", "LV", S, kind="anti", lag=mbar),
+                  Edge(f"QK{w}", "LQ", 1, per="tile", kind="anti", lag=mbar)]
+        if not overlap:  # wait_group 0 before softmax: the previous PV has completed too
+            edges.append(Edge(f"PV{w}", f"MAX{w}", distance=1))
+        if pp:
+            prev = f"PP{(w - 1) % W}"
+            edges.append(Edge(prev, f"QK{w}", distance=0 if w > 0 else 1, lag=nbar))
+    edges.append(Edge("ST", "LQ", 1, per="tile", kind="anti", lag=mbar))  # O staged in Q's smem
+
+    # warpgroup compute is served in pieces, so two warpgroups on one pipe share it (see engine)
+    ops = [replace(o, chunks=PIECES) if not o.asynchronous and o.uses else o for o in ops]
+    units = {"tensor": 1, "smem": 1, "mufu": 1, "fma": 1, "alu": 1, "issue": 1, "tma": 1}
+    roles = ["load"] + [f"wg{w}" for w in range(W)] + ["epilogue"]
+    return Schedule(NAME, units, roles, ops, edges, marker="QK0",
+                    issue_depth={"tensor": int(hw.mma_queue_depth)},
+                    meta={"rescale_rate": rate, "flops_per_iter": 4.0 * k["tile_m"] * n * d})

@@ -1,0 +1,86 @@
+"""The engine on its own: closed forms, invariants, async issue, deadlock, determinism."""
+import pytest
+
+from fa4sim.engine import Edge, Op, Schedule, program, simulate
+from fa4sim.errors import DeadlockError, InputError
+
+
+def one_unit(ops, edges=(), roles=("r",), units=None):
+    marker = next(o.name for o in ops if o.when == "all")
+    return Schedule("t", units or {"u": 1}, list(roles), list(ops), list(edges), marker=marker)
+
+
+def test_one_unit_no_overlap_is_the_sum_of_its_ops():
+    s = one_unit([Op("a", "r", (("u", 10),)), Op("b", "r", (("u", 7),), latency=3)])
+    tr = simulate(s, [5])
+    assert tr.end == 5 * (10 + 7 + 3)
+
+
+def test_two_roles_share_a_unit_in_fifo_order():
+    s = one_unit([Op("a", "r", (("u", 10),)), Op("b", "q", (("u", 10),))], roles=("r", "q"))
+    tr = simulate(s, [4])
+    assert tr.end == 80  # the unit is the bottleneck: 8 ops x 10 cycles
+    assert tr.utilization()["u"] == pytest.approx(1.0)
+
+
+def test_async_op_frees_its_role_and_completes_later():
+    s = one_unit([Op("mma", "r", (("u", 100),), latency=20, asynchronous=True, issue_cycles=2),
+                  Op("work", "r", (("v", 50),))], units={"u": 1, "v": 1})
+    tr = simulate(s, [1])
+    mma = next(r for r in tr.ops if r.name == "mma")
+    work = next(r for r in tr.ops if r.name == "work")
+    assert work.issue == 2 and mma.end == 120 and tr.end == 120
+
+
+def test_loop_carried_edge_and_lag():
+    # b(i) waits for a(i-1) + 5: a's 10 cycles and b's 1 cycle run in a chain
+    s = one_unit([Op("a", "r", (("u", 10),)), Op("b", "q", (("v", 1),))],
+                 edges=[Edge("a", "b", distance=1, lag=5)], roles=("r", "q"), units={"u": 1, "v": 1})
+    tr = simulate(s, [3])
+    b = sorted((r.iter, r.issue) for r in tr.ops if r.name == "b")
+    assert b == [(0, 0.0), (1, 15.0), (2, 25.0)]
+
+
+def test_skew_runs_previous_iteration_in_program_order():
+    s = one_unit([Op("pv", "r", (("u", 1),), skew=1), Op("qk", "r", (("u", 1),))])
+    order = [(s.ops[i].name, it) for i, t, it in program(s, "r", [3])]
+    assert order == [("qk", 0), ("pv", 0), ("qk", 1), ("pv", 1), ("qk", 2), ("pv", 2)]
+
+
+def test_first_and_last_ops_per_tile():
+    s = one_unit([Op("load_q", "r", (("u", 1),), when="first"), Op("x", "r", (("u", 1),)),
+                  Op("store", "r", (("u", 1),), when="last")])
+    tr = simulate(s, [3, 2])
+    names = [(r.name, r.tile, r.iter) for r in tr.ops]
+    assert names.count(("load_q", 0, 0)) == 1 and ("load_q", 1, 0) in names
+    assert ("store", 0, 2) in names and ("store", 1, 1) in names
+    assert sum(1 for n in names if n[0] == "x") == 5
+
+
+def test_cyclic_dependency_is_reported_as_deadlock_naming_ops():
+    s = one_unit([Op("a", "r", (("u", 1),)), Op("b", "q", (("u", 1),))],
+                 edges=[Edge("a", "b"), Edge("b", "a")], roles=("r", "q"))
+    with pytest.raises(DeadlockError) as e:
+        simulate(s, [2])
+    assert "a[tile 0, iter 0]" in str(e.value) and "b[tile 0, iter 0]" in str(e.value)
+
+
+def test_bad_schedule_definitions():
+    with pytest.raises(InputError):
+        one_unit([Op("a", "r", (("nope", 1),))])
+    with pytest.raises(InputError):
+        one_unit([Op("a", "r", (("u", 1),))], edges=[Edge("a", "zz")])
+    with pytest.raises(InputError):
+        one_unit([Op("a", "r", (("u", 1),)), Op("a", "r", (("u", 1),))])
+    with pytest.raises(InputError):
+        simulate(one_unit([Op("a", "r", (("u", 1),))]), [0])
+
+
+def test_issue_depth_makes_two_issuers_alternate():
+    # two roles each issue 4-piece async ops; with a queue of 1 piece their pieces interleave
+    ops = [Op("x", "r", (("u", 40),), asynchronous=True, issue_cycles=4, chunks=4),
+           Op("y", "q", (("u", 40),), asynchronous=True, issue_cycles=4, chunks=4)]
+    s = Schedule("t", {"u": 1}, ["r", "q"], ops, [], marker="x", issue_depth={"u": 1})
+    tr = simulate(s, [1])
+    owners = [tr.ops[b.rec].name for b in sorted(tr.busy, key=lambda b: b.start)]
+    assert owners[:4] != ["x"] * 4 and sorted(owners) == ["x"] * 4 + ["y"] * 4

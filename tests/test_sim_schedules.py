@@ -1,0 +1,147 @@
+"""FA4 (SM100) and FA3-style (SM90) schedules: invariants in the trace, and the knobs' effects."""
+import collections
+
+import pytest
+
+from fa4sim import Problem, hardware, simulate
+from fa4sim.engine import _Resolver, program, simulate as run_schedule
+from fa4sim.params import resolve
+from fa4sim.schedules import SCHEDULES
+from fa4sim.steady_state import tile_times
+
+CASES = [("b200", "fa4", 128, False), ("b200", "fa4", 64, True), ("b200", "fa4", 128, True),
+         ("h100", "fa3", 128, False), ("h100", "fa3", 64, True), ("h200", "fa3", 256, False)]
+
+
+def build(hw_name, sched, hdim, causal, n_kv=12, masked=0, **knobs):
+    hw = hardware.load(hw_name)
+    p = Problem(1, 4, 4096, 4096, hdim, causal)
+    mod = SCHEDULES[sched]
+    k = resolve(mod.KNOBS, p, knobs)
+    mod.check(hw, p, k)
+    return mod.build(hw, p, k, n_kv, masked)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_trace_invariants(case):
+    s = build(*case, masked=2 if case[3] else 0)
+    tiles = [7, 5]
+    tr = run_schedule(s, tiles)
+    # every op instance of every iteration runs exactly once
+    expected = collections.Counter()
+    for role in s.roles:
+        for idx, t, it in program(s, role, tiles):
+            expected[(s.ops[idx].name, t, it)] += 1
+    got = collections.Counter((r.name, r.tile, r.iter) for r in tr.ops)
+    assert got == expected and max(got.values()) == 1
+    # no capacity-1 unit is ever busy with two things at once (never over 100%)
+    by_unit = collections.defaultdict(list)
+    for b in tr.busy:
+        by_unit[b.unit].append((b.start, b.end))
+    for unit, spans in by_unit.items():
+        spans.sort()
+        for (s0, e0), (s1, e1) in zip(spans, spans[1:]):
+            assert s1 >= e0 - 1e-9, unit
+    assert all(0 <= v <= 1 + 1e-9 for v in tr.utilization().values())
+    # every dependency holds: dst issued no earlier than src completed + lag
+    when = {(r.name, r.tile, r.iter): r for r in tr.ops}
+    res = _Resolver(s, tiles)
+    for e in s.edges:
+        for (name, t, it), rec in when.items():
+            if name != e.dst:
+                continue
+            src = res.src_instance(e, t, it)
+            if src is not None:
+                assert rec.issue >= when[(e.src, *src)].end + e.lag - 1e-9, (e, t, it)
+    # ops start no earlier than they issue, and complete after they start
+    assert all(r.issue - 1e-9 <= r.start <= r.end + 1e-9 for r in tr.ops)
+
+
+@pytest.mark.parametrize("case", CASES[:4])
+def test_same_input_same_trace(case):
+    a = run_schedule(build(*case), [9])
+    b = run_schedule(build(*case), [9])
+    assert a.ops == b.ops and a.busy == b.busy
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_steady_state_extrapolation_is_exact(case):
+    s = build(*case, n_kv=130)
+    t1, t2, _, period = tile_times(s, 130, cap=40)
+    assert period is not None
+    assert t1 == pytest.approx(run_schedule(s, [130]).end, abs=1e-6)
+    assert t2 == pytest.approx(run_schedule(s, [130, 130]).end, abs=1e-6)
+
+
+def prob(hdim=128, seqlen=8192, causal=False, batch=2, heads=16):
+    return Problem(batch, heads, seqlen, seqlen, hdim, causal)
+
+
+def test_fa4_pingpong_of_two_q_tiles_beats_one():
+    on = simulate("b200", "fa4", prob(), {"two_cta": "false"})
+    off = simulate("b200", "fa4", prob(), {"two_cta": "false", "q_tiles": "1"})
+    assert on.tflops > 1.5 * off.tflops
+    assert on.utilization["tensor"] > off.utilization["tensor"]
+
+
+def test_fa3_pingpong_on_beats_off():
+    # hd64, 3 consumer warpgroups: without the named-barrier ping-pong their GEMMs interleave,
+    # they finish together and do softmax together while the tensor core idles
+    on = simulate("h100", "fa3", prob(64))
+    off = simulate("h100", "fa3", prob(64), {"pingpong": "false"})
+    assert off.tflops < 0.9 * on.tflops
+    assert off.utilization["tensor"] < on.utilization["tensor"]
+
+
+def test_emulation_moves_time_from_mufu_to_fma():
+    off = simulate("b200", "fa4", prob(), {"exp_emulation": "0"})
+    on = simulate("b200", "fa4", prob(), {"exp_emulation": "0.25"})
+    assert on.utilization["mufu"] < off.utilization["mufu"] * on.interval / off.interval
+    assert on.utilization["fma"] * on.interval > off.utilization["fma"] * off.interval
+    assert on.tflops > off.tflops  # on B200 exp2 is a co-bottleneck: moving work off MUFU helps
+
+
+def test_faster_mufu_shrinks_what_emulation_buys():
+    def gain(mufu):
+        a = simulate("b200", "fa4", prob(), {"mufu_ex2_per_clk": mufu, "exp_emulation": "0"})
+        b = simulate("b200", "fa4", prob(), {"mufu_ex2_per_clk": mufu, "exp_emulation": "0.25"})
+        return b.tflops / a.tflops
+    assert gain("16") > gain("32") > 0.97
+
+
+def test_conditional_rescaling_cuts_correction_work():
+    always = simulate("b200", "fa4", prob(), {"rescale_threshold": "none"})
+    tau8 = simulate("b200", "fa4", prob(), {"rescale_threshold": "8"})
+    busy = lambda r, kind: sum(b.end - b.start for b in r.trace.busy if r.trace.ops[b.rec].kind == kind)
+    assert busy(tau8, "correction") < 0.5 * busy(always, "correction")
+    assert tau8.tflops >= always.tflops
+
+
+def test_one_kv_stage_exposes_load_latency():
+    one = simulate("h100", "fa3", prob(), {"kv_stages": "1"})
+    two = simulate("h100", "fa3", prob(), {"kv_stages": "2"})
+    assert one.tflops < two.tflops
+    assert any(cause.startswith("L") for cause in one.tensor_waits)
+
+
+def test_causal_halves_flops_and_costs_less_time():
+    full = simulate("b200", "fa4", prob(causal=False))
+    causal = simulate("b200", "fa4", prob(causal=True))
+    assert causal.problem.flops == full.problem.flops / 2
+    assert causal.time_us < full.time_us
+
+
+def test_wave_quantisation_shows_in_small_problems():
+    # 133 tiles on 132 SMs: two waves for barely more work than one (one head: K/V stay in L2)
+    r132 = simulate("h100", "fa3", Problem(1, 1, 132 * 128, 4096, 128))
+    r133 = simulate("h100", "fa3", Problem(1, 1, 133 * 128, 4096, 128))
+    assert r133.time_us > 1.6 * r132.time_us
+    assert "wave" in r133.bottleneck
+
+
+def test_result_json_has_the_contract_fields():
+    j = simulate("b200", "fa4", prob()).to_json()
+    for key in ("tflops", "time_us", "cycles", "utilization", "bottleneck"):
+        assert key in j
+    assert set(j["utilization"]) >= {"tensor", "mufu", "fma", "alu", "smem", "tmem", "tma"}
+    assert 0 < j["tflops"] <= j["peak_tflops"]
