@@ -141,6 +141,20 @@ def cmd_sweep(a) -> int:
     return run_sweep(a, schedule, _problem(a), _set_pairs(a.set))
 
 
+def cmd_validate(a) -> int:
+    from . import validate
+    result = validate.compare(validate.load(a.results), a.hw)
+    if a.plot:
+        validate.plot(result, a.plot)
+    if a.json:
+        print(json.dumps(result, indent=1))
+    else:
+        print(validate.report(result))
+        if a.plot:
+            print(f"wrote {a.plot}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     top = _Parser(prog="fa4sim", formatter_class=argparse.RawDescriptionHelpFormatter,
                   description="A cycle-level model of one GPU SM running FlashAttention forward schedules: "
@@ -180,6 +194,16 @@ def build_parser() -> argparse.ArgumentParser:
     sw.add_argument("--jobs", type=int, default=0, help="worker processes (default: all cores)")
     sw.add_argument("--no-progress", action="store_true", help="no progress bar")
     sw.set_defaults(func=cmd_sweep)
+
+    va = sub.add_parser("validate", help="predicted vs measured for every point of a recorded GPU benchmark",
+                        description="Simulate every point of a benchmark results JSON (benchmarks/bench_fwd_sm90.py) "
+                                    "and report per-point error, median and max |error|, and the knob deltas.")
+    va.add_argument("results", help="benchmark results JSON (benchmarks/results/sm90_fwd_*.json)")
+    va.add_argument("--hw", default=None, help="profile to predict with (default: from the device name, "
+                                               "a measured profile when there is one)")
+    va.add_argument("--plot", metavar="FILE.png", help="correlation plot: predicted vs measured with y = x")
+    va.add_argument("--json", action="store_true")
+    va.set_defaults(func=cmd_validate)
     return top
 
 

@@ -1,0 +1,151 @@
+"""Predicted vs measured: replay every point of a recorded GPU benchmark through the simulator.
+
+    fa4sim validate benchmarks/results/sm90_fwd_<device>_<date>.json [--hw h100-measured.json]
+
+The benchmark JSON (benchmarks/bench_fwd_sm90.py) holds, per point, the problem, our kernel's
+knobs and the measured TFLOP/s of each implementation. Our kernel is simulated with its knobs;
+flash-attn-4's SM90 forward with the fa3 schedule's defaults (its own tile choices per head dim).
+Reported: per-point error (sim - hw) / hw, median and max |error|, and for the knob points the
+measured and predicted change against the default configuration, side by side. Nothing here
+feeds back into the model: the hardware profile comes from datasheets and microbenchmarks only.
+"""
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from pathlib import Path
+
+from . import hardware
+from .errors import InputError
+from .model import simulate
+from .params import Problem
+
+SIMULATED = {"fa4kernel": "our SM90 kernel", "flash-attn-4": "flash-attn-4 SM90"}
+KNOB_NAMES = {"tile_m", "tile_n", "kv_stages", "pingpong", "intra_wg_overlap", "p_in_registers",
+              "exp_emulation", "rescale_threshold"}
+
+
+def profile_for(device: str) -> str:
+    """Built-in profile for a device name, preferring a measured one if it exists."""
+    d = device.lower()
+    base = "h200" if "h200" in d else "h100" if "h100" in d else "b200" if "b200" in d else None
+    if base is None:
+        raise InputError("hw", f"cannot tell the profile for device {device!r}; pass --hw")
+    measured = f"{base}-measured"
+    return measured if measured in hardware.available() else base
+
+
+def load(path: str) -> dict:
+    try:
+        doc = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise InputError("results", f"no such file: {path}") from None
+    except json.JSONDecodeError as e:
+        raise InputError("results", f"{path} is not JSON ({e.msg})") from None
+    if "points" not in doc or "meta" not in doc:
+        raise InputError("results", f"{path} is not a benchmark results file (needs 'meta' and 'points')")
+    return doc
+
+
+def compare(doc: dict, hw: str | None = None) -> dict:
+    hw = hw or profile_for(doc["meta"].get("device", ""))
+    rows = []
+    for p in doc["points"]:
+        problem = Problem(int(p["batch"]), int(p["heads"]), int(p["seqlen"]), int(p.get("seqlen_k", p["seqlen"])),
+                          int(p["hdim"]), bool(p["causal"]))
+        for impl, res in p.get("results", {}).items():
+            if impl not in SIMULATED or "tflops" not in res:
+                continue
+            knobs = {k: v for k, v in (p.get("knobs") or {}).items() if k in KNOB_NAMES} if impl == "fa4kernel" else {}
+            try:
+                r = simulate(hw, "fa3", problem, knobs)
+                sim, err = r.tflops, (r.tflops - res["tflops"]) / res["tflops"]
+                why = r.bottleneck
+            except InputError as e:
+                sim, err, why = None, None, str(e)
+            rows.append({"impl": impl, "label": p.get("label", "main"), "batch": problem.batch, "heads": problem.heads,
+                         "seqlen": problem.seqlen_q, "hdim": problem.hdim, "causal": problem.causal,
+                         "knobs": knobs, "measured_tflops": res["tflops"], "predicted_tflops": sim,
+                         "error": err, "bottleneck": why})
+    errs = [abs(r["error"]) for r in rows if r["error"] is not None and r["label"] == "main"]
+    summary = {"hw_profile": hw, "device": doc["meta"].get("device"), "date": doc["meta"].get("date"),
+               "points": len(errs),
+               "median_abs_error": statistics.median(errs) if errs else None,
+               "max_abs_error": max(errs) if errs else None}
+    for impl in SIMULATED:
+        e = [abs(r["error"]) for r in rows if r["impl"] == impl and r["error"] is not None and r["label"] == "main"]
+        if e:
+            summary[impl] = {"median_abs_error": statistics.median(e), "max_abs_error": max(e), "points": len(e)}
+    return {"summary": summary, "points": rows, "knob_deltas": knob_deltas(rows)}
+
+
+def knob_deltas(rows: list[dict]) -> list[dict]:
+    """Measured vs predicted change of each knob variant against 'default', same problem."""
+    out = []
+    base = {(r["seqlen"], r["hdim"], r["causal"]): r for r in rows
+            if r["impl"] == "fa4kernel" and r["label"] == "default"}
+    for r in rows:
+        b = base.get((r["seqlen"], r["hdim"], r["causal"]))
+        if r["impl"] != "fa4kernel" or r["label"] in ("main", "default") or b is None:
+            continue
+        if r["predicted_tflops"] is None or b["predicted_tflops"] is None:
+            continue
+        meas = r["measured_tflops"] / b["measured_tflops"] - 1
+        pred = r["predicted_tflops"] / b["predicted_tflops"] - 1
+        out.append({"knob": r["label"], "causal": r["causal"], "measured_delta": meas, "predicted_delta": pred,
+                    "same_sign": (meas >= 0) == (pred >= 0) or abs(meas) < 0.01,
+                    "difference_pp": 100 * (pred - meas)})
+    return out
+
+
+def plot(result: dict, path: str) -> str:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 6))
+    pts = [r for r in result["points"] if r["predicted_tflops"] is not None]
+    hi = max([r["measured_tflops"] for r in pts] + [r["predicted_tflops"] for r in pts] + [1.0]) * 1.1
+    for impl, marker in (("fa4kernel", "o"), ("flash-attn-4", "s")):
+        for causal, color in ((False, "#4C72B0"), (True, "#DD8452")):
+            sel = [r for r in pts if r["impl"] == impl and r["causal"] == causal]
+            if sel:
+                ax.scatter([r["measured_tflops"] for r in sel], [r["predicted_tflops"] for r in sel], marker=marker,
+                           color=color, label=f"{SIMULATED[impl]}{', causal' if causal else ''}", alpha=0.8)
+    ax.plot([0, hi], [0, hi], "k--", linewidth=0.8, label="y = x")
+    ax.set_xlim(0, hi)
+    ax.set_ylim(0, hi)
+    s = result["summary"]
+    med = s["median_abs_error"]
+    ax.set_title(f"predicted vs measured on {s['device']} ({(s['date'] or '')[:10]})\n"
+                 f"profile {s['hw_profile']}; median |err| {med:.1%}" if med is not None else "no points", fontsize=9)
+    ax.set_xlabel("measured TFLOP/s")
+    ax.set_ylabel("predicted TFLOP/s")
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def report(result: dict) -> str:
+    s = result["summary"]
+    lines = [f"device {s['device']} ({s['date']}), profile {s['hw_profile']}"]
+    lines.append(f"{'impl':13s} {'hd':>4s} {'seqlen':>6s} {'causal':>6s} {'measured':>9s} {'predicted':>9s} {'error':>7s}")
+    for r in result["points"]:
+        if r["label"] != "main":
+            continue
+        pred = "-" if r["predicted_tflops"] is None else f"{r['predicted_tflops']:9.1f}"
+        err = "-" if r["error"] is None else f"{r['error']:+7.1%}"
+        lines.append(f"{r['impl']:13s} {r['hdim']:4d} {r['seqlen']:6d} {str(r['causal']):>6s} "
+                     f"{r['measured_tflops']:9.1f} {pred:>9s} {err:>7s}")
+    if s["median_abs_error"] is not None:
+        lines.append(f"median |error| {s['median_abs_error']:.1%}, max |error| {s['max_abs_error']:.1%} over {s['points']} points")
+    if result["knob_deltas"]:
+        lines.append("knob deltas vs default (measured / predicted):")
+        for d in result["knob_deltas"]:
+            lines.append(f"  {d['knob']:28s} causal={int(d['causal'])} {d['measured_delta']:+7.1%} / {d['predicted_delta']:+7.1%}"
+                         f"  {'same sign' if d['same_sign'] else 'WRONG SIGN'}, off by {d['difference_pp']:+.1f} pp")
+    return "\n".join(lines)
