@@ -1,0 +1,42 @@
+"""Measured-timeline plumbing: stamps -> trace, steady-state interval, overlay figure."""
+import json
+
+import pytest
+
+from fa4sim import hardware, timeline
+from fa4sim.engine import simulate
+from fa4sim.errors import InputError
+from fa4sim.params import Problem, resolve
+from fa4sim.schedules import fa3_sm90
+
+
+def sim_trace():
+    hw = hardware.load("h100")
+    p = Problem(1, 16, 4096, 4096, 128)
+    k = resolve(fa3_sm90.KNOBS, p, {})
+    return simulate(fa3_sm90.build(hw, p, k, 24, 0), [24])
+
+
+def test_stamps_round_trip_give_the_simulated_interval(tmp_path):
+    sim = sim_trace()
+    # pretend the kernel stamped every consumer op, with an offset clock
+    events = [{"role": r.role, "op": r.name, "tile": r.tile, "iter": r.iter, "start": r.start + 10**9,
+               "end": r.end + 10**9} for r in sim.ops if r.role.startswith("wg")]
+    f = tmp_path / "stamps.json"
+    f.write_text(json.dumps({"meta": {"device": "test"}, "events": events}))
+    measured = timeline.to_trace(timeline.load_stamps(str(f)), sim.schedule)
+    assert min(r.start for r in measured.ops) == 0
+    assert timeline.interval(measured, "QK0") == pytest.approx(timeline.interval(sim, "QK0"))
+    png = tmp_path / "overlay.png"
+    timeline.overlay(sim, measured, str(png))
+    assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_bad_stamps(tmp_path):
+    f = tmp_path / "s.json"
+    f.write_text(json.dumps({"events": [{"role": "wg0", "op": "QK0", "iter": 0, "start": 5, "end": 1}]}))
+    with pytest.raises(InputError):
+        timeline.load_stamps(str(f))
+    f.write_text(json.dumps({"events": [{"role": "warp99", "op": "X", "iter": 0, "start": 0, "end": 1}]}))
+    with pytest.raises(InputError):
+        timeline.to_trace(timeline.load_stamps(str(f)), sim_trace().schedule)
