@@ -1,0 +1,46 @@
+"""CPU-only: compile every calibration microbenchmark for sm_90a (fake tensors) and check that
+its SASS holds the instruction it means to measure, at the expected count.
+
+    CUTE_DSL_ARCH=sm_90a python3 -m benchmarks.calibrate.check_sass
+"""
+from __future__ import annotations
+
+import sys
+import time
+
+from . import bench_launch, bench_pipes, bench_smem, bench_sync, bench_tma, bench_wgmma
+from .common import compile_for_sass, sass_count
+
+
+def cases():
+    for op, opcode in bench_pipes.OPS.items():
+        for mode, cfg in bench_pipes.CONFIGS.items():
+            yield (f"pipes_{op}_{mode}", lambda op=op, cfg=cfg: (bench_pipes.make(op, **cfg), bench_pipes.fake_args()),
+                   {opcode: cfg["chains"] * cfg["unroll"]})
+    yield ("smem_bw", lambda: (bench_smem.make_bw(), bench_smem.fake_args()), {"LDS.128": bench_smem.UNROLL})
+    yield ("smem_chase", lambda: (bench_smem.make_chase(), bench_smem.fake_args()), {"LDS": bench_smem.CHASE_STEPS})
+    for n in (64, 128, 256):
+        for rs in (False, True):
+            yield (f"wgmma_{'rs' if rs else 'ss'}_n{n}", lambda n=n, rs=rs: (bench_wgmma.make(n, rs), bench_wgmma.fake_args()),
+                   {f"HGMMA.64x{n}x16.F32.BF16": bench_wgmma.KB + sum(bench_wgmma.NKS), "STL": 0})
+    yield ("tma", lambda: (bench_tma.make(), bench_tma.fake_args()), {"UTMALDG.2D": 8 + 2 * 24, "SYNCS.ARRIVE.TRANS64": 2})
+    yield ("sync", lambda: (bench_sync.make(), bench_sync.fake_args()), {"BAR.ARV": 2, "SYNCS.ARRIVE": 4})
+    yield ("launch", lambda: (bench_launch.make(), bench_launch.fake_args()), {})
+
+
+def main() -> int:
+    bad = 0
+    for name, build, expect in cases():
+        t0 = time.time()
+        fn, args = build()
+        sass = compile_for_sass(fn, *args)
+        counts = {op: sass_count(sass, op) for op in expect}
+        ok = all((counts[op] >= n) if n else counts[op] == 0 for op, n in expect.items())
+        bad += not ok
+        print(f"{'ok ' if ok else 'BAD'} {name:28s} {counts}  ({time.time() - t0:.1f}s)")
+    print("all ok" if not bad else f"{bad} FAILED")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

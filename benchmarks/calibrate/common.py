@@ -1,0 +1,199 @@
+"""Shared helpers for the calibration microbenchmarks (CuTe DSL, sm_90a).
+
+Every benchmark module defines `@cute.jit` host functions whose arguments are cute tensors
+(an Int64 stamp buffer, a Float32 sink) plus Int32 knobs. The same code is compiled
+ - on the CPU (`CUTE_DSL_ARCH=sm_90a`, fake tensors) to check the SASS holds the instruction
+   that is meant to be measured (check_sass.py), and
+ - on the device (real torch tensors) and run (run_all.py).
+Timing is done inside the kernels with clock64 (SM cycles) stamps written to global memory.
+"""
+from __future__ import annotations
+
+import glob
+import os
+import subprocess
+import tempfile
+import time
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, Int32, Int64
+from cutlass._mlir import ir
+from cutlass._mlir.dialects import llvm
+from cutlass.cutlass_dsl import T, dsl_user_op
+
+ARCH = "sm_90a"
+
+
+# ----------------------------------------------------------------------------- inline PTX
+def _asm(ret, operands, ptx, cons):
+    return llvm.inline_asm(ret, operands, ptx, cons, has_side_effects=True, is_align_stack=False,
+                           asm_dialect=llvm.AsmDialect.AD_ATT)
+
+
+@dsl_user_op
+def ffma(x, a, b, *, loc=None, ip=None):
+    """x * a + b as one fma.rn.f32 (FFMA)."""
+    return Float32(_asm(T.f32(), [Float32(x).ir_value(), Float32(a).ir_value(), Float32(b).ir_value()],
+                        "fma.rn.f32 $0, $1, $2, $3;", "=f,f,f,f"))
+
+
+@dsl_user_op
+def ex2(x, *, loc=None, ip=None):
+    """ex2.approx.ftz.f32 (MUFU.EX2)."""
+    return Float32(_asm(T.f32(), [Float32(x).ir_value()], "ex2.approx.ftz.f32 $0, $1;", "=f,f"))
+
+
+@dsl_user_op
+def fmax(x, y, *, loc=None, ip=None):
+    """max.f32 (FMNMX)."""
+    return Float32(_asm(T.f32(), [Float32(x).ir_value(), Float32(y).ir_value()],
+                        "max.f32 $0, $1, $2;", "=f,f,f"))
+
+
+@dsl_user_op
+def f2bf16x2(x, y, *, loc=None, ip=None):
+    """cvt.rn.bf16x2.f32 (F2FP.BF16.F32.PACK_AB); the packed pair comes back as the bits of an f32
+    so that it can feed the next conversion (a dependent chain)."""
+    return Float32(_asm(T.f32(), [Float32(x).ir_value(), Float32(y).ir_value()],
+                        "{\n.reg .b32 t;\ncvt.rn.bf16x2.f32 t, $1, $2;\nmov.b32 $0, t;\n}", "=f,f,f"))
+
+
+@dsl_user_op
+def lop3_xor(a, b, c, *, loc=None, ip=None):
+    """a ^ b ^ c as one lop3.b32 (LOP3)."""
+    return Int32(_asm(T.i32(), [Int32(a).ir_value(), Int32(b).ir_value(), Int32(c).ir_value()],
+                      "lop3.b32 $0, $1, $2, $3, 0x96;", "=r,r,r,r"))
+
+
+@dsl_user_op
+def smem_addr(ptr, *, loc=None, ip=None):
+    """32-bit shared-window address of a smem cute pointer."""
+    return Int32(llvm.ptrtoint(T.i32(), ptr.to_llvm_ptr()))
+
+
+@dsl_user_op
+def lds128(addr, offset: int, *, loc=None, ip=None):
+    """ld.shared.v4.u32 at addr+offset (LDS.128); returns 4 Int32."""
+    ty = llvm.StructType.get_literal([T.i32()] * 4)
+    res = _asm(ty, [Int32(addr).ir_value()],
+               f"ld.volatile.shared.v4.u32 {{$0, $1, $2, $3}}, [$4+{offset}];", "=r,=r,=r,=r,r")
+    return tuple(Int32(llvm.extractvalue(T.i32(), res, [i])) for i in range(4))
+
+
+@dsl_user_op
+def lds32(addr, *, loc=None, ip=None):
+    """ld.shared.u32 (LDS): a dependent pointer chase step."""
+    return Int32(_asm(T.i32(), [Int32(addr).ir_value()], "ld.shared.u32 $0, [$1];", "=r,r"))
+
+
+@dsl_user_op
+def sts32(addr, val, *, loc=None, ip=None):
+    _asm(None, [Int32(addr).ir_value(), Int32(val).ir_value()], "st.shared.u32 [$0], $1;", "r,r")
+
+
+@dsl_user_op
+def clk(*, loc=None, ip=None):
+    """clock64 as a volatile asm (keeps its place among the other volatile asm)."""
+    return Int64(_asm(T.i64(), [], "mov.u64 $0, %clock64;", "=l"))
+
+
+@dsl_user_op
+def gtimer(*, loc=None, ip=None):
+    """%globaltimer (ns)."""
+    return Int64(_asm(T.i64(), [], "mov.u64 $0, %globaltimer;", "=l"))
+
+
+# ----------------------------------------------------------------------------- compile
+def fake_tensor(dtype, shape):
+    from cutlass.cute.runtime import make_fake_compact_tensor
+
+    return make_fake_compact_tensor(dtype, shape, assumed_align=16)
+
+
+def fake_stream():
+    return cute.runtime.make_fake_stream()
+
+
+def compile_for_sass(fn, *args) -> str:
+    """Compile `fn(*args)` (fake tensors) for sm_90a on the CPU; return the SASS text."""
+    dump_dir = tempfile.mkdtemp(prefix="calib_sass_")
+    keys = ("CUTE_DSL_ARCH", "CUTE_DSL_KEEP", "CUTE_DSL_DUMP_DIR")
+    saved = {k: os.environ.get(k) for k in keys}
+    os.environ.update(CUTE_DSL_ARCH=ARCH, CUTE_DSL_KEEP="sass", CUTE_DSL_DUMP_DIR=dump_dir)
+    try:
+        cute.compile(fn, *args, options=f"--gpu-arch {ARCH} --keep-cubin --dump-dir {dump_dir}")
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    cubins = sorted(glob.glob(os.path.join(dump_dir, "**", "*.cubin"), recursive=True), key=os.path.getmtime)
+    if not cubins:
+        raise RuntimeError(f"no cubin under {dump_dir}")
+    from cutlass.base_dsl.env_manager import _find_nvdisasm_binary
+
+    res = subprocess.run([_find_nvdisasm_binary(), "-c", cubins[-1]], capture_output=True, text=True)
+    if res.returncode != 0:
+        raise RuntimeError(res.stderr)
+    import shutil
+
+    shutil.rmtree(dump_dir, ignore_errors=True)
+    return res.stdout
+
+
+def sass_count(sass: str, opcode: str) -> int:
+    """Instructions whose opcode starts with `opcode` (e.g. 'HGMMA', 'MUFU.EX2')."""
+    n = 0
+    for line in sass.splitlines():
+        s = line.split("*/", 1)[-1].strip() if "*/" in line else line.strip()
+        s = s.lstrip("{ ").strip()
+        if s.startswith("@"):
+            s = s.split(None, 1)[1] if " " in s else s
+        if s.startswith(opcode):
+            n += 1
+    return n
+
+
+# ----------------------------------------------------------------------------- device side
+class Device:
+    """Compile-and-run helper on the GPU (torch tensors -> cute tensors)."""
+
+    def __init__(self):
+        import torch
+
+        self.torch = torch
+        self.cache = {}
+        self.compile_s = {}
+
+    def stream(self):
+        import cuda.bindings.driver as cuda
+
+        return cuda.CUstream(self.torch.cuda.current_stream().cuda_stream)
+
+    @staticmethod
+    def ct(t, align=16):
+        from cutlass.cute.runtime import from_dlpack
+
+        return from_dlpack(t, assumed_align=align)
+
+    def call(self, key, fn, *args):
+        """Compile once per key (with these args), then launch; synchronizes; returns seconds."""
+        torch = self.torch
+        conv = [self.ct(a) if isinstance(a, torch.Tensor) else a for a in args]
+        if key not in self.cache:
+            t0 = time.perf_counter()
+            self.cache[key] = cute.compile(fn, *conv, self.stream())
+            self.compile_s[key] = time.perf_counter() - t0
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        self.cache[key](*conv, self.stream())
+        torch.cuda.synchronize()
+        return time.perf_counter() - t0
+
+
+def median(xs):
+    xs = sorted(xs)
+    n = len(xs)
+    return xs[n // 2] if n % 2 else 0.5 * (xs[n // 2 - 1] + xs[n // 2])
