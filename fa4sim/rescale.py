@@ -8,14 +8,15 @@ correction warpgroup decides per warp (any of its 32 rows), and the first KV blo
 rescales. Source: ../shared/reference/fa4-schedules.md ("Conditional online-softmax rescaling").
 
 For scores that are i.i.d. normal with standard deviation `score_std` (natural-log units, i.e.
-of softmax_scale * q.k; randn inputs give 1.0), the probability that a row's block-j max beats
-the running max of the previous j blocks by more than tau is
+of softmax_scale * q.k; randn inputs give 1.0) we follow the distribution of a row's *stale*
+max m on a grid, block by block (s = score_std / ln 2 in log2 units, B = the block's max, with
+CDF F(y) = Phi(y/s)^cols):
 
-    P_row(j) = integral dF_new(y) * F_old(y - tau),   F_new = Phi(y/s)^cols, F_old = Phi(y/s)^(cols*j)
+    rescale at block j:   P_row(j) = E[1 - F(m_j + tau)]
+    next stale max:       m_{j+1} = m_j if B <= m_j + tau, else B
 
-with s = score_std / ln 2 (log2 units), and a warp of R rows fires with 1 - (1 - P_row)^R. The
-running max stands in for the stale max (exact for tau = 0; for tau > 0 it slightly
-under-counts, and both round to ~0 at tau = 8 for realistic scores).
+which is exact for one row under FA4's rule (for tau = 0 it is the running max). A warp of R
+rows fires when any row does: 1 - (1 - P_row)^R (rows independent).
 """
 from __future__ import annotations
 
@@ -34,16 +35,24 @@ def _phi(z: np.ndarray) -> np.ndarray:
 @lru_cache(maxsize=256)
 def _per_block(n_kv: int, tau: float, score_std: float, cols: int, rows: int) -> tuple[float, ...]:
     s = score_std / LN2
-    y = np.linspace(-8 * s, 12 * s + tau, 4001)
-    log_phi = np.log(np.clip(_phi(y / s), 1e-300, 1.0))
-    f_new = np.exp(cols * log_phi)
-    d_new = np.diff(f_new)
-    y_mid = 0.5 * (y[1:] + y[:-1])
-    log_phi_shift = np.log(np.clip(_phi((y_mid - tau) / s), 1e-300, 1.0))
-    j = np.arange(1, n_kv)[:, None]
-    p_row = (d_new[None, :] * np.exp(cols * j * log_phi_shift[None, :])).sum(axis=1)
-    p_warp = 1.0 - (1.0 - np.clip(p_row, 0.0, 1.0)) ** rows
-    return (0.0, *p_warp.tolist())
+    lo, hi = -6 * s, 10 * s + tau
+    y = np.linspace(lo, hi, 3001)
+    step = y[1] - y[0]
+    F = lambda x: np.exp(cols * np.log(np.clip(_phi(x / s), 1e-300, 1.0)))
+    edges = np.concatenate(([-np.inf], 0.5 * (y[1:] + y[:-1]), [np.inf]))
+    p_new = np.diff(F(edges))                       # block max B on the grid (cell masses)
+    survive = F(y + tau)                            # P(B <= m + tau) for a stale max m = y
+    shift = int(round(tau / step))
+    p = p_new.copy()                                # after block 0: m = B_0
+    out = [0.0]
+    for _ in range(1, n_kv):
+        fire_row = float(np.dot(p, 1.0 - survive))
+        out.append(1.0 - (1.0 - min(max(fire_row, 0.0), 1.0)) ** rows)
+        cdf_below = np.concatenate((np.zeros(shift), np.cumsum(p)))[: len(y)]  # P(m < y - tau)
+        if shift == 0:
+            cdf_below = np.concatenate(([0.0], np.cumsum(p)[:-1]))            # strictly below
+        p = p * survive + p_new * cdf_below
+    return tuple(out)
 
 
 def rescale_probabilities(n_kv: int, tau: float | None, score_std: float = 1.0,
@@ -56,7 +65,8 @@ def rescale_probabilities(n_kv: int, tau: float | None, score_std: float = 1.0,
         raise ValueError("n_kv must be >= 1")
     if tau is None:
         return np.array([0.0] + [1.0] * (n_kv - 1))
-    return np.array(_per_block(int(n_kv), float(tau), float(score_std), int(cols), int(rows)))
+    longer = 1 << max(6, (int(n_kv) - 1).bit_length())  # block j's probability does not depend on n_kv
+    return np.array(_per_block(longer, float(tau), float(score_std), int(cols), int(rows))[:n_kv])
 
 
 def rescale_rate(n_kv: int, tau: float | None, score_std: float = 1.0,

@@ -91,6 +91,9 @@ def check(hw, p: Problem, k: dict) -> None:
     cols = tmem_columns(p, k)
     if cols > hw.tmem_columns:
         raise InputError("tmem", f"{k['q_tiles']} Q tiles x (tile_n {k['tile_n']} + hdim {p.hdim}) = {cols} TMEM columns; at most {hw.tmem_columns}")
+    if k["kv_stages"] < 2:
+        raise InputError("kv_stages", "FA4 needs >= 2 K/V slots: QK(j) is issued before PV(j-1) releases V(j-1), "
+                                      "so K(j) must load while V(j-1) is still in use")
     need = smem_bytes(p, k)
     if need > hw.smem_capacity_bytes:
         raise InputError("smem", f"shared memory {need} B (hdim {p.hdim}, tile_m {k['tile_m']}, tile_n {k['tile_n']}, "

@@ -1,0 +1,264 @@
+"""Regenerate every figure in figures/ from the simulator (and recorded measurements where they exist).
+
+    python figures/make_figures.py            # all figures, about half a minute on a laptop CPU
+    python figures/make_figures.py --list     # what it writes
+
+Figures:
+  fa4_b200_timeline.png        FA4 forward on B200, one CTA (the README's figure; same command)
+  fa3_h100_timeline.png        FA3-style forward on H100, one CTA
+  feeds_and_speeds.png         cycles per 128x128 tile for MMA, exp2 and shared memory, H100 vs B200
+  exp_emulation_sweep.png      B200 vs H100: TFLOP/s and MUFU/FMA utilisation over exp_emulation
+  pingpong_on_off.png          H100 ping-pong on/off by head dim, datasheet and measured profiles
+                               (measured fa4kernel points where recorded)
+  pingpong_timelines_h100.png  H100 hd64 timelines with ping-pong on and off
+  rescale_rate_vs_tau.png      how often a warp rescales O, against tau (model and numpy count)
+
+Measurements come only from benchmarks/results/sm90_fwd_*.json (newest); nothing is invented.
+"""
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import sys
+import tempfile
+import time
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.image as mpimg  # noqa: E402
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+from fa4sim import Problem, hardware, simulate  # noqa: E402
+from fa4sim.cli import main as fa4sim_main  # noqa: E402
+from fa4sim.feeds import tile_costs  # noqa: E402
+from fa4sim.gantt import draw  # noqa: E402
+from fa4sim.rescale import rescale_rate  # noqa: E402
+
+FIG = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(FIG)
+RESULTS = os.environ.get("FA4LAB_RESULTS") or os.path.join(ROOT, "benchmarks", "results")
+README_CMD = ["run", "--hw", "b200", "--schedule", "fa4", "--hdim", "128", "--seqlen", "32768", "--batch", "1",
+              "--heads", "16", "--gantt"]
+
+
+def out(name: str) -> str:
+    return os.path.join(FIG, name)
+
+
+def latest_sm90():
+    """(doc, 'device, date') of the newest recorded SM90 benchmark, or (None, None)."""
+    docs = []
+    for path in glob.glob(os.path.join(RESULTS, "sm90_fwd_*.json")):
+        try:
+            with open(path) as fh:
+                doc = json.load(fh)
+        except (OSError, ValueError):
+            continue
+        docs.append((str(doc.get("meta", {}).get("date", "")), path, doc))
+    if not docs:
+        return None, None
+    _, path, doc = max(docs)
+    meta = doc.get("meta", {})
+    return doc, f"{meta.get('device', '?')}, {meta.get('date', '?')}"
+
+
+def knob_point(doc, label: str, causal: bool = False):
+    for p in (doc or {}).get("points", []):
+        if p.get("label") == label and bool(p.get("causal")) == causal:
+            t = p.get("results", {}).get("fa4kernel", {}).get("tflops")
+            if t is not None:
+                return t
+    return None
+
+
+def fig_fa4_timeline():
+    # exactly the README's command, so the figure and the README agree
+    import contextlib
+    import io
+
+    with contextlib.redirect_stdout(io.StringIO()):
+        rc = fa4sim_main(README_CMD + [out("fa4_b200_timeline.png")])
+    assert rc == 0
+    return "fa4_b200_timeline.png"
+
+
+def fig_fa3_timeline():
+    import contextlib
+    import io
+
+    with contextlib.redirect_stdout(io.StringIO()):
+        rc = fa4sim_main(["run", "--hw", "h100", "--schedule", "fa3", "--hdim", "128", "--seqlen", "8192",
+                          "--batch", "2", "--heads", "16", "--gantt", out("fa3_h100_timeline.png")])
+    assert rc == 0
+    return "fa3_h100_timeline.png"
+
+
+def fig_feeds():
+    rows = [("H100", tile_costs(hardware.load("h100"), 128)),
+            ("B200 (1-CTA)", tile_costs(hardware.load("b200"), 128)),
+            ("B200 (2-CTA)", tile_costs(hardware.load("b200"), 128, two_cta=True))]
+    fig, ax = plt.subplots(figsize=(8, 4))
+    x = np.arange(3)
+    for i, (name, c) in enumerate(rows):
+        vals = [c["mma"], c["exp_mufu"], c["smem"]]
+        bars = ax.bar(x + (i - 1) * 0.27, vals, width=0.27, label=name)
+        ax.bar_label(bars, fmt="%.0f", fontsize=7)
+    ax.set_xticks(x, ["tensor core (MMA)", "MUFU (exp2)", "shared memory"])
+    ax.set_ylabel("cycles per SM")
+    ax.set_title("Feeds and speeds: one 128x128 tile at hd128 (no overlap, no latency)\n"
+                 "B200 doubled the tensor core; exp2 and shared memory did not")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out("feeds_and_speeds.png"), dpi=130)
+    plt.close(fig)
+    return "feeds_and_speeds.png"
+
+
+def fig_emulation(doc, where):
+    fracs = [0.0, 0.0625, 0.125, 0.1875, 0.25, 0.375, 0.5, 0.75, 1.0]
+    b_prob = Problem(1, 16, 32768, 32768, 128)
+    h_prob = Problem(2, 16, 8192, 8192, 128)
+    b = [simulate("b200", "fa4", b_prob, {"exp_emulation": f}) for f in fracs]
+    h = [simulate("h100", "fa3", h_prob, {"exp_emulation": f}) for f in fracs]
+    fig, ax = plt.subplots(1, 2, figsize=(12, 4))
+    ax[0].plot(fracs, [r.tflops for r in b], "-o", label="B200 fa4 (hd128, 32k) predicted")
+    ax[0].plot(fracs, [r.tflops for r in h], "-s", label="H100 fa3 (hd128, 8k, b2) predicted, datasheet profile")
+    meas = [(f, knob_point(doc, lab)) for f, lab in ((0.0, "default"), (0.125, "exp_emulation=0.125"),
+                                                      (0.25, "exp_emulation=0.25"))]
+    meas = [(f, t) for f, t in meas if t is not None]
+    if meas:
+        ax[0].plot(*zip(*meas), "k^", label=f"fa4kernel measured ({where})")
+    ax[0].axvspan(0.10, 0.25, color="grey", alpha=0.15, label="FA4's choice (10-25%)")
+    ax[0].set(xlabel="exp_emulation (fraction of exp2 on the FMA pipe)", ylabel="TFLOP/s",
+              title="exp2 emulation pays only where exp2 is on the critical path")
+    ax[0].legend(fontsize=7)
+    for rs, hw, st in ((b, "B200", "-o"), (h, "H100", "-s")):
+        ax[1].plot(fracs, [r.utilization["mufu"] for r in rs], st, label=f"{hw} MUFU")
+        ax[1].plot(fracs, [r.utilization["fma"] for r in rs], st, alpha=0.45, label=f"{hw} FMA pipe")
+    ax[1].set(xlabel="exp_emulation", ylabel="busy fraction (steady state)", title="MUFU vs FMA utilisation")
+    ax[1].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out("exp_emulation_sweep.png"), dpi=130)
+    plt.close(fig)
+    return "exp_emulation_sweep.png"
+
+
+def fig_pingpong(doc, where):
+    dims = (64, 128, 256)
+    profiles = [p for p in ("h100", "h100-measured") if p in hardware.available()]
+    fig, ax = plt.subplots(figsize=(9, 4.2))
+    x = np.arange(len(dims))
+    width = 0.8 / (2 * len(profiles))
+    i = 0
+    for prof in profiles:
+        for pp in (True, False):
+            vals = [simulate(prof, "fa3", Problem(16384 // 8192, 2048 // d, 8192, 8192, d), {"pingpong": pp}).tflops
+                    for d in dims]
+            bars = ax.bar(x - 0.4 + width * (i + 0.5), vals, width, alpha=1.0 if pp else 0.55,
+                          color=f"C{profiles.index(prof)}", hatch="" if pp else "//",
+                          label=f"{prof} profile, ping-pong {'on' if pp else 'off'} (predicted)")
+            ax.bar_label(bars, fmt="%.0f", fontsize=6)
+            i += 1
+    m_on, m_off = knob_point(doc, "default"), knob_point(doc, "pingpong=False")
+    if m_on is not None and m_off is not None:
+        j = dims.index(128)
+        ax.plot([j - 0.1, j + 0.1], [m_on, m_off], "k^", markersize=9, label=f"fa4kernel on/off, measured ({where})")
+    ax.set_xticks(x, [f"hd{d}" for d in dims])
+    ax.set_ylabel("TFLOP/s (seqlen 8192, 16k tokens)")
+    ax.set_title("FA3-style forward on H100: inter-warpgroup ping-pong on/off\n"
+                 "datasheet profile (MMA queue depth 2, a guess) vs measured profile (depth 7)")
+    ax.set_ylim(0, 1250)
+    ax.legend(fontsize=7, loc="upper center", ncol=2)
+    fig.tight_layout()
+    fig.savefig(out("pingpong_on_off.png"), dpi=130)
+    plt.close(fig)
+    return "pingpong_on_off.png"
+
+
+def fig_pingpong_timelines():
+    prob = Problem(2, 32, 8192, 8192, 64)
+    tmp = tempfile.mkdtemp(prefix="fa4fig_")
+    paths = []
+    for pp in (True, False):
+        r = simulate("h100", "fa3", prob, {"pingpong": pp})
+        path = os.path.join(tmp, f"pp{int(pp)}.png")
+        draw(r.trace, path, iterations=5, width=14,
+             title=f"fa3 on h100, hd64: ping-pong {'ON' if pp else 'OFF'} -> {r.tflops:.0f} TFLOP/s (one CTA, first 5 KV blocks)")
+        paths.append(path)
+    imgs = [mpimg.imread(p) for p in paths]
+    fig, ax = plt.subplots(2, 1, figsize=(14, 14 * sum(i.shape[0] for i in imgs) / imgs[0].shape[1]))
+    for a, img in zip(ax, imgs):
+        a.imshow(img)
+        a.axis("off")
+    fig.subplots_adjust(left=0, right=1, top=1, bottom=0, hspace=0.02)
+    fig.savefig(out("pingpong_timelines_h100.png"), dpi=110)
+    plt.close(fig)
+    for p in paths:
+        os.unlink(p)
+    os.rmdir(tmp)
+    return "pingpong_timelines_h100.png"
+
+
+def fig_rescale():
+    taus = np.linspace(0, 10, 41)
+    n_kv = 128  # a 16k-key row in 128-key blocks
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for std in (1.0, 2.0, 4.0):
+        rates = np.array([rescale_rate(n_kv, t, score_std=std) for t in taus])
+        ax.semilogy(taus, np.where(rates > 0, rates, np.nan), label=f"model, score_std={std:g}")
+    # the kernel's rule counted directly on randn scores (stale max, per warp of 32 rows)
+    rng = np.random.default_rng(0)
+    rows, keys, d = 512, 128 * n_kv, 128
+    s = (rng.standard_normal((rows, d)) @ rng.standard_normal((keys, d)).T) / np.sqrt(d) * np.log2(np.e)
+    blk = s.reshape(rows, n_kv, 128).max(axis=2)
+    pts = []
+    for tau in (0.0, 1.0, 2.0, 3.0, 4.0, 6.0, 8.0):
+        m = blk[:, 0].copy()
+        fired = np.zeros((n_kv, rows), bool)
+        for j in range(1, n_kv):
+            f = blk[:, j] > m + tau
+            fired[j] = f
+            m = np.where(f, blk[:, j], m)
+        pts.append((tau, fired.reshape(n_kv, rows // 32, 32).any(axis=2).mean()))
+    seen = [(t, r) for t, r in pts if r > 0]
+    never = [t for t, r in pts if r == 0]
+    pairs = (n_kv - 1) * rows // 32
+    ax.semilogy(*zip(*seen), "ko", label="kernel rule (stale max) counted on randn scores, score_std 1")
+    if never:
+        ax.plot(never, [2e-9] * len(never), "kv", label=f"counted 0 of {pairs} pairs")
+    ax.axvline(8, color="grey", linestyle=":", label="FA4: tau = 8")
+    ax.set(xlabel="tau (log2 units)", ylabel="fraction of (warp, KV block) pairs that rescale",
+           title="Conditional rescaling: how often the correction warpgroup touches O", ylim=(1e-9, 1.5))
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out("rescale_rate_vs_tau.png"), dpi=130)
+    plt.close(fig)
+    return "rescale_rate_vs_tau.png"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--list", action="store_true", help="list the figures and exit")
+    a = ap.parse_args(argv)
+    if a.list:
+        print(__doc__)
+        return 0
+    doc, where = latest_sm90()
+    print(f"recorded SM90 measurement: {where}" if doc else "no recorded SM90 measurement: simulation only")
+    jobs = [fig_fa4_timeline, fig_fa3_timeline, fig_feeds, lambda: fig_emulation(doc, where),
+            lambda: fig_pingpong(doc, where), fig_pingpong_timelines, fig_rescale]
+    t_all = time.time()
+    for job in jobs:
+        t = time.time()
+        name = job()
+        print(f"wrote figures/{name} ({time.time() - t:.1f} s)")
+    print(f"done in {time.time() - t_all:.1f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,344 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Lesson 03: the Hopper forward kernel, predicted and measured (about 30 minutes)
+#
+# On Hopper (H100/H200, SM90) FlashAttention-3's forward kernel, which FA4's code base keeps for
+# SM90, is built from three ideas:
+#
+# - **Warp specialisation.** A *producer* warpgroup only issues TMA copies of Q, K and V into
+#   shared memory (and gives its registers away with `setmaxnreg`); two or three *consumer*
+#   warpgroups each own 64 query rows per wgmma and do the math.
+# - **Ping-pong** between consumer warpgroups: named barriers make warpgroup 0 issue its GEMMs,
+#   then warpgroup 1 issue its GEMMs, so one warpgroup's softmax runs while the other's GEMMs
+#   occupy the tensor core.
+# - **Intra-warpgroup overlap:** inside one warpgroup, issue `S(j) = Q K(j)^T`, then
+#   `O += P(j-1) V(j-1)`, and do the softmax of `S(j)` while `PV(j-1)` still runs.
+#
+# Plus a choice of where P lives for `P V`: in registers (RS wgmma, the default at hd128) or
+# staged through shared memory (SS). Our own SM90 kernel, `fa4kernel`, has each of these as a
+# knob; so does the simulator's `fa3` schedule. In this lesson you predict the effect of each
+# knob, and compare with measurements of the real kernel.
+
+# %%
+import os
+
+import matplotlib.pyplot as plt
+
+import lessonkit as kit
+from fa4sim import Problem, simulate
+from fa4sim.schedules import SCHEDULES
+
+LIVE = kit.live()  # True with a CUDA GPU: the measurement cells run fa4kernel live
+print("LIVE (GPU present):", LIVE)
+FA3_KNOBS = {k.name for k in SCHEDULES["fa3"].KNOBS}
+
+# %% [markdown]
+# ## 1. The problem, the variants and two kinds of profile
+#
+# The benchmark `benchmarks/bench_fwd_sm90.py` measures these knob variants on one problem: hd128,
+# seqlen 8192, batch 2, 16 heads (16k tokens), non-causal. We simulate exactly the same.
+#
+# There are two kinds of Hopper profile: `h100` holds datasheet and literature values (the rated
+# 1.83 GHz clock, some latencies that are guesses), `h100-measured` and `h200-measured` replace
+# them with our own microbenchmarks on this workplace's GPUs (`benchmarks/calibrate/`). Here is
+# what the microbenchmarks changed:
+
+# %%
+from fa4sim import hardware
+
+PROFILES = [p for p in ("h100", "h100-measured", "h200-measured") if p in hardware.available()]
+datasheet = hardware.load("h100")
+for prof in PROFILES[1:]:
+    hw = hardware.load(prof)
+    changed = [n for n in hardware.PARAMS if hw.values[n] != datasheet.values[n]]
+    print(f"{prof}: " + ", ".join(f"{n} {datasheet.values[n]} -> {hw.values[n]}" for n in changed[:9]) + ", ...")
+
+# %%
+PROBLEM = Problem(batch=2, heads=16, seqlen_q=8192, seqlen_k=8192, hdim=128)
+VARIANTS = {
+    "default": {},
+    "pingpong=False": {"pingpong": False},
+    "intra_wg_overlap=False": {"intra_wg_overlap": False},
+    "p_in_registers=False": {"p_in_registers": False},
+    "kv_stages=3": {"kv_stages": 3},
+}
+predicted = {prof: {label: simulate(prof, "fa3", PROBLEM, knobs) for label, knobs in VARIANTS.items()}
+             for prof in PROFILES}
+print(f"{'TFLOP/s':24s}" + "".join(f"{p:>15s}" for p in PROFILES))
+for label in VARIANTS:
+    print(f"{label:24s}" + "".join(f"{predicted[p][label].tflops:15.0f}" for p in PROFILES))
+r = predicted["h100"]["default"]
+print(f"\nh100 (datasheet), default: loop {r.interval:.0f} cycles per KV block, "
+      + ", ".join(f"{u} {v:.0%}" for u, v in sorted(r.utilization.items(), key=lambda kv: -kv[1])[:4]))
+print("default knobs:", r.knobs)
+
+# %% [markdown]
+# The measured profiles predict 10-12 % less across the board: the clock under a full wgmma load
+# was measured at ~1.61 GHz (H100) and ~1.65 GHz (H200), not the rated 1.83. Keep that in mind:
+# the **datasheet predictions are upper bounds**.
+
+# %% [markdown]
+# ### Exercise 3.1: which knob hurts most?
+#
+# Before reading the table too closely: from lesson 02 (per tile, H100 hd128: MMA 2048 cycles,
+# exp2 1024, shared memory 1280), which single change should cost the most? Hint: with P staged
+# through shared memory, the `P V` wgmma reads P from shared memory too (SS instead of RS), on top
+# of V. Which unit is then closest to the tensor core's 2048 cycles? Write the label from
+# `VARIANTS`; the check compares with the simulator's ranking on the datasheet `h100` profile.
+
+# %%
+worst_variant = None  # <- a label from VARIANTS
+
+# %%
+# SOLUTION (try the exercise first).
+if worst_variant is None:
+    worst_variant = "p_in_registers=False"
+
+# %%
+ds = predicted["h100"]  # the datasheet profile
+sim_worst = min(ds, key=lambda k: ds[k].tflops)
+kit.check(worst_variant == sim_worst, f"the simulator (h100 profile) ranks {sim_worst!r} lowest")
+r = ds["p_in_registers=False"]
+print(f"with P in smem: smem {r.utilization['smem']:.0%} busy, loop {r.interval:.0f} cycles per block instead of 2048")
+
+# %% [markdown]
+# (Look back at the table: on `h100-measured` even P in shared memory costs nothing, while on
+# `h200-measured`, the same SM, it costs ~4 %. The section after the timelines explains why.)
+#
+# **Surprise?** At hd128 the model says ping-pong and intra-warpgroup overlap hardly matter
+# (about 1-2 %): the tensor core needs 2048 cycles per block and each warpgroup's softmax fits in
+# the other's GEMM time even when the two warpgroups run free; only the first blocks (the
+# transient) lose time. The timelines show it: without ping-pong the two warpgroups start in
+# lock-step, with gaps in the tensor row, and drift apart until the gaps close.
+
+# %%
+kit.gantt(predicted["h100"]["default"], iterations=5, title="fa3 on h100, hd128: ping-pong ON")
+kit.gantt(predicted["h100"]["pingpong=False"], iterations=5, title="fa3 on h100, hd128: ping-pong OFF")
+
+# %% [markdown]
+# Where the knobs *do* matter in the model, with the datasheet profile: at hd64 (3 consumer
+# warpgroups, MMA is cheap relative to exp2) ping-pong is worth ~25 %; at hd256 (large O
+# accumulator, PV is long) intra-warpgroup overlap is worth ~25 %. Now compare the measured
+# profile:
+
+# %%
+for prof in ("h100", "h100-measured"):
+    for d in (64, 128, 256):
+        prob = Problem(batch=16384 // 8192, heads=2048 // d, seqlen_q=8192, seqlen_k=8192, hdim=d)
+        line = []
+        for label in ("default", "pingpong=False", "intra_wg_overlap=False"):
+            line.append(f"{label} {simulate(prof, 'fa3', prob, VARIANTS[label]).tflops:5.0f}")
+        print(f"{prof:14s} hd{d:3d}: " + "   ".join(line))
+hd64 = Problem(batch=2, heads=32, seqlen_q=8192, seqlen_k=8192, hdim=64)
+kit.gantt(simulate("h100", "fa3", hd64, {"pingpong": False}), iterations=5,
+          title="fa3 on h100 (datasheet), hd64, ping-pong OFF: the three warpgroups' GEMMs collide, then all wait for softmax")
+
+# %% [markdown]
+# With the measured profile the tricks hardly matter anywhere. Which number makes the
+# difference? Mostly one: `mma_queue_depth`, how many wgmma instructions the tensor core accepts
+# ahead of execution before the issuing warp stalls. The datasheet profile guesses 2; our H100
+# microbenchmark measured 7 (`h200-measured` still carries the guess of 2, because that
+# benchmark has not run on the H200 yet). With a deep queue, a warpgroup can issue its GEMMs and
+# walk away to do softmax, whatever the other warpgroup does: the hardware does the ping-pong.
+#
+# One oddity worth a second look: with the datasheet profile at hd64, turning intra-warpgroup
+# overlap *off* is slightly faster than the default, and ping-pong off hurts much less once
+# overlap is also off. A real interaction of the two tricks, or a gap in the model? Only a
+# measurement at hd64 can say.
+#
+# ### Exercise 3.2: change one number
+# On the `h100-measured` profile at hd64, what is the smallest `mma_queue_depth` at which
+# turning ping-pong off costs less than 2 %? Predict, then let the check sweep it.
+
+# %%
+min_queue_depth = None  # <- your answer (an integer)
+
+# %%
+# SOLUTION (try the exercise first).
+if min_queue_depth is None:
+    min_queue_depth = 4
+
+# %%
+def pingpong_cost(depth):
+    on = simulate("h100-measured", "fa3", hd64, {"mma_queue_depth": depth}).tflops
+    off = simulate("h100-measured", "fa3", hd64, {"mma_queue_depth": depth, "pingpong": False}).tflops
+    return 1 - off / on
+
+
+costs = {dq: pingpong_cost(dq) for dq in range(1, 8)}
+print({dq: f"{c:.1%}" for dq, c in costs.items()})
+kit.check(costs[min_queue_depth] < 0.02 and all(costs[dq] >= 0.02 for dq in range(1, min_queue_depth)),
+          "find the first depth whose cost is below 2 %")
+
+# %% [markdown]
+# So a schedule trick's value in the model depends on a latency parameter: measure it before
+# trusting the prediction, which is what the calibration microbenchmarks (issue 4) are for.
+#
+# ## 2. Measured: our SM90 kernel with the same knobs
+#
+# With a GPU (`LIVE`), the next cell runs `fa4kernel.attention` for each variant (the first call
+# of each variant compiles it, which takes a while). Without one, it reads the newest recorded
+# benchmark, `benchmarks/results/sm90_fwd_<device>_<date>.json`.
+
+# %%
+measured, source, device = {}, None, None
+if LIVE:
+    import torch
+
+    device = torch.cuda.get_device_name(0)
+    source = f"live on {device}"
+    if torch.cuda.get_device_capability(0)[0] != 9:
+        print(f"{device} is not a Hopper GPU; fa4kernel is an SM90 kernel: no live measurement.")
+    else:
+        try:
+            import fa4kernel
+        except Exception as e:  # the kernel package or the CuTe DSL is missing
+            fa4kernel = None
+            print("cannot import fa4kernel:", repr(e)[:300])
+        if fa4kernel is not None:
+            p = PROBLEM
+            q, k, v = (torch.randn(p.batch, p.seqlen_q, p.heads, p.hdim, device="cuda", dtype=torch.bfloat16)
+                       for _ in range(3))
+            for label, knobs in VARIANTS.items():
+                try:
+                    ms = kit.time_cuda(lambda: fa4kernel.attention(q, k, v, **knobs))
+                    measured[label] = p.flops / (ms * 1e-3) / 1e12
+                except Exception as e:
+                    print(f"{label}: the kernel failed: {repr(e)[:300]}")
+else:
+    runs = kit.recorded("sm90_fwd_*.json")
+    if runs:
+        path, doc = runs[0]
+        device, date = kit.describe(doc)
+        source = f"recorded in {path.name} ({device}, {date})"
+        for label, point in kit.sm90_points(doc).items():
+            if label in VARIANTS:
+                measured[label] = point["results"]["fa4kernel"]["tflops"]
+    else:
+        print("No measurement is recorded yet (no benchmarks/results/sm90_fwd_*.json), and no GPU here: "
+              "the comparison below is skipped. Predictions only.")
+if measured:
+    print(source, {k: round(v) for k, v in measured.items()})
+
+# %% [markdown]
+# ## 3. Predicted vs measured
+#
+# We predict with the profile of the device that was measured, both the datasheet one and the
+# measured one when it exists (`h200-measured` for an H200). Read the ratio column, not only the
+# absolute numbers: the absolute gap says how far the profile is from the chip; the
+# *differences between variants* say whether the model understands the schedule. A live timing
+# here is a median of 10 calls: differences of 2-3 % between variants can be run-to-run noise
+# (the recorded benchmark takes more repetitions).
+
+# %%
+if measured:
+    profs = [p for p in (kit.profile_for(device or "", measured=False), kit.profile_for(device or "")) if p]
+    profs = list(dict.fromkeys(profs)) or ["h100"]
+    print(f"measured: {source}; predicted: fa3 on {' and '.join(profs)}\n")
+    print(f"{'variant':24s} {'measured':>9s} {'vs default':>11s}" + "".join(f" {p:>14s} {'meas/pred':>9s}" for p in profs))
+    base = measured.get("default")
+    for label, knobs in VARIANTS.items():
+        m = measured.get(label)
+        line = f"{label:24s} " + (f"{m:9.0f} " + (f"{m / base - 1:+11.1%}" if base else f"{'-':>11s}") if m else f"{'(none)':>9s} {'':>11s}")
+        for prof in profs:
+            pred = simulate(prof, "fa3", PROBLEM, knobs).tflops
+            line += f" {pred:14.0f} " + (f"{m / pred:9.2f}" if m else f"{'':>9s}")
+        print(line)
+else:
+    print("No measurement: nothing to compare. (Never fill this table with guesses.)")
+
+# %% [markdown]
+# The recorded benchmark also measures a grid of problems (hd 64/128/256, seqlen 1k/4k/16k,
+# causal and not). When it exists, this plots predicted against measured for all of them.
+
+# %%
+runs = kit.recorded("sm90_fwd_*.json")
+pairs = []
+if runs:
+    path, doc = runs[0]
+    rec_device, rec_date = kit.describe(doc)
+    prof = kit.profile_for(rec_device) or "h100"
+    for p in doc.get("points", []):
+        res = p.get("results", {}).get("fa4kernel", {})
+        if p.get("label") != "main" or "tflops" not in res:
+            continue
+        prob = Problem(p["batch"], p["heads"], p["seqlen"], p["seqlen"], p["hdim"], bool(p["causal"]))
+        knobs = {k: v for k, v in p.get("knobs", {}).items() if k in FA3_KNOBS}
+        pairs.append((simulate(prof, "fa3", prob, knobs).tflops, res["tflops"], p))
+if pairs:
+    fig, ax = plt.subplots(figsize=(5, 5))
+    for pred, meas, p in pairs:
+        ax.scatter(pred, meas, marker="o" if not p["causal"] else "x", color={64: "C0", 128: "C1", 256: "C2"}.get(p["hdim"], "C3"))
+    top = max(max(a, b) for a, b, _ in pairs) * 1.05
+    ax.plot([0, top], [0, top], "k--", linewidth=0.8, label="measured = predicted")
+    ax.set(xlabel=f"predicted TFLOP/s (fa3 on {prof})", ylabel="measured TFLOP/s (fa4kernel)",
+           title=f"{rec_device}, {rec_date}\n(o non-causal, x causal; colour = hdim)", xlim=(0, top), ylim=(0, top))
+    ax.legend()
+    ratios = sorted(b / a for a, b, _ in pairs)
+    print(f"{path.name}: {len(pairs)} points; measured/predicted from {ratios[0]:.2f} to {ratios[-1]:.2f}")
+    print(f"the same from the command line: fa4sim validate {os.path.relpath(path, kit.repo_root())} --plot validate.png")
+else:
+    print("No recorded grid measurement (benchmarks/results/sm90_fwd_*.json) to compare against.")
+
+# %% [markdown]
+# ### Exercise 3.3: what clock would explain the gap?
+#
+# The model's time scales with `clock_ghz` (the compute part of it does). If the kernel ran at a
+# sustained clock `f` instead of the rated 1.83 GHz, the datasheet profile's predicted TFLOP/s
+# would scale by `f / 1.83`. Write a function that, given a predicted and a measured TFLOP/s,
+# returns the clock that would make them agree. The check runs the simulator at that clock.
+
+# %%
+def implied_clock(pred_tflops, meas_tflops, rated_ghz=1.83):
+    return None  # <- your formula
+
+
+# %%
+# SOLUTION (try the exercise first).
+if implied_clock(1.0, 1.0) is None:
+    def implied_clock(pred_tflops, meas_tflops, rated_ghz=1.83):
+        return rated_ghz * meas_tflops / pred_tflops
+
+# %%
+pred = predicted["h100"]["default"].tflops
+example_meas = measured.get("default", 0.8 * pred)  # a real measurement if there is one
+f = implied_clock(pred, example_meas)
+at_f = simulate("h100", "fa3", PROBLEM, {"clock_ghz": f}).tflops
+what = f"measured ({source})" if "default" in measured else "a hypothetical 80 % of the prediction (no measurement)"
+print(f"{what}: {example_meas:.0f} TFLOP/s -> implied clock {f:.2f} GHz -> simulated {at_f:.0f} TFLOP/s")
+kit.check(abs(at_f / example_meas - 1) < 0.02, "scale the rated clock by measured / predicted")
+for prof in PROFILES[1:]:
+    hw = hardware.load(prof)
+    print(f"clock measured by the microbenchmarks ({prof}): {hw.clock_ghz} GHz  [{hw.sources['clock_ghz'][:70]}...]")
+
+# %% [markdown]
+# If the implied clock is below the clock our microbenchmarks measured under a full wgmma load
+# (~1.61-1.65 GHz), the gap is not the clock alone: the kernel has stalls the model does not know
+# about, or the model's schedule is too optimistic. Finding which is the next step:
+# `fa4sim.timeline` overlays per-warp time stamps measured in an instrumented kernel on the
+# simulated timeline of the same configuration.
+#
+# ## What to remember
+#
+# - Warp specialisation, ping-pong and intra-warpgroup overlap all serve one purpose: keep the
+#   tensor core busy while softmax runs.
+# - On H100 at hd128 exp2 is only half the MMA time, so the model says the overlap tricks matter
+#   mainly in the transient; at hd64 and hd256 their value hinges on a latency parameter
+#   (`mma_queue_depth`): large with the datasheet guess, small with our measured value.
+# - Datasheet predictions are upper bounds; the measured profiles are our best model. Compare
+#   *differences* between variants with the measurements, and state the device and date of every
+#   measurement.
+#
+# Next: lesson 04, the same questions on Blackwell, where exp2 costs as much as the MMA.

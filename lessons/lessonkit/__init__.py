@@ -1,0 +1,154 @@
+"""Small helpers shared by the fa4lab lessons (kept here so each notebook stays about ideas).
+
+- `live()`: True when a CUDA GPU is present (guarded torch import); the lessons' LIVE flag.
+- `recorded(pattern)`: recorded measurements in benchmarks/results/ (newest first), never invented.
+- `gantt(result)`: draw one CTA's timeline with fa4sim.gantt.draw and show it inline.
+- `check(cond, msg)`: an exercise check with a readable message.
+- `time_cuda(fn)`: median milliseconds of a CUDA callable (live runs only).
+"""
+from __future__ import annotations
+
+import glob
+import json
+import os
+import tempfile
+from pathlib import Path
+
+
+def repo_root() -> Path:
+    """The fa4lab checkout: the first parent of the working directory holding pyproject.toml."""
+    here = Path.cwd().resolve()
+    for p in (here, *here.parents):
+        if (p / "pyproject.toml").exists() and (p / "fa4sim").is_dir():
+            return p
+    return Path(__file__).resolve().parents[2]
+
+
+# recorded measurements; FA4LAB_RESULTS points the lessons elsewhere (e.g. a copy from another run)
+RESULTS = Path(os.environ.get("FA4LAB_RESULTS") or repo_root() / "benchmarks" / "results")
+
+
+def live() -> bool:
+    """A CUDA GPU is present (set FA4LAB_LIVE=0 to force the recorded/simulated path)."""
+    if os.environ.get("FA4LAB_LIVE", "1") == "0":
+        return False
+    try:
+        import torch
+    except ImportError:
+        return False
+    return bool(torch.cuda.is_available())
+
+
+def recorded(pattern: str) -> list[tuple[Path, dict]]:
+    """Recorded result files matching `pattern` in benchmarks/results/, newest first."""
+    out = []
+    for path in glob.glob(str(RESULTS / pattern)):
+        try:
+            with open(path) as fh:
+                doc = json.load(fh)
+        except (OSError, ValueError) as e:
+            print(f"skipping unreadable {path}: {e}")
+            continue
+        out.append((Path(path), doc))
+    out.sort(key=lambda pd: (str(describe(pd[1])[1]), pd[0].name), reverse=True)
+    return out
+
+
+def describe(doc: dict) -> tuple[str, str]:
+    """(device, date) of a recorded result, looking in the usual places."""
+    meta = doc.get("meta", doc) if isinstance(doc, dict) else {}
+    device = meta.get("device") or meta.get("gpu") or doc.get("device") or "unknown device"
+    date = meta.get("date") or meta.get("date_utc") or doc.get("date") or "unknown date"
+    return str(device), str(date)
+
+
+def profile_for(device: str, measured: bool = True) -> str | None:
+    """fa4sim profile for a device name: its measured profile (e.g. h100-measured) when there is
+    one and `measured`, else the datasheet one; None if we have no profile for the device."""
+    from fa4sim import hardware
+
+    d = device.upper()
+    for name in ("H200", "H100", "B200"):
+        if name in d:
+            base = name.lower()
+            if measured and f"{base}-measured" in hardware.available():
+                return f"{base}-measured"
+            return base
+    return None
+
+
+def find_keys(doc, suffix: str, prefix: str = "") -> dict[str, float]:
+    """Every numeric value whose key ends with `suffix`, by its path in the JSON document."""
+    found = {}
+    if isinstance(doc, dict):
+        for k, v in doc.items():
+            path = f"{prefix}.{k}" if prefix else str(k)
+            if str(k).endswith(suffix) and isinstance(v, (int, float)) and not isinstance(v, bool):
+                found[path] = float(v)
+            else:
+                found.update(find_keys(v, suffix, path))
+    elif isinstance(doc, list):
+        for i, v in enumerate(doc):
+            found.update(find_keys(v, suffix, f"{prefix}[{i}]"))
+    return found
+
+
+def sm90_points(doc: dict, causal: bool = False) -> dict[str, dict]:
+    """Knob-variant points of a recorded sm90_fwd benchmark: label -> point (fa4kernel timings)."""
+    out = {}
+    for p in doc.get("points", []):
+        if bool(p.get("causal")) != causal or p.get("label") == "main":
+            continue
+        if "tflops" in p.get("results", {}).get("fa4kernel", {}):
+            out[p["label"]] = p
+    return out
+
+
+def gantt(result, iterations: int = 6, width: float = 14.0, title: str = ""):
+    """Draw one CTA's timeline of a fa4sim Result and display it inline (outside Jupyter: keep the PNG)."""
+    from fa4sim.gantt import draw
+
+    try:
+        from IPython import get_ipython
+        from IPython.display import Image, display
+        inline = get_ipython() is not None
+    except ImportError:
+        inline = False
+
+    fd, path = tempfile.mkstemp(suffix=".png", prefix="fa4lesson_")
+    os.close(fd)
+    p = result.problem
+    draw(result.trace, path, iterations=iterations, width=width,
+         title=title or f"{result.schedule} on {result.hw.name}, hd{p.hdim}: {result.tflops:.0f} TFLOP/s "
+                        f"(one CTA, first {iterations} KV iterations)")
+    if not inline:
+        print(f"(timeline written to {path})")
+        return path
+    display(Image(filename=path))
+    os.unlink(path)
+    return None
+
+
+def check(cond: bool, msg: str) -> None:
+    """An exercise check: passes silently with a tick, or fails with a hint."""
+    assert cond, "Not yet: " + msg
+    print("correct!")
+
+
+def time_cuda(fn, reps: int = 10) -> float:
+    """Median milliseconds per call of a CUDA callable (one warm-up call first)."""
+    import statistics
+
+    import torch
+
+    fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        fn()
+        e.record()
+        torch.cuda.synchronize()
+        times.append(s.elapsed_time(e))
+    return statistics.median(times)
