@@ -149,19 +149,15 @@ for tau in taus:
     print(f"{tau:4.1f}   {measured[tau]:23.4f}   {vs_running[tau]:14.4f}   {model[tau]:.2e}")
 
 # %% [markdown]
-# The model treats scores as i.i.d. normal with standard deviation `score_std` and computes the
-# probability that a block's max beats the **running max** by more than `tau`. It matches that
-# count (middle column) closely. The kernel, though, compares against the **stale** max it kept,
-# which can sit up to `tau` below the running max, so between `tau = 1` and `tau = 4` the real
-# rule fires about 3x (at `tau = 1`) to tens of times (`tau = 2..4`) more often than the model
-# says. At `tau = 0` the two rules are the same, and at `tau = 8` both are essentially zero:
-# **after the first block, FA4 almost never rescales** on such data. Unconditional rescaling
-# (FA3) pays on every block after the first.
+# The model treats scores as i.i.d. normal with standard deviation `score_std` and follows, block
+# by block, the distribution of the **stale** max the kernel keeps (which can sit up to `tau`
+# below the true running max). It should match the first column, the kernel's own rule, within
+# the sampling noise of this small experiment; the middle column shows how much a model of the
+# *running* max would under-count between `tau = 1` and `tau = 4`. At `tau = 0` the two rules
+# are the same, and at `tau = 8` both are essentially zero: **after the first block, FA4 almost
+# never rescales** on such data. Unconditional rescaling (FA3) pays on every block after the first.
 #
-# (For the simulator this matters only if you sweep `rescale_threshold` between 1 and 4: its
-# predicted correction work there is too low. Its default, 8, is safe.)
-#
-# The model's probability falls with the block index: the running max settles quickly.
+# The model's probability falls with the block index: the stale max settles quickly.
 
 # %%
 n_kv = keys // 128
