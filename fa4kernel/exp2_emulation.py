@@ -1,0 +1,93 @@
+"""exp2 on the FMA pipe (Cody-Waite range reduction + degree-3 polynomial), FA4's softmax trick.
+
+MUFU.EX2 runs at 16 ops/clk/SM on Hopper and Blackwell alike, while the FMA pipe does 128.
+Computing a fraction of each row's exponentials with a short polynomial on the FMA pipe takes
+load off MUFU. Shared by the SM90 kernel and (later) the SM100 kernel.
+
+    x    = max(x, -127)                      # below that the result is 0 in bf16 anyway
+    xr   = x + (2^23 + 2^22)   (round down)   # floor(x) lands in the low mantissa bits of xr
+    frac = x - (xr - (2^23 + 2^22))           # in [0, 1)
+    p    = ((c3*frac + c2)*frac + c1)*frac + c0     ~ 2^frac
+    out  = bits(xr) << 23  +  bits(p)         # add floor(x) to p's exponent field
+
+At x = -127 the fraction is 0 and p = c0 = 1.0 exactly, so the result is +0.0: masked scores
+(-inf) come out as exact zeros, the same as MUFU.EX2.
+"""
+
+from __future__ import annotations
+
+# Degree-3 minimax coefficients for 2^f on [0, 1) (c0..c3), max rel. error ~8.8e-5.
+POLY_EX2_DEG3 = (1.0, 0.6951461434, 0.2275643945, 0.0771190897)
+ROUND_MAGIC = float(2**23 + 2**22)
+
+
+def exp2_emulated_reference(x: float) -> float:
+    """Bit-exact-ish Python model of the device routine (float64 arithmetic, for tests/docs)."""
+    import math
+    import struct
+
+    x = max(float(x), -127.0)
+    xr_int = math.floor(x)
+    frac = x - xr_int
+    c0, c1, c2, c3 = POLY_EX2_DEG3
+    p = ((c3 * frac + c2) * frac + c1) * frac + c0
+    p_bits = struct.unpack("<I", struct.pack("<f", p))[0]
+    # the shift keeps the low 9 bits of floor(x) (two's complement); the add wraps mod 2^32
+    out_bits = (((xr_int & 0x1FF) << 23) + p_bits) & 0xFFFFFFFF
+    return struct.unpack("<f", struct.pack("<I", out_bits))[0]
+
+
+def emulated_columns(n: int, fraction: float) -> tuple:
+    """Which of a thread's n row elements use the polynomial: round(fraction*n) of them,
+    spread evenly so MUFU and FMA work interleave in the instruction stream."""
+    count = int(round(fraction * n))
+    if count <= 0:
+        return ()
+    if count >= n:
+        return tuple(range(n))
+    return tuple(sorted({int((k + 0.5) * n / count) for k in range(count)}))
+
+
+def exp2_emulated(x):
+    """Device function: emulated exp2 of one Float32 (one inline-PTX block, 10 instructions)."""
+    from cutlass import Float32
+    from cutlass._mlir.dialects import llvm
+    from cutlass.cutlass_dsl import T
+
+    c0, c1, c2, c3 = POLY_EX2_DEG3
+
+    def f32hex(v: float) -> str:
+        import struct
+
+        return "0f%08X" % struct.unpack("<I", struct.pack("<f", v))[0]
+
+    asm = (
+        "{\n\t"
+        ".reg .f32 xc, xr, xb, fr, p;\n\t"
+        ".reg .b32 xri, pi, e;\n\t"
+        f"max.f32 xc, $1, {f32hex(-127.0)};\n\t"
+        f"add.rm.f32 xr, xc, {f32hex(ROUND_MAGIC)};\n\t"
+        f"sub.rn.f32 xb, xr, {f32hex(ROUND_MAGIC)};\n\t"
+        "sub.rn.f32 fr, xc, xb;\n\t"
+        f"fma.rn.f32 p, fr, {f32hex(c3)}, {f32hex(c2)};\n\t"
+        f"fma.rn.f32 p, p, fr, {f32hex(c1)};\n\t"
+        f"fma.rn.f32 p, p, fr, {f32hex(c0)};\n\t"
+        "mov.b32 xri, xr;\n\t"
+        "mov.b32 pi, p;\n\t"
+        "shl.b32 e, xri, 23;\n\t"
+        # add.s32 lowers to LEA/IADD on the ALU pipe rather than IMAD on the FMA pipe
+        "add.s32 e, e, pi;\n\t"
+        "mov.b32 $0, e;\n\t"
+        "}\n"
+    )
+    return Float32(
+        llvm.inline_asm(
+            T.f32(),
+            [Float32(x).ir_value()],
+            asm,
+            "=f,f",
+            has_side_effects=False,
+            is_align_stack=False,
+            asm_dialect=llvm.AsmDialect.AD_ATT,
+        )
+    )

@@ -1,0 +1,216 @@
+"""Python entry points: attention() on CUDA tensors and compile_sass() for CPU-only checks."""
+
+from __future__ import annotations
+
+import glob
+import math
+import os
+import tempfile
+import time
+from typing import Optional
+
+from .config import KernelConfig, make_config, validate_device, validate_tensors
+
+_CACHE: dict = {}  # KernelConfig -> compiled callable
+COMPILE_TIMES: dict = {}  # KernelConfig -> seconds spent in the first (JIT) compile
+
+
+def _cutlass_dtype(name: str):
+    import cutlass
+
+    return cutlass.BFloat16 if name == "bfloat16" else cutlass.Float16
+
+
+def _fake_args(cfg: KernelConfig):
+    """Fake tensors with dynamic batch / seqlen / heads / strides (16-byte aligned rows)."""
+    import cutlass
+    import cutlass.cute as cute
+    from cutlass.cute.runtime import make_fake_tensor
+
+    dt = _cutlass_dtype(cfg.dtype)
+    div = 128 // dt.width  # strides are multiples of 8 elements = 16 bytes
+
+    def fake(shape_syms):
+        stride = tuple(cute.sym_int64(divisibility=div) for _ in range(3)) + (1,)
+        return make_fake_tensor(dt, shape_syms, stride=stride, assumed_align=16)
+
+    b, sq, sk, h = cute.sym_int(), cute.sym_int(), cute.sym_int(), cute.sym_int()
+    q = fake((b, sq, h, cfg.head_dim))
+    k = fake((b, sk, h, cfg.head_dim))
+    v = fake((b, sk, h, cfg.head_dim))
+    o = fake((b, sq, h, cfg.head_dim))
+    lse = None
+    if cfg.has_lse:
+        lse = make_fake_tensor(cutlass.Float32, (b, h, sq),
+                               stride=(cute.sym_int64(), cute.sym_int64(), 1), assumed_align=4)
+    return q, k, v, o, lse
+
+
+def compile_sass(cfg: KernelConfig | None = None, arch: str = "sm_90a", dump_dir: Optional[str] = None,
+                 *, dtype: str = "bfloat16", head_dim: int = 128, causal: bool = False,
+                 return_lse: bool = False, **knobs) -> str:
+    """Compile one configuration for `arch` with fake tensors (no GPU needed); return its SASS.
+
+    Either pass a KernelConfig or the same arguments attention() takes (validated first).
+    """
+    import cutlass.cute as cute
+    from cutlass import Float32, Int32
+
+    from .sm90_fwd import FlashFwdSm90
+
+    if cfg is None:
+        cfg = make_config(dtype, head_dim, causal, return_lse, knobs)
+    own_dir = dump_dir is None
+    dump_dir = dump_dir or tempfile.mkdtemp(prefix="fa4kernel_sass_")
+    os.makedirs(dump_dir, exist_ok=True)
+    env_keys = ("CUTE_DSL_ARCH", "CUTE_DSL_KEEP", "CUTE_DSL_DUMP_DIR")
+    saved = {k: os.environ.get(k) for k in env_keys}
+    os.environ["CUTE_DSL_ARCH"] = arch
+    os.environ["CUTE_DSL_KEEP"] = "sass"
+    os.environ["CUTE_DSL_DUMP_DIR"] = dump_dir
+    try:
+        q, k, v, o, lse = _fake_args(cfg)
+        stream = cute.runtime.make_fake_stream()
+        kern = FlashFwdSm90(cfg)
+        cute.compile(kern, q, k, v, o, lse, Float32(1.0), Int32(132), stream,
+                     options=f"--gpu-arch {arch} --keep-cubin --dump-dir {dump_dir}")
+    finally:
+        for key, val in saved.items():
+            if val is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = val
+    cubins = sorted(glob.glob(os.path.join(dump_dir, "**", "*.cubin"), recursive=True),
+                    key=os.path.getmtime)
+    if not cubins:
+        raise RuntimeError(f"no cubin written under {dump_dir}")
+    text = _disassemble(cubins[-1])
+    if own_dir:
+        import shutil
+
+        shutil.rmtree(dump_dir, ignore_errors=True)
+    return text
+
+
+def _disassemble(cubin_path: str) -> str:
+    """SASS text of a cubin with the nvdisasm the DSL itself would use (pip nvidia-cuda-nvdisasm)."""
+    import subprocess
+
+    from cutlass.base_dsl.env_manager import _find_nvdisasm_binary
+
+    res = subprocess.run([_find_nvdisasm_binary(), "-c", cubin_path], capture_output=True, text=True)
+    if res.returncode != 0:
+        raise RuntimeError(f"nvdisasm failed: {res.stderr.strip()}")
+    return res.stdout
+
+
+def _to_cute(t, leading_dim: int, align: int = 16):
+    from cutlass.cute.runtime import from_dlpack
+
+    return from_dlpack(t.detach(), assumed_align=align).mark_layout_dynamic(leading_dim=leading_dim)
+
+
+def attention(q, k, v, causal: bool = False, softmax_scale: Optional[float] = None,
+              return_lse: bool = False, **knobs):
+    """softmax(q k^T * scale [+ causal mask]) v for q, k, v (batch, seqlen, heads, head_dim).
+
+    Returns out (same shape/dtype as q), and lse (batch, heads, seqlen_q) fp32 if return_lse.
+    Causal with seqlen_q != seqlen_k is bottom-right aligned (flash_attn's convention).
+    Knobs: tile_m, tile_n, kv_stages, pingpong, intra_wg_overlap, p_in_registers,
+    exp_emulation, rescale_threshold (see fa4kernel/README.md).
+    """
+    b, sq, sk, h, d, dtype = validate_tensors(q, k, v, causal, softmax_scale, return_lse)
+    cfg = make_config(dtype, d, causal, return_lse, knobs)  # raises before any compile
+    validate_device(q, k, v)
+
+    import torch
+
+    major, minor = torch.cuda.get_device_capability(q.device)
+    if major != 9:
+        raise ValueError(f"q is on an sm_{major}{minor} GPU; allowed: Hopper (sm_90)")
+    out = torch.empty((b, sq, h, d), dtype=q.dtype, device=q.device)
+    lse = torch.empty((b, h, sq), dtype=torch.float32, device=q.device) if return_lse else None
+    _run(cfg, q, k, v, out, lse, softmax_scale)
+    return (out, lse) if return_lse else out
+
+
+def _tvm_ffi_available() -> bool:
+    try:
+        import tvm_ffi  # noqa: F401
+
+        return True
+    except Exception:
+        return False
+
+
+_USE_TVM_FFI = None
+_SM_COUNT: dict = {}
+# Grid cap: one persistent CTA per SM. FA4KERNEL_PERSISTENT=0 (or setting this to False)
+# launches one CTA per tile instead; read at every call, no recompile needed.
+PERSISTENT = os.environ.get("FA4KERNEL_PERSISTENT", "1") != "0"
+
+
+def _max_ctas(device) -> int:
+    if not PERSISTENT:
+        return 2**31 - 1
+    key = device.index if device.index is not None else 0
+    if key not in _SM_COUNT:
+        import torch
+
+        _SM_COUNT[key] = torch.cuda.get_device_properties(device).multi_processor_count
+    return _SM_COUNT[key]
+
+
+def _run(cfg: KernelConfig, q, k, v, out, lse, softmax_scale):
+    """Launch into caller-provided out (b, s_q, h, d) and lse (b, h, s_q) or None.
+
+    Fast path (apache-tvm-ffi installed, as on the device): the kernel is compiled once per
+    configuration against fake tensors with dynamic shapes/strides and called with torch tensors
+    directly on torch's current stream (a few microseconds of host overhead). Fallback: DLPack
+    conversion of each argument per call.
+    """
+    global _USE_TVM_FFI
+    import cutlass.cute as cute
+    from cutlass import Float32, Int32
+
+    if softmax_scale is None:
+        softmax_scale = 1.0 / math.sqrt(q.shape[-1])
+    scale_log2 = float(softmax_scale * math.log2(math.e))
+    if _USE_TVM_FFI is None:
+        _USE_TVM_FFI = _tvm_ffi_available() and os.environ.get("FA4KERNEL_NO_TVM_FFI") != "1"
+    fn = _CACHE.get(cfg)
+    if _USE_TVM_FFI:
+        if fn is None:
+            from .sm90_fwd import FlashFwdSm90
+
+            t0 = time.perf_counter()
+            fq, fk, fv, fo, flse = _fake_args(cfg)
+            stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
+            try:
+                    fn = cute.compile(FlashFwdSm90(cfg), fq, fk, fv, fo, flse, Float32(1.0), Int32(132),
+                                  stream, options="--enable-tvm-ffi")
+            except Exception as e:  # keep working through DLPack if the FFI path breaks
+                import warnings
+
+                warnings.warn(f"fa4kernel: TVM-FFI compile failed ({e!r:.200}); using DLPack path")
+                _USE_TVM_FFI = False
+                return _run(cfg, q, k, v, out, lse, softmax_scale)
+            COMPILE_TIMES[cfg] = time.perf_counter() - t0
+            _CACHE[cfg] = fn
+        fn(q, k, v, out, lse, scale_log2, _max_ctas(q.device))
+        return
+
+    import torch
+    import cuda.bindings.driver as cuda
+
+    args = [_to_cute(t, 3) for t in (q, k, v, out)]
+    lse_c = _to_cute(lse, 2, align=4) if lse is not None else None
+    stream = cuda.CUstream(torch.cuda.current_stream(q.device).cuda_stream)
+    if fn is None:
+        from .sm90_fwd import FlashFwdSm90
+
+        t0 = time.perf_counter()
+        fn = cute.compile(FlashFwdSm90(cfg), *args, lse_c, Float32(scale_log2), Int32(132), stream)
+        COMPILE_TIMES[cfg] = time.perf_counter() - t0
+        _CACHE[cfg] = fn
+    fn(*args, lse_c, Float32(scale_log2), Int32(_max_ctas(q.device)), stream)

@@ -1,0 +1,762 @@
+"""FlashAttention forward for Hopper (SM90) in the CuTe DSL: fa4lab's own kernel.
+
+Warp roles (one CTA = one tile_m x head_dim output tile of one (batch, head)):
+  warpgroup 0        producer; warp 0 issues every TMA load (Q once, then K/V blocks) into
+                     mbarrier pipelines; registers dropped with setmaxnreg.
+  warpgroups 1..n    consumers (n = tile_m / 64), each owns 64 query rows: wgmma S = Q K^T
+                     (SS), online softmax in registers (a row lives in a quad of 4 threads),
+                     wgmma O += P V with P from registers (RS) or staged in smem (SS).
+
+Schedules (compile-time knobs, see config.py):
+  pingpong          named barriers hand the tensor core from consumer WG i to WG i+1, so one
+                    WG's softmax overlaps the other's GEMMs.
+  intra_wg_overlap  per WG: issue S(j) = Q K(j)^T and O += P(j-1) V(j-1) back to back, do the
+                    softmax of S(j) while the PV GEMM runs.
+  exp_emulation     fraction of each row's exp2 computed on the FMA pipe (exp2_emulation.py).
+  rescale_threshold FA4's conditional rescaling (rescale.py); O is only touched when some row
+                    of the warp actually changed its max.
+KV blocks run from the last to the first, so the (partially) masked blocks come first.
+"""
+
+from __future__ import annotations
+
+import math
+
+import cutlass
+import cutlass.cute as cute
+import cutlass.pipeline as pipeline
+import cutlass.memory as cutlass_memory
+import cutlass.utils.hopper_helpers as sm90_helpers
+from cutlass import Float32, Int32, const_expr
+from cutlass.cute.nvgpu import cpasync, warpgroup
+from cutlass.tensor_utils import LayoutEnum
+
+from .config import KernelConfig
+from .exp2_emulation import emulated_columns, exp2_emulated
+from .rescale import update_row_max
+
+LOG2_E = math.log2(math.e)
+LN_2 = math.log(2.0)
+
+# Named barrier ids (0 is __syncthreads).
+BAR_EPILOGUE = 1
+BAR_PINGPONG_BASE = 2  # 2, 3, 4: "consumer WG i may issue its GEMMs"
+BAR_P_SMEM_BASE = 5  # 5, 6, 7: P written to smem by all threads of WG i
+BAR_CONSUMERS = 8  # all consumer threads (epilogue hand-offs between persistent tiles)
+
+
+def _select(t: cute.Tensor, modes) -> cute.Tensor:
+    return cute.make_tensor(t.iterator, cute.select(t.layout, mode=modes))
+
+
+def _smem_layout(dtype, rows: int, cols: int, stages=None):
+    """Row-major (cols contiguous) swizzled smem tile, optionally with a trailing stage mode."""
+    atom = warpgroup.make_smem_layout_atom(
+        sm90_helpers.get_smem_layout_atom(LayoutEnum.ROW_MAJOR, dtype, cols), dtype
+    )
+    shape = (rows, cols) if stages is None else (rows, cols, stages)
+    order = (0, 1) if stages is None else (0, 1, 2)
+    return cute.tile_to_shape(atom, shape, order=order)
+
+
+def _transpose_view(t: cute.Tensor) -> cute.Tensor:
+    """(rows, cols, stages) smem tensor seen as (cols, rows, stages): V as the B operand of PV."""
+    shape = (t.shape[1], t.shape[0], *t.shape[2:])
+    order = (1, 0, *range(2, cute.rank(t)))
+    return cute.composition(t, cute.make_ordered_layout(shape, order=order))
+
+
+def _acc_mn_layout(acc_layout: cute.Layout) -> cute.Layout:
+    """wgmma accumulator ((2, 2, N/8), MMA_M, MMA_N) viewed as (rows, cols) of this thread:
+    ((2, MMA_M), (2, N/8, MMA_N)). Row r = one query row; a row's 4 owners form a quad."""
+    lc = cute.make_layout(acc_layout.shape)
+    shape = ((lc.shape[0][1], lc.shape[1]), (lc.shape[0][0], lc.shape[0][2], lc.shape[2]))
+    stride = ((lc.stride[0][1], lc.stride[1]), (lc.stride[0][0], lc.stride[0][2], lc.stride[2]))
+    return cute.composition(acc_layout, cute.make_layout(shape, stride=stride))
+
+
+def _mn_view(acc: cute.Tensor) -> cute.Tensor:
+    return cute.make_tensor(acc.iterator, _acc_mn_layout(acc.layout))
+
+
+def _acc_as_operand_a(acc: cute.Tensor) -> cute.Tensor:
+    """The S accumulator ((2, 2, N/8), M, N') regrouped as the A operand of the PV wgmma
+    ((2, 2, 2), M, (N/16, N')): one k-step of 16 keys = two 8-column accumulator chunks."""
+    layout = acc.layout
+    div = 2 if const_expr(layout.shape[0][2] % 2 == 0) else 1
+    l = cute.logical_divide(layout, ((None, None, div), None, None))
+    a_layout = cute.make_layout(
+        ((l.shape[0][0], l.shape[0][1], l.shape[0][2][0]), l.shape[1], (l.shape[0][2][1], l.shape[2])),
+        stride=(
+            (l.stride[0][0], l.stride[0][1], l.stride[0][2][0]),
+            l.stride[1],
+            (l.stride[0][2][1], l.stride[2]),
+        ),
+    )
+    return cute.make_tensor(acc.iterator, a_layout)
+
+
+class FlashFwdSm90:
+    """One compiled variant per KernelConfig."""
+
+    def __init__(self, cfg: KernelConfig):
+        self.cfg = cfg
+        self.dtype = cutlass.BFloat16 if cfg.dtype == "bfloat16" else cutlass.Float16
+        self.hd = cfg.head_dim
+        self.tile_m = cfg.tile_m
+        self.tile_n = cfg.tile_n
+        self.stages = cfg.kv_stages
+        self.num_wg = cfg.num_consumer_wgs
+        self.num_consumer_threads = 128 * self.num_wg
+        self.num_threads = cfg.num_threads
+        self.consumer_regs, self.producer_regs = cfg.regs
+        self.causal = cfg.causal
+        self.pingpong = cfg.pingpong
+        self.overlap = cfg.intra_wg_overlap
+        self.p_rs = cfg.p_in_registers
+        self.tau = float(cfg.rescale_threshold)
+        # elements of one row held by one thread (a row is spread over a quad)
+        self.cols_per_thread = self.tile_n // 4
+        # Persistent CTAs: O gets its own smem buffer when it fits, so the next tile's Q can
+        # land while this tile's O is stored; otherwise O reuses Q's buffer and Q is released
+        # only after the O store has read it.
+        self.separate_o = cfg.separate_o
+        # Persistent only where O has its own buffer (the win is overlapping one tile's O store
+        # with the next tile's Q/K loads) and tiles are equally long: causal tiles vary in
+        # length, and the hardware block scheduler balances them better than a static
+        # round-robin (measured on H200: hd128 16k causal 681 -> 592 TFLOP/s when persistent).
+        self.persistent = cfg.separate_o and not cfg.causal
+        self.emu_cols = emulated_columns(self.cols_per_thread, cfg.exp_emulation)
+
+    # ------------------------------------------------------------------ host side (traced)
+    @cute.jit
+    def __call__(
+        self,
+        mQ: cute.Tensor,  # (b, s_q, h, d)
+        mK: cute.Tensor,  # (b, s_k, h, d)
+        mV: cute.Tensor,  # (b, s_k, h, d)
+        mO: cute.Tensor,  # (b, s_q, h, d)
+        mLSE,  # (b, h, s_q) fp32 or None
+        softmax_scale_log2: Float32,
+        max_ctas: Int32,  # persistent grid size (number of SMs); >= #tiles = one tile per CTA
+        stream,
+    ):
+        dtype = self.dtype
+        # (s, d, h, b): the TMA box walks seqlen x head_dim of one (head, batch)
+        mQ, mK, mV, mO = [_select(t, [1, 3, 2, 0]) for t in (mQ, mK, mV, mO)]
+        if const_expr(mLSE is not None):
+            mLSE = _select(mLSE, [2, 1, 0])  # (s, h, b)
+
+        tiled_mma_qk = sm90_helpers.make_trivial_tiled_mma(
+            dtype, dtype, cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.K, Float32,
+            atom_layout_mnk=(self.num_wg, 1, 1), tiler_mn=(64, self.tile_n),
+        )
+        tiled_mma_pv = sm90_helpers.make_trivial_tiled_mma(
+            dtype, dtype, cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.MN, Float32,
+            atom_layout_mnk=(self.num_wg, 1, 1), tiler_mn=(64, self.hd),
+            a_source=warpgroup.OperandSource.RMEM if const_expr(self.p_rs) else warpgroup.OperandSource.SMEM,
+        )
+
+        sQ_layout = _smem_layout(dtype, self.tile_m, self.hd)
+        sK_layout = _smem_layout(dtype, self.tile_n, self.hd, self.stages)
+        sV_layout = _smem_layout(dtype, self.tile_n, self.hd, self.stages)
+        sP_layout = None
+        if const_expr(not self.p_rs):
+            sP_layout = _smem_layout(dtype, self.tile_m, self.tile_n)
+
+        tma_load = cpasync.CopyBulkTensorTileG2SOp()
+        tma_atom_Q, tma_Q = cpasync.make_tiled_tma_atom(tma_load, mQ, sQ_layout, (self.tile_m, self.hd))
+        tma_atom_K, tma_K = cpasync.make_tiled_tma_atom(
+            tma_load, mK, cute.select(sK_layout, mode=[0, 1]), (self.tile_n, self.hd), 1)
+        tma_atom_V, tma_V = cpasync.make_tiled_tma_atom(
+            tma_load, mV, cute.select(sV_layout, mode=[0, 1]), (self.tile_n, self.hd), 1)
+        # O goes out through smem (reusing Q's buffer) with a TMA store: clipped at seqlen_q.
+        tma_atom_O, tma_O = cpasync.make_tiled_tma_atom(
+            cpasync.CopyBulkTensorTileS2GOp(), mO, sQ_layout, (self.tile_m, self.hd))
+
+        self.q_bytes = cute.size_in_bytes(dtype, sQ_layout)
+        self.kv_bytes = cute.size_in_bytes(dtype, cute.select(sK_layout, mode=[0, 1]))
+
+        stages = self.stages
+        p_elems = cute.cosize(sP_layout) if const_expr(sP_layout is not None) else 0
+        o_elems = cute.cosize(sQ_layout) if const_expr(self.separate_o) else 0
+
+        @cute.struct
+        class SharedStorage:
+            mbar_q: cute.struct.MemRange[cutlass.Int64, 2]
+            mbar_k: cute.struct.MemRange[cutlass.Int64, 2 * stages]
+            mbar_v: cute.struct.MemRange[cutlass.Int64, 2 * stages]
+            sQ: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(sQ_layout)], 1024]
+            sK: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(sK_layout)], 1024]
+            sV: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(sV_layout)], 1024]
+            sP: cute.struct.Align[cute.struct.MemRange[dtype, p_elems], 1024]
+            sO: cute.struct.Align[cute.struct.MemRange[dtype, o_elems], 1024]
+
+        self.shared_storage = SharedStorage
+
+        num_m_blocks = cute.ceil_div(mQ.shape[0], self.tile_m)
+        num_tiles = num_m_blocks * cute.size(mQ.shape[2]) * cute.size(mQ.shape[3])
+        # static persistent schedule: CTA c runs tiles c, c + grid, c + 2 grid, ...
+        grid = (cutlass.min(num_tiles, max_ctas) if const_expr(self.persistent) else num_tiles, 1, 1)
+        self.kernel(
+            tma_atom_Q, tma_Q, tma_atom_K, tma_K, tma_atom_V, tma_V, tma_atom_O, tma_O,
+            mLSE, softmax_scale_log2, tiled_mma_qk, tiled_mma_pv,
+            sQ_layout, sK_layout, sV_layout, sP_layout,
+        ).launch(
+            grid=grid,
+            block=[self.num_threads, 1, 1],
+            smem=SharedStorage.size_in_bytes(),
+            stream=stream,
+            min_blocks_per_mp=1,
+        )
+
+    # ------------------------------------------------------------------ device side
+    @cute.jit
+    def _kv_block_range(self, m_block, seqlen_q, seqlen_k):
+        """(n_block_max, n_block_unmasked_end): blocks [0, n_block_max) are visited; for
+        causal, blocks >= n_block_unmasked_end need the diagonal mask. Causal is bottom-right
+        aligned (key j visible to query i iff j <= i + seqlen_k - seqlen_q), as flash_attn."""
+        n_block_max = cute.ceil_div(seqlen_k, self.tile_n)
+        n_unmasked = n_block_max
+        if const_expr(self.causal):
+            offset = seqlen_k - seqlen_q
+            last_col = cutlass.max((m_block + 1) * self.tile_m + offset, 0)
+            n_block_max = cutlass.min(n_block_max, cute.ceil_div(last_col, self.tile_n))
+            # a tile whose rows see no key at all still runs one fully masked block: O = 0
+            n_block_max = cutlass.max(n_block_max, 1)
+            n_unmasked = cutlass.max(m_block * self.tile_m + offset + 1, 0) // self.tile_n
+        return n_block_max, n_unmasked
+
+    @cute.jit
+    def _causal_tile(self, idx, seqlen_q, seqlen_k, num_heads, num_batch):
+        """Causal tile order: longest-processing-time first (largest m_block first) so the
+        short tiles fill the tail, with (batch, head) pairs grouped into sections whose K and V
+        fit in L2 together (~48 MB), so concurrently running CTAs share K/V from L2."""
+        num_m = cute.ceil_div(seqlen_q, self.tile_m)
+        num_hb = num_heads * num_batch
+        kv_bytes_per_head = cutlass.max(seqlen_k, 1) * (self.hd * 4)  # K + V, 16-bit
+        sec = cutlass.max(Int32(48 * 1024 * 1024) // kv_bytes_per_head, 1)
+        sec = cutlass.min(sec, num_hb)
+        section = idx // (sec * num_m)
+        rem = idx - section * (sec * num_m)
+        full_sections = num_hb // sec
+        sec_here = sec
+        if section >= full_sections:
+            sec_here = num_hb - full_sections * sec  # the last, smaller section
+        m_rev = rem // sec_here
+        hb = section * sec + (rem - m_rev * sec_here)
+        batch = hb // num_heads
+        head = hb - batch * num_heads
+        return num_m - 1 - m_rev, head, batch
+
+    @cute.kernel
+    def kernel(
+        self,
+        tma_atom_Q: cute.CopyAtom, mQ: cute.Tensor,
+        tma_atom_K: cute.CopyAtom, mK: cute.Tensor,
+        tma_atom_V: cute.CopyAtom, mV: cute.Tensor,
+        tma_atom_O: cute.CopyAtom, mO: cute.Tensor,
+        mLSE,
+        softmax_scale_log2: Float32,
+        tiled_mma_qk: cute.TiledMma,
+        tiled_mma_pv: cute.TiledMma,
+        sQ_layout: cute.ComposedLayout,
+        sK_layout: cute.ComposedLayout,
+        sV_layout: cute.ComposedLayout,
+        sP_layout,
+    ):
+        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        if warp_idx == 0:
+            for atom in (tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_O):
+                cpasync.prefetch_descriptor(atom)
+
+        smem = cutlass_memory.SmemAllocator()
+        storage = smem.allocate(self.shared_storage)
+
+        # Pipelines: the producer warp's one elected thread arms each stage with the TMA byte
+        # count; every consumer warp releases a stage with one arrive (lane 0).
+        producer = pipeline.CooperativeGroup(pipeline.Agent.Thread, 1)
+        consumers = pipeline.CooperativeGroup(pipeline.Agent.Thread, self.num_consumer_threads // 32)
+        pipe_q = pipeline.PipelineTmaAsync.create(
+            barrier_storage=storage.mbar_q.data_ptr(), num_stages=1, producer_group=producer,
+            consumer_group=consumers, tx_count=self.q_bytes, defer_sync=True)
+        pipe_k = pipeline.PipelineTmaAsync.create(
+            barrier_storage=storage.mbar_k.data_ptr(), num_stages=self.stages, producer_group=producer,
+            consumer_group=consumers, tx_count=self.kv_bytes, defer_sync=True)
+        pipe_v = pipeline.PipelineTmaAsync.create(
+            barrier_storage=storage.mbar_v.data_ptr(), num_stages=self.stages, producer_group=producer,
+            consumer_group=consumers, tx_count=self.kv_bytes, defer_sync=True)
+        cute.arch.mbarrier_init_fence()
+
+        sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
+        sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
+        sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
+        sP = None
+        if const_expr(sP_layout is not None):
+            sP = storage.sP.get_tensor(sP_layout.outer, swizzle=sP_layout.inner)
+
+        sO = sQ
+        if const_expr(self.separate_o):
+            sO = storage.sO.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
+
+        cute.arch.sync_threads()  # barrier init visible to everyone
+
+        if warp_idx < 4:
+            # ---------------------------------------------------------------- producer WG
+            cute.arch.setmaxregister_decrease(self.producer_regs)
+            if warp_idx == 0:
+                self.producer(tma_atom_Q, mQ, tma_atom_K, mK, tma_atom_V, mV, sQ, sK, sV,
+                              pipe_q, pipe_k, pipe_v)
+        else:
+            # ---------------------------------------------------------------- consumer WGs
+            cute.arch.setmaxregister_increase(self.consumer_regs)
+            self.consumer(
+                tma_atom_O, mO, mLSE, softmax_scale_log2, tiled_mma_qk, tiled_mma_pv,
+                sQ, sK, sV, sP, sO, pipe_q, pipe_k, pipe_v, mQ.shape[0], mK.shape[0],
+                mQ.shape[2], mQ.shape[3],
+            )
+
+    @cute.jit
+    def _tile_coords(self, tile, seqlen_q, seqlen_k, num_heads, num_batch):
+        """Flat tile index -> (m_block, head, batch). Non-causal: m_block fastest (the CTAs
+        running together share one head's K/V in L2). Causal: see _causal_tile."""
+        if const_expr(self.causal):
+            return self._causal_tile(tile, seqlen_q, seqlen_k, num_heads, num_batch)
+        num_m = cute.ceil_div(seqlen_q, self.tile_m)
+        hb = tile // num_m
+        m_block = tile - hb * num_m
+        batch = hb // num_heads
+        return m_block, hb - batch * num_heads, batch
+
+    @cute.jit
+    def producer(self, tma_atom_Q, mQ, tma_atom_K, mK, tma_atom_V, mV, sQ, sK, sV,
+                 pipe_q, pipe_k, pipe_v):
+        kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
+        q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
+        seqlen_q = mQ.shape[0]
+        seqlen_k = mK.shape[0]
+        num_tiles = cute.ceil_div(seqlen_q, self.tile_m) * mQ.shape[2] * mQ.shape[3]
+        tile = cute.arch.block_idx()[0]
+        if const_expr(self.persistent):
+            while tile < num_tiles:
+                m_block, head, batch = self._tile_coords(tile, seqlen_q, seqlen_k, mQ.shape[2], mQ.shape[3])
+                n_block_max, _ = self._kv_block_range(m_block, seqlen_q, seqlen_k)
+                kv_state, q_state = self._produce_tile(
+                    tma_atom_Q, mQ, tma_atom_K, mK, tma_atom_V, mV, sQ, sK, sV,
+                    pipe_q, pipe_k, pipe_v, m_block, head, batch, n_block_max, kv_state, q_state)
+                tile += cute.arch.grid_dim()[0]
+        else:
+            m_block, head, batch = self._tile_coords(tile, seqlen_q, seqlen_k, mQ.shape[2], mQ.shape[3])
+            n_block_max, _ = self._kv_block_range(m_block, seqlen_q, seqlen_k)
+            self._produce_tile(tma_atom_Q, mQ, tma_atom_K, mK, tma_atom_V, mV, sQ, sK, sV,
+                               pipe_q, pipe_k, pipe_v, m_block, head, batch, n_block_max,
+                               kv_state, q_state)
+
+    @cute.jit
+    def _produce_tile(
+        self, tma_atom_Q, mQ, tma_atom_K, mK, tma_atom_V, mV, sQ, sK, sV,
+        pipe_q, pipe_k, pipe_v, m_block, head, batch, n_block_max, kv_state, q_state,
+    ):
+        gQ = cute.local_tile(mQ[None, None, head, batch], (self.tile_m, self.hd), (m_block, 0))
+        gK = cute.local_tile(mK[None, None, head, batch], (self.tile_n, self.hd), (None, 0))
+        gV = cute.local_tile(mV[None, None, head, batch], (self.tile_n, self.hd), (None, 0))
+        tQsQ, tQgQ = cpasync.tma_partition(
+            tma_atom_Q, 0, cute.make_layout(1), cute.group_modes(sQ, 0, 2), cute.group_modes(gQ, 0, 2))
+        tKsK, tKgK = cpasync.tma_partition(
+            tma_atom_K, 0, cute.make_layout(1), cute.group_modes(sK, 0, 2), cute.group_modes(gK, 0, 2))
+        tVsV, tVgV = cpasync.tma_partition(
+            tma_atom_V, 0, cute.make_layout(1), cute.group_modes(sV, 0, 2), cute.group_modes(gV, 0, 2))
+
+        # K of the first block goes before Q's so both land together (QK needs both).
+        n_block = n_block_max - 1
+        pipe_k.producer_acquire(kv_state)
+        cute.copy(tma_atom_K, tKgK[None, n_block], tKsK[None, kv_state.index],
+                  tma_bar_ptr=pipe_k.producer_get_barrier(kv_state))
+        pipe_q.producer_acquire(q_state)  # the consumers released the previous tile's Q
+        cute.copy(tma_atom_Q, tQgQ, tQsQ, tma_bar_ptr=pipe_q.producer_get_barrier(q_state))
+        q_state.advance()
+        if const_expr(not self.overlap):
+            # consumer order: K(j), V(j), K(j-1), V(j-1), ...
+            pipe_v.producer_acquire(kv_state)
+            cute.copy(tma_atom_V, tVgV[None, n_block], tVsV[None, kv_state.index],
+                      tma_bar_ptr=pipe_v.producer_get_barrier(kv_state))
+            kv_state.advance()
+            for i in cutlass.range(n_block_max - 1, unroll=1):
+                n = n_block_max - 2 - i
+                pipe_k.producer_acquire(kv_state)
+                cute.copy(tma_atom_K, tKgK[None, n], tKsK[None, kv_state.index],
+                          tma_bar_ptr=pipe_k.producer_get_barrier(kv_state))
+                pipe_v.producer_acquire(kv_state)
+                cute.copy(tma_atom_V, tVgV[None, n], tVsV[None, kv_state.index],
+                          tma_bar_ptr=pipe_v.producer_get_barrier(kv_state))
+                kv_state.advance()
+        else:
+            # intra-WG overlap consumes K(j) before V(j+1): load K(j-1) then V(j).
+            for i in cutlass.range(n_block_max - 1, unroll=1):
+                n_prev = n_block_max - 1 - i
+                v_state = kv_state.clone()
+                kv_state.advance()
+                pipe_k.producer_acquire(kv_state)
+                cute.copy(tma_atom_K, tKgK[None, n_prev - 1], tKsK[None, kv_state.index],
+                          tma_bar_ptr=pipe_k.producer_get_barrier(kv_state))
+                pipe_v.producer_acquire(v_state)
+                cute.copy(tma_atom_V, tVgV[None, n_prev], tVsV[None, v_state.index],
+                          tma_bar_ptr=pipe_v.producer_get_barrier(v_state))
+            pipe_v.producer_acquire(kv_state)
+            cute.copy(tma_atom_V, tVgV[None, 0], tVsV[None, kv_state.index],
+                      tma_bar_ptr=pipe_v.producer_get_barrier(kv_state))
+            kv_state.advance()
+        return kv_state, q_state
+
+    # ---- ping-pong between consumer warpgroups (named barriers, 2 WGs per barrier)
+    @cute.jit
+    def _pp_sync(self, wg_idx):
+        if const_expr(self.pingpong):
+            cute.arch.barrier(barrier_id=BAR_PINGPONG_BASE + wg_idx, number_of_threads=256)
+
+    @cute.jit
+    def _pp_arrive(self, wg_idx):
+        if const_expr(self.pingpong):
+            nxt = wg_idx + 1
+            if const_expr(self.num_wg == 2):
+                nxt = 1 - wg_idx
+            else:
+                nxt = nxt if nxt < self.num_wg else 0
+            cute.arch.barrier_arrive(barrier_id=BAR_PINGPONG_BASE + nxt, number_of_threads=256)
+
+    @cute.jit
+    def _gemm(self, tiled_mma, acc, tA, tB, zero_init: cutlass.Constexpr, wait: cutlass.Constexpr):
+        warpgroup.fence()
+        atom = cute.make_mma_atom(tiled_mma.op)
+        atom.set(warpgroup.Field.ACCUMULATE, not zero_init)
+        for k in cutlass.range_constexpr(cute.size(tA.shape[2])):
+            cute.gemm(atom, acc, tA[None, None, k], tB[None, None, k], acc)
+            atom.set(warpgroup.Field.ACCUMULATE, True)
+        warpgroup.commit_group()
+        if const_expr(wait >= 0):
+            warpgroup.wait_group(wait)
+
+    @cute.jit
+    def _apply_mask(self, acc_S, tScS, t0ScS, m_block, n_block, seqlen_q, seqlen_k,
+                    mask_seqlen: cutlass.Constexpr, mask_causal: cutlass.Constexpr):
+        """-inf outside [0, seqlen_k) and above the causal diagonal. Coordinates are compared as
+        thread-0 constants against per-thread limits, so the inner loop is compare + select."""
+        s = _mn_view(acc_S)
+        row0 = tScS[0][0]
+        col0 = tScS[0][1]
+        col_limit = seqlen_k - n_block * self.tile_n - col0
+        diag = m_block * self.tile_m + row0 + (seqlen_k - seqlen_q) - n_block * self.tile_n - col0 + 1
+        for r in cutlass.range_constexpr(cute.size(s, mode=[0])):
+            limit = col_limit
+            if const_expr(mask_causal):
+                if const_expr(mask_seqlen):
+                    limit = cutlass.min(col_limit, t0ScS[r, 0][0] + diag)
+                else:
+                    limit = t0ScS[r, 0][0] + diag
+            for c in cutlass.range_constexpr(cute.size(s, mode=[1])):
+                # a select, not a branch: an `if` here makes the DSL re-yield the whole fragment
+                s[r, c] = -Float32.inf if t0ScS[0, c][1] >= limit else s[r, c]
+
+    @cute.jit
+    def _softmax(self, acc_S, row_max, row_sum, scale_log2, is_first: cutlass.Constexpr):
+        """Online softmax of one S block in place (S -> P, unnormalised); returns per-row scale
+        for O. Row max: 4-way FMNMX chains + 2 quad shuffles. row_sum stays a per-thread
+        partial sum (quad-reduced once at the end)."""
+        s = _mn_view(acc_S)
+        ncol = cute.size(s, mode=[1])
+        row_scale = cute.make_rmem_tensor_like(row_max, Float32)
+        for r in cutlass.range_constexpr(cute.size(s, mode=[0])):
+            m = [s[r, 0], s[r, 1], s[r, 2], s[r, 3]]
+            for c in cutlass.range_constexpr(4, ncol):
+                m[c % 4] = cute.arch.fmax(m[c % 4], s[r, c])
+            cur = cute.arch.fmax(cute.arch.fmax(m[0], m[1]), cute.arch.fmax(m[2], m[3]))
+            if const_expr(not is_first):
+                cur = cute.arch.fmax(cur, row_max[r])
+            cur = cute.arch.fmax(cur, cute.arch.shuffle_sync_bfly(cur, offset=1))
+            cur = cute.arch.fmax(cur, cute.arch.shuffle_sync_bfly(cur, offset=2))
+            if const_expr(is_first):
+                row_max[r] = cur
+                max_scaled = (cur if cur != -Float32.inf else Float32(0.0)) * scale_log2
+                row_scale[r] = Float32(1.0)
+            else:
+                kept, max_scaled, acc_scale = update_row_max(row_max[r], cur, scale_log2, self.tau)
+                row_max[r] = kept
+                row_scale[r] = acc_scale
+            acc = [Float32(0.0), Float32(0.0), Float32(0.0), Float32(0.0)]
+            for c in cutlass.range_constexpr(ncol):
+                x = s[r, c] * scale_log2 - max_scaled
+                if const_expr(c in self.emu_cols):
+                    p = exp2_emulated(x)
+                else:
+                    p = cute.math.exp2(x, fastmath=True)
+                s[r, c] = p
+                acc[c % 4] = acc[c % 4] + p
+            total = (acc[0] + acc[1]) + (acc[2] + acc[3])
+            if const_expr(is_first):
+                row_sum[r] = total
+            else:
+                row_sum[r] = row_sum[r] * row_scale[r] + total
+        return row_scale
+
+    @cute.jit
+    def _rescale_o(self, acc_O, row_scale):
+        o = _mn_view(acc_O)
+        if const_expr(self.tau > 0.0):
+            # conditional rescaling: skip the multiply unless a row of this warp moved its max
+            need = row_scale[0] != Float32(1.0)
+            for r in cutlass.range_constexpr(1, cute.size(row_scale)):
+                need = need | (row_scale[r] != Float32(1.0))
+            if cute.arch.vote_any_sync(need):
+                for r in cutlass.range_constexpr(cute.size(row_scale)):
+                    for c in cutlass.range(cute.size(o, mode=[1]), unroll_full=True):
+                        o[r, c] = o[r, c] * row_scale[r]
+        else:
+            for r in cutlass.range_constexpr(cute.size(row_scale)):
+                for c in cutlass.range(cute.size(o, mode=[1]), unroll_full=True):
+                    o[r, c] = o[r, c] * row_scale[r]
+
+    @cute.jit
+    def _store_p(self, acc_S, tOrP, smem_thr_copy_P, tPsP, wg_idx):
+        """P (fp32, S's registers) -> 16-bit A operand: registers (RS) or smem (SS)."""
+        p_view = _acc_as_operand_a(acc_S)
+        if const_expr(self.p_rs):
+            tOrP.store(p_view.load().to(self.dtype))
+        else:
+            rP = cute.make_rmem_tensor_like(p_view, self.dtype)
+            rP.store(p_view.load().to(self.dtype))
+            cute.copy(smem_thr_copy_P, smem_thr_copy_P.retile(rP), tPsP)
+            # generic-proxy smem writes must be visible to the wgmma (async proxy) of the WG
+            cute.arch.fence_view_async_shared()
+            cute.arch.barrier(barrier_id=BAR_P_SMEM_BASE + wg_idx, number_of_threads=128)
+
+    @cute.jit
+    def consumer(
+        self, tma_atom_O, mO, mLSE, scale_log2, tiled_mma_qk, tiled_mma_pv,
+        sQ, sK, sV, sP, sO, pipe_q, pipe_k, pipe_v, seqlen_q, seqlen_k, num_heads, num_batch,
+    ):
+        tidx = cute.arch.thread_idx()[0] - 128
+        wg_idx = cute.arch.make_warp_uniform(tidx // 128)
+        wg_slice = wg_idx * 128
+        thr_mma_qk = tiled_mma_qk.get_slice(tidx)
+        wg_mma_qk = tiled_mma_qk.get_slice(wg_slice)
+        wg_mma_pv = tiled_mma_pv.get_slice(wg_slice)
+
+        tSrQ = wg_mma_qk.make_fragment_A(wg_mma_qk.partition_A(sQ))
+        tSrK = wg_mma_qk.make_fragment_B(wg_mma_qk.partition_B(sK))
+        sVt = _transpose_view(sV)
+        tOrVt = wg_mma_pv.make_fragment_B(wg_mma_pv.partition_B(sVt))
+        s_shape = wg_mma_qk.partition_shape_C((self.tile_m, self.tile_n))
+        acc_O = cute.make_rmem_tensor(wg_mma_pv.partition_shape_C((self.tile_m, self.hd)), Float32)
+
+        smem_thr_copy_P = None
+        tPsP = None
+        if const_expr(self.p_rs):
+            tOrP = cute.make_rmem_tensor(
+                wg_mma_pv.partition_shape_A((self.tile_m, self.tile_n)), self.dtype)
+        else:
+            tOrP = wg_mma_pv.make_fragment_A(wg_mma_pv.partition_A(sP))
+            stmatrix = cute.make_copy_atom(
+                cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4), self.dtype)
+            smem_thr_copy_P = cute.make_tiled_copy_C(stmatrix, tiled_mma_qk).get_slice(tidx)
+            tPsP = smem_thr_copy_P.partition_D(sP)
+
+        cS = cute.make_identity_tensor((self.tile_m, self.tile_n))
+        tScS = _mn_view(thr_mma_qk.partition_C(cS))
+        t0ScS = _mn_view(tiled_mma_qk.get_slice(0).partition_C(cS))
+
+        rows = cute.size(_mn_view(cute.make_rmem_tensor(s_shape, Float32)), mode=[0])
+        row_max = cute.make_rmem_tensor(rows, Float32)
+        row_sum = cute.make_rmem_tensor(rows, Float32)
+
+        if const_expr(self.pingpong):
+            # WG 0 goes first: pre-arrive on its own barrier.
+            if wg_idx == 0:
+                cute.arch.barrier_arrive(barrier_id=BAR_PINGPONG_BASE, number_of_threads=256)
+
+        kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
+        q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
+        num_tiles = cute.ceil_div(seqlen_q, self.tile_m) * num_heads * num_batch
+        tile = cute.arch.block_idx()[0]
+        if const_expr(self.persistent):
+            while tile < num_tiles:
+                m_block, head, batch = self._tile_coords(tile, seqlen_q, seqlen_k, num_heads, num_batch)
+                n_block_max, n_unmasked = self._kv_block_range(m_block, seqlen_q, seqlen_k)
+                kv_state, q_state = self._consume_tile(
+                    tma_atom_O, mO, mLSE, scale_log2, tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrVt,
+                    tOrP, s_shape, acc_O, row_max, row_sum, smem_thr_copy_P, tPsP, tScS, t0ScS,
+                    sO, pipe_q, pipe_k, pipe_v, m_block, head, batch, n_block_max, n_unmasked,
+                    seqlen_q, seqlen_k, tidx, wg_idx, rows, kv_state, q_state)
+                tile += cute.arch.grid_dim()[0]
+        else:
+            m_block, head, batch = self._tile_coords(tile, seqlen_q, seqlen_k, num_heads, num_batch)
+            n_block_max, n_unmasked = self._kv_block_range(m_block, seqlen_q, seqlen_k)
+            self._consume_tile(
+                tma_atom_O, mO, mLSE, scale_log2, tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrVt,
+                tOrP, s_shape, acc_O, row_max, row_sum, smem_thr_copy_P, tPsP, tScS, t0ScS,
+                sO, pipe_q, pipe_k, pipe_v, m_block, head, batch, n_block_max, n_unmasked,
+                seqlen_q, seqlen_k, tidx, wg_idx, rows, kv_state, q_state)
+
+    @cute.jit
+    def _consume_tile(
+        self, tma_atom_O, mO, mLSE, scale_log2, tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrVt,
+        tOrP, s_shape, acc_O, row_max, row_sum, smem_thr_copy_P, tPsP, tScS, t0ScS,
+        sO, pipe_q, pipe_k, pipe_v, m_block, head, batch, n_block_max, n_unmasked,
+        seqlen_q, seqlen_k, tidx, wg_idx, rows, kv_state, q_state,
+    ):
+        acc_O.fill(0.0)
+        pipe_q.consumer_wait(q_state)
+
+        n_masked_extra = 0
+        if const_expr(self.causal):
+            n_masked_extra = cutlass.max(n_block_max - 1 - n_unmasked, 0)
+        n_plain = n_block_max - 1 - n_masked_extra
+
+        ctx = (tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrVt, tOrP, s_shape, acc_O, row_max,
+               row_sum, scale_log2, smem_thr_copy_P, tPsP, tScS, t0ScS, pipe_k, pipe_v,
+               m_block, seqlen_q, seqlen_k, wg_idx)
+
+        if const_expr(self.overlap):
+            # first block: S only; its PV is issued together with the next block's S
+            pipe_k.consumer_wait(kv_state)
+            acc_S = cute.make_rmem_tensor(s_shape, Float32)
+            self._gemm(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, kv_state.index], True, 0)
+            pipe_k.consumer_release(kv_state)
+            self._apply_mask(acc_S, tScS, t0ScS, m_block, n_block_max - 1, seqlen_q, seqlen_k,
+                             True, self.causal)
+            self._softmax(acc_S, row_max, row_sum, scale_log2, True)
+            self._store_p(acc_S, tOrP, smem_thr_copy_P, tPsP, wg_idx)
+            for i in cutlass.range(n_masked_extra, unroll=1):
+                kv_state = self._block_overlap(ctx, kv_state, n_block_max - 2 - i, True)
+            for i in cutlass.range(n_plain, unroll=1):
+                kv_state = self._block_overlap(ctx, kv_state, n_block_max - 2 - n_masked_extra - i, False)
+            if const_expr(self.separate_o):
+                pipe_q.consumer_release(q_state)  # all QK GEMMs of this tile are done
+            # last PV
+            pipe_v.consumer_wait(kv_state)
+            self._gemm(tiled_mma_pv, acc_O, tOrP, tOrVt[None, None, None, kv_state.index], False, 0)
+            pipe_v.consumer_release(kv_state)
+            kv_state.advance()
+        else:
+            self._pp_sync(wg_idx)
+            kv_state = self._block_serial(ctx, kv_state, n_block_max - 1, True, True)
+            for i in cutlass.range(n_masked_extra, unroll=1):
+                kv_state = self._block_serial(ctx, kv_state, n_block_max - 2 - i, False, True)
+            for i in cutlass.range(n_plain, unroll=1):
+                kv_state = self._block_serial(ctx, kv_state, n_block_max - 2 - n_masked_extra - i, False, False)
+            self._pp_arrive(wg_idx)
+            if const_expr(self.separate_o):
+                pipe_q.consumer_release(q_state)
+
+        # ---- finalize: O /= row_sum, LSE
+        o = _mn_view(acc_O)
+        lse = cute.make_rmem_tensor(rows, Float32)
+        for r in cutlass.range_constexpr(rows):
+            total = row_sum[r]
+            total = total + cute.arch.shuffle_sync_bfly(total, offset=1)
+            total = total + cute.arch.shuffle_sync_bfly(total, offset=2)
+            empty = total == Float32(0.0) or total != total
+            inv = cute.arch.rcp_approx(total if not empty else Float32(1.0))
+            lse[r] = (row_max[r] * scale_log2 + cute.math.log2(total, fastmath=True)) * LN_2 \
+                if not empty else -Float32.inf
+            for c in cutlass.range(cute.size(o, mode=[1]), unroll_full=True):
+                o[r, c] = o[r, c] * inv
+
+        self._epilogue(acc_O, lse, tma_atom_O, mO, mLSE, tiled_mma_pv, sO, tidx, m_block, head,
+                       batch, seqlen_q)
+        if const_expr(self.persistent and not self.separate_o):
+            # O went out through Q's buffer: hand it back only once the TMA store has read it
+            cute.arch.barrier(barrier_id=BAR_CONSUMERS, number_of_threads=self.num_consumer_threads)
+            pipe_q.consumer_release(q_state)
+        q_state.advance()
+        return kv_state, q_state
+
+    @cute.jit
+    def _block_overlap(self, ctx, kv_state, n_block, mask_causal: cutlass.Constexpr):
+        (tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrVt, tOrP, s_shape, acc_O, row_max, row_sum,
+         scale_log2, smem_thr_copy_P, tPsP, tScS, t0ScS, pipe_k, pipe_v, m_block, seqlen_q,
+         seqlen_k, wg_idx) = ctx
+        v_state = kv_state.clone()
+        kv_state.advance()
+        pipe_k.consumer_wait(kv_state)
+        self._pp_sync(wg_idx)
+        acc_S = cute.make_rmem_tensor(s_shape, Float32)
+        self._gemm(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, kv_state.index], True, -1)
+        pipe_v.consumer_wait(v_state)
+        self._gemm(tiled_mma_pv, acc_O, tOrP, tOrVt[None, None, None, v_state.index], False, -1)
+        self._pp_arrive(wg_idx)
+        warpgroup.wait_group(1)  # S ready; PV may still run
+        pipe_k.consumer_release(kv_state)
+        if const_expr(mask_causal):
+            self._apply_mask(acc_S, tScS, t0ScS, m_block, n_block, seqlen_q, seqlen_k, False, True)
+        row_scale = self._softmax(acc_S, row_max, row_sum, scale_log2, False)
+        warpgroup.wait_group(0)  # PV done: O and the P buffer are free
+        pipe_v.consumer_release(v_state)
+        self._store_p(acc_S, tOrP, smem_thr_copy_P, tPsP, wg_idx)
+        self._rescale_o(acc_O, row_scale)
+        return kv_state
+
+    @cute.jit
+    def _block_serial(self, ctx, kv_state, n_block, is_first: cutlass.Constexpr,
+                      mask: cutlass.Constexpr):
+        (tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrVt, tOrP, s_shape, acc_O, row_max, row_sum,
+         scale_log2, smem_thr_copy_P, tPsP, tScS, t0ScS, pipe_k, pipe_v, m_block, seqlen_q,
+         seqlen_k, wg_idx) = ctx
+        pipe_k.consumer_wait(kv_state)
+        acc_S = cute.make_rmem_tensor(s_shape, Float32)
+        self._gemm(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, kv_state.index], True, -1)
+        self._pp_arrive(wg_idx)
+        warpgroup.wait_group(0)
+        pipe_k.consumer_release(kv_state)
+        if const_expr(mask):
+            self._apply_mask(acc_S, tScS, t0ScS, m_block, n_block, seqlen_q, seqlen_k,
+                             is_first, self.causal)
+        row_scale = self._softmax(acc_S, row_max, row_sum, scale_log2, is_first)
+        self._store_p(acc_S, tOrP, smem_thr_copy_P, tPsP, wg_idx)
+        if const_expr(not is_first):
+            self._rescale_o(acc_O, row_scale)
+        pipe_v.consumer_wait(kv_state)
+        self._pp_sync(wg_idx)
+        self._gemm(tiled_mma_pv, acc_O, tOrP, tOrVt[None, None, None, kv_state.index], False, 0)
+        pipe_v.consumer_release(kv_state)
+        kv_state.advance()
+        return kv_state
+
+    @cute.jit
+    def _epilogue(self, acc_O, lse, tma_atom_O, mO, mLSE, tiled_mma_pv, sO, tidx, m_block, head,
+                  batch, seqlen_q):
+        thr_mma_pv = tiled_mma_pv.get_slice(tidx)
+        # LSE straight from registers: the thread holding column 0 of a row writes it.
+        if const_expr(mLSE is not None):
+            gLSE = cute.local_tile(mLSE[None, head, batch], (self.tile_m,), (m_block,))
+            gLSE_2d = cute.make_tensor(
+                gLSE.iterator, cute.append(gLSE.layout, cute.make_layout((self.hd,), stride=(0,))))
+            tOgLSE = _mn_view(thr_mma_pv.partition_C(gLSE_2d))
+            cO = cute.make_identity_tensor((self.tile_m, self.hd))
+            tOcO = _mn_view(thr_mma_pv.partition_C(cO))
+            if tOcO[0][1] == 0:
+                for r in cutlass.range_constexpr(cute.size(tOgLSE, mode=[0])):
+                    if tOcO[r, 0][0] < seqlen_q - m_block * self.tile_m:
+                        tOgLSE[r, 0] = lse[r]
+
+        # O: registers -> smem (stmatrix; sO may be Q's buffer: this WG's rows of sQ are only
+        # read by this WG's own, finished, QK GEMMs) -> one TMA store of the tile.
+        rO = cute.make_rmem_tensor_like(acc_O, self.dtype)
+        rO.store(acc_O.load().to(self.dtype))
+        # every consumer WG is in this tile's epilogue, and the previous tile's O store (waited
+        # on by warp 4 before it got here) has finished reading sO
+        cute.arch.barrier(barrier_id=BAR_CONSUMERS, number_of_threads=self.num_consumer_threads)
+        stmatrix = cute.make_copy_atom(
+            cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4), self.dtype)
+        smem_thr_copy_O = cute.make_tiled_copy_C(stmatrix, tiled_mma_pv).get_slice(tidx)
+        cute.copy(smem_thr_copy_O, smem_thr_copy_O.retile(rO), smem_thr_copy_O.partition_D(sO))
+        cute.arch.fence_view_async_shared()
+        cute.arch.barrier_arrive(barrier_id=BAR_EPILOGUE, number_of_threads=self.num_consumer_threads + 32)
+        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        if warp_idx == 4:
+            cute.arch.barrier(barrier_id=BAR_EPILOGUE, number_of_threads=self.num_consumer_threads + 32)
+            gO = cute.local_tile(mO[None, None, head, batch], (self.tile_m, self.hd), (m_block, 0))
+            tOsO, tOgO = cpasync.tma_partition(
+                tma_atom_O, 0, cute.make_layout(1), cute.group_modes(sO, 0, 2), cute.group_modes(gO, 0, 2))
+            cute.copy(tma_atom_O, tOsO, tOgO)
+            cute.arch.cp_async_bulk_commit_group()
+            cute.arch.cp_async_bulk_wait_group(0, read=True)

@@ -1,0 +1,162 @@
+"""CPU-only: fa4kernel.attention rejects bad inputs with a one-line ValueError before compiling."""
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import fa4kernel  # noqa: E402
+from fa4kernel import config  # noqa: E402
+
+
+def qkv(b=2, sq=64, sk=64, h=2, d=128, dtype=torch.bfloat16, device="cpu"):
+    mk = lambda s: torch.randn(b, s, h, d, dtype=dtype, device=device)  # noqa: E731
+    return mk(sq), mk(sk), mk(sk)
+
+
+def raises(match, *args, **kwargs):
+    with pytest.raises(ValueError, match=match) as ei:
+        fa4kernel.attention(*args, **kwargs)
+    msg = str(ei.value)
+    assert "\n" not in msg
+    return msg
+
+
+def test_dtype():
+    q, k, v = qkv(dtype=torch.float32)
+    raises("q.dtype", q, k, v)
+    q, k, v = qkv()
+    raises("dtypes differ", q, k.half(), v.half())
+
+
+def test_device_is_last_check_and_clear():
+    msg = raises("CUDA device", *qkv())
+    assert "q" in msg
+
+
+def test_head_dim():
+    raises("head_dim=80 not supported", *qkv(d=80))
+    raises("head_dim=32 not supported", *qkv(d=32))
+
+
+def test_shapes():
+    q, k, v = qkv()
+    raises("must be 4-D", q[0], k, v)
+    raises("k shape", q, k, v[:, :10])
+    q2, k2, v2 = qkv(h=3)
+    raises("does not match q shape", q, k2, v2)
+    raises("empty input", *qkv(sq=0))
+
+
+def test_strides():
+    q, k, v = qkv()
+    qt = q.transpose(2, 3)  # head_dim not contiguous
+    raises(r"q.stride\(-1\)", qt.contiguous().transpose(2, 3), k, v)
+    base = torch.randn(2, 64, 2, 130, dtype=torch.bfloat16)[..., :128]  # row stride 130: not 16B
+    raises(r"q.stride\(\d\)=\d+; allowed: positive multiples of 8", base, k, v)
+
+
+def test_scalar_args():
+    q, k, v = qkv()
+    raises("softmax_scale", q, k, v, softmax_scale=-1.0)
+    raises("softmax_scale", q, k, v, softmax_scale=float("nan"))
+    raises("causal", q, k, v, causal="yes")
+    raises("return_lse", q, k, v, return_lse=1)
+
+
+def test_unknown_knob():
+    msg = raises("unknown knob", *qkv(), tile_k=64)
+    assert "tile_m" in msg  # names what is allowed
+
+
+@pytest.mark.parametrize("knobs,match", [
+    (dict(tile_m=64), "tile_m=64"),
+    (dict(tile_m=256), "tile_m=256"),
+    (dict(tile_n=100), "tile_n=100"),
+    (dict(tile_n=512), "tile_n=512"),
+    (dict(kv_stages=0), "kv_stages=0"),
+    (dict(kv_stages=2.0), "kv_stages=2.0"),
+    (dict(pingpong=1), "pingpong=1"),
+    (dict(intra_wg_overlap="no"), "intra_wg_overlap"),
+    (dict(p_in_registers=None, tile_n=8), "tile_n=8"),
+    (dict(exp_emulation=1.5), "exp_emulation=1.5"),
+    (dict(exp_emulation=-0.1), "exp_emulation"),
+    (dict(exp_emulation=True), "exp_emulation"),
+    (dict(rescale_threshold=-1.0), "rescale_threshold"),
+    (dict(rescale_threshold=100.0), "rescale_threshold"),
+])
+def test_bad_knob_values(knobs, match):
+    raises(match, *qkv(), **knobs)
+
+
+@pytest.mark.parametrize("d,knobs,match", [
+    (256, dict(tile_n=128), "registers"),  # O 128 + S 64 + P 32 regs > 240
+    (128, dict(tile_m=192), "registers"),  # 3 WGs get 160 regs
+    (96, dict(p_in_registers=True), "registers"),  # FA4: RS with 192-row tiles does not fit
+    (256, dict(kv_stages=3), "shared memory"),
+    (192, dict(tile_n=128), "shared memory"),  # 240 KB > 227 KB
+    (128, dict(tile_n=256, kv_stages=4, p_in_registers=False), "registers|shared memory"),
+])
+def test_combinations_that_do_not_fit(d, knobs, match):
+    raises(match, *qkv(d=d), **knobs)
+
+
+def test_defaults_match_fa4_table_and_fit():
+    for d in config.SUPPORTED_HEAD_DIMS:
+        for causal in (False, True):
+            cfg = config.make_config("bfloat16", d, causal, False, {})
+            assert config.smem_bytes(d, cfg.tile_m, cfg.tile_n, cfg.kv_stages, cfg.p_in_registers) \
+                <= config.SMEM_LIMIT_BYTES
+    t = {d: config.default_knobs(d) for d in config.SUPPORTED_HEAD_DIMS}
+    assert (t[64]["tile_m"], t[64]["tile_n"], t[64]["p_in_registers"], t[64]["pingpong"]) == (192, 128, True, True)
+    assert (t[96]["tile_m"], t[96]["tile_n"], t[96]["p_in_registers"]) == (192, 144, False)
+    assert config.default_knobs(96, causal=True)["tile_n"] == 112  # 128 spills in our kernel
+    assert (t[128]["tile_m"], t[128]["tile_n"], t[128]["pingpong"]) == (128, 128, True)
+    assert (t[192]["pingpong"], t[256]["tile_n"], t[256]["pingpong"]) == (False, 80, False)
+
+
+def test_rescale_threshold_none_and_zero_mean_always_rescale():
+    a = config.make_config("bfloat16", 128, False, False, dict(rescale_threshold=None))
+    b = config.make_config("bfloat16", 128, False, False, dict(rescale_threshold=0))
+    c = config.make_config("bfloat16", 128, False, False, {})
+    assert a.rescale_threshold == b.rescale_threshold == c.rescale_threshold == 0.0
+
+
+def test_exp2_emulation_reference_accuracy():
+    import math
+
+    from fa4kernel.exp2_emulation import exp2_emulated_reference
+
+    worst = max(abs(exp2_emulated_reference(x / 97.0) / 2.0 ** (x / 97.0) - 1)
+                for x in range(-97 * 120, 97 * 8))
+    assert worst < 9e-5
+    assert exp2_emulated_reference(-math.inf) == 0.0
+    assert exp2_emulated_reference(-127.0) == 0.0
+
+
+def test_conditional_rescale_rule_is_exact_and_bounded():
+    """Python model of the online softmax with FA4's rule: P stays <= 2^tau and the result is
+    the exact softmax (the final normalisation uses the max actually kept)."""
+    import math
+    import random
+
+    from fa4kernel.rescale import rescale_rule_reference
+
+    rng = random.Random(7)
+    scale_log2 = 0.125 * math.log2(math.e)
+    for tau in (0.0, 8.0):
+        scores = [rng.gauss(0, 1) * (1 + i / 40) * 30 for i in range(400)]  # growing max
+        vals = [rng.gauss(0, 1) for _ in scores]
+        m, l, o, pmax = -math.inf, 0.0, 0.0, 0.0
+        for j in range(0, len(scores), 32):
+            blk = scores[j:j + 32]
+            m_new = max([m] + blk)
+            m, acc = rescale_rule_reference(m, m_new, scale_log2, tau)
+            p = [math.exp2((x - m) * scale_log2) for x in blk]
+            pmax = max(pmax, max(p))
+            l = l * acc + sum(p)
+            o = o * acc + sum(pi * v for pi, v in zip(p, vals[j:j + 32]))
+        mx = max(scores)
+        w = [math.exp((x - mx) * 0.125) for x in scores]
+        ref = sum(wi * v for wi, v in zip(w, vals)) / sum(w)
+        assert abs(o / l - ref) < 1e-9
+        assert pmax <= 2.0 ** tau * (1 + 1e-12) if tau > 0 else pmax <= 1.0 + 1e-12
