@@ -4,7 +4,8 @@ A work unit is one CTA tile: `rows_per_cta` query rows of one (batch, head) agai
 blocks (a CTA pair takes twice the rows on two SMs). Non-causal: every unit has the same number
 of KV blocks and a static persistent scheduler hands unit u to slot u mod slots. Causal: each
 unit has its own number of KV blocks (up to the diagonal) and units go longest-first to the
-least-loaded slot (FA4's LPT scheduler). A slot's time is its first tile alone (T1) plus, per
+least-loaded slot (FA4's LPT scheduler). A kernel that is not persistent launches one CTA per
+tile instead; the hardware hands each to the first SM that frees up. A slot's time is its first tile alone (T1) plus, per
 further tile, what one more tile costs a persistent CTA (T2 - T1, prologue overlapped).
 The kernel takes the slowest slot, unless moving its bytes through L2 or HBM takes longer.
 """
@@ -57,9 +58,22 @@ class KernelTime:
     limiter: str             # "compute", "L2" or "HBM"
 
 
-def assign(costs: list[tuple[float, float]], slots: int, causal: bool) -> tuple[float, int]:
-    """(T1, further-tile cost) per unit -> (slowest slot's cycles, tiles on it)."""
+def assign(costs: list[tuple[float, float]], slots: int, causal: bool, persistent: bool = True) -> tuple[float, int]:
+    """(T1, further-tile cost) per unit -> (slowest slot's cycles, tiles on it).
+
+    persistent: a CTA per slot loops over tiles, so a further tile costs T2 - T1 (its prologue
+    overlaps the previous epilogue). Not persistent: one CTA per tile, launched in order (causal:
+    longest first) onto whichever SM frees up first, each paying its whole T1.
+    """
     slots = max(1, min(slots, len(costs)))
+    if not persistent:
+        order = sorted(costs, key=lambda c: -c[0]) if causal else costs
+        heap = [(0.0, i, 0) for i in range(slots)]
+        for t1, _ in order:
+            load, i, n = heapq.heappop(heap)
+            heapq.heappush(heap, (load + t1, i, n + 1))
+        load, _, n = max(heap)
+        return load, n
     if not causal:
         loads = [[0.0, 0] for _ in range(slots)]
         for u, (t1, extra) in enumerate(costs):
@@ -97,12 +111,12 @@ def traffic(p: Problem, hw, units: list[WorkUnit], rows: int, tile_n: int, two_c
 
 
 def kernel_time(p: Problem, hw, units: list[WorkUnit], cost_of, rows: int, tile_n: int,
-                two_cta: bool) -> KernelTime:
+                two_cta: bool, persistent: bool = True) -> KernelTime:
     """cost_of(WorkUnit) -> (T1, T2 - T1) in cycles."""
     per_head = [cost_of(u) for u in units]
     all_costs = per_head * (p.batch * p.heads)
     slots = hw.num_sms // (2 if two_cta else 1)
-    cycles, n_tiles = assign(all_costs, slots, p.causal)
+    cycles, n_tiles = assign(all_costs, slots, p.causal, persistent)
     compute_us = cycles / (hw.clock_ghz * 1e3)
     l2_b, hbm_b = traffic(p, hw, units, rows, tile_n, two_cta)
     l2_us = l2_b / (hw.l2_bandwidth_tbps * 1e6)

@@ -19,7 +19,8 @@ from pathlib import Path
 from . import hardware
 from .errors import InputError
 from .model import simulate
-from .params import Problem
+from .params import Problem, resolve
+from .schedules import fa3_sm90
 
 SIMULATED = {"fa4kernel": "our SM90 kernel", "flash-attn-4": "flash-attn-4 SM90"}
 KNOB_NAMES = {"tile_m", "tile_n", "kv_stages", "pingpong", "intra_wg_overlap", "p_in_registers",
@@ -34,6 +35,23 @@ def profile_for(device: str) -> str:
         raise InputError("hw", f"cannot tell the profile for device {device!r}; pass --hw")
     measured = f"{base}-measured"
     return measured if measured in hardware.available() else base
+
+
+def kernel_knobs(point: dict) -> dict:
+    """Our kernel's configuration as it ran (its resolved config when recorded, else the knobs given)."""
+    cfg = dict(point.get("knobs") or {})
+    cfg.update(point.get("fa4kernel_config") or {})
+    knobs = {k: v for k, v in cfg.items() if k in KNOB_NAMES}
+    if knobs.get("rescale_threshold") in (0, 0.0):  # the kernel's 0 means "always rescale"
+        knobs["rescale_threshold"] = None
+    # fa4kernel runs persistent CTAs only when O gets its own smem buffer and the mask is not
+    # causal (fa4kernel/README.md); otherwise one CTA per tile
+    if "tile_m" in knobs and "hdim" in point:
+        prob = Problem(1, 1, 128, 128, int(point["hdim"]), bool(point["causal"]))
+        k = resolve(fa3_sm90.KNOBS, prob, knobs)
+        o_bytes = k["tile_m"] * prob.hdim * 2
+        knobs["persistent"] = (not prob.causal) and fa3_sm90.smem_bytes(prob, k) + o_bytes <= 232448
+    return knobs
 
 
 def load(path: str) -> dict:
@@ -57,7 +75,7 @@ def compare(doc: dict, hw: str | None = None) -> dict:
         for impl, res in p.get("results", {}).items():
             if impl not in SIMULATED or "tflops" not in res:
                 continue
-            knobs = {k: v for k, v in (p.get("knobs") or {}).items() if k in KNOB_NAMES} if impl == "fa4kernel" else {}
+            knobs = kernel_knobs(p) if impl == "fa4kernel" else {}
             try:
                 r = simulate(hw, "fa3", problem, knobs)
                 sim, err = r.tflops, (r.tflops - res["tflops"]) / res["tflops"]

@@ -51,6 +51,7 @@ KNOBS = [
     Knob("pingpong", lambda p, k: _row(p)[3], "", "inter-warpgroup ping-pong of GEMM issue (named barriers)", kind="bool"),
     Knob("intra_wg_overlap", True, "", "softmax(j) overlaps PV(j-1) inside a warpgroup", kind="bool"),
     Knob("p_in_registers", lambda p, k: _row(p)[2], "", "PV takes P from registers (RS wgmma); false: P staged through smem (SS)", kind="bool"),
+    Knob("persistent", lambda p, k: not p.causal, "", "one CTA per SM looping over tiles (else one CTA per tile)", kind="bool"),
     Knob("exp_emulation", 0.0, "fraction", "fraction of each row's exp2 done by the polynomial on the FMA pipe (FA4 trick; off in FA3)", kind="fraction"),
     Knob("rescale_threshold", None, "log2 units", "conditional rescaling threshold tau; none = always rescale (FA3)", kind="float_or_none", minimum=0.0),
     Knob("rescale_rate", None, "fraction", "override: fraction of (warp, KV block) pairs that rescale (none = derive)", kind="float_or_none", minimum=0.0, maximum=1.0),
