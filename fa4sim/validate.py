@@ -37,16 +37,42 @@ def profile_for(device: str) -> str:
     return measured if measured in hardware.available() else base
 
 
+# variants bench_fwd_sm90.py records beside a point's default run, and what they change
+VARIANT_KNOBS = {"1 tile/CTA": {"persistent": False}}
+
+
+def expand(points: list[dict]) -> list[dict]:
+    """One point per (problem, configuration). bench_fwd_sm90.py stores variants of our kernel
+    as results 'fa4kernel[<variant>]' (with configs[<variant>] in a 'knobs' point): each becomes
+    its own point, labelled <variant>, whose baseline is the point's 'default' (knobs points) or
+    its plain 'fa4kernel' run."""
+    out = []
+    for p in points:
+        plain = {k: v for k, v in p.get("results", {}).items() if not k.startswith("fa4kernel[")}
+        variants = {k[len("fa4kernel["):-1]: v for k, v in p.get("results", {}).items()
+                    if k.startswith("fa4kernel[") and k.endswith("]")}
+        keep = {k: v for k, v in p.items() if k not in ("results", "configs", "compile_s")}
+        if plain and "fa4kernel" in plain or not variants:
+            out.append({**keep, "results": plain})
+        for name, res in variants.items():
+            config = (p.get("configs") or {}).get(name) or dict(p.get("fa4kernel_config") or {})
+            config = {**config, **VARIANT_KNOBS.get(name, {})}
+            base = "default" if p.get("label") == "knobs" else p.get("label", "main")
+            out.append({**keep, "label": name, "baseline": base if name != "default" else None,
+                        "results": {"fa4kernel": res}, "fa4kernel_config": config})
+    return out
+
+
 def kernel_knobs(point: dict) -> dict:
     """Our kernel's configuration as it ran (its resolved config when recorded, else the knobs given)."""
     cfg = dict(point.get("knobs") or {})
     cfg.update(point.get("fa4kernel_config") or {})
-    knobs = {k: v for k, v in cfg.items() if k in KNOB_NAMES}
+    knobs = {k: v for k, v in cfg.items() if k in KNOB_NAMES | {"persistent"}}
     if knobs.get("rescale_threshold") in (0, 0.0):  # the kernel's 0 means "always rescale"
         knobs["rescale_threshold"] = None
     # fa4kernel runs persistent CTAs only when O gets its own smem buffer and the mask is not
     # causal (fa4kernel/README.md); otherwise one CTA per tile
-    if "tile_m" in knobs and "hdim" in point:
+    if "tile_m" in knobs and "hdim" in point and "persistent" not in knobs:
         prob = Problem(1, 1, 128, 128, int(point["hdim"]), bool(point["causal"]))
         k = resolve(fa3_sm90.KNOBS, prob, knobs)
         o_bytes = k["tile_m"] * prob.hdim * 2
@@ -69,7 +95,7 @@ def load(path: str) -> dict:
 def compare(doc: dict, hw: str | None = None) -> dict:
     hw = hw or profile_for(doc["meta"].get("device", ""))
     rows = []
-    for p in doc["points"]:
+    for p in expand(doc["points"]):
         problem = Problem(int(p["batch"]), int(p["heads"]), int(p["seqlen"]), int(p.get("seqlen_k", p["seqlen"])),
                           int(p["hdim"]), bool(p["causal"]))
         for impl, res in p.get("results", {}).items():
@@ -82,7 +108,8 @@ def compare(doc: dict, hw: str | None = None) -> dict:
                 why = r.bottleneck
             except InputError as e:
                 sim, err, why = None, None, str(e)
-            rows.append({"impl": impl, "label": p.get("label", "main"), "batch": problem.batch, "heads": problem.heads,
+            rows.append({"impl": impl, "label": p.get("label", "main"), "baseline": p.get("baseline"),
+                         "batch": problem.batch, "heads": problem.heads,
                          "seqlen": problem.seqlen_q, "hdim": problem.hdim, "causal": problem.causal,
                          "knobs": knobs, "measured_tflops": res["tflops"], "predicted_tflops": sim,
                          "error": err, "bottleneck": why})
@@ -99,19 +126,21 @@ def compare(doc: dict, hw: str | None = None) -> dict:
 
 
 def knob_deltas(rows: list[dict]) -> list[dict]:
-    """Measured vs predicted change of each knob variant against 'default', same problem."""
+    """Measured vs predicted change of each variant of our kernel against its baseline run."""
     out = []
-    base = {(r["seqlen"], r["hdim"], r["causal"]): r for r in rows
-            if r["impl"] == "fa4kernel" and r["label"] == "default"}
-    for r in rows:
-        b = base.get((r["seqlen"], r["hdim"], r["causal"]))
-        if r["impl"] != "fa4kernel" or r["label"] in ("main", "default") or b is None:
+    ours = [r for r in rows if r["impl"] == "fa4kernel"]
+    for r in ours:
+        if not r.get("baseline"):
             continue
-        if r["predicted_tflops"] is None or b["predicted_tflops"] is None:
+        key = (r["seqlen"], r["hdim"], r["causal"], r["batch"], r["heads"])
+        b = next((x for x in ours if x["label"] == r["baseline"]
+                  and (x["seqlen"], x["hdim"], x["causal"], x["batch"], x["heads"]) == key), None)
+        if b is None or r["predicted_tflops"] is None or b["predicted_tflops"] is None:
             continue
         meas = r["measured_tflops"] / b["measured_tflops"] - 1
         pred = r["predicted_tflops"] / b["predicted_tflops"] - 1
-        out.append({"knob": r["label"], "causal": r["causal"], "measured_delta": meas, "predicted_delta": pred,
+        out.append({"knob": r["label"], "hdim": r["hdim"], "seqlen": r["seqlen"], "causal": r["causal"],
+                    "measured_delta": meas, "predicted_delta": pred,
                     "same_sign": (meas >= 0) == (pred >= 0) or abs(meas) < 0.01,
                     "difference_pp": 100 * (pred - meas)})
     return out
@@ -164,6 +193,7 @@ def report(result: dict) -> str:
     if result["knob_deltas"]:
         lines.append("knob deltas vs default (measured / predicted):")
         for d in result["knob_deltas"]:
-            lines.append(f"  {d['knob']:28s} causal={int(d['causal'])} {d['measured_delta']:+7.1%} / {d['predicted_delta']:+7.1%}"
+            lines.append(f"  {d['knob']:26s} hd{d['hdim']:<3d} {d['seqlen']:>5d} causal={int(d['causal'])} "
+                         f"{d['measured_delta']:+7.1%} / {d['predicted_delta']:+7.1%}"
                          f"  {'same sign' if d['same_sign'] else 'WRONG SIGN'}, off by {d['difference_pp']:+.1f} pp")
     return "\n".join(lines)

@@ -19,7 +19,11 @@ def point(label, knobs, ours, peer=None, causal=False):
 
 DOC = {"meta": {"device": "NVIDIA H100 80GB HBM3", "date": "2026-11-22T00:00:00+00:00"},
        "points": [point("main", {}, 600.0, 650.0), point("main", {}, 300.0, 320.0, causal=True),
-                  point("default", {}, 600.0), point("pingpong=False", {"pingpong": False}, 560.0)]}
+                  {"batch": 2, "seqlen": 8192, "heads": 16, "hdim": 128, "causal": False, "label": "knobs",
+                   "configs": {"default": {}, "pingpong=False": {"pingpong": False}},
+                   "results": {"fa4kernel[default]": {"tflops": 600.0},
+                               "fa4kernel[pingpong=False]": {"tflops": 560.0},
+                               "flash-attn-4": {"tflops": 620.0}}}]}
 
 
 def test_compare_errors_and_knob_deltas(tmp_path):

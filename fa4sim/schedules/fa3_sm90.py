@@ -67,12 +67,17 @@ def consumer_warpgroups(k: dict) -> int:
 
 
 def smem_bytes(p: Problem, k: dict) -> int:
-    """Q + K ring + V ring (+ P if staged); O reuses Q's buffer for the epilogue."""
+    """Q + K ring + V ring (+ P if staged); O's staging buffer is counted by separate_o()."""
     d, s = p.hdim, k["kv_stages"]
     b = k["tile_m"] * d * BYTES + 2 * s * k["tile_n"] * d * BYTES
     if not k["p_in_registers"]:
         b += k["tile_m"] * k["tile_n"] * BYTES
     return b + 1024
+
+
+def separate_o(hw, p: Problem, k: dict) -> bool:
+    """O gets its own smem buffer when it fits beside Q, K, V (else it reuses Q's)."""
+    return smem_bytes(p, k) + k["tile_m"] * p.hdim * BYTES <= hw.smem_capacity_bytes
 
 
 def registers_needed(p: Problem, k: dict) -> int:
@@ -175,7 +180,10 @@ def build(hw, p: Problem, k: dict, n_kv: int, masked_blocks: int) -> Schedule:
         if pp:
             prev = f"PP{(w - 1) % W}"
             edges.append(Edge(prev, f"QK{w}", distance=0 if w > 0 else 1, lag=nbar))
-    edges.append(Edge("ST", "LQ", 1, per="tile", kind="anti", lag=mbar))  # O staged in Q's smem
+    if separate_o(hw, p, k):  # O has its own smem buffer: the next tile's O waits for this store
+        edges += [Edge("ST", f"FIN{w}", 1, per="tile", kind="anti", lag=mbar) for w in range(W)]
+    else:  # O is staged in Q's buffer: the next Q load waits for this tile's store
+        edges.append(Edge("ST", "LQ", 1, per="tile", kind="anti", lag=mbar))
 
     # warpgroup compute is served in pieces, so two warpgroups on one pipe share it (see engine)
     ops = [replace(o, chunks=PIECES) if not o.asynchronous and o.uses else o for o in ops]

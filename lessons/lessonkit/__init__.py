@@ -95,8 +95,10 @@ def find_keys(doc, suffix: str, prefix: str = "") -> dict[str, float]:
 
 def sm90_points(doc: dict, causal: bool = False) -> dict[str, dict]:
     """Knob-variant points of a recorded sm90_fwd benchmark: label -> point (fa4kernel timings)."""
+    from fa4sim.validate import expand
+
     out = {}
-    for p in doc.get("points", []):
+    for p in expand(doc.get("points", [])):
         if bool(p.get("causal")) != causal or p.get("label") == "main":
             continue
         if "tflops" in p.get("results", {}).get("fa4kernel", {}):
