@@ -63,6 +63,10 @@ class KernelConfig:
     p_in_registers: bool
     exp_emulation: float
     rescale_threshold: float  # 0.0 = always rescale (FA3 behaviour)
+    # Instrumented build (issue 4): clock64 stamps of one CTA into a global int64 buffer. Not a
+    # user knob (attention() rejects it); set only through trace_config(). False = the normal
+    # kernel, whose generated code does not depend on this field.
+    trace: bool = False
 
     @property
     def num_consumer_wgs(self) -> int:
@@ -202,6 +206,13 @@ def make_config(dtype: str, head_dim: int, causal: bool, has_lse: bool, knobs: d
         raise ValueError(f"causal={causal!r} not supported; allowed: True or False")
     k = resolve_knobs(head_dim, causal, knobs)
     return KernelConfig(dtype=dtype, head_dim=head_dim, causal=causal, has_lse=bool(has_lse), **k)
+
+
+def trace_config(cfg: KernelConfig) -> KernelConfig:
+    """The instrumented (clock64-stamping) build of a configuration; buffer layout in trace_layout.py."""
+    from dataclasses import replace
+
+    return replace(cfg, trace=True)
 
 
 def validate_tensors(q, k, v, causal=False, softmax_scale=None, return_lse=False):

@@ -46,6 +46,15 @@ def _fake_args(cfg: KernelConfig):
     return q, k, v, o, lse
 
 
+def _fake_trace():
+    import cutlass
+    from cutlass.cute.runtime import make_fake_tensor
+
+    from .trace_layout import TRACE_WORDS
+
+    return make_fake_tensor(cutlass.Int64, (TRACE_WORDS,), stride=(1,), assumed_align=16)
+
+
 def compile_sass(cfg: KernelConfig | None = None, arch: str = "sm_90a", dump_dir: Optional[str] = None,
                  *, dtype: str = "bfloat16", head_dim: int = 128, causal: bool = False,
                  return_lse: bool = False, **knobs) -> str:
@@ -56,7 +65,7 @@ def compile_sass(cfg: KernelConfig | None = None, arch: str = "sm_90a", dump_dir
     import cutlass.cute as cute
     from cutlass import Float32, Int32
 
-    from .sm90_fwd import FlashFwdSm90
+    from .sm90_fwd import kernel_class
 
     if cfg is None:
         cfg = make_config(dtype, head_dim, causal, return_lse, knobs)
@@ -71,8 +80,9 @@ def compile_sass(cfg: KernelConfig | None = None, arch: str = "sm_90a", dump_dir
     try:
         q, k, v, o, lse = _fake_args(cfg)
         stream = cute.runtime.make_fake_stream()
-        kern = FlashFwdSm90(cfg)
-        cute.compile(kern, q, k, v, o, lse, Float32(1.0), Int32(132), stream,
+        kern = kernel_class(cfg)(cfg)
+        extra = (_fake_trace(),) if cfg.trace else ()
+        cute.compile(kern, q, k, v, o, lse, Float32(1.0), Int32(132), *extra, stream,
                      options=f"--gpu-arch {arch} --keep-cubin --dump-dir {dump_dir}")
     finally:
         for key, val in saved.items():
@@ -134,6 +144,26 @@ def attention(q, k, v, causal: bool = False, softmax_scale: Optional[float] = No
     return (out, lse) if return_lse else out
 
 
+def attention_traced(q, k, v, causal: bool = False, softmax_scale: Optional[float] = None,
+                     trace_cta: int = 0, **knobs):
+    """The instrumented build (KernelConfig.trace): returns (out, stamps), stamps an int64 CUDA
+    tensor of trace_layout.TRACE_WORDS words with clock64 stamps of CTA `trace_cta` (layout:
+    trace_layout.py; decode with fa4kernel.trace.decode). Knobs as attention()."""
+    import torch
+
+    from .config import trace_config
+    from .trace_layout import TRACE_WORDS
+
+    b, sq, sk, h, d, dtype = validate_tensors(q, k, v, causal, softmax_scale, False)
+    cfg = trace_config(make_config(dtype, d, causal, False, knobs))
+    validate_device(q, k, v)
+    out = torch.empty((b, sq, h, d), dtype=q.dtype, device=q.device)
+    stamps = torch.zeros((TRACE_WORDS,), dtype=torch.int64, device=q.device)
+    stamps[0] = int(trace_cta)
+    _run(cfg, q, k, v, out, None, softmax_scale, trace=stamps)
+    return out, stamps
+
+
 def _tvm_ffi_available() -> bool:
     try:
         import tvm_ffi  # noqa: F401
@@ -161,7 +191,7 @@ def _max_ctas(device) -> int:
     return _SM_COUNT[key]
 
 
-def _run(cfg: KernelConfig, q, k, v, out, lse, softmax_scale):
+def _run(cfg: KernelConfig, q, k, v, out, lse, softmax_scale, trace=None):
     """Launch into caller-provided out (b, s_q, h, d) and lse (b, h, s_q) or None.
 
     Fast path (apache-tvm-ffi installed, as on the device): the kernel is compiled once per
@@ -179,25 +209,31 @@ def _run(cfg: KernelConfig, q, k, v, out, lse, softmax_scale):
     if _USE_TVM_FFI is None:
         _USE_TVM_FFI = _tvm_ffi_available() and os.environ.get("FA4KERNEL_NO_TVM_FFI") != "1"
     fn = _CACHE.get(cfg)
+    if cfg.trace and trace is None:
+        raise ValueError("a trace build needs its stamps buffer (use attention_traced)")
     if _USE_TVM_FFI:
         if fn is None:
-            from .sm90_fwd import FlashFwdSm90
+            from .sm90_fwd import kernel_class
 
             t0 = time.perf_counter()
             fq, fk, fv, fo, flse = _fake_args(cfg)
+            extra = (_fake_trace(),) if cfg.trace else ()
             stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
             try:
-                    fn = cute.compile(FlashFwdSm90(cfg), fq, fk, fv, fo, flse, Float32(1.0), Int32(132),
-                                  stream, options="--enable-tvm-ffi")
+                    fn = cute.compile(kernel_class(cfg)(cfg), fq, fk, fv, fo, flse, Float32(1.0), Int32(132),
+                                  *extra, stream, options="--enable-tvm-ffi")
             except Exception as e:  # keep working through DLPack if the FFI path breaks
                 import warnings
 
                 warnings.warn(f"fa4kernel: TVM-FFI compile failed ({e!r:.200}); using DLPack path")
                 _USE_TVM_FFI = False
-                return _run(cfg, q, k, v, out, lse, softmax_scale)
+                return _run(cfg, q, k, v, out, lse, softmax_scale, trace)
             COMPILE_TIMES[cfg] = time.perf_counter() - t0
             _CACHE[cfg] = fn
-        fn(q, k, v, out, lse, scale_log2, _max_ctas(q.device))
+        if cfg.trace:
+            fn(q, k, v, out, lse, scale_log2, _max_ctas(q.device), trace)
+        else:
+            fn(q, k, v, out, lse, scale_log2, _max_ctas(q.device))
         return
 
     import torch
@@ -206,11 +242,13 @@ def _run(cfg: KernelConfig, q, k, v, out, lse, softmax_scale):
     args = [_to_cute(t, 3) for t in (q, k, v, out)]
     lse_c = _to_cute(lse, 2, align=4) if lse is not None else None
     stream = cuda.CUstream(torch.cuda.current_stream(q.device).cuda_stream)
+    extra = (_to_cute(trace, 0, align=16),) if cfg.trace else ()
     if fn is None:
-        from .sm90_fwd import FlashFwdSm90
+        from .sm90_fwd import kernel_class
 
         t0 = time.perf_counter()
-        fn = cute.compile(FlashFwdSm90(cfg), *args, lse_c, Float32(scale_log2), Int32(132), stream)
+        fn = cute.compile(kernel_class(cfg)(cfg), *args, lse_c, Float32(scale_log2), Int32(132),
+                          *extra, stream)
         COMPILE_TIMES[cfg] = time.perf_counter() - t0
         _CACHE[cfg] = fn
-    fn(*args, lse_c, Float32(scale_log2), Int32(_max_ctas(q.device)), stream)
+    fn(*args, lse_c, Float32(scale_log2), Int32(_max_ctas(q.device)), *extra, stream)

@@ -44,6 +44,12 @@ BAR_PINGPONG_BASE = 2  # 2, 3, 4: "consumer WG i may issue its GEMMs"
 BAR_P_SMEM_BASE = 5  # 5, 6, 7: P written to smem by all threads of WG i
 BAR_CONSUMERS = 8  # all consumer threads (epilogue hand-offs between persistent tiles)
 
+# instrumented build (KernelConfig.trace): buffer layout and op ids in trace_layout.py
+from .trace_layout import (  # noqa: E402
+    T_CVT, T_EXP, T_FIN, T_LK, T_LQ, T_LV, T_MASK, T_MAX, T_PP, T_PV, T_QK, T_RESC, T_ST,
+    T_WAIT_K, T_WAIT_PP, T_WAIT_V, TRACE_HEADER, TRACE_ITERS, TRACE_OPS, TRACE_TILES,
+)
+
 
 def _select(t: cute.Tensor, modes) -> cute.Tensor:
     return cute.make_tensor(t.iterator, cute.select(t.layout, mode=modes))
@@ -127,6 +133,29 @@ class FlashFwdSm90:
         # round-robin (measured on H200: hd128 16k causal 681 -> 592 TFLOP/s when persistent).
         self.persistent = cfg.separate_o and not cfg.causal
         self.emu_cols = emulated_columns(self.cols_per_thread, cfg.exp_emulation)
+        self.trace = bool(getattr(cfg, "trace", False))
+
+    # ------------------------------------------------------------------ trace build only
+    @cute.jit
+    def _tr_tile(self, mTrace, on, tile, role):
+        """Per-tile trace context (mTrace, on, local tile index, role), or None (normal build)."""
+        tr = None
+        if const_expr(self.trace):
+            local = Int32(0)
+            if const_expr(self.persistent):
+                local = (tile - cute.arch.block_idx()[0]) // cute.arch.grid_dim()[0]
+            tr = (mTrace, on, local, role)
+        return tr
+
+    @cute.jit
+    def _stamp(self, tr, op: cutlass.Constexpr, it, which: cutlass.Constexpr):
+        """clock64 -> start (which=0) or end (which=1) of `op` at KV iteration `it`."""
+        if const_expr(self.trace):
+            t = cute.arch.clock64()
+            mT, on, local, role = tr
+            if on & (it < TRACE_ITERS) & (local < TRACE_TILES):
+                mT[TRACE_HEADER + (((role * TRACE_TILES + local) * TRACE_ITERS + it) * TRACE_OPS + op) * 2
+                   + which] = t
 
     # ------------------------------------------------------------------ host side (traced)
     @cute.jit
@@ -141,6 +170,10 @@ class FlashFwdSm90:
         max_ctas: Int32,  # persistent grid size (number of SMs); >= #tiles = one tile per CTA
         stream,
     ):
+        self._host(mQ, mK, mV, mO, mLSE, softmax_scale_log2, max_ctas, stream, None)
+
+    @cute.jit
+    def _host(self, mQ, mK, mV, mO, mLSE, softmax_scale_log2, max_ctas, stream, mTrace):
         dtype = self.dtype
         # (s, d, h, b): the TMA box walks seqlen x head_dim of one (head, batch)
         mQ, mK, mV, mO = [_select(t, [1, 3, 2, 0]) for t in (mQ, mK, mV, mO)]
@@ -201,7 +234,7 @@ class FlashFwdSm90:
         self.kernel(
             tma_atom_Q, tma_Q, tma_atom_K, tma_K, tma_atom_V, tma_V, tma_atom_O, tma_O,
             mLSE, softmax_scale_log2, tiled_mma_qk, tiled_mma_pv,
-            sQ_layout, sK_layout, sV_layout, sP_layout,
+            sQ_layout, sK_layout, sV_layout, sP_layout, mTrace,
         ).launch(
             grid=grid,
             block=[self.num_threads, 1, 1],
@@ -264,8 +297,16 @@ class FlashFwdSm90:
         sK_layout: cute.ComposedLayout,
         sV_layout: cute.ComposedLayout,
         sP_layout,
+        mTrace,
     ):
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        tr_cta = None
+        if const_expr(self.trace):
+            tr_cta = cute.arch.block_idx()[0] == Int32(mTrace[0])
+            if tr_cta & (cute.arch.thread_idx()[0] == 0):
+                mTrace[1] = cute.arch.clock64()
+                mTrace[2] = cute.arch.globaltimer()
+                mTrace[5] = cutlass.Int64(cute.arch.grid_dim()[0])
         if warp_idx == 0:
             for atom in (tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_O):
                 cpasync.prefetch_descriptor(atom)
@@ -306,14 +347,14 @@ class FlashFwdSm90:
             cute.arch.setmaxregister_decrease(self.producer_regs)
             if warp_idx == 0:
                 self.producer(tma_atom_Q, mQ, tma_atom_K, mK, tma_atom_V, mV, sQ, sK, sV,
-                              pipe_q, pipe_k, pipe_v)
+                              pipe_q, pipe_k, pipe_v, mTrace, tr_cta)
         else:
             # ---------------------------------------------------------------- consumer WGs
             cute.arch.setmaxregister_increase(self.consumer_regs)
             self.consumer(
                 tma_atom_O, mO, mLSE, softmax_scale_log2, tiled_mma_qk, tiled_mma_pv,
                 sQ, sK, sV, sP, sO, pipe_q, pipe_k, pipe_v, mQ.shape[0], mK.shape[0],
-                mQ.shape[2], mQ.shape[3],
+                mQ.shape[2], mQ.shape[3], mTrace, tr_cta,
             )
 
     @cute.jit
@@ -330,32 +371,36 @@ class FlashFwdSm90:
 
     @cute.jit
     def producer(self, tma_atom_Q, mQ, tma_atom_K, mK, tma_atom_V, mV, sQ, sK, sV,
-                 pipe_q, pipe_k, pipe_v):
+                 pipe_q, pipe_k, pipe_v, mTrace=None, tr_cta=None):
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
         q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
         seqlen_q = mQ.shape[0]
         seqlen_k = mK.shape[0]
         num_tiles = cute.ceil_div(seqlen_q, self.tile_m) * mQ.shape[2] * mQ.shape[3]
         tile = cute.arch.block_idx()[0]
+        tr_on = None
+        if const_expr(self.trace):
+            tr_on = tr_cta & (cute.arch.thread_idx()[0] == 0)
         if const_expr(self.persistent):
             while tile < num_tiles:
                 m_block, head, batch = self._tile_coords(tile, seqlen_q, seqlen_k, mQ.shape[2], mQ.shape[3])
                 n_block_max, _ = self._kv_block_range(m_block, seqlen_q, seqlen_k)
                 kv_state, q_state = self._produce_tile(
                     tma_atom_Q, mQ, tma_atom_K, mK, tma_atom_V, mV, sQ, sK, sV,
-                    pipe_q, pipe_k, pipe_v, m_block, head, batch, n_block_max, kv_state, q_state)
+                    pipe_q, pipe_k, pipe_v, m_block, head, batch, n_block_max, kv_state, q_state,
+                    self._tr_tile(mTrace, tr_on, tile, Int32(0)))
                 tile += cute.arch.grid_dim()[0]
         else:
             m_block, head, batch = self._tile_coords(tile, seqlen_q, seqlen_k, mQ.shape[2], mQ.shape[3])
             n_block_max, _ = self._kv_block_range(m_block, seqlen_q, seqlen_k)
             self._produce_tile(tma_atom_Q, mQ, tma_atom_K, mK, tma_atom_V, mV, sQ, sK, sV,
                                pipe_q, pipe_k, pipe_v, m_block, head, batch, n_block_max,
-                               kv_state, q_state)
+                               kv_state, q_state, self._tr_tile(mTrace, tr_on, tile, Int32(0)))
 
     @cute.jit
     def _produce_tile(
         self, tma_atom_Q, mQ, tma_atom_K, mK, tma_atom_V, mV, sQ, sK, sV,
-        pipe_q, pipe_k, pipe_v, m_block, head, batch, n_block_max, kv_state, q_state,
+        pipe_q, pipe_k, pipe_v, m_block, head, batch, n_block_max, kv_state, q_state, tr=None,
     ):
         gQ = cute.local_tile(mQ[None, None, head, batch], (self.tile_m, self.hd), (m_block, 0))
         gK = cute.local_tile(mK[None, None, head, batch], (self.tile_n, self.hd), (None, 0))
@@ -368,27 +413,47 @@ class FlashFwdSm90:
             tma_atom_V, 0, cute.make_layout(1), cute.group_modes(sV, 0, 2), cute.group_modes(gV, 0, 2))
 
         # K of the first block goes before Q's so both land together (QK needs both).
+        # trace build: iteration it = n_block_max - 1 - n (the consumers' KV iteration);
+        # T_WAIT_K/V = the wait for an empty stage, T_LK/LV = issue of the TMA.
         n_block = n_block_max - 1
+        self._stamp(tr, T_WAIT_K, Int32(0), 0)
         pipe_k.producer_acquire(kv_state)
+        self._stamp(tr, T_WAIT_K, Int32(0), 1)
+        self._stamp(tr, T_LK, Int32(0), 0)
         cute.copy(tma_atom_K, tKgK[None, n_block], tKsK[None, kv_state.index],
                   tma_bar_ptr=pipe_k.producer_get_barrier(kv_state))
+        self._stamp(tr, T_LK, Int32(0), 1)
         pipe_q.producer_acquire(q_state)  # the consumers released the previous tile's Q
+        self._stamp(tr, T_LQ, Int32(0), 0)
         cute.copy(tma_atom_Q, tQgQ, tQsQ, tma_bar_ptr=pipe_q.producer_get_barrier(q_state))
+        self._stamp(tr, T_LQ, Int32(0), 1)
         q_state.advance()
         if const_expr(not self.overlap):
             # consumer order: K(j), V(j), K(j-1), V(j-1), ...
+            self._stamp(tr, T_WAIT_V, Int32(0), 0)
             pipe_v.producer_acquire(kv_state)
+            self._stamp(tr, T_WAIT_V, Int32(0), 1)
+            self._stamp(tr, T_LV, Int32(0), 0)
             cute.copy(tma_atom_V, tVgV[None, n_block], tVsV[None, kv_state.index],
                       tma_bar_ptr=pipe_v.producer_get_barrier(kv_state))
+            self._stamp(tr, T_LV, Int32(0), 1)
             kv_state.advance()
             for i in cutlass.range(n_block_max - 1, unroll=1):
                 n = n_block_max - 2 - i
+                self._stamp(tr, T_WAIT_K, i + 1, 0)
                 pipe_k.producer_acquire(kv_state)
+                self._stamp(tr, T_WAIT_K, i + 1, 1)
+                self._stamp(tr, T_LK, i + 1, 0)
                 cute.copy(tma_atom_K, tKgK[None, n], tKsK[None, kv_state.index],
                           tma_bar_ptr=pipe_k.producer_get_barrier(kv_state))
+                self._stamp(tr, T_LK, i + 1, 1)
+                self._stamp(tr, T_WAIT_V, i + 1, 0)
                 pipe_v.producer_acquire(kv_state)
+                self._stamp(tr, T_WAIT_V, i + 1, 1)
+                self._stamp(tr, T_LV, i + 1, 0)
                 cute.copy(tma_atom_V, tVgV[None, n], tVsV[None, kv_state.index],
                           tma_bar_ptr=pipe_v.producer_get_barrier(kv_state))
+                self._stamp(tr, T_LV, i + 1, 1)
                 kv_state.advance()
         else:
             # intra-WG overlap consumes K(j) before V(j+1): load K(j-1) then V(j).
@@ -396,15 +461,27 @@ class FlashFwdSm90:
                 n_prev = n_block_max - 1 - i
                 v_state = kv_state.clone()
                 kv_state.advance()
+                self._stamp(tr, T_WAIT_K, i + 1, 0)
                 pipe_k.producer_acquire(kv_state)
+                self._stamp(tr, T_WAIT_K, i + 1, 1)
+                self._stamp(tr, T_LK, i + 1, 0)
                 cute.copy(tma_atom_K, tKgK[None, n_prev - 1], tKsK[None, kv_state.index],
                           tma_bar_ptr=pipe_k.producer_get_barrier(kv_state))
+                self._stamp(tr, T_LK, i + 1, 1)
+                self._stamp(tr, T_WAIT_V, i, 0)
                 pipe_v.producer_acquire(v_state)
+                self._stamp(tr, T_WAIT_V, i, 1)
+                self._stamp(tr, T_LV, i, 0)
                 cute.copy(tma_atom_V, tVgV[None, n_prev], tVsV[None, v_state.index],
                           tma_bar_ptr=pipe_v.producer_get_barrier(v_state))
+                self._stamp(tr, T_LV, i, 1)
+            self._stamp(tr, T_WAIT_V, n_block_max - 1, 0)
             pipe_v.producer_acquire(kv_state)
+            self._stamp(tr, T_WAIT_V, n_block_max - 1, 1)
+            self._stamp(tr, T_LV, n_block_max - 1, 0)
             cute.copy(tma_atom_V, tVgV[None, 0], tVsV[None, kv_state.index],
                       tma_bar_ptr=pipe_v.producer_get_barrier(kv_state))
+            self._stamp(tr, T_LV, n_block_max - 1, 1)
             kv_state.advance()
         return kv_state, q_state
 
@@ -458,45 +535,72 @@ class FlashFwdSm90:
                 s[r, c] = -Float32.inf if t0ScS[0, c][1] >= limit else s[r, c]
 
     @cute.jit
-    def _softmax(self, acc_S, row_max, row_sum, scale_log2, is_first: cutlass.Constexpr):
+    def _softmax(self, acc_S, row_max, row_sum, scale_log2, is_first: cutlass.Constexpr,
+                 tr=None, it=None):
         """Online softmax of one S block in place (S -> P, unnormalised); returns per-row scale
         for O. Row max: 4-way FMNMX chains + 2 quad shuffles. row_sum stays a per-thread
-        partial sum (quad-reduced once at the end)."""
+        partial sum (quad-reduced once at the end). Trace build: all rows' max first, a stamp
+        (MAX end / EXP start), then all rows' exp2 (same arithmetic, rows in two passes)."""
         s = _mn_view(acc_S)
-        ncol = cute.size(s, mode=[1])
         row_scale = cute.make_rmem_tensor_like(row_max, Float32)
-        for r in cutlass.range_constexpr(cute.size(s, mode=[0])):
-            m = [s[r, 0], s[r, 1], s[r, 2], s[r, 3]]
-            for c in cutlass.range_constexpr(4, ncol):
-                m[c % 4] = cute.arch.fmax(m[c % 4], s[r, c])
-            cur = cute.arch.fmax(cute.arch.fmax(m[0], m[1]), cute.arch.fmax(m[2], m[3]))
-            if const_expr(not is_first):
-                cur = cute.arch.fmax(cur, row_max[r])
-            cur = cute.arch.fmax(cur, cute.arch.shuffle_sync_bfly(cur, offset=1))
-            cur = cute.arch.fmax(cur, cute.arch.shuffle_sync_bfly(cur, offset=2))
-            if const_expr(is_first):
-                row_max[r] = cur
-                max_scaled = (cur if cur != -Float32.inf else Float32(0.0)) * scale_log2
-                row_scale[r] = Float32(1.0)
-            else:
-                kept, max_scaled, acc_scale = update_row_max(row_max[r], cur, scale_log2, self.tau)
-                row_max[r] = kept
-                row_scale[r] = acc_scale
-            acc = [Float32(0.0), Float32(0.0), Float32(0.0), Float32(0.0)]
-            for c in cutlass.range_constexpr(ncol):
-                x = s[r, c] * scale_log2 - max_scaled
-                if const_expr(c in self.emu_cols):
-                    p = exp2_emulated(x)
-                else:
-                    p = cute.math.exp2(x, fastmath=True)
-                s[r, c] = p
-                acc[c % 4] = acc[c % 4] + p
-            total = (acc[0] + acc[1]) + (acc[2] + acc[3])
-            if const_expr(is_first):
-                row_sum[r] = total
-            else:
-                row_sum[r] = row_sum[r] * row_scale[r] + total
+        if const_expr(self.trace):
+            max_scaled = cute.make_rmem_tensor_like(row_max, Float32)
+            for r in cutlass.range_constexpr(cute.size(s, mode=[0])):
+                max_scaled[r] = self._row_max(s, r, row_max, row_scale, scale_log2, is_first)
+            self._stamp(tr, T_MAX, it, 1)
+            self._stamp(tr, T_EXP, it, 0)
+            for r in cutlass.range_constexpr(cute.size(s, mode=[0])):
+                self._row_exp(s, r, max_scaled[r], row_sum, row_scale, scale_log2, is_first)
+        else:
+            for r in cutlass.range_constexpr(cute.size(s, mode=[0])):
+                max_scaled = self._row_max(s, r, row_max, row_scale, scale_log2, is_first)
+                self._row_exp(s, r, max_scaled, row_sum, row_scale, scale_log2, is_first)
         return row_scale
+
+    @cute.jit
+    def _row_max(self, s, r: cutlass.Constexpr, row_max, row_scale, scale_log2,
+                 is_first: cutlass.Constexpr):
+        """Row r's new max (kept in row_max, scale in row_scale); returns max * scale_log2."""
+        ncol = cute.size(s, mode=[1])
+        m = [s[r, 0], s[r, 1], s[r, 2], s[r, 3]]
+        for c in cutlass.range_constexpr(4, ncol):
+            m[c % 4] = cute.arch.fmax(m[c % 4], s[r, c])
+        cur = cute.arch.fmax(cute.arch.fmax(m[0], m[1]), cute.arch.fmax(m[2], m[3]))
+        if const_expr(not is_first):
+            cur = cute.arch.fmax(cur, row_max[r])
+        cur = cute.arch.fmax(cur, cute.arch.shuffle_sync_bfly(cur, offset=1))
+        cur = cute.arch.fmax(cur, cute.arch.shuffle_sync_bfly(cur, offset=2))
+        max_scaled = Float32(0.0)
+        if const_expr(is_first):
+            row_max[r] = cur
+            max_scaled = (cur if cur != -Float32.inf else Float32(0.0)) * scale_log2
+            row_scale[r] = Float32(1.0)
+        else:
+            kept, ms, acc_scale = update_row_max(row_max[r], cur, scale_log2, self.tau)
+            max_scaled = ms
+            row_max[r] = kept
+            row_scale[r] = acc_scale
+        return max_scaled
+
+    @cute.jit
+    def _row_exp(self, s, r: cutlass.Constexpr, max_scaled, row_sum, row_scale, scale_log2,
+                 is_first: cutlass.Constexpr):
+        """Row r: P = exp2(S * scale_log2 - max_scaled) in place, row_sum update."""
+        ncol = cute.size(s, mode=[1])
+        acc = [Float32(0.0), Float32(0.0), Float32(0.0), Float32(0.0)]
+        for c in cutlass.range_constexpr(ncol):
+            x = s[r, c] * scale_log2 - max_scaled
+            if const_expr(c in self.emu_cols):
+                p = exp2_emulated(x)
+            else:
+                p = cute.math.exp2(x, fastmath=True)
+            s[r, c] = p
+            acc[c % 4] = acc[c % 4] + p
+        total = (acc[0] + acc[1]) + (acc[2] + acc[3])
+        if const_expr(is_first):
+            row_sum[r] = total
+        else:
+            row_sum[r] = row_sum[r] * row_scale[r] + total
 
     @cute.jit
     def _rescale_o(self, acc_O, row_scale):
@@ -533,9 +637,13 @@ class FlashFwdSm90:
     def consumer(
         self, tma_atom_O, mO, mLSE, scale_log2, tiled_mma_qk, tiled_mma_pv,
         sQ, sK, sV, sP, sO, pipe_q, pipe_k, pipe_v, seqlen_q, seqlen_k, num_heads, num_batch,
+        mTrace=None, tr_cta=None,
     ):
         tidx = cute.arch.thread_idx()[0] - 128
         wg_idx = cute.arch.make_warp_uniform(tidx // 128)
+        tr_on = None
+        if const_expr(self.trace):
+            tr_on = tr_cta & (tidx % 128 == 0)
         wg_slice = wg_idx * 128
         thr_mma_qk = tiled_mma_qk.get_slice(tidx)
         wg_mma_qk = tiled_mma_qk.get_slice(wg_slice)
@@ -585,7 +693,8 @@ class FlashFwdSm90:
                     tma_atom_O, mO, mLSE, scale_log2, tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrVt,
                     tOrP, s_shape, acc_O, row_max, row_sum, smem_thr_copy_P, tPsP, tScS, t0ScS,
                     sO, pipe_q, pipe_k, pipe_v, m_block, head, batch, n_block_max, n_unmasked,
-                    seqlen_q, seqlen_k, tidx, wg_idx, rows, kv_state, q_state)
+                    seqlen_q, seqlen_k, tidx, wg_idx, rows, kv_state, q_state,
+                    self._tr_tile(mTrace, tr_on, tile, 1 + wg_idx))
                 tile += cute.arch.grid_dim()[0]
         else:
             m_block, head, batch = self._tile_coords(tile, seqlen_q, seqlen_k, num_heads, num_batch)
@@ -594,14 +703,20 @@ class FlashFwdSm90:
                 tma_atom_O, mO, mLSE, scale_log2, tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrVt,
                 tOrP, s_shape, acc_O, row_max, row_sum, smem_thr_copy_P, tPsP, tScS, t0ScS,
                 sO, pipe_q, pipe_k, pipe_v, m_block, head, batch, n_block_max, n_unmasked,
-                seqlen_q, seqlen_k, tidx, wg_idx, rows, kv_state, q_state)
+                seqlen_q, seqlen_k, tidx, wg_idx, rows, kv_state, q_state,
+                self._tr_tile(mTrace, tr_on, tile, 1 + wg_idx))
+        if const_expr(self.trace):
+            # kernel end: warp 4 lane 0 has waited for this CTA's last O store
+            if tr_cta & (tidx == 0):
+                mTrace[3] = cute.arch.clock64()
+                mTrace[4] = cute.arch.globaltimer()
 
     @cute.jit
     def _consume_tile(
         self, tma_atom_O, mO, mLSE, scale_log2, tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrVt,
         tOrP, s_shape, acc_O, row_max, row_sum, smem_thr_copy_P, tPsP, tScS, t0ScS,
         sO, pipe_q, pipe_k, pipe_v, m_block, head, batch, n_block_max, n_unmasked,
-        seqlen_q, seqlen_k, tidx, wg_idx, rows, kv_state, q_state,
+        seqlen_q, seqlen_k, tidx, wg_idx, rows, kv_state, q_state, tr=None,
     ):
         acc_O.fill(0.0)
         pipe_q.consumer_wait(q_state)
@@ -617,37 +732,54 @@ class FlashFwdSm90:
 
         if const_expr(self.overlap):
             # first block: S only; its PV is issued together with the next block's S
+            self._stamp(tr, T_WAIT_K, Int32(0), 0)
             pipe_k.consumer_wait(kv_state)
+            self._stamp(tr, T_WAIT_K, Int32(0), 1)
             acc_S = cute.make_rmem_tensor(s_shape, Float32)
+            self._stamp(tr, T_QK, Int32(0), 0)
             self._gemm(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, kv_state.index], True, 0)
+            self._stamp(tr, T_QK, Int32(0), 1)
             pipe_k.consumer_release(kv_state)
+            self._stamp(tr, T_MASK, Int32(0), 0)
             self._apply_mask(acc_S, tScS, t0ScS, m_block, n_block_max - 1, seqlen_q, seqlen_k,
                              True, self.causal)
-            self._softmax(acc_S, row_max, row_sum, scale_log2, True)
+            self._stamp(tr, T_MASK, Int32(0), 1)
+            self._stamp(tr, T_MAX, Int32(0), 0)
+            self._softmax(acc_S, row_max, row_sum, scale_log2, True, tr, Int32(0))
+            self._stamp(tr, T_EXP, Int32(0), 1)
+            self._stamp(tr, T_CVT, Int32(0), 0)
             self._store_p(acc_S, tOrP, smem_thr_copy_P, tPsP, wg_idx)
+            self._stamp(tr, T_CVT, Int32(0), 1)
             for i in cutlass.range(n_masked_extra, unroll=1):
-                kv_state = self._block_overlap(ctx, kv_state, n_block_max - 2 - i, True)
+                kv_state = self._block_overlap(ctx, kv_state, n_block_max - 2 - i, True, tr, 1 + i)
             for i in cutlass.range(n_plain, unroll=1):
-                kv_state = self._block_overlap(ctx, kv_state, n_block_max - 2 - n_masked_extra - i, False)
+                kv_state = self._block_overlap(ctx, kv_state, n_block_max - 2 - n_masked_extra - i, False,
+                                               tr, 1 + n_masked_extra + i)
             if const_expr(self.separate_o):
                 pipe_q.consumer_release(q_state)  # all QK GEMMs of this tile are done
             # last PV
+            self._stamp(tr, T_WAIT_V, n_block_max - 1, 0)
             pipe_v.consumer_wait(kv_state)
+            self._stamp(tr, T_WAIT_V, n_block_max - 1, 1)
+            self._stamp(tr, T_PV, n_block_max - 1, 0)
             self._gemm(tiled_mma_pv, acc_O, tOrP, tOrVt[None, None, None, kv_state.index], False, 0)
+            self._stamp(tr, T_PV, n_block_max - 1, 1)
             pipe_v.consumer_release(kv_state)
             kv_state.advance()
         else:
             self._pp_sync(wg_idx)
-            kv_state = self._block_serial(ctx, kv_state, n_block_max - 1, True, True)
+            kv_state = self._block_serial(ctx, kv_state, n_block_max - 1, True, True, tr, Int32(0))
             for i in cutlass.range(n_masked_extra, unroll=1):
-                kv_state = self._block_serial(ctx, kv_state, n_block_max - 2 - i, False, True)
+                kv_state = self._block_serial(ctx, kv_state, n_block_max - 2 - i, False, True, tr, 1 + i)
             for i in cutlass.range(n_plain, unroll=1):
-                kv_state = self._block_serial(ctx, kv_state, n_block_max - 2 - n_masked_extra - i, False, False)
+                kv_state = self._block_serial(ctx, kv_state, n_block_max - 2 - n_masked_extra - i, False, False,
+                                              tr, 1 + n_masked_extra + i)
             self._pp_arrive(wg_idx)
             if const_expr(self.separate_o):
                 pipe_q.consumer_release(q_state)
 
         # ---- finalize: O /= row_sum, LSE
+        self._stamp(tr, T_FIN, n_block_max - 1, 0)
         o = _mn_view(acc_O)
         lse = cute.make_rmem_tensor(rows, Float32)
         for r in cutlass.range_constexpr(rows):
@@ -661,8 +793,12 @@ class FlashFwdSm90:
             for c in cutlass.range(cute.size(o, mode=[1]), unroll_full=True):
                 o[r, c] = o[r, c] * inv
 
+        tr_epi = None
+        if const_expr(self.trace):
+            tr_epi = (tr[0], tr[1], tr[2], Int32(1 + self.num_wg))
         self._epilogue(acc_O, lse, tma_atom_O, mO, mLSE, tiled_mma_pv, sO, tidx, m_block, head,
-                       batch, seqlen_q)
+                       batch, seqlen_q, tr_epi, n_block_max - 1)
+        self._stamp(tr, T_FIN, n_block_max - 1, 1)
         if const_expr(self.persistent and not self.separate_o):
             # O went out through Q's buffer: hand it back only once the TMA store has read it
             cute.arch.barrier(barrier_id=BAR_CONSUMERS, number_of_threads=self.num_consumer_threads)
@@ -671,59 +807,103 @@ class FlashFwdSm90:
         return kv_state, q_state
 
     @cute.jit
-    def _block_overlap(self, ctx, kv_state, n_block, mask_causal: cutlass.Constexpr):
+    def _block_overlap(self, ctx, kv_state, n_block, mask_causal: cutlass.Constexpr, tr=None, it=None):
         (tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrVt, tOrP, s_shape, acc_O, row_max, row_sum,
          scale_log2, smem_thr_copy_P, tPsP, tScS, t0ScS, pipe_k, pipe_v, m_block, seqlen_q,
          seqlen_k, wg_idx) = ctx
         v_state = kv_state.clone()
         kv_state.advance()
+        # trace build: this body issues QK of iteration `it` and PV of iteration it - 1
+        it_pv = None
+        if const_expr(self.trace):
+            it_pv = it - 1
+        self._stamp(tr, T_WAIT_K, it, 0)
         pipe_k.consumer_wait(kv_state)
+        self._stamp(tr, T_WAIT_K, it, 1)
+        self._stamp(tr, T_WAIT_PP, it, 0)
         self._pp_sync(wg_idx)
+        self._stamp(tr, T_WAIT_PP, it, 1)
         acc_S = cute.make_rmem_tensor(s_shape, Float32)
+        self._stamp(tr, T_QK, it, 0)
         self._gemm(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, kv_state.index], True, -1)
+        self._stamp(tr, T_WAIT_V, it_pv, 0)
         pipe_v.consumer_wait(v_state)
+        self._stamp(tr, T_WAIT_V, it_pv, 1)
+        self._stamp(tr, T_PV, it_pv, 0)
         self._gemm(tiled_mma_pv, acc_O, tOrP, tOrVt[None, None, None, v_state.index], False, -1)
+        self._stamp(tr, T_PP, it, 0)
         self._pp_arrive(wg_idx)
+        self._stamp(tr, T_PP, it, 1)
         warpgroup.wait_group(1)  # S ready; PV may still run
+        self._stamp(tr, T_QK, it, 1)
         pipe_k.consumer_release(kv_state)
         if const_expr(mask_causal):
+            self._stamp(tr, T_MASK, it, 0)
             self._apply_mask(acc_S, tScS, t0ScS, m_block, n_block, seqlen_q, seqlen_k, False, True)
-        row_scale = self._softmax(acc_S, row_max, row_sum, scale_log2, False)
+            self._stamp(tr, T_MASK, it, 1)
+        self._stamp(tr, T_MAX, it, 0)
+        row_scale = self._softmax(acc_S, row_max, row_sum, scale_log2, False, tr, it)
+        self._stamp(tr, T_EXP, it, 1)
         warpgroup.wait_group(0)  # PV done: O and the P buffer are free
+        self._stamp(tr, T_PV, it_pv, 1)
         pipe_v.consumer_release(v_state)
+        self._stamp(tr, T_CVT, it, 0)
         self._store_p(acc_S, tOrP, smem_thr_copy_P, tPsP, wg_idx)
+        self._stamp(tr, T_CVT, it, 1)
+        self._stamp(tr, T_RESC, it, 0)
         self._rescale_o(acc_O, row_scale)
+        self._stamp(tr, T_RESC, it, 1)
         return kv_state
 
     @cute.jit
     def _block_serial(self, ctx, kv_state, n_block, is_first: cutlass.Constexpr,
-                      mask: cutlass.Constexpr):
+                      mask: cutlass.Constexpr, tr=None, it=None):
         (tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrVt, tOrP, s_shape, acc_O, row_max, row_sum,
          scale_log2, smem_thr_copy_P, tPsP, tScS, t0ScS, pipe_k, pipe_v, m_block, seqlen_q,
          seqlen_k, wg_idx) = ctx
+        self._stamp(tr, T_WAIT_K, it, 0)
         pipe_k.consumer_wait(kv_state)
+        self._stamp(tr, T_WAIT_K, it, 1)
         acc_S = cute.make_rmem_tensor(s_shape, Float32)
+        self._stamp(tr, T_QK, it, 0)
         self._gemm(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, kv_state.index], True, -1)
+        self._stamp(tr, T_PP, it, 0)
         self._pp_arrive(wg_idx)
+        self._stamp(tr, T_PP, it, 1)
         warpgroup.wait_group(0)
+        self._stamp(tr, T_QK, it, 1)
         pipe_k.consumer_release(kv_state)
         if const_expr(mask):
+            self._stamp(tr, T_MASK, it, 0)
             self._apply_mask(acc_S, tScS, t0ScS, m_block, n_block, seqlen_q, seqlen_k,
                              is_first, self.causal)
-        row_scale = self._softmax(acc_S, row_max, row_sum, scale_log2, is_first)
+            self._stamp(tr, T_MASK, it, 1)
+        self._stamp(tr, T_MAX, it, 0)
+        row_scale = self._softmax(acc_S, row_max, row_sum, scale_log2, is_first, tr, it)
+        self._stamp(tr, T_EXP, it, 1)
+        self._stamp(tr, T_CVT, it, 0)
         self._store_p(acc_S, tOrP, smem_thr_copy_P, tPsP, wg_idx)
+        self._stamp(tr, T_CVT, it, 1)
         if const_expr(not is_first):
+            self._stamp(tr, T_RESC, it, 0)
             self._rescale_o(acc_O, row_scale)
+            self._stamp(tr, T_RESC, it, 1)
+        self._stamp(tr, T_WAIT_V, it, 0)
         pipe_v.consumer_wait(kv_state)
+        self._stamp(tr, T_WAIT_V, it, 1)
+        self._stamp(tr, T_WAIT_PP, it, 0)
         self._pp_sync(wg_idx)
+        self._stamp(tr, T_WAIT_PP, it, 1)
+        self._stamp(tr, T_PV, it, 0)
         self._gemm(tiled_mma_pv, acc_O, tOrP, tOrVt[None, None, None, kv_state.index], False, 0)
+        self._stamp(tr, T_PV, it, 1)
         pipe_v.consumer_release(kv_state)
         kv_state.advance()
         return kv_state
 
     @cute.jit
     def _epilogue(self, acc_O, lse, tma_atom_O, mO, mLSE, tiled_mma_pv, sO, tidx, m_block, head,
-                  batch, seqlen_q):
+                  batch, seqlen_q, tr=None, it=None):
         thr_mma_pv = tiled_mma_pv.get_slice(tidx)
         # LSE straight from registers: the thread holding column 0 of a row writes it.
         if const_expr(mLSE is not None):
@@ -754,9 +934,40 @@ class FlashFwdSm90:
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         if warp_idx == 4:
             cute.arch.barrier(barrier_id=BAR_EPILOGUE, number_of_threads=self.num_consumer_threads + 32)
+            self._stamp(tr, T_ST, it, 0)
             gO = cute.local_tile(mO[None, None, head, batch], (self.tile_m, self.hd), (m_block, 0))
             tOsO, tOgO = cpasync.tma_partition(
                 tma_atom_O, 0, cute.make_layout(1), cute.group_modes(sO, 0, 2), cute.group_modes(gO, 0, 2))
             cute.copy(tma_atom_O, tOsO, tOgO)
             cute.arch.cp_async_bulk_commit_group()
             cute.arch.cp_async_bulk_wait_group(0, read=True)
+            self._stamp(tr, T_ST, it, 1)
+
+
+class FlashFwdSm90Trace(FlashFwdSm90):
+    """The instrumented build (cfg.trace): same kernel plus clock64 stamps of one CTA into
+    mTrace, an int64 tensor of TRACE_WORDS elements whose element 0 names the CTA (blockIdx.x)
+    to trace. Layout: trace_layout.py."""
+
+    def __init__(self, cfg: KernelConfig):
+        assert cfg.trace, "FlashFwdSm90Trace needs a KernelConfig with trace=True"
+        super().__init__(cfg)
+
+    @cute.jit
+    def __call__(
+        self,
+        mQ: cute.Tensor,
+        mK: cute.Tensor,
+        mV: cute.Tensor,
+        mO: cute.Tensor,
+        mLSE,
+        softmax_scale_log2: Float32,
+        max_ctas: Int32,
+        mTrace: cute.Tensor,  # (TRACE_WORDS,) int64
+        stream,
+    ):
+        self._host(mQ, mK, mV, mO, mLSE, softmax_scale_log2, max_ctas, stream, mTrace)
+
+
+def kernel_class(cfg: KernelConfig):
+    return FlashFwdSm90Trace if cfg.trace else FlashFwdSm90

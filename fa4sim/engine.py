@@ -18,6 +18,8 @@ The engine knows nothing about attention. It is given a `Schedule`:
   while a single issuer stays in order. A unit named in `issue_depth` accepts an asynchronous
   piece only while fewer than that many of its pieces are queued or running: the issuer stalls,
   as a warp does when the tensor core's instruction queue is full, and two issuers alternate.
+  A unit named in `interference` serves a piece at a reduced rate when it starts while another
+  unit is busy (measured on Hopper: warps issue and MUFU run slower beside a running wgmma).
 * **edges**: `src -> dst`: an instance of dst may not issue before the matching instance of src
   has completed (plus `lag` cycles of signalling, e.g. an mbarrier). `distance` d > 0 makes the
   edge loop-carried: iteration g waits for iteration g - d (counted across tiles, as a
@@ -98,6 +100,9 @@ class Schedule:
     marker: str
     meta: dict = field(default_factory=dict)
     issue_depth: dict = field(default_factory=dict)  # unit -> max outstanding async pieces
+    # unit -> (other unit, factor): a piece on `unit` that starts while `other unit` is busy runs
+    # at `factor` of its rate (Hopper: softmax pipes slow down while wgmma runs)
+    interference: dict = field(default_factory=dict)
 
     def __post_init__(self):
         self.validate()
@@ -131,6 +136,9 @@ class Schedule:
                     raise InputError("schedule", f"edge {e.src}->{e.dst} names unknown op {end!r}")
             if e.distance < 0 or e.per not in ("iter", "tile") or e.kind not in EDGE_KINDS:
                 raise InputError("schedule", f"edge {e.src}->{e.dst}: bad distance, per or kind")
+        for u, (cause, factor) in self.interference.items():
+            if u not in self.units or cause not in self.units or not 0 < factor <= 1:
+                raise InputError("schedule", f"interference {u} <- {cause}: both must be units, factor in (0, 1]")
         if self.marker not in self._index or self.op(self.marker).when != "all":
             raise InputError("schedule", f"marker {self.marker!r} must be an op that runs every iteration")
 
@@ -286,12 +294,18 @@ def simulate(schedule: Schedule, tiles: Sequence[int]) -> Trace:
         first, last = float("inf"), now
         for unit, cycles in op.uses:
             if cycles > 0:
-                s, e = units[unit].reserve(now, cycles * share)
+                cycles *= share
+                if unit in slowdown:
+                    cause, factor = slowdown[unit]
+                    if max(units[cause].free) > max(now, units[unit].free[0]):
+                        cycles /= factor
+                s, e = units[unit].reserve(now, cycles)
                 busy.append(Busy(unit, s, e, rec))
                 first, last = min(first, s), max(last, e)
         return (now if first == float("inf") else first), last
 
     depth = schedule.issue_depth
+    slowdown = {u: v for u, v in schedule.interference.items() if v[1] < 1.0}
 
     def wait_for_room(op):
         """Stall an async issue while a gated unit's queue is full; re-check after waking."""

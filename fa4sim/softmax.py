@@ -62,6 +62,15 @@ def exp2_phase(hw, elements: float, emulated_fraction: float) -> dict[str, float
     return out
 
 
+def warp_issue(hw, part: dict[str, float], role: str, warps: int = 4) -> dict[str, float]:
+    """Add the role's own issue limit: its `warps` warps (one per scheduler) each issue at most
+    warp_issue_ipc instructions per clock, whatever the SM's other warps leave free."""
+    if "issue" not in part:
+        return part
+    own = part["issue"] * hw.issue_per_clk / (warps * hw.warp_issue_ipc)
+    return {**part, f"issue:{role}": own}
+
+
 def add(*parts: dict[str, float]) -> dict[str, float]:
     """Sum unit-cycle dicts (phases that pipeline within one op)."""
     out: dict[str, float] = {}

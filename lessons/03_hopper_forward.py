@@ -146,41 +146,42 @@ kit.gantt(simulate("h100", "fa3", hd64, {"pingpong": False}), iterations=5,
           title="fa3 on h100 (datasheet), hd64, ping-pong OFF: the three warpgroups' GEMMs collide, then all wait for softmax")
 
 # %% [markdown]
-# With the measured profile the tricks hardly matter anywhere. Which number makes the
-# difference? Mostly one: `mma_queue_depth`, how many wgmma instructions the tensor core accepts
-# ahead of execution before the issuing warp stalls. The datasheet profile guesses 2; our H100
-# microbenchmark measured 7 (`h200-measured` still carries the guess of 2, because that
-# benchmark has not run on the H200 yet). With a deep queue, a warpgroup can issue its GEMMs and
-# walk away to do softmax, whatever the other warpgroup does: the hardware does the ping-pong.
+# The measured profile tells a different story from the datasheet one. Three measured mechanisms
+# separate them (benchmarks/calibrate/, H100, 2026-11-22):
 #
-# One oddity worth a second look: with the datasheet profile at hd64, turning intra-warpgroup
-# overlap *off* is slightly faster than the default, and ping-pong off hurts much less once
-# overlap is also off. A real interaction of the two tricks, or a gap in the model? Only a
-# measurement at hd64 can say.
+# - the **clock** under wgmma + softmax load is 1.555 GHz, not the rated 1.83;
+# - **contention**: while a wgmma runs, the softmax warps beside it issue at about half their
+#   rate and the MUFU at 75 % (on Hopper the accumulator lives in the register file the softmax
+#   also uses; `issue_under_mma`, `warp_issue_under_mma`, `mufu_under_mma`);
+# - a **warp's own issue rate** on a softmax-like instruction mix is 0.47 instructions per clock
+#   (`warp_issue_ipc`): one warp per scheduler cannot hide its own dependencies.
 #
-# ### Exercise 3.2: change one number
-# On the `h100-measured` profile at hd64, what is the smallest `mma_queue_depth` at which
-# turning ping-pong off costs less than 2 %? Predict, then let the check sweep it.
+# With contention the softmax no longer hides behind the other warpgroup's GEMMs for free, so
+# ping-pong and intra-warpgroup overlap matter again, and exp2 emulation (more instructions for
+# the same exps) costs time, as the measurements in section 3 show.
+#
+# ### Exercise 3.2: which mechanism costs the most?
+# At hd128, 8k, which of the three costs the most TFLOP/s on `h100-measured`: `"clock"`,
+# `"contention"` or `"warp_ipc"`? Predict, then let the check undo each one in turn (setting it
+# back to its datasheet value) and compare.
 
 # %%
-min_queue_depth = None  # <- your answer (an integer)
+biggest = None  # <- your answer: "clock", "contention" or "warp_ipc"
 
 # %%
 # SOLUTION (try the exercise first).
-if min_queue_depth is None:
-    min_queue_depth = 4
+if biggest is None:
+    biggest = "clock"
 
 # %%
-def pingpong_cost(depth):
-    on = simulate("h100-measured", "fa3", hd64, {"mma_queue_depth": depth}).tflops
-    off = simulate("h100-measured", "fa3", hd64, {"mma_queue_depth": depth, "pingpong": False}).tflops
-    return 1 - off / on
-
-
-costs = {dq: pingpong_cost(dq) for dq in range(1, 8)}
-print({dq: f"{c:.1%}" for dq, c in costs.items()})
-kit.check(costs[min_queue_depth] < 0.02 and all(costs[dq] >= 0.02 for dq in range(1, min_queue_depth)),
-          "find the first depth whose cost is below 2 %")
+p128 = Problem(batch=2, heads=16, seqlen_q=8192, seqlen_k=8192, hdim=128)
+UNDO = {"clock": {"clock_ghz": 1.83},
+        "contention": {"issue_under_mma": 1, "warp_issue_under_mma": 1, "mufu_under_mma": 1},
+        "warp_ipc": {"warp_issue_ipc": 1}}
+base = simulate("h100-measured", "fa3", p128).tflops
+gains = {name: simulate("h100-measured", "fa3", p128, undo).tflops / base - 1 for name, undo in UNDO.items()}
+print({name: f"+{g:.1%}" for name, g in gains.items()})
+kit.check(biggest == max(gains, key=gains.get), "undo each mechanism and see which gains the most")
 
 # %% [markdown]
 # So a schedule trick's value in the model depends on a latency parameter: measure it before

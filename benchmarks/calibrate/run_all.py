@@ -69,6 +69,16 @@ BENCHES = [
     ("clock", "bench_wgmma.py", bench_wgmma.clock_run),  # the long tensor load
     ("tma", "bench_tma.py", bench_tma.run),
 ]
+# opt-in only (`--only contention`): never part of the default run
+def _contention(dev):
+    from . import bench_contention  # imported only when asked for
+
+    return bench_contention.run(dev)
+
+
+OPTIONAL = [
+    ("contention", "bench_contention.py", _contention),
+]
 
 
 def summary(res):
@@ -93,6 +103,10 @@ def summary(res):
     lines.append(f"tma sm B/clk {g('tma', 'sm_l2', 'bytes_per_clk')}  chip L2 TB/s {g('tma', 'chip_l2', 'tbps')}  "
                  f"chip HBM TB/s {g('tma', 'chip_hbm', 'tbps')}  d2d {g('tma', 'd2d_copy_tbps')}")
     lines.append(f"launch {b.get('launch')}")
+    if b.get("contention"):
+        from . import bench_contention
+
+        lines.append(bench_contention.summary(b["contention"]))
     c = b.get("clock") or {}
     lines.append(f"clock GHz median {c.get('clock_ghz_median')} (min {c.get('clock_ghz_min')}, max {c.get('clock_ghz_max')}) "
                  f"events {c.get('ghz_from_events')} TFLOP/s {c.get('tflops_events')}")
@@ -110,14 +124,15 @@ def _get(d, *ks):
 def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
-    ap.add_argument("--only", default="", help="comma-separated subset of " + ",".join(n for n, _, _ in BENCHES))
+    ap.add_argument("--only", default="", help="comma-separated subset of " + ",".join(n for n, _, _ in BENCHES)
+                    + " (default: all of these); opt-in, only when named: " + ",".join(n for n, _, _ in OPTIONAL))
     args = ap.parse_args(argv)
     only = set(filter(None, args.only.split(",")))
     dev = Device()
     res = {"meta": meta(), "scripts": {}, "benchmarks": {}, "seconds": {}, "errors": {}}
     print(json.dumps(res["meta"], indent=1), flush=True)
-    for name, script, fn in BENCHES:
-        if only and name not in only:
+    for name, script, fn in BENCHES + OPTIONAL:
+        if (only and name not in only) or (not only and name in {n for n, _, _ in OPTIONAL}):
             continue
         t0 = time.perf_counter()
         try:

@@ -21,7 +21,7 @@ from ..engine import Edge, Op, Schedule
 from ..errors import InputError
 from ..params import Knob, Problem
 from ..rescale import rescale_rate
-from ..softmax import add, exp2_phase, phase, scaled
+from ..softmax import add, exp2_phase, phase, scaled, warp_issue
 from ..tensor_core import BYTES, check_shape, mma_cost
 
 NAME = "fa3"
@@ -185,10 +185,16 @@ def build(hw, p: Problem, k: dict, n_kv: int, masked_blocks: int) -> Schedule:
     else:  # O is staged in Q's buffer: the next Q load waits for this tile's store
         edges.append(Edge("ST", "LQ", 1, per="tile", kind="anti", lag=mbar))
 
-    # warpgroup compute is served in pieces, so two warpgroups on one pipe share it (see engine)
+    # each warpgroup's own issue limit, then pieces so two warpgroups on one pipe share it (engine)
+    compute_roles = [f"wg{w}" for w in range(W)]
+    ops = [replace(o, uses=tuple(warp_issue(hw, dict(o.uses), o.role).items())) if o.role in compute_roles else o
+           for o in ops]
     ops = [replace(o, chunks=PIECES) if not o.asynchronous and o.uses else o for o in ops]
-    units = {"tensor": 1, "smem": 1, "mufu": 1, "fma": 1, "alu": 1, "issue": 1, "tma": 1}
+    units = {"tensor": 1, "smem": 1, "mufu": 1, "fma": 1, "alu": 1, "issue": 1, "tma": 1,
+             **{f"issue:{r}": 1 for r in compute_roles}}
     roles = ["load"] + [f"wg{w}" for w in range(W)] + ["epilogue"]
     return Schedule(NAME, units, roles, ops, edges, marker="QK0",
                     issue_depth={"tensor": int(hw.mma_queue_depth)},
+                    interference={"mufu": ("tensor", hw.mufu_under_mma), "issue": ("tensor", hw.issue_under_mma),
+                                  **{f"issue:{r}": ("tensor", hw.warp_issue_under_mma) for r in compute_roles}},
                     meta={"rescale_rate": rate, "flops_per_iter": 4.0 * k["tile_m"] * n * d})

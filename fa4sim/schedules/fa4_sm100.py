@@ -20,7 +20,7 @@ from ..engine import Edge, Op, Schedule
 from ..errors import InputError
 from ..params import Knob, Problem
 from ..rescale import rescale_rate
-from ..softmax import add, exp2_phase, phase, scaled
+from ..softmax import add, exp2_phase, phase, scaled, warp_issue
 from ..tensor_core import BYTES, check_shape, mma_cost
 
 NAME = "fa4"
@@ -217,10 +217,16 @@ def build(hw, p: Problem, k: dict, n_kv: int, masked_blocks: int) -> Schedule:
         edges += [Edge(last_pv, "LK", (S + 1) // 2, kind="anti", lag=mbar),
                   Edge(last_qk, "LV", (S - 1) // 2, kind="anti", lag=mbar)]
 
-    # warpgroup compute is served in pieces, so two warpgroups on one pipe share it (see engine)
+    # each warpgroup's own issue limit, then pieces so two warpgroups on one pipe share it (engine)
+    compute_roles = [f"softmax{s}" for s in range(T)] + ["correction"]
+    ops = [replace(o, uses=tuple(warp_issue(hw, dict(o.uses), o.role).items())) if o.role in compute_roles else o
+           for o in ops]
     ops = [replace(o, chunks=PIECES) if not o.asynchronous and o.uses else o for o in ops]
-    units = {"tensor": 1, "smem": 1, "tmem": 1, "mufu": 1, "fma": 1, "alu": 1, "issue": 1, "tma": 1}
+    units = {"tensor": 1, "smem": 1, "tmem": 1, "mufu": 1, "fma": 1, "alu": 1, "issue": 1, "tma": 1,
+             **{f"issue:{r}": 1 for r in compute_roles}}
     roles = ["load", "mma"] + [f"softmax{s}" for s in range(T)] + ["correction", "epilogue"]
     return Schedule(NAME, units, roles, ops, edges, marker="QK0",
                     issue_depth={"tensor": int(hw.mma_queue_depth)},
+                    interference={"mufu": ("tensor", hw.mufu_under_mma), "issue": ("tensor", hw.issue_under_mma),
+                                  **{f"issue:{r}": ("tensor", hw.warp_issue_under_mma) for r in compute_roles}},
                     meta={"rescale_rate": rate, "flops_per_iter": 4.0 * T * m * n * d})

@@ -1,0 +1,95 @@
+"""Decode the stamps buffer of the instrumented SM90 build (KernelConfig.trace) into
+fa4sim.timeline's stamp format. Plain Python: no torch, no CuTe DSL, no fa4sim import.
+
+Buffer layout: trace_layout.py (header, then (start, end) clock64 pairs per role, local tile,
+KV iteration and op). Ops map to the simulator's names (fa4sim/schedules/fa3_sm90.py):
+
+  role "load"      LK, LV (start = stage acquired = TMA issue, end = TMA issued), LQ
+  role "wg{w}"     QK{w}  start = wgmma issue, end = wait for S done
+                   PV{w}  start = wgmma issue, end = its wait done (intra-WG overlap: the
+                          wait_group(0) after the next block's softmax)
+                   MAX{w} row max (+ shuffles, new scale), EXP{w} exp2 + row sum,
+                   CVT{w} P -> 16 bit (registers, or smem + fence + barrier),
+                   RESC{w} O *= scale, FIN{w} O / row_sum, LSE and O -> smem (+ barrier),
+                   PP{w}  ping-pong arrive (only with pingpong), MASK{w} mask of a block
+  role "epilogue"  ST     start = all consumers' O in smem, end = TMA store of O done
+Waits that are not simulator ops (consumer: K full, V full, ping-pong barrier; producer: empty
+K / V stage) go to a separate "waits" list with ops WAIT_K, WAIT_V, WAIT_PP (+ w on consumers).
+"""
+from __future__ import annotations
+
+from .trace_layout import (  # noqa: F401  (re-exported)
+    T_CVT, T_EXP, T_FIN, T_LK, T_LQ, T_LV, T_MASK, T_MAX, T_PP, T_PV, T_QK, T_RESC, T_ST,
+    T_WAIT_K, T_WAIT_PP, T_WAIT_V, TRACE_HEADER, TRACE_ITERS, TRACE_OP_NAMES, TRACE_OPS,
+    TRACE_ROLES, TRACE_TILES, TRACE_WORDS,
+)
+
+_WG_OPS = {T_QK, T_PV, T_MAX, T_EXP, T_RESC, T_CVT, T_FIN, T_PP, T_MASK}
+_WAITS = {T_WAIT_K, T_WAIT_V, T_WAIT_PP}
+
+
+def role_names(num_wg: int) -> list[str]:
+    return ["load"] + [f"wg{w}" for w in range(num_wg)] + ["epilogue"]
+
+
+def decode(words, num_wg: int, pingpong: bool = True, mask_as_event: bool = False) -> dict:
+    """words: the int64 buffer as a sequence of ints. Returns {"header", "events", "waits",
+    "clock_ghz_in_kernel", "tiles_recorded"}; event times are clock64 cycles from the kernel
+    start stamp (thread 0 of the traced CTA). PP events only with pingpong; MASK events go to
+    "waits" unless mask_as_event (the simulator has a MASK op only for masked blocks)."""
+    words = [int(x) for x in words]
+    if len(words) < TRACE_WORDS:
+        raise ValueError(f"stamps buffer has {len(words)} words, expected {TRACE_WORDS}")
+    h = words[:TRACE_HEADER]
+    origin = h[1]
+    names = role_names(num_wg)
+    events, waits = [], []
+    tiles = set()
+    partial = 0
+    for role in range(num_wg + 2):
+        rname = names[role]
+        for tile in range(TRACE_TILES):
+            for it in range(TRACE_ITERS):
+                base = TRACE_HEADER + ((role * TRACE_TILES + tile) * TRACE_ITERS + it) * TRACE_OPS * 2
+                for op in range(TRACE_OPS):
+                    s, e = words[base + 2 * op], words[base + 2 * op + 1]
+                    if s == 0 and e == 0:
+                        continue
+                    if s == 0 or e == 0 or e < s:
+                        partial += 1
+                        continue
+                    name = TRACE_OP_NAMES[op]
+                    if 1 <= role <= num_wg:
+                        name += str(role - 1)
+                    ev = {"role": rname, "op": name, "tile": tile, "iter": it,
+                          "start": s - origin, "end": e - origin}
+                    tiles.add(tile)
+                    to_waits = (op in _WAITS or (op == T_PP and not pingpong)
+                                or (op == T_MASK and not mask_as_event))
+                    (waits if to_waits else events).append(ev)
+    events.sort(key=lambda e: (e["start"], e["role"]))
+    waits.sort(key=lambda e: (e["start"], e["role"]))
+    cycles, ns = h[3] - h[1], h[4] - h[2]
+    return {
+        "header": {"traced_cta": h[0], "clock64_start": h[1], "globaltimer_start_ns": h[2],
+                   "clock64_end": h[3], "globaltimer_end_ns": h[4], "grid": h[5]},
+        "events": events,
+        "waits": waits,
+        "kernel_cycles": cycles,
+        "kernel_ns": ns,
+        "clock_ghz_in_kernel": (cycles / ns) if ns > 0 and cycles > 0 else None,
+        "tiles_recorded": sorted(tiles),
+        "partial_pairs_dropped": partial,
+    }
+
+
+def interval(events, op: str = "QK0", tile: int = 0, skip: int = 2):
+    """Median cycles between starts of successive iterations of `op` in `tile` (as
+    fa4sim.timeline.interval, without importing fa4sim)."""
+    starts = [e["start"] for e in sorted((e for e in events if e["op"] == op and e.get("tile", 0) == tile),
+                                         key=lambda e: e["iter"])]
+    diffs = sorted(b - a for a, b in zip(starts[skip:], starts[skip + 1:]))
+    if not diffs:
+        return None
+    n = len(diffs)
+    return diffs[n // 2] if n % 2 else (diffs[n // 2 - 1] + diffs[n // 2]) / 2

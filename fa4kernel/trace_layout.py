@@ -1,0 +1,29 @@
+"""Stamps buffer of the instrumented SM90 build (KernelConfig.trace). Plain Python."""
+
+# Instrumented build (KernelConfig.trace): clock64 stamps of one CTA in an int64 buffer.
+# header: [0] CTA to trace (written by the host), [1] clock64 and [2] globaltimer (ns) at kernel
+# start (thread 0), [3] clock64 and [4] globaltimer at the end (warp 4 lane 0, after the last O
+# store), [5] gridDim.x. Then (start, end) pairs at
+#   TRACE_HEADER + ((((role * TRACE_TILES + local_tile) * TRACE_ITERS + iter) * TRACE_OPS + op) * 2
+# role 0 = producer, 1 + w = consumer WG w, 1 + num_wg = epilogue (O store); local_tile = the
+# CTA's n-th tile (persistent); iter = KV iteration (0 = first block processed). An unwritten
+# pair stays as the host left it (0).
+TRACE_HEADER = 16
+TRACE_TILES = 4
+TRACE_ITERS = 128
+TRACE_OPS = 16
+TRACE_ROLES = 5
+TRACE_WORDS = TRACE_HEADER + TRACE_ROLES * TRACE_TILES * TRACE_ITERS * TRACE_OPS * 2
+# op ids (consumer roles): simulator names QK{w}, PV{w}, ... (fa4sim/schedules/fa3_sm90.py)
+T_LK, T_LV, T_LQ = 0, 1, 2  # producer: start = issue (acquire returned), end = TMA issued
+T_QK = 3  # start = wgmma issue, end = wait for S done
+T_PV = 4  # start = wgmma issue, end = its wait done
+T_MAX, T_EXP, T_RESC, T_CVT, T_FIN = 5, 6, 7, 8, 9
+T_ST = 10  # epilogue: start = all consumers' O in smem (barrier), end = TMA store done
+T_PP = 11  # ping-pong arrive (hand the tensor core to the next WG)
+T_WAIT_K, T_WAIT_V, T_WAIT_PP = 12, 13, 14  # consumer waits (not simulator ops); producer:
+# T_WAIT_K / T_WAIT_V = waiting for an empty K / V stage (producer_acquire)
+T_MASK = 15
+TRACE_OP_NAMES = {T_LK: "LK", T_LV: "LV", T_LQ: "LQ", T_QK: "QK", T_PV: "PV", T_MAX: "MAX",
+                  T_EXP: "EXP", T_RESC: "RESC", T_CVT: "CVT", T_FIN: "FIN", T_ST: "ST", T_PP: "PP",
+                  T_WAIT_K: "WAIT_K", T_WAIT_V: "WAIT_V", T_WAIT_PP: "WAIT_PP", T_MASK: "MASK"}
