@@ -91,3 +91,54 @@ def exp2_emulated(x):
             asm_dialect=llvm.AsmDialect.AD_ATT,
         )
     )
+
+
+def exp2_emulated_x2(x0, x1):
+    """Device function, SM100 only: the same emulation on a pair with packed f32x2 math.
+
+    FA4's cost model: per pair 6 packed FMA-pipe instructions (1 add, 2 sub, 3 fma as f32x2)
+    plus the per-element clamps and exponent shifts on the ALU. Same rounding modes as
+    exp2_emulated, so each lane gives the identical result. Hopper has no f32x2: the SM90 kernel
+    uses the scalar routine.
+    """
+    import struct
+
+    from cutlass import Float32
+    from cutlass._mlir.dialects import llvm
+    from cutlass.cutlass_dsl import T
+
+    def f32hex(v: float) -> str:
+        return "0f%08X" % struct.unpack("<I", struct.pack("<f", v))[0]
+
+    c0, c1, c2, c3 = POLY_EX2_DEG3
+    pair = lambda name, v: f"mov.f32 k, {f32hex(v)};\n\tmov.b64 {name}, {{k, k}};\n\t"
+    asm = (
+        "{\n\t"
+        ".reg .f32 a, b, k;\n\t"
+        ".reg .b64 x, magic, xr, xb, fr, p, c0v, c1v, c2v, c3v;\n\t"
+        ".reg .b32 r0, r1, p0, p1, e0, e1;\n\t"
+        f"max.f32 a, $2, {f32hex(-127.0)};\n\t"
+        f"max.f32 b, $3, {f32hex(-127.0)};\n\t"
+        "mov.b64 x, {a, b};\n\t"
+        + pair("magic", ROUND_MAGIC) + pair("c3v", c3) + pair("c2v", c2) + pair("c1v", c1) + pair("c0v", c0) +
+        "add.rm.f32x2 xr, x, magic;\n\t"      # floor(x) lands in the low mantissa bits
+        "sub.rn.f32x2 xb, xr, magic;\n\t"
+        "sub.rn.f32x2 fr, x, xb;\n\t"          # fraction in [0, 1)
+        "fma.rn.f32x2 p, fr, c3v, c2v;\n\t"
+        "fma.rn.f32x2 p, p, fr, c1v;\n\t"
+        "fma.rn.f32x2 p, p, fr, c0v;\n\t"
+        "mov.b64 {r0, r1}, xr;\n\t"
+        "mov.b64 {p0, p1}, p;\n\t"
+        "shl.b32 e0, r0, 23;\n\t"
+        "shl.b32 e1, r1, 23;\n\t"
+        "add.s32 $0, e0, p0;\n\t"              # add floor(x) to the exponent of 2^frac
+        "add.s32 $1, e1, p1;\n\t"
+        "}\n"
+    )
+    res = llvm.inline_asm(
+        llvm.StructType.get_literal([T.i32(), T.i32()]),
+        [Float32(x0).ir_value(), Float32(x1).ir_value()],
+        asm, "=r,=r,f,f", has_side_effects=False, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
+    lo = llvm.extractvalue(T.i32(), res, [0])
+    hi = llvm.extractvalue(T.i32(), res, [1])
+    return Float32(llvm.bitcast(T.f32(), lo)), Float32(llvm.bitcast(T.f32(), hi))

@@ -85,9 +85,10 @@ print(f"\nh100 (datasheet), default: loop {r.interval:.0f} cycles per KV block, 
 print("default knobs:", r.knobs)
 
 # %% [markdown]
-# The measured profiles predict 10-12 % less across the board: the clock under a full wgmma load
-# was measured at ~1.61 GHz (H100) and ~1.65 GHz (H200), not the rated 1.83. Keep that in mind:
-# the **datasheet predictions are upper bounds**.
+# The measured profiles predict less across the board: they add what our microbenchmarks found
+# (section 2 below explains it: softmax warps slow down beside a running wgmma, and one warp
+# issues only ~0.47 instructions per clock on a softmax mix). Keep that in mind: the **datasheet
+# predictions are upper bounds**.
 
 # %% [markdown]
 # ### Exercise 3.1: which knob hurts most?
@@ -149,7 +150,9 @@ kit.gantt(simulate("h100", "fa3", hd64, {"pingpong": False}), iterations=5,
 # The measured profile tells a different story from the datasheet one. Three measured mechanisms
 # separate them (benchmarks/calibrate/, H100, 2026-11-22):
 #
-# - the **clock** under wgmma + softmax load is 1.555 GHz, not the rated 1.83;
+# - the **clock**: 1.79 GHz inside the attention kernel during our short timed runs (measured
+#   with clock64 against globaltimer), close to the rated 1.83; sustained for a second under
+#   wgmma + softmax load it falls to 1.555 GHz (power cap);
 # - **contention**: while a wgmma runs, the softmax warps beside it issue at about half their
 #   rate and the MUFU at 75 % (on Hopper the accumulator lives in the register file the softmax
 #   also uses; `issue_under_mma`, `warp_issue_under_mma`, `mufu_under_mma`);
@@ -171,7 +174,7 @@ biggest = None  # <- your answer: "clock", "contention" or "warp_ipc"
 # %%
 # SOLUTION (try the exercise first).
 if biggest is None:
-    biggest = "clock"
+    biggest = "contention"
 
 # %%
 p128 = Problem(batch=2, heads=16, seqlen_q=8192, seqlen_k=8192, hdim=128)
@@ -325,19 +328,20 @@ for prof in PROFILES[1:]:
     print(f"clock measured by the microbenchmarks ({prof}): {hw.clock_ghz} GHz  [{hw.sources['clock_ghz'][:70]}...]")
 
 # %% [markdown]
-# If the implied clock is below the clock our microbenchmarks measured under a full wgmma load
-# (~1.61-1.65 GHz), the gap is not the clock alone: the kernel has stalls the model does not know
-# about, or the model's schedule is too optimistic. Finding which is the next step:
-# `fa4sim.timeline` overlays per-warp time stamps measured in an instrumented kernel on the
-# simulated timeline of the same configuration.
+# If the implied clock is below the clock measured inside the attention kernel (1.78-1.80 GHz on
+# the H100, 2026-11-22), the gap is not the clock: the kernel has stalls the model does not know
+# about. `fa4sim.timeline` overlays per-warp time stamps from our instrumented kernel on the
+# simulated timeline (benchmarks/timeline_compare.py; figures/timeline_overlay_*.png): with the
+# measured profile the model's loop is still ~20 % shorter than the measured one at hd128, and
+# finding the mechanism behind that is open work.
 #
 # ## What to remember
 #
 # - Warp specialisation, ping-pong and intra-warpgroup overlap all serve one purpose: keep the
 #   tensor core busy while softmax runs.
-# - On H100 at hd128 exp2 is only half the MMA time, so the model says the overlap tricks matter
-#   mainly in the transient; at hd64 and hd256 their value hinges on a latency parameter
-#   (`mma_queue_depth`): large with the datasheet guess, small with our measured value.
+# - On H100 at hd128 exp2 is only half the MMA time, yet the softmax does not hide for free: the
+#   softmax warps slow down beside a running wgmma (measured), so overlap tricks and the
+#   instruction count of the softmax (exp2 emulation!) show up in the time.
 # - Datasheet predictions are upper bounds; the measured profiles are our best model. Compare
 #   *differences* between variants with the measurements, and state the device and date of every
 #   measurement.
