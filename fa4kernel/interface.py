@@ -55,35 +55,17 @@ def _fake_trace():
     return make_fake_tensor(cutlass.Int64, (TRACE_WORDS,), stride=(1,), assumed_align=16)
 
 
-def compile_sass(cfg: KernelConfig | None = None, arch: str = "sm_90a", dump_dir: Optional[str] = None,
-                 *, dtype: str = "bfloat16", head_dim: int = 128, causal: bool = False,
-                 return_lse: bool = False, **knobs) -> str:
-    """Compile one configuration for `arch` with fake tensors (no GPU needed); return its SASS.
-
-    Either pass a KernelConfig or the same arguments attention() takes (validated first).
-    """
-    import cutlass.cute as cute
-    from cutlass import Float32, Int32
-
-    from .sm90_fwd import kernel_class
-
-    if cfg is None:
-        cfg = make_config(dtype, head_dim, causal, return_lse, knobs)
+def sass_for(compile_call, arch: str, dump_dir: Optional[str] = None) -> str:
+    """Run compile_call(options) (a cute.compile with fake tensors) for `arch` on the CPU and
+    return the SASS of the cubin it writes. Shared by the SM90 and SM100 kernels."""
     own_dir = dump_dir is None
     dump_dir = dump_dir or tempfile.mkdtemp(prefix="fa4kernel_sass_")
     os.makedirs(dump_dir, exist_ok=True)
     env_keys = ("CUTE_DSL_ARCH", "CUTE_DSL_KEEP", "CUTE_DSL_DUMP_DIR")
     saved = {k: os.environ.get(k) for k in env_keys}
-    os.environ["CUTE_DSL_ARCH"] = arch
-    os.environ["CUTE_DSL_KEEP"] = "sass"
-    os.environ["CUTE_DSL_DUMP_DIR"] = dump_dir
+    os.environ.update(CUTE_DSL_ARCH=arch, CUTE_DSL_KEEP="sass", CUTE_DSL_DUMP_DIR=dump_dir)
     try:
-        q, k, v, o, lse = _fake_args(cfg)
-        stream = cute.runtime.make_fake_stream()
-        kern = kernel_class(cfg)(cfg)
-        extra = (_fake_trace(),) if cfg.trace else ()
-        cute.compile(kern, q, k, v, o, lse, Float32(1.0), Int32(132), *extra, stream,
-                     options=f"--gpu-arch {arch} --keep-cubin --dump-dir {dump_dir}")
+        compile_call(f"--gpu-arch {arch} --keep-cubin --dump-dir {dump_dir}")
     finally:
         for key, val in saved.items():
             if val is None:
@@ -100,6 +82,31 @@ def compile_sass(cfg: KernelConfig | None = None, arch: str = "sm_90a", dump_dir
 
         shutil.rmtree(dump_dir, ignore_errors=True)
     return text
+
+
+def compile_sass(cfg: KernelConfig | None = None, arch: str = "sm_90a", dump_dir: Optional[str] = None,
+                 *, dtype: str = "bfloat16", head_dim: int = 128, causal: bool = False,
+                 return_lse: bool = False, **knobs) -> str:
+    """Compile one configuration for `arch` with fake tensors (no GPU needed); return its SASS.
+
+    Either pass a KernelConfig or the same arguments attention() takes (validated first).
+    """
+    import cutlass.cute as cute
+    from cutlass import Float32, Int32
+
+    from .sm90_fwd import kernel_class
+
+    if cfg is None:
+        cfg = make_config(dtype, head_dim, causal, return_lse, knobs)
+
+    def build(options):
+        q, k, v, o, lse = _fake_args(cfg)
+        stream = cute.runtime.make_fake_stream()
+        kern = kernel_class(cfg)(cfg)
+        extra = (_fake_trace(),) if cfg.trace else ()
+        cute.compile(kern, q, k, v, o, lse, Float32(1.0), Int32(132), *extra, stream, options=options)
+
+    return sass_for(build, arch, dump_dir)
 
 
 def _disassemble(cubin_path: str) -> str:

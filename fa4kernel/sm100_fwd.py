@@ -987,43 +987,22 @@ def compile_sm100_sass(head_dim=128, causal=False, exp_emulation=DEFAULT_EXP_EMU
     Knobs are validated first (ValueError, one line). COMPILE_TIMES[cfg] holds the seconds
     spent in cute.compile.
     """
-    import glob
-    import os
-    import shutil
-    import tempfile
     import time
 
-    from .interface import _disassemble
+    from .interface import sass_for
 
     cfg = make_sm100_config(head_dim, causal, exp_emulation, rescale_threshold, kv_stages, dtype,
                             return_lse)
-    own_dir = dump_dir is None
-    dump_dir = dump_dir or tempfile.mkdtemp(prefix="fa4kernel_sm100_")
-    os.makedirs(dump_dir, exist_ok=True)
-    keys = ("CUTE_DSL_ARCH", "CUTE_DSL_KEEP", "CUTE_DSL_DUMP_DIR")
-    saved = {k: os.environ.get(k) for k in keys}
-    os.environ.update(CUTE_DSL_ARCH="sm_100a", CUTE_DSL_KEEP="sass", CUTE_DSL_DUMP_DIR=dump_dir)
-    try:
+
+    def build(options):
         q, k, v, o, lse = _fake_args(cfg)
         stream = cute.runtime.make_fake_stream()
         t0 = time.perf_counter()
         cute.compile(FlashFwdSm100(cfg), q, k, v, o, lse, Float32(1.0), Int32(B200_SMS), stream,
-                     options=f"--gpu-arch sm_100a --keep-cubin --dump-dir {dump_dir}")
+                     options=options)
         COMPILE_TIMES[cfg] = time.perf_counter() - t0
-    finally:
-        for key, val in saved.items():
-            if val is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = val
-    cubins = sorted(glob.glob(os.path.join(dump_dir, "**", "*.cubin"), recursive=True),
-                    key=os.path.getmtime)
-    if not cubins:
-        raise RuntimeError(f"no cubin written under {dump_dir}")
-    text = _disassemble(cubins[-1])
-    if own_dir:
-        shutil.rmtree(dump_dir, ignore_errors=True)
-    return text
+
+    return sass_for(build, "sm_100a", dump_dir)
 
 
 # ---------------------------------------------------------------- runtime (UNTESTED: no B200)
