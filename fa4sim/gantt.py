@@ -43,7 +43,8 @@ def draw(trace: Trace, path: str, title: str = "", iterations: int | None = 6, w
     from matplotlib.patches import Patch
 
     t0, t1 = window_for(trace, iterations)
-    units = list(trace.schedule.units)
+    # a role's private issue limit ("issue:softmax0") shows in its role row already
+    units = [u for u in trace.schedule.units if ":" not in u]
     roles = list(trace.schedule.roles)
     rows = units + roles
     fig, ax = plt.subplots(figsize=(width, 0.42 * len(rows) + 1.6))
@@ -61,6 +62,8 @@ def draw(trace: Trace, path: str, title: str = "", iterations: int | None = 6, w
             ax.text((s + e) / 2, ymap[row], f"{r.name}.{r.iter}", ha="center", va="center", fontsize=6.5, color="white")
 
     for unit, pieces in _merged(trace, t0, t1).items():
+        if unit not in units:
+            continue
         for s, e, rec in pieces:
             bar(unit, s, e, rec)
     ops = trace.schedule.ops

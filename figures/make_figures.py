@@ -67,7 +67,9 @@ def latest_sm90():
 
 
 def knob_point(doc, label: str, causal: bool = False):
-    for p in (doc or {}).get("points", []):
+    from fa4sim.validate import expand
+
+    for p in expand((doc or {}).get("points", [])):
         if p.get("label") == label and bool(p.get("causal")) == causal:
             t = p.get("results", {}).get("fa4kernel", {}).get("tflops")
             if t is not None:
@@ -240,6 +242,32 @@ def fig_rescale():
     return "rescale_rate_vs_tau.png"
 
 
+def fig_validation():
+    """Predicted vs measured for every recorded SM90 benchmark (fa4sim validate --plot)."""
+    from fa4sim import validate
+
+    names = []
+    for path in sorted(glob.glob(os.path.join(RESULTS, "sm90_fwd_*.json"))):
+        doc = validate.load(path)
+        device = doc["meta"].get("device", "")
+        tag = "h200" if "H200" in device else "h100" if "H100" in device else os.path.basename(path)[9:-5]
+        validate.plot(validate.compare(doc), out(f"validation_{tag}.png"))
+        names.append(f"validation_{tag}.png")
+    return ", ".join(names) or "(no recorded benchmark: no validation figure)"
+
+
+def fig_timeline_overlays():
+    """Simulated vs measured per-warp timelines for every recorded instrumented run."""
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    from timeline_compare import compare
+
+    names = []
+    for path in sorted(glob.glob(os.path.join(RESULTS, "timeline_*", "timeline_*.json"))):
+        compare(path, figdir=FIG, out=lambda *a, **k: None)
+        names.append("timeline_overlay_" + os.path.basename(path)[len("timeline_"):-5] + ".png")
+    return ", ".join(names) or "(no recorded timeline: no overlay)"
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--list", action="store_true", help="list the figures and exit")
@@ -250,7 +278,8 @@ def main(argv=None) -> int:
     doc, where = latest_sm90()
     print(f"recorded SM90 measurement: {where}" if doc else "no recorded SM90 measurement: simulation only")
     jobs = [fig_fa4_timeline, fig_fa3_timeline, fig_feeds, lambda: fig_emulation(doc, where),
-            lambda: fig_pingpong(doc, where), fig_pingpong_timelines, fig_rescale]
+            lambda: fig_pingpong(doc, where), fig_pingpong_timelines, fig_rescale, fig_validation,
+            fig_timeline_overlays]
     t_all = time.time()
     for job in jobs:
         t = time.time()

@@ -30,17 +30,24 @@
 #   final `1/row_sum`, off the softmax warpgroups' critical path.
 # - **Split P**: softmax signals "3/4 of P written" so `PV` can start before the last quarter.
 #
-# There is no SM100 kernel in this repository yet and no Blackwell GPU in our lab, so this lesson
-# is simulation only; section 4 shows what will be compared once both exist.
+# Our own SM100 kernel (`fa4kernel/sm100_fwd.py`) now exists and compiles for `sm_100a` on a
+# CPU, but **it has never run**: there is no Blackwell GPU in our lab, so its speed and even its
+# correctness on a B200 are unknown. This lesson therefore simulates (sections 1-3), reads the
+# kernel's compiled machine code (section 4: instructions, not timings), and shows what will be
+# compared once a B200 is available (section 5). The simulator's B200 numbers are predictions:
+# none of them has been checked against a measurement of ours.
 
 # %%
+import itertools
+import time
+
 import matplotlib.pyplot as plt
 
 import lessonkit as kit
 from fa4sim import InputError, Problem, simulate
 from fa4sim.schedules import fa4_sm100
 
-LIVE = kit.live()  # unused: our kernels are SM90 only, and there is no SM100 kernel yet
+LIVE = kit.live()  # unused: only our SM90 kernel has ever run; the SM100 one only compiles here
 PROBLEM = Problem(batch=1, heads=16, seqlen_q=32768, seqlen_k=32768, hdim=128)
 
 # %% [markdown]
@@ -140,12 +147,187 @@ kit.gantt(ablated["one Q tile (no ping-pong)"], iterations=4,
           title="FA4 with one Q tile: the tensor core waits for each softmax")
 
 # %% [markdown]
-# ## 4. What will be compared (no SM100 measurement exists yet)
+# ## 4. Read the real kernel's SASS
 #
-# When our SM100 kernel exists and a B200 is available, its benchmark will be recorded in
-# `benchmarks/results/` like the SM90 one, and this section will put it beside the predictions.
-# Until then we show the predictions alone, and the one published number we have: the FA4
-# paper's own kernel on a B200 (**their** measurement, not ours).
+# `fa4kernel/sm100_fwd.py` implements the schedule simulated above in CuTe DSL: 16 warps (two
+# softmax warpgroups, a correction warpgroup, one MMA warp, one load warp, one epilogue warp), S
+# and O in TMEM, two Q tiles of 128 rows per CTA, 128-key blocks. `compile_sm100_sass()` compiles
+# it for `sm_100a` against fake tensors, on the CPU, and returns the SASS (the GPU's machine code,
+# as printed by `nvdisasm`). So we can check that the binary contains the instruction mix the
+# schedule promises. We cannot say anything about its speed: **the kernel has never run**, on any
+# GPU. Nobody has timed it or compared its output with a reference.
+#
+# The SASS names of the instructions that matter:
+#
+# | SASS | PTX / meaning |
+# |---|---|
+# | `UTCHMMA` | `tcgen05.mma`: one UMMA instruction, 128 rows x N x 16 (bf16), issued by one thread |
+# | `UTCBAR` | `tcgen05.commit`: an mbarrier fires when the MMAs issued before it have finished |
+# | `LDTM` / `STTM` | `tcgen05.ld` / `tcgen05.st`: TMEM <-> registers |
+# | `UTMALDG` / `UTMASTG` | TMA tensor load / store (Q, K, V in; O out) |
+# | `MUFU.EX2` | `ex2.approx`: exp2 on the MUFU (16 per clock per SM) |
+# | `FFMA2` / `FADD2` | packed f32x2 FMA / add: two fp32 lanes per instruction (new on Blackwell) |
+# | `FMNMX3` / `FMNMX` | 3-input / 2-input float max |
+# | `LDL` / `STL` | local memory loads / stores: register spills |
+#
+# We compile hd128 non-causal at three exp2-emulation fractions (about 2 s each). Without
+# `nvidia-cutlass-dsl` (the `kernels` extra) the cells below say so and skip.
+
+# %%
+compile_sm100_sass = kit.sm100_compiler()  # None (reason printed) without the CuTe DSL
+EMULATION = (0.0, 0.125, 0.25)
+OPS = ("UTCHMMA", "UTCBAR", "LDTM", "STTM", "UTMALDG", "UTMASTG", "MUFU.EX2",
+       "FFMA2", "FADD2", "FMNMX3", "FMNMX", "LEA", "LDL", "STL")
+SASS, COUNTS = {}, {}
+if compile_sm100_sass is not None:
+    for f in EMULATION:
+        t0 = time.perf_counter()
+        SASS[f] = compile_sm100_sass(head_dim=128, causal=False, exp_emulation=f)
+        COUNTS[f] = {op: kit.sass_count(SASS[f], op) for op in OPS}
+        print(f"hd128 non-causal, exp_emulation={f:<5}: compiled in {time.perf_counter() - t0:.1f} s, "
+              f"{len(SASS[f].splitlines())} lines of SASS")
+    print(f"\n{'instruction':12s}" + "".join(f"{'emu ' + str(f):>11s}" for f in EMULATION))
+    for op in OPS:
+        print(f"{op:12s}" + "".join(f"{COUNTS[f][op]:11d}" for f in EMULATION))
+else:
+    print("No SASS to read here; the prose below quotes the counts (CI compiles them).")
+
+# %% [markdown]
+# These are **static** counts: each instruction is counted once for each place it appears in the
+# binary, however many times it executes. No `LDL`/`STL`: the register split (192 per softmax
+# thread, 80 correction, 48 for the MMA/load/epilogue warps) holds without spills.
+#
+# ### 4a. How many `tcgen05.mma` does one KV block need?
+#
+# **Predict.** A bf16 UMMA instruction reduces over K = 16. `S_s = Q_s K^T` reduces over the head
+# dimension: hdim/16 instructions per Q tile. `O_s += P_s V` reduces over the block's keys:
+# tile_n/16 per Q tile. Two Q tiles.
+
+# %%
+HDIM, TILE_N, Q_TILES, UMMA_K = 128, 128, 2, 16
+qk_steps = HDIM // UMMA_K    # S_s = Q_s K^T
+pv_steps = TILE_N // UMMA_K  # O_s += P_s V
+mma_per_block = Q_TILES * (qk_steps + pv_steps)
+print(f"predicted: {Q_TILES} Q tiles x ({qk_steps} QK + {pv_steps} PV) = {mma_per_block} tcgen05.mma per KV block")
+
+# %% [markdown]
+# **Measure.** The SASS has twice that (64 `UTCHMMA` in the table). Below, in code order, `Q`
+# is an MMA reading A from shared memory (QK), `P` one reading A = P from TMEM (PV), and `c` a
+# commit (`Q8` = eight `Q` in a row).
+
+# %%
+if SASS:
+    seq = kit.mma_sequence(SASS[0.0])
+    print("UTCHMMA in the SASS:", len(seq), f"= {len(seq) // mma_per_block} x the prediction")
+    runs = [f"{k}{len(list(g))}" for k, g in itertools.groupby(kit.mma_sequence(SASS[0.0], commits=True))]
+    print("with commits, run-length:", " ".join(runs))
+    qk, pv = "Q" * qk_steps, "P" * pv_steps
+    prologue, body, tail = qk + qk, pv + qk + pv + qk, pv + pv
+    kit.check(seq == prologue + body + tail, "expected first block QK0 QK1, loop body PV0 QK0 PV1 QK1, tail PV0 PV1")
+    print(f"first block: {len(prologue)} (QK0, QK1)  |  loop body: {len(body)} (PV0, QK0, PV1, QK1)  |  "
+          f"tail: {len(tail)} (PV0, PV1)")
+    for n in (1, 2, 256):
+        run = len(prologue) + (n - 1) * len(body) + len(tail)
+        print(f"  {n:3d} KV blocks execute {run:5d} tcgen05.mma = {run / n:.0f} per block")
+else:
+    print("skipped: nvidia-cutlass-dsl is not importable (the compiled kernel shows 64 UTCHMMA)")
+
+# %% [markdown]
+# **Explain.** The MMA warp software-pipelines the blocks: PV of block j+1 is issued beside QK of
+# block j (the blocks run last to first). The loop is compiled once (not unrolled), and the code
+# before and after it holds the parts that have no partner:
+#
+# - **first block**: QK0, QK1 only (16), since no P exists yet;
+# - **loop body**: PV0(j+1), QK0(j), PV1(j+1), QK1(j) (32), executed n-1 times;
+# - **tail**: the last PV0, PV1 (16).
+#
+# So the binary holds 16 + 32 + 16 = 64, while a run over n blocks executes 16 + 32(n-1) + 16 =
+# 32n: exactly the predicted 32 per block. A static SASS count is per code path, not per
+# iteration. (Look closely at the PVs: a branch splits each into 6 + 2 instructions: that is the
+# wait for "P full" before PV's last two k-steps, the split P of section 3. The 12 commits are the
+# "S ready" signals after each QK, the "O ready" signals after the last PVs, and the releases of K,
+# V and Q buffers back to the load warp.)
+#
+# ### 4b. What does exp2 emulation change in the binary?
+#
+# **Predict.** `fa4sim.exp2_emulation` charges an emulated pair of elements 6 packed FMA-pipe
+# instructions (1 `add.rm`, 2 `sub`, 3 `fma`, all f32x2) and each element 2 ALU instructions
+# (a clamp `max` and the exponent shift+add). The softmax code exists once in the binary, and one
+# thread owns one row, so a static count change = the change per row and KV block.
+
+# %%
+from fa4sim import exp2_emulation as emu
+
+n_emu = {f: int(emu.emulated_columns(TILE_N, f).sum()) for f in EMULATION}  # per 128-column row
+per_pair = {"FFMA2": 3, "FADD2": 1 + 2}  # 3 fma; add.rm + 2 sub
+assert sum(per_pair.values()) == emu.FMA_OPS_PER_ELEMENT  # 6 lane-ops per element = 6 packed instructions per pair
+
+
+def predicted_delta(n):
+    """Static SASS change when n more elements of a row are emulated."""
+    return {"MUFU.EX2": -n, "FFMA2": per_pair["FFMA2"] * n // 2, "FADD2": per_pair["FADD2"] * n // 2,
+            "FMNMX": n, "LEA": n}
+
+
+step = n_emu[0.125] - n_emu[0.0]
+print(f"exp_emulation 0 -> 0.125 emulates {step} elements per row; predicted change:", predicted_delta(step))
+
+# %%
+if COUNTS:
+    for a, b in zip(EMULATION, EMULATION[1:]):
+        measured = {op: COUNTS[b][op] - COUNTS[a][op] for op in predicted_delta(0)}
+        pred = predicted_delta(n_emu[b] - n_emu[a])
+        print(f"{a} -> {b}: measured {measured}")
+        kit.check(measured == pred, f"predicted {pred}")
+    print("FADD2.RM (the round-down add, one per pair):",
+          {f: kit.sass_count(SASS[f], "FADD2.RM") for f in EMULATION})
+else:
+    print("skipped: nvidia-cutlass-dsl is not importable (the compiled kernel shows -16 MUFU.EX2, "
+          "+24 FFMA2, +24 FADD2 per step)")
+
+# %% [markdown]
+# **Explain.** Each step of 0.125 emulates 16 more elements of every row (8 pairs): 16 `MUFU.EX2`
+# go, and 8 x 3 = 24 `FFMA2` plus 8 x 3 = 24 `FADD2` come (48 packed FMA-pipe instructions = 6
+# per pair), with 16 `FMNMX` clamps and 16 `LEA` (shift+add into the exponent) on the ALU. That is
+# exactly the cost the simulator charges (`emu.FMA_OPS_PER_ELEMENT`, `emu.ALU_OPS_PER_ELEMENT`),
+# so its exp2-emulation model describes the instructions our kernel really contains. Whether
+# those instructions then run as fast as the model says on a B200 is the part nobody here has
+# measured.
+#
+# Two details: `MUFU.EX2` is 129 at emulation 0, 128 per row plus one for the rescale factor
+# `exp2((m_old - m_new) * scale)`. And the kernel emulates the last `round(f * 32)` columns of
+# every 16 in the middle two 32-column fragments (FA4's pattern), while `fa4sim` spreads them
+# evenly; the columns differ, the count is the same.
+#
+# ### Exercise 4.3: count before you compile
+# How many `MUFU.EX2` instructions disappear from the kernel when `exp_emulation` goes from 0 to
+# 0.25? The check compiles nothing new: it reads the SASS compiled above.
+
+# %%
+mufu_removed_at_025 = None  # <- your answer
+
+# %%
+# SOLUTION (try the exercise first).
+if mufu_removed_at_025 is None:
+    mufu_removed_at_025 = 4 * round(0.25 * 32)  # 2 fragments x 2 groups of 16, res = 8 each
+
+# %%
+if COUNTS:
+    actual = COUNTS[0.0]["MUFU.EX2"] - COUNTS[0.25]["MUFU.EX2"]
+    kit.check(mufu_removed_at_025 == actual, "count the emulated columns of one row: the softmax code exists once")
+    print(f"MUFU.EX2: {COUNTS[0.0]['MUFU.EX2']} -> {COUNTS[0.25]['MUFU.EX2']} in the compiled kernel")
+else:
+    kit.check(mufu_removed_at_025 == n_emu[0.25], "count the emulated columns of one row")
+    print("(checked against fa4sim's emulation pattern only: no compiled kernel here)")
+
+# %% [markdown]
+# ## 5. What will be compared (no SM100 measurement exists yet)
+#
+# Our SM100 kernel has never run. When a B200 is available, its correctness will be checked
+# against a reference and its benchmark recorded in `benchmarks/results/` like the SM90 one; this
+# section will then put it beside the predictions. Until then we show the predictions alone, and
+# the one published number we have: the FA4 paper's own kernel on a B200 (**their**
+# measurement, not ours).
 
 # %%
 recorded_sm100 = kit.recorded("sm100_fwd_*.json")
@@ -153,7 +335,7 @@ if recorded_sm100:
     for path, doc in recorded_sm100:
         print("recorded:", path.name, kit.describe(doc))
 else:
-    print("No SM100 measurement is recorded (no SM100 kernel yet, no B200 here): predictions only.")
+    print("No SM100 measurement is recorded (our SM100 kernel has never run: no B200 here): predictions only.")
 
 PUBLISHED = 1613  # FA4 paper (arXiv 2603.05451): BF16, hd128, 32k, non-causal, their kernel on B200
 print(f"\n{'problem':34s} {'predicted':>10s} {'measured (ours)':>16s}")
@@ -162,7 +344,7 @@ for d in (64, 128):
         for causal in (False, True):
             prob = Problem(batch=max(1, 32768 // s), heads=2048 // d, seqlen_q=s, seqlen_k=s, hdim=d, causal=causal)
             pred = simulate("b200", "fa4", prob).tflops
-            print(f"hd{d:<3d} seqlen {s:5d} {'causal    ' if causal else 'non-causal'}      {pred:10.0f} {'not yet':>16s}")
+            print(f"hd{d:<3d} seqlen {s:5d} {'causal    ' if causal else 'non-causal'}      {pred:10.0f} {'none':>16s}")
 print(f"\nmain job (hd128, 32k, 16 heads): predicted {r.tflops:.0f}; published by the FA4 authors: {PUBLISHED}")
 
 # %% [markdown]
@@ -184,6 +366,11 @@ for ghz in (1.6, 1.75, 1.86):
 #   warpgroup with conditional rescaling, split P and exp2 emulation.
 # - In the model, two Q tiles are worth ~2x, conditional rescaling ~13 %, 2-CTA, split P and
 #   emulation 8-10 % each.
-# - No SM100 measurement of ours exists yet; the lesson says so instead of inventing one.
+# - Our SM100 kernel compiles, and its SASS holds what the schedule predicts: 32 `tcgen05.mma`
+#   per KV block (64 in the binary: first block + loop body + tail), and per 16 emulated
+#   elements of a row -16 `MUFU.EX2`, +24 `FFMA2`, +24 `FADD2`.
+# - It has never run: its speed and its correctness on a B200 are unknown, and the simulator's
+#   B200 predictions are not checked against any measurement of ours. The lesson says so instead
+#   of inventing one.
 #
 # Next: lesson 05, the exp2 emulation in detail.

@@ -5,6 +5,8 @@
 - `gantt(result)`: draw one CTA's timeline with fa4sim.gantt.draw and show it inline.
 - `check(cond, msg)`: an exercise check with a readable message.
 - `time_cuda(fn)`: median milliseconds of a CUDA callable (live runs only).
+- `sm100_compiler()`, `sass_count(text, op)`, `mma_sequence(text)`: read the SM100 kernel's SASS
+  (compiled on the CPU; None, with the reason printed, when the CuTe DSL or nvdisasm is missing).
 """
 from __future__ import annotations
 
@@ -154,3 +156,50 @@ def time_cuda(fn, reps: int = 10) -> float:
         torch.cuda.synchronize()
         times.append(s.elapsed_time(e))
     return statistics.median(times)
+
+
+def sm100_compiler():
+    """fa4kernel.sm100_fwd.compile_sm100_sass, or None (reason printed) when nvidia-cutlass-dsl
+    is not importable or no nvdisasm is found: the lessons then skip their SASS cells."""
+    try:
+        from fa4kernel.sm100_fwd import compile_sm100_sass
+    except ImportError as e:
+        print(f"nvidia-cutlass-dsl is not importable ({e}): skipping the SM100 SASS cells "
+              "(install it with `pip install -e \".[kernels]\"`).")
+        return None
+    try:
+        from cutlass.base_dsl.env_manager import _find_nvdisasm_binary
+
+        _find_nvdisasm_binary()
+    except Exception as e:  # the DSL raises its own error type when nvdisasm is missing/too old
+        print(f"no usable nvdisasm ({str(e).splitlines()[0]}): skipping the SM100 SASS cells "
+              "(`pip install nvidia-cuda-nvdisasm`).")
+        return None
+    return compile_sm100_sass
+
+
+def sass_count(text: str, op: str) -> int:
+    """How many instructions with opcode `op` the SASS text holds. Modifiers count with it
+    ("FADD2" counts FADD2.RM, "MUFU" counts MUFU.EX2); longer opcodes do not ("FMNMX" is not FMNMX3)."""
+    import re
+
+    return len(re.findall(r"\s" + re.escape(op) + r"[\s.]", text))
+
+
+def mma_sequence(text: str, commits: bool = False) -> str:
+    """tcgen05.mma instructions in code order: 'Q' = SS UMMA (A from shared memory: S = Q K^T),
+    'P' = TS UMMA (A = P from TMEM: O += P V); with commits, 'c' marks each tcgen05.commit (UTCBAR)."""
+    import re
+
+    out = []
+    for line in text.splitlines():
+        m = re.search(r"\s(UTC[HQ]MMA|UTCBAR)[\s.]\s*(\S*)", line)
+        if not m:
+            continue
+        if m.group(1) == "UTCBAR":
+            if commits:
+                out.append("c")
+        else:
+            out.append("P" if m.group(2).startswith("tmem[") else "Q")
+    return "".join(out)
+
