@@ -142,7 +142,6 @@ import cutlass  # noqa: E402
 import cutlass.cute as cute  # noqa: E402
 import cutlass.memory as cutlass_memory  # noqa: E402
 import cutlass.pipeline as pipeline  # noqa: E402
-import cutlass.utils as cutlass_utils  # noqa: E402
 import cutlass.utils.blackwell_helpers as sm100_utils  # noqa: E402
 from cutlass import Float32, Int32, const_expr  # noqa: E402
 from cutlass.cute.nvgpu import cpasync, tcgen05  # noqa: E402

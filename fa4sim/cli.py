@@ -100,7 +100,7 @@ def _summary(r) -> str:
         f"{r.schedule} on {r.hw.name} ({r.hw.description})",
         f"problem   batch {p.batch} x heads {p.heads}, seqlen_q {p.seqlen_q}, seqlen_k {p.seqlen_k}, hdim {p.hdim}"
         f"{', causal' if p.causal else ''}",
-        f"knobs     " + ", ".join(f"{n}={v}" for n, v in r.knobs.items()),
+        "knobs     " + ", ".join(f"{n}={v}" for n, v in r.knobs.items()),
         f"result    {r.tflops:.1f} TFLOP/s  ({r.tflops / r.hw.peak_tflops:.1%} of {r.hw.peak_tflops:.0f} peak at "
         f"{r.hw.clock_ghz} GHz),  {r.time_us:.1f} us,  {r.cycles:.0f} cycles",
         f"kernel    {k.units} tiles on {k.slots} slots ({k.waves:.2f} waves), slowest slot {k.tiles_on_slowest} tiles;"

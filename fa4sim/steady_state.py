@@ -10,7 +10,7 @@ checks this against a full simulation.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Sequence
 
 from .engine import Schedule, Trace, simulate
 

@@ -12,7 +12,6 @@ feeds back into the model: the hardware profile comes from datasheets and microb
 from __future__ import annotations
 
 import json
-import math
 import statistics
 from pathlib import Path
 
