@@ -60,7 +60,7 @@ from cutlass.cute.nvgpu import warpgroup  # noqa: E402
 from cutlass.cutlass_dsl import T, dsl_user_op  # noqa: E402
 
 from .bench_wgmma import _smem_layout  # noqa: E402
-from .common import _asm, clk, ex2, f2bf16x2, ffma, fmax, gtimer, median, smem_addr, sts32  # noqa: E402
+from .common import _asm, clk, ex2, f2bf16x2, ffma, fill_random_bf16, fmax, gtimer, median, smem_addr, sts32  # noqa: E402
 
 N = 128          # wgmma m64n128k16 (FA3 hdim 128: QK^T is 64 x 128 per warpgroup, PV 64 x 128)
 KT = 128         # K of the smem tile: 8 k16 steps per group
@@ -153,16 +153,7 @@ def make_roles(rs: bool):
         base_b = smem_addr(storage.sB.data_ptr())
         nwords = (cute.cosize(sA_layout) + cute.cosize(sB_layout)) // 2
         a_words = cute.cosize(sA_layout) // 2
-        for i in cutlass.range((nwords + threads - 1) // threads, unroll=1):
-            w = cutlass.min(i * threads + tid, nwords - 1)
-            u = (w + bid * 7919) * 1103515245 + 12345
-            lo = ((u >> 16) & 0x807F) | ((120 + ((u >> 7) & 7)) << 7)
-            hi = (((u >> 1) ^ (u << 3)) & 0x807F) | ((120 + ((u >> 11) & 7)) << 7)
-            word = (lo & 0xFFFF) | ((hi & 0xFFFF) << 16)
-            if w < a_words:
-                sts32(base + w * 4, word)
-            else:
-                sts32(base_b + (w - a_words) * 4, word)
+        fill_random_bf16(base, a_words, base_b, nwords, tid, threads, bid * 7919)
         if tid == 0:
             sts32(flag_addr, 0)
         cute.arch.fence_view_async_shared()
@@ -330,16 +321,7 @@ def make_intra(rs: bool):
         base_b = smem_addr(storage.sB.data_ptr())
         nwords = (cute.cosize(sA_layout) + cute.cosize(sB_layout)) // 2
         a_words = cute.cosize(sA_layout) // 2
-        for i in cutlass.range((nwords + threads - 1) // threads, unroll=1):
-            w = cutlass.min(i * threads + tid, nwords - 1)
-            u = (w + bid * 7919) * 1103515245 + 12345
-            lo = ((u >> 16) & 0x807F) | ((120 + ((u >> 7) & 7)) << 7)
-            hi = (((u >> 1) ^ (u << 3)) & 0x807F) | ((120 + ((u >> 11) & 7)) << 7)
-            word = (lo & 0xFFFF) | ((hi & 0xFFFF) << 16)
-            if w < a_words:
-                sts32(base + w * 4, word)
-            else:
-                sts32(base_b + (w - a_words) * 4, word)
+        fill_random_bf16(base, a_words, base_b, nwords, tid, threads, bid * 7919)
         cute.arch.fence_view_async_shared()
         cute.arch.sync_threads()
 

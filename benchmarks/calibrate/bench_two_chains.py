@@ -30,7 +30,7 @@ from cutlass.cute.nvgpu import warpgroup
 if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 from benchmarks.calibrate.bench_wgmma import KB, KT, _smem_layout  # noqa: E402
-from benchmarks.calibrate.common import clk, smem_addr, sts32  # noqa: E402
+from benchmarks.calibrate.common import clk, fill_random_bf16, smem_addr  # noqa: E402
 
 N = 128
 THREADS = 256
@@ -51,20 +51,10 @@ def make():
             sB: cute.struct.Align[cute.struct.MemRange[BFloat16, cute.cosize(sB_layout)], 1024]
 
         storage = cutlass.utils.SmemAllocator().allocate(Storage)  # (the deprecated name, as the other benchmarks)
-        # small pseudo-random bf16 operands (exponents 2^-7..2^0), so sums stay finite
         a_words = cute.cosize(sA_layout) // 2
         nwords = a_words + cute.cosize(sB_layout) // 2
         base_a, base_b = smem_addr(storage.sA.data_ptr()), smem_addr(storage.sB.data_ptr())
-        for i in cutlass.range((nwords + THREADS - 1) // THREADS, unroll=1):
-            w = cutlass.min(i * THREADS + tid, nwords - 1)
-            u = w * 1103515245 + 12345
-            lo = ((u >> 16) & 0x807F) | ((120 + ((u >> 7) & 7)) << 7)
-            hi = (((u >> 1) ^ (u << 3)) & 0x807F) | ((120 + ((u >> 11) & 7)) << 7)
-            word = (lo & 0xFFFF) | ((hi & 0xFFFF) << 16)
-            if w < a_words:
-                sts32(base_a + w * 4, word)
-            else:
-                sts32(base_b + (w - a_words) * 4, word)
+        fill_random_bf16(base_a, a_words, base_b, nwords, tid, THREADS, 0)
         cute.arch.fence_view_async_shared()
         cute.arch.sync_threads()
 

@@ -22,7 +22,7 @@ from cutlass import BFloat16, Float32, Int32, Int64, const_expr
 from cutlass.cute.nvgpu import warpgroup
 from cutlass.utils import LayoutEnum
 
-from .common import clk, gtimer, smem_addr, sts32
+from .common import clk, fill_random_bf16, gtimer, smem_addr
 
 KT = 128  # K of one smem tile (8 k16 steps)
 KB = KT // 16
@@ -66,16 +66,7 @@ def make(N: int, rs: bool):
         nwords = (cute.cosize(sA_layout) + cute.cosize(sB_layout)) // 2
         base_b = smem_addr(storage.sB.data_ptr())
         a_words = cute.cosize(sA_layout) // 2
-        for i in cutlass.range((nwords + threads - 1) // threads, unroll=1):
-            w = cutlass.min(i * threads + tid, nwords - 1)
-            u = (w + bid * 7919) * 1103515245 + 12345
-            lo = ((u >> 16) & 0x807F) | ((120 + ((u >> 7) & 7)) << 7)
-            hi = (((u >> 1) ^ (u << 3)) & 0x807F) | ((120 + ((u >> 11) & 7)) << 7)
-            word = (lo & 0xFFFF) | ((hi & 0xFFFF) << 16)
-            if w < a_words:
-                sts32(base + w * 4, word)
-            else:
-                sts32(base_b + (w - a_words) * 4, word)
+        fill_random_bf16(base, a_words, base_b, nwords, tid, threads, bid * 7919)
         cute.arch.fence_view_async_shared()
         cute.arch.sync_threads()
 

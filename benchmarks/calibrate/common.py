@@ -15,6 +15,7 @@ import subprocess
 import tempfile
 import time
 
+import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64
 from cutlass._mlir.dialects import llvm
@@ -103,6 +104,23 @@ def gtimer(*, loc=None, ip=None):
 
 
 # ----------------------------------------------------------------------------- compile
+@cute.jit
+def fill_random_bf16(base_a, a_words, base_b, nwords, tid, threads, seed):
+    """Fill two smem regions (A: a_words 32-bit words at base_a, then B up to nwords at base_b)
+    with pseudo-random bf16 pairs: random sign and mantissa, exponent 2^-7 .. 2^0, so the wgmma
+    sums stay finite. Every thread of the CTA takes part; `seed` varies the values per CTA."""
+    for i in cutlass.range((nwords + threads - 1) // threads, unroll=1):
+        w = cutlass.min(i * threads + tid, nwords - 1)
+        u = (w + seed) * 1103515245 + 12345
+        lo = ((u >> 16) & 0x807F) | ((120 + ((u >> 7) & 7)) << 7)
+        hi = (((u >> 1) ^ (u << 3)) & 0x807F) | ((120 + ((u >> 11) & 7)) << 7)
+        word = (lo & 0xFFFF) | ((hi & 0xFFFF) << 16)
+        if w < a_words:
+            sts32(base_a + w * 4, word)
+        else:
+            sts32(base_b + (w - a_words) * 4, word)
+
+
 def fake_tensor(dtype, shape):
     from cutlass.cute.runtime import make_fake_compact_tensor
 
