@@ -52,6 +52,7 @@ PARAMS: dict[str, tuple[str, str]] = {
     "hbm_bandwidth_tbps": ("TB/s", "achievable HBM bandwidth"),
     "l2_bytes": ("B", "L2 capacity"),
     "launch_gap_us": ("us", "gap between back-to-back kernels of a timed loop (launch, ramp, drain)"),
+    "cta_launch_cycles": ("cycles", "from a CTA retiring to the grid's next CTA starting on that SM"),
 }
 
 # Parameters that must be whole numbers.

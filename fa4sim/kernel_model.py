@@ -58,12 +58,14 @@ class KernelTime:
     limiter: str             # "compute", "L2" or "HBM"
 
 
-def assign(costs: list[tuple[float, float]], slots: int, causal: bool, persistent: bool = True) -> tuple[float, int]:
+def assign(costs: list[tuple[float, float]], slots: int, causal: bool, persistent: bool = True,
+           cta_launch: float = 0.0) -> tuple[float, int]:
     """(T1, further-tile cost) per unit -> (slowest slot's cycles, tiles on it).
 
     persistent: a CTA per slot loops over tiles, so a further tile costs T2 - T1 (its prologue
     overlaps the previous epilogue). Not persistent: one CTA per tile, launched in order (causal:
-    longest first) onto whichever SM frees up first, each paying its whole T1.
+    longest first) onto whichever SM frees up first, each paying its whole T1 and, after the
+    first on its SM, the CTA turnover `cta_launch`.
     """
     slots = max(1, min(slots, len(costs)))
     if not persistent:
@@ -71,7 +73,7 @@ def assign(costs: list[tuple[float, float]], slots: int, causal: bool, persisten
         heap = [(0.0, i, 0) for i in range(slots)]
         for t1, _ in order:
             load, i, n = heapq.heappop(heap)
-            heapq.heappush(heap, (load + t1, i, n + 1))
+            heapq.heappush(heap, (load + t1 + (cta_launch if n else 0.0), i, n + 1))
         load, _, n = max(heap)
         return load, n
     if not causal:
@@ -116,7 +118,7 @@ def kernel_time(p: Problem, hw, units: list[WorkUnit], cost_of, rows: int, tile_
     per_head = [cost_of(u) for u in units]
     all_costs = per_head * (p.batch * p.heads)
     slots = hw.num_sms // (2 if two_cta else 1)
-    cycles, n_tiles = assign(all_costs, slots, p.causal, persistent)
+    cycles, n_tiles = assign(all_costs, slots, p.causal, persistent, hw.cta_launch_cycles)
     compute_us = cycles / (hw.clock_ghz * 1e3)
     l2_b, hbm_b = traffic(p, hw, units, rows, tile_n, two_cta)
     l2_us = l2_b / (hw.l2_bandwidth_tbps * 1e6)

@@ -145,3 +145,11 @@ def test_result_json_has_the_contract_fields():
         assert key in j
     assert set(j["utilization"]) >= {"tensor", "mufu", "fma", "alu", "smem", "tmem", "tma"}
     assert 0 < j["tflops"] <= j["peak_tflops"]
+
+
+def test_one_cta_per_tile_pays_turnover_persistent_does_not():
+    from fa4sim.kernel_model import assign
+    costs = [(1000.0, 800.0)] * 6  # (T1, further-tile cost) of six equal tiles on 2 SMs
+    assert assign(costs, 2, causal=False, persistent=True) == (1000.0 + 2 * 800.0, 3)
+    assert assign(costs, 2, causal=False, persistent=False, cta_launch=0.0) == (3000.0, 3)
+    assert assign(costs, 2, causal=False, persistent=False, cta_launch=450.0) == (3000.0 + 2 * 450.0, 3)
