@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 from . import hardware
@@ -218,6 +219,9 @@ def main(argv: list[str] | None = None) -> int:
     except DeadlockError as e:
         sys.stderr.write(f"fa4sim: {e}\n")
         return 3
+    except BrokenPipeError:  # output piped into `head` and closed early: not an error
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":
