@@ -92,7 +92,7 @@ def assign(costs: list[tuple[float, float]], slots: int, causal: bool, persisten
     return load, n
 
 
-def traffic(p: Problem, hw, units: list[WorkUnit], rows: int, tile_n: int, two_cta: bool,
+def traffic(p: Problem, hw, units: list[WorkUnit], tile_n: int, two_cta: bool,
             elem_bytes: int = 2) -> tuple[float, float]:
     """(bytes from L2 into SMs, bytes from HBM) for the whole problem.
 
@@ -112,7 +112,7 @@ def traffic(p: Problem, hw, units: list[WorkUnit], rows: int, tile_n: int, two_c
     return l2, hbm
 
 
-def kernel_time(p: Problem, hw, units: list[WorkUnit], cost_of, rows: int, tile_n: int,
+def kernel_time(p: Problem, hw, units: list[WorkUnit], cost_of, tile_n: int,
                 two_cta: bool, persistent: bool = True) -> KernelTime:
     """cost_of(WorkUnit) -> (T1, T2 - T1) in cycles."""
     per_head = [cost_of(u) for u in units]
@@ -120,7 +120,7 @@ def kernel_time(p: Problem, hw, units: list[WorkUnit], cost_of, rows: int, tile_
     slots = hw.num_sms // (2 if two_cta else 1)
     cycles, n_tiles = assign(all_costs, slots, p.causal, persistent, hw.cta_launch_cycles)
     compute_us = cycles / (hw.clock_ghz * 1e3)
-    l2_b, hbm_b = traffic(p, hw, units, rows, tile_n, two_cta)
+    l2_b, hbm_b = traffic(p, hw, units, tile_n, two_cta)
     l2_us = l2_b / (hw.l2_bandwidth_tbps * 1e6)
     hbm_us = hbm_b / (hw.hbm_bandwidth_tbps * 1e6)
     body = max(compute_us, l2_us, hbm_us)

@@ -144,7 +144,7 @@ def simulate(hw="b200", schedule="fa4", problem: Problem | None = None, override
             return t1, t2 - t1
         return _interpolated(u, max(ns), detailed)
 
-    kt = kernel_time(problem, profile, units, cost_of, unit_rows, tile_n, two_cta,
+    kt = kernel_time(problem, profile, units, cost_of, tile_n, two_cta,
                      persistent=bool(knobs.get("persistent", True)))
     longest = max(units, key=lambda u: (u.n_kv, -u.masked))
     t1, t2, trace, period = detailed(longest.n_kv, longest.masked)

@@ -60,7 +60,7 @@ from cutlass.cute.nvgpu import warpgroup  # noqa: E402
 from cutlass.cutlass_dsl import T, dsl_user_op  # noqa: E402
 
 from .bench_wgmma import _smem_layout  # noqa: E402
-from .common import _asm, clk, ex2, f2bf16x2, ffma, fill_random_bf16, fmax, gtimer, median, smem_addr, sts32  # noqa: E402
+from .common import _asm, clk, compile_for_sass, ex2, f2bf16x2, ffma, fill_random_bf16, fmax, gtimer, median, smem_addr, sts32  # noqa: E402
 
 N = 128          # wgmma m64n128k16 (FA3 hdim 128: QK^T is 64 x 128 per warpgroup, PV 64 x 128)
 KT = 128         # K of the smem tile: 8 k16 steps per group
@@ -407,66 +407,6 @@ def fake_args_intra():
 
 
 # ----------------------------------------------------------------------------- CPU: SASS check
-def _compile_sass_regs(fn, *args):
-    """Like common.compile_for_sass, but also returns the kernel's register count (from the cubin's
-    .text section header: sh_info >> 24) so that 512 threads x regs <= 64K can be checked."""
-    import glob
-    import shutil
-    import struct
-    import subprocess
-    import tempfile
-
-    from .common import ARCH
-
-    dump_dir = tempfile.mkdtemp(prefix="calib_sass_")
-    keys = ("CUTE_DSL_ARCH", "CUTE_DSL_KEEP", "CUTE_DSL_DUMP_DIR")
-    saved = {k: os.environ.get(k) for k in keys}
-    os.environ.update(CUTE_DSL_ARCH=ARCH, CUTE_DSL_KEEP="sass", CUTE_DSL_DUMP_DIR=dump_dir)
-    try:
-        cute.compile(fn, *args, options=f"--gpu-arch {ARCH} --keep-cubin --dump-dir {dump_dir}")
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-    cubins = sorted(glob.glob(os.path.join(dump_dir, "**", "*.cubin"), recursive=True), key=os.path.getmtime)
-    if not cubins:
-        raise RuntimeError(f"no cubin under {dump_dir}")
-    from cutlass.base_dsl.env_manager import _find_nvdisasm_binary
-
-    res = subprocess.run([_find_nvdisasm_binary(), "-c", cubins[-1]], capture_output=True, text=True)
-    if res.returncode != 0:
-        raise RuntimeError(res.stderr)
-    data = open(cubins[-1], "rb").read()
-    regs = None  # EIATTR_REGCOUNT (0x2f) in .nv.info: (symbol index u32, registers u32)
-    shoff, = struct.unpack_from("<Q", data, 0x28)
-    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", data, 0x3A)
-    str_off = struct.unpack_from("<Q", data, shoff + shstrndx * shentsize + 0x18)[0]
-    for i in range(shnum):
-        h = shoff + i * shentsize
-        name_off, = struct.unpack_from("<I", data, h)
-        name = data[str_off + name_off: data.index(b"\0", str_off + name_off)].decode()
-        if not name.startswith(".nv.info"):
-            continue
-        off, size = struct.unpack_from("<QQ", data, h + 0x18)
-        b = data[off:off + size]
-        p = 0
-        while p + 2 <= len(b):
-            fmt, attr = b[p], b[p + 1]
-            if fmt == 4:
-                sz, = struct.unpack_from("<H", b, p + 2)
-                if attr == 0x2F and sz == 8:
-                    regs = max(regs or 0, struct.unpack_from("<I", b, p + 8)[0])
-                p += 4 + sz
-            elif fmt == 1:
-                p += 2
-            else:
-                p += 4
-    shutil.rmtree(dump_dir, ignore_errors=True)
-    return res.stdout, regs
-
-
 def loop_bodies(sass: str):
     """[(label, [opcode, ...])] for every backward branch (a loop body: label .. branch)."""
     import re
@@ -510,7 +450,7 @@ def check_sass() -> int:
                                       ("intra", make_intra, fake_args_intra, SASS_INTRA)):
         for rs in (False, True):
             t0 = time.time()
-            sass, regs = _compile_sass_regs(make(rs), *fake())
+            sass, regs = compile_for_sass(make(rs), *fake(), with_registers=True)
             threads = 512 if kname == "roles" else 256
             counts = {op: sass_count(sass, op) for op in expect}
             ok = all((counts[op] >= n) if n else counts[op] == 0 for op, n in expect.items())

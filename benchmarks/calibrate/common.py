@@ -131,8 +131,41 @@ def fake_stream():
     return cute.runtime.make_fake_stream()
 
 
-def compile_for_sass(fn, *args) -> str:
-    """Compile `fn(*args)` (fake tensors) for sm_90a on the CPU; return the SASS text."""
+def cubin_registers(data: bytes):
+    """Registers per thread of the kernel in a cubin: EIATTR_REGCOUNT (0x2f) in its .nv.info
+    sections, (symbol index u32, registers u32); None if absent."""
+    import struct
+
+    regs = None
+    shoff, = struct.unpack_from("<Q", data, 0x28)
+    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", data, 0x3A)
+    str_off = struct.unpack_from("<Q", data, shoff + shstrndx * shentsize + 0x18)[0]
+    for i in range(shnum):
+        h = shoff + i * shentsize
+        name_off, = struct.unpack_from("<I", data, h)
+        name = data[str_off + name_off: data.index(b"\0", str_off + name_off)].decode()
+        if not name.startswith(".nv.info"):
+            continue
+        off, size = struct.unpack_from("<QQ", data, h + 0x18)
+        b = data[off:off + size]
+        p = 0
+        while p + 2 <= len(b):
+            fmt, attr = b[p], b[p + 1]
+            if fmt == 4:
+                sz, = struct.unpack_from("<H", b, p + 2)
+                if attr == 0x2F and sz == 8:
+                    regs = max(regs or 0, struct.unpack_from("<I", b, p + 8)[0])
+                p += 4 + sz
+            elif fmt == 1:
+                p += 2
+            else:
+                p += 4
+    return regs
+
+
+def compile_for_sass(fn, *args, with_registers: bool = False):
+    """Compile `fn(*args)` (fake tensors) for sm_90a on the CPU; return the SASS text (and, with
+    with_registers, the kernel's registers per thread, to check threads x regs <= 64K)."""
     dump_dir = tempfile.mkdtemp(prefix="calib_sass_")
     keys = ("CUTE_DSL_ARCH", "CUTE_DSL_KEEP", "CUTE_DSL_DUMP_DIR")
     saved = {k: os.environ.get(k) for k in keys}
@@ -155,8 +188,9 @@ def compile_for_sass(fn, *args) -> str:
         raise RuntimeError(res.stderr)
     import shutil
 
+    regs = cubin_registers(open(cubins[-1], "rb").read()) if with_registers else None
     shutil.rmtree(dump_dir, ignore_errors=True)
-    return res.stdout
+    return (res.stdout, regs) if with_registers else res.stdout
 
 
 def sass_count(sass: str, opcode: str) -> int:
