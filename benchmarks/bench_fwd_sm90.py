@@ -24,7 +24,12 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import fa4kernel  # noqa: E402
+from benchmarks.nvml_clock import ClockSampler  # noqa: E402
 from fa4kernel.config import make_config  # noqa: E402
+
+# NVML's SM clock, sampled during every timed batch: the power cap moves it by 10-20 % between
+# runs, so cycles (what fa4sim predicts) = time x the clock of that very batch.
+SAMPLER = None
 
 
 def _version(pkg):
@@ -45,8 +50,11 @@ def nvidia_smi(fields):
         return {"error": str(e)}
 
 
-def _batch_ms(fn, inner, ev):
+def _batch_ms(fn, inner, ev, window=None):
     s, e = ev
+    if window is not None and SAMPLER is not None and SAMPLER.ok:
+        with SAMPLER.window(window):
+            return _batch_ms(fn, inner, ev)
     s.record()
     for _ in range(inner):
         fn()
@@ -55,10 +63,13 @@ def _batch_ms(fn, inner, ev):
     return s.elapsed_time(e) / inner
 
 
-def time_interleaved(fns: dict, reps=15, target_ms=3.0, warm_ms=300.0):
-    """Median ms per call for each fn. Candidates are timed round-robin (A B C D A B C D ...)
-    after a common warm-up, so clock ramps and thermal drift hit everyone alike; each sample
-    times `inner` back-to-back calls between two CUDA events (launch gaps amortised)."""
+def time_interleaved(fns: dict, reps=15, target_ms=3.0, warm_ms=300.0, after_batch=None):
+    """Median ms per call for each fn, and the mean NVML SM clock (MHz) during its timed batches
+    (None without NVML). Candidates are timed round-robin (A B C D A B C D ...) after a common
+    warm-up, so clock ramps and thermal drift hit everyone alike; each sample times `inner`
+    back-to-back calls between two CUDA events (launch gaps amortised)."""
+    global _WINDOW_ID
+    _WINDOW_ID += 1
     ev = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
     inner = {}
     for name, fn in fns.items():
@@ -71,8 +82,16 @@ def time_interleaved(fns: dict, reps=15, target_ms=3.0, warm_ms=300.0):
     samples = {name: [] for name in fns}
     for _ in range(reps):
         for name, fn in fns.items():
-            samples[name].append(_batch_ms(fn, inner[name], ev))
-    return {n: (statistics.median(v), min(v), max(v)) for n, v in samples.items()}
+            samples[name].append(_batch_ms(fn, inner[name], ev, f"{_WINDOW_ID}:{name}"))
+            if after_batch and name in after_batch:
+                after_batch[name]()  # outside the timed window (reads the clock probe)
+    clocks = (SAMPLER.summary([f"{_WINDOW_ID}:{n}" for n in fns])
+              if SAMPLER is not None and SAMPLER.ok else {})
+    return {n: (statistics.median(v), min(v), max(v), clocks.get(f"{_WINDOW_ID}:{n}", {}).get("mhz_mean"))
+            for n, v in samples.items()}
+
+
+_WINDOW_ID = 0
 
 
 def flops(b, h, sq, sk, d, causal):
@@ -107,6 +126,28 @@ class Impls:
 
         return run
 
+    def ours_clock_probe(self, q, k, v, causal, **knobs):
+        """The clock-probe build (same kernel + CTA 0's clock64/globaltimer at start and end):
+        returns (fn, read) where read() appends this launch's in-kernel clock (GHz) to .ghz."""
+        from fa4kernel.interface import attention_probed
+        from fa4kernel.trace import header_clock
+
+        from fa4kernel.trace_layout import TRACE_WORDS
+
+        box = {"st": torch.zeros((TRACE_WORDS,), dtype=torch.int64, device=q.device)}  # CTA 0
+
+        def run():
+            out, _ = attention_probed(q, k, v, causal=causal, stamps=box["st"], **knobs)
+            return out
+
+        def read():
+            g = header_clock(box["st"][:5].tolist())["ghz"]
+            if g:
+                read.ghz.append(g)
+
+        read.ghz = []
+        return run, read
+
     def flash_attn_4(self, q, k, v, causal):
         f = self.fa4
         return lambda: f(q, k, v, causal=causal)
@@ -123,6 +164,19 @@ class Impls:
             return o.transpose(1, 2)  # back to (b, s, h, d): a view, no copy
 
         return run
+
+
+# Timed beside the others at every point: our kernel's clock-probe build. Its in-kernel clock
+# (clock64 / globaltimer of CTA 0, one value per batch) is the SM clock the whole round-robin
+# ran at, since the candidates alternate every few ms; fa4sim validate turns cycles into time
+# with it. Its own ms also shows the probe costs nothing (compare with "fa4kernel").
+PROBE = "fa4kernel[clock probe]"
+
+
+def _record_clock(point, ghz):
+    if ghz:
+        point["clock_ghz_in_kernel"] = statistics.median(ghz)
+        point["clock_ghz_in_kernel_range"] = [min(ghz), max(ghz)]
 
 
 def first_call_seconds(fn):
@@ -146,6 +200,8 @@ def bench_point(impls, b, s, h, d, causal, results, quick, knobs=None, label=Non
                  knobs=knobs or {}, results={})
     reps = 5 if quick else 15
     cands = [("fa4kernel", impls.ours(q, k, v, causal, **(knobs or {})))]
+    probe_fn, probe_read = impls.ours_clock_probe(q, k, v, causal, **(knobs or {}))
+    cands.append((PROBE, probe_fn))
     cfg0 = make_config("bfloat16", d, causal, False, knobs or {})
     if peers and cfg0.separate_o and not causal:  # persistent by default: also time 1 tile/CTA
         cands.append(("fa4kernel[1 tile/CTA]", impls.ours_one_tile_per_cta(q, k, v, causal, **(knobs or {}))))
@@ -169,9 +225,11 @@ def bench_point(impls, b, s, h, d, causal, results, quick, knobs=None, label=Non
             point["results"][name] = dict(error=repr(e)[:500])
         torch.cuda.synchronize()
     if ok:
-        timed = time_interleaved(ok, reps=reps)
-        for name, (med, lo, hi) in timed.items():
-            point["results"][name].update(ms=med, ms_min=lo, ms_max=hi, tflops=f / (med * 1e-3) / 1e12)
+        timed = time_interleaved(ok, reps=reps, after_batch={PROBE: probe_read})
+        for name, (med, lo, hi, mhz) in timed.items():
+            point["results"][name].update(ms=med, ms_min=lo, ms_max=hi, tflops=f / (med * 1e-3) / 1e12,
+                                          sm_mhz=mhz)
+        _record_clock(point, probe_read.ghz)
     if knobs is not None or label is None:
         cfg = make_config("bfloat16", d, causal, False, knobs or {})
         point["fa4kernel_config"] = cfg.as_dict()
@@ -193,6 +251,8 @@ def bench_knobs(impls, b, s, h, d, causal, variants, results, quick):
     point = dict(batch=b, seqlen=s, heads=h, hdim=d, causal=causal, label="knobs", results={},
                  configs={}, compile_s={})
     fns = {}
+    probe_fn, probe_read = impls.ours_clock_probe(q, k, v, causal)
+    fns[PROBE] = probe_fn
     for label, kn in variants:
         fns[f"fa4kernel[{label}]"] = impls.ours(q, k, v, causal, **kn)
         cfg = make_config("bfloat16", d, causal, False, kn)
@@ -215,9 +275,11 @@ def bench_knobs(impls, b, s, h, d, causal, variants, results, quick):
     for label, kn in variants:
         cfg = make_config("bfloat16", d, causal, False, kn)
         point["compile_s"][label] = fa4kernel.COMPILE_TIMES.get(cfg)
-    timed = time_interleaved(ok, reps=5 if quick else 11)
-    for name, (med, lo, hi) in timed.items():
-        point["results"][name].update(ms=med, ms_min=lo, ms_max=hi, tflops=f / (med * 1e-3) / 1e12)
+    timed = time_interleaved(ok, reps=5 if quick else 11, after_batch={PROBE: probe_read})
+    for name, (med, lo, hi, mhz) in timed.items():
+        point["results"][name].update(ms=med, ms_min=lo, ms_max=hi, tflops=f / (med * 1e-3) / 1e12,
+                                      sm_mhz=mhz)
+    _record_clock(point, probe_read.ghz)
     results.append(point)
     for name, r in point["results"].items():
         val = f"{r['tflops']:.0f}" if "tflops" in r else "ERR"
@@ -233,6 +295,8 @@ def main():
     ap.add_argument("--no-knobs", action="store_true")
     args = ap.parse_args()
 
+    global SAMPLER
+    SAMPLER = ClockSampler(torch.cuda.current_device())
     dev = torch.cuda.get_device_name(0)
     meta = dict(
         device=dev,
@@ -242,7 +306,9 @@ def main():
                       cutlass_dsl=_version("nvidia-cutlass-dsl"), flash_attn_4=_version("flash-attn-4"),
                       cudnn=torch.backends.cudnn.version(), python=platform.python_version()),
         method="median over reps of CUDA-event time of back-to-back call batches; bf16; "
-               "TFLOP/s = 4*b*h*sq*sk*d/t (halved for causal); tokens b*s = 16384, h*d = 2048",
+               "TFLOP/s = 4*b*h*sq*sk*d/t (halved for causal); tokens b*s = 16384, h*d = 2048; "
+               "sm_mhz = mean NVML SM clock sampled every 0.5 ms during that candidate's timed batches",
+        nvml=dict(ok=SAMPLER.ok, error=SAMPLER.error),
     )
     impls = Impls()
     meta["peer_import_errors"] = impls.errors

@@ -67,6 +67,13 @@ class KernelConfig:
     # user knob (attention() rejects it); set only through trace_config(). False = the normal
     # kernel, whose generated code does not depend on this field.
     trace: bool = False
+    # Diagnostic builds (issue 4), also set only through diagnostic_config(): clock_probe = the
+    # normal kernel plus two clock64/globaltimer stamps of one CTA (its start and end), i.e. the
+    # trace buffer's header without the per-op stamps: the in-kernel SM clock of every launch at
+    # no measurable cost. skip_softmax = no online softmax and no O rescale (P = S converted):
+    # the wgmma + pipeline skeleton alone. Its output is NOT attention; timing only.
+    clock_probe: bool = False
+    skip_softmax: bool = False
 
     @property
     def num_consumer_wgs(self) -> int:
@@ -213,6 +220,14 @@ def trace_config(cfg: KernelConfig) -> KernelConfig:
     from dataclasses import replace
 
     return replace(cfg, trace=True)
+
+
+def diagnostic_config(cfg: KernelConfig, clock_probe: bool = True, skip_softmax: bool = False) -> KernelConfig:
+    """A diagnostic build of a configuration (see KernelConfig.clock_probe / skip_softmax); it
+    takes the trace buffer (trace_layout.TRACE_WORDS int64) like the instrumented build."""
+    from dataclasses import replace
+
+    return replace(cfg, clock_probe=bool(clock_probe), skip_softmax=bool(skip_softmax))
 
 
 def validate_tensors(q, k, v, causal=False, softmax_scale=None, return_lse=False):

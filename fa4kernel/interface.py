@@ -103,7 +103,7 @@ def compile_sass(cfg: KernelConfig | None = None, arch: str = "sm_90a", dump_dir
         q, k, v, o, lse = _fake_args(cfg)
         stream = cute.runtime.make_fake_stream()
         kern = kernel_class(cfg)(cfg)
-        extra = (_fake_trace(),) if cfg.trace else ()
+        extra = (_fake_trace(),) if (cfg.trace or cfg.clock_probe or cfg.skip_softmax) else ()
         cute.compile(kern, q, k, v, o, lse, Float32(1.0), Int32(132), *extra, stream, options=options)
 
     return sass_for(build, arch, dump_dir)
@@ -171,6 +171,30 @@ def attention_traced(q, k, v, causal: bool = False, softmax_scale: Optional[floa
     return out, stamps
 
 
+def attention_probed(q, k, v, causal: bool = False, softmax_scale: Optional[float] = None,
+                     skip_softmax: bool = False, trace_cta: int = 0, stamps=None, **knobs):
+    """A diagnostic build (config.diagnostic_config): the normal kernel plus the in-kernel clock of
+    one CTA. Returns (out, stamps); stamps[1:5] = clock64 and globaltimer (ns) at that CTA's start
+    and end, so cycles / ns is the SM clock of this very launch (fa4kernel.trace.header_clock).
+    skip_softmax=True times the wgmma + pipeline skeleton without the softmax; its `out` is not
+    attention. stamps: a reusable int64 CUDA buffer of TRACE_WORDS (else a new one per call).
+    Knobs as attention()."""
+    import torch
+
+    from .config import diagnostic_config
+    from .trace_layout import TRACE_WORDS
+
+    b, sq, sk, h, d, dtype = validate_tensors(q, k, v, causal, softmax_scale, False)
+    cfg = diagnostic_config(make_config(dtype, d, causal, False, knobs), True, skip_softmax)
+    validate_device(q, k, v)
+    out = torch.empty((b, sq, h, d), dtype=q.dtype, device=q.device)
+    if stamps is None:
+        stamps = torch.zeros((TRACE_WORDS,), dtype=torch.int64, device=q.device)
+        stamps[0] = int(trace_cta)
+    _run(cfg, q, k, v, out, None, softmax_scale, trace=stamps)
+    return out, stamps
+
+
 def _tvm_ffi_available() -> bool:
     try:
         import tvm_ffi  # noqa: F401
@@ -216,15 +240,16 @@ def _run(cfg: KernelConfig, q, k, v, out, lse, softmax_scale, trace=None):
     if _USE_TVM_FFI is None:
         _USE_TVM_FFI = _tvm_ffi_available() and os.environ.get("FA4KERNEL_NO_TVM_FFI") != "1"
     fn = _CACHE.get(cfg)
-    if cfg.trace and trace is None:
-        raise ValueError("a trace build needs its stamps buffer (use attention_traced)")
+    buffered = cfg.trace or cfg.clock_probe or cfg.skip_softmax
+    if buffered and trace is None:
+        raise ValueError("a trace / diagnostic build needs its stamps buffer (attention_traced, attention_probed)")
     if _USE_TVM_FFI:
         if fn is None:
             from .sm90_fwd import kernel_class
 
             t0 = time.perf_counter()
             fq, fk, fv, fo, flse = _fake_args(cfg)
-            extra = (_fake_trace(),) if cfg.trace else ()
+            extra = (_fake_trace(),) if buffered else ()
             stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
             try:
                     fn = cute.compile(kernel_class(cfg)(cfg), fq, fk, fv, fo, flse, Float32(1.0), Int32(132),
@@ -237,7 +262,7 @@ def _run(cfg: KernelConfig, q, k, v, out, lse, softmax_scale, trace=None):
                 return _run(cfg, q, k, v, out, lse, softmax_scale, trace)
             COMPILE_TIMES[cfg] = time.perf_counter() - t0
             _CACHE[cfg] = fn
-        if cfg.trace:
+        if buffered:
             fn(q, k, v, out, lse, scale_log2, _max_ctas(q.device), trace)
         else:
             fn(q, k, v, out, lse, scale_log2, _max_ctas(q.device))
@@ -249,7 +274,7 @@ def _run(cfg: KernelConfig, q, k, v, out, lse, softmax_scale, trace=None):
     args = [_to_cute(t, 3) for t in (q, k, v, out)]
     lse_c = _to_cute(lse, 2, align=4) if lse is not None else None
     stream = cuda.CUstream(torch.cuda.current_stream(q.device).cuda_stream)
-    extra = (_to_cute(trace, 0, align=16),) if cfg.trace else ()
+    extra = (_to_cute(trace, 0, align=16),) if buffered else ()
     if fn is None:
         from .sm90_fwd import kernel_class
 

@@ -134,6 +134,9 @@ class FlashFwdSm90:
         self.persistent = cfg.separate_o and not cfg.causal
         self.emu_cols = emulated_columns(self.cols_per_thread, cfg.exp_emulation)
         self.trace = bool(getattr(cfg, "trace", False))
+        # header stamps (kernel start/end clock64 + globaltimer of one CTA): trace and probe builds
+        self.probe = self.trace or bool(getattr(cfg, "clock_probe", False))
+        self.skip_softmax = bool(getattr(cfg, "skip_softmax", False))
 
     # ------------------------------------------------------------------ trace build only
     @cute.jit
@@ -301,7 +304,7 @@ class FlashFwdSm90:
     ):
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         tr_cta = None
-        if const_expr(self.trace):
+        if const_expr(self.probe):
             tr_cta = cute.arch.block_idx()[0] == Int32(mTrace[0])
             if tr_cta & (cute.arch.thread_idx()[0] == 0):
                 mTrace[1] = cute.arch.clock64()
@@ -705,7 +708,7 @@ class FlashFwdSm90:
                 sO, pipe_q, pipe_k, pipe_v, m_block, head, batch, n_block_max, n_unmasked,
                 seqlen_q, seqlen_k, tidx, wg_idx, rows, kv_state, q_state,
                 self._tr_tile(mTrace, tr_on, tile, 1 + wg_idx))
-        if const_expr(self.trace):
+        if const_expr(self.probe):
             # kernel end: warp 4 lane 0 has waited for this CTA's last O store
             if tr_cta & (tidx == 0):
                 mTrace[3] = cute.arch.clock64()
@@ -745,7 +748,8 @@ class FlashFwdSm90:
                              True, self.causal)
             self._stamp(tr, T_MASK, Int32(0), 1)
             self._stamp(tr, T_MAX, Int32(0), 0)
-            self._softmax(acc_S, row_max, row_sum, scale_log2, True, tr, Int32(0))
+            if const_expr(not self.skip_softmax):
+                self._softmax(acc_S, row_max, row_sum, scale_log2, True, tr, Int32(0))
             self._stamp(tr, T_EXP, Int32(0), 1)
             self._stamp(tr, T_CVT, Int32(0), 0)
             self._store_p(acc_S, tOrP, smem_thr_copy_P, tPsP, wg_idx)
@@ -842,7 +846,9 @@ class FlashFwdSm90:
             self._apply_mask(acc_S, tScS, t0ScS, m_block, n_block, seqlen_q, seqlen_k, False, True)
             self._stamp(tr, T_MASK, it, 1)
         self._stamp(tr, T_MAX, it, 0)
-        row_scale = self._softmax(acc_S, row_max, row_sum, scale_log2, False, tr, it)
+        row_scale = None
+        if const_expr(not self.skip_softmax):
+            row_scale = self._softmax(acc_S, row_max, row_sum, scale_log2, False, tr, it)
         self._stamp(tr, T_EXP, it, 1)
         warpgroup.wait_group(0)  # PV done: O and the P buffer are free
         self._stamp(tr, T_PV, it_pv, 1)
@@ -851,7 +857,8 @@ class FlashFwdSm90:
         self._store_p(acc_S, tOrP, smem_thr_copy_P, tPsP, wg_idx)
         self._stamp(tr, T_CVT, it, 1)
         self._stamp(tr, T_RESC, it, 0)
-        self._rescale_o(acc_O, row_scale)
+        if const_expr(not self.skip_softmax):
+            self._rescale_o(acc_O, row_scale)
         self._stamp(tr, T_RESC, it, 1)
         return kv_state
 
@@ -879,12 +886,14 @@ class FlashFwdSm90:
                              is_first, self.causal)
             self._stamp(tr, T_MASK, it, 1)
         self._stamp(tr, T_MAX, it, 0)
-        row_scale = self._softmax(acc_S, row_max, row_sum, scale_log2, is_first, tr, it)
+        row_scale = None
+        if const_expr(not self.skip_softmax):
+            row_scale = self._softmax(acc_S, row_max, row_sum, scale_log2, is_first, tr, it)
         self._stamp(tr, T_EXP, it, 1)
         self._stamp(tr, T_CVT, it, 0)
         self._store_p(acc_S, tOrP, smem_thr_copy_P, tPsP, wg_idx)
         self._stamp(tr, T_CVT, it, 1)
-        if const_expr(not is_first):
+        if const_expr(not is_first and not self.skip_softmax):
             self._stamp(tr, T_RESC, it, 0)
             self._rescale_o(acc_O, row_scale)
             self._stamp(tr, T_RESC, it, 1)
@@ -950,8 +959,10 @@ class FlashFwdSm90Trace(FlashFwdSm90):
     to trace. Layout: trace_layout.py."""
 
     def __init__(self, cfg: KernelConfig):
-        assert cfg.trace, "FlashFwdSm90Trace needs a KernelConfig with trace=True"
+        assert cfg.trace or cfg.clock_probe or cfg.skip_softmax, \
+            "FlashFwdSm90Trace needs a trace / clock_probe / skip_softmax KernelConfig"
         super().__init__(cfg)
+        self.probe = True  # every build with the buffer writes its header
 
     @cute.jit
     def __call__(
@@ -970,4 +981,6 @@ class FlashFwdSm90Trace(FlashFwdSm90):
 
 
 def kernel_class(cfg: KernelConfig):
-    return FlashFwdSm90Trace if cfg.trace else FlashFwdSm90
+    """The instrumented / diagnostic builds take the stamps buffer as one more argument."""
+    probe = cfg.trace or getattr(cfg, "clock_probe", False) or getattr(cfg, "skip_softmax", False)
+    return FlashFwdSm90Trace if probe else FlashFwdSm90

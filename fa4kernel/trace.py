@@ -83,6 +83,14 @@ def decode(words, num_wg: int, pingpong: bool = True, mask_as_event: bool = Fals
     }
 
 
+def header_clock(words) -> dict:
+    """In-kernel clock of the traced CTA from the header alone (trace or clock-probe build):
+    {"cycles", "ns", "ghz"} (ghz None when the header was not written)."""
+    h = [int(x) for x in words[:5]]
+    cycles, ns = h[3] - h[1], h[4] - h[2]
+    return {"cycles": cycles, "ns": ns, "ghz": (cycles / ns) if ns > 0 and cycles > 0 else None}
+
+
 def interval(events, op: str = "QK0", tile: int = 0, skip: int = 2):
     """Median cycles between starts of successive iterations of `op` in `tile` (as
     fa4sim.timeline.interval, without importing fa4sim)."""

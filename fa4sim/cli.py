@@ -144,7 +144,12 @@ def cmd_sweep(a) -> int:
 
 def cmd_validate(a) -> int:
     from . import validate
-    result = validate.compare(validate.load(a.results), a.hw)
+    doc = validate.load(a.results)
+    if validate.is_interval_file(doc):  # benchmarks/ctas_sm90.py: cycles per KV block
+        result = validate.compare_intervals(doc, a.hw)
+        print(json.dumps(result, indent=1) if a.json else validate.report_intervals(result))
+        return 0
+    result = validate.compare(doc, a.hw, a.at_profile_clock)
     if a.plot:
         validate.plot(result, a.plot)
     if a.json:
@@ -198,11 +203,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     va = sub.add_parser("validate", help="predicted vs measured for every point of a recorded GPU benchmark",
                         description="Simulate every point of a benchmark results JSON (benchmarks/bench_fwd_sm90.py) "
-                                    "and report per-point error, median and max |error|, and the knob deltas.")
-    va.add_argument("results", help="benchmark results JSON (benchmarks/results/sm90_fwd_*.json)")
+                                    "and report per-point error, median and max |error|, and the knob deltas. "
+                                    "Given a benchmarks/ctas_sm90.py file instead, compare exact steady-state "
+                                    "cycles per KV block (no clock involved) and the per-SM knob deltas.")
+    va.add_argument("results", help="benchmark results JSON (benchmarks/results/sm90_fwd_*.json or ctas_*.json)")
     va.add_argument("--hw", default=None, help="profile to predict with (default: from the device name, "
                                                "a measured profile when there is one)")
     va.add_argument("--plot", metavar="FILE.png", help="correlation plot: predicted vs measured with y = x")
+    va.add_argument("--at-profile-clock", action="store_true",
+                    help="predict at the profile's clock_ghz even where the benchmark recorded the in-kernel "
+                         "clock of the point (default: at that measured clock, so the error is the cycle model's)")
     va.add_argument("--json", action="store_true")
     va.set_defaults(func=cmd_validate)
     return top

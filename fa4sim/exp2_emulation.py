@@ -21,7 +21,12 @@ import numpy as np
 COEFFS = (1.0, 0.6951461434, 0.2275643945, 0.0771190897)  # c0..c3, fa4-schedules.md
 FMA_OPS_PER_ELEMENT = 6.0     # 6 packed instructions per pair = 6 lane-ops per element
 ALU_OPS_PER_ELEMENT = 2.0     # FMNMX clamp + LEA (shift+add) per element
-ISSUE_PER_ELEMENT = 3.0 + 2.0 # 3 packed FMA-pipe instructions + 2 ALU instructions per element
+# Instructions issued per emulated element. SM100 packs two elements per FMA-pipe instruction
+# (3 packed FMA-pipe + 2 ALU); SM90 has no packed FP32 ops: 6 + 2. Checked in the SASS of our
+# SM90 kernel (fa4kernel, hd128, sm_90a, cutlass-dsl 4.8.1): exp_emulation=0.25 turns 16 of a
+# thread's 64 MUFU.EX2 per KV block into +48 FADD, +48 FFMA, +16 FMNMX, +13 LEA and a few moves:
+# +113 instructions net, 8.1 per emulated element (benchmarks/calibrate/README.md).
+ISSUE_PER_ELEMENT = {"sm100": 3.0 + 2.0, "sm90": 6.0 + 2.0}
 ROUND = np.float32(2.0**23 + 2.0**22)
 
 

@@ -58,7 +58,7 @@ def exp2_phase(hw, elements: float, emulated_fraction: float) -> dict[str, float
     """Unit cycles of exp2 over `elements`, a fraction of them emulated on the FMA/ALU pipes."""
     out = exp2_costs(elements, emulated_fraction, hw)
     emu = elements * emulated_fraction
-    out["issue"] = ((elements - emu) * 1.0 + emu * EMU_ISSUE) / 32.0 / hw.issue_per_clk
+    out["issue"] = ((elements - emu) * 1.0 + emu * EMU_ISSUE[hw.arch]) / 32.0 / hw.issue_per_clk
     return out
 
 

@@ -8,6 +8,14 @@ flash-attn-4's SM90 forward with the fa3 schedule's defaults (its own tile choic
 Reported: per-point error (sim - hw) / hw, median and max |error|, and for the knob points the
 measured and predicted change against the default configuration, side by side. Nothing here
 feeds back into the model: the hardware profile comes from datasheets and microbenchmarks only.
+
+The clock: a Hopper card's SM clock under load is set by its power cap and moves by 10-20 %
+between runs (1.80 GHz with one CTA busy, 1.6-1.7 GHz with all 132, measured in-kernel on an
+H100). fa4sim predicts cycles; a time needs a clock. When the benchmark recorded the in-kernel
+clock of a point (`clock_ghz_in_kernel`: clock64 / globaltimer of our kernel's clock-probe build,
+timed round-robin with the others), every prediction for that point is made at that clock, so the
+error measures the cycle model alone ("clock": "measured"); otherwise at the profile's clock_ghz.
+`at_profile_clock=True` forces the profile's clock everywhere.
 """
 from __future__ import annotations
 
@@ -38,6 +46,8 @@ def profile_for(device: str) -> str:
 
 # variants bench_fwd_sm90.py records beside a point's default run, and what they change
 VARIANT_KNOBS = {"1 tile/CTA": {"persistent": False}}
+# timed beside the others only to read the in-kernel clock: not a knob, not a point
+NOT_VARIANTS = {"clock probe"}
 
 
 def expand(points: list[dict]) -> list[dict]:
@@ -49,7 +59,7 @@ def expand(points: list[dict]) -> list[dict]:
     for p in points:
         plain = {k: v for k, v in p.get("results", {}).items() if not k.startswith("fa4kernel[")}
         variants = {k[len("fa4kernel["):-1]: v for k, v in p.get("results", {}).items()
-                    if k.startswith("fa4kernel[") and k.endswith("]")}
+                    if k.startswith("fa4kernel[") and k.endswith("]") and k[len("fa4kernel["):-1] not in NOT_VARIANTS}
         keep = {k: v for k, v in p.items() if k not in ("results", "configs", "compile_s")}
         if plain and "fa4kernel" in plain or not variants:
             out.append({**keep, "results": plain})
@@ -91,10 +101,11 @@ def load(path: str) -> dict:
     return doc
 
 
-def compare(doc: dict, hw: str | None = None) -> dict:
+def compare(doc: dict, hw: str | None = None, at_profile_clock: bool = False) -> dict:
     hw = hw or profile_for(doc["meta"].get("device", ""))
     rows = []
     for p in expand(doc["points"]):
+        clock = None if at_profile_clock else p.get("clock_ghz_in_kernel")
         problem = Problem(int(p["batch"]), int(p["heads"]), int(p["seqlen"]), int(p.get("seqlen_k", p["seqlen"])),
                           int(p["hdim"]), bool(p["causal"]))
         for impl, res in p.get("results", {}).items():
@@ -102,7 +113,7 @@ def compare(doc: dict, hw: str | None = None) -> dict:
                 continue
             knobs = kernel_knobs(p) if impl == "fa4kernel" else {}
             try:
-                r = simulate(hw, "fa3", problem, knobs)
+                r = simulate(hw, "fa3", problem, {**knobs, **({"clock_ghz": clock} if clock else {})})
                 sim, err = r.tflops, (r.tflops - res["tflops"]) / res["tflops"]
                 why = r.bottleneck
             except InputError as e:
@@ -111,9 +122,12 @@ def compare(doc: dict, hw: str | None = None) -> dict:
                          "batch": problem.batch, "heads": problem.heads,
                          "seqlen": problem.seqlen_q, "hdim": problem.hdim, "causal": problem.causal,
                          "knobs": knobs, "measured_tflops": res["tflops"], "predicted_tflops": sim,
-                         "error": err, "bottleneck": why})
+                         "error": err, "bottleneck": why, "clock_ghz": clock})
     errs = [abs(r["error"]) for r in rows if r["error"] is not None and r["label"] == "main"]
+    clocks = [r["clock_ghz"] for r in rows if r["clock_ghz"]]
     summary = {"hw_profile": hw, "device": doc["meta"].get("device"), "date": doc["meta"].get("date"),
+               "clock": (f"measured in-kernel per point ({min(clocks):.3f}-{max(clocks):.3f} GHz)" if clocks
+                         else "the profile's clock_ghz"),
                "points": len(errs),
                "median_abs_error": statistics.median(errs) if errs else None,
                "max_abs_error": max(errs) if errs else None}
@@ -122,6 +136,73 @@ def compare(doc: dict, hw: str | None = None) -> dict:
         if e:
             summary[impl] = {"median_abs_error": statistics.median(e), "max_abs_error": max(e), "points": len(e)}
     return {"summary": summary, "points": rows, "knob_deltas": knob_deltas(rows)}
+
+
+def is_interval_file(doc: dict) -> bool:
+    """benchmarks/ctas_sm90.py output: exact steady-state cycles per KV block, not TFLOP/s."""
+    return bool(doc.get("points")) and "cycles_per_kv_block" in doc["points"][0]
+
+
+def compare_intervals(doc: dict, hw: str | None = None) -> dict:
+    """Steady-state cycles per KV block, measured (clock-probe build, two K lengths: prologue and
+    epilogue cancel, and no clock conversion at all) vs simulated, for every configuration and
+    CTA count of a ctas_sm90.py file; plus each knob variant's change against 'default' at the
+    same CTA count (the per-SM knob effect, free of clock and power changes)."""
+    hw = hw or profile_for(doc["meta"].get("device", ""))
+    rows, cache = [], {}
+    for p in doc["points"]:
+        if p.get("variant") == "skip_softmax":  # a diagnostic build the simulator has no twin of
+            continue
+        hd, n, pattern = int(p["hdim"]), int(p["n_ctas"]), p.get("pattern", "shared")
+        knobs = dict(p.get("knobs") or {})
+        key = (hd, json.dumps(knobs, sort_keys=True))
+        if key not in cache:
+            sk = int(doc["meta"]["seqlens_k"][-1])
+            r = simulate(hw, "fa3", Problem(1, 1, int(p["tile_m"]), sk, hd, False), knobs)
+            cache[key] = r.interval
+        sim = cache[key]
+        meas = p["cycles_per_kv_block"]
+        rows.append({"hdim": hd, "n_ctas": n, "pattern": pattern, "variant": p.get("variant", "default"),
+                     "knobs": knobs, "measured_cycles": meas, "predicted_cycles": sim,
+                     "error": (sim - meas) / meas if sim else None})
+    deltas = []
+    for r in rows:
+        if r["variant"] == "default" or r["pattern"] != "shared":
+            continue
+        b = next((x for x in rows if x["variant"] == "default" and x["hdim"] == r["hdim"]
+                  and x["n_ctas"] == r["n_ctas"] and x["pattern"] == "shared"), None)
+        if b is None:
+            continue
+        # as a change of throughput (cycles per block down = faster), like the TFLOP/s deltas
+        meas = b["measured_cycles"] / r["measured_cycles"] - 1
+        pred = b["predicted_cycles"] / r["predicted_cycles"] - 1
+        deltas.append({"knob": r["variant"], "hdim": r["hdim"], "n_ctas": r["n_ctas"], "measured_delta": meas,
+                       "predicted_delta": pred, "same_sign": (meas >= 0) == (pred >= 0) or abs(meas) < 0.005,
+                       "difference_pp": 100 * (pred - meas)})
+    shared = [abs(r["error"]) for r in rows if r["error"] is not None and r["pattern"] == "shared"]
+    summary = {"hw_profile": hw, "device": doc["meta"].get("device"), "date": doc["meta"].get("date"),
+               "median_abs_error": statistics.median(shared) if shared else None,
+               "max_abs_error": max(shared) if shared else None, "points": len(shared)}
+    return {"summary": summary, "intervals": rows, "knob_deltas": deltas}
+
+
+def report_intervals(result: dict) -> str:
+    s = result["summary"]
+    lines = [f"device {s['device']} ({s['date']}), profile {s['hw_profile']}: steady-state cycles per KV block "
+             "(clock-probe build; 'own' = every CTA its own K/V, from HBM: a chip-level limit)"]
+    lines.append(f"{'hd':>4s} {'CTAs':>5s} {'K/V':>6s} {'variant':24s} {'measured':>9s} {'predicted':>9s} {'error':>7s}")
+    for r in result["intervals"]:
+        lines.append(f"{r['hdim']:4d} {r['n_ctas']:5d} {r['pattern']:>6s} {r['variant']:24s} {r['measured_cycles']:9.0f} "
+                     f"{r['predicted_cycles']:9.0f} {r['error']:+7.1%}")
+    if s["median_abs_error"] is not None:
+        lines.append(f"shared K/V: median |error| {s['median_abs_error']:.1%}, max {s['max_abs_error']:.1%} over {s['points']} points")
+    if result["knob_deltas"]:
+        lines.append("per-SM knob deltas (throughput change vs default at the same CTA count, measured / predicted):")
+        for d in result["knob_deltas"]:
+            lines.append(f"  {d['knob']:24s} hd{d['hdim']:<3d} {d['n_ctas']:3d} CTAs {d['measured_delta']:+7.1%} / "
+                         f"{d['predicted_delta']:+7.1%}  {'same sign' if d['same_sign'] else 'WRONG SIGN'}, "
+                         f"off by {d['difference_pp']:+.1f} pp")
+    return "\n".join(lines)
 
 
 def knob_deltas(rows: list[dict]) -> list[dict]:
@@ -178,7 +259,7 @@ def plot(result: dict, path: str) -> str:
 
 def report(result: dict) -> str:
     s = result["summary"]
-    lines = [f"device {s['device']} ({s['date']}), profile {s['hw_profile']}"]
+    lines = [f"device {s['device']} ({s['date']}), profile {s['hw_profile']}, clock: {s['clock']}"]
     lines.append(f"{'impl':13s} {'hd':>4s} {'seqlen':>6s} {'causal':>6s} {'measured':>9s} {'predicted':>9s} {'error':>7s}")
     for r in result["points"]:
         if r["label"] != "main":

@@ -85,3 +85,16 @@ def test_feeds_and_speeds_per_tile():
     assert (b["mma"], b["exp_mufu"], b["smem"]) == (1024, 1024, 768)
     h = tile_costs(H100, hdim=128, tile_m=128, tile_n=128)
     assert (h["mma"], h["exp_mufu"]) == (2048, 1024)
+
+
+def test_emulated_exp2_issue_count_by_arch():
+    """SM90 has no packed FP32 ops: an emulated element issues 8 instructions (6 FMA-pipe + 2 ALU,
+    as counted in our SM90 kernel's SASS), SM100's packed f32x2 ops 5; a MUFU element issues 1."""
+    from fa4sim import hardware
+    from fa4sim.softmax import exp2_phase
+
+    for name, per in (("h100", 8.0), ("b200", 5.0)):
+        hw = hardware.load(name)
+        full = exp2_phase(hw, 128.0, 1.0)["issue"] * 32 * hw.issue_per_clk
+        none = exp2_phase(hw, 128.0, 0.0)["issue"] * 32 * hw.issue_per_clk
+        assert full == pytest.approx(128 * per) and none == pytest.approx(128.0)

@@ -57,3 +57,42 @@ def test_bad_results_file(tmp_path):
     with pytest.raises(InputError):
         validate.load(str(tmp_path / "missing.json"))
     assert validate.profile_for("NVIDIA H200") in ("h200", "h200-measured")
+
+
+def test_prediction_at_the_points_measured_clock():
+    """A point that recorded its in-kernel clock is predicted at that clock (time ~ 1 / clock for
+    this compute-bound point); the clock-probe run itself is neither a point nor a knob delta."""
+    p = point("main", {}, 600.0)
+    p["results"]["fa4kernel[clock probe]"] = {"tflops": 590.0}
+    doc = {"meta": DOC["meta"], "points": [dict(p, clock_ghz_in_kernel=1.5)]}
+    slow = validate.compare(doc, "h100")
+    fast = validate.compare({"meta": DOC["meta"], "points": [dict(p, clock_ghz_in_kernel=1.8)]}, "h100")
+    prof = validate.compare(doc, "h100", at_profile_clock=True)
+    (a,), (b,), (c,) = slow["points"], fast["points"], prof["points"]
+    assert a["clock_ghz"] == 1.5 and c["clock_ghz"] is None
+    assert a["predicted_tflops"] / b["predicted_tflops"] == pytest.approx(1.5 / 1.8, rel=0.01)
+    assert not slow["knob_deltas"] and "measured in-kernel" in slow["summary"]["clock"]
+
+
+def interval_point(variant, knobs, n, cycles, hdim=128, pattern="shared"):
+    return {"hdim": hdim, "pattern": pattern, "n_ctas": n, "variant": variant, "knobs": knobs,
+            "tile_m": 128, "tile_n": 128, "cycles_per_kv_block": cycles}
+
+
+def test_compare_intervals(capsys, tmp_path):
+    """benchmarks/ctas_sm90.py files: cycles per KV block against the simulated steady state, and
+    the per-SM knob deltas against 'default' at the same CTA count."""
+    doc = {"meta": {"device": "NVIDIA H100 80GB HBM3", "date": "2026-11-22", "seqlens_k": [2048, 4096]},
+           "points": [interval_point("default", {}, 1, 2400.0), interval_point("skip_softmax", {}, 1, 2048.0),
+                      interval_point("pingpong=False", {"pingpong": False}, 1, 2300.0)]}
+    assert validate.is_interval_file(doc) and not validate.is_interval_file(DOC)
+    r = validate.compare_intervals(doc, "h100")
+    assert [x["variant"] for x in r["intervals"]] == ["default", "pingpong=False"]  # no twin for skip_softmax
+    for x in r["intervals"]:
+        assert x["error"] == pytest.approx((x["predicted_cycles"] - x["measured_cycles"]) / x["measured_cycles"])
+    (d,) = r["knob_deltas"]
+    assert d["measured_delta"] == pytest.approx(2400 / 2300 - 1)
+    f = tmp_path / "c.json"
+    f.write_text(json.dumps(doc))
+    assert main(["validate", str(f), "--hw", "h100"]) == 0
+    assert "per-SM knob deltas" in capsys.readouterr().out

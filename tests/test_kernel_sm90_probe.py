@@ -1,0 +1,64 @@
+"""CPU-only: the diagnostic builds of the SM90 kernel (config.diagnostic_config, issue 4).
+
+- the clock-probe build is the normal kernel plus exactly two clock64 and two globaltimer reads
+  (CTA start and end): same wgmma, MUFU and FMNMX counts, no spills
+- the skip-softmax build keeps the wgmma + TMA skeleton and drops the softmax (no FMNMX, only the
+  epilogue's few MUFU)
+- neither is a user knob; fa4kernel.trace.header_clock turns a header into cycles / ns
+"""
+import re
+
+import pytest
+
+from fa4kernel.config import diagnostic_config, make_config
+from fa4kernel.trace import header_clock
+
+CLOCK_READ = re.compile(r"\b(?:CS2R|S2R|S2UR)\s+U?R\w+,\s+SR_CLOCK(?:LO|HI)?\b")
+TIMER_READ = re.compile(r"\b(?:CS2R|S2R|S2UR)\s+U?R\w+,\s+SR_GLOBALTIMER(?:LO|HI)?\b")
+_SASS = {}
+
+
+def sass(cfg):
+    pytest.importorskip("cutlass")
+    import fa4kernel
+
+    if cfg not in _SASS:
+        _SASS[cfg] = fa4kernel.compile_sass(cfg, arch="sm_90a")
+    return _SASS[cfg]
+
+
+def count(text, op):
+    return len(re.findall(r"\s" + re.escape(op) + r"[\s.]", text))
+
+
+@pytest.mark.compile
+def test_clock_probe_build_adds_only_the_header_stamps():
+    cfg = make_config("bfloat16", 128, False, False, {})
+    plain, probe = sass(cfg), sass(diagnostic_config(cfg))
+    assert len(CLOCK_READ.findall(probe)) == 2 and len(TIMER_READ.findall(probe)) == 2
+    assert not CLOCK_READ.search(plain)
+    for op in ("HGMMA", "MUFU", "FMNMX", "FFMA", "UTMALDG"):
+        assert count(probe, op) == count(plain, op) > 0, op
+    assert count(probe, "STL") == 0
+
+
+@pytest.mark.compile
+def test_skip_softmax_build_drops_the_softmax():
+    cfg = make_config("bfloat16", 128, False, False, {})
+    plain, skip = sass(cfg), sass(diagnostic_config(cfg, skip_softmax=True))
+    assert count(skip, "HGMMA") == count(plain, "HGMMA")
+    assert count(skip, "FMNMX") == 0 < count(plain, "FMNMX")
+    assert count(skip, "MUFU") < count(plain, "MUFU") // 10
+
+
+def test_diagnostic_fields_are_not_user_knobs():
+    with pytest.raises(ValueError):
+        make_config("bfloat16", 128, False, False, {"clock_probe": True})
+    with pytest.raises(ValueError):
+        make_config("bfloat16", 128, False, False, {"skip_softmax": True})
+
+
+def test_header_clock():
+    # 1.8e6 cycles over 1e6 ns = 1.8 GHz; an unwritten header gives None, not a division error
+    assert header_clock([0, 100, 5000, 100 + 1_800_000, 5000 + 1_000_000])["ghz"] == pytest.approx(1.8)
+    assert header_clock([0, 0, 0, 0, 0])["ghz"] is None
