@@ -39,7 +39,10 @@ VARIANTS = [("default", {}, False), ("skip_softmax", {}, True),
             ("rescale_threshold=8", {"rescale_threshold": 8.0}, False)]
 
 
-def probe_cycles(q, k, v, knobs, skip, reps):
+ABLATIONS = ["max", "exp", "sum", "rescale", "exp,max,rescale,sum"]
+
+
+def probe_cycles(q, k, v, knobs, skip, reps, ablate=""):
     """Median (cycles, ghz) of CTA 0 over `reps` launches of the clock-probe build."""
     import torch
 
@@ -48,15 +51,85 @@ def probe_cycles(q, k, v, knobs, skip, reps):
     from fa4kernel.trace_layout import TRACE_WORDS
 
     st = torch.zeros((TRACE_WORDS,), dtype=torch.int64, device=q.device)  # traces CTA 0
-    attention_probed(q, k, v, skip_softmax=skip, stamps=st, **knobs)
+    attention_probed(q, k, v, skip_softmax=skip, stamps=st, ablate=ablate, **knobs)
     cyc, ghz = [], []
     for _ in range(reps):
-        attention_probed(q, k, v, skip_softmax=skip, stamps=st, **knobs)
+        attention_probed(q, k, v, skip_softmax=skip, stamps=st, ablate=ablate, **knobs)
         torch.cuda.synchronize()
         h = header_clock(st[:5].tolist())
         cyc.append(h["cycles"])
         ghz.append(h["ghz"])
     return statistics.median(cyc), statistics.median(ghz)
+
+
+LIGHT_TRACES = [(128, "default", {}), (128, "pingpong=False", {"pingpong": False}),
+                (128, "rescale_threshold=8", {"rescale_threshold": 8.0}),
+                (128, "intra_wg_overlap=False", {"intra_wg_overlap": False}), (64, "default", {}),
+                (256, "default", {})]
+
+
+def light_trace(hd, knobs, n, sk):
+    """Light-trace build (QK, PV, softmax span per warpgroup and block) of CTA 0, one Q tile per
+    CTA, `n` CTAs on shared K/V: decoded events, per-phase medians and cycles per block."""
+    import torch
+
+    from fa4kernel import trace as ftrace
+    from fa4kernel.config import make_config
+    from fa4kernel.interface import attention_traced
+
+    cfg = make_config("bfloat16", hd, False, False, knobs)
+    q = torch.randn(1, cfg.tile_m * n, 1, hd, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(1, sk, 1, hd, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn(1, sk, 1, hd, device="cuda", dtype=torch.bfloat16)
+    attention_traced(q, k, v, light=True, **knobs)
+    _, st = attention_traced(q, k, v, light=True, **knobs)
+    torch.cuda.synchronize()
+    dec = ftrace.decode(st.cpu().tolist(), num_wg=cfg.tile_m // 64, pingpong=cfg.pingpong)
+    ev = dec["events"]
+    out = {"hdim": hd, "knobs": knobs, "n_ctas": n, "seqlen_k": sk, "tile_m": cfg.tile_m, "tile_n": cfg.tile_n,
+           "kernel_cycles_cta0": dec["kernel_cycles"], "clock_ghz_in_kernel": dec["clock_ghz_in_kernel"],
+           "events": ev, "phases": {}}
+    for w in range(cfg.tile_m // 64):
+        def spans(op):
+            return {e["iter"]: e for e in ev if e["op"] == f"{op}{w}" and e["tile"] == 0}
+        qk, exp, pv = spans("QK"), spans("EXP"), spans("PV")
+        its = sorted(i for i in qk if 4 <= i < max(qk) - 2)
+        med = lambda xs: statistics.median(xs) if xs else None  # noqa: E731
+        out["phases"][f"wg{w}"] = {
+            "qk_issue_interval": med([qk[i + 1]["start"] - qk[i]["start"] for i in its if i + 1 in qk]),
+            "s_wait_after_issue": med([qk[i]["end"] - qk[i]["start"] for i in its]),
+            "softmax": med([exp[i]["end"] - exp[i]["start"] for i in its if i in exp]),
+            "s_ready_to_softmax": med([exp[i]["start"] - qk[i]["end"] for i in its if i in exp]),
+            "softmax_end_to_next_issue": med([qk[i + 1]["start"] - exp[i]["end"] for i in its if i in exp and i + 1 in qk]),
+            "pv_wait_after_softmax": med([pv[i - 1]["end"] - exp[i]["end"] for i in its if i in exp and i - 1 in pv]),
+        }
+    return out
+
+
+def tile_costs(hd, blocks, tiles=(1, 9), reps=5):
+    """One persistent CTA (interface.MAX_CTAS = 1) walking T tiles of `blocks` KV blocks each:
+    cycles per tile = (cycles(T2) - cycles(T1)) / (T2 - T1), no clock conversion."""
+    import torch
+
+    from fa4kernel import interface
+    from fa4kernel.config import make_config
+
+    cfg = make_config("bfloat16", hd, False, False, {})
+    sk = blocks * cfg.tile_n
+    cyc = {}
+    interface.MAX_CTAS = 1
+    try:
+        for t in tiles:
+            q = torch.randn(1, cfg.tile_m * t, 1, hd, device="cuda", dtype=torch.bfloat16)
+            k = torch.randn(1, sk, 1, hd, device="cuda", dtype=torch.bfloat16)
+            v = torch.randn(1, sk, 1, hd, device="cuda", dtype=torch.bfloat16)
+            cyc[t] = probe_cycles(q, k, v, {}, False, reps)[0]
+    finally:
+        interface.MAX_CTAS = None
+    t1, t2 = tiles
+    return {"hdim": hd, "kv_blocks": blocks, "tile_m": cfg.tile_m, "tile_n": cfg.tile_n,
+            "persistent": cfg.separate_o, "cycles_by_tiles": {str(t): c for t, c in cyc.items()},
+            "cycles_per_tile": (cyc[t2] - cyc[t1]) / (t2 - t1)}
 
 
 def main():
@@ -65,6 +138,14 @@ def main():
     ap.add_argument("--hdims", default="128,64,256")
     ap.add_argument("--seqlens", default="16384,32768", help="two K lengths (difference method)")
     ap.add_argument("--reps", type=int, default=9)
+    ap.add_argument("--light-traces", action="store_true",
+                    help="also record light-trace timelines (1 and 132 CTAs) of a few configurations")
+    ap.add_argument("--only-traces", action="store_true", help="light traces only")
+    ap.add_argument("--tiles", action="store_true",
+                    help="also: per-tile cycles of one persistent CTA walking 1 and 9 tiles of 8 / 32 KV blocks")
+    ap.add_argument("--only-tiles", action="store_true", help="the per-tile measurement only")
+    ap.add_argument("--only-ablations", action="store_true",
+                    help="one CTA: default, skip_softmax and each softmax ablation (fa4kernel config.ABLATIONS)")
     args = ap.parse_args()
 
     import torch
@@ -78,18 +159,18 @@ def main():
                     .isoformat(timespec="seconds"), "torch": torch.__version__, "seqlens_k": [sk1, sk2],
                     "reps": args.reps, "method": __doc__.strip().split("\n\n")[1]}, "points": []}
 
-    def point(hd, pattern, n, label, knobs, skip):
+    def point(hd, pattern, n, label, knobs, skip, ablate=""):
         cfg = make_config("bfloat16", hd, False, False, knobs)
         tm, tn = cfg.tile_m, cfg.tile_n
         row = {"hdim": hd, "pattern": pattern, "n_ctas": n, "variant": label, "knobs": knobs,
-               "tile_m": tm, "tile_n": tn, "runs": {}}
+               "ablate": ablate, "tile_m": tm, "tile_n": tn, "runs": {}}
         for sk in (sk1, sk2):
             heads = 1 if pattern == "shared" else n
             sq = tm * n if pattern == "shared" else tm
             q = torch.randn(1, sq, heads, hd, device=dev, dtype=torch.bfloat16)
             k = torch.randn(1, sk, heads, hd, device=dev, dtype=torch.bfloat16)
             v = torch.randn(1, sk, heads, hd, device=dev, dtype=torch.bfloat16)
-            cyc, ghz = probe_cycles(q, k, v, knobs, skip, args.reps)
+            cyc, ghz = probe_cycles(q, k, v, knobs, skip, args.reps, ablate)
             row["runs"][str(sk)] = {"cycles_cta0": cyc, "clock_ghz_in_kernel": ghz,
                                     "kv_blocks": -(-sk // tn)}
             del q, k, v
@@ -103,7 +184,36 @@ def main():
         with open(args.out, "w") as f:
             json.dump(res, f, indent=1)
 
-    for hd in (int(x) for x in args.hdims.split(",")):
+    if args.only_ablations:
+        for hd in (int(x) for x in args.hdims.split(",")):
+            point(hd, "shared", 1, "default", {}, False)
+            point(hd, "shared", 1, "skip_softmax", {}, True)
+            for a in ABLATIONS:
+                point(hd, "shared", 1, f"ablate={a}", {}, False, a)
+        return
+    if args.tiles or args.only_tiles:
+        res["tile_costs"] = []
+        for hd in (int(x) for x in args.hdims.split(",")):
+            for blocks in (1, 8, 32):
+                t = tile_costs(hd, blocks)
+                res["tile_costs"].append(t)
+                print(f"tiles hd{hd} {blocks:3d} KV blocks: {t['cycles_per_tile']:.0f} cycles per tile "
+                      f"({t['cycles_by_tiles']})", flush=True)
+                with open(args.out, "w") as f:
+                    json.dump(res, f, indent=1)
+        if args.only_tiles:
+            return
+    if args.light_traces or args.only_traces:
+        res["light_traces"] = []
+        for hd, label, knobs in LIGHT_TRACES:
+            for n in (1, 132):
+                t = light_trace(hd, knobs, n, sk1)
+                t["variant"] = label
+                res["light_traces"].append(t)
+                print(f"light trace hd{hd} {label:24s} n={n:3d}: " + json.dumps(t["phases"]), flush=True)
+                with open(args.out, "w") as f:
+                    json.dump(res, f, indent=1)
+    for hd in ([] if args.only_traces else (int(x) for x in args.hdims.split(","))):
         for n in N_CTAS:
             for label, knobs, skip in VARIANTS[:2]:
                 point(hd, "shared", n, label, knobs, skip)

@@ -74,6 +74,14 @@ class KernelConfig:
     # the wgmma + pipeline skeleton alone. Its output is NOT attention; timing only.
     clock_probe: bool = False
     skip_softmax: bool = False
+    # ablations (timing only; the output is NOT attention), comma-separated: "max" (row max from
+    # one element: no FMNMX tree, no shuffles), "exp" (P = the scaled score: no MUFU.EX2), "sum"
+    # (no row-sum FADDs), "rescale" (no O rescale). Each one's change in cycles per KV block is
+    # what that phase costs on the critical path; fa4sim's free_* knobs are the same what-ifs.
+    ablate: str = ""
+    # with trace: stamp only QK, PV, the softmax as one span, FIN and ST (trace_layout.LIGHT_OPS),
+    # keeping the normal build's code order; set through trace_config(cfg, light=True)
+    trace_light: bool = False
 
     @property
     def num_consumer_wgs(self) -> int:
@@ -215,19 +223,28 @@ def make_config(dtype: str, head_dim: int, causal: bool, has_lse: bool, knobs: d
     return KernelConfig(dtype=dtype, head_dim=head_dim, causal=causal, has_lse=bool(has_lse), **k)
 
 
-def trace_config(cfg: KernelConfig) -> KernelConfig:
-    """The instrumented (clock64-stamping) build of a configuration; buffer layout in trace_layout.py."""
+def trace_config(cfg: KernelConfig, light: bool = False) -> KernelConfig:
+    """The instrumented (clock64-stamping) build of a configuration; buffer layout in trace_layout.py.
+    light=True: a few stamps per block only (trace_layout.LIGHT_OPS), less perturbation."""
     from dataclasses import replace
 
-    return replace(cfg, trace=True)
+    return replace(cfg, trace=True, trace_light=bool(light))
 
 
-def diagnostic_config(cfg: KernelConfig, clock_probe: bool = True, skip_softmax: bool = False) -> KernelConfig:
-    """A diagnostic build of a configuration (see KernelConfig.clock_probe / skip_softmax); it
-    takes the trace buffer (trace_layout.TRACE_WORDS int64) like the instrumented build."""
+ABLATIONS = ("max", "exp", "sum", "rescale")
+
+
+def diagnostic_config(cfg: KernelConfig, clock_probe: bool = True, skip_softmax: bool = False,
+                      ablate: str = "") -> KernelConfig:
+    """A diagnostic build of a configuration (see KernelConfig.clock_probe / skip_softmax /
+    ablate); it takes the trace buffer (trace_layout.TRACE_WORDS int64) like the instrumented build."""
     from dataclasses import replace
 
-    return replace(cfg, clock_probe=bool(clock_probe), skip_softmax=bool(skip_softmax))
+    parts = tuple(sorted(x for x in ablate.split(",") if x))
+    bad = [x for x in parts if x not in ABLATIONS]
+    if bad:
+        raise ValueError(f"ablate={ablate!r}: unknown {', '.join(bad)}; allowed: {', '.join(ABLATIONS)}")
+    return replace(cfg, clock_probe=bool(clock_probe), skip_softmax=bool(skip_softmax), ablate=",".join(parts))
 
 
 def validate_tensors(q, k, v, causal=False, softmax_scale=None, return_lse=False):

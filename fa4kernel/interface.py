@@ -127,6 +127,20 @@ def _to_cute(t, leading_dim: int, align: int = 16):
     return from_dlpack(t.detach(), assumed_align=align).mark_layout_dynamic(leading_dim=leading_dim)
 
 
+_CAPABILITY: dict = {}
+
+
+def _capability(device):
+    """(major, minor) of a CUDA device, asked once per device (a driver query per call costs
+    host time that shows on short problems)."""
+    key = device.index if device.index is not None else 0
+    if key not in _CAPABILITY:
+        import torch
+
+        _CAPABILITY[key] = torch.cuda.get_device_capability(device)
+    return _CAPABILITY[key]
+
+
 def attention(q, k, v, causal: bool = False, softmax_scale: Optional[float] = None,
               return_lse: bool = False, **knobs):
     """softmax(q k^T * scale [+ causal mask]) v for q, k, v (batch, seqlen, heads, head_dim).
@@ -142,7 +156,7 @@ def attention(q, k, v, causal: bool = False, softmax_scale: Optional[float] = No
 
     import torch
 
-    major, minor = torch.cuda.get_device_capability(q.device)
+    major, minor = _capability(q.device)
     if major != 9:
         raise ValueError(f"q is on an sm_{major}{minor} GPU; allowed: Hopper (sm_90)")
     out = torch.empty((b, sq, h, d), dtype=q.dtype, device=q.device)
@@ -152,7 +166,7 @@ def attention(q, k, v, causal: bool = False, softmax_scale: Optional[float] = No
 
 
 def attention_traced(q, k, v, causal: bool = False, softmax_scale: Optional[float] = None,
-                     trace_cta: int = 0, **knobs):
+                     trace_cta: int = 0, light: bool = False, **knobs):
     """The instrumented build (KernelConfig.trace): returns (out, stamps), stamps an int64 CUDA
     tensor of trace_layout.TRACE_WORDS words with clock64 stamps of CTA `trace_cta` (layout:
     trace_layout.py; decode with fa4kernel.trace.decode). Knobs as attention()."""
@@ -162,7 +176,7 @@ def attention_traced(q, k, v, causal: bool = False, softmax_scale: Optional[floa
     from .trace_layout import TRACE_WORDS
 
     b, sq, sk, h, d, dtype = validate_tensors(q, k, v, causal, softmax_scale, False)
-    cfg = trace_config(make_config(dtype, d, causal, False, knobs))
+    cfg = trace_config(make_config(dtype, d, causal, False, knobs), light)
     validate_device(q, k, v)
     out = torch.empty((b, sq, h, d), dtype=q.dtype, device=q.device)
     stamps = torch.zeros((TRACE_WORDS,), dtype=torch.int64, device=q.device)
@@ -172,12 +186,13 @@ def attention_traced(q, k, v, causal: bool = False, softmax_scale: Optional[floa
 
 
 def attention_probed(q, k, v, causal: bool = False, softmax_scale: Optional[float] = None,
-                     skip_softmax: bool = False, trace_cta: int = 0, stamps=None, **knobs):
+                     skip_softmax: bool = False, trace_cta: int = 0, stamps=None, ablate: str = "",
+                     **knobs):
     """A diagnostic build (config.diagnostic_config): the normal kernel plus the in-kernel clock of
     one CTA. Returns (out, stamps); stamps[1:5] = clock64 and globaltimer (ns) at that CTA's start
     and end, so cycles / ns is the SM clock of this very launch (fa4kernel.trace.header_clock).
     skip_softmax=True times the wgmma + pipeline skeleton without the softmax; its `out` is not
-    attention. stamps: a reusable int64 CUDA buffer of TRACE_WORDS (else a new one per call).
+    attention; so is any `ablate` build (config.ABLATIONS, comma-separated). stamps: a reusable int64 CUDA buffer of TRACE_WORDS (else a new one per call).
     Knobs as attention()."""
     import torch
 
@@ -185,7 +200,7 @@ def attention_probed(q, k, v, causal: bool = False, softmax_scale: Optional[floa
     from .trace_layout import TRACE_WORDS
 
     b, sq, sk, h, d, dtype = validate_tensors(q, k, v, causal, softmax_scale, False)
-    cfg = diagnostic_config(make_config(dtype, d, causal, False, knobs), True, skip_softmax)
+    cfg = diagnostic_config(make_config(dtype, d, causal, False, knobs), True, skip_softmax, ablate)
     validate_device(q, k, v)
     out = torch.empty((b, sq, h, d), dtype=q.dtype, device=q.device)
     if stamps is None:
@@ -209,11 +224,16 @@ _SM_COUNT: dict = {}
 # Grid cap: one persistent CTA per SM. FA4KERNEL_PERSISTENT=0 (or setting this to False)
 # launches one CTA per tile instead; read at every call, no recompile needed.
 PERSISTENT = os.environ.get("FA4KERNEL_PERSISTENT", "1") != "0"
+# Diagnostics: cap the persistent grid below the SM count (1 = one CTA walks every tile in turn,
+# which isolates the per-tile cost of the persistent loop); None = one CTA per SM.
+MAX_CTAS = None
 
 
 def _max_ctas(device) -> int:
     if not PERSISTENT:
         return 2**31 - 1
+    if MAX_CTAS is not None:
+        return int(MAX_CTAS)
     key = device.index if device.index is not None else 0
     if key not in _SM_COUNT:
         import torch

@@ -45,9 +45,10 @@ BAR_P_SMEM_BASE = 5  # 5, 6, 7: P written to smem by all threads of WG i
 BAR_CONSUMERS = 8  # all consumer threads (epilogue hand-offs between persistent tiles)
 
 # instrumented build (KernelConfig.trace): buffer layout and op ids in trace_layout.py
+# (LIGHT_OPS: the ops the light trace stamps)
 from .trace_layout import (  # noqa: E402
     T_CVT, T_EXP, T_FIN, T_LK, T_LQ, T_LV, T_MASK, T_MAX, T_PP, T_PV, T_QK, T_RESC, T_ST,
-    T_WAIT_K, T_WAIT_PP, T_WAIT_V, TRACE_HEADER, TRACE_ITERS, TRACE_OPS, TRACE_TILES,
+    T_WAIT_K, T_WAIT_PP, T_WAIT_V, TRACE_HEADER, TRACE_ITERS, TRACE_OPS, TRACE_TILES, LIGHT_OPS,
 )
 
 
@@ -137,6 +138,10 @@ class FlashFwdSm90:
         # header stamps (kernel start/end clock64 + globaltimer of one CTA): trace and probe builds
         self.probe = self.trace or bool(getattr(cfg, "clock_probe", False))
         self.skip_softmax = bool(getattr(cfg, "skip_softmax", False))
+        self.ablate = frozenset(x for x in getattr(cfg, "ablate", "").split(",") if x)
+        # light trace: only QK, PV, the whole softmax (stamped as EXP: MAX start .. EXP end), FIN
+        # and ST, with the normal build's softmax code order: ~6 stamps per warpgroup and block
+        self.trace_light = self.trace and bool(getattr(cfg, "trace_light", False))
 
     # ------------------------------------------------------------------ trace build only
     @cute.jit
@@ -153,7 +158,9 @@ class FlashFwdSm90:
     @cute.jit
     def _stamp(self, tr, op: cutlass.Constexpr, it, which: cutlass.Constexpr):
         """clock64 -> start (which=0) or end (which=1) of `op` at KV iteration `it`."""
-        if const_expr(self.trace):
+        if const_expr(self.trace_light and op == T_MAX and which == 0):
+            op = T_EXP  # the light trace stamps the softmax as one span
+        if const_expr(self.trace and (not self.trace_light or op in LIGHT_OPS)):
             t = cute.arch.clock64()
             mT, on, local, role = tr
             if on & (it < TRACE_ITERS) & (local < TRACE_TILES):
@@ -546,7 +553,7 @@ class FlashFwdSm90:
         (MAX end / EXP start), then all rows' exp2 (same arithmetic, rows in two passes)."""
         s = _mn_view(acc_S)
         row_scale = cute.make_rmem_tensor_like(row_max, Float32)
-        if const_expr(self.trace):
+        if const_expr(self.trace and not self.trace_light):
             max_scaled = cute.make_rmem_tensor_like(row_max, Float32)
             for r in cutlass.range_constexpr(cute.size(s, mode=[0])):
                 max_scaled[r] = self._row_max(s, r, row_max, row_scale, scale_log2, is_first)
@@ -565,14 +572,16 @@ class FlashFwdSm90:
                  is_first: cutlass.Constexpr):
         """Row r's new max (kept in row_max, scale in row_scale); returns max * scale_log2."""
         ncol = cute.size(s, mode=[1])
-        m = [s[r, 0], s[r, 1], s[r, 2], s[r, 3]]
-        for c in cutlass.range_constexpr(4, ncol):
-            m[c % 4] = cute.arch.fmax(m[c % 4], s[r, c])
-        cur = cute.arch.fmax(cute.arch.fmax(m[0], m[1]), cute.arch.fmax(m[2], m[3]))
-        if const_expr(not is_first):
-            cur = cute.arch.fmax(cur, row_max[r])
-        cur = cute.arch.fmax(cur, cute.arch.shuffle_sync_bfly(cur, offset=1))
-        cur = cute.arch.fmax(cur, cute.arch.shuffle_sync_bfly(cur, offset=2))
+        cur = s[r, 0]
+        if const_expr("max" not in self.ablate):
+            m = [s[r, 0], s[r, 1], s[r, 2], s[r, 3]]
+            for c in cutlass.range_constexpr(4, ncol):
+                m[c % 4] = cute.arch.fmax(m[c % 4], s[r, c])
+            cur = cute.arch.fmax(cute.arch.fmax(m[0], m[1]), cute.arch.fmax(m[2], m[3]))
+            if const_expr(not is_first):
+                cur = cute.arch.fmax(cur, row_max[r])
+            cur = cute.arch.fmax(cur, cute.arch.shuffle_sync_bfly(cur, offset=1))
+            cur = cute.arch.fmax(cur, cute.arch.shuffle_sync_bfly(cur, offset=2))
         max_scaled = Float32(0.0)
         if const_expr(is_first):
             row_max[r] = cur
@@ -593,12 +602,16 @@ class FlashFwdSm90:
         acc = [Float32(0.0), Float32(0.0), Float32(0.0), Float32(0.0)]
         for c in cutlass.range_constexpr(ncol):
             x = s[r, c] * scale_log2 - max_scaled
-            if const_expr(c in self.emu_cols):
+            p = x
+            if const_expr("exp" in self.ablate):
+                pass
+            elif const_expr(c in self.emu_cols):
                 p = exp2_emulated(x)
             else:
                 p = cute.math.exp2(x, fastmath=True)
             s[r, c] = p
-            acc[c % 4] = acc[c % 4] + p
+            if const_expr("sum" not in self.ablate):
+                acc[c % 4] = acc[c % 4] + p
         total = (acc[0] + acc[1]) + (acc[2] + acc[3])
         if const_expr(is_first):
             row_sum[r] = total
@@ -608,7 +621,9 @@ class FlashFwdSm90:
     @cute.jit
     def _rescale_o(self, acc_O, row_scale):
         o = _mn_view(acc_O)
-        if const_expr(self.tau > 0.0):
+        if const_expr("rescale" in self.ablate):
+            pass
+        elif const_expr(self.tau > 0.0):
             # conditional rescaling: skip the multiply unless a row of this warp moved its max
             need = row_scale[0] != Float32(1.0)
             for r in cutlass.range_constexpr(1, cute.size(row_scale)):
@@ -744,8 +759,12 @@ class FlashFwdSm90:
             self._stamp(tr, T_QK, Int32(0), 1)
             pipe_k.consumer_release(kv_state)
             self._stamp(tr, T_MASK, Int32(0), 0)
-            self._apply_mask(acc_S, tScS, t0ScS, m_block, n_block_max - 1, seqlen_q, seqlen_k,
-                             True, self.causal)
+            if const_expr(self.causal):
+                self._apply_mask(acc_S, tScS, t0ScS, m_block, n_block_max - 1, seqlen_q, seqlen_k,
+                                 True, True)
+            elif seqlen_k % self.tile_n != 0:  # only a partial last block needs the length mask
+                self._apply_mask(acc_S, tScS, t0ScS, m_block, n_block_max - 1, seqlen_q, seqlen_k,
+                                 True, False)
             self._stamp(tr, T_MASK, Int32(0), 1)
             self._stamp(tr, T_MAX, Int32(0), 0)
             if const_expr(not self.skip_softmax):
@@ -959,7 +978,7 @@ class FlashFwdSm90Trace(FlashFwdSm90):
     to trace. Layout: trace_layout.py."""
 
     def __init__(self, cfg: KernelConfig):
-        assert cfg.trace or cfg.clock_probe or cfg.skip_softmax, \
+        assert cfg.trace or cfg.clock_probe or cfg.skip_softmax or cfg.ablate, \
             "FlashFwdSm90Trace needs a trace / clock_probe / skip_softmax KernelConfig"
         super().__init__(cfg)
         self.probe = True  # every build with the buffer writes its header
@@ -982,5 +1001,6 @@ class FlashFwdSm90Trace(FlashFwdSm90):
 
 def kernel_class(cfg: KernelConfig):
     """The instrumented / diagnostic builds take the stamps buffer as one more argument."""
-    probe = cfg.trace or getattr(cfg, "clock_probe", False) or getattr(cfg, "skip_softmax", False)
+    probe = (cfg.trace or getattr(cfg, "clock_probe", False) or getattr(cfg, "skip_softmax", False)
+             or bool(getattr(cfg, "ablate", "")))
     return FlashFwdSm90Trace if probe else FlashFwdSm90

@@ -27,3 +27,5 @@ T_MASK = 15
 TRACE_OP_NAMES = {T_LK: "LK", T_LV: "LV", T_LQ: "LQ", T_QK: "QK", T_PV: "PV", T_MAX: "MAX",
                   T_EXP: "EXP", T_RESC: "RESC", T_CVT: "CVT", T_FIN: "FIN", T_ST: "ST", T_PP: "PP",
                   T_WAIT_K: "WAIT_K", T_WAIT_V: "WAIT_V", T_WAIT_PP: "WAIT_PP", T_MASK: "MASK"}
+# the light trace (KernelConfig.trace_light) stamps only these; its EXP = the whole softmax
+LIGHT_OPS = (T_QK, T_PV, T_EXP, T_FIN, T_ST)

@@ -78,7 +78,9 @@ class Op:
 
 @dataclass(frozen=True)
 class Edge:
-    """dst waits for src. distance counts KV iterations (per='iter') or tiles (per='tile')."""
+    """dst waits for src. distance counts KV iterations (per='iter') or tiles (per='tile').
+    skip_first: the first KV iteration of each tile does not wait on this edge (a hand-off the
+    kernel skips when a tile starts)."""
 
     src: str
     dst: str
@@ -86,6 +88,7 @@ class Edge:
     per: str = "iter"
     kind: str = "flow"
     lag: float = 0.0
+    skip_first: bool = False
 
 
 @dataclass
@@ -240,6 +243,8 @@ class _Resolver:
         self.schedule = schedule
 
     def src_instance(self, edge: Edge, tile: int, it: int):
+        if edge.skip_first and it == 0:
+            return None
         src = self.schedule.op(edge.src)
         if edge.per == "tile":
             t = tile - edge.distance

@@ -138,6 +138,11 @@ def compare(doc: dict, hw: str | None = None, at_profile_clock: bool = False) ->
     return {"summary": summary, "points": rows, "knob_deltas": knob_deltas(rows)}
 
 
+# fa4kernel's ablation builds (KernelConfig.ablate) and the fa3 schedule's matching what-ifs
+ABLATION_KNOBS = {"max": {"free_row_max": True}, "exp": {"free_exp2": True}, "sum": {"free_row_sum": True},
+                  "rescale": {"rescale_rate": 0.0}}
+
+
 def is_interval_file(doc: dict) -> bool:
     """benchmarks/ctas_sm90.py output: exact steady-state cycles per KV block, not TFLOP/s."""
     return bool(doc.get("points")) and "cycles_per_kv_block" in doc["points"][0]
@@ -155,6 +160,8 @@ def compare_intervals(doc: dict, hw: str | None = None) -> dict:
             continue
         hd, n, pattern = int(p["hdim"]), int(p["n_ctas"]), p.get("pattern", "shared")
         knobs = dict(p.get("knobs") or {})
+        for a in filter(None, (p.get("ablate") or "").split(",")):  # the kernel's ablation = a what-if knob
+            knobs.update(ABLATION_KNOBS[a])
         key = (hd, json.dumps(knobs, sort_keys=True))
         if key not in cache:
             sk = int(doc["meta"]["seqlens_k"][-1])

@@ -84,3 +84,18 @@ def test_issue_depth_makes_two_issuers_alternate():
     tr = simulate(s, [1])
     owners = [tr.ops[b.rec].name for b in sorted(tr.busy, key=lambda b: b.start)]
     assert owners[:4] != ["x"] * 4 and sorted(owners) == ["x"] * 4 + ["y"] * 4
+
+
+def test_skip_first_edge_does_not_bind_a_tiles_first_iteration():
+    # b waits for a (which takes 10); with skip_first, b's first instance in each tile starts at once
+    def run(skip):
+        s = one_unit([Op("a", "r", (("u", 10),)), Op("b", "q", (("v", 1),))],
+                     edges=[Edge("a", "b", skip_first=skip)], roles=("r", "q"), units={"u": 1, "v": 1})
+        tr = simulate(s, [3, 3])
+        return sorted((r.tile, r.iter, r.issue) for r in tr.ops if r.name == "b")
+
+    bound, skipped = run(False), run(True)
+    assert [x[2] for x in bound if x[1] == 0] == [10, 40]  # tile 1's a(0) is the 4th a: ends at 40
+    # unbound: tile 0's b(0) at once, tile 1's b(0) right after the role's previous op b(2) (30 + 1)
+    assert [x[2] for x in skipped if x[1] == 0] == [0, 31]
+    assert [x[2] for x in skipped if x[1] > 0] == [x[2] for x in bound if x[1] > 0] == [20, 30, 50, 60]

@@ -153,3 +153,28 @@ def test_one_cta_per_tile_pays_turnover_persistent_does_not():
     assert assign(costs, 2, causal=False, persistent=True) == (1000.0 + 2 * 800.0, 3)
     assert assign(costs, 2, causal=False, persistent=False, cta_launch=0.0) == (3000.0, 3)
     assert assign(costs, 2, causal=False, persistent=False, cta_launch=450.0) == (3000.0 + 2 * 450.0, 3)
+
+
+def test_fa3_consumers_meet_at_the_epilogue_barrier():
+    """Every consumer WG's O -> smem waits for every WG's finalize (fa4kernel/FA3 named barrier),
+    so a persistent CTA's tiles cost more than their KV blocks (the ping-pong stagger restarts)."""
+    hw = hardware.load("h100")
+    p = Problem(1, 1, 256, 1024, 128, False)
+    k = resolve(SCHEDULES["fa3"].KNOBS, p, {})
+    sched = SCHEDULES["fa3"].build(hw, p, k, 8, 0)
+    osm = {(e.src, e.dst) for e in sched.edges if e.dst.startswith("OSM") and e.src.startswith("FIN")}
+    assert osm == {(f"FIN{v}", f"OSM{w}") for v in range(2) for w in range(2)}
+    one = simulate(hw.with_values(num_sms=1), "fa3", Problem(1, 1, 128, 1024, 128, False)).cycles
+    two = simulate(hw.with_values(num_sms=1), "fa3", Problem(1, 1, 256, 1024, 128, False)).cycles
+    steady = simulate("h100", "fa3", Problem(1, 1, 128, 8192, 128, False)).interval
+    assert two - one > 8 * steady  # a tile costs its 8 blocks plus a tile transition
+
+
+def test_fa3_free_phase_what_ifs():
+    """free_exp2 / free_row_max / free_row_sum remove a phase's cost (fa4kernel's ablate builds)."""
+    p = Problem(1, 1, 128, 8192, 128, False)
+    base = simulate("h100", "fa3", p).interval
+    for knob in ("free_exp2", "free_row_max", "free_row_sum"):
+        assert simulate("h100", "fa3", p, {knob: True}).interval <= base
+    everything = {"free_exp2": True, "free_row_max": True, "free_row_sum": True, "rescale_rate": 0.0}
+    assert simulate("h100", "fa3", p, everything).interval == pytest.approx(2048.0)  # tensor-bound

@@ -55,6 +55,9 @@ KNOBS = [
     Knob("exp_emulation", 0.0, "fraction", "fraction of each row's exp2 done by the polynomial on the FMA pipe (FA4 trick; off in FA3)", kind="fraction"),
     Knob("rescale_threshold", None, "log2 units", "conditional rescaling threshold tau; none = always rescale (FA3)", kind="float_or_none", minimum=0.0),
     Knob("rescale_rate", None, "fraction", "override: fraction of (warp, KV block) pairs that rescale (none = derive)", kind="float_or_none", minimum=0.0, maximum=1.0),
+    Knob("free_row_max", False, "", "what-if: the row max costs nothing (fa4kernel's ablate='max' build)", kind="bool"),
+    Knob("free_exp2", False, "", "what-if: exp2 costs nothing, P = scaled S (fa4kernel's ablate='exp' build)", kind="bool"),
+    Knob("free_row_sum", False, "", "what-if: the row sum costs nothing (fa4kernel's ablate='sum' build)", kind="bool"),
     Knob("score_std", 1.0, "nats", "std of softmax_scale*q.k for the rescale-rate model (randn inputs: 1)", kind="float", minimum=1e-3),
 ]
 
@@ -146,9 +149,11 @@ def build(hw, p: Problem, k: dict, n_kv: int, masked_blocks: int) -> Schedule:
         if masked_blocks:
             ops.append(Op(f"MASK{w}", r, tuple(phase(hw, "mask", elems * masked_blocks).items()), 0.0, "softmax",
                           when="first", label=f"causal/length mask, {masked_blocks} block(s)"))
-        ops.append(Op(f"MAX{w}", r, tuple(phase(hw, "max", elems, rows).items()), hw.fma_latency * 4, "softmax",
+        mx = {} if k["free_row_max"] else phase(hw, "max", elems, rows)
+        ops.append(Op(f"MAX{w}", r, tuple(mx.items()), hw.fma_latency * 4, "softmax",
                       label="row max (quad shuffles), acc_scale"))
-        exp = add(phase(hw, "scale", elems), exp2_phase(hw, elems, f), phase(hw, "sum", elems))
+        exp = add(phase(hw, "scale", elems), {} if k["free_exp2"] else exp2_phase(hw, elems, f),
+                  {} if k["free_row_sum"] else phase(hw, "sum", elems))
         ops.append(Op(f"EXP{w}", r, tuple(exp.items()), hw.mufu_latency, "exp", label="exp2, row sum"))
         ops.append(Op(f"RESC{w}", r, tuple(scaled(phase(hw, "rescale", rows * d), rate).items()), 0.0,
                       "correction", label=f"O *= acc_scale (p={rate:.3g})"))
@@ -159,9 +164,14 @@ def build(hw, p: Problem, k: dict, n_kv: int, masked_blocks: int) -> Schedule:
                       label="P -> bf16" + ("" if rs else " -> smem, fence, barrier")))
         if not overlap:
             ops.append(pv_op)
-        fin = add(phase(hw, "normalize", rows * d), {"smem": rows * d * BYTES / hw.smem_bytes_per_clk})
-        ops.append(Op(f"FIN{w}", r, tuple(fin.items()), hw.smem_latency, "correction", when="last",
-                      skew=1 if overlap else 0, label="O / row_sum -> smem"))
+        ops.append(Op(f"FIN{w}", r, tuple(phase(hw, "normalize", rows * d).items()), 0.0, "correction",
+                      when="last", skew=1 if overlap else 0, label="O / row_sum, convert"))
+        # every consumer WG meets at a named barrier before O goes to smem (the O buffer is shared
+        # and the previous tile's store must have read it): the WGs leave the tile together, so
+        # the ping-pong stagger is rebuilt at the start of every tile
+        ops.append(Op(f"OSM{w}", r, (("smem", rows * d * BYTES / hw.smem_bytes_per_clk),), hw.smem_latency,
+                      "correction", when="last", skew=1 if overlap else 0,
+                      label="consumer barrier, O -> smem"))
     ops.append(Op("ST", "epilogue", (("tma", k["tile_m"] * d * BYTES / hw.tma_bytes_per_clk),), hw.l2_latency,
                   "store", asynchronous=True, issue_cycles=1, when="last", label="TMA store O"))
 
@@ -171,17 +181,18 @@ def build(hw, p: Problem, k: dict, n_kv: int, masked_blocks: int) -> Schedule:
                   Edge(f"QK{w}", f"MASK{w}" if masked_blocks else f"MAX{w}"),       # wgmma wait
                   Edge(f"PV{w}", f"RESC{w}", distance=1),  # O of block j-1 is final before rescaling
                   Edge(f"PV{w}", f"FIN{w}"),
-                  Edge(f"FIN{w}", "ST", lag=nbar),
+                  Edge(f"OSM{w}", "ST", lag=nbar),
                   Edge(f"QK{w}", "LK", S, kind="anti", lag=mbar),
                   Edge(f"PV{w}", "LV", S, kind="anti", lag=mbar),
                   Edge(f"QK{w}", "LQ", 1, per="tile", kind="anti", lag=mbar)]
         if not overlap:  # wait_group 0 before softmax: the previous PV has completed too
             edges.append(Edge(f"PV{w}", f"MAX{w}", distance=1))
-        if pp:
+        if pp:  # a tile's first S GEMMs are issued without the hand-off (fa4kernel, FA3)
             prev = f"PP{(w - 1) % W}"
-            edges.append(Edge(prev, f"QK{w}", distance=0 if w > 0 else 1, lag=nbar))
+            edges.append(Edge(prev, f"QK{w}", distance=0 if w > 0 else 1, lag=nbar, skip_first=overlap))
+    edges += [Edge(f"FIN{v}", f"OSM{w}", lag=nbar) for v in range(W) for w in range(W)]  # the barrier
     if separate_o(hw, p, k):  # O has its own smem buffer: the next tile's O waits for this store
-        edges += [Edge("ST", f"FIN{w}", 1, per="tile", kind="anti", lag=mbar) for w in range(W)]
+        edges += [Edge("ST", f"OSM{w}", 1, per="tile", kind="anti", lag=mbar) for w in range(W)]
     else:  # O is staged in Q's buffer: the next Q load waits for this tile's store
         edges.append(Edge("ST", "LQ", 1, per="tile", kind="anti", lag=mbar))
 
