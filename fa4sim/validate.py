@@ -253,7 +253,8 @@ def plot(result: dict, path: str) -> str:
     s = result["summary"]
     med = s["median_abs_error"]
     ax.set_title(f"predicted vs measured on {s['device']} ({(s['date'] or '')[:10]})\n"
-                 f"profile {s['hw_profile']}; median |err| {med:.1%}" if med is not None else "no points", fontsize=9)
+                 f"profile {s['hw_profile']}, clock {s.get('clock', '')}; median |err| {med:.1%}"
+                 if med is not None else "no points", fontsize=8)
     ax.set_xlabel("measured TFLOP/s")
     ax.set_ylabel("predicted TFLOP/s")
     ax.legend(fontsize=7)
