@@ -132,6 +132,88 @@ def tile_costs(hd, blocks, tiles=(1, 9), reps=5):
             "cycles_per_tile": (cyc[t2] - cyc[t1]) / (t2 - t1)}
 
 
+SHORT_CASES = [  # (label, batch, heads, seqlen_q, seqlen_k): hd128, 8 KV blocks per tile, 2048 tiles
+    ("bench 1k: 256 heads, Q and K/V from HBM", 16, 16, 1024, 1024),
+    ("K/V L2-resident (16 heads x 1k keys), Q from HBM", 1, 16, 16384, 1024),
+    ("one head: K/V L2-resident", 1, 1, 262144, 1024),
+]
+
+
+def short_tiles(reps=7, max_ctas=None):
+    """Full-chip persistent launches with 8-block tiles: CTA 0's cycles per tile (clock probe)."""
+    import torch
+
+    from fa4kernel import interface
+    from fa4kernel.config import make_config
+
+    out = []
+    cfg = make_config("bfloat16", 128, False, False, {})
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    for label, b, h, sq, sk in SHORT_CASES:
+        q = torch.randn(b, sq, h, 128, device="cuda", dtype=torch.bfloat16)
+        k = torch.randn(b, sk, h, 128, device="cuda", dtype=torch.bfloat16)
+        v = torch.randn(b, sk, h, 128, device="cuda", dtype=torch.bfloat16)
+        tiles = b * h * (sq // cfg.tile_m)
+        grid = min(tiles, max_ctas or sms)
+        interface.MAX_CTAS = max_ctas
+        try:
+            cyc, ghz = probe_cycles(q, k, v, {}, False, reps)
+        finally:
+            interface.MAX_CTAS = None
+        n0 = -(-tiles // grid)  # CTA 0 runs tiles 0, grid, 2 grid, ...
+        out.append({"case": label, "batch": b, "heads": h, "seqlen_q": sq, "seqlen_k": sk, "tiles": tiles,
+                    "grid": grid, "tiles_cta0": n0, "cycles_cta0": cyc, "cycles_per_tile": cyc / n0,
+                    "clock_ghz_in_kernel": ghz})
+        print(f"{label:50s} grid {grid:3d}: {cyc / n0:8.0f} cycles per tile (CTA 0: {n0} tiles, {ghz:.3f} GHz)",
+              flush=True)
+        del q, k, v
+    return out
+
+
+def cta_spread(ctas=(0, 1, 66, 67, 68, 131), reps=5):
+    """The bench's 1k case (b16 h16 hd128): start and end (globaltimer, ns) of several CTAs,
+    relative to CTA 0's start, against the CUDA-event time of the same launches."""
+    import torch
+
+    from fa4kernel.interface import attention_probed
+    from fa4kernel.trace_layout import TRACE_WORDS
+
+    q, k, v = (torch.randn(16, 1024, 16, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    bufs = {c: torch.zeros((TRACE_WORDS,), dtype=torch.int64, device="cuda") for c in ctas}
+    for c, b in bufs.items():
+        b[0] = c
+    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    rows = []
+    for _ in range(reps):
+        for c in ctas:  # one launch per traced CTA; also timed
+            attention_probed(q, k, v, stamps=bufs[c])
+        torch.cuda.synchronize()
+        e0.record()
+        for c in ctas:
+            attention_probed(q, k, v, stamps=bufs[c])
+        e1.record()
+        torch.cuda.synchronize()
+        ms = e0.elapsed_time(e1) / len(ctas)
+        h = {c: bufs[c][:5].tolist() for c in ctas}
+        rows.append({"event_ms_per_launch": ms,
+                     "cta": {str(c): {"start_ns": h[c][2], "end_ns": h[c][4], "ns": h[c][4] - h[c][2],
+                                      "ghz": (h[c][3] - h[c][1]) / max(h[c][4] - h[c][2], 1)} for c in ctas}})
+    # dead time between back-to-back launches as CTA 0 sees it: start(i + 1) - end(i)
+    a, b = (torch.zeros((TRACE_WORDS,), dtype=torch.int64, device="cuda") for _ in range(2))
+    gaps = []
+    for _ in range(reps):
+        attention_probed(q, k, v, stamps=a)
+        attention_probed(q, k, v, stamps=b)
+        torch.cuda.synchronize()
+        gaps.append(b[2].item() - a[4].item())
+    rows.append({"launch_dead_time_ns_cta0": gaps})
+    print("CTA 0: next launch starts", [round(g / 1e3, 2) for g in gaps], "us after this one ended", flush=True)
+    last = rows[-2]
+    print("event ms per launch", round(last["event_ms_per_launch"] * 1e3, 1), "us;",
+          {c: (round(x["ns"] / 1e3, 1), round(x["ghz"], 3)) for c, x in last["cta"].items()}, flush=True)
+    return rows
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True)
@@ -144,6 +226,8 @@ def main():
     ap.add_argument("--tiles", action="store_true",
                     help="also: per-tile cycles of one persistent CTA walking 1 and 9 tiles of 8 / 32 KV blocks")
     ap.add_argument("--only-tiles", action="store_true", help="the per-tile measurement only")
+    ap.add_argument("--only-short", action="store_true",
+                    help="full-chip 8-block tiles (the 1k-token case): where K/V and Q come from")
     ap.add_argument("--only-ablations", action="store_true",
                     help="one CTA: default, skip_softmax and each softmax ablation (fa4kernel config.ABLATIONS)")
     args = ap.parse_args()
@@ -184,6 +268,12 @@ def main():
         with open(args.out, "w") as f:
             json.dump(res, f, indent=1)
 
+    if args.only_short:
+        res["short_tiles"] = short_tiles()
+        res["cta_spread_1k"] = cta_spread()
+        with open(args.out, "w") as f:
+            json.dump(res, f, indent=1)
+        return
     if args.only_ablations:
         for hd in (int(x) for x in args.hdims.split(",")):
             point(hd, "shared", 1, "default", {}, False)
