@@ -137,12 +137,17 @@ def simulate(hw="b200", schedule="fa4", problem: Problem | None = None, override
     for u in units:
         by_masked.setdefault(u.masked, []).append(u.n_kv)
 
+    # a CTA's own start-up (barrier init, descriptor prefetch, register reallocation, tile math)
+    # before its first TMA: paid by every CTA, so once per SM when persistent, per tile if not
+    prologue = float(knobs.get("cta_prologue_cycles", 0.0) or 0.0)
+
     def cost_of(u: WorkUnit) -> tuple[float, float]:
         ns = by_masked[u.masked]
         if len(set(ns)) <= 4:
             t1, t2, _, _ = detailed(u.n_kv, u.masked)
-            return t1, t2 - t1
-        return _interpolated(u, max(ns), detailed)
+            return t1 + prologue, t2 - t1
+        t1, extra = _interpolated(u, max(ns), detailed)
+        return t1 + prologue, extra
 
     kt = kernel_time(problem, profile, units, cost_of, tile_n, two_cta,
                      persistent=bool(knobs.get("persistent", True)))

@@ -178,3 +178,16 @@ def test_fa3_free_phase_what_ifs():
         assert simulate("h100", "fa3", p, {knob: True}).interval <= base
     everything = {"free_exp2": True, "free_row_max": True, "free_row_sum": True, "rescale_rate": 0.0}
     assert simulate("h100", "fa3", p, everything).interval == pytest.approx(2048.0)  # tensor-bound
+
+
+def test_cta_prologue_is_paid_once_per_cta():
+    """The fa3 prologue knob (CTA start to first TMA): a persistent launch pays it once per SM, a
+    one-CTA-per-tile launch once per tile (here 4 tiles on one SM)."""
+    hw = hardware.load("h100").with_values(num_sms=1)
+    p = Problem(1, 1, 512, 1024, 128, False)
+
+    def cycles(persistent, prologue):
+        return simulate(hw, "fa3", p, {"persistent": persistent, "cta_prologue_cycles": prologue}).cycles
+
+    assert cycles(True, 1000.0) - cycles(True, 0.0) == pytest.approx(1000.0)
+    assert cycles(False, 1000.0) - cycles(False, 0.0) == pytest.approx(4000.0)

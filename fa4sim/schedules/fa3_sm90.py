@@ -55,6 +55,9 @@ KNOBS = [
     Knob("exp_emulation", 0.0, "fraction", "fraction of each row's exp2 done by the polynomial on the FMA pipe (FA4 trick; off in FA3)", kind="fraction"),
     Knob("rescale_threshold", None, "log2 units", "conditional rescaling threshold tau; none = always rescale (FA3)", kind="float_or_none", minimum=0.0),
     Knob("rescale_rate", None, "fraction", "override: fraction of (warp, KV block) pairs that rescale (none = derive)", kind="float_or_none", minimum=0.0, maximum=1.0),
+    Knob("cta_prologue_cycles", 1570.0, "cycles", "a CTA's start-up before its first TMA (mbarrier init, descriptor "
+         "prefetch, setmaxnreg, tile math): measured in fa4kernel on H100, first K load issued 1572 cycles after CTA "
+         "start (benchmarks/results/timeline_h100_2026-11-22/timeline_hd128.json)", kind="float", minimum=0.0),
     Knob("free_row_max", False, "", "what-if: the row max costs nothing (fa4kernel's ablate='max' build)", kind="bool"),
     Knob("free_exp2", False, "", "what-if: exp2 costs nothing, P = scaled S (fa4kernel's ablate='exp' build)", kind="bool"),
     Knob("free_row_sum", False, "", "what-if: the row sum costs nothing (fa4kernel's ablate='sum' build)", kind="bool"),
@@ -172,8 +175,10 @@ def build(hw, p: Problem, k: dict, n_kv: int, masked_blocks: int) -> Schedule:
         ops.append(Op(f"OSM{w}", r, (("smem", rows * d * BYTES / hw.smem_bytes_per_clk),), hw.smem_latency,
                       "correction", when="last", skew=1 if overlap else 0,
                       label="consumer barrier, O -> smem"))
-    ops.append(Op("ST", "epilogue", (("tma", k["tile_m"] * d * BYTES / hw.tma_bytes_per_clk),), hw.l2_latency,
-                  "store", asynchronous=True, issue_cycles=1, when="last", label="TMA store O"))
+    # the CTA waits for the TMA engine to have *read* O from smem (bulk wait_group ..., read=True),
+    # not for the write to land in L2: the store's completion is its smem read, no latency after it
+    ops.append(Op("ST", "epilogue", (("tma", k["tile_m"] * d * BYTES / hw.tma_bytes_per_clk),), 0.0,
+                  "store", asynchronous=True, issue_cycles=1, when="last", label="TMA store O (smem read)"))
 
     S = k["kv_stages"]
     for w in range(W):
