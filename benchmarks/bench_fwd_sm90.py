@@ -214,6 +214,8 @@ def bench_point(impls, b, s, h, d, causal, results, quick, knobs=None, label=Non
     cfg0 = make_config("bfloat16", d, causal, False, knobs or {})
     if peers and cfg0.separate_o and not causal:  # persistent by default: also time 1 tile/CTA
         cands.append(("fa4kernel[1 tile/CTA]", impls.ours_one_tile_per_cta(q, k, v, causal, **(knobs or {}))))
+    if peers and causal and not cfg0.persistent:  # one CTA per tile by default: also time persistent
+        cands.append(("fa4kernel[persistent=True]", impls.ours(q, k, v, causal, **{**(knobs or {}), "persistent": True})))
     if peers:
         if impls.fa4 is not None:
             cands.append(("flash-attn-4", impls.flash_attn_4(q, k, v, causal)))

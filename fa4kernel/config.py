@@ -20,6 +20,7 @@ KNOB_NAMES = (
     "p_in_registers",
     "exp_emulation",
     "rescale_threshold",
+    "persistent",
 )
 
 # Hopper limits the kernel has to live within.
@@ -63,6 +64,8 @@ class KernelConfig:
     p_in_registers: bool
     exp_emulation: float
     rescale_threshold: float  # 0.0 = always rescale (FA3 behaviour)
+    # one CTA per SM looping over tiles (True) or one CTA per tile (False); resolved by make_config
+    persistent: bool = True
     # Instrumented build (issue 4): clock64 stamps of one CTA into a global int64 buffer. Not a
     # user knob (attention() rejects it); set only through trace_config(). False = the normal
     # kernel, whose generated code does not depend on this field.
@@ -121,6 +124,7 @@ def default_knobs(head_dim: int, causal: bool = False) -> dict:
         p_in_registers=p_rs,
         exp_emulation=0.0,
         rescale_threshold=None,
+        persistent=None,
     )
 
 
@@ -207,6 +211,12 @@ def resolve_knobs(head_dim: int, causal: bool, knobs: dict) -> dict:
         )
     if out["pingpong"] and n_wg < 2:
         raise ValueError("pingpong=True needs at least 2 consumer warpgroups (tile_m >= 128)")
+    pers = out["persistent"]
+    if pers is None:  # auto: persistent where O has its own smem buffer and tiles are equally long
+        pers = (not causal) and smem + tile_m * head_dim * 2 <= SMEM_LIMIT_BYTES
+    if not _is_bool(pers):
+        raise ValueError(f"persistent={pers!r} not supported; allowed: None (auto), True or False")
+    out["persistent"] = bool(pers)
     return out
 
 

@@ -128,11 +128,12 @@ class FlashFwdSm90:
         # land while this tile's O is stored; otherwise O reuses Q's buffer and Q is released
         # only after the O store has read it.
         self.separate_o = cfg.separate_o
-        # Persistent only where O has its own buffer (the win is overlapping one tile's O store
-        # with the next tile's Q/K loads) and tiles are equally long: causal tiles vary in
-        # length, and the hardware block scheduler balances them better than a static
-        # round-robin (measured on H200: hd128 16k causal 681 -> 592 TFLOP/s when persistent).
-        self.persistent = cfg.separate_o and not cfg.causal
+        # The `persistent` knob (config.resolve_knobs). Auto: only where O has its own buffer
+        # (the win is overlapping one tile's O store with the next tile's Q/K loads) and tiles
+        # are equally long: causal tiles vary in length, and the hardware block scheduler
+        # balances them better than a static round-robin (measured on H200: hd128 16k causal
+        # 681 -> 592 TFLOP/s when persistent).
+        self.persistent = bool(getattr(cfg, "persistent", cfg.separate_o and not cfg.causal))
         self.emu_cols = emulated_columns(self.cols_per_thread, cfg.exp_emulation)
         self.trace = bool(getattr(cfg, "trace", False))
         # header stamps (kernel start/end clock64 + globaltimer of one CTA): trace and probe builds

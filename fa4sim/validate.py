@@ -45,7 +45,7 @@ def profile_for(device: str) -> str:
 
 
 # variants bench_fwd_sm90.py records beside a point's default run, and what they change
-VARIANT_KNOBS = {"1 tile/CTA": {"persistent": False}}
+VARIANT_KNOBS = {"1 tile/CTA": {"persistent": False}, "persistent=True": {"persistent": True}}
 # timed beside the others only to read the in-kernel clock: not a knob, not a point
 NOT_VARIANTS = {"clock probe"}
 

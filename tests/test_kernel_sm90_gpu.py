@@ -190,6 +190,8 @@ def test_exp_emulation_matches_mufu():
     (128, False, {}), (128, True, {}), (64, True, {}), (96, False, {}), (192, True, {}),
     (256, False, {}), (128, True, dict(intra_wg_overlap=False)), (128, False, dict(pingpong=False)),
     (64, False, dict(p_in_registers=False, intra_wg_overlap=False)),
+    (128, True, dict(persistent=True)), (64, True, dict(persistent=True)),
+    (256, True, dict(persistent=True)), (128, False, dict(persistent=False)),
 ])
 def test_persistent_many_tiles_per_cta(hd, causal, knobs):
     """More tiles than SMs: each persistent CTA runs several tiles back to back (Q/O buffer
