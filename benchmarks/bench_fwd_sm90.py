@@ -214,6 +214,7 @@ def bench_point(impls, b, s, h, d, causal, results, quick, knobs=None, label=Non
     cfg0 = make_config("bfloat16", d, causal, False, knobs or {})
     if peers and cfg0.separate_o and not causal:  # persistent by default: also time 1 tile/CTA
         cands.append(("fa4kernel[1 tile/CTA]", impls.ours_one_tile_per_cta(q, k, v, causal, **(knobs or {}))))
+    cfg0 = fa4kernel.interface.resolve_config(q, k, v, causal, **(knobs or {}))
     if peers and causal and not cfg0.persistent:  # one CTA per tile by default: also time persistent
         cands.append(("fa4kernel[persistent=True]", impls.ours(q, k, v, causal, **{**(knobs or {}), "persistent": True})))
     if peers:
@@ -242,7 +243,7 @@ def bench_point(impls, b, s, h, d, causal, results, quick, knobs=None, label=Non
                                           sm_mhz=mhz)
         _record_clock(point, probe_read.ghz)
     if knobs is not None or label is None:
-        cfg = make_config("bfloat16", d, causal, False, knobs or {})
+        cfg = fa4kernel.interface.resolve_config(q, k, v, causal, **(knobs or {}))  # as attention() runs it
         point["fa4kernel_config"] = cfg.as_dict()
         point["fa4kernel_compile_s"] = fa4kernel.COMPILE_TIMES.get(cfg)
     results.append(point)
