@@ -328,12 +328,14 @@ for prof in PROFILES[1:]:
     print(f"clock measured by the microbenchmarks ({prof}): {hw.clock_ghz} GHz  [{hw.sources['clock_ghz'][:70]}...]")
 
 # %% [markdown]
-# If the implied clock is below the clock measured inside the attention kernel (1.78-1.80 GHz on
-# the H100, 2026-11-22), the gap is not the clock: the kernel has stalls the model does not know
-# about. `fa4sim.timeline` overlays per-warp time stamps from our instrumented kernel on the
-# simulated timeline (benchmarks/timeline_compare.py; figures/timeline_overlay_*.png): with the
-# measured profile the model's loop is still ~20 % shorter than the measured one at hd128, and
-# finding the mechanism behind that is open work.
+# If the implied clock is below the clock measured inside the attention kernel, the gap is not the
+# clock: the kernel has stalls the model does not know about. That clock moves with the power cap
+# (1.55-1.81 GHz across one benchmark run on the H100, 2026-11-22), so the benchmark records it
+# at every point with a clock-probe build of our kernel, and `fa4sim validate` predicts each point
+# at its own measured clock. Measured that way, in exact cycles (benchmarks/ctas_sm90.py), the
+# model's hd128 loop is 9 % shorter than the kernel's: with the softmax compiled out both sit
+# exactly at the tensor-core bound, so the missing time is the softmax's exposure, which the model
+# still hides too well under the other warpgroup's GEMMs (benchmarks/calibrate/README.md).
 #
 # ## What to remember
 #
