@@ -201,29 +201,10 @@ def check_close(out, ref_out):
     return ((out.float() - ref_out.float()).norm() / ref_out.float().norm()).item()
 
 
-def bench_point(impls, b, s, h, d, causal, results, quick, knobs=None, label=None, peers=True):
-    torch.manual_seed(1234 + s + d)
-    q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-    f = flops(b, h, s, s, d, causal)
-    point = dict(batch=b, seqlen=s, heads=h, hdim=d, causal=causal, label=label or "main",
-                 knobs=knobs or {}, results={})
-    reps = 5 if quick else 15
-    cands = [("fa4kernel", impls.ours(q, k, v, causal, **(knobs or {})))]
-    probe_fn, probe_read = impls.ours_clock_probe(q, k, v, causal, **(knobs or {}))
-    cands.append((PROBE, probe_fn))
-    cfg0 = make_config("bfloat16", d, causal, False, knobs or {})
-    if peers and cfg0.separate_o and not causal:  # persistent by default: also time 1 tile/CTA
-        cands.append(("fa4kernel[1 tile/CTA]", impls.ours_one_tile_per_cta(q, k, v, causal, **(knobs or {}))))
-    cfg0 = fa4kernel.interface.resolve_config(q, k, v, causal, **(knobs or {}))
-    if peers and causal and not cfg0.persistent:  # one CTA per tile by default: also time persistent
-        cands.append(("fa4kernel[persistent=True]", impls.ours(q, k, v, causal, **{**(knobs or {}), "persistent": True})))
-    if peers:
-        if impls.fa4 is not None:
-            cands.append(("flash-attn-4", impls.flash_attn_4(q, k, v, causal)))
-        cands += [("sdpa-cudnn", impls.sdpa(q, k, v, causal, "cudnn")),
-                  ("sdpa-flash", impls.sdpa(q, k, v, causal, "flash"))]
-    ref_out = None
-    ok = {}
+def _first_calls(cands, point) -> dict:
+    """First (JIT-compiling) call of each (name, fn), its result checked against the first one's;
+    records first_call_s / rel_diff_vs_fa4kernel (or the error) and returns the ones that ran."""
+    ok, ref_out = {}, None
     for name, fn in cands:
         try:
             first = first_call_seconds(fn)  # includes the JIT compile on a cache miss
@@ -236,16 +217,44 @@ def bench_point(impls, b, s, h, d, causal, results, quick, knobs=None, label=Non
         except Exception as e:
             point["results"][name] = dict(error=repr(e)[:500])
         torch.cuda.synchronize()
+    return ok
+
+
+def _time_into(point, ok, reps, flop, probe_read):
+    """Time the candidates round-robin and record ms, TFLOP/s, NVML MHz and the in-kernel clock."""
+    timed = time_interleaved(ok, reps=reps, after_batch={PROBE: probe_read})
+    for name, (med, lo, hi, mhz) in timed.items():
+        point["results"][name].update(ms=med, ms_min=lo, ms_max=hi, tflops=flop / (med * 1e-3) / 1e12,
+                                      sm_mhz=mhz)
+    _record_clock(point, probe_read.ghz)
+
+
+def bench_point(impls, b, s, h, d, causal, results, quick, knobs=None, label=None, peers=True):
+    torch.manual_seed(1234 + s + d)
+    q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    f = flops(b, h, s, s, d, causal)
+    point = dict(batch=b, seqlen=s, heads=h, hdim=d, causal=causal, label=label or "main",
+                 knobs=knobs or {}, results={})
+    reps = 5 if quick else 15
+    cands = [("fa4kernel", impls.ours(q, k, v, causal, **(knobs or {})))]
+    probe_fn, probe_read = impls.ours_clock_probe(q, k, v, causal, **(knobs or {}))
+    cands.append((PROBE, probe_fn))
+    cfg0 = fa4kernel.interface.resolve_config(q, k, v, causal, **(knobs or {}))  # as attention() runs it
+    if peers and cfg0.separate_o and not causal:  # persistent by default: also time 1 tile/CTA
+        cands.append(("fa4kernel[1 tile/CTA]", impls.ours_one_tile_per_cta(q, k, v, causal, **(knobs or {}))))
+    if peers and causal and not cfg0.persistent:  # one CTA per tile by default: also time persistent
+        cands.append(("fa4kernel[persistent=True]", impls.ours(q, k, v, causal, **{**(knobs or {}), "persistent": True})))
+    if peers:
+        if impls.fa4 is not None:
+            cands.append(("flash-attn-4", impls.flash_attn_4(q, k, v, causal)))
+        cands += [("sdpa-cudnn", impls.sdpa(q, k, v, causal, "cudnn")),
+                  ("sdpa-flash", impls.sdpa(q, k, v, causal, "flash"))]
+    ok = _first_calls(cands, point)
     if ok:
-        timed = time_interleaved(ok, reps=reps, after_batch={PROBE: probe_read})
-        for name, (med, lo, hi, mhz) in timed.items():
-            point["results"][name].update(ms=med, ms_min=lo, ms_max=hi, tflops=f / (med * 1e-3) / 1e12,
-                                          sm_mhz=mhz)
-        _record_clock(point, probe_read.ghz)
+        _time_into(point, ok, reps, f, probe_read)
     if knobs is not None or label is None:
-        cfg = fa4kernel.interface.resolve_config(q, k, v, causal, **(knobs or {}))  # as attention() runs it
-        point["fa4kernel_config"] = cfg.as_dict()
-        point["fa4kernel_compile_s"] = fa4kernel.COMPILE_TIMES.get(cfg)
+        point["fa4kernel_config"] = cfg0.as_dict()
+        point["fa4kernel_compile_s"] = fa4kernel.COMPILE_TIMES.get(cfg0)
     results.append(point)
     r = point["results"]
     line = " ".join(f"{n}={r[n]['tflops']:.0f}" if "tflops" in r[n] else f"{n}=ERR" for n in r)
@@ -272,26 +281,11 @@ def bench_knobs(impls, b, s, h, d, causal, variants, results, quick):
     if impls.fa4 is not None:
         fns["flash-attn-4"] = impls.flash_attn_4(q, k, v, causal)
     fns["sdpa-cudnn"] = impls.sdpa(q, k, v, causal, "cudnn")
-    ok, ref_out = {}, None
-    for name, fn in fns.items():
-        try:
-            first = first_call_seconds(fn)
-            out = fn()
-            agree = 0.0 if ref_out is None else check_close(out, ref_out)
-            if ref_out is None:
-                ref_out = out[0] if isinstance(out, tuple) else out
-            ok[name] = fn
-            point["results"][name] = dict(first_call_s=first, rel_diff_vs_fa4kernel=agree)
-        except Exception as e:
-            point["results"][name] = dict(error=repr(e)[:500])
+    ok = _first_calls(fns.items(), point)
     for label, kn in variants:
         cfg = make_config("bfloat16", d, causal, False, kn)
         point["compile_s"][label] = fa4kernel.COMPILE_TIMES.get(cfg)
-    timed = time_interleaved(ok, reps=5 if quick else 11, after_batch={PROBE: probe_read})
-    for name, (med, lo, hi, mhz) in timed.items():
-        point["results"][name].update(ms=med, ms_min=lo, ms_max=hi, tflops=f / (med * 1e-3) / 1e12,
-                                      sm_mhz=mhz)
-    _record_clock(point, probe_read.ghz)
+    _time_into(point, ok, 5 if quick else 11, f, probe_read)
     results.append(point)
     for name, r in point["results"].items():
         val = f"{r['tflops']:.0f}" if "tflops" in r else "ERR"

@@ -193,6 +193,10 @@ def compare_intervals(doc: dict, hw: str | None = None) -> dict:
     return {"summary": summary, "intervals": rows, "knob_deltas": deltas}
 
 
+def _verdict(d: dict) -> str:
+    return f"{'same sign' if d['same_sign'] else 'WRONG SIGN'}, off by {d['difference_pp']:+.1f} pp"
+
+
 def report_intervals(result: dict) -> str:
     s = result["summary"]
     lines = [f"device {s['device']} ({s['date']}), profile {s['hw_profile']}: steady-state cycles per KV block "
@@ -207,8 +211,7 @@ def report_intervals(result: dict) -> str:
         lines.append("per-SM knob deltas (throughput change vs default at the same CTA count, measured / predicted):")
         for d in result["knob_deltas"]:
             lines.append(f"  {d['knob']:24s} hd{d['hdim']:<3d} {d['n_ctas']:3d} CTAs {d['measured_delta']:+7.1%} / "
-                         f"{d['predicted_delta']:+7.1%}  {'same sign' if d['same_sign'] else 'WRONG SIGN'}, "
-                         f"off by {d['difference_pp']:+.1f} pp")
+                         f"{d['predicted_delta']:+7.1%}  {_verdict(d)}")
     return "\n".join(lines)
 
 
@@ -282,6 +285,5 @@ def report(result: dict) -> str:
         lines.append("knob deltas vs default (measured / predicted):")
         for d in result["knob_deltas"]:
             lines.append(f"  {d['knob']:26s} hd{d['hdim']:<3d} {d['seqlen']:>5d} causal={int(d['causal'])} "
-                         f"{d['measured_delta']:+7.1%} / {d['predicted_delta']:+7.1%}"
-                         f"  {'same sign' if d['same_sign'] else 'WRONG SIGN'}, off by {d['difference_pp']:+.1f} pp")
+                         f"{d['measured_delta']:+7.1%} / {d['predicted_delta']:+7.1%}  {_verdict(d)}")
     return "\n".join(lines)

@@ -6,29 +6,12 @@
   epilogue's few MUFU)
 - neither is a user knob; fa4kernel.trace.header_clock turns a header into cycles / ns
 """
-import re
-
 import pytest
 
 from fa4kernel.config import diagnostic_config, make_config
 from fa4kernel.trace import header_clock
-
-CLOCK_READ = re.compile(r"\b(?:CS2R|S2R|S2UR)\s+U?R\w+,\s+SR_CLOCK(?:LO|HI)?\b")
-TIMER_READ = re.compile(r"\b(?:CS2R|S2R|S2UR)\s+U?R\w+,\s+SR_GLOBALTIMER(?:LO|HI)?\b")
-_SASS = {}
-
-
-def sass(cfg):
-    pytest.importorskip("cutlass")
-    import fa4kernel
-
-    if cfg not in _SASS:
-        _SASS[cfg] = fa4kernel.compile_sass(cfg, arch="sm_90a")
-    return _SASS[cfg]
-
-
-def count(text, op):
-    return len(re.findall(r"\s" + re.escape(op) + r"[\s.]", text))
+# the SASS helpers (and their compile cache) of the instrumented-build tests
+from test_kernel_sm90_trace import CLOCK_READ, TIMER_READ, count, sass
 
 
 @pytest.mark.compile
