@@ -25,7 +25,6 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import fa4kernel  # noqa: E402
 from benchmarks.nvml_clock import ClockSampler  # noqa: E402
-from fa4kernel.config import make_config  # noqa: E402
 
 # NVML's SM clock, sampled during every timed batch: the power cap moves it by 10-20 % between
 # runs, so cycles (what fa4sim predicts) = time x the clock of that very batch.
@@ -240,7 +239,7 @@ def bench_point(impls, b, s, h, d, causal, results, quick, knobs=None, label=Non
     probe_fn, probe_read = impls.ours_clock_probe(q, k, v, causal, **(knobs or {}))
     cands.append((PROBE, probe_fn))
     cfg0 = fa4kernel.interface.resolve_config(q, k, v, causal, **(knobs or {}))  # as attention() runs it
-    if peers and cfg0.separate_o and not causal:  # persistent by default: also time 1 tile/CTA
+    if peers and cfg0.persistent:  # persistent by default: also time 1 tile/CTA
         cands.append(("fa4kernel[1 tile/CTA]", impls.ours_one_tile_per_cta(q, k, v, causal, **(knobs or {}))))
     if peers and causal and not cfg0.persistent:  # one CTA per tile by default: also time persistent
         cands.append(("fa4kernel[persistent=True]", impls.ours(q, k, v, causal, **{**(knobs or {}), "persistent": True})))
@@ -276,14 +275,13 @@ def bench_knobs(impls, b, s, h, d, causal, variants, results, quick):
     fns[PROBE] = probe_fn
     for label, kn in variants:
         fns[f"fa4kernel[{label}]"] = impls.ours(q, k, v, causal, **kn)
-        cfg = make_config("bfloat16", d, causal, False, kn)
-        point["configs"][label] = cfg.as_dict()
+        point["configs"][label] = fa4kernel.interface.resolve_config(q, k, v, causal, **kn).as_dict()
     if impls.fa4 is not None:
         fns["flash-attn-4"] = impls.flash_attn_4(q, k, v, causal)
     fns["sdpa-cudnn"] = impls.sdpa(q, k, v, causal, "cudnn")
     ok = _first_calls(fns.items(), point)
     for label, kn in variants:
-        cfg = make_config("bfloat16", d, causal, False, kn)
+        cfg = fa4kernel.interface.resolve_config(q, k, v, causal, **kn)
         point["compile_s"][label] = fa4kernel.COMPILE_TIMES.get(cfg)
     _time_into(point, ok, 5 if quick else 11, f, probe_read)
     results.append(point)
@@ -321,6 +319,22 @@ def main():
     impls = Impls()
     meta["peer_import_errors"] = impls.errors
     results = []
+    out = args.out
+    if out is None:
+        name = dev.replace("NVIDIA ", "").replace(" ", "_")
+        out = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
+                           f"sm90_fwd_{name}_{dt.date.today().isoformat()}.json")
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+
+    def write(final=False):
+        """Rewritten after every point, so a cut-off run keeps what it measured."""
+        if final:
+            meta["clocks_after"] = nvidia_smi("clocks.sm,clocks.max.sm,clocks.mem,power.draw,temperature.gpu")
+        doc = dict(meta=meta, summary=summarize(results), points=results, complete=final)
+        with open(out, "w") as fh:
+            json.dump(doc, fh, indent=1)
+        return doc
+
     hdims = [64, 128, 256]
     seqlens = [1024, 4096, 16384]
     if args.quick:
@@ -330,8 +344,8 @@ def main():
             for causal in (False, True):
                 b, h = 16384 // s, 2048 // d
                 bench_point(impls, b, s, h, d, causal, results, args.quick)
+                write()
 
-    knob_points = []
     if not args.no_knobs:
         d, s = 128, 8192
         b, h = 16384 // s, 2048 // d
@@ -349,12 +363,18 @@ def main():
         if args.quick:
             variants = variants[:3]
         for causal in (False, True):
-            knob_points.append(bench_knobs(impls, b, s, h, d, causal, variants, results, args.quick))
+            bench_knobs(impls, b, s, h, d, causal, variants, results, args.quick)
+            write()
 
-    # summary: ours vs peers on the main grid
-    main_pts = [p for p in results if p["label"] == "main"]
+    doc = write(final=True)
+    print(json.dumps(doc["summary"], indent=1))
+    print("wrote", out)
+
+
+def summarize(results) -> dict:
+    """Ours vs the peers on the main grid: geomean over flash-attn-4, points at or above cuDNN."""
     ratios_fa4, vs_cudnn = [], []
-    for p in main_pts:
+    for p in (p for p in results if p["label"] == "main"):
         r = p["results"]
         if "tflops" in r.get("fa4kernel", {}):
             if "tflops" in r.get("flash-attn-4", {}):
@@ -367,19 +387,7 @@ def main():
     if vs_cudnn:
         summary["min_fa4kernel_over_cudnn"] = min(vs_cudnn)
         summary["points_fa4kernel_ge_cudnn"] = f"{sum(x >= 1.0 for x in vs_cudnn)}/{len(vs_cudnn)}"
-    meta["clocks_after"] = nvidia_smi("clocks.sm,clocks.max.sm,clocks.mem,power.draw,temperature.gpu")
-    doc = dict(meta=meta, summary=summary, points=results)
-    print(json.dumps(summary, indent=1))
-    out = args.out
-    if out is None:
-        name = dev.replace("NVIDIA ", "").replace(" ", "_")
-        out = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
-                           f"sm90_fwd_{name}_{dt.date.today().isoformat()}.json")
-    os.makedirs(os.path.dirname(out), exist_ok=True)
-    with open(out, "w") as fh:
-        json.dump(doc, fh, indent=1)
-    print("wrote", out)
-
+    return summary
 
 if __name__ == "__main__":
     main()

@@ -212,8 +212,9 @@ def resolve_knobs(head_dim: int, causal: bool, knobs: dict) -> dict:
     if out["pingpong"] and n_wg < 2:
         raise ValueError("pingpong=True needs at least 2 consumer warpgroups (tile_m >= 128)")
     pers = out["persistent"]
-    if pers is None:  # auto: persistent where O has its own smem buffer and tiles are equally long
-        pers = (not causal) and smem + tile_m * head_dim * 2 <= SMEM_LIMIT_BYTES
+    if pers is None:  # auto: persistent where O has its own smem buffer (causal too: the host's
+        # tile schedule balances the unequal causal tiles, fa4kernel/tile_schedule.py)
+        pers = smem + tile_m * head_dim * 2 <= SMEM_LIMIT_BYTES
     if not _is_bool(pers):
         raise ValueError(f"persistent={pers!r} not supported; allowed: None (auto), True or False")
     out["persistent"] = bool(pers)

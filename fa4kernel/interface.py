@@ -46,6 +46,18 @@ def _fake_args(cfg: KernelConfig):
     return q, k, v, o, lse
 
 
+def _fake_sched(cfg: KernelConfig):
+    """Causal builds take the host's tile schedule: (CTAs, width) int32, row-major."""
+    if not cfg.causal:
+        return None
+    import cutlass
+    import cutlass.cute as cute
+    from cutlass.cute.runtime import make_fake_tensor
+
+    return make_fake_tensor(cutlass.Int32, (cute.sym_int(), cute.sym_int()),
+                            stride=(cute.sym_int64(), 1), assumed_align=4)
+
+
 def _fake_trace():
     import cutlass
     from cutlass.cute.runtime import make_fake_tensor
@@ -104,7 +116,8 @@ def compile_sass(cfg: KernelConfig | None = None, arch: str = "sm_90a", dump_dir
         stream = cute.runtime.make_fake_stream()
         kern = kernel_class(cfg)(cfg)
         extra = (_fake_trace(),) if (cfg.trace or cfg.clock_probe or cfg.skip_softmax) else ()
-        cute.compile(kern, q, k, v, o, lse, Float32(1.0), Int32(132), *extra, stream, options=options)
+        cute.compile(kern, q, k, v, o, lse, _fake_sched(cfg), Float32(1.0), Int32(132), *extra, stream,
+                     options=options)
 
     return sass_for(build, arch, dump_dir)
 
@@ -128,9 +141,6 @@ def _to_cute(t, leading_dim: int, align: int = 16):
 
 
 _CAPABILITY: dict = {}
-# causal launches with seqlen_k up to this run persistent CTAs by default (when O has its own
-# smem buffer); longer ones one CTA per tile (fa4kernel/README.md, "Why 1k tokens is hard")
-CAUSAL_PERSISTENT_MAX_SEQLEN_K = 1024
 
 
 def _capability(device):
@@ -145,14 +155,8 @@ def _capability(device):
 
 
 def resolve_config(q, k, v, causal: bool = False, return_lse: bool = False, **knobs) -> KernelConfig:
-    """The KernelConfig attention() runs for these tensors and knobs (knob defaults resolved,
-    including the causal `persistent` choice that depends on seqlen_k)."""
+    """The KernelConfig attention() runs for these tensors and knobs (knob defaults resolved)."""
     b, sq, sk, h, d, dtype = validate_tensors(q, k, v, causal, None, return_lse)
-    if causal and knobs.get("persistent") is None and sk <= CAUSAL_PERSISTENT_MAX_SEQLEN_K:
-        # short causal tiles: per-tile start-up outweighs balance (H100, one run, 1k tokens:
-        # persistent +17 % hd64, +13 % hd128; at 4k-16k -3 to -11 %; benchmarks/results/)
-        if make_config(dtype, d, causal, return_lse, {**knobs, "persistent": None}).separate_o:
-            knobs = {**knobs, "persistent": True}
     return make_config(dtype, d, causal, return_lse, knobs)
 
 
@@ -244,17 +248,63 @@ PERSISTENT = os.environ.get("FA4KERNEL_PERSISTENT", "1") != "0"
 MAX_CTAS = None
 
 
-def _max_ctas(device) -> int:
-    if not PERSISTENT:
-        return 2**31 - 1
-    if MAX_CTAS is not None:
-        return int(MAX_CTAS)
+def _sm_count(device) -> int:
     key = device.index if device.index is not None else 0
     if key not in _SM_COUNT:
         import torch
 
         _SM_COUNT[key] = torch.cuda.get_device_properties(device).multi_processor_count
     return _SM_COUNT[key]
+
+
+def _max_ctas(device) -> int:
+    if not PERSISTENT:
+        return 2**31 - 1
+    if MAX_CTAS is not None:
+        return int(MAX_CTAS)
+    return _sm_count(device)
+
+
+_SCHEDULES: dict = {}  # (shape, tiles, grid, section, device) -> int32 CUDA tensor
+_L2_BYTES: dict = {}
+# causal tile order: K/V bytes per section of (batch, head) pairs; None = L2 size / 8
+# (tile_schedule.SECTION_FRACTION_OF_L2). A diagnostic override (benchmarks/causal_sm90.py).
+L2_SECTION_BYTES = None
+
+
+def _section_bytes(device) -> int:
+    if L2_SECTION_BYTES is not None:
+        return int(L2_SECTION_BYTES)
+    key = device.index if device.index is not None else 0
+    if key not in _L2_BYTES:
+        import torch
+
+        _L2_BYTES[key] = int(torch.cuda.get_device_properties(device).L2_cache_size)
+    from .tile_schedule import SECTION_FRACTION_OF_L2
+
+    return _L2_BYTES[key] // SECTION_FRACTION_OF_L2
+
+
+def _schedule(cfg: KernelConfig, q, k):
+    """The causal tile schedule for this launch (tile_schedule.py), cached per shape and grid."""
+    b, sq, h, d = q.shape
+    sk = k.shape[1]
+    num_tiles = b * h * -(-sq // cfg.tile_m)
+    grid = min(num_tiles, _max_ctas(q.device)) if cfg.persistent else num_tiles
+    section = _section_bytes(q.device)
+    key = (b, sq, sk, h, d, cfg.tile_m, cfg.tile_n, grid, section, q.device)
+    table = _SCHEDULES.get(key)
+    if table is None:
+        import torch
+
+        from .tile_schedule import as_table, causal_schedule
+
+        rows = causal_schedule(b, h, sq, sk, d, cfg.tile_m, cfg.tile_n, grid, section, _sm_count(q.device))
+        table = torch.tensor(as_table(rows), dtype=torch.int32, device=q.device)
+        if len(_SCHEDULES) >= 256:  # many shapes (e.g. varying lengths): drop the oldest
+            _SCHEDULES.pop(next(iter(_SCHEDULES)))
+        _SCHEDULES[key] = table
+    return table
 
 
 def _run(cfg: KernelConfig, q, k, v, out, lse, softmax_scale, trace=None):
@@ -287,8 +337,8 @@ def _run(cfg: KernelConfig, q, k, v, out, lse, softmax_scale, trace=None):
             extra = (_fake_trace(),) if buffered else ()
             stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
             try:
-                    fn = cute.compile(kernel_class(cfg)(cfg), fq, fk, fv, fo, flse, Float32(1.0), Int32(132),
-                                  *extra, stream, options="--enable-tvm-ffi")
+                fn = cute.compile(kernel_class(cfg)(cfg), fq, fk, fv, fo, flse, _fake_sched(cfg), Float32(1.0),
+                                  Int32(132), *extra, stream, options="--enable-tvm-ffi")
             except Exception as e:  # keep working through DLPack if the FFI path breaks
                 import warnings
 
@@ -297,10 +347,11 @@ def _run(cfg: KernelConfig, q, k, v, out, lse, softmax_scale, trace=None):
                 return _run(cfg, q, k, v, out, lse, softmax_scale, trace)
             COMPILE_TIMES[cfg] = time.perf_counter() - t0
             _CACHE[cfg] = fn
+        sched = _schedule(cfg, q, k) if cfg.causal else None
         if buffered:
-            fn(q, k, v, out, lse, scale_log2, _max_ctas(q.device), trace)
+            fn(q, k, v, out, lse, sched, scale_log2, _max_ctas(q.device), trace)
         else:
-            fn(q, k, v, out, lse, scale_log2, _max_ctas(q.device))
+            fn(q, k, v, out, lse, sched, scale_log2, _max_ctas(q.device))
         return
 
     import torch
@@ -310,12 +361,13 @@ def _run(cfg: KernelConfig, q, k, v, out, lse, softmax_scale, trace=None):
     lse_c = _to_cute(lse, 2, align=4) if lse is not None else None
     stream = cuda.CUstream(torch.cuda.current_stream(q.device).cuda_stream)
     extra = (_to_cute(trace, 0, align=16),) if buffered else ()
+    sched = _to_cute(_schedule(cfg, q, k), 1, align=4) if cfg.causal else None
     if fn is None:
         from .sm90_fwd import kernel_class
 
         t0 = time.perf_counter()
-        fn = cute.compile(kernel_class(cfg)(cfg), *args, lse_c, Float32(scale_log2), Int32(132),
+        fn = cute.compile(kernel_class(cfg)(cfg), *args, lse_c, sched, Float32(scale_log2), Int32(132),
                           *extra, stream)
         COMPILE_TIMES[cfg] = time.perf_counter() - t0
         _CACHE[cfg] = fn
-    fn(*args, lse_c, Float32(scale_log2), Int32(_max_ctas(q.device)), *extra, stream)
+    fn(*args, lse_c, sched, Float32(scale_log2), Int32(_max_ctas(q.device)), *extra, stream)

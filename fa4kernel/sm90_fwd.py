@@ -146,13 +146,15 @@ class FlashFwdSm90:
 
     # ------------------------------------------------------------------ trace build only
     @cute.jit
-    def _tr_tile(self, mTrace, on, tile, role):
-        """Per-tile trace context (mTrace, on, local tile index, role), or None (normal build)."""
+    def _tr_tile(self, mTrace, on, tile, role, local=None):
+        """Per-tile trace context (mTrace, on, local tile index, role), or None (normal build).
+        local: this CTA's tile count so far (causal schedule), else derived from `tile`."""
         tr = None
         if const_expr(self.trace):
-            local = Int32(0)
-            if const_expr(self.persistent):
-                local = (tile - cute.arch.block_idx()[0]) // cute.arch.grid_dim()[0]
+            if const_expr(local is None):
+                local = Int32(0)
+                if const_expr(self.persistent):
+                    local = (tile - cute.arch.block_idx()[0]) // cute.arch.grid_dim()[0]
             tr = (mTrace, on, local, role)
         return tr
 
@@ -177,14 +179,15 @@ class FlashFwdSm90:
         mV: cute.Tensor,  # (b, s_k, h, d)
         mO: cute.Tensor,  # (b, s_q, h, d)
         mLSE,  # (b, h, s_q) fp32 or None
+        mSched,  # causal only: (CTAs, width) int32 tile ids per CTA, -1 ended (tile_schedule.py)
         softmax_scale_log2: Float32,
         max_ctas: Int32,  # persistent grid size (number of SMs); >= #tiles = one tile per CTA
         stream,
     ):
-        self._host(mQ, mK, mV, mO, mLSE, softmax_scale_log2, max_ctas, stream, None)
+        self._host(mQ, mK, mV, mO, mLSE, mSched, softmax_scale_log2, max_ctas, stream, None)
 
     @cute.jit
-    def _host(self, mQ, mK, mV, mO, mLSE, softmax_scale_log2, max_ctas, stream, mTrace):
+    def _host(self, mQ, mK, mV, mO, mLSE, mSched, softmax_scale_log2, max_ctas, stream, mTrace):
         dtype = self.dtype
         # (s, d, h, b): the TMA box walks seqlen x head_dim of one (head, batch)
         mQ, mK, mV, mO = [_select(t, [1, 3, 2, 0]) for t in (mQ, mK, mV, mO)]
@@ -240,11 +243,14 @@ class FlashFwdSm90:
 
         num_m_blocks = cute.ceil_div(mQ.shape[0], self.tile_m)
         num_tiles = num_m_blocks * cute.size(mQ.shape[2]) * cute.size(mQ.shape[3])
-        # static persistent schedule: CTA c runs tiles c, c + grid, c + 2 grid, ...
+        # non-causal persistent: CTA c runs tiles c, c + grid, c + 2 grid, ... (all equally long);
+        # causal: CTA c runs the tiles of row c of the host's schedule (tile_schedule.py)
         grid = (cutlass.min(num_tiles, max_ctas) if const_expr(self.persistent) else num_tiles, 1, 1)
+        if const_expr(self.causal):
+            grid = (cute.size(mSched.shape[0]), 1, 1)
         self.kernel(
             tma_atom_Q, tma_Q, tma_atom_K, tma_K, tma_atom_V, tma_V, tma_atom_O, tma_O,
-            mLSE, softmax_scale_log2, tiled_mma_qk, tiled_mma_pv,
+            mLSE, mSched, softmax_scale_log2, tiled_mma_qk, tiled_mma_pv,
             sQ_layout, sK_layout, sV_layout, sP_layout, mTrace,
         ).launch(
             grid=grid,
@@ -271,28 +277,6 @@ class FlashFwdSm90:
             n_unmasked = cutlass.max(m_block * self.tile_m + offset + 1, 0) // self.tile_n
         return n_block_max, n_unmasked
 
-    @cute.jit
-    def _causal_tile(self, idx, seqlen_q, seqlen_k, num_heads, num_batch):
-        """Causal tile order: longest-processing-time first (largest m_block first) so the
-        short tiles fill the tail, with (batch, head) pairs grouped into sections whose K and V
-        fit in L2 together (~48 MB), so concurrently running CTAs share K/V from L2."""
-        num_m = cute.ceil_div(seqlen_q, self.tile_m)
-        num_hb = num_heads * num_batch
-        kv_bytes_per_head = cutlass.max(seqlen_k, 1) * (self.hd * 4)  # K + V, 16-bit
-        sec = cutlass.max(Int32(48 * 1024 * 1024) // kv_bytes_per_head, 1)
-        sec = cutlass.min(sec, num_hb)
-        section = idx // (sec * num_m)
-        rem = idx - section * (sec * num_m)
-        full_sections = num_hb // sec
-        sec_here = sec
-        if section >= full_sections:
-            sec_here = num_hb - full_sections * sec  # the last, smaller section
-        m_rev = rem // sec_here
-        hb = section * sec + (rem - m_rev * sec_here)
-        batch = hb // num_heads
-        head = hb - batch * num_heads
-        return num_m - 1 - m_rev, head, batch
-
     @cute.kernel
     def kernel(
         self,
@@ -301,6 +285,7 @@ class FlashFwdSm90:
         tma_atom_V: cute.CopyAtom, mV: cute.Tensor,
         tma_atom_O: cute.CopyAtom, mO: cute.Tensor,
         mLSE,
+        mSched,
         softmax_scale_log2: Float32,
         tiled_mma_qk: cute.TiledMma,
         tiled_mma_pv: cute.TiledMma,
@@ -358,22 +343,20 @@ class FlashFwdSm90:
             cute.arch.setmaxregister_decrease(self.producer_regs)
             if warp_idx == 0:
                 self.producer(tma_atom_Q, mQ, tma_atom_K, mK, tma_atom_V, mV, sQ, sK, sV,
-                              pipe_q, pipe_k, pipe_v, mTrace, tr_cta)
+                              pipe_q, pipe_k, pipe_v, mSched, mTrace, tr_cta)
         else:
             # ---------------------------------------------------------------- consumer WGs
             cute.arch.setmaxregister_increase(self.consumer_regs)
             self.consumer(
                 tma_atom_O, mO, mLSE, softmax_scale_log2, tiled_mma_qk, tiled_mma_pv,
                 sQ, sK, sV, sP, sO, pipe_q, pipe_k, pipe_v, mQ.shape[0], mK.shape[0],
-                mQ.shape[2], mQ.shape[3], mTrace, tr_cta,
+                mQ.shape[2], mQ.shape[3], mSched, mTrace, tr_cta,
             )
 
     @cute.jit
     def _tile_coords(self, tile, seqlen_q, seqlen_k, num_heads, num_batch):
-        """Flat tile index -> (m_block, head, batch). Non-causal: m_block fastest (the CTAs
-        running together share one head's K/V in L2). Causal: see _causal_tile."""
-        if const_expr(self.causal):
-            return self._causal_tile(tile, seqlen_q, seqlen_k, num_heads, num_batch)
+        """Flat tile index -> (m_block, head, batch), m_block fastest (non-causal: the CTAs
+        running together share one head's K/V in L2; causal: the host's schedule orders tiles)."""
         num_m = cute.ceil_div(seqlen_q, self.tile_m)
         hb = tile // num_m
         m_block = tile - hb * num_m
@@ -382,7 +365,7 @@ class FlashFwdSm90:
 
     @cute.jit
     def producer(self, tma_atom_Q, mQ, tma_atom_K, mK, tma_atom_V, mV, sQ, sK, sV,
-                 pipe_q, pipe_k, pipe_v, mTrace=None, tr_cta=None):
+                 pipe_q, pipe_k, pipe_v, mSched=None, mTrace=None, tr_cta=None):
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
         q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
         seqlen_q = mQ.shape[0]
@@ -392,7 +375,20 @@ class FlashFwdSm90:
         tr_on = None
         if const_expr(self.trace):
             tr_on = tr_cta & (cute.arch.thread_idx()[0] == 0)
-        if const_expr(self.persistent):
+        if const_expr(self.causal):
+            cta = cute.arch.block_idx()[0]
+            i = Int32(0)
+            tile = mSched[cta, 0]
+            while tile >= 0:
+                m_block, head, batch = self._tile_coords(tile, seqlen_q, seqlen_k, mQ.shape[2], mQ.shape[3])
+                n_block_max, _ = self._kv_block_range(m_block, seqlen_q, seqlen_k)
+                kv_state, q_state = self._produce_tile(
+                    tma_atom_Q, mQ, tma_atom_K, mK, tma_atom_V, mV, sQ, sK, sV,
+                    pipe_q, pipe_k, pipe_v, m_block, head, batch, n_block_max, kv_state, q_state,
+                    self._tr_tile(mTrace, tr_on, tile, Int32(0), i))
+                i += 1
+                tile = mSched[cta, i]
+        elif const_expr(self.persistent):
             while tile < num_tiles:
                 m_block, head, batch = self._tile_coords(tile, seqlen_q, seqlen_k, mQ.shape[2], mQ.shape[3])
                 n_block_max, _ = self._kv_block_range(m_block, seqlen_q, seqlen_k)
@@ -656,7 +652,7 @@ class FlashFwdSm90:
     def consumer(
         self, tma_atom_O, mO, mLSE, scale_log2, tiled_mma_qk, tiled_mma_pv,
         sQ, sK, sV, sP, sO, pipe_q, pipe_k, pipe_v, seqlen_q, seqlen_k, num_heads, num_batch,
-        mTrace=None, tr_cta=None,
+        mSched=None, mTrace=None, tr_cta=None,
     ):
         tidx = cute.arch.thread_idx()[0] - 128
         wg_idx = cute.arch.make_warp_uniform(tidx // 128)
@@ -704,7 +700,22 @@ class FlashFwdSm90:
         q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
         num_tiles = cute.ceil_div(seqlen_q, self.tile_m) * num_heads * num_batch
         tile = cute.arch.block_idx()[0]
-        if const_expr(self.persistent):
+        if const_expr(self.causal):
+            cta = cute.arch.block_idx()[0]
+            i = Int32(0)
+            tile = mSched[cta, 0]
+            while tile >= 0:
+                m_block, head, batch = self._tile_coords(tile, seqlen_q, seqlen_k, num_heads, num_batch)
+                n_block_max, n_unmasked = self._kv_block_range(m_block, seqlen_q, seqlen_k)
+                kv_state, q_state = self._consume_tile(
+                    tma_atom_O, mO, mLSE, scale_log2, tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrVt,
+                    tOrP, s_shape, acc_O, row_max, row_sum, smem_thr_copy_P, tPsP, tScS, t0ScS,
+                    sO, pipe_q, pipe_k, pipe_v, m_block, head, batch, n_block_max, n_unmasked,
+                    seqlen_q, seqlen_k, tidx, wg_idx, rows, kv_state, q_state,
+                    self._tr_tile(mTrace, tr_on, tile, 1 + wg_idx, i))
+                i += 1
+                tile = mSched[cta, i]
+        elif const_expr(self.persistent):
             while tile < num_tiles:
                 m_block, head, batch = self._tile_coords(tile, seqlen_q, seqlen_k, num_heads, num_batch)
                 n_block_max, n_unmasked = self._kv_block_range(m_block, seqlen_q, seqlen_k)
@@ -992,12 +1003,13 @@ class FlashFwdSm90Trace(FlashFwdSm90):
         mV: cute.Tensor,
         mO: cute.Tensor,
         mLSE,
+        mSched,
         softmax_scale_log2: Float32,
         max_ctas: Int32,
         mTrace: cute.Tensor,  # (TRACE_WORDS,) int64
         stream,
     ):
-        self._host(mQ, mK, mV, mO, mLSE, softmax_scale_log2, max_ctas, stream, mTrace)
+        self._host(mQ, mK, mV, mO, mLSE, mSched, softmax_scale_log2, max_ctas, stream, mTrace)
 
 
 def kernel_class(cfg: KernelConfig):

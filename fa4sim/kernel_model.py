@@ -63,10 +63,12 @@ def assign(costs: list[tuple[float, float]], slots: int, causal: bool, persisten
     """(T1, further-tile cost) per unit -> (slowest slot's cycles, tiles on it).
 
     persistent: a CTA per slot loops over tiles, so a further tile costs T2 - T1 (its prologue
-    overlaps the previous epilogue); tiles go round-robin in the kernel's order (static, as in
-    fa4kernel). Not persistent: one CTA per tile, launched in order (causal:
-    longest first) onto whichever SM frees up first, each paying its whole T1 and, after the
-    first on its SM, the CTA turnover `cta_launch`.
+    overlaps the previous epilogue); equal tiles go round-robin (static, as in fa4kernel);
+    causal tiles longest first, each to the slot predicted free first (fa4kernel's host tile
+    schedule, fa4kernel/tile_schedule.py, does this list scheduling before the launch).
+    Not persistent: one CTA per tile, launched in order (causal: longest first) onto whichever
+    SM frees up first, each paying its whole T1 and, after the first on its SM, the CTA turnover
+    `cta_launch`.
     """
     slots = max(1, min(slots, len(costs)))
     if not persistent:
@@ -77,9 +79,15 @@ def assign(costs: list[tuple[float, float]], slots: int, causal: bool, persisten
             heapq.heappush(heap, (load + t1 + (cta_launch if n else 0.0), i, n + 1))
         load, _, n = max(heap)
         return load, n
-    # persistent: a static schedule, CTA c runs tiles c, c + grid, c + 2 grid, ... of the kernel's
-    # tile order (fa4kernel; causal: longest first), so causal tiles are not balanced on the fly
-    order = sorted(costs, key=lambda c: -c[0]) if causal else costs
+    if causal:
+        heap = [(0.0, i, 0) for i in range(slots)]
+        for t1, extra in sorted(costs, key=lambda c: -c[0]):
+            load, i, n = heapq.heappop(heap)
+            heapq.heappush(heap, (load + (extra if n else t1), i, n + 1))
+        load, _, n = max(heap)
+        return load, n
+    # persistent, equal tiles: CTA c runs tiles c, c + grid, c + 2 grid, ...
+    order = costs
     loads = [[0.0, 0] for _ in range(slots)]
     for u, (t1, extra) in enumerate(order):
         s = loads[u % slots]

@@ -79,13 +79,13 @@ def kernel_knobs(point: dict) -> dict:
     knobs = {k: v for k, v in cfg.items() if k in KNOB_NAMES | {"persistent"}}
     if knobs.get("rescale_threshold") in (0, 0.0):  # the kernel's 0 means "always rescale"
         knobs["rescale_threshold"] = None
-    # fa4kernel runs persistent CTAs only when O gets its own smem buffer and the mask is not
-    # causal (fa4kernel/README.md); otherwise one CTA per tile
+    # older files without the resolved config: fa4kernel runs persistent CTAs when O gets its
+    # own smem buffer (fa4kernel/README.md), otherwise one CTA per tile. (Files of 2026-11-22
+    # before the host tile schedule record it: causal was then one CTA per tile by default.)
     if "tile_m" in knobs and "hdim" in point and "persistent" not in knobs:
         prob = Problem(1, 1, 128, 128, int(point["hdim"]), bool(point["causal"]))
         k = resolve(fa3_sm90.KNOBS, prob, knobs)
-        o_bytes = k["tile_m"] * prob.hdim * 2
-        knobs["persistent"] = (not prob.causal) and fa3_sm90.smem_bytes(prob, k) + o_bytes <= 232448
+        knobs["persistent"] = fa3_sm90._o_fits(prob, k)
     return knobs
 
 

@@ -162,20 +162,19 @@ def test_conditional_rescale_rule_is_exact_and_bounded():
         assert pmax <= 2.0 ** tau * (1 + 1e-12) if tau > 0 else pmax <= 1.0 + 1e-12
 
 
-def test_causal_short_sequences_default_to_persistent():
-    """attention()'s resolved config: causal launches with seqlen_k <= 1024 run persistent CTAs
-    when O has its own smem buffer (hd64/128), one CTA per tile otherwise; explicit knobs win."""
+def test_persistent_default_where_o_has_its_own_buffer():
+    """attention()'s resolved config: persistent CTAs when O has its own smem buffer (hd64/128),
+    causal or not, at any length; one CTA per tile otherwise (hd256); explicit knobs win."""
     import torch
 
-    from fa4kernel.interface import CAUSAL_PERSISTENT_MAX_SEQLEN_K, resolve_config
+    from fa4kernel.interface import resolve_config
 
     def cfg(s, hd, causal, **knobs):
         q = torch.zeros(1, s, 2, hd, dtype=torch.bfloat16)
         return resolve_config(q, q, q, causal, **knobs)
 
-    assert CAUSAL_PERSISTENT_MAX_SEQLEN_K == 1024
     assert cfg(1024, 128, True).persistent and cfg(1000, 64, True).persistent
-    assert not cfg(4096, 128, True).persistent
-    assert not cfg(1024, 256, True).persistent  # O would share Q's buffer
+    assert cfg(16384, 128, True).persistent
+    assert not cfg(1024, 256, True).persistent and not cfg(1024, 256, False).persistent  # O in Q's buffer
     assert not cfg(1024, 128, True, persistent=False).persistent
     assert cfg(4096, 128, False).persistent and cfg(4096, 128, True, persistent=True).persistent

@@ -227,3 +227,22 @@ def test_one_tile_per_cta_grid_matches_persistent():
     finally:
         interface.PERSISTENT = True
     assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("max_ctas,section_bytes", [(5, None), (132, 1), (None, 0)])
+def test_causal_schedule_variants_match(max_ctas, section_bytes):
+    """The causal tile schedule (host, tile_schedule.py) only decides which CTA runs a tile and
+    when: a 5-CTA grid (many tiles per CTA, uneven counts), one head per section, or one section
+    give bit-identical outputs to the default, which matches the reference."""
+    from fa4kernel import interface
+
+    q, k, v = _inputs(3, 1111, 1111, 5, 128)
+    ref = check(q, k, v, True, persistent=True)
+    assert ref < TOL
+    a = fa4kernel.attention(q, k, v, causal=True, persistent=True)
+    interface.MAX_CTAS, interface.L2_SECTION_BYTES = max_ctas, section_bytes
+    try:
+        b = fa4kernel.attention(q, k, v, causal=True, persistent=True)
+    finally:
+        interface.MAX_CTAS, interface.L2_SECTION_BYTES = None, None
+    assert torch.equal(a, b)

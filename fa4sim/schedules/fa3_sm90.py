@@ -51,7 +51,8 @@ KNOBS = [
     Knob("pingpong", lambda p, k: _row(p)[3], "", "inter-warpgroup ping-pong of GEMM issue (named barriers)", kind="bool"),
     Knob("intra_wg_overlap", True, "", "softmax(j) overlaps PV(j-1) inside a warpgroup", kind="bool"),
     Knob("p_in_registers", lambda p, k: _row(p)[2], "", "PV takes P from registers (RS wgmma); false: P staged through smem (SS)", kind="bool"),
-    Knob("persistent", lambda p, k: not p.causal, "", "one CTA per SM looping over tiles (else one CTA per tile)", kind="bool"),
+    Knob("persistent", lambda p, k: _o_fits(p, k), "", "one CTA per SM looping over tiles (else one CTA per tile); "
+         "default: where O gets its own smem buffer (fa4kernel)", kind="bool"),
     Knob("exp_emulation", 0.0, "fraction", "fraction of each row's exp2 done by the polynomial on the FMA pipe (FA4 trick; off in FA3)", kind="fraction"),
     Knob("rescale_threshold", None, "log2 units", "conditional rescaling threshold tau; none = always rescale (FA3)", kind="float_or_none", minimum=0.0),
     Knob("rescale_rate", None, "fraction", "override: fraction of (warp, KV block) pairs that rescale (none = derive)", kind="float_or_none", minimum=0.0, maximum=1.0),
@@ -65,6 +66,7 @@ KNOBS = [
 ]
 
 PRODUCER_REGS = {2: 24, 3: 32}  # setmaxnreg of the producer WG (fa4-schedules.md)
+SMEM_CAPACITY = 232448          # 227 KB per CTA on SM90 (the profiles' smem_capacity_bytes)
 REG_OVERHEAD = 32               # addresses, loop state, row max/sum: an estimate
 
 
@@ -79,6 +81,13 @@ def smem_bytes(p: Problem, k: dict) -> int:
     if not k["p_in_registers"]:
         b += k["tile_m"] * k["tile_n"] * BYTES
     return b + 1024
+
+
+def _o_fits(p: Problem, k: dict) -> bool:
+    """O's staging buffer fits beside Q, K and V (SM90's 227 KB); knobs not given take defaults."""
+    tm, tn, rs, _ = _row(p)
+    k = {"tile_m": tm, "tile_n": tn, "kv_stages": 2, "p_in_registers": rs, **k}
+    return smem_bytes(p, k) + k["tile_m"] * p.hdim * BYTES <= SMEM_CAPACITY
 
 
 def separate_o(hw, p: Problem, k: dict) -> bool:

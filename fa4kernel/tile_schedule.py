@@ -1,0 +1,84 @@
+"""Which CTA runs which causal Q tile, in which order: computed on the host, read by the kernel.
+
+Causal tiles differ in length (a tile of query rows m sees ~m+1 KV blocks), and a short causal
+launch (1k tokens) has only ~16 tiles per SM, so the order matters twice over:
+- balance: a CTA that draws more long tiles than the others ends the launch late;
+- L2 reuse: every tile of one (batch, head) reads the same K and V. If the CTAs running at the
+  same time work on few heads, those K/V blocks come from L2; if they spread over all heads, each
+  tile streams its K/V from HBM again.
+Measured (H100, 50 MiB L2, 16 x 1k tokens, causal, one CTA per SM; TFLOP/s of hd 128 / 64 / 256):
+longest-first over all heads 286 / 274 / 277; sections of 48 MiB of K/V 417 / 289 / 377, of
+12.5 MiB 475 / 301 / 432, of 6 MiB 477 / 297 / 442 (benchmarks/results/causal_h100_2026-11-22.json).
+
+The order here: (batch, head) pairs grouped into sections whose K + V take at most
+`section_bytes` (default an eighth of L2: the section's K/V stays resident beside the Q and O
+tiles streaming past and the neighbouring sections' loads), longest tile first within a section, the last
+section at least TAIL_WAVES x grid tiles. The assignment:
+list scheduling, as a dynamic tile scheduler would do it: each tile in that order goes to the CTA
+that is predicted to be free first, with a tile's cost = its KV blocks + a fixed per-tile cost.
+One CTA per tile (grid >= tiles) keeps the order and lets the hardware's block scheduler balance.
+
+Pure Python (no torch, no CUDA): fa4sim's kernel model uses the same schedule.
+"""
+from __future__ import annotations
+
+import heapq
+import math
+
+# A tile's fixed cost in KV-block units: start-up, first block without overlap, epilogue.
+# Measured on H100 (hd128, one CTA walking tiles): ~1925 cycles beyond its blocks vs 2462 cycles
+# per KV block (benchmarks/results/tiles_h100_2026-11-22.json); only the ordering uses it.
+TILE_OVERHEAD_BLOCKS = 0.8
+SECTION_FRACTION_OF_L2 = 8  # section_bytes = L2 size / 8
+# the last section holds at least this many waves of tiles (predicted imbalance <= 2 % over
+# hdim {64, 128, 256} x seqlen 1k..16k with 132 CTAs; 12 % without, at hd256)
+TAIL_WAVES = 3
+
+
+def kv_blocks(m_block: int, tile_m: int, tile_n: int, seqlen_q: int, seqlen_k: int) -> int:
+    """KV blocks a causal tile visits (the kernel's _kv_block_range; bottom-right aligned)."""
+    n_max = math.ceil(seqlen_k / tile_n)
+    last_col = max((m_block + 1) * tile_m + seqlen_k - seqlen_q, 0)
+    return max(min(n_max, math.ceil(last_col / tile_n)), 1)
+
+
+def tile_order(num_m: int, num_hb: int, kv_bytes_per_head: int, section_bytes: int,
+               tail_tiles: int = 0) -> list[int]:
+    """Flat tile ids (m_block + num_m * hb, hb = batch * heads + head) in run order: sections of
+    (batch, head) pairs whose K/V fit in section_bytes (0 = one section), longest tile first.
+    The last sections merge until the last one has >= tail_tiles tiles: a small last section
+    starts its long tiles late, on a few CTAs, while the others run out of work."""
+    per = num_hb if section_bytes <= 0 else min(max(section_bytes // max(kv_bytes_per_head, 1), 1), num_hb)
+    sections = [list(range(first, min(first + per, num_hb))) for first in range(0, num_hb, per)]
+    while len(sections) > 1 and len(sections[-1]) * num_m < tail_tiles:
+        last = sections.pop()
+        sections[-1] += last
+    return [m + num_m * hb for hbs in sections for m in range(num_m - 1, -1, -1) for hb in hbs]
+
+
+def causal_schedule(batch: int, heads: int, seqlen_q: int, seqlen_k: int, head_dim: int,
+                    tile_m: int, tile_n: int, grid: int, section_bytes: int, sms: int | None = None,
+                    dtype_bytes: int = 2) -> list[list[int]]:
+    """Per CTA, the flat tile ids it runs in turn. grid >= number of tiles: one tile per CTA.
+    sms: CTAs resident at once (the SM count; default grid), which sizes the last section."""
+    if min(batch, heads, seqlen_q, seqlen_k, head_dim, tile_m, tile_n, grid) < 1:
+        raise ValueError("causal_schedule: batch, heads, seqlens, head_dim, tiles and grid must be >= 1")
+    num_m = math.ceil(seqlen_q / tile_m)
+    order = tile_order(num_m, batch * heads, 2 * seqlen_k * head_dim * dtype_bytes, section_bytes,
+                       TAIL_WAVES * min(grid, sms or grid))
+    if grid >= len(order):
+        return [[t] for t in order]
+    rows: list[list[int]] = [[] for _ in range(grid)]
+    free = [(0.0, c) for c in range(grid)]  # (predicted finish in KV-block units, CTA)
+    for t in order:
+        at, c = heapq.heappop(free)
+        rows[c].append(t)
+        cost = kv_blocks(t % num_m, tile_m, tile_n, seqlen_q, seqlen_k) + TILE_OVERHEAD_BLOCKS
+        heapq.heappush(free, (at + cost, c))
+    return rows
+
+
+def as_table(rows: list[list[int]]) -> list[list[int]]:
+    """Rows padded with -1 to one common length + 1 (every row ends in -1: the kernel's stop)."""
+    width = max(len(r) for r in rows) + 1
+    return [r + [-1] * (width - len(r)) for r in rows]
