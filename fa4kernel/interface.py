@@ -141,6 +141,12 @@ def _to_cute(t, leading_dim: int, align: int = 16):
 
 
 _CAPABILITY: dict = {}
+# Short causal launches take smaller tiles: the diagonal and a partial last tile waste more of a
+# big tile. Measured (H200, 16k tokens, one run, benchmarks/results/tile_choice_h200_2026-11-22.json):
+# hd64 tile_m 128 instead of 192: 1k causal 334 vs 299 TFLOP/s, 2k 395 vs 420 (so <= 1k only;
+# non-causal 1k 413 vs 438); hd256 tile_n 64 instead of 80: 1k causal 479 vs 453, 4k 685 vs 686.
+SHORT_CAUSAL_MAX_SEQLEN_Q = 1024
+SHORT_CAUSAL_TILES = {64: {"tile_m": 128, "tile_n": 128}, 256: {"tile_n": 64}}
 
 
 def _capability(device):
@@ -155,8 +161,12 @@ def _capability(device):
 
 
 def resolve_config(q, k, v, causal: bool = False, return_lse: bool = False, **knobs) -> KernelConfig:
-    """The KernelConfig attention() runs for these tensors and knobs (knob defaults resolved)."""
+    """The KernelConfig attention() runs for these tensors and knobs (knob defaults resolved,
+    including the short-causal tile shapes, SHORT_CAUSAL_TILES)."""
     b, sq, sk, h, d, dtype = validate_tensors(q, k, v, causal, None, return_lse)
+    if causal and sq <= SHORT_CAUSAL_MAX_SEQLEN_Q and d in SHORT_CAUSAL_TILES \
+            and knobs.get("tile_m") is None and knobs.get("tile_n") is None:
+        knobs = {**SHORT_CAUSAL_TILES[d], **knobs}
     return make_config(dtype, d, causal, return_lse, knobs)
 
 
@@ -195,7 +205,7 @@ def attention_traced(q, k, v, causal: bool = False, softmax_scale: Optional[floa
     from .trace_layout import TRACE_WORDS
 
     b, sq, sk, h, d, dtype = validate_tensors(q, k, v, causal, softmax_scale, False)
-    cfg = trace_config(make_config(dtype, d, causal, False, knobs), light)
+    cfg = trace_config(resolve_config(q, k, v, causal, False, **knobs), light)
     validate_device(q, k, v)
     out = torch.empty((b, sq, h, d), dtype=q.dtype, device=q.device)
     stamps = torch.zeros((TRACE_WORDS,), dtype=torch.int64, device=q.device)
@@ -219,7 +229,7 @@ def attention_probed(q, k, v, causal: bool = False, softmax_scale: Optional[floa
     from .trace_layout import TRACE_WORDS
 
     b, sq, sk, h, d, dtype = validate_tensors(q, k, v, causal, softmax_scale, False)
-    cfg = diagnostic_config(make_config(dtype, d, causal, False, knobs), True, skip_softmax, ablate)
+    cfg = diagnostic_config(resolve_config(q, k, v, causal, False, **knobs), True, skip_softmax, ablate)
     validate_device(q, k, v)
     out = torch.empty((b, sq, h, d), dtype=q.dtype, device=q.device)
     if stamps is None:

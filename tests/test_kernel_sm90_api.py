@@ -174,6 +174,10 @@ def test_persistent_default_where_o_has_its_own_buffer():
         return resolve_config(q, q, q, causal, **knobs)
 
     assert cfg(1024, 128, True).persistent and cfg(1000, 64, True).persistent
+    # short causal launches take smaller tiles (interface.SHORT_CAUSAL_TILES); knobs win
+    assert (cfg(1024, 64, True).tile_m, cfg(2048, 64, True).tile_m, cfg(1024, 64, False).tile_m) == (128, 192, 192)
+    assert (cfg(1000, 256, True).tile_n, cfg(4096, 256, True).tile_n) == (64, 80)
+    assert cfg(1024, 64, True, tile_m=192).tile_m == 192 and cfg(1024, 64, True, tile_n=64).tile_m == 192
     assert cfg(16384, 128, True).persistent
     assert not cfg(1024, 256, True).persistent and not cfg(1024, 256, False).persistent  # O in Q's buffer
     assert not cfg(1024, 128, True, persistent=False).persistent

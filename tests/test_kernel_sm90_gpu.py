@@ -192,6 +192,7 @@ def test_exp_emulation_matches_mufu():
     (64, False, dict(p_in_registers=False, intra_wg_overlap=False)),
     (128, True, dict(persistent=True)), (64, True, dict(persistent=True)),
     (256, True, dict(persistent=True)), (128, False, dict(persistent=False)),
+    (64, True, dict(tile_m=128, tile_n=128)), (256, True, dict(tile_n=64)),  # short-causal tiles
 ])
 def test_persistent_many_tiles_per_cta(hd, causal, knobs):
     """More tiles than SMs: each persistent CTA runs several tiles back to back (Q/O buffer

@@ -1,0 +1,72 @@
+"""Which tile shape for which sequence length? (issue 3; device script)
+
+    python3 benchmarks/tile_choice_sm90.py --out $OUT/tile_choice.json
+
+fa4kernel's default tiles per head dim (the SM90 table of fa4-schedules.md) are tuned for long
+sequences. At 1k tokens a 192-row tile (hd64) leaves the last tile of every head 2/3 empty
+(1024 = 5 x 192 + 64) and, causal, that tile still walks all 8 KV blocks; hd256's 80-key blocks
+leave a partial last block. This times tile variants of our kernel beside cuDNN (torch SDPA),
+round-robin in one group per shape (the benchmark's protocol: bench_fwd_sm90.time_interleaved),
+at the benchmark's shapes (batch x seqlen = 16k tokens, heads x hdim = 2048).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+CASES = {  # hdim -> tile variants (knobs) to compare
+    64: [{}, {"tile_m": 128, "tile_n": 128}, {"tile_m": 128, "tile_n": 176}],
+    256: [{}, {"tile_n": 64}],
+}
+SEQLENS = {64: (1024, 2048, 4096, 16384), 256: (1024, 4096)}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+
+    import torch
+
+    import fa4kernel
+    from benchmarks.bench_fwd_sm90 import Impls, flops, time_interleaved
+
+    impls = Impls()
+    res = {"meta": {"device": torch.cuda.get_device_name(), "date": dt.datetime.now(dt.timezone.utc)
+                    .isoformat(timespec="seconds"), "torch": torch.__version__,
+                    "method": __doc__.strip().split("\n\n")[1]}, "points": []}
+    for hd, variants in CASES.items():
+        for s in SEQLENS[hd]:
+            for causal in (False, True):
+                b, h = 16384 // s, 2048 // hd
+                q, k, v = (torch.randn(b, s, h, hd, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+                fns = {}
+                for kn in variants:
+                    name = "fa4kernel[" + (",".join(f"{a}={x}" for a, x in kn.items()) or "default") + "]"
+                    try:
+                        fns[name] = impls.ours(q, k, v, causal, **kn)
+                        fns[name]()
+                    except ValueError as e:
+                        print(f"hd{hd} {name}: {e}", flush=True)
+                        fns.pop(name, None)
+                fns["sdpa-cudnn"] = impls.sdpa(q, k, v, causal, "cudnn")
+                torch.cuda.synchronize()
+                timed = time_interleaved(fns, reps=9)
+                f = flops(b, h, s, s, hd, causal)
+                row = {"hdim": hd, "seqlen": s, "causal": causal, "batch": b, "heads": h,
+                       "tflops": {n: f / (t[0] * 1e-3) / 1e12 for n, t in timed.items()}}
+                res["points"].append(row)
+                print(f"hd{hd} s{s} causal={int(causal)} " +
+                      " ".join(f"{n}={x:.0f}" for n, x in row["tflops"].items()), flush=True)
+                with open(args.out, "w") as fh:
+                    json.dump(res, fh, indent=1)
+                del q, k, v
+
+
+if __name__ == "__main__":
+    main()
