@@ -228,6 +228,8 @@ def main():
     ap.add_argument("--only-tiles", action="store_true", help="the per-tile measurement only")
     ap.add_argument("--only-short", action="store_true",
                     help="full-chip 8-block tiles (the 1k-token case): where K/V and Q come from")
+    ap.add_argument("--only-loop", action="store_true",
+                    help="one CTA, default build: the steady-state cycles per KV block of each head dim")
     ap.add_argument("--only-ablations", action="store_true",
                     help="one CTA: default, skip_softmax and each softmax ablation (fa4kernel config.ABLATIONS)")
     args = ap.parse_args()
@@ -273,6 +275,10 @@ def main():
         res["cta_spread_1k"] = cta_spread()
         with open(args.out, "w") as f:
             json.dump(res, f, indent=1)
+        return
+    if args.only_loop:
+        for hd in (int(x) for x in args.hdims.split(",")):
+            point(hd, "shared", 1, "default", {}, False)
         return
     if args.only_ablations:
         for hd in (int(x) for x in args.hdims.split(",")):

@@ -881,6 +881,8 @@ class FlashFwdSm90:
         if const_expr(not self.skip_softmax):
             row_scale = self._softmax(acc_S, row_max, row_sum, scale_log2, False, tr, it)
         self._stamp(tr, T_EXP, it, 1)
+        # (ptxas hoists this wait above the exp2s: in SASS only the row max overlaps the PV GEMM;
+        # forcing the exp2s ahead of it measured slower, fa4kernel/README.md "Where the PV wait sits")
         warpgroup.wait_group(0)  # PV done: O and the P buffer are free
         self._stamp(tr, T_PV, it_pv, 1)
         pipe_v.consumer_release(v_state)

@@ -4,7 +4,8 @@
 
 The benchmark JSON (benchmarks/bench_fwd_sm90.py) holds, per point, the problem, our kernel's
 knobs and the measured TFLOP/s of each implementation. Our kernel is simulated with its knobs;
-flash-attn-4's SM90 forward with the fa3 schedule's defaults (its own tile choices per head dim).
+flash-attn-4's SM90 forward with the fa3 schedule's defaults (its own tile choices per head dim),
+one CTA per tile (PEER_KNOBS).
 Reported: per-point error (sim - hw) / hw, median and max |error|, and for the knob points the
 measured and predicted change against the default configuration, side by side. Nothing here
 feeds back into the model: the hardware profile comes from datasheets and microbenchmarks only.
@@ -30,6 +31,9 @@ from .params import Problem, resolve
 from .schedules import fa3_sm90
 
 SIMULATED = {"fa4kernel": "our SM90 kernel", "flash-attn-4": "flash-attn-4 SM90"}
+# flash-attn-4 4.0.0b36's SM90 forward launches one CTA per tile, causal or not
+# (flash_fwd_sm90.py: SingleTileScheduler / SingleTileLPTScheduler, is_persistent=False)
+PEER_KNOBS = {"persistent": False}
 KNOB_NAMES = {"tile_m", "tile_n", "kv_stages", "pingpong", "intra_wg_overlap", "p_in_registers",
               "exp_emulation", "rescale_threshold"}
 
@@ -111,7 +115,7 @@ def compare(doc: dict, hw: str | None = None, at_profile_clock: bool = False) ->
         for impl, res in p.get("results", {}).items():
             if impl not in SIMULATED or "tflops" not in res:
                 continue
-            knobs = kernel_knobs(p) if impl == "fa4kernel" else {}
+            knobs = kernel_knobs(p) if impl == "fa4kernel" else dict(PEER_KNOBS)
             try:
                 r = simulate(hw, "fa3", problem, {**knobs, **({"clock_ghz": clock} if clock else {})})
                 sim, err = r.tflops, (r.tflops - res["tflops"]) / res["tflops"]

@@ -79,3 +79,26 @@ def test_exp_emulation_moves_exp2_from_mufu_to_fma():
     assert per_block_base == 64, mufu
     per_block = [(m - mufu[-1]) / 2 for m in mufu]
     assert per_block == [64, 48, 32, 0], per_block
+
+
+def _between(text, start, end):
+    """SASS opcodes from the first line holding `start` to the next holding `end`."""
+    lines = text.split("\n")
+    i = next(n for n, l in enumerate(lines) if start in l)
+    j = next(n for n in range(i + 1, len(lines)) if end in lines[n])
+    return "\n".join(lines[i:j])
+
+
+@pytest.mark.parametrize("hd", [64, 128, 256])
+def test_pv_wait_sits_before_the_exp2s(hd):
+    """The compiled order fa4sim's fa3 schedule models (knob exp_overlaps_pv = False): in the KV
+    loop ptxas places the wait for the previous block's PV GEMM (WARPGROUP.DEPBAR.LE gsb0, 0x0)
+    right after the row max, ahead of the block's exp2s, whatever the source order. If a compiler
+    update moves it, this fails and the model's default must follow."""
+    text = sass(head_dim=hd)
+    before = _between(text, "WARPGROUP.DEPBAR.LE gsb0, 0x1", "WARPGROUP.DEPBAR.LE gsb0, 0x0")
+    after = _between(text[text.index("WARPGROUP.DEPBAR.LE gsb0, 0x1"):], "WARPGROUP.DEPBAR.LE gsb0, 0x0", "HGMMA")
+    assert count(before, "FMNMX") >= 32                      # the row max overlaps PV
+    assert count(before, "MUFU.EX2") <= 3                    # only the acc_scale exp2s
+    per_thread = make_config("bfloat16", hd, False, False, {}).tile_n // 2  # a 64 x tile_n S over 128 threads
+    assert count(after, "MUFU.EX2") >= per_thread - 3                  # the block's exp2s wait for PV

@@ -8,7 +8,9 @@ Warp roles:
 
 Per KV block j, consumer w (intra-warpgroup overlap on): issue S(j) = Q K(j)^T, issue
 O += P(j-1) V(j-1), wait S(j), softmax(j) while PV(j-1) runs on the tensor core, wait PV(j-1),
-rescale O, convert P(j). Off: issue S(j), wait, softmax, rescale, convert, issue PV(j), and the
+rescale O, convert P(j). As compiled (ptxas, CUDA 13.0), the PV wait sits after the row max:
+only the max overlaps PV(j-1), the exp2s and the row sum wait for it (knob exp_overlaps_pv).
+Overlap off: issue S(j), wait, softmax, rescale, convert, issue PV(j), and the
 next S waits for it. Inter-warpgroup ping-pong (named barriers): WG w issues its GEMMs only after
 WG w-1 issued its own, so one WG's softmax overlaps the other's GEMMs.
 Tile defaults per head dim: the SM90 table of ../shared/reference/fa4-schedules.md.
@@ -51,6 +53,9 @@ KNOBS = [
     Knob("pingpong", lambda p, k: _row(p)[3], "", "inter-warpgroup ping-pong of GEMM issue (named barriers)", kind="bool"),
     Knob("intra_wg_overlap", True, "", "softmax(j) overlaps PV(j-1) inside a warpgroup", kind="bool"),
     Knob("p_in_registers", lambda p, k: _row(p)[2], "", "PV takes P from registers (RS wgmma); false: P staged through smem (SS)", kind="bool"),
+    Knob("exp_overlaps_pv", False, "", "intra-WG overlap reaches the exp2s: they run while the previous block's PV GEMM "
+         "does. False = as compiled: ptxas (CUDA 13.0) puts the PV wait right after the row max, so only the max "
+         "overlaps PV (SASS of fa4kernel, every head dim; tests/test_kernel_sm90_compile.py)", kind="bool"),
     Knob("persistent", lambda p, k: _o_fits(p, k), "", "one CTA per SM looping over tiles (else one CTA per tile); "
          "default: where O gets its own smem buffer (fa4kernel)", kind="bool"),
     Knob("exp_emulation", 0.0, "fraction", "fraction of each row's exp2 done by the polynomial on the FMA pipe (FA4 trick; off in FA3)", kind="fraction"),
@@ -201,6 +206,8 @@ def build(hw, p: Problem, k: dict, n_kv: int, masked_blocks: int) -> Schedule:
                   Edge(f"QK{w}", "LQ", 1, per="tile", kind="anti", lag=mbar)]
         if not overlap:  # wait_group 0 before softmax: the previous PV has completed too
             edges.append(Edge(f"PV{w}", f"MAX{w}", distance=1))
+        elif not k["exp_overlaps_pv"]:  # as compiled: the PV wait sits between row max and exp2s
+            edges.append(Edge(f"PV{w}", f"EXP{w}", distance=1))
         if pp:  # a tile's first S GEMMs are issued without the hand-off (fa4kernel, FA3)
             prev = f"PP{(w - 1) % W}"
             edges.append(Edge(prev, f"QK{w}", distance=0 if w > 0 else 1, lag=nbar, skip_first=overlap))
