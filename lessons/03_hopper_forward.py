@@ -25,6 +25,9 @@
 #   occupy the tensor core.
 # - **Intra-warpgroup overlap:** inside one warpgroup, issue `S(j) = Q K(j)^T`, then
 #   `O += P(j-1) V(j-1)`, and do the softmax of `S(j)` while `PV(j-1)` still runs.
+#   (That is the source. In the compiled SASS of our kernel, ptxas moves the wait for `PV(j-1)`
+#   up to just after the row max, so only the max overlaps it; forcing the exp2s ahead of the
+#   wait measured *slower*. The simulator models the compiled order: knob `exp_overlaps_pv`.)
 #
 # Plus a choice of where P lives for `P V`: in registers (RS wgmma, the default at hd128) or
 # staged through shared memory (SS). Our own SM90 kernel, `fa4kernel`, has each of these as a
