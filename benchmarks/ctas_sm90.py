@@ -42,7 +42,7 @@ VARIANTS = [("default", {}, False), ("skip_softmax", {}, True),
 ABLATIONS = ["max", "exp", "sum", "rescale", "exp,max,rescale,sum"]
 
 
-def probe_cycles(q, k, v, knobs, skip, reps, ablate=""):
+def probe_cycles(q, k, v, knobs, skip, reps, ablate="", pin=False):
     """Median (cycles, ghz) of CTA 0 over `reps` launches of the clock-probe build."""
     import torch
 
@@ -51,10 +51,11 @@ def probe_cycles(q, k, v, knobs, skip, reps, ablate=""):
     from fa4kernel.trace_layout import TRACE_WORDS
 
     st = torch.zeros((TRACE_WORDS,), dtype=torch.int64, device=q.device)  # traces CTA 0
-    attention_probed(q, k, v, skip_softmax=skip, stamps=st, ablate=ablate, **knobs)
+    kw = dict(skip_softmax=skip, stamps=st, ablate=ablate, exp_before_pv_wait=pin, **knobs)
+    attention_probed(q, k, v, **kw)
     cyc, ghz = [], []
     for _ in range(reps):
-        attention_probed(q, k, v, skip_softmax=skip, stamps=st, ablate=ablate, **knobs)
+        attention_probed(q, k, v, **kw)
         torch.cuda.synchronize()
         h = header_clock(st[:5].tolist())
         cyc.append(h["cycles"])
@@ -230,6 +231,8 @@ def main():
                     help="full-chip 8-block tiles (the 1k-token case): where K/V and Q come from")
     ap.add_argument("--only-loop", action="store_true",
                     help="one CTA, default build: the steady-state cycles per KV block of each head dim")
+    ap.add_argument("--only-pin", action="store_true",
+                    help="hd128, one CTA: the exp2s forced ahead of the PV wait (diagnostic build), RS/SS/no ping-pong")
     ap.add_argument("--only-ablations", action="store_true",
                     help="one CTA: default, skip_softmax and each softmax ablation (fa4kernel config.ABLATIONS)")
     args = ap.parse_args()
@@ -245,18 +248,18 @@ def main():
                     .isoformat(timespec="seconds"), "torch": torch.__version__, "seqlens_k": [sk1, sk2],
                     "reps": args.reps, "method": __doc__.strip().split("\n\n")[1]}, "points": []}
 
-    def point(hd, pattern, n, label, knobs, skip, ablate=""):
+    def point(hd, pattern, n, label, knobs, skip, ablate="", pin=False):
         cfg = make_config("bfloat16", hd, False, False, knobs)
         tm, tn = cfg.tile_m, cfg.tile_n
         row = {"hdim": hd, "pattern": pattern, "n_ctas": n, "variant": label, "knobs": knobs,
-               "ablate": ablate, "tile_m": tm, "tile_n": tn, "runs": {}}
+               "ablate": ablate, "exp_before_pv_wait": pin, "tile_m": tm, "tile_n": tn, "runs": {}}
         for sk in (sk1, sk2):
             heads = 1 if pattern == "shared" else n
             sq = tm * n if pattern == "shared" else tm
             q = torch.randn(1, sq, heads, hd, device=dev, dtype=torch.bfloat16)
             k = torch.randn(1, sk, heads, hd, device=dev, dtype=torch.bfloat16)
             v = torch.randn(1, sk, heads, hd, device=dev, dtype=torch.bfloat16)
-            cyc, ghz = probe_cycles(q, k, v, knobs, skip, args.reps, ablate)
+            cyc, ghz = probe_cycles(q, k, v, knobs, skip, args.reps, ablate, pin)
             row["runs"][str(sk)] = {"cycles_cta0": cyc, "clock_ghz_in_kernel": ghz,
                                     "kv_blocks": -(-sk // tn)}
             del q, k, v
@@ -279,6 +282,12 @@ def main():
     if args.only_loop:
         for hd in (int(x) for x in args.hdims.split(",")):
             point(hd, "shared", 1, "default", {}, False)
+        return
+    if args.only_pin:  # the exp2s forced ahead of the PV wait, with P in registers and in smem
+        for kn in ({}, {"p_in_registers": False}, {"pingpong": False}):
+            name = ",".join(f"{a}={b}" for a, b in kn.items()) or "default"
+            point(128, "shared", 1, name, kn, False)
+            point(128, "shared", 1, name + "+exp_before_pv_wait", kn, False, pin=True)
         return
     if args.only_ablations:
         for hd in (int(x) for x in args.hdims.split(",")):

@@ -85,6 +85,10 @@ class KernelConfig:
     # with trace: stamp only QK, PV, the softmax as one span, FIN and ST (trace_layout.LIGHT_OPS),
     # keeping the normal build's code order; set through trace_config(cfg, light=True)
     trace_light: bool = False
+    # diagnostic (diagnostic_config): keep the exp2s ahead of the PV wait with a never-taken branch
+    # on the row sums (ptxas otherwise hoists the wait above them; fa4kernel/README.md "Where the
+    # PV wait sits"). Measured slower; kept to study why.
+    exp_before_pv_wait: bool = False
 
     @property
     def num_consumer_wgs(self) -> int:
@@ -246,7 +250,7 @@ ABLATIONS = ("max", "exp", "sum", "rescale")
 
 
 def diagnostic_config(cfg: KernelConfig, clock_probe: bool = True, skip_softmax: bool = False,
-                      ablate: str = "") -> KernelConfig:
+                      ablate: str = "", exp_before_pv_wait: bool = False) -> KernelConfig:
     """A diagnostic build of a configuration (see KernelConfig.clock_probe / skip_softmax /
     ablate); it takes the trace buffer (trace_layout.TRACE_WORDS int64) like the instrumented build."""
     from dataclasses import replace
@@ -255,7 +259,8 @@ def diagnostic_config(cfg: KernelConfig, clock_probe: bool = True, skip_softmax:
     bad = [x for x in parts if x not in ABLATIONS]
     if bad:
         raise ValueError(f"ablate={ablate!r}: unknown {', '.join(bad)}; allowed: {', '.join(ABLATIONS)}")
-    return replace(cfg, clock_probe=bool(clock_probe), skip_softmax=bool(skip_softmax), ablate=",".join(parts))
+    return replace(cfg, clock_probe=bool(clock_probe), skip_softmax=bool(skip_softmax), ablate=",".join(parts),
+                   exp_before_pv_wait=bool(exp_before_pv_wait))
 
 
 def validate_tensors(q, k, v, causal=False, softmax_scale=None, return_lse=False):

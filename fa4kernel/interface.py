@@ -216,7 +216,7 @@ def attention_traced(q, k, v, causal: bool = False, softmax_scale: Optional[floa
 
 def attention_probed(q, k, v, causal: bool = False, softmax_scale: Optional[float] = None,
                      skip_softmax: bool = False, trace_cta: int = 0, stamps=None, ablate: str = "",
-                     **knobs):
+                     exp_before_pv_wait: bool = False, **knobs):
     """A diagnostic build (config.diagnostic_config): the normal kernel plus the in-kernel clock of
     one CTA. Returns (out, stamps); stamps[1:5] = clock64 and globaltimer (ns) at that CTA's start
     and end, so cycles / ns is the SM clock of this very launch (fa4kernel.trace.header_clock).
@@ -229,7 +229,8 @@ def attention_probed(q, k, v, causal: bool = False, softmax_scale: Optional[floa
     from .trace_layout import TRACE_WORDS
 
     b, sq, sk, h, d, dtype = validate_tensors(q, k, v, causal, softmax_scale, False)
-    cfg = diagnostic_config(resolve_config(q, k, v, causal, False, **knobs), True, skip_softmax, ablate)
+    cfg = diagnostic_config(resolve_config(q, k, v, causal, False, **knobs), True, skip_softmax, ablate,
+                            exp_before_pv_wait)
     validate_device(q, k, v)
     out = torch.empty((b, sq, h, d), dtype=q.dtype, device=q.device)
     if stamps is None:

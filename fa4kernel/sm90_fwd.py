@@ -140,6 +140,7 @@ class FlashFwdSm90:
         self.probe = self.trace or bool(getattr(cfg, "clock_probe", False))
         self.skip_softmax = bool(getattr(cfg, "skip_softmax", False))
         self.ablate = frozenset(x for x in getattr(cfg, "ablate", "").split(",") if x)
+        self.exp_before_pv_wait = bool(getattr(cfg, "exp_before_pv_wait", False))
         # light trace: only QK, PV, the whole softmax (stamped as EXP: MAX start .. EXP end), FIN
         # and ST, with the normal build's softmax code order: ~6 stamps per warpgroup and block
         self.trace_light = self.trace and bool(getattr(cfg, "trace_light", False))
@@ -616,6 +617,17 @@ class FlashFwdSm90:
             row_sum[r] = row_sum[r] * row_scale[r] + total
 
     @cute.jit
+    def _pin_before_pv_wait(self, row_sum):
+        """Diagnostic build only (cfg.exp_before_pv_wait): a branch on the new row sums, never
+        taken (a sum of exp2s is >= 0; NaN compares false), ends the basic block before the PV
+        wait, so ptxas cannot hoist the wait above this block's exp2s."""
+        total = row_sum[0]
+        for r in cutlass.range_constexpr(1, cute.size(row_sum)):
+            total = total + row_sum[r]
+        if total < Float32(0.0):
+            cute.arch.sync_warp()
+
+    @cute.jit
     def _rescale_o(self, acc_O, row_scale):
         o = _mn_view(acc_O)
         if const_expr("rescale" in self.ablate):
@@ -883,6 +895,8 @@ class FlashFwdSm90:
         self._stamp(tr, T_EXP, it, 1)
         # (ptxas hoists this wait above the exp2s: in SASS only the row max overlaps the PV GEMM;
         # forcing the exp2s ahead of it measured slower, fa4kernel/README.md "Where the PV wait sits")
+        if const_expr(self.exp_before_pv_wait and not self.skip_softmax):
+            self._pin_before_pv_wait(row_sum)
         warpgroup.wait_group(0)  # PV done: O and the P buffer are free
         self._stamp(tr, T_PV, it_pv, 1)
         pipe_v.consumer_release(v_state)

@@ -166,6 +166,8 @@ def compare_intervals(doc: dict, hw: str | None = None) -> dict:
         knobs = dict(p.get("knobs") or {})
         for a in filter(None, (p.get("ablate") or "").split(",")):  # the kernel's ablation = a what-if knob
             knobs.update(ABLATION_KNOBS[a])
+        if p.get("exp_before_pv_wait"):  # the diagnostic build that keeps the exp2s ahead of the PV wait
+            knobs["exp_overlaps_pv"] = True
         key = (hd, json.dumps(knobs, sort_keys=True))
         if key not in cache:
             sk = int(doc["meta"]["seqlens_k"][-1])

@@ -45,3 +45,20 @@ def test_header_clock():
     # 1.8e6 cycles over 1e6 ns = 1.8 GHz; an unwritten header gives None, not a division error
     assert header_clock([0, 100, 5000, 100 + 1_800_000, 5000 + 1_000_000])["ghz"] == pytest.approx(1.8)
     assert header_clock([0, 0, 0, 0, 0])["ghz"] is None
+
+
+@pytest.mark.compile
+def test_exp_before_pv_wait_build_moves_the_exp2s_only():
+    """The diagnostic exp_before_pv_wait build keeps the block's exp2s ahead of the PV wait
+    (ptxas hoists it above them otherwise); the normal build is unchanged by the field."""
+    cfg = make_config("bfloat16", 128, False, False, {})
+    plain, pinned = sass(diagnostic_config(cfg)), sass(diagnostic_config(cfg, exp_before_pv_wait=True))
+
+    def ex2_before_wait(text):
+        i = text.index("WARPGROUP.DEPBAR.LE gsb0, 0x1")
+        return count(text[i:text.index("WARPGROUP.DEPBAR.LE gsb0, 0x0", i)], "MUFU.EX2")
+
+    assert ex2_before_wait(plain) <= 3 and ex2_before_wait(pinned) >= 60
+    for op in ("HGMMA", "MUFU.EX2", "FMNMX"):
+        assert count(pinned, op) == count(plain, op), op
+    assert count(pinned, "STL") == 0
