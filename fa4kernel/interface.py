@@ -140,7 +140,7 @@ def _to_cute(t, leading_dim: int, align: int = 16):
     return from_dlpack(t.detach(), assumed_align=align).mark_layout_dynamic(leading_dim=leading_dim)
 
 
-_CAPABILITY: dict = {}
+_PROPS: dict = {}  # device index -> torch.cuda device properties
 # Short causal launches take smaller tiles: the diagonal and a partial last tile waste more of a
 # big tile. Measured (H200, 16k tokens, one run, benchmarks/results/tile_choice_h200_2026-11-22.json):
 # hd64 tile_m 128 instead of 192: 1k causal 334 vs 299 TFLOP/s, 2k 395 vs 420 (so <= 1k only;
@@ -149,15 +149,15 @@ SHORT_CAUSAL_MAX_SEQLEN_Q = 1024
 SHORT_CAUSAL_TILES = {64: {"tile_m": 128, "tile_n": 128}, 256: {"tile_n": 64}}
 
 
-def _capability(device):
-    """(major, minor) of a CUDA device, asked once per device (a driver query per call costs
-    host time that shows on short problems)."""
+def _props(device):
+    """The device's properties (capability, SM count, L2 size), asked once per device: a driver
+    query per call costs host time that shows on short problems."""
     key = device.index if device.index is not None else 0
-    if key not in _CAPABILITY:
+    if key not in _PROPS:
         import torch
 
-        _CAPABILITY[key] = torch.cuda.get_device_capability(device)
-    return _CAPABILITY[key]
+        _PROPS[key] = torch.cuda.get_device_properties(device)
+    return _PROPS[key]
 
 
 def resolve_config(q, k, v, causal: bool = False, return_lse: bool = False, **knobs) -> KernelConfig:
@@ -185,7 +185,7 @@ def attention(q, k, v, causal: bool = False, softmax_scale: Optional[float] = No
 
     import torch
 
-    major, minor = _capability(q.device)
+    major, minor = _props(q.device).major, _props(q.device).minor
     if major != 9:
         raise ValueError(f"q is on an sm_{major}{minor} GPU; allowed: Hopper (sm_90)")
     out = torch.empty((b, sq, h, d), dtype=q.dtype, device=q.device)
@@ -250,7 +250,6 @@ def _tvm_ffi_available() -> bool:
 
 
 _USE_TVM_FFI = None
-_SM_COUNT: dict = {}
 # Grid cap: one persistent CTA per SM. FA4KERNEL_PERSISTENT=0 (or setting this to False)
 # launches one CTA per tile instead; read at every call, no recompile needed.
 PERSISTENT = os.environ.get("FA4KERNEL_PERSISTENT", "1") != "0"
@@ -260,12 +259,7 @@ MAX_CTAS = None
 
 
 def _sm_count(device) -> int:
-    key = device.index if device.index is not None else 0
-    if key not in _SM_COUNT:
-        import torch
-
-        _SM_COUNT[key] = torch.cuda.get_device_properties(device).multi_processor_count
-    return _SM_COUNT[key]
+    return _props(device).multi_processor_count
 
 
 def _max_ctas(device) -> int:
@@ -277,7 +271,6 @@ def _max_ctas(device) -> int:
 
 
 _SCHEDULES: dict = {}  # (shape, tiles, grid, section, device) -> int32 CUDA tensor
-_L2_BYTES: dict = {}
 # causal tile order: K/V bytes per section of (batch, head) pairs; None = L2 size / 8
 # (tile_schedule.SECTION_FRACTION_OF_L2). A diagnostic override (benchmarks/causal_sm90.py).
 L2_SECTION_BYTES = None
@@ -286,14 +279,9 @@ L2_SECTION_BYTES = None
 def _section_bytes(device) -> int:
     if L2_SECTION_BYTES is not None:
         return int(L2_SECTION_BYTES)
-    key = device.index if device.index is not None else 0
-    if key not in _L2_BYTES:
-        import torch
-
-        _L2_BYTES[key] = int(torch.cuda.get_device_properties(device).L2_cache_size)
     from .tile_schedule import SECTION_FRACTION_OF_L2
 
-    return _L2_BYTES[key] // SECTION_FRACTION_OF_L2
+    return int(_props(device).L2_cache_size) // SECTION_FRACTION_OF_L2
 
 
 def _schedule(cfg: KernelConfig, q, k):
