@@ -63,6 +63,23 @@ def test_trace_build_reads_clock_default_build_does_not(hd, knobs):
     assert count(traced, "HGMMA") == count(plain, "HGMMA")
 
 
+@pytest.mark.compile
+@pytest.mark.parametrize("light", [False, True], ids=["full", "light"])
+def test_traced_builds_keep_the_exp2s_ahead_of_the_pv_wait(light):
+    """The stamps' clock reads pin the source order: in the traced builds the block's exp2s come
+    before the PV wait, where the normal build has ptxas hoist the wait above them. So a traced
+    timeline shows that (measured slower) order; timeline_compare simulates it with
+    exp_overlaps_pv=True."""
+    cfg = make_config("bfloat16", 128, False, False, {})
+
+    def ex2_before_wait(text):
+        i = text.index("WARPGROUP.DEPBAR.LE gsb0, 0x1")
+        return count(text[i:text.index("WARPGROUP.DEPBAR.LE gsb0, 0x0", i)], "MUFU.EX2")
+
+    assert ex2_before_wait(sass(trace_config(cfg, light))) >= 60
+    assert ex2_before_wait(sass(cfg)) <= 3
+
+
 def test_trace_is_not_a_user_knob():
     with pytest.raises(ValueError, match="unknown knob"):
         make_config("bfloat16", 128, False, False, {"trace": True})
