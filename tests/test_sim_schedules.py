@@ -155,6 +155,14 @@ def test_one_cta_per_tile_pays_turnover_persistent_does_not():
     assert assign(costs, 2, causal=False, persistent=False, cta_launch=450.0) == (3000.0 + 2 * 450.0, 3)
 
 
+def test_persistent_causal_tiles_are_list_scheduled_longest_first():
+    """fa4kernel's host schedule: causal tiles longest first, each to the CTA free first. Tiles
+    of 8, 7, 2, 1 blocks on 2 CTAs: {8, 1} and {7, 2} (9 each), where round-robin gives {8, 2}."""
+    from fa4sim.kernel_model import assign
+    costs = [(float(n), float(n)) for n in (1, 2, 7, 8)]  # (T1, further-tile cost), in any order
+    assert assign(costs, 2, causal=True, persistent=True) == (9.0, 2)
+
+
 def test_fa3_consumers_meet_at_the_epilogue_barrier():
     """Every consumer WG's O -> smem waits for every WG's finalize (fa4kernel/FA3 named barrier),
     so a persistent CTA's tiles cost more than their KV blocks (the ping-pong stagger restarts)."""
