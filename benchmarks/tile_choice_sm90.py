@@ -24,12 +24,18 @@ CASES = {  # hdim -> tile variants (knobs) to compare
     256: [{}, {"tile_n": 64}],
 }
 SEQLENS = {64: (1024, 2048, 4096, 16384), 256: (1024, 4096)}
+# --pingpong: the default (ping-pong on for hd64 / hd128) against ping-pong off, over the grid
+PINGPONG_CASES = {64: [{}, {"pingpong": False}], 128: [{}, {"pingpong": False}]}
+PINGPONG_SEQLENS = {64: (1024, 4096, 16384), 128: (1024, 4096, 16384)}
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True)
+    ap.add_argument("--pingpong", action="store_true",
+                    help="instead: ping-pong on (default) vs off at hd64 / hd128, 1k / 4k / 16k, causal and not")
     args = ap.parse_args()
+    cases, seqlens = (PINGPONG_CASES, PINGPONG_SEQLENS) if args.pingpong else (CASES, SEQLENS)
 
     import torch
 
@@ -40,8 +46,8 @@ def main():
     res = {"meta": {"device": torch.cuda.get_device_name(), "date": dt.datetime.now(dt.timezone.utc)
                     .isoformat(timespec="seconds"), "torch": torch.__version__,
                     "method": __doc__.strip().split("\n\n")[1]}, "points": []}
-    for hd, variants in CASES.items():
-        for s in SEQLENS[hd]:
+    for hd, variants in cases.items():
+        for s in seqlens[hd]:
             for causal in (False, True):
                 b, h = 16384 // s, 2048 // hd
                 q, k, v = (torch.randn(b, s, h, hd, device="cuda", dtype=torch.bfloat16) for _ in range(3))
