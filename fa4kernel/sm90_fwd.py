@@ -381,35 +381,31 @@ class FlashFwdSm90:
             i = Int32(0)
             tile = mSched[cta, 0]
             while tile >= 0:
-                m_block, head, batch = self._tile_coords(tile, seqlen_q, seqlen_k, mQ.shape[2], mQ.shape[3])
-                n_block_max, _ = self._kv_block_range(m_block, seqlen_q, seqlen_k)
                 kv_state, q_state = self._produce_tile(
                     tma_atom_Q, mQ, tma_atom_K, mK, tma_atom_V, mV, sQ, sK, sV,
-                    pipe_q, pipe_k, pipe_v, m_block, head, batch, n_block_max, kv_state, q_state,
+                    pipe_q, pipe_k, pipe_v, tile, kv_state, q_state,
                     self._tr_tile(mTrace, tr_on, tile, Int32(0), i))
                 i += 1
                 tile = mSched[cta, i]
         elif const_expr(self.persistent):
             while tile < num_tiles:
-                m_block, head, batch = self._tile_coords(tile, seqlen_q, seqlen_k, mQ.shape[2], mQ.shape[3])
-                n_block_max, _ = self._kv_block_range(m_block, seqlen_q, seqlen_k)
                 kv_state, q_state = self._produce_tile(
                     tma_atom_Q, mQ, tma_atom_K, mK, tma_atom_V, mV, sQ, sK, sV,
-                    pipe_q, pipe_k, pipe_v, m_block, head, batch, n_block_max, kv_state, q_state,
+                    pipe_q, pipe_k, pipe_v, tile, kv_state, q_state,
                     self._tr_tile(mTrace, tr_on, tile, Int32(0)))
                 tile += cute.arch.grid_dim()[0]
         else:
-            m_block, head, batch = self._tile_coords(tile, seqlen_q, seqlen_k, mQ.shape[2], mQ.shape[3])
-            n_block_max, _ = self._kv_block_range(m_block, seqlen_q, seqlen_k)
             self._produce_tile(tma_atom_Q, mQ, tma_atom_K, mK, tma_atom_V, mV, sQ, sK, sV,
-                               pipe_q, pipe_k, pipe_v, m_block, head, batch, n_block_max,
-                               kv_state, q_state, self._tr_tile(mTrace, tr_on, tile, Int32(0)))
+                               pipe_q, pipe_k, pipe_v, tile, kv_state, q_state,
+                               self._tr_tile(mTrace, tr_on, tile, Int32(0)))
 
     @cute.jit
     def _produce_tile(
         self, tma_atom_Q, mQ, tma_atom_K, mK, tma_atom_V, mV, sQ, sK, sV,
-        pipe_q, pipe_k, pipe_v, m_block, head, batch, n_block_max, kv_state, q_state, tr=None,
+        pipe_q, pipe_k, pipe_v, tile, kv_state, q_state, tr=None,
     ):
+        m_block, head, batch = self._tile_coords(tile, mQ.shape[0], mK.shape[0], mQ.shape[2], mQ.shape[3])
+        n_block_max, _ = self._kv_block_range(m_block, mQ.shape[0], mK.shape[0])
         gQ = cute.local_tile(mQ[None, None, head, batch], (self.tile_m, self.hd), (m_block, 0))
         gK = cute.local_tile(mK[None, None, head, batch], (self.tile_n, self.hd), (None, 0))
         gV = cute.local_tile(mV[None, None, head, batch], (self.tile_n, self.hd), (None, 0))
@@ -717,34 +713,28 @@ class FlashFwdSm90:
             i = Int32(0)
             tile = mSched[cta, 0]
             while tile >= 0:
-                m_block, head, batch = self._tile_coords(tile, seqlen_q, seqlen_k, num_heads, num_batch)
-                n_block_max, n_unmasked = self._kv_block_range(m_block, seqlen_q, seqlen_k)
                 kv_state, q_state = self._consume_tile(
                     tma_atom_O, mO, mLSE, scale_log2, tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrVt,
                     tOrP, s_shape, acc_O, row_max, row_sum, smem_thr_copy_P, tPsP, tScS, t0ScS,
-                    sO, pipe_q, pipe_k, pipe_v, m_block, head, batch, n_block_max, n_unmasked,
+                    sO, pipe_q, pipe_k, pipe_v, tile, num_heads, num_batch,
                     seqlen_q, seqlen_k, tidx, wg_idx, rows, kv_state, q_state,
                     self._tr_tile(mTrace, tr_on, tile, 1 + wg_idx, i))
                 i += 1
                 tile = mSched[cta, i]
         elif const_expr(self.persistent):
             while tile < num_tiles:
-                m_block, head, batch = self._tile_coords(tile, seqlen_q, seqlen_k, num_heads, num_batch)
-                n_block_max, n_unmasked = self._kv_block_range(m_block, seqlen_q, seqlen_k)
                 kv_state, q_state = self._consume_tile(
                     tma_atom_O, mO, mLSE, scale_log2, tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrVt,
                     tOrP, s_shape, acc_O, row_max, row_sum, smem_thr_copy_P, tPsP, tScS, t0ScS,
-                    sO, pipe_q, pipe_k, pipe_v, m_block, head, batch, n_block_max, n_unmasked,
+                    sO, pipe_q, pipe_k, pipe_v, tile, num_heads, num_batch,
                     seqlen_q, seqlen_k, tidx, wg_idx, rows, kv_state, q_state,
                     self._tr_tile(mTrace, tr_on, tile, 1 + wg_idx))
                 tile += cute.arch.grid_dim()[0]
         else:
-            m_block, head, batch = self._tile_coords(tile, seqlen_q, seqlen_k, num_heads, num_batch)
-            n_block_max, n_unmasked = self._kv_block_range(m_block, seqlen_q, seqlen_k)
             self._consume_tile(
                 tma_atom_O, mO, mLSE, scale_log2, tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrVt,
                 tOrP, s_shape, acc_O, row_max, row_sum, smem_thr_copy_P, tPsP, tScS, t0ScS,
-                sO, pipe_q, pipe_k, pipe_v, m_block, head, batch, n_block_max, n_unmasked,
+                sO, pipe_q, pipe_k, pipe_v, tile, num_heads, num_batch,
                 seqlen_q, seqlen_k, tidx, wg_idx, rows, kv_state, q_state,
                 self._tr_tile(mTrace, tr_on, tile, 1 + wg_idx))
         if const_expr(self.probe):
@@ -757,9 +747,11 @@ class FlashFwdSm90:
     def _consume_tile(
         self, tma_atom_O, mO, mLSE, scale_log2, tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrVt,
         tOrP, s_shape, acc_O, row_max, row_sum, smem_thr_copy_P, tPsP, tScS, t0ScS,
-        sO, pipe_q, pipe_k, pipe_v, m_block, head, batch, n_block_max, n_unmasked,
+        sO, pipe_q, pipe_k, pipe_v, tile, num_heads, num_batch,
         seqlen_q, seqlen_k, tidx, wg_idx, rows, kv_state, q_state, tr=None,
     ):
+        m_block, head, batch = self._tile_coords(tile, seqlen_q, seqlen_k, num_heads, num_batch)
+        n_block_max, n_unmasked = self._kv_block_range(m_block, seqlen_q, seqlen_k)
         acc_O.fill(0.0)
         pipe_q.consumer_wait(q_state)
 
