@@ -37,9 +37,9 @@ SECTIONS_MB = (None, 48, 12, 0)  # None: the shipped default (L2 / 8)
 
 def expected_work(cfg, b, h, s, section_bytes, grid):
     """Per CTA of the host schedule (fa4kernel.tile_schedule): number of tiles and KV blocks."""
-    from fa4kernel.tile_schedule import causal_schedule, kv_blocks
+    from fa4kernel.tile_schedule import kv_blocks, make_schedule
 
-    rows = causal_schedule(b, h, s, s, cfg.head_dim, cfg.tile_m, cfg.tile_n, grid, section_bytes, grid)
+    rows = make_schedule(b, h, s, s, cfg.head_dim, cfg.tile_m, cfg.tile_n, grid, section_bytes, True, grid)
     num_m = math.ceil(s / cfg.tile_m)
     return ([len(r) for r in rows],
             [sum(kv_blocks(t % num_m, cfg.tile_m, cfg.tile_n, s, s) for t in r) for r in rows])

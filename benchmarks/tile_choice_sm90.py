@@ -27,15 +27,28 @@ SEQLENS = {64: (1024, 2048, 4096, 16384), 256: (1024, 4096)}
 # --pingpong: the default (ping-pong on for hd64 / hd128) against ping-pong off, over the grid
 PINGPONG_CASES = {64: [{}, {"pingpong": False}], 128: [{}, {"pingpong": False}]}
 PINGPONG_SEQLENS = {64: (1024, 4096, 16384), 128: (1024, 4096, 16384)}
+# --set idle: after idle warpgroups (rows past seqlen_q skip their work) and the host schedule
+# for every persistent launch: is hd64's 192-row tile now right for short causal too? And
+# hd256's O rescale before the PV GEMM (FA4's RescaleOBeforeGemm) on vs off.
+IDLE_CASES = {64: [{}, {"tile_m": 192, "tile_n": 128}, {"tile_m": 128, "tile_n": 128}],
+              256: [{}, {"rescale_before_pv": False}, {"tile_n": 64}, {"tile_n": 64, "rescale_before_pv": False}]}
+IDLE_SEQLENS = {64: (1024, 2048, 4096), 256: (1024, 4096, 16384)}
+SETS = {"tiles": (CASES, SEQLENS), "pingpong": (PINGPONG_CASES, PINGPONG_SEQLENS), "idle": (IDLE_CASES, IDLE_SEQLENS)}
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True)
-    ap.add_argument("--pingpong", action="store_true",
-                    help="instead: ping-pong on (default) vs off at hd64 / hd128, 1k / 4k / 16k, causal and not")
+    ap.add_argument("--set", choices=sorted(SETS), default="tiles",
+                    help="tiles: tile variants at short lengths (default); pingpong: ping-pong on vs off "
+                         "at hd64 / hd128, 1k / 4k / 16k; idle: hd64 tiles and hd256 rescale_before_pv "
+                         "after the idle-warpgroup change")
+    ap.add_argument("--pingpong", action="store_true", help="same as --set pingpong")
+    ap.add_argument("--peers", action="store_true", help="time flash-attn-4 too")
+    ap.add_argument("--hdim", type=int, action="append", help="only these head dims (repeatable)")
+    ap.add_argument("--seqlen", type=int, action="append", help="only these sequence lengths (repeatable)")
     args = ap.parse_args()
-    cases, seqlens = (PINGPONG_CASES, PINGPONG_SEQLENS) if args.pingpong else (CASES, SEQLENS)
+    cases, seqlens = SETS["pingpong" if args.pingpong else args.set]
 
     import torch
 
@@ -47,7 +60,11 @@ def main():
                     .isoformat(timespec="seconds"), "torch": torch.__version__,
                     "method": __doc__.strip().split("\n\n")[1]}, "points": []}
     for hd, variants in cases.items():
+        if args.hdim and hd not in args.hdim:
+            continue
         for s in seqlens[hd]:
+            if args.seqlen and s not in args.seqlen:
+                continue
             for causal in (False, True):
                 b, h = 16384 // s, 2048 // hd
                 q, k, v = (torch.randn(b, s, h, hd, device="cuda", dtype=torch.bfloat16) for _ in range(3))
@@ -61,6 +78,8 @@ def main():
                         print(f"hd{hd} {name}: {e}", flush=True)
                         fns.pop(name, None)
                 fns["sdpa-cudnn"] = impls.sdpa(q, k, v, causal, "cudnn")
+                if args.peers and impls.fa4 is not None:
+                    fns["flash-attn-4"] = impls.flash_attn_4(q, k, v, causal)
                 torch.cuda.synchronize()
                 timed = time_interleaved(fns, reps=9)
                 f = flops(b, h, s, s, hd, causal)

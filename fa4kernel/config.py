@@ -21,6 +21,7 @@ KNOB_NAMES = (
     "exp_emulation",
     "rescale_threshold",
     "persistent",
+    "rescale_before_pv",
 )
 
 # Hopper limits the kernel has to live within.
@@ -36,15 +37,18 @@ REG_OVERHEAD = 32
 DEFAULT_RESCALE_THRESHOLD = 8.0  # tau in log2 units (a factor of 256), FA4's value for 16-bit
 
 # Per-head-dim defaults from the SM90 table in shared/reference/fa4-schedules.md
-# (tile_m, tile_n, p_in_registers, pingpong). Deviation: hd192 uses tile_n = 112 because
+# (tile_m, tile_n, p_in_registers, pingpong). Deviations: hd192 uses tile_n = 112 because
 # 128 x 128 with 2 K and 2 V stages needs 240 KB of smem (> 227 KB); FA4's own
-# _tile_size_fwd_sm90 picks 112 for head_dim_v = 192 too.
+# _tile_size_fwd_sm90 picks 112 for head_dim_v = 192 too. hd256 uses tile_n = 64, not 80:
+# measured side by side on H100 (2026-11-22, benchmarks/results/tile_choice_idle_h100_2026-11-22.json),
+# non-causal 1k / 4k / 16k 647 / 766 / 768 TFLOP/s vs 628 / 744 / 751 with 80 (no partial last
+# block at power-of-two lengths, fewer S registers); causal 458 / 693 / 756 vs 457 / 685 / 760.
 _DEFAULTS = {
     64: (192, 128, True, True),
     96: (192, 144, False, True),
     128: (128, 128, True, True),
     192: (128, 112, True, False),
-    256: (128, 80, True, False),
+    256: (128, 64, True, False),
 }
 
 
@@ -66,6 +70,9 @@ class KernelConfig:
     rescale_threshold: float  # 0.0 = always rescale (FA3 behaviour)
     # one CTA per SM looping over tiles (True) or one CTA per tile (False); resolved by make_config
     persistent: bool = True
+    # intra-WG overlap only: O *= the previous block's scale while S(j) is computed, before the
+    # PV GEMM (FA4's RescaleOBeforeGemm), instead of after the PV wait; auto: head_dim > 128
+    rescale_before_pv: bool = False
     # Instrumented build (issue 4): clock64 stamps of one CTA into a global int64 buffer. Not a
     # user knob (attention() rejects it); set only through trace_config(). False = the normal
     # kernel, whose generated code does not depend on this field.
@@ -129,6 +136,7 @@ def default_knobs(head_dim: int, causal: bool = False) -> dict:
         exp_emulation=0.0,
         rescale_threshold=None,
         persistent=None,
+        rescale_before_pv=None,
     )
 
 
@@ -222,6 +230,15 @@ def resolve_knobs(head_dim: int, causal: bool, knobs: dict) -> dict:
     if not _is_bool(pers):
         raise ValueError(f"persistent={pers!r} not supported; allowed: None (auto), True or False")
     out["persistent"] = bool(pers)
+    before = out["rescale_before_pv"]
+    if before is None:  # auto, FA4's rule: where O (head_dim / 2 fp32 per thread) is large
+        before = head_dim > 128 and out["intra_wg_overlap"]
+    if not _is_bool(before):
+        raise ValueError(f"rescale_before_pv={before!r} not supported; allowed: None (auto), True or False")
+    if before and not out["intra_wg_overlap"]:
+        raise ValueError("rescale_before_pv=True needs intra_wg_overlap=True (without the overlap O is "
+                         "rescaled before its PV GEMM anyway)")
+    out["rescale_before_pv"] = bool(before)
     return out
 
 

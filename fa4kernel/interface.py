@@ -46,9 +46,15 @@ def _fake_args(cfg: KernelConfig):
     return q, k, v, o, lse
 
 
+def _scheduled(cfg: KernelConfig) -> bool:
+    """Persistent and causal launches take the host's tile table (tile_schedule.py); a
+    non-persistent non-causal launch runs one CTA per tile in index order."""
+    return cfg.persistent or cfg.causal
+
+
 def _fake_sched(cfg: KernelConfig):
-    """Causal builds take the host's tile schedule: (CTAs, width) int32, row-major."""
-    if not cfg.causal:
+    """The host's tile schedule as the kernel takes it: (CTAs, width) int32, row-major."""
+    if not _scheduled(cfg):
         return None
     import cutlass
     import cutlass.cute as cute
@@ -104,7 +110,7 @@ def compile_sass(cfg: KernelConfig | None = None, arch: str = "sm_90a", dump_dir
     Either pass a KernelConfig or the same arguments attention() takes (validated first).
     """
     import cutlass.cute as cute
-    from cutlass import Float32, Int32
+    from cutlass import Float32
 
     from .sm90_fwd import kernel_class
 
@@ -116,7 +122,7 @@ def compile_sass(cfg: KernelConfig | None = None, arch: str = "sm_90a", dump_dir
         stream = cute.runtime.make_fake_stream()
         kern = kernel_class(cfg)(cfg)
         extra = (_fake_trace(),) if (cfg.trace or cfg.clock_probe or cfg.skip_softmax) else ()
-        cute.compile(kern, q, k, v, o, lse, _fake_sched(cfg), Float32(1.0), Int32(132), *extra, stream,
+        cute.compile(kern, q, k, v, o, lse, _fake_sched(cfg), Float32(1.0), *extra, stream,
                      options=options)
 
     return sass_for(build, arch, dump_dir)
@@ -141,12 +147,13 @@ def _to_cute(t, leading_dim: int, align: int = 16):
 
 
 _PROPS: dict = {}  # device index -> torch.cuda device properties
-# Short causal launches take smaller tiles: the diagonal and a partial last tile waste more of a
-# big tile. Measured (H200, 16k tokens, one run, benchmarks/results/tile_choice_h200_2026-11-22.json):
-# hd64 tile_m 128 instead of 192: 1k causal 334 vs 299 TFLOP/s, 2k 395 vs 420 (so <= 1k only;
-# non-causal 1k 413 vs 438); hd256 tile_n 64 instead of 80: 1k causal 479 vs 453, 4k 685 vs 686.
+# Short causal launches take smaller tiles: the diagonal wastes more of a big tile. Measured
+# (H200, 16k tokens, one run, benchmarks/results/tile_choice_h200_2026-11-22.json): hd64 tile_m
+# 128 instead of 192: 1k causal 334 vs 299 TFLOP/s, 2k 395 vs 420 (so <= 1k only; non-causal 1k
+# 413 vs 438). Again once idle warpgroups skip their work (H100, tile_choice_idle_h100_2026-11-22.json):
+# 1k causal 327 vs 312, 2k 397 vs 427. (hd256 took tile_n 64 here too; it is now its default.)
 SHORT_CAUSAL_MAX_SEQLEN_Q = 1024
-SHORT_CAUSAL_TILES = {64: {"tile_m": 128, "tile_n": 128}, 256: {"tile_n": 64}}
+SHORT_CAUSAL_TILES = {64: {"tile_m": 128, "tile_n": 128}}
 
 
 def _props(device):
@@ -271,7 +278,7 @@ def _max_ctas(device) -> int:
 
 
 _SCHEDULES: dict = {}  # (shape, tiles, grid, section, device) -> int32 CUDA tensor
-# causal tile order: K/V bytes per section of (batch, head) pairs; None = L2 size / 8
+# tile order: K/V bytes per section of (batch, head) pairs; None = L2 size / 8
 # (tile_schedule.SECTION_FRACTION_OF_L2). A diagnostic override (benchmarks/causal_sm90.py).
 L2_SECTION_BYTES = None
 
@@ -285,20 +292,21 @@ def _section_bytes(device) -> int:
 
 
 def _schedule(cfg: KernelConfig, q, k):
-    """The causal tile schedule for this launch (tile_schedule.py), cached per shape and grid."""
+    """The tile schedule for this launch (tile_schedule.py), cached per shape and grid."""
     b, sq, h, d = q.shape
     sk = k.shape[1]
     num_tiles = b * h * -(-sq // cfg.tile_m)
     grid = min(num_tiles, _max_ctas(q.device)) if cfg.persistent else num_tiles
     section = _section_bytes(q.device)
-    key = (b, sq, sk, h, d, cfg.tile_m, cfg.tile_n, grid, section, q.device)
+    key = (b, sq, sk, h, d, cfg.tile_m, cfg.tile_n, cfg.causal, grid, section, q.device)
     table = _SCHEDULES.get(key)
     if table is None:
         import torch
 
-        from .tile_schedule import as_table, causal_schedule
+        from .tile_schedule import as_table, make_schedule
 
-        rows = causal_schedule(b, h, sq, sk, d, cfg.tile_m, cfg.tile_n, grid, section, _sm_count(q.device))
+        rows = make_schedule(b, h, sq, sk, d, cfg.tile_m, cfg.tile_n, grid, section, cfg.causal,
+                             _sm_count(q.device))
         table = torch.tensor(as_table(rows), dtype=torch.int32, device=q.device)
         if len(_SCHEDULES) >= 256:  # many shapes (e.g. varying lengths): drop the oldest
             _SCHEDULES.pop(next(iter(_SCHEDULES)))
@@ -316,7 +324,7 @@ def _run(cfg: KernelConfig, q, k, v, out, lse, softmax_scale, trace=None):
     """
     global _USE_TVM_FFI
     import cutlass.cute as cute
-    from cutlass import Float32, Int32
+    from cutlass import Float32
 
     if softmax_scale is None:
         softmax_scale = 1.0 / math.sqrt(q.shape[-1])
@@ -337,7 +345,7 @@ def _run(cfg: KernelConfig, q, k, v, out, lse, softmax_scale, trace=None):
             stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
             try:
                 fn = cute.compile(kernel_class(cfg)(cfg), fq, fk, fv, fo, flse, _fake_sched(cfg), Float32(1.0),
-                                  Int32(132), *extra, stream, options="--enable-tvm-ffi")
+                                  *extra, stream, options="--enable-tvm-ffi")
             except Exception as e:  # keep working through DLPack if the FFI path breaks
                 import warnings
 
@@ -346,11 +354,11 @@ def _run(cfg: KernelConfig, q, k, v, out, lse, softmax_scale, trace=None):
                 return _run(cfg, q, k, v, out, lse, softmax_scale, trace)
             COMPILE_TIMES[cfg] = time.perf_counter() - t0
             _CACHE[cfg] = fn
-        sched = _schedule(cfg, q, k) if cfg.causal else None
+        sched = _schedule(cfg, q, k) if _scheduled(cfg) else None
         if buffered:
-            fn(q, k, v, out, lse, sched, scale_log2, _max_ctas(q.device), trace)
+            fn(q, k, v, out, lse, sched, scale_log2, trace)
         else:
-            fn(q, k, v, out, lse, sched, scale_log2, _max_ctas(q.device))
+            fn(q, k, v, out, lse, sched, scale_log2)
         return
 
     import torch
@@ -360,13 +368,12 @@ def _run(cfg: KernelConfig, q, k, v, out, lse, softmax_scale, trace=None):
     lse_c = _to_cute(lse, 2, align=4) if lse is not None else None
     stream = cuda.CUstream(torch.cuda.current_stream(q.device).cuda_stream)
     extra = (_to_cute(trace, 0, align=16),) if buffered else ()
-    sched = _to_cute(_schedule(cfg, q, k), 1, align=4) if cfg.causal else None
+    sched = _to_cute(_schedule(cfg, q, k), 1, align=4) if _scheduled(cfg) else None
     if fn is None:
         from .sm90_fwd import kernel_class
 
         t0 = time.perf_counter()
-        fn = cute.compile(kernel_class(cfg)(cfg), *args, lse_c, sched, Float32(scale_log2), Int32(132),
-                          *extra, stream)
+        fn = cute.compile(kernel_class(cfg)(cfg), *args, lse_c, sched, Float32(scale_log2), *extra, stream)
         COMPILE_TIMES[cfg] = time.perf_counter() - t0
         _CACHE[cfg] = fn
-    fn(*args, lse_c, sched, Float32(scale_log2), Int32(_max_ctas(q.device)), *extra, stream)
+    fn(*args, lse_c, sched, Float32(scale_log2), *extra, stream)

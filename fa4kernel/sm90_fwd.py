@@ -128,12 +128,15 @@ class FlashFwdSm90:
         # land while this tile's O is stored; otherwise O reuses Q's buffer and Q is released
         # only after the O store has read it.
         self.separate_o = cfg.separate_o
-        # The `persistent` knob (config.resolve_knobs). Auto: only where O has its own buffer
-        # (the win is overlapping one tile's O store with the next tile's Q/K loads) and tiles
-        # are equally long: causal tiles vary in length, and the hardware block scheduler
-        # balances them better than a static round-robin (measured on H200: hd128 16k causal
-        # 681 -> 592 TFLOP/s when persistent).
-        self.persistent = bool(getattr(cfg, "persistent", cfg.separate_o and not cfg.causal))
+        # The `persistent` knob (config.resolve_knobs; auto: where O has its own buffer, so one
+        # tile's O store overlaps the next tile's Q/K loads).
+        self.persistent = bool(cfg.persistent)
+        # Which tiles a CTA runs comes from the host's table (tile_schedule.py) for persistent
+        # and causal launches; a non-persistent non-causal CTA runs tile blockIdx.x.
+        self.scheduled = self.persistent or self.causal
+        # O *= scale of the previous block while this block's S GEMM runs, before the PV GEMM
+        # (FA4's RescaleOBeforeGemm for head dims > 128) instead of after the PV wait
+        self.rescale_before_pv = bool(cfg.rescale_before_pv) and self.overlap
         self.emu_cols = emulated_columns(self.cols_per_thread, cfg.exp_emulation)
         self.trace = bool(getattr(cfg, "trace", False))
         # header stamps (kernel start/end clock64 + globaltimer of one CTA): trace and probe builds
@@ -149,14 +152,10 @@ class FlashFwdSm90:
     @cute.jit
     def _tr_tile(self, mTrace, on, tile, role, local=None):
         """Per-tile trace context (mTrace, on, local tile index, role), or None (normal build).
-        local: this CTA's tile count so far (causal schedule), else derived from `tile`."""
+        local: this CTA's tile count so far (None: its only tile)."""
         tr = None
         if const_expr(self.trace):
-            if const_expr(local is None):
-                local = Int32(0)
-                if const_expr(self.persistent):
-                    local = (tile - cute.arch.block_idx()[0]) // cute.arch.grid_dim()[0]
-            tr = (mTrace, on, local, role)
+            tr = (mTrace, on, Int32(0) if const_expr(local is None) else local, role)
         return tr
 
     @cute.jit
@@ -180,15 +179,14 @@ class FlashFwdSm90:
         mV: cute.Tensor,  # (b, s_k, h, d)
         mO: cute.Tensor,  # (b, s_q, h, d)
         mLSE,  # (b, h, s_q) fp32 or None
-        mSched,  # causal only: (CTAs, width) int32 tile ids per CTA, -1 ended (tile_schedule.py)
+        mSched,  # persistent or causal: (CTAs, width) int32 tile ids per CTA, -1 ended (tile_schedule.py)
         softmax_scale_log2: Float32,
-        max_ctas: Int32,  # persistent grid size (number of SMs); >= #tiles = one tile per CTA
         stream,
     ):
-        self._host(mQ, mK, mV, mO, mLSE, mSched, softmax_scale_log2, max_ctas, stream, None)
+        self._host(mQ, mK, mV, mO, mLSE, mSched, softmax_scale_log2, stream, None)
 
     @cute.jit
-    def _host(self, mQ, mK, mV, mO, mLSE, mSched, softmax_scale_log2, max_ctas, stream, mTrace):
+    def _host(self, mQ, mK, mV, mO, mLSE, mSched, softmax_scale_log2, stream, mTrace):
         dtype = self.dtype
         # (s, d, h, b): the TMA box walks seqlen x head_dim of one (head, batch)
         mQ, mK, mV, mO = [_select(t, [1, 3, 2, 0]) for t in (mQ, mK, mV, mO)]
@@ -242,12 +240,10 @@ class FlashFwdSm90:
 
         self.shared_storage = SharedStorage
 
-        num_m_blocks = cute.ceil_div(mQ.shape[0], self.tile_m)
-        num_tiles = num_m_blocks * cute.size(mQ.shape[2]) * cute.size(mQ.shape[3])
-        # non-causal persistent: CTA c runs tiles c, c + grid, c + 2 grid, ... (all equally long);
-        # causal: CTA c runs the tiles of row c of the host's schedule (tile_schedule.py)
-        grid = (cutlass.min(num_tiles, max_ctas) if const_expr(self.persistent) else num_tiles, 1, 1)
-        if const_expr(self.causal):
+        # scheduled: CTA c runs the tiles of row c of the host's table (tile_schedule.py);
+        # otherwise one CTA per tile
+        grid = (cute.ceil_div(mQ.shape[0], self.tile_m) * cute.size(mQ.shape[2]) * cute.size(mQ.shape[3]), 1, 1)
+        if const_expr(self.scheduled):
             grid = (cute.size(mSched.shape[0]), 1, 1)
         self.kernel(
             tma_atom_Q, tma_Q, tma_atom_K, tma_K, tma_atom_V, tma_V, tma_atom_O, tma_O,
@@ -369,32 +365,23 @@ class FlashFwdSm90:
                  pipe_q, pipe_k, pipe_v, mSched=None, mTrace=None, tr_cta=None):
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
         q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
-        seqlen_q = mQ.shape[0]
-        seqlen_k = mK.shape[0]
-        num_tiles = cute.ceil_div(seqlen_q, self.tile_m) * mQ.shape[2] * mQ.shape[3]
-        tile = cute.arch.block_idx()[0]
         tr_on = None
         if const_expr(self.trace):
             tr_on = tr_cta & (cute.arch.thread_idx()[0] == 0)
-        if const_expr(self.causal):
+        if const_expr(self.scheduled):
             cta = cute.arch.block_idx()[0]
             i = Int32(0)
             tile = mSched[cta, 0]
             while tile >= 0:
+                nxt = mSched[cta, i + 1]  # loaded ahead: its latency hides behind this tile
                 kv_state, q_state = self._produce_tile(
                     tma_atom_Q, mQ, tma_atom_K, mK, tma_atom_V, mV, sQ, sK, sV,
                     pipe_q, pipe_k, pipe_v, tile, kv_state, q_state,
                     self._tr_tile(mTrace, tr_on, tile, Int32(0), i))
                 i += 1
-                tile = mSched[cta, i]
-        elif const_expr(self.persistent):
-            while tile < num_tiles:
-                kv_state, q_state = self._produce_tile(
-                    tma_atom_Q, mQ, tma_atom_K, mK, tma_atom_V, mV, sQ, sK, sV,
-                    pipe_q, pipe_k, pipe_v, tile, kv_state, q_state,
-                    self._tr_tile(mTrace, tr_on, tile, Int32(0)))
-                tile += cute.arch.grid_dim()[0]
+                tile = nxt
         else:
+            tile = cute.arch.block_idx()[0]
             self._produce_tile(tma_atom_Q, mQ, tma_atom_K, mK, tma_atom_V, mV, sQ, sK, sV,
                                pipe_q, pipe_k, pipe_v, tile, kv_state, q_state,
                                self._tr_tile(mTrace, tr_on, tile, Int32(0)))
@@ -706,37 +693,26 @@ class FlashFwdSm90:
 
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
         q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
-        num_tiles = cute.ceil_div(seqlen_q, self.tile_m) * num_heads * num_batch
-        tile = cute.arch.block_idx()[0]
-        if const_expr(self.causal):
+        o_scale = cute.make_rmem_tensor(rows, Float32)  # rescale_before_pv: the pending O scale
+        args = (tma_atom_O, mO, mLSE, scale_log2, tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrVt,
+                tOrP, s_shape, acc_O, row_max, row_sum, o_scale, smem_thr_copy_P, tPsP, tScS, t0ScS,
+                sO, pipe_q, pipe_k, pipe_v)
+        if const_expr(self.scheduled):
             cta = cute.arch.block_idx()[0]
             i = Int32(0)
             tile = mSched[cta, 0]
             while tile >= 0:
+                nxt = mSched[cta, i + 1]  # loaded ahead: its latency hides behind this tile
                 kv_state, q_state = self._consume_tile(
-                    tma_atom_O, mO, mLSE, scale_log2, tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrVt,
-                    tOrP, s_shape, acc_O, row_max, row_sum, smem_thr_copy_P, tPsP, tScS, t0ScS,
-                    sO, pipe_q, pipe_k, pipe_v, tile, num_heads, num_batch,
-                    seqlen_q, seqlen_k, tidx, wg_idx, rows, kv_state, q_state,
-                    self._tr_tile(mTrace, tr_on, tile, 1 + wg_idx, i))
+                    *args, tile, num_heads, num_batch, seqlen_q, seqlen_k, tidx, wg_idx, rows,
+                    kv_state, q_state, self._tr_tile(mTrace, tr_on, tile, 1 + wg_idx, i))
                 i += 1
-                tile = mSched[cta, i]
-        elif const_expr(self.persistent):
-            while tile < num_tiles:
-                kv_state, q_state = self._consume_tile(
-                    tma_atom_O, mO, mLSE, scale_log2, tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrVt,
-                    tOrP, s_shape, acc_O, row_max, row_sum, smem_thr_copy_P, tPsP, tScS, t0ScS,
-                    sO, pipe_q, pipe_k, pipe_v, tile, num_heads, num_batch,
-                    seqlen_q, seqlen_k, tidx, wg_idx, rows, kv_state, q_state,
-                    self._tr_tile(mTrace, tr_on, tile, 1 + wg_idx))
-                tile += cute.arch.grid_dim()[0]
+                tile = nxt
         else:
+            tile = cute.arch.block_idx()[0]
             self._consume_tile(
-                tma_atom_O, mO, mLSE, scale_log2, tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrVt,
-                tOrP, s_shape, acc_O, row_max, row_sum, smem_thr_copy_P, tPsP, tScS, t0ScS,
-                sO, pipe_q, pipe_k, pipe_v, tile, num_heads, num_batch,
-                seqlen_q, seqlen_k, tidx, wg_idx, rows, kv_state, q_state,
-                self._tr_tile(mTrace, tr_on, tile, 1 + wg_idx))
+                *args, tile, num_heads, num_batch, seqlen_q, seqlen_k, tidx, wg_idx, rows,
+                kv_state, q_state, self._tr_tile(mTrace, tr_on, tile, 1 + wg_idx))
         if const_expr(self.probe):
             # kernel end: warp 4 lane 0 has waited for this CTA's last O store
             if tr_cta & (tidx == 0):
@@ -746,7 +722,7 @@ class FlashFwdSm90:
     @cute.jit
     def _consume_tile(
         self, tma_atom_O, mO, mLSE, scale_log2, tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrVt,
-        tOrP, s_shape, acc_O, row_max, row_sum, smem_thr_copy_P, tPsP, tScS, t0ScS,
+        tOrP, s_shape, acc_O, row_max, row_sum, o_scale, smem_thr_copy_P, tPsP, tScS, t0ScS,
         sO, pipe_q, pipe_k, pipe_v, tile, num_heads, num_batch,
         seqlen_q, seqlen_k, tidx, wg_idx, rows, kv_state, q_state, tr=None,
     ):
@@ -761,61 +737,21 @@ class FlashFwdSm90:
         n_plain = n_block_max - 1 - n_masked_extra
 
         ctx = (tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrVt, tOrP, s_shape, acc_O, row_max,
-               row_sum, scale_log2, smem_thr_copy_P, tPsP, tScS, t0ScS, pipe_k, pipe_v,
+               row_sum, o_scale, scale_log2, smem_thr_copy_P, tPsP, tScS, t0ScS, pipe_k, pipe_v,
                m_block, seqlen_q, seqlen_k, wg_idx)
 
-        if const_expr(self.overlap):
-            # first block: S only; its PV is issued together with the next block's S
-            self._stamp(tr, T_WAIT_K, Int32(0), 0)
-            pipe_k.consumer_wait(kv_state)
-            self._stamp(tr, T_WAIT_K, Int32(0), 1)
-            acc_S = cute.make_rmem_tensor(s_shape, Float32)
-            self._stamp(tr, T_QK, Int32(0), 0)
-            self._gemm(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, kv_state.index], True, 0)
-            self._stamp(tr, T_QK, Int32(0), 1)
-            pipe_k.consumer_release(kv_state)
-            self._stamp(tr, T_MASK, Int32(0), 0)
-            if const_expr(self.causal):
-                self._apply_mask(acc_S, tScS, t0ScS, m_block, n_block_max - 1, seqlen_q, seqlen_k,
-                                 True, True)
-            elif seqlen_k % self.tile_n != 0:  # only a partial last block needs the length mask
-                self._apply_mask(acc_S, tScS, t0ScS, m_block, n_block_max - 1, seqlen_q, seqlen_k,
-                                 True, False)
-            self._stamp(tr, T_MASK, Int32(0), 1)
-            self._stamp(tr, T_MAX, Int32(0), 0)
-            if const_expr(not self.skip_softmax):
-                self._softmax(acc_S, row_max, row_sum, scale_log2, True, tr, Int32(0))
-            self._stamp(tr, T_EXP, Int32(0), 1)
-            self._stamp(tr, T_CVT, Int32(0), 0)
-            self._store_p(acc_S, tOrP, smem_thr_copy_P, tPsP, wg_idx)
-            self._stamp(tr, T_CVT, Int32(0), 1)
-            for i in cutlass.range(n_masked_extra, unroll=1):
-                kv_state = self._block_overlap(ctx, kv_state, n_block_max - 2 - i, True, tr, 1 + i)
-            for i in cutlass.range(n_plain, unroll=1):
-                kv_state = self._block_overlap(ctx, kv_state, n_block_max - 2 - n_masked_extra - i, False,
-                                               tr, 1 + n_masked_extra + i)
-            if const_expr(self.separate_o):
-                pipe_q.consumer_release(q_state)  # all QK GEMMs of this tile are done
-            # last PV
-            self._stamp(tr, T_WAIT_V, n_block_max - 1, 0)
-            pipe_v.consumer_wait(kv_state)
-            self._stamp(tr, T_WAIT_V, n_block_max - 1, 1)
-            self._stamp(tr, T_PV, n_block_max - 1, 0)
-            self._gemm(tiled_mma_pv, acc_O, tOrP, tOrVt[None, None, None, kv_state.index], False, 0)
-            self._stamp(tr, T_PV, n_block_max - 1, 1)
-            pipe_v.consumer_release(kv_state)
-            kv_state.advance()
+        if m_block * self.tile_m + wg_idx * 64 < seqlen_q:
+            if const_expr(self.overlap):
+                kv_state = self._tile_overlap(ctx, kv_state, pipe_q, q_state, n_block_max,
+                                              n_masked_extra, n_plain, tr)
+            else:
+                kv_state = self._tile_serial(ctx, kv_state, pipe_q, q_state, n_block_max,
+                                             n_masked_extra, n_plain, tr)
         else:
-            self._pp_sync(wg_idx)
-            kv_state = self._block_serial(ctx, kv_state, n_block_max - 1, True, True, tr, Int32(0))
-            for i in cutlass.range(n_masked_extra, unroll=1):
-                kv_state = self._block_serial(ctx, kv_state, n_block_max - 2 - i, False, True, tr, 1 + i)
-            for i in cutlass.range(n_plain, unroll=1):
-                kv_state = self._block_serial(ctx, kv_state, n_block_max - 2 - n_masked_extra - i, False, False,
-                                              tr, 1 + n_masked_extra + i)
-            self._pp_arrive(wg_idx)
-            if const_expr(self.separate_o):
-                pipe_q.consumer_release(q_state)
+            # this warpgroup's 64 rows all lie past seqlen_q (the last tile of a length that is
+            # not a multiple of tile_m): no GEMM, no softmax, O = 0 (the TMA store clips it)
+            row_sum.fill(0.0)
+            kv_state = self._tile_idle(pipe_k, pipe_v, pipe_q, q_state, kv_state, n_block_max, wg_idx)
 
         # ---- finalize: O /= row_sum, LSE
         self._stamp(tr, T_FIN, n_block_max - 1, 0)
@@ -846,9 +782,115 @@ class FlashFwdSm90:
         return kv_state, q_state
 
     @cute.jit
+    def _tile_overlap(self, ctx, kv_state, pipe_q, q_state, n_block_max, n_masked_extra, n_plain, tr=None):
+        """One tile's KV blocks with intra-warpgroup overlap: S(j) and PV(j-1) in flight together."""
+        (tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrVt, tOrP, s_shape, acc_O, row_max, row_sum,
+         o_scale, scale_log2, smem_thr_copy_P, tPsP, tScS, t0ScS, pipe_k, pipe_v, m_block, seqlen_q,
+         seqlen_k, wg_idx) = ctx
+        # first block: S only; its PV is issued together with the next block's S
+        self._stamp(tr, T_WAIT_K, Int32(0), 0)
+        pipe_k.consumer_wait(kv_state)
+        self._stamp(tr, T_WAIT_K, Int32(0), 1)
+        acc_S = cute.make_rmem_tensor(s_shape, Float32)
+        self._stamp(tr, T_QK, Int32(0), 0)
+        self._gemm(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, kv_state.index], True, 0)
+        self._stamp(tr, T_QK, Int32(0), 1)
+        pipe_k.consumer_release(kv_state)
+        self._stamp(tr, T_MASK, Int32(0), 0)
+        if const_expr(self.causal):
+            self._apply_mask(acc_S, tScS, t0ScS, m_block, n_block_max - 1, seqlen_q, seqlen_k,
+                             True, True)
+        elif seqlen_k % self.tile_n != 0:  # only a partial last block needs the length mask
+            self._apply_mask(acc_S, tScS, t0ScS, m_block, n_block_max - 1, seqlen_q, seqlen_k,
+                             True, False)
+        self._stamp(tr, T_MASK, Int32(0), 1)
+        self._stamp(tr, T_MAX, Int32(0), 0)
+        if const_expr(not self.skip_softmax):
+            first_scale = self._softmax(acc_S, row_max, row_sum, scale_log2, True, tr, Int32(0))
+            if const_expr(self.rescale_before_pv):
+                o_scale.store(first_scale.load())
+        self._stamp(tr, T_EXP, Int32(0), 1)
+        self._stamp(tr, T_CVT, Int32(0), 0)
+        self._store_p(acc_S, tOrP, smem_thr_copy_P, tPsP, wg_idx)
+        self._stamp(tr, T_CVT, Int32(0), 1)
+        for i in cutlass.range(n_masked_extra, unroll=1):
+            kv_state = self._block_overlap(ctx, kv_state, n_block_max - 2 - i, True, tr, 1 + i)
+        for i in cutlass.range(n_plain, unroll=1):
+            kv_state = self._block_overlap(ctx, kv_state, n_block_max - 2 - n_masked_extra - i, False,
+                                           tr, 1 + n_masked_extra + i)
+        if const_expr(self.separate_o):
+            pipe_q.consumer_release(q_state)  # all QK GEMMs of this tile are done
+        # last PV
+        if const_expr(self.rescale_before_pv and not self.skip_softmax):
+            self._rescale_o(acc_O, o_scale)
+        self._stamp(tr, T_WAIT_V, n_block_max - 1, 0)
+        pipe_v.consumer_wait(kv_state)
+        self._stamp(tr, T_WAIT_V, n_block_max - 1, 1)
+        self._stamp(tr, T_PV, n_block_max - 1, 0)
+        self._gemm(tiled_mma_pv, acc_O, tOrP, tOrVt[None, None, None, kv_state.index], False, 0)
+        self._stamp(tr, T_PV, n_block_max - 1, 1)
+        pipe_v.consumer_release(kv_state)
+        kv_state.advance()
+        return kv_state
+
+    @cute.jit
+    def _tile_serial(self, ctx, kv_state, pipe_q, q_state, n_block_max, n_masked_extra, n_plain, tr=None):
+        """One tile's KV blocks without overlap: S, softmax, PV, one after the other."""
+        wg_idx = ctx[-1]
+        self._pp_sync(wg_idx)
+        kv_state = self._block_serial(ctx, kv_state, n_block_max - 1, True, True, tr, Int32(0))
+        for i in cutlass.range(n_masked_extra, unroll=1):
+            kv_state = self._block_serial(ctx, kv_state, n_block_max - 2 - i, False, True, tr, 1 + i)
+        for i in cutlass.range(n_plain, unroll=1):
+            kv_state = self._block_serial(ctx, kv_state, n_block_max - 2 - n_masked_extra - i, False, False,
+                                          tr, 1 + n_masked_extra + i)
+        self._pp_arrive(wg_idx)
+        if const_expr(self.separate_o):
+            pipe_q.consumer_release(q_state)
+        return kv_state
+
+    @cute.jit
+    def _tile_idle(self, pipe_k, pipe_v, pipe_q, q_state, kv_state, n_block_max, wg_idx):
+        """A warpgroup with no rows in this tile keeps the protocol the others expect: it releases
+        every K and V stage once it has landed (waiting for the load keeps its release in the
+        stage's current phase) and takes its turns at the ping-pong barriers, in the same order
+        as _tile_overlap / _tile_serial."""
+        if const_expr(self.overlap):
+            pipe_k.consumer_wait(kv_state)
+            pipe_k.consumer_release(kv_state)
+            for i in cutlass.range(n_block_max - 1, unroll=1):
+                v_state = kv_state.clone()
+                kv_state.advance()
+                pipe_k.consumer_wait(kv_state)
+                self._pp_sync(wg_idx)
+                pipe_v.consumer_wait(v_state)
+                self._pp_arrive(wg_idx)
+                pipe_k.consumer_release(kv_state)
+                pipe_v.consumer_release(v_state)
+            if const_expr(self.separate_o):
+                pipe_q.consumer_release(q_state)
+            pipe_v.consumer_wait(kv_state)
+            pipe_v.consumer_release(kv_state)
+            kv_state.advance()
+        else:
+            self._pp_sync(wg_idx)
+            for i in cutlass.range(n_block_max, unroll=1):
+                pipe_k.consumer_wait(kv_state)
+                self._pp_arrive(wg_idx)
+                pipe_k.consumer_release(kv_state)
+                pipe_v.consumer_wait(kv_state)
+                self._pp_sync(wg_idx)
+                pipe_v.consumer_release(kv_state)
+                kv_state.advance()
+            self._pp_arrive(wg_idx)
+            if const_expr(self.separate_o):
+                pipe_q.consumer_release(q_state)
+        return kv_state
+
+    @cute.jit
     def _block_overlap(self, ctx, kv_state, n_block, mask_causal: cutlass.Constexpr, tr=None, it=None):
         (tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrVt, tOrP, s_shape, acc_O, row_max, row_sum,
-         scale_log2, smem_thr_copy_P, tPsP, tScS, t0ScS, pipe_k, pipe_v, m_block, seqlen_q,
+         o_scale, scale_log2, smem_thr_copy_P, tPsP, tScS, t0ScS, pipe_k, pipe_v, m_block, seqlen_q,
          seqlen_k, wg_idx) = ctx
         v_state = kv_state.clone()
         kv_state.advance()
@@ -865,6 +907,11 @@ class FlashFwdSm90:
         acc_S = cute.make_rmem_tensor(s_shape, Float32)
         self._stamp(tr, T_QK, it, 0)
         self._gemm(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, kv_state.index], True, -1)
+        if const_expr(self.rescale_before_pv and not self.skip_softmax):
+            # the previous block's O scale, applied while S(j) runs and before PV(j-1) adds to O
+            self._stamp(tr, T_RESC, it_pv, 0)
+            self._rescale_o(acc_O, o_scale)
+            self._stamp(tr, T_RESC, it_pv, 1)
         self._stamp(tr, T_WAIT_V, it_pv, 0)
         pipe_v.consumer_wait(v_state)
         self._stamp(tr, T_WAIT_V, it_pv, 1)
@@ -895,17 +942,20 @@ class FlashFwdSm90:
         self._stamp(tr, T_CVT, it, 0)
         self._store_p(acc_S, tOrP, smem_thr_copy_P, tPsP, wg_idx)
         self._stamp(tr, T_CVT, it, 1)
-        self._stamp(tr, T_RESC, it, 0)
-        if const_expr(not self.skip_softmax):
-            self._rescale_o(acc_O, row_scale)
-        self._stamp(tr, T_RESC, it, 1)
+        if const_expr(self.rescale_before_pv and not self.skip_softmax):
+            o_scale.store(row_scale.load())  # applied before the next PV GEMM
+        else:
+            self._stamp(tr, T_RESC, it, 0)
+            if const_expr(not self.skip_softmax):
+                self._rescale_o(acc_O, row_scale)
+            self._stamp(tr, T_RESC, it, 1)
         return kv_state
 
     @cute.jit
     def _block_serial(self, ctx, kv_state, n_block, is_first: cutlass.Constexpr,
                       mask: cutlass.Constexpr, tr=None, it=None):
         (tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrVt, tOrP, s_shape, acc_O, row_max, row_sum,
-         scale_log2, smem_thr_copy_P, tPsP, tScS, t0ScS, pipe_k, pipe_v, m_block, seqlen_q,
+         o_scale, scale_log2, smem_thr_copy_P, tPsP, tScS, t0ScS, pipe_k, pipe_v, m_block, seqlen_q,
          seqlen_k, wg_idx) = ctx
         self._stamp(tr, T_WAIT_K, it, 0)
         pipe_k.consumer_wait(kv_state)
@@ -1013,11 +1063,10 @@ class FlashFwdSm90Trace(FlashFwdSm90):
         mLSE,
         mSched,
         softmax_scale_log2: Float32,
-        max_ctas: Int32,
         mTrace: cute.Tensor,  # (TRACE_WORDS,) int64
         stream,
     ):
-        self._host(mQ, mK, mV, mO, mLSE, mSched, softmax_scale_log2, max_ctas, stream, mTrace)
+        self._host(mQ, mK, mV, mO, mLSE, mSched, softmax_scale_log2, stream, mTrace)
 
 
 def kernel_class(cfg: KernelConfig):

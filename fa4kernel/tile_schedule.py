@@ -1,8 +1,13 @@
-"""Which CTA runs which causal Q tile, in which order: computed on the host, read by the kernel.
+"""Which CTA runs which Q tile, in which order: computed on the host, read by the kernel.
 
-Causal tiles differ in length (a tile of query rows m sees ~m+1 KV blocks), and a short causal
-launch (1k tokens) has only ~16 tiles per SM, so the order matters twice over:
-- balance: a CTA that draws more long tiles than the others ends the launch late;
+Every persistent launch (and every causal one) takes its tiles from this table. Tiles differ in
+cost: a causal tile of query rows m sees ~m+1 KV blocks, and the last tile of a length that is
+not a multiple of tile_m has consumer warpgroups without rows, which the kernel idles (hd64's
+192-row tiles at 1k tokens: the 6th tile of each head has 64 rows, one warpgroup's worth). A
+short launch (1k tokens) has only ~16-24 tiles per SM, so the order matters twice over:
+- balance: a CTA that draws more long tiles than the others ends the launch late (a static
+  round-robin of non-causal tiles, m_block fastest, gave every partial tile to the same 22 of
+  132 CTAs, since 132 is a multiple of 6);
 - L2 reuse: every tile of one (batch, head) reads the same K and V. If the CTAs running at the
   same time work on few heads, those K/V blocks come from L2; if they spread over all heads, each
   tile streams its K/V from HBM again.
@@ -12,13 +17,13 @@ longest-first over all heads 286 / 274 / 277; sections of 48 MiB of K/V 417 / 28
 
 The order here: (batch, head) pairs grouped into sections whose K + V take at most
 `section_bytes` (default an eighth of L2: the section's K/V stays resident beside the Q and O
-tiles streaming past and the neighbouring sections' loads), longest tile first within a section, the last
-section at least TAIL_WAVES x grid tiles. The assignment:
-list scheduling, as a dynamic tile scheduler would do it: each tile in that order goes to the CTA
-that is predicted to be free first, with a tile's cost = its KV blocks + a fixed per-tile cost.
-One CTA per tile (grid >= tiles) keeps the order and lets the hardware's block scheduler balance.
+tiles streaming past and the neighbouring sections' loads), costliest tile first within a
+section, the last section at least TAIL_WAVES x grid tiles. The assignment: list scheduling, as a
+dynamic tile scheduler would do it: each tile in that order goes to the CTA that is predicted to
+be free first (tile_cost). Equal tiles thus go round-robin. One CTA per tile (grid >= tiles)
+keeps the order and lets the hardware's block scheduler balance.
 
-Pure Python (no torch, no CUDA): fa4sim's kernel model uses the same schedule.
+Pure Python (no torch, no CUDA).
 """
 from __future__ import annotations
 
@@ -29,23 +34,44 @@ import math
 # Measured on H100 (hd128, one CTA walking tiles): ~1925 cycles beyond its blocks vs 2462 cycles
 # per KV block (benchmarks/results/tiles_h100_2026-11-22.json); only the ordering uses it.
 TILE_OVERHEAD_BLOCKS = 0.8
+# (consumer warpgroups, warpgroups with rows) -> a tile's cost relative to a full one. The idle
+# warpgroups skip their GEMMs and softmax, but a lone warpgroup has no ping-pong partner to hide
+# its softmax behind, so the saving is far from proportional. Measured on H100 (one CTA walking
+# 16 tiles of 32 KV blocks; benchmarks/results/idle_wg_h100_2026-11-22.json): 1 of 3 live 0.59
+# (hd64) / 0.61 (hd96), 2 of 3 0.85 / 0.79, 1 of 2 0.80 (hd128) / 0.71 (hd64); the means here.
+LIVE_WG_COST = {(3, 1): 0.60, (3, 2): 0.82, (2, 1): 0.75}
 SECTION_FRACTION_OF_L2 = 8  # section_bytes = L2 size / 8
 # the last section holds at least this many waves of tiles (predicted imbalance <= 2 % over
 # hdim {64, 128, 256} x seqlen 1k..16k with 132 CTAs; 12 % without, at hd256)
 TAIL_WAVES = 3
 
 
-def kv_blocks(m_block: int, tile_m: int, tile_n: int, seqlen_q: int, seqlen_k: int) -> int:
-    """KV blocks a causal tile visits (the kernel's _kv_block_range; bottom-right aligned)."""
+def kv_blocks(m_block: int, tile_m: int, tile_n: int, seqlen_q: int, seqlen_k: int,
+              causal: bool = True) -> int:
+    """KV blocks a tile visits (the kernel's _kv_block_range; causal is bottom-right aligned)."""
     n_max = math.ceil(seqlen_k / tile_n)
+    if not causal:
+        return n_max
     last_col = max((m_block + 1) * tile_m + seqlen_k - seqlen_q, 0)
     return max(min(n_max, math.ceil(last_col / tile_n)), 1)
 
 
+def tile_cost(m_block: int, tile_m: int, tile_n: int, seqlen_q: int, seqlen_k: int,
+              causal: bool = True) -> float:
+    """A tile's predicted cost in KV-block units: its blocks, times what a tile costs whose
+    consumer warpgroups (64 rows each) are not all live (LIVE_WG_COST), plus the fixed cost."""
+    wgs = tile_m // 64
+    live = min(wgs, math.ceil((seqlen_q - m_block * tile_m) / 64))
+    share = 1.0 if live >= wgs else LIVE_WG_COST.get((wgs, live), live / wgs)
+    return kv_blocks(m_block, tile_m, tile_n, seqlen_q, seqlen_k, causal) * share + TILE_OVERHEAD_BLOCKS
+
+
 def tile_order(num_m: int, num_hb: int, kv_bytes_per_head: int, section_bytes: int,
-               tail_tiles: int = 0) -> list[int]:
+               tail_tiles: int = 0, cost=None) -> list[int]:
     """Flat tile ids (m_block + num_m * hb, hb = batch * heads + head) in run order: sections of
-    (batch, head) pairs whose K/V fit in section_bytes (0 = one section), longest tile first.
+    (batch, head) pairs whose K/V fit in section_bytes (0 = one section); within a section the
+    costliest tiles first (cost(m_block), default: the causal length m_block + 1), equal costs
+    grouped by head (larger m_block first).
     The last sections merge until the last one has >= tail_tiles tiles: a small last section
     starts its long tiles late, on a few CTAs, while the others run out of work."""
     per = num_hb if section_bytes <= 0 else min(max(section_bytes // max(kv_bytes_per_head, 1), 1), num_hb)
@@ -53,19 +79,25 @@ def tile_order(num_m: int, num_hb: int, kv_bytes_per_head: int, section_bytes: i
     while len(sections) > 1 and len(sections[-1]) * num_m < tail_tiles:
         last = sections.pop()
         sections[-1] += last
-    return [m + num_m * hb for hbs in sections for m in range(num_m - 1, -1, -1) for hb in hbs]
+    cost = cost or (lambda m: m + 1)
+    # equal costs: one head's tiles together (the CTAs running at once then read the same K/V
+    # blocks at about the same time: non-causal hd128 1k measured 620 vs 604 TFLOP/s with the
+    # rows of tiles spread over the section's heads instead; H100, 2026-11-22)
+    return [m + num_m * hb for hbs in sections
+            for m, hb in sorted(((m, hb) for hb in hbs for m in range(num_m)), key=lambda t: (-cost(t[0]), t[1], -t[0]))]
 
 
-def causal_schedule(batch: int, heads: int, seqlen_q: int, seqlen_k: int, head_dim: int,
-                    tile_m: int, tile_n: int, grid: int, section_bytes: int, sms: int | None = None,
-                    dtype_bytes: int = 2) -> list[list[int]]:
+def make_schedule(batch: int, heads: int, seqlen_q: int, seqlen_k: int, head_dim: int,
+                  tile_m: int, tile_n: int, grid: int, section_bytes: int, causal: bool = True,
+                  sms: int | None = None, dtype_bytes: int = 2) -> list[list[int]]:
     """Per CTA, the flat tile ids it runs in turn. grid >= number of tiles: one tile per CTA.
     sms: CTAs resident at once (the SM count; default grid), which sizes the last section."""
     if min(batch, heads, seqlen_q, seqlen_k, head_dim, tile_m, tile_n, grid) < 1:
-        raise ValueError("causal_schedule: batch, heads, seqlens, head_dim, tiles and grid must be >= 1")
+        raise ValueError("make_schedule: batch, heads, seqlens, head_dim, tiles and grid must be >= 1")
     num_m = math.ceil(seqlen_q / tile_m)
+    cost = [tile_cost(m, tile_m, tile_n, seqlen_q, seqlen_k, causal) for m in range(num_m)]
     order = tile_order(num_m, batch * heads, 2 * seqlen_k * head_dim * dtype_bytes, section_bytes,
-                       TAIL_WAVES * min(grid, sms or grid))
+                       TAIL_WAVES * min(grid, sms or grid), cost.__getitem__)
     if grid >= len(order):
         return [[t] for t in order]
     rows: list[list[int]] = [[] for _ in range(grid)]
@@ -73,8 +105,7 @@ def causal_schedule(batch: int, heads: int, seqlen_q: int, seqlen_k: int, head_d
     for t in order:
         at, c = heapq.heappop(free)
         rows[c].append(t)
-        cost = kv_blocks(t % num_m, tile_m, tile_n, seqlen_q, seqlen_k) + TILE_OVERHEAD_BLOCKS
-        heapq.heappush(free, (at + cost, c))
+        heapq.heappush(free, (at + cost[t % num_m], c))
     return rows
 
 

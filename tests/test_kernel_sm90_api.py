@@ -111,7 +111,7 @@ def test_defaults_match_fa4_table_and_fit():
     assert (t[96]["tile_m"], t[96]["tile_n"], t[96]["p_in_registers"]) == (192, 144, False)
     assert config.default_knobs(96, causal=True)["tile_n"] == 112  # 128 spills in our kernel
     assert (t[128]["tile_m"], t[128]["tile_n"], t[128]["pingpong"]) == (128, 128, True)
-    assert (t[192]["pingpong"], t[256]["tile_n"], t[256]["pingpong"]) == (False, 80, False)
+    assert (t[192]["pingpong"], t[256]["tile_n"], t[256]["pingpong"]) == (False, 64, False)  # 64: measured
 
 
 def test_rescale_threshold_none_and_zero_mean_always_rescale():
@@ -176,9 +176,21 @@ def test_persistent_default_where_o_has_its_own_buffer():
     assert cfg(1024, 128, True).persistent and cfg(1000, 64, True).persistent
     # short causal launches take smaller tiles (interface.SHORT_CAUSAL_TILES); knobs win
     assert (cfg(1024, 64, True).tile_m, cfg(2048, 64, True).tile_m, cfg(1024, 64, False).tile_m) == (128, 192, 192)
-    assert (cfg(1000, 256, True).tile_n, cfg(4096, 256, True).tile_n) == (64, 80)
+    assert (cfg(1000, 256, True).tile_n, cfg(4096, 256, True).tile_n, cfg(1000, 256, True, tile_n=80).tile_n) == (64, 64, 80)
     assert cfg(1024, 64, True, tile_m=192).tile_m == 192 and cfg(1024, 64, True, tile_n=64).tile_m == 192
     assert cfg(16384, 128, True).persistent
     assert not cfg(1024, 256, True).persistent and not cfg(1024, 256, False).persistent  # O in Q's buffer
     assert not cfg(1024, 128, True, persistent=False).persistent
     assert cfg(4096, 128, False).persistent and cfg(4096, 128, True, persistent=True).persistent
+
+
+def test_rescale_before_pv_auto_and_checked():
+    """FA4's rule: O is rescaled before the PV GEMM for head dims > 128 (with the overlap)."""
+    auto = {d: config.make_config("bfloat16", d, False, False, {}).rescale_before_pv for d in config.SUPPORTED_HEAD_DIMS}
+    assert auto == {64: False, 96: False, 128: False, 192: True, 256: True}
+    assert not config.make_config("bfloat16", 256, False, False, dict(intra_wg_overlap=False)).rescale_before_pv
+    assert config.make_config("bfloat16", 128, False, False, dict(rescale_before_pv=True)).rescale_before_pv
+    with pytest.raises(ValueError, match="rescale_before_pv=True needs intra_wg_overlap=True"):
+        config.make_config("bfloat16", 128, False, False, dict(rescale_before_pv=True, intra_wg_overlap=False))
+    with pytest.raises(ValueError, match="rescale_before_pv='yes' not supported"):
+        config.make_config("bfloat16", 128, False, False, dict(rescale_before_pv="yes"))

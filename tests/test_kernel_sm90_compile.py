@@ -12,6 +12,7 @@ pytest.importorskip("cutlass")
 
 import fa4kernel  # noqa: E402
 from fa4kernel.config import make_config  # noqa: E402
+from fa4kernel.sass import kv_loop  # noqa: E402
 
 pytestmark = pytest.mark.compile
 
@@ -81,24 +82,44 @@ def test_exp_emulation_moves_exp2_from_mufu_to_fma():
     assert per_block == [64, 48, 32, 0], per_block
 
 
-def _between(text, start, end):
-    """SASS opcodes from the first line holding `start` to the next holding `end`."""
-    lines = text.split("\n")
-    i = next(n for n, l in enumerate(lines) if start in l)
-    j = next(n for n in range(i + 1, len(lines)) if end in lines[n])
-    return "\n".join(lines[i:j])
 
-
-@pytest.mark.parametrize("hd", [64, 128, 256])
-def test_pv_wait_sits_before_the_exp2s(hd):
+@pytest.mark.parametrize("hd,knobs", [(64, {}), (128, {}), (256, {"tile_n": 80, "rescale_before_pv": False})])
+def test_pv_wait_sits_before_the_exp2s(hd, knobs):
     """The compiled order fa4sim's fa3 schedule models (knob exp_overlaps_pv = False): in the KV
-    loop ptxas places the wait for the previous block's PV GEMM (WARPGROUP.DEPBAR.LE gsb0, 0x0)
-    right after the row max, ahead of the block's exp2s, whatever the source order. If a compiler
-    update moves it, this fails and the model's default must follow."""
-    text = sass(head_dim=hd)
-    before = _between(text, "WARPGROUP.DEPBAR.LE gsb0, 0x1", "WARPGROUP.DEPBAR.LE gsb0, 0x0")
-    after = _between(text[text.index("WARPGROUP.DEPBAR.LE gsb0, 0x1"):], "WARPGROUP.DEPBAR.LE gsb0, 0x0", "HGMMA")
-    assert count(before, "FMNMX") >= 32                      # the row max overlaps PV
-    assert count(before, "MUFU.EX2") <= 3                    # only the acc_scale exp2s
-    per_thread = make_config("bfloat16", hd, False, False, {}).tile_n // 2  # a 64 x tile_n S over 128 threads
-    assert count(after, "MUFU.EX2") >= per_thread - 3                  # the block's exp2s wait for PV
+    loop ptxas places the wait for the previous block's PV GEMM (the second WARPGROUP.DEPBAR,
+    gsb0 0x0) after the S wait and (part of) the row max, ahead of the block's exp2s, whatever the
+    source order. If a compiler update moves it, this fails and the model's default must follow."""
+    loop = kv_loop(sass(head_dim=hd, **knobs))
+    s_wait, pv_wait = [i for i, o in enumerate(loop) if o.startswith("WARPGROUP.DEPBAR")][:2]
+    between, after = loop[s_wait:pv_wait], loop[pv_wait:]
+    assert between.count("FMNMX") >= 16                      # row max work overlaps PV
+    assert between.count("MUFU.EX2") <= 3                    # only the acc_scale exp2s
+    per_thread = make_config("bfloat16", hd, False, False, knobs).tile_n // 2  # a 64 x tile_n S over 128 threads
+    assert after.count("MUFU.EX2") >= per_thread - 3                   # the block's exp2s wait for PV
+
+
+def test_hd256_default_pv_wait_after_part_of_the_exp2s():
+    """hd256's default (tile_n 64, O rescaled before the PV GEMM): here ptxas puts the PV wait
+    after the row max and part of the block's exp2s (19 of 32 per thread with CUDA 13.0)."""
+    loop = kv_loop(sass(head_dim=256))
+    s_wait, pv_wait = [i for i, o in enumerate(loop) if o.startswith("WARPGROUP.DEPBAR")][:2]
+    assert 8 <= loop[s_wait:pv_wait].count("MUFU.EX2") <= 28
+
+
+@pytest.mark.parametrize("hd,before", [(256, None), (256, False), (64, True), (64, None)])  # QK, PV shapes differ
+def test_rescale_before_pv_moves_the_o_rescale(hd, before):
+    """rescale_before_pv (auto: head_dim > 128, FA4's RescaleOBeforeGemm): the KV loop multiplies
+    O (head_dim / 2 fp32 per thread) by the previous block's scale before the PV wgmmas are
+    issued, i.e. while S is computed; otherwise after them, once the PV GEMM has finished."""
+    knobs = {} if before is None else {"rescale_before_pv": before}
+    cfg = make_config("bfloat16", hd, False, False, knobs)
+    loop = kv_loop(fa4kernel.compile_sass(cfg, arch="sm_90a"))
+    pv = f"HGMMA.64x{hd}x16"
+    first_pv = next(i for i, o in enumerate(loop) if o.startswith(pv))
+    last_pv = max(i for i, o in enumerate(loop) if o.startswith(pv))
+    fmul_before = loop[:first_pv].count("FMUL")
+    fmul_after = loop[last_pv:].count("FMUL")
+    if cfg.rescale_before_pv:
+        assert fmul_before >= hd // 2 and fmul_after < hd // 4, (fmul_before, fmul_after)
+    else:
+        assert fmul_after >= hd // 2 and fmul_before < hd // 4, (fmul_before, fmul_after)

@@ -108,6 +108,8 @@ KNOB_CASES = [
     dict(exp_emulation=1.0),
     dict(rescale_threshold=8.0),
     dict(rescale_threshold=8.0, exp_emulation=0.25),
+    dict(rescale_before_pv=True),
+    dict(rescale_before_pv=True, rescale_threshold=8.0),
 ]
 
 
@@ -121,6 +123,7 @@ def test_knobs_hd128(knobs, causal):
     (64, dict(p_in_registers=False)), (64, dict(tile_m=128)), (64, dict(intra_wg_overlap=False)),
     (96, dict(tile_m=128, p_in_registers=True, tile_n=128)), (96, dict(intra_wg_overlap=False)),
     (192, dict(pingpong=True)), (256, dict(rescale_threshold=8.0, exp_emulation=0.28)),
+    (256, dict(rescale_before_pv=False)), (192, dict(rescale_before_pv=False)),
 ])
 def test_knobs_other_hd(hd, knobs):
     check(*_inputs(1, 777, 900, 2, hd), True, **knobs)
@@ -199,6 +202,21 @@ def test_persistent_many_tiles_per_cta(hd, causal, knobs):
     hand-over between tiles, pipeline phases carried across tiles, odd lengths)."""
     b, s, h = 3, 1999, 2048 // hd
     check(*_inputs(b, s, s + 77, h, hd), causal, **knobs)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("hd,sq,knobs", [
+    (128, 1030, {}), (128, 1030, dict(pingpong=False)), (128, 1030, dict(intra_wg_overlap=False)),
+    (128, 1030, dict(p_in_registers=False)), (64, 1000, {}), (64, 1030, {}),
+    (64, 1000, dict(intra_wg_overlap=False)), (64, 1000, dict(persistent=False)),
+    (96, 1000, {}), (64, 70, {}),
+])
+def test_idle_warpgroups(hd, sq, knobs, causal):
+    """The last tile of each head has consumer warpgroups without rows (1030 = 8 x 128 + 6;
+    1000 = 5 x 192 + 40; 70 < 128): they skip their GEMMs and softmax but keep the pipelines'
+    and ping-pong barriers' protocol. Many tiles per persistent CTA, so a protocol slip would
+    hang or corrupt the next tile."""
+    check(*_inputs(3, sq, sq + 50, 2048 // hd // 2, hd), causal, **knobs)
 
 
 def test_results_repeatable():

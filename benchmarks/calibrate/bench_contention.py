@@ -59,6 +59,8 @@ from cutlass._mlir.dialects import llvm  # noqa: E402,F401
 from cutlass.cute.nvgpu import warpgroup  # noqa: E402
 from cutlass.cutlass_dsl import T, dsl_user_op  # noqa: E402
 
+from fa4kernel.sass import loop_bodies  # noqa: E402
+
 from .bench_wgmma import _smem_layout  # noqa: E402
 from .common import _asm, clk, compile_for_sass, ex2, f2bf16x2, ffma, fill_random_bf16, fmax, gtimer, median, smem_addr, sts32  # noqa: E402
 
@@ -407,32 +409,6 @@ def fake_args_intra():
 
 
 # ----------------------------------------------------------------------------- CPU: SASS check
-def loop_bodies(sass: str):
-    """[(label, [opcode, ...])] for every backward branch (a loop body: label .. branch)."""
-    import re
-
-    lines = sass.splitlines()
-    labels = {}
-    ops = []  # (line index, opcode) of instructions
-    for i, line in enumerate(lines):
-        m = re.match(r"^(\.L_x_\d+):", line.strip())
-        if m:
-            labels[m.group(1)] = len(ops)
-            continue
-        if "*/" in line:
-            s = line.split("*/", 1)[1].strip().rstrip(";").strip()
-            if not s:
-                continue
-            if s.startswith("@"):
-                s = s.split(None, 1)[1] if " " in s else s
-            ops.append(s)
-    out = []
-    for k, s in enumerate(ops):
-        if s.startswith("BRA"):
-            m = re.search(r"\((\.L_x_\d+)\)", s)
-            if m and m.group(1) in labels and labels[m.group(1)] <= k:
-                out.append((m.group(1), [o.split()[0] for o in ops[labels[m.group(1)]:k + 1]]))
-    return out
 
 
 def _count(opcodes, prefix):
