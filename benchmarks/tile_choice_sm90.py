@@ -33,7 +33,13 @@ PINGPONG_SEQLENS = {64: (1024, 4096, 16384), 128: (1024, 4096, 16384)}
 IDLE_CASES = {64: [{}, {"tile_m": 192, "tile_n": 128}, {"tile_m": 128, "tile_n": 128}],
               256: [{}, {"rescale_before_pv": False}, {"tile_n": 64}, {"tile_n": 64, "rescale_before_pv": False}]}
 IDLE_SEQLENS = {64: (1024, 2048, 4096), 256: (1024, 4096, 16384)}
-SETS = {"tiles": (CASES, SEQLENS), "pingpong": (PINGPONG_CASES, PINGPONG_SEQLENS), "idle": (IDLE_CASES, IDLE_SEQLENS)}
+# --set short64: hd64 at 1k (causal is where cuDNN still leads): tile and schedule variants
+SHORT64_CASES = {64: [{}, {"tile_m": 128, "tile_n": 64}, {"tile_m": 128, "tile_n": 176},
+                      {"tile_m": 128, "tile_n": 128, "pingpong": False}, {"tile_m": 128, "tile_n": 128, "kv_stages": 3},
+                      {"tile_m": 192, "tile_n": 96}]}
+SHORT64_SEQLENS = {64: (1024,)}
+SETS = {"tiles": (CASES, SEQLENS), "pingpong": (PINGPONG_CASES, PINGPONG_SEQLENS), "idle": (IDLE_CASES, IDLE_SEQLENS),
+        "short64": (SHORT64_CASES, SHORT64_SEQLENS)}
 
 
 def main():
@@ -42,7 +48,7 @@ def main():
     ap.add_argument("--set", choices=sorted(SETS), default="tiles",
                     help="tiles: tile variants at short lengths (default); pingpong: ping-pong on vs off "
                          "at hd64 / hd128, 1k / 4k / 16k; idle: hd64 tiles and hd256 rescale_before_pv "
-                         "after the idle-warpgroup change")
+                         "after the idle-warpgroup change; short64: hd64 1k variants")
     ap.add_argument("--pingpong", action="store_true", help="same as --set pingpong")
     ap.add_argument("--peers", action="store_true", help="time flash-attn-4 too")
     ap.add_argument("--hdim", type=int, action="append", help="only these head dims (repeatable)")
