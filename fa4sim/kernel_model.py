@@ -1,11 +1,12 @@
 """Whole-kernel model: batch x heads x Q tiles over the SMs, waves and tail, L2/HBM check.
 
 A work unit is one CTA tile: `rows_per_cta` query rows of one (batch, head) against its KV
-blocks (a CTA pair takes twice the rows on two SMs). Non-causal: every unit has the same number
-of KV blocks and a static persistent scheduler hands unit u to slot u mod slots. Causal: each
-unit has its own number of KV blocks (up to the diagonal) and units go longest-first to the
-least-loaded slot (FA4's LPT scheduler). A kernel that is not persistent launches one CTA per
-tile instead; the hardware hands each to the first SM that frees up. A slot's time is its first tile alone (T1) plus, per
+blocks (a CTA pair takes twice the rows on two SMs); the last tile of a length may have fewer
+rows (a schedule may then run it with fewer warpgroups). Non-causal units have equal KV blocks,
+causal ones up to the diagonal. A persistent kernel hands the units costliest first to the slot
+predicted free first (FA4's LPT scheduler, fa4kernel's host tile schedule; equal units thus go
+round-robin); a kernel that is not persistent launches one CTA per tile and the hardware hands
+each to the first SM that frees up. A slot's time is its first tile alone (T1) plus, per
 further tile, what one more tile costs a persistent CTA (T2 - T1, prologue overlapped).
 The kernel takes the slowest slot, unless moving its bytes through L2 or HBM takes longer.
 """
@@ -22,6 +23,7 @@ from .params import Problem
 class WorkUnit:
     n_kv: int            # KV blocks this tile visits
     masked: int          # of which need masking (diagonal or a partial last block)
+    rows: int = 0        # query rows with data (the last tile of a length may be partial); 0 = all
 
 
 def work_units(p: Problem, rows: int, tile_n: int) -> list[WorkUnit]:
@@ -38,7 +40,7 @@ def work_units(p: Problem, rows: int, tile_n: int) -> list[WorkUnit]:
         else:
             n_kv = math.ceil(p.seqlen_k / tile_n)
             masked = 1 if p.seqlen_k % tile_n else 0
-        out.append(WorkUnit(n_kv, masked))
+        out.append(WorkUnit(n_kv, masked, r_last - r_first + 1))
     return out
 
 
@@ -63,38 +65,25 @@ def assign(costs: list[tuple[float, float]], slots: int, causal: bool, persisten
     """(T1, further-tile cost) per unit -> (slowest slot's cycles, tiles on it).
 
     persistent: a CTA per slot loops over tiles, so a further tile costs T2 - T1 (its prologue
-    overlaps the previous epilogue); equal tiles go round-robin (static, as in fa4kernel);
-    causal tiles longest first, each to the slot predicted free first (fa4kernel's host tile
-    schedule, fa4kernel/tile_schedule.py, does this list scheduling before the launch).
+    overlaps the previous epilogue); tiles go costliest first, each to the slot predicted free
+    first (fa4kernel's host tile schedule, fa4kernel/tile_schedule.py, does this list
+    scheduling before the launch; equal tiles thus go round-robin, as a static scheduler would).
     Not persistent: one CTA per tile, launched in order (causal: longest first) onto whichever
     SM frees up first, each paying its whole T1 and, after the first on its SM, the CTA turnover
     `cta_launch`.
     """
     slots = max(1, min(slots, len(costs)))
+    heap = [(0.0, i, 0) for i in range(slots)]
     if not persistent:
-        order = sorted(costs, key=lambda c: -c[0]) if causal else costs
-        heap = [(0.0, i, 0) for i in range(slots)]
-        for t1, _ in order:
+        for t1, _ in (sorted(costs, key=lambda c: -c[0]) if causal else costs):
             load, i, n = heapq.heappop(heap)
             heapq.heappush(heap, (load + t1 + (cta_launch if n else 0.0), i, n + 1))
-        load, _, n = max(heap)
-        return load, n
-    if causal:
-        heap = [(0.0, i, 0) for i in range(slots)]
+    else:
         for t1, extra in sorted(costs, key=lambda c: -c[0]):
             load, i, n = heapq.heappop(heap)
             heapq.heappush(heap, (load + (extra if n else t1), i, n + 1))
-        load, _, n = max(heap)
-        return load, n
-    # persistent, equal tiles: CTA c runs tiles c, c + grid, c + 2 grid, ...
-    order = costs
-    loads = [[0.0, 0] for _ in range(slots)]
-    for u, (t1, extra) in enumerate(order):
-        s = loads[u % slots]
-        s[0] += t1 if s[1] == 0 else extra
-        s[1] += 1
-    worst = max(loads, key=lambda x: x[0])
-    return worst[0], worst[1]
+    load, _, n = max(heap)
+    return load, n
 
 
 def traffic(p: Problem, hw, units: list[WorkUnit], tile_n: int, two_cta: bool,

@@ -124,29 +124,37 @@ def simulate(hw="b200", schedule="fa4", problem: Problem | None = None, override
     tile_n = knobs["tile_n"]
     units = work_units(problem, unit_rows, tile_n)
 
-    cache: dict[tuple[int, int], tuple] = {}
+    cache: dict[tuple, tuple] = {}
+    # a schedule may run a tile with fewer rows differently (fa3: idle warpgroups skip their work)
+    unit_knobs = getattr(module, "unit_knobs", lambda k, rows: k)
 
-    def detailed(n: int, masked: int):
-        key = (n, masked)
+    def variant(u: WorkUnit) -> int:
+        """The rows that decide how a unit runs: all of them unless the schedule says otherwise."""
+        return rows if not u.rows or unit_knobs(knobs, u.rows) is knobs else u.rows
+
+    def detailed(n: int, masked: int, unit_rows: int = rows):
+        key = (n, masked, unit_rows)
         if key not in cache:
-            sched = module.build(profile, problem, knobs, n, masked)
+            k = knobs if unit_rows == rows else unit_knobs(knobs, unit_rows)
+            sched = module.build(profile, problem, k, n, masked)
             cache[key] = tile_times(sched, n)
         return cache[key]
 
-    by_masked: dict[int, list[int]] = {}
+    by_shape: dict[tuple[int, int], list[int]] = {}
     for u in units:
-        by_masked.setdefault(u.masked, []).append(u.n_kv)
+        by_shape.setdefault((u.masked, variant(u)), []).append(u.n_kv)
 
     # a CTA's own start-up (barrier init, descriptor prefetch, register reallocation, tile math)
     # before its first TMA: paid by every CTA, so once per SM when persistent, per tile if not
     prologue = float(knobs.get("cta_prologue_cycles", 0.0) or 0.0)
 
     def cost_of(u: WorkUnit) -> tuple[float, float]:
-        ns = by_masked[u.masked]
+        v = variant(u)
+        ns = by_shape[(u.masked, v)]
         if len(set(ns)) <= 4:
-            t1, t2, _, _ = detailed(u.n_kv, u.masked)
+            t1, t2, _, _ = detailed(u.n_kv, u.masked, v)
             return t1 + prologue, t2 - t1
-        t1, extra = _interpolated(u, max(ns), detailed)
+        t1, extra = _interpolated(u, max(ns), lambda n, m: detailed(n, m, v))
         return t1 + prologue, extra
 
     kt = kernel_time(problem, profile, units, cost_of, tile_n, two_cta,

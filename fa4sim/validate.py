@@ -35,7 +35,7 @@ SIMULATED = {"fa4kernel": "our SM90 kernel", "flash-attn-4": "flash-attn-4 SM90"
 # (flash_fwd_sm90.py: SingleTileScheduler / SingleTileLPTScheduler, is_persistent=False)
 PEER_KNOBS = {"persistent": False}
 KNOB_NAMES = {"tile_m", "tile_n", "kv_stages", "pingpong", "intra_wg_overlap", "p_in_registers",
-              "exp_emulation", "rescale_threshold"}
+              "exp_emulation", "rescale_threshold", "rescale_before_pv"}
 
 
 def profile_for(device: str) -> str:
@@ -83,6 +83,9 @@ def kernel_knobs(point: dict) -> dict:
     knobs = {k: v for k, v in cfg.items() if k in KNOB_NAMES | {"persistent"}}
     if knobs.get("rescale_threshold") in (0, 0.0):  # the kernel's 0 means "always rescale"
         knobs["rescale_threshold"] = None
+    # the kernel idles warpgroups without rows since the change that also brought the
+    # rescale_before_pv knob: configs recorded since then carry that field
+    knobs["skip_idle_wgs"] = "rescale_before_pv" in cfg
     # older files without the resolved config: fa4kernel runs persistent CTAs when O gets its
     # own smem buffer (fa4kernel/README.md), otherwise one CTA per tile. (Files of 2026-11-22
     # before the host tile schedule record it: causal was then one CTA per tile by default.)

@@ -199,3 +199,42 @@ def test_cta_prologue_is_paid_once_per_cta():
 
     assert cycles(True, 1000.0) - cycles(True, 0.0) == pytest.approx(1000.0)
     assert cycles(False, 1000.0) - cycles(False, 0.0) == pytest.approx(4000.0)
+
+
+def test_persistent_tiles_of_unequal_cost_are_list_scheduled():
+    """Non-causal tiles differ in cost when the last tile of a head idles warpgroups (fa4kernel):
+    the host schedule list-schedules them too, costliest first. Tiles of 8, 8, 3, 3, 8 (index
+    order) on 2 CTAs: {8, 8} = 16 and {8, 3, 3} = 14; a static round-robin gives {8, 3, 8} = 19."""
+    from fa4sim.kernel_model import assign
+    costs = [(float(n), float(n)) for n in (8, 8, 3, 3, 8)]
+    assert assign(costs, 2, causal=False, persistent=True) == (16.0, 2)
+
+
+def test_fa3_idle_warpgroups_skip_their_work():
+    """skip_idle_wgs (fa4kernel): the last tile of a head with 64 of 192 rows runs as a one-warpgroup
+    tile. hd64, 1000 tokens: 5 full tiles + one with 40 rows; the launch gets faster, and a length
+    that is a multiple of the tile (960) does not change."""
+    fa3 = SCHEDULES["fa3"]
+    k = resolve(fa3.KNOBS, Problem(1, 1, 1000, 1000, 64, False), {"skip_idle_wgs": True})
+    assert fa3.unit_knobs(k, 40)["tile_m"] == 64 and fa3.unit_knobs(k, 130)["tile_m"] == 192
+    assert fa3.unit_knobs(k, 192) is k
+    hw = hardware.load("h100").with_values(num_sms=1)
+
+    def cycles(s, skip):
+        return simulate(hw, "fa3", Problem(1, 2, s, 1000, 64, False), {"skip_idle_wgs": skip}).cycles
+
+    assert cycles(1000, True) < cycles(1000, False)
+    assert cycles(960, True) == cycles(960, False)
+
+
+def test_fa3_rescale_before_pv_moves_the_rescale_ahead_of_pv():
+    """rescale_before_pv (default for head dims > 128, as flash-attn-4): in the consumer's program
+    the O rescale comes right after the S GEMM is issued, before PV, and rescales the previous
+    block's O (skew 1); otherwise it follows the softmax."""
+    for hd, before in ((256, True), (128, False)):
+        sched = build("h100", "fa3", hd, False)
+        names = [o.name for o in sched.ops if o.role == "wg0"]
+        assert (names.index("RESC0") < names.index("PV0")) == before, names
+        assert {o.name: o.skew for o in sched.ops}["RESC0"] == (1 if before else 0)
+    assert resolve(SCHEDULES["fa3"].KNOBS, Problem(1, 1, 128, 128, 256, False),
+                   {"intra_wg_overlap": False})["rescale_before_pv"] is False

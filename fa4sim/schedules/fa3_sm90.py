@@ -8,7 +8,8 @@ Warp roles:
 
 Per KV block j, consumer w (intra-warpgroup overlap on): issue S(j) = Q K(j)^T, issue
 O += P(j-1) V(j-1), wait S(j), softmax(j) while PV(j-1) runs on the tensor core, wait PV(j-1),
-rescale O, convert P(j). As compiled (ptxas, CUDA 13.0), the PV wait sits after the row max:
+rescale O, convert P(j). (Head dims > 128, knob rescale_before_pv: O is rescaled by block j-1's
+scale between issuing S(j) and PV(j-1) instead, as flash-attn-4 does.) As compiled (ptxas, CUDA 13.0), the PV wait sits after the row max:
 only the max overlaps PV(j-1), the exp2s and the row sum wait for it (knob exp_overlaps_pv).
 Overlap off: issue S(j), wait, softmax, rescale, convert, issue PV(j), and the
 next S waits for it. Inter-warpgroup ping-pong (named barriers): WG w issues its GEMMs only after
@@ -56,8 +57,14 @@ KNOBS = [
     Knob("exp_overlaps_pv", False, "", "intra-WG overlap reaches the exp2s: they run while the previous block's PV GEMM "
          "does. False = as compiled: ptxas (CUDA 13.0) puts the PV wait right after the row max, so only the max "
          "overlaps PV (SASS of fa4kernel, every head dim; tests/test_kernel_sm90_compile.py)", kind="bool"),
+    Knob("rescale_before_pv", lambda p, k: p.hdim > 128 and k["intra_wg_overlap"], "", "intra-WG overlap: O *= "
+         "the previous block's scale while S(j) is computed, before PV(j-1) is issued (FA4's RescaleOBeforeGemm, "
+         "default for head dims > 128 in flash-attn-4 and fa4kernel); false: after the PV wait", kind="bool"),
     Knob("persistent", lambda p, k: _o_fits(p, k), "", "one CTA per SM looping over tiles (else one CTA per tile); "
          "default: where O gets its own smem buffer (fa4kernel)", kind="bool"),
+    Knob("skip_idle_wgs", False, "", "consumer warpgroups whose 64 rows all lie past seqlen_q (the last tile of a "
+         "length that is not a multiple of tile_m) skip their GEMMs and softmax (fa4kernel); false: they compute "
+         "padding rows like the others (flash-attn-4)", kind="bool"),
     Knob("exp_emulation", 0.0, "fraction", "fraction of each row's exp2 done by the polynomial on the FMA pipe (FA4 trick; off in FA3)", kind="fraction"),
     Knob("rescale_threshold", None, "log2 units", "conditional rescaling threshold tau; none = always rescale (FA3)", kind="float_or_none", minimum=0.0),
     Knob("rescale_rate", None, "fraction", "override: fraction of (warp, KV block) pairs that rescale (none = derive)", kind="float_or_none", minimum=0.0, maximum=1.0),
@@ -130,6 +137,15 @@ def rows_per_cta(k: dict) -> int:
     return k["tile_m"]
 
 
+def unit_knobs(k: dict, rows: int) -> dict:
+    """The knobs a tile with `rows` valid query rows runs with: with skip_idle_wgs, only its live
+    consumer warpgroups (64 rows each) take part, as a tile of that many warpgroups would."""
+    live = min(consumer_warpgroups(k), max(1, -(-rows // 64)))
+    if not k["skip_idle_wgs"] or live == consumer_warpgroups(k):
+        return k
+    return {**k, "tile_m": 64 * live}
+
+
 def build(hw, p: Problem, k: dict, n_kv: int, masked_blocks: int) -> Schedule:
     d, n, W = p.hdim, k["tile_n"], consumer_warpgroups(k)
     mbar, nbar = hw.mbarrier_latency, hw.named_barrier_latency
@@ -159,6 +175,13 @@ def build(hw, p: Problem, k: dict, n_kv: int, masked_blocks: int) -> Schedule:
                    asynchronous=True, issue_cycles=n // 16 * hw.mma_issue_cycles, chunks=n // 16,
                    skew=1 if overlap else 0,
                    label=f"O += P V (wgmma {'RS' if rs else 'SS'}, WG{w})")
+        before = overlap and k["rescale_before_pv"]
+        # before: iteration j applies block j-1's scale (skew 1), while S(j) runs, ahead of PV(j-1)
+        resc = Op(f"RESC{w}", r, tuple(scaled(phase(hw, "rescale", rows * d), rate).items()), 0.0,
+                  "correction", skew=1 if before else 0,
+                  label=f"O *= acc_scale (p={rate:.3g})" + (", before PV" if before else ""))
+        if before:
+            ops.append(resc)
         if overlap:
             ops.append(pv_op)
         if pp:
@@ -172,8 +195,8 @@ def build(hw, p: Problem, k: dict, n_kv: int, masked_blocks: int) -> Schedule:
         exp = add(phase(hw, "scale", elems), {} if k["free_exp2"] else exp2_phase(hw, elems, f),
                   {} if k["free_row_sum"] else phase(hw, "sum", elems))
         ops.append(Op(f"EXP{w}", r, tuple(exp.items()), hw.mufu_latency, "exp", label="exp2, row sum"))
-        ops.append(Op(f"RESC{w}", r, tuple(scaled(phase(hw, "rescale", rows * d), rate).items()), 0.0,
-                      "correction", label=f"O *= acc_scale (p={rate:.3g})"))
+        if not before:
+            ops.append(resc)
         cvt = phase(hw, "convert", elems)
         if not rs:
             cvt = add(cvt, {"smem": elems * BYTES / hw.smem_bytes_per_clk})
