@@ -84,8 +84,10 @@ def kernel_knobs(point: dict) -> dict:
     if knobs.get("rescale_threshold") in (0, 0.0):  # the kernel's 0 means "always rescale"
         knobs["rescale_threshold"] = None
     # the kernel idles warpgroups without rows since the change that also brought the
-    # rescale_before_pv knob: configs recorded since then carry that field
+    # rescale_before_pv knob: configs recorded since then carry that field; before it, the
+    # kernel always rescaled O after the PV wait
     knobs["skip_idle_wgs"] = "rescale_before_pv" in cfg
+    knobs.setdefault("rescale_before_pv", False)
     # older files without the resolved config: fa4kernel runs persistent CTAs when O gets its
     # own smem buffer (fa4kernel/README.md), otherwise one CTA per tile. (Files of 2026-11-22
     # before the host tile schedule record it: causal was then one CTA per tile by default.)
@@ -171,6 +173,10 @@ def compare_intervals(doc: dict, hw: str | None = None) -> dict:
             knobs.update(ABLATION_KNOBS[a])
         if p.get("exp_before_pv_wait"):  # the diagnostic build that keeps the exp2s ahead of the PV wait
             knobs["exp_overlaps_pv"] = True
+        # the tiles the kernel ran, and where it rescaled O (files before that field: after the PV wait)
+        knobs.setdefault("tile_m", int(p["tile_m"]))
+        knobs.setdefault("tile_n", int(p["tile_n"]))
+        knobs.setdefault("rescale_before_pv", bool(p.get("rescale_before_pv", False)))
         key = (hd, json.dumps(knobs, sort_keys=True))
         if key not in cache:
             sk = int(doc["meta"]["seqlens_k"][-1])

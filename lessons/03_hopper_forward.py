@@ -166,6 +166,11 @@ kit.gantt(simulate("h100", "fa3", hd64, {"pingpong": False}), iterations=5,
 # ping-pong and intra-warpgroup overlap matter again, and exp2 emulation (more instructions for
 # the same exps) costs time, as the measurements in section 3 show.
 #
+# One row above is a known miss: at hd256 the model rescales O *before* the PV GEMM, as
+# flash-attn-4 and fa4kernel do there (knob `rescale_before_pv`), and the measured profile
+# charges that stream of multiplies at the softmax's slowed issue rate, so overlap off looks
+# faster. Measured, the real kernel gains 0.4-5 % from rescaling before PV (README, status table).
+#
 # ### Exercise 3.2: which mechanism costs the most?
 # At hd128, 8k, which of the three costs the most TFLOP/s on `h100-measured`: `"clock"`,
 # `"contention"` or `"warp_ipc"`? Predict, then let the check undo each one in turn (setting it
