@@ -149,6 +149,10 @@ def cmd_validate(a) -> int:
         result = validate.compare_intervals(doc, a.hw)
         print(json.dumps(result, indent=1) if a.json else validate.report_intervals(result))
         return 0
+    if validate.is_idle_wg_file(doc):  # benchmarks/idle_wg_sm90.py: tiles with idle warpgroups
+        result = validate.compare_idle_wg(doc, a.hw)
+        print(json.dumps(result, indent=1) if a.json else validate.report_idle_wg(result))
+        return 0
     result = validate.compare(doc, a.hw, a.at_profile_clock)
     if a.plot:
         validate.plot(result, a.plot)

@@ -105,8 +105,9 @@ def load(path: str) -> dict:
         raise InputError("results", f"no such file: {path}") from None
     except json.JSONDecodeError as e:
         raise InputError("results", f"{path} is not JSON ({e.msg})") from None
-    if "points" not in doc or "meta" not in doc:
-        raise InputError("results", f"{path} is not a benchmark results file (needs 'meta' and 'points')")
+    if "meta" not in doc or not ("points" in doc or is_idle_wg_file(doc)):
+        raise InputError("results", f"{path} is not a benchmark results file (needs 'meta' and 'points', "
+                                    "or 'cases' of benchmarks/idle_wg_sm90.py)")
     return doc
 
 
@@ -206,6 +207,47 @@ def compare_intervals(doc: dict, hw: str | None = None) -> dict:
                "median_abs_error": statistics.median(shared) if shared else None,
                "max_abs_error": max(shared) if shared else None, "points": len(shared)}
     return {"summary": summary, "intervals": rows, "knob_deltas": deltas}
+
+
+def is_idle_wg_file(doc: dict) -> bool:
+    """benchmarks/idle_wg_sm90.py output: cost of a tile whose warpgroups are not all live."""
+    return bool(doc.get("cases")) and "ratio_to_full" in doc["cases"][0]
+
+
+def compare_idle_wg(doc: dict, hw: str | None = None) -> dict:
+    """A tile with `live` of its consumer warpgroups holding rows, relative to a full tile:
+    measured (one persistent CTA walking the file's heads x one tile each, event time) vs the
+    fa3 schedule with skip_idle_wgs on the same walk (one SM, cycles)."""
+    hw_name = hw or profile_for(doc["meta"].get("device", ""))
+    one_sm = hardware.load(hw_name).with_values(num_sms=1)
+    heads, sk = int(doc["meta"]["heads"]), int(doc["meta"]["seqlen_k"])
+    rows = []
+    for c in doc["cases"]:
+        hd, tm = int(c["head_dim"]), int(c["tile_m"])
+        knobs = {"tile_m": tm, "tile_n": 128, "skip_idle_wgs": True, "persistent": True}
+        cyc = {live: simulate(one_sm, "fa3", Problem(1, heads, 64 * live, sk, hd, False), knobs).cycles
+               for live in range(1, tm // 64 + 1)}
+        for live in range(1, tm // 64):
+            meas = float(c["ratio_to_full"][str(live)] if str(live) in c["ratio_to_full"] else c["ratio_to_full"][live])
+            pred = cyc[live] / cyc[tm // 64]
+            rows.append({"hdim": hd, "tile_m": tm, "live": live, "warpgroups": tm // 64,
+                         "measured_ratio": meas, "predicted_ratio": pred, "difference": pred - meas})
+    worst = max((abs(r["difference"]) for r in rows), default=None)
+    return {"summary": {"hw_profile": hw_name, "device": doc["meta"].get("device"), "date": doc["meta"].get("date"),
+                        "max_abs_difference": worst, "cases": len(rows)}, "cases": rows}
+
+
+def report_idle_wg(result: dict) -> str:
+    s = result["summary"]
+    lines = [f"device {s['device']} ({s['date']}), profile {s['hw_profile']}: cost of a tile with idle "
+             "warpgroups, relative to a full tile (one CTA walking such tiles)",
+             f"{'hd':>4s} {'tile_m':>6s} {'live':>6s} {'measured':>9s} {'predicted':>9s}"]
+    for r in result["cases"]:
+        lines.append(f"{r['hdim']:4d} {r['tile_m']:6d} {r['live']:>3d} of {r['warpgroups']} {r['measured_ratio']:9.2f} "
+                     f"{r['predicted_ratio']:9.2f}")
+    if s["max_abs_difference"] is not None:
+        lines.append(f"largest difference {s['max_abs_difference']:.2f} over {s['cases']} cases")
+    return "\n".join(lines)
 
 
 def _verdict(d: dict) -> str:

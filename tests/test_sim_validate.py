@@ -96,3 +96,18 @@ def test_compare_intervals(capsys, tmp_path):
     f.write_text(json.dumps(doc))
     assert main(["validate", str(f), "--hw", "h100"]) == 0
     assert "per-SM knob deltas" in capsys.readouterr().out
+
+
+def test_idle_warpgroup_file(tmp_path, capsys):
+    """benchmarks/idle_wg_sm90.py's file: a tile with idle warpgroups vs a full one, measured and
+    simulated (skip_idle_wgs); fewer live warpgroups cost less, never less than in proportion."""
+    doc = {"meta": {"device": "NVIDIA H100 80GB HBM3", "date": "2026-11-22", "heads": 4, "seqlen_k": 1024},
+           "cases": [{"head_dim": 64, "tile_m": 192, "warpgroups": 3,
+                      "ratio_to_full": {"1": 0.59, "2": 0.85, "3": 1.0}}]}
+    path = tmp_path / "idle.json"
+    path.write_text(json.dumps(doc))
+    r = validate.compare_idle_wg(validate.load(str(path)), "h100-measured")
+    pred = {c["live"]: c["predicted_ratio"] for c in r["cases"]}
+    assert set(pred) == {1, 2} and 1 / 3 <= pred[1] < pred[2] < 1.0
+    assert main(["validate", str(path), "--hw", "h100-measured"]) == 0
+    assert "1 of 3" in capsys.readouterr().out
