@@ -283,6 +283,10 @@ def main():
     if args.only_loop:
         for hd in (int(x) for x in args.hdims.split(",")):
             point(hd, "shared", 1, "default", {}, False)
+            if hd == 256:  # its default (tile_n 64, O rescaled before PV) against the former one
+                for kn in ({"rescale_before_pv": False}, {"tile_n": 80, "rescale_before_pv": False},
+                           {"tile_n": 80}):
+                    point(hd, "shared", 1, ",".join(f"{a}={b}" for a, b in kn.items()), kn, False)
         return
     if args.only_pin:  # the exp2s forced ahead of the PV wait, with P in registers and in smem
         for kn in ({}, {"p_in_registers": False}, {"pingpong": False}):

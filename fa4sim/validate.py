@@ -196,9 +196,11 @@ def compare_intervals(doc: dict, hw: str | None = None) -> dict:
                   and x["n_ctas"] == r["n_ctas"] and x["pattern"] == "shared"), None)
         if b is None:
             continue
-        # as a change of throughput (cycles per block down = faster), like the TFLOP/s deltas
-        meas = b["measured_cycles"] / r["measured_cycles"] - 1
-        pred = b["predicted_cycles"] / r["predicted_cycles"] - 1
+        # as a change of throughput (cycles per key down = faster), like the TFLOP/s deltas; per
+        # key, not per block, so a variant with another tile_n compares fairly
+        keys = r["knobs"]["tile_n"] / b["knobs"]["tile_n"]
+        meas = keys * b["measured_cycles"] / r["measured_cycles"] - 1
+        pred = keys * b["predicted_cycles"] / r["predicted_cycles"] - 1
         deltas.append({"knob": r["variant"], "hdim": r["hdim"], "n_ctas": r["n_ctas"], "measured_delta": meas,
                        "predicted_delta": pred, "same_sign": (meas >= 0) == (pred >= 0) or abs(meas) < 0.005,
                        "difference_pp": 100 * (pred - meas)})
