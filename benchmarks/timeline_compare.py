@@ -83,7 +83,7 @@ def compare(path: str, hw: str | None = None, tile: int = 0, figdir: str | None 
     """Print measured vs simulated interval (+ per-op durations); draw the overlay. Returns numbers."""
     doc = timeline.load_stamps(path)
     meta = doc.get("meta", {})
-    label = label or meta.get("label") or Path(path).stem.replace("timeline_", "")
+    label = label or meta.get("label") or Path(path).name.split(".")[0].replace("timeline_", "")
     hw_name = hw_for(meta, hw)
     prob = problem_of(meta)
     over = sim_overrides(meta)

@@ -12,6 +12,7 @@ so the first stamp is cycle 0.
 """
 from __future__ import annotations
 
+import gzip
 import json
 import statistics
 from pathlib import Path
@@ -21,9 +22,11 @@ from .errors import InputError
 
 
 def load_stamps(path: str) -> dict:
+    """A stamps JSON (fa4kernel's instrumented build, benchmarks/timeline_sm90.py), plain or .gz."""
     try:
-        doc = json.loads(Path(path).read_text())
-    except (FileNotFoundError, json.JSONDecodeError) as e:
+        raw = Path(path).read_bytes()
+        doc = json.loads(gzip.decompress(raw) if str(path).endswith(".gz") else raw)
+    except (OSError, json.JSONDecodeError) as e:
         raise InputError("stamps", f"cannot read {path}: {e}") from None
     events = doc.get("events")
     if not isinstance(events, list) or not events:

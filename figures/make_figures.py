@@ -262,9 +262,9 @@ def fig_timeline_overlays():
     from timeline_compare import compare
 
     names = []
-    for path in sorted(glob.glob(os.path.join(RESULTS, "timeline_*", "timeline_*.json"))):
+    for path in sorted(glob.glob(os.path.join(RESULTS, "timeline_*", "timeline_*.json*"))):  # .json or .json.gz
         compare(path, figdir=FIG, out=lambda *a, **k: None)
-        names.append("timeline_overlay_" + os.path.basename(path)[len("timeline_"):-5] + ".png")
+        names.append("timeline_overlay_" + os.path.basename(path).split(".")[0][len("timeline_"):] + ".png")
     return ", ".join(names) or "(no recorded timeline: no overlay)"
 
 

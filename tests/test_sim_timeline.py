@@ -40,3 +40,16 @@ def test_bad_stamps(tmp_path):
     f.write_text(json.dumps({"events": [{"role": "warp99", "op": "X", "iter": 0, "start": 0, "end": 1}]}))
     with pytest.raises(InputError):
         timeline.to_trace(timeline.load_stamps(str(f)), sim_trace().schedule)
+
+
+def test_stamps_load_gzipped(tmp_path):
+    """Recorded timelines are kept gzipped (benchmarks/results/timeline_*/*.json.gz): same doc."""
+    import gzip
+
+    doc = {"meta": {"device": "test"}, "events": [{"role": "wg0", "op": "QK0", "iter": 0, "start": 0, "end": 5}]}
+    plain, packed = tmp_path / "t.json", tmp_path / "t.json.gz"
+    plain.write_text(json.dumps(doc))
+    packed.write_bytes(gzip.compress(json.dumps(doc).encode()))
+    assert timeline.load_stamps(str(packed)) == timeline.load_stamps(str(plain)) == doc
+    with pytest.raises(InputError):
+        timeline.load_stamps(str(tmp_path / "missing.json.gz"))
