@@ -37,9 +37,14 @@ IDLE_SEQLENS = {64: (1024, 2048, 4096), 256: (1024, 4096, 16384)}
 SHORT64_CASES = {64: [{}, {"tile_m": 128, "tile_n": 64}, {"tile_m": 128, "tile_n": 176},
                       {"tile_m": 128, "tile_n": 128, "pingpong": False}, {"tile_m": 128, "tile_n": 128, "kv_stages": 3},
                       {"tile_m": 192, "tile_n": 96}]}
+# --set short64b: the same point, softmax-side knobs on the short-causal tile
+SHORT64B_CASES = {64: [{}, {"tile_m": 128, "tile_n": 128, "intra_wg_overlap": False},
+                       {"tile_m": 128, "tile_n": 128, "rescale_threshold": 8.0},
+                       {"tile_m": 128, "tile_n": 128, "exp_emulation": 0.125},
+                       {"tile_m": 128, "tile_n": 128, "intra_wg_overlap": False, "pingpong": False}]}
 SHORT64_SEQLENS = {64: (1024,)}
 SETS = {"tiles": (CASES, SEQLENS), "pingpong": (PINGPONG_CASES, PINGPONG_SEQLENS), "idle": (IDLE_CASES, IDLE_SEQLENS),
-        "short64": (SHORT64_CASES, SHORT64_SEQLENS)}
+        "short64": (SHORT64_CASES, SHORT64_SEQLENS), "short64b": (SHORT64B_CASES, SHORT64_SEQLENS)}
 
 
 def main():
@@ -48,7 +53,7 @@ def main():
     ap.add_argument("--set", choices=sorted(SETS), default="tiles",
                     help="tiles: tile variants at short lengths (default); pingpong: ping-pong on vs off "
                          "at hd64 / hd128, 1k / 4k / 16k; idle: hd64 tiles and hd256 rescale_before_pv "
-                         "after the idle-warpgroup change; short64: hd64 1k variants")
+                         "after the idle-warpgroup change; short64, short64b: hd64 1k variants")
     ap.add_argument("--pingpong", action="store_true", help="same as --set pingpong")
     ap.add_argument("--peers", action="store_true", help="time flash-attn-4 too")
     ap.add_argument("--hdim", type=int, action="append", help="only these head dims (repeatable)")
