@@ -341,9 +341,44 @@ for prof in PROFILES[1:]:
 # (1.55-1.81 GHz across one benchmark run on the H100, 2026-11-22), so the benchmark records it
 # at every point with a clock-probe build of our kernel, and `fa4sim validate` predicts each point
 # at its own measured clock. Measured that way, in exact cycles (benchmarks/ctas_sm90.py), the
-# model's hd128 loop is 9 % shorter than the kernel's: with the softmax compiled out both sit
+# model's hd128 loop is 6-7 % shorter than the kernel's: with the softmax compiled out both sit
 # exactly at the tensor-core bound, so the missing time is the softmax's exposure, which the model
 # still hides too well under the other warpgroup's GEMMs (benchmarks/calibrate/README.md).
+#
+# ### Exercise 3.4: a tile with idle warpgroups
+#
+# At hd64 a tile holds 192 query rows (3 consumer warpgroups of 64 rows). With 1024 tokens the
+# 6th tile of every head has only 64 rows: fa4kernel lets the two warpgroups without rows skip
+# their GEMMs and softmax. What does that tile cost, as a fraction of a full tile? A third (the
+# work is a third)? Or more? Write down a number, then let the model answer (fa3 with
+# `skip_idle_wgs`, one SM walking 16 such tiles of 32 KV blocks) and compare with the measurement
+# (benchmarks/idle_wg_sm90.py, if recorded).
+
+# %%
+my_guess = None  # <- a fraction of a full tile, e.g. 0.5
+
+# %%
+one_sm = hardware.load("h100-measured").with_values(num_sms=1)
+
+
+def walk(rows):
+    return simulate(one_sm, "fa3", Problem(batch=1, heads=16, seqlen_q=rows, seqlen_k=4096, hdim=64),
+                    {"tile_m": 192, "tile_n": 128, "skip_idle_wgs": True, "persistent": True}).cycles
+
+
+model_share = walk(64) / walk(192)
+print(f"model: a tile with 1 of 3 warpgroups live costs {model_share:.2f} of a full tile")
+for path, doc in kit.recorded("idle_wg_*.json")[:1]:
+    case = next(c for c in doc["cases"] if c["head_dim"] == 64 and c["tile_m"] == 192)
+    print(f"measured ({path.name}, {doc['meta']['device']}): {case['ratio_to_full']['1']:.2f}")
+if my_guess is not None:
+    print(f"your guess {my_guess:.2f}: {'close' if abs(my_guess - model_share) < 0.1 else 'far'} from the model")
+
+# %% [markdown]
+# Not a third: a lone warpgroup has no ping-pong partner whose GEMMs could hide its softmax, so
+# its own chain (S, softmax, PV) sets the pace. That is why fa4kernel's host tile schedule costs
+# such tiles at the measured 0.6 (fa4kernel/tile_schedule.py), and why hd64 at 1k tokens gained
+# 6-9 % from idling them rather than 10-13 %.
 #
 # ## What to remember
 #
