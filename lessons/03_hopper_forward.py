@@ -358,6 +358,11 @@ for prof in PROFILES[1:]:
 my_guess = None  # <- a fraction of a full tile, e.g. 0.5
 
 # %%
+# SOLUTION (try the exercise first).
+if my_guess is None:
+    my_guess = 0.6  # a lone warpgroup's own chain (S, softmax, PV) sets the pace
+
+# %%
 one_sm = hardware.load("h100-measured").with_values(num_sms=1)
 
 
@@ -371,8 +376,8 @@ print(f"model: a tile with 1 of 3 warpgroups live costs {model_share:.2f} of a f
 for path, doc in kit.recorded("idle_wg_*.json")[:1]:
     case = next(c for c in doc["cases"] if c["head_dim"] == 64 and c["tile_m"] == 192)
     print(f"measured ({path.name}, {doc['meta']['device']}): {case['ratio_to_full']['1']:.2f}")
-if my_guess is not None:
-    print(f"your guess {my_guess:.2f}: {'close' if abs(my_guess - model_share) < 0.1 else 'far'} from the model")
+kit.check(abs(my_guess - model_share) < 0.1,
+          f"the model says {model_share:.2f}: more than a third, the idle warpgroups' partner is missing")
 
 # %% [markdown]
 # Not a third: a lone warpgroup has no ping-pong partner whose GEMMs could hide its softmax, so
