@@ -42,3 +42,10 @@ def kv_loop(sass: str) -> list[str]:
     if not bodies:
         raise ValueError("no loop with both HGMMA and MUFU.EX2 in this SASS")
     return min(bodies, key=len)
+
+
+def around_pv_wait(loop: list[str]) -> tuple[list[str], list[str]]:
+    """A KV loop's opcodes split at its waits: (between the S wait and the PV wait, from the PV
+    wait on). The first two WARPGROUP.DEPBARs of the loop are those waits (wait_group 1, then 0)."""
+    s_wait, pv_wait = [i for i, o in enumerate(loop) if o.startswith("WARPGROUP.DEPBAR")][:2]
+    return loop[s_wait:pv_wait], loop[pv_wait:]

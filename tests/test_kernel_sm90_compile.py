@@ -12,7 +12,7 @@ pytest.importorskip("cutlass")
 
 import fa4kernel  # noqa: E402
 from fa4kernel.config import make_config  # noqa: E402
-from fa4kernel.sass import kv_loop  # noqa: E402
+from fa4kernel.sass import around_pv_wait, kv_loop  # noqa: E402
 
 pytestmark = pytest.mark.compile
 
@@ -89,9 +89,7 @@ def test_pv_wait_sits_before_the_exp2s(hd, knobs):
     loop ptxas places the wait for the previous block's PV GEMM (the second WARPGROUP.DEPBAR,
     gsb0 0x0) after the S wait and (part of) the row max, ahead of the block's exp2s, whatever the
     source order. If a compiler update moves it, this fails and the model's default must follow."""
-    loop = kv_loop(sass(head_dim=hd, **knobs))
-    s_wait, pv_wait = [i for i, o in enumerate(loop) if o.startswith("WARPGROUP.DEPBAR")][:2]
-    between, after = loop[s_wait:pv_wait], loop[pv_wait:]
+    between, after = around_pv_wait(kv_loop(sass(head_dim=hd, **knobs)))
     assert between.count("FMNMX") >= 16                      # row max work overlaps PV
     assert between.count("MUFU.EX2") <= 3                    # only the acc_scale exp2s
     per_thread = make_config("bfloat16", hd, False, False, knobs).tile_n // 2  # a 64 x tile_n S over 128 threads
@@ -101,9 +99,8 @@ def test_pv_wait_sits_before_the_exp2s(hd, knobs):
 def test_hd256_default_pv_wait_after_part_of_the_exp2s():
     """hd256's default (tile_n 64, O rescaled before the PV GEMM): here ptxas puts the PV wait
     after the row max and part of the block's exp2s (19 of 32 per thread with CUDA 13.0)."""
-    loop = kv_loop(sass(head_dim=256))
-    s_wait, pv_wait = [i for i, o in enumerate(loop) if o.startswith("WARPGROUP.DEPBAR")][:2]
-    assert 8 <= loop[s_wait:pv_wait].count("MUFU.EX2") <= 28
+    between, _ = around_pv_wait(kv_loop(sass(head_dim=256)))
+    assert 8 <= between.count("MUFU.EX2") <= 28
 
 
 @pytest.mark.parametrize("hd,before", [(256, None), (256, False), (64, True), (64, None)])  # QK, PV shapes differ

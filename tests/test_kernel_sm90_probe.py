@@ -9,7 +9,7 @@
 import pytest
 
 from fa4kernel.config import diagnostic_config, make_config
-from fa4kernel.sass import kv_loop
+from fa4kernel.sass import around_pv_wait, kv_loop
 from fa4kernel.trace import header_clock
 # the SASS helpers (and their compile cache) of the instrumented-build tests
 from test_kernel_sm90_trace import CLOCK_READ, TIMER_READ, count, sass
@@ -56,9 +56,7 @@ def test_exp_before_pv_wait_build_moves_the_exp2s_only():
     plain, pinned = sass(diagnostic_config(cfg)), sass(diagnostic_config(cfg, exp_before_pv_wait=True))
 
     def ex2_before_wait(text):  # in the KV loop: between the S wait and the PV wait
-        loop = kv_loop(text)
-        s_wait, pv_wait = [i for i, o in enumerate(loop) if o.startswith("WARPGROUP.DEPBAR")][:2]
-        return loop[s_wait:pv_wait].count("MUFU.EX2")
+        return around_pv_wait(kv_loop(text))[0].count("MUFU.EX2")
 
     # plain: only the acc_scale exp2s and a few that ptxas slots in (the 64 of the block wait)
     assert ex2_before_wait(plain) <= 8 and ex2_before_wait(pinned) >= 60
