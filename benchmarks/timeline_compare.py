@@ -45,6 +45,9 @@ def sim_overrides(meta: dict) -> dict:
     # the stamps' clock reads pin the source order: in the traced builds (full and light) the
     # exp2s stay ahead of the PV wait, unlike the normal build (SASS: tests/test_kernel_sm90_trace.py)
     out["exp_overlaps_pv"] = True
+    # where the kernel handed Q back (recorded since that knob; before it, after the KV loop)
+    cfg = meta.get("config") or {}
+    out["early_q_release"] = bool(cfg.get("early_q_release", False))
     return out
 
 

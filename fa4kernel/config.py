@@ -22,6 +22,7 @@ KNOB_NAMES = (
     "rescale_threshold",
     "persistent",
     "rescale_before_pv",
+    "early_q_release",
 )
 
 # Hopper limits the kernel has to live within.
@@ -73,6 +74,11 @@ class KernelConfig:
     # intra-WG overlap only: O *= the previous block's scale while S(j) is computed, before the
     # PV GEMM (FA4's RescaleOBeforeGemm), instead of after the PV wait; auto: head_dim > 128
     rescale_before_pv: bool = False
+    # intra-WG overlap with O in its own smem buffer: each consumer hands Q back right after the
+    # tile's last QK GEMM (its last KV block peeled out of the loop), so the next tile's Q loads
+    # behind this tile's last softmax, PV and epilogue; False: after the whole KV loop. Auto: with
+    # 2 consumer warpgroups (measured; with 3 ptxas scheduled hd64's loop worse)
+    early_q_release: bool = False
     # Instrumented build (issue 4): clock64 stamps of one CTA into a global int64 buffer. Not a
     # user knob (attention() rejects it); set only through trace_config(). False = the normal
     # kernel, whose generated code does not depend on this field.
@@ -137,6 +143,7 @@ def default_knobs(head_dim: int, causal: bool = False) -> dict:
         rescale_threshold=None,
         persistent=None,
         rescale_before_pv=None,
+        early_q_release=None,
     )
 
 
@@ -239,6 +246,16 @@ def resolve_knobs(head_dim: int, causal: bool, knobs: dict) -> dict:
         raise ValueError("rescale_before_pv=True needs intra_wg_overlap=True (without the overlap O is "
                          "rescaled before its PV GEMM anyway)")
     out["rescale_before_pv"] = bool(before)
+    early = out["early_q_release"]
+    own_o = smem + tile_m * head_dim * 2 <= SMEM_LIMIT_BYTES  # else O goes out through Q's buffer
+    if early is None:  # auto: measured on H100 (fa4kernel/README.md "Tile turnover")
+        early = own_o and out["intra_wg_overlap"] and n_wg == 2
+    if not _is_bool(early):
+        raise ValueError(f"early_q_release={early!r} not supported; allowed: None (auto), True or False")
+    if early and not (own_o and out["intra_wg_overlap"]):
+        raise ValueError("early_q_release=True needs intra_wg_overlap=True and O in its own smem buffer "
+                         f"(here {'the O store reuses Q' if not own_o else 'no overlap'}); allowed: False or None")
+    out["early_q_release"] = bool(early)
     return out
 
 

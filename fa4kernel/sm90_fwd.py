@@ -137,6 +137,7 @@ class FlashFwdSm90:
         # O *= scale of the previous block while this block's S GEMM runs, before the PV GEMM
         # (FA4's RescaleOBeforeGemm for head dims > 128) instead of after the PV wait
         self.rescale_before_pv = bool(cfg.rescale_before_pv) and self.overlap
+        self.early_q_release = bool(cfg.early_q_release) and self.overlap and self.separate_o
         self.emu_cols = emulated_columns(self.cols_per_thread, cfg.exp_emulation)
         self.trace = bool(getattr(cfg, "trace", False))
         # header stamps (kernel start/end clock64 + globaltimer of one CTA): trace and probe builds
@@ -803,6 +804,9 @@ class FlashFwdSm90:
         self._gemm(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, kv_state.index], True, 0)
         self._stamp(tr, T_QK, Int32(0), 1)
         pipe_k.consumer_release(kv_state)
+        if const_expr(self.early_q_release):
+            if n_block_max == 1:
+                pipe_q.consumer_release(q_state)  # this tile's last QK GEMM is done
         self._stamp(tr, T_MASK, Int32(0), 0)
         if const_expr(self.causal):
             self._apply_mask(acc_S, tScS, t0ScS, m_block, n_block_max - 1, seqlen_q, seqlen_k,
@@ -822,11 +826,22 @@ class FlashFwdSm90:
         self._stamp(tr, T_CVT, Int32(0), 1)
         for i in cutlass.range(n_masked_extra, unroll=1):
             kv_state = self._block_overlap(ctx, kv_state, n_block_max - 2 - i, True, tr, 1 + i)
-        for i in cutlass.range(n_plain, unroll=1):
-            kv_state = self._block_overlap(ctx, kv_state, n_block_max - 2 - n_masked_extra - i, False,
-                                           tr, 1 + n_masked_extra + i)
-        if const_expr(self.separate_o):
-            pipe_q.consumer_release(q_state)  # all QK GEMMs of this tile are done
+        if const_expr(self.early_q_release):
+            # the last block is peeled: it hands Q back as soon as its QK GEMM is done, so the
+            # next tile's Q loads behind this tile's last softmax, PV and epilogue
+            for i in cutlass.range(n_plain - 1, unroll=1):
+                kv_state = self._block_overlap(ctx, kv_state, n_block_max - 2 - n_masked_extra - i, False,
+                                               tr, 1 + n_masked_extra + i)
+            if n_plain > 0:
+                kv_state = self._block_overlap(ctx, kv_state, 0, False, tr, n_block_max - 1, (pipe_q, q_state))
+            elif n_block_max > 1:
+                pipe_q.consumer_release(q_state)
+        else:
+            for i in cutlass.range(n_plain, unroll=1):
+                kv_state = self._block_overlap(ctx, kv_state, n_block_max - 2 - n_masked_extra - i, False,
+                                               tr, 1 + n_masked_extra + i)
+            if const_expr(self.separate_o):
+                pipe_q.consumer_release(q_state)  # all QK GEMMs of this tile are done
         # last PV
         if const_expr(self.rescale_before_pv and not self.skip_softmax):
             self._rescale_o(acc_O, o_scale)
@@ -895,7 +910,8 @@ class FlashFwdSm90:
         return kv_state
 
     @cute.jit
-    def _block_overlap(self, ctx, kv_state, n_block, mask_causal: cutlass.Constexpr, tr=None, it=None):
+    def _block_overlap(self, ctx, kv_state, n_block, mask_causal: cutlass.Constexpr, tr=None, it=None,
+                       q_rel=None):
         (tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrVt, tOrP, s_shape, acc_O, row_max, row_sum,
          o_scale, scale_log2, smem_thr_copy_P, tPsP, tScS, t0ScS, pipe_k, pipe_v, m_block, seqlen_q,
          seqlen_k, wg_idx) = ctx
@@ -930,6 +946,8 @@ class FlashFwdSm90:
         warpgroup.wait_group(1)  # S ready; PV may still run
         self._stamp(tr, T_QK, it, 1)
         pipe_k.consumer_release(kv_state)
+        if const_expr(q_rel is not None):
+            q_rel[0].consumer_release(q_rel[1])  # the tile's last QK GEMM is done
         if const_expr(mask_causal):
             self._stamp(tr, T_MASK, it, 0)
             self._apply_mask(acc_S, tScS, t0ScS, m_block, n_block, seqlen_q, seqlen_k, False, True)

@@ -11,7 +11,7 @@ import sys
 
 from . import hardware
 from .errors import DeadlockError, InputError
-from .params import Problem
+from .params import Problem, resolve
 from .schedules import SCHEDULES
 
 EPILOG_RUN = """\
@@ -122,14 +122,15 @@ def cmd_params(a) -> int:
     module = SCHEDULES[schedule]
     hw = hardware.load(a.hw)
     problem = Problem(1, 1, 8192, 8192, a.hdim, a.causal)
+    defaults = resolve(module.KNOBS, problem, {})  # in order: a default may depend on earlier knobs
     if a.json:
-        print(json.dumps({"schedule": {k.name: {"default": k.default_for(problem), "unit": k.unit, "allowed": k.describe(),
+        print(json.dumps({"schedule": {k.name: {"default": defaults[k.name], "unit": k.unit, "allowed": k.describe(),
                                                 "doc": k.doc} for k in module.KNOBS},
                           "hardware": hw.to_json()}, indent=1))
         return 0
     print(f"schedule knobs of {schedule} ({module.DESCRIPTION}); defaults for hdim {a.hdim}:")
     for k in module.KNOBS:
-        print(f"  {k.name:18s} = {str(k.default_for(problem)):8s} {k.unit:11s} {k.describe():14s} {k.doc}")
+        print(f"  {k.name:18s} = {str(defaults[k.name]):8s} {k.unit:11s} {k.describe():14s} {k.doc}")
     print(f"\nhardware parameters of {hw.name} ({hw.description}); confidence H/M/L:")
     for n, (unit, doc) in hardware.PARAMS.items():
         print(f"  {n:22s} = {hw.values[n]!s:10s} {unit:18s} [{hw.confidence[n]}] {doc}\n{'':28s}source: {hw.sources[n]}")

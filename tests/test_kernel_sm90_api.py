@@ -194,3 +194,19 @@ def test_rescale_before_pv_auto_and_checked():
         config.make_config("bfloat16", 128, False, False, dict(rescale_before_pv=True, intra_wg_overlap=False))
     with pytest.raises(ValueError, match="rescale_before_pv='yes' not supported"):
         config.make_config("bfloat16", 128, False, False, dict(rescale_before_pv="yes"))
+
+
+def test_early_q_release_auto_and_checked():
+    """Q goes back to the producer right after a tile's last QK GEMM where O has its own smem
+    buffer, the overlap is on and there are 2 consumer warpgroups (measured); else after the loop."""
+    mk = lambda d, **kn: config.make_config("bfloat16", d, False, False, kn)  # noqa: E731
+    auto = {d: mk(d).early_q_release for d in config.SUPPORTED_HEAD_DIMS}
+    assert auto == {64: False, 96: False, 128: True, 192: False, 256: False}  # 64/96: 192-row tiles; 192/256: O in Q
+    assert mk(64, tile_m=128).early_q_release and mk(64, early_q_release=True).early_q_release
+    assert not mk(128, intra_wg_overlap=False).early_q_release
+    with pytest.raises(ValueError, match="early_q_release=True needs intra_wg_overlap=True"):
+        mk(128, early_q_release=True, intra_wg_overlap=False)
+    with pytest.raises(ValueError, match="the O store reuses Q"):
+        mk(256, early_q_release=True)
+    with pytest.raises(ValueError, match="early_q_release=1 not supported"):
+        mk(128, early_q_release=1)

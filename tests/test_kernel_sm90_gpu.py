@@ -196,6 +196,11 @@ def test_exp_emulation_matches_mufu():
     (128, True, dict(persistent=True)), (64, True, dict(persistent=True)),
     (256, True, dict(persistent=True)), (128, False, dict(persistent=False)),
     (64, True, dict(tile_m=128, tile_n=128)), (256, True, dict(tile_n=64)),  # short-causal tiles
+    # Q handed back after the last QK GEMM (peeled last block) or after the KV loop; with tile_n <
+    # tile_m a causal tile can end in masked blocks only (no plain block to peel)
+    (128, True, dict(early_q_release=False)), (128, False, dict(early_q_release=False)),
+    (128, True, dict(tile_n=64, early_q_release=True)), (64, False, dict(early_q_release=True)),
+    (64, True, dict(tile_m=128, tile_n=64, early_q_release=True)),
 ])
 def test_persistent_many_tiles_per_cta(hd, causal, knobs):
     """More tiles than SMs: each persistent CTA runs several tiles back to back (Q/O buffer
@@ -209,7 +214,7 @@ def test_persistent_many_tiles_per_cta(hd, causal, knobs):
     (128, 1030, {}), (128, 1030, dict(pingpong=False)), (128, 1030, dict(intra_wg_overlap=False)),
     (128, 1030, dict(p_in_registers=False)), (64, 1000, {}), (64, 1030, {}),
     (64, 1000, dict(intra_wg_overlap=False)), (64, 1000, dict(persistent=False)),
-    (96, 1000, {}), (64, 70, {}),
+    (96, 1000, {}), (64, 70, {}), (64, 1000, dict(early_q_release=True)),
 ])
 def test_idle_warpgroups(hd, sq, knobs, causal):
     """The last tile of each head has consumer warpgroups without rows (1030 = 8 x 128 + 6;

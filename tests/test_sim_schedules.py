@@ -238,3 +238,17 @@ def test_fa3_rescale_before_pv_moves_the_rescale_ahead_of_pv():
         assert {o.name: o.skew for o in sched.ops}["RESC0"] == (1 if before else 0)
     assert resolve(SCHEDULES["fa3"].KNOBS, Problem(1, 1, 128, 128, 256, False),
                    {"intra_wg_overlap": False})["rescale_before_pv"] is False
+
+
+def test_fa3_early_q_release_frees_q_after_the_last_qk():
+    """early_q_release: the next tile's Q load waits for the last QK GEMM, not for the whole last
+    block; short tiles (one CTA walking many) then run faster, long ones hardly change."""
+    sched = build("h100", "fa3", 128, False)
+    srcs = {e.src for e in sched.edges if e.dst == "LQ" and e.per == "tile"}
+    assert srcs == {"QK0", "QK1"}
+    late = build("h100", "fa3", 128, False, early_q_release=False)
+    assert {e.src for e in late.edges if e.dst == "LQ" and e.per == "tile"} == {"RESC0", "RESC1"}
+    hw = hardware.load("h100-measured").with_values(num_sms=1)
+    short = Problem(1, 1, 128 * 16, 1024, 128, False)  # 16 tiles of 8 blocks on one SM
+    t = {e: simulate(hw, "fa3", short, {"early_q_release": e, "persistent": True}).cycles for e in (True, False)}
+    assert t[True] < t[False]

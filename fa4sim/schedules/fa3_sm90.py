@@ -62,6 +62,10 @@ KNOBS = [
          "default for head dims > 128 in flash-attn-4 and fa4kernel); false: after the PV wait", kind="bool"),
     Knob("persistent", lambda p, k: _o_fits(p, k), "", "one CTA per SM looping over tiles (else one CTA per tile); "
          "default: where O gets its own smem buffer (fa4kernel)", kind="bool"),
+    Knob("early_q_release", lambda p, k: k["intra_wg_overlap"] and consumer_warpgroups(k) == 2 and _o_fits(p, k),
+         "", "the next tile's Q load waits only for this tile's last QK GEMM (each consumer hands Q back right "
+         "after it; fa4kernel's default with 2 consumer warpgroups, intra-WG overlap and O in its own buffer); "
+         "false: for the whole last KV block (softmax, P convert, O rescale)", kind="bool"),
     Knob("skip_idle_wgs", False, "", "consumer warpgroups whose 64 rows all lie past seqlen_q (the last tile of a "
          "length that is not a multiple of tile_m) skip their GEMMs and softmax (fa4kernel); false: they compute "
          "padding rows like the others (flash-attn-4)", kind="bool"),
@@ -219,6 +223,9 @@ def build(hw, p: Problem, k: dict, n_kv: int, masked_blocks: int) -> Schedule:
 
     S = k["kv_stages"]
     for w in range(W):
+        # where consumer w hands Q back: after the tile's last QK GEMM, or after its last block
+        before = overlap and k["rescale_before_pv"]
+        q_free = f"QK{w}" if k["early_q_release"] else f"CVT{w}" if before else f"RESC{w}" if overlap else f"PV{w}"
         edges += [Edge("LQ", f"QK{w}", lag=mbar), Edge("LK", f"QK{w}", lag=mbar), Edge("LV", f"PV{w}", lag=mbar),
                   Edge(f"QK{w}", f"MASK{w}" if masked_blocks else f"MAX{w}"),       # wgmma wait
                   Edge(f"PV{w}", f"RESC{w}", distance=1),  # O of block j-1 is final before rescaling
@@ -226,7 +233,7 @@ def build(hw, p: Problem, k: dict, n_kv: int, masked_blocks: int) -> Schedule:
                   Edge(f"OSM{w}", "ST", lag=nbar),
                   Edge(f"QK{w}", "LK", S, kind="anti", lag=mbar),
                   Edge(f"PV{w}", "LV", S, kind="anti", lag=mbar),
-                  Edge(f"QK{w}", "LQ", 1, per="tile", kind="anti", lag=mbar)]
+                  Edge(q_free, "LQ", 1, per="tile", kind="anti", lag=mbar)]
         if not overlap:  # wait_group 0 before softmax: the previous PV has completed too
             edges.append(Edge(f"PV{w}", f"MAX{w}", distance=1))
         elif not k["exp_overlaps_pv"]:  # as compiled: the PV wait sits between row max and exp2s
