@@ -154,6 +154,7 @@ def build(hw, p: Problem, k: dict, n_kv: int, masked_blocks: int) -> Schedule:
     d, n, W = p.hdim, k["tile_n"], consumer_warpgroups(k)
     mbar, nbar = hw.mbarrier_latency, hw.named_barrier_latency
     overlap, pp, rs = k["intra_wg_overlap"], k["pingpong"] and W > 1, k["p_in_registers"]
+    before = overlap and k["rescale_before_pv"]  # O rescaled before the PV GEMM
     elems, rows = 64 * n, 64  # per consumer warpgroup per KV block
     f = k["exp_emulation"]
     rate = k["rescale_rate"]
@@ -179,7 +180,6 @@ def build(hw, p: Problem, k: dict, n_kv: int, masked_blocks: int) -> Schedule:
                    asynchronous=True, issue_cycles=n // 16 * hw.mma_issue_cycles, chunks=n // 16,
                    skew=1 if overlap else 0,
                    label=f"O += P V (wgmma {'RS' if rs else 'SS'}, WG{w})")
-        before = overlap and k["rescale_before_pv"]
         # before: iteration j applies block j-1's scale (skew 1), while S(j) runs, ahead of PV(j-1)
         resc = Op(f"RESC{w}", r, tuple(scaled(phase(hw, "rescale", rows * d), rate).items()), 0.0,
                   "correction", skew=1 if before else 0,
@@ -224,7 +224,6 @@ def build(hw, p: Problem, k: dict, n_kv: int, masked_blocks: int) -> Schedule:
     S = k["kv_stages"]
     for w in range(W):
         # where consumer w hands Q back: after the tile's last QK GEMM, or after its last block
-        before = overlap and k["rescale_before_pv"]
         q_free = f"QK{w}" if k["early_q_release"] else f"CVT{w}" if before else f"RESC{w}" if overlap else f"PV{w}"
         edges += [Edge("LQ", f"QK{w}", lag=mbar), Edge("LK", f"QK{w}", lag=mbar), Edge("LV", f"PV{w}", lag=mbar),
                   Edge(f"QK{w}", f"MASK{w}" if masked_blocks else f"MAX{w}"),       # wgmma wait
