@@ -32,6 +32,9 @@ VARIANTS = [
     ("hd128_overlap_off", 128, {"intra_wg_overlap": False}),
     ("hd64", 64, {}),
 ]
+# short tiles (only with --only): the benchmark's 1k point, whose time goes to tile turnover
+SHORT = {"hd128_1k": (128, {}, dict(batch=16, seqlen_q=1024, seqlen_k=1024)),
+         "hd128_1k_late_q": (128, {"early_q_release": False}, dict(batch=16, seqlen_q=1024, seqlen_k=1024))}
 REL_ERR_MAX = 1e-2
 
 
@@ -65,13 +68,13 @@ def rel_err(out, ref) -> float:
     return d / max(n, 1e-30)
 
 
-def build_doc(label, head_dim, knobs, cfg, dec, device_name, cta, extra_meta):
+def build_doc(label, head_dim, knobs, cfg, dec, device_name, cta, extra_meta, problem=PROBLEM):
     """The stamps JSON (fa4sim.timeline format) of one variant from fa4kernel.trace.decode()."""
     from fa4kernel import trace_layout as tl
 
     resolved = {k: v for k, v in cfg.as_dict().items()
                 if k not in ("dtype", "head_dim", "causal", "has_lse", "trace")}
-    problem = dict(PROBLEM, hdim=head_dim)
+    problem = dict(problem, hdim=head_dim)
     meta = {
         "label": label,
         "device": device_name,
@@ -107,7 +110,7 @@ def build_doc(label, head_dim, knobs, cfg, dec, device_name, cta, extra_meta):
     return {"meta": meta, "events": dec["events"], "waits": dec["waits"]}
 
 
-def run_variant(label, head_dim, knobs, q, k, v, cta, reps, device_name):
+def run_variant(label, head_dim, knobs, q, k, v, cta, reps, device_name, problem=PROBLEM):
     import torch
 
     import fa4kernel
@@ -115,16 +118,16 @@ def run_variant(label, head_dim, knobs, q, k, v, cta, reps, device_name):
     from fa4kernel.config import make_config, trace_config
     from fa4kernel.interface import attention_traced
 
-    cfg = trace_config(make_config(PROBLEM["dtype"], head_dim, PROBLEM["causal"], False, knobs))
+    cfg = trace_config(make_config(problem["dtype"], head_dim, problem["causal"], False, knobs))
     t0 = time.perf_counter()
-    ref = fa4kernel.attention(q, k, v, causal=PROBLEM["causal"], **knobs)
+    ref = fa4kernel.attention(q, k, v, causal=problem["causal"], **knobs)
     torch.cuda.synchronize()
     t1 = time.perf_counter()
-    out, stamps = attention_traced(q, k, v, causal=PROBLEM["causal"], trace_cta=cta, **knobs)
+    out, stamps = attention_traced(q, k, v, causal=problem["causal"], trace_cta=cta, **knobs)
     torch.cuda.synchronize()
     t2 = time.perf_counter()
     # the recorded run: caches warm, kernels compiled
-    out, stamps = attention_traced(q, k, v, causal=PROBLEM["causal"], trace_cta=cta, **knobs)
+    out, stamps = attention_traced(q, k, v, causal=problem["causal"], trace_cta=cta, **knobs)
     torch.cuda.synchronize()
     err = rel_err(out, ref)
     identical = bool(torch.equal(out, ref))
@@ -140,14 +143,14 @@ def run_variant(label, head_dim, knobs, q, k, v, cta, reps, device_name):
         torch.cuda.synchronize()
         return e0.elapsed_time(e1) / reps
 
-    ms_plain = timed(lambda: fa4kernel.attention(q, k, v, causal=PROBLEM["causal"], **knobs))
-    ms_trace = timed(lambda: attention_traced(q, k, v, causal=PROBLEM["causal"], trace_cta=cta, **knobs))
+    ms_plain = timed(lambda: fa4kernel.attention(q, k, v, causal=problem["causal"], **knobs))
+    ms_trace = timed(lambda: attention_traced(q, k, v, causal=problem["causal"], trace_cta=cta, **knobs))
 
     dec = ftrace.decode(words, cfg.num_consumer_wgs, pingpong=cfg.pingpong, mask_as_event=False)
     if not dec["events"]:
         raise RuntimeError(f"{label}: no stamps recorded (is CTA {cta} in the grid? header {dec['header']})")
-    b, s, h = PROBLEM["batch"], PROBLEM["seqlen_q"], PROBLEM["heads"]
-    flops = 4.0 * b * h * s * PROBLEM["seqlen_k"] * head_dim
+    b, s, h = problem["batch"], problem["seqlen_q"], problem["heads"]
+    flops = 4.0 * b * h * s * problem["seqlen_k"] * head_dim
     extra = {
         "rel_err_vs_normal_build": err,
         "bitwise_equal_to_normal_build": identical,
@@ -161,7 +164,7 @@ def run_variant(label, head_dim, knobs, q, k, v, cta, reps, device_name):
                          cutlass_dsl=_version("nvidia-cutlass-dsl"), python=platform.python_version(),
                          fa4lab_commit=_git_commit()),
     }
-    doc = build_doc(label, head_dim, knobs, cfg, dec, device_name, cta, extra)
+    doc = build_doc(label, head_dim, knobs, cfg, dec, device_name, cta, extra, problem)
     return doc, err
 
 
@@ -185,7 +188,8 @@ def main(argv=None):
     ap.add_argument("--out", required=True, help="directory for timeline_<label>.json")
     ap.add_argument("--cta", type=int, default=0, help="blockIdx.x of the CTA to trace (default 0)")
     ap.add_argument("--reps", type=int, default=10, help="timed calls per build (overhead check)")
-    ap.add_argument("--only", default=None, help="comma-separated labels (default: all)")
+    ap.add_argument("--only", default=None, help="comma-separated labels (default: all but the short-tile "
+                    "ones: " + ", ".join(SHORT) + ")")
     args = ap.parse_args(argv)
 
     import torch
@@ -195,18 +199,20 @@ def main(argv=None):
     os.makedirs(args.out, exist_ok=True)
     device_name = torch.cuda.get_device_name(0)
     torch.manual_seed(0)
-    b, s, h = PROBLEM["batch"], PROBLEM["seqlen_q"], PROBLEM["heads"]
     failures = []
     t_start = time.perf_counter()
     inputs = {}
-    for label, hd, knobs in VARIANTS:
-        if args.only and label not in args.only.split(","):
+    todo = [(label, hd, knobs, PROBLEM) for label, hd, knobs in VARIANTS]
+    todo += [(label, hd, knobs, dict(PROBLEM, **over)) for label, (hd, knobs, over) in SHORT.items()]
+    for label, hd, knobs, problem in todo:
+        if (args.only and label not in args.only.split(",")) or (not args.only and label in SHORT):
             continue
-        if hd not in inputs:
-            inputs[hd] = [torch.randn(b, s, h, hd, dtype=torch.bfloat16, device="cuda") for _ in range(3)]
-        q, k, v = inputs[hd]
+        b, s, h = problem["batch"], problem["seqlen_q"], problem["heads"]
+        if (hd, b, s, h) not in inputs:
+            inputs[hd, b, s, h] = [torch.randn(b, s, h, hd, dtype=torch.bfloat16, device="cuda") for _ in range(3)]
+        q, k, v = inputs[hd, b, s, h]
         try:
-            doc, err = run_variant(label, hd, knobs, q, k, v, args.cta, args.reps, device_name)
+            doc, err = run_variant(label, hd, knobs, q, k, v, args.cta, args.reps, device_name, problem)
         except Exception as e:  # keep going: the other variants still get written
             import traceback
 

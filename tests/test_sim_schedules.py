@@ -252,3 +252,20 @@ def test_fa3_early_q_release_frees_q_after_the_last_qk():
     short = Problem(1, 1, 128 * 16, 1024, 128, False)  # 16 tiles of 8 blocks on one SM
     t = {e: simulate(hw, "fa3", short, {"early_q_release": e, "persistent": True}).cycles for e in (True, False)}
     assert t[True] < t[False]
+
+
+def test_fa3_tile_start_and_o_store_wait():
+    """Each consumer pays tile_prologue_cycles before a tile's first S GEMM; warpgroup 0 (whose
+    first warp issues the O store and waits for its smem read) starts its next tile after that
+    store. One CTA walking one-block tiles pays the prologue once per tile, exactly."""
+    sched = build("h100", "fa3", 128, False)
+    ts = {o.name: o for o in sched.ops if o.name.startswith("TS")}
+    assert set(ts) == {"TS0", "TS1"} and all(o.when == "first" and o.latency == 434.0 for o in ts.values())
+    assert any(e.src == "ST" and e.dst == "TS0" and e.per == "tile" for e in sched.edges)
+    hw = hardware.load("h100-measured").with_values(num_sms=1)
+
+    def per_tile(prologue):
+        c = {n: simulate(hw, "fa3", Problem(1, 1, 128 * n, 128, 128, False),
+                         {"persistent": True, "tile_prologue_cycles": prologue}).cycles for n in (1, 9)}
+        return (c[9] - c[1]) / 8
+    assert per_tile(1000.0) - per_tile(0.0) == pytest.approx(1000.0, abs=1.0)

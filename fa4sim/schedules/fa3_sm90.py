@@ -75,6 +75,11 @@ KNOBS = [
     Knob("cta_prologue_cycles", 1570.0, "cycles", "a CTA's start-up before its first TMA (mbarrier init, descriptor "
          "prefetch, setmaxnreg, tile math): measured in fa4kernel on H100, first K load issued 1572 cycles after CTA "
          "start (benchmarks/results/timeline_h100_2026-11-22/timeline_hd128.json.gz)", kind="float", minimum=0.0),
+    Knob("tile_prologue_cycles", 434.0, "cycles", "a consumer warpgroup's start of every tile before it issues "
+         "the tile's first S GEMM (next tile id -> coordinates and KV range, O zeroed, Q and K waits): measured in "
+         "fa4kernel's trace build on H100, hd128 1k, warpgroup 1's normalise end -> next S issue at the traced "
+         "CTA's tile boundaries, 433-461 cycles, median 434 (benchmarks/results/timeline_h100_2026-11-22/"
+         "timeline_hd128_1k.json.gz; its stamps may add to it)", kind="float", minimum=0.0),
     Knob("free_row_max", False, "", "what-if: the row max costs nothing (fa4kernel's ablate='max' build)", kind="bool"),
     Knob("free_exp2", False, "", "what-if: exp2 costs nothing, P = scaled S (fa4kernel's ablate='exp' build)", kind="bool"),
     Knob("free_row_sum", False, "", "what-if: the row sum costs nothing (fa4kernel's ablate='sum' build)", kind="bool"),
@@ -174,6 +179,8 @@ def build(hw, p: Problem, k: dict, n_kv: int, masked_blocks: int) -> Schedule:
 
     for w in range(W):
         r = f"wg{w}"
+        ops.append(Op(f"TS{w}", r, (), k["tile_prologue_cycles"], "sync", when="first",
+                      label="tile start: coordinates, KV range, O = 0, Q/K waits"))
         ops.append(Op(f"QK{w}", r, (("tensor", qk.tensor_cycles), ("smem", qk.smem_cycles)), qk.latency, "mma",
                       asynchronous=True, issue_cycles=d // 16 * hw.mma_issue_cycles, chunks=d // 16, label=f"S = Q K^T (wgmma SS, WG{w})"))
         pv_op = Op(f"PV{w}", r, (("tensor", pv.tensor_cycles), ("smem", pv.smem_cycles)), pv.latency, "mma",
@@ -243,6 +250,9 @@ def build(hw, p: Problem, k: dict, n_kv: int, masked_blocks: int) -> Schedule:
     edges += [Edge(f"FIN{v}", f"OSM{w}", lag=nbar) for v in range(W) for w in range(W)]  # the barrier
     if separate_o(hw, p, k):  # O has its own smem buffer: the next tile's O waits for this store
         edges += [Edge("ST", f"OSM{w}", 1, per="tile", kind="anti", lag=mbar) for w in range(W)]
+        # the warp that issues the store and waits for its smem read is warpgroup 0's first
+        # (fa4kernel's warp 4): warpgroup 0 starts its next tile only after that wait
+        edges.append(Edge("ST", "TS0", 1, per="tile"))
     else:  # O is staged in Q's buffer: the next Q load waits for this tile's store
         edges.append(Edge("ST", "LQ", 1, per="tile", kind="anti", lag=mbar))
 
