@@ -253,7 +253,8 @@ def main():
         tm, tn = cfg.tile_m, cfg.tile_n
         row = {"hdim": hd, "pattern": pattern, "n_ctas": n, "variant": label, "knobs": knobs,
                "ablate": ablate, "exp_before_pv_wait": pin, "tile_m": tm, "tile_n": tn,
-               "rescale_before_pv": cfg.rescale_before_pv, "early_q_release": cfg.early_q_release, "runs": {}}
+               "rescale_before_pv": cfg.rescale_before_pv, "early_q_release": cfg.early_q_release,
+               "defer_o_store_wait": cfg.defer_o_store_wait, "runs": {}}
         for sk in (sk1, sk2):
             heads = 1 if pattern == "shared" else n
             sq = tm * n if pattern == "shared" else tm

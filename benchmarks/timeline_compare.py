@@ -48,6 +48,7 @@ def sim_overrides(meta: dict) -> dict:
     # where the kernel handed Q back (recorded since that knob; before it, after the KV loop)
     cfg = meta.get("config") or {}
     out["early_q_release"] = bool(cfg.get("early_q_release", False))
+    out["defer_o_store_wait"] = bool(cfg.get("defer_o_store_wait", False))
     return out
 
 

@@ -23,6 +23,7 @@ KNOB_NAMES = (
     "persistent",
     "rescale_before_pv",
     "early_q_release",
+    "defer_o_store_wait",
 )
 
 # Hopper limits the kernel has to live within.
@@ -79,6 +80,10 @@ class KernelConfig:
     # behind this tile's last softmax, PV and epilogue; False: after the whole KV loop. Auto: with
     # 2 consumer warpgroups (measured; with 3 ptxas scheduled hd64's loop worse)
     early_q_release: bool = False
+    # O in its own smem buffer: the warp that issues a tile's O store (warp 4, in consumer
+    # warpgroup 0) waits for the store to have read sO only before the next tile's O goes there,
+    # not right after issuing it, so warpgroup 0 starts its next tile at once. Auto: on
+    defer_o_store_wait: bool = False
     # Instrumented build (issue 4): clock64 stamps of one CTA into a global int64 buffer. Not a
     # user knob (attention() rejects it); set only through trace_config(). False = the normal
     # kernel, whose generated code does not depend on this field.
@@ -144,6 +149,7 @@ def default_knobs(head_dim: int, causal: bool = False) -> dict:
         persistent=None,
         rescale_before_pv=None,
         early_q_release=None,
+        defer_o_store_wait=None,
     )
 
 
@@ -256,6 +262,15 @@ def resolve_knobs(head_dim: int, causal: bool, knobs: dict) -> dict:
         raise ValueError("early_q_release=True needs intra_wg_overlap=True and O in its own smem buffer "
                          f"(here {'the O store reuses Q' if not own_o else 'no overlap'}); allowed: False or None")
     out["early_q_release"] = bool(early)
+    defer = out["defer_o_store_wait"]
+    if defer is None:  # auto: wherever O has its own buffer (measured, fa4kernel/README.md)
+        defer = own_o
+    if not _is_bool(defer):
+        raise ValueError(f"defer_o_store_wait={defer!r} not supported; allowed: None (auto), True or False")
+    if defer and not own_o:
+        raise ValueError("defer_o_store_wait=True needs O in its own smem buffer (here the O store reuses Q, "
+                         "which goes back to the producer right after the store); allowed: False or None")
+    out["defer_o_store_wait"] = bool(defer)
     return out
 
 

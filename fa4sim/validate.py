@@ -35,7 +35,8 @@ SIMULATED = {"fa4kernel": "our SM90 kernel", "flash-attn-4": "flash-attn-4 SM90"
 # (flash_fwd_sm90.py: SingleTileScheduler / SingleTileLPTScheduler, is_persistent=False)
 PEER_KNOBS = {"persistent": False}
 KNOB_NAMES = {"tile_m", "tile_n", "kv_stages", "pingpong", "intra_wg_overlap", "p_in_registers",
-              "exp_emulation", "rescale_threshold", "rescale_before_pv", "early_q_release"}
+              "exp_emulation", "rescale_threshold", "rescale_before_pv", "early_q_release",
+              "defer_o_store_wait"}
 
 
 def profile_for(device: str) -> str:
@@ -90,6 +91,8 @@ def kernel_knobs(point: dict) -> dict:
     knobs.setdefault("rescale_before_pv", False)
     # before the early_q_release field the kernel handed Q back after a tile's whole KV loop
     knobs.setdefault("early_q_release", False)
+    # ... and, before defer_o_store_wait, waited for each O store right after issuing it
+    knobs.setdefault("defer_o_store_wait", False)
     # older files without the resolved config: fa4kernel runs persistent CTAs when O gets its
     # own smem buffer (fa4kernel/README.md), otherwise one CTA per tile. (Files of 2026-11-22
     # before the host tile schedule record it: causal was then one CTA per tile by default.)
@@ -181,6 +184,7 @@ def compare_intervals(doc: dict, hw: str | None = None) -> dict:
         knobs.setdefault("tile_n", int(p["tile_n"]))
         knobs.setdefault("rescale_before_pv", bool(p.get("rescale_before_pv", False)))
         knobs.setdefault("early_q_release", bool(p.get("early_q_release", False)))
+        knobs.setdefault("defer_o_store_wait", bool(p.get("defer_o_store_wait", False)))
         key = (hd, json.dumps(knobs, sort_keys=True))
         if key not in cache:
             sk = int(doc["meta"]["seqlens_k"][-1])

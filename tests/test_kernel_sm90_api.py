@@ -210,3 +210,15 @@ def test_early_q_release_auto_and_checked():
         mk(256, early_q_release=True)
     with pytest.raises(ValueError, match="early_q_release=1 not supported"):
         mk(128, early_q_release=1)
+
+
+def test_defer_o_store_wait_auto_and_checked():
+    """The O store's wait moves to the next epilogue wherever O has its own smem buffer."""
+    mk = lambda d, **kn: config.make_config("bfloat16", d, False, False, kn)  # noqa: E731
+    auto = {d: mk(d).defer_o_store_wait for d in config.SUPPORTED_HEAD_DIMS}
+    assert auto == {64: True, 96: False, 128: True, 192: False, 256: False}  # 96 (192 x 144), 192, 256: O in Q
+    assert not mk(128, defer_o_store_wait=False).defer_o_store_wait
+    with pytest.raises(ValueError, match="defer_o_store_wait=True needs O in its own smem buffer"):
+        mk(256, defer_o_store_wait=True)
+    with pytest.raises(ValueError, match="defer_o_store_wait='no' not supported"):
+        mk(128, defer_o_store_wait="no")

@@ -201,6 +201,8 @@ def test_exp_emulation_matches_mufu():
     (128, True, dict(early_q_release=False)), (128, False, dict(early_q_release=False)),
     (128, True, dict(tile_n=64, early_q_release=True)), (64, False, dict(early_q_release=True)),
     (64, True, dict(tile_m=128, tile_n=64, early_q_release=True)),
+    # the O store's wait right after issuing it, as before defer_o_store_wait
+    (128, False, dict(defer_o_store_wait=False)), (64, True, dict(tile_m=128, defer_o_store_wait=False)),
 ])
 def test_persistent_many_tiles_per_cta(hd, causal, knobs):
     """More tiles than SMs: each persistent CTA runs several tiles back to back (Q/O buffer

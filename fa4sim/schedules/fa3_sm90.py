@@ -66,6 +66,9 @@ KNOBS = [
          "", "the next tile's Q load waits only for this tile's last QK GEMM (each consumer hands Q back right "
          "after it; fa4kernel's default with 2 consumer warpgroups, intra-WG overlap and O in its own buffer); "
          "false: for the whole last KV block (softmax, P convert, O rescale)", kind="bool"),
+    Knob("defer_o_store_wait", lambda p, k: _o_fits(p, k), "", "O in its own smem buffer: the warp that issues "
+         "the O store (warpgroup 0's first) waits for its smem read only before the next tile's O (fa4kernel's "
+         "default); false: right after issuing it, so warpgroup 0 starts its next tile after the store", kind="bool"),
     Knob("skip_idle_wgs", False, "", "consumer warpgroups whose 64 rows all lie past seqlen_q (the last tile of a "
          "length that is not a multiple of tile_m) skip their GEMMs and softmax (fa4kernel); false: they compute "
          "padding rows like the others (flash-attn-4)", kind="bool"),
@@ -250,9 +253,10 @@ def build(hw, p: Problem, k: dict, n_kv: int, masked_blocks: int) -> Schedule:
     edges += [Edge(f"FIN{v}", f"OSM{w}", lag=nbar) for v in range(W) for w in range(W)]  # the barrier
     if separate_o(hw, p, k):  # O has its own smem buffer: the next tile's O waits for this store
         edges += [Edge("ST", f"OSM{w}", 1, per="tile", kind="anti", lag=mbar) for w in range(W)]
-        # the warp that issues the store and waits for its smem read is warpgroup 0's first
-        # (fa4kernel's warp 4): warpgroup 0 starts its next tile only after that wait
-        edges.append(Edge("ST", "TS0", 1, per="tile"))
+        if not k["defer_o_store_wait"]:
+            # the warp that issues the store waits for its smem read right away, and it is
+            # warpgroup 0's first (fa4kernel's warp 4): warpgroup 0's next tile starts after it
+            edges.append(Edge("ST", "TS0", 1, per="tile"))
     else:  # O is staged in Q's buffer: the next Q load waits for this tile's store
         edges.append(Edge("ST", "LQ", 1, per="tile", kind="anti", lag=mbar))
 
