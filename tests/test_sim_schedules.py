@@ -276,3 +276,17 @@ def test_fa3_tile_start_and_o_store_wait():
                          {"persistent": True, "tile_prologue_cycles": prologue}).cycles for n in (1, 9)}
         return (c[9] - c[1]) / 8
     assert per_tile(1000.0) - per_tile(0.0) == pytest.approx(1000.0, abs=1.0)
+
+
+def test_fa3_o_store_takes_o_store_cycles():
+    """The O store (issue -> smem read done) lasts o_store_cycles (the kernel's stamps), however few
+    bytes it moves at the TMA load rate; the wait right after it then holds warpgroup 0 that long."""
+    for cycles in (500.0, 1386.0, 3000.0):
+        sched = build("h100", "fa3", 128, False, o_store_cycles=cycles)
+        st = sched.op("ST")
+        assert st.occupancy + st.latency == pytest.approx(max(cycles, st.occupancy))
+    hw = hardware.load("h100-measured").with_values(num_sms=1)
+    p = Problem(1, 1, 128 * 9, 128, 128, False)  # one-block tiles: the store dominates the turnover
+    t = {c: simulate(hw, "fa3", p, {"persistent": True, "defer_o_store_wait": False, "o_store_cycles": c}).cycles
+         for c in (500.0, 3000.0)}
+    assert t[3000.0] > t[500.0]

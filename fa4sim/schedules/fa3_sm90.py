@@ -83,6 +83,10 @@ KNOBS = [
          "fa4kernel's trace build on H100, hd128 1k, warpgroup 1's normalise end -> next S issue at the traced "
          "CTA's tile boundaries, 433-461 cycles, median 434 (benchmarks/results/timeline_h100_2026-11-22/"
          "timeline_hd128_1k.json.gz; its stamps may add to it)", kind="float", minimum=0.0),
+    Knob("o_store_cycles", 1386.0, "cycles", "a tile's O store from its TMA issue to the bulk wait_group.read "
+         "returning (the smem read done): measured in fa4kernel's trace build on H100, 1287-1574 cycles over 20 "
+         "stores of 5 traces (hd128 128 x 128 and hd64 192 x 64 tiles), median 1386 (benchmarks/results/"
+         "timeline_h100_2026-11-22/*.json.gz, op ST)", kind="float", minimum=0.0),
     Knob("free_row_max", False, "", "what-if: the row max costs nothing (fa4kernel's ablate='max' build)", kind="bool"),
     Knob("free_exp2", False, "", "what-if: exp2 costs nothing, P = scaled S (fa4kernel's ablate='exp' build)", kind="bool"),
     Knob("free_row_sum", False, "", "what-if: the row sum costs nothing (fa4kernel's ablate='sum' build)", kind="bool"),
@@ -226,9 +230,11 @@ def build(hw, p: Problem, k: dict, n_kv: int, masked_blocks: int) -> Schedule:
         ops.append(Op(f"OSM{w}", r, (("smem", rows * d * BYTES / hw.smem_bytes_per_clk),), hw.smem_latency,
                       "correction", when="last", skew=1 if overlap else 0,
                       label="consumer barrier, O -> smem"))
-    # the CTA waits for the TMA engine to have *read* O from smem (bulk wait_group ..., read=True),
-    # not for the write to land in L2: the store's completion is its smem read, no latency after it
-    ops.append(Op("ST", "epilogue", (("tma", k["tile_m"] * d * BYTES / hw.tma_bytes_per_clk),), 0.0,
+    # the CTA waits for the TMA engine to have *read* O from smem (bulk wait_group ..., read=True):
+    # in the kernel's own stamps that takes o_store_cycles, far longer than the bytes at the TMA
+    # load rate, so the difference is the store's latency
+    st_tma = k["tile_m"] * d * BYTES / hw.tma_bytes_per_clk
+    ops.append(Op("ST", "epilogue", (("tma", st_tma),), max(0.0, k["o_store_cycles"] - st_tma),
                   "store", asynchronous=True, issue_cycles=1, when="last", label="TMA store O (smem read)"))
 
     S = k["kv_stages"]
