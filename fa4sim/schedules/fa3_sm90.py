@@ -14,6 +14,10 @@ only the max overlaps PV(j-1), the exp2s and the row sum wait for it (knob exp_o
 Overlap off: issue S(j), wait, softmax, rescale, convert, issue PV(j), and the
 next S waits for it. Inter-warpgroup ping-pong (named barriers): WG w issues its GEMMs only after
 WG w-1 issued its own, so one WG's softmax overlaps the other's GEMMs.
+Tile boundary (persistent CTAs, fa4kernel): every consumer spends tile_prologue_cycles before the
+next tile's first S GEMM; Q is handed back after the tile's last QK GEMM (early_q_release) or its
+last block; the O store lasts o_store_cycles and, unless its wait is deferred to the next tile's
+epilogue (defer_o_store_wait), holds warpgroup 0, whose first warp issues it.
 Tile defaults per head dim: the SM90 table of ../shared/reference/fa4-schedules.md.
 """
 from __future__ import annotations
