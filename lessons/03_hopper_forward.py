@@ -385,6 +385,48 @@ kit.check(abs(my_guess - model_share) < 0.1,
 # such tiles at the measured 0.6 (fa4kernel/tile_schedule.py), and why hd64 at 1k tokens gained
 # 6-9 % from idling them rather than 10-13 %.
 #
+# ### Exercise 3.5: the tile boundary
+#
+# At 1k tokens a persistent CTA runs ~16 tiles of 8 KV blocks each, and every tile boundary costs:
+# the next tile's Q must be loaded, and the warp that stores O (warpgroup 0's first) used to wait
+# right after issuing the store (~1400 cycles in the kernel's own stamps). fa4kernel has two knobs
+# for this: `early_q_release` (hand Q back right after the tile's last QK GEMM, not after its whole
+# last block) and `defer_o_store_wait` (wait for the store only before the next tile's O goes to
+# smem). Which one saves more cycles per tile, alone? Answer `"q"` or `"store"`, then let the model
+# answer (one SM walking 16 such tiles, hd128) and compare with the measurements below.
+
+# %%
+my_answer = None  # <- "q" or "store"
+
+# %%
+# SOLUTION (try the exercise first).
+if my_answer is None:
+    my_answer = "store"  # warpgroup 0 sits out ~1400 cycles; the Q load hides partly behind the epilogue
+
+# %%
+def per_tile(**knobs):
+    c = {n: simulate(one_sm, "fa3", Problem(1, 1, 128 * n, 1024, 128, False), {"persistent": True, **knobs}).cycles
+         for n in (1, 9)}
+    return (c[9] - c[1]) / 8  # what one more tile costs
+
+
+base = per_tile(early_q_release=False, defer_o_store_wait=False)
+saved = {"q": base - per_tile(early_q_release=True, defer_o_store_wait=False),
+         "store": base - per_tile(early_q_release=False, defer_o_store_wait=True)}
+both = base - per_tile(early_q_release=True, defer_o_store_wait=True)
+print(f"model, cycles per tile of 8 blocks: {base:.0f}; saved by early_q_release {saved['q']:.0f}, "
+      f"by defer_o_store_wait {saved['store']:.0f}, by both {both:.0f}")
+kit.check(my_answer == max(saved, key=saved.get), f"the model says {max(saved, key=saved.get)!r}")
+
+# %% [markdown]
+# Now the measurements (H100, same-run A/B tests, benchmarks/results/ab_early_q_release_h100_2026-11-22/):
+# deferring the store's wait **alone changed nothing**; releasing Q early gained +1.7 % at hd128 1k
+# causal (+3.1 % at hd64); and *then* deferring the store's wait gained another +1.9 %. The model
+# ranks them the other way round and says the early release adds nothing once the wait is
+# deferred. Explain the difference: in the kernel, which of the two waited on the other? (A hint:
+# in the traces, timeline_hd128_1k_late_q.json.gz, the next tile's first S GEMM issues ~1900
+# cycles after the Q load is issued.) This is a prediction that failed, written down as one.
+#
 # ## What to remember
 #
 # - Warp specialisation, ping-pong and intra-warpgroup overlap all serve one purpose: keep the
