@@ -45,7 +45,8 @@ def sim_overrides(meta: dict) -> dict:
     # the stamps' clock reads pin the source order: in the traced builds (full and light) the
     # exp2s stay ahead of the PV wait, unlike the normal build (SASS: tests/test_kernel_sm90_trace.py)
     out["exp_overlaps_pv"] = True
-    # where the kernel handed Q back (recorded since that knob; before it, after the KV loop)
+    # the kernel's tile turnover as recorded (files from before these knobs: Q handed back after
+    # the KV loop, the O store waited for right after issuing it)
     cfg = meta.get("config") or {}
     out["early_q_release"] = bool(cfg.get("early_q_release", False))
     out["defer_o_store_wait"] = bool(cfg.get("defer_o_store_wait", False))

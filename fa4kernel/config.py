@@ -236,10 +236,11 @@ def resolve_knobs(head_dim: int, causal: bool, knobs: dict) -> dict:
         )
     if out["pingpong"] and n_wg < 2:
         raise ValueError("pingpong=True needs at least 2 consumer warpgroups (tile_m >= 128)")
+    own_o = smem + tile_m * head_dim * 2 <= SMEM_LIMIT_BYTES  # else O goes out through Q's buffer
     pers = out["persistent"]
     if pers is None:  # auto: persistent where O has its own smem buffer (causal too: the host's
         # tile schedule balances the unequal causal tiles, fa4kernel/tile_schedule.py)
-        pers = smem + tile_m * head_dim * 2 <= SMEM_LIMIT_BYTES
+        pers = own_o
     if not _is_bool(pers):
         raise ValueError(f"persistent={pers!r} not supported; allowed: None (auto), True or False")
     out["persistent"] = bool(pers)
@@ -253,8 +254,7 @@ def resolve_knobs(head_dim: int, causal: bool, knobs: dict) -> dict:
                          "rescaled before its PV GEMM anyway)")
     out["rescale_before_pv"] = bool(before)
     early = out["early_q_release"]
-    own_o = smem + tile_m * head_dim * 2 <= SMEM_LIMIT_BYTES  # else O goes out through Q's buffer
-    if early is None:  # auto: measured on H100 (fa4kernel/README.md "Tile turnover")
+    if early is None:  # auto: measured on H100 (fa4kernel/README.md, knob table)
         early = own_o and out["intra_wg_overlap"] and n_wg == 2
     if not _is_bool(early):
         raise ValueError(f"early_q_release={early!r} not supported; allowed: None (auto), True or False")
@@ -263,7 +263,7 @@ def resolve_knobs(head_dim: int, causal: bool, knobs: dict) -> dict:
                          f"(here {'the O store reuses Q' if not own_o else 'no overlap'}); allowed: False or None")
     out["early_q_release"] = bool(early)
     defer = out["defer_o_store_wait"]
-    if defer is None:  # auto: wherever O has its own buffer (measured, fa4kernel/README.md)
+    if defer is None:  # auto: wherever O has its own buffer (measured on H100, fa4kernel/README.md)
         defer = own_o
     if not _is_bool(defer):
         raise ValueError(f"defer_o_store_wait={defer!r} not supported; allowed: None (auto), True or False")
