@@ -24,6 +24,7 @@ KNOB_NAMES = (
     "rescale_before_pv",
     "early_q_release",
     "defer_o_store_wait",
+    "chained_row_sum",
 )
 
 # Hopper limits the kernel has to live within.
@@ -84,6 +85,10 @@ class KernelConfig:
     # warpgroup 0) waits for the store to have read sO only before the next tile's O goes there,
     # not right after issuing it, so warpgroup 0 starts its next tile at once. Auto: on
     defer_o_store_wait: bool = False
+    # the softmax's instruction order (same arithmetic up to fp32 summation order): each row's
+    # O-scale exp2 after its P exp2s and its sum as one FADD chain, so ptxas interleaves the O
+    # rescale with the exp2s (fa4kernel/README.md, "Softmax order"). Auto: causal head_dim 64 (measured)
+    chained_row_sum: bool = False
     # Instrumented build (issue 4): clock64 stamps of one CTA into a global int64 buffer. Not a
     # user knob (attention() rejects it); set only through trace_config(). False = the normal
     # kernel, whose generated code does not depend on this field.
@@ -150,6 +155,7 @@ def default_knobs(head_dim: int, causal: bool = False) -> dict:
         rescale_before_pv=None,
         early_q_release=None,
         defer_o_store_wait=None,
+        chained_row_sum=None,
     )
 
 
@@ -271,6 +277,12 @@ def resolve_knobs(head_dim: int, causal: bool, knobs: dict) -> dict:
         raise ValueError("defer_o_store_wait=True needs O in its own smem buffer (here the O store reuses Q, "
                          "which goes back to the producer right after the store); allowed: False or None")
     out["defer_o_store_wait"] = bool(defer)
+    chained = out["chained_row_sum"]
+    if chained is None:  # auto: measured on H100 (fa4kernel/README.md, "Softmax order"): +1.3..4.5 %
+        chained = head_dim == 64 and causal  # at hd64 causal, -1 % non-causal, -1..4 % at hd128/256
+    if not _is_bool(chained):
+        raise ValueError(f"chained_row_sum={chained!r} not supported; allowed: None (auto), True or False")
+    out["chained_row_sum"] = bool(chained)
     return out
 
 

@@ -28,6 +28,20 @@ def rescale_rule_reference(m_old: float, m_new: float, scale_log2: float, tau: f
 
 
 @cute.jit
+def update_row_max_log2(row_max_old, row_max_new, scale_log2, rescale_threshold: float):
+    """update_row_max without the final exp2: returns (row_max_kept, row_max_safe_scaled,
+    log2 of acc_scale), so a caller can issue that exp2 where it schedules best (SM90: after
+    the row's P exp2s, fa4kernel/sm90_fwd.py _row_exp)."""
+    kept = row_max_new
+    if cutlass.const_expr(rescale_threshold > 0.0):
+        # NaN (both -inf) and +inf (old -inf) compare False: those rows take the new max.
+        if (row_max_new - row_max_old) * scale_log2 <= Float32(rescale_threshold):
+            kept = row_max_old
+    safe = kept if kept != -Float32.inf else Float32(0.0)
+    return kept, safe * scale_log2, (row_max_old - safe) * scale_log2
+
+
+@cute.jit
 def update_row_max(row_max_old, row_max_new, scale_log2, rescale_threshold: float):
     """Device helper (inside @cute.jit code), one row.
 
@@ -38,11 +52,6 @@ def update_row_max(row_max_old, row_max_new, scale_log2, rescale_threshold: floa
       acc_scale           factor for O and row_sum (1.0 when the stale max is kept).
     rescale_threshold is a compile-time float; 0 = always rescale (FA3 behaviour).
     """
-    kept = row_max_new
-    if cutlass.const_expr(rescale_threshold > 0.0):
-        # NaN (both -inf) and +inf (old -inf) compare False: those rows take the new max.
-        if (row_max_new - row_max_old) * scale_log2 <= Float32(rescale_threshold):
-            kept = row_max_old
-    safe = kept if kept != -Float32.inf else Float32(0.0)
-    acc_scale = cute.math.exp2((row_max_old - safe) * scale_log2, fastmath=True)
-    return kept, safe * scale_log2, acc_scale
+    kept, safe_scaled, log2_scale = update_row_max_log2(row_max_old, row_max_new, scale_log2,
+                                                        rescale_threshold)
+    return kept, safe_scaled, cute.math.exp2(log2_scale, fastmath=True)

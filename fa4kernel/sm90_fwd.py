@@ -33,7 +33,7 @@ from cutlass.tensor_utils import LayoutEnum
 
 from .config import KernelConfig
 from .exp2_emulation import emulated_columns, exp2_emulated
-from .rescale import update_row_max
+from .rescale import update_row_max_log2
 
 LOG2_E = math.log2(math.e)
 LN_2 = math.log(2.0)
@@ -137,6 +137,7 @@ class FlashFwdSm90:
         # O *= scale of the previous block while this block's S GEMM runs, before the PV GEMM
         # (FA4's RescaleOBeforeGemm for head dims > 128) instead of after the PV wait
         self.rescale_before_pv = bool(cfg.rescale_before_pv) and self.overlap
+        self.chained_row_sum = bool(cfg.chained_row_sum)
         self.early_q_release = bool(cfg.early_q_release) and self.overlap and self.separate_o
         self.defer_store_wait = bool(cfg.defer_o_store_wait) and self.separate_o
         self.emu_cols = emulated_columns(self.cols_per_thread, cfg.exp_emulation)
@@ -531,29 +532,38 @@ class FlashFwdSm90:
     def _softmax(self, acc_S, row_max, row_sum, scale_log2, is_first: cutlass.Constexpr,
                  tr=None, it=None):
         """Online softmax of one S block in place (S -> P, unnormalised); returns per-row scale
-        for O. Row max: 4-way FMNMX chains + 2 quad shuffles. row_sum stays a per-thread
-        partial sum (quad-reduced once at the end). Trace build: all rows' max first, a stamp
-        (MAX end / EXP start), then all rows' exp2 (same arithmetic, rows in two passes)."""
+        for O. Per row: the max (4-way FMNMX chains + 2 quad shuffles), the P exp2s and the row
+        sum (a per-thread partial sum, quad-reduced once at the end). Where the row's O-scale
+        exp2 goes and how the sum is added up is a scheduling choice (knob chained_row_sum):
+        False: the O-scale exp2 right after the max, four partial sums; True: the O-scale exp2
+        after the P exp2s and one FADD chain in exp2 order, from which ptxas issues one exp2 per
+        FADD and fills the MUFU's gaps with the O rescale (fa4kernel/README.md, "Softmax order").
+        Trace build: all rows' max first, a stamp (MAX end / EXP start), then all rows' exp2."""
         s = _mn_view(acc_S)
         row_scale = cute.make_rmem_tensor_like(row_max, Float32)
+        max_scaled = cute.make_rmem_tensor_like(row_max, Float32)
+        log2_scale = cute.make_rmem_tensor_like(row_max, Float32)
         if const_expr(self.trace and not self.trace_light):
-            max_scaled = cute.make_rmem_tensor_like(row_max, Float32)
             for r in cutlass.range_constexpr(cute.size(s, mode=[0])):
-                max_scaled[r] = self._row_max(s, r, row_max, row_scale, scale_log2, is_first)
+                self._row_max(s, r, row_max, max_scaled, log2_scale, row_scale, scale_log2, is_first)
             self._stamp(tr, T_MAX, it, 1)
             self._stamp(tr, T_EXP, it, 0)
             for r in cutlass.range_constexpr(cute.size(s, mode=[0])):
-                self._row_exp(s, r, max_scaled[r], row_sum, row_scale, scale_log2, is_first)
+                self._row_exp(s, r, max_scaled[r], log2_scale[r], row_sum, row_scale, scale_log2,
+                              is_first)
         else:
             for r in cutlass.range_constexpr(cute.size(s, mode=[0])):
-                max_scaled = self._row_max(s, r, row_max, row_scale, scale_log2, is_first)
-                self._row_exp(s, r, max_scaled, row_sum, row_scale, scale_log2, is_first)
+                self._row_max(s, r, row_max, max_scaled, log2_scale, row_scale, scale_log2, is_first)
+                self._row_exp(s, r, max_scaled[r], log2_scale[r], row_sum, row_scale, scale_log2,
+                              is_first)
         return row_scale
 
     @cute.jit
-    def _row_max(self, s, r: cutlass.Constexpr, row_max, row_scale, scale_log2,
-                 is_first: cutlass.Constexpr):
-        """Row r's new max (kept in row_max, scale in row_scale); returns max * scale_log2."""
+    def _row_max(self, s, r: cutlass.Constexpr, row_max, max_scaled, log2_scale, row_scale,
+                 scale_log2, is_first: cutlass.Constexpr):
+        """Row r's new max (kept in row_max); max_scaled[r] = max * scale_log2 (0 for a row
+        with no key yet); O's scale: log2 in log2_scale[r], and (not chained_row_sum) its
+        exp2 in row_scale[r]. On the first block there is no O to scale."""
         ncol = cute.size(s, mode=[1])
         cur = s[r, 0]
         if const_expr("max" not in self.ablate):
@@ -565,22 +575,24 @@ class FlashFwdSm90:
                 cur = cute.arch.fmax(cur, row_max[r])
             cur = cute.arch.fmax(cur, cute.arch.shuffle_sync_bfly(cur, offset=1))
             cur = cute.arch.fmax(cur, cute.arch.shuffle_sync_bfly(cur, offset=2))
-        max_scaled = Float32(0.0)
         if const_expr(is_first):
             row_max[r] = cur
-            max_scaled = (cur if cur != -Float32.inf else Float32(0.0)) * scale_log2
+            max_scaled[r] = (cur if cur != -Float32.inf else Float32(0.0)) * scale_log2
             row_scale[r] = Float32(1.0)
         else:
-            kept, ms, acc_scale = update_row_max(row_max[r], cur, scale_log2, self.tau)
-            max_scaled = ms
+            kept, ms, l2 = update_row_max_log2(row_max[r], cur, scale_log2, self.tau)
+            max_scaled[r] = ms
+            log2_scale[r] = l2
             row_max[r] = kept
-            row_scale[r] = acc_scale
-        return max_scaled
+            if const_expr(not self.chained_row_sum):
+                row_scale[r] = cute.math.exp2(l2, fastmath=True)
 
     @cute.jit
-    def _row_exp(self, s, r: cutlass.Constexpr, max_scaled, row_sum, row_scale, scale_log2,
-                 is_first: cutlass.Constexpr):
-        """Row r: P = exp2(S * scale_log2 - max_scaled) in place, row_sum update."""
+    def _row_exp(self, s, r: cutlass.Constexpr, max_scaled, log2_scale, row_sum, row_scale,
+                 scale_log2, is_first: cutlass.Constexpr):
+        """Row r: P = exp2(S * scale_log2 - max_scaled) in place, then
+        row_sum[r] = row_sum[r] * row_scale[r] + sum(P) (chained_row_sum: row_scale[r] =
+        exp2(log2_scale) first, and the sum added up in column order)."""
         ncol = cute.size(s, mode=[1])
         acc = [Float32(0.0), Float32(0.0), Float32(0.0), Float32(0.0)]
         for c in cutlass.range_constexpr(ncol):
@@ -593,13 +605,23 @@ class FlashFwdSm90:
             else:
                 p = cute.math.exp2(x, fastmath=True)
             s[r, c] = p
-            if const_expr("sum" not in self.ablate):
+            if const_expr("sum" not in self.ablate and not self.chained_row_sum):
                 acc[c % 4] = acc[c % 4] + p
-        total = (acc[0] + acc[1]) + (acc[2] + acc[3])
-        if const_expr(is_first):
+        if const_expr(self.chained_row_sum):
+            total = Float32(0.0)
+            if const_expr(not is_first):
+                row_scale[r] = cute.math.exp2(log2_scale, fastmath=True)
+                total = row_sum[r] * row_scale[r]
+            if const_expr("sum" not in self.ablate):
+                for c in cutlass.range_constexpr(ncol):
+                    total = total + s[r, c]
             row_sum[r] = total
         else:
-            row_sum[r] = row_sum[r] * row_scale[r] + total
+            total = (acc[0] + acc[1]) + (acc[2] + acc[3])
+            if const_expr(is_first):
+                row_sum[r] = total
+            else:
+                row_sum[r] = row_sum[r] * row_scale[r] + total
 
     @cute.jit
     def _pin_before_pv_wait(self, row_sum):

@@ -222,3 +222,15 @@ def test_defer_o_store_wait_auto_and_checked():
         mk(256, defer_o_store_wait=True)
     with pytest.raises(ValueError, match="defer_o_store_wait='no' not supported"):
         mk(128, defer_o_store_wait="no")
+
+
+def test_chained_row_sum_auto_and_checked():
+    """The softmax order with the O-scale exp2 last and one row-sum chain: auto at causal
+    head_dim 64 (measured faster there, slower non-causal and at 128 and 256: fa4kernel/README.md,
+    "Softmax order")."""
+    mk = lambda d, causal=False, **kn: config.make_config("bfloat16", d, causal, False, kn)  # noqa: E731
+    auto = {(d, c): mk(d, c).chained_row_sum for d in config.SUPPORTED_HEAD_DIMS for c in (False, True)}
+    assert [k for k, on in auto.items() if on] == [(64, True)]
+    assert mk(128, chained_row_sum=True).chained_row_sum and not mk(64, chained_row_sum=False).chained_row_sum
+    with pytest.raises(ValueError, match="chained_row_sum=1 not supported"):
+        mk(64, chained_row_sum=1)

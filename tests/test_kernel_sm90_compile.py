@@ -122,3 +122,42 @@ def test_rescale_before_pv_moves_the_o_rescale(hd, before):
         assert fmul_before >= hd // 2 and fmul_after < hd // 4, (fmul_before, fmul_after)
     else:
         assert fmul_after >= hd // 2 and fmul_before < hd // 4, (fmul_before, fmul_after)
+
+
+@pytest.mark.parametrize("hd,knobs,chained", [(64, {}, False), (64, {"chained_row_sum": True}, True),
+                                              (128, {}, False), (128, {"chained_row_sum": True}, True)])
+def test_chained_row_sum_interleaves_the_o_rescale(hd, knobs, chained):
+    """What the knob is for (fa4kernel/README.md, "Softmax order"): with the O-scale exp2 after
+    the P exp2s and one row-sum chain, ptxas issues the O rescale (head_dim / 2 FMULs per thread)
+    between the block's exp2s after the PV wait; with the O-scale exp2 first and four partial
+    sums, after the last of them. If a compiler update changes this, the measured A/B behind the
+    knob's auto value needs repeating."""
+    _, after = around_pv_wait(kv_loop(sass(head_dim=hd, **knobs)))
+    last_ex2 = max(i for i, o in enumerate(after) if o == "MUFU.EX2")
+    between, behind = after[:last_ex2].count("FMUL"), after[last_ex2:].count("FMUL")
+    if chained:
+        assert between >= hd // 2 and behind == 0, (between, behind)
+    else:
+        assert behind >= hd // 2 and between <= 4, (between, behind)
+
+
+@pytest.mark.parametrize("hd", [64, 128, 256])
+def test_kv_loop_length_matches_the_models_instruction_count(hd):
+    """fa4sim counts the KV loop's instructions as its softmax phases (fa4sim/softmax.py) plus
+    bookkeeping (fa3_sm90 knobs loop_overhead_fixed / loop_overhead_per_kstep, counted in this
+    SASS). The defaults' loops stay within 5 % of that count; if a compiler or kernel change
+    moves them further, the model's constants need recounting (fa3_sm90.py, BOOKKEEPING)."""
+    from fa4sim import Problem, hardware
+    from fa4sim.params import resolve
+    from fa4sim.schedules import fa3_sm90
+
+    cfg = make_config("bfloat16", hd, False, False, {})
+    loop = kv_loop(sass(head_dim=hd))
+    hw = hardware.load("h100-measured")
+    p = Problem(1, 1, 8192, 8192, hd, False)
+    k = resolve(fa3_sm90.KNOBS, p, {"tile_m": cfg.tile_m, "tile_n": cfg.tile_n})
+    sched = fa3_sm90.build(hw, p, k, 64, 0)
+    # warp-instructions per warp of warpgroup 0 per KV block: the issue unit's cycles x 4 per clock / 4 warps
+    modelled = sum(dict(o.uses).get("issue", 0.0) * hw.issue_per_clk / 4
+                   for o in sched.ops if o.role == "wg0" and o.when == "all")
+    assert abs(len(loop) - modelled) <= 0.05 * len(loop), (len(loop), modelled)

@@ -110,6 +110,8 @@ KNOB_CASES = [
     dict(rescale_threshold=8.0, exp_emulation=0.25),
     dict(rescale_before_pv=True),
     dict(rescale_before_pv=True, rescale_threshold=8.0),
+    dict(chained_row_sum=True),
+    dict(chained_row_sum=True, rescale_threshold=8.0, exp_emulation=0.25),
 ]
 
 
@@ -124,6 +126,8 @@ def test_knobs_hd128(knobs, causal):
     (96, dict(tile_m=128, p_in_registers=True, tile_n=128)), (96, dict(intra_wg_overlap=False)),
     (192, dict(pingpong=True)), (256, dict(rescale_threshold=8.0, exp_emulation=0.28)),
     (256, dict(rescale_before_pv=False)), (192, dict(rescale_before_pv=False)),
+    (64, dict(chained_row_sum=False)), (64, dict(tile_m=128, chained_row_sum=False)),
+    (64, dict(tile_m=192, chained_row_sum=True)),
 ])
 def test_knobs_other_hd(hd, knobs):
     check(*_inputs(1, 777, 900, 2, hd), True, **knobs)

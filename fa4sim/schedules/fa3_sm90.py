@@ -91,12 +91,28 @@ KNOBS = [
          "returning (the smem read done): measured in fa4kernel's trace build on H100, 1287-1574 cycles over 20 "
          "stores of 5 traces (hd128 128 x 128 and hd64 192 x 64 tiles), median 1386 (benchmarks/results/"
          "timeline_h100_2026-11-22/*.json.gz, op ST)", kind="float", minimum=0.0),
+    Knob("loop_overhead_fixed", 53.0, "warp-instr", "per consumer warp and KV block, the loop's instructions "
+         "besides the softmax phases that do not scale with the GEMMs (pipeline waits and arrives, barriers, loop "
+         "control, row statistics, partial-sum merges): they take SM issue slots the other warpgroups' softmax "
+         "needs. Counted in fa4kernel's SASS (see BOOKKEEPING below); flash-attn-4: 60", kind="float", minimum=0.0),
+    Knob("loop_overhead_per_kstep", 4.4, "warp-instr", "the same, per wgmma k-step of the block's two GEMMs "
+         "(hdim/16 + tile_n/16): the HGMMA and its uniform-datapath descriptor arithmetic. fa4kernel's SASS; "
+         "flash-attn-4: 2.5", kind="float", minimum=0.0),
     Knob("free_row_max", False, "", "what-if: the row max costs nothing (fa4kernel's ablate='max' build)", kind="bool"),
     Knob("free_exp2", False, "", "what-if: exp2 costs nothing, P = scaled S (fa4kernel's ablate='exp' build)", kind="bool"),
     Knob("free_row_sum", False, "", "what-if: the row sum costs nothing (fa4kernel's ablate='sum' build)", kind="bool"),
     Knob("score_std", 1.0, "nats", "std of softmax_scale*q.k for the rescale-rate model (randn inputs: 1)", kind="float", minimum=1e-3),
 ]
 
+# BOOKKEEPING (knobs loop_overhead_fixed, loop_overhead_per_kstep): the KV loop's SASS holds
+# 30-50 % more instructions than the softmax phases (softmax.py) count: per consumer warp and KV block,
+# fa4kernel 427 / 480 / 419 instructions (hd64 192 x 128, hd128 128 x 128, hd256 128 x 64; CUDA 13.0
+# ptxas via nvidia-cutlass-dsl 4.8.1, fa4kernel.sass.kv_loop) against 328 / 359 / 278 modelled:
+# HGMMA plus 3-5 uniform-datapath ops per wgmma k-step (descriptor offsets), pipeline waits, arrives
+# and state, barriers, the loop test, row statistics. A line through 6 configurations (hd 64 / 128 /
+# 256, tile_n 64 / 128, ping-pong on and off): 53 + 4.4 per k-step. flash-attn-4 4.0.0b36 (compiled
+# for sm_90a on a CPU): 420 / 457 / 429 (hd 256 with tile_n 80), 60 + 2.5 per k-step: fewer uniform
+# ops per HGMMA, which is where its KV loop saves the 5 % it is ahead of ours at hd128.
 PRODUCER_REGS = {2: 24, 3: 32}  # setmaxnreg of the producer WG (fa4-schedules.md)
 SMEM_CAPACITY = 232448          # 227 KB per CTA on SM90 (the profiles' smem_capacity_bytes)
 REG_OVERHEAD = 32               # addresses, loop state, row max/sum: an estimate
@@ -188,8 +204,15 @@ def build(hw, p: Problem, k: dict, n_kv: int, masked_blocks: int) -> Schedule:
             Op("LK", "load", (("tma", kv),), hw.l2_latency, "load", asynchronous=True, issue_cycles=1, label="TMA K block"),
             Op("LV", "load", (("tma", kv),), hw.l2_latency, "load", asynchronous=True, issue_cycles=1, label="TMA V block")]
 
+    # the loop's bookkeeping instructions (BOOKKEEPING): the issuing warp's own time for them is in
+    # the GEMMs' issue_cycles (mma_issue_cycles was measured on a wgmma chain with its descriptor
+    # math), but every one takes an SM issue slot, which the engine charges asynchronously
+    bookkeeping = k["loop_overhead_fixed"] + k["loop_overhead_per_kstep"] * (d // 16 + n // 16)
     for w in range(W):
         r = f"wg{w}"
+        if bookkeeping > 0:
+            ops.append(Op(f"BK{w}", r, (("issue", 4 * bookkeeping / hw.issue_per_clk),), 0.0, "sync",
+                          asynchronous=True, label="loop bookkeeping: wgmma descriptors, waits, barriers"))
         ops.append(Op(f"TS{w}", r, (), k["tile_prologue_cycles"], "sync", when="first",
                       label="tile start: coordinates, KV range, O = 0, Q/K waits"))
         ops.append(Op(f"QK{w}", r, (("tensor", qk.tensor_cycles), ("smem", qk.smem_cycles)), qk.latency, "mma",
