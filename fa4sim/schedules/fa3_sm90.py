@@ -112,7 +112,8 @@ KNOBS = [
 # and state, barriers, the loop test, row statistics. A line through 6 configurations (hd 64 / 128 /
 # 256, tile_n 64 / 128, ping-pong on and off): 53 + 4.4 per k-step. flash-attn-4 4.0.0b36 (compiled
 # for sm_90a on a CPU): 420 / 457 / 429 (hd 256 with tile_n 80), 60 + 2.5 per k-step: fewer uniform
-# ops per HGMMA, which is where its KV loop saves the 5 % it is ahead of ours at hd128.
+# ops per HGMMA (a lead for the 5 % its KV loop is ahead of ours at hd128). Charged as SM issue
+# slots where they are issued: per k-step inside the QK / PV ops, the fixed part with the row max.
 PRODUCER_REGS = {2: 24, 3: 32}  # setmaxnreg of the producer WG (fa4-schedules.md)
 SMEM_CAPACITY = 232448          # 227 KB per CTA on SM90 (the profiles' smem_capacity_bytes)
 REG_OVERHEAD = 32               # addresses, loop state, row max/sum: an estimate
@@ -182,6 +183,10 @@ def unit_knobs(k: dict, rows: int) -> dict:
     return {**k, "tile_m": 64 * live}
 
 
+def _with_issue(uses: tuple, issue: float) -> tuple:
+    return uses + (("issue", issue),) if issue > 0 else uses
+
+
 def build(hw, p: Problem, k: dict, n_kv: int, masked_blocks: int) -> Schedule:
     d, n, W = p.hdim, k["tile_n"], consumer_warpgroups(k)
     mbar, nbar = hw.mbarrier_latency, hw.named_barrier_latency
@@ -204,20 +209,20 @@ def build(hw, p: Problem, k: dict, n_kv: int, masked_blocks: int) -> Schedule:
             Op("LK", "load", (("tma", kv),), hw.l2_latency, "load", asynchronous=True, issue_cycles=1, label="TMA K block"),
             Op("LV", "load", (("tma", kv),), hw.l2_latency, "load", asynchronous=True, issue_cycles=1, label="TMA V block")]
 
-    # the loop's bookkeeping instructions (BOOKKEEPING): the issuing warp's own time for them is in
-    # the GEMMs' issue_cycles (mma_issue_cycles was measured on a wgmma chain with its descriptor
-    # math), but every one takes an SM issue slot, which the engine charges asynchronously
-    bookkeeping = k["loop_overhead_fixed"] + k["loop_overhead_per_kstep"] * (d // 16 + n // 16)
+    # the loop's bookkeeping instructions (BOOKKEEPING), as SM issue slots (4 warps per warpgroup):
+    # per wgmma k-step beside the GEMM's tensor work, piece by piece as its HGMMAs issue (the issuing
+    # warp's own time for them is in mma_issue_cycles, measured on a wgmma chain with its
+    # descriptor math); the fixed part with the row max, around which the waits, barriers and row
+    # statistics sit
+    per_kstep = 4 * k["loop_overhead_per_kstep"] / hw.issue_per_clk
+    fixed = 4 * k["loop_overhead_fixed"] / hw.issue_per_clk
     for w in range(W):
         r = f"wg{w}"
-        if bookkeeping > 0:
-            ops.append(Op(f"BK{w}", r, (("issue", 4 * bookkeeping / hw.issue_per_clk),), 0.0, "sync",
-                          asynchronous=True, label="loop bookkeeping: wgmma descriptors, waits, barriers"))
         ops.append(Op(f"TS{w}", r, (), k["tile_prologue_cycles"], "sync", when="first",
                       label="tile start: coordinates, KV range, O = 0, Q/K waits"))
-        ops.append(Op(f"QK{w}", r, (("tensor", qk.tensor_cycles), ("smem", qk.smem_cycles)), qk.latency, "mma",
+        ops.append(Op(f"QK{w}", r, _with_issue((("tensor", qk.tensor_cycles), ("smem", qk.smem_cycles)), per_kstep * d // 16), qk.latency, "mma",
                       asynchronous=True, issue_cycles=d // 16 * hw.mma_issue_cycles, chunks=d // 16, label=f"S = Q K^T (wgmma SS, WG{w})"))
-        pv_op = Op(f"PV{w}", r, (("tensor", pv.tensor_cycles), ("smem", pv.smem_cycles)), pv.latency, "mma",
+        pv_op = Op(f"PV{w}", r, _with_issue((("tensor", pv.tensor_cycles), ("smem", pv.smem_cycles)), per_kstep * n // 16), pv.latency, "mma",
                    asynchronous=True, issue_cycles=n // 16 * hw.mma_issue_cycles, chunks=n // 16,
                    skew=1 if overlap else 0,
                    label=f"O += P V (wgmma {'RS' if rs else 'SS'}, WG{w})")
@@ -235,6 +240,8 @@ def build(hw, p: Problem, k: dict, n_kv: int, masked_blocks: int) -> Schedule:
             ops.append(Op(f"MASK{w}", r, tuple(phase(hw, "mask", elems * masked_blocks).items()), 0.0, "softmax",
                           when="first", label=f"causal/length mask, {masked_blocks} block(s)"))
         mx = {} if k["free_row_max"] else phase(hw, "max", elems, rows)
+        if fixed > 0:
+            mx = add(mx, {"issue": fixed})
         ops.append(Op(f"MAX{w}", r, tuple(mx.items()), hw.fma_latency * 4, "softmax",
                       label="row max (quad shuffles), acc_scale"))
         exp = add(phase(hw, "scale", elems), {} if k["free_exp2"] else exp2_phase(hw, elems, f),
