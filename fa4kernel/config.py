@@ -100,6 +100,9 @@ class KernelConfig:
     # the wgmma + pipeline skeleton alone. Its output is NOT attention; timing only.
     clock_probe: bool = False
     skip_softmax: bool = False
+    # cta_log (with clock_probe): every CTA also logs its SM id and start / end stamps
+    # (trace_layout.CTA_LOG_*): which SM ran which tile, for how long, and the gaps between them
+    cta_log: bool = False
     # ablations (timing only; the output is NOT attention), comma-separated: "max" (row max from
     # one element: no FMNMX tree, no shuffles), "exp" (P = the scaled score: no MUFU.EX2), "sum"
     # (no row-sum FADDs), "rescale" (no O rescale). Each one's change in cycles per KV block is
@@ -311,7 +314,7 @@ ABLATIONS = ("max", "exp", "sum", "rescale")
 
 
 def diagnostic_config(cfg: KernelConfig, clock_probe: bool = True, skip_softmax: bool = False,
-                      ablate: str = "", exp_before_pv_wait: bool = False) -> KernelConfig:
+                      ablate: str = "", exp_before_pv_wait: bool = False, cta_log: bool = False) -> KernelConfig:
     """A diagnostic build of a configuration (see KernelConfig.clock_probe / skip_softmax /
     ablate); it takes the trace buffer (trace_layout.TRACE_WORDS int64) like the instrumented build."""
     from dataclasses import replace
@@ -320,8 +323,10 @@ def diagnostic_config(cfg: KernelConfig, clock_probe: bool = True, skip_softmax:
     bad = [x for x in parts if x not in ABLATIONS]
     if bad:
         raise ValueError(f"ablate={ablate!r}: unknown {', '.join(bad)}; allowed: {', '.join(ABLATIONS)}")
+    if cta_log and not clock_probe:
+        raise ValueError("cta_log=True needs clock_probe=True (it writes into the probe's stamps buffer)")
     return replace(cfg, clock_probe=bool(clock_probe), skip_softmax=bool(skip_softmax), ablate=",".join(parts),
-                   exp_before_pv_wait=bool(exp_before_pv_wait))
+                   exp_before_pv_wait=bool(exp_before_pv_wait), cta_log=bool(cta_log))
 
 
 def validate_tensors(q, k, v, causal=False, softmax_scale=None, return_lse=False):

@@ -223,12 +223,14 @@ def attention_traced(q, k, v, causal: bool = False, softmax_scale: Optional[floa
 
 def attention_probed(q, k, v, causal: bool = False, softmax_scale: Optional[float] = None,
                      skip_softmax: bool = False, trace_cta: int = 0, stamps=None, ablate: str = "",
-                     exp_before_pv_wait: bool = False, **knobs):
+                     exp_before_pv_wait: bool = False, cta_log: bool = False, **knobs):
     """A diagnostic build (config.diagnostic_config): the normal kernel plus the in-kernel clock of
     one CTA. Returns (out, stamps); stamps[1:5] = clock64 and globaltimer (ns) at that CTA's start
     and end, so cycles / ns is the SM clock of this very launch (fa4kernel.trace.header_clock).
     skip_softmax=True times the wgmma + pipeline skeleton without the softmax; its `out` is not
-    attention; so is any `ablate` build (config.ABLATIONS, comma-separated). stamps: a reusable int64 CUDA buffer of TRACE_WORDS (else a new one per call).
+    attention; so is any `ablate` build (config.ABLATIONS, comma-separated). cta_log=True: every
+    CTA also logs its SM id and start / end stamps (trace_layout.CTA_LOG_*; decode with
+    fa4kernel.trace.cta_log). stamps: a reusable int64 CUDA buffer of TRACE_WORDS (else a new one per call).
     Knobs as attention()."""
     import torch
 
@@ -237,7 +239,7 @@ def attention_probed(q, k, v, causal: bool = False, softmax_scale: Optional[floa
 
     b, sq, sk, h, d, dtype = validate_tensors(q, k, v, causal, softmax_scale, False)
     cfg = diagnostic_config(resolve_config(q, k, v, causal, False, **knobs), True, skip_softmax, ablate,
-                            exp_before_pv_wait)
+                            exp_before_pv_wait, cta_log)
     validate_device(q, k, v)
     out = torch.empty((b, sq, h, d), dtype=q.dtype, device=q.device)
     if stamps is None:

@@ -49,7 +49,18 @@ BAR_CONSUMERS = 8  # all consumer threads (epilogue hand-offs between persistent
 from .trace_layout import (  # noqa: E402
     T_CVT, T_EXP, T_FIN, T_LK, T_LQ, T_LV, T_MASK, T_MAX, T_PP, T_PV, T_QK, T_RESC, T_ST,
     T_WAIT_K, T_WAIT_PP, T_WAIT_V, TRACE_HEADER, TRACE_ITERS, TRACE_OPS, TRACE_TILES, LIGHT_OPS,
+    CTA_LOG_MAX, CTA_LOG_WORDS,
 )
+
+
+@cutlass.dsl_user_op
+def _smid(*, loc=None, ip=None) -> Int32:
+    """%smid: the SM this CTA runs on (CTA log only)."""
+    from cutlass._mlir.dialects import llvm
+    from cutlass.cutlass_dsl import T
+
+    return Int32(llvm.inline_asm(T.i32(), [], "mov.u32 $0, %smid;", "=r", has_side_effects=True,
+                                 is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT))
 
 
 def _select(t: cute.Tensor, modes) -> cute.Tensor:
@@ -145,6 +156,7 @@ class FlashFwdSm90:
         # header stamps (kernel start/end clock64 + globaltimer of one CTA): trace and probe builds
         self.probe = self.trace or bool(getattr(cfg, "clock_probe", False))
         self.skip_softmax = bool(getattr(cfg, "skip_softmax", False))
+        self.cta_log = self.probe and not self.trace and bool(getattr(cfg, "cta_log", False))
         self.ablate = frozenset(x for x in getattr(cfg, "ablate", "").split(",") if x)
         self.exp_before_pv_wait = bool(getattr(cfg, "exp_before_pv_wait", False))
         # light trace: only QK, PV, the whole softmax (stamped as EXP: MAX start .. EXP end), FIN
@@ -303,6 +315,13 @@ class FlashFwdSm90:
                 mTrace[1] = cute.arch.clock64()
                 mTrace[2] = cute.arch.globaltimer()
                 mTrace[5] = cutlass.Int64(cute.arch.grid_dim()[0])
+            if const_expr(self.cta_log):
+                bid = cute.arch.block_idx()[0]
+                if (cute.arch.thread_idx()[0] == 0) & (bid < CTA_LOG_MAX):
+                    base = TRACE_HEADER + bid * CTA_LOG_WORDS
+                    mTrace[base + 1] = cute.arch.globaltimer()
+                    mTrace[base + 3] = cute.arch.clock64()
+                    mTrace[base] = cutlass.Int64(_smid())
         if warp_idx == 0:
             for atom in (tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_O):
                 cpasync.prefetch_descriptor(atom)
@@ -747,6 +766,13 @@ class FlashFwdSm90:
             if tr_cta & (tidx == 0):
                 mTrace[3] = cute.arch.clock64()
                 mTrace[4] = cute.arch.globaltimer()
+            if const_expr(self.cta_log):
+                bid = cute.arch.block_idx()[0]
+                if (tidx == 0) & (bid < CTA_LOG_MAX):
+                    base = TRACE_HEADER + bid * CTA_LOG_WORDS
+                    mTrace[base + 4] = cute.arch.clock64()
+                    mTrace[base + 2] = cute.arch.globaltimer()
+                    mTrace[base + 5] = cutlass.Int64(1)
 
     @cute.jit
     def _consume_tile(

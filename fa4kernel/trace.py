@@ -19,7 +19,7 @@ K / V stage) go to a separate "waits" list with ops WAIT_K, WAIT_V, WAIT_PP (+ w
 from __future__ import annotations
 
 from .trace_layout import (  # noqa: F401  (re-exported)
-    T_CVT, T_EXP, T_FIN, T_LK, T_LQ, T_LV, T_MASK, T_MAX, T_PP, T_PV, T_QK, T_RESC, T_ST,
+    CTA_LOG_MAX, CTA_LOG_WORDS, T_CVT, T_EXP, T_FIN, T_LK, T_LQ, T_LV, T_MASK, T_MAX, T_PP, T_PV, T_QK, T_RESC, T_ST,
     T_WAIT_K, T_WAIT_PP, T_WAIT_V, TRACE_HEADER, TRACE_ITERS, TRACE_OP_NAMES, TRACE_OPS,
     TRACE_ROLES, TRACE_TILES, TRACE_WORDS,
 )
@@ -101,3 +101,23 @@ def interval(events, op: str = "QK0", tile: int = 0, skip: int = 2):
         return None
     n = len(diffs)
     return diffs[n // 2] if n % 2 else (diffs[n // 2 - 1] + diffs[n // 2]) / 2
+
+
+def cta_log(words, grid: int) -> list[dict]:
+    """Decode a CTA-log build's buffer (KernelConfig.cta_log): one record per CTA that wrote
+    both ends, {"cta", "sm", "start_ns", "end_ns", "cycles"}; start_ns / end_ns are globaltimer
+    ns from the earliest CTA start, cycles are the CTA's own clock64 (one SM) from start to end."""
+    words = [int(x) for x in words]
+    rows = []
+    for cta in range(min(grid, CTA_LOG_MAX)):
+        b = TRACE_HEADER + cta * CTA_LOG_WORDS
+        sm, g0, g1, c0, c1, done = words[b:b + CTA_LOG_WORDS]
+        if done != 1 or g1 < g0 or c1 < c0:
+            continue
+        rows.append({"cta": cta, "sm": sm, "start_ns": g0, "end_ns": g1, "cycles": c1 - c0})
+    if rows:
+        t0 = min(r["start_ns"] for r in rows)
+        for r in rows:
+            r["start_ns"] -= t0
+            r["end_ns"] -= t0
+    return rows

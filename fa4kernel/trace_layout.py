@@ -29,3 +29,11 @@ TRACE_OP_NAMES = {T_LK: "LK", T_LV: "LV", T_LQ: "LQ", T_QK: "QK", T_PV: "PV", T_
                   T_WAIT_K: "WAIT_K", T_WAIT_V: "WAIT_V", T_WAIT_PP: "WAIT_PP", T_MASK: "MASK"}
 # the light trace (KernelConfig.trace_light) stamps only these; its EXP = the whole softmax
 LIGHT_OPS = (T_QK, T_PV, T_EXP, T_FIN, T_ST)
+
+# CTA log (KernelConfig.cta_log, a clock-probe build): every CTA's thread 0 writes its SM id and
+# its start stamps, warp 4 lane 0 its end stamps after its last O store, at
+#   TRACE_HEADER + blockIdx.x * CTA_LOG_WORDS: [smid, globaltimer start, globaltimer end,
+#   clock64 start, clock64 end, 1 (written)]
+# for blockIdx.x < CTA_LOG_MAX (the per-op pair region, which a probe build leaves unused).
+CTA_LOG_WORDS = 6
+CTA_LOG_MAX = (TRACE_WORDS - TRACE_HEADER) // CTA_LOG_WORDS

@@ -3,11 +3,13 @@
 A work unit is one CTA tile: `rows_per_cta` query rows of one (batch, head) against its KV
 blocks (a CTA pair takes twice the rows on two SMs); the last tile of a length may have fewer
 rows (a schedule may then run it with fewer warpgroups). Non-causal units have equal KV blocks,
-causal ones up to the diagonal. A persistent kernel hands the units costliest first to the slot
-predicted free first (FA4's LPT scheduler, fa4kernel's host tile schedule; equal units thus go
-round-robin); a kernel that is not persistent launches one CTA per tile and the hardware hands
-each to the first SM that frees up. A slot's time is its first tile alone (T1) plus, per
-further tile, what one more tile costs a persistent CTA (T2 - T1, prologue overlapped).
+causal ones up to the diagonal. A persistent kernel hands the units, in its order, to the slot
+predicted free first (fa4kernel's host tile schedule; equal units thus go round-robin); a
+kernel that is not persistent launches one CTA per tile and the hardware hands each to the
+first SM that frees up. A slot's time is its first tile alone (T1) plus, per
+further tile, what one more tile costs a persistent CTA (T2 - T1, prologue overlapped), after
+the launch's cold start (the first wave's first loads from HBM). The order of the tiles is the
+kernel's own (tile_order.py).
 The kernel takes the slowest slot, unless moving its bytes through L2 or HBM takes longer.
 """
 from __future__ import annotations
@@ -17,6 +19,7 @@ import math
 from dataclasses import dataclass
 
 from .params import Problem
+from .tile_order import host_estimate, host_table, tile_order
 
 
 @dataclass(frozen=True)
@@ -51,6 +54,7 @@ class KernelTime:
     units: int               # work units in all
     waves: float             # units / slots
     tiles_on_slowest: int
+    cold_start_us: float     # the first wave's Q and first K/V blocks from HBM, before any loop
     compute_us: float
     l2_us: float
     hbm_us: float
@@ -60,30 +64,38 @@ class KernelTime:
     limiter: str             # "compute", "L2" or "HBM"
 
 
-def assign(costs: list[tuple[float, float]], slots: int, causal: bool, persistent: bool = True,
-           cta_launch: float = 0.0) -> tuple[float, int]:
-    """(T1, further-tile cost) per unit -> (slowest slot's cycles, tiles on it).
+def assign(costs: list[tuple[float, float]], slots: int, persistent: bool = True,
+           cta_launch: float = 0.0, start: float = 0.0) -> tuple[float, int]:
+    """(T1, further-tile cost) per unit, in the order the kernel hands them out (tile_order.py)
+    -> (slowest slot's cycles, tiles on it).
 
     persistent: a CTA per slot loops over tiles, so a further tile costs T2 - T1 (its prologue
-    overlaps the previous epilogue); tiles go costliest first, each to the slot predicted free
-    first (fa4kernel's host tile schedule, fa4kernel/tile_schedule.py, does this list
-    scheduling before the launch; equal tiles thus go round-robin, as a static scheduler would).
-    Not persistent: one CTA per tile, launched in order (causal: longest first) onto whichever
-    SM frees up first, each paying its whole T1 and, after the first on its SM, the CTA turnover
-    `cta_launch`.
+    overlaps the previous epilogue); each tile in turn goes to the slot predicted free first
+    (fa4kernel's host tile schedule, fa4kernel/tile_schedule.py, does this list scheduling
+    before the launch; equal tiles thus go round-robin, as a static scheduler would).
+    Not persistent: one CTA per tile, launched in order onto whichever SM frees up first, each
+    paying its whole T1 and, after the first on its SM, the CTA turnover `cta_launch`.
+    start: cycles every slot waits before its first tile (the first wave's cold start).
     """
     slots = max(1, min(slots, len(costs)))
-    heap = [(0.0, i, 0) for i in range(slots)]
-    if not persistent:
-        for t1, _ in (sorted(costs, key=lambda c: -c[0]) if causal else costs):
-            load, i, n = heapq.heappop(heap)
-            heapq.heappush(heap, (load + t1 + (cta_launch if n else 0.0), i, n + 1))
-    else:
-        for t1, extra in sorted(costs, key=lambda c: -c[0]):
-            load, i, n = heapq.heappop(heap)
-            heapq.heappush(heap, (load + (extra if n else t1), i, n + 1))
+    heap = [(start, i, 0) for i in range(slots)]
+    for t1, extra in costs:
+        load, i, n = heapq.heappop(heap)
+        step = (extra if n else t1) if persistent else t1 + (cta_launch if n else 0.0)
+        heapq.heappush(heap, (load + step, i, n + 1))
     load, _, n = max(heap)
     return load, n
+
+
+def cold_start_bytes(p: Problem, first_wave: list[tuple[int, WorkUnit]], rows: int, tile_n: int,
+                     elem_bytes: int = 2) -> float:
+    """Bytes the first wave needs from HBM before any tile can start its loop: every tile's Q
+    and the first K and V block it reads (the kernel walks a tile's KV blocks from its last, the
+    causal diagonal, down), each (head, block) once. Nothing is in L2 yet when the launch starts."""
+    d = p.hdim
+    q = sum((u.rows or rows) for _, u in first_wave) * d * elem_bytes
+    kv = len({(hb, u.n_kv - 1) for hb, u in first_wave}) * 2 * tile_n * d * elem_bytes
+    return q + kv
 
 
 def traffic(p: Problem, hw, units: list[WorkUnit], tile_n: int, two_cta: bool,
@@ -107,17 +119,41 @@ def traffic(p: Problem, hw, units: list[WorkUnit], tile_n: int, two_cta: bool,
 
 
 def kernel_time(p: Problem, hw, units: list[WorkUnit], cost_of, tile_n: int,
-                two_cta: bool, persistent: bool = True) -> KernelTime:
-    """cost_of(WorkUnit) -> (T1, T2 - T1) in cycles."""
-    per_head = [cost_of(u) for u in units]
-    all_costs = per_head * (p.batch * p.heads)
+                two_cta: bool, persistent: bool = True, order: str = "lpt", rows: int = 0) -> KernelTime:
+    """cost_of(WorkUnit) -> (T1, T2 - T1) in cycles; order: tile_order.ORDERS; rows: a full
+    unit's query rows (for the cold start's Q bytes).
+
+    The launch starts cold: the first wave's Q tiles and first K/V blocks all come from HBM at
+    once (measured per CTA with fa4kernel's CTA log: the first CTA on every SM takes 3-13k cycles
+    longer than the same tile later, in proportion to 1 / HBM bandwidth between H100 and H200;
+    benchmarks/results/cta_log_*), so every slot starts after cold_start_bytes / HBM bandwidth.
+    """
+    n_hb = p.batch * p.heads
+    costs = [cost_of(u) for u in units]
+    kv_head = 2 * p.seqlen_k * p.hdim * 2
     slots = hw.num_sms // (2 if two_cta else 1)
-    cycles, n_tiles = assign(all_costs, slots, p.causal, persistent, hw.cta_launch_cycles)
+    tiles = tile_order(order, n_hb, [c[0] for c in costs], kv_head, hw.l2_bytes, slots,
+                       sorted_launch=persistent or p.causal)
+    wave = [(hb, units[m]) for hb, m in tiles[:slots]]
+    cold_b = cold_start_bytes(p, wave, rows or max(u.rows for u in units), tile_n)
+    cold_cycles = cold_b / (hw.hbm_bandwidth_tbps * 1e12) * hw.clock_ghz * 1e9
+    if persistent and order == "fa4kernel":
+        # the host fixed each CTA's tiles before the launch, by its own estimate
+        wgs = max(1, (rows or max(u.rows for u in units)) // 64)
+        est = [host_estimate(u.n_kv, wgs, -(-(u.rows or rows or 64) // 64)) for u in units]
+        table = host_table(tiles, est, slots)
+        loads = [cold_cycles + costs[tiles[r[0]][1]][0] + sum(costs[tiles[i][1]][1] for i in r[1:]) for r in table]
+        slowest = max(range(len(table)), key=loads.__getitem__)
+        cycles, n_tiles = loads[slowest], len(table[slowest])
+    else:
+        cycles, n_tiles = assign([costs[m] for _, m in tiles], slots, persistent, hw.cta_launch_cycles, cold_cycles)
     compute_us = cycles / (hw.clock_ghz * 1e3)
     l2_b, hbm_b = traffic(p, hw, units, tile_n, two_cta)
     l2_us = l2_b / (hw.l2_bandwidth_tbps * 1e6)
     hbm_us = hbm_b / (hw.hbm_bandwidth_tbps * 1e6)
     body = max(compute_us, l2_us, hbm_us)
     limiter = "compute" if body == compute_us else ("L2" if body == l2_us else "HBM")
-    return KernelTime(cycles, min(slots, len(all_costs)), len(all_costs), len(all_costs) / slots,
-                      n_tiles, compute_us, l2_us, hbm_us, l2_b, hbm_b, body + hw.launch_gap_us, limiter)
+    n_units = len(tiles)
+    return KernelTime(cycles, min(slots, n_units), n_units, n_units / slots, n_tiles,
+                      cold_cycles / (hw.clock_ghz * 1e3), compute_us, l2_us, hbm_us, l2_b, hbm_b,
+                      body + hw.launch_gap_us, limiter)

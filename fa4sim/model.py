@@ -59,7 +59,8 @@ class Result:
             "steady_state_cycles_per_kv_block": None if self.interval is None else round(self.interval, 2),
             "tensor_idle": {c: round(v, 4) for c, v in self.tensor_waits.items()},
             "kernel": {"slots": k.slots, "work_units": k.units, "waves": round(k.waves, 3),
-                       "tiles_on_slowest_slot": k.tiles_on_slowest, "compute_us": round(k.compute_us, 3),
+                       "tiles_on_slowest_slot": k.tiles_on_slowest,
+                       "cold_start_us": round(k.cold_start_us, 3), "compute_us": round(k.compute_us, 3),
                        "l2_us": round(k.l2_us, 3), "hbm_us": round(k.hbm_us, 3),
                        "l2_gbytes": round(k.l2_bytes / 1e9, 4), "hbm_gbytes": round(k.hbm_bytes / 1e9, 4),
                        "limiter": k.limiter, "launch_gap_us": self.hw.launch_gap_us},
@@ -158,7 +159,8 @@ def simulate(hw="b200", schedule="fa4", problem: Problem | None = None, override
         return t1 + prologue, extra
 
     kt = kernel_time(problem, profile, units, cost_of, tile_n, two_cta,
-                     persistent=bool(knobs.get("persistent", True)))
+                     persistent=bool(knobs.get("persistent", True)), order=knobs.get("tile_order", "lpt"),
+                     rows=unit_rows)
     longest = max(units, key=lambda u: (u.n_kv, -u.masked))
     t1, t2, trace, period = detailed(longest.n_kv, longest.masked)
     util, waits, interval = _steady_state(trace, period)

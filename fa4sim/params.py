@@ -45,7 +45,7 @@ class Knob:
     default: Any
     unit: str
     doc: str
-    kind: str = "int"  # int | float | bool | fraction | float_or_none
+    kind: str = "int"  # int | float | bool | fraction | float_or_none | choice (a string of `choices`)
     minimum: float | None = None
     maximum: float | None = None
     choices: tuple = field(default=())
@@ -56,6 +56,8 @@ class Knob:
     def parse(self, text: str):
         """Turn a --set string into a checked value."""
         t = str(text).strip()
+        if self.kind == "choice":
+            return self.check(t)
         if self.kind == "bool":
             low = t.lower()
             if low in ("1", "true", "yes", "on"):
@@ -78,6 +80,10 @@ class Knob:
             if isinstance(v, bool):
                 return v
             raise InputError(self.name, f"must be true or false, got {v!r}")
+        if self.kind == "choice":
+            if v in self.choices:
+                return v
+            raise InputError(self.name, f"must be one of {', '.join(map(str, self.choices))}, got {v!r}")
         if v is None:
             if self.kind == "float_or_none":
                 return None

@@ -34,7 +34,8 @@ SIMULATED = {"fa4kernel": "our SM90 kernel", "flash-attn-4": "flash-attn-4 SM90"
 # flash-attn-4 4.0.0b36's SM90 forward launches one CTA per tile, causal or not
 # (flash_fwd_sm90.py: SingleTileScheduler / SingleTileLPTScheduler, is_persistent=False)
 # and its KV loop has fewer bookkeeping instructions (fa3_sm90.BOOKKEEPING: counted in its SASS)
-PEER_KNOBS = {"persistent": False, "loop_overhead_fixed": 60.0, "loop_overhead_per_kstep": 2.5}
+PEER_KNOBS = {"persistent": False, "loop_overhead_fixed": 60.0, "loop_overhead_per_kstep": 2.5,
+              "tile_order": "flash-attn-4"}
 KNOB_NAMES = {"tile_m", "tile_n", "kv_stages", "pingpong", "intra_wg_overlap", "p_in_registers",
               "exp_emulation", "rescale_threshold", "rescale_before_pv", "early_q_release",
               "defer_o_store_wait"}

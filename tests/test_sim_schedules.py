@@ -150,17 +150,21 @@ def test_result_json_has_the_contract_fields():
 def test_one_cta_per_tile_pays_turnover_persistent_does_not():
     from fa4sim.kernel_model import assign
     costs = [(1000.0, 800.0)] * 6  # (T1, further-tile cost) of six equal tiles on 2 SMs
-    assert assign(costs, 2, causal=False, persistent=True) == (1000.0 + 2 * 800.0, 3)
-    assert assign(costs, 2, causal=False, persistent=False, cta_launch=0.0) == (3000.0, 3)
-    assert assign(costs, 2, causal=False, persistent=False, cta_launch=450.0) == (3000.0 + 2 * 450.0, 3)
+    assert assign(costs, 2, persistent=True) == (1000.0 + 2 * 800.0, 3)
+    assert assign(costs, 2, persistent=False, cta_launch=0.0) == (3000.0, 3)
+    assert assign(costs, 2, persistent=False, cta_launch=450.0) == (3000.0 + 2 * 450.0, 3)
+    assert assign(costs, 2, persistent=False, cta_launch=450.0, start=700.0) == (700.0 + 3000.0 + 2 * 450.0, 3)
 
 
 def test_persistent_causal_tiles_are_list_scheduled_longest_first():
     """fa4kernel's host schedule: causal tiles longest first, each to the CTA free first. Tiles
     of 8, 7, 2, 1 blocks on 2 CTAs: {8, 1} and {7, 2} (9 each), where round-robin gives {8, 2}."""
     from fa4sim.kernel_model import assign
-    costs = [(float(n), float(n)) for n in (1, 2, 7, 8)]  # (T1, further-tile cost), in any order
-    assert assign(costs, 2, causal=True, persistent=True) == (9.0, 2)
+    from fa4sim.tile_order import tile_order
+    cost = [float(n) for n in (1, 2, 7, 8)]  # one head's tiles, m = 0..3
+    order = tile_order("lpt", 1, cost, 1.0, 1e9, 2, sorted_launch=True)
+    assert [m for _, m in order] == [3, 2, 1, 0]
+    assert assign([(cost[m], cost[m]) for _, m in order], 2, persistent=True) == (9.0, 2)
 
 
 def test_fa3_consumers_meet_at_the_epilogue_barrier():
@@ -206,8 +210,10 @@ def test_persistent_tiles_of_unequal_cost_are_list_scheduled():
     the host schedule list-schedules them too, costliest first. Tiles of 8, 8, 3, 3, 8 (index
     order) on 2 CTAs: {8, 8} = 16 and {8, 3, 3} = 14; a static round-robin gives {8, 3, 8} = 19."""
     from fa4sim.kernel_model import assign
-    costs = [(float(n), float(n)) for n in (8, 8, 3, 3, 8)]
-    assert assign(costs, 2, causal=False, persistent=True) == (16.0, 2)
+    from fa4sim.tile_order import tile_order
+    cost = [float(n) for n in (8, 8, 3, 3, 8)]
+    order = tile_order("lpt", 1, cost, 1.0, 1e9, 2, sorted_launch=True)
+    assert assign([(cost[m], cost[m]) for _, m in order], 2, persistent=True) == (16.0, 2)
 
 
 def test_fa3_idle_warpgroups_skip_their_work():

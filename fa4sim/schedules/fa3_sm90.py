@@ -26,6 +26,7 @@ from dataclasses import replace
 
 from ..engine import Edge, Op, Schedule
 from ..errors import InputError
+from ..tile_order import ORDERS
 from ..params import Knob, Problem
 from ..rescale import rescale_rate
 from ..softmax import add, exp2_phase, phase, scaled, warp_issue
@@ -66,6 +67,10 @@ KNOBS = [
          "default for head dims > 128 in flash-attn-4 and fa4kernel); false: after the PV wait", kind="bool"),
     Knob("persistent", lambda p, k: _o_fits(p, k), "", "one CTA per SM looping over tiles (else one CTA per tile); "
          "default: where O gets its own smem buffer (fa4kernel)", kind="bool"),
+    Knob("tile_order", "fa4kernel", "", "the order the kernel hands out its Q tiles (fa4sim/tile_order.py): "
+         "fa4kernel's host table (L2 sections of heads, costliest first), flash-attn-4's LPT scheduler (2^k-head "
+         "sections, longest first), an ideal costliest-first order (lpt), or blockIdx order (index)",
+         kind="choice", choices=ORDERS),
     Knob("early_q_release", lambda p, k: k["intra_wg_overlap"] and consumer_warpgroups(k) == 2 and _o_fits(p, k),
          "", "the next tile's Q load waits only for this tile's last QK GEMM (each consumer hands Q back right "
          "after it; fa4kernel's default with 2 consumer warpgroups, intra-WG overlap and O in its own buffer); "

@@ -1,0 +1,89 @@
+"""fa4sim/tile_order.py and the kernel model's cold start: the model replays the kernels' own tile
+orders, and the first wave waits for its loads from HBM."""
+import pytest
+
+from fa4sim import hardware, simulate
+from fa4sim.errors import InputError
+from fa4sim.kernel_model import WorkUnit, cold_start_bytes, work_units
+from fa4sim.params import Problem
+from fa4sim.tile_order import (FA4_SECTION_BYTES, HOST_LIVE_WG_COST, HOST_TILE_OVERHEAD_BLOCKS,
+                               SECTION_FRACTION_OF_L2, TAIL_WAVES, host_estimate, host_table, tile_order)
+
+
+def test_host_constants_are_fa4kernels():
+    """The model's copy of fa4kernel's host-schedule constants (tile_order.py) must not drift."""
+    ts = pytest.importorskip("fa4kernel.tile_schedule")
+    assert HOST_TILE_OVERHEAD_BLOCKS == ts.TILE_OVERHEAD_BLOCKS
+    assert HOST_LIVE_WG_COST == ts.LIVE_WG_COST
+    assert SECTION_FRACTION_OF_L2 == ts.SECTION_FRACTION_OF_L2
+    assert TAIL_WAVES == ts.TAIL_WAVES
+
+
+@pytest.mark.parametrize("hd,seqlen,tile_m,tile_n,grid", [(256, 1024, 128, 64, 132), (128, 1024, 128, 128, 132),
+                                                          (64, 1000, 192, 128, 132), (128, 4096, 128, 128, 1e9)])
+def test_fa4kernel_order_and_table_match_the_kernels_host_schedule(hd, seqlen, tile_m, tile_n, grid):
+    """tile_order("fa4kernel") and host_table give fa4kernel.tile_schedule.make_schedule's rows
+    (causal; persistent with 132 CTAs, or one CTA per tile)."""
+    ts = pytest.importorskip("fa4kernel.tile_schedule")
+    b, h, l2 = 16384 // seqlen, 2048 // hd, 50 * 1024 * 1024
+    p = Problem(b, h, seqlen, seqlen, hd, True)
+    units = work_units(p, tile_m, tile_n)
+    grid = int(min(grid, b * h * len(units)))
+    cost = [ts.tile_cost(m, tile_m, tile_n, seqlen, seqlen) for m in range(len(units))]
+    order = tile_order("fa4kernel", b * h, cost, 2 * seqlen * hd * 2, l2, min(grid, 132), sorted_launch=True)
+    want = ts.make_schedule(b, h, seqlen, seqlen, hd, tile_m, tile_n, grid, l2 // 8, True, sms=132)
+    flat = [m + len(units) * hb for hb, m in order]
+    if grid >= len(flat):
+        assert [[t] for t in flat] == want
+    else:
+        est = [host_estimate(u.n_kv, tile_m // 64, -(-u.rows // 64)) for u in units]
+        assert est == pytest.approx(cost)
+        rows = [[flat[i] for i in r] for r in host_table(order, est, grid)]
+        assert rows == want
+
+
+def test_flash_attn_4_order_is_longest_first_in_power_of_two_head_sections():
+    """flash-attn-4's SingleTileLPTScheduler: 3 heads of 2 MB K+V -> 50 MiB holds 25 -> sections of
+    16 (here all 3 heads: one section); Q tiles from the last down, heads inner."""
+    order = tile_order("flash-attn-4", 3, [1.0, 2.0], 2e6, 0, 132, sorted_launch=True)
+    assert order == [(0, 1), (1, 1), (2, 1), (0, 0), (1, 0), (2, 0)]
+    # heads of 20 MiB: 2 per section (50 MiB // 20 MiB = 2), 3 heads -> sections {0, 1}, {2}
+    order = tile_order("flash-attn-4", 3, [1.0, 2.0], FA4_SECTION_BYTES / 2.5, 0, 132, sorted_launch=True)
+    assert order == [(0, 1), (1, 1), (0, 0), (1, 0), (2, 1), (2, 0)]
+    # not causal and not persistent: blockIdx order
+    assert tile_order("flash-attn-4", 2, [1.0, 1.0], 2e6, 0, 132, sorted_launch=False) == [(0, 0), (0, 1), (1, 0), (1, 1)]
+
+
+def test_cold_start_bytes_count_each_heads_first_block_once():
+    """Non-causal tiles of one head all start at the same (last) KV block: one K+V block per head.
+    Causal tiles start at their own diagonal: one per tile."""
+    p = Problem(1, 2, 256, 256, 128, False)
+    wave = [(hb, WorkUnit(2, 0, 128)) for hb in range(2) for _ in range(2)]
+    q, kv = 4 * 128 * 128 * 2, 2 * (2 * 128 * 128 * 2)
+    assert cold_start_bytes(p, wave, 128, 128) == q + kv
+    pc = Problem(1, 2, 256, 256, 128, True)
+    wave = [(hb, WorkUnit(n, 1, 128)) for hb in range(2) for n in (1, 2)]
+    assert cold_start_bytes(pc, wave, 128, 128) == q + 4 * (2 * 128 * 128 * 2)
+
+
+def test_cold_start_takes_the_first_waves_bytes_at_hbm_bandwidth():
+    hw = hardware.load("h100-measured")
+    p = Problem(16, 8, 1024, 1024, 256, True)
+    r = simulate(hw, "fa3", p, {"tile_n": 64, "persistent": False})
+    # 132 Q tiles of 128 x 256 and 132 distinct diagonal K+V blocks of 64 x 256, bf16
+    b = 132 * 128 * 256 * 2 + 132 * 2 * 64 * 256 * 2
+    assert r.kernel.cold_start_us == pytest.approx(b / (hw.hbm_bandwidth_tbps * 1e6))
+    fast = simulate(hw.with_values(hbm_bandwidth_tbps=2 * hw.hbm_bandwidth_tbps), "fa3", p,
+                    {"tile_n": 64, "persistent": False})
+    assert fast.kernel.cold_start_us == pytest.approx(r.kernel.cold_start_us / 2)
+    assert fast.time_us < r.time_us
+
+
+def test_tile_order_knob_changes_the_tail_and_rejects_unknown_orders():
+    hw = hardware.load("h100-measured")
+    p = Problem(16, 8, 1024, 1024, 256, True)
+    lpt = simulate(hw, "fa3", p, {"tile_n": 64, "persistent": False, "tile_order": "lpt"})
+    ours = simulate(hw, "fa3", p, {"tile_n": 64, "persistent": False, "tile_order": "fa4kernel"})
+    assert lpt.time_us < ours.time_us  # L2 sections trade some balance for L2 hits
+    with pytest.raises(InputError, match="tile_order"):
+        simulate(hw, "fa3", p, {"tile_order": "random"})
