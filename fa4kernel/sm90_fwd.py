@@ -856,17 +856,23 @@ class FlashFwdSm90:
         if const_expr(self.early_q_release):
             # the last block is peeled: it hands Q back as soon as its QK GEMM is done, so the
             # next tile's Q loads behind this tile's last softmax, PV and epilogue
-            for i in cutlass.range(n_plain - 1, unroll=1):
-                kv_state = self._block_overlap(ctx, kv_state, n_block_max - 2 - n_masked_extra - i, False,
-                                               tr, 1 + n_masked_extra + i)
+            # the unmasked blocks n_plain - 1 .. 1 (block 0 is peeled below). A countdown on
+            # n_block tested against a constant: with cutlass.range the trip count
+            # (max(n, 2) - 2) was recomputed in every iteration.
+            n_block = n_plain - 1
+            while n_block > 0:
+                kv_state = self._block_overlap(ctx, kv_state, n_block, False, tr, n_block_max - 1 - n_block)
+                n_block -= 1
             if n_plain > 0:
                 kv_state = self._block_overlap(ctx, kv_state, 0, False, tr, n_block_max - 1, (pipe_q, q_state))
             elif n_block_max > 1:
                 pipe_q.consumer_release(q_state)
         else:
-            for i in cutlass.range(n_plain, unroll=1):
-                kv_state = self._block_overlap(ctx, kv_state, n_block_max - 2 - n_masked_extra - i, False,
-                                               tr, 1 + n_masked_extra + i)
+            # the unmasked blocks n_plain - 1 .. 0, counted down (see above)
+            n_block = n_plain
+            while n_block > 0:
+                n_block -= 1
+                kv_state = self._block_overlap(ctx, kv_state, n_block, False, tr, n_block_max - 1 - n_block)
             if const_expr(self.separate_o):
                 pipe_q.consumer_release(q_state)  # all QK GEMMs of this tile are done
         # last PV
