@@ -28,7 +28,7 @@ import cutlass.pipeline as pipeline
 import cutlass.memory as cutlass_memory
 import cutlass.utils.hopper_helpers as sm90_helpers
 from cutlass import Float32, Int32, const_expr
-from cutlass.cute.nvgpu import cpasync, warpgroup
+from cutlass.cute.nvgpu import cpasync, tcgen05, warpgroup
 from cutlass.tensor_utils import LayoutEnum
 
 from .config import KernelConfig
@@ -75,6 +75,20 @@ def _smem_layout(dtype, rows: int, cols: int, stages=None):
     shape = (rows, cols) if stages is None else (rows, cols, stages)
     order = (0, 1) if stages is None else (0, 1, 2)
     return cute.tile_to_shape(atom, shape, order=order)
+
+
+def _opaque_desc(frag: cute.Tensor) -> cute.Tensor:
+    """The same wgmma smem-descriptor fragment (same layout, same 64-bit base descriptor), its
+    base materialised here, once, before the tile and KV loops: each GEMM then only adds its
+    stage and k-step offsets. Built straight from the smem pointer (make_fragment), the base
+    (address >> 4, masked, OR'd with the layout bits) was rebuilt in every KV iteration.
+    The low word goes through make_warp_uniform (a shfl from lane 0), which the compilers
+    cannot re-derive from the pointer; it returns the value unchanged: the descriptor is the
+    same in every lane of a warp (K, V: the whole CTA; Q: the warpgroup's rows)."""
+    desc = tcgen05.smem_descriptor_to_int(frag.iterator)
+    lo = cute.arch.make_warp_uniform(Int32(desc & 0xFFFFFFFF))
+    desc = (desc & ~0xFFFFFFFF) | (cutlass.Int64(lo) & 0xFFFFFFFF)
+    return cute.make_tensor(tcgen05.int_to_smem_descriptor(desc), frag.layout)
 
 
 def _transpose_view(t: cute.Tensor) -> cute.Tensor:
@@ -706,6 +720,7 @@ class FlashFwdSm90:
         tSrK = wg_mma_qk.make_fragment_B(wg_mma_qk.partition_B(sK))
         sVt = _transpose_view(sV)
         tOrVt = wg_mma_pv.make_fragment_B(wg_mma_pv.partition_B(sVt))
+        tSrQ, tSrK, tOrVt = [_opaque_desc(t) for t in (tSrQ, tSrK, tOrVt)]
         s_shape = wg_mma_qk.partition_shape_C((self.tile_m, self.tile_n))
         acc_O = cute.make_rmem_tensor(wg_mma_pv.partition_shape_C((self.tile_m, self.hd)), Float32)
 
@@ -882,17 +897,23 @@ class FlashFwdSm90:
         if const_expr(self.early_q_release):
             # the last block is peeled: it hands Q back as soon as its QK GEMM is done, so the
             # next tile's Q loads behind this tile's last softmax, PV and epilogue
-            for i in cutlass.range(n_plain - 1, unroll=1):
-                kv_state = self._block_overlap(ctx, kv_state, n_block_max - 2 - n_masked_extra - i, False,
-                                               tr, 1 + n_masked_extra + i)
+            # the unmasked blocks n_plain - 1 .. 1 (block 0 is peeled below). A countdown on
+            # n_block tested against a constant: with cutlass.range the trip count
+            # (max(n, 2) - 2) was recomputed in every iteration.
+            n_block = n_plain - 1
+            while n_block > 0:
+                kv_state = self._block_overlap(ctx, kv_state, n_block, False, tr, n_block_max - 1 - n_block)
+                n_block -= 1
             if n_plain > 0:
                 kv_state = self._block_overlap(ctx, kv_state, 0, False, tr, n_block_max - 1, (pipe_q, q_state))
             elif n_block_max > 1:
                 pipe_q.consumer_release(q_state)
         else:
-            for i in cutlass.range(n_plain, unroll=1):
-                kv_state = self._block_overlap(ctx, kv_state, n_block_max - 2 - n_masked_extra - i, False,
-                                               tr, 1 + n_masked_extra + i)
+            # the unmasked blocks n_plain - 1 .. 0, counted down (see above)
+            n_block = n_plain
+            while n_block > 0:
+                n_block -= 1
+                kv_state = self._block_overlap(ctx, kv_state, n_block, False, tr, n_block_max - 1 - n_block)
             if const_expr(self.separate_o):
                 pipe_q.consumer_release(q_state)  # all QK GEMMs of this tile are done
         # last PV
