@@ -276,3 +276,21 @@ def test_causal_schedule_variants_match(max_ctas, section_bytes):
     finally:
         interface.MAX_CTAS, interface.L2_SECTION_BYTES = None, None
     assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_cta_log_build_logs_every_cta_and_still_computes_attention(causal):
+    """The CTA-log diagnostic build (benchmarks/cta_log_sm90.py): every CTA of a one-CTA-per-tile
+    launch writes its record, on a real SM, with end after start; the output is still attention."""
+    from fa4kernel.interface import attention_probed
+    from fa4kernel.trace import cta_log
+
+    q, k, v = _inputs(3, 1000, 1000, 2, 256)
+    out, st = attention_probed(q, k, v, causal=causal, cta_log=True)
+    torch.cuda.synchronize()
+    grid = 3 * 2 * 8  # 128-row tiles of 1000 rows
+    rows = cta_log(st.tolist(), grid)
+    assert sorted(r["cta"] for r in rows) == list(range(grid))
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    assert all(0 <= r["sm"] < sms and r["end_ns"] > r["start_ns"] and r["cycles"] > 0 for r in rows)
+    assert rel_err(out, reference(q, k, v, causal)[0]) < 1e-2

@@ -4,7 +4,8 @@
   (CTA start and end): same wgmma, MUFU and FMNMX counts, no spills
 - the skip-softmax build keeps the wgmma + TMA skeleton and drops the softmax (no FMNMX, only the
   epilogue's few MUFU)
-- neither is a user knob; fa4kernel.trace.header_clock turns a header into cycles / ns
+- the CTA-log build adds per-CTA stamps and the SM id outside the KV loop
+- none is a user knob; fa4kernel.trace.header_clock turns a header into cycles / ns
 """
 import pytest
 
@@ -63,3 +64,31 @@ def test_exp_before_pv_wait_build_moves_the_exp2s_only():
     for op in ("HGMMA", "MUFU.EX2", "FMNMX"):
         assert count(pinned, op) == count(plain, op), op
     assert count(pinned, "STL") == 0
+
+
+@pytest.mark.compile
+def test_cta_log_build_adds_stamps_outside_the_kv_loop():
+    """The CTA-log build (every CTA: SM id, start and end stamps) keeps the clock-probe build's
+    KV loop; its extra reads are one %smid and two more clock64 / globaltimer pairs."""
+    cfg = make_config("bfloat16", 256, True, False, {})
+    probe, log = sass(diagnostic_config(cfg)), sass(diagnostic_config(cfg, cta_log=True))
+    assert len(CLOCK_READ.findall(log)) == 4 and len(TIMER_READ.findall(log)) == 4
+    assert "SMID" in log and "SMID" not in probe
+    a, b = kv_loop(log), kv_loop(probe)
+    assert len(a) == len(b)  # ptxas may pick IMAD.MOV for IMAD somewhere; nothing is added
+    for op in ("HGMMA", "MUFU", "FMNMX", "FFMA", "SYNCS", "BAR"):
+        assert sum(o.startswith(op) for o in a) == sum(o.startswith(op) for o in b) > 0, op
+    with pytest.raises(ValueError, match="cta_log"):
+        diagnostic_config(cfg, clock_probe=False, cta_log=True)
+
+
+def test_cta_log_decode():
+    from fa4kernel.trace import cta_log
+    from fa4kernel.trace_layout import CTA_LOG_WORDS, TRACE_HEADER, TRACE_WORDS
+
+    words = [0] * TRACE_WORDS
+    for cta, (sm, g0, g1, c0, c1) in enumerate([(5, 1000, 3000, 10, 3610), (7, 1200, 2200, 50, 1850)]):
+        words[TRACE_HEADER + cta * CTA_LOG_WORDS:TRACE_HEADER + (cta + 1) * CTA_LOG_WORDS] = [sm, g0, g1, c0, c1, 1]
+    rows = cta_log(words, grid=3)  # CTA 2 never wrote: dropped, not a zero row
+    assert rows == [{"cta": 0, "sm": 5, "start_ns": 0, "end_ns": 2000, "cycles": 3600},
+                    {"cta": 1, "sm": 7, "start_ns": 200, "end_ns": 1200, "cycles": 1800}]
