@@ -76,7 +76,7 @@ def test_cta_log_build_adds_stamps_outside_the_kv_loop():
     assert "SMID" in log and "SMID" not in probe
     a, b = kv_loop(log), kv_loop(probe)
     assert len(a) == len(b)  # ptxas may pick IMAD.MOV for IMAD somewhere; nothing is added
-    for op in ("HGMMA", "MUFU", "FMNMX", "FFMA", "SYNCS", "BAR"):
+    for op in ("HGMMA", "MUFU", "FMNMX", "FFMA", "SYNCS"):
         assert sum(o.startswith(op) for o in a) == sum(o.startswith(op) for o in b) > 0, op
     with pytest.raises(ValueError, match="cta_log"):
         diagnostic_config(cfg, clock_probe=False, cta_log=True)
