@@ -34,7 +34,12 @@ VARIANTS = [
 ]
 # short tiles (only with --only): the benchmark's 1k point, whose time goes to tile turnover
 SHORT = {"hd128_1k": (128, {}, dict(batch=16, seqlen_q=1024, seqlen_k=1024)),
-         "hd128_1k_late_q": (128, {"early_q_release": False}, dict(batch=16, seqlen_q=1024, seqlen_k=1024))}
+         "hd128_1k_late_q": (128, {"early_q_release": False}, dict(batch=16, seqlen_q=1024, seqlen_k=1024)),
+         # one CTA per tile, causal (the launch of benchmarks/cta_log_sm90.py): pick a CTA past the
+         # first wave with --cta, e.g. 600 (its tile comes from the host's table)
+         "hd256_1k_causal": (256, {}, dict(batch=16, heads=8, seqlen_q=1024, seqlen_k=1024, causal=True)),
+         "hd128_1k_causal_1cta": (128, {"persistent": False},
+                                  dict(batch=16, seqlen_q=1024, seqlen_k=1024, causal=True))}
 REL_ERR_MAX = 1e-2
 
 
