@@ -199,7 +199,7 @@ def test_cta_prologue_is_paid_once_per_cta():
     p = Problem(1, 1, 512, 1024, 128, False)
 
     def cycles(persistent, prologue):
-        return simulate(hw, "fa3", p, {"persistent": persistent, "cta_prologue_cycles": prologue}).cycles
+        return simulate(hw, "fa3", p, {"persistent": persistent, "cta_prologue_cycles": prologue, "hbm_busy": 0.0}).cycles
 
     assert cycles(True, 1000.0) - cycles(True, 0.0) == pytest.approx(1000.0)
     assert cycles(False, 1000.0) - cycles(False, 0.0) == pytest.approx(4000.0)

@@ -92,10 +92,14 @@ KNOBS = [
          "fa4kernel's trace build on H100, hd128 1k, warpgroup 1's normalise end -> next S issue at the traced "
          "CTA's tile boundaries, 433-461 cycles, median 434 (benchmarks/results/timeline_h100_2026-11-22/"
          "timeline_hd128_1k.json.gz; its stamps may add to it)", kind="float", minimum=0.0),
-    Knob("o_store_cycles", 1386.0, "cycles", "a tile's O store from its TMA issue to the bulk wait_group.read "
-         "returning (the smem read done): measured in fa4kernel's trace build on H100, 1287-1574 cycles over 20 "
-         "stores of 5 traces (hd128 128 x 128 and hd64 192 x 64 tiles), median 1386 (benchmarks/results/"
-         "timeline_h100_2026-11-22/*.json.gz, op ST)", kind="float", minimum=0.0),
+    Knob("o_store_cycles", lambda p, k: O_STORE_FIXED + k["tile_m"] * p.hdim * BYTES / O_STORE_BYTES_PER_CLK,
+         "cycles", "a tile's O store from its TMA issue to the bulk wait_group.read returning (the smem read "
+         "done): 480 + bytes / 36 per clock, from fa4kernel's trace build on H100 (O_STORE_* below)",
+         kind="float", minimum=0.0),
+    Knob("hbm_busy", None, "fraction", "share of HBM bandwidth the rest of the chip takes while a CTA loads "
+         "its Q tile (Q is read once, from HBM): the load gets the rest of the TMA rate. None = derived from "
+         "the launch (the kernel model's HBM bytes over its time, one refinement pass)",
+         kind="float_or_none", minimum=0.0, maximum=0.95),
     Knob("loop_overhead_fixed", 51.0, "warp-instr", "per consumer warp and KV block, the loop's instructions "
          "besides the softmax phases that do not scale with the GEMMs (pipeline waits and arrives, barriers, loop "
          "control, row statistics, partial-sum merges): they take SM issue slots the other warpgroups' softmax "
@@ -120,6 +124,13 @@ KNOBS = [
 # flash-attn-4 4.0.0b36 (compiled for sm_90a on a CPU): 420 / 457 / 429 (hd 256 with tile_n 80),
 # 60 + 2.5 per k-step. Charged as SM issue slots where they are issued: per k-step inside the QK / PV
 # ops, the fixed part with the row max.
+# O store (knob o_store_cycles), from fa4kernel's trace build on H100 (op ST: TMA issue -> bulk
+# wait_group.read done): 32 KB tiles (hd128, 128 rows) 1290-1422 cycles over 16 stores of 4 traces,
+# median 1390; 64 KB (hd256, 128 rows, one CTA per tile, 1k causal) 2293 / 2307 (two CTAs):
+# 480 + bytes / 36 per clock. (hd64's 24 KB 192-row tiles took 1540-1574, which this puts at 1163:
+# not explained.) benchmarks/results/timeline_h100_2026-11-22/timeline_*.json.gz
+O_STORE_FIXED = 480.0
+O_STORE_BYTES_PER_CLK = 36.0
 PRODUCER_REGS = {2: 24, 3: 32}  # setmaxnreg of the producer WG (fa4-schedules.md)
 SMEM_CAPACITY = 232448          # 227 KB per CTA on SM90 (the profiles' smem_capacity_bytes)
 REG_OVERHEAD = 32               # addresses, loop state, row max/sum: an estimate
@@ -210,8 +221,12 @@ def build(hw, p: Problem, k: dict, n_kv: int, masked_blocks: int) -> Schedule:
     edges: list[Edge] = []
 
     kv = n * d * BYTES / hw.tma_bytes_per_clk
-    ops += [Op("LQ", "load", (("tma", k["tile_m"] * d * BYTES / hw.tma_bytes_per_clk),), hw.hbm_latency, "load",
-               asynchronous=True, issue_cycles=1, when="first", label="TMA Q tile"),
+    # Q is read once per tile, from HBM: its bytes get the TMA rate the rest of the chip leaves
+    # (trace, hd256 1k causal, one CTA per tile: Q issue -> first S GEMM 2980 cycles for 64 KB,
+    # 2040 for 32 KB at hd128, where one SM alone loads 64 KB from HBM in 1513)
+    q_rate = hw.tma_bytes_per_clk * (1.0 - (k.get("hbm_busy") or 0.0))
+    ops += [Op("LQ", "load", (("tma", k["tile_m"] * d * BYTES / q_rate),), hw.hbm_latency, "load",
+               asynchronous=True, issue_cycles=1, when="first", label="TMA Q tile (HBM)"),
             Op("LK", "load", (("tma", kv),), hw.l2_latency, "load", asynchronous=True, issue_cycles=1, label="TMA K block"),
             Op("LV", "load", (("tma", kv),), hw.l2_latency, "load", asynchronous=True, issue_cycles=1, label="TMA V block")]
 
