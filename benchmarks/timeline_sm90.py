@@ -36,7 +36,8 @@ VARIANTS = [
 SHORT = {"hd128_1k": (128, {}, dict(batch=16, seqlen_q=1024, seqlen_k=1024)),
          "hd128_1k_late_q": (128, {"early_q_release": False}, dict(batch=16, seqlen_q=1024, seqlen_k=1024)),
          # one CTA per tile, causal (the launch of benchmarks/cta_log_sm90.py): pick a CTA past the
-         # first wave with --cta, e.g. 600 (its tile comes from the host's table)
+         # first wave with --cta, e.g. 600 (its tile comes from the host's table); recorded as
+         # benchmarks/results/tile_traces_h100_2026-11-22/ (tile ends, not a steady-state overlay)
          "hd256_1k_causal": (256, {}, dict(batch=16, heads=8, seqlen_q=1024, seqlen_k=1024, causal=True)),
          "hd128_1k_causal_1cta": (128, {"persistent": False},
                                   dict(batch=16, seqlen_q=1024, seqlen_k=1024, causal=True))}

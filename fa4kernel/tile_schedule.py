@@ -16,7 +16,7 @@ longest-first over all heads 286 / 274 / 277; sections of 48 MiB of K/V 417 / 28
 12.5 MiB 475 / 301 / 432, of 6 MiB 477 / 297 / 442 (benchmarks/results/causal_h100_2026-11-22.json).
 
 The order here: (batch, head) pairs grouped into sections whose K + V take at most
-`section_bytes` (default an eighth of L2: the section's K/V stays resident beside the Q and O
+`section_bytes` (default a sixteenth of L2: the section's K/V stays resident beside the Q and O
 tiles streaming past and the neighbouring sections' loads), costliest tile first within a
 section, the last section at least TAIL_WAVES x grid tiles. The assignment: list scheduling, as a
 dynamic tile scheduler would do it: each tile in that order goes to the CTA that is predicted to
@@ -40,10 +40,14 @@ TILE_OVERHEAD_BLOCKS = 0.8
 # 16 tiles of 32 KV blocks; benchmarks/results/idle_wg_h100_2026-11-22.json): 1 of 3 live 0.59
 # (hd64) / 0.61 (hd96), 2 of 3 0.85 / 0.79, 1 of 2 0.80 (hd128) / 0.71 (hd64); the means here.
 LIVE_WG_COST = {(3, 1): 0.60, (3, 2): 0.82, (2, 1): 0.75}
-SECTION_FRACTION_OF_L2 = 8  # section_bytes = L2 size / 8
-# the last section holds at least this many waves of tiles (predicted imbalance <= 2 % over
-# hdim {64, 128, 256} x seqlen 1k..16k with 132 CTAs; 12 % without, at hd256)
-TAIL_WAVES = 3
+# section_bytes = L2 size / 16, and the last section holds at least 2 waves of tiles. Measured
+# (H100, same-run A/B over the benchmark's scheduled launches, benchmarks/results/
+# ab_tile_table_h100_2026-11-22/): against the earlier L2 / 8 and 3 waves, hd256 1k causal +3.7 %,
+# hd128 1k causal +2.7 %, hd256 4k causal +0.7 %, the others within -0.7..+0.1 %; longer last
+# sections (5, 8 waves) lost 4-40 % (their heads' K/V no longer stay in L2). Without a merged last
+# section the tail is unbalanced (predicted 12 % at hd256 with 132 CTAs).
+SECTION_FRACTION_OF_L2 = 16
+TAIL_WAVES = 2
 
 
 def kv_blocks(m_block: int, tile_m: int, tile_n: int, seqlen_q: int, seqlen_k: int,

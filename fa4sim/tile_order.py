@@ -8,9 +8,9 @@ Orders (the fa3 schedule's knob `tile_order`):
   lpt           costliest first over all tiles, as an ideal scheduler would (causal or persistent
                 launches; others in launch-index order)
   fa4kernel     fa4kernel's host table (fa4kernel/tile_schedule.py) for causal or persistent
-                launches: heads grouped into sections whose K + V fit in an eighth of L2, costliest
-                first within a section (equal costs head by head), the last section at least 3
-                waves long; otherwise launch-index order
+                launches: heads grouped into sections whose K + V fit in a sixteenth of L2,
+                costliest first within a section (equal costs head by head), the last section at
+                least 2 waves long; otherwise launch-index order
   flash-attn-4  flash-attn-4 SM90's SingleTileLPTScheduler for causal launches: sections of 2^k
                 heads whose K + V fit in 50 MiB, Q tiles from the last (longest) down, heads inner;
                 otherwise launch-index order (SingleTileScheduler)
@@ -27,8 +27,8 @@ from __future__ import annotations
 import heapq
 
 ORDERS = ("fa4kernel", "flash-attn-4", "lpt", "index")
-SECTION_FRACTION_OF_L2 = 8    # fa4kernel: section = L2 / 8 of K + V
-TAIL_WAVES = 3                # fa4kernel: the last section holds >= 3 waves of tiles
+SECTION_FRACTION_OF_L2 = 16   # fa4kernel: section = L2 / 16 of K + V
+TAIL_WAVES = 2                # fa4kernel: the last section holds >= 2 waves of tiles
 FA4_SECTION_BYTES = 50 * 1024 * 1024  # flash-attn-4: heads per section = 2^floor(log2(50 MiB / head))
 # fa4kernel's host estimate of a tile (fa4kernel/tile_schedule.py: tile_cost, TILE_OVERHEAD_BLOCKS,
 # LIVE_WG_COST; tests/test_sim_tile_order.py checks these against it): KV blocks x the share of a

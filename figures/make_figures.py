@@ -246,14 +246,16 @@ def fig_validation():
     """Predicted vs measured for every recorded SM90 benchmark (fa4sim validate --plot)."""
     from fa4sim import validate
 
-    names = []
-    for path in sorted(glob.glob(os.path.join(RESULTS, "sm90_fwd_*.json"))):
+    newest = {}  # one figure per device: its newest recorded benchmark
+    for path in glob.glob(os.path.join(RESULTS, "sm90_fwd_*.json")):
         doc = validate.load(path)
         device = doc["meta"].get("device", "")
         tag = "h200" if "H200" in device else "h100" if "H100" in device else os.path.basename(path)[9:-5]
+        if tag not in newest or str(doc["meta"].get("date", "")) > str(newest[tag]["meta"].get("date", "")):
+            newest[tag] = doc
+    for tag, doc in sorted(newest.items()):
         validate.plot(validate.compare(doc), out(f"validation_{tag}.png"))
-        names.append(f"validation_{tag}.png")
-    return ", ".join(names) or "(no recorded benchmark: no validation figure)"
+    return ", ".join(f"validation_{t}.png" for t in sorted(newest)) or "(no recorded benchmark: no validation figure)"
 
 
 def fig_timeline_overlays():

@@ -31,7 +31,7 @@ def test_fa4kernel_order_and_table_match_the_kernels_host_schedule(hd, seqlen, t
     grid = int(min(grid, b * h * len(units)))
     cost = [ts.tile_cost(m, tile_m, tile_n, seqlen, seqlen) for m in range(len(units))]
     order = tile_order("fa4kernel", b * h, cost, 2 * seqlen * hd * 2, l2, min(grid, 132), sorted_launch=True)
-    want = ts.make_schedule(b, h, seqlen, seqlen, hd, tile_m, tile_n, grid, l2 // 8, True, sms=132)
+    want = ts.make_schedule(b, h, seqlen, seqlen, hd, tile_m, tile_n, grid, l2 // ts.SECTION_FRACTION_OF_L2, True, sms=132)
     flat = [m + len(units) * hb for hb, m in order]
     if grid >= len(flat):
         assert [[t] for t in flat] == want

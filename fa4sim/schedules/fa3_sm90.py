@@ -128,7 +128,8 @@ KNOBS = [
 # wait_group.read done): 32 KB tiles (hd128, 128 rows) 1290-1422 cycles over 16 stores of 4 traces,
 # median 1390; 64 KB (hd256, 128 rows, one CTA per tile, 1k causal) 2293 / 2307 (two CTAs):
 # 480 + bytes / 36 per clock. (hd64's 24 KB 192-row tiles took 1540-1574, which this puts at 1163:
-# not explained.) benchmarks/results/timeline_h100_2026-11-22/timeline_*.json.gz
+# not explained.) benchmarks/results/timeline_h100_2026-11-22/timeline_*.json.gz (32 KB, 24 KB) and
+# benchmarks/results/tile_traces_h100_2026-11-22/hd256_1k_causal_cta*.json.gz (64 KB)
 O_STORE_FIXED = 480.0
 O_STORE_BYTES_PER_CLK = 36.0
 PRODUCER_REGS = {2: 24, 3: 32}  # setmaxnreg of the producer WG (fa4-schedules.md)
