@@ -161,3 +161,16 @@ def test_kv_loop_length_matches_the_models_instruction_count(hd):
     modelled = sum(dict(o.uses).get("issue", 0.0) * hw.issue_per_clk / 4
                    for o in sched.ops if o.role == "wg0" and o.when == "all")
     assert abs(len(loop) - modelled) <= 0.05 * len(loop), (len(loop), modelled)
+
+
+@pytest.mark.parametrize("hd", [64, 128])
+def test_tau_test_instructions_match_the_models_count(hd):
+    """Conditional rescaling adds its test to every KV block (compares, a vote, a branch, the scale's
+    select) whether or not a rescale is skipped; fa4sim charges TAU_TEST_INSTR of them per warp
+    and block (fa3_sm90.py). Keep the count within 2 of the SASS."""
+    from fa4sim.schedules.fa3_sm90 import TAU_TEST_INSTR
+
+    plain = kv_loop(sass(head_dim=hd))
+    tau = kv_loop(sass(head_dim=hd, rescale_threshold=8.0))
+    assert "VOTE" in {o.split(".")[0] for o in tau} and "VOTE" not in {o.split(".")[0] for o in plain}
+    assert abs((len(tau) - len(plain)) - TAU_TEST_INSTR) <= 2, (len(tau), len(plain))

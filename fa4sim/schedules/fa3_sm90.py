@@ -132,6 +132,10 @@ KNOBS = [
 # benchmarks/results/tile_traces_h100_2026-11-22/hd256_1k_causal_cta*.json.gz (64 KB)
 O_STORE_FIXED = 480.0
 O_STORE_BYTES_PER_CLK = 36.0
+# rescale_threshold's test in the KV loop: fa4kernel's SASS (CUDA 13.0 ptxas) with tau = 8 has
+# 12 / 12 / 13 more instructions per warp and block than without (hd64 / 128 / 256: FSETP +4,
+# VOTE +1, BRA +1, FSEL +2, and the scale's FMUL/FADD +2 each); flash-attn-4's is not counted
+TAU_TEST_INSTR = 12.0
 PRODUCER_REGS = {2: 24, 3: 32}  # setmaxnreg of the producer WG (fa4-schedules.md)
 SMEM_CAPACITY = 232448          # 227 KB per CTA on SM90 (the profiles' smem_capacity_bytes)
 REG_OVERHEAD = 32               # addresses, loop state, row max/sum: an estimate
@@ -237,7 +241,11 @@ def build(hw, p: Problem, k: dict, n_kv: int, masked_blocks: int) -> Schedule:
     # descriptor math); the fixed part with the row max, around which the waits, barriers and row
     # statistics sit
     per_kstep = 4 * k["loop_overhead_per_kstep"] / hw.issue_per_clk
-    fixed = 4 * k["loop_overhead_fixed"] / hw.issue_per_clk
+    # conditional rescaling's own test: per block, the rows' max-change compares, a warp vote, the
+    # branch around the rescale and the scale's select (TAU_TEST_INSTR): instructions it adds
+    # whether or not a rescale is skipped
+    tau_test = TAU_TEST_INSTR if k["rescale_threshold"] is not None else 0.0
+    fixed = 4 * (k["loop_overhead_fixed"] + tau_test) / hw.issue_per_clk
     for w in range(W):
         r = f"wg{w}"
         ops.append(Op(f"TS{w}", r, (), k["tile_prologue_cycles"], "sync", when="first",
