@@ -134,13 +134,13 @@ def kernel_time(p: Problem, hw, units: list[WorkUnit], cost_of, tile_n: int,
     slots = hw.num_sms // (2 if two_cta else 1)
     tiles = tile_order(order, n_hb, [c[0] for c in costs], kv_head, hw.l2_bytes, slots,
                        sorted_launch=persistent or p.causal)
+    rows = rows or max(u.rows for u in units)
     wave = [(hb, units[m]) for hb, m in tiles[:slots]]
-    cold_b = cold_start_bytes(p, wave, rows or max(u.rows for u in units), tile_n)
-    cold_cycles = cold_b / (hw.hbm_bandwidth_tbps * 1e12) * hw.clock_ghz * 1e9
+    cold_cycles = cold_start_bytes(p, wave, rows, tile_n) / (hw.hbm_bandwidth_tbps * 1e12) * hw.clock_ghz * 1e9
     if persistent and order == "fa4kernel":
         # the host fixed each CTA's tiles before the launch, by its own estimate
-        wgs = max(1, (rows or max(u.rows for u in units)) // 64)
-        est = [host_estimate(u.n_kv, wgs, -(-(u.rows or rows or 64) // 64)) for u in units]
+        wgs = max(1, rows // 64)
+        est = [host_estimate(u.n_kv, wgs, -(-(u.rows or rows) // 64)) for u in units]
         table = host_table(tiles, est, slots)
         loads = [cold_cycles + costs[tiles[r[0]][1]][0] + sum(costs[tiles[i][1]][1] for i in r[1:]) for r in table]
         slowest = max(range(len(table)), key=loads.__getitem__)
