@@ -154,7 +154,7 @@ def cmd_validate(a) -> int:
         result = validate.compare_idle_wg(doc, a.hw)
         print(json.dumps(result, indent=1) if a.json else validate.report_idle_wg(result))
         return 0
-    result = validate.compare(doc, a.hw, a.at_profile_clock)
+    result = validate.compare(doc, a.hw, a.at_profile_clock, a.pv_wait)
     if a.plot:
         validate.plot(result, a.plot)
     if a.json:
@@ -218,6 +218,10 @@ def build_parser() -> argparse.ArgumentParser:
     va.add_argument("--at-profile-clock", action="store_true",
                     help="predict at the profile's clock_ghz even where the benchmark recorded the in-kernel "
                          "clock of the point (default: at that measured clock, so the error is the cycle model's)")
+    va.add_argument("--pv-wait", choices=("model", "sass"), default="model",
+                    help="where each build waits for the previous block's PV GEMM: 'model' = the whole row max "
+                         "before the wait, the exp2s and row sum after (the default, validated); 'sass' = "
+                         "where ptxas put it in that build (fa4sim/schedules/pv_wait_sm90.py), a what-if")
     va.add_argument("--json", action="store_true")
     va.set_defaults(func=cmd_validate)
     return top

@@ -69,6 +69,9 @@ class Op:
     when: str = "all"
     label: str = ""
     chunks: int = 1  # served in this many equal pieces (see the module docstring)
+    # (unit, factor) pairs: this op's own rate on `unit` while the interfering unit is busy,
+    # instead of the schedule's `interference` factor (a dense stream is slowed less than a mix)
+    slowed: tuple[tuple[str, float], ...] = ()
 
     @property
     def occupancy(self) -> float:
@@ -302,6 +305,7 @@ def simulate(schedule: Schedule, tiles: Sequence[int]) -> Trace:
                 cycles *= share
                 if unit in slowdown:
                     cause, factor = slowdown[unit]
+                    factor = dict(op.slowed).get(unit, factor)
                     if max(units[cause].free) > max(now, units[unit].free[0]):
                         cycles /= factor
                 s, e = units[unit].reserve(now, cycles)

@@ -28,6 +28,8 @@ PARAMS: dict[str, tuple[str, str]] = {
     "warp_issue_ipc": ("instr/clk/warp", "what one warp issues per clock on a softmax-like mix, one warp of its role per scheduler"),
     "issue_under_mma": ("fraction", "share of the SM's issue rate left to other warps while the tensor core executes"),
     "warp_issue_under_mma": ("fraction", "a warp's own issue rate while the tensor core executes, relative to idle"),
+    "dense_issue_under_mma": ("fraction", "share of the SM's issue rate a burst of independent FP32 instructions "
+                              "(the O rescale's FMULs) gets while the tensor core executes"),
     "mufu_under_mma": ("fraction", "MUFU throughput while the tensor core executes, relative to idle"),
     "smem_bytes_per_clk": ("B/clk/SM", "shared-memory bandwidth (MMA operands, STS/LDS)"),
     "smem_capacity_bytes": ("B", "max dynamic shared memory per CTA"),

@@ -27,6 +27,7 @@ from pathlib import Path
 from . import hardware
 from .errors import InputError
 from .model import simulate
+from .schedules.pv_wait_sm90 import fractions as pv_wait_fractions
 from .params import Problem, resolve
 from .schedules import fa3_sm90
 
@@ -39,6 +40,17 @@ PEER_KNOBS = {"persistent": False, "loop_overhead_fixed": 60.0, "loop_overhead_p
 KNOB_NAMES = {"tile_m", "tile_n", "kv_stages", "pingpong", "intra_wg_overlap", "p_in_registers",
               "exp_emulation", "rescale_threshold", "rescale_before_pv", "early_q_release",
               "defer_o_store_wait"}
+
+
+PV_WAIT = ("model", "sass")
+
+
+def compiled_pv_wait(kernel: str, problem: Problem, knobs: dict) -> dict:
+    """The knobs max/fma/mufu_before_pv for where `kernel`'s compiled loop waits for the previous
+    block's PV GEMM (fa4sim/schedules/pv_wait_sm90.py; its default build where the variant is not
+    in the table)."""
+    frac = pv_wait_fractions(kernel, problem.hdim, problem.causal, knobs)
+    return {f"{pipe}_before_pv": v for pipe, v in frac.items()}
 
 
 def profile_for(device: str) -> str:
@@ -118,7 +130,11 @@ def load(path: str) -> dict:
     return doc
 
 
-def compare(doc: dict, hw: str | None = None, at_profile_clock: bool = False) -> dict:
+def compare(doc: dict, hw: str | None = None, at_profile_clock: bool = False, pv_wait: str = "model") -> dict:
+    """pv_wait='sass': every build with the PV wait where ptxas put it (a what-if: the model's
+    default is the order it was validated with, the whole row max before the wait, the rest after)."""
+    if pv_wait not in PV_WAIT:
+        raise InputError("pv_wait", f"must be one of {', '.join(PV_WAIT)}, got {pv_wait!r}")
     hw = hw or profile_for(doc["meta"].get("device", ""))
     rows = []
     for p in expand(doc["points"]):
@@ -129,6 +145,8 @@ def compare(doc: dict, hw: str | None = None, at_profile_clock: bool = False) ->
             if impl not in SIMULATED or "tflops" not in res:
                 continue
             knobs = kernel_knobs(p) if impl == "fa4kernel" else dict(PEER_KNOBS)
+            if pv_wait == "sass":
+                knobs.update(compiled_pv_wait(impl, problem, knobs))
             try:
                 r = simulate(hw, "fa3", problem, {**knobs, **({"clock_ghz": clock} if clock else {})})
                 sim, err = r.tflops, (r.tflops - res["tflops"]) / res["tflops"]
@@ -203,8 +221,8 @@ def compare_intervals(doc: dict, hw: str | None = None) -> dict:
             continue
         b = next((x for x in rows if x["variant"] == "default" and x["hdim"] == r["hdim"]
                   and x["n_ctas"] == r["n_ctas"] and x["pattern"] == "shared"), None)
-        if b is None:
-            continue
+        if b is None or not b["predicted_cycles"] or not r["predicted_cycles"]:
+            continue  # no periodic regime found in the simulated blocks: no interval to compare
         # as a change of throughput (cycles per key down = faster), like the TFLOP/s deltas; per
         # key, not per block, so a variant with another tile_n compares fairly
         keys = r["knobs"]["tile_n"] / b["knobs"]["tile_n"]
@@ -271,8 +289,10 @@ def report_intervals(result: dict) -> str:
              "(clock-probe build; 'own' = every CTA its own K/V, from HBM: a chip-level limit)"]
     lines.append(f"{'hd':>4s} {'CTAs':>5s} {'K/V':>6s} {'variant':24s} {'measured':>9s} {'predicted':>9s} {'error':>7s}")
     for r in result["intervals"]:
+        pred = (f"{r['predicted_cycles']:9.0f} {r['error']:+7.1%}" if r["predicted_cycles"]
+                else f"{'no period':>9s} {'':>7s}")  # the simulated blocks never settled
         lines.append(f"{r['hdim']:4d} {r['n_ctas']:5d} {r['pattern']:>6s} {r['variant']:24s} {r['measured_cycles']:9.0f} "
-                     f"{r['predicted_cycles']:9.0f} {r['error']:+7.1%}")
+                     + pred)
     if s["median_abs_error"] is not None:
         lines.append(f"shared K/V: median |error| {s['median_abs_error']:.1%}, max {s['max_abs_error']:.1%} over {s['points']} points")
     if result["knob_deltas"]:

@@ -165,9 +165,11 @@ kit.gantt(simulate("h100", "fa3", hd64, {"pingpong": False}), iterations=5,
 # - the **clock**: 1.79 GHz inside the attention kernel during our short timed runs (measured
 #   with clock64 against globaltimer), close to the rated 1.83; sustained for a second under
 #   wgmma + softmax load it falls to 1.555 GHz (power cap);
-# - **contention**: while a wgmma runs, the softmax warps beside it issue at about half their
-#   rate and the MUFU at 75 % (on Hopper the accumulator lives in the register file the softmax
-#   also uses; `issue_under_mma`, `warp_issue_under_mma`, `mufu_under_mma`);
+# - **contention**: while a wgmma runs, the warps beside it issue at about half their own rate
+#   (a softmax-like mix and plain FMUL bursts alike) and the MUFU at 75 % (on Hopper the
+#   accumulator lives in the register file the softmax also uses; `issue_under_mma` for the
+#   softmax, `dense_issue_under_mma` for the O rescale's FMUL bursts, `warp_issue_under_mma`,
+#   `mufu_under_mma`);
 # - a **warp's own issue rate** on a softmax-like instruction mix is 0.47 instructions per clock
 #   (`warp_issue_ipc`): one warp per scheduler cannot hide its own dependencies.
 #
@@ -178,10 +180,12 @@ kit.gantt(simulate("h100", "fa3", hd64, {"pingpong": False}), iterations=5,
 # hd128 and has hd64 run 3 % *faster* without it, while the real kernel loses 1-5 % at hd64 without
 # it (README, status table): a miss of the model to keep in mind.
 #
-# One row above is a known miss: at hd256 the model rescales O *before* the PV GEMM, as
-# flash-attn-4 and fa4kernel do there (knob `rescale_before_pv`), and the measured profile
-# charges that stream of multiplies at the softmax's slowed issue rate, so overlap off looks
-# faster. Measured, the real kernel gains 0.4-5 % from rescaling before PV (README, status table).
+# A known miss hides in the hd256 row: there the model rescales O *before* the PV GEMM, as
+# flash-attn-4 and fa4kernel do (knob `rescale_before_pv`), and even at the issue rate measured
+# for such bursts of multiplies beside a wgmma (benchmarks/calibrate/bench_bursts.py) it predicts
+# rescaling *after* PV to be ~5 % faster. Measured, the real kernel gains 0.4-5 % from rescaling
+# before PV (README, status table): it issues its loop beside its GEMMs faster than any code we
+# could benchmark does.
 #
 # ### Exercise 3.2: which mechanism costs the most?
 # At hd128, 8k, which of the three costs the most TFLOP/s on `h100-measured`: `"clock"`,
@@ -199,7 +203,8 @@ if biggest is None:
 # %%
 p128 = Problem(batch=2, heads=16, seqlen_q=8192, seqlen_k=8192, hdim=128)
 UNDO = {"clock": {"clock_ghz": 1.83},
-        "contention": {"issue_under_mma": 1, "warp_issue_under_mma": 1, "mufu_under_mma": 1},
+        "contention": {"issue_under_mma": 1, "dense_issue_under_mma": 1, "warp_issue_under_mma": 1,
+                       "mufu_under_mma": 1},
         "warp_ipc": {"warp_issue_ipc": 1}}
 base = simulate("h100-measured", "fa3", p128).tflops
 gains = {name: simulate("h100-measured", "fa3", p128, undo).tflops / base - 1 for name, undo in UNDO.items()}

@@ -99,3 +99,17 @@ def test_skip_first_edge_does_not_bind_a_tiles_first_iteration():
     # unbound: tile 0's b(0) at once, tile 1's b(0) right after the role's previous op b(2) (30 + 1)
     assert [x[2] for x in skipped if x[1] == 0] == [0, 31]
     assert [x[2] for x in skipped if x[1] > 0] == [x[2] for x in bound if x[1] > 0] == [20, 30, 50, 60]
+
+
+def test_interference_slows_a_unit_and_an_op_may_carry_its_own_factor():
+    """A piece on `issue` that starts while `tensor` is busy runs at the schedule's factor, or at
+    the op's own (`slowed`): a dense FP32 burst is slowed less than a softmax mix (bench_bursts)."""
+    def run(slowed):
+        ops = [Op("mma", "m", (("tensor", 1000),), asynchronous=True, issue_cycles=1),
+               Op("x", "r", (("issue", 100),), slowed=slowed)]
+        s = Schedule("t", {"tensor": 1, "issue": 1}, ["m", "r"], ops, [], marker="mma",
+                     interference={"issue": ("tensor", 0.25)})
+        return next(r for r in simulate(s, [1]).ops if r.name == "x")
+    assert run(()).end - run(()).start == pytest.approx(400)            # 100 / 0.25
+    assert run((("issue", 0.5),)).end == pytest.approx(200)             # 100 / 0.5
+    assert run((("other", 0.5),)).end == pytest.approx(400)             # a unit it does not use: no change

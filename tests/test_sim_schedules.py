@@ -315,3 +315,55 @@ def test_fa3_loop_bookkeeping_takes_issue_slots():
     t = [simulate("h100-measured", "fa3", p, {"loop_overhead_fixed": f, "loop_overhead_per_kstep": s}).interval
          for f, s in ((0.0, 0.0), (53.0, 4.4), (200.0, 10.0))]
     assert t[0] <= t[1] <= t[2] and t[0] < t[2]
+
+
+def test_fa3_o_rescale_issues_at_the_dense_burst_rate_beside_a_gemm():
+    """The O rescale is a burst of independent FMULs: beside a running wgmma it gets the issue rate
+    bench_bursts measured for such bursts (dense_issue_under_mma), not the softmax mix's
+    (issue_under_mma); the other softmax ops keep the mix's. A lower dense rate slows the loop."""
+    hw = hardware.load("h100-measured")
+    sched = build("h100-measured", "fa3", 256, False)
+    assert dict(sched.op("RESC0").slowed) == {"issue": hw.dense_issue_under_mma}
+    assert not sched.op("EXP0").slowed and not sched.op("MAX0").slowed
+    assert 0 < hw.dense_issue_under_mma <= 1 and hw.dense_issue_under_mma > hw.issue_under_mma
+    p = Problem(1, 1, 128, 8192, 256, False)
+    t = [simulate("h100-measured", "fa3", p, {"dense_issue_under_mma": v}).interval for v in (0.2, 0.381, 1.0)]
+    assert t[0] > t[1] >= t[2]
+
+
+def test_fa3_softmax_split_at_the_pv_wait_keeps_its_work():
+    """max/fma/mufu_before_pv split the softmax at the wait for the previous PV GEMM: the part
+    before it (EXA, and MAX) overlaps PV, the rest (EXP) waits; unit cycles are only moved,
+    never created or lost. The default (1, 0, 0) is the order the model was validated with."""
+    def total(sched, names):
+        out = collections.Counter()
+        for n in names:
+            if any(o.name == n for o in sched.ops):
+                out.update(dict(sched.op(n).uses))
+        return out
+    base = build("h100-measured", "fa3", 128, False)
+    assert not any(o.name == "EXA0" for o in base.ops)
+    split = build("h100-measured", "fa3", 128, False, max_before_pv=0.6, fma_before_pv=0.25, mufu_before_pv=0.1)
+    names = ("MAX0", "EXA0", "EXP0")
+    a, b = total(base, names), total(split, names)
+    assert set(a) == set(b) and all(a[u] == pytest.approx(b[u]) for u in a)
+    exa = dict(split.op("EXA0").uses)
+    mufu_all = dict(base.op("EXP0").uses)["mufu"]
+    assert exa["mufu"] == pytest.approx(0.1 * mufu_all)
+    # the PV wait still gates the part after it
+    assert any(e.src == "PV0" and e.dst == "EXP0" and e.distance == 1 for e in split.edges)
+
+
+@pytest.mark.parametrize("kernel,hd,causal,knobs,want", [
+    ("fa4kernel", 128, False, {"tile_n": 128, "rescale_before_pv": False, "exp_emulation": 0.0}, (1.0, 0.254, 0.091)),
+    ("fa4kernel", 128, True, {"tile_n": 128, "rescale_before_pv": False, "exp_emulation": 0.0}, (0.853, 0.0, 0.0)),
+    ("fa4kernel", 128, True, {"tile_n": 128, "exp_emulation": 0.125}, (0.947, 0.194, 0.086)),
+    ("fa4kernel", 128, False, {"tile_n": 64, "rescale_before_pv": False}, (1.0, 0.0, 0.0)),   # not compiled
+    ("flash-attn-4", 256, True, {}, (1.0, 0.585, 0.333)),
+])
+def test_pv_wait_table_lookup(kernel, hd, causal, knobs, want):
+    """The SASS table (schedules/pv_wait_sm90.py): a variant's own row, else its head dim's default
+    build, else the model's order (the whole max before the wait, the rest after)."""
+    from fa4sim.schedules.pv_wait_sm90 import fractions
+    f = fractions(kernel, hd, causal, knobs)
+    assert (f["max"], f["fma"], f["mufu"]) == pytest.approx(want)

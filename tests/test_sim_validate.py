@@ -111,3 +111,27 @@ def test_idle_warpgroup_file(tmp_path, capsys):
     assert set(pred) == {1, 2} and 1 / 3 <= pred[1] < pred[2] < 1.0
     assert main(["validate", str(path), "--hw", "h100-measured"]) == 0
     assert "1 of 3" in capsys.readouterr().out
+
+
+def test_pv_wait_sass_what_if(tmp_path, capsys):
+    """--pv-wait sass: every build with the PV wait where ptxas put it (the SASS table), ours and
+    flash-attn-4's each from their own rows; the default keeps the model's order (1, 0, 0)."""
+    from fa4sim.schedules.pv_wait_sm90 import fractions
+
+    p = point("main", {}, 600.0, 650.0)
+    p["fa4kernel_config"] = {"tile_m": 128, "tile_n": 128, "rescale_before_pv": False}
+    doc = {"meta": DOC["meta"], "points": [p]}
+    model = validate.compare(doc, "h100")
+    sass = validate.compare(doc, "h100", pv_wait="sass")
+    assert all("fma_before_pv" not in r["knobs"] for r in model["points"])
+    ours, peer = ({r["impl"]: r for r in sass["points"]}[k] for k in ("fa4kernel", "flash-attn-4"))
+    assert ours["knobs"]["fma_before_pv"] == fractions("fa4kernel", 128, False, ours["knobs"])["fma"] > 0
+    assert peer["knobs"]["mufu_before_pv"] == fractions("flash-attn-4", 128, False, {})["mufu"] > 0
+    before = {r["impl"]: r["predicted_tflops"] for r in model["points"]}
+    assert ours["predicted_tflops"] != before["fa4kernel"] and peer["predicted_tflops"] != before["flash-attn-4"]
+    with pytest.raises(InputError, match="pv_wait"):
+        validate.compare(doc, "h100", pv_wait="ptx")
+    f = tmp_path / "r.json"
+    f.write_text(json.dumps(doc))
+    assert main(["validate", str(f), "--hw", "h100", "--pv-wait", "sass"]) == 0
+    assert "median |error|" in capsys.readouterr().out

@@ -10,7 +10,11 @@ Per KV block j, consumer w (intra-warpgroup overlap on): issue S(j) = Q K(j)^T, 
 O += P(j-1) V(j-1), wait S(j), softmax(j) while PV(j-1) runs on the tensor core, wait PV(j-1),
 rescale O, convert P(j). (Head dims > 128, knob rescale_before_pv: O is rescaled by block j-1's
 scale between issuing S(j) and PV(j-1) instead, as flash-attn-4 does.) As compiled (ptxas, CUDA 13.0), the PV wait sits after the row max:
-only the max overlaps PV(j-1), the exp2s and the row sum wait for it (knob exp_overlaps_pv).
+only the max overlaps PV(j-1), the exp2s and the row sum wait for it (knob exp_overlaps_pv; knobs
+max/fma/mufu_before_pv split the softmax at the wait per pipe, and schedules/pv_wait_sm90.py has
+where ptxas put it in each build). Issue slots: beside a running GEMM the softmax phases get the
+softmax mix's share of the SM's issue rate (issue_under_mma), the O rescale, a burst of
+independent FMULs, the share measured for such bursts (dense_issue_under_mma, bench_bursts.py).
 Overlap off: issue S(j), wait, softmax, rescale, convert, issue PV(j), and the
 next S waits for it. Inter-warpgroup ping-pong (named barriers): WG w issues its GEMMs only after
 WG w-1 issued its own, so one WG's softmax overlaps the other's GEMMs.
@@ -84,6 +88,13 @@ KNOBS = [
     Knob("exp_emulation", 0.0, "fraction", "fraction of each row's exp2 done by the polynomial on the FMA pipe (FA4 trick; off in FA3)", kind="fraction"),
     Knob("rescale_threshold", None, "log2 units", "conditional rescaling threshold tau; none = always rescale (FA3)", kind="float_or_none", minimum=0.0),
     Knob("rescale_rate", None, "fraction", "override: fraction of (warp, KV block) pairs that rescale (none = derive)", kind="float_or_none", minimum=0.0, maximum=1.0),
+    Knob("max_before_pv", 1.0, "fraction", "intra-WG overlap: share of the row max's FMNMX issued before the "
+         "wait for the previous block's PV GEMM (the rest waits for it). Default: the whole max before, the "
+         "exp2s and row sum after (the order validated so far); each build's compiled position is in "
+         "schedules/pv_wait_sm90.py (fa4sim validate --pv-wait sass)", kind="fraction"),
+    Knob("fma_before_pv", 0.0, "fraction", "the same for the FMA-pipe softmax work (scale FFMAs, row-sum FADDs, "
+         "an emulated exp2's polynomial)", kind="fraction"),
+    Knob("mufu_before_pv", 0.0, "fraction", "the same for the MUFU.EX2s", kind="fraction"),
     Knob("cta_prologue_cycles", 1570.0, "cycles", "a CTA's start-up before its first TMA (mbarrier init, descriptor "
          "prefetch, setmaxnreg, tile math): measured in fa4kernel on H100, first K load issued 1572 cycles after CTA "
          "start (benchmarks/results/timeline_h100_2026-11-22/timeline_hd128.json.gz)", kind="float", minimum=0.0),
@@ -139,6 +150,19 @@ TAU_TEST_INSTR = 12.0
 PRODUCER_REGS = {2: 24, 3: 32}  # setmaxnreg of the producer WG (fa4-schedules.md)
 SMEM_CAPACITY = 232448          # 227 KB per CTA on SM90 (the profiles' smem_capacity_bytes)
 REG_OVERHEAD = 32               # addresses, loop state, row max/sum: an estimate
+
+
+def split_at_pv_wait(hw, part: dict, frac: dict) -> tuple[dict, dict]:
+    """(before, after) the PV wait of a softmax op's unit cycles: each pipe by its fraction of
+    instructions before the wait (ALU = the row max's FMNMX), the issue slots in proportion to
+    the instructions (one lane-op each) on either side."""
+    pipes = {"alu": frac["max"], "fma": frac["fma"], "mufu": frac["mufu"]}
+    lanes = {"alu": hw.alu_lanes_per_clk, "fma": hw.fma_lanes_per_clk, "mufu": hw.mufu_ex2_per_clk}
+    before = {u: c * pipes[u] for u, c in part.items() if u in pipes}
+    instr = sum(c * lanes[u] for u, c in part.items() if u in pipes)
+    share = sum(c * lanes[u] for u, c in before.items()) / instr if instr else 0.0
+    before.update({u: c * share for u, c in part.items() if u not in pipes})
+    return before, {u: c - before[u] for u, c in part.items()}
 
 
 def consumer_warpgroups(k: dict) -> int:
@@ -258,7 +282,7 @@ def build(hw, p: Problem, k: dict, n_kv: int, masked_blocks: int) -> Schedule:
                    label=f"O += P V (wgmma {'RS' if rs else 'SS'}, WG{w})")
         # before: iteration j applies block j-1's scale (skew 1), while S(j) runs, ahead of PV(j-1)
         resc = Op(f"RESC{w}", r, tuple(scaled(phase(hw, "rescale", rows * d), rate).items()), 0.0,
-                  "correction", skew=1 if before else 0,
+                  "correction", skew=1 if before else 0, slowed=(("issue", hw.dense_issue_under_mma),),
                   label=f"O *= acc_scale (p={rate:.3g})" + (", before PV" if before else ""))
         if before:
             ops.append(resc)
@@ -270,12 +294,22 @@ def build(hw, p: Problem, k: dict, n_kv: int, masked_blocks: int) -> Schedule:
             ops.append(Op(f"MASK{w}", r, tuple(phase(hw, "mask", elems * masked_blocks).items()), 0.0, "softmax",
                           when="first", label=f"causal/length mask, {masked_blocks} block(s)"))
         mx = {} if k["free_row_max"] else phase(hw, "max", elems, rows)
+        exp = add(phase(hw, "scale", elems), {} if k["free_exp2"] else exp2_phase(hw, elems, f),
+                  {} if k["free_row_sum"] else phase(hw, "sum", elems))
+        exa = {}
+        if overlap and not k["exp_overlaps_pv"]:
+            # as compiled: what ptxas issues before the PV wait overlaps PV(j-1), the rest waits
+            frac = {"max": k["max_before_pv"], "fma": k["fma_before_pv"], "mufu": k["mufu_before_pv"]}
+            mx, mx_after = split_at_pv_wait(hw, mx, frac)
+            exa, exp = split_at_pv_wait(hw, exp, frac)
+            exp = add(mx_after, exp)
         if fixed > 0:
             mx = add(mx, {"issue": fixed})
         ops.append(Op(f"MAX{w}", r, tuple(mx.items()), hw.fma_latency * 4, "softmax",
                       label="row max (quad shuffles), acc_scale"))
-        exp = add(phase(hw, "scale", elems), {} if k["free_exp2"] else exp2_phase(hw, elems, f),
-                  {} if k["free_row_sum"] else phase(hw, "sum", elems))
+        if any(v > 0 for v in exa.values()):
+            ops.append(Op(f"EXA{w}", r, tuple(exa.items()), 0.0, "exp",
+                          label="scale, exp2, row sum: the part issued before the PV wait"))
         ops.append(Op(f"EXP{w}", r, tuple(exp.items()), hw.mufu_latency, "exp", label="exp2, row sum"))
         if not before:
             ops.append(resc)
@@ -334,7 +368,7 @@ def build(hw, p: Problem, k: dict, n_kv: int, masked_blocks: int) -> Schedule:
     compute_roles = [f"wg{w}" for w in range(W)]
     # (measured on the softmax-like mix, so it binds the softmax phases, not the plain FMUL/F2FP
     # streams of the rescale and convert, which the H100 timeline shows near full issue rate)
-    softmax_ops = tuple(f"{n}{w}" for n in ("MASK", "MAX", "EXP") for w in range(W))
+    softmax_ops = tuple(f"{n}{w}" for n in ("MASK", "MAX", "EXA", "EXP") for w in range(W))
     ops = [replace(o, uses=tuple(warp_issue(hw, dict(o.uses), o.role).items())) if o.name in softmax_ops else o
            for o in ops]
     ops = [replace(o, chunks=PIECES) if not o.asynchronous and o.uses else o for o in ops]

@@ -1,0 +1,320 @@
+"""Dense FP32 bursts beside a running wgmma: do they issue at full rate, and do they cost the tensor core?
+
+bench_contention.py found two things that do not fit one rule: a softmax-like *mix* issues at
+about a third of the SM's rate while a wgmma runs (fa4sim's issue_under_mma), yet an endless
+dense FFMA stream issues at 0.7-0.9 instructions per clock per scheduler and instead takes about
+one tensor cycle per FFMA. The attention kernels do neither: they issue *bursts* of independent
+FP32 instructions (the O rescale: head_dim / 2 FMULs per thread by one reused scale) between
+waits. This benchmark measures exactly that, at the unit level:
+
+Kernel (384 threads = 3 warpgroups, one CTA on one SM):
+  warpgroup 0: `iters` trips of {fence; 8 x wgmma m64n128k16 SS chained (K = 128); commit;
+     wait_group(1)} (back to back, the tensor core never idles), or nothing (do_mma = 0);
+     then a done flag in shared memory.
+  warpgroups 1 .. nsf (nsf = 0, 1, 2): until the flag is set (or `max_trips`), trips of
+     {clock64; a burst of `blocks` x 128 independent FP32 instructions on 32 registers
+      (op 0: x = x * s, FMUL, s one register for all (the O rescale's shape);
+       op 1: x = x * a + b, FFMA, as bench_contention; op 2: bench_contention's softmax-like mix,
+       180 instructions per block; op 3: integer LOP3 / IADD3 / IMAD, 129 per block);
+     clock64; nanosleep(gap_ns) if gap_ns > 0}.
+Per stream warp: the cycles spent inside bursts and the trips, so the *in-burst* issue rate is
+measured beside the wgmma; per wgmma warp the window, so the tensor cycles lost per burst
+instruction are (window - alone cycles per wgmma x wgmmas) / (burst instructions per scheduler).
+
+    CUTE_DSL_ARCH=sm_90a python3 -m benchmarks.calibrate.bench_bursts --check-sass    # CPU, ~5 s
+    source .gpu/setup-device.sh; python3 benchmarks/calibrate/bench_bursts.py --out B.json   # GPU, ~20 s
+
+Results (H100, H200) and what fa4sim takes from them (dense_issue_under_mma):
+benchmarks/calibrate/README.md, "Eighth session".
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+if __package__ in (None, ""):  # run as a script path
+    sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")))
+    __package__ = "benchmarks.calibrate"
+
+import cutlass  # noqa: E402
+import cutlass.cute as cute  # noqa: E402
+from cutlass import BFloat16, Float32, Int32, Int64, const_expr  # noqa: E402,F401
+from cutlass.cute.nvgpu import warpgroup  # noqa: E402
+from cutlass.cutlass_dsl import T, dsl_user_op  # noqa: E402
+
+from fa4kernel.sass import loop_bodies  # noqa: E402
+
+from .bench_contention import KB, KT, LOG2E, N, PER_TRIP, _mix_block, _tiled_mma, fmul, lds_volatile, red_add_shared  # noqa: E402,E501
+from .bench_wgmma import _smem_layout  # noqa: E402
+from .common import _asm, clk, compile_for_sass, ffma, fill_random_bf16, median, smem_addr, sts32  # noqa: E402
+
+THREADS = 384
+E = 32                 # registers per stream thread; a block is 4 passes over them = 128 instructions
+PER_BLOCK = 4 * E
+SLOTS = 8              # int64 per warp: t0, t1, burst cycles, trips, bursts
+WARPS = THREADS // 32
+OPS = {"fmul": 0, "ffma": 1, "mix": 2, "int": 3}
+# warp instructions per block of each op (the mix: one pass of bench_contention's softmax-like mix
+# over 32 elements; int: 64 steps of u = (u ^ v) + w, which ptxas compiles to 64 LOP3 + 48 IADD3
+# + 17 IMAD on the regular integer pipe, not the uniform datapath)
+BLOCK_INSTR = {"fmul": 4 * E, "ffma": 4 * E, "mix": sum(PER_TRIP["mix"].values()), "int": 129}
+ITERS = 400            # wgmma trips: 3200 wgmma of 64 cycles, ~205k cycles
+ALONE_TRIPS = 1500
+CAP_TRIPS = 1_000_000
+REPS = 3
+
+
+@dsl_user_op
+def nanosleep(ns, *, loc=None, ip=None):
+    _asm(None, [Int32(ns).ir_value()], "nanosleep.u32 $0;", "r")
+
+
+def make():
+    @cute.kernel
+    def kernel(stamps: cute.Tensor, sink: cute.Tensor, do_mma: Int32, nsf: Int32, op: Int32, blocks: Int32,
+               gap_ns: Int32, iters: Int32, max_trips: Int32,
+               tiled_mma: cute.TiledMma, sA_layout: cute.ComposedLayout, sB_layout: cute.ComposedLayout):
+        tid = cute.arch.thread_idx()[0]
+        warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        wg = warp // 4
+        wtid = tid % 128
+        lane = tid % 32
+
+        @cute.struct
+        class Storage:
+            flag: cute.struct.MemRange[Int32, 4]
+            sA: cute.struct.Align[cute.struct.MemRange[BFloat16, cute.cosize(sA_layout)], 1024]
+            sB: cute.struct.Align[cute.struct.MemRange[BFloat16, cute.cosize(sB_layout)], 1024]
+
+        storage = cutlass.utils.SmemAllocator().allocate(Storage)
+        flag_addr = smem_addr(storage.flag.data_ptr())
+        base = smem_addr(storage.sA.data_ptr())
+        base_b = smem_addr(storage.sB.data_ptr())
+        a_words = cute.cosize(sA_layout) // 2
+        fill_random_bf16(base, a_words, base_b, (cute.cosize(sA_layout) + cute.cosize(sB_layout)) // 2,
+                         tid, THREADS, 7919)
+        if tid == 0:
+            sts32(flag_addr, 0)
+        cute.arch.fence_view_async_shared()
+        cute.arch.sync_threads()
+
+        sA = storage.sA.get_tensor(sA_layout.outer, swizzle=sA_layout.inner)
+        sB = storage.sB.get_tensor(sB_layout.outer, swizzle=sB_layout.inner)
+        thr_mma = tiled_mma.get_slice(wtid)
+        wg_mma = tiled_mma.get_slice(0)
+        tCrA = wg_mma.make_fragment_A(wg_mma.partition_A(sA[None, None, 0]))
+        tCrB = wg_mma.make_fragment_B(wg_mma.partition_B(sB))
+        acc = cute.make_rmem_tensor(thr_mma.partition_shape_C((64, N)), Float32)
+        acc.fill(0.0)
+        atom = cute.make_mma_atom(tiled_mma.op)
+        atom.set(warpgroup.Field.ACCUMULATE, True)
+        total = Float32(0.0)
+        t0 = Int64(0)
+        t1 = Int64(0)
+        in_burst = Int64(0)
+        trips = Int32(0)
+        if wg == 0:
+            t0 = clk()
+            if do_mma != 0:
+                for _ in cutlass.range(iters, unroll=1):
+                    warpgroup.fence()
+                    for k in cutlass.range_constexpr(KB):
+                        cute.gemm(atom, acc, tCrA[None, None, k], tCrB[None, None, k], acc)
+                    warpgroup.commit_group()
+                    warpgroup.wait_group(1)
+                warpgroup.wait_group(0)
+            t1 = clk()
+            if wtid == 0:
+                red_add_shared(flag_addr, 1)
+            for i in cutlass.range_constexpr(cute.size(acc)):
+                total = total + acc[i]
+        elif wg - 1 < nsf:
+            # a scale no compiler can fold: 1 + a few ulps, so 10^6 products stay bounded
+            s = Float32(1.0) + Float32(wtid) * Float32(1e-12)
+            a = Float32(0.999)
+            b = Float32(0.001)
+            x = [Float32(wtid) * Float32(1e-3) + Float32(0.01 * j + 0.05) for j in range(E)]
+            m = [Float32(0.0) for _ in range(4)]
+            lsum = [Float32(0.0) for _ in range(4)]
+            sc = Float32(LOG2E)
+            nsc = Float32(-LOG2E)
+            c4 = Float32(4.0)
+            u = warp * 7 + 1
+            uv = warp * 13 + blocks
+            uw = warp + gap_ns + 3
+            go = Int32(1)
+            t0 = clk()
+            while go != 0:
+                f = lds_volatile(flag_addr)
+                c0 = clk()
+                if op == 0:
+                    for _b in cutlass.range(blocks, unroll=1):
+                        for _u in cutlass.range_constexpr(4):
+                            for j in cutlass.range_constexpr(E):
+                                x[j] = fmul(x[j], s)
+                elif op == 1:
+                    for _b in cutlass.range(blocks, unroll=1):
+                        for _u in cutlass.range_constexpr(4):
+                            for j in cutlass.range_constexpr(E):
+                                x[j] = ffma(x[j], a, b)
+                elif op == 2:
+                    for _b in cutlass.range(blocks, unroll=1):
+                        x, m, lsum = _mix_block(x, m, lsum, sc, nsc, c4)
+                else:
+                    for _b in cutlass.range(blocks, unroll=1):
+                        for _u in cutlass.range_constexpr(64):
+                            u = (u ^ uv) + uw
+                in_burst = in_burst + (clk() - c0)
+                trips = trips + 1
+                if gap_ns > 0:
+                    nanosleep(gap_ns)
+                if f >= do_mma:
+                    if do_mma != 0:
+                        go = Int32(0)
+                if trips >= max_trips:
+                    go = Int32(0)
+            t1 = clk()
+            for j in cutlass.range_constexpr(E):
+                total = total + x[j]
+            for j in cutlass.range_constexpr(4):
+                total = total + m[j] + lsum[j]
+            total = total + Float32(u)
+        if lane == 0:
+            o = warp * SLOTS
+            stamps[o + 0] = t0
+            stamps[o + 1] = t1
+            stamps[o + 2] = in_burst
+            stamps[o + 3] = Int64(trips)
+        sink[tid] = total
+
+    @cute.jit
+    def host(stamps: cute.Tensor, sink: cute.Tensor, do_mma: Int32, nsf: Int32, op: Int32, blocks: Int32,
+             gap_ns: Int32, iters: Int32, max_trips: Int32, stream):
+        tiled_mma = _tiled_mma(False)
+        sA_layout = _smem_layout(BFloat16, 64, KT, 2)
+        sB_layout = _smem_layout(BFloat16, N, KT)
+        smem = (cute.cosize(sA_layout) + cute.cosize(sB_layout)) * 2 + 3072
+        kernel(stamps, sink, do_mma, nsf, op, blocks, gap_ns, iters, max_trips, tiled_mma, sA_layout,
+               sB_layout).launch(grid=[1, 1, 1], block=[THREADS, 1, 1], smem=smem, stream=stream)
+
+    return host
+
+
+def fake_args():
+    from .common import fake_stream, fake_tensor
+
+    return (fake_tensor(Int64, (WARPS * SLOTS,)), fake_tensor(Float32, (THREADS,)), Int32(1), Int32(1), Int32(0),
+            Int32(1), Int32(0), Int32(10), Int32(10), fake_stream())
+
+
+# ----------------------------------------------------------------------------- CPU: SASS check
+def check_sass() -> int:
+    """The burst loops hold exactly their planned instructions per block, the wgmma loop 8 HGMMA."""
+    sass, regs = compile_for_sass(make(), *fake_args(), with_registers=True)
+    ok = bool(regs) and ((regs + 7) // 8 * 8) * THREADS <= 65536
+    plans = {"fmul": {"FMUL": PER_BLOCK}, "ffma": {"FFMA": PER_BLOCK}, "wgmma": {"HGMMA": KB},
+             "mix": {k.split(".")[0]: v for k, v in PER_TRIP["mix"].items()},
+             "int": {"LOP3": 64, "IADD3": 48, "IMAD": 17}}
+    seen = dict.fromkeys(plans, False)
+    for label, ops in loop_bodies(sass):
+        c = {}
+        for o in ops:
+            c[o.split(".")[0]] = c.get(o.split(".")[0], 0) + 1
+        for name, plan in plans.items():  # the tight loop: the plan plus at most 5 of loop control
+            if all(c.get(k, 0) == v for k, v in plan.items()) and len(ops) <= sum(plan.values()) + (13 if name == "wgmma" else 5):
+                seen[name] = True
+        print(f"  {label}: {len(ops)} instr {dict(sorted(c.items(), key=lambda kv: -kv[1])[:6])}")
+    ok = ok and all(seen.values())
+    print(f"{'ok' if ok else 'BAD'} bursts regs={regs} x {THREADS} threads, loops found {seen}")
+    return 0 if ok else 1
+
+
+# ----------------------------------------------------------------------------- GPU
+def run(dev) -> dict:
+    torch = dev.torch
+    stamps = torch.zeros(WARPS * SLOTS, dtype=torch.int64, device="cuda")
+    sink = torch.zeros(THREADS, dtype=torch.float32, device="cuda")
+    fn = make()
+
+    def once(do_mma, nsf, op, blocks, gap_ns, max_trips):
+        best = None
+        for rep in range(REPS):
+            stamps.zero_()
+            dev.call("bursts", fn, stamps, sink, Int32(do_mma), Int32(nsf), Int32(OPS[op]), Int32(blocks),
+                     Int32(gap_ns), Int32(ITERS), Int32(max_trips))
+            st = stamps.cpu().tolist()
+            rows = [st[w * SLOTS:(w + 1) * SLOTS] for w in range(WARPS)]
+            mma = rows[0:4]
+            sf = [r for w, r in enumerate(rows) if 1 <= w // 4 <= nsf]
+            r = {"do_mma": do_mma, "nsf": nsf, "op": op, "blocks": blocks, "gap_ns": gap_ns,
+                 "sink_finite": bool(torch.isfinite(sink).all().item())}
+            if do_mma:
+                win = max(x[1] for x in mma) - min(x[0] for x in mma)
+                r.update(mma_window=win, wgmma=ITERS * KB, wgmma_cycles_per_instr=win / (ITERS * KB))
+            if sf:
+                instr = sum(x[3] for x in sf) * blocks * BLOCK_INSTR[op]  # warp instructions, all stream warps
+                burst_cycles = sum(x[2] for x in sf)
+                win = max(x[1] for x in sf) - min(x[0] for x in sf)
+                r.update(stream_window=win, stream_warp_instr=instr, trips=[min(x[3] for x in sf), max(x[3] for x in sf)],
+                         in_burst_rate_per_warp=instr / burst_cycles,          # warp-instr per clock inside a burst
+                         stream_rate_per_smsp=instr / win / 4,                 # over the whole window
+                         burst_duty=burst_cycles / (win * len(sf)))
+            key = r.get("mma_window", r.get("stream_window"))
+            if rep and (best is None or key < best[0]):
+                best = (key, r)
+        return best[1]
+
+    out = {"constants": dict(N=N, wgmma_per_trip=KB, iters=ITERS, per_block=PER_BLOCK, threads=THREADS,
+                             ideal_wgmma_cycles=N / 2)}
+    alone = once(1, 0, "fmul", 1, 0, 0)
+    out["mma_alone"] = alone
+    a = alone["wgmma_cycles_per_instr"]
+    print(f"  wgmma alone: {a:.1f} cycles per wgmma", flush=True)
+    for op in OPS:
+        for nsf in (1, 2):
+            out[f"{op}_alone_F{nsf}"] = r = once(0, nsf, op, 1, 0, ALONE_TRIPS)
+            print(f"  {op} F{nsf} alone: in-burst {r['in_burst_rate_per_warp']:.3f} warp-instr/clk/warp, "
+                  f"{r['stream_rate_per_smsp']:.3f} per SMSP", flush=True)
+        for nsf in (1, 2):
+            for blocks, gap in ((1, 0), (1, 1000), (4, 1000)):
+                r = once(1, nsf, op, blocks, gap, CAP_TRIPS)
+                lost = r["mma_window"] - a * r["wgmma"]
+                r["tensor_cycles_lost"] = lost
+                r["tensor_cycles_lost_per_instr_per_smsp"] = lost / (r["stream_warp_instr"] / 4)
+                r["wgmma_slowdown"] = r["wgmma_cycles_per_instr"] / a
+                out[f"{op}_F{nsf}_b{blocks}_gap{gap}"] = r
+                print(f"  {op} F{nsf} burst {blocks * PER_BLOCK:4d} gap {gap:4d} ns: wgmma x{r['wgmma_slowdown']:.3f}, "
+                      f"in-burst {r['in_burst_rate_per_warp']:.3f} warp-instr/clk/warp, {r['stream_rate_per_smsp']:.3f} per SMSP, "
+                      f"duty {r['burst_duty']:.2f}, "
+                      f"lost {r['tensor_cycles_lost_per_instr_per_smsp']:.3f} tensor cycles per instr per SMSP", flush=True)
+    return out
+
+
+def main(argv=None) -> int:
+    import argparse
+    import json
+    import time
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", help="results JSON (GPU run)")
+    ap.add_argument("--check-sass", action="store_true", help="CPU: compile for sm_90a and check the SASS")
+    args = ap.parse_args(argv)
+    if args.check_sass:
+        return check_sass()
+    if not args.out:
+        ap.error("--out FILE.json (GPU) or --check-sass (CPU)")
+    from .common import Device
+    from .run_all import meta
+
+    t0 = time.perf_counter()
+    dev = Device()
+    res = {"meta": meta(), "scripts": {"bursts": "bench_bursts.py"}, "benchmarks": {"bursts": run(dev)}}
+    res["seconds"] = round(time.perf_counter() - t0, 2)
+    with open(args.out, "w") as f:
+        json.dump(res, f, indent=1)
+    print(f"[bursts] {res['seconds']} s -> {args.out}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,87 @@
+"""Where ptxas puts the PV wait in each build: the SASS table behind fa4sim's max/fma/mufu_before_pv.
+
+    CUTE_DSL_ARCH=sm_90a python3 benchmarks/pv_wait_sass.py            # fa4kernel's builds (~1 min, CPU)
+    python3 benchmarks/pv_wait_sass.py --cubin DIR [DIR ...] --hdim H   # flash-attn-4 cubins, same counts
+
+For every fa4kernel build the benchmark and the validation use (the defaults of hd 64 / 128 / 256,
+causal and not, and the hd128 knob variants), compiles the kernel for sm_90a with fake tensors,
+splits its KV loop at the wait for the previous block's PV GEMM (fa4kernel.sass.around_pv_wait)
+and prints, per pipe, the share of the block's softmax instructions issued before that wait,
+as the Python rows of fa4sim/schedules/pv_wait_sm90.py. With --cubin it reads cubins that
+flash-attn-4 compiled (its JIT with --keep-cubin, for sm_90a with fake tensors) instead.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import glob
+import os
+import subprocess
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+PIPES = {"max": ("FMNMX",), "fma": ("FFMA", "FADD"), "mufu": ("MUFU",)}
+VARIANTS = [{}, {"exp_emulation": 0.125}, {"exp_emulation": 0.25}, {"rescale_threshold": 8.0},
+            {"exp_emulation": 0.125, "rescale_threshold": 8.0}, {"pingpong": False},
+            {"p_in_registers": False}, {"kv_stages": 3}]
+
+
+def split(sass: str) -> dict:
+    """{'max', 'fma', 'mufu'}: the fraction of each pipe's softmax instructions before the PV wait."""
+    from fa4kernel.sass import around_pv_wait, kv_loop
+
+    before, after = around_pv_wait(kv_loop(sass))
+    b = collections.Counter(o.split(".")[0] for o in before)
+    a = collections.Counter(o.split(".")[0] for o in after)
+    out = {}
+    for pipe, ops in PIPES.items():
+        n_b, n_a = sum(b[o] for o in ops), sum(a[o] for o in ops)
+        out[pipe] = round(n_b / (n_b + n_a), 3) if n_b + n_a else 0.0
+    return out
+
+
+def fa4kernel_rows() -> list[tuple[dict, dict]]:
+    import fa4kernel
+    from fa4kernel.config import make_config
+
+    variants, defaults = [], []
+    for hd in (64, 128, 256):
+        for causal in (False, True):
+            for knobs in VARIANTS if hd == 128 else [{}]:
+                cfg = make_config("bfloat16", hd, causal, False, dict(knobs))
+                build = {"hdim": hd, "causal": causal, **knobs}
+                if not knobs:  # the head dim's default also fixes its tile and rescale order
+                    build.update(tile_n=cfg.tile_n, rescale_before_pv=cfg.rescale_before_pv)
+                print(f"# {build}", file=sys.stderr, flush=True)
+                (variants if knobs else defaults).append((build, split(fa4kernel.compile_sass(cfg, arch="sm_90a"))))
+    return variants + defaults  # the first matching row wins: variants before their default
+
+
+def cubin_rows(dirs: list[str], hdim: int) -> list[tuple[dict, dict]]:
+    from cutlass.base_dsl.env_manager import _find_nvdisasm_binary
+
+    rows = []
+    for d in dirs:
+        for cub in sorted(glob.glob(os.path.join(d, "*.cubin"))):
+            sass = subprocess.run([_find_nvdisasm_binary(), "-c", cub], capture_output=True, text=True,
+                                  check=True).stdout
+            rows.append(({"hdim": hdim}, split(sass)))
+    return rows
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--cubin", nargs="*", help="directories of flash-attn-4 cubins (one head dim)")
+    ap.add_argument("--hdim", type=int, help="the head dim of those cubins")
+    args = ap.parse_args(argv)
+    os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
+    rows = cubin_rows(args.cubin, args.hdim) if args.cubin else fa4kernel_rows()
+    for build, frac in rows:
+        print(f"    ({build!r}, {frac!r}),")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
