@@ -42,7 +42,7 @@ VARIANTS = [("default", {}, False), ("skip_softmax", {}, True),
 ABLATIONS = ["max", "exp", "sum", "rescale", "exp,max,rescale,sum"]
 
 
-def probe_cycles(q, k, v, knobs, skip, reps, ablate="", pin=False):
+def probe_cycles(q, k, v, knobs, skip, reps, ablate="", pin=False, causal=False):
     """Median (cycles, ghz) of CTA 0 over `reps` launches of the clock-probe build."""
     import torch
 
@@ -51,7 +51,7 @@ def probe_cycles(q, k, v, knobs, skip, reps, ablate="", pin=False):
     from fa4kernel.trace_layout import TRACE_WORDS
 
     st = torch.zeros((TRACE_WORDS,), dtype=torch.int64, device=q.device)  # traces CTA 0
-    kw = dict(skip_softmax=skip, stamps=st, ablate=ablate, exp_before_pv_wait=pin, **knobs)
+    kw = dict(causal=causal, skip_softmax=skip, stamps=st, ablate=ablate, exp_before_pv_wait=pin, **knobs)
     attention_probed(q, k, v, **kw)
     cyc, ghz = [], []
     for _ in range(reps):
@@ -231,6 +231,12 @@ def main():
                     help="full-chip 8-block tiles (the 1k-token case): where K/V and Q come from")
     ap.add_argument("--only-loop", action="store_true",
                     help="one CTA, default build: the steady-state cycles per KV block of each head dim")
+    ap.add_argument("--only-knobs", action="store_true",
+                    help="one CTA, hd128: the knob variants of the benchmark (bench_fwd_sm90's hd128 8k set) "
+                         "with the current kernel, cycles per KV block")
+    ap.add_argument("--causal", action="store_true",
+                    help="with --only-knobs: the causal builds (one Q tile at the bottom of K, bottom-right "
+                         "aligned: its unmasked blocks are the loop)")
     ap.add_argument("--only-pin", action="store_true",
                     help="hd128, one CTA: the exp2s forced ahead of the PV wait (diagnostic build), RS/SS/no ping-pong")
     ap.add_argument("--only-ablations", action="store_true",
@@ -248,10 +254,12 @@ def main():
                     .isoformat(timespec="seconds"), "torch": torch.__version__, "seqlens_k": [sk1, sk2],
                     "reps": args.reps, "method": __doc__.strip().split("\n\n")[1]}, "points": []}
 
-    def point(hd, pattern, n, label, knobs, skip, ablate="", pin=False):
-        cfg = make_config("bfloat16", hd, False, False, knobs)
+    def point(hd, pattern, n, label, knobs, skip, ablate="", pin=False, causal=False):
+        # causal: the causal build; one Q tile at the bottom of a long K (bottom-right aligned), so
+        # every block but the last is unmasked and the difference of two K lengths is its loop
+        cfg = make_config("bfloat16", hd, causal, False, knobs)
         tm, tn = cfg.tile_m, cfg.tile_n
-        row = {"hdim": hd, "pattern": pattern, "n_ctas": n, "variant": label, "knobs": knobs,
+        row = {"hdim": hd, "pattern": pattern, "n_ctas": n, "variant": label, "knobs": knobs, "causal": causal,
                "ablate": ablate, "exp_before_pv_wait": pin, "tile_m": tm, "tile_n": tn,
                "rescale_before_pv": cfg.rescale_before_pv, "early_q_release": cfg.early_q_release,
                "defer_o_store_wait": cfg.defer_o_store_wait, "runs": {}}
@@ -261,7 +269,7 @@ def main():
             q = torch.randn(1, sq, heads, hd, device=dev, dtype=torch.bfloat16)
             k = torch.randn(1, sk, heads, hd, device=dev, dtype=torch.bfloat16)
             v = torch.randn(1, sk, heads, hd, device=dev, dtype=torch.bfloat16)
-            cyc, ghz = probe_cycles(q, k, v, knobs, skip, args.reps, ablate, pin)
+            cyc, ghz = probe_cycles(q, k, v, knobs, skip, args.reps, ablate, pin, causal)
             row["runs"][str(sk)] = {"cycles_cta0": cyc, "clock_ghz_in_kernel": ghz,
                                     "kv_blocks": -(-sk // tn)}
             del q, k, v
@@ -269,7 +277,7 @@ def main():
         row["cycles_per_kv_block"] = (b["cycles_cta0"] - a["cycles_cta0"]) / (b["kv_blocks"] - a["kv_blocks"])
         row["fixed_cycles"] = a["cycles_cta0"] - a["kv_blocks"] * row["cycles_per_kv_block"]
         res["points"].append(row)
-        print(f"hd{hd:3d} {pattern:6s} n={n:3d} {label:24s} cycles/KV block {row['cycles_per_kv_block']:7.0f}"
+        print(f"hd{hd:3d}{' causal' if causal else ''} {pattern:6s} n={n:3d} {label:24s} cycles/KV block {row['cycles_per_kv_block']:7.0f}"
               f"  fixed {row['fixed_cycles']:7.0f}  clock {a['clock_ghz_in_kernel']:.3f}/"
               f"{b['clock_ghz_in_kernel']:.3f} GHz", flush=True)
         with open(args.out, "w") as f:
@@ -288,6 +296,13 @@ def main():
                 for kn in ({"rescale_before_pv": False}, {"tile_n": 80, "rescale_before_pv": False},
                            {"tile_n": 80}):
                     point(hd, "shared", 1, ",".join(f"{a}={b}" for a, b in kn.items()), kn, False)
+        return
+    if args.only_knobs:  # the per-SM part of each knob delta the end-to-end benchmark records
+        for name, kn, skip in VARIANTS + [("exp_emulation=0.125", {"exp_emulation": 0.125}, False),
+                                          ("fa4_tricks(emu0.125,tau8)",
+                                           {"exp_emulation": 0.125, "rescale_threshold": 8.0}, False)]:
+            if not skip:
+                point(128, "shared", 1, name, kn, False, causal=args.causal)
         return
     if args.only_pin:  # the exp2s forced ahead of the PV wait, with P in registers and in smem
         for kn in ({}, {"p_in_registers": False}, {"pingpong": False}):

@@ -205,10 +205,10 @@ def compare_intervals(doc: dict, hw: str | None = None) -> dict:
         knobs.setdefault("rescale_before_pv", bool(p.get("rescale_before_pv", False)))
         knobs.setdefault("early_q_release", bool(p.get("early_q_release", False)))
         knobs.setdefault("defer_o_store_wait", bool(p.get("defer_o_store_wait", False)))
-        key = (hd, json.dumps(knobs, sort_keys=True))
+        key = (hd, bool(p.get("causal", False)), json.dumps(knobs, sort_keys=True))
         if key not in cache:
             sk = int(doc["meta"]["seqlens_k"][-1])
-            r = simulate(hw, "fa3", Problem(1, 1, int(p["tile_m"]), sk, hd, False), knobs)
+            r = simulate(hw, "fa3", Problem(1, 1, int(p["tile_m"]), sk, hd, bool(p.get("causal", False))), knobs)
             cache[key] = r.interval
         sim = cache[key]
         meas = p["cycles_per_kv_block"]

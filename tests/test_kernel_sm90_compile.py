@@ -163,14 +163,17 @@ def test_kv_loop_length_matches_the_models_instruction_count(hd):
     assert abs(len(loop) - modelled) <= 0.05 * len(loop), (len(loop), modelled)
 
 
-@pytest.mark.parametrize("hd", [64, 128])
-def test_tau_test_instructions_match_the_models_count(hd):
+@pytest.mark.parametrize("hd,causal", [(64, False), (128, False), (128, True), (256, True)])
+def test_tau_test_instructions_match_the_models_count(hd, causal):
     """Conditional rescaling adds its test to every KV block (compares, a vote, a branch, the scale's
-    select) whether or not a rescale is skipped; fa4sim charges TAU_TEST_INSTR of them per warp
-    and block (fa3_sm90.py). Keep the count within 2 of the SASS."""
-    from fa4sim.schedules.fa3_sm90 import TAU_TEST_INSTR
+    select) whether or not a rescale is skipped; fa4sim charges knob tau_test_instr of them per warp
+    and block (fa3_sm90.py: 12, or the build's own count). Keep the count within 2 of the SASS."""
+    from fa4sim import Problem
+    from fa4sim.params import resolve
+    from fa4sim.schedules import fa3_sm90
 
-    plain = kv_loop(sass(head_dim=hd))
-    tau = kv_loop(sass(head_dim=hd, rescale_threshold=8.0))
+    plain = kv_loop(sass(head_dim=hd, causal=causal))
+    tau = kv_loop(sass(head_dim=hd, causal=causal, rescale_threshold=8.0))
     assert "VOTE" in {o.split(".")[0] for o in tau} and "VOTE" not in {o.split(".")[0] for o in plain}
-    assert abs((len(tau) - len(plain)) - TAU_TEST_INSTR) <= 2, (len(tau), len(plain))
+    model = resolve(fa3_sm90.KNOBS, Problem(1, 1, 8192, 8192, hd, causal), {"rescale_threshold": 8.0})["tau_test_instr"]
+    assert abs((len(tau) - len(plain)) - model) <= 2, (len(tau), len(plain), model)

@@ -367,3 +367,17 @@ def test_pv_wait_table_lookup(kernel, hd, causal, knobs, want):
     from fa4sim.schedules.pv_wait_sm90 import fractions
     f = fractions(kernel, hd, causal, knobs)
     assert (f["max"], f["fma"], f["mufu"]) == pytest.approx(want)
+
+
+@pytest.mark.parametrize("knobs", [{}, {"intra_wg_overlap": False}, {"pingpong": False}])
+def test_fa3_causal_loop_waits_for_its_s_gemm_like_a_non_causal_one(knobs):
+    """A causal tile's masked block comes first; the softmax of every later block still waits for
+    its own S GEMM. So past the masked block a causal tile runs the non-causal loop (same
+    steady-state interval; until the eighth session the wait was lost after the first block and
+    the causal loop with overlap off ran at the overlapped rate)."""
+    k = {"rescale_threshold": None, "tau_test_instr": 12.0, **knobs}
+    nc = simulate("h100-measured", "fa3", Problem(1, 1, 128, 32768, 128, False), k).interval
+    c = simulate("h100-measured", "fa3", Problem(1, 1, 128, 32768, 128, True), k).interval
+    assert c == pytest.approx(nc)
+    sched = build("h100-measured", "fa3", 128, True, masked=1)
+    assert {("QK0", "MASK0"), ("QK0", "MAX0")} <= {(e.src, e.dst) for e in sched.edges if e.distance == 0}

@@ -88,6 +88,10 @@ KNOBS = [
     Knob("exp_emulation", 0.0, "fraction", "fraction of each row's exp2 done by the polynomial on the FMA pipe (FA4 trick; off in FA3)", kind="fraction"),
     Knob("rescale_threshold", None, "log2 units", "conditional rescaling threshold tau; none = always rescale (FA3)", kind="float_or_none", minimum=0.0),
     Knob("rescale_rate", None, "fraction", "override: fraction of (warp, KV block) pairs that rescale (none = derive)", kind="float_or_none", minimum=0.0, maximum=1.0),
+    Knob("tau_test_instr", lambda p, k: TAU_TEST_INSTR_BUILDS.get((p.hdim, p.causal), TAU_TEST_INSTR), "warp-instr",
+         "with rescale_threshold: the instructions its test adds per warp and KV block, paid whether or not a "
+         "rescale is skipped (fa4kernel's SASS: 12, 13 at hd256, 67 in the causal hd128 build; TAU_TEST_INSTR)",
+         kind="float", minimum=0.0),
     Knob("max_before_pv", 1.0, "fraction", "intra-WG overlap: share of the row max's FMNMX issued before the "
          "wait for the previous block's PV GEMM (the rest waits for it). Default: the whole max before, the "
          "exp2s and row sum after (the order validated so far); each build's compiled position is in "
@@ -144,9 +148,15 @@ KNOBS = [
 O_STORE_FIXED = 480.0
 O_STORE_BYTES_PER_CLK = 36.0
 # rescale_threshold's test in the KV loop: fa4kernel's SASS (CUDA 13.0 ptxas) with tau = 8 has
-# 12 / 12 / 13 more instructions per warp and block than without (hd64 / 128 / 256: FSETP +4,
-# VOTE +1, BRA +1, FSEL +2, and the scale's FMUL/FADD +2 each); flash-attn-4's is not counted
+# 12 / 12 / 13 more instructions per warp and block than without (hd64 / 128 / 256, non-causal:
+# FSETP +4, VOTE +1, BRA +1, FSEL +2, and the scale's FMUL/FADD +2 each; causal hd64 / hd256 12 /
+# 12). The causal hd128 build is the exception, 67 more: there ptxas also moves the wgmma
+# descriptor arithmetic from the uniform datapath to the vector one (R2UR +32, IMAD +29, IADD3
+# +16, UIADD3 -23, BSSY/BSYNC +2 each), and one CTA's loop runs 2.9 % slower than without tau
+# instead of 0.5 % faster (benchmarks/results/knobs_loop*_h100_2026-11-22.json). flash-attn-4's
+# test is not counted.
 TAU_TEST_INSTR = 12.0
+TAU_TEST_INSTR_BUILDS = {(256, False): 13.0, (128, True): 67.0}  # (hdim, causal) -> count, else 12
 PRODUCER_REGS = {2: 24, 3: 32}  # setmaxnreg of the producer WG (fa4-schedules.md)
 SMEM_CAPACITY = 232448          # 227 KB per CTA on SM90 (the profiles' smem_capacity_bytes)
 REG_OVERHEAD = 32               # addresses, loop state, row max/sum: an estimate
@@ -268,7 +278,7 @@ def build(hw, p: Problem, k: dict, n_kv: int, masked_blocks: int) -> Schedule:
     # conditional rescaling's own test: per block, the rows' max-change compares, a warp vote, the
     # branch around the rescale and the scale's select (TAU_TEST_INSTR): instructions it adds
     # whether or not a rescale is skipped
-    tau_test = TAU_TEST_INSTR if k["rescale_threshold"] is not None else 0.0
+    tau_test = k["tau_test_instr"] if k["rescale_threshold"] is not None else 0.0
     fixed = 4 * (k["loop_overhead_fixed"] + tau_test) / hw.issue_per_clk
     for w in range(W):
         r = f"wg{w}"
@@ -340,13 +350,15 @@ def build(hw, p: Problem, k: dict, n_kv: int, masked_blocks: int) -> Schedule:
         # where consumer w hands Q back: after the tile's last QK GEMM, or after its last block
         q_free = f"QK{w}" if k["early_q_release"] else f"CVT{w}" if before else f"RESC{w}" if overlap else f"PV{w}"
         edges += [Edge("LQ", f"QK{w}", lag=mbar), Edge("LK", f"QK{w}", lag=mbar), Edge("LV", f"PV{w}", lag=mbar),
-                  Edge(f"QK{w}", f"MASK{w}" if masked_blocks else f"MAX{w}"),       # wgmma wait
+                  Edge(f"QK{w}", f"MAX{w}"),       # wgmma wait (S complete)
                   Edge(f"PV{w}", f"RESC{w}", distance=1),  # O of block j-1 is final before rescaling
                   Edge(f"PV{w}", f"FIN{w}"),
                   Edge(f"OSM{w}", "ST", lag=nbar),
                   Edge(f"QK{w}", "LK", S, kind="anti", lag=mbar),
                   Edge(f"PV{w}", "LV", S, kind="anti", lag=mbar),
                   Edge(q_free, "LQ", 1, per="tile", kind="anti", lag=mbar)]
+        if masked_blocks:  # the masked blocks (a tile's first) wait for S before their mask
+            edges.append(Edge(f"QK{w}", f"MASK{w}"))
         if not overlap:  # wait_group 0 before softmax: the previous PV has completed too
             edges.append(Edge(f"PV{w}", f"MAX{w}", distance=1))
         elif not k["exp_overlaps_pv"]:  # as compiled: the PV wait sits between row max and exp2s
