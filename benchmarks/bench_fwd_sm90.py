@@ -134,9 +134,11 @@ class Impls:
 
         return run
 
-    def ours_clock_probe(self, q, k, v, causal, **knobs):
+    def ours_clock_probe(self, q, k, v, causal, one_tile_per_cta=False, **knobs):
         """The clock-probe build (same kernel + CTA 0's clock64/globaltimer at start and end):
-        returns (fn, read) where read() appends this launch's in-kernel clock (GHz) to .ghz."""
+        returns (fn, read) where read() appends this launch's in-kernel clock (GHz) to .ghz.
+        one_tile_per_cta: launched as ours_one_tile_per_cta launches."""
+        from fa4kernel import interface
         from fa4kernel.interface import attention_probed
         from fa4kernel.trace import header_clock
 
@@ -145,7 +147,11 @@ class Impls:
         box = {"st": torch.zeros((TRACE_WORDS,), dtype=torch.int64, device=q.device)}  # CTA 0
 
         def run():
-            out, _ = attention_probed(q, k, v, causal=causal, stamps=box["st"], **knobs)
+            interface.PERSISTENT = not one_tile_per_cta
+            try:
+                out, _ = attention_probed(q, k, v, causal=causal, stamps=box["st"], **knobs)
+            finally:
+                interface.PERSISTENT = True
             return out
 
         def read():
@@ -179,6 +185,14 @@ class Impls:
 # ran at, since the candidates alternate every few ms; fa4sim validate turns cycles into time
 # with it. Its own ms also shows the probe costs nothing (compare with "fa4kernel").
 PROBE = "fa4kernel[clock probe]"
+# The same for each variant of our kernel timed at a point (a knob, one CTA per tile): its own
+# clock, which need not be the default's (a launch with idle SMs between CTAs draws less power
+# and may run faster); fa4sim validate predicts each variant at its own. Named
+# "fa4kernel[clock probe:<variant>]", recorded as point["clock_ghz_in_kernel_by_variant"].
+
+
+def variant_probe(label):
+    return f"fa4kernel[clock probe:{label}]"
 
 
 def _record_clock(point, ghz):
@@ -219,13 +233,18 @@ def _first_calls(cands, point) -> dict:
     return ok
 
 
-def _time_into(point, ok, reps, flop, probe_read):
-    """Time the candidates round-robin and record ms, TFLOP/s, NVML MHz and the in-kernel clock."""
-    timed = time_interleaved(ok, reps=reps, after_batch={PROBE: probe_read})
+def _time_into(point, ok, reps, flop, probe_read, variant_reads=None):
+    """Time the candidates round-robin and record ms, TFLOP/s, NVML MHz and the in-kernel clock
+    (the default's, and each variant's where it has a probe)."""
+    reads = {PROBE: probe_read, **{variant_probe(v): r for v, r in (variant_reads or {}).items()}}
+    timed = time_interleaved(ok, reps=reps, after_batch={n: r for n, r in reads.items() if n in ok})
     for name, (med, lo, hi, mhz) in timed.items():
         point["results"][name].update(ms=med, ms_min=lo, ms_max=hi, tflops=flop / (med * 1e-3) / 1e12,
                                       sm_mhz=mhz)
     _record_clock(point, probe_read.ghz)
+    by_variant = {v: statistics.median(r.ghz) for v, r in (variant_reads or {}).items() if r.ghz}
+    if by_variant:
+        point["clock_ghz_in_kernel_by_variant"] = by_variant
 
 
 def bench_point(impls, b, s, h, d, causal, results, quick, knobs=None, label=None, peers=True):
@@ -239,10 +258,16 @@ def bench_point(impls, b, s, h, d, causal, results, quick, knobs=None, label=Non
     probe_fn, probe_read = impls.ours_clock_probe(q, k, v, causal, **(knobs or {}))
     cands.append((PROBE, probe_fn))
     cfg0 = fa4kernel.interface.resolve_config(q, k, v, causal, **(knobs or {}))  # as attention() runs it
+    variant_reads = {}
     if peers and cfg0.persistent:  # persistent by default: also time 1 tile/CTA
         cands.append(("fa4kernel[1 tile/CTA]", impls.ours_one_tile_per_cta(q, k, v, causal, **(knobs or {}))))
+        fn, variant_reads["1 tile/CTA"] = impls.ours_clock_probe(q, k, v, causal, one_tile_per_cta=True, **(knobs or {}))
+        cands.append((variant_probe("1 tile/CTA"), fn))
     if peers and causal and not cfg0.persistent:  # one CTA per tile by default: also time persistent
-        cands.append(("fa4kernel[persistent=True]", impls.ours(q, k, v, causal, **{**(knobs or {}), "persistent": True})))
+        kn = {**(knobs or {}), "persistent": True}
+        cands.append(("fa4kernel[persistent=True]", impls.ours(q, k, v, causal, **kn)))
+        fn, variant_reads["persistent=True"] = impls.ours_clock_probe(q, k, v, causal, **kn)
+        cands.append((variant_probe("persistent=True"), fn))
     if peers:
         if impls.fa4 is not None:
             cands.append(("flash-attn-4", impls.flash_attn_4(q, k, v, causal)))
@@ -250,7 +275,7 @@ def bench_point(impls, b, s, h, d, causal, results, quick, knobs=None, label=Non
                   ("sdpa-flash", impls.sdpa(q, k, v, causal, "flash"))]
     ok = _first_calls(cands, point)
     if ok:
-        _time_into(point, ok, reps, f, probe_read)
+        _time_into(point, ok, reps, f, probe_read, variant_reads)
     if knobs is not None or label is None:
         point["fa4kernel_config"] = cfg0.as_dict()
         point["fa4kernel_compile_s"] = fa4kernel.COMPILE_TIMES.get(cfg0)
@@ -273,9 +298,12 @@ def bench_knobs(impls, b, s, h, d, causal, variants, results, quick):
     fns = {}
     probe_fn, probe_read = impls.ours_clock_probe(q, k, v, causal)
     fns[PROBE] = probe_fn
+    variant_reads = {}
     for label, kn in variants:
         fns[f"fa4kernel[{label}]"] = impls.ours(q, k, v, causal, **kn)
         point["configs"][label] = fa4kernel.interface.resolve_config(q, k, v, causal, **kn).as_dict()
+        if kn:  # the default's clock is the plain probe's
+            fns[variant_probe(label)], variant_reads[label] = impls.ours_clock_probe(q, k, v, causal, **kn)
     if impls.fa4 is not None:
         fns["flash-attn-4"] = impls.flash_attn_4(q, k, v, causal)
     fns["sdpa-cudnn"] = impls.sdpa(q, k, v, causal, "cudnn")
@@ -283,7 +311,7 @@ def bench_knobs(impls, b, s, h, d, causal, variants, results, quick):
     for label, kn in variants:
         cfg = fa4kernel.interface.resolve_config(q, k, v, causal, **kn)
         point["compile_s"][label] = fa4kernel.COMPILE_TIMES.get(cfg)
-    _time_into(point, ok, 5 if quick else 11, f, probe_read)
+    _time_into(point, ok, 5 if quick else 11, f, probe_read, variant_reads)
     results.append(point)
     for name, r in point["results"].items():
         val = f"{r['tflops']:.0f}" if "tflops" in r else "ERR"

@@ -130,6 +130,8 @@ def main():
     ap.add_argument("--out", required=True, help="results JSON")
     ap.add_argument("--quick", action="store_true", help="hd256 1k causal only, 3 launches")
     ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--only", help="comma-separated indices into POINTS (e.g. 3,8: hd128 1k causal, persistent "
+                                   "and one CTA per tile)")
     a = ap.parse_args()
     import torch
 
@@ -138,7 +140,7 @@ def main():
     res = {"device": torch.cuda.get_device_name(), "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
            "torch": torch.__version__, "cutlass_dsl": getattr(cutlass, "__version__", "?"),
            "sms": torch.cuda.get_device_properties(0).multi_processor_count, "points": []}
-    pts = POINTS[:1] if a.quick else POINTS
+    pts = POINTS[:1] if a.quick else [POINTS[int(i)] for i in a.only.split(",")] if a.only else POINTS
     for i, (hd, s, causal, knobs) in enumerate(pts):
         p = run_point(hd, s, causal, knobs, 3 if a.quick else a.reps)
         res["points"].append(p)

@@ -16,6 +16,8 @@ H100). fa4sim predicts cycles; a time needs a clock. When the benchmark recorded
 clock of a point (`clock_ghz_in_kernel`: clock64 / globaltimer of our kernel's clock-probe build,
 timed round-robin with the others), every prediction for that point is made at that clock, so the
 error measures the cycle model alone ("clock": "measured"); otherwise at the profile's clock_ghz.
+A variant of our kernel with its own probe (clock_ghz_in_kernel_by_variant) is predicted at its
+own clock where its launch and its baseline's are persistent (the probe reads CTA 0).
 `at_profile_clock=True` forces the profile's clock everywhere.
 """
 from __future__ import annotations
@@ -65,8 +67,9 @@ def profile_for(device: str) -> str:
 
 # variants bench_fwd_sm90.py records beside a point's default run, and what they change
 VARIANT_KNOBS = {"1 tile/CTA": {"persistent": False}, "persistent=True": {"persistent": True}}
-# timed beside the others only to read the in-kernel clock: not a knob, not a point
-NOT_VARIANTS = {"clock probe"}
+# timed beside the others only to read the in-kernel clock (the default's, "clock probe", and a
+# variant's own, "clock probe:<variant>"): not knobs, not points
+PROBE_PREFIX = "clock probe"
 
 
 def expand(points: list[dict]) -> list[dict]:
@@ -78,7 +81,9 @@ def expand(points: list[dict]) -> list[dict]:
     for p in points:
         plain = {k: v for k, v in p.get("results", {}).items() if not k.startswith("fa4kernel[")}
         variants = {k[len("fa4kernel["):-1]: v for k, v in p.get("results", {}).items()
-                    if k.startswith("fa4kernel[") and k.endswith("]") and k[len("fa4kernel["):-1] not in NOT_VARIANTS}
+                    if k.startswith("fa4kernel[") and k.endswith("]")
+                    and not k[len("fa4kernel["):].startswith(PROBE_PREFIX)}
+        clocks = p.get("clock_ghz_in_kernel_by_variant") or {}
         keep = {k: v for k, v in p.items() if k not in ("results", "configs", "compile_s")}
         if plain and "fa4kernel" in plain or not variants:
             out.append({**keep, "results": plain})
@@ -86,7 +91,11 @@ def expand(points: list[dict]) -> list[dict]:
             config = (p.get("configs") or {}).get(name) or dict(p.get("fa4kernel_config") or {})
             config = {**config, **VARIANT_KNOBS.get(name, {})}
             base = "default" if p.get("label") == "knobs" else p.get("label", "main")
-            out.append({**keep, "label": name, "baseline": base if name != "default" else None,
+            # its own clock where its probe and the baseline's each span their launch: the probe
+            # reads CTA 0, which in a launch of one CTA per tile lives for the first tile only
+            spans = config.get("persistent") and (p.get("fa4kernel_config") or {}).get("persistent", True)
+            own = {"clock_ghz_in_kernel": clocks[name]} if name in clocks and spans else {}
+            out.append({**keep, **own, "label": name, "baseline": base if name != "default" else None,
                         "results": {"fa4kernel": res}, "fa4kernel_config": config})
     return out
 

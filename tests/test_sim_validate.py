@@ -135,3 +135,28 @@ def test_pv_wait_sass_what_if(tmp_path, capsys):
     f.write_text(json.dumps(doc))
     assert main(["validate", str(f), "--hw", "h100", "--pv-wait", "sass"]) == 0
     assert "median |error|" in capsys.readouterr().out
+
+
+def test_each_variant_is_predicted_at_its_own_clock():
+    """bench_fwd_sm90 probes the in-kernel clock of each variant too ("fa4kernel[clock probe:<v>]",
+    point["clock_ghz_in_kernel_by_variant"]). A variant is predicted at its own clock where its
+    launch and its baseline's are persistent (CTA 0, which the probe reads, spans the launch);
+    a one-CTA-per-tile variant keeps the default's. The probes are neither knobs nor points."""
+    on = {"persistent": True}
+    p = {"batch": 2, "seqlen": 8192, "heads": 16, "hdim": 128, "causal": False, "label": "knobs",
+         "configs": {"default": on, "pingpong=False": {**on, "pingpong": False},
+                     "kv_stages=3": {"kv_stages": 3, "persistent": False}},
+         "results": {"fa4kernel[default]": {"tflops": 600.0}, "fa4kernel[pingpong=False]": {"tflops": 610.0},
+                     "fa4kernel[kv_stages=3]": {"tflops": 580.0}, "fa4kernel[clock probe]": {"tflops": 600.0},
+                     "fa4kernel[clock probe:pingpong=False]": {"tflops": 610.0},
+                     "fa4kernel[clock probe:kv_stages=3]": {"tflops": 580.0}},
+         "clock_ghz_in_kernel": 1.60,
+         "clock_ghz_in_kernel_by_variant": {"pingpong=False": 1.70, "kv_stages=3": 1.50}}
+    rows = {r["label"]: r for r in validate.compare({"meta": DOC["meta"], "points": [p]}, "h100")["points"]}
+    assert set(rows) == {"default", "pingpong=False", "kv_stages=3"}
+    assert rows["default"]["clock_ghz"] == 1.60 and rows["pingpong=False"]["clock_ghz"] == 1.70
+    assert rows["kv_stages=3"]["clock_ghz"] == 1.60  # its probe saw the first tile only
+    same = {r["label"]: r for r in validate.compare({"meta": DOC["meta"], "points": [
+        {**p, "clock_ghz_in_kernel_by_variant": {}}]}, "h100")["points"]}
+    assert rows["pingpong=False"]["predicted_tflops"] == pytest.approx(
+        same["pingpong=False"]["predicted_tflops"] * 1.70 / 1.60, rel=0.02)
