@@ -504,6 +504,50 @@ if not logs:
 # first loads are shared), but not exactly by the model's factor. A few thousand cycles per SM are
 # ~4 % of this 150 us launch, and nothing at 16k tokens: why short sequences are hard.
 #
+# ### Exercise 3.7: a burst of multiplies beside a GEMM
+# At hd256 each warp rescales its O accumulator, 128 FMULs per thread, while the other warpgroup's
+# wgmma runs on the tensor core. On Hopper both use the register file. Does a burst of 128
+# independent FMULs from another warpgroup slow a running wgmma by more than 5 %?
+# `benchmarks/calibrate/bench_bursts.py` measured exactly that (one CTA, H100 and H200). Answer
+# True or False.
+
+# %%
+slows_it = None  # <- your answer: True or False
+
+# %%
+# SOLUTION (try the exercise first).
+if slows_it is None:
+    slows_it = False  # 128-long bursts cost the tensor core almost nothing; 512-long ones do
+
+# %%
+bursts = kit.recorded("bursts_*_2026-11-22.json")
+for path, doc in bursts:
+    b = doc["benchmarks"]["bursts"]
+    for key in ("fmul_F2_b1_gap0", "fmul_F2_b4_gap1000"):
+        r = b[key]
+        print(f"{doc['meta']['device']}: {r['blocks'] * 128:4d}-FMUL bursts, 2 warps per scheduler: "
+              f"wgmma x{r['wgmma_slowdown']:.3f}, the bursts issue at {r['stream_rate_per_smsp']:.3f} per clock "
+              f"per scheduler (alone: {b['fmul_alone_F2']['stream_rate_per_smsp']:.3f})")
+    kit.check(slows_it == (b["fmul_F2_b1_gap0"]["wgmma_slowdown"] > 1.05), "read the 128-FMUL row above")
+if not bursts:
+    print("No recorded bench_bursts results (benchmarks/results/bursts_*.json): nothing to compare against.")
+
+# What the model takes from it: the rescale's issue rate beside a GEMM (dense_issue_under_mma);
+# with the softmax mix's rate instead (issue_under_mma), the hd256 loop gets longer. (fa4kernel's
+# hd256 tile: 128 x 64, O rescaled before the PV GEMM.)
+hd256 = Problem(batch=2, heads=8, seqlen_q=8192, seqlen_k=8192, hdim=256)
+mix_rate = hardware.load("h100-measured").issue_under_mma
+for label, over in (("measured burst rate", {}), ("the mix's rate", {"dense_issue_under_mma": mix_rate})):
+    r = simulate("h100-measured", "fa3", hd256, {"tile_n": 64, **over})
+    print(f"O rescale at {label}: hd256 loop {r.interval:.0f} cycles per KV block")
+
+# %% [markdown]
+# Beside a running wgmma every kind of code issues at about half its own rate, bursts of
+# multiplies as much as the softmax; short bursts leave the tensor core alone, long ones starve
+# the warp that feeds it. Measured, one CTA of fa4kernel runs its hd256 loop in 2086 cycles per
+# block (H100); the model, with the burst rate, says ~2290: still ~10 % long, and the README says
+# where we think the rest hides.
+#
 # ## What to remember
 #
 # - Warp specialisation, ping-pong and intra-warpgroup overlap all serve one purpose: keep the
