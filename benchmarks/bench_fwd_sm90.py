@@ -137,29 +137,41 @@ class Impls:
     def ours_clock_probe(self, q, k, v, causal, one_tile_per_cta=False, **knobs):
         """The clock-probe build (same kernel + CTA 0's clock64/globaltimer at start and end):
         returns (fn, read) where read() appends this launch's in-kernel clock (GHz) to .ghz.
-        one_tile_per_cta: launched as ours_one_tile_per_cta launches."""
+        one_tile_per_cta: launched as ours_one_tile_per_cta launches. A persistent launch's CTA 0
+        spans the launch; in a launch of one CTA per tile it lives for the first tile only, so
+        there the CTA-log build is the probe instead (every CTA's clock64 and globaltimer at its
+        start and end) and the clock is the launch's: all CTAs' cycles over all their ns."""
         from fa4kernel import interface
-        from fa4kernel.interface import attention_probed
-        from fa4kernel.trace import header_clock
+        from fa4kernel.interface import attention_probed, resolve_config
+        from fa4kernel.trace import cta_log, header_clock
 
         from fa4kernel.trace_layout import TRACE_WORDS
 
-        box = {"st": torch.zeros((TRACE_WORDS,), dtype=torch.int64, device=q.device)}  # CTA 0
+        box = {"st": torch.zeros((TRACE_WORDS,), dtype=torch.int64, device=q.device)}  # CTA 0 / all CTAs
+        every_cta = one_tile_per_cta or not resolve_config(q, k, v, causal, **knobs).persistent
 
         def run():
             interface.PERSISTENT = not one_tile_per_cta
             try:
-                out, _ = attention_probed(q, k, v, causal=causal, stamps=box["st"], **knobs)
+                out, _ = attention_probed(q, k, v, causal=causal, stamps=box["st"], cta_log=every_cta, **knobs)
             finally:
                 interface.PERSISTENT = True
             return out
 
         def read():
-            g = header_clock(box["st"][:5].tolist())["ghz"]
+            if every_cta:
+                rows = cta_log(box["st"].tolist(), 1 << 30)
+                ns = sum(r["end_ns"] - r["start_ns"] for r in rows)
+                g = sum(r["cycles"] for r in rows) / ns if ns > 0 else None
+                box["st"].zero_()
+            else:
+                g = header_clock(box["st"][:5].tolist())["ghz"]
             if g:
                 read.ghz.append(g)
 
         read.ghz = []
+        read.spans_launch = True  # CTA 0 of a persistent launch, or every CTA
+        read.every_cta = every_cta
         return run, read
 
     def flash_attn_4(self, q, k, v, causal):
@@ -242,9 +254,12 @@ def _time_into(point, ok, reps, flop, probe_read, variant_reads=None):
         point["results"][name].update(ms=med, ms_min=lo, ms_max=hi, tflops=flop / (med * 1e-3) / 1e12,
                                       sm_mhz=mhz)
     _record_clock(point, probe_read.ghz)
+    point["clock_probe_every_cta"] = probe_read.every_cta
     by_variant = {v: statistics.median(r.ghz) for v, r in (variant_reads or {}).items() if r.ghz}
     if by_variant:
         point["clock_ghz_in_kernel_by_variant"] = by_variant
+        # every probe now spans its launch (CTA 0 of a persistent one, else the CTA log)
+        point["clock_probes_span_launch"] = True
 
 
 def bench_point(impls, b, s, h, d, causal, results, quick, knobs=None, label=None, peers=True):

@@ -17,7 +17,9 @@ clock of a point (`clock_ghz_in_kernel`: clock64 / globaltimer of our kernel's c
 timed round-robin with the others), every prediction for that point is made at that clock, so the
 error measures the cycle model alone ("clock": "measured"); otherwise at the profile's clock_ghz.
 A variant of our kernel with its own probe (clock_ghz_in_kernel_by_variant) is predicted at its
-own clock where its launch and its baseline's are persistent (the probe reads CTA 0).
+own clock where its probe and its baseline's span their launches (clock_probes_span_launch: the
+CTA-log build for launches of one CTA per tile; in older files only persistent launches, whose
+probe CTA 0 lives as long as the launch).
 `at_profile_clock=True` forces the profile's clock everywhere.
 """
 from __future__ import annotations
@@ -91,9 +93,11 @@ def expand(points: list[dict]) -> list[dict]:
             config = (p.get("configs") or {}).get(name) or dict(p.get("fa4kernel_config") or {})
             config = {**config, **VARIANT_KNOBS.get(name, {})}
             base = "default" if p.get("label") == "knobs" else p.get("label", "main")
-            # its own clock where its probe and the baseline's each span their launch: the probe
-            # reads CTA 0, which in a launch of one CTA per tile lives for the first tile only
-            spans = config.get("persistent") and (p.get("fa4kernel_config") or {}).get("persistent", True)
+            # its own clock where its probe and the baseline's each span their launch: files that
+            # say so probe a launch of one CTA per tile with the CTA log (every CTA); before that
+            # the probe read CTA 0, which there lives for the first tile only
+            spans = p.get("clock_probes_span_launch") or (
+                config.get("persistent") and (p.get("fa4kernel_config") or {}).get("persistent", True))
             own = {"clock_ghz_in_kernel": clocks[name]} if name in clocks and spans else {}
             out.append({**keep, **own, "label": name, "baseline": base if name != "default" else None,
                         "results": {"fa4kernel": res}, "fa4kernel_config": config})

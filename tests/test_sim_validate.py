@@ -160,3 +160,7 @@ def test_each_variant_is_predicted_at_its_own_clock():
         {**p, "clock_ghz_in_kernel_by_variant": {}}]}, "h100")["points"]}
     assert rows["pingpong=False"]["predicted_tflops"] == pytest.approx(
         same["pingpong=False"]["predicted_tflops"] * 1.70 / 1.60, rel=0.02)
+    # files whose probes all span their launch (the CTA log for one CTA per tile): every variant's own
+    spans = {r["label"]: r for r in validate.compare({"meta": DOC["meta"], "points": [
+        {**p, "clock_probes_span_launch": True}]}, "h100")["points"]}
+    assert spans["kv_stages=3"]["clock_ghz"] == 1.50
