@@ -170,7 +170,6 @@ class Impls:
                 read.ghz.append(g)
 
         read.ghz = []
-        read.spans_launch = True  # CTA 0 of a persistent launch, or every CTA
         read.every_cta = every_cta
         return run, read
 

@@ -38,15 +38,15 @@ if __package__ in (None, ""):  # run as a script path
 
 import cutlass  # noqa: E402
 import cutlass.cute as cute  # noqa: E402
-from cutlass import BFloat16, Float32, Int32, Int64, const_expr  # noqa: E402,F401
+from cutlass import BFloat16, Float32, Int32, Int64  # noqa: E402
 from cutlass.cute.nvgpu import warpgroup  # noqa: E402
-from cutlass.cutlass_dsl import T, dsl_user_op  # noqa: E402
+from cutlass.cutlass_dsl import dsl_user_op  # noqa: E402
 
 from fa4kernel.sass import loop_bodies  # noqa: E402
 
 from .bench_contention import KB, KT, LOG2E, N, PER_TRIP, _mix_block, _tiled_mma, fmul, lds_volatile, red_add_shared  # noqa: E402,E501
 from .bench_wgmma import _smem_layout  # noqa: E402
-from .common import _asm, clk, compile_for_sass, ffma, fill_random_bf16, median, smem_addr, sts32  # noqa: E402
+from .common import _asm, clk, compile_for_sass, ffma, fill_random_bf16, smem_addr, sts32  # noqa: E402
 
 THREADS = 384
 E = 32                 # registers per stream thread; a block is 4 passes over them = 128 instructions
