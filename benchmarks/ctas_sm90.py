@@ -22,6 +22,7 @@ import argparse
 import datetime as dt
 import json
 import os
+import re
 import statistics
 import sys
 
@@ -38,6 +39,10 @@ VARIANTS = [("default", {}, False), ("skip_softmax", {}, True),
             ("exp_emulation=0.25", {"exp_emulation": 0.25}, False),
             ("rescale_threshold=8", {"rescale_threshold": 8.0}, False)]
 
+
+# --only-knobs: the benchmark's hd128 8k knob set and the FA4 tricks alone and together
+KNOB_VARIANTS = VARIANTS + [("exp_emulation=0.125", {"exp_emulation": 0.125}, False),
+                            ("fa4_tricks(emu0.125,tau8)", {"exp_emulation": 0.125, "rescale_threshold": 8.0}, False)]
 
 ABLATIONS = ["max", "exp", "sum", "rescale", "exp,max,rescale,sum"]
 
@@ -237,11 +242,25 @@ def main():
     ap.add_argument("--causal", action="store_true",
                     help="with --only-knobs: the causal builds (one Q tile at the bottom of K, bottom-right "
                          "aligned: its unmasked blocks are the loop)")
+    ap.add_argument("--knob-hdims", default="128",
+                    help="with --only-knobs: the head dims to run the variants at (comma-separated; default 128)")
+    ap.add_argument("--knobs", default="",
+                    help="with --only-knobs: only these variants, by name (comma-separated, e.g. "
+                         "default,rescale_threshold=8,exp_emulation=0.25; default all)")
     ap.add_argument("--only-pin", action="store_true",
                     help="hd128, one CTA: the exp2s forced ahead of the PV wait (diagnostic build), RS/SS/no ping-pong")
     ap.add_argument("--only-ablations", action="store_true",
                     help="one CTA: default, skip_softmax and each softmax ablation (fa4kernel config.ABLATIONS)")
     args = ap.parse_args()
+    variants = KNOB_VARIANTS
+    wanted = [w for w in re.split(r",(?![^(]*\))", args.knobs) if w]  # names may hold commas in ()
+    unknown = sorted(set(wanted) - {name for name, _, skip in variants if not skip})
+    if unknown:
+        ap.error(f"--knobs: unknown variant(s) {', '.join(unknown)}; allowed: "
+                 + ", ".join(name for name, _, skip in variants if not skip))
+    bad = [h for h in args.knob_hdims.split(",") if h not in ("64", "128", "256")]
+    if bad:
+        ap.error(f"--knob-hdims: {', '.join(bad)} not allowed; allowed: 64, 128, 256")
 
     import torch
 
@@ -298,11 +317,10 @@ def main():
                     point(hd, "shared", 1, ",".join(f"{a}={b}" for a, b in kn.items()), kn, False)
         return
     if args.only_knobs:  # the per-SM part of each knob delta the end-to-end benchmark records
-        for name, kn, skip in VARIANTS + [("exp_emulation=0.125", {"exp_emulation": 0.125}, False),
-                                          ("fa4_tricks(emu0.125,tau8)",
-                                           {"exp_emulation": 0.125, "rescale_threshold": 8.0}, False)]:
-            if not skip:
-                point(128, "shared", 1, name, kn, False, causal=args.causal)
+        for hd in (int(x) for x in args.knob_hdims.split(",")):
+            for name, kn, skip in variants:
+                if not skip and (not wanted or name in wanted):
+                    point(hd, "shared", 1, name, kn, False, causal=args.causal)
         return
     if args.only_pin:  # the exp2s forced ahead of the PV wait, with P in registers and in smem
         for kn in ({}, {"p_in_registers": False}, {"pingpong": False}):

@@ -1,4 +1,4 @@
-"""benchmarks/nvml_clock.py: NVML SM-clock sampling beside timed GPU work (no GPU needed here)."""
+"""benchmarks/nvml_clock.py: NVML SM-clock sampling beside timed GPU work; benchmarks/ctas_sm90.py's options (no GPU needed here)."""
 import os
 import sys
 
@@ -30,3 +30,19 @@ def test_window_statistics_from_samples():
     out = s.summary()
     assert out["run"] == {"mhz_mean": 1600.0, "mhz_min": 1500, "mhz_max": 1700, "n": 3}
     assert out["idle"]["n"] == 1 and "empty" not in out
+
+
+@pytest.mark.parametrize("args,says", [
+    (["--knobs", "default,foo"], "--knobs: unknown variant(s) foo; allowed: default,"),
+    (["--knob-hdims", "128,96"], "--knob-hdims: 96 not allowed; allowed: 64, 128, 256"),
+])
+def test_ctas_knob_options_fail_in_one_line_before_the_gpu(tmp_path, args, says):
+    """benchmarks/ctas_sm90.py --only-knobs picks variants and head dims by name; a wrong one is a
+    one-line usage error before torch or the GPU is touched (so it says the same on this CPU box)."""
+    import subprocess
+
+    cmd = [sys.executable, os.path.join(ROOT, "benchmarks", "ctas_sm90.py"), "--out", str(tmp_path / "x.json"),
+           "--only-knobs", *args]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert res.returncode == 2 and "Traceback" not in res.stderr
+    assert says in res.stderr.strip().splitlines()[-1]
