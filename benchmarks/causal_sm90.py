@@ -87,11 +87,10 @@ def tile_walk(hd, reps):
     import torch
 
     from fa4kernel import interface
-    from fa4kernel.config import make_config
 
     row = {"hdim": hd}
-    cfg = make_config("bfloat16", hd, True, False, {})
     q, k, v = (torch.randn(1, 1024, 2, hd, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    cfg = interface.resolve_config(q, k, v, True)  # the tile the causal launch runs (short-causal hd64: 128 rows)
     interface.MAX_CTAS = 1
     try:
         for causal in (False, True):
@@ -111,12 +110,12 @@ def full_launch(hd, reps):
     import torch
 
     from fa4kernel import attention
-    from fa4kernel.config import make_config
+    from fa4kernel.interface import resolve_config
 
     b, s, h = 16, 1024, 2048 // hd
-    cfg = make_config("bfloat16", hd, True, False, {})
     grid = torch.cuda.get_device_properties(0).multi_processor_count
     q, k, v = (torch.randn(b, s, h, hd, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    cfg = resolve_config(q, k, v, True)  # the tile the causal launch runs (short-causal hd64: 128 rows)
     flop = 4 * b * h * s * s * hd / 2
     rows = []
     from fa4kernel import interface

@@ -288,7 +288,10 @@ def main():
             q = torch.randn(1, sq, heads, hd, device=dev, dtype=torch.bfloat16)
             k = torch.randn(1, sk, heads, hd, device=dev, dtype=torch.bfloat16)
             v = torch.randn(1, sk, heads, hd, device=dev, dtype=torch.bfloat16)
-            cyc, ghz = probe_cycles(q, k, v, knobs, skip, args.reps, ablate, pin, causal)
+            # the tile recorded above, pinned: attention() would give a causal hd64 launch with
+            # seqlen_q <= 1024 its short-causal tile (128 rows; interface.SHORT_CAUSAL_TILES)
+            tiled = {"tile_m": tm, "tile_n": tn, **knobs}
+            cyc, ghz = probe_cycles(q, k, v, tiled, skip, args.reps, ablate, pin, causal)
             row["runs"][str(sk)] = {"cycles_cta0": cyc, "clock_ghz_in_kernel": ghz,
                                     "kv_blocks": -(-sk // tn)}
             del q, k, v
