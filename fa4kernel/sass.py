@@ -8,9 +8,10 @@ from __future__ import annotations
 import re
 
 
-def loop_bodies(sass: str) -> list[tuple[str, list[str]]]:
+def loop_bodies(sass: str, operands: bool = False) -> list[tuple[str, list[str]]]:
     """[(label, [opcode, ...])] for every backward branch (a loop body: label .. branch).
-    Predicates (@P0) are dropped; an opcode keeps its modifiers (HGMMA.64x128x16.F32.BF16)."""
+    Predicates (@P0) are dropped; an opcode keeps its modifiers (HGMMA.64x128x16.F32.BF16).
+    operands=True: whole instructions (FMUL R42, R42, R51.reuse) instead of opcodes."""
     labels = {}
     ops = []  # instruction texts, in order
     for line in sass.splitlines():
@@ -30,7 +31,8 @@ def loop_bodies(sass: str) -> list[tuple[str, list[str]]]:
         if s.startswith("BRA"):
             m = re.search(r"\((\.L_x_\d+)\)", s)
             if m and m.group(1) in labels and labels[m.group(1)] <= k:
-                out.append((m.group(1), [o.split()[0] for o in ops[labels[m.group(1)]:k + 1]]))
+                body = ops[labels[m.group(1)]:k + 1]
+                out.append((m.group(1), body if operands else [o.split()[0] for o in body]))
     return out
 
 

@@ -15,17 +15,20 @@ Kernel (384 threads = 3 warpgroups, one CTA on one SM):
      {clock64; a burst of `blocks` x 128 independent FP32 instructions on 32 registers
       (op 0: x = x * s, FMUL, s one register for all (the O rescale's shape);
        op 1: x = x * a + b, FFMA, as bench_contention; op 2: bench_contention's softmax-like mix,
-       180 instructions per block; op 3: integer LOP3 / IADD3 / IMAD, 129 per block);
+       180 instructions per block; op 3: integer LOP3 / IADD3 / IMAD, 129 per block;
+       op 4: x = max(x, s), FMNMX (the row max's pipe, half the FP32 rate); op 5: x = the bf16
+       pair (x, s) as f32 bits, F2FP.BF16.F32.PACK_AB (P's conversion; the same pipe));
      clock64; nanosleep(gap_ns) if gap_ns > 0}.
 Per stream warp: the cycles spent inside bursts and the trips, so the *in-burst* issue rate is
 measured beside the wgmma; per wgmma warp the window, so the tensor cycles lost per burst
 instruction are (window - alone cycles per wgmma x wgmmas) / (burst instructions per scheduler).
 
-    CUTE_DSL_ARCH=sm_90a python3 -m benchmarks.calibrate.bench_bursts --check-sass    # CPU, ~5 s
-    source .gpu/setup-device.sh; python3 benchmarks/calibrate/bench_bursts.py --out B.json   # GPU, ~20 s
+    CUTE_DSL_ARCH=sm_90a python3 -m benchmarks.calibrate.bench_bursts --check-sass    # CPU, ~10 s
+    source .gpu/setup-device.sh; python3 benchmarks/calibrate/bench_bursts.py --out B.json [--ops fmul,fmnmx]  # GPU, ~20 s
 
 Results (H100, H200) and what fa4sim takes from them (dense_issue_under_mma):
-benchmarks/calibrate/README.md, "Eighth session".
+benchmarks/calibrate/README.md, "Eighth session" (one kernel for all codes) and "Ninth session"
+(one kernel per code, FMNMX and F2FP added).
 """
 from __future__ import annotations
 
@@ -38,7 +41,7 @@ if __package__ in (None, ""):  # run as a script path
 
 import cutlass  # noqa: E402
 import cutlass.cute as cute  # noqa: E402
-from cutlass import BFloat16, Float32, Int32, Int64  # noqa: E402
+from cutlass import BFloat16, Float32, Int32, Int64, const_expr  # noqa: E402
 from cutlass.cute.nvgpu import warpgroup  # noqa: E402
 from cutlass.cutlass_dsl import dsl_user_op  # noqa: E402
 
@@ -46,18 +49,20 @@ from fa4kernel.sass import loop_bodies  # noqa: E402
 
 from .bench_contention import KB, KT, LOG2E, N, PER_TRIP, _mix_block, _tiled_mma, fmul, lds_volatile, red_add_shared  # noqa: E402,E501
 from .bench_wgmma import _smem_layout  # noqa: E402
-from .common import _asm, clk, compile_for_sass, ffma, fill_random_bf16, smem_addr, sts32  # noqa: E402
+from .common import _asm, clk, compile_for_sass, f2bf16x2, ffma, fill_random_bf16, fmax, smem_addr, sts32  # noqa: E402,E501
 
 THREADS = 384
 E = 32                 # registers per stream thread; a block is 4 passes over them = 128 instructions
 PER_BLOCK = 4 * E
 SLOTS = 8              # int64 per warp: t0, t1, burst cycles, trips, bursts
 WARPS = THREADS // 32
-OPS = {"fmul": 0, "ffma": 1, "mix": 2, "int": 3}
+OPS = {"fmul": 0, "ffma": 1, "mix": 2, "int": 3, "fmnmx": 4, "f2fp": 5}
 # warp instructions per block of each op (the mix: one pass of bench_contention's softmax-like mix
-# over 32 elements; int: 64 steps of u = (u ^ v) + w, which ptxas compiles to 64 LOP3 + 48 IADD3
-# + 17 IMAD on the regular integer pipe, not the uniform datapath)
-BLOCK_INSTR = {"fmul": 4 * E, "ffma": 4 * E, "mix": sum(PER_TRIP["mix"].values()), "int": 129}
+# over 32 elements; int: 64 steps of u = (u ^ v) + w, which ptxas compiles to 64 LOP3 and 64 adds
+# (IADD3 / IMAD, 15 / 49 since each code compiles alone) on the regular integer pipe, not the
+# uniform datapath; the eighth session's kernel held 129: 64 LOP3, 48 IADD3, 17 IMAD)
+BLOCK_INSTR = {"fmul": 4 * E, "ffma": 4 * E, "mix": sum(PER_TRIP["mix"].values()), "int": 128,
+               "fmnmx": 4 * E, "f2fp": 4 * E}
 ITERS = 400            # wgmma trips: 3200 wgmma of 64 cycles, ~205k cycles
 ALONE_TRIPS = 1500
 CAP_TRIPS = 1_000_000
@@ -69,9 +74,14 @@ def nanosleep(ns, *, loc=None, ip=None):
     _asm(None, [Int32(ns).ir_value()], "nanosleep.u32 $0;", "r")
 
 
-def make():
+def make(code: str):
+    """The kernel for one burst code (OPS): each code compiles alone, so its loop's registers do
+    not depend on the other codes (they did: with every code in one kernel, adding two codes turned
+    the in-place FMUL x = x * s into a rotating one, which runs slower beside a wgmma and slows it)."""
+    op = OPS[code]
+
     @cute.kernel
-    def kernel(stamps: cute.Tensor, sink: cute.Tensor, do_mma: Int32, nsf: Int32, op: Int32, blocks: Int32,
+    def kernel(stamps: cute.Tensor, sink: cute.Tensor, do_mma: Int32, nsf: Int32, blocks: Int32,
                gap_ns: Int32, iters: Int32, max_trips: Int32,
                tiled_mma: cute.TiledMma, sA_layout: cute.ComposedLayout, sB_layout: cute.ComposedLayout):
         tid = cute.arch.thread_idx()[0]
@@ -147,19 +157,29 @@ def make():
             while go != 0:
                 f = lds_volatile(flag_addr)
                 c0 = clk()
-                if op == 0:
+                if const_expr(op == 0):
                     for _b in cutlass.range(blocks, unroll=1):
                         for _u in cutlass.range_constexpr(4):
                             for j in cutlass.range_constexpr(E):
                                 x[j] = fmul(x[j], s)
-                elif op == 1:
+                elif const_expr(op == 1):
                     for _b in cutlass.range(blocks, unroll=1):
                         for _u in cutlass.range_constexpr(4):
                             for j in cutlass.range_constexpr(E):
                                 x[j] = ffma(x[j], a, b)
-                elif op == 2:
+                elif const_expr(op == 2):
                     for _b in cutlass.range(blocks, unroll=1):
                         x, m, lsum = _mix_block(x, m, lsum, sc, nsc, c4)
+                elif const_expr(op == 4):
+                    for _b in cutlass.range(blocks, unroll=1):
+                        for _u in cutlass.range_constexpr(4):
+                            for j in cutlass.range_constexpr(E):
+                                x[j] = fmax(x[j], s)
+                elif const_expr(op == 5):
+                    for _b in cutlass.range(blocks, unroll=1):
+                        for _u in cutlass.range_constexpr(4):
+                            for j in cutlass.range_constexpr(E):
+                                x[j] = f2bf16x2(x[j], s)  # x's bf16 in the high half: stays ~x
                 else:
                     for _b in cutlass.range(blocks, unroll=1):
                         for _u in cutlass.range_constexpr(64):
@@ -188,13 +208,13 @@ def make():
         sink[tid] = total
 
     @cute.jit
-    def host(stamps: cute.Tensor, sink: cute.Tensor, do_mma: Int32, nsf: Int32, op: Int32, blocks: Int32,
+    def host(stamps: cute.Tensor, sink: cute.Tensor, do_mma: Int32, nsf: Int32, blocks: Int32,
              gap_ns: Int32, iters: Int32, max_trips: Int32, stream):
         tiled_mma = _tiled_mma(False)
         sA_layout = _smem_layout(BFloat16, 64, KT, 2)
         sB_layout = _smem_layout(BFloat16, N, KT)
         smem = (cute.cosize(sA_layout) + cute.cosize(sB_layout)) * 2 + 3072
-        kernel(stamps, sink, do_mma, nsf, op, blocks, gap_ns, iters, max_trips, tiled_mma, sA_layout,
+        kernel(stamps, sink, do_mma, nsf, blocks, gap_ns, iters, max_trips, tiled_mma, sA_layout,
                sB_layout).launch(grid=[1, 1, 1], block=[THREADS, 1, 1], smem=smem, stream=stream)
 
     return host
@@ -203,44 +223,60 @@ def make():
 def fake_args():
     from .common import fake_stream, fake_tensor
 
-    return (fake_tensor(Int64, (WARPS * SLOTS,)), fake_tensor(Float32, (THREADS,)), Int32(1), Int32(1), Int32(0),
+    return (fake_tensor(Int64, (WARPS * SLOTS,)), fake_tensor(Float32, (THREADS,)), Int32(1), Int32(1),
             Int32(1), Int32(0), Int32(10), Int32(10), fake_stream())
 
 
 # ----------------------------------------------------------------------------- CPU: SASS check
 def check_sass() -> int:
-    """The burst loops hold exactly their planned instructions per block, the wgmma loop 8 HGMMA."""
-    sass, regs = compile_for_sass(make(), *fake_args(), with_registers=True)
-    ok = bool(regs) and ((regs + 7) // 8 * 8) * THREADS <= 65536
-    plans = {"fmul": {"FMUL": PER_BLOCK}, "ffma": {"FFMA": PER_BLOCK}, "wgmma": {"HGMMA": KB},
+    """Each code's kernel holds exactly its planned instructions per burst block, and its wgmma
+    loop 8 HGMMA; the FMUL burst is the O rescale's in-place form (FMUL Rx, Rx, Rs)."""
+    plans = {"fmul": {"FMUL": PER_BLOCK}, "ffma": {"FFMA": PER_BLOCK},
              "mix": {k.split(".")[0]: v for k, v in PER_TRIP["mix"].items()},
-             "int": {"LOP3": 64, "IADD3": 48, "IMAD": 17}}
-    seen = dict.fromkeys(plans, False)
-    for label, ops in loop_bodies(sass):
-        c = {}
-        for o in ops:
-            c[o.split(".")[0]] = c.get(o.split(".")[0], 0) + 1
-        for name, plan in plans.items():  # the tight loop: the plan plus at most 5 of loop control
-            if all(c.get(k, 0) == v for k, v in plan.items()) and len(ops) <= sum(plan.values()) + (13 if name == "wgmma" else 5):
-                seen[name] = True
-        print(f"  {label}: {len(ops)} instr {dict(sorted(c.items(), key=lambda kv: -kv[1])[:6])}")
-    ok = ok and all(seen.values())
-    print(f"{'ok' if ok else 'BAD'} bursts regs={regs} x {THREADS} threads, loops found {seen}")
+             "int": {"LOP3": 64, "IADD3+IMAD": 64},
+             "fmnmx": {"FMNMX": PER_BLOCK}, "f2fp": {"F2FP": PER_BLOCK}}
+    ok = True
+    for code, plan in plans.items():
+        sass, regs = compile_for_sass(make(code), *fake_args(), with_registers=True)
+        found = {"wgmma": False, code: False}
+        in_place = True
+        for _, ops in loop_bodies(sass, operands=True):
+            c = {}
+            for o in ops:
+                c[o.split(".")[0].split()[0]] = c.get(o.split(".")[0].split()[0], 0) + 1
+            c["IADD3+IMAD"] = c.get("IADD3", 0) + c.get("IMAD", 0)
+            if c.get("HGMMA", 0) == KB and len(ops) <= KB + 13:
+                found["wgmma"] = True
+            if all(c.get(k, 0) == v for k, v in plan.items()) and len(ops) <= BLOCK_INSTR[code] + 5:
+                found[code] = True  # the tight loop: the plan plus at most 5 of loop control
+                if code == "fmul":
+                    in_place = all(_in_place(o) for o in ops if o.startswith("FMUL"))
+        good = bool(regs) and ((regs + 7) // 8 * 8) * THREADS <= 65536 and all(found.values()) and in_place
+        ok = ok and good
+        print(f"{'ok' if good else 'BAD'} {code:6s} regs={regs} x {THREADS} threads, loops found {found}"
+              + ("" if in_place else ", FMUL not in place"))
     return 0 if ok else 1
 
 
+def _in_place(instr: str) -> bool:
+    """FMUL Rd, Rd, Rs (either operand order): the destination is one of its sources."""
+    regs = [r.split(".")[0] for r in instr.split(None, 1)[1].replace(" ", "").split(",")]
+    return regs[0] in regs[1:]
+
+
 # ----------------------------------------------------------------------------- GPU
-def run(dev) -> dict:
+def run(dev, ops=tuple(OPS)) -> dict:
     torch = dev.torch
     stamps = torch.zeros(WARPS * SLOTS, dtype=torch.int64, device="cuda")
     sink = torch.zeros(THREADS, dtype=torch.float32, device="cuda")
-    fn = make()
+    fns = {}
 
     def once(do_mma, nsf, op, blocks, gap_ns, max_trips):
+        fn = fns.setdefault(op, make(op))
         best = None
         for rep in range(REPS):
             stamps.zero_()
-            dev.call("bursts", fn, stamps, sink, Int32(do_mma), Int32(nsf), Int32(OPS[op]), Int32(blocks),
+            dev.call(f"bursts_{op}", fn, stamps, sink, Int32(do_mma), Int32(nsf), Int32(blocks),
                      Int32(gap_ns), Int32(ITERS), Int32(max_trips))
             st = stamps.cpu().tolist()
             rows = [st[w * SLOTS:(w + 1) * SLOTS] for w in range(WARPS)]
@@ -270,7 +306,7 @@ def run(dev) -> dict:
     out["mma_alone"] = alone
     a = alone["wgmma_cycles_per_instr"]
     print(f"  wgmma alone: {a:.1f} cycles per wgmma", flush=True)
-    for op in OPS:
+    for op in ops:
         for nsf in (1, 2):
             out[f"{op}_alone_F{nsf}"] = r = once(0, nsf, op, 1, 0, ALONE_TRIPS)
             print(f"  {op} F{nsf} alone: in-burst {r['in_burst_rate_per_warp']:.3f} warp-instr/clk/warp, "
@@ -298,7 +334,13 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", help="results JSON (GPU run)")
     ap.add_argument("--check-sass", action="store_true", help="CPU: compile for sm_90a and check the SASS")
+    ap.add_argument("--ops", default=",".join(OPS),
+                    help=f"GPU: the burst codes to time, comma-separated (default all: {', '.join(OPS)})")
     args = ap.parse_args(argv)
+    ops = [o for o in args.ops.split(",") if o]
+    if not ops or set(ops) - set(OPS):
+        ap.error(f"--ops: unknown code(s) {', '.join(sorted(set(ops) - set(OPS))) or '(none given)'}; "
+                 f"allowed: {', '.join(OPS)}")
     if args.check_sass:
         return check_sass()
     if not args.out:
@@ -308,7 +350,7 @@ def main(argv=None) -> int:
 
     t0 = time.perf_counter()
     dev = Device()
-    res = {"meta": meta(), "scripts": {"bursts": "bench_bursts.py"}, "benchmarks": {"bursts": run(dev)}}
+    res = {"meta": meta(), "scripts": {"bursts": "bench_bursts.py"}, "benchmarks": {"bursts": run(dev, ops)}}
     res["seconds"] = round(time.perf_counter() - t0, 2)
     with open(args.out, "w") as f:
         json.dump(res, f, indent=1)
