@@ -1,7 +1,7 @@
 """Where ptxas puts the PV wait in each build: the SASS table behind fa4sim's max/fma/mufu_before_pv.
 
     CUTE_DSL_ARCH=sm_90a python3 benchmarks/pv_wait_sass.py            # fa4kernel's builds (~1 min, CPU)
-    python3 benchmarks/pv_wait_sass.py --cubin DIR [DIR ...] --hdim H   # flash-attn-4 cubins, same counts
+    python3 benchmarks/pv_wait_sass.py --cubin DIR [DIR ...] --hdim H [--causal]  # flash-attn-4 cubins
 
 For every fa4kernel build the benchmark and the validation use (the defaults of hd 64 / 128 / 256,
 causal and not, and the hd128 knob variants), compiles the kernel for sm_90a with fake tensors,
@@ -58,7 +58,7 @@ def fa4kernel_rows() -> list[tuple[dict, dict]]:
     return variants + defaults  # the first matching row wins: variants before their default
 
 
-def cubin_rows(dirs: list[str], hdim: int) -> list[tuple[dict, dict]]:
+def cubin_rows(dirs: list[str], hdim: int, causal: bool | None = None) -> list[tuple[dict, dict]]:
     from cutlass.base_dsl.env_manager import _find_nvdisasm_binary
 
     rows = []
@@ -66,7 +66,8 @@ def cubin_rows(dirs: list[str], hdim: int) -> list[tuple[dict, dict]]:
         for cub in sorted(glob.glob(os.path.join(d, "*.cubin"))):
             sass = subprocess.run([_find_nvdisasm_binary(), "-c", cub], capture_output=True, text=True,
                                   check=True).stdout
-            rows.append(({"hdim": hdim}, split(sass)))
+            build = {"hdim": hdim} if causal is None else {"hdim": hdim, "causal": causal}
+            rows.append((build, split(sass)))
     return rows
 
 
@@ -75,9 +76,10 @@ def main(argv=None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--cubin", nargs="*", help="directories of flash-attn-4 cubins (one head dim)")
     ap.add_argument("--hdim", type=int, help="the head dim of those cubins")
+    ap.add_argument("--causal", action="store_true", help="those cubins are causal builds (the row says so)")
     args = ap.parse_args(argv)
     os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
-    rows = cubin_rows(args.cubin, args.hdim) if args.cubin else fa4kernel_rows()
+    rows = cubin_rows(args.cubin, args.hdim, True if args.causal else None) if args.cubin else fa4kernel_rows()
     for build, frac in rows:
         print(f"    ({build!r}, {frac!r}),")
     return 0

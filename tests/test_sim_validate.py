@@ -164,3 +164,13 @@ def test_each_variant_is_predicted_at_its_own_clock():
     spans = {r["label"]: r for r in validate.compare({"meta": DOC["meta"], "points": [
         {**p, "clock_probes_span_launch": True}]}, "h100")["points"]}
     assert spans["kv_stages=3"]["clock_ghz"] == 1.50
+
+
+def test_pv_wait_table_has_flash_attn_4_causal_builds():
+    """flash-attn-4's causal hd128 build waits for the PV GEMM earlier than its non-causal one (its
+    own SASS); at hd 64 and 256 the causal builds match the non-causal rows, which they share."""
+    from fa4sim.schedules.pv_wait_sm90 import fractions
+
+    causal, plain = fractions("flash-attn-4", 128, True, {}), fractions("flash-attn-4", 128, False, {})
+    assert causal["fma"] < plain["fma"] and causal["mufu"] < plain["mufu"]
+    assert fractions("flash-attn-4", 64, True, {}) == fractions("flash-attn-4", 64, False, {})
