@@ -520,7 +520,8 @@ if slows_it is None:
     slows_it = False  # 128-long bursts cost the tensor core almost nothing; 512-long ones do
 
 # %%
-bursts = kit.recorded("bursts_*_2026-11-22.json")
+# the in-place FMUL bursts of the eighth session (one kernel for all codes) and the ninth (one per code)
+bursts = kit.recorded("bursts_h*_2026-11-22.json") + kit.recorded("bursts_per_code_*_2026-11-22.json")
 for path, doc in bursts:
     b = doc["benchmarks"]["bursts"]
     for key in ("fmul_F2_b1_gap0", "fmul_F2_b4_gap1000"):
@@ -542,8 +543,21 @@ for label, over in (("measured burst rate", {}), ("the mix's rate", {"dense_issu
     print(f"O rescale at {label}: hd256 loop {r.interval:.0f} cycles per KV block")
 
 # %% [markdown]
+# The ninth session's run times every code in its own kernel and adds the row max's FMNMX and P's
+# F2FP pack (the ALU pipe, half the FP32 rate). Is "about half its own rate" a shared cap on
+# issue (then FMNMX, alone below the cap, would barely slow) or a slowdown of everything?
+
+# %%
+for path, doc in kit.recorded("bursts_per_code_*_2026-11-22.json"):
+    b = doc["benchmarks"]["bursts"]
+    print(doc["meta"]["device"])
+    for code in ("fmul", "ffma", "fmnmx", "f2fp", "mix", "int"):
+        alone, beside = b[f"{code}_alone_F2"]["stream_rate_per_smsp"], b[f"{code}_F2_b1_gap0"]["stream_rate_per_smsp"]
+        print(f"  {code:6s} alone {alone:.3f}, beside a wgmma {beside:.3f} per clock per scheduler: x{beside / alone:.2f}")
+
+# %% [markdown]
 # Beside a running wgmma every kind of code issues at about half its own rate, bursts of
-# multiplies as much as the softmax; short bursts leave the tensor core alone, long ones starve
+# multiplies as much as the softmax, the ALU-bound FMNMX too: a slowdown, not a cap; short bursts leave the tensor core alone, long ones starve
 # the warp that feeds it. Measured, one CTA of fa4kernel runs its hd256 loop in 2086 cycles per
 # block (H100); the model, with the burst rate, says ~2290: still ~10 % long, and the README says
 # where we think the rest hides.
