@@ -232,6 +232,8 @@ def main():
     ap.add_argument("--tiles", action="store_true",
                     help="also: per-tile cycles of one persistent CTA walking 1 and 9 tiles of 8 / 32 KV blocks")
     ap.add_argument("--only-tiles", action="store_true", help="the per-tile measurement only")
+    ap.add_argument("--tile-blocks", default="1,8,32",
+                    help="with --tiles / --only-tiles: the KV blocks per tile to time (comma-separated)")
     ap.add_argument("--only-short", action="store_true",
                     help="full-chip 8-block tiles (the 1k-token case): where K/V and Q come from")
     ap.add_argument("--only-loop", action="store_true",
@@ -341,7 +343,7 @@ def main():
     if args.tiles or args.only_tiles:
         res["tile_costs"] = []
         for hd in (int(x) for x in args.hdims.split(",")):
-            for blocks in (1, 8, 32):
+            for blocks in (int(x) for x in args.tile_blocks.split(",")):
                 t = tile_costs(hd, blocks)
                 res["tile_costs"].append(t)
                 print(f"tiles hd{hd} {blocks:3d} KV blocks: {t['cycles_per_tile']:.0f} cycles per tile "
