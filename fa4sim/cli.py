@@ -145,24 +145,39 @@ def cmd_sweep(a) -> int:
 
 def cmd_validate(a) -> int:
     from . import validate
-    doc = validate.load(a.results)
-    if validate.is_interval_file(doc):  # benchmarks/ctas_sm90.py: cycles per KV block
-        result = validate.compare_intervals(doc, a.hw)
-        print(json.dumps(result, indent=1) if a.json else validate.report_intervals(result))
-        return 0
-    if validate.is_idle_wg_file(doc):  # benchmarks/idle_wg_sm90.py: tiles with idle warpgroups
-        result = validate.compare_idle_wg(doc, a.hw)
-        print(json.dumps(result, indent=1) if a.json else validate.report_idle_wg(result))
-        return 0
-    result = validate.compare(doc, a.hw, a.at_profile_clock, a.pv_wait)
-    if a.plot:
-        validate.plot(result, a.plot)
+    docs = [(path, validate.load(path)) for path in a.results]
+    intervals = [validate.is_interval_file(doc) for _, doc in docs]
+    if a.plot and len(docs) > 1 and not all(intervals):
+        raise InputError("plot", "--plot with several files needs them all to be ctas_sm90.py files "
+                                 "(their per-SM knob deltas are drawn together); give one benchmark file otherwise")
+    out, per_sm = [], []
+    for path, doc in docs:
+        if len(docs) > 1 and not a.json:
+            print(f"== {path}")
+        if validate.is_interval_file(doc):  # benchmarks/ctas_sm90.py: cycles per KV block
+            result = validate.compare_intervals(doc, a.hw)
+            per_sm.append(result)
+            text = validate.report_intervals(result)
+        elif validate.is_idle_wg_file(doc):  # benchmarks/idle_wg_sm90.py: tiles with idle warpgroups
+            result = validate.compare_idle_wg(doc, a.hw)
+            text = validate.report_idle_wg(result)
+        else:
+            result = validate.compare(doc, a.hw, a.at_profile_clock, a.pv_wait)
+            if a.plot:
+                validate.plot(result, a.plot)
+            text = validate.report(result)
+        out.append(result)
+        if not a.json:
+            print(text)
+    if a.plot and per_sm:
+        validate.plot_knob_deltas(per_sm, a.plot)
     if a.json:
-        print(json.dumps(result, indent=1))
-    else:
-        print(validate.report(result))
-        if a.plot:
-            print(f"wrote {a.plot}")
+        print(json.dumps(out[0] if len(out) == 1 else out, indent=1))
+        return 0
+    if len(per_sm) > 1:
+        print(validate.report_scoreboard(validate.knob_scoreboard(per_sm), len(per_sm)))
+    if a.plot:
+        print(f"wrote {a.plot}")
     return 0
 
 
@@ -211,10 +226,13 @@ def build_parser() -> argparse.ArgumentParser:
                                     "and report per-point error, median and max |error|, and the knob deltas. "
                                     "Given a benchmarks/ctas_sm90.py file instead, compare exact steady-state "
                                     "cycles per KV block (no clock involved) and the per-SM knob deltas.")
-    va.add_argument("results", help="benchmark results JSON (benchmarks/results/sm90_fwd_*.json or ctas_*.json)")
+    va.add_argument("results", nargs="+", help="benchmark results JSON (benchmarks/results/sm90_fwd_*.json, or "
+                                               "ctas_*.json / knobs_loop_*.json: several of those add a scoreboard of "
+                                               "their per-SM knob deltas)")
     va.add_argument("--hw", default=None, help="profile to predict with (default: from the device name, "
                                                "a measured profile when there is one)")
-    va.add_argument("--plot", metavar="FILE.png", help="correlation plot: predicted vs measured with y = x")
+    va.add_argument("--plot", metavar="FILE.png", help="correlation plot: predicted vs measured with y = x (for "
+                                                      "ctas_sm90.py files: their per-SM knob deltas, +-3 pp band)")
     va.add_argument("--at-profile-clock", action="store_true",
                     help="predict at the profile's clock_ghz even where the benchmark recorded the in-kernel "
                          "clock of the point (default: at that measured clock, so the error is the cycle model's)")

@@ -225,14 +225,14 @@ def compare_intervals(doc: dict, hw: str | None = None) -> dict:
             cache[key] = r.interval
         sim = cache[key]
         meas = p["cycles_per_kv_block"]
-        rows.append({"hdim": hd, "n_ctas": n, "pattern": pattern, "variant": p.get("variant", "default"),
-                     "knobs": knobs, "measured_cycles": meas, "predicted_cycles": sim,
+        rows.append({"hdim": hd, "causal": bool(p.get("causal", False)), "n_ctas": n, "pattern": pattern,
+                     "variant": p.get("variant", "default"), "knobs": knobs, "measured_cycles": meas, "predicted_cycles": sim,
                      "error": (sim - meas) / meas if sim else None})
     deltas = []
     for r in rows:
         if r["variant"] == "default" or r["pattern"] != "shared":
             continue
-        b = next((x for x in rows if x["variant"] == "default" and x["hdim"] == r["hdim"]
+        b = next((x for x in rows if x["variant"] == "default" and x["hdim"] == r["hdim"] and x["causal"] == r["causal"]
                   and x["n_ctas"] == r["n_ctas"] and x["pattern"] == "shared"), None)
         if b is None or not b["predicted_cycles"] or not r["predicted_cycles"]:
             continue  # no periodic regime found in the simulated blocks: no interval to compare
@@ -241,7 +241,8 @@ def compare_intervals(doc: dict, hw: str | None = None) -> dict:
         keys = r["knobs"]["tile_n"] / b["knobs"]["tile_n"]
         meas = keys * b["measured_cycles"] / r["measured_cycles"] - 1
         pred = keys * b["predicted_cycles"] / r["predicted_cycles"] - 1
-        deltas.append({"knob": r["variant"], "hdim": r["hdim"], "n_ctas": r["n_ctas"], "measured_delta": meas,
+        deltas.append({"knob": r["variant"], "hdim": r["hdim"], "causal": r["causal"], "n_ctas": r["n_ctas"],
+                       "measured_delta": meas,
                        "predicted_delta": pred, "same_sign": (meas >= 0) == (pred >= 0) or abs(meas) < 0.005,
                        "difference_pp": 100 * (pred - meas)})
     shared = [abs(r["error"]) for r in rows if r["error"] is not None and r["pattern"] == "shared"]
@@ -311,9 +312,67 @@ def report_intervals(result: dict) -> str:
     if result["knob_deltas"]:
         lines.append("per-SM knob deltas (throughput change vs default at the same CTA count, measured / predicted):")
         for d in result["knob_deltas"]:
-            lines.append(f"  {d['knob']:24s} hd{d['hdim']:<3d} {d['n_ctas']:3d} CTAs {d['measured_delta']:+7.1%} / "
-                         f"{d['predicted_delta']:+7.1%}  {_verdict(d)}")
+            lines.append(f"  {d['knob']:24s} hd{d['hdim']:<3d}{' causal' if d.get('causal') else '       '} "
+                         f"{d['n_ctas']:3d} CTAs {d['measured_delta']:+7.1%} / {d['predicted_delta']:+7.1%}  {_verdict(d)}")
     return "\n".join(lines)
+
+
+def knob_scoreboard(results: list[dict]) -> dict:
+    """The per-SM knob deltas of several ctas_sm90.py files together: how many have the right sign
+    and lie within 3 percentage points, per head dim and causal or not, and overall."""
+    groups: dict = {}
+    for res in results:
+        for d in res["knob_deltas"]:
+            for key in ("all", f"hd{d['hdim']}{' causal' if d.get('causal') else ''}"):
+                g = groups.setdefault(key, {"deltas": 0, "same_sign": 0, "within_3pp": 0})
+                g["deltas"] += 1
+                g["same_sign"] += bool(d["same_sign"])
+                g["within_3pp"] += abs(d["difference_pp"]) <= 3.0
+    return groups
+
+
+def report_scoreboard(groups: dict, files: int) -> str:
+    lines = [f"per-SM knob deltas over {files} files: right sign / within 3 pp"]
+    for key in sorted(groups, key=lambda k: (k == "all", k)):
+        g = groups[key]
+        lines.append(f"  {key:12s} {g['same_sign']:3d} / {g['within_3pp']:3d} of {g['deltas']}")
+    return "\n".join(lines)
+
+
+def plot_knob_deltas(results: list[dict], path: str) -> str:
+    """Measured vs predicted per-SM knob deltas (ctas_sm90.py files), the +-3 pp band around y = x."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 6))
+    ds = [d for res in results for d in res["knob_deltas"]]
+    lim = max([abs(100 * d[k]) for d in ds for k in ("measured_delta", "predicted_delta")] + [5.0]) * 1.1
+    ax.fill_between([-lim, lim], [-lim - 3, lim - 3], [-lim + 3, lim + 3], color="0.9", label="within 3 pp")
+    ax.plot([-lim, lim], [-lim, lim], "k--", linewidth=0.8, label="y = x")
+    colors = {64: "#4C72B0", 128: "#55A868", 256: "#C44E52"}
+    for hd in sorted({d["hdim"] for d in ds}):
+        for causal, marker in ((False, "o"), (True, "^")):
+            sel = [d for d in ds if d["hdim"] == hd and bool(d.get("causal")) == causal]
+            if sel:
+                ax.scatter([100 * d["measured_delta"] for d in sel], [100 * d["predicted_delta"] for d in sel],
+                           color=colors.get(hd, "0.4"), marker=marker, alpha=0.8,
+                           label=f"hd{hd}{', causal' if causal else ''}")
+    ax.set_xlim(-lim, lim)
+    ax.set_ylim(-lim, lim)
+    devices = sorted({str(res["summary"]["device"]) for res in results})
+    g = knob_scoreboard(results).get("all", {"deltas": 0, "same_sign": 0, "within_3pp": 0})
+    ax.set_title(f"per-SM knob deltas, one CTA ({', '.join(devices)})\n"
+                 f"right sign {g['same_sign']} / {g['deltas']}, within 3 pp {g['within_3pp']} / {g['deltas']}",
+                 fontsize=8)
+    ax.set_xlabel("measured throughput change vs default (%)")
+    ax.set_ylabel("predicted throughput change vs default (%)")
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
 
 
 def knob_deltas(rows: list[dict]) -> list[dict]:

@@ -12,8 +12,12 @@ Figures:
                                (measured fa4kernel points where recorded)
   pingpong_timelines_h100.png  H100 hd64 timelines with ping-pong on and off
   rescale_rate_vs_tau.png      how often a warp rescales O, against tau (model and numpy count)
+  validation_<gpu>.png         predicted vs measured TFLOP/s, newest benchmark per GPU
+  knob_deltas_per_sm.png       per-SM knob deltas (one CTA), measured vs predicted, all knob loops
+  timeline_overlay_<run>.png   simulated vs measured timelines of the instrumented build
 
-Measurements come only from benchmarks/results/sm90_fwd_*.json (newest); nothing is invented.
+Measurements come only from benchmarks/results/ (sm90_fwd_*.json, knobs_loop_*.json,
+timeline_*/); nothing is invented.
 """
 from __future__ import annotations
 
@@ -258,6 +262,19 @@ def fig_validation():
     return ", ".join(f"validation_{t}.png" for t in sorted(newest)) or "(no recorded benchmark: no validation figure)"
 
 
+def fig_knob_deltas_per_sm():
+    """Measured vs predicted per-SM knob deltas of every recorded one-CTA knob loop (fa4sim validate
+    benchmarks/results/knobs_loop_*.json --plot)."""
+    from fa4sim import validate
+
+    paths = sorted(glob.glob(os.path.join(RESULTS, "knobs_loop_*.json")))
+    if not paths:
+        return "(no recorded knob loops: no per-SM knob figure)"
+    validate.plot_knob_deltas([validate.compare_intervals(validate.load(p)) for p in paths],
+                              out("knob_deltas_per_sm.png"))
+    return "knob_deltas_per_sm.png"
+
+
 def fig_timeline_overlays():
     """Simulated vs measured per-warp timelines for every recorded instrumented run."""
     sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
@@ -281,7 +298,7 @@ def main(argv=None) -> int:
     print(f"recorded SM90 measurement: {where}" if doc else "no recorded SM90 measurement: simulation only")
     jobs = [fig_fa4_timeline, fig_fa3_timeline, fig_feeds, lambda: fig_emulation(doc, where),
             lambda: fig_pingpong(doc, where), fig_pingpong_timelines, fig_rescale, fig_validation,
-            fig_timeline_overlays]
+            fig_knob_deltas_per_sm, fig_timeline_overlays]
     t_all = time.time()
     for job in jobs:
         t = time.time()

@@ -174,3 +174,42 @@ def test_pv_wait_table_has_flash_attn_4_causal_builds():
     causal, plain = fractions("flash-attn-4", 128, True, {}), fractions("flash-attn-4", 128, False, {})
     assert causal["fma"] < plain["fma"] and causal["mufu"] < plain["mufu"]
     assert fractions("flash-attn-4", 64, True, {}) == fractions("flash-attn-4", 64, False, {})
+
+
+def test_several_knob_loop_files_give_a_scoreboard_and_a_plot(tmp_path, capsys):
+    """fa4sim validate FILE FILE ... --plot: each ctas_sm90.py file reported, then their per-SM knob
+    deltas counted together (right sign, within 3 pp) per head dim and causal, and drawn."""
+    off = {"intra_wg_overlap": False}
+
+    def doc(causal, cycles_off):
+        pts = [interval_point("default", {}, 1, 2400.0), interval_point("intra_wg_overlap=False", off, 1, cycles_off)]
+        for p in pts:
+            p["causal"] = causal
+        return {"meta": {"device": "NVIDIA H100 80GB HBM3", "date": "2026-11-22", "seqlens_k": [2048, 4096]},
+                "points": pts}
+    files = []
+    # non-causal: 3 % slower without overlap (as the model says); causal: 10 % *faster* (it does not)
+    for i, (causal, cycles) in enumerate(((False, 2400 / 0.97), (True, 2400 / 1.10))):
+        f = tmp_path / f"k{i}.json"
+        f.write_text(json.dumps(doc(causal, cycles)))
+        files.append(str(f))
+    results = [validate.compare_intervals(validate.load(f), "h100-measured") for f in files]
+    deltas = [d for r in results for d in r["knob_deltas"]]
+    assert [d["causal"] for d in deltas] == [False, True]
+    assert all(-0.06 < d["predicted_delta"] < -0.01 for d in deltas)  # the model: overlap off costs a few %
+    board = validate.knob_scoreboard(results)
+    assert board == {"all": {"deltas": 2, "same_sign": 1, "within_3pp": 1},
+                     "hd128": {"deltas": 1, "same_sign": 1, "within_3pp": 1},
+                     "hd128 causal": {"deltas": 1, "same_sign": 0, "within_3pp": 0}}
+    png = tmp_path / "kd.png"
+    assert main(["validate", *files, "--hw", "h100-measured", "--plot", str(png)]) == 0
+    out = capsys.readouterr().out
+    assert "per-SM knob deltas over 2 files" in out and "1 /   1 of 2" in out and png.stat().st_size > 0
+
+
+def test_plot_of_several_files_needs_knob_loops(tmp_path, capsys):
+    f = tmp_path / "b.json"
+    f.write_text(json.dumps(DOC))
+    assert main(["validate", str(f), str(f), "--plot", str(tmp_path / "x.png")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--plot with several files" in err[0]
