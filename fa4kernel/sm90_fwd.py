@@ -901,12 +901,11 @@ class FlashFwdSm90:
             # n_block tested against a constant: with cutlass.range the trip count
             # (max(n, 2) - 2) was recomputed in every iteration.
             n_block = n_plain - 1
-            while n_block > 0:
-                kv_state = self._block_overlap(ctx, kv_state, n_block, False, tr, n_block_max - 1 - n_block)
+            while n_block >= 0:
+                kv_state = self._block_overlap(ctx, kv_state, n_block, False, tr, n_block_max - 1 - n_block,
+                                               (pipe_q, q_state, n_block == 0))
                 n_block -= 1
-            if n_plain > 0:
-                kv_state = self._block_overlap(ctx, kv_state, 0, False, tr, n_block_max - 1, (pipe_q, q_state))
-            elif n_block_max > 1:
+            if n_plain == 0 and n_block_max > 1:
                 pipe_q.consumer_release(q_state)
         else:
             # the unmasked blocks n_plain - 1 .. 0, counted down (see above)
@@ -1021,7 +1020,8 @@ class FlashFwdSm90:
         self._stamp(tr, T_QK, it, 1)
         pipe_k.consumer_release(kv_state)
         if const_expr(q_rel is not None):
-            q_rel[0].consumer_release(q_rel[1])  # the tile's last QK GEMM is done
+            if q_rel[2]:
+                q_rel[0].consumer_release(q_rel[1])  # the tile's last QK GEMM is done
         if const_expr(mask_causal):
             self._stamp(tr, T_MASK, it, 0)
             self._apply_mask(acc_S, tScS, t0ScS, m_block, n_block, seqlen_q, seqlen_k, False, True)

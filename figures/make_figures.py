@@ -262,12 +262,19 @@ def fig_validation():
     return ", ".join(f"validation_{t}.png" for t in sorted(newest)) or "(no recorded benchmark: no validation figure)"
 
 
+CURRENT_KNOB_LOOPS = ("knobs_loop_h*_2026-11-22_session9.json", "knobs_loop_causal_h*_2026-11-22_session9.json",
+                      "knobs_loop_hd64_256*_2026-11-22.json")
+
+
 def fig_knob_deltas_per_sm():
-    """Measured vs predicted per-SM knob deltas of every recorded one-CTA knob loop (fa4sim validate
-    benchmarks/results/knobs_loop_*.json --plot)."""
+    """Measured vs predicted per-SM knob deltas of the current kernel's one-CTA knob loops (fa4sim
+    validate FILES --plot)."""
     from fa4sim import validate
 
-    paths = sorted(glob.glob(os.path.join(RESULTS, "knobs_loop_*.json")))
+    # the current kernel's loops: hd128 re-measured after the ninth session's loop change (the
+    # older hd128 files, and *_old_kernel, describe the kernel before it); hd64 / hd256 compile
+    # to the same loop as before, so their files stand
+    paths = sorted(p for pat in CURRENT_KNOB_LOOPS for p in glob.glob(os.path.join(RESULTS, pat)))
     if not paths:
         return "(no recorded knob loops: no per-SM knob figure)"
     validate.plot_knob_deltas([validate.compare_intervals(validate.load(p)) for p in paths],

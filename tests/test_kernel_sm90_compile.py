@@ -74,10 +74,10 @@ def test_exp_emulation_moves_exp2_from_mufu_to_fma():
     ffma = [count(sass(128, exp_emulation=f), "FFMA") for f in fracs]
     assert all(a > b for a, b in zip(mufu, mufu[1:])), mufu
     assert all(a < b for a, b in zip(ffma, ffma[1:])), ffma
-    # hd128, tile 128x128, intra-WG overlap: 3 softmax copies in the code (first block, the loop
-    # body and the peeled last block of early_q_release), each 2 rows x 32 columns per thread =
-    # 64 exp2 per copy.
-    copies = 3 if make_config("bfloat16", 128, False, False, {}).early_q_release else 2
+    # hd128, tile 128x128, intra-WG overlap: 2 softmax copies in the code (the first block and the
+    # loop body; the loop's last block is not peeled since the ninth session), each 2 rows x 32
+    # columns per thread = 64 exp2 per copy.
+    copies = 2
     per_block_base = (mufu[0] - mufu[-1]) / copies
     assert per_block_base == 64, mufu
     per_block = [(m - mufu[-1]) / copies for m in mufu]
@@ -85,17 +85,20 @@ def test_exp_emulation_moves_exp2_from_mufu_to_fma():
 
 
 
-@pytest.mark.parametrize("hd,knobs", [(64, {}), (128, {}), (256, {"tile_n": 80, "rescale_before_pv": False})])
-def test_pv_wait_sits_before_the_exp2s(hd, knobs):
+@pytest.mark.parametrize("hd,knobs,most_before", [(64, {}, 6), (128, {}, 12),
+                                                  (256, {"tile_n": 80, "rescale_before_pv": False}, 6)])
+def test_pv_wait_sits_before_the_exp2s(hd, knobs, most_before):
     """The compiled order fa4sim's fa3 schedule models (knob exp_overlaps_pv = False): in the KV
     loop ptxas places the wait for the previous block's PV GEMM (the second WARPGROUP.DEPBAR,
-    gsb0 0x0) after the S wait and (part of) the row max, ahead of the block's exp2s, whatever the
-    source order. If a compiler update moves it, this fails and the model's default must follow."""
+    gsb0 0x0) after the S wait and (part of) the row max, ahead of most of the block's exp2s,
+    whatever the source order (hd128 issues 10 of its 66 before it since the ninth session's
+    unpeeled loop, 6 before). If a compiler update moves it, this fails and the model's default
+    must follow; each build's own position is in fa4sim/schedules/pv_wait_sm90.py."""
     between, after = around_pv_wait(kv_loop(sass(head_dim=hd, **knobs)))
     assert between.count("FMNMX") >= 16                      # row max work overlaps PV
-    assert between.count("MUFU.EX2") <= 6                    # the acc_scale exp2s, a few P exp2s at most
+    assert between.count("MUFU.EX2") <= most_before          # the acc_scale exp2s, a few P exp2s at most
     per_thread = make_config("bfloat16", hd, False, False, knobs).tile_n // 2  # a 64 x tile_n S over 128 threads
-    assert after.count("MUFU.EX2") >= per_thread - 6                   # the block's exp2s wait for PV
+    assert after.count("MUFU.EX2") >= per_thread - most_before       # the block's exp2s wait for PV
 
 
 def test_hd256_default_pv_wait_after_part_of_the_exp2s():

@@ -90,7 +90,7 @@ KNOBS = [
     Knob("rescale_rate", None, "fraction", "override: fraction of (warp, KV block) pairs that rescale (none = derive)", kind="float_or_none", minimum=0.0, maximum=1.0),
     Knob("tau_test_instr", lambda p, k: TAU_TEST_INSTR_BUILDS.get((p.hdim, p.causal), TAU_TEST_INSTR), "warp-instr",
          "with rescale_threshold: the instructions its test adds per warp and KV block, paid whether or not a "
-         "rescale is skipped (fa4kernel's SASS: 12, 13 at hd256, 67 in the causal hd128 build; TAU_TEST_INSTR)",
+         "rescale is skipped (fa4kernel's SASS: 12, 13 at hd256; TAU_TEST_INSTR)",
          kind="float", minimum=0.0),
     Knob("max_before_pv", 1.0, "fraction", "intra-WG overlap: share of the row max's FMNMX issued before the "
          "wait for the previous block's PV GEMM (the rest waits for it). Default: the whole max before, the "
@@ -130,7 +130,8 @@ KNOBS = [
 
 # BOOKKEEPING (knobs loop_overhead_fixed, loop_overhead_per_kstep): the KV loop's SASS holds
 # 25-45 % more instructions than the softmax phases (softmax.py) count: per consumer warp and KV block,
-# fa4kernel 415 / 464 / 400 instructions (hd64 192 x 128, hd128 128 x 128, hd256 128 x 64; CUDA 13.0
+# fa4kernel 415 / 464 / 400 instructions (467 at hd128 since the ninth session's unpeeled loop, which
+# tests its block number for the Q hand-back; hd64 192 x 128, hd128 128 x 128, hd256 128 x 64; CUDA 13.0
 # ptxas via nvidia-cutlass-dsl 4.8.1, fa4kernel.sass.kv_loop) against 328 / 359 / 278 modelled:
 # HGMMA plus 2-4 uniform-datapath ops per wgmma k-step (descriptor offsets), pipeline waits, arrives
 # and state, barriers, the loop test, row statistics. A line through 6 configurations (hd 64 / 128 /
@@ -149,14 +150,15 @@ O_STORE_FIXED = 480.0
 O_STORE_BYTES_PER_CLK = 36.0
 # rescale_threshold's test in the KV loop: fa4kernel's SASS (CUDA 13.0 ptxas) with tau = 8 has
 # 12 / 12 / 13 more instructions per warp and block than without (hd64 / 128 / 256, non-causal:
-# FSETP +4, VOTE +1, BRA +1, FSEL +2, and the scale's FMUL/FADD +2 each; causal hd64 / hd256 12 /
-# 12). The causal hd128 build is the exception, 67 more: there ptxas also moves the wgmma
-# descriptor arithmetic from the uniform datapath to the vector one (R2UR +32, IMAD +29, IADD3
-# +16, UIADD3 -23, BSSY/BSYNC +2 each), and one CTA's loop runs 2.9 % slower than without tau
-# instead of 0.5 % faster (benchmarks/results/knobs_loop*_h100_2026-11-22.json). flash-attn-4's
+# FSETP +4, VOTE +1, BRA +1, FSEL +2, and the scale's FMUL/FADD +2 each; causal 12 / 12 / 12).
+# Until the ninth session the causal hd128 build was the exception, 67 more: with the loop's last
+# block peeled (early_q_release) ptxas moved the wgmma descriptor arithmetic from the uniform
+# datapath to the vector one (R2UR +32, IMAD +29, IADD3 +16, UIADD3 -23), and one CTA's loop ran
+# 2.9 % slower than without tau (benchmarks/results/knobs_loop_causal_h100_2026-11-22.json); the
+# unpeeled loop keeps it uniform (knobs_loop_causal_*_session9.json: +0.7 %). flash-attn-4's
 # test is not counted.
 TAU_TEST_INSTR = 12.0
-TAU_TEST_INSTR_BUILDS = {(256, False): 13.0, (128, True): 67.0}  # (hdim, causal) -> count, else 12
+TAU_TEST_INSTR_BUILDS = {(256, False): 13.0}  # (hdim, causal) -> count, else 12
 PRODUCER_REGS = {2: 24, 3: 32}  # setmaxnreg of the producer WG (fa4-schedules.md)
 SMEM_CAPACITY = 232448          # 227 KB per CTA on SM90 (the profiles' smem_capacity_bytes)
 REG_OVERHEAD = 32               # addresses, loop state, row max/sum: an estimate
