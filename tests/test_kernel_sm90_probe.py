@@ -59,8 +59,9 @@ def test_exp_before_pv_wait_build_moves_the_exp2s_only():
     def ex2_before_wait(text):  # in the KV loop: between the S wait and the PV wait
         return around_pv_wait(kv_loop(text))[0].count("MUFU.EX2")
 
-    # plain: only the acc_scale exp2s and a few that ptxas slots in (the 64 of the block wait)
-    assert ex2_before_wait(plain) <= 8 and ex2_before_wait(pinned) >= 60
+    # plain: the acc_scale exp2s and a few that ptxas slots in (10 since the ninth session's
+    # unpeeled loop; most of the block's 64 wait)
+    assert ex2_before_wait(plain) <= 12 and ex2_before_wait(pinned) >= 60
     for op in ("HGMMA", "MUFU.EX2", "FMNMX"):
         assert count(pinned, op) == count(plain, op), op
     assert count(pinned, "STL") == 0
