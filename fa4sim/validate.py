@@ -367,12 +367,7 @@ def plot_knob_deltas(results: list[dict], path: str) -> str:
                  fontsize=8)
     ax.set_xlabel("measured throughput change vs default (%)")
     ax.set_ylabel("predicted throughput change vs default (%)")
-    ax.legend(fontsize=7)
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _save(fig, ax, path)
 
 
 def knob_deltas(rows: list[dict]) -> list[dict]:
@@ -394,6 +389,18 @@ def knob_deltas(rows: list[dict]) -> list[dict]:
                     "same_sign": (meas >= 0) == (pred >= 0) or abs(meas) < 0.01,
                     "difference_pp": 100 * (pred - meas)})
     return out
+
+
+def _save(fig, ax, path: str) -> str:
+    """The validation plots' common finish: legend, grid, PNG at 120 dpi."""
+    import matplotlib.pyplot as plt
+
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
 
 
 def plot(result: dict, path: str) -> str:
@@ -420,12 +427,7 @@ def plot(result: dict, path: str) -> str:
                  if med is not None else "no points", fontsize=8)
     ax.set_xlabel("measured TFLOP/s")
     ax.set_ylabel("predicted TFLOP/s")
-    ax.legend(fontsize=7)
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _save(fig, ax, path)
 
 
 def report(result: dict) -> str:

@@ -57,6 +57,7 @@ PER_BLOCK = 4 * E
 SLOTS = 8              # int64 per warp: t0, t1, burst cycles, trips, bursts
 WARPS = THREADS // 32
 OPS = {"fmul": 0, "ffma": 1, "mix": 2, "int": 3, "fmnmx": 4, "f2fp": 5}
+DENSE = (0, 1, 4, 5)  # the one-instruction codes: FMUL, FFMA, FMNMX, F2FP
 # warp instructions per block of each op (the mix: one pass of bench_contention's softmax-like mix
 # over 32 elements; int: 64 steps of u = (u ^ v) + w, which ptxas compiles to 64 LOP3 and 64 adds
 # (IADD3 / IMAD, 15 / 49 since each code compiles alone) on the regular integer pipe, not the
@@ -157,29 +158,21 @@ def make(code: str):
             while go != 0:
                 f = lds_volatile(flag_addr)
                 c0 = clk()
-                if const_expr(op == 0):
+                if const_expr(op in DENSE):  # 4 passes of one instruction over the 32 registers
                     for _b in cutlass.range(blocks, unroll=1):
                         for _u in cutlass.range_constexpr(4):
                             for j in cutlass.range_constexpr(E):
-                                x[j] = fmul(x[j], s)
-                elif const_expr(op == 1):
-                    for _b in cutlass.range(blocks, unroll=1):
-                        for _u in cutlass.range_constexpr(4):
-                            for j in cutlass.range_constexpr(E):
-                                x[j] = ffma(x[j], a, b)
+                                if const_expr(op == 0):
+                                    x[j] = fmul(x[j], s)
+                                elif const_expr(op == 1):
+                                    x[j] = ffma(x[j], a, b)
+                                elif const_expr(op == 4):
+                                    x[j] = fmax(x[j], s)
+                                else:
+                                    x[j] = f2bf16x2(x[j], s)  # x's bf16 in the high half: stays ~x
                 elif const_expr(op == 2):
                     for _b in cutlass.range(blocks, unroll=1):
                         x, m, lsum = _mix_block(x, m, lsum, sc, nsc, c4)
-                elif const_expr(op == 4):
-                    for _b in cutlass.range(blocks, unroll=1):
-                        for _u in cutlass.range_constexpr(4):
-                            for j in cutlass.range_constexpr(E):
-                                x[j] = fmax(x[j], s)
-                elif const_expr(op == 5):
-                    for _b in cutlass.range(blocks, unroll=1):
-                        for _u in cutlass.range_constexpr(4):
-                            for j in cutlass.range_constexpr(E):
-                                x[j] = f2bf16x2(x[j], s)  # x's bf16 in the high half: stays ~x
                 else:
                     for _b in cutlass.range(blocks, unroll=1):
                         for _u in cutlass.range_constexpr(64):
