@@ -39,3 +39,21 @@ def test_bench_bursts_loops_hold_their_planned_instructions(capsys):
     from benchmarks.calibrate import bench_bursts
 
     assert bench_bursts.check_sass() == 0, capsys.readouterr().out
+
+
+@pytest.mark.parametrize("args,says", [
+    (["--ops", "mix,mixx"], "--ops: unknown code(s) mixx; allowed: fmul,"),
+    (["--wgmma-n", "96"], "argument --wgmma-n: invalid choice: 96 (choose from 64, 128, 256)"),
+])
+def test_bench_bursts_options_fail_in_one_line_before_the_gpu(tmp_path, args, says):
+    """A wrong burst code or wgmma width is a one-line usage error before the GPU is touched."""
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    cmd = [sys.executable, os.path.join(root, "benchmarks", "calibrate", "bench_bursts.py"),
+           "--out", str(tmp_path / "x.json"), *args]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2 and "Traceback" not in res.stderr
+    assert says in res.stderr.strip().splitlines()[-1]

@@ -45,6 +45,7 @@ from cutlass import BFloat16, Float32, Int32, Int64, const_expr  # noqa: E402
 from cutlass.cute.nvgpu import warpgroup  # noqa: E402
 from cutlass.cutlass_dsl import dsl_user_op  # noqa: E402
 
+from fa4kernel.exp2_emulation import emulated_columns  # noqa: E402
 from fa4kernel.sass import loop_bodies  # noqa: E402
 
 from .bench_contention import KB, KT, LOG2E, N, PER_TRIP, _mix_block, _tiled_mma, fmul, lds_volatile, red_add_shared  # noqa: E402,E501
@@ -56,7 +57,13 @@ E = 32                 # registers per stream thread; a block is 4 passes over t
 PER_BLOCK = 4 * E
 SLOTS = 8              # int64 per warp: t0, t1, burst cycles, trips, bursts
 WARPS = THREADS // 32
-OPS = {"fmul": 0, "ffma": 1, "mix": 2, "int": 3, "fmnmx": 4, "f2fp": 5}
+OPS = {"fmul": 0, "ffma": 1, "mix": 2, "int": 3, "fmnmx": 4, "f2fp": 5, "mix_emu25": 6, "mix_emu12": 7,
+       "fmul+mix": 8}
+# two codes at once: warpgroup 1 runs the first, warpgroup 2 the second (one warp of each per
+# scheduler): does an O-rescale-like FMUL burst take issue slots from a softmax warp beside it?
+PAIRS = {"fmul+mix": ("fmul", "mix")}
+# the mix with a fraction of its 32 exp2s done by fa4kernel's polynomial (the columns fa4kernel picks)
+EMULATED = {"mix_emu25": emulated_columns(E, 0.25), "mix_emu12": emulated_columns(E, 0.125)}
 DENSE = (0, 1, 4, 5)  # the one-instruction codes: FMUL, FFMA, FMNMX, F2FP
 # warp instructions per block of each op (the mix: one pass of bench_contention's softmax-like mix
 # over 32 elements; int: 64 steps of u = (u ^ v) + w, which ptxas compiles to 64 LOP3 and 64 adds
@@ -64,6 +71,12 @@ DENSE = (0, 1, 4, 5)  # the one-instruction codes: FMUL, FFMA, FMNMX, F2FP
 # uniform datapath; the eighth session's kernel held 129: 64 LOP3, 48 IADD3, 17 IMAD)
 BLOCK_INSTR = {"fmul": 4 * E, "ffma": 4 * E, "mix": sum(PER_TRIP["mix"].values()), "int": 128,
                "fmnmx": 4 * E, "f2fp": 4 * E}
+# an emulated exp2 replaces one MUFU.EX2 by 8 instructions in SASS: FMNMX (clamp), FADD.RM, 2 FADD,
+# 3 FFMA, LEA (shift + add; CUDA 13.0 ptxas, checked by check_sass)
+EMU_PLAN = {"MUFU": -1, "FMNMX": 1, "FADD": 3, "FFMA": 3, "LEA": 1}
+for _code, _cols in EMULATED.items():
+    BLOCK_INSTR[_code] = BLOCK_INSTR["mix"] + len(_cols) * sum(EMU_PLAN.values())
+WGMMA_N = (64, 128, 256)  # --wgmma-n: FA3's GEMM widths (QK^T: tile_n; PV: head dim)
 ITERS = 400            # wgmma trips: 3200 wgmma of 64 cycles, ~205k cycles
 ALONE_TRIPS = 1500
 CAP_TRIPS = 1_000_000
@@ -75,11 +88,12 @@ def nanosleep(ns, *, loc=None, ip=None):
     _asm(None, [Int32(ns).ir_value()], "nanosleep.u32 $0;", "r")
 
 
-def make(code: str):
+def make(code: str, n: int = N):
     """The kernel for one burst code (OPS): each code compiles alone, so its loop's registers do
     not depend on the other codes (they did: with every code in one kernel, adding two codes turned
     the in-place FMUL x = x * s into a rotating one, which runs slower beside a wgmma and slows it)."""
     op = OPS[code]
+    pair = code in PAIRS
 
     @cute.kernel
     def kernel(stamps: cute.Tensor, sink: cute.Tensor, do_mma: Int32, nsf: Int32, blocks: Int32,
@@ -115,7 +129,7 @@ def make(code: str):
         wg_mma = tiled_mma.get_slice(0)
         tCrA = wg_mma.make_fragment_A(wg_mma.partition_A(sA[None, None, 0]))
         tCrB = wg_mma.make_fragment_B(wg_mma.partition_B(sB))
-        acc = cute.make_rmem_tensor(thr_mma.partition_shape_C((64, N)), Float32)
+        acc = cute.make_rmem_tensor(thr_mma.partition_shape_C((64, n)), Float32)
         acc.fill(0.0)
         atom = cute.make_mma_atom(tiled_mma.op)
         atom.set(warpgroup.Field.ACCUMULATE, True)
@@ -145,6 +159,7 @@ def make(code: str):
             a = Float32(0.999)
             b = Float32(0.001)
             x = [Float32(wtid) * Float32(1e-3) + Float32(0.01 * j + 0.05) for j in range(E)]
+            y = [v + Float32(0.5) for v in x]  # the pair's FMUL registers, apart from the mix's
             m = [Float32(0.0) for _ in range(4)]
             lsum = [Float32(0.0) for _ in range(4)]
             sc = Float32(LOG2E)
@@ -158,7 +173,16 @@ def make(code: str):
             while go != 0:
                 f = lds_volatile(flag_addr)
                 c0 = clk()
-                if const_expr(op in DENSE):  # 4 passes of one instruction over the 32 registers
+                if const_expr(pair):  # warpgroup 1: the FMUL burst, warpgroup 2: the mix
+                    if wg == 1:
+                        for _b in cutlass.range(blocks, unroll=1):
+                            for _u in cutlass.range_constexpr(4):
+                                for j in cutlass.range_constexpr(E):
+                                    y[j] = fmul(y[j], s)
+                    else:
+                        for _b in cutlass.range(blocks, unroll=1):
+                            x, m, lsum = _mix_block(x, m, lsum, sc, nsc, c4)
+                elif const_expr(op in DENSE):  # 4 passes of one instruction over the 32 registers
                     for _b in cutlass.range(blocks, unroll=1):
                         for _u in cutlass.range_constexpr(4):
                             for j in cutlass.range_constexpr(E):
@@ -170,9 +194,9 @@ def make(code: str):
                                     x[j] = fmax(x[j], s)
                                 else:
                                     x[j] = f2bf16x2(x[j], s)  # x's bf16 in the high half: stays ~x
-                elif const_expr(op == 2):
+                elif const_expr(op in (2, 6, 7)):
                     for _b in cutlass.range(blocks, unroll=1):
-                        x, m, lsum = _mix_block(x, m, lsum, sc, nsc, c4)
+                        x, m, lsum = _mix_block(x, m, lsum, sc, nsc, c4, EMULATED.get(code, ()))
                 else:
                     for _b in cutlass.range(blocks, unroll=1):
                         for _u in cutlass.range_constexpr(64):
@@ -189,6 +213,8 @@ def make(code: str):
             t1 = clk()
             for j in cutlass.range_constexpr(E):
                 total = total + x[j]
+                if const_expr(pair):
+                    total = total + y[j]
             for j in cutlass.range_constexpr(4):
                 total = total + m[j] + lsum[j]
             total = total + Float32(u)
@@ -203,9 +229,9 @@ def make(code: str):
     @cute.jit
     def host(stamps: cute.Tensor, sink: cute.Tensor, do_mma: Int32, nsf: Int32, blocks: Int32,
              gap_ns: Int32, iters: Int32, max_trips: Int32, stream):
-        tiled_mma = _tiled_mma(False)
+        tiled_mma = _tiled_mma(False, n)
         sA_layout = _smem_layout(BFloat16, 64, KT, 2)
-        sB_layout = _smem_layout(BFloat16, N, KT)
+        sB_layout = _smem_layout(BFloat16, n, KT)
         smem = (cute.cosize(sA_layout) + cute.cosize(sB_layout)) * 2 + 3072
         kernel(stamps, sink, do_mma, nsf, blocks, gap_ns, iters, max_trips, tiled_mma, sA_layout,
                sB_layout).launch(grid=[1, 1, 1], block=[THREADS, 1, 1], smem=smem, stream=stream)
@@ -228,25 +254,34 @@ def check_sass() -> int:
              "mix": {k.split(".")[0]: v for k, v in PER_TRIP["mix"].items()},
              "int": {"LOP3": 64, "IADD3+IMAD": 64},
              "fmnmx": {"FMNMX": PER_BLOCK}, "f2fp": {"F2FP": PER_BLOCK}}
+    for code, cols in EMULATED.items():
+        plans[code] = {k: v + len(cols) * EMU_PLAN.get(k, 0) for k, v in plans["mix"].items()}
+        plans[code]["LEA"] = len(cols) * EMU_PLAN["LEA"]
     ok = True
-    for code, plan in plans.items():
-        sass, regs = compile_for_sass(make(code), *fake_args(), with_registers=True)
-        found = {"wgmma": False, code: False}
+    # every code with the default wgmma; the mix with the other shapes --wgmma-n offers
+    builds = [(code, N) for code in OPS] + [("mix", n) for n in WGMMA_N if n != N]
+    for code, n in builds:  # a pair's kernel must hold both codes' loops
+        sass, regs = compile_for_sass(make(code, n), *fake_args(), with_registers=True)
+        parts = PAIRS.get(code, (code,))
+        found = {"wgmma": False, **{part: False for part in parts}}
         in_place = True
         for _, ops in loop_bodies(sass, operands=True):
             c = {}
             for o in ops:
                 c[o.split(".")[0].split()[0]] = c.get(o.split(".")[0].split()[0], 0) + 1
             c["IADD3+IMAD"] = c.get("IADD3", 0) + c.get("IMAD", 0)
-            if c.get("HGMMA", 0) == KB and len(ops) <= KB + 13:
+            # the wgmma loop: 8 HGMMA of the asked shape, its descriptor math on the uniform
+            # datapath (13 instructions at N = 128, 30 at N = 64, 45 at N = 256)
+            if c.get("HGMMA", 0) == KB and len(ops) <= KB + 48 and any(f"HGMMA.64x{n}x16" in o for o in ops):
                 found["wgmma"] = True
-            if all(c.get(k, 0) == v for k, v in plan.items()) and len(ops) <= BLOCK_INSTR[code] + 5:
-                found[code] = True  # the tight loop: the plan plus at most 5 of loop control
-                if code == "fmul":
-                    in_place = all(_in_place(o) for o in ops if o.startswith("FMUL"))
+            for part in parts:
+                if all(c.get(k, 0) == v for k, v in plans[part].items()) and len(ops) <= BLOCK_INSTR[part] + 5:
+                    found[part] = True  # the tight loop: the plan plus at most 5 of loop control
+                    if code == "fmul":  # (in the pair's kernel ptxas alternates every other register)
+                        in_place = all(_in_place(o) for o in ops if o.startswith("FMUL"))
         good = bool(regs) and ((regs + 7) // 8 * 8) * THREADS <= 65536 and all(found.values()) and in_place
         ok = ok and good
-        print(f"{'ok' if good else 'BAD'} {code:6s} regs={regs} x {THREADS} threads, loops found {found}"
+        print(f"{'ok' if good else 'BAD'} {code:6s} wgmma N={n} regs={regs} x {THREADS} threads, loops found {found}"
               + ("" if in_place else ", FMUL not in place"))
     return 0 if ok else 1
 
@@ -258,14 +293,14 @@ def _in_place(instr: str) -> bool:
 
 
 # ----------------------------------------------------------------------------- GPU
-def run(dev, ops=tuple(OPS)) -> dict:
+def run(dev, ops=tuple(OPS), n: int = N) -> dict:
     torch = dev.torch
     stamps = torch.zeros(WARPS * SLOTS, dtype=torch.int64, device="cuda")
     sink = torch.zeros(THREADS, dtype=torch.float32, device="cuda")
     fns = {}
 
     def once(do_mma, nsf, op, blocks, gap_ns, max_trips):
-        fn = fns.setdefault(op, make(op))
+        fn = fns.setdefault(op, make(op, n))
         best = None
         for rep in range(REPS):
             stamps.zero_()
@@ -281,29 +316,38 @@ def run(dev, ops=tuple(OPS)) -> dict:
                 win = max(x[1] for x in mma) - min(x[0] for x in mma)
                 r.update(mma_window=win, wgmma=ITERS * KB, wgmma_cycles_per_instr=win / (ITERS * KB))
             if sf:
-                instr = sum(x[3] for x in sf) * blocks * BLOCK_INSTR[op]  # warp instructions, all stream warps
+                codes = PAIRS.get(op, (op, op))  # warpgroup 1's code, warpgroup 2's
+                per_warp = [BLOCK_INSTR[codes[w // 4 - 1]] for w in range(WARPS) if 1 <= w // 4 <= nsf]
+                instr = blocks * sum(x[3] * n for x, n in zip(sf, per_warp))  # warp instructions, all stream warps
                 burst_cycles = sum(x[2] for x in sf)
                 win = max(x[1] for x in sf) - min(x[0] for x in sf)
                 r.update(stream_window=win, stream_warp_instr=instr, trips=[min(x[3] for x in sf), max(x[3] for x in sf)],
                          in_burst_rate_per_warp=instr / burst_cycles,          # warp-instr per clock inside a burst
+                         cycles_per_block=burst_cycles / (sum(x[3] for x in sf) * blocks),  # per stream warp
                          stream_rate_per_smsp=instr / win / 4,                 # over the whole window
                          burst_duty=burst_cycles / (win * len(sf)))
+                if op in PAIRS:  # each warpgroup's own numbers
+                    r["per_warpgroup"] = {
+                        c: {"cycles_per_block": sum(x[2] for x in g) / (sum(x[3] for x in g) * blocks),
+                            "in_burst_rate_per_warp": sum(x[3] for x in g) * blocks * BLOCK_INSTR[c] / sum(x[2] for x in g)}
+                        for c, g in zip(codes, (sf[:4], sf[4:])) if g}
             key = r.get("mma_window", r.get("stream_window"))
             if rep and (best is None or key < best[0]):
                 best = (key, r)
         return best[1]
 
-    out = {"constants": dict(N=N, wgmma_per_trip=KB, iters=ITERS, per_block=PER_BLOCK, threads=THREADS,
-                             ideal_wgmma_cycles=N / 2)}
+    out = {"constants": dict(N=n, wgmma_per_trip=KB, iters=ITERS, per_block=PER_BLOCK, threads=THREADS,
+                             ideal_wgmma_cycles=n / 2)}
     alone = once(1, 0, "fmul", 1, 0, 0)
     out["mma_alone"] = alone
     a = alone["wgmma_cycles_per_instr"]
     print(f"  wgmma alone: {a:.1f} cycles per wgmma", flush=True)
     for op in ops:
-        for nsf in (1, 2):
+        for nsf in (1, 2):  # a pair with one warpgroup: its first code alone, from the same binary
             out[f"{op}_alone_F{nsf}"] = r = once(0, nsf, op, 1, 0, ALONE_TRIPS)
-            print(f"  {op} F{nsf} alone: in-burst {r['in_burst_rate_per_warp']:.3f} warp-instr/clk/warp, "
-                  f"{r['stream_rate_per_smsp']:.3f} per SMSP", flush=True)
+            print(f"  {op} F{nsf} alone: {r['cycles_per_block']:.1f} cycles per block, in-burst "
+                  f"{r['in_burst_rate_per_warp']:.3f} warp-instr/clk/warp, "
+                  f"{r['stream_rate_per_smsp']:.3f} per SMSP" + _per_wg(r), flush=True)
         for nsf in (1, 2):
             for blocks, gap in ((1, 0), (1, 1000), (4, 1000)):
                 r = once(1, nsf, op, blocks, gap, CAP_TRIPS)
@@ -312,11 +356,19 @@ def run(dev, ops=tuple(OPS)) -> dict:
                 r["tensor_cycles_lost_per_instr_per_smsp"] = lost / (r["stream_warp_instr"] / 4)
                 r["wgmma_slowdown"] = r["wgmma_cycles_per_instr"] / a
                 out[f"{op}_F{nsf}_b{blocks}_gap{gap}"] = r
-                print(f"  {op} F{nsf} burst {blocks * PER_BLOCK:4d} gap {gap:4d} ns: wgmma x{r['wgmma_slowdown']:.3f}, "
+                print(f"  {op} F{nsf} {blocks} block(s) gap {gap:4d} ns: {r['cycles_per_block']:.1f} cycles per block, "
+                      f"wgmma x{r['wgmma_slowdown']:.3f}, "
                       f"in-burst {r['in_burst_rate_per_warp']:.3f} warp-instr/clk/warp, {r['stream_rate_per_smsp']:.3f} per SMSP, "
                       f"duty {r['burst_duty']:.2f}, "
-                      f"lost {r['tensor_cycles_lost_per_instr_per_smsp']:.3f} tensor cycles per instr per SMSP", flush=True)
+                      f"lost {r['tensor_cycles_lost_per_instr_per_smsp']:.3f} tensor cycles per instr per SMSP"
+                      + _per_wg(r), flush=True)
     return out
+
+
+def _per_wg(r: dict) -> str:
+    """A pair's per-warpgroup cycles per block and in-burst rate, for the console."""
+    return "".join(f"; {c}: {v['cycles_per_block']:.1f} cycles per block, {v['in_burst_rate_per_warp']:.3f} per warp"
+                   for c, v in r.get("per_warpgroup", {}).items())
 
 
 def main(argv=None) -> int:
@@ -329,6 +381,8 @@ def main(argv=None) -> int:
     ap.add_argument("--check-sass", action="store_true", help="CPU: compile for sm_90a and check the SASS")
     ap.add_argument("--ops", default=",".join(OPS),
                     help=f"GPU: the burst codes to time, comma-separated (default all: {', '.join(OPS)})")
+    ap.add_argument("--wgmma-n", type=int, default=N, choices=WGMMA_N,
+                    help=f"GPU: N of the running wgmma m64nNk16 (default {N}; FA3's QK^T and PV at head dim N)")
     args = ap.parse_args(argv)
     ops = [o for o in args.ops.split(",") if o]
     if not ops or set(ops) - set(OPS):
@@ -343,7 +397,7 @@ def main(argv=None) -> int:
 
     t0 = time.perf_counter()
     dev = Device()
-    res = {"meta": meta(), "scripts": {"bursts": "bench_bursts.py"}, "benchmarks": {"bursts": run(dev, ops)}}
+    res = {"meta": meta(), "scripts": {"bursts": "bench_bursts.py"}, "benchmarks": {"bursts": run(dev, ops, args.wgmma_n)}}
     res["seconds"] = round(time.perf_counter() - t0, 2)
     with open(args.out, "w") as f:
         json.dump(res, f, indent=1)

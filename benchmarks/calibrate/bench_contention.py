@@ -120,10 +120,10 @@ def red_add_shared(addr, val, *, loc=None, ip=None):
 
 
 # ----------------------------------------------------------------------------- shared pieces
-def _tiled_mma(rs):
+def _tiled_mma(rs, n=N):
     return sm90_helpers.make_trivial_tiled_mma(
         BFloat16, BFloat16, cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.K, Float32,
-        atom_layout_mnk=(1, 1, 1), tiler_mn=(64, N),
+        atom_layout_mnk=(1, 1, 1), tiler_mn=(64, n),
         a_source=warpgroup.OperandSource.RMEM if const_expr(rs) else warpgroup.OperandSource.SMEM)
 
 
@@ -277,10 +277,13 @@ def make_roles(rs: bool):
     return host
 
 
-def _mix_block(x, m, lsum, sc, nsc, c):
+def _mix_block(x, m, lsum, sc, nsc, c, emulated=()):
     """One FA3-softmax-like pass over the E elements of x (Python-level: unrolled at trace time);
     returns the new (x, m, lsum). Per element 1 FMNMX + 1 FFMA + 1 MUFU.EX2 + 1 FADD + 1 FMUL +
-    0.5 F2FP; per pass 3 FMNMX + 1 FMUL more (combine the partial maxima, scale)."""
+    0.5 F2FP; per pass 3 FMNMX + 1 FMUL more (combine the partial maxima, scale). The elements
+    in `emulated` take fa4kernel's polynomial exp2 (exp2_emulation.py) instead of MUFU.EX2."""
+    from fa4kernel.exp2_emulation import exp2_emulated
+
     m = list(m)
     lsum = list(lsum)
     xn = list(x)
@@ -288,9 +291,10 @@ def _mix_block(x, m, lsum, sc, nsc, c):
         m[j % 4] = fmax(m[j % 4], x[j])
     mm = fmax(fmax(m[0], m[1]), fmax(m[2], m[3]))
     nm = fmul(mm, nsc)
+    e2 = lambda j, v: exp2_emulated(v) if j in emulated else ex2(v)
     for i in range(E // 2):
-        p0 = ex2(ffma(x[2 * i], sc, nm))
-        p1 = ex2(ffma(x[2 * i + 1], sc, nm))
+        p0 = e2(2 * i, ffma(x[2 * i], sc, nm))
+        p1 = e2(2 * i + 1, ffma(x[2 * i + 1], sc, nm))
         lsum[(2 * i) % 4] = fadd(lsum[(2 * i) % 4], p0)
         lsum[(2 * i + 1) % 4] = fadd(lsum[(2 * i + 1) % 4], p1)
         pk = f2bf16x2(p0, p1)  # hi half = bf16(p0): as an f32 it is ~p0
