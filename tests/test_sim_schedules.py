@@ -331,6 +331,28 @@ def test_fa3_o_rescale_issues_at_the_dense_burst_rate_beside_a_gemm():
     assert t[0] > t[1] >= t[2]
 
 
+def test_fa3_warp_stores_to_smem_get_what_the_wgmma_fetch_leaves():
+    """Shared memory serves the wgmma's operand fetch first (bench_bursts.py stsm): P and O going
+    to smem (unit smem:lsu) run at 1 - fetch / bandwidth of their rate while a GEMM runs, and the
+    GEMMs' own fetch (unit smem) is never queued behind them. hd128: QK^T reads Q and K (6 KB
+    per 64 cycles of a 128 B/clk smem: 0.75); PV reads V only with P in registers (0.5), P and V
+    with P in smem (0.75)."""
+    hw = hardware.load("h100-measured")
+    for rs, fetch in ((True, (0.75 + 0.5) / 2), (False, 0.75)):
+        sched = build("h100-measured", "fa3", 128, False, p_in_registers=rs)
+        unit, share = sched.interference["smem:lsu"]
+        assert unit == "tensor"
+        assert share == pytest.approx(1 - fetch * 128 / hw.smem_bytes_per_clk, abs=2e-3)
+        assert "smem:lsu" not in dict(sched.op("QK0").uses) and "smem:lsu" not in dict(sched.op("PV0").uses)
+        assert "smem:lsu" in dict(sched.op("OSM0").uses)
+        assert ("smem:lsu" in dict(sched.op("CVT0").uses)) == (not rs)
+    # an SS wgmma whose fetch takes the whole bandwidth leaves the measured floor (N = 64: 0.024)
+    mod, p = SCHEDULES["fa3"], Problem(1, 4, 4096, 4096, 128, False)
+    slow = hw.with_values(smem_bytes_per_clk=96.0)  # 6 KB per 64 cycles is then all of it
+    wide = mod.build(slow, p, resolve(mod.KNOBS, p, {"p_in_registers": False}), 12, 0)
+    assert wide.interference["smem:lsu"][1] == pytest.approx(0.024)
+
+
 def test_fa3_softmax_split_at_the_pv_wait_keeps_its_work():
     """max/fma/mufu_before_pv split the softmax at the wait for the previous PV GEMM: the part
     before it (EXA, and MAX) overlaps PV, the rest (EXP) waits; unit cycles are only moved,

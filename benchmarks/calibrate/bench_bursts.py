@@ -58,7 +58,7 @@ PER_BLOCK = 4 * E
 SLOTS = 8              # int64 per warp: t0, t1, burst cycles, trips, bursts
 WARPS = THREADS // 32
 OPS = {"fmul": 0, "ffma": 1, "mix": 2, "int": 3, "fmnmx": 4, "f2fp": 5, "mix_emu25": 6, "mix_emu12": 7,
-       "fmul+mix": 8}
+       "fmul+mix": 8, "stsm": 9}
 # two codes at once: warpgroup 1 runs the first, warpgroup 2 the second (one warp of each per
 # scheduler): does an O-rescale-like FMUL burst take issue slots from a softmax warp beside it?
 PAIRS = {"fmul+mix": ("fmul", "mix")}
@@ -70,7 +70,11 @@ DENSE = (0, 1, 4, 5)  # the one-instruction codes: FMUL, FFMA, FMNMX, F2FP
 # (IADD3 / IMAD, 15 / 49 since each code compiles alone) on the regular integer pipe, not the
 # uniform datapath; the eighth session's kernel held 129: 64 LOP3, 48 IADD3, 17 IMAD)
 BLOCK_INSTR = {"fmul": 4 * E, "ffma": 4 * E, "mix": sum(PER_TRIP["mix"].values()), "int": 128,
-               "fmnmx": 4 * E, "f2fp": 4 * E}
+               "fmnmx": 4 * E, "f2fp": 4 * E, "stsm": 4 * E // 4}
+# stsm: P's store to shared memory in a P-via-smem build (fa4kernel hd128: 8 STSM.16.M88.4 per warp
+# and KV block, 512 B each): 4 passes of 8 over the 32 registers, each warp into its own 4 KB
+STSM_BYTES = 512
+PBUF_WORDS = 8 * 8 * STSM_BYTES // 4    # 8 stream warps x 8 STSM x 512 B
 # an emulated exp2 replaces one MUFU.EX2 by 8 instructions in SASS: FMNMX (clamp), FADD.RM, 2 FADD,
 # 3 FFMA, LEA (shift + add; CUDA 13.0 ptxas, checked by check_sass)
 EMU_PLAN = {"MUFU": -1, "FMNMX": 1, "FADD": 3, "FFMA": 3, "LEA": 1}
@@ -86,6 +90,13 @@ REPS = 3
 @dsl_user_op
 def nanosleep(ns, *, loc=None, ip=None):
     _asm(None, [Int32(ns).ir_value()], "nanosleep.u32 $0;", "r")
+
+
+@dsl_user_op
+def stsm_x4(addr, r0, r1, r2, r3, *, loc=None, ip=None):
+    """stmatrix.sync.aligned.m8n8.x4.shared.b16 (STSM.16.M88.4): four 8x8 b16 matrices, 512 B."""
+    _asm(None, [Int32(addr).ir_value()] + [Float32(r).ir_value() for r in (r0, r1, r2, r3)],
+         "stmatrix.sync.aligned.m8n8.x4.shared.b16 [$0], {$1, $2, $3, $4};", "r,f,f,f,f")
 
 
 def make(code: str, n: int = N):
@@ -110,6 +121,7 @@ def make(code: str, n: int = N):
             flag: cute.struct.MemRange[Int32, 4]
             sA: cute.struct.Align[cute.struct.MemRange[BFloat16, cute.cosize(sA_layout)], 1024]
             sB: cute.struct.Align[cute.struct.MemRange[BFloat16, cute.cosize(sB_layout)], 1024]
+            pbuf: cute.struct.Align[cute.struct.MemRange[Int32, PBUF_WORDS], 128]  # stsm's target
 
         storage = cutlass.utils.SmemAllocator().allocate(Storage)
         flag_addr = smem_addr(storage.flag.data_ptr())
@@ -169,6 +181,9 @@ def make(code: str, n: int = N):
             uv = warp * 13 + blocks
             uw = warp + gap_ns + 3
             go = Int32(1)
+            # stsm: lane i gives row i % 8 of matrix i // 8 of the warp's 512 B slot (16 B rows)
+            p_lane = (smem_addr(storage.pbuf.data_ptr()) + (warp - 4) * 8 * STSM_BYTES
+                      + (lane // 8) * 128 + (lane % 8) * 16)
             t0 = clk()
             while go != 0:
                 f = lds_volatile(flag_addr)
@@ -182,6 +197,11 @@ def make(code: str, n: int = N):
                     else:
                         for _b in cutlass.range(blocks, unroll=1):
                             x, m, lsum = _mix_block(x, m, lsum, sc, nsc, c4)
+                elif const_expr(op == 9):  # 4 passes of 8 STSM (4 registers each) into the warp's 4 KB
+                    for _b in cutlass.range(blocks, unroll=1):
+                        for _u in cutlass.range_constexpr(4):
+                            for k in cutlass.range_constexpr(E // 4):
+                                stsm_x4(p_lane + k * STSM_BYTES, x[4 * k], x[4 * k + 1], x[4 * k + 2], x[4 * k + 3])
                 elif const_expr(op in DENSE):  # 4 passes of one instruction over the 32 registers
                     for _b in cutlass.range(blocks, unroll=1):
                         for _u in cutlass.range_constexpr(4):
@@ -232,7 +252,7 @@ def make(code: str, n: int = N):
         tiled_mma = _tiled_mma(False, n)
         sA_layout = _smem_layout(BFloat16, 64, KT, 2)
         sB_layout = _smem_layout(BFloat16, n, KT)
-        smem = (cute.cosize(sA_layout) + cute.cosize(sB_layout)) * 2 + 3072
+        smem = (cute.cosize(sA_layout) + cute.cosize(sB_layout)) * 2 + 3072 + PBUF_WORDS * 4
         kernel(stamps, sink, do_mma, nsf, blocks, gap_ns, iters, max_trips, tiled_mma, sA_layout,
                sB_layout).launch(grid=[1, 1, 1], block=[THREADS, 1, 1], smem=smem, stream=stream)
 
@@ -253,7 +273,7 @@ def check_sass() -> int:
     plans = {"fmul": {"FMUL": PER_BLOCK}, "ffma": {"FFMA": PER_BLOCK},
              "mix": {k.split(".")[0]: v for k, v in PER_TRIP["mix"].items()},
              "int": {"LOP3": 64, "IADD3+IMAD": 64},
-             "fmnmx": {"FMNMX": PER_BLOCK}, "f2fp": {"F2FP": PER_BLOCK}}
+             "fmnmx": {"FMNMX": PER_BLOCK}, "f2fp": {"F2FP": PER_BLOCK}, "stsm": {"STSM": BLOCK_INSTR["stsm"]}}
     for code, cols in EMULATED.items():
         plans[code] = {k: v + len(cols) * EMU_PLAN.get(k, 0) for k, v in plans["mix"].items()}
         plans[code]["LEA"] = len(cols) * EMU_PLAN["LEA"]

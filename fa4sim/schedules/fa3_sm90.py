@@ -15,6 +15,8 @@ max/fma/mufu_before_pv split the softmax at the wait per pipe, and schedules/pv_
 where ptxas put it in each build). Issue slots: beside a running GEMM the softmax phases get the
 softmax mix's share of the SM's issue rate (issue_under_mma), the O rescale, a burst of
 independent FMULs, the share measured for such bursts (dense_issue_under_mma, bench_bursts.py).
+Shared memory: the GEMMs' operand fetch (unit smem) goes first; the warps' stores of P (P via
+smem) and O (unit smem:lsu) get the bandwidth it leaves while a GEMM runs (bench_bursts.py stsm).
 Overlap off: issue S(j), wait, softmax, rescale, convert, issue PV(j), and the
 next S waits for it. Inter-warpgroup ping-pong (named barriers): WG w issues its GEMMs only after
 WG w-1 issued its own, so one WG's softmax overlaps the other's GEMMs.
@@ -159,6 +161,8 @@ O_STORE_BYTES_PER_CLK = 36.0
 # test is not counted.
 TAU_TEST_INSTR = 12.0
 TAU_TEST_INSTR_BUILDS = {(256, False): 13.0}  # (hdim, causal) -> count, else 12
+# smem:lsu's share beside an SS wgmma whose fetch takes the whole bandwidth (N = 64, measured 0.024)
+LSU_SHARE_FLOOR = 0.024
 PRODUCER_REGS = {2: 24, 3: 32}  # setmaxnreg of the producer WG (fa4-schedules.md)
 SMEM_CAPACITY = 232448          # 227 KB per CTA on SM90 (the profiles' smem_capacity_bytes)
 REG_OVERHEAD = 32               # addresses, loop state, row max/sum: an estimate
@@ -258,6 +262,13 @@ def build(hw, p: Problem, k: dict, n_kv: int, masked_blocks: int) -> Schedule:
 
     qk = mma_cost(hw, 64, n, d, a_in_smem=True)
     pv = mma_cost(hw, 64, d, n, a_in_smem=not rs)
+    # Shared memory serves the wgmma's operand fetch first: the warps' own stores (P and O to
+    # smem, unit smem:lsu) get the share of its cycles the fetch leaves while a GEMM runs, and do
+    # not delay the GEMM (bench_bursts.py stsm, H100: STSM bursts beside SS wgmma of N = 64 /
+    # 128 / 256 run at 0.024 / 0.277 / 0.392 of their rate alone, 1 - fetch / bandwidth gives
+    # 0 / 0.25 / 0.375; the wgmma slows 1-3 %). The fetch share here: this block's two GEMMs.
+    fetch = (qk.smem_cycles + pv.smem_cycles) / (qk.tensor_cycles + pv.tensor_cycles)
+    lsu_share = max(1.0 - fetch, LSU_SHARE_FLOOR)
     ops: list[Op] = []
     edges: list[Edge] = []
 
@@ -327,7 +338,7 @@ def build(hw, p: Problem, k: dict, n_kv: int, masked_blocks: int) -> Schedule:
             ops.append(resc)
         cvt = phase(hw, "convert", elems)
         if not rs:
-            cvt = add(cvt, {"smem": elems * BYTES / hw.smem_bytes_per_clk})
+            cvt = add(cvt, {"smem:lsu": elems * BYTES / hw.smem_bytes_per_clk})
         ops.append(Op(f"CVT{w}", r, tuple(cvt.items()), 0.0 if rs else hw.smem_latency + nbar, "softmax",
                       label="P -> bf16" + ("" if rs else " -> smem, fence, barrier")))
         if not overlap:
@@ -337,7 +348,7 @@ def build(hw, p: Problem, k: dict, n_kv: int, masked_blocks: int) -> Schedule:
         # every consumer WG meets at a named barrier before O goes to smem (the O buffer is shared
         # and the previous tile's store must have read it): the WGs leave the tile together, so
         # the ping-pong stagger is rebuilt at the start of every tile
-        ops.append(Op(f"OSM{w}", r, (("smem", rows * d * BYTES / hw.smem_bytes_per_clk),), hw.smem_latency,
+        ops.append(Op(f"OSM{w}", r, (("smem:lsu", rows * d * BYTES / hw.smem_bytes_per_clk),), hw.smem_latency,
                       "correction", when="last", skew=1 if overlap else 0,
                       label="consumer barrier, O -> smem"))
     # the CTA waits for the TMA engine to have *read* O from smem (bulk wait_group ..., read=True):
@@ -386,11 +397,12 @@ def build(hw, p: Problem, k: dict, n_kv: int, masked_blocks: int) -> Schedule:
     ops = [replace(o, uses=tuple(warp_issue(hw, dict(o.uses), o.role).items())) if o.name in softmax_ops else o
            for o in ops]
     ops = [replace(o, chunks=PIECES) if not o.asynchronous and o.uses else o for o in ops]
-    units = {"tensor": 1, "smem": 1, "mufu": 1, "fma": 1, "alu": 1, "issue": 1, "tma": 1,
+    units = {"tensor": 1, "smem": 1, "smem:lsu": 1, "mufu": 1, "fma": 1, "alu": 1, "issue": 1, "tma": 1,
              **{f"issue:{r}": 1 for r in compute_roles}}
     roles = ["load"] + [f"wg{w}" for w in range(W)] + ["epilogue"]
     return Schedule(NAME, units, roles, ops, edges, marker="QK0",
                     issue_depth={"tensor": int(hw.mma_queue_depth)},
                     interference={"mufu": ("tensor", hw.mufu_under_mma), "issue": ("tensor", hw.issue_under_mma),
+                                  "smem:lsu": ("tensor", lsu_share),
                                   **{f"issue:{r}": ("tensor", hw.warp_issue_under_mma) for r in compute_roles}},
                     meta={"rescale_rate": rate, "flops_per_iter": 4.0 * k["tile_m"] * n * d})
