@@ -67,6 +67,21 @@ def test_p_in_smem_uses_stmatrix():
     assert count(sass(128, p_in_registers=False), "STSM") > count(sass(128), "STSM")
 
 
+@pytest.mark.parametrize("causal", [False, True])
+def test_p_store_issues_among_the_exp2s_and_its_fence_before_the_o_rescale(causal):
+    """fa4sim's P-via-smem order (fa3_sm90 P_STORE_ORDER): in the KV loop 7 of the 8 STSM of P
+    lie between the PV wait and the last exp2 (the last right after it), the fence (MEMBAR)
+    follows them, then the O rescale's FMULs, and the warpgroup's BAR.SYNC ends the block."""
+    ops = [o.split()[0] for o in kv_loop(sass(128, causal, p_in_registers=False))]
+    where = lambda pred: [i for i, o in enumerate(ops) if pred(o)]
+    pv_wait = where(lambda o: o.startswith("WARPGROUP.DEPBAR"))[1]
+    stsm, mufu = where(lambda o: o.startswith("STSM")), where(lambda o: o.startswith("MUFU"))
+    membar, bar = where(lambda o: o.startswith("MEMBAR")), where(lambda o: o.startswith("BAR.SYNC"))
+    assert len(stsm) == 8 and pv_wait < stsm[0] and stsm[-2] < mufu[-1] < stsm[-1] < membar[0]
+    fmul = where(lambda o: o == "FMUL")
+    assert sum(membar[0] < i < bar[-1] for i in fmul) >= 63 and bar[-1] >= len(ops) - 3
+
+
 def test_exp_emulation_moves_exp2_from_mufu_to_fma():
     """MUFU.EX2 per KV block falls as exp_emulation rises; FFMA rises."""
     fracs = [0.0, 0.25, 0.5, 1.0]

@@ -345,12 +345,29 @@ def test_fa3_warp_stores_to_smem_get_what_the_wgmma_fetch_leaves():
         assert share == pytest.approx(1 - fetch * 128 / hw.smem_bytes_per_clk, abs=2e-3)
         assert "smem:lsu" not in dict(sched.op("QK0").uses) and "smem:lsu" not in dict(sched.op("PV0").uses)
         assert "smem:lsu" in dict(sched.op("OSM0").uses)
-        assert ("smem:lsu" in dict(sched.op("CVT0").uses)) == (not rs)
+        # P's stores issue among the exp2s (fa3_sm90 P_STORE_ORDER): EXP takes them
+        assert ("smem:lsu" in dict(sched.op("EXP0").uses)) == (not rs)
+        assert "smem:lsu" not in dict(sched.op("CVT0").uses)
     # an SS wgmma whose fetch takes the whole bandwidth leaves the measured floor (N = 64: 0.024)
     mod, p = SCHEDULES["fa3"], Problem(1, 4, 4096, 4096, 128, False)
     slow = hw.with_values(smem_bytes_per_clk=96.0)  # 6 KB per 64 cycles is then all of it
     wide = mod.build(slow, p, resolve(mod.KNOBS, p, {"p_in_registers": False}), 12, 0)
     assert wide.interference["smem:lsu"][1] == pytest.approx(0.024)
+
+
+def test_fa3_p_via_smem_follows_the_compiled_order():
+    """With intra-WG overlap P's stores issue among the exp2s and the fence's wait overlaps the O
+    rescale (fa3_sm90 P_STORE_ORDER): EXP carries the smem traffic, CVT only the warpgroup
+    barrier's hand-off. Without overlap (or with the rescale before PV) CVT keeps the stores and
+    the fence's latency too. Either way P via smem costs more than P in registers."""
+    hw = hardware.load("h100-measured")
+    on = build("h100-measured", "fa3", 128, False, p_in_registers=False)
+    off = build("h100-measured", "fa3", 128, False, p_in_registers=False, intra_wg_overlap=False)
+    assert on.op("CVT0").latency == pytest.approx(hw.named_barrier_latency)
+    assert off.op("CVT0").latency == pytest.approx(hw.smem_latency + hw.named_barrier_latency)
+    assert "smem:lsu" in dict(off.op("CVT0").uses) and "smem:lsu" not in dict(off.op("EXP0").uses)
+    p = Problem(1, 1, 128, 8192, 128, False)
+    assert simulate(hw, "fa3", p, {"p_in_registers": False}).interval > simulate(hw, "fa3", p).interval
 
 
 def test_fa3_softmax_split_at_the_pv_wait_keeps_its_work():

@@ -160,6 +160,11 @@ O_STORE_BYTES_PER_CLK = 36.0
 # unpeeled loop keeps it uniform (knobs_loop_causal_*_session9.json: +0.7 %). flash-attn-4's
 # test is not counted.
 TAU_TEST_INSTR = 12.0
+# P_STORE_ORDER: P via smem (p_in_registers false) with intra-WG overlap, fa4kernel's KV loop as compiled (CUDA 13.0
+# ptxas, hd128, causal and not): 7 of the 8 STSM.16.M88.4 per warp lie between the PV wait and the
+# last MUFU.EX2 (the 8th right after it), the fence (MEMBAR.ALL.CTA, FENCE.VIEW.ASYNC.S) follows
+# them, then the O rescale's 64 FMULs, then the warpgroup's BAR.SYNC ending the block
+# (tests/test_kernel_sm90_compile.py checks the order)
 TAU_TEST_INSTR_BUILDS = {(256, False): 13.0}  # (hdim, causal) -> count, else 12
 # smem:lsu's share beside an SS wgmma whose fetch takes the whole bandwidth (N = 64, measured 0.024)
 LSU_SHARE_FLOOR = 0.024
@@ -333,14 +338,23 @@ def build(hw, p: Problem, k: dict, n_kv: int, masked_blocks: int) -> Schedule:
         if any(v > 0 for v in exa.values()):
             ops.append(Op(f"EXA{w}", r, tuple(exa.items()), 0.0, "exp",
                           label="scale, exp2, row sum: the part issued before the PV wait"))
-        ops.append(Op(f"EXP{w}", r, tuple(exp.items()), hw.mufu_latency, "exp", label="exp2, row sum"))
+        # P via smem, as compiled (fa4kernel hd128, causal and not; P_STORE_ORDER): its
+        # stores issue among the exp2s and the fence's wait overlaps the O rescale, so only the
+        # warpgroup barrier is left at the end
+        p_store = {"smem:lsu": elems * BYTES / hw.smem_bytes_per_clk} if not rs else {}
+        p_in_exp = bool(p_store) and overlap and not before
+        if p_in_exp:
+            exp = add(exp, p_store)
+        ops.append(Op(f"EXP{w}", r, tuple(exp.items()), hw.mufu_latency, "exp", label="exp2, row sum"
+                      + (", P -> smem" if p_in_exp else "")))
         if not before:
             ops.append(resc)
         cvt = phase(hw, "convert", elems)
-        if not rs:
-            cvt = add(cvt, {"smem:lsu": elems * BYTES / hw.smem_bytes_per_clk})
-        ops.append(Op(f"CVT{w}", r, tuple(cvt.items()), 0.0 if rs else hw.smem_latency + nbar, "softmax",
-                      label="P -> bf16" + ("" if rs else " -> smem, fence, barrier")))
+        if not p_in_exp:
+            cvt = add(cvt, p_store)
+        hand_off = 0.0 if rs else nbar if p_in_exp else hw.smem_latency + nbar
+        ops.append(Op(f"CVT{w}", r, tuple(cvt.items()), hand_off, "softmax",
+                      label="P -> bf16" + ("" if rs else ", barrier" if p_in_exp else " -> smem, fence, barrier")))
         if not overlap:
             ops.append(pv_op)
         ops.append(Op(f"FIN{w}", r, tuple(phase(hw, "normalize", rows * d).items()), 0.0, "correction",
