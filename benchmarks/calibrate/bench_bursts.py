@@ -17,8 +17,12 @@ Kernel (384 threads = 3 warpgroups, one CTA on one SM):
        op 1: x = x * a + b, FFMA, as bench_contention; op 2: bench_contention's softmax-like mix,
        180 instructions per block; op 3: integer LOP3 / IADD3 / IMAD, 129 per block;
        op 4: x = max(x, s), FMNMX (the row max's pipe, half the FP32 rate); op 5: x = the bf16
-       pair (x, s) as f32 bits, F2FP.BF16.F32.PACK_AB (P's conversion; the same pipe));
+       pair (x, s) as f32 bits, F2FP.BF16.F32.PACK_AB (P's conversion; the same pipe);
+       ops 6, 7: the mix with 8 / 4 of its 32 exp2s by fa4kernel's polynomial (mix_emu25 / 12);
+       op 8 (fmul+mix): warpgroup 1 the FMUL burst, warpgroup 2 the mix; op 9 (stsm): 32
+       STSM.16.M88.4 into the warp's own 4 KB of smem, P's store in a P-via-smem build);
      clock64; nanosleep(gap_ns) if gap_ns > 0}.
+  --wgmma-n picks the running wgmma's N (64, 128, 256: FA3's QK^T and PV widths).
 Per stream warp: the cycles spent inside bursts and the trips, so the *in-burst* issue rate is
 measured beside the wgmma; per wgmma warp the window, so the tensor cycles lost per burst
 instruction are (window - alone cycles per wgmma x wgmmas) / (burst instructions per scheduler).
@@ -26,9 +30,10 @@ instruction are (window - alone cycles per wgmma x wgmmas) / (burst instructions
     CUTE_DSL_ARCH=sm_90a python3 -m benchmarks.calibrate.bench_bursts --check-sass    # CPU, ~10 s
     source .gpu/setup-device.sh; python3 benchmarks/calibrate/bench_bursts.py --out B.json [--ops fmul,fmnmx]  # GPU, ~20 s
 
-Results (H100, H200) and what fa4sim takes from them (dense_issue_under_mma):
-benchmarks/calibrate/README.md, "Eighth session" (one kernel for all codes) and "Ninth session"
-(one kernel per code, FMNMX and F2FP added).
+Results (H100, H200) and what fa4sim takes from them (dense_issue_under_mma; the smem:lsu share):
+benchmarks/calibrate/README.md, "Eighth session" (one kernel for all codes), "Ninth session"
+(one kernel per code, FMNMX and F2FP added) and "Tenth session" (emulated exp2s, the pair, STSM,
+the wgmma's width).
 """
 from __future__ import annotations
 
