@@ -229,7 +229,8 @@ def _steady_state(trace: Trace, period: Period | None):
 
 
 UNIT_WORDS = {"tensor": "tensor core", "mufu": "MUFU (exp2)", "fma": "FMA pipe", "alu": "ALU pipe",
-              "smem": "shared-memory bandwidth", "tmem": "TMEM bandwidth", "tma": "TMA", "issue": "instruction issue"}
+              "smem": "shared-memory bandwidth", "smem:lsu": "shared-memory stores (what the MMA fetch leaves)",
+              "tmem": "TMEM bandwidth", "tma": "TMA", "issue": "instruction issue"}
 
 
 def _bottleneck(r: Result) -> str:
