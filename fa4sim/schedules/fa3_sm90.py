@@ -160,12 +160,12 @@ O_STORE_BYTES_PER_CLK = 36.0
 # unpeeled loop keeps it uniform (knobs_loop_causal_*_session9.json: +0.7 %). flash-attn-4's
 # test is not counted.
 TAU_TEST_INSTR = 12.0
-# P_STORE_ORDER: P via smem (p_in_registers false) with intra-WG overlap, fa4kernel's KV loop as compiled (CUDA 13.0
-# ptxas, hd128, causal and not): 7 of the 8 STSM.16.M88.4 per warp lie between the PV wait and the
-# last MUFU.EX2 (the 8th right after it), the fence (MEMBAR.ALL.CTA, FENCE.VIEW.ASYNC.S) follows
-# them, then the O rescale's 64 FMULs, then the warpgroup's BAR.SYNC ending the block
-# (tests/test_kernel_sm90_compile.py checks the order)
 TAU_TEST_INSTR_BUILDS = {(256, False): 13.0}  # (hdim, causal) -> count, else 12
+# P_STORE_ORDER: P via smem (p_in_registers false) with intra-WG overlap, fa4kernel's KV loop as
+# compiled (CUDA 13.0 ptxas, hd128, causal and not): 7 of the 8 STSM.16.M88.4 per warp lie between
+# the PV wait and the last MUFU.EX2 (the 8th right after it), the fence (MEMBAR.ALL.CTA,
+# FENCE.VIEW.ASYNC.S) follows them, then the O rescale's 64 FMULs, then the warpgroup's BAR.SYNC
+# ending the block (tests/test_kernel_sm90_compile.py checks the order)
 # smem:lsu's share beside an SS wgmma whose fetch takes the whole bandwidth (N = 64, measured 0.024)
 LSU_SHARE_FLOOR = 0.024
 PRODUCER_REGS = {2: 24, 3: 32}  # setmaxnreg of the producer WG (fa4-schedules.md)
@@ -269,7 +269,7 @@ def build(hw, p: Problem, k: dict, n_kv: int, masked_blocks: int) -> Schedule:
     pv = mma_cost(hw, 64, d, n, a_in_smem=not rs)
     # Shared memory serves the wgmma's operand fetch first: the warps' own stores (P and O to
     # smem, unit smem:lsu) get the share of its cycles the fetch leaves while a GEMM runs, and do
-    # not delay the GEMM (bench_bursts.py stsm, H100: STSM bursts beside SS wgmma of N = 64 /
+    # not delay the GEMM (bench_bursts.py stsm, H100 = H200: STSM bursts beside SS wgmma of N = 64 /
     # 128 / 256 run at 0.024 / 0.277 / 0.392 of their rate alone, 1 - fetch / bandwidth gives
     # 0 / 0.25 / 0.375; the wgmma slows 1-3 %). The fetch share here: this block's two GEMMs.
     fetch = (qk.smem_cycles + pv.smem_cycles) / (qk.tensor_cycles + pv.tensor_cycles)
