@@ -112,7 +112,28 @@ def light_trace(hd, knobs, n, sk):
     return out
 
 
-def tile_costs(hd, blocks, tiles=(1, 9), reps=5):
+def parse_variant(label: str) -> dict:
+    """'default' -> {}; 'pingpong=False+tile_m=128' -> {'pingpong': False, 'tile_m': 128}."""
+    if label == "default":
+        return {}
+    out = {}
+    for part in label.split("+"):
+        k, sep, v = part.partition("=")
+        if not sep:
+            raise SystemExit(f"--tile-knobs: {part!r} is not k=v; allowed: 'default' or k=v[+k=v...]")
+        out[k] = {"True": True, "False": False, "None": None}.get(v, v)
+        if isinstance(out[k], str):
+            try:
+                out[k] = int(v)
+            except ValueError:
+                try:
+                    out[k] = float(v)
+                except ValueError:
+                    raise SystemExit(f"--tile-knobs: {part!r}: value must be True/False/None or a number")
+    return out
+
+
+def tile_costs(hd, blocks, tiles=(1, 9), reps=5, knobs=None):
     """One persistent CTA (interface.MAX_CTAS = 1) walking T tiles of `blocks` KV blocks each:
     cycles per tile = (cycles(T2) - cycles(T1)) / (T2 - T1), no clock conversion."""
     import torch
@@ -120,7 +141,8 @@ def tile_costs(hd, blocks, tiles=(1, 9), reps=5):
     from fa4kernel import interface
     from fa4kernel.config import make_config
 
-    cfg = make_config("bfloat16", hd, False, False, {})
+    knobs = dict(knobs or {})
+    cfg = make_config("bfloat16", hd, False, False, knobs)
     sk = blocks * cfg.tile_n
     cyc = {}
     interface.MAX_CTAS = 1
@@ -129,11 +151,11 @@ def tile_costs(hd, blocks, tiles=(1, 9), reps=5):
             q = torch.randn(1, cfg.tile_m * t, 1, hd, device="cuda", dtype=torch.bfloat16)
             k = torch.randn(1, sk, 1, hd, device="cuda", dtype=torch.bfloat16)
             v = torch.randn(1, sk, 1, hd, device="cuda", dtype=torch.bfloat16)
-            cyc[t] = probe_cycles(q, k, v, {}, False, reps)[0]
+            cyc[t] = probe_cycles(q, k, v, knobs, False, reps)[0]
     finally:
         interface.MAX_CTAS = None
     t1, t2 = tiles
-    return {"hdim": hd, "kv_blocks": blocks, "tile_m": cfg.tile_m, "tile_n": cfg.tile_n,
+    return {"hdim": hd, "kv_blocks": blocks, "knobs": knobs, "tile_m": cfg.tile_m, "tile_n": cfg.tile_n,
             "persistent": cfg.separate_o, "cycles_by_tiles": {str(t): c for t, c in cyc.items()},
             "cycles_per_tile": (cyc[t2] - cyc[t1]) / (t2 - t1)}
 
@@ -234,6 +256,9 @@ def main():
     ap.add_argument("--only-tiles", action="store_true", help="the per-tile measurement only")
     ap.add_argument("--tile-blocks", default="1,8,32",
                     help="with --tiles / --only-tiles: the KV blocks per tile to time (comma-separated)")
+    ap.add_argument("--tile-knobs", default="default",
+                    help="with --tiles / --only-tiles: knob variants to time, comma-separated, each "
+                         "'default' or k=v[+k=v...] (e.g. default,pingpong=False,tile_m=128)")
     ap.add_argument("--only-short", action="store_true",
                     help="full-chip 8-block tiles (the 1k-token case): where K/V and Q come from")
     ap.add_argument("--only-loop", action="store_true",
@@ -343,11 +368,13 @@ def main():
     if args.tiles or args.only_tiles:
         res["tile_costs"] = []
         for hd in (int(x) for x in args.hdims.split(",")):
-            for blocks in (int(x) for x in args.tile_blocks.split(",")):
-                t = tile_costs(hd, blocks)
-                res["tile_costs"].append(t)
-                print(f"tiles hd{hd} {blocks:3d} KV blocks: {t['cycles_per_tile']:.0f} cycles per tile "
-                      f"({t['cycles_by_tiles']})", flush=True)
+            for label in args.tile_knobs.split(","):
+                knobs = parse_variant(label)
+                for blocks in (int(x) for x in args.tile_blocks.split(",")):
+                    t = tile_costs(hd, blocks, knobs=knobs)
+                    res["tile_costs"].append(t)
+                    print(f"tiles hd{hd} {label} {blocks:3d} KV blocks: {t['cycles_per_tile']:.0f} cycles "
+                          f"per tile ({t['cycles_by_tiles']})", flush=True)
                 with open(args.out, "w") as f:
                     json.dump(res, f, indent=1)
         if args.only_tiles:

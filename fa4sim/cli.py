@@ -161,6 +161,9 @@ def cmd_validate(a) -> int:
         elif validate.is_idle_wg_file(doc):  # benchmarks/idle_wg_sm90.py: tiles with idle warpgroups
             result = validate.compare_idle_wg(doc, a.hw)
             text = validate.report_idle_wg(result)
+        elif validate.is_tile_cost_file(doc):  # benchmarks/ctas_sm90.py --only-tiles: cycles per tile
+            result = validate.compare_tile_costs(doc, a.hw)
+            text = validate.report_tile_costs(result)
         else:
             result = validate.compare(doc, a.hw, a.at_profile_clock, a.pv_wait)
             if a.plot:

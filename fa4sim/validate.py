@@ -30,6 +30,7 @@ from pathlib import Path
 
 from . import hardware
 from .errors import InputError
+from .engine import simulate as engine_simulate
 from .model import simulate
 from .schedules.pv_wait_sm90 import fractions as pv_wait_fractions
 from .params import Problem, resolve
@@ -137,9 +138,9 @@ def load(path: str) -> dict:
         raise InputError("results", f"no such file: {path}") from None
     except json.JSONDecodeError as e:
         raise InputError("results", f"{path} is not JSON ({e.msg})") from None
-    if "meta" not in doc or not ("points" in doc or is_idle_wg_file(doc)):
+    if "meta" not in doc or not ("points" in doc or is_idle_wg_file(doc) or is_tile_cost_file(doc)):
         raise InputError("results", f"{path} is not a benchmark results file (needs 'meta' and 'points', "
-                                    "or 'cases' of benchmarks/idle_wg_sm90.py)")
+                                    "'cases' of benchmarks/idle_wg_sm90.py or 'tile_costs' of ctas_sm90.py --only-tiles)")
     return doc
 
 
@@ -290,6 +291,74 @@ def report_idle_wg(result: dict) -> str:
                      f"{r['predicted_ratio']:9.2f}")
     if s["max_abs_difference"] is not None:
         lines.append(f"largest difference {s['max_abs_difference']:.2f} over {s['cases']} cases")
+    return "\n".join(lines)
+
+
+def is_tile_cost_file(doc: dict) -> bool:
+    """benchmarks/ctas_sm90.py --only-tiles output: what a whole tile costs a persistent CTA."""
+    return bool(doc.get("tile_costs")) and "cycles_per_tile" in doc["tile_costs"][0]
+
+
+def compare_tile_costs(doc: dict, hw: str | None = None) -> dict:
+    """Cycles per tile of one persistent CTA walking T1 and T2 tiles of B KV blocks each,
+    (cycles(T2) - cycles(T1)) / (T2 - T1): measured (clock-probe build, so cycles exactly) vs the
+    fa3 schedule walking the same tiles on one SM. Per knob variant with two or more tile lengths,
+    the line through the two longest splits a tile into a per-block part (the loop) and a per-tile
+    part (prologue, pipeline fill and drain, epilogue, the hand-over to the next tile)."""
+    hw_name = hw or profile_for(doc["meta"].get("device", ""))
+    profile = hardware.load(hw_name)
+    rows = []
+    for t in doc["tile_costs"]:
+        hd, blocks = int(t["hdim"]), int(t["kv_blocks"])
+        knobs = {"tile_m": int(t["tile_m"]), "tile_n": int(t["tile_n"]), **(t.get("knobs") or {})}
+        walks = sorted(int(n) for n in t["cycles_by_tiles"])
+        t1, t2 = walks[0], walks[-1]
+        problem = Problem(1, 1, knobs["tile_m"] * t2, blocks * knobs["tile_n"], hd, False)
+        resolved = resolve(fa3_sm90.KNOBS, problem, knobs)
+        fa3_sm90.check(profile, problem, resolved)
+        schedule = fa3_sm90.build(profile, problem, resolved, blocks, 0)
+        ends = {n: engine_simulate(schedule, [blocks] * n).end for n in (t1, t2)}
+        pred = (ends[t2] - ends[t1]) / (t2 - t1)
+        meas = float(t["cycles_per_tile"])
+        rows.append({"hdim": hd, "kv_blocks": blocks, "variant": _variant_name(t.get("knobs") or {}),
+                     "knobs": knobs, "measured_cycles": meas, "predicted_cycles": pred, "error": (pred - meas) / meas})
+    lines = []  # per variant: the per-block and per-tile parts, from its two longest tiles
+    for key in dict.fromkeys((r["hdim"], r["variant"]) for r in rows):
+        pts = sorted((r for r in rows if (r["hdim"], r["variant"]) == key), key=lambda r: r["kv_blocks"])
+        if len(pts) < 2:
+            continue
+        a, b = pts[-2], pts[-1]
+        per_block = {w: (b[f"{w}_cycles"] - a[f"{w}_cycles"]) / (b["kv_blocks"] - a["kv_blocks"])
+                     for w in ("measured", "predicted")}
+        lines.append({"hdim": key[0], "variant": key[1], "blocks": (a["kv_blocks"], b["kv_blocks"]),
+                      **{f"{w}_per_block": per_block[w] for w in per_block},
+                      **{f"{w}_per_tile": b[f"{w}_cycles"] - b["kv_blocks"] * per_block[w] for w in per_block}})
+    errs = [abs(r["error"]) for r in rows]
+    summary = {"hw_profile": hw_name, "device": doc["meta"].get("device"), "date": doc["meta"].get("date"),
+               "median_abs_error": statistics.median(errs), "max_abs_error": max(errs), "tiles": len(rows)}
+    return {"summary": summary, "tiles": rows, "lines": lines}
+
+
+def _variant_name(knobs: dict) -> str:
+    return "+".join(f"{k}={v}" for k, v in knobs.items()) or "default"
+
+
+def report_tile_costs(result: dict) -> str:
+    s = result["summary"]
+    lines = [f"device {s['device']} ({s['date']}), profile {s['hw_profile']}: cycles per tile of one persistent "
+             "CTA (clock-probe build)",
+             f"{'hd':>4s} {'variant':24s} {'blocks':>6s} {'measured':>9s} {'predicted':>9s} {'error':>7s}"]
+    for r in result["tiles"]:
+        lines.append(f"{r['hdim']:4d} {r['variant']:24s} {r['kv_blocks']:6d} {r['measured_cycles']:9.0f} "
+                     f"{r['predicted_cycles']:9.0f} {r['error']:+7.1%}")
+    lines.append(f"median |error| {s['median_abs_error']:.1%}, max {s['max_abs_error']:.1%} over {s['tiles']} tiles")
+    if result["lines"]:
+        lines.append("a tile = per-tile part + blocks x per-block part (from its two longest tiles), "
+                     "measured / predicted cycles:")
+        for ln in result["lines"]:
+            lines.append(f"  hd{ln['hdim']:<3d} {ln['variant']:24s} per block {ln['measured_per_block']:6.0f} / "
+                         f"{ln['predicted_per_block']:6.0f} ({ln['predicted_per_block'] / ln['measured_per_block'] - 1:+.1%}),"
+                         f" per tile {ln['measured_per_tile']:6.0f} / {ln['predicted_per_tile']:6.0f}")
     return "\n".join(lines)
 
 

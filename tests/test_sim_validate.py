@@ -213,3 +213,39 @@ def test_plot_of_several_files_needs_knob_loops(tmp_path, capsys):
     assert main(["validate", str(f), str(f), "--plot", str(tmp_path / "x.png")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--plot with several files" in err[0]
+
+
+def test_tile_cost_file(tmp_path, capsys):
+    """benchmarks/ctas_sm90.py --only-tiles: cycles per tile of one persistent CTA, measured vs the
+    fa3 schedule walking the same tiles; two tile lengths split a tile into per-block and per-tile
+    parts, and a file without knob variants (the ninth session's) reads as the default build."""
+    from fa4sim import hardware
+    from fa4sim.engine import simulate
+    from fa4sim.params import Problem, resolve
+    from fa4sim.schedules import fa3_sm90
+
+    def tile(blocks, cycles, knobs=None):
+        t = {"hdim": 128, "kv_blocks": blocks, "tile_m": 128, "tile_n": 128, "persistent": True,
+             "cycles_by_tiles": {"1": 0.0, "3": 0.0}, "cycles_per_tile": cycles}
+        return {**t, "knobs": knobs} if knobs is not None else t
+
+    doc = {"meta": {"device": "NVIDIA H100 80GB HBM3", "date": "2026-11-22"}, "points": [],
+           "tile_costs": [tile(1, 4100.0), tile(2, 7300.0), tile(2, 7000.0, {"pingpong": False})]}
+    assert validate.is_tile_cost_file(doc) and not validate.is_interval_file(doc)
+    r = validate.compare_tile_costs(doc, "h100-measured")
+    assert [x["variant"] for x in r["tiles"]] == ["default", "default", "pingpong=False"]
+    hw = hardware.load("h100-measured")
+    p = Problem(1, 1, 128 * 3, 2 * 128, 128, False)
+    sched = fa3_sm90.build(hw, p, resolve(fa3_sm90.KNOBS, p, {"tile_m": 128, "tile_n": 128}), 2, 0)
+    direct = (simulate(sched, [2, 2, 2]).end - simulate(sched, [2]).end) / 2
+    assert r["tiles"][1]["predicted_cycles"] == pytest.approx(direct)
+    (line,) = r["lines"]  # only the default has two lengths
+    for w in ("measured", "predicted"):
+        longest = r["tiles"][1][f"{w}_cycles"]
+        assert line[f"{w}_per_tile"] + 2 * line[f"{w}_per_block"] == pytest.approx(longest)
+    assert line["measured_per_block"] == pytest.approx(3200.0)
+    path = tmp_path / "tiles.json"
+    path.write_text(json.dumps(doc))
+    assert main(["validate", str(path), "--hw", "h100-measured"]) == 0
+    out = capsys.readouterr().out
+    assert "cycles per tile" in out and "per block" in out
