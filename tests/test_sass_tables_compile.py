@@ -44,9 +44,11 @@ def test_bench_bursts_loops_hold_their_planned_instructions(capsys):
 @pytest.mark.parametrize("args,says", [
     (["--ops", "mix,mixx"], "--ops: unknown code(s) mixx; allowed: fmul,"),
     (["--wgmma-n", "96"], "argument --wgmma-n: invalid choice: 96 (choose from 64, 128, 256)"),
+    (["--mma-gaps", "100,0"], "--mma-gaps: '100,0'; allowed: non-negative ns, the first 0"),
+    (["--mma-gaps", "0,1us"], "--mma-gaps: '0,1us'; allowed: comma-separated integers (ns)"),
 ])
 def test_bench_bursts_options_fail_in_one_line_before_the_gpu(tmp_path, args, says):
-    """A wrong burst code or wgmma width is a one-line usage error before the GPU is touched."""
+    """A wrong burst code, wgmma width or duty sweep is a one-line usage error before the GPU is touched."""
     import os
     import subprocess
     import sys

@@ -23,12 +23,16 @@ Kernel (384 threads = 3 warpgroups, one CTA on one SM):
        STSM.16.M88.4 into the warp's own 4 KB of smem, P's store in a P-via-smem build);
      clock64; nanosleep(gap_ns) if gap_ns > 0}.
   --wgmma-n picks the running wgmma's N (64, 128, 256: FA3's QK^T and PV widths).
+  --mma-gaps 0,100,...: a duty-cycle sweep instead: warpgroup 0 waits for each trip of 8 and
+     sleeps `gap` ns, the codes run without gaps beside it; their rate against the tensor
+     core's busy share, next to the line fa4sim assumes (slowed only while the tensor core works).
 Per stream warp: the cycles spent inside bursts and the trips, so the *in-burst* issue rate is
 measured beside the wgmma; per wgmma warp the window, so the tensor cycles lost per burst
 instruction are (window - alone cycles per wgmma x wgmmas) / (burst instructions per scheduler).
 
     CUTE_DSL_ARCH=sm_90a python3 -m benchmarks.calibrate.bench_bursts --check-sass    # CPU, ~10 s
     source .gpu/setup-device.sh; python3 benchmarks/calibrate/bench_bursts.py --out B.json [--ops fmul,fmnmx]  # GPU, ~20 s
+    ... bench_bursts.py --out D.json --ops mix,mix_emu25,fmul --mma-gaps 0,100,300,600,1000,2000,4000     # GPU, ~20 s
 
 Results (H100, H200) and what fa4sim takes from them (dense_issue_under_mma; the smem:lsu share):
 benchmarks/calibrate/README.md, "Eighth session" (one kernel for all codes), "Ninth session"
@@ -113,7 +117,7 @@ def make(code: str, n: int = N):
 
     @cute.kernel
     def kernel(stamps: cute.Tensor, sink: cute.Tensor, do_mma: Int32, nsf: Int32, blocks: Int32,
-               gap_ns: Int32, iters: Int32, max_trips: Int32,
+               gap_ns: Int32, iters: Int32, max_trips: Int32, mma_gap_ns: Int32,
                tiled_mma: cute.TiledMma, sA_layout: cute.ComposedLayout, sB_layout: cute.ComposedLayout):
         tid = cute.arch.thread_idx()[0]
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
@@ -163,7 +167,11 @@ def make(code: str, n: int = N):
                     for k in cutlass.range_constexpr(KB):
                         cute.gemm(atom, acc, tCrA[None, None, k], tCrB[None, None, k], acc)
                     warpgroup.commit_group()
-                    warpgroup.wait_group(1)
+                    if mma_gap_ns > 0:  # --mma-gaps: the tensor core idles between trips
+                        warpgroup.wait_group(0)
+                        nanosleep(mma_gap_ns)
+                    else:
+                        warpgroup.wait_group(1)
                 warpgroup.wait_group(0)
             t1 = clk()
             if wtid == 0:
@@ -253,12 +261,12 @@ def make(code: str, n: int = N):
 
     @cute.jit
     def host(stamps: cute.Tensor, sink: cute.Tensor, do_mma: Int32, nsf: Int32, blocks: Int32,
-             gap_ns: Int32, iters: Int32, max_trips: Int32, stream):
+             gap_ns: Int32, iters: Int32, max_trips: Int32, mma_gap_ns: Int32, stream):
         tiled_mma = _tiled_mma(False, n)
         sA_layout = _smem_layout(BFloat16, 64, KT, 2)
         sB_layout = _smem_layout(BFloat16, n, KT)
         smem = (cute.cosize(sA_layout) + cute.cosize(sB_layout)) * 2 + 3072 + PBUF_WORDS * 4
-        kernel(stamps, sink, do_mma, nsf, blocks, gap_ns, iters, max_trips, tiled_mma, sA_layout,
+        kernel(stamps, sink, do_mma, nsf, blocks, gap_ns, iters, max_trips, mma_gap_ns, tiled_mma, sA_layout,
                sB_layout).launch(grid=[1, 1, 1], block=[THREADS, 1, 1], smem=smem, stream=stream)
 
     return host
@@ -268,7 +276,7 @@ def fake_args():
     from .common import fake_stream, fake_tensor
 
     return (fake_tensor(Int64, (WARPS * SLOTS,)), fake_tensor(Float32, (THREADS,)), Int32(1), Int32(1),
-            Int32(1), Int32(0), Int32(10), Int32(10), fake_stream())
+            Int32(1), Int32(0), Int32(10), Int32(10), Int32(0), fake_stream())
 
 
 # ----------------------------------------------------------------------------- CPU: SASS check
@@ -296,8 +304,9 @@ def check_sass() -> int:
                 c[o.split(".")[0].split()[0]] = c.get(o.split(".")[0].split()[0], 0) + 1
             c["IADD3+IMAD"] = c.get("IADD3", 0) + c.get("IMAD", 0)
             # the wgmma loop: 8 HGMMA of the asked shape, its descriptor math on the uniform
-            # datapath (13 instructions at N = 128, 30 at N = 64, 45 at N = 256)
-            if c.get("HGMMA", 0) == KB and len(ops) <= KB + 48 and any(f"HGMMA.64x{n}x16" in o for o in ops):
+            # datapath (13 instructions at N = 128, 30 at N = 64, 45 at N = 256) and the
+            # --mma-gaps branch (6 more, plus 6 NOPs of alignment at N = 256)
+            if c.get("HGMMA", 0) == KB and len(ops) <= KB + 56 and any(f"HGMMA.64x{n}x16" in o for o in ops):
                 found["wgmma"] = True
             for part in parts:
                 if all(c.get(k, 0) == v for k, v in plans[part].items()) and len(ops) <= BLOCK_INSTR[part] + 5:
@@ -318,24 +327,24 @@ def _in_place(instr: str) -> bool:
 
 
 # ----------------------------------------------------------------------------- GPU
-def run(dev, ops=tuple(OPS), n: int = N) -> dict:
+def run(dev, ops=tuple(OPS), n: int = N, mma_gaps=()) -> dict:
     torch = dev.torch
     stamps = torch.zeros(WARPS * SLOTS, dtype=torch.int64, device="cuda")
     sink = torch.zeros(THREADS, dtype=torch.float32, device="cuda")
     fns = {}
 
-    def once(do_mma, nsf, op, blocks, gap_ns, max_trips):
+    def once(do_mma, nsf, op, blocks, gap_ns, max_trips, mma_gap_ns=0):
         fn = fns.setdefault(op, make(op, n))
         best = None
         for rep in range(REPS):
             stamps.zero_()
             dev.call(f"bursts_{op}", fn, stamps, sink, Int32(do_mma), Int32(nsf), Int32(blocks),
-                     Int32(gap_ns), Int32(ITERS), Int32(max_trips))
+                     Int32(gap_ns), Int32(ITERS), Int32(max_trips), Int32(mma_gap_ns))
             st = stamps.cpu().tolist()
             rows = [st[w * SLOTS:(w + 1) * SLOTS] for w in range(WARPS)]
             mma = rows[0:4]
             sf = [r for w, r in enumerate(rows) if 1 <= w // 4 <= nsf]
-            r = {"do_mma": do_mma, "nsf": nsf, "op": op, "blocks": blocks, "gap_ns": gap_ns,
+            r = {"do_mma": do_mma, "nsf": nsf, "op": op, "blocks": blocks, "gap_ns": gap_ns, "mma_gap_ns": mma_gap_ns,
                  "sink_finite": bool(torch.isfinite(sink).all().item())}
             if do_mma:
                 win = max(x[1] for x in mma) - min(x[0] for x in mma)
@@ -367,6 +376,9 @@ def run(dev, ops=tuple(OPS), n: int = N) -> dict:
     out["mma_alone"] = alone
     a = alone["wgmma_cycles_per_instr"]
     print(f"  wgmma alone: {a:.1f} cycles per wgmma", flush=True)
+    if mma_gaps:
+        out["duty"] = duty_sweep(once, ops, a, mma_gaps)
+        return out
     for op in ops:
         for nsf in (1, 2):  # a pair with one warpgroup: its first code alone, from the same binary
             out[f"{op}_alone_F{nsf}"] = r = once(0, nsf, op, 1, 0, ALONE_TRIPS)
@@ -390,6 +402,33 @@ def run(dev, ops=tuple(OPS), n: int = N) -> dict:
     return out
 
 
+def duty_sweep(once, ops, a, mma_gaps) -> dict:
+    """--mma-gaps: the stream codes run without gaps while the wgmma warpgroup sleeps `gap` ns
+    after each trip of 8 (wait_group 0 first, so the tensor core really idles): their rate
+    against the tensor core's busy share (wgmma cycles alone x wgmmas / window). fa4sim slows a
+    piece of softmax work only while the tensor unit is busy: linear in the busy share between
+    the code's rate alone and beside a full-rate wgmma (`linear_rate_per_smsp`)."""
+    res = {}
+    for op in ops:
+        for nsf in (1, 2):
+            alone = once(0, nsf, op, 1, 0, ALONE_TRIPS)
+            full = None
+            for gap in mma_gaps:
+                r = once(1, nsf, op, 1, 0, CAP_TRIPS, gap)
+                r["tensor_busy"] = a * r["wgmma"] / r["mma_window"]
+                if full is None:  # the first gap (0): the full-rate reference
+                    full = r
+                lin = (r["tensor_busy"] / full["tensor_busy"]) * full["stream_rate_per_smsp"] + \
+                    (1 - r["tensor_busy"] / full["tensor_busy"]) * alone["stream_rate_per_smsp"]
+                r["linear_rate_per_smsp"] = lin
+                res[f"{op}_F{nsf}_mmagap{gap}"] = r
+                print(f"  {op} F{nsf} wgmma gap {gap:5d} ns: tensor busy {r['tensor_busy']:.2f}, "
+                      f"{r['stream_rate_per_smsp']:.3f} warp-instr/clk per SMSP (linear in the busy share: "
+                      f"{lin:.3f}; alone {alone['stream_rate_per_smsp']:.3f})", flush=True)
+            res[f"{op}_F{nsf}_alone"] = alone
+    return res
+
+
 def _per_wg(r: dict) -> str:
     """A pair's per-warpgroup cycles per block and in-burst rate, for the console."""
     return "".join(f"; {c}: {v['cycles_per_block']:.1f} cycles per block, {v['in_burst_rate_per_warp']:.3f} per warp"
@@ -406,6 +445,10 @@ def main(argv=None) -> int:
     ap.add_argument("--check-sass", action="store_true", help="CPU: compile for sm_90a and check the SASS")
     ap.add_argument("--ops", default=",".join(OPS),
                     help=f"GPU: the burst codes to time, comma-separated (default all: {', '.join(OPS)})")
+    ap.add_argument("--mma-gaps", default="",
+                    help="GPU: a duty-cycle sweep instead of the bursts: the wgmma warpgroup sleeps this many "
+                         "ns after each trip of 8 (comma-separated, start with 0, e.g. 0,200,500,1000,3000); "
+                         "the --ops codes run continuously beside it")
     ap.add_argument("--wgmma-n", type=int, default=N, choices=WGMMA_N,
                     help=f"GPU: N of the running wgmma m64nNk16 (default {N}; FA3's QK^T and PV at head dim N)")
     args = ap.parse_args(argv)
@@ -413,6 +456,12 @@ def main(argv=None) -> int:
     if not ops or set(ops) - set(OPS):
         ap.error(f"--ops: unknown code(s) {', '.join(sorted(set(ops) - set(OPS))) or '(none given)'}; "
                  f"allowed: {', '.join(OPS)}")
+    try:
+        gaps = [int(g) for g in args.mma_gaps.split(",") if g]
+    except ValueError:
+        ap.error(f"--mma-gaps: {args.mma_gaps!r}; allowed: comma-separated integers (ns), the first 0")
+    if gaps and (gaps[0] != 0 or min(gaps) < 0):
+        ap.error(f"--mma-gaps: {args.mma_gaps!r}; allowed: non-negative ns, the first 0 (the full-rate reference)")
     if args.check_sass:
         return check_sass()
     if not args.out:
@@ -422,7 +471,8 @@ def main(argv=None) -> int:
 
     t0 = time.perf_counter()
     dev = Device()
-    res = {"meta": meta(), "scripts": {"bursts": "bench_bursts.py"}, "benchmarks": {"bursts": run(dev, ops, args.wgmma_n)}}
+    res = {"meta": meta(), "scripts": {"bursts": "bench_bursts.py"},
+           "benchmarks": {"bursts": run(dev, ops, args.wgmma_n, gaps)}}
     res["seconds"] = round(time.perf_counter() - t0, 2)
     with open(args.out, "w") as f:
         json.dump(res, f, indent=1)
