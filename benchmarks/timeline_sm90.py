@@ -40,7 +40,16 @@ SHORT = {"hd128_1k": (128, {}, dict(batch=16, seqlen_q=1024, seqlen_k=1024)),
          # benchmarks/results/tile_traces_h100_2026-11-22/ (tile ends, not a steady-state overlay)
          "hd256_1k_causal": (256, {}, dict(batch=16, heads=8, seqlen_q=1024, seqlen_k=1024, causal=True)),
          "hd128_1k_causal_1cta": (128, {"persistent": False},
-                                  dict(batch=16, seqlen_q=1024, seqlen_k=1024, causal=True))}
+                                  dict(batch=16, seqlen_q=1024, seqlen_k=1024, causal=True)),
+         # a persistent hd256 CTA handing over between short tiles (O goes out through Q's buffer):
+         # with --max-ctas 1 one CTA walks all 8 tiles of 4 blocks (the per-tile part that
+         # ctas_sm90.py --only-tiles measures, stamped)
+         "hd256_persistent_walk": (256, {"persistent": True}, dict(batch=1, heads=4, seqlen_q=256, seqlen_k=256)),
+         # the same walk at hd128 over tiles of 2 blocks, with and without ping-pong (ping-pong costs
+         # the kernel ~300 cycles per such tile that the model does not have)
+         "hd128_walk_2blocks": (128, {}, dict(batch=1, heads=4, seqlen_q=256, seqlen_k=256)),
+         "hd128_walk_2blocks_pingpong_off": (128, {"pingpong": False},
+                                             dict(batch=1, heads=4, seqlen_q=256, seqlen_k=256))}
 REL_ERR_MAX = 1e-2
 
 
@@ -194,6 +203,8 @@ def main(argv=None):
     ap.add_argument("--out", required=True, help="directory for timeline_<label>.json")
     ap.add_argument("--cta", type=int, default=0, help="blockIdx.x of the CTA to trace (default 0)")
     ap.add_argument("--reps", type=int, default=10, help="timed calls per build (overhead check)")
+    ap.add_argument("--max-ctas", type=int, default=None,
+                    help="cap the persistent grid (1: one CTA walks every tile; fa4kernel.interface.MAX_CTAS)")
     ap.add_argument("--only", default=None, help="comma-separated labels (default: all but the short-tile "
                     "ones: " + ", ".join(SHORT) + ")")
     args = ap.parse_args(argv)
@@ -203,6 +214,12 @@ def main(argv=None):
     if not torch.cuda.is_available():
         sys.exit("timeline_sm90: needs a CUDA GPU (Hopper)")
     os.makedirs(args.out, exist_ok=True)
+    if args.max_ctas is not None:
+        if args.max_ctas < 1:
+            sys.exit(f"timeline_sm90: --max-ctas {args.max_ctas}; allowed: an integer >= 1")
+        from fa4kernel import interface
+
+        interface.MAX_CTAS = args.max_ctas
     device_name = torch.cuda.get_device_name(0)
     torch.manual_seed(0)
     failures = []

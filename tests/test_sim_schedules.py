@@ -420,3 +420,27 @@ def test_fa3_causal_loop_waits_for_its_s_gemm_like_a_non_causal_one(knobs):
     assert c == pytest.approx(nc)
     sched = build("h100-measured", "fa3", 128, True, masked=1)
     assert {("QK0", "MASK0"), ("QK0", "MAX0")} <= {(e.src, e.dst) for e in sched.edges if e.distance == 0}
+
+
+def test_o_store_issue_on_warpgroup_0_makes_ping_pong_pay_per_tile():
+    """What-if o_store_issue_cycles (fa4kernel's warp 4 issues the O store, 213-244 cycles stamped):
+    warpgroup 0 then starts each tile after warpgroup 1, the tensor core runs warpgroup 1's S
+    first, and ping-pong (warpgroup 0 must issue first in block 1) makes warpgroup 1 wait. The
+    kernel pays +321 cycles per 2-block tile for ping-pong; without the issue cost the model has
+    almost nothing."""
+    from fa4sim.schedules import fa3_sm90
+
+    hw = hardware.load("h100-measured")
+
+    def per_tile(pingpong, issue):
+        p = Problem(1, 1, 128 * 9, 2 * 128, 128, False)
+        k = resolve(fa3_sm90.KNOBS, p, {"tile_m": 128, "tile_n": 128, "pingpong": pingpong,
+                                         "o_store_issue_cycles": issue})
+        sched = fa3_sm90.build(hw, p, k, 2, 0)
+        return (run_schedule(sched, [2] * 9).end - run_schedule(sched, [2]).end) / 8, sched
+
+    (on0, s0), (off0, _) = per_tile(True, 0.0), per_tile(False, 0.0)
+    (on, s1), (off, _) = per_tile(True, 229.0), per_tile(False, 229.0)
+    assert "OSI" not in [o.name for o in s0.ops]
+    assert s1.op("OSI").role == "wg0" and any(e.src == "OSI" and e.dst == "ST" for e in s1.edges)
+    assert abs(on0 - off0) < 100 < 200 < on - off

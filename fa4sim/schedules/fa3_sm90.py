@@ -113,6 +113,12 @@ KNOBS = [
          "cycles", "a tile's O store from its TMA issue to the bulk wait_group.read returning (the smem read "
          "done): 480 + bytes / 36 per clock, from fa4kernel's trace build on H100 (O_STORE_* below)",
          kind="float", minimum=0.0),
+    Knob("o_store_issue_cycles", 0.0, "cycles", "what-if: warpgroup 0's time to issue a tile's O store (its first "
+         "warp: fence, TMA store, commit, the deferred wait for the previous store) before it starts the next tile. "
+         "fa4kernel's trace build stamps 213-244 cycles (O_STORE_ISSUE below). With that, ping-pong's per-tile "
+         "cost appears (+276 cycles at 2 blocks; measured +321), but short tiles come out 7-9 % fast: another "
+         "per-tile cost is still missing, so the default stays 0 (benchmarks/calibrate/README.md, eleventh "
+         "session)", kind="float", minimum=0.0),
     Knob("hbm_busy", None, "fraction", "share of HBM bandwidth the rest of the chip takes while a CTA loads "
          "its Q tile (Q is read once, from HBM): the load gets the rest of the TMA rate. None = derived from "
          "the launch (the kernel model's HBM bytes over its time, one refinement pass)",
@@ -148,6 +154,11 @@ KNOBS = [
 # 480 + bytes / 36 per clock. (hd64's 24 KB 192-row tiles took 1540-1574, which this puts at 1163:
 # not explained.) benchmarks/results/timeline_h100_2026-11-22/timeline_*.json.gz (32 KB, 24 KB) and
 # benchmarks/results/tile_traces_h100_2026-11-22/hd256_1k_causal_cta*.json.gz (64 KB)
+# O_STORE_ISSUE: warp 4's stamps around the O store's issue in fa4kernel's trace build, persistent
+# walks of 2-block hd128 tiles with and without ping-pong (H100, 8 issues: 213-244 cycles, median 229;
+# benchmarks/results/timeline_h100_2026-11-22/timeline_hd128_walk_2blocks*.json.gz). Not the default of
+# knob o_store_issue_cycles (see its description).
+O_STORE_ISSUE = 229.0
 O_STORE_FIXED = 480.0
 O_STORE_BYTES_PER_CLK = 36.0
 # rescale_threshold's test in the KV loop: fa4kernel's SASS (CUDA 13.0 ptxas) with tau = 8 has
@@ -365,6 +376,12 @@ def build(hw, p: Problem, k: dict, n_kv: int, masked_blocks: int) -> Schedule:
         ops.append(Op(f"OSM{w}", r, (("smem:lsu", rows * d * BYTES / hw.smem_bytes_per_clk),), hw.smem_latency,
                       "correction", when="last", skew=1 if overlap else 0,
                       label="consumer barrier, O -> smem"))
+        if w == 0 and k["o_store_issue_cycles"] > 0:
+            # the O store is issued by warpgroup 0's first warp (fa4kernel's warp 4): fence, TMA
+            # store, commit, and the deferred wait for the previous store; warpgroup 0 starts its
+            # next tile after it (O_STORE_ISSUE)
+            ops.append(Op("OSI", r, (), k["o_store_issue_cycles"], "correction", when="last",
+                          skew=1 if overlap else 0, label="warp 4: issue the O store"))
     # the CTA waits for the TMA engine to have *read* O from smem (bulk wait_group ..., read=True):
     # in the kernel's own stamps that takes o_store_cycles, far longer than the bytes at the TMA
     # load rate, so the difference is the store's latency
@@ -394,6 +411,8 @@ def build(hw, p: Problem, k: dict, n_kv: int, masked_blocks: int) -> Schedule:
             prev = f"PP{(w - 1) % W}"
             edges.append(Edge(prev, f"QK{w}", distance=0 if w > 0 else 1, lag=nbar, skip_first=overlap))
     edges += [Edge(f"FIN{v}", f"OSM{w}", lag=nbar) for v in range(W) for w in range(W)]  # the barrier
+    if k["o_store_issue_cycles"] > 0:
+        edges.append(Edge("OSI", "ST"))
     if separate_o(hw, p, k):  # O has its own smem buffer: the next tile's O waits for this store
         edges += [Edge("ST", f"OSM{w}", 1, per="tile", kind="anti", lag=mbar) for w in range(W)]
         if not k["defer_o_store_wait"]:
