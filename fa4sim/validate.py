@@ -353,7 +353,8 @@ def report_tile_costs(result: dict) -> str:
                      f"{r['predicted_cycles']:9.0f} {r['error']:+7.1%}")
     lines.append(f"median |error| {s['median_abs_error']:.1%}, max {s['max_abs_error']:.1%} over {s['tiles']} tiles")
     if result["lines"]:
-        lines.append("a tile = per-tile part + blocks x per-block part (from its two longest tiles), "
+        lines.append("a tile = per-tile part + blocks x per-block part (a line through its two longest tiles; "
+                     "where the model's block cost differs along the tile, read the short tiles above instead), "
                      "measured / predicted cycles:")
         for ln in result["lines"]:
             lines.append(f"  hd{ln['hdim']:<3d} {ln['variant']:24s} per block {ln['measured_per_block']:6.0f} / "
