@@ -228,10 +228,13 @@ def build_parser() -> argparse.ArgumentParser:
                         description="Simulate every point of a benchmark results JSON (benchmarks/bench_fwd_sm90.py) "
                                     "and report per-point error, median and max |error|, and the knob deltas. "
                                     "Given a benchmarks/ctas_sm90.py file instead, compare exact steady-state "
-                                    "cycles per KV block (no clock involved) and the per-SM knob deltas.")
+                                    "cycles per KV block (no clock involved) and the per-SM knob deltas; given its "
+                                    "--only-tiles output, exact cycles per tile of one persistent CTA, split into "
+                                    "per-block and per-tile parts; given benchmarks/idle_wg_sm90.py's, tiles with "
+                                    "idle warpgroups.")
     va.add_argument("results", nargs="+", help="benchmark results JSON (benchmarks/results/sm90_fwd_*.json, or "
                                                "ctas_*.json / knobs_loop_*.json: several of those add a scoreboard of "
-                                               "their per-SM knob deltas)")
+                                               "their per-SM knob deltas; tile_costs_*.json; idle_wg_*.json)")
     va.add_argument("--hw", default=None, help="profile to predict with (default: from the device name, "
                                                "a measured profile when there is one)")
     va.add_argument("--plot", metavar="FILE.png", help="correlation plot: predicted vs measured with y = x (for "
