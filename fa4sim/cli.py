@@ -147,6 +147,9 @@ def cmd_validate(a) -> int:
     from . import validate
     docs = [(path, validate.load(path)) for path in a.results]
     intervals = [validate.is_interval_file(doc) for _, doc in docs]
+    if a.plot and any(validate.is_idle_wg_file(doc) or validate.is_tile_cost_file(doc) for _, doc in docs):
+        raise InputError("plot", "--plot draws benchmark files (sm90_fwd_*.json) and ctas_sm90.py knob loops; "
+                                 "tile-cost and idle-warpgroup files have no plot")
     if a.plot and len(docs) > 1 and not all(intervals):
         raise InputError("plot", "--plot with several files needs them all to be ctas_sm90.py files "
                                  "(their per-SM knob deltas are drawn together); give one benchmark file otherwise")

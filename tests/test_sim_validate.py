@@ -251,3 +251,6 @@ def test_tile_cost_file(tmp_path, capsys):
     assert main(["validate", str(path), "--hw", "h100-measured"]) == 0
     out = capsys.readouterr().out
     assert "cycles per tile" in out and "per block" in out
+    assert main(["validate", str(path), "--plot", str(tmp_path / "p.png")]) == 2
+    assert "--plot draws benchmark files" in capsys.readouterr().err
+    assert not (tmp_path / "p.png").exists()
