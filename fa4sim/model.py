@@ -209,6 +209,12 @@ def _steady_state(trace: Trace, period: Period | None):
     if period is not None and len(starts) - period.first >= 2:
         t0, t1 = starts[period.first], starts[-1]
         interval = period.interval
+    elif len(starts) >= 16:
+        # no exact period within the simulated blocks (three warpgroups' pieces can interleave
+        # without repeating): the mean interval over the second half of the tile instead
+        m = len(starts) // 2
+        t0, t1 = starts[m], starts[-1]
+        interval = (t1 - t0) / (len(starts) - 1 - m)
     else:
         t0, t1, interval = 0.0, trace.end, None
     util = trace.utilization(t0, t1)
