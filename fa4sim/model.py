@@ -182,6 +182,7 @@ def simulate(hw="b200", schedule="fa4", problem: Problem | None = None, override
     result = Result(profile, schedule, problem, knobs, tflops, kt.time_us, kt.cycles, util, "",
                     interval, waits, kt, trace, period)
     result.bottleneck = _bottleneck(result)
+    result.notes.extend(trace.schedule.meta.get("notes", ()))
     if not profile.sources.get("clock_ghz", "").startswith("measured"):
         result.notes.append(f"clock {profile.clock_ghz} GHz was not measured on this chip under load; time scales with it")
     return result

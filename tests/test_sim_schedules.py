@@ -455,3 +455,13 @@ def test_a_loop_without_an_exact_period_still_reports_its_mean_interval():
     starts = r.trace.starts(r.trace.schedule.marker)
     tail = [b - a for a, b in zip(starts[len(starts) // 2:], starts[len(starts) // 2 + 1:])]
     assert r.interval is not None and min(tail) <= r.interval <= max(tail)
+
+
+def test_sm90_emulation_result_says_what_its_cost_is_known_to_miss():
+    """The fa3 schedule's emulation cost is a known over-estimate on Hopper: a result with
+    exp_emulation on says so (and one without does not)."""
+    p = Problem(1, 1, 128, 2048, 128, False)
+    on = simulate("h100-measured", "fa3", p, {"exp_emulation": 0.25})
+    off = simulate("h100-measured", "fa3", p, {})
+    assert any("exp_emulation on SM90" in n for n in on.notes)
+    assert not any("exp_emulation" in n for n in off.notes)
