@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import glob
+import gzip
 import json
 import os
 import tempfile
@@ -42,11 +43,12 @@ def live() -> bool:
 
 
 def recorded(pattern: str) -> list[tuple[Path, dict]]:
-    """Recorded result files matching `pattern` in benchmarks/results/, newest first."""
+    """Recorded result files matching `pattern` in benchmarks/results/, newest first (.json or
+    gzipped .json.gz, like the kernel's traces)."""
     out = []
     for path in glob.glob(str(RESULTS / pattern)):
         try:
-            with open(path) as fh:
+            with (gzip.open(path, "rt") if path.endswith(".gz") else open(path)) as fh:
                 doc = json.load(fh)
         except (OSError, ValueError) as e:
             print(f"skipping unreadable {path}: {e}")
