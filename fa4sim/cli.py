@@ -147,9 +147,11 @@ def cmd_validate(a) -> int:
     from . import validate
     docs = [(path, validate.load(path)) for path in a.results]
     intervals = [validate.is_interval_file(doc) for _, doc in docs]
-    if a.plot and any(validate.is_idle_wg_file(doc) or validate.is_tile_cost_file(doc) for _, doc in docs):
-        raise InputError("plot", "--plot draws benchmark files (sm90_fwd_*.json) and ctas_sm90.py knob loops; "
-                                 "tile-cost and idle-warpgroup files have no plot")
+    if a.plot and any(validate.is_idle_wg_file(doc) for _, doc in docs):
+        raise InputError("plot", "--plot draws benchmark files (sm90_fwd_*.json), ctas_sm90.py knob loops and "
+                                 "tile-cost files; idle-warpgroup files have no plot")
+    if a.plot and len(docs) > 1 and any(validate.is_tile_cost_file(doc) for _, doc in docs):
+        raise InputError("plot", "--plot with a tile-cost file draws that one file; give it alone")
     if a.plot and len(docs) > 1 and not all(intervals):
         raise InputError("plot", "--plot with several files needs them all to be ctas_sm90.py files "
                                  "(their per-SM knob deltas are drawn together); give one benchmark file otherwise")
@@ -166,6 +168,8 @@ def cmd_validate(a) -> int:
             text = validate.report_idle_wg(result)
         elif validate.is_tile_cost_file(doc):  # benchmarks/ctas_sm90.py --only-tiles: cycles per tile
             result = validate.compare_tile_costs(doc, a.hw)
+            if a.plot:
+                validate.plot_tile_costs(result, a.plot)
             text = validate.report_tile_costs(result)
         else:
             result = validate.compare(doc, a.hw, a.at_profile_clock, a.pv_wait)
@@ -241,7 +245,8 @@ def build_parser() -> argparse.ArgumentParser:
     va.add_argument("--hw", default=None, help="profile to predict with (default: from the device name, "
                                                "a measured profile when there is one)")
     va.add_argument("--plot", metavar="FILE.png", help="correlation plot: predicted vs measured with y = x (for "
-                                                      "ctas_sm90.py files: their per-SM knob deltas, +-3 pp band)")
+                                                      "ctas_sm90.py files: their per-SM knob deltas, +-3 pp band; "
+                                                      "for a tile-cost file: the error against the tile's blocks)")
     va.add_argument("--at-profile-clock", action="store_true",
                     help="predict at the profile's clock_ghz even where the benchmark recorded the in-kernel "
                          "clock of the point (default: at that measured clock, so the error is the cycle model's)")

@@ -443,6 +443,37 @@ def plot_knob_deltas(results: list[dict], path: str) -> str:
     return _save(fig, ax, path)
 
 
+def plot_tile_costs(result: dict, path: str) -> str:
+    """Error of the predicted cycles per tile against the tile's KV blocks, one line per head dim
+    and knob variant (ctas_sm90.py --only-tiles files), with a +-5 % band."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(9.5, 4.5))
+    blocks = sorted({r["kv_blocks"] for r in result["tiles"]})
+    ax.fill_between([min(blocks), max(blocks)], -5, 5, color="0.9", label="within 5 %")
+    ax.axhline(0, color="k", linewidth=0.8)
+    for key in dict.fromkeys((r["hdim"], r["variant"]) for r in result["tiles"]):
+        pts = sorted((r for r in result["tiles"] if (r["hdim"], r["variant"]) == key), key=lambda r: r["kv_blocks"])
+        ax.plot([r["kv_blocks"] for r in pts], [100 * r["error"] for r in pts], marker="o",
+                label=f"hd{key[0]} {key[1]}")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(blocks, [str(b) for b in blocks])
+    s = result["summary"]
+    ax.set_title(f"cycles per tile, one persistent CTA: (predicted - measured) / measured\n"
+                 f"{s['device']}, profile {s['hw_profile']}; median |error| {s['median_abs_error']:.1%} "
+                 f"over {s['tiles']} tiles", fontsize=8)
+    ax.set_xlabel("KV blocks per tile")
+    ax.set_ylabel("error (%)")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
 def knob_deltas(rows: list[dict]) -> list[dict]:
     """Measured vs predicted change of each variant of our kernel against its baseline run."""
     out = []

@@ -14,6 +14,7 @@ Figures:
   rescale_rate_vs_tau.png      how often a warp rescales O, against tau (model and numpy count)
   validation_<gpu>.png         predicted vs measured TFLOP/s, newest benchmark per GPU
   knob_deltas_per_sm.png       per-SM knob deltas (one CTA), measured vs predicted, all knob loops
+  tile_costs_h100.png          cycles per tile of one persistent CTA by KV blocks and knob, error of the model
   timeline_overlay_<run>.png   simulated vs measured timelines of the instrumented build
 
 Measurements come only from benchmarks/results/ (sm90_fwd_*.json, knobs_loop_*.json,
@@ -282,6 +283,18 @@ def fig_knob_deltas_per_sm():
     return "knob_deltas_per_sm.png"
 
 
+def fig_tile_costs():
+    """The model's error on whole tiles of one persistent CTA, by blocks per tile and knob
+    variant (fa4sim validate tile_costs_knobs_h100_*.json --plot)."""
+    from fa4sim import validate
+
+    paths = sorted(glob.glob(os.path.join(RESULTS, "tile_costs_knobs_h100_*.json")))
+    if not paths:
+        return "(no recorded tile costs by knob: no tile-cost figure)"
+    validate.plot_tile_costs(validate.compare_tile_costs(validate.load(paths[-1])), out("tile_costs_h100.png"))
+    return "tile_costs_h100.png"
+
+
 def fig_timeline_overlays():
     """Simulated vs measured per-warp timelines for every recorded instrumented run."""
     sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
@@ -289,6 +302,10 @@ def fig_timeline_overlays():
 
     names = []
     for path in sorted(glob.glob(os.path.join(RESULTS, "timeline_*", "timeline_*.json*"))):  # .json or .json.gz
+        if "_walk" in os.path.basename(path):
+            # one CTA walking every tile (timeline_sm90.py --max-ctas 1): tile-boundary stamps,
+            # read in benchmarks/calibrate/README.md; the overlay's simulated launch is another one
+            continue
         compare(path, figdir=FIG, out=lambda *a, **k: None)
         names.append("timeline_overlay_" + os.path.basename(path).split(".")[0][len("timeline_"):] + ".png")
     return ", ".join(names) or "(no recorded timeline: no overlay)"
@@ -305,7 +322,7 @@ def main(argv=None) -> int:
     print(f"recorded SM90 measurement: {where}" if doc else "no recorded SM90 measurement: simulation only")
     jobs = [fig_fa4_timeline, fig_fa3_timeline, fig_feeds, lambda: fig_emulation(doc, where),
             lambda: fig_pingpong(doc, where), fig_pingpong_timelines, fig_rescale, fig_validation,
-            fig_knob_deltas_per_sm, fig_timeline_overlays]
+            fig_knob_deltas_per_sm, fig_tile_costs, fig_timeline_overlays]
     t_all = time.time()
     for job in jobs:
         t = time.time()

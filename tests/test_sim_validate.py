@@ -251,6 +251,7 @@ def test_tile_cost_file(tmp_path, capsys):
     assert main(["validate", str(path), "--hw", "h100-measured"]) == 0
     out = capsys.readouterr().out
     assert "cycles per tile" in out and "per block" in out
-    assert main(["validate", str(path), "--plot", str(tmp_path / "p.png")]) == 2
-    assert "--plot draws benchmark files" in capsys.readouterr().err
-    assert not (tmp_path / "p.png").exists()
+    assert main(["validate", str(path), "--plot", str(tmp_path / "p.png")]) == 0
+    assert (tmp_path / "p.png").stat().st_size > 0
+    assert main(["validate", str(path), str(path), "--plot", str(tmp_path / "q.png")]) == 2
+    assert "give it alone" in capsys.readouterr().err
