@@ -466,12 +466,7 @@ def plot_tile_costs(result: dict, path: str) -> str:
                  f"over {s['tiles']} tiles", fontsize=8)
     ax.set_xlabel("KV blocks per tile")
     ax.set_ylabel("error (%)")
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _save(fig, ax, path, loc="upper left", bbox_to_anchor=(1.01, 1.0))
 
 
 def knob_deltas(rows: list[dict]) -> list[dict]:
@@ -495,11 +490,11 @@ def knob_deltas(rows: list[dict]) -> list[dict]:
     return out
 
 
-def _save(fig, ax, path: str) -> str:
-    """The validation plots' common finish: legend, grid, PNG at 120 dpi."""
+def _save(fig, ax, path: str, **legend) -> str:
+    """The validation plots' common finish: legend (extra keywords place it), grid, PNG at 120 dpi."""
     import matplotlib.pyplot as plt
 
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, **legend)
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
