@@ -42,7 +42,12 @@ VARIANTS = [("default", {}, False), ("skip_softmax", {}, True),
 
 # --only-knobs: the benchmark's hd128 8k knob set and the FA4 tricks alone and together
 KNOB_VARIANTS = VARIANTS + [("exp_emulation=0.125", {"exp_emulation": 0.125}, False),
-                            ("fa4_tricks(emu0.125,tau8)", {"exp_emulation": 0.125, "rescale_threshold": 8.0}, False)]
+                            ("fa4_tricks(emu0.125,tau8)", {"exp_emulation": 0.125, "rescale_threshold": 8.0}, False),
+                            # the conditional rescale's branch before the exp2s (knob rescale_after_max)
+                            ("rescale_threshold=8+rescale_after_max",
+                             {"rescale_threshold": 8.0, "rescale_after_max": True}, False),
+                            ("fa4_tricks+rescale_after_max",
+                             {"exp_emulation": 0.125, "rescale_threshold": 8.0, "rescale_after_max": True}, False)]
 
 ABLATIONS = ["max", "exp", "sum", "rescale", "exp,max,rescale,sum"]
 
@@ -267,7 +272,7 @@ def main():
                     help="one CTA, hd128: the knob variants of the benchmark (bench_fwd_sm90's hd128 8k set) "
                          "with the current kernel, cycles per KV block")
     ap.add_argument("--causal", action="store_true",
-                    help="with --only-knobs: the causal builds (one Q tile at the bottom of K, bottom-right "
+                    help="with --only-knobs / --only-ablations: the causal builds (one Q tile at the bottom of K, bottom-right "
                          "aligned: its unmasked blocks are the loop)")
     ap.add_argument("--knob-hdims", default="128",
                     help="with --only-knobs: the head dims to run the variants at (comma-separated; default 128)")
@@ -278,6 +283,12 @@ def main():
                     help="hd128, one CTA: the exp2s forced ahead of the PV wait (diagnostic build), RS/SS/no ping-pong")
     ap.add_argument("--only-ablations", action="store_true",
                     help="one CTA: default, skip_softmax and each softmax ablation (fa4kernel config.ABLATIONS)")
+    ap.add_argument("--ablate-knobs", default="default",
+                    help="with --only-ablations: the knob variants to ablate, comma-separated, each 'default' or "
+                         "k=v[+k=v...] (e.g. default,exp_emulation=0.125)")
+    ap.add_argument("--ablations", default="",
+                    help="with --only-ablations: which ablations, ';'-separated (e.g. 'rescale;sum'; default: "
+                         + "; ".join(ABLATIONS) + ")")
     args = ap.parse_args()
     variants = KNOB_VARIANTS
     wanted = [w for w in re.split(r",(?![^(]*\))", args.knobs) if w]  # names may hold commas in ()
@@ -359,11 +370,15 @@ def main():
             point(128, "shared", 1, name + "+exp_before_pv_wait", kn, False, pin=True)
         return
     if args.only_ablations:
+        ablations = [a for a in re.split(r";", args.ablations) if a] if args.ablations else ABLATIONS
         for hd in (int(x) for x in args.hdims.split(",")):
-            point(hd, "shared", 1, "default", {}, False)
-            point(hd, "shared", 1, "skip_softmax", {}, True)
-            for a in ABLATIONS:
-                point(hd, "shared", 1, f"ablate={a}", {}, False, a)
+            for label in args.ablate_knobs.split(","):
+                knobs = parse_variant(label)
+                point(hd, "shared", 1, label, knobs, False, causal=args.causal)
+                if label == "default":
+                    point(hd, "shared", 1, "skip_softmax", {}, True, causal=args.causal)
+                for a in ablations:
+                    point(hd, "shared", 1, f"{label} ablate={a}", knobs, False, a, causal=args.causal)
         return
     if args.tiles or args.only_tiles:
         res["tile_costs"] = []

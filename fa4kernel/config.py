@@ -25,6 +25,7 @@ KNOB_NAMES = (
     "early_q_release",
     "defer_o_store_wait",
     "chained_row_sum",
+    "rescale_after_max",
 )
 
 # Hopper limits the kernel has to live within.
@@ -115,6 +116,13 @@ class KernelConfig:
     # on the row sums (ptxas otherwise hoists the wait above them; fa4kernel/README.md "Where the
     # PV wait sits"). Measured slower; kept to study why.
     exp_before_pv_wait: bool = False
+    # conditional rescaling (rescale_threshold) after the PV wait: the PV wait and the rescale's
+    # branch right after the row max, before the exp2s, so the exp2s, the row sum and P's convert
+    # stay one basic block and ptxas interleaves the F2FP with the exp2s. False: the branch after
+    # P's convert, and ptxas sinks all 32 F2FP per thread below it (fa4kernel/README.md,
+    # "Where the conditional rescale's branch goes"). Only without chained_row_sum (whose O scale
+    # comes after the exp2s)
+    rescale_after_max: bool = False
 
     @property
     def num_consumer_wgs(self) -> int:
@@ -159,6 +167,7 @@ def default_knobs(head_dim: int, causal: bool = False) -> dict:
         early_q_release=None,
         defer_o_store_wait=None,
         chained_row_sum=None,
+        rescale_after_max=None,
     )
 
 
@@ -286,6 +295,16 @@ def resolve_knobs(head_dim: int, causal: bool, knobs: dict) -> dict:
     if not _is_bool(chained):
         raise ValueError(f"chained_row_sum={chained!r} not supported; allowed: None (auto), True or False")
     out["chained_row_sum"] = bool(chained)
+    after_max = out["rescale_after_max"]
+    branch_after_pv = out["rescale_threshold"] > 0.0 and not out["rescale_before_pv"] and not chained
+    if after_max is None:  # auto: not yet measured, off
+        after_max = False
+    if not _is_bool(after_max):
+        raise ValueError(f"rescale_after_max={after_max!r} not supported; allowed: None (auto), True or False")
+    if after_max and not branch_after_pv:
+        raise ValueError("rescale_after_max=True needs conditional rescaling after the PV wait: rescale_threshold > 0, "
+                         "rescale_before_pv=False and chained_row_sum=False; allowed here: False or None")
+    out["rescale_after_max"] = bool(after_max)
     return out
 
 
@@ -310,7 +329,10 @@ def trace_config(cfg: KernelConfig, light: bool = False) -> KernelConfig:
     return replace(cfg, trace=True, trace_light=bool(light))
 
 
-ABLATIONS = ("max", "exp", "sum", "rescale")
+# "vote_sum" / "vote_row0" (conditional rescaling only): the rescale's warp vote on a predicate
+# that is never true and depends only on the row sums (after the exp2s), or on row 0's scale
+# alone: what the vote's dependence on every row's max costs the compiled order
+ABLATIONS = ("max", "exp", "sum", "rescale", "vote_sum", "vote_row0")
 
 
 def diagnostic_config(cfg: KernelConfig, clock_probe: bool = True, skip_softmax: bool = False,

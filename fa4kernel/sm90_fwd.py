@@ -163,6 +163,7 @@ class FlashFwdSm90:
         # (FA4's RescaleOBeforeGemm for head dims > 128) instead of after the PV wait
         self.rescale_before_pv = bool(cfg.rescale_before_pv) and self.overlap
         self.chained_row_sum = bool(cfg.chained_row_sum)
+        self.rescale_after_max = bool(cfg.rescale_after_max)
         self.early_q_release = bool(cfg.early_q_release) and self.overlap and self.separate_o
         self.defer_store_wait = bool(cfg.defer_o_store_wait) and self.separate_o
         self.emu_cols = emulated_columns(self.cols_per_thread, cfg.exp_emulation)
@@ -668,15 +669,18 @@ class FlashFwdSm90:
             cute.arch.sync_warp()
 
     @cute.jit
-    def _rescale_o(self, acc_O, row_scale):
+    def _rescale_o(self, acc_O, row_scale, row_sum=None):
         o = _mn_view(acc_O)
         if const_expr("rescale" in self.ablate):
             pass
         elif const_expr(self.tau > 0.0):
             # conditional rescaling: skip the multiply unless a row of this warp moved its max
             need = row_scale[0] != Float32(1.0)
-            for r in cutlass.range_constexpr(1, cute.size(row_scale)):
-                need = need | (row_scale[r] != Float32(1.0))
+            if const_expr("vote_row0" not in self.ablate):
+                for r in cutlass.range_constexpr(1, cute.size(row_scale)):
+                    need = need | (row_scale[r] != Float32(1.0))
+            if const_expr("vote_sum" in self.ablate):
+                need = row_sum[0] < Float32(0.0)  # never: timing only (config.ABLATIONS)
             if cute.arch.vote_any_sync(need):
                 for r in cutlass.range_constexpr(cute.size(row_scale)):
                     for c in cutlass.range(cute.size(o, mode=[1]), unroll_full=True):
@@ -1028,6 +1032,20 @@ class FlashFwdSm90:
             self._stamp(tr, T_MASK, it, 1)
         self._stamp(tr, T_MAX, it, 0)
         row_scale = None
+        if const_expr(self.rescale_after_max and not self.skip_softmax and not self.trace):
+            s = _mn_view(acc_S)
+            row_scale = cute.make_rmem_tensor_like(row_max, Float32)
+            max_scaled = cute.make_rmem_tensor_like(row_max, Float32)
+            log2_scale = cute.make_rmem_tensor_like(row_max, Float32)
+            for r in cutlass.range_constexpr(cute.size(s, mode=[0])):
+                self._row_max(s, r, row_max, max_scaled, log2_scale, row_scale, scale_log2, False)
+            warpgroup.wait_group(0)  # PV done: O and the P buffer are free
+            pipe_v.consumer_release(v_state)
+            self._rescale_o(acc_O, row_scale)
+            for r in cutlass.range_constexpr(cute.size(s, mode=[0])):
+                self._row_exp(s, r, max_scaled[r], log2_scale[r], row_sum, row_scale, scale_log2, False)
+            self._store_p(acc_S, tOrP, smem_thr_copy_P, tPsP, wg_idx)
+            return kv_state
         if const_expr(not self.skip_softmax):
             row_scale = self._softmax(acc_S, row_max, row_sum, scale_log2, False, tr, it)
         self._stamp(tr, T_EXP, it, 1)
@@ -1046,7 +1064,7 @@ class FlashFwdSm90:
         else:
             self._stamp(tr, T_RESC, it, 0)
             if const_expr(not self.skip_softmax):
-                self._rescale_o(acc_O, row_scale)
+                self._rescale_o(acc_O, row_scale, row_sum)
             self._stamp(tr, T_RESC, it, 1)
         return kv_state
 
