@@ -339,6 +339,8 @@ def main():
     ap.add_argument("--out", default=None)
     ap.add_argument("--quick", action="store_true", help="a few points only (smoke)")
     ap.add_argument("--no-knobs", action="store_true")
+    ap.add_argument("--only-knobs", action="store_true",
+                    help="the hd128 8k knob groups only (causal and not), without the main grid")
     args = ap.parse_args()
 
     global SAMPLER
@@ -381,7 +383,7 @@ def main():
     seqlens = [1024, 4096, 16384]
     if args.quick:
         hdims, seqlens = [128], [4096]
-    for d in hdims:
+    for d in ([] if args.only_knobs else hdims):
         for s in seqlens:
             for causal in (False, True):
                 b, h = 16384 // s, 2048 // d

@@ -42,12 +42,7 @@ VARIANTS = [("default", {}, False), ("skip_softmax", {}, True),
 
 # --only-knobs: the benchmark's hd128 8k knob set and the FA4 tricks alone and together
 KNOB_VARIANTS = VARIANTS + [("exp_emulation=0.125", {"exp_emulation": 0.125}, False),
-                            ("fa4_tricks(emu0.125,tau8)", {"exp_emulation": 0.125, "rescale_threshold": 8.0}, False),
-                            # the conditional rescale's branch before the exp2s (knob rescale_after_max)
-                            ("rescale_threshold=8+rescale_after_max",
-                             {"rescale_threshold": 8.0, "rescale_after_max": True}, False),
-                            ("fa4_tricks+rescale_after_max",
-                             {"exp_emulation": 0.125, "rescale_threshold": 8.0, "rescale_after_max": True}, False)]
+                            ("fa4_tricks(emu0.125,tau8)", {"exp_emulation": 0.125, "rescale_threshold": 8.0}, False)]
 
 ABLATIONS = ["max", "exp", "sum", "rescale", "exp,max,rescale,sum"]
 

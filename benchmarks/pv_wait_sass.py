@@ -24,7 +24,10 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PIPES = {"max": ("FMNMX",), "fma": ("FFMA", "FADD"), "mufu": ("MUFU",)}
 VARIANTS = [{}, {"exp_emulation": 0.125}, {"exp_emulation": 0.25}, {"rescale_threshold": 8.0},
             {"exp_emulation": 0.125, "rescale_threshold": 8.0}, {"pingpong": False},
-            {"p_in_registers": False}, {"kv_stages": 3}]
+            {"p_in_registers": False}, {"kv_stages": 3},
+            # conditional rescaling after the PV wait (its default until the twelfth session)
+            {"rescale_threshold": 8.0, "rescale_before_pv": False},
+            {"exp_emulation": 0.125, "rescale_threshold": 8.0, "rescale_before_pv": False}]
 
 
 def split(sass: str) -> dict:
@@ -53,6 +56,8 @@ def fa4kernel_rows() -> list[tuple[dict, dict]]:
                 build = {"hdim": hd, "causal": causal, **knobs}
                 if not knobs:  # the head dim's default also fixes its tile and rescale order
                     build.update(tile_n=cfg.tile_n, rescale_before_pv=cfg.rescale_before_pv)
+                elif "rescale_threshold" in knobs:  # tau moves the rescale before the PV GEMM (auto)
+                    build.update(rescale_before_pv=cfg.rescale_before_pv)
                 print(f"# {build}", file=sys.stderr, flush=True)
                 (variants if knobs else defaults).append((build, split(fa4kernel.compile_sass(cfg, arch="sm_90a"))))
     return variants + defaults  # the first matching row wins: variants before their default

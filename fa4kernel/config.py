@@ -25,7 +25,6 @@ KNOB_NAMES = (
     "early_q_release",
     "defer_o_store_wait",
     "chained_row_sum",
-    "rescale_after_max",
 )
 
 # Hopper limits the kernel has to live within.
@@ -75,7 +74,8 @@ class KernelConfig:
     # one CTA per SM looping over tiles (True) or one CTA per tile (False); resolved by make_config
     persistent: bool = True
     # intra-WG overlap only: O *= the previous block's scale while S(j) is computed, before the
-    # PV GEMM (FA4's RescaleOBeforeGemm), instead of after the PV wait; auto: head_dim > 128
+    # PV GEMM (FA4's RescaleOBeforeGemm), instead of after the PV wait; auto: head_dim > 128, and
+    # with conditional rescaling (rescale_threshold > 0) at every head dim
     rescale_before_pv: bool = False
     # intra-WG overlap with O in its own smem buffer: each consumer hands Q back right after the
     # tile's last QK GEMM (its last KV block peeled out of the loop), so the next tile's Q loads
@@ -116,13 +116,6 @@ class KernelConfig:
     # on the row sums (ptxas otherwise hoists the wait above them; fa4kernel/README.md "Where the
     # PV wait sits"). Measured slower; kept to study why.
     exp_before_pv_wait: bool = False
-    # conditional rescaling (rescale_threshold) after the PV wait: the PV wait and the rescale's
-    # branch right after the row max, before the exp2s, so the exp2s, the row sum and P's convert
-    # stay one basic block and ptxas interleaves the F2FP with the exp2s. False: the branch after
-    # P's convert, and ptxas sinks all 32 F2FP per thread below it (fa4kernel/README.md,
-    # "Where the conditional rescale's branch goes"). Only without chained_row_sum (whose O scale
-    # comes after the exp2s)
-    rescale_after_max: bool = False
 
     @property
     def num_consumer_wgs(self) -> int:
@@ -167,7 +160,6 @@ def default_knobs(head_dim: int, causal: bool = False) -> dict:
         early_q_release=None,
         defer_o_store_wait=None,
         chained_row_sum=None,
-        rescale_after_max=None,
     )
 
 
@@ -263,8 +255,10 @@ def resolve_knobs(head_dim: int, causal: bool, knobs: dict) -> dict:
         raise ValueError(f"persistent={pers!r} not supported; allowed: None (auto), True or False")
     out["persistent"] = bool(pers)
     before = out["rescale_before_pv"]
-    if before is None:  # auto, FA4's rule: where O (head_dim / 2 fp32 per thread) is large
-        before = head_dim > 128 and out["intra_wg_overlap"]
+    if before is None:  # auto: FA4's rule, where O (head_dim / 2 fp32 per thread) is large, and with
+        # conditional rescaling, whose branch after the PV wait costs as much as the FMULs it skips
+        # (measured on H100, fa4kernel/README.md "Where the conditional rescale goes")
+        before = (head_dim > 128 or out["rescale_threshold"] > 0.0) and out["intra_wg_overlap"]
     if not _is_bool(before):
         raise ValueError(f"rescale_before_pv={before!r} not supported; allowed: None (auto), True or False")
     if before and not out["intra_wg_overlap"]:
@@ -295,16 +289,6 @@ def resolve_knobs(head_dim: int, causal: bool, knobs: dict) -> dict:
     if not _is_bool(chained):
         raise ValueError(f"chained_row_sum={chained!r} not supported; allowed: None (auto), True or False")
     out["chained_row_sum"] = bool(chained)
-    after_max = out["rescale_after_max"]
-    branch_after_pv = out["rescale_threshold"] > 0.0 and not out["rescale_before_pv"] and not chained
-    if after_max is None:  # auto: not yet measured, off
-        after_max = False
-    if not _is_bool(after_max):
-        raise ValueError(f"rescale_after_max={after_max!r} not supported; allowed: None (auto), True or False")
-    if after_max and not branch_after_pv:
-        raise ValueError("rescale_after_max=True needs conditional rescaling after the PV wait: rescale_threshold > 0, "
-                         "rescale_before_pv=False and chained_row_sum=False; allowed here: False or None")
-    out["rescale_after_max"] = bool(after_max)
     return out
 
 

@@ -163,7 +163,6 @@ class FlashFwdSm90:
         # (FA4's RescaleOBeforeGemm for head dims > 128) instead of after the PV wait
         self.rescale_before_pv = bool(cfg.rescale_before_pv) and self.overlap
         self.chained_row_sum = bool(cfg.chained_row_sum)
-        self.rescale_after_max = bool(cfg.rescale_after_max)
         self.early_q_release = bool(cfg.early_q_release) and self.overlap and self.separate_o
         self.defer_store_wait = bool(cfg.defer_o_store_wait) and self.separate_o
         self.emu_cols = emulated_columns(self.cols_per_thread, cfg.exp_emulation)
@@ -1032,20 +1031,6 @@ class FlashFwdSm90:
             self._stamp(tr, T_MASK, it, 1)
         self._stamp(tr, T_MAX, it, 0)
         row_scale = None
-        if const_expr(self.rescale_after_max and not self.skip_softmax and not self.trace):
-            s = _mn_view(acc_S)
-            row_scale = cute.make_rmem_tensor_like(row_max, Float32)
-            max_scaled = cute.make_rmem_tensor_like(row_max, Float32)
-            log2_scale = cute.make_rmem_tensor_like(row_max, Float32)
-            for r in cutlass.range_constexpr(cute.size(s, mode=[0])):
-                self._row_max(s, r, row_max, max_scaled, log2_scale, row_scale, scale_log2, False)
-            warpgroup.wait_group(0)  # PV done: O and the P buffer are free
-            pipe_v.consumer_release(v_state)
-            self._rescale_o(acc_O, row_scale)
-            for r in cutlass.range_constexpr(cute.size(s, mode=[0])):
-                self._row_exp(s, r, max_scaled[r], log2_scale[r], row_sum, row_scale, scale_log2, False)
-            self._store_p(acc_S, tOrP, smem_thr_copy_P, tPsP, wg_idx)
-            return kv_state
         if const_expr(not self.skip_softmax):
             row_scale = self._softmax(acc_S, row_max, row_sum, scale_log2, False, tr, it)
         self._stamp(tr, T_EXP, it, 1)

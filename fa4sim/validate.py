@@ -203,13 +203,19 @@ def compare_intervals(doc: dict, hw: str | None = None) -> dict:
     CTA count of a ctas_sm90.py file; plus each knob variant's change against 'default' at the
     same CTA count (the per-SM knob effect, free of clock and power changes)."""
     hw = hw or profile_for(doc["meta"].get("device", ""))
-    rows, cache = [], {}
+    rows, cache, no_twin = [], {}, []
+    known = {k.name for k in fa3_sm90.KNOBS}
     for p in doc["points"]:
-        if p.get("variant") == "skip_softmax":  # a diagnostic build the simulator has no twin of
+        ablate = [a for a in (p.get("ablate") or "").split(",") if a]
+        knobs = dict(p.get("knobs") or {})
+        # builds the simulator has no twin of: the wgmma skeleton, ablations without a what-if
+        # knob (the vote ablations), kernel knobs it does not model (a prototype since removed)
+        if (p.get("variant") == "skip_softmax" or any(a not in ABLATION_KNOBS for a in ablate)
+                or any(k not in known for k in knobs)):
+            no_twin.append(p.get("variant", "?"))
             continue
         hd, n, pattern = int(p["hdim"]), int(p["n_ctas"]), p.get("pattern", "shared")
-        knobs = dict(p.get("knobs") or {})
-        for a in filter(None, (p.get("ablate") or "").split(",")):  # the kernel's ablation = a what-if knob
+        for a in ablate:  # the kernel's ablation = a what-if knob
             knobs.update(ABLATION_KNOBS[a])
         if p.get("exp_before_pv_wait"):  # the diagnostic build that keeps the exp2s ahead of the PV wait
             knobs["exp_overlaps_pv"] = True
@@ -249,7 +255,8 @@ def compare_intervals(doc: dict, hw: str | None = None) -> dict:
     shared = [abs(r["error"]) for r in rows if r["error"] is not None and r["pattern"] == "shared"]
     summary = {"hw_profile": hw, "device": doc["meta"].get("device"), "date": doc["meta"].get("date"),
                "median_abs_error": statistics.median(shared) if shared else None,
-               "max_abs_error": max(shared) if shared else None, "points": len(shared)}
+               "max_abs_error": max(shared) if shared else None, "points": len(shared),
+               "not_simulated": [v for v in no_twin if v != "skip_softmax"]}
     return {"summary": summary, "intervals": rows, "knob_deltas": deltas}
 
 
@@ -382,6 +389,8 @@ def report_intervals(result: dict) -> str:
                      + pred)
     if s["median_abs_error"] is not None:
         lines.append(f"shared K/V: median |error| {s['median_abs_error']:.1%}, max {s['max_abs_error']:.1%} over {s['points']} points")
+    if s.get("not_simulated"):
+        lines.append("not simulated (builds without a model twin): " + ", ".join(s["not_simulated"]))
     if result["knob_deltas"]:
         lines.append("per-SM knob deltas (throughput change vs default at the same CTA count, measured / predicted):")
         for d in result["knob_deltas"]:

@@ -189,6 +189,15 @@ def test_rescale_before_pv_auto_and_checked():
     auto = {d: config.make_config("bfloat16", d, False, False, {}).rescale_before_pv for d in config.SUPPORTED_HEAD_DIMS}
     assert auto == {64: False, 96: False, 128: False, 192: True, 256: True}
     assert not config.make_config("bfloat16", 256, False, False, dict(intra_wg_overlap=False)).rescale_before_pv
+    # with conditional rescaling the rescale goes before the PV GEMM at every head dim (its branch
+    # after the PV wait cost as much as the FMULs it skips), unless asked otherwise
+    for d in config.SUPPORTED_HEAD_DIMS:
+        for causal in (False, True):
+            assert config.make_config("bfloat16", d, causal, False, dict(rescale_threshold=8.0)).rescale_before_pv
+    assert not config.make_config("bfloat16", 128, False, False,
+                                  dict(rescale_threshold=8.0, rescale_before_pv=False)).rescale_before_pv
+    assert not config.make_config("bfloat16", 128, False, False,
+                                  dict(rescale_threshold=8.0, intra_wg_overlap=False)).rescale_before_pv
     assert config.make_config("bfloat16", 128, False, False, dict(rescale_before_pv=True)).rescale_before_pv
     with pytest.raises(ValueError, match="rescale_before_pv=True needs intra_wg_overlap=True"):
         config.make_config("bfloat16", 128, False, False, dict(rescale_before_pv=True, intra_wg_overlap=False))

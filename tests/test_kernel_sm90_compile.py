@@ -190,7 +190,8 @@ def test_tau_test_instructions_match_the_models_count(hd, causal):
     from fa4sim.params import resolve
     from fa4sim.schedules import fa3_sm90
 
-    plain = kv_loop(sass(head_dim=hd, causal=causal))
+    # against the same rescale order: with tau the rescale goes before the PV GEMM at every head dim
+    plain = kv_loop(sass(head_dim=hd, causal=causal, rescale_before_pv=True))
     tau = kv_loop(sass(head_dim=hd, causal=causal, rescale_threshold=8.0))
     assert "VOTE" in {o.split(".")[0] for o in tau} and "VOTE" not in {o.split(".")[0] for o in plain}
     model = resolve(fa3_sm90.KNOBS, Problem(1, 1, 8192, 8192, hd, causal), {"rescale_threshold": 8.0})["tau_test_instr"]

@@ -112,9 +112,8 @@ KNOB_CASES = [
     dict(rescale_before_pv=True, rescale_threshold=8.0),
     dict(chained_row_sum=True),
     dict(chained_row_sum=True, rescale_threshold=8.0, exp_emulation=0.25),
-    dict(rescale_threshold=8.0, rescale_after_max=True),
-    dict(rescale_threshold=8.0, exp_emulation=0.125, rescale_after_max=True),
-    dict(rescale_threshold=8.0, p_in_registers=False, rescale_after_max=True),
+    dict(rescale_threshold=8.0, rescale_before_pv=False),
+    dict(rescale_threshold=8.0, exp_emulation=0.125, p_in_registers=False),
 ]
 
 
@@ -131,7 +130,8 @@ def test_knobs_hd128(knobs, causal):
     (256, dict(rescale_before_pv=False)), (192, dict(rescale_before_pv=False)),
     (64, dict(chained_row_sum=False)), (64, dict(tile_m=128, chained_row_sum=False)),
     (64, dict(tile_m=192, chained_row_sum=True)),
-    (64, dict(rescale_threshold=8.0, exp_emulation=0.25, chained_row_sum=False, rescale_after_max=True)),
+    (64, dict(rescale_threshold=8.0, exp_emulation=0.25, chained_row_sum=False)),
+    (64, dict(rescale_threshold=8.0, rescale_before_pv=False)),
 ])
 def test_knobs_other_hd(hd, knobs):
     check(*_inputs(1, 777, 900, 2, hd), True, **knobs)
@@ -151,8 +151,8 @@ def test_large_scores_rescale():
     for tau in (None, 8.0):
         check(q, k, v, False, rescale_threshold=tau)
         check(q, k, v, True, rescale_threshold=tau)
-    for causal in (False, True):  # the rescale's branch before the exp2s takes the same paths
-        check(q, k, v, causal, rescale_threshold=8.0, rescale_after_max=True)
+    for causal in (False, True):  # conditional rescaling with O rescaled after the PV wait too
+        check(q, k, v, causal, rescale_threshold=8.0, rescale_before_pv=False)
 
 
 def test_non_contiguous_strides():

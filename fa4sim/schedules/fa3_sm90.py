@@ -68,9 +68,6 @@ KNOBS = [
     Knob("exp_overlaps_pv", False, "", "intra-WG overlap reaches the exp2s: they run while the previous block's PV GEMM "
          "does. False = as compiled: ptxas (CUDA 13.0) puts the PV wait right after the row max, so only the max "
          "overlaps PV (SASS of fa4kernel, every head dim; tests/test_kernel_sm90_compile.py)", kind="bool"),
-    Knob("rescale_before_pv", lambda p, k: p.hdim > 128 and k["intra_wg_overlap"], "", "intra-WG overlap: O *= "
-         "the previous block's scale while S(j) is computed, before PV(j-1) is issued (FA4's RescaleOBeforeGemm, "
-         "default for head dims > 128 in flash-attn-4 and fa4kernel); false: after the PV wait", kind="bool"),
     Knob("persistent", lambda p, k: _o_fits(p, k), "", "one CTA per SM looping over tiles (else one CTA per tile); "
          "default: where O gets its own smem buffer (fa4kernel)", kind="bool"),
     Knob("tile_order", "fa4kernel", "", "the order the kernel hands out its Q tiles (fa4sim/tile_order.py): "
@@ -89,6 +86,11 @@ KNOBS = [
          "padding rows like the others (flash-attn-4)", kind="bool"),
     Knob("exp_emulation", 0.0, "fraction", "fraction of each row's exp2 done by the polynomial on the FMA pipe (FA4 trick; off in FA3)", kind="fraction"),
     Knob("rescale_threshold", None, "log2 units", "conditional rescaling threshold tau; none = always rescale (FA3)", kind="float_or_none", minimum=0.0),
+    Knob("rescale_before_pv", lambda p, k: (p.hdim > 128 or k["rescale_threshold"] is not None)
+         and k["intra_wg_overlap"], "", "intra-WG overlap: O *= the previous block's scale while S(j) is computed, "
+         "before PV(j-1) is issued (FA4's RescaleOBeforeGemm, default for head dims > 128 in flash-attn-4 and "
+         "fa4kernel, and in fa4kernel at every head dim with rescale_threshold: there its branch after the PV "
+         "wait cost the loop as much as the FMULs it skips); false: after the PV wait", kind="bool"),
     Knob("rescale_rate", None, "fraction", "override: fraction of (warp, KV block) pairs that rescale (none = derive)", kind="float_or_none", minimum=0.0, maximum=1.0),
     Knob("tau_test_instr", lambda p, k: TAU_TEST_INSTR_BUILDS.get((p.hdim, p.causal), TAU_TEST_INSTR), "warp-instr",
          "with rescale_threshold: the instructions its test adds per warp and KV block, paid whether or not a "
