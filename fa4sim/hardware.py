@@ -31,6 +31,10 @@ PARAMS: dict[str, tuple[str, str]] = {
     "dense_issue_under_mma": ("fraction", "share of the SM's issue rate a burst of independent FP32 instructions "
                               "(the O rescale's FMULs) gets while the tensor core executes"),
     "mufu_under_mma": ("fraction", "MUFU throughput while the tensor core executes, relative to idle"),
+    "mix_fill_slots": ("mix slots", "issue slots one instruction added to a softmax-like mix takes beside a running "
+                       "MMA, in units of a mix instruction's own slot: the mix waits on MUFU latency, and added "
+                       "independent FMA/ALU instructions (an emulated exp2's polynomial, tau's test) fill its "
+                       "idle slots; 1 = charged like a mix instruction"),
     "smem_bytes_per_clk": ("B/clk/SM", "shared-memory bandwidth (MMA operands, STS/LDS)"),
     "smem_capacity_bytes": ("B", "max dynamic shared memory per CTA"),
     "registers_per_sm": ("32-bit regs", "register file per SM"),

@@ -55,10 +55,13 @@ def phase(hw, name: str, elements: float, rows: float = 0.0) -> dict[str, float]
 
 
 def exp2_phase(hw, elements: float, emulated_fraction: float) -> dict[str, float]:
-    """Unit cycles of exp2 over `elements`, a fraction of them emulated on the FMA/ALU pipes."""
+    """Unit cycles of exp2 over `elements`, a fraction of them emulated on the FMA/ALU pipes.
+    Issue: an emulated exp2 is one instruction in place of the MUFU.EX2 plus the polynomial's
+    added ones, and those fill the mix's idle slots: each takes mix_fill_slots of a slot."""
     out = exp2_costs(elements, emulated_fraction, hw)
     emu = elements * emulated_fraction
-    out["issue"] = ((elements - emu) * 1.0 + emu * EMU_ISSUE[hw.arch]) / 32.0 / hw.issue_per_clk
+    per_emulated = 1.0 + (EMU_ISSUE[hw.arch] - 1.0) * hw.mix_fill_slots
+    out["issue"] = ((elements - emu) * 1.0 + emu * per_emulated) / 32.0 / hw.issue_per_clk
     return out
 
 

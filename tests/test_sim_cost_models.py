@@ -98,3 +98,27 @@ def test_emulated_exp2_issue_count_by_arch():
         full = exp2_phase(hw, 128.0, 1.0)["issue"] * 32 * hw.issue_per_clk
         none = exp2_phase(hw, 128.0, 0.0)["issue"] * 32 * hw.issue_per_clk
         assert full == pytest.approx(128 * per) and none == pytest.approx(128.0)
+
+
+def test_added_softmax_instructions_take_the_measured_fill_share_of_a_slot():
+    """An emulated exp2's 7 added instructions, and conditional rescaling's test, fill the
+    softmax mix's idle issue slots: each costs mix_fill_slots of a mix slot (h100-measured: 0.2,
+    from bench_bursts.py --mma-gaps); the datasheet profile charges them whole (1.0)."""
+    from fa4sim import Problem
+    from fa4sim.params import resolve
+    from fa4sim.schedules import fa3_sm90
+    from fa4sim.softmax import exp2_phase
+
+    measured, sheet = hardware.load("h100-measured"), hardware.load("h100")
+    assert (measured.mix_fill_slots, sheet.mix_fill_slots) == (0.2, 1.0)
+    per_element = exp2_phase(measured, 128.0, 1.0)["issue"] * 32 * measured.issue_per_clk / 128
+    assert per_element == pytest.approx(1 + 7 * 0.2)
+
+    def max_issue(hw, tau):
+        p = Problem(1, 1, 128, 4096, 128, False)
+        k = resolve(fa3_sm90.KNOBS, p, {"rescale_threshold": tau})
+        return dict(fa3_sm90.build(hw, p, k, 32, 0).op("MAX0").uses)["issue"]
+
+    for hw in (measured, sheet):  # 12 instructions per warp, 4 warps, SM-wide issue
+        added = (max_issue(hw, 8.0) - max_issue(hw, None)) * hw.issue_per_clk / 4
+        assert added == pytest.approx(12 * hw.mix_fill_slots)

@@ -181,11 +181,12 @@ TAU_TEST_INSTR_BUILDS = {(256, False): 13.0}  # (hdim, causal) -> count, else 12
 # ending the block (tests/test_kernel_sm90_compile.py checks the order)
 # smem:lsu's share beside an SS wgmma whose fetch takes the whole bandwidth (N = 64, measured 0.024)
 LSU_SHARE_FLOOR = 0.024
-# what `fa4sim run` says with exp_emulation on SM90: the known limit of this model's emulation cost
-EMULATION_NOTE = ("exp_emulation on SM90: each emulated exp2 is charged its 8 SASS instructions at the softmax's "
-                  "issue rate; the unit benchmarks measure about 2.4 softmax slots beside a wgmma, and one CTA of "
-                  "fa4kernel (hd128) loses 2-6 % per KV block where this model says 9-11 % "
-                  "(benchmarks/calibrate/README.md, tenth and eleventh sessions)")
+# what `fa4sim run` says with exp_emulation on SM90: where the model's emulation cost is known to miss
+EMULATION_NOTE = ("exp_emulation on SM90: an emulated exp2 is its 8 SASS instructions, the 7 added ones at "
+                  "mix_fill_slots = {fill:g} of a softmax issue slot each (measured 0.2 on H100 and H200 beside a "
+                  "wgmma, bench_bursts.py --mma-gaps). Per SM that matches fa4kernel's hd128 loop within 3 pp; at "
+                  "hd64 (three consumer warpgroups) and hd256 the kernel loses 2-6x more "
+                  "(benchmarks/calibrate/README.md, twelfth session)")
 PRODUCER_REGS = {2: 24, 3: 32}  # setmaxnreg of the producer WG (fa4-schedules.md)
 SMEM_CAPACITY = 232448          # 227 KB per CTA on SM90 (the profiles' smem_capacity_bytes)
 REG_OVERHEAD = 32               # addresses, loop state, row max/sum: an estimate
@@ -313,8 +314,9 @@ def build(hw, p: Problem, k: dict, n_kv: int, masked_blocks: int) -> Schedule:
     per_kstep = 4 * k["loop_overhead_per_kstep"] / hw.issue_per_clk
     # conditional rescaling's own test: per block, the rows' max-change compares, a warp vote, the
     # branch around the rescale and the scale's select (TAU_TEST_INSTR): instructions it adds
-    # whether or not a rescale is skipped
-    tau_test = k["tau_test_instr"] if k["rescale_threshold"] is not None else 0.0
+    # whether or not a rescale is skipped; like an emulated exp2's, they fill the softmax's idle
+    # issue slots (mix_fill_slots of a slot each)
+    tau_test = k["tau_test_instr"] * hw.mix_fill_slots if k["rescale_threshold"] is not None else 0.0
     fixed = 4 * (k["loop_overhead_fixed"] + tau_test) / hw.issue_per_clk
     for w in range(W):
         r = f"wg{w}"
@@ -446,4 +448,4 @@ def build(hw, p: Problem, k: dict, n_kv: int, masked_blocks: int) -> Schedule:
                                   "smem:lsu": ("tensor", lsu_share),
                                   **{f"issue:{r}": ("tensor", hw.warp_issue_under_mma) for r in compute_roles}},
                     meta={"rescale_rate": rate, "flops_per_iter": 4.0 * k["tile_m"] * n * d,
-                          "notes": [EMULATION_NOTE] if f > 0 else []})
+                          "notes": [EMULATION_NOTE.format(fill=hw.mix_fill_slots)] if f > 0 else []})
