@@ -366,8 +366,10 @@ def main():
     out = args.out
     if out is None:
         name = dev.replace("NVIDIA ", "").replace(" ", "_")
+        # a knobs-only file is not a grid: its own name, so the grid readers (sm90_fwd_*) skip it
+        stem = "fwd_knobs_sm90" if args.only_knobs else "sm90_fwd"
         out = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
-                           f"sm90_fwd_{name}_{dt.date.today().isoformat()}.json")
+                           f"{stem}_{name}_{dt.date.today().isoformat()}.json")
     os.makedirs(os.path.dirname(out), exist_ok=True)
 
     def write(final=False):

@@ -263,8 +263,12 @@ def fig_validation():
     return ", ".join(f"validation_{t}.png" for t in sorted(newest)) or "(no recorded benchmark: no validation figure)"
 
 
-CURRENT_KNOB_LOOPS = ("knobs_loop_h*_2026-11-22_session9.json", "knobs_loop_causal_h*_2026-11-22_session9.json",
-                      "knobs_loop_hd64_256*_2026-11-22.json")
+# (pattern, head dims taken from it): hd128 and hd64 re-measured in the twelfth session (tau's
+# rescale moved before the PV GEMM); hd256 compiles to the same loop as in the ninth session
+CURRENT_KNOB_LOOPS = (("knobs_loop_h[12]00_2026-11-22_session12.json", None),
+                      ("knobs_loop_causal_h[12]00_2026-11-22_session12.json", None),
+                      ("knobs_loop_hd64_*_2026-11-22_session12.json", None),
+                      ("knobs_loop_hd64_256*_2026-11-22.json", {256}))
 
 
 def fig_knob_deltas_per_sm():
@@ -272,15 +276,26 @@ def fig_knob_deltas_per_sm():
     validate FILES --plot)."""
     from fa4sim import validate
 
-    # the current kernel's loops: hd128 re-measured after the ninth session's loop change (the
-    # older hd128 files, and *_old_kernel, describe the kernel before it); hd64 / hd256 compile
-    # to the same loop as before, so their files stand
-    paths = sorted(p for pat in CURRENT_KNOB_LOOPS for p in glob.glob(os.path.join(RESULTS, pat)))
-    if not paths:
+    results = current_knob_loops()
+    if not results:
         return "(no recorded knob loops: no per-SM knob figure)"
-    validate.plot_knob_deltas([validate.compare_intervals(validate.load(p)) for p in paths],
-                              out("knob_deltas_per_sm.png"))
+    validate.plot_knob_deltas(results, out("knob_deltas_per_sm.png"))
     return "knob_deltas_per_sm.png"
+
+
+def current_knob_loops() -> list:
+    """fa4sim validate's comparison of each current knob-loop file, keeping the head dims whose
+    loop it still describes (CURRENT_KNOB_LOOPS; older files describe the kernel before)."""
+    from fa4sim import validate
+
+    results = []
+    for pat, hdims in CURRENT_KNOB_LOOPS:
+        for path in sorted(glob.glob(os.path.join(RESULTS, pat))):
+            r = validate.compare_intervals(validate.load(path))
+            if hdims is not None:
+                r["knob_deltas"] = [d for d in r["knob_deltas"] if d["hdim"] in hdims]
+            results.append(r)
+    return results
 
 
 def fig_tile_costs():
