@@ -178,7 +178,8 @@ kit.check(best_fraction == best, f"the simulator's best is {best}")
 # Our SM90 kernel has the same `exp_emulation` knob. With the datasheet profile the model
 # predicts **no** change on Hopper (the table above: the tensor core is the limit); with the
 # measured profile, which knows that a wgmma leaves the softmax only part of the SM's issue slots,
-# it predicts a loss, since each emulated exp2 takes 8 instructions where MUFU took one. A
+# it predicts a small loss: each emulated exp2 is 8 instructions where MUFU took one, and the 7
+# added ones take slots the softmax would otherwise leave idle (how many, section 5). A
 # measurement says which.
 
 # %%
@@ -227,12 +228,12 @@ else:
           "the predicted-vs-measured comparison is skipped.")
 
 # %% [markdown]
-# **Explain.** The model charges every emulated exp2 its 8 SASS instructions (FMNMX, 3 FADD,
-# 3 FFMA, LEA instead of one MUFU.EX2) at the issue rate the softmax mix gets beside a running
-# wgmma, and predicts emulation 0.25 costs ~10 %. The kernel pays 3-4 %. A unit benchmark shows
-# why: `benchmarks/calibrate/bench_bursts.py` runs the softmax-like mix (180 instructions over 32
-# elements) with 0, 4 or 8 of its exp2s emulated, one warp per scheduler, beside a wgmma that
-# never stops.
+# **Explain.** Charged as 8 full instructions (FMNMX, 3 FADD, 3 FFMA, LEA instead of one
+# MUFU.EX2) at the issue rate the softmax mix gets beside a running wgmma, as the model did until
+# its twelfth calibration session, emulation 0.25 costs ~10 %. The kernel pays 3-4 %. A unit
+# benchmark shows why: `benchmarks/calibrate/bench_bursts.py` runs the softmax-like mix (180
+# instructions over 32 elements) with 0, 4 or 8 of its exp2s emulated, one warp per scheduler,
+# beside a wgmma that never stops.
 #
 # ### Exercise 5.3
 # From the recorded cycles per block below, how many of the mix's instruction slots does one
@@ -273,12 +274,18 @@ if bursts:
 # About 2, not 8: a warp running the mix waits on its MUFU chain most of the time, and the
 # polynomial's independent FFMAs fill those gaps (alone, the 0.25 block even runs *faster* than
 # the plain mix). Emulating 0.125 costs about as much time as 0.25 (+5.2 against +5.5 %, so 3.3
-# slots per emulated exp2): what grows is a latency, not a count. With two warps per scheduler, or beside a wider or narrower wgmma,
-# the same benchmark gives 1.5 to 9 slots. That is why the model keeps the SASS count (8): no one
-# unit number says what the kernel's compiled order will make of it, and a cheaper number that
-# fits hd128 misses hd64, hd256 and FA4's emulation + conditional-rescaling combination
-# (benchmarks/calibrate/README.md, "Tenth session"). A case where the predict-measure-explain loop
-# ends in an honest "the model cannot say".
+# slots per emulated exp2): what grows is a latency, not a count.
+#
+# The model now takes its number from the same benchmark: a duty-cycle sweep
+# (`bench_bursts.py --mma-gaps`) gives 0.2 of a mix slot per added instruction beside a full-rate
+# wgmma, with one or two warps per scheduler, so 1 + 7 x 0.2 = 2.4 slots per emulated exp2. That
+# is the measured profiles' `mix_fill_slots`, and conditional rescaling's test instructions are
+# charged the same way. At hd128 it puts every emulation knob delta within 3 percentage points of
+# the kernel. It is still not one number for every kernel: beside a wider or narrower wgmma the
+# benchmark gives 1.5 to 9 slots, and at hd64 (three consumer warpgroups, three warps per
+# scheduler) and hd256 the kernel loses 2-6x more than 2.4 slots predict
+# (benchmarks/calibrate/README.md, tenth and twelfth sessions). Try it: `simulate(..., {"exp_emulation":
+# 0.25, "mix_fill_slots": 1.0})` is the old charge.
 
 # %% [markdown]
 # ## What to remember
@@ -287,7 +294,8 @@ if bursts:
 #   one bf16 ulp.
 # - Emulation only pays where exp2 is on the critical path: Blackwell, not Hopper.
 # - On Hopper the emulated exp2s mostly fill issue slots a latency-bound softmax warp leaves
-#   empty: they cost 2-9 instruction slots each, not their 8, depending on the code around them.
+#   empty: they cost 2-9 instruction slots each, not their 8, depending on the code around them
+#   (the model charges the 2.4 measured beside a wgmma).
 # - How much to emulate is a balance of MUFU, FMA, issue slots and registers; the simulator sees
 #   the first three.
 #
