@@ -8,13 +8,16 @@ Warp roles:
 
 Per KV block j, consumer w (intra-warpgroup overlap on): issue S(j) = Q K(j)^T, issue
 O += P(j-1) V(j-1), wait S(j), softmax(j) while PV(j-1) runs on the tensor core, wait PV(j-1),
-rescale O, convert P(j). (Head dims > 128, knob rescale_before_pv: O is rescaled by block j-1's
-scale between issuing S(j) and PV(j-1) instead, as flash-attn-4 does.) As compiled (ptxas, CUDA 13.0), the PV wait sits after the row max:
+rescale O, convert P(j). (Head dims > 128, and fa4kernel with conditional rescaling, knob
+rescale_before_pv: O is rescaled by block j-1's scale between issuing S(j) and PV(j-1) instead,
+as flash-attn-4 does.) As compiled (ptxas, CUDA 13.0), the PV wait sits after the row max:
 only the max overlaps PV(j-1), the exp2s and the row sum wait for it (knob exp_overlaps_pv; knobs
 max/fma/mufu_before_pv split the softmax at the wait per pipe, and schedules/pv_wait_sm90.py has
 where ptxas put it in each build). Issue slots: beside a running GEMM the softmax phases get the
 softmax mix's share of the SM's issue rate (issue_under_mma), the O rescale, a burst of
-independent FMULs, the share measured for such bursts (dense_issue_under_mma, bench_bursts.py).
+independent FMULs, the share measured for such bursts (dense_issue_under_mma, bench_bursts.py);
+instructions added to the mix (an emulated exp2's polynomial, tau's test) fill its idle slots at
+mix_fill_slots of a slot each (bench_bursts.py --mma-gaps).
 Shared memory: the GEMMs' operand fetch (unit smem) goes first; the warps' stores of P (P via
 smem) and O (unit smem:lsu) get the bandwidth it leaves while a GEMM runs (bench_bursts.py stsm).
 Overlap off: issue S(j), wait, softmax, rescale, convert, issue PV(j), and the
