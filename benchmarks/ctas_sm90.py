@@ -112,7 +112,7 @@ def light_trace(hd, knobs, n, sk):
     return out
 
 
-def parse_variant(label: str) -> dict:
+def parse_variant(label: str, option: str = "--tile-knobs") -> dict:
     """'default' -> {}; 'pingpong=False+tile_m=128' -> {'pingpong': False, 'tile_m': 128}."""
     if label == "default":
         return {}
@@ -120,7 +120,7 @@ def parse_variant(label: str) -> dict:
     for part in label.split("+"):
         k, sep, v = part.partition("=")
         if not sep:
-            raise SystemExit(f"--tile-knobs: {part!r} is not k=v; allowed: 'default' or k=v[+k=v...]")
+            raise SystemExit(f"{option}: {part!r} is not k=v; allowed: 'default' or k=v[+k=v...]")
         out[k] = {"True": True, "False": False, "None": None}.get(v, v)
         if isinstance(out[k], str):
             try:
@@ -129,7 +129,7 @@ def parse_variant(label: str) -> dict:
                 try:
                     out[k] = float(v)
                 except ValueError:
-                    raise SystemExit(f"--tile-knobs: {part!r}: value must be True/False/None or a number")
+                    raise SystemExit(f"{option}: {part!r}: value must be True/False/None or a number")
     return out
 
 
@@ -294,6 +294,18 @@ def main():
     bad = [h for h in args.knob_hdims.split(",") if h not in ("64", "128", "256")]
     if bad:
         ap.error(f"--knob-hdims: {', '.join(bad)} not allowed; allowed: 64, 128, 256")
+    from fa4kernel.config import ABLATIONS as KERNEL_ABLATIONS  # plain Python, no GPU
+
+    bad = sorted({a for x in args.ablations.split(";") for a in x.split(",") if a} - set(KERNEL_ABLATIONS))
+    if bad:
+        ap.error(f"--ablations: unknown {', '.join(bad)}; allowed: {', '.join(KERNEL_ABLATIONS)} "
+                 "(';' between ablations, ',' inside a combined one)")
+    for opt, labels in (("--ablate-knobs", args.ablate_knobs), ("--tile-knobs", args.tile_knobs)):
+        for label in labels.split(","):
+            try:
+                parse_variant(label, opt)  # a malformed variant stops here, before the GPU
+            except SystemExit as e:
+                ap.error(str(e.code))
 
     import torch
 
@@ -368,7 +380,7 @@ def main():
         ablations = [a for a in re.split(r";", args.ablations) if a] if args.ablations else ABLATIONS
         for hd in (int(x) for x in args.hdims.split(",")):
             for label in args.ablate_knobs.split(","):
-                knobs = parse_variant(label)
+                knobs = parse_variant(label, "--ablate-knobs")
                 point(hd, "shared", 1, label, knobs, False, causal=args.causal)
                 if label == "default":
                     point(hd, "shared", 1, "skip_softmax", {}, True, causal=args.causal)
