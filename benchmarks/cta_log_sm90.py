@@ -6,12 +6,15 @@ diagnosis; device script).
 fa4kernel's CTA-log build (KernelConfig.cta_log: the clock-probe build plus, for every CTA, its
 SM id, globaltimer and clock64 at its start and after its last O store; the KV loop's SASS is
 the normal build's) runs the benchmark's short points (16k tokens, heads x head_dim = 2048).
-Per launch it gives each tile's own duration in cycles, the gap between one CTA retiring and
+Per launch it gives each tile's own duration in cycles (persistent launches: the tile log, each
+tile's start stamp, for every launch), the gap between one CTA retiring and
 the next starting on the same SM, and how the tiles of different lengths were spread over the
 SMs: what fa4sim's kernel model (fa4sim/kernel_model.py) assumes about one-CTA-per-tile
 launches, measured. The plain kernel is timed with CUDA events in the same run for scale.
 
-Does NOT import fa4sim. Compare on the CPU: `python3 -m benchmarks.cta_log_compare FILE.json`.
+Does NOT import fa4sim. On the CPU: `python3 -m benchmarks.calibrate.tile_jitter FILE.json --profile
+fa4sim/profiles/h100-measured.json` reads the persistent points' tile logs (the profile's
+tile_jitter_q_loads); lesson 03, Exercises 3.6 and 3.10, read the first wave and the tile log.
 """
 from __future__ import annotations
 
@@ -30,7 +33,8 @@ TOKENS, WIDTH = 16384, 2048
 POINTS = [(256, 1024, True, {}), (256, 1024, False, {}), (256, 1024, True, {"persistent": True}),
           (128, 1024, True, {}), (128, 1024, False, {}), (64, 1024, True, {}), (64, 1024, False, {}),
           (256, 4096, True, {}), (128, 1024, True, {"persistent": False}),
-          (128, 1024, False, {"persistent": False}), (64, 1024, False, {"persistent": False})]
+          (128, 1024, False, {"persistent": False}), (64, 1024, False, {"persistent": False}),
+          (256, 1024, False, {"persistent": True}), (64, 1024, True, {"persistent": False})]
 
 
 def n_kv_of(m_block, tile_m, tile_n, sq, sk, causal):
@@ -47,7 +51,7 @@ def run_point(hd, s, causal, knobs, reps):
     import fa4kernel
     from fa4kernel import interface
     from fa4kernel.interface import attention_probed, resolve_config
-    from fa4kernel.trace import cta_log
+    from fa4kernel.trace import cta_log, tile_log
     from fa4kernel.trace_layout import TRACE_WORDS
 
     b, h = TOKENS // s, WIDTH // hd
@@ -74,7 +78,8 @@ def run_point(hd, s, causal, knobs, reps):
         ms.append(ev[0].elapsed_time(ev[1]))
 
     st = torch.zeros((TRACE_WORDS,), dtype=torch.int64, device="cuda")
-    launches = []
+    launches, tile_logs = [], []
+    persistent = bool(cfg.persistent) and table is not None and len(table) < tiles
     for r in range(reps + 2):
         st.zero_()
         torch.cuda._sleep(2_000_000)
@@ -82,8 +87,11 @@ def run_point(hd, s, causal, knobs, reps):
         torch.cuda.synchronize()
         if r < 2:
             continue  # warm
-        rows = cta_log(st.tolist(), grid)
+        words = st.tolist()
+        rows = cta_log(words, grid)
         launches.append(rows)
+        if persistent:  # every tile of every launch: [cta, flat tile, position in its row, cycles]
+            tile_logs.append([[x["cta"], x["tile"], x["k"], x["cycles"]] for x in tile_log(words, table)])
     # keep the launch with the median span
     spans = [max(x["end_ns"] for x in rows) for rows in launches]
     pick = launches[sorted(range(len(spans)), key=lambda i: spans[i])[len(spans) // 2]]
@@ -122,6 +130,9 @@ def run_point(hd, s, causal, knobs, reps):
         "sm_end_ns_min_max": [min(max(r[3] for r in rs) for rs in by_sm.values()), max(r[3] for r in recs)],
         "columns": ["cta", "sm", "start_ns", "end_ns", "cycles", "m_block", "n_kv", "tiles_in_cta"],
         "ctas": recs,
+        # persistent launches: the host table, and each launch's tile log (fa4kernel.trace.tile_log)
+        **({"table": [[t for t in row if t >= 0] for row in table], "num_m": num_m,
+            "tile_log_columns": ["cta", "tile", "k", "cycles"], "tile_logs": tile_logs} if persistent else {}),
     }
 
 

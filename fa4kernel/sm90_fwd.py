@@ -49,7 +49,7 @@ BAR_CONSUMERS = 8  # all consumer threads (epilogue hand-offs between persistent
 from .trace_layout import (  # noqa: E402
     T_CVT, T_EXP, T_FIN, T_LK, T_LQ, T_LV, T_MASK, T_MAX, T_PP, T_PV, T_QK, T_RESC, T_ST,
     T_WAIT_K, T_WAIT_PP, T_WAIT_V, TRACE_HEADER, TRACE_ITERS, TRACE_OPS, TRACE_TILES, LIGHT_OPS,
-    CTA_LOG_MAX, CTA_LOG_WORDS,
+    CTA_LOG_MAX, CTA_LOG_WORDS, TILE_LOG_BASE, TILE_LOG_MAX,
 )
 
 
@@ -763,6 +763,10 @@ class FlashFwdSm90:
             i = Int32(0)
             tile = mSched[cta, 0]
             while tile >= 0:
+                if const_expr(self.cta_log and self.persistent):
+                    # tile log: when this CTA starts each of its tiles (static-table jitter)
+                    if (tidx == 0) & (tile < TILE_LOG_MAX):
+                        mTrace[TILE_LOG_BASE + tile] = cute.arch.clock64()
                 # the next tile id is read inside, before the epilogue: its load latency hides
                 # behind the epilogue, and the KV loop keeps its registers (read ahead of the
                 # loop, ptxas scheduled hd64's loop worse: 2525 vs 2484 cycles per block)

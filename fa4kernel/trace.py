@@ -19,7 +19,7 @@ K / V stage) go to a separate "waits" list with ops WAIT_K, WAIT_V, WAIT_PP (+ w
 from __future__ import annotations
 
 from .trace_layout import (  # noqa: F401  (re-exported)
-    CTA_LOG_MAX, CTA_LOG_WORDS, T_CVT, T_EXP, T_FIN, T_LK, T_LQ, T_LV, T_MASK, T_MAX, T_PP, T_PV, T_QK, T_RESC, T_ST,
+    CTA_LOG_MAX, CTA_LOG_WORDS, TILE_LOG_BASE, TILE_LOG_CTAS, TILE_LOG_MAX, T_CVT, T_EXP, T_FIN, T_LK, T_LQ, T_LV, T_MASK, T_MAX, T_PP, T_PV, T_QK, T_RESC, T_ST,
     T_WAIT_K, T_WAIT_PP, T_WAIT_V, TRACE_HEADER, TRACE_ITERS, TRACE_OP_NAMES, TRACE_OPS,
     TRACE_ROLES, TRACE_TILES, TRACE_WORDS,
 )
@@ -121,3 +121,25 @@ def cta_log(words, grid: int) -> list[dict]:
             r["start_ns"] -= t0
             r["end_ns"] -= t0
     return rows
+
+
+def tile_log(words, table: list[list[int]]) -> list[dict]:
+    """Decode a persistent CTA-log build's tile log: for every CTA of the host table (its flat
+    tile ids, -1 = stop) whose CTA record and tile stamps were all written, one record per tile,
+    {"cta", "tile", "k" (its position in the CTA's row), "cycles"}: from the tile's start to the
+    next one's, the last to the CTA's end stamp (after its last O store); clock64 of one SM."""
+    if len(table) > TILE_LOG_CTAS:
+        raise ValueError(f"tile_log: {len(table)} CTAs; the tile log needs a persistent grid of at most {TILE_LOG_CTAS}")
+    words = [int(x) for x in words]
+    out = []
+    for cta, row in enumerate(table):
+        tiles = [t for t in row if t >= 0]
+        b = TRACE_HEADER + cta * CTA_LOG_WORDS
+        end, done = words[b + 4], words[b + 5]
+        if done != 1 or not tiles or max(tiles) >= TILE_LOG_MAX:
+            continue
+        starts = [words[TILE_LOG_BASE + t] for t in tiles] + [end]
+        if any(s <= 0 for s in starts) or any(b2 <= a for a, b2 in zip(starts, starts[1:])):
+            continue
+        out += [{"cta": cta, "tile": t, "k": k, "cycles": starts[k + 1] - starts[k]} for k, t in enumerate(tiles)]
+    return out

@@ -37,3 +37,10 @@ LIGHT_OPS = (T_QK, T_PV, T_EXP, T_FIN, T_ST)
 # for blockIdx.x < CTA_LOG_MAX (the per-op pair region, which a probe build leaves unused).
 CTA_LOG_WORDS = 6
 CTA_LOG_MAX = (TRACE_WORDS - TRACE_HEADER) // CTA_LOG_WORDS
+# Tile log (a persistent CTA-log build only): consumer warpgroup 0's thread 0 writes clock64 as it
+# starts each tile, at TILE_LOG_BASE + flat tile id (m_block + num_m * (batch * heads + head)),
+# for tile ids < TILE_LOG_MAX; a persistent grid (one CTA per SM) stays below TILE_LOG_CTAS, so
+# its CTA records end before the tile log begins.
+TILE_LOG_CTAS = 1024
+TILE_LOG_BASE = TRACE_HEADER + TILE_LOG_CTAS * CTA_LOG_WORDS
+TILE_LOG_MAX = TRACE_WORDS - TILE_LOG_BASE

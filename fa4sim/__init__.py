@@ -9,8 +9,11 @@ Layout (one idea per module):
   rescale.py         conditional rescaling: how often a warp rescales O
   schedules/         fa4_sm100 (FA4 forward, Blackwell), fa3_sm90 (FA3-style forward, Hopper)
   steady_state.py    periodic steady state detection and exact extrapolation
-  kernel_model.py    tiles over SMs: persistent / longest-first scheduling, waves, L2/HBM
+  tile_order.py      the order a kernel hands out its Q tiles, and fa4kernel's host table
+  kernel_model.py    tiles over SMs: persistent / longest-first scheduling, waves, tile jitter, L2/HBM
   model.py           simulate(): everything together -> Result
+  validate.py        predicted vs measured for recorded GPU benchmarks (issue 4)
+  launch_replay.py   whole launches from fa4kernel's CTA log, replayed with mean tile costs
   gantt.py, perfetto.py, cli.py, sweep.py: outputs and the command line
 """
 from .errors import DeadlockError, InputError

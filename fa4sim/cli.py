@@ -104,7 +104,8 @@ def _summary(r) -> str:
         "knobs     " + ", ".join(f"{n}={v}" for n, v in r.knobs.items()),
         f"result    {r.tflops:.1f} TFLOP/s  ({r.tflops / r.hw.peak_tflops:.1%} of {r.hw.peak_tflops:.0f} peak at "
         f"{r.hw.clock_ghz} GHz),  {r.time_us:.1f} us,  {r.cycles:.0f} cycles",
-        f"kernel    {k.units} tiles on {k.slots} slots ({k.waves:.2f} waves), slowest slot {k.tiles_on_slowest} tiles;"
+        f"kernel    {k.units} tiles on {k.slots} slots ({k.waves:.2f} waves), slowest slot {k.tiles_on_slowest} tiles"
+        + (f" (+{k.jitter_cycles:.0f} cycles: tile jitter on a table fixed before the launch)" if k.jitter_cycles else "") + ";"
         f" L2 {k.l2_us:.1f} us, HBM {k.hbm_us:.1f} us, compute {k.compute_us:.1f} us",
     ]
     if r.interval:
@@ -144,12 +145,12 @@ def cmd_sweep(a) -> int:
 
 
 def cmd_validate(a) -> int:
-    from . import validate
+    from . import launch_replay, validate
     docs = [(path, validate.load(path)) for path in a.results]
     intervals = [validate.is_interval_file(doc) for _, doc in docs]
-    if a.plot and any(validate.is_idle_wg_file(doc) for _, doc in docs):
+    if a.plot and any(validate.is_idle_wg_file(doc) or launch_replay.is_cta_log_file(doc) for _, doc in docs):
         raise InputError("plot", "--plot draws benchmark files (sm90_fwd_*.json), ctas_sm90.py knob loops and "
-                                 "tile-cost files; idle-warpgroup files have no plot")
+                                 "tile-cost files; idle-warpgroup and CTA-log files have no plot")
     if a.plot and len(docs) > 1 and any(validate.is_tile_cost_file(doc) for _, doc in docs):
         raise InputError("plot", "--plot with a tile-cost file draws that one file; give it alone")
     if a.plot and len(docs) > 1 and not all(intervals):
@@ -163,6 +164,9 @@ def cmd_validate(a) -> int:
             result = validate.compare_intervals(doc, a.hw)
             per_sm.append(result)
             text = validate.report_intervals(result)
+        elif launch_replay.is_cta_log_file(doc):  # benchmarks/cta_log_sm90.py: whole launches, CTA by CTA
+            result = launch_replay.compare_launches(doc, a.hw)
+            text = launch_replay.report_launches(result)
         elif validate.is_idle_wg_file(doc):  # benchmarks/idle_wg_sm90.py: tiles with idle warpgroups
             result = validate.compare_idle_wg(doc, a.hw)
             text = validate.report_idle_wg(result)
@@ -238,10 +242,13 @@ def build_parser() -> argparse.ArgumentParser:
                                     "cycles per KV block (no clock involved) and the per-SM knob deltas; given its "
                                     "--only-tiles output, exact cycles per tile of one persistent CTA, split into "
                                     "per-block and per-tile parts; given benchmarks/idle_wg_sm90.py's, tiles with "
-                                    "idle warpgroups.")
+                                    "idle warpgroups; given benchmarks/cta_log_sm90.py's, each whole launch against a "
+                                    "replay of its own mean tile costs (what tile jitter cost it) and the model's "
+                                    "tile-jitter term.")
     va.add_argument("results", nargs="+", help="benchmark results JSON (benchmarks/results/sm90_fwd_*.json, or "
                                                "ctas_*.json / knobs_loop_*.json: several of those add a scoreboard of "
-                                               "their per-SM knob deltas; tile_costs_*.json; idle_wg_*.json)")
+                                               "their per-SM knob deltas; tile_costs_*.json; idle_wg_*.json; "
+                                               "cta_log_2026-11-22/cta_log_*.json)")
     va.add_argument("--hw", default=None, help="profile to predict with (default: from the device name, "
                                                "a measured profile when there is one)")
     va.add_argument("--plot", metavar="FILE.png", help="correlation plot: predicted vs measured with y = x (for "

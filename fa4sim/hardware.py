@@ -59,6 +59,10 @@ PARAMS: dict[str, tuple[str, str]] = {
     "l2_bytes": ("B", "L2 capacity"),
     "launch_gap_us": ("us", "gap between back-to-back kernels of a timed loop (launch, ramp, drain)"),
     "cta_launch_cycles": ("cycles", "from a CTA retiring to the grid's next CTA starting on that SM"),
+    "tile_jitter_q_loads": ("Q-tile loads", "how much one tile's cycles vary from tile to tile in a full-chip "
+                            "launch (standard deviation, independent per tile), in units of the tile's Q load at "
+                            "tma_bytes_per_clk: the spread comes with the memory traffic at the tile's boundary; "
+                            "only a tile table fixed before the launch pays for it; 0 = not modelled"),
 }
 
 # Parameters that must be whole numbers.

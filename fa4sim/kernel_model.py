@@ -10,6 +10,11 @@ first SM that frees up. A slot's time is its first tile alone (T1) plus, per
 further tile, what one more tile costs a persistent CTA (T2 - T1, prologue overlapped), after
 the launch's cold start (the first wave's first loads from HBM). The order of the tiles is the
 kernel's own (tile_order.py).
+Tiles of one kind do not all take the same cycles (the profile's tile_jitter_q_loads, measured
+from fa4kernel's tile log: about one Q load's transfer time, whatever the tile's length). The hardware's block scheduler absorbs that: a one-CTA-per-tile launch
+hands the next tile to whichever SM frees up. A table fixed on the host before the launch cannot:
+each CTA's jitter adds up over its tiles, and the launch ends with the expected slowest CTA,
+E[max] over CTAs of load + jitter (expected_max), not the slowest load.
 The kernel takes the slowest slot, unless moving its bytes through L2 or HBM takes longer.
 """
 from __future__ import annotations
@@ -17,6 +22,8 @@ from __future__ import annotations
 import heapq
 import math
 from dataclasses import dataclass
+
+import numpy as np
 
 from .params import Problem
 from .tile_order import host_estimate, host_table, tile_order
@@ -62,6 +69,34 @@ class KernelTime:
     hbm_bytes: float
     time_us: float
     limiter: str             # "compute", "L2" or "HBM"
+    jitter_cycles: float = 0.0  # expected slowest CTA beyond the slowest load (a host-fixed table)
+
+
+def _erf(x):
+    """erf of a numpy array (Abramowitz & Stegun 7.1.26, |error| < 1.5e-7)."""
+    z = np.abs(x)
+    t = 1.0 / (1.0 + 0.3275911 * z)
+    poly = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027 + t * 1.061405429))))
+    return np.sign(x) * (1.0 - poly * np.exp(-z * z))
+
+
+def expected_max(loads: list[float], sigmas: list[float], points: int = 512) -> float:
+    """E[max_c (loads[c] + sigmas[c] * Z_c)], Z_c independent standard normals: when the
+    slowest of several CTAs finishes if each one's time varies independently around its load.
+    Deterministic: the integral of 1 - prod_c Phi((x - load_c) / sigma_c) on a grid (cycles)."""
+    mu = np.asarray(loads, dtype=float)
+    sd = np.asarray(sigmas, dtype=float)
+    if not sd.any():
+        return float(mu.max())
+    live = sd > 0
+    # below lo the max is (almost) never: the slowest load alone exceeds lo with probability
+    # 1 - 1e-15, and a CTA without jitter always takes its load
+    lo = max(mu.max() - 8.0 * sd.max(), mu[~live].max(initial=-np.inf))
+    hi = float((mu + 8.0 * sd).max())
+    x = np.linspace(lo, hi, points)
+    cdf = np.prod(0.5 * (1.0 + _erf((x[:, None] - mu[live]) / (sd[live] * math.sqrt(2.0)))), axis=1)
+    above = 1.0 - cdf
+    return float(lo + (above[1:] + above[:-1]).sum() * (x[1] - x[0]) / 2.0)  # trapezoid rule
 
 
 def assign(costs: list[tuple[float, float]], slots: int, persistent: bool = True,
@@ -142,11 +177,17 @@ def kernel_time(p: Problem, hw, units: list[WorkUnit], cost_of, tile_n: int,
         wgs = max(1, rows // 64)
         est = [host_estimate(u.n_kv, wgs, -(-(u.rows or rows) // 64)) for u in units]
         table = host_table(tiles, est, slots)
-        loads = [cold_cycles + costs[tiles[r[0]][1]][0] + sum(costs[tiles[i][1]][1] for i in r[1:]) for r in table]
+        own = [[costs[tiles[r[0]][1]][0]] + [costs[tiles[i][1]][1] for i in r[1:]] for r in table]
+        loads = [cold_cycles + sum(c) for c in own]
         slowest = max(range(len(table)), key=loads.__getitem__)
-        cycles, n_tiles = loads[slowest], len(table[slowest])
+        n_tiles = len(table[slowest])
+        # each tile's own jitter, independent from tile to tile, adds up over a CTA's row
+        sigma = hw.tile_jitter_q_loads * rows * p.hdim * 2 / hw.tma_bytes_per_clk
+        cycles = expected_max(loads, [sigma * math.sqrt(len(c)) for c in own])
+        jitter = cycles - loads[slowest]
     else:
         cycles, n_tiles = assign([costs[m] for _, m in tiles], slots, persistent, hw.cta_launch_cycles, cold_cycles)
+        jitter = 0.0
     compute_us = cycles / (hw.clock_ghz * 1e3)
     l2_b, hbm_b = traffic(p, hw, units, tile_n, two_cta)
     l2_us = l2_b / (hw.l2_bandwidth_tbps * 1e6)
@@ -156,4 +197,4 @@ def kernel_time(p: Problem, hw, units: list[WorkUnit], cost_of, tile_n: int,
     n_units = len(tiles)
     return KernelTime(cycles, min(slots, n_units), n_units, n_units / slots, n_tiles,
                       cold_cycles / (hw.clock_ghz * 1e3), compute_us, l2_us, hbm_us, l2_b, hbm_b,
-                      body + hw.launch_gap_us, limiter)
+                      body + hw.launch_gap_us, limiter, jitter)

@@ -59,7 +59,7 @@ class Result:
             "steady_state_cycles_per_kv_block": None if self.interval is None else round(self.interval, 2),
             "tensor_idle": {c: round(v, 4) for c, v in self.tensor_waits.items()},
             "kernel": {"slots": k.slots, "work_units": k.units, "waves": round(k.waves, 3),
-                       "tiles_on_slowest_slot": k.tiles_on_slowest,
+                       "tiles_on_slowest_slot": k.tiles_on_slowest, "jitter_cycles": round(k.jitter_cycles, 1),
                        "cold_start_us": round(k.cold_start_us, 3), "compute_us": round(k.compute_us, 3),
                        "l2_us": round(k.l2_us, 3), "hbm_us": round(k.hbm_us, 3),
                        "l2_gbytes": round(k.l2_bytes / 1e9, 4), "hbm_gbytes": round(k.hbm_bytes / 1e9, 4),

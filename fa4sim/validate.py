@@ -30,6 +30,7 @@ from pathlib import Path
 
 from . import hardware
 from .errors import InputError
+from .launch_replay import is_cta_log_file
 from .engine import simulate as engine_simulate
 from .model import simulate
 from .schedules.pv_wait_sm90 import fractions as pv_wait_fractions
@@ -138,9 +139,12 @@ def load(path: str) -> dict:
         raise InputError("results", f"no such file: {path}") from None
     except json.JSONDecodeError as e:
         raise InputError("results", f"{path} is not JSON ({e.msg})") from None
+    if is_cta_log_file(doc):
+        return doc
     if "meta" not in doc or not ("points" in doc or is_idle_wg_file(doc) or is_tile_cost_file(doc)):
         raise InputError("results", f"{path} is not a benchmark results file (needs 'meta' and 'points', "
-                                    "'cases' of benchmarks/idle_wg_sm90.py or 'tile_costs' of ctas_sm90.py --only-tiles)")
+                                    "'cases' of benchmarks/idle_wg_sm90.py, 'tile_costs' of ctas_sm90.py --only-tiles "
+                                    "or the 'ctas' of cta_log_sm90.py)")
     return doc
 
 

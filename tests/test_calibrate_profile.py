@@ -1,8 +1,11 @@
-"""CPU test of benchmarks/calibrate/make_profile.py on a small synthetic results JSON."""
+"""CPU tests of benchmarks/calibrate/make_profile.py on a small synthetic results JSON, and of
+benchmarks/calibrate/tile_jitter.py on a synthetic tile log."""
 import json
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from benchmarks.calibrate.make_profile import build_profile, derive
 from fa4sim.hardware import PARAMS, from_json
@@ -138,3 +141,30 @@ def test_cli(tmp_path):
             "bad = [m for m in ('torch', 'cutlass', 'cuda', 'triton') if m in sys.modules]; "
             "assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
+
+
+def test_tile_jitter_from_a_tile_log(tmp_path):
+    """benchmarks/calibrate/tile_jitter.py: middle tiles only (not a CTA's first or last), each
+    against the median of its kind, in units of the tile's Q load; --write puts it into a profile."""
+    from benchmarks.calibrate.tile_jitter import main, tile_jitter
+
+    # 12 CTAs of 3 non-causal tiles (one kind: 8 KV blocks of 128 x 128); middle tiles alternate
+    # 1000 +- 30 cycles, first and last tiles are far off and must not count
+    table = [[3 * c, 3 * c + 1, 3 * c + 2] for c in range(12)]
+    log = [[c, t, k, {0: 9000, 1: 1000 + (30 if c % 2 else -30), 2: 50}[k]] for c, row in enumerate(table)
+           for k, t in enumerate(row)]
+    point = {"head_dim": 128, "seqlen": 1024, "causal": False, "tile_m": 128, "tile_n": 128, "num_m": 8,
+             "table": table, "tile_logs": [log]}
+    doc = {"device": "Test GPU", "date": "2026-11-22T00:00:00+00:00", "points": [{"head_dim": 64}, point]}
+    value, details = tile_jitter(doc, tma_bytes_per_clk=128 * 128 * 2 / 300)  # a Q load = 300 cycles
+    assert value == pytest.approx(30 / 300) and "12 middle tiles" in details
+    src, prof = tmp_path / "log.json", tmp_path / "prof.json"
+    src.write_text(json.dumps(doc))
+    base = json.loads((ROOT / "fa4sim" / "profiles" / "h100-measured.json").read_text())
+    prof.write_text(json.dumps(base))
+    assert main([str(src), "--profile", str(prof), "--write"]) == 0
+    got = json.loads(prof.read_text())["params"]["tile_jitter_q_loads"]
+    assert got["value"] == pytest.approx(30 / (128 * 128 * 2 / base["params"]["tma_bytes_per_clk"]["value"]), abs=1e-3)
+    assert got["source"].startswith("measured on Test GPU 2026-11-22") and got["confidence"] == "M"
+    with pytest.raises(SystemExit):
+        main([str(src), "--profile", str(tmp_path / "missing.json")])

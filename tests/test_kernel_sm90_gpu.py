@@ -300,3 +300,27 @@ def test_cta_log_build_logs_every_cta_and_still_computes_attention(causal):
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     assert all(0 <= r["sm"] < sms and r["end_ns"] > r["start_ns"] and r["cycles"] > 0 for r in rows)
     assert rel_err(out, reference(q, k, v, causal)[0]) < 1e-2
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_persistent_cta_log_build_logs_every_tile(causal):
+    """A persistent CTA-log build's tile log: every tile of the host table gets a start stamp,
+    in its CTA's order, each tile takes > 0 cycles; the output is still attention."""
+    from fa4kernel import interface
+    from fa4kernel.interface import attention_probed, resolve_config
+    from fa4kernel.trace import tile_log
+
+    q, k, v = _inputs(3, 1000, 1000, 2, 128)
+    interface.MAX_CTAS = 5  # 48 tiles on 5 CTAs: 9-10 tiles each
+    try:
+        cfg = resolve_config(q, k, v, causal, False, persistent=True)
+        table = interface._schedule(cfg, q, k).tolist()
+        out, st = attention_probed(q, k, v, causal=causal, cta_log=True, persistent=True)
+        torch.cuda.synchronize()
+    finally:
+        interface.MAX_CTAS = None
+    assert len(table) == 5
+    tiles = tile_log(st.tolist(), table)
+    assert sorted(x["tile"] for x in tiles) == sorted(t for row in table for t in row if t >= 0)
+    assert all(x["cycles"] > 0 for x in tiles)
+    assert rel_err(out, reference(q, k, v, causal)[0]) < 1e-2

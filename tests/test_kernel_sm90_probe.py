@@ -4,7 +4,8 @@
   (CTA start and end): same wgmma, MUFU and FMNMX counts, no spills
 - the skip-softmax build keeps the wgmma + TMA skeleton and drops the softmax (no FMNMX, only the
   epilogue's few MUFU)
-- the CTA-log build adds per-CTA stamps and the SM id outside the KV loop
+- the CTA-log build adds per-CTA stamps and the SM id outside the KV loop; a persistent one
+  also stamps each tile's start (the tile log), still outside the KV loop
 - none is a user knob; fa4kernel.trace.header_clock turns a header into cycles / ns
 """
 import pytest
@@ -83,6 +84,19 @@ def test_cta_log_build_adds_stamps_outside_the_kv_loop():
         diagnostic_config(cfg, clock_probe=False, cta_log=True)
 
 
+@pytest.mark.compile
+def test_persistent_cta_log_build_also_stamps_each_tile_start():
+    """A persistent CTA-log build adds one clock64 read per tile (in the tile loop, outside the
+    KV loop) to the four of a CTA-log build; the KV loop is the clock-probe build's."""
+    cfg = make_config("bfloat16", 128, False, False, {"persistent": True})
+    probe, log = sass(diagnostic_config(cfg)), sass(diagnostic_config(cfg, cta_log=True))
+    assert len(CLOCK_READ.findall(log)) == 5 and len(TIMER_READ.findall(log)) == 4
+    a, b = kv_loop(log), kv_loop(probe)
+    assert len(a) == len(b)
+    for op in ("HGMMA", "MUFU", "FMNMX", "FFMA", "SYNCS"):
+        assert sum(o.startswith(op) for o in a) == sum(o.startswith(op) for o in b) > 0, op
+
+
 def test_cta_log_decode():
     from fa4kernel.trace import cta_log
     from fa4kernel.trace_layout import CTA_LOG_WORDS, TRACE_HEADER, TRACE_WORDS
@@ -93,3 +107,23 @@ def test_cta_log_decode():
     rows = cta_log(words, grid=3)  # CTA 2 never wrote: dropped, not a zero row
     assert rows == [{"cta": 0, "sm": 5, "start_ns": 0, "end_ns": 2000, "cycles": 3600},
                     {"cta": 1, "sm": 7, "start_ns": 200, "end_ns": 1200, "cycles": 1800}]
+
+
+def test_tile_log_decode():
+    """A persistent CTA-log build's tile log: each tile runs from its start stamp to the next
+    tile's, the last one to the CTA's end stamp; a CTA that did not write everything is dropped."""
+    from fa4kernel.trace import tile_log
+    from fa4kernel.trace_layout import CTA_LOG_WORDS, TILE_LOG_BASE, TILE_LOG_CTAS, TRACE_HEADER, TRACE_WORDS
+
+    words = [0] * TRACE_WORDS
+    table = [[4, 1, -1], [0, 2, 3], [5, -1, -1]]
+    for cta, (c0, c1) in enumerate([(100, 900), (50, 2000), (10, 20)]):
+        words[TRACE_HEADER + cta * CTA_LOG_WORDS:TRACE_HEADER + (cta + 1) * CTA_LOG_WORDS] = [0, 0, 1, c0, c1, 1]
+    for tile, t0 in {4: 100, 1: 400, 0: 50, 2: 700, 3: 1500}.items():  # tile 5 (CTA 2) never stamped
+        words[TILE_LOG_BASE + tile] = t0
+    assert tile_log(words, table) == [
+        {"cta": 0, "tile": 4, "k": 0, "cycles": 300}, {"cta": 0, "tile": 1, "k": 1, "cycles": 500},
+        {"cta": 1, "tile": 0, "k": 0, "cycles": 650}, {"cta": 1, "tile": 2, "k": 1, "cycles": 800},
+        {"cta": 1, "tile": 3, "k": 2, "cycles": 500}]
+    with pytest.raises(ValueError, match="persistent grid"):
+        tile_log(words, [[0]] * (TILE_LOG_CTAS + 1))

@@ -1,10 +1,12 @@
 """The whole launch in fa4sim: the kernels' own tile orders (tile_order.py), the first wave's cold
 start from HBM, Q loads sharing HBM with the launch, and the O store's size."""
+import math
+
 import pytest
 
 from fa4sim import hardware, simulate
 from fa4sim.errors import InputError
-from fa4sim.kernel_model import WorkUnit, cold_start_bytes, work_units
+from fa4sim.kernel_model import WorkUnit, cold_start_bytes, expected_max, work_units
 from fa4sim.params import Problem
 from fa4sim.tile_order import (FA4_SECTION_BYTES, HOST_LIVE_WG_COST, HOST_TILE_OVERHEAD_BLOCKS,
                                SECTION_FRACTION_OF_L2, TAIL_WAVES, host_estimate, host_table, tile_order)
@@ -113,3 +115,33 @@ def test_o_store_grows_with_its_bytes():
     k256 = resolve(fa3_sm90.KNOBS, Problem(1, 1, 1024, 1024, 256, False), {"tile_m": 128})
     assert k128["o_store_cycles"] == pytest.approx(480 + 32768 / 36)
     assert k256["o_store_cycles"] == pytest.approx(480 + 65536 / 36)
+
+
+def test_expected_max_of_jittered_loads():
+    """expected_max: no jitter -> the slowest load; two equal loads -> mu + sigma / sqrt(pi); many
+    CTAs -> the known E[max] of 132 standard normals (2.606); a CTA far ahead does not count."""
+    assert expected_max([3.0, 5.0], [0.0, 0.0]) == 5.0
+    assert expected_max([10.0, 10.0], [1.0, 1.0]) == pytest.approx(10 + 1 / math.sqrt(math.pi), abs=1e-6)
+    assert expected_max([0.0] * 132, [1.0] * 132) == pytest.approx(2.606, abs=2e-3)
+    assert expected_max([100.0, 0.0], [1.0, 1.0]) == pytest.approx(100.0, abs=1e-6)
+    # a CTA without jitter is a floor: E[max(5, 3 + Z)] = 5 + E[(Z - 2)+]
+    assert expected_max([5.0, 3.0], [0.0, 1.0]) == pytest.approx(5.0085, abs=1e-4)
+
+
+def test_tile_jitter_costs_only_a_table_fixed_before_the_launch():
+    """tile_jitter_q_loads: a persistent fa4kernel launch (host table) ends with the expected
+    slowest CTA, later than its slowest load; more jitter, later still. A launch of one CTA per
+    tile (the hardware balances) and one with the jitter off are unchanged."""
+    hw = hardware.load("h100-measured")
+    assert hw.tile_jitter_q_loads > 0
+    off = hw.with_values(tile_jitter_q_loads=0.0)
+    p = Problem(16, 8, 1024, 1024, 256, True)
+    knobs = {"tile_n": 64, "persistent": True, "tile_order": "fa4kernel"}
+    r, r0 = simulate(hw, "fa3", p, knobs), simulate(off, "fa3", p, knobs)
+    assert r0.kernel.jitter_cycles == 0.0
+    assert r.kernel.jitter_cycles > 0 and r.kernel.cycles > r0.kernel.cycles
+    more = simulate(hw.with_values(tile_jitter_q_loads=2 * hw.tile_jitter_q_loads), "fa3", p, knobs)
+    assert more.kernel.jitter_cycles > r.kernel.jitter_cycles
+    one = {**knobs, "persistent": False}
+    assert simulate(hw, "fa3", p, one).kernel.cycles == simulate(off, "fa3", p, one).kernel.cycles
+    assert hardware.load("h100").tile_jitter_q_loads == 0.0  # not a datasheet quantity
