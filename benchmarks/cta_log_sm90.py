@@ -34,7 +34,10 @@ POINTS = [(256, 1024, True, {}), (256, 1024, False, {}), (256, 1024, True, {"per
           (128, 1024, True, {}), (128, 1024, False, {}), (64, 1024, True, {}), (64, 1024, False, {}),
           (256, 4096, True, {}), (128, 1024, True, {"persistent": False}),
           (128, 1024, False, {"persistent": False}), (64, 1024, False, {"persistent": False}),
-          (256, 1024, False, {"persistent": True}), (64, 1024, True, {"persistent": False})]
+          (256, 1024, False, {"persistent": True}), (64, 1024, True, {"persistent": False}),
+          # 4k: tile-log points the tile jitter was not measured at (13-16)
+          (256, 4096, True, {"persistent": True}), (128, 4096, True, {}), (128, 4096, False, {}),
+          (64, 4096, False, {})]
 
 
 def n_kv_of(m_block, tile_m, tile_n, sq, sk, causal):

@@ -42,9 +42,10 @@ def test_persistent_replay_sums_each_rows_mean_tiles():
 
 
 def test_recorded_persistent_launches_end_later_and_the_model_says_by_how_much():
-    """The recorded tile logs (H100 and H200, thirteenth session): a persistent launch ends after
-    its slowest replayed load (but the H200's hd64 causal), a causal launch of one CTA per tile
-    within 1 % of its replay, and the model's jitter term within 1 pp of the measured excess."""
+    """The recorded tile logs (H100 and H200, thirteenth session): at 1k tokens a persistent
+    launch ends after its slowest replayed load (but the H200's hd64 causal); at 4k (where the
+    jitter was not measured) hardly at all. Everywhere the model's jitter term is within 1 pp of the
+    measured excess, and a causal launch of one CTA per tile within 1 % of its replay."""
     files = sorted(RECORDED.glob("cta_log_tiles_*_session13.json"))
     if not files:
         pytest.skip("no recorded tile logs in benchmarks/results/cta_log_2026-11-22/")
@@ -53,8 +54,10 @@ def test_recorded_persistent_launches_end_later_and_the_model_says_by_how_much()
         assert is_cta_log_file(doc)
         rows = compare_launches(doc)["launches"]
         persistent = [r for r in rows if r["launch"] == "persistent"]
-        assert len(persistent) == 6
-        assert sum(r["measured_later"] > 0.001 for r in persistent) >= 5, path.name
+        assert persistent, path.name
+        short = [r for r in persistent if r["seqlen"] == 1024]
+        assert sum(r["measured_later"] > 0.001 for r in short) >= len(short) - 1, path.name
+        assert all(r["measured_later"] < 0.005 for r in persistent if r["seqlen"] == 4096), path.name
         for r in persistent:
             assert r["predicted_later"] > 0 and abs(r["predicted_later"] - r["measured_later"]) < 0.01, (path.name, r)
         for r in rows:
