@@ -46,6 +46,8 @@ def test_bench_bursts_loops_hold_their_planned_instructions(capsys):
     (["--wgmma-n", "96"], "argument --wgmma-n: invalid choice: 96 (choose from 64, 128, 256)"),
     (["--mma-gaps", "100,0"], "--mma-gaps: '100,0'; allowed: non-negative ns, the first 0"),
     (["--mma-gaps", "0,1us"], "--mma-gaps: '0,1us'; allowed: comma-separated integers (ns)"),
+    (["--stream-warps", "1,4"], "--stream-warps: '1,4'; allowed: comma-separated 1, 2, 3"),
+    (["--stream-warps", "3", "--wgmma-n", "256"], "--stream-warps 3: the 512-thread build holds the wgmma at N <= 128"),
 ])
 def test_bench_bursts_options_fail_in_one_line_before_the_gpu(tmp_path, args, says):
     """A wrong burst code, wgmma width or duty sweep is a one-line usage error before the GPU is touched."""

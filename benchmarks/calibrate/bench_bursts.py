@@ -23,6 +23,10 @@ Kernel (384 threads = 3 warpgroups, one CTA on one SM):
        STSM.16.M88.4 into the warp's own 4 KB of smem, P's store in a P-via-smem build);
      clock64; nanosleep(gap_ns) if gap_ns > 0}.
   --wgmma-n picks the running wgmma's N (64, 128, 256: FA3's QK^T and PV widths).
+  --stream-warps 1,2,3: stream warps per scheduler; 3 (hd64's three consumer warpgroups) needs a
+     fourth warpgroup, a 512-thread build (the same 90 registers, but ptxas schedules the codes
+     differently: the mix and its emulated forms time differently at 1 and 2 warps than in the
+     384-thread build; compare within one build).
   --mma-gaps 0,100,...: a duty-cycle sweep instead: warpgroup 0 waits for each trip of 8 and
      sleeps `gap` ns, the codes run without gaps beside it; their rate against the tensor
      core's busy share, next to the line fa4sim assumes (slowed only while the tensor core works).
@@ -61,11 +65,11 @@ from .bench_contention import KB, KT, LOG2E, N, PER_TRIP, _mix_block, _tiled_mma
 from .bench_wgmma import _smem_layout  # noqa: E402
 from .common import _asm, clk, compile_for_sass, f2bf16x2, ffma, fill_random_bf16, fmax, smem_addr, sts32  # noqa: E402,E501
 
-THREADS = 384
+THREADS = 384         # 3 warpgroups: the wgmma one and up to 2 stream warpgroups
+THREADS_3 = 512       # --stream-warps with 3: a third stream warpgroup (hd64's 3 consumer warpgroups)
 E = 32                 # registers per stream thread; a block is 4 passes over them = 128 instructions
 PER_BLOCK = 4 * E
 SLOTS = 8              # int64 per warp: t0, t1, burst cycles, trips, bursts
-WARPS = THREADS // 32
 OPS = {"fmul": 0, "ffma": 1, "mix": 2, "int": 3, "fmnmx": 4, "f2fp": 5, "mix_emu25": 6, "mix_emu12": 7,
        "fmul+mix": 8, "stsm": 9}
 # two codes at once: warpgroup 1 runs the first, warpgroup 2 the second (one warp of each per
@@ -83,7 +87,7 @@ BLOCK_INSTR = {"fmul": 4 * E, "ffma": 4 * E, "mix": sum(PER_TRIP["mix"].values()
 # stsm: P's store to shared memory in a P-via-smem build (fa4kernel hd128: 8 STSM.16.M88.4 per warp
 # and KV block, 512 B each): 4 passes of 8 over the 32 registers, each warp into its own 4 KB
 STSM_BYTES = 512
-PBUF_WORDS = 8 * 8 * STSM_BYTES // 4    # 8 stream warps x 8 STSM x 512 B
+PBUF_WORDS = 12 * 8 * STSM_BYTES // 4   # up to 12 stream warps x 8 STSM x 512 B
 # an emulated exp2 replaces one MUFU.EX2 by 8 instructions in SASS: FMNMX (clamp), FADD.RM, 2 FADD,
 # 3 FFMA, LEA (shift + add; CUDA 13.0 ptxas, checked by check_sass)
 EMU_PLAN = {"MUFU": -1, "FMNMX": 1, "FADD": 3, "FFMA": 3, "LEA": 1}
@@ -108,10 +112,11 @@ def stsm_x4(addr, r0, r1, r2, r3, *, loc=None, ip=None):
          "stmatrix.sync.aligned.m8n8.x4.shared.b16 [$0], {$1, $2, $3, $4};", "r,f,f,f,f")
 
 
-def make(code: str, n: int = N):
+def make(code: str, n: int = N, threads: int = THREADS):
     """The kernel for one burst code (OPS): each code compiles alone, so its loop's registers do
     not depend on the other codes (they did: with every code in one kernel, adding two codes turned
-    the in-place FMUL x = x * s into a rotating one, which runs slower beside a wgmma and slows it)."""
+    the in-place FMUL x = x * s into a rotating one, which runs slower beside a wgmma and slows it).
+    threads: 384 (up to 2 stream warpgroups) or 512 (up to 3; fewer registers per thread)."""
     op = OPS[code]
     pair = code in PAIRS
 
@@ -138,7 +143,7 @@ def make(code: str, n: int = N):
         base_b = smem_addr(storage.sB.data_ptr())
         a_words = cute.cosize(sA_layout) // 2
         fill_random_bf16(base, a_words, base_b, (cute.cosize(sA_layout) + cute.cosize(sB_layout)) // 2,
-                         tid, THREADS, 7919)
+                         tid, threads, 7919)
         if tid == 0:
             sts32(flag_addr, 0)
         cute.arch.fence_view_async_shared()
@@ -267,15 +272,15 @@ def make(code: str, n: int = N):
         sB_layout = _smem_layout(BFloat16, n, KT)
         smem = (cute.cosize(sA_layout) + cute.cosize(sB_layout)) * 2 + 3072 + PBUF_WORDS * 4
         kernel(stamps, sink, do_mma, nsf, blocks, gap_ns, iters, max_trips, mma_gap_ns, tiled_mma, sA_layout,
-               sB_layout).launch(grid=[1, 1, 1], block=[THREADS, 1, 1], smem=smem, stream=stream)
+               sB_layout).launch(grid=[1, 1, 1], block=[threads, 1, 1], smem=smem, stream=stream)
 
     return host
 
 
-def fake_args():
+def fake_args(threads: int = THREADS):
     from .common import fake_stream, fake_tensor
 
-    return (fake_tensor(Int64, (WARPS * SLOTS,)), fake_tensor(Float32, (THREADS,)), Int32(1), Int32(1),
+    return (fake_tensor(Int64, (threads // 32 * SLOTS,)), fake_tensor(Float32, (threads,)), Int32(1), Int32(1),
             Int32(1), Int32(0), Int32(10), Int32(10), Int32(0), fake_stream())
 
 
@@ -292,9 +297,10 @@ def check_sass() -> int:
         plans[code]["LEA"] = len(cols) * EMU_PLAN["LEA"]
     ok = True
     # every code with the default wgmma; the mix with the other shapes --wgmma-n offers
-    builds = [(code, N) for code in OPS] + [("mix", n) for n in WGMMA_N if n != N]
-    for code, n in builds:  # a pair's kernel must hold both codes' loops
-        sass, regs = compile_for_sass(make(code, n), *fake_args(), with_registers=True)
+    builds = [(code, N, THREADS) for code in OPS] + [("mix", n, THREADS) for n in WGMMA_N if n != N]
+    builds += [(code, N, THREADS_3) for code in ("mix", "mix_emu25", "mix_emu12")]  # --stream-warps 3
+    for code, n, threads in builds:  # a pair's kernel must hold both codes' loops
+        sass, regs = compile_for_sass(make(code, n, threads), *fake_args(threads), with_registers=True)
         parts = PAIRS.get(code, (code,))
         found = {"wgmma": False, **{part: False for part in parts}}
         in_place = True
@@ -313,9 +319,9 @@ def check_sass() -> int:
                     found[part] = True  # the tight loop: the plan plus at most 5 of loop control
                     if code == "fmul":  # (in the pair's kernel ptxas alternates every other register)
                         in_place = all(_in_place(o) for o in ops if o.startswith("FMUL"))
-        good = bool(regs) and ((regs + 7) // 8 * 8) * THREADS <= 65536 and all(found.values()) and in_place
+        good = bool(regs) and ((regs + 7) // 8 * 8) * threads <= 65536 and all(found.values()) and in_place
         ok = ok and good
-        print(f"{'ok' if good else 'BAD'} {code:6s} wgmma N={n} regs={regs} x {THREADS} threads, loops found {found}"
+        print(f"{'ok' if good else 'BAD'} {code:6s} wgmma N={n} regs={regs} x {threads} threads, loops found {found}"
               + ("" if in_place else ", FMUL not in place"))
     return 0 if ok else 1
 
@@ -327,21 +333,25 @@ def _in_place(instr: str) -> bool:
 
 
 # ----------------------------------------------------------------------------- GPU
-def run(dev, ops=tuple(OPS), n: int = N, mma_gaps=()) -> dict:
+def run(dev, ops=tuple(OPS), n: int = N, mma_gaps=(), stream_warps=(1, 2)) -> dict:
+    """stream_warps: stream warps per scheduler (warpgroups) to time each code with; 3 takes the
+    512-thread build."""
     torch = dev.torch
-    stamps = torch.zeros(WARPS * SLOTS, dtype=torch.int64, device="cuda")
-    sink = torch.zeros(THREADS, dtype=torch.float32, device="cuda")
+    threads = THREADS_3 if max(stream_warps) > 2 else THREADS
+    warps = threads // 32
+    stamps = torch.zeros(warps * SLOTS, dtype=torch.int64, device="cuda")
+    sink = torch.zeros(threads, dtype=torch.float32, device="cuda")
     fns = {}
 
     def once(do_mma, nsf, op, blocks, gap_ns, max_trips, mma_gap_ns=0):
-        fn = fns.setdefault(op, make(op, n))
+        fn = fns.setdefault(op, make(op, n, threads))
         best = None
         for rep in range(REPS):
             stamps.zero_()
             dev.call(f"bursts_{op}", fn, stamps, sink, Int32(do_mma), Int32(nsf), Int32(blocks),
                      Int32(gap_ns), Int32(ITERS), Int32(max_trips), Int32(mma_gap_ns))
             st = stamps.cpu().tolist()
-            rows = [st[w * SLOTS:(w + 1) * SLOTS] for w in range(WARPS)]
+            rows = [st[w * SLOTS:(w + 1) * SLOTS] for w in range(warps)]
             mma = rows[0:4]
             sf = [r for w, r in enumerate(rows) if 1 <= w // 4 <= nsf]
             r = {"do_mma": do_mma, "nsf": nsf, "op": op, "blocks": blocks, "gap_ns": gap_ns, "mma_gap_ns": mma_gap_ns,
@@ -350,8 +360,8 @@ def run(dev, ops=tuple(OPS), n: int = N, mma_gaps=()) -> dict:
                 win = max(x[1] for x in mma) - min(x[0] for x in mma)
                 r.update(mma_window=win, wgmma=ITERS * KB, wgmma_cycles_per_instr=win / (ITERS * KB))
             if sf:
-                codes = PAIRS.get(op, (op, op))  # warpgroup 1's code, warpgroup 2's
-                per_warp = [BLOCK_INSTR[codes[w // 4 - 1]] for w in range(WARPS) if 1 <= w // 4 <= nsf]
+                codes = PAIRS.get(op, (op, op, op))  # stream warpgroup 1's code, 2's (and 3's)
+                per_warp = [BLOCK_INSTR[codes[w // 4 - 1]] for w in range(warps) if 1 <= w // 4 <= nsf]
                 instr = blocks * sum(x[3] * n for x, n in zip(sf, per_warp))  # warp instructions, all stream warps
                 burst_cycles = sum(x[2] for x in sf)
                 win = max(x[1] for x in sf) - min(x[0] for x in sf)
@@ -370,22 +380,22 @@ def run(dev, ops=tuple(OPS), n: int = N, mma_gaps=()) -> dict:
                 best = (key, r)
         return best[1]
 
-    out = {"constants": dict(N=n, wgmma_per_trip=KB, iters=ITERS, per_block=PER_BLOCK, threads=THREADS,
+    out = {"constants": dict(N=n, wgmma_per_trip=KB, iters=ITERS, per_block=PER_BLOCK, threads=threads,
                              ideal_wgmma_cycles=n / 2)}
     alone = once(1, 0, "fmul", 1, 0, 0)
     out["mma_alone"] = alone
     a = alone["wgmma_cycles_per_instr"]
     print(f"  wgmma alone: {a:.1f} cycles per wgmma", flush=True)
     if mma_gaps:
-        out["duty"] = duty_sweep(once, ops, a, mma_gaps)
+        out["duty"] = duty_sweep(once, ops, a, mma_gaps, stream_warps)
         return out
     for op in ops:
-        for nsf in (1, 2):  # a pair with one warpgroup: its first code alone, from the same binary
+        for nsf in stream_warps:  # a pair with one warpgroup: its first code alone, from the same binary
             out[f"{op}_alone_F{nsf}"] = r = once(0, nsf, op, 1, 0, ALONE_TRIPS)
             print(f"  {op} F{nsf} alone: {r['cycles_per_block']:.1f} cycles per block, in-burst "
                   f"{r['in_burst_rate_per_warp']:.3f} warp-instr/clk/warp, "
                   f"{r['stream_rate_per_smsp']:.3f} per SMSP" + _per_wg(r), flush=True)
-        for nsf in (1, 2):
+        for nsf in stream_warps:
             for blocks, gap in ((1, 0), (1, 1000), (4, 1000)):
                 r = once(1, nsf, op, blocks, gap, CAP_TRIPS)
                 lost = r["mma_window"] - a * r["wgmma"]
@@ -402,7 +412,7 @@ def run(dev, ops=tuple(OPS), n: int = N, mma_gaps=()) -> dict:
     return out
 
 
-def duty_sweep(once, ops, a, mma_gaps) -> dict:
+def duty_sweep(once, ops, a, mma_gaps, stream_warps=(1, 2)) -> dict:
     """--mma-gaps: the stream codes run without gaps while the wgmma warpgroup sleeps `gap` ns
     after each trip of 8 (wait_group 0 first, so the tensor core really idles): their rate
     against the tensor core's busy share (wgmma cycles alone x wgmmas / window). fa4sim slows a
@@ -410,7 +420,7 @@ def duty_sweep(once, ops, a, mma_gaps) -> dict:
     the code's rate alone and beside a full-rate wgmma (`linear_rate_per_smsp`)."""
     res = {}
     for op in ops:
-        for nsf in (1, 2):
+        for nsf in stream_warps:
             alone = once(0, nsf, op, 1, 0, ALONE_TRIPS)
             full = None
             for gap in mma_gaps:
@@ -449,6 +459,9 @@ def main(argv=None) -> int:
                     help="GPU: a duty-cycle sweep instead of the bursts: the wgmma warpgroup sleeps this many "
                          "ns after each trip of 8 (comma-separated, start with 0, e.g. 0,200,500,1000,3000); "
                          "the --ops codes run continuously beside it")
+    ap.add_argument("--stream-warps", default="1,2",
+                    help="GPU: stream warps per scheduler to time each code with (stream warpgroups), "
+                         "comma-separated from 1 2 3 (default 1,2; 3 uses a 512-thread build)")
     ap.add_argument("--wgmma-n", type=int, default=N, choices=WGMMA_N,
                     help=f"GPU: N of the running wgmma m64nNk16 (default {N}; FA3's QK^T and PV at head dim N)")
     args = ap.parse_args(argv)
@@ -462,6 +475,14 @@ def main(argv=None) -> int:
         ap.error(f"--mma-gaps: {args.mma_gaps!r}; allowed: comma-separated integers (ns), the first 0")
     if gaps and (gaps[0] != 0 or min(gaps) < 0):
         ap.error(f"--mma-gaps: {args.mma_gaps!r}; allowed: non-negative ns, the first 0 (the full-rate reference)")
+    try:
+        stream_warps = tuple(int(w) for w in args.stream_warps.split(",") if w)
+    except ValueError:
+        stream_warps = ()
+    if not stream_warps or not set(stream_warps) <= {1, 2, 3}:
+        ap.error(f"--stream-warps: {args.stream_warps!r}; allowed: comma-separated 1, 2, 3")
+    if 3 in stream_warps and (args.wgmma_n > N or set(ops) & set(PAIRS)):
+        ap.error("--stream-warps 3: the 512-thread build holds the wgmma at N <= 128 and no pair")
     if args.check_sass:
         return check_sass()
     if not args.out:
@@ -472,7 +493,7 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     dev = Device()
     res = {"meta": meta(), "scripts": {"bursts": "bench_bursts.py"},
-           "benchmarks": {"bursts": run(dev, ops, args.wgmma_n, gaps)}}
+           "benchmarks": {"bursts": run(dev, ops, args.wgmma_n, gaps, stream_warps)}}
     res["seconds"] = round(time.perf_counter() - t0, 2)
     with open(args.out, "w") as f:
         json.dump(res, f, indent=1)
