@@ -11,10 +11,11 @@ further tile, what one more tile costs a persistent CTA (T2 - T1, prologue overl
 the launch's cold start (the first wave's first loads from HBM). The order of the tiles is the
 kernel's own (tile_order.py).
 Tiles of one kind do not all take the same cycles (the profile's tile_jitter_q_loads, measured
-from fa4kernel's tile log: about one Q load's transfer time, whatever the tile's length). The hardware's block scheduler absorbs that: a one-CTA-per-tile launch
-hands the next tile to whichever SM frees up. A table fixed on the host before the launch cannot:
-each CTA's jitter adds up over its tiles, and the launch ends with the expected slowest CTA,
-E[max] over CTAs of load + jitter (expected_max), not the slowest load.
+from fa4kernel's tile log at 1k tokens: about one Q load's transfer time, not more for longer
+tiles). The hardware's block scheduler absorbs most of that: a one-CTA-per-tile launch hands the
+next tile to whichever SM frees up. A table fixed on the host before the launch cannot: each
+CTA's jitter adds up over its tiles, and the launch ends with the expected slowest CTA, E[max]
+over CTAs of load + jitter (expected_max), not the slowest load.
 The kernel takes the slowest slot, unless moving its bytes through L2 or HBM takes longer.
 """
 from __future__ import annotations
@@ -177,13 +178,12 @@ def kernel_time(p: Problem, hw, units: list[WorkUnit], cost_of, tile_n: int,
         wgs = max(1, rows // 64)
         est = [host_estimate(u.n_kv, wgs, -(-(u.rows or rows) // 64)) for u in units]
         table = host_table(tiles, est, slots)
-        own = [[costs[tiles[r[0]][1]][0]] + [costs[tiles[i][1]][1] for i in r[1:]] for r in table]
-        loads = [cold_cycles + sum(c) for c in own]
+        loads = [cold_cycles + costs[tiles[r[0]][1]][0] + sum(costs[tiles[i][1]][1] for i in r[1:]) for r in table]
         slowest = max(range(len(table)), key=loads.__getitem__)
         n_tiles = len(table[slowest])
         # each tile's own jitter, independent from tile to tile, adds up over a CTA's row
         sigma = hw.tile_jitter_q_loads * rows * p.hdim * 2 / hw.tma_bytes_per_clk
-        cycles = expected_max(loads, [sigma * math.sqrt(len(c)) for c in own])
+        cycles = expected_max(loads, [sigma * math.sqrt(len(r)) for r in table])
         jitter = cycles - loads[slowest]
     else:
         cycles, n_tiles = assign([costs[m] for _, m in tiles], slots, persistent, hw.cta_launch_cycles, cold_cycles)
