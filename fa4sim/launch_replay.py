@@ -30,7 +30,7 @@ def is_cta_log_file(doc: dict) -> bool:
     return bool(pts) and isinstance(pts[0], dict) and "ctas" in pts[0] and "tiles_in_cta" in pts[0].get("columns", [])
 
 
-def _kinds(p: dict) -> list[tuple[int, int]]:
+def tile_kinds(p: dict) -> list[tuple[int, int]]:
     """(KV blocks, rows) of each Q tile of one head, as the kernel cuts them."""
     prob = Problem(1, 1, int(p["seqlen"]), int(p["seqlen"]), int(p["head_dim"]), bool(p["causal"]))
     return [(u.n_kv, u.rows) for u in work_units(prob, int(p["tile_m"]), int(p["tile_n"]))]
@@ -38,7 +38,7 @@ def _kinds(p: dict) -> list[tuple[int, int]]:
 
 def replay_one_cta_per_tile(p: dict) -> tuple[float, float]:
     """(replayed end, measured end) of a launch of one CTA per tile, in cycles."""
-    kinds = _kinds(p)
+    kinds = tile_kinds(p)
     ghz = float(p["clock_ghz_in_kernel"])
     rows = p["ctas"]  # [cta, sm, start_ns, end_ns, cycles, m_block, n_kv, tiles_in_cta]
     first_on_sm = {}
@@ -60,7 +60,7 @@ def replay_one_cta_per_tile(p: dict) -> tuple[float, float]:
 def replay_persistent(p: dict) -> tuple[float, float]:
     """(slowest replayed load, measured slowest CTA averaged over the launches) of a persistent
     launch, in cycles, from its tile log (each tile from its start stamp to the next one's)."""
-    kinds = _kinds(p)
+    kinds = tile_kinds(p)
     num_m = int(p["num_m"])
     last = {c: len(row) - 1 for c, row in enumerate(p["table"])}
 

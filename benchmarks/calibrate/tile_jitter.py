@@ -32,23 +32,18 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from fa4kernel.tile_schedule import kv_blocks  # noqa: E402  (pure Python)
+from fa4sim.launch_replay import tile_kinds  # noqa: E402  (a tile's kind: KV blocks, rows)
 
 
 def point_residuals(p: dict) -> tuple[list[float], list[float]]:
     """(residuals, means of its kind) of every middle tile of one persistent point, in cycles."""
-    s, num_m, tm = p["seqlen"], p["num_m"], p["tile_m"]
-
-    def kind(t):
-        m = t % num_m
-        return kv_blocks(m, tm, p["tile_n"], s, s, p["causal"]), min(tm, s - m * tm)
-
+    kinds, num_m = tile_kinds(p), p["num_m"]
     last = {cta: len(row) - 1 for cta, row in enumerate(p["table"])}
     by_kind = defaultdict(list)
     for launch in p["tile_logs"]:
         for cta, tile, k, cycles in launch:
             if 0 < k < last[cta]:
-                by_kind[kind(tile)].append(cycles)
+                by_kind[kinds[tile % num_m]].append(cycles)
     res, med = [], []
     for cycles in by_kind.values():
         if len(cycles) < 10:  # too few to take a mean from
