@@ -1,0 +1,65 @@
+"""Write tests/data/prediction_grid.json: fa4sim's predictions on a fixed grid of problems.
+
+tests/test_prediction_grid.py holds the simulator to these numbers (0.1 %), so a change of
+structure cannot move a prediction unnoticed. Regenerate only when a prediction is meant to
+move, and say which and why in the commit. Each point: hw, schedule, impl (None = the
+schedule's default implementation), problem, overrides (--set pairs) -> TFLOP/s, cycles.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from fa4sim import Problem, simulate
+
+# the knobs flash-attn-4's SM90 forward differs by from the fa3 defaults (how validate ran it)
+FA4_SM90 = {"persistent": False, "loop_overhead_fixed": 60.0, "loop_overhead_per_kstep": 2.5,
+            "tile_order": "flash-attn-4"}
+
+
+def points():
+    for hd in (64, 96, 128):
+        for causal in (False, True):
+            for s in (1024, 8192):
+                yield dict(hw="b200", schedule="fa4", problem=(2, 16, s, s, hd, causal), overrides={})
+    yield dict(hw="b200", schedule="fa4", problem=(1, 16, 32768, 32768, 128, False), overrides={})
+    for ov in ({"mufu_ex2_per_clk": 32, "exp_emulation": 0}, {"kv_stages": 4}, {"q_tiles": 1},
+               {"two_cta": False}, {"rescale_threshold": None}, {"split_p": False}):
+        yield dict(hw="b200", schedule="fa4", problem=(2, 16, 8192, 8192, 128, False), overrides=ov)
+    for hw in ("h100-measured", "h200-measured", "h100", "h200"):
+        for hd in (64, 96, 128, 256):
+            for causal in (False, True):
+                for s in ((1024, 16384) if hw.endswith("measured") else (4096,)):
+                    yield dict(hw=hw, schedule="fa3", problem=(4, 16, s, s, hd, causal), overrides={})
+    for hd in (64, 128, 256):
+        yield dict(hw="h100-measured", schedule="fa3", problem=(2, 16, 3000, 3000, hd, True), overrides={})
+        yield dict(hw="h100-measured", schedule="fa3", problem=(2, 16, 1000, 5000, hd, False), overrides={})
+    for ov in ({"pingpong": False}, {"intra_wg_overlap": False}, {"p_in_registers": False}, {"kv_stages": 3},
+               {"exp_emulation": 0.25}, {"rescale_threshold": 8.0}, {"persistent": False}, {"tile_n": 64},
+               {"mufu_ex2_per_clk": 32}):
+        for causal in (False, True):
+            yield dict(hw="h100-measured", schedule="fa3", problem=(4, 16, 8192, 8192, 128, causal), overrides=ov)
+    for hw in ("h100-measured", "h200-measured"):
+        for hd in (64, 128, 256):
+            for causal in (False, True):
+                for s in (1024, 8192):
+                    yield dict(hw=hw, schedule="fa3", impl="flash-attn-4", problem=(4, 16, s, s, hd, causal),
+                               overrides={}, old_overrides=FA4_SM90)
+
+
+def main(path: str) -> None:
+    out = []
+    for pt in points():
+        b, h, sq, sk, d, c = pt["problem"]
+        ov = {**pt.get("old_overrides", {}), **pt["overrides"]}
+        r = simulate(pt["hw"], pt["schedule"], Problem(b, h, sq, sk, d, c), ov)
+        out.append({"hw": pt["hw"], "schedule": pt["schedule"], "impl": pt.get("impl"),
+                    "problem": dict(batch=b, heads=h, seqlen_q=sq, seqlen_k=sk, hdim=d, causal=c),
+                    "overrides": pt["overrides"], "tflops": round(r.tflops, 4), "cycles": round(r.cycles, 2)})
+    Path(path).write_text(json.dumps({"points": out}, indent=1) + "\n")
+    print(f"wrote {len(out)} points to {path}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1] if len(sys.argv) > 1 else str(Path(__file__).with_name("prediction_grid.json")))
