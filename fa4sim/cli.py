@@ -9,21 +9,23 @@ import json
 import os
 import sys
 
-from . import hardware
+from . import hardware, implementation
 from .errors import DeadlockError, InputError
-from .params import Problem, resolve
+from .params import Context, Problem, resolve
 from .schedules import SCHEDULES
 
 EPILOG_RUN = """\
 examples:
-  fa4sim run --hw b200 --schedule fa4 --hdim 128 --seqlen 32768 --batch 1 --heads 16 --gantt fa4.png
-      FA4 forward on B200; prints TFLOP/s, utilisation and the bottleneck; draws one CTA's timeline
+  fa4sim run --hw b200 --hdim 128 --seqlen 32768 --batch 1 --heads 16 --gantt fa4.png
+      FA4 forward on B200 (flash-attn-4's choices); TFLOP/s, utilisation, the bottleneck; one CTA's timeline
   fa4sim run --hw b200 --set mufu_ex2_per_clk=32 --set exp_emulation=0
       what if MUFU were twice as fast (a B300-like chip) and emulation were off?
-  fa4sim run --hw h100 --schedule fa3 --hdim 128 --seqlen 8192 --set pingpong=false --json
-      Hopper FA3-style forward without inter-warpgroup ping-pong, as one JSON object
-  fa4sim params --schedule fa4 --hw b200
-      every knob and hardware parameter you can --set, with defaults, units and sources
+  fa4sim run --hw h100-measured --impl flash-attn-4 --hdim 192 --hdim-v 128 --causal
+      flash-attn-4's SM90 forward on the DeepSeek head dims, with its own tile
+  fa4sim run --hw h100 --hdim 128 --seqlen 8192 --set pingpong=false --json
+      our SM90 kernel (fa4kernel) without inter-warpgroup ping-pong, as one JSON object
+  fa4sim params --hw h100 --impl flash-attn-4 --hdim 256
+      every knob, what the implementation chooses, and every hardware parameter with its source
 """
 
 
@@ -46,20 +48,44 @@ def _set_pairs(items: list[str]) -> dict[str, str]:
 
 
 def _default_schedule(hw_name: str) -> str:
-    arch = hardware.load(hw_name).arch
-    return next(n for n, m in SCHEDULES.items() if m.ARCH == arch)
+    from .model import default_schedule
+    return default_schedule(hardware.load(hw_name).arch)
 
 
 def _problem(a) -> Problem:
     return Problem(batch=a.batch, heads=a.heads, seqlen_q=a.seqlen,
-                   seqlen_k=a.seqlen_k if a.seqlen_k is not None else a.seqlen, hdim=a.hdim, causal=a.causal)
+                   seqlen_k=a.seqlen_k if a.seqlen_k is not None else a.seqlen, hdim=a.hdim, causal=a.causal,
+                   hdim_v=a.hdim_v)
+
+
+# what an output file's name may end in, by option (matplotlib writes these; Perfetto reads JSON)
+OUTPUT_FORMATS = {"--gantt": (".png", ".svg", ".pdf"), "--trace": (".json",), "--plot": (".png", ".svg", ".pdf")}
+
+
+def check_output(option: str, path: str | None) -> None:
+    """An output path's folder must exist and its format be one we write: checked before any work."""
+    if not path:
+        return
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise InputError(option, f"folder {os.path.dirname(path) or '.'!r} does not exist (create it first)")
+    formats = OUTPUT_FORMATS[option]
+    if not path.lower().endswith(formats):
+        raise InputError(option, f"{path!r}: allowed formats {', '.join(formats)}")
 
 
 def add_problem_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--hw", default="b200", help="hardware profile: h100, h200, b200, or a profile .json (default b200)")
+    p.add_argument("--hw", default="b200", help=f"hardware profile: {', '.join(hardware.available())}, or a "
+                                               f"profile .json (default b200; *-measured: our microbenchmarks)")
+    p.add_argument("--impl", default=None, help="whose choices to simulate (tile per head dim, launch, measured "
+                                                "constants): fa4kernel or flash-attn-4, for the arch of --hw "
+                                                "(default: fa4kernel on sm90, flash-attn-4 on sm100); see "
+                                                "`fa4sim params --impl NAME`")
     p.add_argument("--schedule", default=None, choices=sorted(SCHEDULES),
                    help="fa4 (SM100, Blackwell) or fa3 (SM90, Hopper); default: the one for --hw")
-    p.add_argument("--hdim", type=int, default=128, help="head dimension (default 128)")
+    p.add_argument("--hdim", type=int, default=128, help="head dimension of Q and K (default 128)")
+    p.add_argument("--hdim-v", type=int, default=None, help="head dimension of V and O (default: --hdim; "
+                                                            "DeepSeek: --hdim 192 --hdim-v 128)")
     p.add_argument("--seqlen", type=int, default=8192, help="query sequence length (default 8192)")
     p.add_argument("--seqlen-k", type=int, default=None, help="key sequence length (default: --seqlen)")
     p.add_argument("--batch", type=int, default=2, help="batch size (default 2)")
@@ -71,8 +97,10 @@ def add_problem_args(p: argparse.ArgumentParser) -> None:
 
 def cmd_run(a) -> int:
     from .model import simulate
-    schedule = a.schedule or _default_schedule(a.hw)
-    r = simulate(a.hw, schedule, _problem(a), _set_pairs(a.set))
+    check_output("--gantt", a.gantt)
+    check_output("--trace", a.trace)
+    r = simulate(a.hw, a.schedule, _problem(a), _set_pairs(a.set), impl=a.impl)
+    schedule = r.schedule
     if a.gantt:
         from .gantt import draw
         draw(r.trace, a.gantt, title=_title(r), iterations=a.gantt_iters)
@@ -91,15 +119,19 @@ def cmd_run(a) -> int:
 
 def _title(r) -> str:
     p = r.problem
-    return (f"{r.schedule} on {r.hw.name}: hd{p.hdim}, seqlen {p.seqlen_q}, batch {p.batch}, heads {p.heads}"
+    return (f"{r.impl.name} on {r.hw.name}: hd{_hd(p)}, seqlen {p.seqlen_q}, batch {p.batch}, heads {p.heads}"
             f"{', causal' if p.causal else ''} -> {r.tflops:.0f} TFLOP/s (one CTA, first {r.trace.tiles[0]} KV blocks simulated)")
+
+
+def _hd(p) -> str:
+    return str(p.hdim) if p.hdim == p.hdim_v else f"{p.hdim}/{p.hdim_v}"
 
 
 def _summary(r) -> str:
     p, k = r.problem, r.kernel
     lines = [
-        f"{r.schedule} on {r.hw.name} ({r.hw.description})",
-        f"problem   batch {p.batch} x heads {p.heads}, seqlen_q {p.seqlen_q}, seqlen_k {p.seqlen_k}, hdim {p.hdim}"
+        f"{r.impl.name} ({r.schedule} schedule) on {r.hw.name} ({r.hw.description})",
+        f"problem   batch {p.batch} x heads {p.heads}, seqlen_q {p.seqlen_q}, seqlen_k {p.seqlen_k}, hdim {_hd(p)}"
         f"{', causal' if p.causal else ''}",
         "knobs     " + ", ".join(f"{n}={v}" for n, v in r.knobs.items()),
         f"result    {r.tflops:.1f} TFLOP/s  ({r.tflops / r.hw.peak_tflops:.1%} of {r.hw.peak_tflops:.0f} peak at "
@@ -119,19 +151,31 @@ def _summary(r) -> str:
 
 
 def cmd_params(a) -> int:
+    hw = hardware.load(a.hw)
     schedule = a.schedule or _default_schedule(a.hw)
     module = SCHEDULES[schedule]
-    hw = hardware.load(a.hw)
-    problem = Problem(1, 1, 8192, 8192, a.hdim, a.causal)
-    defaults = resolve(module.KNOBS, problem, {})  # in order: a default may depend on earlier knobs
+    impl = implementation.load(a.impl or module.DEFAULT_IMPL, hw.arch)
+    problem = Problem(1, 1, 8192, 8192, a.hdim, a.causal, hdim_v=a.hdim_v)
+    impl.check(problem)
+    ctx = Context(problem, hw, impl)
+    defaults = resolve(module.KNOBS, ctx, {})  # in order: a default may depend on earlier knobs
     if a.json:
         print(json.dumps({"schedule": {k.name: {"default": defaults[k.name], "unit": k.unit, "allowed": k.describe(),
                                                 "doc": k.doc} for k in module.KNOBS},
+                          "implementation": impl.to_json(), "implementations": implementation.available(),
                           "hardware": hw.to_json()}, indent=1))
         return 0
-    print(f"schedule knobs of {schedule} ({module.DESCRIPTION}); defaults for hdim {a.hdim}:")
+    print(f"implementations: {', '.join(implementation.available())} (--impl fa4kernel | flash-attn-4)")
+    print(f"\nknobs of the {schedule} schedule ({module.DESCRIPTION}), as {impl.name} sets them for "
+          f"hdim {_hd(problem)}{', causal' if a.causal else ''}; * = the implementation's choice:")
     for k in module.KNOBS:
-        print(f"  {k.name:18s} = {str(defaults[k.name]):8s} {k.unit:11s} {k.describe():14s} {k.doc}")
+        mark = "*" if k.name in impl.knobs else " "
+        print(f"  {k.name:18s} ={mark}{str(defaults[k.name]):8s} {k.unit:11s} {k.describe():14s} {k.doc}")
+    print(f"\nmeasured on {impl.name} ({impl.description}):")
+    for n, entry in impl.params.items():
+        v = entry["value"]
+        shown = impl.value(n, ctx, defaults) if not isinstance(v, list) else f"a table of {len(v)} builds"
+        print(f"  {n:24s} = {shown!s:10s} [{entry['confidence']}] source: {entry['source']}")
     print(f"\nhardware parameters of {hw.name} ({hw.description}); confidence H/M/L:")
     for n, (unit, doc) in hardware.PARAMS.items():
         print(f"  {n:22s} = {hw.values[n]!s:10s} {unit:18s} [{hw.confidence[n]}] {doc}\n{'':28s}source: {hw.sources[n]}")
@@ -214,10 +258,13 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--trace", metavar="FILE.json", help="write a Perfetto/Chrome trace (1 cycle = 1 ns)")
     run.set_defaults(func=cmd_run)
 
-    par = sub.add_parser("params", help="list every knob and hardware parameter with defaults, units and sources")
-    par.add_argument("--hw", default="b200")
+    par = sub.add_parser("params", help="list every knob, the implementations' choices and every hardware "
+                                        "parameter, with defaults, units and sources")
+    par.add_argument("--hw", default="b200", help="hardware profile (default b200)")
+    par.add_argument("--impl", default=None, help="implementation whose choices to show (default: the schedule's)")
     par.add_argument("--schedule", choices=sorted(SCHEDULES))
     par.add_argument("--hdim", type=int, default=128)
+    par.add_argument("--hdim-v", type=int, default=None)
     par.add_argument("--causal", action="store_true")
     par.add_argument("--json", action="store_true")
     par.set_defaults(func=cmd_params)

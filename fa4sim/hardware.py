@@ -2,9 +2,9 @@
 
 Profiles live in fa4sim/profiles/<name>.json: {"name", "arch", "description", "params": {param:
 {"value", "source", "confidence"}}}. Confidence: H = vendor doc or several agreeing measurements,
-M = one good measurement, L = inference or guess (see ../shared/reference/hardware.md).
+M = one good measurement, L = inference or guess (docs/reference/hardware.md).
 `PARAMS` below says what each parameter means and in which unit; a profile must give them all
-(TMEM ones are 0 on SM90). A measured profile (issue 4's calibration) is the same format.
+(TMEM ones are 0 on SM90). A measured profile (benchmarks/calibrate/make_profile.py) is the same format.
 """
 from __future__ import annotations
 
@@ -125,7 +125,21 @@ def load(name: str) -> HardwareProfile:
     """A built-in profile by name (h100, h200, b200) or a profile JSON file by path."""
     path = Path(name)
     if path.suffix == ".json" and path.exists():
-        return from_json(json.loads(path.read_text()), origin=str(path))
+        try:
+            data = json.loads(path.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise InputError("hw", f"{path} is not valid JSON ({e})") from None
+        if not isinstance(data, dict) or not all(k in data for k in ("name", "arch", "params")):
+            raise InputError("hw", f"{path} is not a hardware profile: it needs name, arch and params "
+                                   f"(see fa4sim/profiles/*.json)")
+        if data["arch"] not in ("sm90", "sm100") or not isinstance(data["params"], dict):
+            raise InputError("hw", f"{path}: arch must be sm90 or sm100 and params an object")
+        bad = [k for k, v in data["params"].items() if not isinstance(v, dict) or "value" not in v or "source" not in v]
+        if bad:
+            raise InputError("hw", f"{path}: params {bad[:3]} need a value and a source")
+        return from_json(data, origin=str(path))
+    if path.suffix == ".json":
+        raise InputError("hw", f"no such profile file {name!r}")
     if name not in available():
         raise InputError("hw", f"unknown hardware {name!r}; allowed: {', '.join(available())} or a profile .json path")
     return from_json(json.loads((PROFILE_DIR / f"{name}.json").read_text()), origin=name)

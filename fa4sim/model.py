@@ -4,6 +4,9 @@
     r = simulate("b200", "fa4", Problem(batch=1, heads=16, seqlen_q=32768, seqlen_k=32768, hdim=128))
     print(r.tflops, r.bottleneck)
 
+The hardware is a profile (hardware.py), the pipeline a schedule (schedules/), and the kernel's
+own choices within it an implementation (implementation.py: fa4kernel, flash-attn-4).
+
 Each distinct work shape (KV blocks, masked blocks) is simulated in detail for one CTA, with the
 periodic steady state extrapolated (steady_state.py); the kernel model spreads the shapes over
 the SMs. Causal problems have a shape per Q tile: shapes are simulated at a geometric ladder of
@@ -15,11 +18,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from . import hardware
+from . import hardware, implementation
 from .engine import Trace
 from .errors import InputError
 from .kernel_model import KernelTime, WorkUnit, kernel_time, work_units
-from .params import Problem, resolve
+from .params import MAX_TILES, Context, Problem, resolve
 from .schedules import SCHEDULES
 from .steady_state import CAP, Period, tile_times
 
@@ -30,6 +33,7 @@ LADDER = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, CAP)
 class Result:
     hw: hardware.HardwareProfile
     schedule: str
+    impl: implementation.Implementation
     problem: Problem
     knobs: dict
     tflops: float
@@ -47,7 +51,7 @@ class Result:
     def to_json(self) -> dict:
         k = self.kernel
         return {
-            "hw": self.hw.name, "arch": self.hw.arch, "schedule": self.schedule,
+            "hw": self.hw.name, "arch": self.hw.arch, "schedule": self.schedule, "impl": self.impl.name,
             "problem": vars(self.problem), "knobs": self.knobs,
             "hw_params": {n: self.hw.values[n] for n in hardware.PARAMS},
             "tflops": round(self.tflops, 3), "time_us": round(self.time_us, 3),
@@ -102,32 +106,48 @@ def _hw_value(name: str, value):
     return v
 
 
-def simulate(hw="b200", schedule="fa4", problem: Problem | None = None, overrides: dict | None = None) -> Result:
-    """Predict one forward pass. `hw` is a profile name, a profile path or a HardwareProfile."""
-    if schedule not in SCHEDULES:
-        raise InputError("schedule", f"unknown schedule {schedule!r}; allowed: {', '.join(SCHEDULES)}")
+def simulate(hw="b200", schedule: str | None = None, problem: Problem | None = None, overrides: dict | None = None,
+             impl: str | implementation.Implementation | None = None) -> Result:
+    """Predict one forward pass. `hw` is a profile name, a profile path or a HardwareProfile;
+    `schedule` the pipeline (default: the one for the hardware's architecture); `impl` whose
+    choices to simulate (fa4kernel, flash-attn-4; default: the schedule's DEFAULT_IMPL);
+    `overrides` the what-ifs: schedule knobs and hardware parameters by name."""
     if problem is None:
         raise InputError("problem", "a Problem(batch, heads, seqlen_q, seqlen_k, hdim, causal) is required")
-    module = SCHEDULES[schedule]
     profile = hw if isinstance(hw, hardware.HardwareProfile) else hardware.load(hw)
+    if schedule is None:
+        schedule = impl.schedule if isinstance(impl, implementation.Implementation) else default_schedule(profile.arch)
+    if schedule not in SCHEDULES:
+        raise InputError("schedule", f"unknown schedule {schedule!r}; allowed: {', '.join(SCHEDULES)}")
+    module = SCHEDULES[schedule]
     hw_over, knob_over = split_overrides(module, overrides or {})
     if hw_over:
         profile = profile.with_values(**hw_over)
     if profile.arch != module.ARCH:
         other = [n for n, m in SCHEDULES.items() if m.ARCH == profile.arch]
         raise InputError("schedule", f"{schedule} is an {module.ARCH} schedule but hw {profile.name} is {profile.arch}; use {', '.join(other)}")
-    knobs = resolve(module.KNOBS, problem, knob_over)
-    module.check(profile, problem, knobs)
+    if not isinstance(impl, implementation.Implementation):
+        impl = implementation.load(impl or module.DEFAULT_IMPL, profile.arch)
+    if impl.schedule != schedule:
+        raise InputError("impl", f"{impl.name} is modelled by the {impl.schedule} schedule, not {schedule}")
+    impl.check(problem)
+    knobs = resolve(module.KNOBS, Context(problem, profile, impl), knob_over)
+    module.check(profile, problem, knobs, impl)
 
     rows = module.rows_per_cta(knobs)
     two_cta = bool(knobs.get("two_cta", False))
     unit_rows = rows * (2 if two_cta else 1)
     tile_n = knobs["tile_n"]
     units = work_units(problem, unit_rows, tile_n)
+    if len(units) * problem.batch * problem.heads > MAX_TILES:
+        raise InputError("batch", f"{problem.batch} x {problem.heads} heads x {len(units)} Q tiles = "
+                                  f"{len(units) * problem.batch * problem.heads} tiles; fa4sim simulates at most "
+                                  f"{MAX_TILES} per launch (past a few waves TFLOP/s hardly change): lower --batch or --heads")
 
     # a CTA's own start-up (barrier init, descriptor prefetch, register reallocation, tile math)
     # before its first TMA: paid by every CTA, so once per SM when persistent, per tile if not
-    prologue = float(knobs.get("cta_prologue_cycles", 0.0) or 0.0)
+    ctx = Context(problem, profile, impl)
+    prologue = float(impl.value("cta_prologue_cycles", ctx, knobs)) if "cta_prologue_cycles" in impl.params else 0.0
     # a schedule may run a tile with fewer rows differently (fa3: idle warpgroups skip their work)
     unit_knobs = getattr(module, "unit_knobs", lambda k, rows: k)
 
@@ -139,14 +159,14 @@ def simulate(hw="b200", schedule="fa4", problem: Problem | None = None, override
     for u in units:
         by_shape.setdefault((u.masked, variant(u)), []).append(u.n_kv)
 
-    def launch(knobs):
+    def launch(hbm_busy: float):
         cache: dict[tuple, tuple] = {}
 
         def detailed(n: int, masked: int, unit_rows: int = rows):
             key = (n, masked, unit_rows)
             if key not in cache:
                 k = knobs if unit_rows == rows else unit_knobs(knobs, unit_rows)
-                sched = module.build(profile, problem, k, n, masked)
+                sched = module.build(profile, problem, k, n, masked, impl, hbm_busy)
                 cache[key] = tile_times(sched, n)
             return cache[key]
 
@@ -164,8 +184,8 @@ def simulate(hw="b200", schedule="fa4", problem: Problem | None = None, override
                          rows=unit_rows)
         return kt, detailed
 
-    kt, detailed = launch(knobs)
-    if "hbm_busy" in knobs and knob_over.get("hbm_busy") is None:
+    kt, detailed = launch(0.0)
+    if getattr(module, "Q_FROM_HBM", False):
         # Q loads share HBM with the rest of the launch: once more with the HBM share this
         # launch's bytes take of its time (one refinement; its own change is second order).
         # Skipped where even fully exposed the slower Q loads would add < 0.5 % (long
@@ -173,19 +193,26 @@ def simulate(hw="b200", schedule="fa4", problem: Problem | None = None, override
         busy = min(0.9, kt.hbm_us / max(kt.compute_us, 1e-9))
         q_load = rows * problem.hdim * 2 / profile.tma_bytes_per_clk
         if q_load * busy / (1.0 - busy) * kt.tiles_on_slowest > 0.005 * kt.cycles:
-            knobs = {**knobs, "hbm_busy": busy}
-            kt, detailed = launch(knobs)
+            kt, detailed = launch(busy)
     longest = max(units, key=lambda u: (u.n_kv, -u.masked))
     t1, t2, trace, period = detailed(longest.n_kv, longest.masked)
     util, waits, interval = _steady_state(trace, period)
     tflops = problem.flops / (kt.time_us * 1e-6) / 1e12
-    result = Result(profile, schedule, problem, knobs, tflops, kt.time_us, kt.cycles, util, "",
+    result = Result(profile, schedule, impl, problem, knobs, tflops, kt.time_us, kt.cycles, util, "",
                     interval, waits, kt, trace, period)
     result.bottleneck = _bottleneck(result)
     result.notes.extend(trace.schedule.meta.get("notes", ()))
     if not profile.sources.get("clock_ghz", "").startswith("measured"):
         result.notes.append(f"clock {profile.clock_ghz} GHz was not measured on this chip under load; time scales with it")
     return result
+
+
+def default_schedule(arch: str) -> str:
+    """The schedule for an architecture (sm90: fa3, sm100: fa4)."""
+    for name, m in SCHEDULES.items():
+        if m.ARCH == arch:
+            return name
+    raise InputError("hw", f"no schedule for arch {arch!r}; allowed: {', '.join(m.ARCH for m in SCHEDULES.values())}")
 
 
 def _interpolated(u: WorkUnit, n_max: int, detailed) -> tuple[float, float]:

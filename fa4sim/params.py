@@ -12,9 +12,17 @@ from typing import Any
 from .errors import InputError
 
 
+# the longest sequence, and the most Q tiles in a launch, fa4sim simulates: beyond them one
+# prediction takes seconds to minutes (a property of the simulator, not of the GPU); past a few
+# waves of tiles per SM the TFLOP/s hardly change, so fewer heads or a smaller batch answer the same
+MAX_SEQLEN = 1 << 20
+MAX_TILES = 1 << 17
+
+
 @dataclass(frozen=True)
 class Problem:
-    """Attention forward: q (batch, seqlen_q, heads, hdim), k and v (batch, seqlen_k, heads, hdim)."""
+    """Attention forward: q (batch, seqlen_q, heads, hdim), k (batch, seqlen_k, heads, hdim) and
+    v (batch, seqlen_k, heads, hdim_v); hdim_v defaults to hdim (it differs in DeepSeek's 192/128)."""
 
     batch: int
     heads: int
@@ -22,41 +30,62 @@ class Problem:
     seqlen_k: int
     hdim: int
     causal: bool = False
+    hdim_v: int | None = None
 
     def __post_init__(self):
-        for name in ("batch", "heads", "seqlen_q", "seqlen_k", "hdim"):
+        if self.hdim_v is None:
+            object.__setattr__(self, "hdim_v", self.hdim)
+        for name in ("batch", "heads", "seqlen_q", "seqlen_k", "hdim", "hdim_v"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise InputError(name, f"must be a positive integer, got {v!r}")
+        for name in ("seqlen_q", "seqlen_k"):
+            if getattr(self, name) > MAX_SEQLEN:
+                raise InputError(name, f"at most {MAX_SEQLEN} tokens per sequence (a longer one has millions of "
+                                       f"tiles to simulate), got {getattr(self, name)}")
+        if not isinstance(self.causal, bool):
+            raise InputError("causal", f"must be true or false, got {self.causal!r}")
 
     @property
     def flops(self) -> float:
-        """4 * b * h * sq * sk * d (two GEMMs), halved for causal: the convention of FA papers."""
-        f = 4.0 * self.batch * self.heads * self.seqlen_q * self.seqlen_k * self.hdim
+        """2 * b * h * sq * sk * (d + dv) (the two GEMMs), halved for causal: the FA papers' convention."""
+        f = 2.0 * self.batch * self.heads * self.seqlen_q * self.seqlen_k * (self.hdim + self.hdim_v)
         return f / 2 if self.causal else f
 
 
 @dataclass(frozen=True)
+class Context:
+    """What a knob's default may depend on: the problem, the hardware profile and the
+    implementation being simulated (fa4sim/implementation.py)."""
+
+    problem: Problem
+    hw: Any
+    impl: Any
+
+
+@dataclass(frozen=True)
 class Knob:
-    """A schedule parameter. `default` is a value or a function (problem, knobs) -> value, where
-    knobs holds the values given and the defaults of the knobs listed before it."""
+    """A schedule parameter: a what-if a user can --set. `default` is a value or a function
+    (ctx, knobs) -> value, where knobs holds the values given and the defaults of the knobs listed
+    before it; an implementation's own choice (its JSON) comes before this default."""
 
     name: str
     default: Any
     unit: str
     doc: str
-    kind: str = "int"  # int | float | bool | fraction | float_or_none | choice (a string of `choices`)
+    kind: str = "int"  # int | float | bool | fraction | float_or_none | choice | text (see `convert`)
     minimum: float | None = None
     maximum: float | None = None
     choices: tuple = field(default=())
+    convert: Any = None  # kind "text": str -> canonical value, raises InputError
 
-    def default_for(self, problem: Problem, knobs: dict | None = None):
-        return self.default(problem, knobs or {}) if callable(self.default) else self.default
+    def default_for(self, ctx: Context, knobs: dict | None = None):
+        return self.default(ctx, knobs or {}) if callable(self.default) else self.default
 
     def parse(self, text: str):
         """Turn a --set string into a checked value."""
         t = str(text).strip()
-        if self.kind == "choice":
+        if self.kind in ("choice", "text"):
             return self.check(t)
         if self.kind == "bool":
             low = t.lower()
@@ -84,6 +113,10 @@ class Knob:
             if v in self.choices:
                 return v
             raise InputError(self.name, f"must be one of {', '.join(map(str, self.choices))}, got {v!r}")
+        if self.kind == "text":
+            if not isinstance(v, str):
+                raise InputError(self.name, f"must be a string ({self.doc.split(':')[0]}), got {v!r}")
+            return self.convert(v)
         if v is None:
             if self.kind == "float_or_none":
                 return None
@@ -114,12 +147,15 @@ class Knob:
             return "0..1"
         if self.choices:
             return "|".join(str(c) for c in self.choices)
+        if self.kind == "text":
+            return "text"
         lo = "" if self.minimum is None else f">= {self.minimum:g}"
         return ("number or none " if self.kind == "float_or_none" else f"{self.kind} ") + lo
 
 
-def resolve(knobs: list[Knob], problem: Problem, given: dict[str, Any]) -> dict[str, Any]:
-    """Defaults for this problem, overridden by `given` (already parsed or raw Python values)."""
+def resolve(knobs: list[Knob], ctx: Context, given: dict[str, Any]) -> dict[str, Any]:
+    """The knobs for this problem, in order: the value given (a --set string or a Python value),
+    else the implementation's choice, else the schedule's default."""
     by_name = {k.name: k for k in knobs}
     chosen = {}
     for name, v in given.items():
@@ -128,5 +164,10 @@ def resolve(knobs: list[Knob], problem: Problem, given: dict[str, Any]) -> dict[
         chosen[name] = by_name[name].parse(v) if isinstance(v, str) else by_name[name].check(v)
     out: dict[str, Any] = {}
     for k in knobs:
-        out[k.name] = chosen[k.name] if k.name in chosen else k.default_for(problem, {**out, **chosen})
+        if k.name in chosen:
+            out[k.name] = chosen[k.name]
+            continue
+        so_far = {**out, **chosen}
+        chosen_by_impl, value = ctx.impl.choose(k.name, ctx, so_far) if ctx.impl is not None else (False, None)
+        out[k.name] = k.check(value) if chosen_by_impl else k.default_for(ctx, so_far)
     return out

@@ -21,7 +21,7 @@ from .errors import DeadlockError, InputError
 from .params import Problem
 from .schedules import SCHEDULES
 
-PROBLEM_DIMS = {"seqlen": "seqlen_q", "seqlen_q": "seqlen_q", "seqlen_k": "seqlen_k", "hdim": "hdim",
+PROBLEM_DIMS = {"seqlen": "seqlen_q", "seqlen_q": "seqlen_q", "seqlen_k": "seqlen_k", "hdim": "hdim", "hdim_v": "hdim_v",
                 "batch": "batch", "heads": "heads", "causal": "causal"}
 
 
@@ -33,8 +33,8 @@ def parse_grid(items: list[str], schedule: str) -> list[tuple[str, list[str]]]:
             raise InputError("--grid", f"expected NAME=V1,V2,..., got {item!r}")
         name, values = item.split("=", 1)
         name = name.strip()
-        if name not in PROBLEM_DIMS and name not in knobs and name not in hardware.PARAMS and name != "hw":
-            raise InputError(name, f"unknown grid dimension; allowed: {', '.join(PROBLEM_DIMS)}, hw, "
+        if name not in PROBLEM_DIMS and name not in knobs and name not in hardware.PARAMS and name not in ("hw", "impl"):
+            raise InputError(name, f"unknown grid dimension; allowed: {', '.join(PROBLEM_DIMS)}, hw, impl, "
                                    f"schedule knobs ({', '.join(sorted(knobs))}) or hardware parameters")
         vals = [v.strip() for v in values.split(",") if v.strip()]
         if not vals:
@@ -46,13 +46,15 @@ def parse_grid(items: list[str], schedule: str) -> list[tuple[str, list[str]]]:
 
 
 def _point(args):
-    hw, schedule, problem, overrides, point = args
+    hw, schedule, impl, problem, overrides, point = args
     from .model import simulate
     prob = problem
     over = dict(overrides)
     for name, value in point.items():
         if name == "hw":
             hw = value
+        elif name == "impl":
+            impl = value
         elif name in PROBLEM_DIMS:
             field = PROBLEM_DIMS[name]
             if field == "causal":
@@ -62,13 +64,18 @@ def _point(args):
                     v = int(value)
                 except ValueError:
                     return {**point, "error": f"{name}: must be an integer, got {value!r}"}
-            prob = replace(prob, **{field: v})
-            if name in ("seqlen", "seqlen_q") and "seqlen_k" not in point and problem.seqlen_k == problem.seqlen_q:
-                prob = replace(prob, seqlen_k=v)
+            try:
+                prob = replace(prob, **{field: v})
+                if name in ("seqlen", "seqlen_q") and "seqlen_k" not in point and problem.seqlen_k == problem.seqlen_q:
+                    prob = replace(prob, seqlen_k=v)
+                if name == "hdim" and "hdim_v" not in point and problem.hdim_v == problem.hdim:
+                    prob = replace(prob, hdim_v=v)
+            except InputError as e:
+                return {**point, "error": str(e)}
         else:
             over[name] = value
     try:
-        r = simulate(hw, schedule, prob, over)
+        r = simulate(hw, schedule, prob, over, impl=impl)
     except (InputError, DeadlockError) as e:
         return {**point, "error": str(e)}
     j = r.to_json()
@@ -87,10 +94,11 @@ def _progress(done: int, total: int, t0: float) -> None:
     sys.stderr.flush()
 
 
-def run_points(hw: str, schedule: str, problem: Problem, overrides: dict, grid, jobs: int = 0, progress: bool = True):
+def run_points(hw: str, schedule: str, problem: Problem, overrides: dict, grid, jobs: int = 0, progress: bool = True,
+               impl: str | None = None):
     names = [n for n, _ in grid]
     points = [dict(zip(names, combo)) for combo in itertools.product(*[v for _, v in grid])]
-    tasks = [(hw, schedule, problem, overrides, p) for p in points]
+    tasks = [(hw, schedule, impl, problem, overrides, p) for p in points]
     jobs = jobs or os.cpu_count() or 1
     rows, t0 = [None] * len(tasks), time.time()
     if jobs == 1 or len(tasks) == 1:
@@ -145,7 +153,7 @@ def plot(rows, grid, path: str, title: str) -> str:
 
 def run_sweep(a, schedule: str, problem: Problem, overrides: dict) -> int:
     grid = parse_grid(a.grid, schedule)
-    rows = run_points(a.hw, schedule, problem, overrides, grid, a.jobs, not a.no_progress)
+    rows = run_points(a.hw, schedule, problem, overrides, grid, a.jobs, not a.no_progress, impl=a.impl)
     prefix = a.out
     os.makedirs(os.path.dirname(prefix) or ".", exist_ok=True)
     fields = [n for n, _ in grid] + ["tflops", "time_us", "mma_utilization", "cycles_per_kv_block", "bottleneck", "error"]
@@ -154,7 +162,7 @@ def run_sweep(a, schedule: str, problem: Problem, overrides: dict) -> int:
         w.writeheader()
         w.writerows(rows)
     with open(prefix + ".json", "w") as f:
-        json.dump({"hw": a.hw, "schedule": schedule, "problem": vars(problem), "set": overrides,
+        json.dump({"hw": a.hw, "schedule": schedule, "impl": a.impl, "problem": vars(problem), "set": overrides,
                    "grid": dict(grid), "points": rows}, f, indent=1)
     plot(rows, grid, prefix + ".png", f"{schedule} on {a.hw}")
     bad = sum(1 for r in rows if r.get("error"))

@@ -7,6 +7,7 @@ import pytest
 
 from fa4sim.cli import main
 from fa4sim.hardware import PARAMS
+from fa4sim import implementation
 from fa4sim.schedules import SCHEDULES
 
 SMALL = ["--seqlen", "2048", "--batch", "1", "--heads", "8"]
@@ -55,7 +56,10 @@ def test_params_lists_every_knob_and_hardware_parameter(sched, hw, capsys):
         assert k.name in out
     for name in PARAMS:
         assert name in out
-    assert out.count("source:") == len(PARAMS)
+    impl = implementation.load(SCHEDULES[sched].DEFAULT_IMPL, SCHEDULES[sched].ARCH)
+    for name in impl.params:  # the implementation's measured constants, each with its source
+        assert name in out
+    assert out.count("source:") == len(PARAMS) + len(impl.params)
 
 
 def test_sweep_writes_csv_json_png(tmp_path, capsys):

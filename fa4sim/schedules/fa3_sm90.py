@@ -1,4 +1,4 @@
-"""FA3-style forward on SM90 (H100/H200), as flash-attn-4's Hopper path (flash_fwd_sm90.py) does it.
+"""FA3-style forward on SM90 (H100/H200): the pipeline of fa4kernel's and flash-attn-4's Hopper forward.
 
 Warp roles:
   load      producer warpgroup: TMA of Q once per tile, then K and V through their own rings
@@ -8,26 +8,27 @@ Warp roles:
 
 Per KV block j, consumer w (intra-warpgroup overlap on): issue S(j) = Q K(j)^T, issue
 O += P(j-1) V(j-1), wait S(j), softmax(j) while PV(j-1) runs on the tensor core, wait PV(j-1),
-rescale O, convert P(j). (Head dims > 128, and fa4kernel with conditional rescaling, knob
-rescale_before_pv: O is rescaled by block j-1's scale between issuing S(j) and PV(j-1) instead,
-as flash-attn-4 does.) As compiled (ptxas, CUDA 13.0), the PV wait sits after the row max:
-only the max overlaps PV(j-1), the exp2s and the row sum wait for it (knob exp_overlaps_pv; knobs
-max/fma/mufu_before_pv split the softmax at the wait per pipe, and schedules/pv_wait_sm90.py has
-where ptxas put it in each build). Issue slots: beside a running GEMM the softmax phases get the
-softmax mix's share of the SM's issue rate (issue_under_mma), the O rescale, a burst of
-independent FMULs, the share measured for such bursts (dense_issue_under_mma, bench_bursts.py);
-instructions added to the mix (an emulated exp2's polynomial, tau's test) fill its idle slots at
-mix_fill_slots of a slot each (bench_bursts.py --mma-gaps).
+rescale O, convert P(j). With rescale_before_pv, O is rescaled by block j-1's scale between
+issuing S(j) and PV(j-1) instead (FA4's RescaleOBeforeGemm). Where the consumer waits for
+PV(j-1) is knob pv_wait: as compiled (ptxas, CUDA 13.0) the wait sits after the row max, so only
+the max overlaps PV(j-1) and the exp2s and the row sum wait for it (docs/findings/pv-wait-placement.md;
+each build's compiled position is in its implementation's pv_wait_sass table).
+Issue slots: beside a running GEMM the softmax phases get the softmax mix's share of the SM's
+issue rate (issue_under_mma), the O rescale, a burst of independent FMULs, the share measured
+for such bursts (dense_issue_under_mma); instructions added to the mix (an emulated exp2's
+polynomial, tau's test) fill its idle slots at mix_fill_slots of a slot each.
 Shared memory: the GEMMs' operand fetch (unit smem) goes first; the warps' stores of P (P via
-smem) and O (unit smem:lsu) get the bandwidth it leaves while a GEMM runs (bench_bursts.py stsm).
-Overlap off: issue S(j), wait, softmax, rescale, convert, issue PV(j), and the
-next S waits for it. Inter-warpgroup ping-pong (named barriers): WG w issues its GEMMs only after
-WG w-1 issued its own, so one WG's softmax overlaps the other's GEMMs.
-Tile boundary (persistent CTAs, fa4kernel): every consumer spends tile_prologue_cycles before the
-next tile's first S GEMM; Q is handed back after the tile's last QK GEMM (early_q_release) or its
-last block; the O store lasts o_store_cycles and, unless its wait is deferred to the next tile's
-epilogue (defer_o_store_wait), holds warpgroup 0, whose first warp issues it.
-Tile defaults per head dim: the SM90 table of ../shared/reference/fa4-schedules.md.
+smem) and O (unit smem:lsu) get the bandwidth it leaves while a GEMM runs.
+Overlap off: issue S(j), wait, softmax, rescale, convert, issue PV(j), and the next S waits for
+it. Inter-warpgroup ping-pong (named barriers): WG w issues its GEMMs only after WG w-1 issued
+its own, so one WG's softmax overlaps the other's GEMMs.
+Tile boundary (persistent CTAs): every consumer spends the implementation's tile_prologue_cycles
+before the next tile's first S GEMM; Q is handed back after the tile's last QK GEMM
+(early_q_release) or its last block; the O store lasts o_store_fixed_cycles + bytes /
+o_store_bytes_per_clk and, unless its wait is deferred to the next tile's epilogue
+(defer_o_store_wait), holds warpgroup 0, whose first warp issues it.
+The tile per head dim and every constant measured on a kernel come from its implementation
+(fa4sim/implementations/fa4kernel-sm90.json, flash-attn-4-sm90.json).
 """
 from __future__ import annotations
 
@@ -36,7 +37,7 @@ from dataclasses import replace
 from ..engine import Edge, Op, Schedule
 from ..errors import InputError
 from ..tile_order import ORDERS
-from ..params import Knob, Problem
+from ..params import Context, Knob, Problem
 from ..rescale import rescale_rate
 from ..softmax import add, exp2_phase, phase, scaled, warp_issue
 from ..tensor_core import BYTES, check_shape, mma_cost
@@ -44,155 +45,125 @@ from ..tensor_core import BYTES, check_shape, mma_cost
 NAME = "fa3"
 ARCH = "sm90"
 DESCRIPTION = "FA3-style forward (SM90: producer WG + tile_m/64 consumer WGs, wgmma, ping-pong, intra-WG overlap)"
-
-# hdim -> (tile_m, tile_n, P in registers, ping-pong): fa4-schedules.md, SM90 table
-TABLE = {64: (192, 128, True, True), 96: (192, 144, False, True), 128: (128, 128, True, True),
-         192: (128, 128, True, False), 256: (128, 80, True, False)}
-
-
-def _row(p: Problem):
-    if p.hdim in TABLE:
-        tm, tn, rs, pp = TABLE[p.hdim]
-        if p.hdim == 96 and p.causal:
-            tn = 128
-        return tm, tn, rs, pp
-    return 128, 128, True, p.hdim <= 128
-
+DEFAULT_IMPL = "fa4kernel"  # simulated unless --impl says otherwise
+Q_FROM_HBM = True  # Q tiles load from HBM while the launch streams K/V: their rate depends on it
 
 PIECES = 8  # modelling granularity of warpgroup compute ops (instructions interleave finer)
+PV_WAIT_PARTS = ("max", "fma", "mufu")
+ABLATIONS = ("max", "exp", "sum")
+
+
+def parse_pv_wait(text: str):
+    """'after_max' | 'after_softmax' | 'compiled' | 'max=F,fma=F,mufu=F' -> its canonical form."""
+    t = text.strip().lower().replace(" ", "")
+    if t in ("after_max", "after_softmax", "compiled"):
+        return t
+    try:
+        given = dict(item.split("=", 1) for item in t.split(","))
+        frac = {part: float(given.pop(part, 0.0)) for part in PV_WAIT_PARTS}
+    except ValueError:
+        given, frac = {"?": text}, {}
+    if given or not all(0.0 <= v <= 1.0 for v in frac.values()):
+        raise InputError("pv_wait", f"must be after_max, after_softmax, compiled or fractions "
+                                    f"max=F,fma=F,mufu=F in 0..1, got {text!r}")
+    return ",".join(f"{part}={frac[part]:g}" for part in PV_WAIT_PARTS)
+
+
+def parse_ablate(text: str) -> str:
+    """'' (none) or a comma list of max, exp, sum -> its canonical (sorted) form."""
+    parts = sorted({x for x in text.strip().lower().replace(" ", "").split(",") if x and x != "none"})
+    bad = [x for x in parts if x not in ABLATIONS]
+    if bad:
+        raise InputError("ablate", f"unknown {', '.join(bad)}; allowed: none or a comma list of {', '.join(ABLATIONS)}")
+    return ",".join(parts)
+
+
+def _wgs(ctx: Context, k: dict) -> int:
+    return k["tile_m"] // 64
+
 
 KNOBS = [
-    Knob("tile_m", lambda p, k: _row(p)[0], "rows", "query rows per CTA tile (tile_m/64 consumer warpgroups)", minimum=64, maximum=256),
-    Knob("tile_n", lambda p, k: _row(p)[1], "keys", "keys per KV block", minimum=8, maximum=256),
+    Knob("tile_m", 128, "rows", "query rows per CTA tile (tile_m/64 consumer warpgroups)", minimum=64, maximum=256),
+    Knob("tile_n", 128, "keys", "keys per KV block", minimum=8, maximum=256),
     Knob("kv_stages", 2, "slots", "smem stages of K and of V (each its own ring)", minimum=1),
-    Knob("pingpong", lambda p, k: _row(p)[3], "", "inter-warpgroup ping-pong of GEMM issue (named barriers)", kind="bool"),
+    Knob("pingpong", lambda c, k: _wgs(c, k) >= 2 and c.problem.hdim <= 128, "",
+         "inter-warpgroup ping-pong of GEMM issue (named barriers)", kind="bool"),
     Knob("intra_wg_overlap", True, "", "softmax(j) overlaps PV(j-1) inside a warpgroup", kind="bool"),
-    Knob("p_in_registers", lambda p, k: _row(p)[2], "", "PV takes P from registers (RS wgmma); false: P staged through smem (SS)", kind="bool"),
-    Knob("exp_overlaps_pv", False, "", "intra-WG overlap reaches the exp2s: they run while the previous block's PV GEMM "
-         "does. False = as compiled: ptxas (CUDA 13.0) puts the PV wait right after the row max, so only the max "
-         "overlaps PV (SASS of fa4kernel, every head dim; tests/test_kernel_sm90_compile.py)", kind="bool"),
-    Knob("persistent", lambda p, k: _o_fits(p, k), "", "one CTA per SM looping over tiles (else one CTA per tile); "
-         "default: where O gets its own smem buffer (fa4kernel)", kind="bool"),
-    Knob("tile_order", "fa4kernel", "", "the order the kernel hands out its Q tiles (fa4sim/tile_order.py): "
+    Knob("p_in_registers", True, "", "PV takes P from registers (RS wgmma); false: P staged through smem (SS)", kind="bool"),
+    Knob("persistent", lambda c, k: facts(c, k)["o_fits"], "", "one CTA per SM looping over tiles (else one CTA "
+         "per tile)", kind="bool"),
+    Knob("tile_order", "lpt", "", "the order the kernel hands out its Q tiles (fa4sim/tile_order.py): "
          "fa4kernel's host table (L2 sections of heads, costliest first), flash-attn-4's LPT scheduler (2^k-head "
          "sections, longest first), an ideal costliest-first order (lpt), or blockIdx order (index)",
          kind="choice", choices=ORDERS),
-    Knob("early_q_release", lambda p, k: k["intra_wg_overlap"] and consumer_warpgroups(k) == 2 and _o_fits(p, k),
-         "", "the next tile's Q load waits only for this tile's last QK GEMM (each consumer hands Q back right "
-         "after it; fa4kernel's default with 2 consumer warpgroups, intra-WG overlap and O in its own buffer); "
-         "false: for the whole last KV block (softmax, P convert, O rescale)", kind="bool"),
-    Knob("defer_o_store_wait", lambda p, k: _o_fits(p, k), "", "O in its own smem buffer: the warp that issues "
-         "the O store (warpgroup 0's first) waits for its smem read only before the next tile's O (fa4kernel's "
-         "default); false: right after issuing it, so warpgroup 0 starts its next tile after the store", kind="bool"),
+    Knob("early_q_release", False, "", "the next tile's Q load waits only for this tile's last QK GEMM (each "
+         "consumer hands Q back right after it); false: for the whole last KV block (softmax, P convert, O "
+         "rescale)", kind="bool"),
+    Knob("defer_o_store_wait", False, "", "O in its own smem buffer: the warp that issues the O store (warpgroup "
+         "0's first) waits for its smem read only before the next tile's O; false: right after issuing it, so "
+         "warpgroup 0 starts its next tile after the store", kind="bool"),
     Knob("skip_idle_wgs", False, "", "consumer warpgroups whose 64 rows all lie past seqlen_q (the last tile of a "
-         "length that is not a multiple of tile_m) skip their GEMMs and softmax (fa4kernel); false: they compute "
-         "padding rows like the others (flash-attn-4)", kind="bool"),
+         "length that is not a multiple of tile_m) skip their GEMMs and softmax; false: they compute padding rows "
+         "like the others", kind="bool"),
     Knob("exp_emulation", 0.0, "fraction", "fraction of each row's exp2 done by the polynomial on the FMA pipe (FA4 trick; off in FA3)", kind="fraction"),
     Knob("rescale_threshold", None, "log2 units", "conditional rescaling threshold tau; none = always rescale (FA3)", kind="float_or_none", minimum=0.0),
-    Knob("rescale_before_pv", lambda p, k: (p.hdim > 128 or k["rescale_threshold"] is not None)
-         and k["intra_wg_overlap"], "", "intra-WG overlap: O *= the previous block's scale while S(j) is computed, "
-         "before PV(j-1) is issued (FA4's RescaleOBeforeGemm, default for head dims > 128 in flash-attn-4 and "
-         "fa4kernel, and in fa4kernel at every head dim with rescale_threshold: there its branch after the PV "
-         "wait cost the loop as much as the FMULs it skips); false: after the PV wait", kind="bool"),
+    Knob("rescale_before_pv", lambda c, k: c.problem.hdim_v > 128 and k["intra_wg_overlap"], "",
+         "intra-WG overlap: O *= the previous block's scale while S(j) is computed, before PV(j-1) is issued "
+         "(FA4's RescaleOBeforeGemm); false: after the PV wait", kind="bool"),
+    Knob("pv_wait", "after_max", "", "intra-WG overlap: where a consumer waits for the previous block's PV GEMM. "
+         "after_max: the row max overlaps PV(j-1), the exp2s and row sum wait for it (as ptxas compiles it; the "
+         "order validated); after_softmax: the whole softmax overlaps it (the source order); compiled: where "
+         "ptxas put it in this implementation's build (its pv_wait_sass table); max=F,fma=F,mufu=F: the share "
+         "of each pipe's softmax instructions issued before the wait", kind="text", convert=parse_pv_wait),
     Knob("rescale_rate", None, "fraction", "override: fraction of (warp, KV block) pairs that rescale (none = derive)", kind="float_or_none", minimum=0.0, maximum=1.0),
-    Knob("tau_test_instr", lambda p, k: TAU_TEST_INSTR_BUILDS.get((p.hdim, p.causal), TAU_TEST_INSTR), "warp-instr",
-         "with rescale_threshold: the instructions its test adds per warp and KV block, paid whether or not a "
-         "rescale is skipped (fa4kernel's SASS: 12, 13 at hd256; TAU_TEST_INSTR)",
-         kind="float", minimum=0.0),
-    Knob("max_before_pv", 1.0, "fraction", "intra-WG overlap: share of the row max's FMNMX issued before the "
-         "wait for the previous block's PV GEMM (the rest waits for it). Default: the whole max before, the "
-         "exp2s and row sum after (the order validated so far); each build's compiled position is in "
-         "schedules/pv_wait_sm90.py (fa4sim validate --pv-wait sass)", kind="fraction"),
-    Knob("fma_before_pv", 0.0, "fraction", "the same for the FMA-pipe softmax work (scale FFMAs, row-sum FADDs, "
-         "an emulated exp2's polynomial)", kind="fraction"),
-    Knob("mufu_before_pv", 0.0, "fraction", "the same for the MUFU.EX2s", kind="fraction"),
-    Knob("cta_prologue_cycles", 1570.0, "cycles", "a CTA's start-up before its first TMA (mbarrier init, descriptor "
-         "prefetch, setmaxnreg, tile math): measured in fa4kernel on H100, first K load issued 1572 cycles after CTA "
-         "start (benchmarks/results/timeline_h100_2026-11-22/timeline_hd128.json.gz)", kind="float", minimum=0.0),
-    Knob("tile_prologue_cycles", 434.0, "cycles", "a consumer warpgroup's start of every tile before it issues "
-         "the tile's first S GEMM (next tile id -> coordinates and KV range, O zeroed, Q and K waits): measured in "
-         "fa4kernel's trace build on H100, hd128 1k, warpgroup 1's normalise end -> next S issue at the traced "
-         "CTA's tile boundaries, 433-461 cycles, median 434 (benchmarks/results/timeline_h100_2026-11-22/"
-         "timeline_hd128_1k.json.gz; its stamps may add to it)", kind="float", minimum=0.0),
-    Knob("o_store_cycles", lambda p, k: O_STORE_FIXED + k["tile_m"] * p.hdim * BYTES / O_STORE_BYTES_PER_CLK,
-         "cycles", "a tile's O store from its TMA issue to the bulk wait_group.read returning (the smem read "
-         "done): 480 + bytes / 36 per clock, from fa4kernel's trace build on H100 (O_STORE_* below)",
-         kind="float", minimum=0.0),
-    Knob("o_store_issue_cycles", 0.0, "cycles", "what-if: warpgroup 0's time to issue a tile's O store (its first "
-         "warp: fence, TMA store, commit, the deferred wait for the previous store) before it starts the next tile. "
-         "fa4kernel's trace build stamps 213-244 cycles (O_STORE_ISSUE below). With that, ping-pong's per-tile "
-         "cost appears (+276 cycles at 2 blocks; measured +321), but short tiles come out 7-9 % fast: another "
-         "per-tile cost is still missing, so the default stays 0 (benchmarks/calibrate/README.md, eleventh "
-         "session)", kind="float", minimum=0.0),
-    Knob("hbm_busy", None, "fraction", "share of HBM bandwidth the rest of the chip takes while a CTA loads "
-         "its Q tile (Q is read once, from HBM): the load gets the rest of the TMA rate. None = derived from "
-         "the launch (the kernel model's HBM bytes over its time, one refinement pass)",
-         kind="float_or_none", minimum=0.0, maximum=0.95),
-    Knob("loop_overhead_fixed", 51.0, "warp-instr", "per consumer warp and KV block, the loop's instructions "
-         "besides the softmax phases that do not scale with the GEMMs (pipeline waits and arrives, barriers, loop "
-         "control, row statistics, partial-sum merges): they take SM issue slots the other warpgroups' softmax "
-         "needs. Counted in fa4kernel's SASS (see BOOKKEEPING below); flash-attn-4: 60", kind="float", minimum=0.0),
-    Knob("loop_overhead_per_kstep", 3.4, "warp-instr", "the same, per wgmma k-step of the block's two GEMMs "
-         "(hdim/16 + tile_n/16): the HGMMA and its uniform-datapath descriptor arithmetic. fa4kernel's SASS; "
-         "flash-attn-4: 2.5", kind="float", minimum=0.0),
-    Knob("free_row_max", False, "", "what-if: the row max costs nothing (fa4kernel's ablate='max' build)", kind="bool"),
-    Knob("free_exp2", False, "", "what-if: exp2 costs nothing, P = scaled S (fa4kernel's ablate='exp' build)", kind="bool"),
-    Knob("free_row_sum", False, "", "what-if: the row sum costs nothing (fa4kernel's ablate='sum' build)", kind="bool"),
+    Knob("ablate", "", "", "what-if: softmax phases that cost nothing, a comma list of max (row max), exp (exp2: "
+         "P = scaled S), sum (row sum); fa4kernel's ablation builds of the same names", kind="text",
+         convert=parse_ablate),
     Knob("score_std", 1.0, "nats", "std of softmax_scale*q.k for the rescale-rate model (randn inputs: 1)", kind="float", minimum=1e-3),
 ]
 
-# BOOKKEEPING (knobs loop_overhead_fixed, loop_overhead_per_kstep): the KV loop's SASS holds
-# 25-45 % more instructions than the softmax phases (softmax.py) count: per consumer warp and KV block,
-# fa4kernel 415 / 464 / 400 instructions (467 at hd128 since the ninth session's unpeeled loop, which
-# tests its block number for the Q hand-back; hd64 192 x 128, hd128 128 x 128, hd256 128 x 64; CUDA 13.0
-# ptxas via nvidia-cutlass-dsl 4.8.1, fa4kernel.sass.kv_loop) against 328 / 359 / 278 modelled:
-# HGMMA plus 2-4 uniform-datapath ops per wgmma k-step (descriptor offsets), pipeline waits, arrives
-# and state, barriers, the loop test, row statistics. A line through 6 configurations (hd 64 / 128 /
-# 256, tile_n 64 / 128, ping-pong on and off; residuals within 4.3): 51 + 3.4 per k-step (before the
-# seventh session's kernel change, base descriptors built once: 427 / 480 / 419, 53 + 4.4).
-# flash-attn-4 4.0.0b36 (compiled for sm_90a on a CPU): 420 / 457 / 429 (hd 256 with tile_n 80),
-# 60 + 2.5 per k-step. Charged as SM issue slots where they are issued: per k-step inside the QK / PV
-# ops, the fixed part with the row max.
-# O store (knob o_store_cycles), from fa4kernel's trace build on H100 (op ST: TMA issue -> bulk
-# wait_group.read done): 32 KB tiles (hd128, 128 rows) 1290-1422 cycles over 16 stores of 4 traces,
-# median 1390; 64 KB (hd256, 128 rows, one CTA per tile, 1k causal) 2293 / 2307 (two CTAs):
-# 480 + bytes / 36 per clock. (hd64's 24 KB 192-row tiles took 1540-1574, which this puts at 1163:
-# not explained.) benchmarks/results/timeline_h100_2026-11-22/timeline_*.json.gz (32 KB, 24 KB) and
-# benchmarks/results/tile_traces_h100_2026-11-22/hd256_1k_causal_cta*.json.gz (64 KB)
-# O_STORE_ISSUE: warp 4's stamps around the O store's issue in fa4kernel's trace build, persistent
-# walks of 2-block hd128 tiles with and without ping-pong (H100, 8 issues: 213-244 cycles, median 229;
-# benchmarks/results/timeline_h100_2026-11-22/timeline_hd128_walk_2blocks*.json.gz). Not the default of
-# knob o_store_issue_cycles (see its description).
-O_STORE_ISSUE = 229.0
-O_STORE_FIXED = 480.0
-O_STORE_BYTES_PER_CLK = 36.0
-# rescale_threshold's test in the KV loop: fa4kernel's SASS (CUDA 13.0 ptxas) with tau = 8 has
-# 12 / 12 / 13 more instructions per warp and block than without (hd64 / 128 / 256, non-causal:
-# FSETP +4, VOTE +1, BRA +1, FSEL +2, and the scale's FMUL/FADD +2 each; causal 12 / 12 / 12).
-# Until the ninth session the causal hd128 build was the exception, 67 more: with the loop's last
-# block peeled (early_q_release) ptxas moved the wgmma descriptor arithmetic from the uniform
-# datapath to the vector one (R2UR +32, IMAD +29, IADD3 +16, UIADD3 -23), and one CTA's loop ran
-# 2.9 % slower than without tau (benchmarks/results/knobs_loop_causal_h100_2026-11-22.json); the
-# unpeeled loop keeps it uniform (knobs_loop_causal_*_session9.json: +0.7 %). flash-attn-4's
-# test is not counted.
-TAU_TEST_INSTR = 12.0
-TAU_TEST_INSTR_BUILDS = {(256, False): 13.0}  # (hdim, causal) -> count, else 12
-# P_STORE_ORDER: P via smem (p_in_registers false) with intra-WG overlap, fa4kernel's KV loop as
-# compiled (CUDA 13.0 ptxas, hd128, causal and not): 7 of the 8 STSM.16.M88.4 per warp lie between
-# the PV wait and the last MUFU.EX2 (the 8th right after it), the fence (MEMBAR.ALL.CTA,
-# FENCE.VIEW.ASYNC.S) follows them, then the O rescale's 64 FMULs, then the warpgroup's BAR.SYNC
-# ending the block (tests/test_kernel_sm90_compile.py checks the order)
 # smem:lsu's share beside an SS wgmma whose fetch takes the whole bandwidth (N = 64, measured 0.024)
 LSU_SHARE_FLOOR = 0.024
 # what `fa4sim run` says with exp_emulation on SM90: where the model's emulation cost is known to miss
 EMULATION_NOTE = ("exp_emulation on SM90: an emulated exp2 is its 8 SASS instructions, the 7 added ones at "
                   "mix_fill_slots = {fill:g} of a softmax issue slot each (measured 0.2 on H100 and H200 beside a "
-                  "wgmma, bench_bursts.py --mma-gaps). Per SM that matches fa4kernel's hd128 loop within 3 pp; at "
-                  "hd64 (three consumer warpgroups) and hd256 the kernel loses 2-6x more "
-                  "(benchmarks/calibrate/README.md, twelfth session)")
-PRODUCER_REGS = {2: 24, 3: 32}  # setmaxnreg of the producer WG (fa4-schedules.md)
-SMEM_CAPACITY = 232448          # 227 KB per CTA on SM90 (the profiles' smem_capacity_bytes)
+                  "wgmma). Per SM that matches fa4kernel's hd128 loop within 3 pp; at hd64 (three consumer "
+                  "warpgroups) and hd256 the kernel loses 2-6x more (docs/findings/emulation-cost.md)")
+PRODUCER_REGS = {2: 24, 3: 32}  # setmaxnreg of the producer WG (docs/reference/fa4-schedules.md)
 REG_OVERHEAD = 32               # addresses, loop state, row max/sum: an estimate
+# the PV wait's position where a build is not in its implementation's SASS table
+PV_WAIT_FALLBACK = {"max": 1.0, "fma": 0.0, "mufu": 0.0}
+
+
+def pv_wait_fractions(impl, p: Problem, k: dict) -> dict | None:
+    """{'max', 'fma', 'mufu'}: the share of each pipe's softmax issued before the PV wait; None =
+    the whole softmax overlaps PV(j-1) (no wait before it)."""
+    where = k["pv_wait"]
+    if where == "after_softmax":
+        return None
+    if where == "after_max":
+        return dict(PV_WAIT_FALLBACK)
+    if where == "compiled":
+        cfg = {"hdim": p.hdim, "causal": p.causal, **k}
+        for row in impl.params.get("pv_wait_sass", {}).get("value", []):
+            if all(_same(cfg.get(key), v) for key, v in row["build"].items()):
+                return dict(row["before"])
+        return dict(PV_WAIT_FALLBACK)
+    return {part: float(v) for part, v in (item.split("=") for item in where.split(","))}
+
+
+def _same(a, b) -> bool:
+    if isinstance(b, float) or isinstance(a, float):
+        return a is not None and b is not None and abs(float(a) - float(b)) < 1e-9
+    return a == b
+
+
+def facts(ctx: Context, k: dict) -> dict:
+    """What an implementation's rules may test besides the problem and the knobs."""
+    out = {"consumer_wgs": k["tile_m"] // 64} if "tile_m" in k else {}
+    if all(n in k for n in ("tile_m", "tile_n", "kv_stages", "p_in_registers")):
+        out["o_fits"] = o_fits(ctx.hw, ctx.problem, k)
+    return out
 
 
 def split_at_pv_wait(hw, part: dict, frac: dict) -> tuple[dict, dict]:
@@ -213,50 +184,56 @@ def consumer_warpgroups(k: dict) -> int:
 
 
 def smem_bytes(p: Problem, k: dict) -> int:
-    """Q + K ring + V ring (+ P if staged); O's staging buffer is counted by separate_o()."""
-    d, s = p.hdim, k["kv_stages"]
-    b = k["tile_m"] * d * BYTES + 2 * s * k["tile_n"] * d * BYTES
+    """Q + K ring + V ring (+ P if staged), bytes; O's staging buffer is counted by o_fits()."""
+    s = k["kv_stages"]
+    b = k["tile_m"] * p.hdim * BYTES + s * k["tile_n"] * (p.hdim + p.hdim_v) * BYTES
     if not k["p_in_registers"]:
         b += k["tile_m"] * k["tile_n"] * BYTES
     return b + 1024
 
 
-def _o_fits(p: Problem, k: dict) -> bool:
-    """O's staging buffer fits beside Q, K and V (SM90's 227 KB); knobs not given take defaults."""
-    tm, tn, rs, _ = _row(p)
-    k = {"tile_m": tm, "tile_n": tn, "kv_stages": 2, "p_in_registers": rs, **k}
-    return smem_bytes(p, k) + k["tile_m"] * p.hdim * BYTES <= SMEM_CAPACITY
-
-
-def separate_o(hw, p: Problem, k: dict) -> bool:
+def o_fits(hw, p: Problem, k: dict) -> bool:
     """O gets its own smem buffer when it fits beside Q, K, V (else it reuses Q's)."""
-    return smem_bytes(p, k) + k["tile_m"] * p.hdim * BYTES <= hw.smem_capacity_bytes
+    return smem_bytes(p, k) + k["tile_m"] * p.hdim_v * BYTES <= hw.smem_capacity_bytes
 
 
 def registers_needed(p: Problem, k: dict) -> int:
-    """Per consumer thread: O (hdim/2 fp32), S (tile_n/2 fp32), P (tile_n/4 packed), overhead."""
+    """Per consumer thread: O (hdim_v/2 fp32), S (tile_n/2 fp32), P (tile_n/4 packed), overhead."""
     p_regs = k["tile_n"] // 4 if k["p_in_registers"] else 0
-    return p.hdim // 2 + k["tile_n"] // 2 + p_regs + REG_OVERHEAD
+    return p.hdim_v // 2 + k["tile_n"] // 2 + p_regs + REG_OVERHEAD
 
 
-def check(hw, p: Problem, k: dict) -> None:
+def check(hw, p: Problem, k: dict, impl=None) -> None:
     if hw.arch != ARCH:
         raise InputError("schedule", f"fa3 is the SM90 schedule; hw {hw.name} is {hw.arch} (use --schedule fa4)")
     check_shape(ARCH, k["tile_m"], k["tile_n"], p.hdim)
-    check_shape(ARCH, 64, p.hdim, k["tile_n"])
+    check_shape(ARCH, 64, p.hdim_v, k["tile_n"])
     wgs = consumer_warpgroups(k)
     if wgs not in (1, 2, 3):
         raise InputError("tile_m", f"tile_m/64 = {wgs} consumer warpgroups; allowed 1..3 (tile_m 64, 128, 192)")
     need = smem_bytes(p, k)
     if need > hw.smem_capacity_bytes:
-        raise InputError("smem", f"shared memory {need} B (hdim {p.hdim}, tile_m {k['tile_m']}, tile_n {k['tile_n']}, "
-                                   f"kv_stages {k['kv_stages']}) exceeds {hw.smem_capacity_bytes} B (227 KB); lower kv_stages or tile_n")
+        raise InputError("smem", f"shared memory {need} B (hdim {p.hdim}/{p.hdim_v}, tile_m {k['tile_m']}, tile_n "
+                                 f"{k['tile_n']}, kv_stages {k['kv_stages']}) exceeds {hw.smem_capacity_bytes} B of "
+                                 f"{hw.name}; {_fits_with(p, k, lambda kk: smem_bytes(p, kk) <= hw.smem_capacity_bytes)}")
     prod = PRODUCER_REGS.get(wgs, 24)
     avail = min(240, ((hw.registers_per_sm - 128 * prod) // (128 * wgs)) // 8 * 8)
     regs = registers_needed(p, k)
     if regs > avail:
-        raise InputError("registers", f"a consumer thread needs ~{regs} registers (hdim {p.hdim}, tile_n {k['tile_n']}); "
-                                   f"{wgs} consumer WGs get at most {avail}")
+        raise InputError("registers", f"a consumer thread needs ~{regs} registers (hdim_v {p.hdim_v}, tile_n "
+                                      f"{k['tile_n']}); {wgs} consumer WGs get at most {avail}; "
+                                      f"{_fits_with(p, k, lambda kk: registers_needed(p, kk) <= avail, stages=False)}")
+
+
+def _fits_with(p: Problem, k: dict, fits, stages: bool = True) -> str:
+    """The nearest knob change that makes a configuration fit, as a hint for its error."""
+    tries = [{"kv_stages": s} for s in range(k["kv_stages"] - 1, 0, -1)] if stages else []
+    tries += [{"tile_n": n} for n in range(k["tile_n"] - 16, 15, -16)]
+    tries += [{"p_in_registers": False}] if k["p_in_registers"] else []
+    for change in tries:
+        if fits({**k, **change}):
+            return "fits with " + ", ".join(f"--set {n}={str(v).lower()}" for n, v in change.items())
+    return "no smaller kv_stages or tile_n fits: lower tile_m"
 
 
 def rows_per_cta(k: dict) -> int:
@@ -276,8 +253,13 @@ def _with_issue(uses: tuple, issue: float) -> tuple:
     return uses + (("issue", issue),) if issue > 0 else uses
 
 
-def build(hw, p: Problem, k: dict, n_kv: int, masked_blocks: int) -> Schedule:
-    d, n, W = p.hdim, k["tile_n"], consumer_warpgroups(k)
+def build(hw, p: Problem, k: dict, n_kv: int, masked_blocks: int, impl, hbm_busy: float = 0.0) -> Schedule:
+    """One CTA's schedule for tiles of n_kv KV blocks, `masked_blocks` of them masked; `impl`
+    gives the kernel's measured constants; hbm_busy is the share of HBM bandwidth the rest of the
+    launch takes while this CTA loads its Q tile (the kernel model derives it)."""
+    d, dv, n, W = p.hdim, p.hdim_v, k["tile_n"], consumer_warpgroups(k)
+    ctx = Context(p, hw, impl)
+    const = lambda name: float(impl.value(name, ctx, k))  # noqa: E731
     mbar, nbar = hw.mbarrier_latency, hw.named_barrier_latency
     overlap, pp, rs = k["intra_wg_overlap"], k["pingpong"] and W > 1, k["p_in_registers"]
     before = overlap and k["rescale_before_pv"]  # O rescaled before the PV GEMM
@@ -288,7 +270,7 @@ def build(hw, p: Problem, k: dict, n_kv: int, masked_blocks: int) -> Schedule:
         rate = rescale_rate(n_kv, k["rescale_threshold"], k["score_std"], cols=n, rows=16)  # 16 rows per warp
 
     qk = mma_cost(hw, 64, n, d, a_in_smem=True)
-    pv = mma_cost(hw, 64, d, n, a_in_smem=not rs)
+    pv = mma_cost(hw, 64, dv, n, a_in_smem=not rs)
     # Shared memory serves the wgmma's operand fetch first: the warps' own stores (P and O to
     # smem, unit smem:lsu) get the share of its cycles the fetch leaves while a GEMM runs, and do
     # not delay the GEMM (bench_bursts.py stsm, H100 = H200: STSM bursts beside SS wgmma of N = 64 /
@@ -299,31 +281,34 @@ def build(hw, p: Problem, k: dict, n_kv: int, masked_blocks: int) -> Schedule:
     ops: list[Op] = []
     edges: list[Edge] = []
 
-    kv = n * d * BYTES / hw.tma_bytes_per_clk
+    k_load, v_load = n * d * BYTES / hw.tma_bytes_per_clk, n * dv * BYTES / hw.tma_bytes_per_clk
     # Q is read once per tile, from HBM: its bytes get the TMA rate the rest of the chip leaves
     # (trace, hd256 1k causal, one CTA per tile: Q issue -> first S GEMM 2980 cycles for 64 KB,
     # 2040 for 32 KB at hd128, where one SM alone loads 64 KB from HBM in 1513)
-    q_rate = hw.tma_bytes_per_clk * (1.0 - (k.get("hbm_busy") or 0.0))
+    q_rate = hw.tma_bytes_per_clk * (1.0 - hbm_busy)
     ops += [Op("LQ", "load", (("tma", k["tile_m"] * d * BYTES / q_rate),), hw.hbm_latency, "load",
                asynchronous=True, issue_cycles=1, when="first", label="TMA Q tile (HBM)"),
-            Op("LK", "load", (("tma", kv),), hw.l2_latency, "load", asynchronous=True, issue_cycles=1, label="TMA K block"),
-            Op("LV", "load", (("tma", kv),), hw.l2_latency, "load", asynchronous=True, issue_cycles=1, label="TMA V block")]
+            Op("LK", "load", (("tma", k_load),), hw.l2_latency, "load", asynchronous=True, issue_cycles=1, label="TMA K block"),
+            Op("LV", "load", (("tma", v_load),), hw.l2_latency, "load", asynchronous=True, issue_cycles=1, label="TMA V block")]
 
-    # the loop's bookkeeping instructions (BOOKKEEPING), as SM issue slots (4 warps per warpgroup):
+    # the loop's bookkeeping instructions (the implementation's loop_overhead_*: counted in its
+    # SASS), as SM issue slots (4 warps per warpgroup):
     # per wgmma k-step beside the GEMM's tensor work, piece by piece as its HGMMAs issue (the issuing
     # warp's own time for them is in mma_issue_cycles, measured on a wgmma chain with its
     # descriptor math); the fixed part with the row max, around which the waits, barriers and row
     # statistics sit
-    per_kstep = 4 * k["loop_overhead_per_kstep"] / hw.issue_per_clk
+    per_kstep = 4 * const("loop_overhead_per_kstep") / hw.issue_per_clk
     # conditional rescaling's own test: per block, the rows' max-change compares, a warp vote, the
-    # branch around the rescale and the scale's select (TAU_TEST_INSTR): instructions it adds
+    # branch around the rescale and the scale's select (tau_test_instr): instructions it adds
     # whether or not a rescale is skipped; like an emulated exp2's, they fill the softmax's idle
     # issue slots (mix_fill_slots of a slot each)
-    tau_test = k["tau_test_instr"] * hw.mix_fill_slots if k["rescale_threshold"] is not None else 0.0
-    fixed = 4 * (k["loop_overhead_fixed"] + tau_test) / hw.issue_per_clk
+    tau_test = const("tau_test_instr") * hw.mix_fill_slots if k["rescale_threshold"] is not None else 0.0
+    fixed = 4 * (const("loop_overhead_fixed") + tau_test) / hw.issue_per_clk
+    free = set(k["ablate"].split(","))
+    pv_wait = pv_wait_fractions(impl, p, k) if overlap else None
     for w in range(W):
         r = f"wg{w}"
-        ops.append(Op(f"TS{w}", r, (), k["tile_prologue_cycles"], "sync", when="first",
+        ops.append(Op(f"TS{w}", r, (), const("tile_prologue_cycles"), "sync", when="first",
                       label="tile start: coordinates, KV range, O = 0, Q/K waits"))
         ops.append(Op(f"QK{w}", r, _with_issue((("tensor", qk.tensor_cycles), ("smem", qk.smem_cycles)), per_kstep * d // 16), qk.latency, "mma",
                       asynchronous=True, issue_cycles=d // 16 * hw.mma_issue_cycles, chunks=d // 16, label=f"S = Q K^T (wgmma SS, WG{w})"))
@@ -332,7 +317,7 @@ def build(hw, p: Problem, k: dict, n_kv: int, masked_blocks: int) -> Schedule:
                    skew=1 if overlap else 0,
                    label=f"O += P V (wgmma {'RS' if rs else 'SS'}, WG{w})")
         # before: iteration j applies block j-1's scale (skew 1), while S(j) runs, ahead of PV(j-1)
-        resc = Op(f"RESC{w}", r, tuple(scaled(phase(hw, "rescale", rows * d), rate).items()), 0.0,
+        resc = Op(f"RESC{w}", r, tuple(scaled(phase(hw, "rescale", rows * dv), rate).items()), 0.0,
                   "correction", skew=1 if before else 0, slowed=(("issue", hw.dense_issue_under_mma),),
                   label=f"O *= acc_scale (p={rate:.3g})" + (", before PV" if before else ""))
         if before:
@@ -344,15 +329,14 @@ def build(hw, p: Problem, k: dict, n_kv: int, masked_blocks: int) -> Schedule:
         if masked_blocks:
             ops.append(Op(f"MASK{w}", r, tuple(phase(hw, "mask", elems * masked_blocks).items()), 0.0, "softmax",
                           when="first", label=f"causal/length mask, {masked_blocks} block(s)"))
-        mx = {} if k["free_row_max"] else phase(hw, "max", elems, rows)
-        exp = add(phase(hw, "scale", elems), {} if k["free_exp2"] else exp2_phase(hw, elems, f),
-                  {} if k["free_row_sum"] else phase(hw, "sum", elems))
+        mx = {} if "max" in free else phase(hw, "max", elems, rows)
+        exp = add(phase(hw, "scale", elems), {} if "exp" in free else exp2_phase(hw, elems, f),
+                  {} if "sum" in free else phase(hw, "sum", elems))
         exa = {}
-        if overlap and not k["exp_overlaps_pv"]:
-            # as compiled: what ptxas issues before the PV wait overlaps PV(j-1), the rest waits
-            frac = {"max": k["max_before_pv"], "fma": k["fma_before_pv"], "mufu": k["mufu_before_pv"]}
-            mx, mx_after = split_at_pv_wait(hw, mx, frac)
-            exa, exp = split_at_pv_wait(hw, exp, frac)
+        if pv_wait is not None:
+            # what ptxas issues before the PV wait overlaps PV(j-1), the rest waits for it
+            mx, mx_after = split_at_pv_wait(hw, mx, pv_wait)
+            exa, exp = split_at_pv_wait(hw, exp, pv_wait)
             exp = add(mx_after, exp)
         if fixed > 0:
             mx = add(mx, {"issue": fixed})
@@ -361,7 +345,8 @@ def build(hw, p: Problem, k: dict, n_kv: int, masked_blocks: int) -> Schedule:
         if any(v > 0 for v in exa.values()):
             ops.append(Op(f"EXA{w}", r, tuple(exa.items()), 0.0, "exp",
                           label="scale, exp2, row sum: the part issued before the PV wait"))
-        # P via smem, as compiled (fa4kernel hd128, causal and not; P_STORE_ORDER): its
+        # P via smem, as compiled (fa4kernel hd128, causal and not: 7 of the 8 STSM per warp lie
+        # between the PV wait and the last MUFU.EX2, the fence after them, then the O rescale): its
         # stores issue among the exp2s and the fence's wait overlaps the O rescale, so only the
         # warpgroup barrier is left at the end
         p_store = {"smem:lsu": elems * BYTES / hw.smem_bytes_per_clk} if not rs else {}
@@ -380,25 +365,21 @@ def build(hw, p: Problem, k: dict, n_kv: int, masked_blocks: int) -> Schedule:
                       label="P -> bf16" + ("" if rs else ", barrier" if p_in_exp else " -> smem, fence, barrier")))
         if not overlap:
             ops.append(pv_op)
-        ops.append(Op(f"FIN{w}", r, tuple(phase(hw, "normalize", rows * d).items()), 0.0, "correction",
+        ops.append(Op(f"FIN{w}", r, tuple(phase(hw, "normalize", rows * dv).items()), 0.0, "correction",
                       when="last", skew=1 if overlap else 0, label="O / row_sum, convert"))
         # every consumer WG meets at a named barrier before O goes to smem (the O buffer is shared
         # and the previous tile's store must have read it): the WGs leave the tile together, so
         # the ping-pong stagger is rebuilt at the start of every tile
-        ops.append(Op(f"OSM{w}", r, (("smem:lsu", rows * d * BYTES / hw.smem_bytes_per_clk),), hw.smem_latency,
+        ops.append(Op(f"OSM{w}", r, (("smem:lsu", rows * dv * BYTES / hw.smem_bytes_per_clk),), hw.smem_latency,
                       "correction", when="last", skew=1 if overlap else 0,
                       label="consumer barrier, O -> smem"))
-        if w == 0 and k["o_store_issue_cycles"] > 0:
-            # the O store is issued by warpgroup 0's first warp (fa4kernel's warp 4): fence, TMA
-            # store, commit, and the deferred wait for the previous store; warpgroup 0 starts its
-            # next tile after it (O_STORE_ISSUE)
-            ops.append(Op("OSI", r, (), k["o_store_issue_cycles"], "correction", when="last",
-                          skew=1 if overlap else 0, label="warp 4: issue the O store"))
     # the CTA waits for the TMA engine to have *read* O from smem (bulk wait_group ..., read=True):
-    # in the kernel's own stamps that takes o_store_cycles, far longer than the bytes at the TMA
-    # load rate, so the difference is the store's latency
-    st_tma = k["tile_m"] * d * BYTES / hw.tma_bytes_per_clk
-    ops.append(Op("ST", "epilogue", (("tma", st_tma),), max(0.0, k["o_store_cycles"] - st_tma),
+    # in the kernel's own stamps that takes a fixed part plus the bytes at a rate far below the
+    # TMA load rate, so the difference is the store's latency
+    o_bytes = k["tile_m"] * dv * BYTES
+    st_tma = o_bytes / hw.tma_bytes_per_clk
+    o_store = const("o_store_fixed_cycles") + o_bytes / const("o_store_bytes_per_clk")
+    ops.append(Op("ST", "epilogue", (("tma", st_tma),), max(0.0, o_store - st_tma),
                   "store", asynchronous=True, issue_cycles=1, when="last", label="TMA store O (smem read)"))
 
     S = k["kv_stages"]
@@ -417,15 +398,13 @@ def build(hw, p: Problem, k: dict, n_kv: int, masked_blocks: int) -> Schedule:
             edges.append(Edge(f"QK{w}", f"MASK{w}"))
         if not overlap:  # wait_group 0 before softmax: the previous PV has completed too
             edges.append(Edge(f"PV{w}", f"MAX{w}", distance=1))
-        elif not k["exp_overlaps_pv"]:  # as compiled: the PV wait sits between row max and exp2s
+        elif pv_wait is not None:  # as compiled: the PV wait sits between row max and exp2s
             edges.append(Edge(f"PV{w}", f"EXP{w}", distance=1))
         if pp:  # a tile's first S GEMMs are issued without the hand-off (fa4kernel, FA3)
             prev = f"PP{(w - 1) % W}"
             edges.append(Edge(prev, f"QK{w}", distance=0 if w > 0 else 1, lag=nbar, skip_first=overlap))
     edges += [Edge(f"FIN{v}", f"OSM{w}", lag=nbar) for v in range(W) for w in range(W)]  # the barrier
-    if k["o_store_issue_cycles"] > 0:
-        edges.append(Edge("OSI", "ST"))
-    if separate_o(hw, p, k):  # O has its own smem buffer: the next tile's O waits for this store
+    if o_fits(hw, p, k):  # O has its own smem buffer: the next tile's O waits for this store
         edges += [Edge("ST", f"OSM{w}", 1, per="tile", kind="anti", lag=mbar) for w in range(W)]
         if not k["defer_o_store_wait"]:
             # the warp that issues the store waits for its smem read right away, and it is
@@ -450,5 +429,5 @@ def build(hw, p: Problem, k: dict, n_kv: int, masked_blocks: int) -> Schedule:
                     interference={"mufu": ("tensor", hw.mufu_under_mma), "issue": ("tensor", hw.issue_under_mma),
                                   "smem:lsu": ("tensor", lsu_share),
                                   **{f"issue:{r}": ("tensor", hw.warp_issue_under_mma) for r in compute_roles}},
-                    meta={"rescale_rate": rate, "flops_per_iter": 4.0 * k["tile_m"] * n * d,
+                    meta={"rescale_rate": rate, "flops_per_iter": 2.0 * k["tile_m"] * n * (d + dv),
                           "notes": [EMULATION_NOTE.format(fill=hw.mix_fill_slots)] if f > 0 else []})

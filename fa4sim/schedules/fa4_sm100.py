@@ -1,4 +1,4 @@
-"""FA4 forward on SM100 (B200), as ../shared/reference/fa4-schedules.md describes it.
+"""FA4 forward on SM100 (B200), as flash-attn-4's flash_fwd_sm100.py runs it (docs/reference/fa4-schedules.md).
 
 One CTA per SM, 16 warps. Warp roles (names as in flash_fwd_sm100.py):
   softmax{s}  warpgroup s owns Q tile s (128 rows; one thread per row, S and P in TMEM)
@@ -11,6 +11,8 @@ One CTA per SM, 16 warps. Warp roles (names as in flash_fwd_sm100.py):
 Split P: softmax signals "P 3/4 written" after 3 of 4 column chunks; the MMA warp starts PV on
 the first 3/4 of the k-steps and waits for the last quarter before the final ones.
 KV blocks run from last to first, so the masked (diagonal) blocks of a causal tile come first.
+The tile, stage count, 2-CTA choice and emulated fraction per head dim come from the
+implementation (fa4sim/implementations/flash-attn-4-sm100.json).
 """
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ from dataclasses import replace
 
 from ..engine import Edge, Op, Schedule
 from ..errors import InputError
-from ..params import Knob, Problem
+from ..params import Context, Knob, Problem
 from ..rescale import rescale_rate
 from ..softmax import add, exp2_phase, phase, scaled, warp_issue
 from ..tensor_core import BYTES, check_shape, mma_cost
@@ -26,27 +28,29 @@ from ..tensor_core import BYTES, check_shape, mma_cost
 NAME = "fa4"
 ARCH = "sm100"
 DESCRIPTION = "FlashAttention-4 forward (SM100: tcgen05 + TMEM, 2 Q tiles in ping-pong, correction WG)"
+DEFAULT_IMPL = "flash-attn-4"  # simulated unless --impl says otherwise
 
 
-def _default_two_cta(p: Problem, k: dict) -> bool:
-    # FA4 pairs CTAs for hd128 non-causal (fa4-schedules.md, "2-CTA mode")
-    return p.hdim == 128 and not p.causal
+def _o_over_q(ctx: Context) -> bool:
+    """O staged in Q's smem buffer (the implementation's choice; else its own buffer)."""
+    return bool(ctx.impl.value("o_reuses_q_smem", ctx, {})) if ctx.impl is not None else False
 
 
-def _default_stages(p: Problem, k: dict) -> int:
-    # fa4-schedules.md: 3 (hd128 1-CTA), 6 (hd128 2-CTA, half tiles), 5 (hd96), 10 (hd64);
-    # otherwise as many as fit beside Q and O
-    known = {64: 10, 96: 5, 128: 6 if k.get("two_cta") else 3}
-    if p.hdim in known and k.get("tile_n", 128) == 128 and k.get("q_tiles", 2) == 2:
-        return known[p.hdim]
-    per_stage = k.get("tile_n", 128) * p.hdim * 2 // (2 if k.get("two_cta") else 1)
-    fixed = 2 * k.get("q_tiles", 2) * k.get("tile_m", 128) * p.hdim * 2 + 1024
-    return max(1, (232448 - fixed) // per_stage)
+def stages_that_fit(ctx: Context, k: dict, budget: int | None = None) -> int:
+    """K/V ring slots that fit beside Q and O in `budget` bytes for the two (default: the
+    profile's smem less the barriers' 1 KiB), at most 32."""
+    budget = ctx.hw.smem_capacity_bytes - 1024 if budget is None else budget
+    q_and_o = smem_bytes(ctx.problem, {**k, "kv_stages": 0}, _o_over_q(ctx)) - 1024
+    return max(1, min(32, (budget - q_and_o) // _slot_bytes(ctx.problem, k)))
 
 
-def _default_emulation(p: Problem, k: dict) -> float:
-    # 16/4/1 pattern = 12.5% of a row; hd128 2-CTA uses freq 10 = 18.75% (fa4-schedules.md)
-    return 0.1875 if k.get("two_cta") else 0.125
+def facts(ctx: Context, k: dict) -> dict:
+    """What an implementation's rules may test or take besides the problem and the knobs."""
+    out = {}
+    if all(n in k for n in ("tile_m", "tile_n", "q_tiles", "two_cta")):
+        budget = ctx.impl.value("kv_smem_budget_bytes", ctx, k) if ctx.impl is not None else None
+        out["kv_stages_in_budget"] = stages_that_fit(ctx, k, budget)
+    return out
 
 
 PIECES = 8  # modelling granularity of warpgroup compute ops (instructions interleave finer)
@@ -55,58 +59,70 @@ KNOBS = [
     Knob("tile_m", 128, "rows", "query rows per Q tile (one softmax warpgroup each)", choices=(64, 128)),
     Knob("tile_n", 128, "keys", "keys per KV block", minimum=16, maximum=256),
     Knob("q_tiles", 2, "tiles", "Q tiles per CTA in ping-pong (FA4: 2; 1 = no ping-pong)", minimum=1, maximum=4),
-    Knob("two_cta", _default_two_cta, "", "CTA pair (cta_group::2): M=256 UMMA over 2 SMs, each stages half of K/V", kind="bool"),
-    Knob("kv_stages", _default_stages, "slots", "slots of the shared K/V smem ring (K and V alternate)", minimum=1),
+    Knob("two_cta", False, "", "CTA pair (cta_group::2): M=256 UMMA over 2 SMs, each stages half of K/V", kind="bool"),
+    Knob("kv_stages", lambda c, k: stages_that_fit(c, k), "slots", "slots of the shared K/V smem ring (K and V "
+         "alternate; default: as many as fit)", minimum=1),
     Knob("split_p", True, "", "signal 'P 3/4 written' so PV starts before the last P quarter", kind="bool"),
-    Knob("exp_emulation", _default_emulation, "fraction", "fraction of each row's exp2 done by the polynomial on the FMA pipe", kind="fraction"),
+    Knob("exp_emulation", 0.0, "fraction", "fraction of each row's exp2 done by the polynomial on the FMA pipe", kind="fraction"),
     Knob("rescale_threshold", 8.0, "log2 units", "conditional rescaling threshold tau; none = always rescale (no threshold)", kind="float_or_none", minimum=0.0),
     Knob("rescale_rate", None, "fraction", "override: fraction of (warp, KV block) pairs that rescale (none = derive from score_std and tau)", kind="float_or_none", minimum=0.0, maximum=1.0),
     Knob("score_std", 1.0, "nats", "std of softmax_scale*q.k for the rescale-rate model (randn inputs: 1)", kind="float", minimum=1e-3),
 ]
 
 
-def smem_bytes(p: Problem, k: dict) -> int:
-    """Q tiles + the K/V ring + O staging (one buffer per Q tile), per CTA."""
-    d = p.hdim
-    half = 2 if k["two_cta"] else 1
-    q = k["q_tiles"] * k["tile_m"] * d * BYTES
-    kv = k["kv_stages"] * k["tile_n"] * d * BYTES // half
-    o = k["q_tiles"] * k["tile_m"] * d * BYTES
-    return q + kv + o + 1024  # + mbarriers and softmax statistics
+def _slot_bytes(p: Problem, k: dict) -> int:
+    """One K/V ring slot: a K or a V block (the larger), half of it per CTA of a pair."""
+    return k["tile_n"] * max(p.hdim, p.hdim_v) * BYTES // (2 if k["two_cta"] else 1)
+
+
+def smem_bytes(p: Problem, k: dict, o_over_q: bool = False) -> int:
+    """Q tiles + the K/V ring + O staging (one buffer per Q tile, or Q's), bytes per CTA."""
+    q = k["q_tiles"] * k["tile_m"] * p.hdim * BYTES
+    o = k["q_tiles"] * k["tile_m"] * p.hdim_v * BYTES
+    q_and_o = max(q, o) if o_over_q else q + o
+    return q_and_o + k["kv_stages"] * _slot_bytes(p, k) + 1024  # + mbarriers and softmax statistics
 
 
 def tmem_columns(p: Problem, k: dict) -> int:
-    """S_s (tile_n fp32 columns, P overlays its second half) + O_s (hdim columns) per Q tile."""
-    return k["q_tiles"] * (k["tile_n"] + p.hdim)
+    """S_s (tile_n fp32 columns, P overlays its second half) + O_s (hdim_v columns) per Q tile."""
+    return k["q_tiles"] * (k["tile_n"] + p.hdim_v)
 
 
-def check(hw, p: Problem, k: dict) -> None:
+def check(hw, p: Problem, k: dict, impl=None) -> None:
     if hw.arch != ARCH:
         raise InputError("schedule", f"fa4 is the SM100 schedule; hw {hw.name} is {hw.arch} (use --schedule fa3)")
     m_mma = k["tile_m"] * (2 if k["two_cta"] else 1)
     check_shape(ARCH, m_mma, k["tile_n"], p.hdim, k["two_cta"])
-    check_shape(ARCH, m_mma, p.hdim, k["tile_n"], k["two_cta"])
+    check_shape(ARCH, m_mma, p.hdim_v, k["tile_n"], k["two_cta"])
     if k["two_cta"] and k["tile_m"] != 128:
         raise InputError("tile_m", "two_cta needs tile_m=128 (M=256 across the pair)")
     cols = tmem_columns(p, k)
     if cols > hw.tmem_columns:
-        raise InputError("tmem", f"{k['q_tiles']} Q tiles x (tile_n {k['tile_n']} + hdim {p.hdim}) = {cols} TMEM columns; at most {hw.tmem_columns}")
+        raise InputError("tmem", f"{k['q_tiles']} Q tiles x (tile_n {k['tile_n']} + hdim_v {p.hdim_v}) = {cols} TMEM "
+                                 f"columns; at most {hw.tmem_columns}; "
+                                 + ("fits with --set q_tiles=1" if k["q_tiles"] > 1 and k["tile_n"] + p.hdim_v
+                                    <= hw.tmem_columns else "lower tile_n"))
     if k["kv_stages"] < 2:
         raise InputError("kv_stages", "FA4 needs >= 2 K/V slots: QK(j) is issued before PV(j-1) releases V(j-1), "
                                       "so K(j) must load while V(j-1) is still in use")
-    need = smem_bytes(p, k)
+    o_over_q = _o_over_q(Context(p, hw, impl))
+    need = smem_bytes(p, k, o_over_q)
     if need > hw.smem_capacity_bytes:
-        raise InputError("smem", f"shared memory {need} B (hdim {p.hdim}, tile_m {k['tile_m']}, tile_n {k['tile_n']}, "
-                                   f"kv_stages {k['kv_stages']}) exceeds {hw.smem_capacity_bytes} B (227 KB); lower kv_stages or tile_n")
+        fit = next((s for s in range(k["kv_stages"] - 1, 1, -1)
+                    if smem_bytes(p, {**k, "kv_stages": s}, o_over_q) <= hw.smem_capacity_bytes), None)
+        raise InputError("smem", f"shared memory {need} B (hdim {p.hdim}/{p.hdim_v}, tile_m {k['tile_m']}, tile_n "
+                                 f"{k['tile_n']}, kv_stages {k['kv_stages']}) exceeds {hw.smem_capacity_bytes} B of "
+                                 f"{hw.name}; " + (f"fits with --set kv_stages={fit}" if fit else "lower tile_n or q_tiles"))
 
 
 def rows_per_cta(k: dict) -> int:
     return k["q_tiles"] * k["tile_m"]
 
 
-def build(hw, p: Problem, k: dict, n_kv: int, masked_blocks: int) -> Schedule:
-    """The schedule of one CTA for tiles of n_kv KV blocks, `masked_blocks` of them masked."""
-    d, m, n, T = p.hdim, k["tile_m"], k["tile_n"], k["q_tiles"]
+def build(hw, p: Problem, k: dict, n_kv: int, masked_blocks: int, impl=None, hbm_busy: float = 0.0) -> Schedule:
+    """The schedule of one CTA for tiles of n_kv KV blocks, `masked_blocks` of them masked (Q
+    comes from L2 here: hbm_busy is not used)."""
+    d, dv, m, n, T = p.hdim, p.hdim_v, k["tile_m"], k["tile_n"], k["q_tiles"]
     two = k["two_cta"]
     half = 2 if two else 1
     mbar, nbar = hw.mbarrier_latency, hw.named_barrier_latency
@@ -114,7 +130,7 @@ def build(hw, p: Problem, k: dict, n_kv: int, masked_blocks: int) -> Schedule:
     elems = m * n  # score elements of one Q tile per KV block
 
     qk = mma_cost(hw, m, n, d, a_in_smem=True, two_cta=two)
-    pv = mma_cost(hw, m, d, n, a_in_smem=False, two_cta=two)  # P from TMEM (TS)
+    pv = mma_cost(hw, m, dv, n, a_in_smem=False, two_cta=two)  # P from TMEM (TS)
     split = 0.75 if k["split_p"] else 1.0
     f = k["exp_emulation"]
     # the first 3/4 of the row holds every emulated column (first/last fragments never are)
@@ -129,17 +145,17 @@ def build(hw, p: Problem, k: dict, n_kv: int, masked_blocks: int) -> Schedule:
     edges: list[Edge] = []
 
     # load warp: K(j), Q0, Q1 (first block only), V(j)
-    kv_bytes = n * d * BYTES / half
-    ops.append(Op("LK", "load", (("tma", kv_bytes / hw.tma_bytes_per_clk),), hw.l2_latency, "load",
+    k_bytes, v_bytes = n * d * BYTES / half, n * dv * BYTES / half
+    ops.append(Op("LK", "load", (("tma", k_bytes / hw.tma_bytes_per_clk),), hw.l2_latency, "load",
                   asynchronous=True, issue_cycles=1, label="TMA K block"))
     for s in range(T):
         ops.append(Op(f"LQ{s}", "load", (("tma", m * d * BYTES / hw.tma_bytes_per_clk),), hw.hbm_latency,
                       "load", asynchronous=True, issue_cycles=1, when="first", label=f"TMA Q tile {s}"))
-    ops.append(Op("LV", "load", (("tma", kv_bytes / hw.tma_bytes_per_clk),), hw.l2_latency, "load",
+    ops.append(Op("LV", "load", (("tma", v_bytes / hw.tma_bytes_per_clk),), hw.l2_latency, "load",
                   asynchronous=True, issue_cycles=1, label="TMA V block"))
 
     # MMA warp, in the ping-pong order PV_s(j-1) (skew 1), QK_s(j)
-    ksteps_qk, ksteps_pv = d // 16, n // 16
+    ksteps_qk, ksteps_pv = d // 16, n // 16  # K of QK is hdim, K of PV is tile_n
     for s in range(T):
         parts_a = (("tensor", pv.tensor_cycles * split), ("smem", pv.smem_cycles * split))
         ops.append(Op(f"PVa{s}", "mma", parts_a, 0.0 if split < 1 else pv.latency, "mma",
@@ -178,7 +194,7 @@ def build(hw, p: Problem, k: dict, n_kv: int, masked_blocks: int) -> Schedule:
                       label="row_sum = row_sum * acc_scale + sum(P)"))
 
     # correction warpgroup: conditional rescale of O_s (expected cost), final normalisation
-    o_elems = m * d
+    o_elems = m * dv
     for s in range(T):
         cor = add(scaled(add({"tmem": tmem(o_elems * 4 * 2)}, phase(hw, "rescale", o_elems)), rate),
                   {"issue": 8 * 4 / 32 / hw.issue_per_clk})  # read acc_scale, ballot, arrive
@@ -229,4 +245,4 @@ def build(hw, p: Problem, k: dict, n_kv: int, masked_blocks: int) -> Schedule:
                     issue_depth={"tensor": int(hw.mma_queue_depth)},
                     interference={"mufu": ("tensor", hw.mufu_under_mma), "issue": ("tensor", hw.issue_under_mma),
                                   **{f"issue:{r}": ("tensor", hw.warp_issue_under_mma) for r in compute_roles}},
-                    meta={"rescale_rate": rate, "flops_per_iter": 4.0 * T * m * n * d})
+                    meta={"rescale_rate": rate, "flops_per_iter": 2.0 * T * m * n * (d + dv)})

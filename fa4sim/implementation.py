@@ -1,0 +1,132 @@
+"""Implementations as data: what a real kernel chooses, for the schedule that models it.
+
+A schedule (schedules/fa3_sm90.py, schedules/fa4_sm100.py) is the pipeline's structure and its
+what-if knobs; an implementation (fa4sim/implementations/<name>.json) is one kernel's choices
+within it (fa4kernel's SM90 forward, flash-attn-4's SM90 and SM100 forwards): its tile per head
+dim, launch style and tile order, and the constants measured on it (prologue cycles, the O
+store, bookkeeping instruction counts, where ptxas put the PV wait). Same format as the hardware
+profiles: every entry has a value, a source and a confidence (H, M, L).
+
+A value is a constant, or one of two small forms that depend on the problem and the knobs
+resolved so far:
+  {"by_hdim": {"64": V, "128": V, ...}}              the entry for the problem's head dim
+  {"rules": [{"when": {FACT: X, ...}, "value": V}, ...], "else": V}   the first rule that holds
+  {"fact": NAME}                                     a fact the schedule derives (below)
+FACT is a problem field (hdim, hdim_v, causal, seqlen_q, seqlen_k), a knob resolved before this
+one, or a fact the schedule derives (its `facts()`: o_fits, consumer_wgs); a suffix compares
+instead of testing equality: _gt, _ge, _lt, _le, _ne.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import InputError
+
+IMPL_DIR = Path(__file__).parent / "implementations"
+_OPS = {"_gt": lambda a, b: a > b, "_ge": lambda a, b: a >= b, "_lt": lambda a, b: a < b,
+        "_le": lambda a, b: a <= b, "_ne": lambda a, b: a != b}
+
+
+@dataclass(frozen=True)
+class Implementation:
+    name: str          # e.g. fa4kernel-sm90
+    kernel: str        # e.g. fa4kernel (what --impl accepts, with the arch from --hw)
+    arch: str          # sm90 | sm100
+    schedule: str      # the fa4sim schedule that models it
+    description: str
+    head_dims: tuple   # supported (hdim, hdim_v) pairs
+    knobs: dict        # knob -> {"value", "source", "confidence"}: its choice of each what-if
+    params: dict       # constant -> {"value", "source", "confidence"}: measured on it
+
+    def check(self, problem) -> None:
+        if (problem.hdim, problem.hdim_v) not in self.head_dims:
+            dims = ", ".join(str(d) if d == dv else f"{d}/{dv}" for d, dv in self.head_dims)
+            raise InputError("hdim", f"{self.name} runs head dims {dims} (hdim/hdim_v); got "
+                                     f"{problem.hdim}/{problem.hdim_v}")
+
+    def choose(self, knob: str, ctx, so_far: dict) -> tuple[bool, object]:
+        """(True, value) where this implementation chooses `knob`, else (False, None)."""
+        if knob not in self.knobs:
+            return False, None
+        return True, _evaluate(self.knobs[knob]["value"], ctx, so_far, f"{self.name}: {knob}")
+
+    def value(self, name: str, ctx, knobs: dict):
+        """One of its measured constants for this problem."""
+        if name not in self.params:
+            raise InputError("impl", f"{self.name} has no parameter {name!r}")
+        return _evaluate(self.params[name]["value"], ctx, knobs, f"{self.name}: {name}")
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "kernel": self.kernel, "arch": self.arch, "schedule": self.schedule,
+                "description": self.description, "head_dims": [list(d) for d in self.head_dims],
+                "knobs": self.knobs, "params": self.params}
+
+
+def _evaluate(spec, ctx, knobs: dict, where: str):
+    if not isinstance(spec, dict):
+        return spec
+    if "by_hdim" in spec:
+        table = spec["by_hdim"]
+        key = str(ctx.problem.hdim)
+        if key not in table:
+            raise InputError("hdim", f"{where} has no entry for head dim {ctx.problem.hdim}; "
+                                     f"allowed: {', '.join(table)}")
+        return _evaluate(table[key], ctx, knobs, where)
+    if "fact" in spec:
+        return _fact(spec["fact"], ctx, knobs)
+    if "rules" in spec:
+        for rule in spec["rules"]:
+            if all(_holds(fact, want, ctx, knobs) for fact, want in rule["when"].items()):
+                return _evaluate(rule["value"], ctx, knobs, where)
+        return _evaluate(spec["else"], ctx, knobs, where)
+    return spec  # a plain mapping is a value (e.g. a table the schedule reads)
+
+
+def _holds(fact: str, want, ctx, knobs: dict) -> bool:
+    op = next((s for s in _OPS if fact.endswith(s)), None)
+    name = fact[: -len(op)] if op else fact
+    have = _fact(name, ctx, knobs)
+    return _OPS[op](have, want) if op else have == want
+
+
+def _fact(name: str, ctx, knobs: dict):
+    if name in knobs:
+        return knobs[name]
+    if hasattr(ctx.problem, name):
+        return getattr(ctx.problem, name)
+    from .schedules import SCHEDULES  # the schedule derives the rest (o_fits, consumer_wgs)
+    facts = SCHEDULES[ctx.impl.schedule].facts(ctx, knobs)
+    if name not in facts:
+        raise InputError("impl", f"{ctx.impl.name}: a rule tests {name!r}, which is neither a problem field, "
+                                 f"a knob resolved before it, nor a fact of the {ctx.impl.schedule} schedule "
+                                 f"({', '.join(facts)})")
+    return facts[name]
+
+
+def available() -> list[str]:
+    return sorted(p.stem for p in IMPL_DIR.glob("*.json"))
+
+
+def _from_json(data: dict) -> Implementation:
+    return Implementation(name=data["name"], kernel=data["kernel"], arch=data["arch"], schedule=data["schedule"],
+                          description=data.get("description", ""),
+                          head_dims=tuple(tuple(d) for d in data["head_dims"]),
+                          knobs=data.get("knobs", {}), params=data.get("params", {}))
+
+
+def load(name: str, arch: str | None = None) -> Implementation:
+    """An implementation by its full name (fa4kernel-sm90) or its kernel's name (fa4kernel,
+    flash-attn-4) with the architecture of the hardware it runs on."""
+    names = available()
+    full = name if name in names else f"{name}-{arch}" if arch else name
+    if full not in names:
+        kernels = sorted({n.rsplit("-", 1)[0] for n in names})
+        here = f" on {arch}" if arch else ""
+        raise InputError("impl", f"unknown implementation {name!r}{here}; allowed: {', '.join(kernels)} "
+                                 f"(with the arch of --hw) or {', '.join(names)}")
+    impl = _from_json(json.loads((IMPL_DIR / f"{full}.json").read_text()))
+    if arch and impl.arch != arch:
+        raise InputError("impl", f"{full} is an {impl.arch} kernel but the hardware is {arch}")
+    return impl
