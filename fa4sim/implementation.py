@@ -19,7 +19,7 @@ instead of testing equality: _gt, _ge, _lt, _le, _ne.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from .errors import InputError
@@ -57,6 +57,15 @@ class Implementation:
         if name not in self.params:
             raise InputError("impl", f"{self.name} has no parameter {name!r}")
         return _evaluate(self.params[name]["value"], ctx, knobs, f"{self.name}: {name}")
+
+    def with_values(self, **values) -> "Implementation":
+        """A copy with some measured constants changed (a what-if); their source becomes 'user override'."""
+        for k in values:
+            if k not in self.params:
+                raise InputError(k, f"unknown parameter of {self.name}; known: {', '.join(self.params)}")
+        params = {**self.params, **{k: {"value": v, "source": "user override (--set)", "confidence": "-"}
+                                    for k, v in values.items()}}
+        return replace(self, params=params)
 
     def to_json(self) -> dict:
         return {"name": self.name, "kernel": self.kernel, "arch": self.arch, "schedule": self.schedule,

@@ -47,6 +47,7 @@ class Result:
     trace: Trace               # one CTA, one tile of the longest shape (simulated blocks)
     period: Period | None = None
     notes: list = field(default_factory=list)
+    hbm_busy: float = 0.0      # HBM share the rest of the launch takes while a CTA loads its Q tile
 
     def to_json(self) -> dict:
         k = self.kernel
@@ -67,24 +68,39 @@ class Result:
                        "cold_start_us": round(k.cold_start_us, 3), "compute_us": round(k.compute_us, 3),
                        "l2_us": round(k.l2_us, 3), "hbm_us": round(k.hbm_us, 3),
                        "l2_gbytes": round(k.l2_bytes / 1e9, 4), "hbm_gbytes": round(k.hbm_bytes / 1e9, 4),
-                       "limiter": k.limiter, "launch_gap_us": self.hw.launch_gap_us},
+                       "limiter": k.limiter, "launch_gap_us": self.hw.launch_gap_us,
+                       "hbm_busy": round(self.hbm_busy, 4)},
             "notes": self.notes,
         }
 
 
-def split_overrides(module, overrides: dict) -> tuple[dict, dict]:
-    """--set NAME=VALUE pairs -> (hardware parameters, schedule knobs). Values may be strings."""
+def split_overrides(module, impl, overrides: dict) -> tuple[dict, dict, dict]:
+    """--set NAME=VALUE pairs -> (hardware parameters, schedule knobs, the implementation's
+    measured constants). Values may be strings."""
     knob_names = {k.name for k in module.KNOBS}
-    hw_over, knob_over = {}, {}
+    hw_over, knob_over, impl_over = {}, {}, {}
     for name, value in overrides.items():
         if name in knob_names:
             knob_over[name] = value
         elif name in hardware.PARAMS:
             hw_over[name] = _hw_value(name, value)
+        elif name in impl.params and not isinstance(impl.params[name]["value"], list):
+            impl_over[name] = _number(name, value)
         else:
             raise InputError(name, f"unknown parameter; schedule knobs: {', '.join(sorted(knob_names))}; "
-                                   f"hardware: {', '.join(hardware.PARAMS)}")
-    return hw_over, knob_over
+                                   f"hardware: {', '.join(hardware.PARAMS)}; {impl.name}: "
+                                   f"{', '.join(n for n, e in impl.params.items() if not isinstance(e['value'], list))}")
+    return hw_over, knob_over, impl_over
+
+
+def _number(name: str, value) -> float:
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        raise InputError(name, f"must be a number, got {value!r}") from None
+    if not math.isfinite(v) or v < 0:
+        raise InputError(name, f"must be a finite number >= 0, got {value!r}")
+    return v
 
 
 def _hw_value(name: str, value):
@@ -112,27 +128,7 @@ def simulate(hw="b200", schedule: str | None = None, problem: Problem | None = N
     `schedule` the pipeline (default: the one for the hardware's architecture); `impl` whose
     choices to simulate (fa4kernel, flash-attn-4; default: the schedule's DEFAULT_IMPL);
     `overrides` the what-ifs: schedule knobs and hardware parameters by name."""
-    if problem is None:
-        raise InputError("problem", "a Problem(batch, heads, seqlen_q, seqlen_k, hdim, causal) is required")
-    profile = hw if isinstance(hw, hardware.HardwareProfile) else hardware.load(hw)
-    if schedule is None:
-        schedule = impl.schedule if isinstance(impl, implementation.Implementation) else default_schedule(profile.arch)
-    if schedule not in SCHEDULES:
-        raise InputError("schedule", f"unknown schedule {schedule!r}; allowed: {', '.join(SCHEDULES)}")
-    module = SCHEDULES[schedule]
-    hw_over, knob_over = split_overrides(module, overrides or {})
-    if hw_over:
-        profile = profile.with_values(**hw_over)
-    if profile.arch != module.ARCH:
-        other = [n for n, m in SCHEDULES.items() if m.ARCH == profile.arch]
-        raise InputError("schedule", f"{schedule} is an {module.ARCH} schedule but hw {profile.name} is {profile.arch}; use {', '.join(other)}")
-    if not isinstance(impl, implementation.Implementation):
-        impl = implementation.load(impl or module.DEFAULT_IMPL, profile.arch)
-    if impl.schedule != schedule:
-        raise InputError("impl", f"{impl.name} is modelled by the {impl.schedule} schedule, not {schedule}")
-    impl.check(problem)
-    knobs = resolve(module.KNOBS, Context(problem, profile, impl), knob_over)
-    module.check(profile, problem, knobs, impl)
+    profile, schedule, module, impl, knobs = setup(hw, schedule, problem, overrides, impl)
 
     rows = module.rows_per_cta(knobs)
     two_cta = bool(knobs.get("two_cta", False))
@@ -184,7 +180,8 @@ def simulate(hw="b200", schedule: str | None = None, problem: Problem | None = N
                          rows=unit_rows)
         return kt, detailed
 
-    kt, detailed = launch(0.0)
+    hbm_busy = 0.0
+    kt, detailed = launch(hbm_busy)
     if getattr(module, "Q_FROM_HBM", False):
         # Q loads share HBM with the rest of the launch: once more with the HBM share this
         # launch's bytes take of its time (one refinement; its own change is second order).
@@ -193,6 +190,7 @@ def simulate(hw="b200", schedule: str | None = None, problem: Problem | None = N
         busy = min(0.9, kt.hbm_us / max(kt.compute_us, 1e-9))
         q_load = rows * problem.hdim * 2 / profile.tma_bytes_per_clk
         if q_load * busy / (1.0 - busy) * kt.tiles_on_slowest > 0.005 * kt.cycles:
+            hbm_busy = busy
             kt, detailed = launch(busy)
     longest = max(units, key=lambda u: (u.n_kv, -u.masked))
     t1, t2, trace, period = detailed(longest.n_kv, longest.masked)
@@ -200,11 +198,49 @@ def simulate(hw="b200", schedule: str | None = None, problem: Problem | None = N
     tflops = problem.flops / (kt.time_us * 1e-6) / 1e12
     result = Result(profile, schedule, impl, problem, knobs, tflops, kt.time_us, kt.cycles, util, "",
                     interval, waits, kt, trace, period)
+    result.hbm_busy = hbm_busy
     result.bottleneck = _bottleneck(result)
     result.notes.extend(trace.schedule.meta.get("notes", ()))
     if not profile.sources.get("clock_ghz", "").startswith("measured"):
         result.notes.append(f"clock {profile.clock_ghz} GHz was not measured on this chip under load; time scales with it")
     return result
+
+
+def setup(hw, schedule: str | None, problem: Problem | None, overrides: dict | None, impl):
+    """Resolve what simulate() runs: (profile, schedule name, schedule module, implementation,
+    knobs), with the overrides applied and the configuration checked."""
+    if problem is None:
+        raise InputError("problem", "a Problem(batch, heads, seqlen_q, seqlen_k, hdim, causal) is required")
+    profile = hw if isinstance(hw, hardware.HardwareProfile) else hardware.load(hw)
+    if schedule is None:
+        schedule = impl.schedule if isinstance(impl, implementation.Implementation) else default_schedule(profile.arch)
+    if schedule not in SCHEDULES:
+        raise InputError("schedule", f"unknown schedule {schedule!r}; allowed: {', '.join(SCHEDULES)}")
+    module = SCHEDULES[schedule]
+    if profile.arch != module.ARCH:
+        other = [n for n, m in SCHEDULES.items() if m.ARCH == profile.arch]
+        raise InputError("schedule", f"{schedule} is an {module.ARCH} schedule but hw {profile.name} is {profile.arch}; use {', '.join(other)}")
+    if not isinstance(impl, implementation.Implementation):
+        impl = implementation.load(impl or module.DEFAULT_IMPL, profile.arch)
+    if impl.schedule != schedule:
+        raise InputError("impl", f"{impl.name} is modelled by the {impl.schedule} schedule, not {schedule}")
+    hw_over, knob_over, impl_over = split_overrides(module, impl, overrides or {})
+    if hw_over:
+        profile = profile.with_values(**hw_over)
+    if impl_over:
+        impl = impl.with_values(**impl_over)
+    impl.check(problem)
+    knobs = resolve(module.KNOBS, Context(problem, profile, impl), knob_over)
+    module.check(profile, problem, knobs, impl)
+    return profile, schedule, module, impl, knobs
+
+
+def build_cta(hw, problem: Problem, overrides: dict | None = None, n_kv: int = 12, masked: int = 0,
+              impl=None, schedule: str | None = None):
+    """One CTA's schedule (an engine.Schedule) for tiles of n_kv KV blocks, `masked` of them
+    masked, resolved as simulate() resolves it: for timelines, tests and lessons."""
+    profile, _, module, impl, knobs = setup(hw, schedule, problem, overrides, impl)
+    return module.build(profile, problem, knobs, n_kv, masked, impl)
 
 
 def default_schedule(arch: str) -> str:

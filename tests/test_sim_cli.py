@@ -65,11 +65,11 @@ def test_params_lists_every_knob_and_hardware_parameter(sched, hw, capsys):
 def test_sweep_writes_csv_json_png(tmp_path, capsys):
     prefix = tmp_path / "sw"
     code, out, _ = run_cli(["sweep", "--hw", "b200", *SMALL, "--grid", "exp_emulation=0,0.25",
-                            "--grid", "hdim=64,256", "--out", str(prefix), "--jobs", "1", "--no-progress"], capsys)
+                            "--grid", "hdim=64,80", "--out", str(prefix), "--jobs", "1", "--no-progress"], capsys)
     assert code == 0
     rows = json.loads((tmp_path / "sw.json").read_text())["points"]
     assert len(rows) == 4
-    assert all(r["error"] for r in rows if r["hdim"] == "256")       # TMEM overflow is reported per point
+    assert all("hdim" in r["error"] for r in rows if r["hdim"] == "80")  # an unsupported head dim: per point
     assert all(r["tflops"] > 0 for r in rows if r["hdim"] == "64")
     assert (tmp_path / "sw.csv").read_text().count("\n") == 5
     assert (tmp_path / "sw.png").exists()
@@ -91,7 +91,19 @@ BAD = [
     (["run", "--set", "exp_emulation=1.5"], "exp_emulation"),
     (["run", "--set", "exp_emulation=lots"], "exp_emulation"),
     (["run", "--set", "tile_n=100"], "tile_n"),
-    (["run", "--hdim", "256"], "tmem"),
+    (["run", "--hdim", "256", "--set", "q_tiles=2"], "tmem"),
+    (["run", "--hdim", "80"], "hdim"),
+    (["run", "--hdim", "192"], "hdim"),                      # flash-attn-4 on SM100 runs 192 only with hdim_v 128
+    (["run", "--impl", "fa3000"], "impl"),
+    (["run", "--hw", "b200", "--impl", "fa4kernel"], "impl"),  # fa4kernel's SM100 kernel is not modelled
+    (["run", "--hw", "h100", "--set", "pv_wait=soon"], "pv_wait"),
+    (["run", "--hw", "h100", "--set", "ablate=rescale"], "ablate"),
+    (["run", "--hw", "h100", "--set", "hbm_busy=0.5"], "hbm_busy"),  # internal, not a knob
+    (["run", "--gantt", "no/such/folder/x.png"], "--gantt"),
+    (["run", "--trace", "trace.txt"], "--trace"),
+    (["run", "--hw", "no_such_profile.json"], "hw"),
+    (["run", "--seqlen", "1000000000"], "seqlen_q"),
+    (["run", "--seqlen", "1000000", "--batch", "64", "--heads", "128"], "batch"),
     (["run", "--hw", "h100", "--set", "tile_m=96"], "tile_m"),
     (["run", "--hw", "h100", "--set", "tile_n=256", "--hdim", "256"], "smem"),
     (["run", "--hw", "h100", "--hdim", "256", "--set", "tile_n=128", "--set", "kv_stages=1"], "registers"),
@@ -100,6 +112,16 @@ BAD = [
     (["run", "--set", "num_sms=1.5"], "num_sms"),
     (["sweep", "--grid", "warp_speed=1,2"], "warp_speed"),
 ]
+
+
+@pytest.mark.parametrize("text,why", [("{not json", "not valid JSON"), ("[1, 2]", "not a hardware profile"),
+                                      ('{"name": "x", "arch": "sm90", "params": {"clock_ghz": 1}}', "value and a source")])
+def test_corrupt_profile_is_one_line_exit_2(tmp_path, text, why):
+    bad = tmp_path / "bad.json"
+    bad.write_text(text)
+    p = subprocess.run([sys.executable, "-m", "fa4sim.cli", "run", "--hw", str(bad)], capture_output=True, text=True,
+                       timeout=60)
+    assert p.returncode == 2 and why in p.stderr and len(p.stderr.strip().splitlines()) == 1
 
 
 @pytest.mark.parametrize("args,param", BAD)

@@ -3,9 +3,9 @@ import collections
 
 import pytest
 
-from fa4sim import Problem, hardware, simulate
+from fa4sim import InputError, Problem, hardware, simulate
 from fa4sim.engine import _Resolver, program, simulate as run_schedule
-from fa4sim.params import resolve
+from fa4sim.model import build_cta, setup
 from fa4sim.schedules import SCHEDULES
 from fa4sim.steady_state import tile_times
 
@@ -14,12 +14,12 @@ CASES = [("b200", "fa4", 128, False), ("b200", "fa4", 64, True), ("b200", "fa4",
 
 
 def build(hw_name, sched, hdim, causal, n_kv=12, masked=0, **knobs):
-    hw = hardware.load(hw_name)
-    p = Problem(1, 4, 4096, 4096, hdim, causal)
-    mod = SCHEDULES[sched]
-    k = resolve(mod.KNOBS, p, knobs)
-    mod.check(hw, p, k)
-    return mod.build(hw, p, k, n_kv, masked)
+    """One CTA's schedule with the default implementation's choices and `knobs` as what-ifs."""
+    return build_cta(hw_name, Problem(1, 4, 4096, 4096, hdim, causal), knobs, n_kv, masked, schedule=sched)
+
+
+def knobs_for(hw, sched, problem, **given):
+    return setup(hw, sched, problem, given, None)[4]
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -171,9 +171,7 @@ def test_fa3_consumers_meet_at_the_epilogue_barrier():
     """Every consumer WG's O -> smem waits for every WG's finalize (fa4kernel/FA3 named barrier),
     so a persistent CTA's tiles cost more than their KV blocks (the ping-pong stagger restarts)."""
     hw = hardware.load("h100")
-    p = Problem(1, 1, 256, 1024, 128, False)
-    k = resolve(SCHEDULES["fa3"].KNOBS, p, {})
-    sched = SCHEDULES["fa3"].build(hw, p, k, 8, 0)
+    sched = build_cta(hw, Problem(1, 1, 256, 1024, 128, False), {}, 8, 0)
     osm = {(e.src, e.dst) for e in sched.edges if e.dst.startswith("OSM") and e.src.startswith("FIN")}
     assert osm == {(f"FIN{v}", f"OSM{w}") for v in range(2) for w in range(2)}
     one = simulate(hw.with_values(num_sms=1), "fa3", Problem(1, 1, 128, 1024, 128, False)).cycles
@@ -182,24 +180,27 @@ def test_fa3_consumers_meet_at_the_epilogue_barrier():
     assert two - one > 8 * steady  # a tile costs its 8 blocks plus a tile transition
 
 
-def test_fa3_free_phase_what_ifs():
-    """free_exp2 / free_row_max / free_row_sum remove a phase's cost (fa4kernel's ablate builds)."""
+def test_fa3_ablate_what_ifs():
+    """ablate=max / exp / sum remove a phase's cost (fa4kernel's ablation builds of the same names)."""
     p = Problem(1, 1, 128, 8192, 128, False)
     base = simulate("h100", "fa3", p).interval
-    for knob in ("free_exp2", "free_row_max", "free_row_sum"):
-        assert simulate("h100", "fa3", p, {knob: True}).interval <= base
-    everything = {"free_exp2": True, "free_row_max": True, "free_row_sum": True, "rescale_rate": 0.0}
+    for phase in ("exp", "max", "sum"):
+        assert simulate("h100", "fa3", p, {"ablate": phase}).interval <= base
+    everything = {"ablate": "sum,max,exp", "rescale_rate": 0.0}
     assert simulate("h100", "fa3", p, everything).interval == pytest.approx(2048.0)  # tensor-bound
+    assert knobs_for("h100", "fa3", p, ablate="sum,max,exp")["ablate"] == "exp,max,sum"
+    with pytest.raises(InputError, match="ablate"):
+        simulate("h100", "fa3", p, {"ablate": "rescale"})
 
 
 def test_cta_prologue_is_paid_once_per_cta():
-    """The fa3 prologue knob (CTA start to first TMA): a persistent launch pays it once per SM, a
-    one-CTA-per-tile launch once per tile (here 4 tiles on one SM)."""
+    """The implementation's CTA prologue (CTA start to first TMA): a persistent launch pays it once
+    per SM, a one-CTA-per-tile launch once per tile (here 4 tiles on one SM)."""
     hw = hardware.load("h100").with_values(num_sms=1)
     p = Problem(1, 1, 512, 1024, 128, False)
 
     def cycles(persistent, prologue):
-        return simulate(hw, "fa3", p, {"persistent": persistent, "cta_prologue_cycles": prologue, "hbm_busy": 0.0}).cycles
+        return simulate(hw, "fa3", p, {"persistent": persistent, "cta_prologue_cycles": prologue}).cycles
 
     assert cycles(True, 1000.0) - cycles(True, 0.0) == pytest.approx(1000.0)
     assert cycles(False, 1000.0) - cycles(False, 0.0) == pytest.approx(4000.0)
@@ -221,7 +222,7 @@ def test_fa3_idle_warpgroups_skip_their_work():
     tile. hd64, 1000 tokens: 5 full tiles + one with 40 rows; the launch gets faster, and a length
     that is a multiple of the tile (960) does not change."""
     fa3 = SCHEDULES["fa3"]
-    k = resolve(fa3.KNOBS, Problem(1, 1, 1000, 1000, 64, False), {"skip_idle_wgs": True})
+    k = knobs_for("h100", "fa3", Problem(1, 1, 1000, 1000, 64, False), skip_idle_wgs=True)
     assert fa3.unit_knobs(k, 40)["tile_m"] == 64 and fa3.unit_knobs(k, 130)["tile_m"] == 192
     assert fa3.unit_knobs(k, 192) is k
     hw = hardware.load("h100").with_values(num_sms=1)
@@ -242,8 +243,8 @@ def test_fa3_rescale_before_pv_moves_the_rescale_ahead_of_pv():
         names = [o.name for o in sched.ops if o.role == "wg0"]
         assert (names.index("RESC0") < names.index("PV0")) == before, names
         assert {o.name: o.skew for o in sched.ops}["RESC0"] == (1 if before else 0)
-    assert resolve(SCHEDULES["fa3"].KNOBS, Problem(1, 1, 128, 128, 256, False),
-                   {"intra_wg_overlap": False})["rescale_before_pv"] is False
+    assert knobs_for("h100", "fa3", Problem(1, 1, 128, 128, 256, False),
+                     intra_wg_overlap=False)["rescale_before_pv"] is False
 
 
 def test_fa3_early_q_release_frees_q_after_the_last_qk():
@@ -284,22 +285,24 @@ def test_fa3_tile_start_and_o_store_wait():
     assert per_tile(1000.0) - per_tile(0.0) == pytest.approx(1000.0, abs=1.0)
 
 
-def test_fa3_o_store_takes_o_store_cycles():
-    """The O store (issue -> smem read done) lasts o_store_cycles (the kernel's stamps), however few
-    bytes it moves at the TMA load rate; the wait right after it then holds warpgroup 0 that long."""
-    for cycles in (500.0, 1386.0, 3000.0):
-        sched = build("h100", "fa3", 128, False, o_store_cycles=cycles)
+def test_fa3_o_store_takes_its_measured_cycles():
+    """The O store (issue -> smem read done) lasts the implementation's o_store_fixed_cycles +
+    bytes / o_store_bytes_per_clk (the kernel's stamps), however few bytes it moves at the TMA
+    load rate; the wait right after it then holds warpgroup 0 that long."""
+    o_bytes = 128 * 128 * 2
+    for fixed, rate in ((500.0, 1e9), (480.0, 36.0), (3000.0, 1e9)):
+        sched = build("h100", "fa3", 128, False, o_store_fixed_cycles=fixed, o_store_bytes_per_clk=rate)
         st = sched.op("ST")
-        assert st.occupancy + st.latency == pytest.approx(max(cycles, st.occupancy))
+        assert st.occupancy + st.latency == pytest.approx(max(fixed + o_bytes / rate, st.occupancy))
     hw = hardware.load("h100-measured").with_values(num_sms=1)
     p = Problem(1, 1, 128 * 9, 128, 128, False)  # one-block tiles: the store dominates the turnover
-    t = {c: simulate(hw, "fa3", p, {"persistent": True, "defer_o_store_wait": False, "o_store_cycles": c}).cycles
+    t = {c: simulate(hw, "fa3", p, {"persistent": True, "defer_o_store_wait": False, "o_store_fixed_cycles": c}).cycles
          for c in (500.0, 3000.0)}
     assert t[3000.0] > t[500.0]
 
 
 def test_fa3_loop_bookkeeping_takes_issue_slots():
-    """The KV loop's bookkeeping instructions (fa3_sm90 BOOKKEEPING, counted in the SASS) take SM
+    """The KV loop's bookkeeping instructions (the implementation's loop_overhead_*, counted in its SASS) take SM
     issue slots, 4 warps per warpgroup: loop_overhead_per_kstep per wgmma k-step inside the QK and
     PV GEMM ops (issued piece by piece with their HGMMAs), loop_overhead_fixed with the row max.
     Without them the loop is no slower; with more it is no faster."""
@@ -345,19 +348,19 @@ def test_fa3_warp_stores_to_smem_get_what_the_wgmma_fetch_leaves():
         assert share == pytest.approx(1 - fetch * 128 / hw.smem_bytes_per_clk, abs=2e-3)
         assert "smem:lsu" not in dict(sched.op("QK0").uses) and "smem:lsu" not in dict(sched.op("PV0").uses)
         assert "smem:lsu" in dict(sched.op("OSM0").uses)
-        # P's stores issue among the exp2s (fa3_sm90 P_STORE_ORDER): EXP takes them
+        # P's stores issue among the exp2s (as compiled): EXP takes them
         assert ("smem:lsu" in dict(sched.op("EXP0").uses)) == (not rs)
         assert "smem:lsu" not in dict(sched.op("CVT0").uses)
     # an SS wgmma whose fetch takes the whole bandwidth leaves the measured floor (N = 64: 0.024)
     mod, p = SCHEDULES["fa3"], Problem(1, 4, 4096, 4096, 128, False)
     slow = hw.with_values(smem_bytes_per_clk=96.0)  # 6 KB per 64 cycles is then all of it
-    wide = mod.build(slow, p, resolve(mod.KNOBS, p, {"p_in_registers": False}), 12, 0)
+    wide = build_cta(slow, p, {"p_in_registers": False})
     assert wide.interference["smem:lsu"][1] == pytest.approx(0.024)
 
 
 def test_fa3_p_via_smem_follows_the_compiled_order():
     """With intra-WG overlap P's stores issue among the exp2s and the fence's wait overlaps the O
-    rescale (fa3_sm90 P_STORE_ORDER): EXP carries the smem traffic, CVT only the warpgroup
+    rescale (as compiled): EXP carries the smem traffic, CVT only the warpgroup
     barrier's hand-off. Without overlap (or with the rescale before PV) CVT keeps the stores and
     the fence's latency too. Either way P via smem costs more than P in registers."""
     hw = hardware.load("h100-measured")
@@ -371,9 +374,10 @@ def test_fa3_p_via_smem_follows_the_compiled_order():
 
 
 def test_fa3_softmax_split_at_the_pv_wait_keeps_its_work():
-    """max/fma/mufu_before_pv split the softmax at the wait for the previous PV GEMM: the part
-    before it (EXA, and MAX) overlaps PV, the rest (EXP) waits; unit cycles are only moved,
-    never created or lost. The default (1, 0, 0) is the order the model was validated with."""
+    """pv_wait splits the softmax at the wait for the previous PV GEMM: the part before it (EXA,
+    and MAX) overlaps PV, the rest (EXP) waits; unit cycles are only moved, never created or
+    lost. The default (after_max: max=1, fma=0, mufu=0) is the order the model was validated with;
+    after_softmax is the source order (no wait before the exp2s)."""
     def total(sched, names):
         out = collections.Counter()
         for n in names:
@@ -382,7 +386,7 @@ def test_fa3_softmax_split_at_the_pv_wait_keeps_its_work():
         return out
     base = build("h100-measured", "fa3", 128, False)
     assert not any(o.name == "EXA0" for o in base.ops)
-    split = build("h100-measured", "fa3", 128, False, max_before_pv=0.6, fma_before_pv=0.25, mufu_before_pv=0.1)
+    split = build("h100-measured", "fa3", 128, False, pv_wait="max=0.6,fma=0.25,mufu=0.1")
     names = ("MAX0", "EXA0", "EXP0")
     a, b = total(base, names), total(split, names)
     assert set(a) == set(b) and all(a[u] == pytest.approx(b[u]) for u in a)
@@ -391,6 +395,10 @@ def test_fa3_softmax_split_at_the_pv_wait_keeps_its_work():
     assert exa["mufu"] == pytest.approx(0.1 * mufu_all)
     # the PV wait still gates the part after it
     assert any(e.src == "PV0" and e.dst == "EXP0" and e.distance == 1 for e in split.edges)
+    source = build("h100-measured", "fa3", 128, False, pv_wait="after_softmax")
+    assert not any(e.src == "PV0" and e.dst == "EXP0" for e in source.edges)
+    with pytest.raises(InputError, match="pv_wait"):
+        build("h100-measured", "fa3", 128, False, pv_wait="max=2")
 
 
 @pytest.mark.parametrize("kernel,hd,causal,knobs,want", [
@@ -401,10 +409,15 @@ def test_fa3_softmax_split_at_the_pv_wait_keeps_its_work():
     ("flash-attn-4", 256, True, {}, (1.0, 0.585, 0.333)),
 ])
 def test_pv_wait_table_lookup(kernel, hd, causal, knobs, want):
-    """The SASS table (schedules/pv_wait_sm90.py): a variant's own row, else its head dim's default
-    build, else the model's order (the whole max before the wait, the rest after)."""
-    from fa4sim.schedules.pv_wait_sm90 import fractions
-    f = fractions(kernel, hd, causal, knobs)
+    """pv_wait=compiled reads the implementation's SASS table (its pv_wait_sass): a variant's own
+    row, else its head dim's default build, else the model's order (the max before, the rest after)."""
+    from fa4sim import implementation
+    from fa4sim.schedules.fa3_sm90 import pv_wait_fractions
+    impl = implementation.load(kernel, "sm90")
+    p = Problem(1, 1, 128, 128, hd, causal)
+    k = knobs_for("h100", "fa3", p, pv_wait="compiled", **knobs) if kernel == "fa4kernel" else \
+        setup("h100", "fa3", p, {"pv_wait": "compiled", **knobs}, kernel)[4]
+    f = pv_wait_fractions(impl, p, k)
     assert (f["max"], f["fma"], f["mufu"]) == pytest.approx(want)
 
 
@@ -412,38 +425,14 @@ def test_pv_wait_table_lookup(kernel, hd, causal, knobs, want):
 def test_fa3_causal_loop_waits_for_its_s_gemm_like_a_non_causal_one(knobs):
     """A causal tile's masked block comes first; the softmax of every later block still waits for
     its own S GEMM. So past the masked block a causal tile runs the non-causal loop (same
-    steady-state interval; until the eighth session the wait was lost after the first block and
-    the causal loop with overlap off ran at the overlapped rate)."""
-    k = {"rescale_threshold": None, "tau_test_instr": 12.0, **knobs}
+    steady-state interval; a model that lost the wait after the first block would run the causal
+    loop with overlap off at the overlapped rate)."""
+    k = {"rescale_threshold": None, **knobs}
     nc = simulate("h100-measured", "fa3", Problem(1, 1, 128, 32768, 128, False), k).interval
     c = simulate("h100-measured", "fa3", Problem(1, 1, 128, 32768, 128, True), k).interval
     assert c == pytest.approx(nc)
     sched = build("h100-measured", "fa3", 128, True, masked=1)
     assert {("QK0", "MASK0"), ("QK0", "MAX0")} <= {(e.src, e.dst) for e in sched.edges if e.distance == 0}
-
-
-def test_o_store_issue_on_warpgroup_0_makes_ping_pong_pay_per_tile():
-    """What-if o_store_issue_cycles (fa4kernel's warp 4 issues the O store, 213-244 cycles stamped):
-    warpgroup 0 then starts each tile after warpgroup 1, the tensor core runs warpgroup 1's S
-    first, and ping-pong (warpgroup 0 must issue first in block 1) makes warpgroup 1 wait. The
-    kernel pays +321 cycles per 2-block tile for ping-pong; without the issue cost the model has
-    almost nothing."""
-    from fa4sim.schedules import fa3_sm90
-
-    hw = hardware.load("h100-measured")
-
-    def per_tile(pingpong, issue):
-        p = Problem(1, 1, 128 * 9, 2 * 128, 128, False)
-        k = resolve(fa3_sm90.KNOBS, p, {"tile_m": 128, "tile_n": 128, "pingpong": pingpong,
-                                         "o_store_issue_cycles": issue})
-        sched = fa3_sm90.build(hw, p, k, 2, 0)
-        return (run_schedule(sched, [2] * 9).end - run_schedule(sched, [2]).end) / 8, sched
-
-    (on0, s0), (off0, _) = per_tile(True, 0.0), per_tile(False, 0.0)
-    (on, s1), (off, _) = per_tile(True, 229.0), per_tile(False, 229.0)
-    assert "OSI" not in [o.name for o in s0.ops]
-    assert s1.op("OSI").role == "wg0" and any(e.src == "OSI" and e.dst == "ST" for e in s1.edges)
-    assert abs(on0 - off0) < 100 < 200 < on - off
 
 
 def test_a_loop_without_an_exact_period_still_reports_its_mean_interval():

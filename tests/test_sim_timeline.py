@@ -6,15 +6,12 @@ import pytest
 from fa4sim import hardware, timeline
 from fa4sim.engine import simulate
 from fa4sim.errors import InputError
-from fa4sim.params import Problem, resolve
-from fa4sim.schedules import fa3_sm90
+from fa4sim.model import build_cta
+from fa4sim.params import Problem
 
 
 def sim_trace():
-    hw = hardware.load("h100")
-    p = Problem(1, 16, 4096, 4096, 128)
-    k = resolve(fa3_sm90.KNOBS, p, {})
-    return simulate(fa3_sm90.build(hw, p, k, 24, 0), [24])
+    return simulate(build_cta(hardware.load("h100"), Problem(1, 16, 4096, 4096, 128), n_kv=24), [24])
 
 
 def test_stamps_round_trip_give_the_simulated_interval(tmp_path):
