@@ -16,6 +16,7 @@ Layout (one idea per module):
   launch_replay.py   whole launches from fa4kernel's CTA log, replayed with mean tile costs
   gantt.py, perfetto.py, cli.py, sweep.py: outputs and the command line
 """
+from . import implementation
 from .errors import DeadlockError, InputError
 from .model import Result, simulate
 from .params import Problem

@@ -31,16 +31,21 @@ DESCRIPTION = "FlashAttention-4 forward (SM100: tcgen05 + TMEM, 2 Q tiles in pin
 DEFAULT_IMPL = "flash-attn-4"  # simulated unless --impl says otherwise
 
 
-def _o_over_q(ctx: Context) -> bool:
-    """O staged in Q's smem buffer (the implementation's choice; else its own buffer)."""
-    return bool(ctx.impl.value("o_reuses_q_smem", ctx, {})) if ctx.impl is not None else False
+def _layout(ctx: Context, k: dict) -> dict:
+    """The implementation's smem layout choices: O staged in Q's buffer (o_over_q), K/V ring
+    slots sized for K and V each (uneven) instead of for the larger of the two."""
+    impl = ctx.impl
+    if impl is None:
+        return {"o_over_q": False, "uneven": False}
+    return {"o_over_q": bool(impl.value("o_reuses_q_smem", ctx, k)),
+            "uneven": bool(impl.value("uneven_kv_slots", ctx, k)) if "uneven_kv_slots" in impl.params else False}
 
 
 def stages_that_fit(ctx: Context, k: dict, budget: int | None = None) -> int:
     """K/V ring slots that fit beside Q and O in `budget` bytes for the two (default: the
     profile's smem less the barriers' 1 KiB), at most 32."""
     budget = ctx.hw.smem_capacity_bytes - 1024 if budget is None else budget
-    q_and_o = smem_bytes(ctx.problem, {**k, "kv_stages": 0}, _o_over_q(ctx)) - 1024
+    q_and_o = smem_bytes(ctx.problem, {**k, "kv_stages": 0}, **_layout(ctx, k)) - 1024
     return max(1, min(32, (budget - q_and_o) // _slot_bytes(ctx.problem, k)))
 
 
@@ -70,17 +75,19 @@ KNOBS = [
 ]
 
 
-def _slot_bytes(p: Problem, k: dict) -> int:
-    """One K/V ring slot: a K or a V block (the larger), half of it per CTA of a pair."""
-    return k["tile_n"] * max(p.hdim, p.hdim_v) * BYTES // (2 if k["two_cta"] else 1)
+def _slot_bytes(p: Problem, k: dict, uneven: bool = False) -> float:
+    """One K/V ring slot: a K or a V block (the larger; uneven slots: on average their mean),
+    half of it per CTA of a pair."""
+    width = (p.hdim + p.hdim_v) / 2 if uneven else max(p.hdim, p.hdim_v)
+    return k["tile_n"] * width * BYTES / (2 if k["two_cta"] else 1)
 
 
-def smem_bytes(p: Problem, k: dict, o_over_q: bool = False) -> int:
+def smem_bytes(p: Problem, k: dict, o_over_q: bool = False, uneven: bool = False) -> int:
     """Q tiles + the K/V ring + O staging (one buffer per Q tile, or Q's), bytes per CTA."""
     q = k["q_tiles"] * k["tile_m"] * p.hdim * BYTES
     o = k["q_tiles"] * k["tile_m"] * p.hdim_v * BYTES
     q_and_o = max(q, o) if o_over_q else q + o
-    return q_and_o + k["kv_stages"] * _slot_bytes(p, k) + 1024  # + mbarriers and softmax statistics
+    return int(q_and_o + k["kv_stages"] * _slot_bytes(p, k, uneven)) + 1024  # + mbarriers, softmax statistics
 
 
 def tmem_columns(p: Problem, k: dict) -> int:
@@ -105,11 +112,11 @@ def check(hw, p: Problem, k: dict, impl=None) -> None:
     if k["kv_stages"] < 2:
         raise InputError("kv_stages", "FA4 needs >= 2 K/V slots: QK(j) is issued before PV(j-1) releases V(j-1), "
                                       "so K(j) must load while V(j-1) is still in use")
-    o_over_q = _o_over_q(Context(p, hw, impl))
-    need = smem_bytes(p, k, o_over_q)
+    layout = _layout(Context(p, hw, impl), k)
+    need = smem_bytes(p, k, **layout)
     if need > hw.smem_capacity_bytes:
         fit = next((s for s in range(k["kv_stages"] - 1, 1, -1)
-                    if smem_bytes(p, {**k, "kv_stages": s}, o_over_q) <= hw.smem_capacity_bytes), None)
+                    if smem_bytes(p, {**k, "kv_stages": s}, **layout) <= hw.smem_capacity_bytes), None)
         raise InputError("smem", f"shared memory {need} B (hdim {p.hdim}/{p.hdim_v}, tile_m {k['tile_m']}, tile_n "
                                  f"{k['tile_n']}, kv_stages {k['kv_stages']}) exceeds {hw.smem_capacity_bytes} B of "
                                  f"{hw.name}; " + (f"fits with --set kv_stages={fit}" if fit else "lower tile_n or q_tiles"))
