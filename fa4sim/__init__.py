@@ -1,19 +1,21 @@
 """fa4sim: a discrete-event, cycle-level model of one SM running FlashAttention schedules.
 
 Layout (one idea per module):
-  engine.py          SimPy engine: units, warp roles, ops, dependencies (knows nothing of attention)
-  hardware.py        hardware profiles as data (profiles/*.json), every value with its source
-  tensor_core.py     MMA cycles from shape and rate (wgmma, tcgen05.mma)
-  exp2_emulation.py  FA4's polynomial exp2 on the FMA pipe: numerics and cost
-  softmax.py         softmax instruction counts per score element -> unit cycles
-  rescale.py         conditional rescaling: how often a warp rescales O
-  schedules/         fa4_sm100 (FA4 forward, Blackwell), fa3_sm90 (FA3-style forward, Hopper)
-  steady_state.py    periodic steady state detection and exact extrapolation
-  tile_order.py      the order a kernel hands out its Q tiles, and fa4kernel's host table
-  kernel_model.py    tiles over SMs: persistent / longest-first scheduling, waves, tile jitter, L2/HBM
-  model.py           simulate(): everything together -> Result
-  validate.py        predicted vs measured for recorded GPU benchmarks (issue 4)
-  launch_replay.py   whole launches from fa4kernel's CTA log, replayed with mean tile costs
+  engine.py           SimPy engine: units, warp roles, ops, dependencies (knows nothing of attention)
+  hardware.py         hardware profiles as data (profiles/*.json), every value with its source
+  implementation.py   implementations as data (implementations/*.json): what fa4kernel and
+                      flash-attn-4 choose (tiles, launch, measured constants), with sources
+  tensor_core.py      MMA cycles from shape and rate (wgmma, tcgen05.mma)
+  exp2_emulation.py   FA4's polynomial exp2 on the FMA pipe: numerics and cost
+  softmax.py          softmax instruction counts per score element -> unit cycles
+  rescale.py          conditional rescaling: how often a warp rescales O
+  schedules/          fa4_sm100 (FA4 forward, Blackwell), fa3_sm90 (FA3-style forward, Hopper):
+                      ops, units and dependencies of one CTA, and the what-if knobs
+  steady_state.py     periodic steady state detection and exact extrapolation
+  tile_order.py       the order a kernel hands out its Q tiles, and fa4kernel's host table
+  kernel_model.py     tiles over SMs: persistent / longest-first scheduling, waves, tile jitter, L2/HBM
+  model.py            simulate(): everything together -> Result
+  validate/           predicted vs measured, one module per kind of recorded GPU evidence
   gantt.py, perfetto.py, cli.py, sweep.py: outputs and the command line
 """
 from . import implementation

@@ -12,7 +12,7 @@ core doubled. FA4 moves part of each row's exp2 work to the 128-lane FMA pipe:
 Cost (packed f32x2, per pair of elements): 6 FMA-pipe instructions (1 add, 2 sub, 3 fma), so 6
 FMA lane-ops per element, plus ALU work: one FMNMX and one shift+add (LEA) per element. A MUFU
 element costs 1/16 cycle of the SM's MUFU; an emulated one 6/128 cycle of its FMA pipe and
-2/64 cycle of its ALU pipe. Source: ../shared/reference/fa4-schedules.md ("exp2 emulation").
+2/64 cycle of its ALU pipe. Source: docs/reference/fa4-schedules.md ("exp2 emulation").
 """
 from __future__ import annotations
 

@@ -5,7 +5,7 @@ whenever m grows. FA4 keeps the stale max unless the new block's max exceeds it 
 tau (log2 units; tau = 8 for 16-bit inputs, a factor 256 that still fits bf16); the final
 O / row_sum uses the statistics of the max actually used, so the result stays exact. The
 correction warpgroup decides per warp (any of its 32 rows), and the first KV block never
-rescales. Source: ../shared/reference/fa4-schedules.md ("Conditional online-softmax rescaling").
+rescales. Source: docs/reference/fa4-schedules.md ("Conditional online-softmax rescaling").
 
 For scores that are i.i.d. normal with standard deviation `score_std` (natural-log units, i.e.
 of softmax_scale * q.k; randn inputs give 1.0) we follow the distribution of a row's *stale*

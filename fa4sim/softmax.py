@@ -7,7 +7,7 @@ issue (a warp instruction issues for 32 threads at once; 4 schedulers per SM). P
 SM100 (FA4): one thread owns a whole row (S lives in TMEM; no cross-thread reduction).
 SM90 (FA3): a row is spread over 4 threads of a quad (the wgmma accumulator layout), so the max
 and the final sum need 2 shuffles + 2 ops per thread per row. Hopper has no packed FP32 ops and
-a 2-input FMNMX. Sources: ../shared/reference/fa4-schedules.md (softmax step), hardware.md.
+a 2-input FMNMX. Sources: docs/reference/fa4-schedules.md (softmax step), hardware.md.
 """
 from __future__ import annotations
 

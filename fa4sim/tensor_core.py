@@ -5,7 +5,7 @@ N/2 cycles at full rate (4096 FLOP/clk). SM100 tcgen05.mma (UMMA): one thread is
 for the CTA (M = 64 or 128; a CTA pair: M = 128 or 256 across two SMs); interval = rows per SM
 x N / 256 cycles, a 1-SM M=64 MMA runs at half rate. In both, operands read from shared memory
 cost smem bandwidth: an MMA is also bound by (A + B bytes from smem) / smem_bytes_per_clk.
-Sources: ../shared/reference/hardware.md (wgmma, tcgen05 rows) and the PTX ISA.
+Sources: docs/reference/hardware.md (wgmma, tcgen05 rows) and the PTX ISA.
 """
 from __future__ import annotations
 
