@@ -27,7 +27,7 @@ Tile boundary (persistent CTAs, fa4kernel): every consumer spends tile_prologue_
 next tile's first S GEMM; Q is handed back after the tile's last QK GEMM (early_q_release) or its
 last block; the O store lasts o_store_cycles and, unless its wait is deferred to the next tile's
 epilogue (defer_o_store_wait), holds warpgroup 0, whose first warp issues it.
-Tile defaults per head dim: the SM90 table of ../shared/reference/fa4-schedules.md.
+Tile defaults per head dim: the SM90 table of docs/reference/fa4-schedules.md.
 """
 from __future__ import annotations
 
@@ -172,8 +172,8 @@ O_STORE_BYTES_PER_CLK = 36.0
 # Until the ninth session the causal hd128 build was the exception, 67 more: with the loop's last
 # block peeled (early_q_release) ptxas moved the wgmma descriptor arithmetic from the uniform
 # datapath to the vector one (R2UR +32, IMAD +29, IADD3 +16, UIADD3 -23), and one CTA's loop ran
-# 2.9 % slower than without tau (benchmarks/results/knobs_loop_causal_h100_2026-11-22.json); the
-# unpeeled loop keeps it uniform (knobs_loop_causal_*_session9.json: +0.7 %). flash-attn-4's
+# 2.9 % slower than without tau (benchmarks/results/knobs_loop_causal_h100_2026-11-22_peeled_loop.json); the
+# unpeeled loop keeps it uniform (knobs_loop_causal_*_2026-11-22_tau_after_pv_wait.json: +0.7 %). flash-attn-4's
 # test is not counted.
 TAU_TEST_INSTR = 12.0
 TAU_TEST_INSTR_BUILDS = {(256, False): 13.0}  # (hdim, causal) -> count, else 12

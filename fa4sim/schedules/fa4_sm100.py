@@ -1,4 +1,4 @@
-"""FA4 forward on SM100 (B200), as ../shared/reference/fa4-schedules.md describes it.
+"""FA4 forward on SM100 (B200), as docs/reference/fa4-schedules.md describes it.
 
 One CTA per SM, 16 warps. Warp roles (names as in flash_fwd_sm100.py):
   softmax{s}  warpgroup s owns Q tile s (128 rows; one thread per row, S and P in TMEM)
