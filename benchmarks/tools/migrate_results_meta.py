@@ -122,6 +122,10 @@ def complete(kind: str, doc: dict) -> None:
             for name, c in (p.get("configs") or {}).items():
                 if c:
                     complete_config(p, c)
+    elif kind == "idle_wgs":  # one persistent CTA, tile_n 128, the kernel that idles warpgroups without rows
+        for c in doc["cases"]:
+            c.setdefault("fa4kernel_config", {"tile_m": c["tile_m"], "tile_n": 128, "persistent": True,
+                                              "skip_idle_wgs": True})
     elif kind == "loop_intervals":
         for p in doc["points"]:
             p.setdefault("causal", False)
