@@ -492,7 +492,7 @@ def main(argv=None) -> int:
 
     t0 = time.perf_counter()
     dev = Device()
-    res = {"meta": meta(), "scripts": {"bursts": "bench_bursts.py"},
+    res = {"meta": meta("bursts"), "scripts": {"bursts": "bench_bursts.py"},
            "benchmarks": {"bursts": run(dev, ops, args.wgmma_n, gaps, stream_warps)}}
     res["seconds"] = round(time.perf_counter() - t0, 2)
     with open(args.out, "w") as f:
