@@ -2,7 +2,7 @@
 
     python benchmarks/bench_sim_speed.py [--out benchmarks/results/sim_speed_<host>_<date>.json]
 
-Targets (issue 2): one `fa4sim run` of FA4 forward hd128, seqlen 32k, batch 1, 16 heads on B200
+Targets: one `fa4sim run` of FA4 forward hd128, seqlen 32k, batch 1, 16 heads on B200
 under 1 s for the whole process; a 200-point sweep under 60 s, on a 2-core machine.
 """
 import argparse

@@ -1,4 +1,4 @@
-"""Where does a short causal launch lose its time? (issue 3 / issue 4; device script)
+"""Where does a short causal launch lose its time? (device script)
 
     python3 benchmarks/causal_sm90.py --out $OUT/causal.json [--hdims 128,64]
 

@@ -1,5 +1,5 @@
-"""Which SM ran which tile, when, and for how long: the whole launch, CTA by CTA (issue 4,
-diagnosis; device script).
+"""Which SM ran which tile, when, and for how long: the whole launch, CTA by CTA
+(diagnosis; device script).
 
     python3 benchmarks/cta_log_sm90.py --out $OUT/cta_log.json [--quick]
 

@@ -1,5 +1,5 @@
 """Where do the missing cycles of the SM90 forward live: inside one SM, or on the chip?
-(issue 4, diagnosis; device script)
+(diagnosis; device script)
 
     python3 benchmarks/ctas_sm90.py --out $OUT/ctas.json [--quick]
 

@@ -1,4 +1,4 @@
-"""What does a tile cost when some of its consumer warpgroups have no rows? (issue 3; device script)
+"""What does a tile cost when some of its consumer warpgroups have no rows? (device script)
 
     python3 benchmarks/idle_wg_sm90.py --out $OUT/idle_wg.json
 

@@ -1,4 +1,4 @@
-"""Which tile shape for which sequence length? (issue 3; device script)
+"""Which tile shape for which sequence length? (device script)
 
     python3 benchmarks/tile_choice_sm90.py --out $OUT/tile_choice.json
 

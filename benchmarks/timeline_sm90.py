@@ -1,4 +1,4 @@
-"""Measured timelines of fa4kernel's SM90 forward (issue 4, step 3): device script.
+"""Measured timelines of fa4kernel's SM90 forward: device script.
 
     python3 benchmarks/timeline_sm90.py --out DIR [--cta N]
 

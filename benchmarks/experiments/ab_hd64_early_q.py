@@ -1,4 +1,4 @@
-"""A/B (device, H100, 2026-11-22, ninth session): hd64 with early_q_release off (the auto choice for
+"""A/B (device, H100, 2026-11-22, the kernel with the unpeeled KV loop): hd64 with early_q_release off (the auto choice for
 3 consumer warpgroups) and on, now that the loop no longer peels its last block. Run from the repo
 root: source .gpu/setup-device.sh; python3 <this file> (writes $OUT/ab_hd64_early_q.json)."""
 import sys, json, os, statistics, torch

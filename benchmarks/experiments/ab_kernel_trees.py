@@ -1,7 +1,7 @@
 """A/B in one process: fa4kernel (working tree) vs fa4kernel_old (scratch_ab copy of HEAD) vs flash-attn-4,
 round-robin, benchmark grid points + one-CTA loop."""
 import json, os, sys, time, statistics
-root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository
 sys.path.insert(0, root); sys.path.insert(0, os.path.join(root, "scratch_ab"))
 import torch
 import fa4kernel, fa4kernel_old

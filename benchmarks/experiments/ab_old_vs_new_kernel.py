@@ -1,7 +1,7 @@
 """A/B: time a few points with whichever fa4kernel is first on sys.path (old tree or new)."""
 import json, os, sys, time
 which = sys.argv[1]  # "old" or "new"
-root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository
 sys.path.insert(0, root)
 if which == "old":
     sys.path.insert(0, os.path.join(root, "scratch_ab"))

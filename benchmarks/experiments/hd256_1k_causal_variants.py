@@ -1,6 +1,6 @@
 """hd256 1k causal (the last H100 point below cuDNN): tile-order sections and a few knobs, round-robin."""
 import json, os, sys
-root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository
 sys.path.insert(0, root)
 import torch
 import fa4kernel

@@ -1,6 +1,6 @@
 """hd256 / hd128 1k causal: fa4kernel with the host table's last section of 3 (default), 5, 8 waves, vs cuDNN, one process round-robin."""
 import json, os, sys
-root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository
 sys.path.insert(0, root)
 import torch
 import fa4kernel

@@ -1,6 +1,6 @@
 """Host-table variants (last-section waves, L2 section size) over the benchmark grid, one process, round-robin."""
 import json, os, sys
-root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository
 sys.path.insert(0, root)
 import torch
 import fa4kernel

@@ -1,6 +1,6 @@
 """hd64: two persistent CTAs per SM (128 x 64 tiles) vs the default, beside cuDNN; round-robin."""
 import json, os, sys, time
-root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository
 sys.path.insert(0, root)
 import torch
 import fa4kernel
