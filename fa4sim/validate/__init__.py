@@ -25,9 +25,9 @@ from pathlib import Path
 
 from ..errors import InputError
 from . import idle_wgs, intervals, launches, points, tile_costs
-from .common import PEER_KNOBS, model_knobs, profile_for  # noqa: F401  (the package's public names)
+from .common import PEER_KNOBS, kernel_knobs, model_knobs, profile_for  # noqa: F401  (the package's public names)
 from .intervals import knob_scoreboard, plot_knob_deltas, report_scoreboard
-from .points import expand, kernel_knobs  # noqa: F401
+from .points import expand  # noqa: F401
 
 MODULES = {"points": points, "knob_points": points, "loop_intervals": intervals, "tile_costs": tile_costs,
            "idle_wgs": idle_wgs, "cta_log": launches}

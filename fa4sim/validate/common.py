@@ -70,6 +70,12 @@ def model_knobs(kernel: str, recorded: dict | None = None) -> dict:
     return knobs
 
 
+def kernel_knobs(point: dict) -> dict:
+    """Our kernel's configuration at an end-to-end point as it ran (its recorded fa4kernel_config
+    over the knobs it was given), as model knobs."""
+    return model_knobs("fa4kernel", {**(point.get("knobs") or {}), **(point.get("fa4kernel_config") or {})})
+
+
 def compiled_pv_wait(kernel: str, problem: Problem, knobs: dict) -> dict:
     """The knobs max/fma/mufu_before_pv for where `kernel`'s compiled loop waits for the previous
     block's PV GEMM (fa4sim/schedules/pv_wait_sm90.py; its default build where the variant is not

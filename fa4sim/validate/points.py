@@ -27,7 +27,8 @@ import statistics
 from ..errors import InputError
 from ..model import simulate
 from ..params import Problem
-from .common import PV_WAIT, SIMULATED, compiled_pv_wait, model_knobs, profile_for, progress, pyplot, save, verdict
+from .common import (PV_WAIT, SIMULATED, compiled_pv_wait, kernel_knobs, model_knobs, profile_for, progress, pyplot,
+                     save, verdict)
 
 # variants bench_fwd_sm90.py records beside a point's default run, and what they change
 VARIANT_CONFIG = {"1 tile/CTA": {"persistent": False}, "persistent=True": {"persistent": True}}
@@ -62,12 +63,6 @@ def expand(points: list[dict]) -> list[dict]:
             out.append({**keep, **own, "label": name, "baseline": base if name != "default" else None,
                         "results": {"fa4kernel": res}, "fa4kernel_config": config})
     return out
-
-
-def kernel_knobs(point: dict) -> dict:
-    """Our kernel's configuration as it ran (its recorded config over the knobs it was given), as
-    model knobs."""
-    return model_knobs("fa4kernel", {**(point.get("knobs") or {}), **(point.get("fa4kernel_config") or {})})
 
 
 def compare(doc: dict, hw: str | None = None, at_profile_clock: bool = False, pv_wait: str = "model") -> dict:
