@@ -25,6 +25,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import fa4kernel  # noqa: E402
 from benchmarks.nvml_clock import ClockSampler  # noqa: E402
+from benchmarks.provenance import stamp  # noqa: E402
 
 # NVML's SM clock, sampled during every timed batch: the power cap moves it by 10-20 % between
 # runs, so cycles (what fa4sim predicts) = time x the clock of that very batch.
@@ -291,7 +292,7 @@ def bench_point(impls, b, s, h, d, causal, results, quick, knobs=None, label=Non
     if ok:
         _time_into(point, ok, reps, f, probe_read, variant_reads)
     if knobs is not None or label is None:
-        point["fa4kernel_config"] = cfg0.as_dict()
+        point["fa4kernel_config"] = as_ran(cfg0)
         point["fa4kernel_compile_s"] = fa4kernel.COMPILE_TIMES.get(cfg0)
     results.append(point)
     r = point["results"]
@@ -300,6 +301,12 @@ def bench_point(impls, b, s, h, d, causal, results, quick, knobs=None, label=Non
     print(f"hd{d:<3} s{s:<6} b{b:<3} h{h:<3} causal={int(causal)} {label or '':<28} {line}", flush=True)
     del q, k, v
     return point
+
+
+def as_ran(cfg) -> dict:
+    """A resolved KernelConfig as recorded: its fields, and that the kernel idles warpgroups whose
+    rows all lie past seqlen_q (skip_idle_wgs, which fa4sim validate needs)."""
+    return {**cfg.as_dict(), "skip_idle_wgs": True}
 
 
 def bench_knobs(impls, b, s, h, d, causal, variants, results, quick):
@@ -315,7 +322,7 @@ def bench_knobs(impls, b, s, h, d, causal, variants, results, quick):
     variant_reads = {}
     for label, kn in variants:
         fns[f"fa4kernel[{label}]"] = impls.ours(q, k, v, causal, **kn)
-        point["configs"][label] = fa4kernel.interface.resolve_config(q, k, v, causal, **kn).as_dict()
+        point["configs"][label] = as_ran(fa4kernel.interface.resolve_config(q, k, v, causal, **kn))
         if kn:  # the default's clock is the plain probe's
             fns[variant_probe(label)], variant_reads[label] = impls.ours_clock_probe(q, k, v, causal, **kn)
     if impls.fa4 is not None:
@@ -360,13 +367,14 @@ def main():
                "sm_mhz = mean NVML SM clock sampled every 0.5 ms during that candidate's timed batches",
         nvml=dict(ok=SAMPLER.ok, error=SAMPLER.error),
     )
+    stamp(meta, "knob_points" if args.only_knobs else "points")
     impls = Impls()
     meta["peer_import_errors"] = impls.errors
     results = []
     out = args.out
     if out is None:
-        name = dev.replace("NVIDIA ", "").replace(" ", "_")
-        # a knobs-only file is not a grid: its own name, so the grid readers (sm90_fwd_*) skip it
+        name = "h200" if "H200" in dev else "h100" if "H100" in dev else dev.replace("NVIDIA ", "").replace(" ", "_").lower()
+        # a knobs-only file is not a grid: its own name (and meta.kind), so the grid readers skip it
         stem = "fwd_knobs_sm90" if args.only_knobs else "sm90_fwd"
         out = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
                            f"{stem}_{name}_{dt.date.today().isoformat()}.json")

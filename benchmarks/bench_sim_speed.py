@@ -2,7 +2,7 @@
 
     python benchmarks/bench_sim_speed.py [--out benchmarks/results/sim_speed_<host>_<date>.json]
 
-Targets (issue 2): one `fa4sim run` of FA4 forward hd128, seqlen 32k, batch 1, 16 heads on B200
+Targets: one `fa4sim run` of FA4 forward hd128, seqlen 32k, batch 1, 16 heads on B200
 under 1 s for the whole process; a 200-point sweep under 60 s, on a 2-core machine.
 """
 import argparse
@@ -15,6 +15,9 @@ import subprocess
 import sys
 import tempfile
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from benchmarks.provenance import stamp  # noqa: E402
 
 RUN = [sys.executable, "-m", "fa4sim.cli", "run", "--hw", "b200", "--schedule", "fa4", "--hdim", "128",
        "--seqlen", "32768", "--batch", "1", "--heads", "16"]
@@ -41,8 +44,8 @@ def main():
         sweep = [sys.executable, "-m", "fa4sim.cli", "sweep", "--hw", "b200", "--batch", "1", "--heads", "16",
                  *SWEEP_GRID, "--out", os.path.join(d, "s"), "--no-progress"]
         sweep_times = timed(sweep, 1)
-    res = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-           "host": platform.node(), "cpus": os.cpu_count(), "python": platform.python_version(),
+    meta = stamp({"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}, "sim_speed")
+    res = {"meta": meta, "host": platform.node(), "cpus": os.cpu_count(), "python": platform.python_version(),
            "run_cmd": " ".join(RUN[2:]), "run_wall_s": run_times, "run_median_s": statistics.median(run_times),
            "sweep_points": 200, "sweep_wall_s": sweep_times[0]}
     print(json.dumps(res, indent=1))

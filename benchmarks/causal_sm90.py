@@ -1,4 +1,4 @@
-"""Where does a short causal launch lose its time? (issue 3 / issue 4; device script)
+"""Where does a short causal launch lose its time? (device script)
 
     python3 benchmarks/causal_sm90.py --out $OUT/causal.json [--hdims 128,64]
 
@@ -213,11 +213,14 @@ def main():
 
     import torch
 
+    from benchmarks.provenance import stamp
+
     torch.manual_seed(0)
     res = {"meta": {"device": torch.cuda.get_device_name(), "date": dt.datetime.now(dt.timezone.utc)
                     .isoformat(timespec="seconds"), "torch": torch.__version__, "reps": args.reps,
                     "method": __doc__.strip().split("\n\n")[1]}, "tile_walk": [], "full_launch": [],
            "persistent_vs_not": []}
+    stamp(res["meta"], "causal_launches")
     for hd in ([] if args.only_sweep else (int(x) for x in args.hdims.split(","))):
         res["tile_walk"].append(tile_walk(hd, args.reps))
         with open(args.out, "w") as f:

@@ -1,5 +1,5 @@
-"""Which SM ran which tile, when, and for how long: the whole launch, CTA by CTA (issue 4,
-diagnosis; device script).
+"""Which SM ran which tile, when, and for how long: the whole launch, CTA by CTA
+(diagnosis; device script).
 
     python3 benchmarks/cta_log_sm90.py --out $OUT/cta_log.json [--quick]
 
@@ -151,9 +151,13 @@ def main():
 
     import cutlass
 
-    res = {"device": torch.cuda.get_device_name(), "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-           "torch": torch.__version__, "cutlass_dsl": getattr(cutlass, "__version__", "?"),
-           "sms": torch.cuda.get_device_properties(0).multi_processor_count, "points": []}
+    from benchmarks.provenance import stamp
+
+    res = {"meta": stamp({"device": torch.cuda.get_device_name(),
+                          "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+                          "torch": torch.__version__, "cutlass_dsl": getattr(cutlass, "__version__", "?"),
+                          "sms": torch.cuda.get_device_properties(0).multi_processor_count}, "cta_log"),
+           "points": []}
     pts = POINTS[:1] if a.quick else [POINTS[int(i)] for i in a.only.split(",")] if a.only else POINTS
     for i, (hd, s, causal, knobs) in enumerate(pts):
         p = run_point(hd, s, causal, knobs, 3 if a.quick else a.reps)

@@ -1,5 +1,5 @@
 """Where do the missing cycles of the SM90 forward live: inside one SM, or on the chip?
-(issue 4, diagnosis; device script)
+(diagnosis; device script)
 
     python3 benchmarks/ctas_sm90.py --out $OUT/ctas.json [--quick]
 
@@ -314,9 +314,14 @@ def main():
     torch.manual_seed(0)
     dev = torch.device("cuda")
     sk1, sk2 = (int(x) for x in args.seqlens.split(","))
+    from benchmarks.provenance import stamp
+
     res = {"meta": {"device": torch.cuda.get_device_name(), "date": dt.datetime.now(dt.timezone.utc)
                     .isoformat(timespec="seconds"), "torch": torch.__version__, "seqlens_k": [sk1, sk2],
                     "reps": args.reps, "method": __doc__.strip().split("\n\n")[1]}, "points": []}
+    # what the file holds: one measurement with --only-tiles / --only-short / --only-traces, else the loops
+    stamp(res["meta"], "tile_costs" if args.only_tiles else "short_tiles" if args.only_short
+          else "light_traces" if args.only_traces else "loop_intervals")
 
     def point(hd, pattern, n, label, knobs, skip, ablate="", pin=False, causal=False):
         # causal: the causal build; one Q tile at the bottom of a long K (bottom-right aligned), so

@@ -1,4 +1,4 @@
-"""What does a tile cost when some of its consumer warpgroups have no rows? (issue 3; device script)
+"""What does a tile cost when some of its consumer warpgroups have no rows? (device script)
 
     python3 benchmarks/idle_wg_sm90.py --out $OUT/idle_wg.json
 
@@ -36,12 +36,14 @@ def main():
 
     import fa4kernel
     from benchmarks.bench_fwd_sm90 import time_interleaved
+    from benchmarks.provenance import stamp
     from fa4kernel import interface
 
     res = {"meta": {"device": torch.cuda.get_device_name(), "date": dt.datetime.now(dt.timezone.utc)
                     .isoformat(timespec="seconds"), "torch": torch.__version__, "reps": args.reps,
                     "heads": HEADS, "seqlen_k": SEQLEN_K, "method": __doc__.strip().split("\n\n")[2]},
            "cases": []}
+    stamp(res["meta"], "idle_wgs")
     interface.MAX_CTAS = 1
     try:
         for hd, tile_m in CASES:
@@ -57,7 +59,9 @@ def main():
             full = t[wgs][0]
             row = {"head_dim": hd, "tile_m": tile_m, "warpgroups": wgs,
                    "ms": {live: x[0] for live, x in t.items()},
-                   "ratio_to_full": {live: x[0] / full for live, x in t.items()}}
+                   "ratio_to_full": {live: x[0] / full for live, x in t.items()},
+                   # as it ran: one persistent CTA; the kernel idles warpgroups without rows
+                   "fa4kernel_config": {"tile_m": tile_m, "tile_n": 128, "persistent": True, "skip_idle_wgs": True}}
             res["cases"].append(row)
             print(f"hd{hd} tile_m {tile_m}: " + " ".join(f"{live}/{wgs} live {r:.3f}"
                                                       for live, r in row["ratio_to_full"].items()), flush=True)

@@ -86,6 +86,8 @@ def main():
     a = ap.parse_args()
     rows = run([int(x) for x in a.hdims.split(",")], [int(x) for x in a.lengths.split(",")],
                [int(x) for x in a.ctas.split(",")], a.reps)
+    from benchmarks.provenance import stamp
+
     meta = dict(device=torch.cuda.get_device_name(), date=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
                 torch=torch.__version__, cutlass_dsl=bench._version("nvidia-cutlass-dsl"),
                 flash_attn_4=bench._version("flash-attn-4"),
@@ -93,7 +95,7 @@ def main():
                        "lengths; both kernels round-robin in one process; cycles at our clock-probe build's in-kernel clock")
     if a.out:
         with open(a.out, "w") as f:
-            json.dump(dict(meta=meta, rows=rows), f, indent=1)
+            json.dump(dict(meta=stamp(meta, "loop_vs_fa4"), rows=rows), f, indent=1)
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ PIPES = {"max": ("FMNMX",), "fma": ("FFMA", "FADD"), "mufu": ("MUFU",)}
 VARIANTS = [{}, {"exp_emulation": 0.125}, {"exp_emulation": 0.25}, {"rescale_threshold": 8.0},
             {"exp_emulation": 0.125, "rescale_threshold": 8.0}, {"pingpong": False},
             {"p_in_registers": False}, {"kv_stages": 3},
-            # conditional rescaling after the PV wait (its default until the twelfth session)
+            # conditional rescaling after the PV wait (the kernel's default before rescale_before_pv)
             {"rescale_threshold": 8.0, "rescale_before_pv": False},
             {"exp_emulation": 0.125, "rescale_threshold": 8.0, "rescale_before_pv": False}]
 

@@ -1,4 +1,4 @@
-"""Which tile shape for which sequence length? (issue 3; device script)
+"""Which tile shape for which sequence length? (device script)
 
     python3 benchmarks/tile_choice_sm90.py --out $OUT/tile_choice.json
 
@@ -65,11 +65,13 @@ def main():
 
     import fa4kernel
     from benchmarks.bench_fwd_sm90 import Impls, flops, time_interleaved
+    from benchmarks.provenance import stamp
 
     impls = Impls()
     res = {"meta": {"device": torch.cuda.get_device_name(), "date": dt.datetime.now(dt.timezone.utc)
                     .isoformat(timespec="seconds"), "torch": torch.__version__,
                     "method": __doc__.strip().split("\n\n")[1]}, "points": []}
+    stamp(res["meta"], "tile_choice")
     for hd, variants in cases.items():
         if args.hdim and hd not in args.hdim:
             continue

@@ -1,4 +1,4 @@
-"""Measured vs simulated timeline of fa4kernel's SM90 forward (issue 4, step 3): CPU script.
+"""Measured vs simulated timeline of fa4kernel's SM90 forward: CPU script.
 
     python3 benchmarks/timeline_compare.py DIR/timeline_hd128.json [more.json ...]
         [--hw h200-measured] [--tile 0] [--figdir figures] [--no-figure]

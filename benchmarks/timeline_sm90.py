@@ -1,4 +1,4 @@
-"""Measured timelines of fa4kernel's SM90 forward (issue 4, step 3): device script.
+"""Measured timelines of fa4kernel's SM90 forward: device script.
 
     python3 benchmarks/timeline_sm90.py --out DIR [--cta N]
 
@@ -122,7 +122,8 @@ def build_doc(label, head_dim, knobs, cfg, dec, device_name, cta, extra_meta, pr
                              "(to stamp between them); the normal build interleaves per row"),
     }
     meta.update(extra_meta)
-    return {"meta": meta, "events": dec["events"], "waits": dec["waits"]}
+    from benchmarks.provenance import stamp
+    return {"meta": stamp(meta, "timeline"), "events": dec["events"], "waits": dec["waits"]}
 
 
 def run_variant(label, head_dim, knobs, q, k, v, cta, reps, device_name, problem=PROBLEM):

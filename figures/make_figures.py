@@ -263,11 +263,12 @@ def fig_validation():
     return ", ".join(f"validation_{t}.png" for t in sorted(newest)) or "(no recorded benchmark: no validation figure)"
 
 
-# (pattern, head dims taken from it): hd128 and hd64 re-measured in the twelfth session (tau's
-# rescale moved before the PV GEMM); hd256 compiles to the same loop as in the ninth session
-CURRENT_KNOB_LOOPS = (("knobs_loop_h[12]00_2026-11-22_session12.json", None),
-                      ("knobs_loop_causal_h[12]00_2026-11-22_session12.json", None),
-                      ("knobs_loop_hd64_*_2026-11-22_session12.json", None),
+# (pattern, head dims taken from it): hd128 and hd64 measured with tau's rescale before the PV
+# GEMM; hd256's loop compiles the same in the files with the rescale after the PV wait
+CURRENT_KNOB_LOOPS = (("knobs_loop_h[12]00_2026-11-22_tau_before_pv.json", None),
+                      ("knobs_loop_causal_h[12]00_2026-11-22_tau_before_pv.json", None),
+                      ("knobs_loop_hd64_causal_h[12]00_2026-11-22.json", None),
+                      ("knobs_loop_hd64_h[12]00_2026-11-22.json", None),
                       ("knobs_loop_hd64_256*_2026-11-22.json", {256}))
 
 

@@ -161,7 +161,7 @@ for d in (64, 128, 256):
 # ## 3. Are the rates right? Recorded microbenchmarks
 #
 # The rates above come from vendor documents and papers. Our own Hopper microbenchmarks
-# (`benchmarks/calibrate/`, issue 4) record what the chip actually does in
+# (`benchmarks/calibrate/`) record what the chip actually does in
 # `benchmarks/results/calibrate_<device>_<date>.json`. When they exist, this cell puts each
 # measured per-clock rate beside the datasheet value and recomputes the H100 tile costs with it.
 

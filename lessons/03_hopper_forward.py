@@ -213,7 +213,7 @@ kit.check(biggest == max(gains, key=gains.get), "undo each mechanism and see whi
 
 # %% [markdown]
 # So a schedule trick's value in the model depends on a latency parameter: measure it before
-# trusting the prediction, which is what the calibration microbenchmarks (issue 4) are for.
+# trusting the prediction, which is what the calibration microbenchmarks (benchmarks/calibrate/) are for.
 #
 # ## 2. Measured: our SM90 kernel with the same knobs
 #
@@ -492,7 +492,7 @@ logs = kit.recorded("cta_log_2026-11-22/cta_log_*.json")
 for path, doc in logs:
     for p in doc["points"]:
         if (p["head_dim"], p["seqlen"], p["causal"], p["persistent"]) == (256, 1024, True, False):
-            print(f"measured, {doc['device']}: the first CTA on an SM takes {first_wave_extra(p):.0f} cycles "
+            print(f"measured, {doc['meta']['device']}: the first CTA on an SM takes {first_wave_extra(p):.0f} cycles "
                   f"longer than the same tile later")
 if not logs:
     print("No recorded CTA log (benchmarks/results/cta_log_*/): nothing to compare against.")
@@ -520,7 +520,7 @@ if slows_it is None:
     slows_it = False  # 128-long bursts cost the tensor core almost nothing; 512-long ones do
 
 # %%
-# the in-place FMUL bursts of the eighth session (one kernel for all codes) and the ninth (one per code)
+# the in-place FMUL bursts, all codes in one kernel (bursts_h*) and one kernel per code (bursts_per_code_*)
 bursts = kit.recorded("bursts_h*_2026-11-22.json") + kit.recorded("bursts_per_code_*_2026-11-22.json")
 for path, doc in bursts:
     b = doc["benchmarks"]["bursts"]
@@ -543,7 +543,7 @@ for label, over in (("measured burst rate", {}), ("the mix's rate", {"dense_issu
     print(f"O rescale at {label}: hd256 loop {r.interval:.0f} cycles per KV block")
 
 # %% [markdown]
-# The ninth session's run times every code in its own kernel and adds the row max's FMNMX and P's
+# The run with one kernel per code adds the row max's FMNMX and P's
 # F2FP pack (the ALU pipe, half the FP32 rate). Is "about half its own rate" a shared cap on
 # issue (then FMNMX, alone below the cap, would barely slow) or a slowdown of everything?
 
@@ -625,15 +625,15 @@ for path, doc in kit.recorded("tile_costs_knobs_*.json")[:1]:
 # With the knob the model gets the *difference* about right (about +300 against +320), but both tiles
 # come out 7-9 % too short, where without it they were close. So a second cost at the tile
 # boundary is still missing, and the knob stays off until it is found
-# (benchmarks/calibrate/README.md, eleventh session). A mechanism can be right while the model
+# (benchmarks/calibrate/README.md, tile costs by knob). A mechanism can be right while the model
 # around it still balances on a missing piece: adding it alone can make the validation worse.
 #
 # ### Exercise 3.9: where conditional rescaling's branch goes
 #
 # FA4's conditional rescaling (lesson 01) multiplies O only when some row's max moved by more
 # than tau, so on most KV blocks a warp votes, branches and skips its 64 FMULs. The model charges
-# instructions, not branches: it predicted a small gain for tau = 8 in our kernel. Until the
-# twelfth session the kernel rescaled O after the PV wait, and there the measured gain was
+# instructions, not branches: it predicted a small gain for tau = 8 in our kernel. Where the
+# kernel rescales O after the PV wait (its order before `rescale_before_pv`), the measured gain is
 # nothing. The recorded ablations (`benchmarks/ctas_sm90.py --only-ablations`, one CTA, hd128,
 # exact cycles per KV block) time each build with its rescale code compiled out. How many more
 # cycles per KV block does tau's test-and-branch cost than the 64 FMULs it skips?
@@ -705,16 +705,17 @@ for path, doc in kit.recorded("rescale_branch_h100_2026-11-22/rescale_before_pv.
 later_by_percent = None  # <- your guess: 0 if the slowest CTA ends at the slowest load
 
 # %%
-from fa4sim.launch_replay import replay_persistent
+from fa4sim.validate.launches import replay_persistent
 
 measured_later = {}
 for path, doc in kit.recorded("cta_log_2026-11-22/cta_log_tiles_*.json"):
     for p in doc["points"]:
         if "tile_logs" in p and (p["head_dim"], p["seqlen"], p["causal"]) == (256, 1024, True):
             load, end = replay_persistent(p)  # cycles: slowest replayed load, measured slowest CTA
-            measured_later[doc["device"]] = 100 * (end / load - 1)
-            print(f"measured, {doc['device']} ({kit.describe(doc)[1][:10]}): slowest load {load:.0f} cycles, "
-                  f"slowest CTA {end:.0f} ({measured_later[doc['device']]:+.1f} %)")
+            device = doc["meta"]["device"]
+            measured_later[device] = 100 * (end / load - 1)
+            print(f"measured, {device} ({kit.describe(doc)[1][:10]}): slowest load {load:.0f} cycles, "
+                  f"slowest CTA {end:.0f} ({measured_later[device]:+.1f} %)")
 if not measured_later:
     print("No recorded tile log (benchmarks/results/cta_log_2026-11-22/cta_log_tiles_*.json): nothing to compare against.")
 

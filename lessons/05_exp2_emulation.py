@@ -229,8 +229,8 @@ else:
 
 # %% [markdown]
 # **Explain.** Charged as 8 full instructions (FMNMX, 3 FADD, 3 FFMA, LEA instead of one
-# MUFU.EX2) at the issue rate the softmax mix gets beside a running wgmma, as the model did until
-# its twelfth calibration session, emulation 0.25 costs ~10 %. The kernel pays 3-4 %. A unit
+# MUFU.EX2) at the issue rate the softmax mix gets beside a running wgmma (the model's charge
+# before `mix_fill_slots`), emulation 0.25 costs ~10 %. The kernel pays 3-4 %. A unit
 # benchmark shows why: `benchmarks/calibrate/bench_bursts.py` runs the softmax-like mix (180
 # instructions over 32 elements) with 0, 4 or 8 of its exp2s emulated, one warp per scheduler,
 # beside a wgmma that never stops.
@@ -284,7 +284,7 @@ if bursts:
 # the kernel. It is still not one number for every kernel: beside a wider or narrower wgmma the
 # benchmark gives 1.5 to 9 slots, and at hd64 (three consumer warpgroups, three warps per
 # scheduler) and hd256 the kernel loses 2-6x more than 2.4 slots predict
-# (benchmarks/calibrate/README.md, tenth and twelfth sessions). Try it: `simulate(..., {"exp_emulation":
+# (benchmarks/calibrate/README.md, emulated exp2s). Try it: `simulate(..., {"exp_emulation":
 # 0.25, "mix_fill_slots": 1.0})` is the old charge.
 
 # %% [markdown]

@@ -155,7 +155,8 @@ def test_tile_jitter_from_a_tile_log(tmp_path):
            for k, t in enumerate(row)]
     point = {"head_dim": 128, "seqlen": 1024, "causal": False, "tile_m": 128, "tile_n": 128, "num_m": 8,
              "table": table, "tile_logs": [log]}
-    doc = {"device": "Test GPU", "date": "2026-11-22T00:00:00+00:00", "points": [{"head_dim": 64}, point]}
+    doc = {"meta": {"kind": "cta_log", "device": "Test GPU", "date": "2026-11-22T00:00:00+00:00"},
+           "points": [{"head_dim": 64}, point]}
     value, details = tile_jitter(doc, tma_bytes_per_clk=128 * 128 * 2 / 300)  # a Q load = 300 cycles
     assert value == pytest.approx(30 / 300) and "12 middle tiles" in details
     src, prof = tmp_path / "log.json", tmp_path / "prof.json"

@@ -1,4 +1,5 @@
-"""fa4sim validate on a small synthetic results file (the format of benchmarks/bench_fwd_sm90.py)."""
+"""fa4sim validate on small synthetic result files of each evidence kind (fa4sim/validate/), and
+its one-line errors for files it cannot read."""
 import json
 
 import pytest
@@ -17,7 +18,7 @@ def point(label, knobs, ours, peer=None, causal=False):
             "knobs": knobs, "results": res}
 
 
-DOC = {"meta": {"device": "NVIDIA H100 80GB HBM3", "date": "2026-11-22T00:00:00+00:00"},
+DOC = {"meta": {"kind": "points", "device": "NVIDIA H100 80GB HBM3", "date": "2026-11-22T00:00:00+00:00"},
        "points": [point("main", {}, 600.0, 650.0), point("main", {}, 300.0, 320.0, causal=True),
                   {"batch": 2, "seqlen": 8192, "heads": 16, "hdim": 128, "causal": False, "label": "knobs",
                    "configs": {"default": {}, "pingpong=False": {"pingpong": False}},
@@ -52,11 +53,44 @@ def test_cli_validate(tmp_path, capsys):
 def test_bad_results_file(tmp_path):
     f = tmp_path / "x.json"
     f.write_text("{}")
-    with pytest.raises(InputError):
+    with pytest.raises(InputError, match="no meta.kind"):
         validate.load(str(f))
-    with pytest.raises(InputError):
+    with pytest.raises(InputError, match="no such file"):
         validate.load(str(tmp_path / "missing.json"))
     assert validate.profile_for("NVIDIA H200") in ("h200", "h200-measured")
+
+
+@pytest.mark.parametrize("case, expect", [
+    ("folder", "is a folder"),
+    ("missing", "no such file"),
+    ("list", "JSON list"),
+    ("not_json", "not JSON"),
+    ("no_kind", "no meta.kind"),
+    ("unknown_kind", "'bursts'"),
+])
+def test_cli_bad_input_is_one_line_and_exit_2(tmp_path, capsys, case, expect):
+    """What validate cannot read: exit code 2 and one line on stderr that says why, no traceback."""
+    files = {"folder": tmp_path, "missing": tmp_path / "missing.json", "list": "[1, 2]", "not_json": "{oops",
+             "no_kind": json.dumps({"meta": {"device": "H100"}, "points": []}),
+             "unknown_kind": json.dumps({"meta": {"kind": "bursts"}})}
+    target = files[case]
+    if isinstance(target, str):
+        path = tmp_path / f"{case}.json"
+        path.write_text(target)
+        target = path
+    assert main(["validate", str(target)]) == 2
+    captured = capsys.readouterr()
+    err = captured.err.strip().splitlines()
+    assert len(err) == 1 and expect in err[0] and "Traceback" not in captured.err and not captured.out
+
+
+def test_progress_on_stderr(tmp_path, capsys):
+    """A file of several points says how far the simulations are, on stderr (stdout stays the report)."""
+    f = tmp_path / "r.json"
+    f.write_text(json.dumps(DOC))
+    assert validate.main([str(f)], "h100") == 0
+    captured = capsys.readouterr()
+    assert "point 1/" in captured.err and "point" not in captured.out.splitlines()[0]
 
 
 def test_prediction_at_the_points_measured_clock():
@@ -75,14 +109,19 @@ def test_prediction_at_the_points_measured_clock():
 
 
 def interval_point(variant, knobs, n, cycles, hdim=128, pattern="shared"):
-    return {"hdim": hdim, "pattern": pattern, "n_ctas": n, "variant": variant, "knobs": knobs,
-            "tile_m": 128, "tile_n": 128, "cycles_per_kv_block": cycles}
+    return {"hdim": hdim, "causal": False, "pattern": pattern, "n_ctas": n, "variant": variant, "knobs": knobs,
+            "tile_m": 128, "tile_n": 128, "rescale_before_pv": False, "early_q_release": False,
+            "defer_o_store_wait": False, "cycles_per_kv_block": cycles}
+
+
+INTERVAL_META = {"kind": "loop_intervals", "device": "NVIDIA H100 80GB HBM3", "date": "2026-11-22",
+                 "seqlens_k": [2048, 4096]}
 
 
 def test_compare_intervals(capsys, tmp_path):
     """benchmarks/ctas_sm90.py files: cycles per KV block against the simulated steady state, and
     the per-SM knob deltas against 'default' at the same CTA count."""
-    doc = {"meta": {"device": "NVIDIA H100 80GB HBM3", "date": "2026-11-22", "seqlens_k": [2048, 4096]},
+    doc = {"meta": INTERVAL_META,
            "points": [interval_point("default", {}, 1, 2400.0), interval_point("skip_softmax", {}, 1, 2048.0),
                       interval_point("pingpong=False", {"pingpong": False}, 1, 2300.0)]}
     assert validate.is_interval_file(doc) and not validate.is_interval_file(DOC)
@@ -101,9 +140,11 @@ def test_compare_intervals(capsys, tmp_path):
 def test_idle_warpgroup_file(tmp_path, capsys):
     """benchmarks/idle_wg_sm90.py's file: a tile with idle warpgroups vs a full one, measured and
     simulated (skip_idle_wgs); fewer live warpgroups cost less, never less than in proportion."""
-    doc = {"meta": {"device": "NVIDIA H100 80GB HBM3", "date": "2026-11-22", "heads": 4, "seqlen_k": 1024},
+    doc = {"meta": {"kind": "idle_wgs", "device": "NVIDIA H100 80GB HBM3", "date": "2026-11-22", "heads": 4,
+                    "seqlen_k": 1024},
            "cases": [{"head_dim": 64, "tile_m": 192, "warpgroups": 3,
-                      "ratio_to_full": {"1": 0.59, "2": 0.85, "3": 1.0}}]}
+                      "ratio_to_full": {"1": 0.59, "2": 0.85, "3": 1.0},
+                      "fa4kernel_config": {"tile_m": 192, "tile_n": 128, "persistent": True, "skip_idle_wgs": True}}]}
     path = tmp_path / "idle.json"
     path.write_text(json.dumps(doc))
     r = validate.compare_idle_wg(validate.load(str(path)), "h100-measured")
@@ -185,8 +226,7 @@ def test_several_knob_loop_files_give_a_scoreboard_and_a_plot(tmp_path, capsys):
         pts = [interval_point("default", {}, 1, 2400.0), interval_point("intra_wg_overlap=False", off, 1, cycles_off)]
         for p in pts:
             p["causal"] = causal
-        return {"meta": {"device": "NVIDIA H100 80GB HBM3", "date": "2026-11-22", "seqlens_k": [2048, 4096]},
-                "points": pts}
+        return {"meta": INTERVAL_META, "points": pts}
     files = []
     # non-causal: 3 % slower without overlap (as the model says); causal: 10 % *faster* (it does not)
     for i, (causal, cycles) in enumerate(((False, 2400 / 0.97), (True, 2400 / 1.10))):
@@ -218,7 +258,7 @@ def test_plot_of_several_files_needs_knob_loops(tmp_path, capsys):
 def test_tile_cost_file(tmp_path, capsys):
     """benchmarks/ctas_sm90.py --only-tiles: cycles per tile of one persistent CTA, measured vs the
     fa3 schedule walking the same tiles; two tile lengths split a tile into per-block and per-tile
-    parts, and a file without knob variants (the ninth session's) reads as the default build; Q
+    parts, and a tile without knob variants reads as the default build; Q
     comes from L2 there (the launches repeat on the same tensors)."""
     from fa4sim import hardware
     from fa4sim.engine import simulate
@@ -230,7 +270,7 @@ def test_tile_cost_file(tmp_path, capsys):
              "cycles_by_tiles": {"1": 0.0, "3": 0.0}, "cycles_per_tile": cycles}
         return {**t, "knobs": knobs} if knobs is not None else t
 
-    doc = {"meta": {"device": "NVIDIA H100 80GB HBM3", "date": "2026-11-22"}, "points": [],
+    doc = {"meta": {"kind": "tile_costs", "device": "NVIDIA H100 80GB HBM3", "date": "2026-11-22"}, "points": [],
            "tile_costs": [tile(1, 4100.0), tile(2, 7300.0), tile(2, 7000.0, {"pingpong": False})]}
     assert validate.is_tile_cost_file(doc) and not validate.is_interval_file(doc)
     r = validate.compare_tile_costs(doc, "h100-measured")
@@ -253,5 +293,7 @@ def test_tile_cost_file(tmp_path, capsys):
     assert "cycles per tile" in out and "per block" in out
     assert main(["validate", str(path), "--plot", str(tmp_path / "p.png")]) == 0
     assert (tmp_path / "p.png").stat().st_size > 0
+    capsys.readouterr()
     assert main(["validate", str(path), str(path), "--plot", str(tmp_path / "q.png")]) == 2
-    assert "give it alone" in capsys.readouterr().err
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--plot" in err[0]

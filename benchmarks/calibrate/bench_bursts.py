@@ -39,9 +39,8 @@ instruction are (window - alone cycles per wgmma x wgmmas) / (burst instructions
     ... bench_bursts.py --out D.json --ops mix,mix_emu25,fmul --mma-gaps 0,100,300,600,1000,2000,4000     # GPU, ~20 s
 
 Results (H100, H200) and what fa4sim takes from them (dense_issue_under_mma; the smem:lsu share):
-benchmarks/calibrate/README.md, "Eighth session" (one kernel for all codes), "Ninth session"
-(one kernel per code, FMNMX and F2FP added) and "Tenth session" (emulated exp2s, the pair, STSM,
-the wgmma's width).
+benchmarks/calibrate/README.md (one kernel for all codes; one kernel per code, with FMNMX and
+F2FP; emulated exp2s, the pair, STSM, the wgmma's width).
 """
 from __future__ import annotations
 
@@ -81,7 +80,7 @@ DENSE = (0, 1, 4, 5)  # the one-instruction codes: FMUL, FFMA, FMNMX, F2FP
 # warp instructions per block of each op (the mix: one pass of bench_contention's softmax-like mix
 # over 32 elements; int: 64 steps of u = (u ^ v) + w, which ptxas compiles to 64 LOP3 and 64 adds
 # (IADD3 / IMAD, 15 / 49 since each code compiles alone) on the regular integer pipe, not the
-# uniform datapath; the eighth session's kernel held 129: 64 LOP3, 48 IADD3, 17 IMAD)
+# uniform datapath; fa4kernel's loop with its last KV block peeled held 129: 64 LOP3, 48 IADD3, 17 IMAD)
 BLOCK_INSTR = {"fmul": 4 * E, "ffma": 4 * E, "mix": sum(PER_TRIP["mix"].values()), "int": 128,
                "fmnmx": 4 * E, "f2fp": 4 * E, "stsm": 4 * E // 4}
 # stsm: P's store to shared memory in a P-via-smem build (fa4kernel hd128: 8 STSM.16.M88.4 per warp
@@ -492,7 +491,7 @@ def main(argv=None) -> int:
 
     t0 = time.perf_counter()
     dev = Device()
-    res = {"meta": meta(), "scripts": {"bursts": "bench_bursts.py"},
+    res = {"meta": meta("bursts"), "scripts": {"bursts": "bench_bursts.py"},
            "benchmarks": {"bursts": run(dev, ops, args.wgmma_n, gaps, stream_warps)}}
     res["seconds"] = round(time.perf_counter() - t0, 2)
     with open(args.out, "w") as f:

@@ -735,7 +735,7 @@ def main(argv=None):
 
     t0 = time.perf_counter()
     dev = Device()
-    res = {"meta": meta(), "scripts": {"contention": "bench_contention.py"}, "benchmarks": {}, "errors": {}}
+    res = {"meta": meta("contention"), "scripts": {"contention": "bench_contention.py"}, "benchmarks": {}, "errors": {}}
     try:
         res["benchmarks"]["contention"] = run(dev, args.clock_seconds)
     except Exception:  # noqa: BLE001

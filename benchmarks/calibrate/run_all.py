@@ -31,8 +31,12 @@ def _smi(args):
         return f"error: {e}"
 
 
-def meta():
+def meta(kind: str = "calibration"):
+    """The run's device, clocks and versions, with the result kind and the kernel version
+    (benchmarks/provenance.py)."""
     import importlib.metadata as md
+
+    from benchmarks.provenance import stamp
 
     import torch
 
@@ -48,7 +52,7 @@ def meta():
         except Exception:  # noqa: BLE001
             return None
 
-    return {
+    return stamp({
         "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "device": p.name, "num_sms": p.multi_processor_count,
         "l2_bytes": getattr(p, "L2_cache_size", None), "total_memory": p.total_memory,
@@ -57,7 +61,7 @@ def meta():
         "torch": torch.__version__, "cuda": torch.version.cuda,
         "cutlass_dsl": ver("nvidia-cutlass-dsl"), "triton": ver("triton"), "python": sys.version.split()[0],
         "host": os.uname().nodename,
-    }
+    }, kind)
 
 
 BENCHES = [

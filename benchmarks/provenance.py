@@ -1,0 +1,59 @@
+"""What a result file holds and which kernel made it: every file in benchmarks/results/ carries
+`meta.kind` (one of KINDS) and `meta.kernel` (the commit of the repository that ran it).
+
+    from benchmarks.provenance import stamp
+    res = {"meta": stamp({"device": ..., "date": ...}, "loop_intervals"), ...}
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# kind -> what a file of that kind holds (and the script that writes it)
+KINDS = {
+    "points": "end-to-end TFLOP/s per problem and implementation, with our kernel's knob variants "
+              "(bench_fwd_sm90.py)",
+    "knob_points": "end-to-end TFLOP/s of our kernel's knob variants at a few problems (bench_fwd_sm90.py --only-knobs)",
+    "loop_intervals": "exact steady-state cycles per KV block of one or more CTAs, by build and knob (ctas_sm90.py)",
+    "tile_costs": "cycles per tile of one persistent CTA walking tiles of B KV blocks (ctas_sm90.py --only-tiles)",
+    "short_tiles": "cycles of short tiles and the CTA spread of a 1k launch (ctas_sm90.py --only-short)",
+    "light_traces": "per-phase stamps of the light-trace build (ctas_sm90.py --only-traces)",
+    "idle_wgs": "cost of a tile whose consumer warpgroups are not all live (idle_wg_sm90.py)",
+    "cta_log": "every CTA's SM, start, end and cycles of whole launches, with the tile log (cta_log_sm90.py)",
+    "timeline": "stamped per-warp events of the instrumented build (timeline_sm90.py)",
+    "tile_choice": "TFLOP/s of tile shapes and schedule knobs per sequence length (tile_choice_sm90.py)",
+    "causal_launches": "where a causal launch spends its time: tile walks, full launches, persistent or not "
+                       "(causal_sm90.py)",
+    "loop_vs_fa4": "our KV loop against flash-attn-4's, one CTA, same run (loop_vs_fa4_sm90.py)",
+    "calibration": "unit microbenchmarks of the SM (calibrate/run_all.py, bench_two_chains.py, bench_cta_turnover.py)",
+    "bursts": "issue rate of instruction bursts beside a wgmma (calibrate/bench_bursts.py)",
+    "contention": "the softmax mix's and exp2's rate beside a full-rate wgmma (calibrate/bench_contention.py)",
+    "ab": "same-run A/B of kernel versions or host-side variants (scripts in benchmarks/experiments/)",
+    "sim_speed": "wall time of the simulator itself (bench_sim_speed.py)",
+}
+
+
+def kernel_version() -> str:
+    """The repository commit that runs (short hash, '+dirty' when fa4kernel/ has uncommitted
+    changes); FA4LAB_COMMIT where there is no git checkout (a copied tree); else 'unknown'."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+                              text=True, timeout=10)
+        if head.returncode == 0 and head.stdout.strip():
+            dirty = subprocess.run(["git", "status", "--porcelain", "--", "fa4kernel"], cwd=ROOT,
+                                   capture_output=True, text=True, timeout=10).stdout.strip()
+            return head.stdout.strip() + ("+dirty" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return os.environ.get("FA4LAB_COMMIT") or "unknown"
+
+
+def stamp(meta: dict, kind: str) -> dict:
+    """`meta` with its kind and the kernel version added (the same dict, for chaining)."""
+    if kind not in KINDS:
+        raise ValueError(f"unknown result kind {kind!r}; one of {', '.join(KINDS)}")
+    meta["kind"] = kind
+    meta["kernel"] = kernel_version()
+    return meta

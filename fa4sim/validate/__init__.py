@@ -1,0 +1,142 @@
+"""Predicted vs measured: recorded GPU evidence (benchmarks/results/) replayed through the
+simulator. Every result file says what it holds in `meta.kind`; each kind the model can be
+compared with has its module:
+
+  points, knob_points  points.py      end-to-end TFLOP/s per point, knob deltas (bench_fwd_sm90.py)
+  loop_intervals       intervals.py   cycles per KV block, per-SM knob deltas, scoreboard (ctas_sm90.py)
+  tile_costs           tile_costs.py  cycles per tile of one persistent CTA (ctas_sm90.py --only-tiles)
+  idle_wgs             idle_wgs.py    tiles with idle warpgroups (idle_wg_sm90.py)
+  cta_log              launches.py    whole launches replayed with mean tile costs (cta_log_sm90.py)
+
+common.py holds what they share, among it the one place that turns a kernel's recorded
+configuration into model knobs (model_knobs, PEER_KNOBS).
+
+    fa4sim validate FILE [FILE ...] [--hw PROFILE] [--plot PNG] [--json]
+
+load(path) -> doc, compare(doc, hw) -> result, report(result) -> text, plot(result, path) and
+main(paths, ...) (the whole command) dispatch on the kind.
+"""
+from __future__ import annotations
+
+import gzip
+import json
+import sys
+from pathlib import Path
+
+from ..errors import InputError
+from . import idle_wgs, intervals, launches, points, tile_costs
+from .common import PEER_KNOBS, kernel_knobs, model_knobs, profile_for  # noqa: F401  (the package's public names)
+from .intervals import knob_scoreboard, plot_knob_deltas, report_scoreboard
+from .points import expand  # noqa: F401
+
+MODULES = {"points": points, "knob_points": points, "loop_intervals": intervals, "tile_costs": tile_costs,
+           "idle_wgs": idle_wgs, "cta_log": launches}
+PLOTS = {"points", "knob_points", "loop_intervals", "tile_costs"}
+
+
+def kind(doc: dict) -> str:
+    """A loaded result file's evidence kind (meta.kind)."""
+    return doc["meta"]["kind"]
+
+
+def load(path: str) -> dict:
+    """A result file (.json or .json.gz) whose meta.kind validate can compare; one-line InputError otherwise."""
+    p = Path(path)
+    if p.is_dir():
+        raise InputError("results", f"{path} is a folder; give result files (e.g. {path.rstrip('/')}/*.json)")
+    try:
+        raw = p.read_bytes()
+    except FileNotFoundError:
+        raise InputError("results", f"no such file: {path}") from None
+    except OSError as e:
+        raise InputError("results", f"cannot read {path} ({e.strerror})") from None
+    try:
+        doc = json.loads(gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw)
+    except (ValueError, OSError) as e:
+        raise InputError("results", f"{path} is not JSON ({getattr(e, 'msg', e)})") from None
+    if not isinstance(doc, dict):
+        raise InputError("results", f"{path} holds a JSON {type(doc).__name__}, not a result file "
+                                    "(an object with meta.kind)")
+    k = (doc.get("meta") or {}).get("kind") if isinstance(doc.get("meta"), dict) else None
+    if k is None:
+        raise InputError("results", f"{path} has no meta.kind; validate reads kinds {', '.join(MODULES)}")
+    if k not in MODULES:
+        raise InputError("results", f"{path} is of kind {k!r}, which validate does not compare; "
+                                    f"it reads kinds {', '.join(MODULES)}")
+    return doc
+
+
+def compare(doc: dict, hw: str | None = None, at_profile_clock: bool = False, pv_wait: str = "model") -> dict:
+    """Predicted vs measured for one loaded file; at_profile_clock and pv_wait concern end-to-end
+    points only (fa4sim/validate/points.py)."""
+    k = kind(doc)
+    if k in ("points", "knob_points"):
+        return points.compare(doc, hw, at_profile_clock, pv_wait)
+    return MODULES[k].compare(doc, hw)
+
+
+def report(result: dict) -> str:
+    return MODULES[result["kind"]].report(result)
+
+
+def plot(result: dict, path: str) -> str:
+    if result["kind"] not in PLOTS:
+        raise InputError("plot", f"files of kind {result['kind']!r} have no plot; --plot draws kinds "
+                                 f"{', '.join(sorted(PLOTS))}")
+    return MODULES[result["kind"]].plot(result, path)
+
+
+def main(paths: list[str], hw: str | None = None, plot_path: str | None = None, as_json: bool = False,
+         at_profile_clock: bool = False, pv_wait: str = "model", out=None) -> int:
+    """The whole `fa4sim validate`: every file compared and reported; several loop-interval files
+    add a scoreboard of their per-SM knob deltas, and --plot draws them together."""
+    out = out or sys.stdout
+    docs = [(path, load(path)) for path in paths]
+    kinds = [kind(doc) for _, doc in docs]
+    if plot_path:
+        if any(k not in PLOTS for k in kinds):
+            raise InputError("plot", f"--plot draws kinds {', '.join(sorted(PLOTS))}; "
+                                     f"{', '.join(sorted(set(kinds) - PLOTS))} files have no plot")
+        if len(docs) > 1 and any(k != "loop_intervals" for k in kinds):
+            raise InputError("plot", "--plot with several files needs them all to be loop_intervals files "
+                                     "(their per-SM knob deltas are drawn together); give one file otherwise")
+    results, per_sm = [], []
+    for path, doc in docs:
+        if len(docs) > 1 and not as_json:
+            print(f"== {path}", file=out)
+        result = compare(doc, hw, at_profile_clock, pv_wait)
+        if result["kind"] == "loop_intervals":
+            per_sm.append(result)
+        elif plot_path:
+            plot(result, plot_path)
+        results.append(result)
+        if not as_json:
+            print(report(result), file=out)
+    if plot_path and per_sm:
+        plot_knob_deltas(per_sm, plot_path)
+    if as_json:
+        print(json.dumps(results[0] if len(results) == 1 else results, indent=1), file=out)
+        return 0
+    if len(per_sm) > 1:
+        print(report_scoreboard(knob_scoreboard(per_sm), len(per_sm)), file=out)
+    if plot_path:
+        print(f"wrote {plot_path}", file=out)
+    return 0
+
+
+# What fa4sim/cli.py's cmd_validate calls until it calls main() instead.
+def is_interval_file(doc: dict) -> bool:
+    return kind(doc) == "loop_intervals"
+
+
+def is_idle_wg_file(doc: dict) -> bool:
+    return kind(doc) == "idle_wgs"
+
+
+def is_tile_cost_file(doc: dict) -> bool:
+    return kind(doc) == "tile_costs"
+
+
+compare_intervals, report_intervals = intervals.compare, intervals.report
+compare_idle_wg, report_idle_wg = idle_wgs.compare, idle_wgs.report
+compare_tile_costs, report_tile_costs, plot_tile_costs = tile_costs.compare, tile_costs.report, tile_costs.plot

@@ -1,0 +1,118 @@
+"""What every evidence kind shares: the profile for a device, the model knobs for a kernel as it
+ran (the one place that knows fa4kernel's and flash-attn-4's knob names), progress on stderr and
+the plots' common finish."""
+from __future__ import annotations
+
+import sys
+
+from .. import hardware
+from ..errors import InputError
+from ..params import Problem
+from ..schedules.pv_wait_sm90 import fractions as pv_wait_fractions
+
+SIMULATED = {"fa4kernel": "our SM90 kernel", "flash-attn-4": "flash-attn-4 SM90"}
+# flash-attn-4 4.0.0b36's SM90 forward launches one CTA per tile, causal or not
+# (flash_fwd_sm90.py: SingleTileScheduler / SingleTileLPTScheduler, is_persistent=False)
+# and its KV loop has fewer bookkeeping instructions (fa3_sm90.BOOKKEEPING: counted in its SASS)
+PEER_KNOBS = {"persistent": False, "loop_overhead_fixed": 60.0, "loop_overhead_per_kstep": 2.5,
+              "tile_order": "flash-attn-4"}
+# fields of fa4kernel's recorded configuration that the fa3 schedule takes as knobs of the same
+# name (skip_idle_wgs: the kernel idles warpgroups without rows; recorded by the benchmarks)
+KNOB_NAMES = {"tile_m", "tile_n", "kv_stages", "pingpong", "intra_wg_overlap", "p_in_registers",
+              "exp_emulation", "rescale_threshold", "rescale_before_pv", "early_q_release",
+              "defer_o_store_wait", "persistent", "skip_idle_wgs"}
+# fa4kernel's ablation builds (KernelConfig.ablate) and the fa3 schedule's matching what-ifs
+ABLATION_KNOBS = {"max": {"free_row_max": True}, "exp": {"free_exp2": True}, "sum": {"free_row_sum": True},
+                  "rescale": {"rescale_rate": 0.0}}
+PV_WAIT = ("model", "sass")
+
+
+def profile_for(device: str) -> str:
+    """Built-in profile for a device name, preferring a measured one if it exists."""
+    d = device.lower()
+    base = "h200" if "h200" in d else "h100" if "h100" in d else "b200" if "b200" in d else None
+    if base is None:
+        raise InputError("hw", f"cannot tell the profile for device {device!r}; pass --hw")
+    measured = f"{base}-measured"
+    return measured if measured in hardware.available() else base
+
+
+def ablations(recorded: dict) -> list[str]:
+    """The ablation builds named in a recorded configuration ('max,exp' -> ['max', 'exp'])."""
+    return [a for a in (recorded.get("ablate") or "").split(",") if a]
+
+
+def has_model_twin(recorded: dict) -> bool:
+    """Whether the fa3 schedule can stand for this build: not the wgmma skeleton (skip_softmax),
+    no ablation without a what-if knob (the vote ablations), no kernel knob it does not model
+    (recorded in 'knobs', e.g. a prototype since removed)."""
+    return (not recorded.get("skip_softmax") and all(a in ABLATION_KNOBS for a in ablations(recorded))
+            and all(k in KNOB_NAMES for k in recorded.get("knobs") or {}))
+
+
+def model_knobs(kernel: str, recorded: dict | None = None) -> dict:
+    """The fa3 schedule's overrides that stand for `kernel` as it ran. fa4kernel: the fields of its
+    recorded configuration that are knobs (KNOB_NAMES; the kernel's rescale_threshold 0 means
+    'always rescale', the model's None), its ablation builds as what-ifs, and the diagnostic build
+    that keeps the exp2s ahead of the PV wait. flash-attn-4: PEER_KNOBS (nothing is recorded)."""
+    if kernel == "flash-attn-4":
+        return dict(PEER_KNOBS)
+    if kernel != "fa4kernel":
+        raise InputError("kernel", f"no model of {kernel!r}; one of {', '.join(SIMULATED)}")
+    rec = recorded or {}
+    knobs = {k: v for k, v in rec.items() if k in KNOB_NAMES}
+    if knobs.get("rescale_threshold") in (0, 0.0):
+        knobs["rescale_threshold"] = None
+    for a in ablations(rec):
+        knobs.update(ABLATION_KNOBS[a])
+    if rec.get("exp_before_pv_wait"):
+        knobs["exp_overlaps_pv"] = True
+    return knobs
+
+
+def kernel_knobs(point: dict) -> dict:
+    """Our kernel's configuration at an end-to-end point as it ran (its recorded fa4kernel_config
+    over the knobs it was given), as model knobs."""
+    return model_knobs("fa4kernel", {**(point.get("knobs") or {}), **(point.get("fa4kernel_config") or {})})
+
+
+def compiled_pv_wait(kernel: str, problem: Problem, knobs: dict) -> dict:
+    """The knobs max/fma/mufu_before_pv for where `kernel`'s compiled loop waits for the previous
+    block's PV GEMM (fa4sim/schedules/pv_wait_sm90.py; its default build where the variant is not
+    in the table)."""
+    frac = pv_wait_fractions(kernel, problem.hdim, problem.causal, knobs)
+    return {f"{pipe}_before_pv": v for pipe, v in frac.items()}
+
+
+def progress(i: int, n: int, what: str = "point") -> None:
+    """'point i/n' on stderr while a file's simulations run: one updating line on a terminal,
+    about ten lines otherwise; nothing for a single simulation."""
+    if n < 2:
+        return
+    if sys.stderr.isatty():
+        print(f"\rvalidate: {what} {i}/{n}", end="\n" if i == n else "", file=sys.stderr, flush=True)
+    elif i == n or i == 1 or i % max(1, n // 10) == 0:
+        print(f"validate: {what} {i}/{n}", file=sys.stderr, flush=True)
+
+
+def verdict(d: dict) -> str:
+    return f"{'same sign' if d['same_sign'] else 'WRONG SIGN'}, off by {d['difference_pp']:+.1f} pp"
+
+
+def pyplot():
+    """matplotlib's pyplot on the file backend."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def save(fig, ax, path: str, **legend) -> str:
+    """The validation plots' common finish: legend (extra keywords place it), grid, PNG at 120 dpi."""
+    plt = pyplot()
+    ax.legend(fontsize=7, **legend)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
