@@ -189,54 +189,9 @@ def cmd_sweep(a) -> int:
 
 
 def cmd_validate(a) -> int:
-    from . import launch_replay, validate
-    docs = [(path, validate.load(path)) for path in a.results]
-    intervals = [validate.is_interval_file(doc) for _, doc in docs]
-    if a.plot and any(validate.is_idle_wg_file(doc) or launch_replay.is_cta_log_file(doc) for _, doc in docs):
-        raise InputError("plot", "--plot draws benchmark files (sm90_fwd_*.json), ctas_sm90.py knob loops and "
-                                 "tile-cost files; idle-warpgroup and CTA-log files have no plot")
-    if a.plot and len(docs) > 1 and any(validate.is_tile_cost_file(doc) for _, doc in docs):
-        raise InputError("plot", "--plot with a tile-cost file draws that one file; give it alone")
-    if a.plot and len(docs) > 1 and not all(intervals):
-        raise InputError("plot", "--plot with several files needs them all to be ctas_sm90.py files "
-                                 "(their per-SM knob deltas are drawn together); give one benchmark file otherwise")
-    out, per_sm = [], []
-    for path, doc in docs:
-        if len(docs) > 1 and not a.json:
-            print(f"== {path}")
-        if validate.is_interval_file(doc):  # benchmarks/ctas_sm90.py: cycles per KV block
-            result = validate.compare_intervals(doc, a.hw)
-            per_sm.append(result)
-            text = validate.report_intervals(result)
-        elif launch_replay.is_cta_log_file(doc):  # benchmarks/cta_log_sm90.py: whole launches, CTA by CTA
-            result = launch_replay.compare_launches(doc, a.hw)
-            text = launch_replay.report_launches(result)
-        elif validate.is_idle_wg_file(doc):  # benchmarks/idle_wg_sm90.py: tiles with idle warpgroups
-            result = validate.compare_idle_wg(doc, a.hw)
-            text = validate.report_idle_wg(result)
-        elif validate.is_tile_cost_file(doc):  # benchmarks/ctas_sm90.py --only-tiles: cycles per tile
-            result = validate.compare_tile_costs(doc, a.hw)
-            if a.plot:
-                validate.plot_tile_costs(result, a.plot)
-            text = validate.report_tile_costs(result)
-        else:
-            result = validate.compare(doc, a.hw, a.at_profile_clock, a.pv_wait)
-            if a.plot:
-                validate.plot(result, a.plot)
-            text = validate.report(result)
-        out.append(result)
-        if not a.json:
-            print(text)
-    if a.plot and per_sm:
-        validate.plot_knob_deltas(per_sm, a.plot)
-    if a.json:
-        print(json.dumps(out[0] if len(out) == 1 else out, indent=1))
-        return 0
-    if len(per_sm) > 1:
-        print(validate.report_scoreboard(validate.knob_scoreboard(per_sm), len(per_sm)))
-    if a.plot:
-        print(f"wrote {a.plot}")
-    return 0
+    from . import validate
+    check_output("--plot", a.plot)
+    return validate.main(a.results, a.hw, a.plot, a.json, a.at_profile_clock, a.pv_wait)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -307,7 +262,7 @@ def build_parser() -> argparse.ArgumentParser:
     va.add_argument("--pv-wait", choices=("model", "sass"), default="model",
                     help="where each build waits for the previous block's PV GEMM: 'model' = the whole row max "
                          "before the wait, the exp2s and row sum after (the default, validated); 'sass' = "
-                         "where ptxas put it in that build (fa4sim/schedules/pv_wait_sm90.py), a what-if")
+                         "where ptxas put it in that build (the implementation's pv_wait_sass table), a what-if")
     va.add_argument("--json", action="store_true")
     va.set_defaults(func=cmd_validate)
     return top

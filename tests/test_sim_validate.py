@@ -124,8 +124,8 @@ def test_compare_intervals(capsys, tmp_path):
     doc = {"meta": INTERVAL_META,
            "points": [interval_point("default", {}, 1, 2400.0), interval_point("skip_softmax", {}, 1, 2048.0),
                       interval_point("pingpong=False", {"pingpong": False}, 1, 2300.0)]}
-    assert validate.is_interval_file(doc) and not validate.is_interval_file(DOC)
-    r = validate.compare_intervals(doc, "h100")
+    assert validate.kind(doc) == "loop_intervals" and validate.kind(DOC) != "loop_intervals"
+    r = validate.intervals.compare(doc, "h100")
     assert [x["variant"] for x in r["intervals"]] == ["default", "pingpong=False"]  # no twin for skip_softmax
     for x in r["intervals"]:
         assert x["error"] == pytest.approx((x["predicted_cycles"] - x["measured_cycles"]) / x["measured_cycles"])
@@ -147,7 +147,7 @@ def test_idle_warpgroup_file(tmp_path, capsys):
                       "fa4kernel_config": {"tile_m": 192, "tile_n": 128, "persistent": True, "skip_idle_wgs": True}}]}
     path = tmp_path / "idle.json"
     path.write_text(json.dumps(doc))
-    r = validate.compare_idle_wg(validate.load(str(path)), "h100-measured")
+    r = validate.idle_wgs.compare(validate.load(str(path)), "h100-measured")
     pred = {c["live"]: c["predicted_ratio"] for c in r["cases"]}
     assert set(pred) == {1, 2} and 1 / 3 <= pred[1] < pred[2] < 1.0
     assert main(["validate", str(path), "--hw", "h100-measured"]) == 0
@@ -155,19 +155,17 @@ def test_idle_warpgroup_file(tmp_path, capsys):
 
 
 def test_pv_wait_sass_what_if(tmp_path, capsys):
-    """--pv-wait sass: every build with the PV wait where ptxas put it (the SASS table), ours and
-    flash-attn-4's each from their own rows; the default keeps the model's order (1, 0, 0)."""
-    from fa4sim.schedules.pv_wait_sm90 import fractions
-
+    """--pv-wait sass: every build with the PV wait where ptxas put it (pv_wait=compiled: its
+    implementation's SASS table), ours and flash-attn-4's each from their own rows; the default
+    keeps the model's order (after_max)."""
     p = point("main", {}, 600.0, 650.0)
     p["fa4kernel_config"] = {"tile_m": 128, "tile_n": 128, "rescale_before_pv": False}
     doc = {"meta": DOC["meta"], "points": [p]}
     model = validate.compare(doc, "h100")
     sass = validate.compare(doc, "h100", pv_wait="sass")
-    assert all("fma_before_pv" not in r["knobs"] for r in model["points"])
+    assert all("pv_wait" not in r["knobs"] for r in model["points"])
     ours, peer = ({r["impl"]: r for r in sass["points"]}[k] for k in ("fa4kernel", "flash-attn-4"))
-    assert ours["knobs"]["fma_before_pv"] == fractions("fa4kernel", 128, False, ours["knobs"])["fma"] > 0
-    assert peer["knobs"]["mufu_before_pv"] == fractions("flash-attn-4", 128, False, {})["mufu"] > 0
+    assert ours["knobs"]["pv_wait"] == peer["knobs"]["pv_wait"] == "compiled"
     before = {r["impl"]: r["predicted_tflops"] for r in model["points"]}
     assert ours["predicted_tflops"] != before["fa4kernel"] and peer["predicted_tflops"] != before["flash-attn-4"]
     with pytest.raises(InputError, match="pv_wait"):
@@ -210,11 +208,19 @@ def test_each_variant_is_predicted_at_its_own_clock():
 def test_pv_wait_table_has_flash_attn_4_causal_builds():
     """flash-attn-4's causal hd128 build waits for the PV GEMM earlier than its non-causal one (its
     own SASS); at hd 64 and 256 the causal builds match the non-causal rows, which they share."""
-    from fa4sim.schedules.pv_wait_sm90 import fractions
+    from fa4sim import Problem, implementation
+    from fa4sim.model import setup
+    from fa4sim.schedules.fa3_sm90 import pv_wait_fractions
 
-    causal, plain = fractions("flash-attn-4", 128, True, {}), fractions("flash-attn-4", 128, False, {})
+    impl = implementation.load("flash-attn-4", "sm90")
+
+    def fractions(hd, causal):
+        p = Problem(1, 1, 128, 128, hd, causal)
+        return pv_wait_fractions(impl, p, setup("h100", "fa3", p, {"pv_wait": "compiled"}, impl)[4])
+
+    causal, plain = fractions(128, True), fractions(128, False)
     assert causal["fma"] < plain["fma"] and causal["mufu"] < plain["mufu"]
-    assert fractions("flash-attn-4", 64, True, {}) == fractions("flash-attn-4", 64, False, {})
+    assert fractions(64, True) == fractions(64, False)
 
 
 def test_several_knob_loop_files_give_a_scoreboard_and_a_plot(tmp_path, capsys):
@@ -233,7 +239,7 @@ def test_several_knob_loop_files_give_a_scoreboard_and_a_plot(tmp_path, capsys):
         f = tmp_path / f"k{i}.json"
         f.write_text(json.dumps(doc(causal, cycles)))
         files.append(str(f))
-    results = [validate.compare_intervals(validate.load(f), "h100-measured") for f in files]
+    results = [validate.intervals.compare(validate.load(f), "h100-measured") for f in files]
     deltas = [d for r in results for d in r["knob_deltas"]]
     assert [d["causal"] for d in deltas] == [False, True]
     assert all(-0.06 < d["predicted_delta"] < -0.01 for d in deltas)  # the model: overlap off costs a few %
@@ -262,8 +268,8 @@ def test_tile_cost_file(tmp_path, capsys):
     comes from L2 there (the launches repeat on the same tensors)."""
     from fa4sim import hardware
     from fa4sim.engine import simulate
-    from fa4sim.params import Problem, resolve
-    from fa4sim.schedules import fa3_sm90
+    from fa4sim.model import build_cta
+    from fa4sim.params import Problem
 
     def tile(blocks, cycles, knobs=None):
         t = {"hdim": 128, "kv_blocks": blocks, "tile_m": 128, "tile_n": 128, "persistent": True,
@@ -272,13 +278,13 @@ def test_tile_cost_file(tmp_path, capsys):
 
     doc = {"meta": {"kind": "tile_costs", "device": "NVIDIA H100 80GB HBM3", "date": "2026-11-22"}, "points": [],
            "tile_costs": [tile(1, 4100.0), tile(2, 7300.0), tile(2, 7000.0, {"pingpong": False})]}
-    assert validate.is_tile_cost_file(doc) and not validate.is_interval_file(doc)
-    r = validate.compare_tile_costs(doc, "h100-measured")
+    assert validate.kind(doc) == "tile_costs"
+    r = validate.tile_costs.compare(doc, "h100-measured")
     assert [x["variant"] for x in r["tiles"]] == ["default", "default", "pingpong=False"]
     hw = hardware.load("h100-measured")
     hw = hw.with_values(hbm_latency=hw.l2_latency)  # the benchmark's repeated launches: Q from L2
     p = Problem(1, 1, 128 * 3, 2 * 128, 128, False)
-    sched = fa3_sm90.build(hw, p, resolve(fa3_sm90.KNOBS, p, {"tile_m": 128, "tile_n": 128}), 2, 0)
+    sched = build_cta(hw, p, {"tile_m": 128, "tile_n": 128}, 2, 0)
     direct = (simulate(sched, [2, 2, 2]).end - simulate(sched, [2]).end) / 2
     assert r["tiles"][1]["predicted_cycles"] == pytest.approx(direct)
     (line,) = r["lines"]  # only the default has two lengths

@@ -246,7 +246,9 @@ def unit_knobs(k: dict, rows: int) -> dict:
     live = min(consumer_warpgroups(k), max(1, -(-rows // 64)))
     if not k["skip_idle_wgs"] or live == consumer_warpgroups(k):
         return k
-    return {**k, "tile_m": 64 * live}
+    # the O store's TMA box stays the full tile's: its smem read (what the store's wait waits
+    # for) covers every row of the box
+    return {**k, "tile_m": 64 * live, "_o_box_rows": k["tile_m"]}
 
 
 def _with_issue(uses: tuple, issue: float) -> tuple:
@@ -376,7 +378,7 @@ def build(hw, p: Problem, k: dict, n_kv: int, masked_blocks: int, impl, hbm_busy
     # the CTA waits for the TMA engine to have *read* O from smem (bulk wait_group ..., read=True):
     # in the kernel's own stamps that takes a fixed part plus the bytes at a rate far below the
     # TMA load rate, so the difference is the store's latency
-    o_bytes = k["tile_m"] * dv * BYTES
+    o_bytes = k.get("_o_box_rows", k["tile_m"]) * dv * BYTES
     st_tma = o_bytes / hw.tma_bytes_per_clk
     o_store = const("o_store_fixed_cycles") + o_bytes / const("o_store_bytes_per_clk")
     ops.append(Op("ST", "epilogue", (("tma", st_tma),), max(0.0, o_store - st_tma),

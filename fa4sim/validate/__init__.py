@@ -9,7 +9,7 @@ compared with has its module:
   cta_log              launches.py    whole launches replayed with mean tile costs (cta_log_sm90.py)
 
 common.py holds what they share, among it the one place that turns a kernel's recorded
-configuration into model knobs (model_knobs, PEER_KNOBS).
+configuration into model knobs (model_knobs; each kernel is simulated as its implementation).
 
     fa4sim validate FILE [FILE ...] [--hw PROFILE] [--plot PNG] [--json]
 
@@ -25,7 +25,7 @@ from pathlib import Path
 
 from ..errors import InputError
 from . import idle_wgs, intervals, launches, points, tile_costs
-from .common import PEER_KNOBS, kernel_knobs, model_knobs, profile_for  # noqa: F401  (the package's public names)
+from .common import kernel_knobs, model_knobs, profile_for  # noqa: F401  (the package's public names)
 from .intervals import knob_scoreboard, plot_knob_deltas, report_scoreboard
 from .points import expand  # noqa: F401
 
@@ -122,21 +122,3 @@ def main(paths: list[str], hw: str | None = None, plot_path: str | None = None, 
     if plot_path:
         print(f"wrote {plot_path}", file=out)
     return 0
-
-
-# What fa4sim/cli.py's cmd_validate calls until it calls main() instead.
-def is_interval_file(doc: dict) -> bool:
-    return kind(doc) == "loop_intervals"
-
-
-def is_idle_wg_file(doc: dict) -> bool:
-    return kind(doc) == "idle_wgs"
-
-
-def is_tile_cost_file(doc: dict) -> bool:
-    return kind(doc) == "tile_costs"
-
-
-compare_intervals, report_intervals = intervals.compare, intervals.report
-compare_idle_wg, report_idle_wg = idle_wgs.compare, idle_wgs.report
-compare_tile_costs, report_tile_costs, plot_tile_costs = tile_costs.compare, tile_costs.report, tile_costs.plot

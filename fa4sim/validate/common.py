@@ -7,22 +7,17 @@ import sys
 
 from .. import hardware
 from ..errors import InputError
-from ..params import Problem
-from ..schedules.pv_wait_sm90 import fractions as pv_wait_fractions
 
+# the kernels a result file names, each simulated as its implementation (fa4sim/implementations/:
+# flash-attn-4's one CTA per tile, its LPT order and its SASS's bookkeeping counts are data there)
 SIMULATED = {"fa4kernel": "our SM90 kernel", "flash-attn-4": "flash-attn-4 SM90"}
-# flash-attn-4 4.0.0b36's SM90 forward launches one CTA per tile, causal or not
-# (flash_fwd_sm90.py: SingleTileScheduler / SingleTileLPTScheduler, is_persistent=False)
-# and its KV loop has fewer bookkeeping instructions (fa3_sm90.BOOKKEEPING: counted in its SASS)
-PEER_KNOBS = {"persistent": False, "loop_overhead_fixed": 60.0, "loop_overhead_per_kstep": 2.5,
-              "tile_order": "flash-attn-4"}
 # fields of fa4kernel's recorded configuration that the fa3 schedule takes as knobs of the same
 # name (skip_idle_wgs: the kernel idles warpgroups without rows; recorded by the benchmarks)
 KNOB_NAMES = {"tile_m", "tile_n", "kv_stages", "pingpong", "intra_wg_overlap", "p_in_registers",
               "exp_emulation", "rescale_threshold", "rescale_before_pv", "early_q_release",
               "defer_o_store_wait", "persistent", "skip_idle_wgs"}
-# fa4kernel's ablation builds (KernelConfig.ablate) and the fa3 schedule's matching what-ifs
-ABLATION_KNOBS = {"max": {"free_row_max": True}, "exp": {"free_exp2": True}, "sum": {"free_row_sum": True},
+# fa4kernel's ablation builds (its diagnostic ablate) and the fa3 schedule's matching what-ifs
+ABLATION_KNOBS = {"max": {"ablate": "max"}, "exp": {"ablate": "exp"}, "sum": {"ablate": "sum"},
                   "rescale": {"rescale_rate": 0.0}}
 PV_WAIT = ("model", "sass")
 
@@ -51,22 +46,26 @@ def has_model_twin(recorded: dict) -> bool:
 
 
 def model_knobs(kernel: str, recorded: dict | None = None) -> dict:
-    """The fa3 schedule's overrides that stand for `kernel` as it ran. fa4kernel: the fields of its
-    recorded configuration that are knobs (KNOB_NAMES; the kernel's rescale_threshold 0 means
-    'always rescale', the model's None), its ablation builds as what-ifs, and the diagnostic build
-    that keeps the exp2s ahead of the PV wait. flash-attn-4: PEER_KNOBS (nothing is recorded)."""
+    """The what-ifs over `kernel`'s implementation (simulate(..., impl=kernel)) that stand for it
+    as it ran. fa4kernel: the fields of its recorded configuration that are knobs (KNOB_NAMES; the
+    kernel's rescale_threshold 0 means 'always rescale', the model's None), its ablation builds, and
+    the recorded build that forced the exp2s ahead of the PV wait (pv_wait=after_softmax).
+    flash-attn-4: none (nothing is recorded; its implementation has its choices)."""
     if kernel == "flash-attn-4":
-        return dict(PEER_KNOBS)
+        return {}
     if kernel != "fa4kernel":
         raise InputError("kernel", f"no model of {kernel!r}; one of {', '.join(SIMULATED)}")
     rec = recorded or {}
     knobs = {k: v for k, v in rec.items() if k in KNOB_NAMES}
     if knobs.get("rescale_threshold") in (0, 0.0):
         knobs["rescale_threshold"] = None
-    for a in ablations(rec):
-        knobs.update(ABLATION_KNOBS[a])
+    free = [ABLATION_KNOBS[a].get("ablate") for a in ablations(rec)]
+    if any(free):
+        knobs["ablate"] = ",".join(sorted(a for a in free if a))
+    if "rescale" in ablations(rec):
+        knobs.update(ABLATION_KNOBS["rescale"])
     if rec.get("exp_before_pv_wait"):
-        knobs["exp_overlaps_pv"] = True
+        knobs["pv_wait"] = "after_softmax"
     return knobs
 
 
@@ -76,12 +75,9 @@ def kernel_knobs(point: dict) -> dict:
     return model_knobs("fa4kernel", {**(point.get("knobs") or {}), **(point.get("fa4kernel_config") or {})})
 
 
-def compiled_pv_wait(kernel: str, problem: Problem, knobs: dict) -> dict:
-    """The knobs max/fma/mufu_before_pv for where `kernel`'s compiled loop waits for the previous
-    block's PV GEMM (fa4sim/schedules/pv_wait_sm90.py; its default build where the variant is not
-    in the table)."""
-    frac = pv_wait_fractions(kernel, problem.hdim, problem.causal, knobs)
-    return {f"{pipe}_before_pv": v for pipe, v in frac.items()}
+# --pv-wait sass: each build at the position ptxas compiled it to (its implementation's
+# pv_wait_sass table; its head dim's default build where the variant is not in the table)
+COMPILED_PV_WAIT = {"pv_wait": "compiled"}
 
 
 def progress(i: int, n: int, what: str = "point") -> None:

@@ -4,7 +4,7 @@ replayed through the simulator, and each knob variant's change against its basel
 The benchmark JSON holds, per point, the problem, our kernel's recorded configuration and the
 measured TFLOP/s of each implementation. Our kernel is simulated as it ran
 (common.model_knobs('fa4kernel', its config)); flash-attn-4's SM90 forward with the fa3 schedule's
-defaults and its own launch (common.PEER_KNOBS).
+choices as its implementation (fa4sim/implementations/flash-attn-4-sm90.json).
 Reported: per-point error (sim - hw) / hw, median and max |error|, and for the knob points the
 measured and predicted change against the default configuration, side by side. Nothing here
 feeds back into the model: the hardware profile comes from datasheets and microbenchmarks only.
@@ -27,7 +27,7 @@ import statistics
 from ..errors import InputError
 from ..model import simulate
 from ..params import Problem
-from .common import (PV_WAIT, SIMULATED, compiled_pv_wait, kernel_knobs, model_knobs, profile_for, progress, pyplot,
+from .common import (COMPILED_PV_WAIT, PV_WAIT, SIMULATED, kernel_knobs, model_knobs, profile_for, progress, pyplot,
                      save, verdict)
 
 # variants bench_fwd_sm90.py records beside a point's default run, and what they change
@@ -83,9 +83,9 @@ def compare(doc: dict, hw: str | None = None, at_profile_clock: bool = False, pv
                 continue
             knobs = kernel_knobs(p) if impl == "fa4kernel" else model_knobs(impl)
             if pv_wait == "sass":
-                knobs.update(compiled_pv_wait(impl, problem, knobs))
+                knobs.update(COMPILED_PV_WAIT)
             try:
-                r = simulate(hw, "fa3", problem, {**knobs, **({"clock_ghz": clock} if clock else {})})
+                r = simulate(hw, "fa3", problem, {**knobs, **({"clock_ghz": clock} if clock else {})}, impl=impl)
                 sim, err = r.tflops, (r.tflops - res["tflops"]) / res["tflops"]
                 why = r.bottleneck
             except InputError as e:

@@ -7,8 +7,8 @@ import statistics
 
 from .. import hardware
 from ..engine import simulate as engine_simulate
-from ..params import Problem, resolve
-from ..schedules import fa3_sm90
+from ..model import build_cta
+from ..params import Problem
 from .common import model_knobs, profile_for, progress, pyplot, save
 
 
@@ -31,9 +31,7 @@ def compare(doc: dict, hw: str | None = None) -> dict:
         walks = sorted(int(n) for n in t["cycles_by_tiles"])
         t1, t2 = walks[0], walks[-1]
         problem = Problem(1, 1, knobs["tile_m"] * t2, blocks * knobs["tile_n"], hd, False)
-        resolved = resolve(fa3_sm90.KNOBS, problem, knobs)
-        fa3_sm90.check(profile, problem, resolved)
-        schedule = fa3_sm90.build(profile, problem, resolved, blocks, 0)
+        schedule = build_cta(profile, problem, knobs, blocks, 0, schedule="fa3")
         ends = {n: engine_simulate(schedule, [blocks] * n).end for n in (t1, t2)}
         pred = (ends[t2] - ends[t1]) / (t2 - t1)
         meas = float(t["cycles_per_tile"])
