@@ -1,20 +1,22 @@
-"""Where ptxas puts the PV wait in each build: the SASS table behind fa4sim's max/fma/mufu_before_pv.
+"""Where ptxas puts the PV wait in each build: the SASS table behind fa4sim's pv_wait=compiled.
 
-    CUTE_DSL_ARCH=sm_90a python3 benchmarks/pv_wait_sass.py            # fa4kernel's builds (~1 min, CPU)
+    CUTE_DSL_ARCH=sm_90a python3 benchmarks/pv_wait_sass.py [--write]   # fa4kernel's builds (~1 min, CPU)
     python3 benchmarks/pv_wait_sass.py --cubin DIR [DIR ...] --hdim H [--causal]  # flash-attn-4 cubins
 
 For every fa4kernel build the benchmark and the validation use (the defaults of hd 64 / 128 / 256,
 causal and not, and the hd128 knob variants), compiles the kernel for sm_90a with fake tensors,
 splits its KV loop at the wait for the previous block's PV GEMM (fa4kernel.sass.around_pv_wait)
-and prints, per pipe, the share of the block's softmax instructions issued before that wait,
-as the Python rows of fa4sim/schedules/pv_wait_sm90.py. With --cubin it reads cubins that
-flash-attn-4 compiled (its JIT with --keep-cubin, for sm_90a with fake tensors) instead.
+and prints, per pipe, the share of the block's softmax instructions issued before that wait: the
+rows of the implementation's `pv_wait_sass` table (fa4sim/implementations/fa4kernel-sm90.json;
+--write puts them there). With --cubin it reads cubins that flash-attn-4 compiled (its JIT with
+--keep-cubin, for sm_90a with fake tensors) instead, for flash-attn-4-sm90.json.
 """
 from __future__ import annotations
 
 import argparse
 import collections
 import glob
+import json
 import os
 import subprocess
 import sys
@@ -82,11 +84,23 @@ def main(argv=None) -> int:
     ap.add_argument("--cubin", nargs="*", help="directories of flash-attn-4 cubins (one head dim)")
     ap.add_argument("--hdim", type=int, help="the head dim of those cubins")
     ap.add_argument("--causal", action="store_true", help="those cubins are causal builds (the row says so)")
+    ap.add_argument("--write", action="store_true", help="write fa4kernel's rows into its implementation file")
     args = ap.parse_args(argv)
+    if args.write and args.cubin:
+        ap.error("--write takes fa4kernel's builds, not --cubin")
     os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
     rows = cubin_rows(args.cubin, args.hdim, True if args.causal else None) if args.cubin else fa4kernel_rows()
-    for build, frac in rows:
-        print(f"    ({build!r}, {frac!r}),")
+    table = [{"build": build, "before": frac} for build, frac in rows]
+    print(json.dumps(table, indent=1))
+    if args.write:
+        path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                            "fa4sim", "implementations", "fa4kernel-sm90.json")
+        with open(path) as f:
+            impl = json.load(f)
+        impl["params"]["pv_wait_sass"]["value"] = table
+        with open(path, "w") as f:
+            f.write(json.dumps(impl, indent=1) + "\n")
+        print(f"wrote {len(table)} rows to {path}", file=sys.stderr)
     return 0
 
 
