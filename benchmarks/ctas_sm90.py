@@ -47,7 +47,7 @@ KNOB_VARIANTS = VARIANTS + [("exp_emulation=0.125", {"exp_emulation": 0.125}, Fa
 ABLATIONS = ["max", "exp", "sum", "rescale", "exp,max,rescale,sum"]
 
 
-def probe_cycles(q, k, v, knobs, skip, reps, ablate="", pin=False, causal=False):
+def probe_cycles(q, k, v, knobs, skip, reps, ablate="", causal=False):
     """Median (cycles, ghz) of CTA 0 over `reps` launches of the clock-probe build."""
     import torch
 
@@ -56,7 +56,7 @@ def probe_cycles(q, k, v, knobs, skip, reps, ablate="", pin=False, causal=False)
     from fa4kernel.trace_layout import TRACE_WORDS
 
     st = torch.zeros((TRACE_WORDS,), dtype=torch.int64, device=q.device)  # traces CTA 0
-    kw = dict(causal=causal, skip_softmax=skip, stamps=st, ablate=ablate, exp_before_pv_wait=pin, **knobs)
+    kw = dict(causal=causal, skip_softmax=skip, stamps=st, ablate=ablate, **knobs)
     attention_probed(q, k, v, **kw)
     cyc, ghz = [], []
     for _ in range(reps):
@@ -80,7 +80,7 @@ def light_trace(hd, knobs, n, sk):
     import torch
 
     from fa4kernel import trace as ftrace
-    from fa4kernel.config import make_config
+    from fa4kernel import make_config
     from fa4kernel.interface import attention_traced
 
     cfg = make_config("bfloat16", hd, False, False, knobs)
@@ -139,7 +139,7 @@ def tile_costs(hd, blocks, tiles=(1, 9), reps=5, knobs=None):
     import torch
 
     from fa4kernel import interface
-    from fa4kernel.config import make_config
+    from fa4kernel import make_config
 
     knobs = dict(knobs or {})
     cfg = make_config("bfloat16", hd, False, False, knobs)
@@ -172,7 +172,7 @@ def short_tiles(reps=7, max_ctas=None):
     import torch
 
     from fa4kernel import interface
-    from fa4kernel.config import make_config
+    from fa4kernel import make_config
 
     out = []
     cfg = make_config("bfloat16", 128, False, False, {})
@@ -274,10 +274,8 @@ def main():
     ap.add_argument("--knobs", default="",
                     help="with --only-knobs: only these variants, by name (comma-separated, e.g. "
                          "default,rescale_threshold=8,exp_emulation=0.25; default all)")
-    ap.add_argument("--only-pin", action="store_true",
-                    help="hd128, one CTA: the exp2s forced ahead of the PV wait (diagnostic build), RS/SS/no ping-pong")
     ap.add_argument("--only-ablations", action="store_true",
-                    help="one CTA: default, skip_softmax and each softmax ablation (fa4kernel config.ABLATIONS)")
+                    help="one CTA: default, skip_softmax and each softmax ablation (fa4kernel diagnostics.ABLATIONS)")
     ap.add_argument("--ablate-knobs", default="default",
                     help="with --only-ablations: the knob variants to ablate, comma-separated, each 'default' or "
                          "k=v[+k=v...] (e.g. default,exp_emulation=0.125)")
@@ -294,7 +292,7 @@ def main():
     bad = [h for h in args.knob_hdims.split(",") if h not in ("64", "128", "256")]
     if bad:
         ap.error(f"--knob-hdims: {', '.join(bad)} not allowed; allowed: 64, 128, 256")
-    from fa4kernel.config import ABLATIONS as KERNEL_ABLATIONS  # plain Python, no GPU
+    from fa4kernel.diagnostics import ABLATIONS as KERNEL_ABLATIONS  # plain Python, no GPU
 
     bad = sorted({a for x in args.ablations.split(";") for a in x.split(",") if a} - set(KERNEL_ABLATIONS))
     if bad:
@@ -309,7 +307,7 @@ def main():
 
     import torch
 
-    from fa4kernel.config import make_config
+    from fa4kernel import make_config
 
     torch.manual_seed(0)
     dev = torch.device("cuda")
@@ -323,13 +321,13 @@ def main():
     stamp(res["meta"], "tile_costs" if args.only_tiles else "short_tiles" if args.only_short
           else "light_traces" if args.only_traces else "loop_intervals")
 
-    def point(hd, pattern, n, label, knobs, skip, ablate="", pin=False, causal=False):
+    def point(hd, pattern, n, label, knobs, skip, ablate="", causal=False):
         # causal: the causal build; one Q tile at the bottom of a long K (bottom-right aligned), so
         # every block but the last is unmasked and the difference of two K lengths is its loop
         cfg = make_config("bfloat16", hd, causal, False, knobs)
         tm, tn = cfg.tile_m, cfg.tile_n
         row = {"hdim": hd, "pattern": pattern, "n_ctas": n, "variant": label, "knobs": knobs, "causal": causal,
-               "ablate": ablate, "exp_before_pv_wait": pin, "tile_m": tm, "tile_n": tn,
+               "ablate": ablate, "tile_m": tm, "tile_n": tn,
                "rescale_before_pv": cfg.rescale_before_pv, "early_q_release": cfg.early_q_release,
                "defer_o_store_wait": cfg.defer_o_store_wait, "runs": {}}
         for sk in (sk1, sk2):
@@ -341,7 +339,7 @@ def main():
             # the tile recorded above, pinned: attention() would give a causal hd64 launch with
             # seqlen_q <= 1024 its short-causal tile (128 rows; interface.SHORT_CAUSAL_TILES)
             tiled = {"tile_m": tm, "tile_n": tn, **knobs}
-            cyc, ghz = probe_cycles(q, k, v, tiled, skip, args.reps, ablate, pin, causal)
+            cyc, ghz = probe_cycles(q, k, v, tiled, skip, args.reps, ablate, causal)
             row["runs"][str(sk)] = {"cycles_cta0": cyc, "clock_ghz_in_kernel": ghz,
                                     "kv_blocks": -(-sk // tn)}
             del q, k, v
@@ -374,12 +372,6 @@ def main():
             for name, kn, skip in variants:
                 if not skip and (not wanted or name in wanted):
                     point(hd, "shared", 1, name, kn, False, causal=args.causal)
-        return
-    if args.only_pin:  # the exp2s forced ahead of the PV wait, with P in registers and in smem
-        for kn in ({}, {"p_in_registers": False}, {"pingpong": False}):
-            name = ",".join(f"{a}={b}" for a, b in kn.items()) or "default"
-            point(128, "shared", 1, name, kn, False)
-            point(128, "shared", 1, name + "+exp_before_pv_wait", kn, False, pin=True)
         return
     if args.only_ablations:
         ablations = [a for a in re.split(r";", args.ablations) if a] if args.ablations else ABLATIONS

@@ -48,7 +48,7 @@ def split(sass: str) -> dict:
 
 def fa4kernel_rows() -> list[tuple[dict, dict]]:
     import fa4kernel
-    from fa4kernel.config import make_config
+    from fa4kernel import make_config
 
     variants, defaults = [], []
     for hd in (64, 128, 256):

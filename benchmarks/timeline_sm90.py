@@ -131,10 +131,10 @@ def run_variant(label, head_dim, knobs, q, k, v, cta, reps, device_name, problem
 
     import fa4kernel
     from fa4kernel import trace as ftrace
-    from fa4kernel.config import make_config, trace_config
+    from fa4kernel import make_config
     from fa4kernel.interface import attention_traced
 
-    cfg = trace_config(make_config(problem["dtype"], head_dim, problem["causal"], False, knobs))
+    cfg = make_config(problem["dtype"], head_dim, problem["causal"], False, knobs)
     t0 = time.perf_counter()
     ref = fa4kernel.attention(q, k, v, causal=problem["causal"], **knobs)
     torch.cuda.synchronize()

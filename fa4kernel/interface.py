@@ -1,18 +1,34 @@
-"""Python entry points: attention() on CUDA tensors and compile_sass() for CPU-only checks."""
+"""The entry points: attention() picks the kernel by the GPU's architecture, compile_sass()
+compiles either kernel on a machine without a GPU; the SM90 kernel's host side (compile cache,
+tile schedule, launch) and its diagnostic launches (attention_traced, attention_probed).
+
+Plain Python at import: torch and the CuTe DSL are imported when a function needs them.
+"""
 
 from __future__ import annotations
 
-import glob
 import math
 import os
-import tempfile
 import time
 from typing import Optional
 
-from .config import KernelConfig, make_config, validate_device, validate_tensors
+from .diagnostics import NONE, Diagnostics, probe_build, trace_build
+from .inputs import validate_device, validate_tensors
+from .sass import sass_for
+from .sm90.config import SUPPORTED_HEAD_DIMS, KernelConfig, make_config
 
-_CACHE: dict = {}  # KernelConfig -> compiled callable
-COMPILE_TIMES: dict = {}  # KernelConfig -> seconds spent in the first (JIT) compile
+# The architectures with a kernel: compute capability -> (compile target, kernel)
+ARCHS = {(9, 0): ("sm_90a", "the SM90 (Hopper) forward"), (10, 0): ("sm_100a", "the SM100 (Blackwell) forward")}
+_SUPPORTED = "sm_90 (H100, H200) or sm_100 (B200)"
+
+_CACHE: dict = {}  # build key (_build_key) -> compiled callable
+COMPILE_TIMES: dict = {}  # build key -> seconds spent in the first (JIT) compile
+
+
+def _build_key(cfg: KernelConfig, diag: Diagnostics = NONE):
+    """The compile-cache key of a build: the KernelConfig alone for the normal kernel (so
+    COMPILE_TIMES[cfg] is its compile time), (cfg, diagnostics) for a diagnostic build."""
+    return cfg if diag == NONE else (cfg, diag)
 
 
 def _cutlass_dtype(name: str):
@@ -73,71 +89,64 @@ def _fake_trace():
     return make_fake_tensor(cutlass.Int64, (TRACE_WORDS,), stride=(1,), assumed_align=16)
 
 
-def sass_for(compile_call, arch: str, dump_dir: Optional[str] = None) -> str:
-    """Run compile_call(options) (a cute.compile with fake tensors) for `arch` on the CPU and
-    return the SASS of the cubin it writes. Shared by the SM90 and SM100 kernels."""
-    own_dir = dump_dir is None
-    dump_dir = dump_dir or tempfile.mkdtemp(prefix="fa4kernel_sass_")
-    os.makedirs(dump_dir, exist_ok=True)
-    env_keys = ("CUTE_DSL_ARCH", "CUTE_DSL_KEEP", "CUTE_DSL_DUMP_DIR")
-    saved = {k: os.environ.get(k) for k in env_keys}
-    os.environ.update(CUTE_DSL_ARCH=arch, CUTE_DSL_KEEP="sass", CUTE_DSL_DUMP_DIR=dump_dir)
-    try:
-        compile_call(f"--gpu-arch {arch} --keep-cubin --dump-dir {dump_dir}")
-    finally:
-        for key, val in saved.items():
-            if val is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = val
-    cubins = sorted(glob.glob(os.path.join(dump_dir, "**", "*.cubin"), recursive=True),
-                    key=os.path.getmtime)
-    if not cubins:
-        raise RuntimeError(f"no cubin written under {dump_dir}")
-    text = _disassemble(cubins[-1])
-    if own_dir:
-        import shutil
+def compile_sass(cfg=None, arch: str = "sm_90a", *, dtype: str = "bfloat16", head_dim: int = 128,
+                 causal: bool = False, return_lse: bool = False, diagnostics: Diagnostics = NONE,
+                 dump_dir: Optional[str] = None, **knobs) -> str:
+    """Compile one kernel for `arch` on this machine, no GPU needed, and return its SASS (the
+    text nvdisasm prints). Needs nvidia-cutlass-dsl (ptxas and nvdisasm come with it).
 
-        shutil.rmtree(dump_dir, ignore_errors=True)
-    return text
+    arch "sm_90a": the SM90 forward (Hopper); arch "sm_100a": the SM100 forward (Blackwell).
+    Either pass a configuration (sm90.KernelConfig from make_config, or sm100.Sm100Config from
+    sm100.make_sm100_config), or the problem and knobs as attention() takes them (validated
+    first, one-line ValueError; knobs left out take the kernel's defaults: fa4kernel/README.md
+    lists the SM90 knobs, fa4kernel/sm100/README.md the SM100 ones). The tensors are fake, with
+    dynamic batch, sequence lengths and heads: the SASS is the one every launch of that build runs.
+    diagnostics: an SM90 diagnostic build (diagnostics.trace_build(), probe_build(...)).
+    dump_dir: keep the compiler's files (cubin, PTX) there instead of a temporary directory.
 
-
-def compile_sass(cfg: KernelConfig | None = None, arch: str = "sm_90a", dump_dir: Optional[str] = None,
-                 *, dtype: str = "bfloat16", head_dim: int = 128, causal: bool = False,
-                 return_lse: bool = False, **knobs) -> str:
-    """Compile one configuration for `arch` with fake tensors (no GPU needed); return its SASS.
-
-    Either pass a KernelConfig or the same arguments attention() takes (validated first).
+        sass = fa4kernel.compile_sass(head_dim=64, causal=True)             # SM90 defaults
+        sass = fa4kernel.compile_sass(arch="sm_100a", exp_emulation=0.25)    # SM100, hd128
+        from fa4kernel.sass import kv_loop; print(len(kv_loop(sass)))        # its KV loop
     """
+    if arch == "sm_90a":
+        if cfg is None:
+            cfg = make_config(dtype, head_dim, causal, return_lse, knobs)
+        elif not isinstance(cfg, KernelConfig):
+            raise ValueError(f"cfg={type(cfg).__name__} is not the SM90 kernel's; allowed with arch='sm_90a': "
+                             f"None or a KernelConfig (fa4kernel.make_config)")
+        if not isinstance(diagnostics, Diagnostics):
+            raise ValueError(f"diagnostics={diagnostics!r}; allowed: a fa4kernel.diagnostics.Diagnostics")
+        return _compile_sm90_sass(cfg, diagnostics, dump_dir)
+    if arch == "sm_100a":
+        from .sm100.config import Sm100Config, make_sm100_config
+
+        if diagnostics != NONE:
+            raise ValueError("diagnostics: the SM100 kernel has no diagnostic builds; allowed: the default")
+        if cfg is None:
+            cfg = make_sm100_config(head_dim, causal, dtype=dtype, return_lse=return_lse, **knobs)
+        elif not isinstance(cfg, Sm100Config):
+            raise ValueError(f"cfg={type(cfg).__name__} is not the SM100 kernel's; allowed with arch='sm_100a': "
+                             f"None or an Sm100Config (fa4kernel.sm100.make_sm100_config)")
+        from .sm100.fwd import compile_sm100_config
+
+        return compile_sm100_config(cfg, dump_dir)
+    raise ValueError(f"arch={arch!r} not supported; allowed: 'sm_90a' (SM90 forward) or 'sm_100a' (SM100 forward)")
+
+
+def _compile_sm90_sass(cfg: KernelConfig, diag: Diagnostics, dump_dir: Optional[str]) -> str:
     import cutlass.cute as cute
     from cutlass import Float32
 
-    from .sm90_fwd import kernel_class
-
-    if cfg is None:
-        cfg = make_config(dtype, head_dim, causal, return_lse, knobs)
+    from .sm90.fwd import make_kernel
 
     def build(options):
         q, k, v, o, lse = _fake_args(cfg)
         stream = cute.runtime.make_fake_stream()
-        kern = kernel_class(cfg)(cfg)
-        extra = (_fake_trace(),) if (cfg.trace or cfg.clock_probe or cfg.skip_softmax) else ()
-        cute.compile(kern, q, k, v, o, lse, _fake_sched(cfg), Float32(1.0), *extra, stream,
+        extra = (_fake_trace(),) if diag.buffered else ()
+        cute.compile(make_kernel(cfg, diag), q, k, v, o, lse, _fake_sched(cfg), Float32(1.0), *extra, stream,
                      options=options)
 
-    return sass_for(build, arch, dump_dir)
-
-
-def _disassemble(cubin_path: str) -> str:
-    """SASS text of a cubin with the nvdisasm the DSL itself would use (pip nvidia-cuda-nvdisasm)."""
-    import subprocess
-
-    from cutlass.base_dsl.env_manager import _find_nvdisasm_binary
-
-    res = subprocess.run([_find_nvdisasm_binary(), "-c", cubin_path], capture_output=True, text=True)
-    if res.returncode != 0:
-        raise RuntimeError(f"nvdisasm failed: {res.stderr.strip()}")
-    return res.stdout
+    return sass_for(build, "sm_90a", dump_dir)
 
 
 def _to_cute(t, leading_dim: int, align: int = 16):
@@ -170,31 +179,49 @@ def _props(device):
 def resolve_config(q, k, v, causal: bool = False, return_lse: bool = False, **knobs) -> KernelConfig:
     """The KernelConfig attention() runs for these tensors and knobs (knob defaults resolved,
     including the short-causal tile shapes, SHORT_CAUSAL_TILES)."""
-    b, sq, sk, h, d, dtype = validate_tensors(q, k, v, causal, None, return_lse)
+    b, sq, sk, h, d, dtype = validate_tensors(q, k, v, causal, None, return_lse, head_dims=SUPPORTED_HEAD_DIMS)
     if causal and sq <= SHORT_CAUSAL_MAX_SEQLEN_Q and d in SHORT_CAUSAL_TILES \
             and knobs.get("tile_m") is None and knobs.get("tile_n") is None:
         knobs = {**SHORT_CAUSAL_TILES[d], **knobs}
     return make_config(dtype, d, causal, return_lse, knobs)
 
 
+def _capability(q):
+    """(major, minor) of the CUDA device q is on, or None (not a CUDA tensor, or no CUDA)."""
+    dev = getattr(q, "device", None)
+    if getattr(dev, "type", None) != "cuda":
+        return None
+    p = _props(dev)
+    return p.major, p.minor
+
+
 def attention(q, k, v, causal: bool = False, softmax_scale: Optional[float] = None,
               return_lse: bool = False, **knobs):
     """softmax(q k^T * scale [+ causal mask]) v for q, k, v (batch, seqlen, heads, head_dim).
 
-    Returns out (same shape/dtype as q), and lse (batch, heads, seqlen_q) fp32 if return_lse.
-    Causal with seqlen_q != seqlen_k is bottom-right aligned (flash_attn's convention).
-    Knobs: tile_m, tile_n, kv_stages, pingpong, intra_wg_overlap, p_in_registers,
-    exp_emulation, rescale_threshold (see fa4kernel/README.md).
+    Runs the kernel of the GPU q is on: sm_90 (H100, H200) the SM90 forward, sm_100 (B200) the
+    SM100 forward (sm100/README.md; compiled and checked on the CPU only, it has not run on a GPU).
+    Returns out (same shape/dtype as q), and lse (batch, heads, seqlen_q) fp32 (natural log) if
+    return_lse. Causal with seqlen_q != seqlen_k is bottom-right aligned (flash_attn's convention).
+    softmax_scale: None = 1 / sqrt(head_dim). Knobs: the kernel's (fa4kernel/README.md for SM90,
+    KNOB_NAMES; sm100/README.md for SM100). Bad input raises a one-line ValueError.
     """
-    b, sq, sk, h, d, dtype = validate_tensors(q, k, v, causal, softmax_scale, return_lse)
+    cap = _capability(q)
+    if cap is not None and cap not in ARCHS:
+        raise ValueError(f"q is on an sm_{cap[0]}{cap[1]} GPU; fa4kernel has kernels for {_SUPPORTED}")
+    if cap == (10, 0):
+        from .sm100.fwd import attention_sm100
+
+        return attention_sm100(q, k, v, causal=causal, softmax_scale=softmax_scale, return_lse=return_lse,
+                               **knobs)
+    # sm_90, or not on a CUDA device: the SM90 kernel's checks, then the device's (one-line errors)
+    b, sq, sk, h, d, dtype = validate_tensors(q, k, v, causal, softmax_scale, return_lse,
+                                              head_dims=SUPPORTED_HEAD_DIMS)
     cfg = resolve_config(q, k, v, causal, return_lse, **knobs)  # raises before any compile
     validate_device(q, k, v)
 
     import torch
 
-    major, minor = _props(q.device).major, _props(q.device).minor
-    if major != 9:
-        raise ValueError(f"q is on an sm_{major}{minor} GPU; allowed: Hopper (sm_90)")
     out = torch.empty((b, sq, h, d), dtype=q.dtype, device=q.device)
     lse = torch.empty((b, h, sq), dtype=torch.float32, device=q.device) if return_lse else None
     _run(cfg, q, k, v, out, lse, softmax_scale)
@@ -203,49 +230,47 @@ def attention(q, k, v, causal: bool = False, softmax_scale: Optional[float] = No
 
 def attention_traced(q, k, v, causal: bool = False, softmax_scale: Optional[float] = None,
                      trace_cta: int = 0, light: bool = False, **knobs):
-    """The instrumented build (KernelConfig.trace): returns (out, stamps), stamps an int64 CUDA
-    tensor of trace_layout.TRACE_WORDS words with clock64 stamps of CTA `trace_cta` (layout:
-    trace_layout.py; decode with fa4kernel.trace.decode). Knobs as attention()."""
+    """The SM90 trace build (diagnostics.trace_build): returns (out, stamps), stamps an int64
+    CUDA tensor of trace_layout.TRACE_WORDS words with clock64 stamps of CTA `trace_cta`
+    (layout: trace_layout.py; decode with fa4kernel.trace.decode). Knobs as attention()."""
     import torch
 
-    from .config import trace_config
     from .trace_layout import TRACE_WORDS
 
-    b, sq, sk, h, d, dtype = validate_tensors(q, k, v, causal, softmax_scale, False)
-    cfg = trace_config(resolve_config(q, k, v, causal, False, **knobs), light)
+    b, sq, sk, h, d, dtype = validate_tensors(q, k, v, causal, softmax_scale, False, head_dims=SUPPORTED_HEAD_DIMS)
+    cfg = resolve_config(q, k, v, causal, False, **knobs)
     validate_device(q, k, v)
     out = torch.empty((b, sq, h, d), dtype=q.dtype, device=q.device)
     stamps = torch.zeros((TRACE_WORDS,), dtype=torch.int64, device=q.device)
     stamps[0] = int(trace_cta)
-    _run(cfg, q, k, v, out, None, softmax_scale, trace=stamps)
+    _run(cfg, q, k, v, out, None, softmax_scale, trace=stamps, diag=trace_build(light))
     return out, stamps
 
 
 def attention_probed(q, k, v, causal: bool = False, softmax_scale: Optional[float] = None,
                      skip_softmax: bool = False, trace_cta: int = 0, stamps=None, ablate: str = "",
-                     exp_before_pv_wait: bool = False, cta_log: bool = False, **knobs):
-    """A diagnostic build (config.diagnostic_config): the normal kernel plus the in-kernel clock of
-    one CTA. Returns (out, stamps); stamps[1:5] = clock64 and globaltimer (ns) at that CTA's start
-    and end, so cycles / ns is the SM clock of this very launch (fa4kernel.trace.header_clock).
-    skip_softmax=True times the wgmma + pipeline skeleton without the softmax; its `out` is not
-    attention; so is any `ablate` build (config.ABLATIONS, comma-separated). cta_log=True: every
-    CTA also logs its SM id and start / end stamps (trace_layout.CTA_LOG_*; decode with
-    fa4kernel.trace.cta_log). stamps: a reusable int64 CUDA buffer of TRACE_WORDS (else a new one per call).
-    Knobs as attention()."""
+                     cta_log: bool = False, **knobs):
+    """An SM90 clock-probe build (diagnostics.probe_build): the normal kernel plus the in-kernel
+    clock of one CTA. Returns (out, stamps); stamps[1:5] = clock64 and globaltimer (ns) at that
+    CTA's start and end, so cycles / ns is the SM clock of this very launch
+    (fa4kernel.trace.header_clock). skip_softmax=True times the wgmma + pipeline skeleton without
+    the softmax; its `out` is not attention; so is any `ablate` build (diagnostics.ABLATIONS,
+    comma-separated). cta_log=True: every CTA also logs its SM id and start / end stamps
+    (trace_layout.CTA_LOG_*; decode with fa4kernel.trace.cta_log). stamps: a reusable int64 CUDA
+    buffer of TRACE_WORDS (else a new one per call). Knobs as attention()."""
     import torch
 
-    from .config import diagnostic_config
     from .trace_layout import TRACE_WORDS
 
-    b, sq, sk, h, d, dtype = validate_tensors(q, k, v, causal, softmax_scale, False)
-    cfg = diagnostic_config(resolve_config(q, k, v, causal, False, **knobs), True, skip_softmax, ablate,
-                            exp_before_pv_wait, cta_log)
+    b, sq, sk, h, d, dtype = validate_tensors(q, k, v, causal, softmax_scale, False, head_dims=SUPPORTED_HEAD_DIMS)
+    cfg = resolve_config(q, k, v, causal, False, **knobs)
+    diag = probe_build(skip_softmax, ablate, cta_log)
     validate_device(q, k, v)
     out = torch.empty((b, sq, h, d), dtype=q.dtype, device=q.device)
     if stamps is None:
         stamps = torch.zeros((TRACE_WORDS,), dtype=torch.int64, device=q.device)
         stamps[0] = int(trace_cta)
-    _run(cfg, q, k, v, out, None, softmax_scale, trace=stamps)
+    _run(cfg, q, k, v, out, None, softmax_scale, trace=stamps, diag=diag)
     return out, stamps
 
 
@@ -316,8 +341,9 @@ def _schedule(cfg: KernelConfig, q, k):
     return table
 
 
-def _run(cfg: KernelConfig, q, k, v, out, lse, softmax_scale, trace=None):
-    """Launch into caller-provided out (b, s_q, h, d) and lse (b, h, s_q) or None.
+def _run(cfg: KernelConfig, q, k, v, out, lse, softmax_scale, trace=None, diag: Diagnostics = NONE):
+    """Launch the SM90 kernel into caller-provided out (b, s_q, h, d) and lse (b, h, s_q) or
+    None; a diagnostic build (diag) also into trace, its stamps buffer.
 
     Fast path (apache-tvm-ffi installed, as on the device): the kernel is compiled once per
     configuration against fake tensors with dynamic shapes/strides and called with torch tensors
@@ -333,29 +359,30 @@ def _run(cfg: KernelConfig, q, k, v, out, lse, softmax_scale, trace=None):
     scale_log2 = float(softmax_scale * math.log2(math.e))
     if _USE_TVM_FFI is None:
         _USE_TVM_FFI = _tvm_ffi_available() and os.environ.get("FA4KERNEL_NO_TVM_FFI") != "1"
-    fn = _CACHE.get(cfg)
-    buffered = cfg.trace or cfg.clock_probe or cfg.skip_softmax
+    key = _build_key(cfg, diag)
+    fn = _CACHE.get(key)
+    buffered = diag.buffered
     if buffered and trace is None:
         raise ValueError("a trace / diagnostic build needs its stamps buffer (attention_traced, attention_probed)")
     if _USE_TVM_FFI:
         if fn is None:
-            from .sm90_fwd import kernel_class
+            from .sm90.fwd import make_kernel
 
             t0 = time.perf_counter()
             fq, fk, fv, fo, flse = _fake_args(cfg)
             extra = (_fake_trace(),) if buffered else ()
             stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
             try:
-                fn = cute.compile(kernel_class(cfg)(cfg), fq, fk, fv, fo, flse, _fake_sched(cfg), Float32(1.0),
+                fn = cute.compile(make_kernel(cfg, diag), fq, fk, fv, fo, flse, _fake_sched(cfg), Float32(1.0),
                                   *extra, stream, options="--enable-tvm-ffi")
             except Exception as e:  # keep working through DLPack if the FFI path breaks
                 import warnings
 
                 warnings.warn(f"fa4kernel: TVM-FFI compile failed ({e!r:.200}); using DLPack path")
                 _USE_TVM_FFI = False
-                return _run(cfg, q, k, v, out, lse, softmax_scale, trace)
-            COMPILE_TIMES[cfg] = time.perf_counter() - t0
-            _CACHE[cfg] = fn
+                return _run(cfg, q, k, v, out, lse, softmax_scale, trace, diag)
+            COMPILE_TIMES[key] = time.perf_counter() - t0
+            _CACHE[key] = fn
         sched = _schedule(cfg, q, k) if _scheduled(cfg) else None
         if buffered:
             fn(q, k, v, out, lse, sched, scale_log2, trace)
@@ -372,10 +399,10 @@ def _run(cfg: KernelConfig, q, k, v, out, lse, softmax_scale, trace=None):
     extra = (_to_cute(trace, 0, align=16),) if buffered else ()
     sched = _to_cute(_schedule(cfg, q, k), 1, align=4) if _scheduled(cfg) else None
     if fn is None:
-        from .sm90_fwd import kernel_class
+        from .sm90.fwd import make_kernel
 
         t0 = time.perf_counter()
-        fn = cute.compile(kernel_class(cfg)(cfg), *args, lse_c, sched, Float32(scale_log2), *extra, stream)
-        COMPILE_TIMES[cfg] = time.perf_counter() - t0
-        _CACHE[cfg] = fn
+        fn = cute.compile(make_kernel(cfg, diag), *args, lse_c, sched, Float32(scale_log2), *extra, stream)
+        COMPILE_TIMES[key] = time.perf_counter() - t0
+        _CACHE[key] = fn
     fn(*args, lse_c, sched, Float32(scale_log2), *extra, stream)

@@ -1,11 +1,17 @@
-"""Reading compiled SASS (nvdisasm text): loop bodies by their backward branches.
+"""SASS on a machine without a GPU: making it (sass_for: compile for an arch, disassemble the
+cubin) and reading it (loop bodies by their backward branches, a KV loop, its waits).
 
-CPU-only helpers for tests and benchmarks that check what ptxas made of a kernel: which
-instructions a loop runs per trip, and where its waits sit.
+CPU-only helpers for fa4kernel.compile_sass, tests and benchmarks that check what ptxas made of
+a kernel: which instructions a loop runs per trip, and where its waits sit. Plain Python at
+import (the CuTe DSL is imported by sass_for's caller and disassemble).
 """
 from __future__ import annotations
 
+import glob
+import os
 import re
+import tempfile
+from typing import Optional
 
 
 def loop_bodies(sass: str, operands: bool = False) -> list[tuple[str, list[str]]]:
@@ -51,3 +57,44 @@ def around_pv_wait(loop: list[str]) -> tuple[list[str], list[str]]:
     wait on). The first two WARPGROUP.DEPBARs of the loop are those waits (wait_group 1, then 0)."""
     s_wait, pv_wait = [i for i, o in enumerate(loop) if o.startswith("WARPGROUP.DEPBAR")][:2]
     return loop[s_wait:pv_wait], loop[pv_wait:]
+
+
+def sass_for(compile_call, arch: str, dump_dir: Optional[str] = None) -> str:
+    """Run compile_call(options) (a cute.compile with fake tensors) for `arch` on the CPU and
+    return the SASS of the cubin it writes. Shared by the SM90 and SM100 kernels."""
+    own_dir = dump_dir is None
+    dump_dir = dump_dir or tempfile.mkdtemp(prefix="fa4kernel_sass_")
+    os.makedirs(dump_dir, exist_ok=True)
+    env_keys = ("CUTE_DSL_ARCH", "CUTE_DSL_KEEP", "CUTE_DSL_DUMP_DIR")
+    saved = {k: os.environ.get(k) for k in env_keys}
+    os.environ.update(CUTE_DSL_ARCH=arch, CUTE_DSL_KEEP="sass", CUTE_DSL_DUMP_DIR=dump_dir)
+    try:
+        compile_call(f"--gpu-arch {arch} --keep-cubin --dump-dir {dump_dir}")
+    finally:
+        for key, val in saved.items():
+            if val is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = val
+    cubins = sorted(glob.glob(os.path.join(dump_dir, "**", "*.cubin"), recursive=True),
+                    key=os.path.getmtime)
+    if not cubins:
+        raise RuntimeError(f"no cubin written under {dump_dir}")
+    text = disassemble(cubins[-1])
+    if own_dir:
+        import shutil
+
+        shutil.rmtree(dump_dir, ignore_errors=True)
+    return text
+
+
+def disassemble(cubin_path: str) -> str:
+    """SASS text of a cubin with the nvdisasm the DSL itself would use (pip nvidia-cuda-nvdisasm)."""
+    import subprocess
+
+    from cutlass.base_dsl.env_manager import _find_nvdisasm_binary
+
+    res = subprocess.run([_find_nvdisasm_binary(), "-c", cubin_path], capture_output=True, text=True)
+    if res.returncode != 0:
+        raise RuntimeError(f"nvdisasm failed: {res.stderr.strip()}")
+    return res.stdout

@@ -30,6 +30,8 @@ from __future__ import annotations
 import heapq
 import math
 
+from .block_info import kv_block_range
+
 # A tile's fixed cost in KV-block units: start-up, first block without overlap, epilogue.
 # Measured on H100 (hd128, one CTA walking tiles): ~1925 cycles beyond its blocks vs 2462 cycles
 # per KV block (benchmarks/results/tiles_h100_2026-11-22.json); only the ordering uses it.
@@ -52,12 +54,8 @@ TAIL_WAVES = 2
 
 def kv_blocks(m_block: int, tile_m: int, tile_n: int, seqlen_q: int, seqlen_k: int,
               causal: bool = True) -> int:
-    """KV blocks a tile visits (the kernel's _kv_block_range; causal is bottom-right aligned)."""
-    n_max = math.ceil(seqlen_k / tile_n)
-    if not causal:
-        return n_max
-    last_col = max((m_block + 1) * tile_m + seqlen_k - seqlen_q, 0)
-    return max(min(n_max, math.ceil(last_col / tile_n)), 1)
+    """KV blocks a tile visits: the kernel's own range (block_info.kv_block_range)."""
+    return kv_block_range(m_block, tile_m, tile_n, seqlen_q, seqlen_k, causal)[0]
 
 
 def tile_cost(m_block: int, tile_m: int, tile_n: int, seqlen_q: int, seqlen_k: int,

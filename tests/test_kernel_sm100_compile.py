@@ -10,12 +10,8 @@ import pytest
 
 pytest.importorskip("cutlass")
 
-from fa4kernel.sm100_fwd import (  # noqa: E402
-    DEFAULT_EXP_EMULATION,
-    compile_sm100_sass,
-    emulated_mask,
-    make_sm100_config,
-)
+import fa4kernel  # noqa: E402
+from fa4kernel.sm100 import DEFAULT_EXP_EMULATION, emulated_mask, make_sm100_config  # noqa: E402
 
 pytestmark = pytest.mark.compile
 
@@ -25,8 +21,8 @@ _SASS = {}
 def sass(head_dim=128, causal=False, exp_emulation=DEFAULT_EXP_EMULATION, **knobs):
     key = (head_dim, causal, exp_emulation, tuple(sorted(knobs.items())))
     if key not in _SASS:
-        _SASS[key] = compile_sm100_sass(head_dim=head_dim, causal=causal,
-                                        exp_emulation=exp_emulation, **knobs)
+        _SASS[key] = fa4kernel.compile_sass(arch="sm_100a", head_dim=head_dim, causal=causal,
+                                            exp_emulation=exp_emulation, **knobs)
     return _SASS[key]
 
 
@@ -125,7 +121,7 @@ def test_lse_output_compiles():
 ], ids=lambda x: str(x) if not isinstance(x, dict) else ",".join(f"{k}={v}" for k, v in x.items()))
 def test_invalid_knobs_raise_before_compiling(knobs, msg):
     with pytest.raises(ValueError, match=msg) as ei:
-        compile_sm100_sass(**knobs)
+        fa4kernel.compile_sass(arch="sm_100a", **knobs)
     assert "\n" not in str(ei.value)
 
 

@@ -5,7 +5,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import fa4kernel  # noqa: E402
-from fa4kernel import config  # noqa: E402
+from fa4kernel.sm90 import config  # noqa: E402
 
 
 def qkv(b=2, sq=64, sk=64, h=2, d=128, dtype=torch.bfloat16, device="cpu"):
@@ -124,7 +124,7 @@ def test_rescale_threshold_none_and_zero_mean_always_rescale():
 def test_exp2_emulation_reference_accuracy():
     import math
 
-    from fa4kernel.exp2_emulation import exp2_emulated_reference
+    from fa4kernel.softmax import exp2_emulated_reference
 
     worst = max(abs(exp2_emulated_reference(x / 97.0) / 2.0 ** (x / 97.0) - 1)
                 for x in range(-97 * 120, 97 * 8))
@@ -139,7 +139,7 @@ def test_conditional_rescale_rule_is_exact_and_bounded():
     import math
     import random
 
-    from fa4kernel.rescale import rescale_rule_reference
+    from fa4kernel.softmax import rescale_rule_reference
 
     rng = random.Random(7)
     scale_log2 = 0.125 * math.log2(math.e)
@@ -243,3 +243,40 @@ def test_chained_row_sum_auto_and_checked():
     assert mk(128, chained_row_sum=True).chained_row_sum and not mk(64, chained_row_sum=False).chained_row_sum
     with pytest.raises(ValueError, match="chained_row_sum=1 not supported"):
         mk(64, chained_row_sum=1)
+
+
+@pytest.mark.parametrize("cap", [(8, 0), (8, 9), (12, 0)])
+def test_attention_on_an_unsupported_gpu_is_one_line(monkeypatch, cap):
+    """The kernel is picked by the GPU's compute capability: anything but sm_90 / sm_100 is a
+    one-line error naming the architecture and the supported ones (no compile, no launch)."""
+    from fa4kernel import interface
+
+    monkeypatch.setattr(interface, "_capability", lambda q: cap)
+    msg = raises(f"sm_{cap[0]}{cap[1]} GPU", *qkv())
+    assert "sm_90" in msg and "sm_100" in msg
+
+
+@pytest.mark.parametrize("kwargs,says", [
+    (dict(arch="sm_80"), "arch='sm_80' not supported; allowed: 'sm_90a'"),
+    (dict(arch="sm_100a", cfg=fa4kernel.make_config("bfloat16", 128, False, False, {})), "not the SM100 kernel's"),
+    (dict(arch="sm_90a", head_dim=80), "head_dim=80 not supported"),
+    (dict(arch="sm_90a", trace=True), "unknown knob(s) trace"),
+    (dict(arch="sm_90a", diagnostics="trace"), "diagnostics='trace'"),
+    (dict(arch="sm_100a", head_dim=256), "head_dim=256 not supported"),
+])
+def test_compile_sass_rejects_bad_arguments_before_compiling(kwargs, says):
+    with pytest.raises(ValueError) as ei:
+        fa4kernel.compile_sass(**kwargs)
+    assert says in str(ei.value) and "\n" not in str(ei.value)
+
+
+def test_package_import_is_plain_python():
+    """fa4sim imports fa4kernel.make_config / default_knobs: no torch, CUDA or CuTe DSL on import."""
+    import subprocess
+    import sys
+
+    code = ("import sys, fa4kernel; fa4kernel.default_knobs(128, True); "
+            "fa4kernel.make_config('bfloat16', 64, True, False, {}); "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'cutlass', 'cuda')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"

@@ -11,7 +11,7 @@ import pytest
 pytest.importorskip("cutlass")
 
 import fa4kernel  # noqa: E402
-from fa4kernel.config import make_config  # noqa: E402
+from fa4kernel import make_config  # noqa: E402
 from fa4kernel.sass import around_pv_wait, kv_loop  # noqa: E402
 
 pytestmark = pytest.mark.compile
@@ -90,8 +90,8 @@ def test_exp_emulation_moves_exp2_from_mufu_to_fma():
     assert all(a > b for a, b in zip(mufu, mufu[1:])), mufu
     assert all(a < b for a, b in zip(ffma, ffma[1:])), ffma
     # hd128, tile 128x128, intra-WG overlap: 2 softmax copies in the code (the first block and the
-    # loop body; the loop's last block is not peeled since the ninth session), each 2 rows x 32
-    # columns per thread = 64 exp2 per copy.
+    # loop body; the loop's last block is not peeled), each 2 rows x 32 columns per thread = 64
+    # exp2 per copy.
     copies = 2
     per_block_base = (mufu[0] - mufu[-1]) / copies
     assert per_block_base == 64, mufu
@@ -106,8 +106,8 @@ def test_pv_wait_sits_before_the_exp2s(hd, knobs, most_before):
     """The compiled order fa4sim's fa3 schedule models (knob exp_overlaps_pv = False): in the KV
     loop ptxas places the wait for the previous block's PV GEMM (the second WARPGROUP.DEPBAR,
     gsb0 0x0) after the S wait and (part of) the row max, ahead of most of the block's exp2s,
-    whatever the source order (hd128 issues 10 of its 66 before it since the ninth session's
-    unpeeled loop, 6 before). If a compiler update moves it, this fails and the model's default
+    whatever the source order (hd128's loop, whose last block is not peeled, issues 10 of its 66
+    before it). If a compiler update moves it, this fails and the model's default
     must follow; each build's own position is in fa4sim/schedules/pv_wait_sm90.py."""
     between, after = around_pv_wait(kv_loop(sass(head_dim=hd, **knobs)))
     assert between.count("FMNMX") >= 16                      # row max work overlaps PV

@@ -23,7 +23,7 @@ pytestmark = [
 ]
 
 import fa4kernel  # noqa: E402
-from fa4kernel.config import make_config  # noqa: E402
+from fa4kernel import make_config  # noqa: E402
 from fa4kernel.interface import _run  # noqa: E402
 
 TOL = 1e-2

@@ -1,4 +1,4 @@
-"""CPU-only: the diagnostic builds of the SM90 kernel (config.diagnostic_config, issue 4).
+"""CPU-only: the clock-probe builds of the SM90 kernel (fa4kernel.diagnostics.probe_build).
 
 - the clock-probe build is the normal kernel plus exactly two clock64 and two globaltimer reads
   (CTA start and end): same wgmma, MUFU and FMNMX counts, no spills
@@ -6,12 +6,14 @@
   epilogue's few MUFU)
 - the CTA-log build adds per-CTA stamps and the SM id outside the KV loop; a persistent one
   also stamps each tile's start (the tile log), still outside the KV loop
-- none is a user knob; fa4kernel.trace.header_clock turns a header into cycles / ns
+- none is a user knob (diagnostics are not knobs); fa4kernel.trace.header_clock turns a header
+  into cycles / ns
 """
 import pytest
 
-from fa4kernel.config import diagnostic_config, make_config
-from fa4kernel.sass import around_pv_wait, kv_loop
+from fa4kernel import make_config
+from fa4kernel.diagnostics import NAMES, probe_build
+from fa4kernel.sass import kv_loop
 from fa4kernel.trace import header_clock
 # the SASS helpers (and their compile cache) of the instrumented-build tests
 from test_kernel_sm90_trace import CLOCK_READ, TIMER_READ, count, sass
@@ -20,7 +22,7 @@ from test_kernel_sm90_trace import CLOCK_READ, TIMER_READ, count, sass
 @pytest.mark.compile
 def test_clock_probe_build_adds_only_the_header_stamps():
     cfg = make_config("bfloat16", 128, False, False, {})
-    plain, probe = sass(cfg), sass(diagnostic_config(cfg))
+    plain, probe = sass(cfg), sass(cfg, probe_build())
     assert len(CLOCK_READ.findall(probe)) == 2 and len(TIMER_READ.findall(probe)) == 2
     assert not CLOCK_READ.search(plain)
     for op in ("HGMMA", "MUFU", "FMNMX", "FFMA", "UTMALDG"):
@@ -31,17 +33,38 @@ def test_clock_probe_build_adds_only_the_header_stamps():
 @pytest.mark.compile
 def test_skip_softmax_build_drops_the_softmax():
     cfg = make_config("bfloat16", 128, False, False, {})
-    plain, skip = sass(cfg), sass(diagnostic_config(cfg, skip_softmax=True))
+    plain, skip = sass(cfg), sass(cfg, probe_build(skip_softmax=True))
     assert count(skip, "HGMMA") == count(plain, "HGMMA")
     assert count(skip, "FMNMX") == 0 < count(plain, "FMNMX")
     assert count(skip, "MUFU") < count(plain, "MUFU") // 10
 
 
-def test_diagnostic_fields_are_not_user_knobs():
-    with pytest.raises(ValueError):
-        make_config("bfloat16", 128, False, False, {"clock_probe": True})
-    with pytest.raises(ValueError):
-        make_config("bfloat16", 128, False, False, {"skip_softmax": True})
+@pytest.mark.parametrize("name", NAMES)
+def test_diagnostics_are_not_user_knobs(name):
+    """Every diagnostic field is refused as a knob, by make_config and by attention() (one line,
+    before any device check), and the KernelConfig has no such field."""
+    value = "max" if name == "ablate" else True
+    with pytest.raises(ValueError, match=f"unknown knob\\(s\\) {name};"):
+        make_config("bfloat16", 128, False, False, {name: value})
+    assert name not in make_config("bfloat16", 128, False, False, {}).as_dict()
+    torch = pytest.importorskip("torch")
+    import fa4kernel
+
+    q = torch.zeros(1, 64, 1, 128, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match=f"unknown knob\\(s\\) {name};") as ei:
+        fa4kernel.attention(q, q, q, **{name: value})
+    assert "\n" not in str(ei.value)
+
+
+@pytest.mark.parametrize("kw,says", [
+    (dict(ablate="vote_sum"), "ablate='vote_sum': unknown vote_sum; allowed: max, exp, sum, rescale"),
+    (dict(ablate="max,bogus"), "unknown bogus"),
+    (dict(cta_log=True, clock_probe=False), "cta_log=True needs clock_probe=True"),
+])
+def test_bad_probe_builds_fail_in_one_line(kw, says):
+    with pytest.raises(ValueError) as ei:
+        probe_build(**kw)
+    assert says in str(ei.value) and "\n" not in str(ei.value)
 
 
 def test_header_clock():
@@ -51,29 +74,11 @@ def test_header_clock():
 
 
 @pytest.mark.compile
-def test_exp_before_pv_wait_build_moves_the_exp2s_only():
-    """The diagnostic exp_before_pv_wait build keeps the block's exp2s ahead of the PV wait
-    (ptxas hoists it above them otherwise); the normal build is unchanged by the field."""
-    cfg = make_config("bfloat16", 128, False, False, {})
-    plain, pinned = sass(diagnostic_config(cfg)), sass(diagnostic_config(cfg, exp_before_pv_wait=True))
-
-    def ex2_before_wait(text):  # in the KV loop: between the S wait and the PV wait
-        return around_pv_wait(kv_loop(text))[0].count("MUFU.EX2")
-
-    # plain: the acc_scale exp2s and a few that ptxas slots in (10 since the ninth session's
-    # unpeeled loop; most of the block's 64 wait)
-    assert ex2_before_wait(plain) <= 12 and ex2_before_wait(pinned) >= 60
-    for op in ("HGMMA", "MUFU.EX2", "FMNMX"):
-        assert count(pinned, op) == count(plain, op), op
-    assert count(pinned, "STL") == 0
-
-
-@pytest.mark.compile
 def test_cta_log_build_adds_stamps_outside_the_kv_loop():
     """The CTA-log build (every CTA: SM id, start and end stamps) keeps the clock-probe build's
     KV loop; its extra reads are one %smid and two more clock64 / globaltimer pairs."""
     cfg = make_config("bfloat16", 256, True, False, {})
-    probe, log = sass(diagnostic_config(cfg)), sass(diagnostic_config(cfg, cta_log=True))
+    probe, log = sass(cfg, probe_build()), sass(cfg, probe_build(cta_log=True))
     assert len(CLOCK_READ.findall(log)) == 4 and len(TIMER_READ.findall(log)) == 4
     assert "SMID" in log and "SMID" not in probe
     a, b = kv_loop(log), kv_loop(probe)
@@ -81,7 +86,7 @@ def test_cta_log_build_adds_stamps_outside_the_kv_loop():
     for op in ("HGMMA", "MUFU", "FMNMX", "FFMA", "SYNCS"):
         assert sum(o.startswith(op) for o in a) == sum(o.startswith(op) for o in b) > 0, op
     with pytest.raises(ValueError, match="cta_log"):
-        diagnostic_config(cfg, clock_probe=False, cta_log=True)
+        probe_build(clock_probe=False, cta_log=True)
 
 
 @pytest.mark.compile
@@ -89,7 +94,7 @@ def test_persistent_cta_log_build_also_stamps_each_tile_start():
     """A persistent CTA-log build adds one clock64 read per tile (in the tile loop, outside the
     KV loop) to the four of a CTA-log build; the KV loop is the clock-probe build's."""
     cfg = make_config("bfloat16", 128, False, False, {"persistent": True})
-    probe, log = sass(diagnostic_config(cfg)), sass(diagnostic_config(cfg, cta_log=True))
+    probe, log = sass(cfg, probe_build()), sass(cfg, probe_build(cta_log=True))
     assert len(CLOCK_READ.findall(log)) == 5 and len(TIMER_READ.findall(log)) == 4
     a, b = kv_loop(log), kv_loop(probe)
     assert len(a) == len(b)

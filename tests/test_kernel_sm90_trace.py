@@ -1,4 +1,4 @@
-"""CPU-only: the instrumented SM90 build (KernelConfig.trace, issue 4 step 3) and the measured vs
+"""CPU-only: the SM90 trace build (fa4kernel.diagnostics.trace_build) and the measured vs
 simulated timeline tooling.
 
 - the trace build compiles for sm_90a and reads the SM clock (CS2R Rx, SR_CLOCKLO: clock64)
@@ -15,7 +15,8 @@ import sys
 import pytest
 
 from fa4kernel import trace_layout as tl
-from fa4kernel.config import make_config, trace_config
+from fa4kernel import make_config
+from fa4kernel.diagnostics import NONE, trace_build
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
@@ -26,13 +27,14 @@ TIMER_READ = re.compile(r"\b(?:CS2R|S2R|S2UR)\s+U?R\w+,\s+SR_GLOBALTIMER(?:LO|HI
 _SASS = {}
 
 
-def sass(cfg):
+def sass(cfg, diagnostics=NONE):
+    """The SASS of a build (cached per KernelConfig and Diagnostics)."""
     pytest.importorskip("cutlass")
     import fa4kernel
 
-    if cfg not in _SASS:
-        _SASS[cfg] = fa4kernel.compile_sass(cfg, arch="sm_90a")
-    return _SASS[cfg]
+    if (cfg, diagnostics) not in _SASS:
+        _SASS[cfg, diagnostics] = fa4kernel.compile_sass(cfg, arch="sm_90a", diagnostics=diagnostics)
+    return _SASS[cfg, diagnostics]
 
 
 def count(text, op):
@@ -48,7 +50,7 @@ def count(text, op):
 ], ids=["hd128", "hd128-pingpong-off", "hd128-overlap-off", "hd64"])
 def test_trace_build_reads_clock_default_build_does_not(hd, knobs):
     cfg = make_config("bfloat16", hd, False, False, knobs)
-    plain, traced = sass(cfg), sass(trace_config(cfg))
+    plain, traced = sass(cfg), sass(cfg, trace_build())
     assert not CLOCK_READ.search(plain) and not TIMER_READ.search(plain), \
         "default build reads the clock: the trace code leaked into it"
     n_clock = len(CLOCK_READ.findall(traced))
@@ -76,16 +78,19 @@ def test_traced_builds_keep_the_exp2s_ahead_of_the_pv_wait(light):
         i = text.index("WARPGROUP.DEPBAR.LE gsb0, 0x1")
         return count(text[i:text.index("WARPGROUP.DEPBAR.LE gsb0, 0x0", i)], "MUFU.EX2")
 
-    assert ex2_before_wait(sass(trace_config(cfg, light))) >= 60
-    assert ex2_before_wait(sass(cfg)) <= 12  # the acc_scale exp2s, a few P exp2s (10 since the ninth session)
+    assert ex2_before_wait(sass(cfg, trace_build(light))) >= 60
+    assert ex2_before_wait(sass(cfg)) <= 12  # the acc_scale exp2s and a few P exp2s (10 at hd128)
 
 
 def test_trace_is_not_a_user_knob():
     with pytest.raises(ValueError, match="unknown knob"):
         make_config("bfloat16", 128, False, False, {"trace": True})
+    from fa4kernel.interface import _build_key
+
     cfg = make_config("bfloat16", 128, False, False, {})
-    assert cfg.trace is False and trace_config(cfg).trace is True
-    assert trace_config(cfg) != cfg  # a separate compile-cache entry
+    assert "trace" not in cfg.as_dict() and trace_build().trace is True
+    # a separate compile-cache entry; the normal build's key is the KernelConfig itself
+    assert _build_key(cfg, trace_build()) != _build_key(cfg) == cfg
 
 
 # ---------------------------------------------------------------- stamps -> JSON -> compare
@@ -145,7 +150,7 @@ def test_timeline_compare_on_synthetic_stamps(tmp_path):
     import timeline_sm90
     from fa4kernel import trace as ftrace
 
-    cfg = trace_config(make_config("bfloat16", 128, False, False, {}))
+    cfg = make_config("bfloat16", 128, False, False, {})
     dec = ftrace.decode(synthetic_words(), num_wg=2, pingpong=True)
     doc = timeline_sm90.build_doc("synthetic", 128, {}, cfg, dec, "NVIDIA H200", 0, {})
     assert doc["meta"]["clock_ghz_in_kernel"] == pytest.approx(1.8, rel=1e-3)

@@ -11,7 +11,7 @@ import pytest
 pytest.importorskip("cutlass")
 
 import fa4kernel  # noqa: E402
-from fa4kernel.config import make_config  # noqa: E402
+from fa4kernel import make_config  # noqa: E402
 from fa4sim.schedules.pv_wait_sm90 import TABLES  # noqa: E402
 
 pytestmark = pytest.mark.compile

@@ -57,7 +57,7 @@ from cutlass import BFloat16, Float32, Int32, Int64, const_expr  # noqa: E402
 from cutlass.cute.nvgpu import warpgroup  # noqa: E402
 from cutlass.cutlass_dsl import dsl_user_op  # noqa: E402
 
-from fa4kernel.exp2_emulation import emulated_columns  # noqa: E402
+from fa4kernel.softmax import emulated_columns  # noqa: E402
 from fa4kernel.sass import loop_bodies  # noqa: E402
 
 from .bench_contention import KB, KT, LOG2E, N, PER_TRIP, _mix_block, _tiled_mma, fmul, lds_volatile, red_add_shared  # noqa: E402,E501

@@ -281,8 +281,8 @@ def _mix_block(x, m, lsum, sc, nsc, c, emulated=()):
     """One FA3-softmax-like pass over the E elements of x (Python-level: unrolled at trace time);
     returns the new (x, m, lsum). Per element 1 FMNMX + 1 FFMA + 1 MUFU.EX2 + 1 FADD + 1 FMUL +
     0.5 F2FP; per pass 3 FMNMX + 1 FMUL more (combine the partial maxima, scale). The elements
-    in `emulated` take fa4kernel's polynomial exp2 (exp2_emulation.py) instead of MUFU.EX2."""
-    from fa4kernel.exp2_emulation import exp2_emulated
+    in `emulated` take fa4kernel's polynomial exp2 (fa4kernel/softmax.py) instead of MUFU.EX2."""
+    from fa4kernel.softmax import exp2_emulated
 
     m = list(m)
     lsum = list(lsum)

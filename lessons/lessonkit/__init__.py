@@ -161,10 +161,10 @@ def time_cuda(fn, reps: int = 10) -> float:
 
 
 def sm100_compiler():
-    """fa4kernel.sm100_fwd.compile_sm100_sass, or None (reason printed) when nvidia-cutlass-dsl
+    """fa4kernel.sm100.fwd.compile_sm100_sass, or None (reason printed) when nvidia-cutlass-dsl
     is not importable or no nvdisasm is found: the lessons then skip their SASS cells."""
     try:
-        from fa4kernel.sm100_fwd import compile_sm100_sass
+        from fa4kernel.sm100.fwd import compile_sm100_sass
     except ImportError as e:
         print(f"nvidia-cutlass-dsl is not importable ({e}): skipping the SM100 SASS cells "
               "(install it with `pip install -e \".[kernels]\"`).")

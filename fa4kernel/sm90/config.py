@@ -1,7 +1,10 @@
-"""Configuration and validation for the SM90 forward kernel.
+"""Configuration and validation of the SM90 (Hopper) forward kernel (sm90/fwd.py).
 
-Everything here is plain Python (no CUDA, no CuTe DSL, no torch import at module level) so the
-checks run on a CPU-only CI machine and happen BEFORE anything is compiled.
+A KernelConfig holds what a user chooses: dtype, head_dim, causal, has_lse and the knobs
+(KNOB_NAMES), every auto value resolved. Diagnostic builds are not part of it
+(diagnostics.Diagnostics). Everything here is plain Python (no CUDA, no CuTe DSL, no torch at
+import), so the checks run on a CPU-only machine and happen BEFORE anything is compiled;
+fa4sim reads the defaults from here (make_config, default_knobs).
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ REG_OVERHEAD = 32
 
 DEFAULT_RESCALE_THRESHOLD = 8.0  # tau in log2 units (a factor of 256), FA4's value for 16-bit
 
-# Per-head-dim defaults from the SM90 table in shared/reference/fa4-schedules.md
+# Per-head-dim defaults from the SM90 table in docs/reference/fa4-schedules.md
 # (tile_m, tile_n, p_in_registers, pingpong). Deviations: hd192 uses tile_n = 112 because
 # 128 x 128 with 2 K and 2 V stages needs 240 KB of smem (> 227 KB); FA4's own
 # _tile_size_fwd_sm90 picks 112 for head_dim_v = 192 too. hd256 uses tile_n = 64, not 80:
@@ -57,7 +60,8 @@ _DEFAULTS = {
 
 @dataclass(frozen=True)
 class KernelConfig:
-    """One compiled kernel variant. Hashable: it is the compile-cache key."""
+    """One kernel variant: what the user chose, auto values resolved. Hashable: the compile
+    cache keys on it (with diagnostics.Diagnostics for instrumented builds)."""
 
     dtype: str  # "bfloat16" | "float16"
     head_dim: int
@@ -90,32 +94,6 @@ class KernelConfig:
     # O-scale exp2 after its P exp2s and its sum as one FADD chain, so ptxas interleaves the O
     # rescale with the exp2s (fa4kernel/README.md, "Softmax order"). Auto: causal head_dim 64 (measured)
     chained_row_sum: bool = False
-    # Instrumented build (issue 4): clock64 stamps of one CTA into a global int64 buffer. Not a
-    # user knob (attention() rejects it); set only through trace_config(). False = the normal
-    # kernel, whose generated code does not depend on this field.
-    trace: bool = False
-    # Diagnostic builds (issue 4), also set only through diagnostic_config(): clock_probe = the
-    # normal kernel plus two clock64/globaltimer stamps of one CTA (its start and end), i.e. the
-    # trace buffer's header without the per-op stamps: the in-kernel SM clock of every launch at
-    # no measurable cost. skip_softmax = no online softmax and no O rescale (P = S converted):
-    # the wgmma + pipeline skeleton alone. Its output is NOT attention; timing only.
-    clock_probe: bool = False
-    skip_softmax: bool = False
-    # cta_log (with clock_probe): every CTA also logs its SM id and start / end stamps
-    # (trace_layout.CTA_LOG_*): which SM ran which tile, for how long, and the gaps between them
-    cta_log: bool = False
-    # ablations (timing only; the output is NOT attention), comma-separated: "max" (row max from
-    # one element: no FMNMX tree, no shuffles), "exp" (P = the scaled score: no MUFU.EX2), "sum"
-    # (no row-sum FADDs), "rescale" (no O rescale). Each one's change in cycles per KV block is
-    # what that phase costs on the critical path; fa4sim's free_* knobs are the same what-ifs.
-    ablate: str = ""
-    # with trace: stamp only QK, PV, the softmax as one span, FIN and ST (trace_layout.LIGHT_OPS),
-    # keeping the normal build's code order; set through trace_config(cfg, light=True)
-    trace_light: bool = False
-    # diagnostic (diagnostic_config): keep the exp2s ahead of the PV wait with a never-taken branch
-    # on the row sums (ptxas otherwise hoists the wait above them; fa4kernel/README.md "Where the
-    # PV wait sits"). Measured slower; kept to study why.
-    exp_before_pv_wait: bool = False
 
     @property
     def num_consumer_wgs(self) -> int:
@@ -303,101 +281,3 @@ def make_config(dtype: str, head_dim: int, causal: bool, has_lse: bool, knobs: d
         raise ValueError(f"causal={causal!r} not supported; allowed: True or False")
     k = resolve_knobs(head_dim, causal, knobs)
     return KernelConfig(dtype=dtype, head_dim=head_dim, causal=causal, has_lse=bool(has_lse), **k)
-
-
-def trace_config(cfg: KernelConfig, light: bool = False) -> KernelConfig:
-    """The instrumented (clock64-stamping) build of a configuration; buffer layout in trace_layout.py.
-    light=True: a few stamps per block only (trace_layout.LIGHT_OPS), less perturbation."""
-    from dataclasses import replace
-
-    return replace(cfg, trace=True, trace_light=bool(light))
-
-
-# "vote_sum" / "vote_row0" (conditional rescaling only): the rescale's warp vote on a predicate
-# that is never true and depends only on the row sums (after the exp2s), or on row 0's scale
-# alone: what the vote's dependence on every row's max costs the compiled order
-ABLATIONS = ("max", "exp", "sum", "rescale", "vote_sum", "vote_row0")
-
-
-def diagnostic_config(cfg: KernelConfig, clock_probe: bool = True, skip_softmax: bool = False,
-                      ablate: str = "", exp_before_pv_wait: bool = False, cta_log: bool = False) -> KernelConfig:
-    """A diagnostic build of a configuration (see KernelConfig.clock_probe / skip_softmax /
-    ablate); it takes the trace buffer (trace_layout.TRACE_WORDS int64) like the instrumented build."""
-    from dataclasses import replace
-
-    parts = tuple(sorted(x for x in ablate.split(",") if x))
-    bad = [x for x in parts if x not in ABLATIONS]
-    if bad:
-        raise ValueError(f"ablate={ablate!r}: unknown {', '.join(bad)}; allowed: {', '.join(ABLATIONS)}")
-    if cta_log and not clock_probe:
-        raise ValueError("cta_log=True needs clock_probe=True (it writes into the probe's stamps buffer)")
-    return replace(cfg, clock_probe=bool(clock_probe), skip_softmax=bool(skip_softmax), ablate=",".join(parts),
-                   exp_before_pv_wait=bool(exp_before_pv_wait), cta_log=bool(cta_log))
-
-
-def validate_tensors(q, k, v, causal=False, softmax_scale=None, return_lse=False):
-    """Checks on torch tensors q, k, v shaped (batch, seqlen, heads, head_dim).
-
-    Device-independent checks only (testable with CPU tensors); validate_device() runs after the
-    knobs are validated, so every argument error is reported without a GPU.
-    Returns (batch, seqlen_q, seqlen_k, heads, head_dim, dtype_name).
-    """
-    import torch  # imported lazily: config is importable without torch
-
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, torch.Tensor):
-            raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if t.dtype not in (torch.bfloat16, torch.float16):
-            raise ValueError(f"{name}.dtype={t.dtype} not supported; allowed: torch.bfloat16, torch.float16")
-    if not (q.dtype == k.dtype == v.dtype):
-        raise ValueError(f"q, k, v dtypes differ ({q.dtype}, {k.dtype}, {v.dtype}); allowed: all the same")
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if t.dim() != 4:
-            raise ValueError(f"{name} must be 4-D (batch, seqlen, heads, head_dim), got shape {tuple(t.shape)}")
-    b, sq, h, d = q.shape
-    bk, sk, hk, dk = k.shape
-    if d not in SUPPORTED_HEAD_DIMS:
-        raise ValueError(f"head_dim={d} not supported; allowed: {', '.join(map(str, SUPPORTED_HEAD_DIMS))}")
-    if tuple(k.shape) != tuple(v.shape):
-        raise ValueError(f"k shape {tuple(k.shape)} != v shape {tuple(v.shape)}; allowed: equal shapes")
-    if bk != b or hk != h or dk != d:
-        raise ValueError(
-            f"k/v shape {tuple(k.shape)} does not match q shape {tuple(q.shape)}; allowed: same "
-            f"batch, heads and head_dim (seqlen may differ)"
-        )
-    if b < 1 or h < 1 or sq < 1 or sk < 1:
-        raise ValueError(f"empty input (q {tuple(q.shape)}, k {tuple(k.shape)}); allowed: all dims >= 1")
-    if b * h > 65535 * 65535 or h > 65535 or b > 65535:
-        raise ValueError("batch and heads must each be <= 65535 (grid limits)")
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if t.stride(-1) != 1:
-            raise ValueError(f"{name}.stride(-1)={t.stride(-1)}; allowed: 1 (head_dim contiguous)")
-        for i in range(3):
-            if t.stride(i) % 8 != 0 or t.stride(i) <= 0:
-                raise ValueError(
-                    f"{name}.stride({i})={t.stride(i)}; allowed: positive multiples of 8 elements "
-                    f"(16-byte aligned rows for TMA)"
-                )
-    if not isinstance(causal, bool):
-        raise ValueError(f"causal={causal!r}; allowed: True or False")
-    if softmax_scale is not None:
-        if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float)) \
-                or not math.isfinite(softmax_scale) or softmax_scale <= 0:
-            raise ValueError(f"softmax_scale={softmax_scale!r}; allowed: None or a finite number > 0")
-    if not isinstance(return_lse, bool):
-        raise ValueError(f"return_lse={return_lse!r}; allowed: True or False")
-    dtype = "bfloat16" if q.dtype == torch.bfloat16 else "float16"
-    return b, sq, sk, h, d, dtype
-
-
-def validate_device(q, k, v):
-    """Last checks (need the tensors' device): CUDA, same device, 16-byte aligned pointers."""
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if t.device.type != "cuda":
-            raise ValueError(f"{name} is on device {t.device}; allowed: a CUDA device (Hopper sm_90)")
-    if not (q.device == k.device == v.device):
-        raise ValueError(f"q, k, v on different devices ({q.device}, {k.device}, {v.device})")
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if t.data_ptr() % 16 != 0:
-            raise ValueError(f"{name}.data_ptr() is not 16-byte aligned; allowed: 16-byte aligned")

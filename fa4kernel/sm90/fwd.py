@@ -12,10 +12,12 @@ Schedules (compile-time knobs, see config.py):
                     WG's softmax overlaps the other's GEMMs.
   intra_wg_overlap  per WG: issue S(j) = Q K(j)^T and O += P(j-1) V(j-1) back to back, do the
                     softmax of S(j) while the PV GEMM runs.
-  exp_emulation     fraction of each row's exp2 computed on the FMA pipe (exp2_emulation.py).
-  rescale_threshold FA4's conditional rescaling (rescale.py); O is only touched when some row
-                    of the warp actually changed its max.
-KV blocks run from the last to the first, so the (partially) masked blocks come first.
+  exp_emulation     fraction of each row's exp2 computed on the FMA pipe (softmax.py).
+  rescale_threshold FA4's conditional rescaling (softmax.update_row_max_log2); O is only touched
+                    when some row of the warp actually changed its max.
+KV blocks run from the last to the first, so the (partially) masked blocks come first
+(block_info.py). Diagnostic builds (diagnostics.py) add clock64 stamps through self.ins
+(instrument.py); in the normal build those calls emit nothing.
 """
 
 from __future__ import annotations
@@ -31,9 +33,15 @@ from cutlass import Float32, Int32, const_expr
 from cutlass.cute.nvgpu import cpasync, tcgen05, warpgroup
 from cutlass.tensor_utils import LayoutEnum
 
+from .. import block_info
+from ..diagnostics import NONE, Diagnostics
+from ..instrument import Instrument
+from ..softmax import emulated_columns, exp2, max4, update_row_max_log2
+from ..trace_layout import (
+    T_CVT, T_EXP, T_FIN, T_LK, T_LQ, T_LV, T_MASK, T_MAX, T_PP, T_PV, T_QK, T_RESC, T_ST,
+    T_WAIT_K, T_WAIT_PP, T_WAIT_V,
+)
 from .config import KernelConfig
-from .exp2_emulation import emulated_columns, exp2_emulated
-from .rescale import update_row_max_log2
 
 LOG2_E = math.log2(math.e)
 LN_2 = math.log(2.0)
@@ -43,24 +51,6 @@ BAR_EPILOGUE = 1
 BAR_PINGPONG_BASE = 2  # 2, 3, 4: "consumer WG i may issue its GEMMs"
 BAR_P_SMEM_BASE = 5  # 5, 6, 7: P written to smem by all threads of WG i
 BAR_CONSUMERS = 8  # all consumer threads (epilogue hand-offs between persistent tiles)
-
-# instrumented build (KernelConfig.trace): buffer layout and op ids in trace_layout.py
-# (LIGHT_OPS: the ops the light trace stamps)
-from .trace_layout import (  # noqa: E402
-    T_CVT, T_EXP, T_FIN, T_LK, T_LQ, T_LV, T_MASK, T_MAX, T_PP, T_PV, T_QK, T_RESC, T_ST,
-    T_WAIT_K, T_WAIT_PP, T_WAIT_V, TRACE_HEADER, TRACE_ITERS, TRACE_OPS, TRACE_TILES, LIGHT_OPS,
-    CTA_LOG_MAX, CTA_LOG_WORDS, TILE_LOG_BASE, TILE_LOG_MAX,
-)
-
-
-@cutlass.dsl_user_op
-def _smid(*, loc=None, ip=None) -> Int32:
-    """%smid: the SM this CTA runs on (CTA log only)."""
-    from cutlass._mlir.dialects import llvm
-    from cutlass.cutlass_dsl import T
-
-    return Int32(llvm.inline_asm(T.i32(), [], "mov.u32 $0, %smid;", "=r", has_side_effects=True,
-                                 is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT))
 
 
 def _select(t: cute.Tensor, modes) -> cute.Tensor:
@@ -129,9 +119,9 @@ def _acc_as_operand_a(acc: cute.Tensor) -> cute.Tensor:
 
 
 class FlashFwdSm90:
-    """One compiled variant per KernelConfig."""
+    """One compiled variant per (KernelConfig, Diagnostics)."""
 
-    def __init__(self, cfg: KernelConfig):
+    def __init__(self, cfg: KernelConfig, diag: Diagnostics = NONE):
         self.cfg = cfg
         self.dtype = cutlass.BFloat16 if cfg.dtype == "bfloat16" else cutlass.Float16
         self.hd = cfg.head_dim
@@ -166,38 +156,10 @@ class FlashFwdSm90:
         self.early_q_release = bool(cfg.early_q_release) and self.overlap and self.separate_o
         self.defer_store_wait = bool(cfg.defer_o_store_wait) and self.separate_o
         self.emu_cols = emulated_columns(self.cols_per_thread, cfg.exp_emulation)
-        self.trace = bool(getattr(cfg, "trace", False))
-        # header stamps (kernel start/end clock64 + globaltimer of one CTA): trace and probe builds
-        self.probe = self.trace or bool(getattr(cfg, "clock_probe", False))
-        self.skip_softmax = bool(getattr(cfg, "skip_softmax", False))
-        self.cta_log = self.probe and not self.trace and bool(getattr(cfg, "cta_log", False))
-        self.ablate = frozenset(x for x in getattr(cfg, "ablate", "").split(",") if x)
-        self.exp_before_pv_wait = bool(getattr(cfg, "exp_before_pv_wait", False))
-        # light trace: only QK, PV, the whole softmax (stamped as EXP: MAX start .. EXP end), FIN
-        # and ST, with the normal build's softmax code order: ~6 stamps per warpgroup and block
-        self.trace_light = self.trace and bool(getattr(cfg, "trace_light", False))
-
-    # ------------------------------------------------------------------ trace build only
-    @cute.jit
-    def _tr_tile(self, mTrace, on, tile, role, local=None):
-        """Per-tile trace context (mTrace, on, local tile index, role), or None (normal build).
-        local: this CTA's tile count so far (None: its only tile)."""
-        tr = None
-        if const_expr(self.trace):
-            tr = (mTrace, on, Int32(0) if const_expr(local is None) else local, role)
-        return tr
-
-    @cute.jit
-    def _stamp(self, tr, op: cutlass.Constexpr, it, which: cutlass.Constexpr):
-        """clock64 -> start (which=0) or end (which=1) of `op` at KV iteration `it`."""
-        if const_expr(self.trace_light and op == T_MAX and which == 0):
-            op = T_EXP  # the light trace stamps the softmax as one span
-        if const_expr(self.trace and (not self.trace_light or op in LIGHT_OPS)):
-            t = cute.arch.clock64()
-            mT, on, local, role = tr
-            if on & (it < TRACE_ITERS) & (local < TRACE_TILES):
-                mT[TRACE_HEADER + (((role * TRACE_TILES + local) * TRACE_ITERS + it) * TRACE_OPS + op) * 2
-                   + which] = t
+        # diagnostic builds: the stamps (instrument.py) and the timing-only variants
+        self.ins = Instrument(diag)
+        self.skip_softmax = diag.skip_softmax
+        self.ablate = diag.ablated
 
     # ------------------------------------------------------------------ host side (traced)
     @cute.jit
@@ -289,19 +251,11 @@ class FlashFwdSm90:
     # ------------------------------------------------------------------ device side
     @cute.jit
     def _kv_block_range(self, m_block, seqlen_q, seqlen_k):
-        """(n_block_max, n_block_unmasked_end): blocks [0, n_block_max) are visited; for
-        causal, blocks >= n_block_unmasked_end need the diagonal mask. Causal is bottom-right
-        aligned (key j visible to query i iff j <= i + seqlen_k - seqlen_q), as flash_attn."""
-        n_block_max = cute.ceil_div(seqlen_k, self.tile_n)
-        n_unmasked = n_block_max
-        if const_expr(self.causal):
-            offset = seqlen_k - seqlen_q
-            last_col = cutlass.max((m_block + 1) * self.tile_m + offset, 0)
-            n_block_max = cutlass.min(n_block_max, cute.ceil_div(last_col, self.tile_n))
-            # a tile whose rows see no key at all still runs one fully masked block: O = 0
-            n_block_max = cutlass.max(n_block_max, 1)
-            n_unmasked = cutlass.max(m_block * self.tile_m + offset + 1, 0) // self.tile_n
-        return n_block_max, n_unmasked
+        """(n_block_max, n_block_unmasked_end) of Q tile m_block (block_info.kv_block_range):
+        blocks [0, n_block_max) are visited; for causal, blocks >= n_block_unmasked_end need
+        the diagonal mask."""
+        return block_info.kv_block_range(m_block, self.tile_m, self.tile_n, seqlen_q, seqlen_k,
+                                         self.causal, block_info.dsl_ops())
 
     @cute.kernel
     def kernel(
@@ -322,20 +276,7 @@ class FlashFwdSm90:
         mTrace,
     ):
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
-        tr_cta = None
-        if const_expr(self.probe):
-            tr_cta = cute.arch.block_idx()[0] == Int32(mTrace[0])
-            if tr_cta & (cute.arch.thread_idx()[0] == 0):
-                mTrace[1] = cute.arch.clock64()
-                mTrace[2] = cute.arch.globaltimer()
-                mTrace[5] = cutlass.Int64(cute.arch.grid_dim()[0])
-            if const_expr(self.cta_log):
-                bid = cute.arch.block_idx()[0]
-                if (cute.arch.thread_idx()[0] == 0) & (bid < CTA_LOG_MAX):
-                    base = TRACE_HEADER + bid * CTA_LOG_WORDS
-                    mTrace[base + 1] = cute.arch.globaltimer()
-                    mTrace[base + 3] = cute.arch.clock64()
-                    mTrace[base] = cutlass.Int64(_smid())
+        tr_cta = self.ins.kernel_start(mTrace)
         if warp_idx == 0:
             for atom in (tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_O):
                 cpasync.prefetch_descriptor(atom)
@@ -401,9 +342,7 @@ class FlashFwdSm90:
                  pipe_q, pipe_k, pipe_v, mSched=None, mTrace=None, tr_cta=None):
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
         q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
-        tr_on = None
-        if const_expr(self.trace):
-            tr_on = tr_cta & (cute.arch.thread_idx()[0] == 0)
+        tr_on = self.ins.leader(tr_cta, lambda: cute.arch.thread_idx()[0] == 0)
         if const_expr(self.scheduled):
             cta = cute.arch.block_idx()[0]
             i = Int32(0)
@@ -413,14 +352,14 @@ class FlashFwdSm90:
                 kv_state, q_state = self._produce_tile(
                     tma_atom_Q, mQ, tma_atom_K, mK, tma_atom_V, mV, sQ, sK, sV,
                     pipe_q, pipe_k, pipe_v, tile, kv_state, q_state,
-                    self._tr_tile(mTrace, tr_on, tile, Int32(0), i))
+                    self.ins.tile(mTrace, tr_on, Int32(0), i))
                 i += 1
                 tile = nxt
         else:
             tile = cute.arch.block_idx()[0]
             self._produce_tile(tma_atom_Q, mQ, tma_atom_K, mK, tma_atom_V, mV, sQ, sK, sV,
                                pipe_q, pipe_k, pipe_v, tile, kv_state, q_state,
-                               self._tr_tile(mTrace, tr_on, tile, Int32(0)))
+                               self.ins.tile(mTrace, tr_on, Int32(0)))
 
     @cute.jit
     def _produce_tile(
@@ -443,44 +382,44 @@ class FlashFwdSm90:
         # trace build: iteration it = n_block_max - 1 - n (the consumers' KV iteration);
         # T_WAIT_K/V = the wait for an empty stage, T_LK/LV = issue of the TMA.
         n_block = n_block_max - 1
-        self._stamp(tr, T_WAIT_K, Int32(0), 0)
+        self.ins.stamp(tr, T_WAIT_K, Int32(0), 0)
         pipe_k.producer_acquire(kv_state)
-        self._stamp(tr, T_WAIT_K, Int32(0), 1)
-        self._stamp(tr, T_LK, Int32(0), 0)
+        self.ins.stamp(tr, T_WAIT_K, Int32(0), 1)
+        self.ins.stamp(tr, T_LK, Int32(0), 0)
         cute.copy(tma_atom_K, tKgK[None, n_block], tKsK[None, kv_state.index],
                   tma_bar_ptr=pipe_k.producer_get_barrier(kv_state))
-        self._stamp(tr, T_LK, Int32(0), 1)
+        self.ins.stamp(tr, T_LK, Int32(0), 1)
         pipe_q.producer_acquire(q_state)  # the consumers released the previous tile's Q
-        self._stamp(tr, T_LQ, Int32(0), 0)
+        self.ins.stamp(tr, T_LQ, Int32(0), 0)
         cute.copy(tma_atom_Q, tQgQ, tQsQ, tma_bar_ptr=pipe_q.producer_get_barrier(q_state))
-        self._stamp(tr, T_LQ, Int32(0), 1)
+        self.ins.stamp(tr, T_LQ, Int32(0), 1)
         q_state.advance()
         if const_expr(not self.overlap):
             # consumer order: K(j), V(j), K(j-1), V(j-1), ...
-            self._stamp(tr, T_WAIT_V, Int32(0), 0)
+            self.ins.stamp(tr, T_WAIT_V, Int32(0), 0)
             pipe_v.producer_acquire(kv_state)
-            self._stamp(tr, T_WAIT_V, Int32(0), 1)
-            self._stamp(tr, T_LV, Int32(0), 0)
+            self.ins.stamp(tr, T_WAIT_V, Int32(0), 1)
+            self.ins.stamp(tr, T_LV, Int32(0), 0)
             cute.copy(tma_atom_V, tVgV[None, n_block], tVsV[None, kv_state.index],
                       tma_bar_ptr=pipe_v.producer_get_barrier(kv_state))
-            self._stamp(tr, T_LV, Int32(0), 1)
+            self.ins.stamp(tr, T_LV, Int32(0), 1)
             kv_state.advance()
             for i in cutlass.range(n_block_max - 1, unroll=1):
                 n = n_block_max - 2 - i
-                self._stamp(tr, T_WAIT_K, i + 1, 0)
+                self.ins.stamp(tr, T_WAIT_K, i + 1, 0)
                 pipe_k.producer_acquire(kv_state)
-                self._stamp(tr, T_WAIT_K, i + 1, 1)
-                self._stamp(tr, T_LK, i + 1, 0)
+                self.ins.stamp(tr, T_WAIT_K, i + 1, 1)
+                self.ins.stamp(tr, T_LK, i + 1, 0)
                 cute.copy(tma_atom_K, tKgK[None, n], tKsK[None, kv_state.index],
                           tma_bar_ptr=pipe_k.producer_get_barrier(kv_state))
-                self._stamp(tr, T_LK, i + 1, 1)
-                self._stamp(tr, T_WAIT_V, i + 1, 0)
+                self.ins.stamp(tr, T_LK, i + 1, 1)
+                self.ins.stamp(tr, T_WAIT_V, i + 1, 0)
                 pipe_v.producer_acquire(kv_state)
-                self._stamp(tr, T_WAIT_V, i + 1, 1)
-                self._stamp(tr, T_LV, i + 1, 0)
+                self.ins.stamp(tr, T_WAIT_V, i + 1, 1)
+                self.ins.stamp(tr, T_LV, i + 1, 0)
                 cute.copy(tma_atom_V, tVgV[None, n], tVsV[None, kv_state.index],
                           tma_bar_ptr=pipe_v.producer_get_barrier(kv_state))
-                self._stamp(tr, T_LV, i + 1, 1)
+                self.ins.stamp(tr, T_LV, i + 1, 1)
                 kv_state.advance()
         else:
             # intra-WG overlap consumes K(j) before V(j+1): load K(j-1) then V(j).
@@ -488,27 +427,27 @@ class FlashFwdSm90:
                 n_prev = n_block_max - 1 - i
                 v_state = kv_state.clone()
                 kv_state.advance()
-                self._stamp(tr, T_WAIT_K, i + 1, 0)
+                self.ins.stamp(tr, T_WAIT_K, i + 1, 0)
                 pipe_k.producer_acquire(kv_state)
-                self._stamp(tr, T_WAIT_K, i + 1, 1)
-                self._stamp(tr, T_LK, i + 1, 0)
+                self.ins.stamp(tr, T_WAIT_K, i + 1, 1)
+                self.ins.stamp(tr, T_LK, i + 1, 0)
                 cute.copy(tma_atom_K, tKgK[None, n_prev - 1], tKsK[None, kv_state.index],
                           tma_bar_ptr=pipe_k.producer_get_barrier(kv_state))
-                self._stamp(tr, T_LK, i + 1, 1)
-                self._stamp(tr, T_WAIT_V, i, 0)
+                self.ins.stamp(tr, T_LK, i + 1, 1)
+                self.ins.stamp(tr, T_WAIT_V, i, 0)
                 pipe_v.producer_acquire(v_state)
-                self._stamp(tr, T_WAIT_V, i, 1)
-                self._stamp(tr, T_LV, i, 0)
+                self.ins.stamp(tr, T_WAIT_V, i, 1)
+                self.ins.stamp(tr, T_LV, i, 0)
                 cute.copy(tma_atom_V, tVgV[None, n_prev], tVsV[None, v_state.index],
                           tma_bar_ptr=pipe_v.producer_get_barrier(v_state))
-                self._stamp(tr, T_LV, i, 1)
-            self._stamp(tr, T_WAIT_V, n_block_max - 1, 0)
+                self.ins.stamp(tr, T_LV, i, 1)
+            self.ins.stamp(tr, T_WAIT_V, n_block_max - 1, 0)
             pipe_v.producer_acquire(kv_state)
-            self._stamp(tr, T_WAIT_V, n_block_max - 1, 1)
-            self._stamp(tr, T_LV, n_block_max - 1, 0)
+            self.ins.stamp(tr, T_WAIT_V, n_block_max - 1, 1)
+            self.ins.stamp(tr, T_LV, n_block_max - 1, 0)
             cute.copy(tma_atom_V, tVgV[None, 0], tVsV[None, kv_state.index],
                       tma_bar_ptr=pipe_v.producer_get_barrier(kv_state))
-            self._stamp(tr, T_LV, n_block_max - 1, 1)
+            self.ins.stamp(tr, T_LV, n_block_max - 1, 1)
             kv_state.advance()
         return kv_state, q_state
 
@@ -548,8 +487,9 @@ class FlashFwdSm90:
         s = _mn_view(acc_S)
         row0 = tScS[0][0]
         col0 = tScS[0][1]
-        col_limit = seqlen_k - n_block * self.tile_n - col0
-        diag = m_block * self.tile_m + row0 + (seqlen_k - seqlen_q) - n_block * self.tile_n - col0 + 1
+        col_limit = block_info.seqlen_col_limit(n_block, self.tile_n, seqlen_k, col0)
+        diag = block_info.causal_col_limit(m_block * self.tile_m + row0, n_block, self.tile_n, seqlen_q,
+                                           seqlen_k, col0)
         for r in cutlass.range_constexpr(cute.size(s, mode=[0])):
             limit = col_limit
             if const_expr(mask_causal):
@@ -576,11 +516,11 @@ class FlashFwdSm90:
         row_scale = cute.make_rmem_tensor_like(row_max, Float32)
         max_scaled = cute.make_rmem_tensor_like(row_max, Float32)
         log2_scale = cute.make_rmem_tensor_like(row_max, Float32)
-        if const_expr(self.trace and not self.trace_light):
+        if const_expr(self.ins.split_softmax):
             for r in cutlass.range_constexpr(cute.size(s, mode=[0])):
                 self._row_max(s, r, row_max, max_scaled, log2_scale, row_scale, scale_log2, is_first)
-            self._stamp(tr, T_MAX, it, 1)
-            self._stamp(tr, T_EXP, it, 0)
+            self.ins.stamp(tr, T_MAX, it, 1)
+            self.ins.stamp(tr, T_EXP, it, 0)
             for r in cutlass.range_constexpr(cute.size(s, mode=[0])):
                 self._row_exp(s, r, max_scaled[r], log2_scale[r], row_sum, row_scale, scale_log2,
                               is_first)
@@ -600,10 +540,7 @@ class FlashFwdSm90:
         ncol = cute.size(s, mode=[1])
         cur = s[r, 0]
         if const_expr("max" not in self.ablate):
-            m = [s[r, 0], s[r, 1], s[r, 2], s[r, 3]]
-            for c in cutlass.range_constexpr(4, ncol):
-                m[c % 4] = cute.arch.fmax(m[c % 4], s[r, c])
-            cur = cute.arch.fmax(cute.arch.fmax(m[0], m[1]), cute.arch.fmax(m[2], m[3]))
+            cur = max4(lambda c: s[r, c], ncol)
             if const_expr(not is_first):
                 cur = cute.arch.fmax(cur, row_max[r])
             cur = cute.arch.fmax(cur, cute.arch.shuffle_sync_bfly(cur, offset=1))
@@ -631,12 +568,8 @@ class FlashFwdSm90:
         for c in cutlass.range_constexpr(ncol):
             x = s[r, c] * scale_log2 - max_scaled
             p = x
-            if const_expr("exp" in self.ablate):
-                pass
-            elif const_expr(c in self.emu_cols):
-                p = exp2_emulated(x)
-            else:
-                p = cute.math.exp2(x, fastmath=True)
+            if const_expr("exp" not in self.ablate):
+                p = exp2(x, c in self.emu_cols)
             s[r, c] = p
             if const_expr("sum" not in self.ablate and not self.chained_row_sum):
                 acc[c % 4] = acc[c % 4] + p
@@ -657,29 +590,15 @@ class FlashFwdSm90:
                 row_sum[r] = row_sum[r] * row_scale[r] + total
 
     @cute.jit
-    def _pin_before_pv_wait(self, row_sum):
-        """Diagnostic build only (cfg.exp_before_pv_wait): a branch on the new row sums, never
-        taken (a sum of exp2s is >= 0; NaN compares false), ends the basic block before the PV
-        wait, so ptxas cannot hoist the wait above this block's exp2s."""
-        total = row_sum[0]
-        for r in cutlass.range_constexpr(1, cute.size(row_sum)):
-            total = total + row_sum[r]
-        if total < Float32(0.0):
-            cute.arch.sync_warp()
-
-    @cute.jit
-    def _rescale_o(self, acc_O, row_scale, row_sum=None):
+    def _rescale_o(self, acc_O, row_scale):
         o = _mn_view(acc_O)
         if const_expr("rescale" in self.ablate):
             pass
         elif const_expr(self.tau > 0.0):
             # conditional rescaling: skip the multiply unless a row of this warp moved its max
             need = row_scale[0] != Float32(1.0)
-            if const_expr("vote_row0" not in self.ablate):
-                for r in cutlass.range_constexpr(1, cute.size(row_scale)):
-                    need = need | (row_scale[r] != Float32(1.0))
-            if const_expr("vote_sum" in self.ablate):
-                need = row_sum[0] < Float32(0.0)  # never: timing only (config.ABLATIONS)
+            for r in cutlass.range_constexpr(1, cute.size(row_scale)):
+                need = need | (row_scale[r] != Float32(1.0))
             if cute.arch.vote_any_sync(need):
                 for r in cutlass.range_constexpr(cute.size(row_scale)):
                     for c in cutlass.range(cute.size(o, mode=[1]), unroll_full=True):
@@ -711,9 +630,7 @@ class FlashFwdSm90:
     ):
         tidx = cute.arch.thread_idx()[0] - 128
         wg_idx = cute.arch.make_warp_uniform(tidx // 128)
-        tr_on = None
-        if const_expr(self.trace):
-            tr_on = tr_cta & (tidx % 128 == 0)
+        tr_on = self.ins.leader(tr_cta, lambda: tidx % 128 == 0)
         wg_slice = wg_idx * 128
         thr_mma_qk = tiled_mma_qk.get_slice(tidx)
         wg_mma_qk = tiled_mma_qk.get_slice(wg_slice)
@@ -763,38 +680,26 @@ class FlashFwdSm90:
             i = Int32(0)
             tile = mSched[cta, 0]
             while tile >= 0:
-                if const_expr(self.cta_log and self.persistent):
-                    # tile log: when this CTA starts each of its tiles (static-table jitter)
-                    if (tidx == 0) & (tile < TILE_LOG_MAX):
-                        mTrace[TILE_LOG_BASE + tile] = cute.arch.clock64()
+                if const_expr(self.persistent):
+                    self.ins.tile_start(mTrace, tidx, tile)
                 # the next tile id is read inside, before the epilogue: its load latency hides
                 # behind the epilogue, and the KV loop keeps its registers (read ahead of the
                 # loop, ptxas scheduled hd64's loop worse: 2525 vs 2484 cycles per block)
                 kv_state, q_state, tile = self._consume_tile(
                     *args, tile, num_heads, num_batch, seqlen_q, seqlen_k, tidx, wg_idx, rows,
-                    kv_state, q_state, self._tr_tile(mTrace, tr_on, tile, 1 + wg_idx, i), (mSched, cta, i + 1))
+                    kv_state, q_state, self.ins.tile(mTrace, tr_on, 1 + wg_idx, i), (mSched, cta, i + 1))
                 i += 1
         else:
             tile = cute.arch.block_idx()[0]
             self._consume_tile(
                 *args, tile, num_heads, num_batch, seqlen_q, seqlen_k, tidx, wg_idx, rows,
-                kv_state, q_state, self._tr_tile(mTrace, tr_on, tile, 1 + wg_idx))
+                kv_state, q_state, self.ins.tile(mTrace, tr_on, 1 + wg_idx))
         if const_expr(self.defer_store_wait):
             # the last O store reads sO: the CTA (and its smem) must outlive it
             if cute.arch.make_warp_uniform(cute.arch.warp_idx()) == 4:
                 cute.arch.cp_async_bulk_wait_group(0, read=True)
-        if const_expr(self.probe):
-            # kernel end: warp 4 lane 0 has waited for this CTA's last O store
-            if tr_cta & (tidx == 0):
-                mTrace[3] = cute.arch.clock64()
-                mTrace[4] = cute.arch.globaltimer()
-            if const_expr(self.cta_log):
-                bid = cute.arch.block_idx()[0]
-                if (tidx == 0) & (bid < CTA_LOG_MAX):
-                    base = TRACE_HEADER + bid * CTA_LOG_WORDS
-                    mTrace[base + 4] = cute.arch.clock64()
-                    mTrace[base + 2] = cute.arch.globaltimer()
-                    mTrace[base + 5] = cutlass.Int64(1)
+        # kernel end: warp 4 lane 0 has waited for this CTA's last O store
+        self.ins.kernel_end(mTrace, tr_cta, tidx)
 
     @cute.jit
     def _consume_tile(
@@ -835,7 +740,7 @@ class FlashFwdSm90:
         if const_expr(next_tile is not None):
             nxt = next_tile[0][next_tile[1], next_tile[2]]
         # ---- finalize: O /= row_sum, LSE
-        self._stamp(tr, T_FIN, n_block_max - 1, 0)
+        self.ins.stamp(tr, T_FIN, n_block_max - 1, 0)
         o = _mn_view(acc_O)
         lse = cute.make_rmem_tensor(rows, Float32)
         for r in cutlass.range_constexpr(rows):
@@ -849,12 +754,10 @@ class FlashFwdSm90:
             for c in cutlass.range(cute.size(o, mode=[1]), unroll_full=True):
                 o[r, c] = o[r, c] * inv
 
-        tr_epi = None
-        if const_expr(self.trace):
-            tr_epi = (tr[0], tr[1], tr[2], Int32(1 + self.num_wg))
+        tr_epi = self.ins.with_role(tr, 1 + self.num_wg)
         self._epilogue(acc_O, lse, tma_atom_O, mO, mLSE, tiled_mma_pv, sO, tidx, m_block, head,
                        batch, seqlen_q, tr_epi, n_block_max - 1)
-        self._stamp(tr, T_FIN, n_block_max - 1, 1)
+        self.ins.stamp(tr, T_FIN, n_block_max - 1, 1)
         if const_expr(self.persistent and not self.separate_o):
             # O went out through Q's buffer: hand it back only once the TMA store has read it
             cute.arch.barrier(barrier_id=BAR_CONSUMERS, number_of_threads=self.num_consumer_threads)
@@ -871,34 +774,34 @@ class FlashFwdSm90:
          o_scale, scale_log2, smem_thr_copy_P, tPsP, tScS, t0ScS, pipe_k, pipe_v, m_block, seqlen_q,
          seqlen_k, wg_idx) = ctx
         # first block: S only; its PV is issued together with the next block's S
-        self._stamp(tr, T_WAIT_K, Int32(0), 0)
+        self.ins.stamp(tr, T_WAIT_K, Int32(0), 0)
         pipe_k.consumer_wait(kv_state)
-        self._stamp(tr, T_WAIT_K, Int32(0), 1)
+        self.ins.stamp(tr, T_WAIT_K, Int32(0), 1)
         acc_S = cute.make_rmem_tensor(s_shape, Float32)
-        self._stamp(tr, T_QK, Int32(0), 0)
+        self.ins.stamp(tr, T_QK, Int32(0), 0)
         self._gemm(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, kv_state.index], True, 0)
-        self._stamp(tr, T_QK, Int32(0), 1)
+        self.ins.stamp(tr, T_QK, Int32(0), 1)
         pipe_k.consumer_release(kv_state)
         if const_expr(self.early_q_release):
             if n_block_max == 1:
                 pipe_q.consumer_release(q_state)  # this tile's last QK GEMM is done
-        self._stamp(tr, T_MASK, Int32(0), 0)
+        self.ins.stamp(tr, T_MASK, Int32(0), 0)
         if const_expr(self.causal):
             self._apply_mask(acc_S, tScS, t0ScS, m_block, n_block_max - 1, seqlen_q, seqlen_k,
                              True, True)
         elif seqlen_k % self.tile_n != 0:  # only a partial last block needs the length mask
             self._apply_mask(acc_S, tScS, t0ScS, m_block, n_block_max - 1, seqlen_q, seqlen_k,
                              True, False)
-        self._stamp(tr, T_MASK, Int32(0), 1)
-        self._stamp(tr, T_MAX, Int32(0), 0)
+        self.ins.stamp(tr, T_MASK, Int32(0), 1)
+        self.ins.stamp(tr, T_MAX, Int32(0), 0)
         if const_expr(not self.skip_softmax):
             first_scale = self._softmax(acc_S, row_max, row_sum, scale_log2, True, tr, Int32(0))
             if const_expr(self.rescale_before_pv):
                 o_scale.store(first_scale.load())
-        self._stamp(tr, T_EXP, Int32(0), 1)
-        self._stamp(tr, T_CVT, Int32(0), 0)
+        self.ins.stamp(tr, T_EXP, Int32(0), 1)
+        self.ins.stamp(tr, T_CVT, Int32(0), 0)
         self._store_p(acc_S, tOrP, smem_thr_copy_P, tPsP, wg_idx)
-        self._stamp(tr, T_CVT, Int32(0), 1)
+        self.ins.stamp(tr, T_CVT, Int32(0), 1)
         for i in cutlass.range(n_masked_extra, unroll=1):
             kv_state = self._block_overlap(ctx, kv_state, n_block_max - 2 - i, True, tr, 1 + i)
         if const_expr(self.early_q_release):
@@ -925,12 +828,12 @@ class FlashFwdSm90:
         # last PV
         if const_expr(self.rescale_before_pv and not self.skip_softmax):
             self._rescale_o(acc_O, o_scale)
-        self._stamp(tr, T_WAIT_V, n_block_max - 1, 0)
+        self.ins.stamp(tr, T_WAIT_V, n_block_max - 1, 0)
         pipe_v.consumer_wait(kv_state)
-        self._stamp(tr, T_WAIT_V, n_block_max - 1, 1)
-        self._stamp(tr, T_PV, n_block_max - 1, 0)
+        self.ins.stamp(tr, T_WAIT_V, n_block_max - 1, 1)
+        self.ins.stamp(tr, T_PV, n_block_max - 1, 0)
         self._gemm(tiled_mma_pv, acc_O, tOrP, tOrVt[None, None, None, kv_state.index], False, 0)
-        self._stamp(tr, T_PV, n_block_max - 1, 1)
+        self.ins.stamp(tr, T_PV, n_block_max - 1, 1)
         pipe_v.consumer_release(kv_state)
         kv_state.advance()
         return kv_state
@@ -998,63 +901,59 @@ class FlashFwdSm90:
         v_state = kv_state.clone()
         kv_state.advance()
         # trace build: this body issues QK of iteration `it` and PV of iteration it - 1
-        it_pv = None
-        if const_expr(self.trace):
-            it_pv = it - 1
-        self._stamp(tr, T_WAIT_K, it, 0)
+        it_pv = self.ins.prev(it)
+        self.ins.stamp(tr, T_WAIT_K, it, 0)
         pipe_k.consumer_wait(kv_state)
-        self._stamp(tr, T_WAIT_K, it, 1)
-        self._stamp(tr, T_WAIT_PP, it, 0)
+        self.ins.stamp(tr, T_WAIT_K, it, 1)
+        self.ins.stamp(tr, T_WAIT_PP, it, 0)
         self._pp_sync(wg_idx)
-        self._stamp(tr, T_WAIT_PP, it, 1)
+        self.ins.stamp(tr, T_WAIT_PP, it, 1)
         acc_S = cute.make_rmem_tensor(s_shape, Float32)
-        self._stamp(tr, T_QK, it, 0)
+        self.ins.stamp(tr, T_QK, it, 0)
         self._gemm(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, kv_state.index], True, -1)
         if const_expr(self.rescale_before_pv and not self.skip_softmax):
             # the previous block's O scale, applied while S(j) runs and before PV(j-1) adds to O
-            self._stamp(tr, T_RESC, it_pv, 0)
+            self.ins.stamp(tr, T_RESC, it_pv, 0)
             self._rescale_o(acc_O, o_scale)
-            self._stamp(tr, T_RESC, it_pv, 1)
-        self._stamp(tr, T_WAIT_V, it_pv, 0)
+            self.ins.stamp(tr, T_RESC, it_pv, 1)
+        self.ins.stamp(tr, T_WAIT_V, it_pv, 0)
         pipe_v.consumer_wait(v_state)
-        self._stamp(tr, T_WAIT_V, it_pv, 1)
-        self._stamp(tr, T_PV, it_pv, 0)
+        self.ins.stamp(tr, T_WAIT_V, it_pv, 1)
+        self.ins.stamp(tr, T_PV, it_pv, 0)
         self._gemm(tiled_mma_pv, acc_O, tOrP, tOrVt[None, None, None, v_state.index], False, -1)
-        self._stamp(tr, T_PP, it, 0)
+        self.ins.stamp(tr, T_PP, it, 0)
         self._pp_arrive(wg_idx)
-        self._stamp(tr, T_PP, it, 1)
+        self.ins.stamp(tr, T_PP, it, 1)
         warpgroup.wait_group(1)  # S ready; PV may still run
-        self._stamp(tr, T_QK, it, 1)
+        self.ins.stamp(tr, T_QK, it, 1)
         pipe_k.consumer_release(kv_state)
         if const_expr(q_rel is not None):
             if q_rel[2]:
                 q_rel[0].consumer_release(q_rel[1])  # the tile's last QK GEMM is done
         if const_expr(mask_causal):
-            self._stamp(tr, T_MASK, it, 0)
+            self.ins.stamp(tr, T_MASK, it, 0)
             self._apply_mask(acc_S, tScS, t0ScS, m_block, n_block, seqlen_q, seqlen_k, False, True)
-            self._stamp(tr, T_MASK, it, 1)
-        self._stamp(tr, T_MAX, it, 0)
+            self.ins.stamp(tr, T_MASK, it, 1)
+        self.ins.stamp(tr, T_MAX, it, 0)
         row_scale = None
         if const_expr(not self.skip_softmax):
             row_scale = self._softmax(acc_S, row_max, row_sum, scale_log2, False, tr, it)
-        self._stamp(tr, T_EXP, it, 1)
+        self.ins.stamp(tr, T_EXP, it, 1)
         # (ptxas hoists this wait above the exp2s: in SASS only the row max overlaps the PV GEMM;
         # forcing the exp2s ahead of it measured slower, fa4kernel/README.md "Where the PV wait sits")
-        if const_expr(self.exp_before_pv_wait and not self.skip_softmax):
-            self._pin_before_pv_wait(row_sum)
         warpgroup.wait_group(0)  # PV done: O and the P buffer are free
-        self._stamp(tr, T_PV, it_pv, 1)
+        self.ins.stamp(tr, T_PV, it_pv, 1)
         pipe_v.consumer_release(v_state)
-        self._stamp(tr, T_CVT, it, 0)
+        self.ins.stamp(tr, T_CVT, it, 0)
         self._store_p(acc_S, tOrP, smem_thr_copy_P, tPsP, wg_idx)
-        self._stamp(tr, T_CVT, it, 1)
+        self.ins.stamp(tr, T_CVT, it, 1)
         if const_expr(self.rescale_before_pv and not self.skip_softmax):
             o_scale.store(row_scale.load())  # applied before the next PV GEMM
         else:
-            self._stamp(tr, T_RESC, it, 0)
+            self.ins.stamp(tr, T_RESC, it, 0)
             if const_expr(not self.skip_softmax):
-                self._rescale_o(acc_O, row_scale, row_sum)
-            self._stamp(tr, T_RESC, it, 1)
+                self._rescale_o(acc_O, row_scale)
+            self.ins.stamp(tr, T_RESC, it, 1)
         return kv_state
 
     @cute.jit
@@ -1063,44 +962,44 @@ class FlashFwdSm90:
         (tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrVt, tOrP, s_shape, acc_O, row_max, row_sum,
          o_scale, scale_log2, smem_thr_copy_P, tPsP, tScS, t0ScS, pipe_k, pipe_v, m_block, seqlen_q,
          seqlen_k, wg_idx) = ctx
-        self._stamp(tr, T_WAIT_K, it, 0)
+        self.ins.stamp(tr, T_WAIT_K, it, 0)
         pipe_k.consumer_wait(kv_state)
-        self._stamp(tr, T_WAIT_K, it, 1)
+        self.ins.stamp(tr, T_WAIT_K, it, 1)
         acc_S = cute.make_rmem_tensor(s_shape, Float32)
-        self._stamp(tr, T_QK, it, 0)
+        self.ins.stamp(tr, T_QK, it, 0)
         self._gemm(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, kv_state.index], True, -1)
-        self._stamp(tr, T_PP, it, 0)
+        self.ins.stamp(tr, T_PP, it, 0)
         self._pp_arrive(wg_idx)
-        self._stamp(tr, T_PP, it, 1)
+        self.ins.stamp(tr, T_PP, it, 1)
         warpgroup.wait_group(0)
-        self._stamp(tr, T_QK, it, 1)
+        self.ins.stamp(tr, T_QK, it, 1)
         pipe_k.consumer_release(kv_state)
         if const_expr(mask):
-            self._stamp(tr, T_MASK, it, 0)
+            self.ins.stamp(tr, T_MASK, it, 0)
             self._apply_mask(acc_S, tScS, t0ScS, m_block, n_block, seqlen_q, seqlen_k,
                              is_first, self.causal)
-            self._stamp(tr, T_MASK, it, 1)
-        self._stamp(tr, T_MAX, it, 0)
+            self.ins.stamp(tr, T_MASK, it, 1)
+        self.ins.stamp(tr, T_MAX, it, 0)
         row_scale = None
         if const_expr(not self.skip_softmax):
             row_scale = self._softmax(acc_S, row_max, row_sum, scale_log2, is_first, tr, it)
-        self._stamp(tr, T_EXP, it, 1)
-        self._stamp(tr, T_CVT, it, 0)
+        self.ins.stamp(tr, T_EXP, it, 1)
+        self.ins.stamp(tr, T_CVT, it, 0)
         self._store_p(acc_S, tOrP, smem_thr_copy_P, tPsP, wg_idx)
-        self._stamp(tr, T_CVT, it, 1)
+        self.ins.stamp(tr, T_CVT, it, 1)
         if const_expr(not is_first and not self.skip_softmax):
-            self._stamp(tr, T_RESC, it, 0)
+            self.ins.stamp(tr, T_RESC, it, 0)
             self._rescale_o(acc_O, row_scale)
-            self._stamp(tr, T_RESC, it, 1)
-        self._stamp(tr, T_WAIT_V, it, 0)
+            self.ins.stamp(tr, T_RESC, it, 1)
+        self.ins.stamp(tr, T_WAIT_V, it, 0)
         pipe_v.consumer_wait(kv_state)
-        self._stamp(tr, T_WAIT_V, it, 1)
-        self._stamp(tr, T_WAIT_PP, it, 0)
+        self.ins.stamp(tr, T_WAIT_V, it, 1)
+        self.ins.stamp(tr, T_WAIT_PP, it, 0)
         self._pp_sync(wg_idx)
-        self._stamp(tr, T_WAIT_PP, it, 1)
-        self._stamp(tr, T_PV, it, 0)
+        self.ins.stamp(tr, T_WAIT_PP, it, 1)
+        self.ins.stamp(tr, T_PV, it, 0)
         self._gemm(tiled_mma_pv, acc_O, tOrP, tOrVt[None, None, None, kv_state.index], False, 0)
-        self._stamp(tr, T_PV, it, 1)
+        self.ins.stamp(tr, T_PV, it, 1)
         pipe_v.consumer_release(kv_state)
         kv_state.advance()
         return kv_state
@@ -1144,7 +1043,7 @@ class FlashFwdSm90:
         cute.arch.barrier_arrive(barrier_id=BAR_EPILOGUE, number_of_threads=self.num_consumer_threads + 32)
         if warp_idx == 4:
             cute.arch.barrier(barrier_id=BAR_EPILOGUE, number_of_threads=self.num_consumer_threads + 32)
-            self._stamp(tr, T_ST, it, 0)
+            self.ins.stamp(tr, T_ST, it, 0)
             gO = cute.local_tile(mO[None, None, head, batch], (self.tile_m, self.hd), (m_block, 0))
             tOsO, tOgO = cpasync.tma_partition(
                 tma_atom_O, 0, cute.make_layout(1), cute.group_modes(sO, 0, 2), cute.group_modes(gO, 0, 2))
@@ -1153,19 +1052,17 @@ class FlashFwdSm90:
             if const_expr(not self.defer_store_wait):
                 # (sO may be Q's buffer: Q is handed back to the producer right after this tile)
                 cute.arch.cp_async_bulk_wait_group(0, read=True)
-            self._stamp(tr, T_ST, it, 1)
+            self.ins.stamp(tr, T_ST, it, 1)
 
 
 class FlashFwdSm90Trace(FlashFwdSm90):
-    """The instrumented build (cfg.trace): same kernel plus clock64 stamps of one CTA into
+    """A diagnostic build (diagnostics.py): the same kernel plus clock64 stamps of one CTA into
     mTrace, an int64 tensor of TRACE_WORDS elements whose element 0 names the CTA (blockIdx.x)
     to trace. Layout: trace_layout.py."""
 
-    def __init__(self, cfg: KernelConfig):
-        assert cfg.trace or cfg.clock_probe or cfg.skip_softmax or cfg.ablate, \
-            "FlashFwdSm90Trace needs a trace / clock_probe / skip_softmax KernelConfig"
-        super().__init__(cfg)
-        self.probe = True  # every build with the buffer writes its header
+    def __init__(self, cfg: KernelConfig, diag: Diagnostics):
+        assert diag.buffered, "FlashFwdSm90Trace needs a diagnostic build (diagnostics.Diagnostics)"
+        super().__init__(cfg, diag)
 
     @cute.jit
     def __call__(
@@ -1183,8 +1080,6 @@ class FlashFwdSm90Trace(FlashFwdSm90):
         self._host(mQ, mK, mV, mO, mLSE, mSched, softmax_scale_log2, stream, mTrace)
 
 
-def kernel_class(cfg: KernelConfig):
-    """The instrumented / diagnostic builds take the stamps buffer as one more argument."""
-    probe = (cfg.trace or getattr(cfg, "clock_probe", False) or getattr(cfg, "skip_softmax", False)
-             or bool(getattr(cfg, "ablate", "")))
-    return FlashFwdSm90Trace if probe else FlashFwdSm90
+def make_kernel(cfg: KernelConfig, diag: Diagnostics = NONE):
+    """The kernel object of a build; diagnostic builds take the stamps buffer as one more argument."""
+    return FlashFwdSm90Trace(cfg, diag) if diag.buffered else FlashFwdSm90(cfg)

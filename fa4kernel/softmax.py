@@ -1,8 +1,16 @@
-"""exp2 on the FMA pipe (Cody-Waite range reduction + degree-3 polynomial), FA4's softmax trick.
+"""The online softmax's shared pieces, used by both forward kernels (sm90/fwd.py, sm100/fwd.py).
 
-MUFU.EX2 runs at 16 ops/clk/SM on Hopper and Blackwell alike, while the FMA pipe does 128.
-Computing a fraction of each row's exponentials with a short polynomial on the FMA pipe takes
-load off MUFU. Shared by the SM90 kernel and (later) the SM100 kernel.
+- The row max: four independent FMNMX chains over a thread's share of the row (max4).
+- The rescale decision (FA4's conditional rescaling, update_row_max*): classic online softmax
+  (FA2/FA3) rescales O and the row sum by exp2((m_old - m_new) * s) whenever the row max grows.
+  FA4 keeps the stale max m_old unless the new max exceeds it by more than tau (log2 units;
+  tau = 8 means a factor 256): then P = exp2(x*s - m_old*s) <= 2^tau still fits bf16/fp16, the
+  rescale (and on SM100 the TMEM round trip) is skipped, and the final O / row_sum uses the
+  statistics of the max actually kept, so the result is exact.
+- exp2 on the MUFU or, for a fraction of the columns, emulated on the FMA pipe (exp2,
+  exp2_emulated, exp2_emulated_x2): MUFU.EX2 runs at 16 ops/clk/SM on Hopper and Blackwell
+  alike, while the FMA pipe does 128. The emulation (Cody-Waite range reduction + degree-3
+  polynomial, FA4's softmax trick):
 
     x    = max(x, -127)                      # below that the result is 0 in bf16 anyway
     xr   = x + (2^23 + 2^22)   (round down)   # floor(x) lands in the low mantissa bits of xr
@@ -10,11 +18,20 @@ load off MUFU. Shared by the SM90 kernel and (later) the SM100 kernel.
     p    = ((c3*frac + c2)*frac + c1)*frac + c0     ~ 2^frac
     out  = bits(xr) << 23  +  bits(p)         # add floor(x) to p's exponent field
 
-At x = -127 the fraction is 0 and p = c0 = 1.0 exactly, so the result is +0.0: masked scores
-(-inf) come out as exact zeros, the same as MUFU.EX2.
+  At x = -127 the fraction is 0 and p = c0 = 1.0 exactly, so the result is +0.0: masked scores
+  (-inf) come out as exact zeros, the same as MUFU.EX2.
+
+The row sums differ per kernel (SM90: four scalar partial sums or one chain; SM100: packed
+f32x2 adds) and stay in the kernels. Plain-Python models (*_reference) serve the CPU tests.
+The device helpers need the CuTe DSL (imported here); the column choice (emulated_columns) and
+the models do not use it.
 """
 
 from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32
 
 # Degree-3 minimax coefficients for 2^f on [0, 1) (c0..c3), max rel. error ~8.8e-5.
 POLY_EX2_DEG3 = (1.0, 0.6951461434, 0.2275643945, 0.0771190897)
@@ -142,3 +159,67 @@ def exp2_emulated_x2(x0, x1):
     lo = llvm.extractvalue(T.i32(), res, [0])
     hi = llvm.extractvalue(T.i32(), res, [1])
     return Float32(llvm.bitcast(T.f32(), lo)), Float32(llvm.bitcast(T.f32(), hi))
+
+
+# ------------------------------------------------------------------ row max
+def max4(get, ncol: int):
+    """Device helper: the max of get(0) .. get(ncol - 1) (ncol a multiple of 4) as four
+    independent FMNMX chains (column c goes to chain c % 4), joined at the end: ptxas fuses
+    them into FMNMX3 on SM100 and keeps four chains in flight on SM90."""
+    m = [get(0), get(1), get(2), get(3)]
+    for c in range(4, ncol):
+        m[c % 4] = cute.arch.fmax(m[c % 4], get(c))
+    return cute.arch.fmax(cute.arch.fmax(m[0], m[1]), cute.arch.fmax(m[2], m[3]))
+
+
+# ------------------------------------------------------------------ exp2
+def exp2(x, emulated: bool):
+    """Device helper: exp2(x) on the MUFU (emulated=False) or on the FMA pipe (exp2_emulated);
+    `emulated` is a trace-time constant (a column of emulated_columns or not)."""
+    if emulated:
+        return exp2_emulated(x)
+    return cute.math.exp2(x, fastmath=True)
+
+
+# ------------------------------------------------------------------ rescale decision
+def rescale_rule_reference(m_old: float, m_new: float, scale_log2: float, tau: float):
+    """Python model: returns (max_to_keep, acc_scale)."""
+    import math
+
+    if m_new == -math.inf:  # nothing seen yet (m_new includes m_old)
+        return m_old, 1.0
+    if m_old == -math.inf:
+        return m_new, 0.0
+    if tau > 0 and (m_new - m_old) * scale_log2 <= tau:
+        return m_old, 1.0
+    return m_new, math.exp2((m_old - m_new) * scale_log2)
+
+
+@cute.jit
+def update_row_max_log2(row_max_old, row_max_new, scale_log2, rescale_threshold: float):
+    """update_row_max without the final exp2: returns (row_max_kept, row_max_safe_scaled,
+    log2 of acc_scale), so a caller can issue that exp2 where it schedules best (SM90: after
+    the row's P exp2s, fa4kernel/sm90/fwd.py _row_exp)."""
+    kept = row_max_new
+    if cutlass.const_expr(rescale_threshold > 0.0):
+        # NaN (both -inf) and +inf (old -inf) compare False: those rows take the new max.
+        if (row_max_new - row_max_old) * scale_log2 <= Float32(rescale_threshold):
+            kept = row_max_old
+    safe = kept if kept != -Float32.inf else Float32(0.0)
+    return kept, safe * scale_log2, (row_max_old - safe) * scale_log2
+
+
+@cute.jit
+def update_row_max(row_max_old, row_max_new, scale_log2, rescale_threshold: float):
+    """Device helper (inside @cute.jit code), one row.
+
+    row_max_new already includes row_max_old (max of both). Returns
+    (row_max_kept, row_max_safe_scaled, acc_scale):
+      row_max_kept        the max stored for the next block,
+      row_max_safe_scaled kept max * scale_log2 with -inf replaced by 0 (fully masked rows),
+      acc_scale           factor for O and row_sum (1.0 when the stale max is kept).
+    rescale_threshold is a compile-time float; 0 = always rescale (FA3 behaviour).
+    """
+    kept, safe_scaled, log2_scale = update_row_max_log2(row_max_old, row_max_new, scale_log2,
+                                                        rescale_threshold)
+    return kept, safe_scaled, cute.math.exp2(log2_scale, fastmath=True)

@@ -1,7 +1,7 @@
 """FlashAttention-4 forward for Blackwell (SM100) in the CuTe DSL: fa4lab's own kernel.
 
 One CTA = 256 query rows (two 128-row Q tiles, "stages" 0 and 1) of one (batch, head);
-512 threads in 16 warps with fixed roles (see fa4-schedules.md, SM100 forward):
+512 threads in 16 warps with fixed roles (docs/reference/fa4-schedules.md, SM100 forward):
 
   warps 0-3   softmax WG0: Q tile 0, one thread owns one full S row (TMEM lane = row)
   warps 4-7   softmax WG1: Q tile 1
@@ -21,36 +21,32 @@ MMA, before the last 2 k-steps of PV), o_acc (MMA -> correction, O final), sm_st
 correction: acc_scale / row_sum in smem + a named barrier per warp pair, with an mbarrier back
 so a slot is not overwritten before it was read), o_epi (correction -> epilogue).
 
-Only compilation (sm_100a, CPU, fake tensors) is tested here: no Blackwell GPU was available.
+Only compilation (sm_100a, CPU, fake tensors) is tested (tests/test_kernel_sm100_compile.py):
+the kernel has not run on a Blackwell GPU. Configuration and knobs: sm100/config.py, README.md.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from functools import partial
 from typing import NamedTuple, Optional
 
-SUPPORTED_HEAD_DIMS = (64, 96, 128)
-SUPPORTED_DTYPES = ("bfloat16", "float16")
-TILE_M = 128  # rows per Q tile (one UMMA M=128, one TMEM lane per row)
-TILE_N = 128  # keys per KV block
-Q_STAGES = 2  # two Q tiles per CTA, processed in ping-pong
-SMEM_LIMIT_BYTES = 232448  # sm100 max dynamic smem per CTA (227 KB)
-SMEM_EXTRA_BYTES = 2048  # mbarriers + sScale (2 x 128 fp32), padded to the 1 KB alignment
-# FA4 defaults: K and V share one ring of kv_stages slots (hd128 1-CTA: 3, hd96: 5, hd64: 10)
-DEFAULT_KV_STAGES = {64: 10, 96: 5, 128: 3}
-# exp2 emulation pattern (FA4): a row is 4 fragments of 32 columns; the first fragment
-# (start_frg = 1) and the last are never emulated; in the others the last `res` of every
-# `freq` = 16 columns are. exp_emulation = emulated fraction of the row = 4 * res / 128.
-EMU_FRAG = 32
-EMU_FREQ = 16
-EMU_START_FRG = 1
-DEFAULT_EXP_EMULATION = 0.125  # res = 4 of 16: FA4's default (16/4/1)
-MAX_EXP_EMULATION = 0.5  # res = 16: every column of fragments 1 and 2
-DEFAULT_RESCALE_THRESHOLD = 8.0
-# setmaxnreg per role (FA4): softmax / correction / others; sum over warps = 64K registers
-REGS = {64: (200, 64, 48), 96: (192, 80, 48), 128: (192, 80, 48)}
+import cutlass
+import cutlass.cute as cute
+import cutlass.memory as cutlass_memory
+import cutlass.pipeline as pipeline
+import cutlass.utils.blackwell_helpers as sm100_utils
+from cutlass import Float32, Int32, const_expr
+from cutlass.cute.nvgpu import cpasync, tcgen05
+from cutlass.tensor_utils import LayoutEnum
+
+from .. import block_info
+from ..softmax import exp2_emulated, exp2_emulated_x2, max4, update_row_max
+from .config import (  # noqa: F401  (re-exported: the SM100 kernel's public names)
+    DEFAULT_EXP_EMULATION, DEFAULT_KV_STAGES, DEFAULT_RESCALE_THRESHOLD, MAX_EXP_EMULATION, Q_STAGES,
+    REGS, SMEM_LIMIT_BYTES, SUPPORTED_DTYPES, SUPPORTED_HEAD_DIMS, TILE_M, TILE_N, Sm100Config, emulated_mask,
+    make_sm100_config, smem_bytes,
+)
 
 LN_2 = math.log(2.0)
 L2_SECTION_BYTES = 48 * 1024 * 1024  # causal tile order: (batch, head) groups whose K/V fit L2
@@ -58,98 +54,6 @@ L2_SECTION_BYTES = 48 * 1024 * 1024  # causal tile order: (batch, head) groups w
 # Named barrier ids (0 is __syncthreads)
 BAR_TMEM = 1  # MMA + softmax + correction warps: TMEM pointer handoff and dealloc
 BAR_SM_STATS = 2  # 2..9: softmax warp w of WG s <-> correction warp w (s * 4 + w)
-
-
-@dataclass(frozen=True)
-class Sm100Config:
-    head_dim: int
-    causal: bool
-    exp_emulation: float  # fraction of a row's exp2 on the FMA pipe (FA4 fragment pattern)
-    emu_res: int  # emulated columns per 16 in the eligible fragments
-    rescale_threshold: float  # tau (log2 units); 0 = always rescale
-    kv_stages: int
-    dtype: str
-    has_lse: bool = False
-
-    @property
-    def regs(self):
-        return REGS[self.head_dim]
-
-
-def smem_bytes(head_dim: int, kv_stages: int, has_lse: bool = False, elem_bytes: int = 2) -> int:
-    """Shared memory of the kernel (matches SharedStorage.size_in_bytes())."""
-    q = Q_STAGES * TILE_M * head_dim * elem_bytes
-    o = Q_STAGES * TILE_M * head_dim * elem_bytes
-    kv = kv_stages * TILE_N * head_dim * elem_bytes
-    lse = Q_STAGES * TILE_M * 4 if has_lse else 0  # row_max slots
-    return q + o + kv + SMEM_EXTRA_BYTES + lse
-
-
-def make_sm100_config(head_dim=128, causal=False, exp_emulation=DEFAULT_EXP_EMULATION,
-                      rescale_threshold=DEFAULT_RESCALE_THRESHOLD, kv_stages=None,
-                      dtype="bfloat16", return_lse=False) -> Sm100Config:
-    """Validate the knobs (plain Python, no compile); raises a one-line ValueError."""
-    if isinstance(head_dim, bool) or head_dim not in SUPPORTED_HEAD_DIMS:
-        raise ValueError(f"head_dim={head_dim!r} not supported; allowed: "
-                         f"{', '.join(map(str, SUPPORTED_HEAD_DIMS))}")
-    if not isinstance(causal, bool):
-        raise ValueError(f"causal={causal!r} not supported; allowed: True or False")
-    if not isinstance(return_lse, bool):
-        raise ValueError(f"return_lse={return_lse!r} not supported; allowed: True or False")
-    if dtype not in SUPPORTED_DTYPES:
-        raise ValueError(f"dtype={dtype!r} not supported; allowed: {', '.join(SUPPORTED_DTYPES)}")
-    emu = exp_emulation
-    if isinstance(emu, bool) or not isinstance(emu, (int, float)) or math.isnan(float(emu)) \
-            or not 0.0 <= float(emu) <= MAX_EXP_EMULATION:
-        raise ValueError(f"exp_emulation={emu!r} not supported; allowed: a number in "
-                         f"[0, {MAX_EXP_EMULATION}] (FA4 pattern: fragments 1-2 of 4 only)")
-    n_groups = (TILE_N // EMU_FRAG - 1 - EMU_START_FRG) * (EMU_FRAG // EMU_FREQ)
-    res = int(round(float(emu) * TILE_N / n_groups))
-    tau = rescale_threshold
-    if tau is None:
-        tau = 0.0
-    if isinstance(tau, bool) or not isinstance(tau, (int, float)) or math.isnan(float(tau)) \
-            or not 0.0 <= float(tau) <= 16.0:
-        raise ValueError(f"rescale_threshold={tau!r} not supported; allowed: None/0 (always "
-                         f"rescale) or a number in (0, 16] (FA4: 8.0)")
-    if kv_stages is None:
-        kv_stages = DEFAULT_KV_STAGES[head_dim]
-    if isinstance(kv_stages, bool) or not isinstance(kv_stages, int) or kv_stages < 2:
-        raise ValueError(f"kv_stages={kv_stages!r} not supported; allowed: an int >= 2")
-    need = smem_bytes(head_dim, kv_stages, bool(return_lse))
-    if need > SMEM_LIMIT_BYTES:
-        max_st = (SMEM_LIMIT_BYTES - smem_bytes(head_dim, 0, bool(return_lse))) // (TILE_N * head_dim * 2)
-        raise ValueError(f"kv_stages={kv_stages} at head_dim={head_dim} needs {need} bytes of "
-                         f"smem; allowed: kv_stages <= {max_st} (227 KB)")
-    return Sm100Config(head_dim=head_dim, causal=causal, exp_emulation=res * n_groups / TILE_N,
-                       emu_res=res, rescale_threshold=float(tau), kv_stages=kv_stages,
-                       dtype=dtype, has_lse=return_lse)
-
-
-def emulated_mask(emu_res: int, n: int = TILE_N) -> tuple:
-    """Per column of a row: True where exp2 uses the polynomial (FA4 fragment pattern)."""
-    n_frg = n // EMU_FRAG
-    out = []
-    for c in range(n):
-        frg = c // EMU_FRAG
-        eligible = EMU_START_FRG <= frg < n_frg - 1
-        out.append(bool(eligible and emu_res > 0 and (c % EMU_FREQ) >= EMU_FREQ - emu_res))
-    return tuple(out)
-
-
-# ---------------------------------------------------------------------------------- kernel
-import cutlass  # noqa: E402
-import cutlass.cute as cute  # noqa: E402
-import cutlass.memory as cutlass_memory  # noqa: E402
-import cutlass.pipeline as pipeline  # noqa: E402
-import cutlass.utils.blackwell_helpers as sm100_utils  # noqa: E402
-from cutlass import Float32, Int32, const_expr  # noqa: E402
-from cutlass.cute.nvgpu import cpasync, tcgen05  # noqa: E402
-from cutlass.tensor_utils import LayoutEnum  # noqa: E402
-
-from . import exp2_emulation as _exp2_emulation  # noqa: E402
-from .exp2_emulation import exp2_emulated  # noqa: E402
-from .rescale import update_row_max  # noqa: E402
 
 
 class Sm100Barriers(NamedTuple):
@@ -193,9 +97,9 @@ class FlashFwdSm100:
         self.kv_stages = cfg.kv_stages
         self.tau = cfg.rescale_threshold
         self.emu = emulated_mask(cfg.emu_res)
-        # packed (f32x2 -> FFMA2) variant, used once exp2_emulation.py provides it; until then
-        # the shared scalar routine (FFMA)
-        self.exp2_emulated_x2 = getattr(_exp2_emulation, "exp2_emulated_x2", None)
+        # emulated exp2 of a pair of columns in packed f32x2 math (FFMA2); a lone emulated column
+        # takes the scalar routine
+        self.exp2_emulated_x2 = exp2_emulated_x2
         self.regs_softmax, self.regs_correction, self.regs_other = cfg.regs
         self.mma_tiler_qk = (TILE_M, TILE_N, self.hd)
         self.mma_tiler_pv = (TILE_M, self.hd, TILE_N)
@@ -356,18 +260,11 @@ class FlashFwdSm100:
 
     @cute.jit
     def _block_range(self, m_block, seqlen_q, seqlen_k):
-        """(n_block_max, n_mask_start): KV blocks [0, n_block_max) are visited, last first;
-        blocks >= n_mask_start need the causal mask (for some row of the 256-row CTA tile).
-        Causal is bottom-right aligned (key j visible to query i iff j <= i + s_k - s_q)."""
-        n_block_max = cute.ceil_div(seqlen_k, TILE_N)
-        n_mask_start = n_block_max
-        if const_expr(self.causal):
-            offset = seqlen_k - seqlen_q
-            last_col = cutlass.max((m_block + 1) * (TILE_M * Q_STAGES) + offset, 0)
-            n_block_max = cutlass.min(n_block_max, cute.ceil_div(last_col, TILE_N))
-            n_block_max = cutlass.max(n_block_max, 1)  # rows that see no key: O = 0
-            n_mask_start = cutlass.max(m_block * (TILE_M * Q_STAGES) + offset + 1, 0) // TILE_N
-        return n_block_max, n_mask_start
+        """(n_block_max, n_mask_start) of the 256-row CTA tile (block_info.kv_block_range):
+        KV blocks [0, n_block_max) are visited, last first; blocks >= n_mask_start need the
+        causal mask for some row of the tile."""
+        return block_info.kv_block_range(m_block, TILE_M * Q_STAGES, TILE_N, seqlen_q, seqlen_k,
+                                         self.causal, block_info.dsl_ops())
 
     # ------------------------------------------------------------------ kernel
     @cute.kernel
@@ -694,19 +591,14 @@ class FlashFwdSm100:
             s = cute.make_tensor(tSrS.iterator, cute.make_layout(ncol))
             # mask: the first block (seqlen_k edge) and, causal, the diagonal blocks
             if i == 0 or n_block >= n_mask_start:
-                limit = seqlen_k - n_block * TILE_N
+                limit = block_info.seqlen_col_limit(n_block, TILE_N, seqlen_k)
                 if const_expr(self.causal):
-                    limit = cutlass.min(limit, row + (seqlen_k - seqlen_q) + 1 - n_block * TILE_N)
+                    limit = cutlass.min(limit, block_info.causal_col_limit(row, n_block, TILE_N, seqlen_q,
+                                                                           seqlen_k))
                 for c in cutlass.range(ncol, unroll_full=True):
                     s[c] = -Float32.inf if c >= limit else s[c]
             # row max: 4 independent chains (ptxas: FMNMX3), then the online update
-            m0, m1, m2, m3 = s[0], s[1], s[2], s[3]
-            for c in cutlass.range_constexpr(4, ncol, 4):
-                m0 = cute.arch.fmax(m0, s[c])
-                m1 = cute.arch.fmax(m1, s[c + 1])
-                m2 = cute.arch.fmax(m2, s[c + 2])
-                m3 = cute.arch.fmax(m3, s[c + 3])
-            cur = cute.arch.fmax(cute.arch.fmax(m0, m1), cute.arch.fmax(m2, m3))
+            cur = max4(lambda c: s[c], ncol)
             cur = cute.arch.fmax(cur, row_max)
             kept, max_scaled, acc_scale = update_row_max(row_max, cur, scale_log2, self.tau)
             if i == 0:
@@ -978,20 +870,13 @@ COMPILE_TIMES: dict = {}
 B200_SMS = 148  # only a compile-time placeholder: max_ctas is a runtime argument
 
 
-def compile_sm100_sass(head_dim=128, causal=False, exp_emulation=DEFAULT_EXP_EMULATION,
-                       rescale_threshold=DEFAULT_RESCALE_THRESHOLD, kv_stages=None,
-                       dtype="bfloat16", return_lse=False, dump_dir: Optional[str] = None) -> str:
+def compile_sm100_config(cfg: Sm100Config, dump_dir: Optional[str] = None) -> str:
     """Compile one configuration for sm_100a against fake tensors (no GPU); return its SASS.
-
-    Knobs are validated first (ValueError, one line). COMPILE_TIMES[cfg] holds the seconds
-    spent in cute.compile.
-    """
+    COMPILE_TIMES[cfg] holds the seconds spent in cute.compile. (fa4kernel.compile_sass with
+    arch="sm_100a" is the public way.)"""
     import time
 
-    from .interface import sass_for
-
-    cfg = make_sm100_config(head_dim, causal, exp_emulation, rescale_threshold, kv_stages, dtype,
-                            return_lse)
+    from ..sass import sass_for
 
     def build(options):
         q, k, v, o, lse = _fake_args(cfg)
@@ -1004,7 +889,16 @@ def compile_sm100_sass(head_dim=128, causal=False, exp_emulation=DEFAULT_EXP_EMU
     return sass_for(build, "sm_100a", dump_dir)
 
 
-# ---------------------------------------------------------------- runtime (UNTESTED: no B200)
+def compile_sm100_sass(head_dim=128, causal=False, exp_emulation=DEFAULT_EXP_EMULATION,
+                       rescale_threshold=DEFAULT_RESCALE_THRESHOLD, kv_stages=None,
+                       dtype="bfloat16", return_lse=False, dump_dir: Optional[str] = None) -> str:
+    """compile_sm100_config of the knobs, validated first (one-line ValueError)."""
+    cfg = make_sm100_config(head_dim, causal, exp_emulation, rescale_threshold, kv_stages, dtype,
+                            return_lse)
+    return compile_sm100_config(cfg, dump_dir)
+
+
+# ---------------------------------------------------------------- runtime (not yet run on a B200)
 _RUN_CACHE: dict = {}
 
 
@@ -1012,17 +906,18 @@ def attention_sm100(q, k, v, causal: bool = False, softmax_scale: Optional[float
                     return_lse: bool = False, **knobs):
     """softmax(q k^T * scale) v on a Blackwell (sm_100) GPU; q, k, v (batch, seqlen, heads, hd).
 
-    NOT TESTED: written against the same compile path as compile_sm100_sass, but no sm_100 GPU
-    was reachable, so it has never run. Returns out (and lse (batch, heads, seqlen_q) fp32,
+    Not yet run on a GPU: it follows the compile path that compile_sm100_config checks on the
+    CPU (tests/test_kernel_sm100_compile.py), but has not met an sm_100 device. Returns out (and lse (batch, heads, seqlen_q) fp32,
     natural log, if return_lse). Needs seqlen_k >= 1.
     """
     import torch
     import cuda.bindings.driver as cuda
 
-    from .config import validate_tensors
-    from .interface import _to_cute
+    from ..inputs import validate_tensors
+    from ..interface import _to_cute
 
-    b, sq, sk, h, d, dtype = validate_tensors(q, k, v, causal, softmax_scale, return_lse)
+    b, sq, sk, h, d, dtype = validate_tensors(q, k, v, causal, softmax_scale, return_lse,
+                                              head_dims=SUPPORTED_HEAD_DIMS)
     cfg = make_sm100_config(d, causal, dtype=dtype, return_lse=return_lse, **knobs)
     if q.device.type != "cuda" or torch.cuda.get_device_capability(q.device)[0] != 10:
         raise ValueError("attention_sm100 needs q, k, v on a Blackwell (sm_100) GPU")
