@@ -44,7 +44,7 @@ def sim_overrides(meta: dict) -> dict:
         out["rescale_threshold"] = None  # the kernel's 0.0 = always rescale = the model's None
     # the stamps' clock reads pin the source order: in the traced builds (full and light) the
     # exp2s stay ahead of the PV wait, unlike the normal build (SASS: tests/test_kernel_sm90_trace.py)
-    out["exp_overlaps_pv"] = True
+    out["pv_wait"] = "after_softmax"
     # the kernel's tile turnover as recorded (files from before these knobs: Q handed back after
     # the KV loop, the O store waited for right after issuing it)
     cfg = meta.get("config") or {}

@@ -103,12 +103,12 @@ def test_exp_emulation_moves_exp2_from_mufu_to_fma():
 @pytest.mark.parametrize("hd,knobs,most_before", [(64, {}, 6), (128, {}, 12),
                                                   (256, {"tile_n": 80, "rescale_before_pv": False}, 6)])
 def test_pv_wait_sits_before_the_exp2s(hd, knobs, most_before):
-    """The compiled order fa4sim's fa3 schedule models (knob exp_overlaps_pv = False): in the KV
+    """The compiled order fa4sim's fa3 schedule models (knob pv_wait = after_max): in the KV
     loop ptxas places the wait for the previous block's PV GEMM (the second WARPGROUP.DEPBAR,
     gsb0 0x0) after the S wait and (part of) the row max, ahead of most of the block's exp2s,
     whatever the source order (hd128's loop, whose last block is not peeled, issues 10 of its 66
     before it). If a compiler update moves it, this fails and the model's default
-    must follow; each build's own position is in fa4sim/schedules/pv_wait_sm90.py."""
+    must follow; each build's own position is in fa4sim/implementations/fa4kernel-sm90.json (pv_wait_sass)."""
     between, after = around_pv_wait(kv_loop(sass(head_dim=hd, **knobs)))
     assert between.count("FMNMX") >= 16                      # row max work overlaps PV
     assert between.count("MUFU.EX2") <= most_before          # the acc_scale exp2s, a few P exp2s at most

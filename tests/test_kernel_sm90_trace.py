@@ -71,7 +71,7 @@ def test_traced_builds_keep_the_exp2s_ahead_of_the_pv_wait(light):
     """The stamps' clock reads pin the source order: in the traced builds the block's exp2s come
     before the PV wait, where the normal build has ptxas hoist the wait above them. So a traced
     timeline shows that (measured slower) order; timeline_compare simulates it with
-    exp_overlaps_pv=True."""
+    pv_wait=after_softmax."""
     cfg = make_config("bfloat16", 128, False, False, {})
 
     def ex2_before_wait(text):

@@ -1,7 +1,7 @@
 """CPU-only: the SASS facts fa4sim keeps as data still match what the compiler makes.
 
-- fa4sim/schedules/pv_wait_sm90.py: where ptxas puts the PV wait in fa4kernel's builds
-  (benchmarks/pv_wait_sass.py wrote the table; a few builds are recompiled here).
+- fa4sim/implementations/fa4kernel-sm90.json, pv_wait_sass: where ptxas puts the PV wait in
+  fa4kernel's builds (benchmarks/pv_wait_sass.py wrote the table; a few builds are recompiled here).
 - benchmarks/calibrate/bench_bursts.py: its burst loops hold exactly the instructions it times.
 
 Run: pytest -m compile tests/test_sass_tables_compile.py
@@ -12,7 +12,9 @@ pytest.importorskip("cutlass")
 
 import fa4kernel  # noqa: E402
 from fa4kernel import make_config  # noqa: E402
-from fa4sim.schedules.pv_wait_sm90 import TABLES  # noqa: E402
+from fa4sim import implementation  # noqa: E402
+
+TABLE = [(row["build"], row["before"]) for row in implementation.load("fa4kernel-sm90").params["pv_wait_sass"]["value"]]
 
 pytestmark = pytest.mark.compile
 
@@ -27,7 +29,7 @@ def test_pv_wait_table_matches_fresh_sass(build):
     """If a compiler or kernel change moves the PV wait, this fails: rerun benchmarks/pv_wait_sass.py."""
     from benchmarks.pv_wait_sass import split
 
-    row = next(frac for b, frac in TABLES["fa4kernel"]
+    row = next(frac for b, frac in TABLE
                if all(b.get(k) == v for k, v in build.items()) and set(b) - {"tile_n", "rescale_before_pv"} == set(build))
     knobs = {k: v for k, v in build.items() if k not in ("hdim", "causal")}
     cfg = make_config("bfloat16", build["hdim"], build["causal"], False, knobs)
