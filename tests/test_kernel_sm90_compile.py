@@ -162,19 +162,18 @@ def test_chained_row_sum_interleaves_the_o_rescale(hd, knobs, chained):
 @pytest.mark.parametrize("hd", [64, 128, 256])
 def test_kv_loop_length_matches_the_models_instruction_count(hd):
     """fa4sim counts the KV loop's instructions as its softmax phases (fa4sim/softmax.py) plus
-    bookkeeping (fa3_sm90 knobs loop_overhead_fixed / loop_overhead_per_kstep, counted in this
-    SASS). The defaults' loops stay within 5 % of that count; if a compiler or kernel change
-    moves them further, the model's constants need recounting (fa3_sm90.py, BOOKKEEPING)."""
+    bookkeeping (fa4kernel's implementation constants loop_overhead_fixed / loop_overhead_per_kstep,
+    counted in this SASS). The defaults' loops stay within 5 % of that count; if a compiler or
+    kernel change moves them further, the constants need recounting
+    (fa4sim/implementations/fa4kernel-sm90.json)."""
     from fa4sim import Problem, hardware
-    from fa4sim.params import resolve
-    from fa4sim.schedules import fa3_sm90
+    from fa4sim.model import build_cta
 
     cfg = make_config("bfloat16", hd, False, False, {})
     loop = kv_loop(sass(head_dim=hd))
     hw = hardware.load("h100-measured")
     p = Problem(1, 1, 8192, 8192, hd, False)
-    k = resolve(fa3_sm90.KNOBS, p, {"tile_m": cfg.tile_m, "tile_n": cfg.tile_n})
-    sched = fa3_sm90.build(hw, p, k, 64, 0)
+    sched = build_cta(hw, p, {"tile_m": cfg.tile_m, "tile_n": cfg.tile_n}, 64, 0, impl="fa4kernel")
     # warp-instructions per warp of warpgroup 0 per KV block: the issue unit's cycles x 4 per clock / 4 warps
     modelled = sum(dict(o.uses).get("issue", 0.0) * hw.issue_per_clk / 4
                    for o in sched.ops if o.role == "wg0" and o.when == "all")
@@ -184,15 +183,18 @@ def test_kv_loop_length_matches_the_models_instruction_count(hd):
 @pytest.mark.parametrize("hd,causal", [(64, False), (128, False), (128, True), (256, True)])
 def test_tau_test_instructions_match_the_models_count(hd, causal):
     """Conditional rescaling adds its test to every KV block (compares, a vote, a branch, the scale's
-    select) whether or not a rescale is skipped; fa4sim charges knob tau_test_instr of them per warp
-    and block (fa3_sm90.py: 12, or the build's own count). Keep the count within 2 of the SASS."""
+    select) whether or not a rescale is skipped; fa4sim charges fa4kernel's implementation constant
+    tau_test_instr of them per warp and block (12, or the build's own count). Keep the count within
+    2 of the SASS."""
     from fa4sim import Problem
-    from fa4sim.params import resolve
-    from fa4sim.schedules import fa3_sm90
+    from fa4sim.model import setup
+    from fa4sim.params import Context
 
     # against the same rescale order: with tau the rescale goes before the PV GEMM at every head dim
     plain = kv_loop(sass(head_dim=hd, causal=causal, rescale_before_pv=True))
     tau = kv_loop(sass(head_dim=hd, causal=causal, rescale_threshold=8.0))
     assert "VOTE" in {o.split(".")[0] for o in tau} and "VOTE" not in {o.split(".")[0] for o in plain}
-    model = resolve(fa3_sm90.KNOBS, Problem(1, 1, 8192, 8192, hd, causal), {"rescale_threshold": 8.0})["tau_test_instr"]
+    p = Problem(1, 1, 8192, 8192, hd, causal)
+    hw, _, _, impl, knobs = setup("h100", "fa3", p, {"rescale_threshold": 8.0}, "fa4kernel")
+    model = impl.value("tau_test_instr", Context(p, hw, impl), knobs)
     assert abs((len(tau) - len(plain)) - model) <= 2, (len(tau), len(plain), model)
