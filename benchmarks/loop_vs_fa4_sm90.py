@@ -1,5 +1,5 @@
 """Is our KV loop as fast as flash-attn-4's? Steady-state time per key, one SM and a full chip.
-(issues 3 and 4, diagnosis; device script)
+(a diagnosis; device script)
 
     python3 benchmarks/loop_vs_fa4_sm90.py --out $OUT/loop_vs_fa4.json [--hdims 64,128,256]
 
