@@ -104,12 +104,7 @@ def _number(name: str, value) -> float:
 
 
 def _hw_value(name: str, value):
-    try:
-        v = float(value)
-    except (TypeError, ValueError):
-        raise InputError(name, f"must be a number, got {value!r}") from None
-    if not math.isfinite(v) or v < 0:
-        raise InputError(name, f"must be a finite number >= 0, got {value!r}")
+    v = _number(name, value)
     if name in hardware.INTEGER:
         if v != int(v):
             raise InputError(name, f"must be an integer, got {value!r}")
