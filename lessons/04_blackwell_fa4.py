@@ -348,8 +348,9 @@ for d in (64, 128):
 print(f"\nmain job (hd128, 32k, 16 heads): predicted {r.tflops:.0f}; published by the FA4 authors: {PUBLISHED}")
 
 # %% [markdown]
-# The prediction assumes the rated 1.86 GHz; the reference notes a sustained clock of about
-# 1.6-1.75 GHz under FA4's load. Predicted time scales with the clock:
+# The prediction assumes the rated 1.86 GHz; under FA4's sustained load the B200 runs at about
+# 1.6-1.75 GHz (FA4 paper and blog, in [the hardware reference](../docs/reference/hardware.md)).
+# Predicted time scales with the clock:
 
 # %%
 for ghz in (1.6, 1.75, 1.86):
