@@ -30,7 +30,7 @@
 #   final `1/row_sum`, off the softmax warpgroups' critical path.
 # - **Split P**: softmax signals "3/4 of P written" so `PV` can start before the last quarter.
 #
-# Our own SM100 kernel (`fa4kernel/sm100_fwd.py`) now exists and compiles for `sm_100a` on a
+# Our own SM100 kernel (`fa4kernel/sm100_fwd.py`) exists and compiles for `sm_100a` on a
 # CPU, but **it has never run**: there is no Blackwell GPU in our lab, so its speed and even its
 # correctness on a B200 are unknown. This lesson therefore simulates (sections 1-3), reads the
 # kernel's compiled machine code (section 4: instructions, not timings), and shows what will be
