@@ -374,9 +374,11 @@ else:
     print("No recorded benchmark (benchmarks/results/sm90_fwd_*.json): predictions only.")
 
 # %% [markdown]
-# At 1k tokens a persistent CTA walks many short tiles, and the tile boundary is a large share of
-# each: fa4kernel's table, its early Q release and its idle warpgroups pay, most of all at hd64
-# and hd128 causal, and the model sees it (it overestimates the lead at 1k non-causal). At 16k
+# At 1k tokens a tile has only 8 KV blocks, and what a tile costs beyond them is a large share of
+# it. flash-attn-4 launches one CTA per tile and pays a CTA's start-up for every tile; fa4kernel's
+# persistent CTAs pay it once per SM, and its idle warpgroups skip their work (at hd64 causal it
+# also picks a 128-row tile). That pays most at hd64 and hd128 causal, and the model sees it,
+# though it overestimates the lead at 1k non-causal. At 16k
 # the two are within a few percent, and at hd128 non-causal flash-attn-4 measures *faster*,
 # which the model does not predict: its loop issues faster beside its GEMMs than ours
 # ([loop bookkeeping](../docs/findings/loop-bookkeeping.md)). Lesson 07 takes the tile boundary
