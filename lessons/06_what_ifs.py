@@ -258,3 +258,5 @@ print("bottleneck:", r.bottleneck)
 # - Doubling the MUFU makes FA4 tensor-bound; stages matter up to 4; 2-CTA is worth ~10 %
 #   through faster loads and more slots; a third Q tile does not fit at hd128 but may pay at
 #   hd64.
+#
+# Next: lesson 07 returns to Hopper, to the research questions behind lesson 03's numbers.
