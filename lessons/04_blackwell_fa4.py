@@ -30,7 +30,7 @@
 #   final `1/row_sum`, off the softmax warpgroups' critical path.
 # - **Split P**: softmax signals "3/4 of P written" so `PV` can start before the last quarter.
 #
-# Our own SM100 kernel (`fa4kernel/sm100_fwd.py`) now exists and compiles for `sm_100a` on a
+# Our own SM100 kernel (`fa4kernel/sm100_fwd.py`) exists and compiles for `sm_100a` on a
 # CPU, but **it has never run**: there is no Blackwell GPU in our lab, so its speed and even its
 # correctness on a B200 are unknown. This lesson therefore simulates (sections 1-3), reads the
 # kernel's compiled machine code (section 4: instructions, not timings), and shows what will be
@@ -348,8 +348,9 @@ for d in (64, 128):
 print(f"\nmain job (hd128, 32k, 16 heads): predicted {r.tflops:.0f}; published by the FA4 authors: {PUBLISHED}")
 
 # %% [markdown]
-# The prediction assumes the rated 1.86 GHz; the reference notes a sustained clock of about
-# 1.6-1.75 GHz under FA4's load. Predicted time scales with the clock:
+# The prediction assumes the rated 1.86 GHz; under FA4's sustained load the B200 runs at about
+# 1.6-1.75 GHz (FA4 paper and blog, in [the hardware reference](../docs/reference/hardware.md)).
+# Predicted time scales with the clock:
 
 # %%
 for ghz in (1.6, 1.75, 1.86):

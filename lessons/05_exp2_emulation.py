@@ -229,8 +229,8 @@ else:
 
 # %% [markdown]
 # **Explain.** Charged as 8 full instructions (FMNMX, 3 FADD, 3 FFMA, LEA instead of one
-# MUFU.EX2) at the issue rate the softmax mix gets beside a running wgmma (the model's charge
-# before `mix_fill_slots`), emulation 0.25 costs ~10 %. The kernel pays 3-4 %. A unit
+# MUFU.EX2) at the issue rate the softmax mix gets beside a running wgmma (`mix_fill_slots` = 1),
+# emulation 0.25 costs ~10 %. The kernel pays 3-4 %. A unit
 # benchmark shows why: `benchmarks/calibrate/bench_bursts.py` runs the softmax-like mix (180
 # instructions over 32 elements) with 0, 4 or 8 of its exp2s emulated, one warp per scheduler,
 # beside a wgmma that never stops.
@@ -276,7 +276,7 @@ if bursts:
 # the plain mix). Emulating 0.125 costs about as much time as 0.25 (+5.2 against +5.5 %, so 3.3
 # slots per emulated exp2): what grows is a latency, not a count.
 #
-# The model now takes its number from the same benchmark: a duty-cycle sweep
+# The model takes its number from the same benchmark: a duty-cycle sweep
 # (`bench_bursts.py --mma-gaps`) gives 0.2 of a mix slot per added instruction beside a full-rate
 # wgmma, with one or two warps per scheduler, so 1 + 7 x 0.2 = 2.4 slots per emulated exp2. That
 # is the measured profiles' `mix_fill_slots`, and conditional rescaling's test instructions are
@@ -284,8 +284,8 @@ if bursts:
 # the kernel. It is still not one number for every kernel: beside a wider or narrower wgmma the
 # benchmark gives 1.5 to 9 slots, and at hd64 (three consumer warpgroups, three warps per
 # scheduler) and hd256 the kernel loses 2-6x more than 2.4 slots predict
-# (benchmarks/calibrate/README.md, emulated exp2s). Try it: `simulate(..., {"exp_emulation":
-# 0.25, "mix_fill_slots": 1.0})` is the old charge.
+# ([emulation cost](../docs/findings/emulation-cost.md)). Try it: `simulate(..., {"exp_emulation":
+# 0.25, "mix_fill_slots": 1.0})` charges every added instruction like a mix instruction.
 
 # %% [markdown]
 # ## What to remember

@@ -135,14 +135,13 @@ try:
 except InputError as e:
     print("rejected:", e)
 
-from fa4sim import hardware
 from fa4sim.engine import simulate as run_engine
-from fa4sim.params import resolve
-from fa4sim.schedules import fa4_sm100
+from fa4sim.model import setup
 
-knobs = resolve(fa4_sm100.KNOBS, PROBLEM, {"kv_stages": 1})
+# a valid configuration first (setup checks it), then one slot, past the check
+profile, _, module, impl, knobs = setup("b200", "fa4", PROBLEM, {}, None)
 try:
-    run_engine(fa4_sm100.build(hardware.load("b200"), PROBLEM, knobs, n_kv=8, masked_blocks=0), [8])
+    run_engine(module.build(profile, PROBLEM, {**knobs, "kv_stages": 1}, 8, 0, impl), [8])
 except DeadlockError as e:
     print(str(e)[:400])
 
@@ -259,3 +258,5 @@ print("bottleneck:", r.bottleneck)
 # - Doubling the MUFU makes FA4 tensor-bound; stages matter up to 4; 2-CTA is worth ~10 %
 #   through faster loads and more slots; a third Q tile does not fit at hd128 but may pay at
 #   hd64.
+#
+# Next: lesson 07 returns to Hopper, to the research questions behind lesson 03's numbers.
