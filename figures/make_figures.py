@@ -385,8 +385,6 @@ def fig_timeline_overlays():
         label = meta.get("label") or os.path.basename(path).split(".")[0][len("timeline_"):]
         hw = tc.hw_for(meta)
         over = tc.sim_overrides(meta)
-        if over.pop("exp_overlaps_pv", False):
-            over["pv_wait"] = "after_softmax"  # the trace build keeps the exp2s ahead of the PV wait
         res = simulate(hw, "fa3", tc.problem_of(meta), over)
         sel, _ = tc.select_tile(doc, res.trace.schedule, 0)
         measured = timeline.to_trace(sel, res.trace.schedule)

@@ -30,7 +30,7 @@
 #   final `1/row_sum`, off the softmax warpgroups' critical path.
 # - **Split P**: softmax signals "3/4 of P written" so `PV` can start before the last quarter.
 #
-# Our own SM100 kernel (`fa4kernel/sm100_fwd.py`) exists and compiles for `sm_100a` on a
+# Our own SM100 kernel (`fa4kernel/sm100/fwd.py`) exists and compiles for `sm_100a` on a
 # CPU, but **it has never run**: there is no Blackwell GPU in our lab, so its speed and even its
 # correctness on a B200 are unknown. This lesson therefore simulates (sections 1-3), reads the
 # kernel's compiled machine code (section 4: instructions, not timings), and shows what will be
@@ -149,7 +149,7 @@ kit.gantt(ablated["one Q tile (no ping-pong)"], iterations=4,
 # %% [markdown]
 # ## 4. Read the real kernel's SASS
 #
-# `fa4kernel/sm100_fwd.py` implements the schedule simulated above in CuTe DSL: 16 warps (two
+# `fa4kernel/sm100/fwd.py` implements the schedule simulated above in CuTe DSL: 16 warps (two
 # softmax warpgroups, a correction warpgroup, one MMA warp, one load warp, one epilogue warp), S
 # and O in TMEM, two Q tiles of 128 rows per CTA, 128-key blocks. `compile_sm100_sass()` compiles
 # it for `sm_100a` against fake tensors, on the CPU, and returns the SASS (the GPU's machine code,

@@ -24,7 +24,7 @@ def _cells(nb):
 
 
 def test_there_are_lessons():
-    assert len(PY) >= 7, f"expected the lessons 00..06 in {LESSONS}, found {[os.path.basename(p) for p in PY]}"
+    assert len(PY) >= 8, f"expected the lessons 00..07 in {LESSONS}, found {[os.path.basename(p) for p in PY]}"
 
 
 @pytest.mark.parametrize("py", PY, ids=os.path.basename)
