@@ -92,7 +92,8 @@ def add_problem_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--heads", type=int, default=16, help="attention heads (default 16)")
     p.add_argument("--causal", action="store_true", help="causal mask (bottom-right aligned)")
     p.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
-                   help="override a schedule knob or a hardware parameter (repeatable); see `fa4sim params`")
+                   help="a what-if: a schedule knob, a hardware parameter or a constant measured on the "
+                        "implementation (repeatable); `fa4sim params` lists them")
 
 
 def cmd_run(a) -> int:

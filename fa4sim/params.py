@@ -115,7 +115,7 @@ class Knob:
             raise InputError(self.name, f"must be one of {', '.join(map(str, self.choices))}, got {v!r}")
         if self.kind == "text":
             if not isinstance(v, str):
-                raise InputError(self.name, f"must be a string ({self.doc.split(':')[0]}), got {v!r}")
+                raise InputError(self.name, f"must be a string, got {v!r}")
             return self.convert(v)
         if v is None:
             if self.kind == "float_or_none":
