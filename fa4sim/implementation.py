@@ -10,6 +10,7 @@ profiles: every entry has a value, a source and a confidence (H, M, L).
 A value is a constant, or one of two small forms that depend on the problem and the knobs
 resolved so far:
   {"by_hdim": {"64": V, "128": V, ...}}              the entry for the problem's head dim
+  {"by_hdim_upto": {"64": V, "96": V, ...}}          the first entry whose head dim is >= the problem's
   {"rules": [{"when": {FACT: X, ...}, "value": V}, ...], "else": V}   the first rule that holds
   {"fact": NAME}                                     a fact the schedule derives (below)
 FACT is a problem field (hdim, hdim_v, causal, seqlen_q, seqlen_k), a knob resolved before this
@@ -42,7 +43,7 @@ class Implementation:
 
     def check(self, problem) -> None:
         if (problem.hdim, problem.hdim_v) not in self.head_dims:
-            dims = ", ".join(str(d) if d == dv else f"{d}/{dv}" for d, dv in self.head_dims)
+            dims = _describe(self.head_dims)
             raise InputError("hdim", f"{self.name} runs head dims {dims} (hdim/hdim_v); got "
                                      f"{problem.hdim}/{problem.hdim_v}")
 
@@ -73,6 +74,20 @@ class Implementation:
                 "knobs": self.knobs, "params": self.params}
 
 
+def _describe(pairs: tuple) -> str:
+    """'64, 96, 128, 192/128' with runs of equal-step head dims shortened to '16-128 (step 16)'."""
+    same = [d for d, dv in pairs if d == dv]
+    parts, i = [], 0
+    while i < len(same):
+        j = i
+        while j + 1 < len(same) and same[j + 1] - same[j] == 16:
+            j += 1
+        parts.append(f"{same[i]}-{same[j]} (step 16)" if j - i >= 3 else ", ".join(map(str, same[i:j + 1])))
+        i = j + 1
+    parts += [f"{d}/{dv}" for d, dv in pairs if d != dv]
+    return ", ".join(parts)
+
+
 def _evaluate(spec, ctx, knobs: dict, where: str):
     if not isinstance(spec, dict):
         return spec
@@ -83,6 +98,12 @@ def _evaluate(spec, ctx, knobs: dict, where: str):
             raise InputError("hdim", f"{where} has no entry for head dim {ctx.problem.hdim}; "
                                      f"allowed: {', '.join(table)}")
         return _evaluate(table[key], ctx, knobs, where)
+    if "by_hdim_upto" in spec:
+        table = spec["by_hdim_upto"]
+        bound = next((b for b in sorted(table, key=int) if ctx.problem.hdim <= int(b)), None)
+        if bound is None:
+            raise InputError("hdim", f"{where} covers head dims up to {max(table, key=int)}; got {ctx.problem.hdim}")
+        return _evaluate(table[bound], ctx, knobs, where)
     if "fact" in spec:
         return _fact(spec["fact"], ctx, knobs)
     if "rules" in spec:
@@ -118,10 +139,21 @@ def available() -> list[str]:
     return sorted(p.stem for p in IMPL_DIR.glob("*.json"))
 
 
+def _head_dims(entries: list) -> tuple:
+    """(hdim, hdim_v) pairs from a list of pairs and ranges {"hdim": [lo, hi, step]} (hdim_v = hdim)."""
+    out = []
+    for e in entries:
+        if isinstance(e, dict):
+            lo, hi, step = e["hdim"]
+            out += [(d, d) for d in range(lo, hi + 1, step)]
+        else:
+            out.append(tuple(e))
+    return tuple(dict.fromkeys(out))
+
+
 def _from_json(data: dict) -> Implementation:
     return Implementation(name=data["name"], kernel=data["kernel"], arch=data["arch"], schedule=data["schedule"],
-                          description=data.get("description", ""),
-                          head_dims=tuple(tuple(d) for d in data["head_dims"]),
+                          description=data.get("description", ""), head_dims=_head_dims(data["head_dims"]),
                           knobs=data.get("knobs", {}), params=data.get("params", {}))
 
 

@@ -57,7 +57,7 @@ def test_every_supported_head_dim_simulates_with_its_own_choices(hw, impl, causa
     arch = "sm100" if hw == "b200" else "sm90"
     for hd, hd_v in implementation.load(impl, arch).head_dims:
         r = simulate(hw, None, Problem(2, 16, 4096, 4096, hd, causal, hdim_v=hd_v), impl=impl)
-        assert 0.2 < r.tflops / r.hw.peak_tflops < 1.0, (hd, hd_v, r.tflops)
+        assert 0.05 < r.tflops / r.hw.peak_tflops < 1.0, (hd, hd_v, r.tflops)  # hd16 is memory-light, not fast
         assert r.impl.name == f"{impl}-{arch}"
 
 
@@ -84,12 +84,14 @@ def test_flash_attn_4_sm90_tiles(hd, hd_v, causal, want):
     (96, 96, True, 8192, dict(kv_stages=5)),
     (192, 128, False, 8192, dict(two_cta=True, kv_stages=5, exp_emulation=0.1875)),
     (192, 128, True, 8192, dict(two_cta=False, kv_stages=3, exp_emulation=0.0625)),
-    (256, 256, True, 8192, dict(two_cta=True, q_tiles=1, kv_stages=5, exp_emulation=0.1875)),
-    (64, 64, False, 100, dict(q_tiles=1)),
+    (256, 256, True, 8192, dict(two_cta=True, q_tiles=1, s_stages=2, kv_stages=5, exp_emulation=0.1875)),
+    (64, 64, False, 100, dict(q_tiles=1, s_stages=2)),
+    (192, 128, False, 100, dict(q_tiles=1, s_stages=1)),          # S ping-pong needs hdim_v = hdim
+    (80, 80, False, 8192, dict(q_tiles=2, s_stages=1, kv_stages=7, exp_emulation=0.125)),
 ])
 def test_flash_attn_4_sm100_choices(hd, hd_v, causal, seqlen, want):
-    """flash-attn-4 4.0.0b36's SM100 forward: q_stage, 2-CTA, its K/V stage formula and the
-    emulated fraction of its tuning table."""
+    """flash-attn-4 4.0.0b36's SM100 forward: q_stage, S ping-pong with one Q tile, 2-CTA, its K/V
+    stage formula and the emulated fraction of its tuning table."""
     knobs = setup("b200", "fa4", Problem(1, 1, seqlen, seqlen, hd, causal, hdim_v=hd_v), {}, "flash-attn-4")[4]
     assert {n: knobs[n] for n in want} == pytest.approx(want)
 
@@ -102,7 +104,7 @@ def test_knobs_given_win_over_the_implementation():
 
 @pytest.mark.parametrize("hw,impl,problem,param", [
     ("h100", "fa4kernel", Problem(1, 1, 128, 128, 192, False, hdim_v=128), "hdim"),  # fa4kernel: hdim_v = hdim
-    ("h100", "flash-attn-4", Problem(1, 1, 128, 128, 80, False), "hdim"),
+    ("h100", "flash-attn-4", Problem(1, 1, 128, 128, 72, False), "hdim"),            # not a multiple of 16
     ("b200", "flash-attn-4", Problem(1, 1, 128, 128, 192, False), "hdim"),            # SM100: 192 needs hdim_v 128
     ("b200", "fa4kernel-sm90", Problem(1, 1, 128, 128, 128, False), "impl"),          # an SM90 kernel on SM100
 ])

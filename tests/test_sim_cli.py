@@ -65,11 +65,11 @@ def test_params_lists_every_knob_and_hardware_parameter(sched, hw, capsys):
 def test_sweep_writes_csv_json_png(tmp_path, capsys):
     prefix = tmp_path / "sw"
     code, out, _ = run_cli(["sweep", "--hw", "b200", *SMALL, "--grid", "exp_emulation=0,0.25",
-                            "--grid", "hdim=64,80", "--out", str(prefix), "--jobs", "1", "--no-progress"], capsys)
+                            "--grid", "hdim=64,72", "--out", str(prefix), "--jobs", "1", "--no-progress"], capsys)
     assert code == 0
     rows = json.loads((tmp_path / "sw.json").read_text())["points"]
     assert len(rows) == 4
-    assert all("hdim" in r["error"] for r in rows if r["hdim"] == "80")  # an unsupported head dim: per point
+    assert all("hdim" in r["error"] for r in rows if r["hdim"] == "72")  # an unsupported head dim: per point
     assert all(r["tflops"] > 0 for r in rows if r["hdim"] == "64")
     assert (tmp_path / "sw.csv").read_text().count("\n") == 5
     assert (tmp_path / "sw.png").exists()
@@ -92,7 +92,7 @@ BAD = [
     (["run", "--set", "exp_emulation=lots"], "exp_emulation"),
     (["run", "--set", "tile_n=100"], "tile_n"),
     (["run", "--hdim", "256", "--set", "q_tiles=2"], "tmem"),
-    (["run", "--hdim", "80"], "hdim"),
+    (["run", "--hdim", "72"], "hdim"),
     (["run", "--hdim", "192"], "hdim"),                      # flash-attn-4 on SM100 runs 192 only with hdim_v 128
     (["run", "--impl", "fa3000"], "impl"),
     (["run", "--hw", "b200", "--impl", "fa4kernel"], "impl"),  # fa4kernel's SM100 kernel is not modelled

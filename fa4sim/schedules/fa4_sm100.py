@@ -65,6 +65,9 @@ KNOBS = [
     Knob("tile_n", 128, "keys", "keys per KV block", minimum=16, maximum=256),
     Knob("q_tiles", 2, "tiles", "Q tiles per CTA in ping-pong (FA4: 2; 1 = no ping-pong)", minimum=1, maximum=4),
     Knob("two_cta", False, "", "CTA pair (cta_group::2): M=256 UMMA over 2 SMs, each stages half of K/V", kind="bool"),
+    Knob("s_stages", 1, "slots", "TMEM S/P slots per Q tile; 2 = S ping-pong with one Q tile: the MMA warp issues "
+         "S(j) = Q K(j)^T before PV(j-1), into the other slot, so the tensor core computes it while the softmax "
+         "works on S(j-1) (flash-attn-4 with one Q tile)", minimum=1, maximum=2),
     Knob("kv_stages", lambda c, k: stages_that_fit(c, k), "slots", "slots of the shared K/V smem ring (K and V "
          "alternate; default: as many as fit)", minimum=1),
     Knob("split_p", True, "", "signal 'P 3/4 written' so PV starts before the last P quarter", kind="bool"),
@@ -91,8 +94,8 @@ def smem_bytes(p: Problem, k: dict, o_over_q: bool = False, uneven: bool = False
 
 
 def tmem_columns(p: Problem, k: dict) -> int:
-    """S_s (tile_n fp32 columns, P overlays its second half) + O_s (hdim_v columns) per Q tile."""
-    return k["q_tiles"] * (k["tile_n"] + p.hdim_v)
+    """S_s (tile_n fp32 columns per S slot, P overlays its second half) + O_s (hdim_v columns) per Q tile."""
+    return k["q_tiles"] * (k["s_stages"] * k["tile_n"] + p.hdim_v)
 
 
 def check(hw, p: Problem, k: dict, impl=None) -> None:
@@ -103,6 +106,9 @@ def check(hw, p: Problem, k: dict, impl=None) -> None:
     check_shape(ARCH, m_mma, p.hdim_v, k["tile_n"], k["two_cta"])
     if k["two_cta"] and k["tile_m"] != 128:
         raise InputError("tile_m", "two_cta needs tile_m=128 (M=256 across the pair)")
+    if k["s_stages"] > 1 and k["q_tiles"] > 1:
+        raise InputError("s_stages", "S ping-pong (s_stages=2) is the one-Q-tile schedule; with q_tiles > 1 the Q "
+                                     "tiles ping-pong instead: set q_tiles=1 or s_stages=1")
     cols = tmem_columns(p, k)
     if cols > hw.tmem_columns:
         raise InputError("tmem", f"{k['q_tiles']} Q tiles x (tile_n {k['tile_n']} + hdim_v {p.hdim_v}) = {cols} TMEM "
@@ -161,8 +167,15 @@ def build(hw, p: Problem, k: dict, n_kv: int, masked_blocks: int, impl=None, hbm
     ops.append(Op("LV", "load", (("tma", v_bytes / hw.tma_bytes_per_clk),), hw.l2_latency, "load",
                   asynchronous=True, issue_cycles=1, label="TMA V block"))
 
-    # MMA warp, in the ping-pong order PV_s(j-1) (skew 1), QK_s(j)
+    # MMA warp, in the ping-pong order PV_s(j-1) (skew 1), QK_s(j); with S ping-pong (one Q
+    # tile, two S slots) QK(j) goes first, into the slot PV(j-2) has finished reading
     ksteps_qk, ksteps_pv = d // 16, n // 16  # K of QK is hdim, K of PV is tile_n
+    s_pingpong = k["s_stages"] > 1
+    qk_ops = [Op(f"QK{s}", "mma", (("tensor", qk.tensor_cycles), ("smem", qk.smem_cycles)), qk.latency,
+                 "mma", asynchronous=True, issue_cycles=ksteps_qk * hw.mma_issue_cycles, chunks=ksteps_qk,
+                 label=f"S{s} = Q{s} K^T") for s in range(T)]
+    if s_pingpong:
+        ops.extend(qk_ops)
     for s in range(T):
         parts_a = (("tensor", pv.tensor_cycles * split), ("smem", pv.smem_cycles * split))
         ops.append(Op(f"PVa{s}", "mma", parts_a, 0.0 if split < 1 else pv.latency, "mma",
@@ -175,9 +188,8 @@ def build(hw, p: Problem, k: dict, n_kv: int, masked_blocks: int, impl=None, hbm
                           asynchronous=True, issue_cycles=ksteps_pv * (1 - split) * hw.mma_issue_cycles, skew=1,
                           chunks=max(1, int(ksteps_pv * (1 - split))),
                           label=f"O{s} += P{s} V (last 1/4 of k)"))
-        ops.append(Op(f"QK{s}", "mma", (("tensor", qk.tensor_cycles), ("smem", qk.smem_cycles)), qk.latency,
-                      "mma", asynchronous=True, issue_cycles=ksteps_qk * hw.mma_issue_cycles, chunks=ksteps_qk,
-                      label=f"S{s} = Q{s} K^T"))
+        if not s_pingpong:
+            ops.append(qk_ops[s])
     pv_done = (lambda s: f"PVb{s}") if split < 1 else (lambda s: f"PVa{s}")
 
     # softmax warpgroups
@@ -231,6 +243,8 @@ def build(hw, p: Problem, k: dict, n_kv: int, masked_blocks: int, impl=None, hbm
                   Edge(f"QK{s}", f"LQ{s}", distance=1, per="tile", kind="anti", lag=mbar)]
         if split < 1:
             edges.append(Edge(f"EXPb{s}", f"PVb{s}", lag=mbar))
+        if s_pingpong:  # S(j) overwrites the slot of S/P(j-2): after PV(j-2) has read P
+            edges.append(Edge(pv_done(s), f"QK{s}", distance=k["s_stages"], kind="anti", lag=mbar))
     # one K/V ring: items K(g)=2g, V(g)=2g+1; item i reuses the slot of item i - kv_stages
     S = k["kv_stages"]
     last_qk, last_pv = f"QK{T - 1}", pv_done(T - 1)
