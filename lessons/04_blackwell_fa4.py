@@ -104,7 +104,8 @@ kit.gantt(r, iterations=6)
 # %%
 ABLATIONS = {
     "FA4 default": {},
-    "one Q tile (no ping-pong)": {"q_tiles": 1},
+    "one Q tile (no ping-pong)": {"q_tiles": 1, "s_stages": 1},
+    "one Q tile, two S slots": {"q_tiles": 1, "s_stages": 2},
     "always rescale (no threshold)": {"rescale_threshold": None},
     "no split P": {"split_p": False},
     "no exp2 emulation": {"exp_emulation": 0.0},
@@ -120,6 +121,10 @@ for label, knobs in ABLATIONS.items():
 # %% [markdown]
 # - **One Q tile**: with nothing to switch to, the tensor core waits for every softmax: about
 #   half the throughput. Ping-pong between two tiles is the single most important idea.
+# - **One Q tile, two S slots**: flash-attn-4's own fallback where two tiles do not fit (hdim_v
+#   256, or a query of one tile): the MMA warp computes S(j) into a second TMEM slot while the
+#   softmax works on S(j-1) ("S ping-pong"). It wins most of the loss back, not all: the PV GEMM
+#   still waits for each P.
 # - **Always rescale**: the correction warpgroup must load, scale and store O in TMEM on every
 #   block; TMEM bandwidth becomes the busiest unit. Conditional rescaling (tau = 8) removes that.
 # - **Split P** and **exp2 emulation** each shorten the softmax on the critical path.
