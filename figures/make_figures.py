@@ -57,26 +57,9 @@ def out(name: str) -> str:
     return os.path.join(FIG, name)
 
 
-def latest_sm90():
-    """(doc, 'device, date') of the newest recorded SM90 benchmark, or (None, None)."""
-    docs = []
-    for path in glob.glob(os.path.join(RESULTS, "sm90_fwd_*.json")):
-        try:
-            with open(path) as fh:
-                doc = json.load(fh)
-        except (OSError, ValueError):
-            continue
-        docs.append((str(doc.get("meta", {}).get("date", "")), path, doc))
-    if not docs:
-        return None, None
-    _, path, doc = max(docs)
-    meta = doc.get("meta", {})
-    return doc, f"{meta.get('device', '?')}, {meta.get('date', '?')}"
-
-
 def sm90_for(device: str):
-    """(doc, 'device, date') of the newest recorded SM90 benchmark on a device ("H100", "H200"),
-    or (None, None)."""
+    """(doc, 'device, date') of the newest recorded SM90 benchmark on a device ("H100", "H200";
+    "" for any), or (None, None)."""
     docs = []
     for path in glob.glob(os.path.join(RESULTS, "sm90_fwd_*.json")):
         try:
@@ -457,7 +440,7 @@ def main(argv=None) -> int:
     if a.list:
         print(__doc__)
         return 0
-    doc, where = latest_sm90()
+    doc, where = sm90_for("")
     print(f"recorded SM90 measurement: {where}" if doc else "no recorded SM90 measurement: simulation only")
     jobs = [fig_fa4_timeline, fig_fa3_timeline, fig_feeds, fig_emulation,
             fig_pingpong, fig_pingpong_timelines, fig_rescale, fig_validation,
