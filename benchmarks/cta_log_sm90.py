@@ -13,7 +13,7 @@ SMs: what fa4sim's kernel model (fa4sim/kernel_model.py) assumes about one-CTA-p
 launches, measured. The plain kernel is timed with CUDA events in the same run for scale.
 
 Does NOT import fa4sim. On the CPU: `python3 -m benchmarks.calibrate.tile_jitter FILE.json --profile
-fa4sim/profiles/h100-measured.json` reads the persistent points' tile logs (the profile's
+fa4sim/profiles/h100.json` reads the persistent points' tile logs (the profile's
 tile_jitter_q_loads); lesson 03, Exercises 3.6 and 3.10, read the first wave and the tile log.
 """
 from __future__ import annotations

@@ -1,12 +1,12 @@
 """Measured vs simulated timeline of fa4kernel's SM90 forward: CPU script.
 
     python3 benchmarks/timeline_compare.py DIR/timeline_hd128.json [more.json ...]
-        [--hw h200-measured] [--tile 0] [--figdir figures] [--no-figure]
+        [--hw h200] [--tile 0] [--figdir figures] [--no-figure]
 
 For each stamps file written by benchmarks/timeline_sm90.py (fa4sim.timeline's format): prints
 the measured steady-state interval per KV iteration (fa4sim.timeline.interval of QK0) and the
 simulated one for the same configuration (fa4sim.simulate with schedule fa3 and hw
-'h200-measured' or 'h100-measured' by the meta's device; the model's interval is
+'h200' or 'h100' by the meta's device; the model's interval is
 Result.interval), per-op median durations side by side, and draws the overlay
 (fa4sim.timeline.overlay) into FIGDIR/timeline_overlay_<label>.png.
 """
@@ -34,7 +34,7 @@ def hw_for(meta: dict, override: str | None = None) -> str:
         return override
     if meta.get("hw_profile"):
         return meta["hw_profile"]
-    return "h200-measured" if "H200" in str(meta.get("device", "")).upper() else "h100-measured"
+    return "h200" if "H200" in str(meta.get("device", "")).upper() else "h100"
 
 
 def sim_overrides(meta: dict) -> dict:

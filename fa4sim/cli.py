@@ -20,11 +20,11 @@ examples:
       FA4 forward on B200 (flash-attn-4's choices); TFLOP/s, utilisation, the bottleneck; one CTA's timeline
   fa4sim run --hw b200 --set mufu_ex2_per_clk=32 --set exp_emulation=0
       what if MUFU were twice as fast (a B300-like chip) and emulation were off?
-  fa4sim run --hw h100-measured --impl flash-attn-4 --hdim 192 --hdim-v 128 --causal
+  fa4sim run --hw h100 --impl flash-attn-4 --hdim 192 --hdim-v 128 --causal
       flash-attn-4's SM90 forward on the DeepSeek head dims, with its own tile
-  fa4sim run --hw h100 --hdim 128 --seqlen 8192 --set pingpong=false --json
+  fa4sim run --hw h100-datasheet --hdim 128 --seqlen 8192 --set pingpong=false --json
       our SM90 kernel (fa4kernel) without inter-warpgroup ping-pong, as one JSON object
-  fa4sim params --hw h100 --impl flash-attn-4 --hdim 256
+  fa4sim params --hw h100-datasheet --impl flash-attn-4 --hdim 256
       every knob, what the implementation chooses, and every hardware parameter with its source
 """
 

@@ -127,14 +127,14 @@ def fig_fa3_timeline():
     import io
 
     with contextlib.redirect_stdout(io.StringIO()):
-        rc = fa4sim_main(["run", "--hw", "h100", "--schedule", "fa3", "--hdim", "128", "--seqlen", "8192",
+        rc = fa4sim_main(["run", "--hw", "h100-datasheet", "--schedule", "fa3", "--hdim", "128", "--seqlen", "8192",
                           "--batch", "2", "--heads", "16", "--gantt", out("fa3_h100_timeline.png")])
     assert rc == 0
     return "fa3_h100_timeline.png"
 
 
 def fig_feeds():
-    rows = [("H100", tile_costs(hardware.load("h100"), 128)),
+    rows = [("H100", tile_costs(hardware.load("h100-datasheet"), 128)),
             ("B200 (1-CTA)", tile_costs(hardware.load("b200"), 128)),
             ("B200 (2-CTA)", tile_costs(hardware.load("b200"), 128, two_cta=True))]
     fig, ax = plt.subplots(figsize=(8, 4))
@@ -160,7 +160,7 @@ def fig_emulation():
     b_prob = Problem(1, 16, 32768, 32768, 128)
     h_prob = Problem(2, 16, 8192, 8192, 128)
     b = [simulate("b200", "fa4", b_prob, {"exp_emulation": f}) for f in fracs]
-    h = [simulate("h100", "fa3", h_prob, {"exp_emulation": f}) for f in fracs]
+    h = [simulate("h100-datasheet", "fa3", h_prob, {"exp_emulation": f}) for f in fracs]
     fig, ax = plt.subplots(1, 2, figsize=(12, 4))
     ax[0].plot(fracs, [r.tflops for r in b], "-o", label="B200 fa4 (hd128, 32k) predicted")
     ax[0].plot(fracs, [r.tflops for r in h], "-s", label="H100 fa3 (hd128, 8k, b2) predicted, datasheet profile")
@@ -188,7 +188,7 @@ def fig_emulation():
 def fig_pingpong():
     doc, where = sm90_for("H100")
     dims = (64, 128, 256)
-    profiles = [p for p in ("h100", "h100-measured") if p in hardware.available()]
+    profiles = [p for p in ("h100-datasheet", "h100") if p in hardware.available()]
     fig, ax = plt.subplots(figsize=(9, 4.2))
     x = np.arange(len(dims))
     width = 0.8 / (2 * len(profiles))
@@ -224,7 +224,7 @@ def fig_pingpong_timelines():
     tmp = tempfile.mkdtemp(prefix="fa4fig_")
     paths = []
     for pp in (True, False):
-        r = simulate("h100", "fa3", prob, {"pingpong": pp})
+        r = simulate("h100-datasheet", "fa3", prob, {"pingpong": pp})
         path = os.path.join(tmp, f"pp{int(pp)}.png")
         draw(r.trace, path, iterations=5, width=14,
              title=f"simulated: fa3 on h100 (datasheet profile), hd64: ping-pong {'ON' if pp else 'OFF'} -> "

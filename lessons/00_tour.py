@@ -49,8 +49,8 @@ print("LIVE (GPU present):", LIVE)
 # %%
 KEY = ["clock_ghz", "num_sms", "tensor_flops_per_clk", "mufu_ex2_per_clk", "fma_lanes_per_clk",
        "alu_lanes_per_clk", "smem_bytes_per_clk", "tmem_columns", "tma_bytes_per_clk"]
-h100, b200 = hardware.load("h100"), hardware.load("b200")
-print(f"{'parameter':22s} {'h100':>10s} {'b200':>10s}   unit                 [conf b200]")
+h100, b200 = hardware.load("h100-datasheet"), hardware.load("b200")
+print(f"{'parameter':22s} {'h100-ds':>10s} {'b200':>10s}   unit                 [conf b200]")
 for name in KEY:
     unit = hardware.PARAMS[name][0]
     print(f"{name:22s} {h100.values[name]!s:>10s} {b200.values[name]!s:>10s}   {unit:20s} [{b200.confidence[name]}]")

@@ -36,7 +36,7 @@ from fa4sim import hardware
 from fa4sim.feeds import operand_bytes, tile_costs
 
 LIVE = kit.live()  # this lesson reads recorded microbenchmarks; it runs nothing on the GPU
-h100, b200 = hardware.load("h100"), hardware.load("b200")
+h100, b200 = hardware.load("h100-datasheet"), hardware.load("b200")
 
 # %% [markdown]
 # ## 1. By hand
@@ -198,7 +198,7 @@ for path, doc in calib:
 # Per clock, Hopper delivers its datasheet rates almost exactly. What the microbenchmarks did
 # change is the **clock** (about 1.61 GHz under a full wgmma load instead of the rated 1.83 GHz)
 # and several latencies: cycles per tile stay, seconds per tile grow. Lesson 03 uses the measured
-# profiles (`h100-measured`, `h200-measured`) built from these files.
+# profiles (`h100`, `h200`) built from these files.
 #
 # ## What to remember
 #

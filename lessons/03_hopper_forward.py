@@ -65,7 +65,7 @@ FA3_KNOBS = {k.name for k in SCHEDULES["fa3"].KNOBS}
 
 # %%
 def params(impl, hdim=128, causal=False):
-    cmd = [sys.executable, "-m", "fa4sim.cli", "params", "--hw", "h100-measured", "--impl", impl,
+    cmd = [sys.executable, "-m", "fa4sim.cli", "params", "--hw", "h100", "--impl", impl,
            "--hdim", str(hdim)] + (["--causal"] if causal else [])
     return subprocess.run(cmd, capture_output=True, text=True, check=True).stdout.splitlines()
 
@@ -93,7 +93,7 @@ for name in ours:
 # and lets the hardware hand them out. The same problem, simulated as each:
 
 # %%
-def both(problem, profile="h100-measured"):
+def both(problem, profile="h100"):
     return {impl: simulate(profile, "fa3", problem, impl=impl) for impl in ("fa4kernel", "flash-attn-4")}
 
 
@@ -110,14 +110,14 @@ for d, seq, causal in ((128, 8192, False), (128, 1024, True)):
 # problem: hd128, seqlen 8192, batch 2, 16 heads (16k tokens), non-causal. We simulate exactly
 # the same.
 #
-# There are two kinds of Hopper profile: `h100` holds datasheet and literature values (the rated
-# 1.83 GHz clock, some latencies that are guesses), `h100-measured` and `h200-measured` replace
+# There are two kinds of Hopper profile: `h100-datasheet` holds datasheet and literature values (the rated
+# 1.83 GHz clock, some latencies that are guesses), `h100` and `h200` replace
 # them with our own microbenchmarks (`benchmarks/calibrate/`). Here is what the microbenchmarks
 # changed:
 
 # %%
-PROFILES = [p for p in ("h100", "h100-measured", "h200-measured") if p in hardware.available()]
-datasheet = hardware.load("h100")
+PROFILES = [p for p in ("h100-datasheet", "h100", "h200") if p in hardware.available()]
+datasheet = hardware.load("h100-datasheet")
 for prof in PROFILES[1:]:
     hw = hardware.load(prof)
     changed = [n for n in hardware.PARAMS if hw.values[n] != datasheet.values[n]]
@@ -137,7 +137,7 @@ predicted = {prof: {label: simulate(prof, "fa3", PROBLEM, knobs) for label, knob
 print(f"{'TFLOP/s':24s}" + "".join(f"{p:>15s}" for p in PROFILES))
 for label in VARIANTS:
     print(f"{label:24s}" + "".join(f"{predicted[p][label].tflops:15.0f}" for p in PROFILES))
-r = predicted["h100"]["default"]
+r = predicted["h100-datasheet"]["default"]
 print(f"\nh100 (datasheet), default: loop {r.interval:.0f} cycles per KV block, "
       + ", ".join(f"{u} {v:.0%}" for u, v in sorted(r.utilization.items(), key=lambda kv: -kv[1])[:4]))
 
@@ -152,7 +152,7 @@ print(f"\nh100 (datasheet), default: loop {r.interval:.0f} cycles per KV block, 
 # P there (32 KB, 256 more cycles): does shared memory then come near the tensor core's 2048? If
 # not, the change that hurts most is the one that lets the warpgroups' softmax and GEMMs collide.
 # Write the label from `VARIANTS`; the check compares with the simulator's ranking on the
-# datasheet `h100` profile.
+# datasheet `h100-datasheet` profile.
 
 # %%
 worst_variant = None  # <- a label from VARIANTS
@@ -163,7 +163,7 @@ if worst_variant is None:
     worst_variant = "pingpong=False"
 
 # %%
-ds = predicted["h100"]  # the datasheet profile
+ds = predicted["h100-datasheet"]  # the datasheet profile
 sim_worst = min(ds, key=lambda k: ds[k].tflops)
 kit.check(worst_variant == sim_worst, f"the simulator (h100 profile) ranks {sim_worst!r} lowest")
 for label in ("p_in_registers=False", "pingpong=False"):
@@ -181,8 +181,8 @@ for label in ("p_in_registers=False", "pingpong=False"):
 # ping-pong the two warpgroups start in lock-step, with gaps in the tensor row.
 
 # %%
-kit.gantt(predicted["h100"]["default"], iterations=5, title="fa3 on h100, hd128: ping-pong ON")
-kit.gantt(predicted["h100"]["pingpong=False"], iterations=5, title="fa3 on h100, hd128: ping-pong OFF")
+kit.gantt(predicted["h100-datasheet"]["default"], iterations=5, title="fa3 on h100, hd128: ping-pong ON")
+kit.gantt(predicted["h100-datasheet"]["pingpong=False"], iterations=5, title="fa3 on h100, hd128: ping-pong OFF")
 
 # %% [markdown]
 # At other head dims the knobs matter more. At hd64 (3 consumer warpgroups, the MMA is cheap
@@ -191,7 +191,7 @@ kit.gantt(predicted["h100"]["pingpong=False"], iterations=5, title="fa3 on h100,
 # runs without ping-pong already):
 
 # %%
-for prof in ("h100", "h100-measured"):
+for prof in ("h100-datasheet", "h100"):
     for d in (64, 128, 256):
         prob = Problem(batch=16384 // 8192, heads=2048 // d, seqlen_q=8192, seqlen_k=8192, hdim=d)
         base = simulate(prof, "fa3", prob).tflops
@@ -200,7 +200,7 @@ for prof in ("h100", "h100-measured"):
             line.append(f"{label} {simulate(prof, 'fa3', prob, VARIANTS[label]).tflops / base - 1:+6.1%}")
         print(f"{prof:14s} hd{d:3d}: " + "   ".join(line))
 hd64 = Problem(batch=2, heads=32, seqlen_q=8192, seqlen_k=8192, hdim=64)
-kit.gantt(simulate("h100", "fa3", hd64, {"pingpong": False}), iterations=5,
+kit.gantt(simulate("h100-datasheet", "fa3", hd64, {"pingpong": False}), iterations=5,
           title="fa3 on h100 (datasheet), hd64, ping-pong OFF: the three warpgroups' GEMMs collide, then all wait for softmax")
 
 # %% [markdown]
@@ -222,7 +222,7 @@ kit.gantt(simulate("h100", "fa3", hd64, {"pingpong": False}), iterations=5,
 # (lesson 05's exp2 emulation).
 #
 # ### Exercise 3.2: which mechanism costs the most?
-# At hd128, 8k, which of the three costs the most TFLOP/s on `h100-measured`: `"clock"`,
+# At hd128, 8k, which of the three costs the most TFLOP/s on `h100`: `"clock"`,
 # `"contention"` or `"warp_ipc"`? Predict, then let the check undo each one in turn (setting it
 # back to its datasheet value) and compare.
 
@@ -239,8 +239,8 @@ UNDO = {"clock": {"clock_ghz": 1.83},
         "contention": {"issue_under_mma": 1, "dense_issue_under_mma": 1, "warp_issue_under_mma": 1,
                        "mufu_under_mma": 1},
         "warp_ipc": {"warp_issue_ipc": 1}}
-base = simulate("h100-measured", "fa3", PROBLEM).tflops
-gains = {name: simulate("h100-measured", "fa3", PROBLEM, undo).tflops / base - 1 for name, undo in UNDO.items()}
+base = simulate("h100", "fa3", PROBLEM).tflops
+gains = {name: simulate("h100", "fa3", PROBLEM, undo).tflops / base - 1 for name, undo in UNDO.items()}
 print({name: f"{g:+.1%}" for name, g in gains.items()})
 kit.check(biggest == max(gains, key=gains.get), "undo each mechanism and see which gains the most")
 
@@ -299,7 +299,7 @@ if measured:
 # ## 5. Predicted vs measured
 #
 # We predict with the profile of the device that was measured, both the datasheet one and the
-# measured one when it exists (`h200-measured` for an H200). Read the ratio column, not only the
+# measured one when it exists (`h200` for an H200). Read the ratio column, not only the
 # absolute numbers: the absolute gap says how far the profile is from the chip; the
 # *differences between variants* say whether the model understands the schedule. A live timing
 # here is a median of 10 calls: differences of 2-3 % between variants can be run-to-run noise
@@ -308,7 +308,7 @@ if measured:
 # %%
 if measured:
     profs = [p for p in (kit.profile_for(device or "", measured=False), kit.profile_for(device or "")) if p]
-    profs = list(dict.fromkeys(profs)) or ["h100"]
+    profs = list(dict.fromkeys(profs)) or ["h100-datasheet"]
     print(f"measured: {source}; predicted: fa3 on {' and '.join(profs)}\n")
     print(f"{'variant':24s} {'measured':>9s} {'vs default':>11s}" + "".join(f" {p:>14s} {'meas/pred':>9s}" for p in profs))
     base = measured.get("default")
@@ -358,7 +358,7 @@ runs = kit.recorded("sm90_fwd_*.json")
 if runs:
     path, doc = runs[0]
     rec_device, rec_date = kit.describe(doc)
-    prof = kit.profile_for(rec_device) or "h100-measured"
+    prof = kit.profile_for(rec_device) or "h100"
     print(f"\n{path.name} ({rec_device}, {rec_date}); predicted on {prof}")
     print(f"{'problem':22s} {'fa4kernel / flash-attn-4: measured':>36s} {'predicted':>10s}")
     for p in doc.get("points", []):
@@ -436,10 +436,10 @@ if implied_clock(1.0, 1.0) is None:
         return rated_ghz * meas_tflops / pred_tflops
 
 # %%
-pred = predicted["h100"]["default"].tflops
+pred = predicted["h100-datasheet"]["default"].tflops
 example_meas = measured.get("default", 0.8 * pred)  # a real measurement if there is one
 f = implied_clock(pred, example_meas)
-at_f = simulate("h100", "fa3", PROBLEM, {"clock_ghz": f}).tflops
+at_f = simulate("h100-datasheet", "fa3", PROBLEM, {"clock_ghz": f}).tflops
 what = f"measured ({source})" if "default" in measured else "a hypothetical 80 % of the prediction (no measurement)"
 print(f"{what}: {example_meas:.0f} TFLOP/s -> implied clock {f:.2f} GHz -> simulated {at_f:.0f} TFLOP/s")
 kit.check(abs(at_f / example_meas - 1) < 0.02, "scale the rated clock by measured / predicted")

@@ -128,17 +128,17 @@ print(f"f = {f_balance:.3f}: {FMA_OPS_PER_ELEMENT:g} FMA and {ALU_OPS_PER_ELEMEN
 FRACS = [0.0, 0.0625, 0.125, 0.1875, 0.25, 0.375, 0.5, 0.75, 1.0]
 B_PROB = Problem(batch=1, heads=16, seqlen_q=32768, seqlen_k=32768, hdim=128)
 H_PROB = Problem(batch=2, heads=16, seqlen_q=8192, seqlen_k=8192, hdim=128)
-sweep = {"b200": [], "h100": []}
+sweep = {"b200": [], "h100-datasheet": []}
 for f in FRACS:
     sweep["b200"].append(simulate("b200", "fa4", B_PROB, {"exp_emulation": f}))
-    sweep["h100"].append(simulate("h100", "fa3", H_PROB, {"exp_emulation": f}))
+    sweep["h100-datasheet"].append(simulate("h100-datasheet", "fa3", H_PROB, {"exp_emulation": f}))
 print(" f       B200 TFLOP/s  mufu  fma  issue |  H100 TFLOP/s  mufu  fma")
-for f, b, h in zip(FRACS, sweep["b200"], sweep["h100"]):
+for f, b, h in zip(FRACS, sweep["b200"], sweep["h100-datasheet"]):
     print(f"{f:6.4f}  {b.tflops:12.0f}  {b.utilization['mufu']:4.0%} {b.utilization['fma']:4.0%} {b.utilization['issue']:5.0%}"
           f"  | {h.tflops:12.0f}  {h.utilization['mufu']:4.0%} {h.utilization['fma']:4.0%}")
 
 fig, ax = plt.subplots(1, 2, figsize=(11, 3.6))
-for hw, st in (("b200", "-o"), ("h100", "-s")):
+for hw, st in (("b200", "-o"), ("h100-datasheet", "-s")):
     ax[0].plot(FRACS, [r.tflops for r in sweep[hw]], st, label=hw)
     ax[1].plot(FRACS, [r.utilization["mufu"] for r in sweep[hw]], st, label=f"{hw} MUFU")
     ax[1].plot(FRACS, [r.utilization["fma"] for r in sweep[hw]], st, alpha=0.5, label=f"{hw} FMA")
@@ -217,7 +217,7 @@ else:
                 measured[label] = pts[bench_label]["results"]["fa4kernel"]["tflops"]
 
 if measured:
-    prof = kit.profile_for(device or "") or "h100"
+    prof = kit.profile_for(device or "") or "h100-datasheet"
     print(f"measured: {source}; predicted: fa3 on {prof}")
     for label, knobs in VARIANTS.items():
         pred = simulate(prof, "fa3", H_PROB, knobs).tflops

@@ -37,7 +37,7 @@ import lessonkit as kit
 from fa4sim import Problem, hardware, simulate
 
 LIVE = kit.live()  # unused: this lesson reads recorded measurements only
-one_sm = hardware.load("h100-measured").with_values(num_sms=1)  # one persistent CTA, exact cycles
+one_sm = hardware.load("h100").with_values(num_sms=1)  # one persistent CTA, exact cycles
 
 
 def per_tile(blocks, **knobs):
@@ -84,9 +84,9 @@ if not bursts:
 # What the model takes from it: the rescale's issue rate beside a GEMM (dense_issue_under_mma);
 # with the softmax mix's rate instead (issue_under_mma), the hd256 loop gets longer.
 hd256 = Problem(batch=2, heads=8, seqlen_q=8192, seqlen_k=8192, hdim=256)
-mix_rate = hardware.load("h100-measured").issue_under_mma
+mix_rate = hardware.load("h100").issue_under_mma
 for label, over in (("measured burst rate", {}), ("the mix's rate", {"dense_issue_under_mma": mix_rate})):
-    r = simulate("h100-measured", "fa3", hd256, over)
+    r = simulate("h100", "fa3", hd256, over)
     print(f"O rescale at {label}: hd256 loop {r.interval:.0f} cycles per KV block "
           f"(tile {r.knobs['tile_m']} x {r.knobs['tile_n']}, O rescaled {'before' if r.knobs['rescale_before_pv'] else 'after'} the PV GEMM)")
 
@@ -384,11 +384,11 @@ if my_answer is None:
 # %%
 first_wave = Problem(16, 8, 1024, 1024, 256, True)
 cold = {}
-for prof in ("h100-measured", "h200-measured"):
+for prof in ("h100", "h200"):
     r = simulate(prof, "fa3", first_wave, {"persistent": False})
     cold[prof] = r.kernel.cold_start_us * hardware.load(prof).clock_ghz * 1e3  # in cycles
     print(f"{prof}: cold start {r.kernel.cold_start_us:.2f} us = {cold[prof]:.0f} cycles")
-model_says = "fewer" if cold["h200-measured"] < cold["h100-measured"] else "more"
+model_says = "fewer" if cold["h200"] < cold["h100"] else "more"
 kit.check(my_answer == model_says, f"the model says {model_says!r}")
 
 
@@ -471,7 +471,7 @@ if measured_later:
 # E[max] over CTAs of load + jitter, only for tables fixed before the launch.
 
 # %%
-for prof in ("h100-measured", "h200-measured"):
+for prof in ("h100", "h200"):
     r = simulate(prof, "fa3", first_wave, {"persistent": True})
     print(f"model, {prof}: the slowest CTA ends {r.kernel.jitter_cycles:.0f} cycles after the slowest load "
           f"({100 * r.kernel.jitter_cycles / (r.kernel.cycles - r.kernel.jitter_cycles):+.1f} %)")

@@ -69,11 +69,11 @@ def synthetic():
 
 
 def test_values_provenance_and_all_params(tmp_path):
-    base = json.loads((ROOT / "fa4sim/profiles/h100.json").read_text())
+    base = json.loads((ROOT / "fa4sim/profiles/h100-datasheet.json").read_text())
     prof = build_profile(synthetic(), base)
     hw = from_json(prof, origin="test")  # raises unless every PARAMS entry is present
     assert set(PARAMS) <= set(prof["params"])
-    assert prof["arch"] == "sm90" and prof["name"] == "h100-measured"
+    assert prof["arch"] == "sm90" and prof["name"] == "h100"
     v = hw.values
     assert v["clock_ghz"] == 1.755
     assert v["fma_lanes_per_clk"] == 127.5 and v["fma_latency"] == 4.02
@@ -106,7 +106,7 @@ def test_values_provenance_and_all_params(tmp_path):
 
 
 def test_missing_benchmarks_keep_base():
-    base = json.loads((ROOT / "fa4sim/profiles/h200.json").read_text())
+    base = json.loads((ROOT / "fa4sim/profiles/h200-datasheet.json").read_text())
     res = synthetic()
     del res["benchmarks"]["wgmma"], res["benchmarks"]["clock"]
     res["benchmarks"]["pipes"]["ex2"]["lanes_per_clk"] = float("nan")
@@ -123,14 +123,14 @@ def test_cli(tmp_path):
     r = tmp_path / "r.json"
     r.write_text(json.dumps(synthetic()))
     out = tmp_path / "p.json"
-    subprocess.run([sys.executable, "-m", "benchmarks.calibrate.make_profile", str(r), "--base", "h100",
+    subprocess.run([sys.executable, "-m", "benchmarks.calibrate.make_profile", str(r), "--base", "h100-datasheet",
                     "--out", str(out)], check=True, cwd=ROOT)
     prof = json.loads(out.read_text())
     from_json(prof)
     assert prof["params"]["smem_bytes_per_clk"]["value"] == 126.0
     out2 = tmp_path / "p2.json"
-    base = json.loads((ROOT / "fa4sim/profiles/h100.json").read_text())
-    subprocess.run([sys.executable, "-m", "benchmarks.calibrate.make_profile", str(r), "--base", "h100",
+    base = json.loads((ROOT / "fa4sim/profiles/h100-datasheet.json").read_text())
+    subprocess.run([sys.executable, "-m", "benchmarks.calibrate.make_profile", str(r), "--base", "h100-datasheet",
                     "--out", str(out2), "--skip", "tma_bytes_per_clk,l2_bandwidth_tbps"], check=True, cwd=ROOT)
     prof2 = json.loads(out2.read_text())
     assert prof2["params"]["tma_bytes_per_clk"] == base["params"]["tma_bytes_per_clk"]
@@ -161,7 +161,7 @@ def test_tile_jitter_from_a_tile_log(tmp_path):
     assert value == pytest.approx(30 / 300) and "12 middle tiles" in details
     src, prof = tmp_path / "log.json", tmp_path / "prof.json"
     src.write_text(json.dumps(doc))
-    base = json.loads((ROOT / "fa4sim" / "profiles" / "h100-measured.json").read_text())
+    base = json.loads((ROOT / "fa4sim" / "profiles" / "h100.json").read_text())
     prof.write_text(json.dumps(base))
     assert main([str(src), "--profile", str(prof), "--write"]) == 0
     got = json.loads(prof.read_text())["params"]["tile_jitter_q_loads"]

@@ -33,7 +33,7 @@ def test_impl_fa4kernel_is_the_kernels_own_configuration(hdim, causal, seqlen, t
     """--impl fa4kernel resolves to exactly what fa4kernel's make_config (through attention's
     resolve_config, which adds the short causal tiles) chooses, for every head dim and causal flag."""
     cfg = kernel_config(hdim, causal, seqlen, **({"rescale_threshold": tau} if tau else {}))
-    knobs = setup("h100", "fa3", Problem(1, 1, seqlen, seqlen, hdim, causal),
+    knobs = setup("h100-datasheet", "fa3", Problem(1, 1, seqlen, seqlen, hdim, causal),
                   {"rescale_threshold": tau} if tau else {}, "fa4kernel")[4]
     assert {n: knobs[n] for n in TWINS} == {n: getattr(cfg, n) for n in TWINS}
     assert (knobs["rescale_threshold"] or 0.0) == cfg.rescale_threshold  # the kernel's 0 = always rescale
@@ -49,7 +49,7 @@ def test_every_entry_has_a_value_a_source_and_a_confidence(name):
     assert raw["name"] == name and name == f"{impl.kernel}-{impl.arch}"
 
 
-@pytest.mark.parametrize("hw,impl", [("h100", "fa4kernel"), ("h200-measured", "flash-attn-4"), ("b200", "flash-attn-4")])
+@pytest.mark.parametrize("hw,impl", [("h100-datasheet", "fa4kernel"), ("h200", "flash-attn-4"), ("b200", "flash-attn-4")])
 @pytest.mark.parametrize("causal", [False, True])
 def test_every_supported_head_dim_simulates_with_its_own_choices(hw, impl, causal):
     """Each head-dim pair an implementation runs (incl. flash-attn-4's 192/128 and its hd256)
@@ -72,7 +72,7 @@ def test_every_supported_head_dim_simulates_with_its_own_choices(hw, impl, causa
 ])
 def test_flash_attn_4_sm90_tiles(hd, hd_v, causal, want):
     """flash-attn-4 4.0.0b36's _tile_size_fwd_sm90 and its flash_fwd_sm90 flags."""
-    knobs = setup("h100", "fa3", Problem(1, 1, 4096, 4096, hd, causal, hdim_v=hd_v), {}, "flash-attn-4")[4]
+    knobs = setup("h100-datasheet", "fa3", Problem(1, 1, 4096, 4096, hd, causal, hdim_v=hd_v), {}, "flash-attn-4")[4]
     assert {n: knobs[n] for n in want} == want
 
 
@@ -97,14 +97,14 @@ def test_flash_attn_4_sm100_choices(hd, hd_v, causal, seqlen, want):
 
 
 def test_knobs_given_win_over_the_implementation():
-    knobs = setup("h100", None, Problem(1, 1, 4096, 4096, 128, False), {"tile_n": 64, "persistent": "false"},
+    knobs = setup("h100-datasheet", None, Problem(1, 1, 4096, 4096, 128, False), {"tile_n": 64, "persistent": "false"},
                   "flash-attn-4")[4]
     assert knobs["tile_n"] == 64 and knobs["persistent"] is False and knobs["tile_order"] == "flash-attn-4"
 
 
 @pytest.mark.parametrize("hw,impl,problem,param", [
-    ("h100", "fa4kernel", Problem(1, 1, 128, 128, 192, False, hdim_v=128), "hdim"),  # fa4kernel: hdim_v = hdim
-    ("h100", "flash-attn-4", Problem(1, 1, 128, 128, 72, False), "hdim"),            # not a multiple of 16
+    ("h100-datasheet", "fa4kernel", Problem(1, 1, 128, 128, 192, False, hdim_v=128), "hdim"),  # fa4kernel: hdim_v = hdim
+    ("h100-datasheet", "flash-attn-4", Problem(1, 1, 128, 128, 72, False), "hdim"),            # not a multiple of 16
     ("b200", "flash-attn-4", Problem(1, 1, 128, 128, 192, False), "hdim"),            # SM100: 192 needs hdim_v 128
     ("b200", "fa4kernel-sm90", Problem(1, 1, 128, 128, 128, False), "impl"),          # an SM90 kernel on SM100
 ])

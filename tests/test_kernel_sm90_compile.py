@@ -171,7 +171,7 @@ def test_kv_loop_length_matches_the_models_instruction_count(hd):
 
     cfg = make_config("bfloat16", hd, False, False, {})
     loop = kv_loop(sass(head_dim=hd))
-    hw = hardware.load("h100-measured")
+    hw = hardware.load("h100")
     p = Problem(1, 1, 8192, 8192, hd, False)
     sched = build_cta(hw, p, {"tile_m": cfg.tile_m, "tile_n": cfg.tile_n}, 64, 0, impl="fa4kernel")
     # warp-instructions per warp of warpgroup 0 per KV block: the issue unit's cycles x 4 per clock / 4 warps
@@ -195,6 +195,6 @@ def test_tau_test_instructions_match_the_models_count(hd, causal):
     tau = kv_loop(sass(head_dim=hd, causal=causal, rescale_threshold=8.0))
     assert "VOTE" in {o.split(".")[0] for o in tau} and "VOTE" not in {o.split(".")[0] for o in plain}
     p = Problem(1, 1, 8192, 8192, hd, causal)
-    hw, _, _, impl, knobs = setup("h100", "fa3", p, {"rescale_threshold": 8.0}, "fa4kernel")
+    hw, _, _, impl, knobs = setup("h100-datasheet", "fa3", p, {"rescale_threshold": 8.0}, "fa4kernel")
     model = impl.value("tau_test_instr", Context(p, hw, impl), knobs)
     assert abs((len(tau) - len(plain)) - model) <= 2, (len(tau), len(plain), model)

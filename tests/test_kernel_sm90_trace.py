@@ -154,7 +154,7 @@ def test_timeline_compare_on_synthetic_stamps(tmp_path):
     dec = ftrace.decode(synthetic_words(), num_wg=2, pingpong=True)
     doc = timeline_sm90.build_doc("synthetic", 128, {}, cfg, dec, "NVIDIA H200", 0, {})
     assert doc["meta"]["clock_ghz_in_kernel"] == pytest.approx(1.8, rel=1e-3)
-    assert doc["meta"]["hw_profile"] == "h200-measured"
+    assert doc["meta"]["hw_profile"] == "h200"
     doc["meta"]["problem"] = dict(doc["meta"]["problem"], batch=1, heads=2, seqlen_q=2048, seqlen_k=2048)
     path = tmp_path / "timeline_synthetic.json"
     path.write_text(json.dumps(doc))
@@ -162,10 +162,10 @@ def test_timeline_compare_on_synthetic_stamps(tmp_path):
     res = timeline_compare.compare(str(path), figdir=str(tmp_path), out=lines.append)
     assert res["measured_interval"] == pytest.approx(2000)
     assert res["simulated_interval"] and res["simulated_interval"] > 0
-    assert res["hw"] == "h200-measured"
+    assert res["hw"] == "h200"
     text = "\n".join(lines)
     assert "measured 2000.0 cycles" in text and "simulated" in text
     png = tmp_path / "timeline_overlay_synthetic.png"
     assert png.read_bytes()[:4] == b"\x89PNG"
     # the CLI entry point too, on the H100 profile
-    timeline_compare.main([str(path), "--hw", "h100-measured", "--figdir", str(tmp_path)])
+    timeline_compare.main([str(path), "--hw", "h100", "--figdir", str(tmp_path)])

@@ -30,7 +30,7 @@ def test_run_json_contract(capsys):
 
 def test_run_writes_gantt_and_perfetto(tmp_path, capsys):
     png, trace = tmp_path / "g.png", tmp_path / "t.json"
-    code, out, _ = run_cli(["run", "--hw", "h100", *SMALL, "--gantt", str(png), "--trace", str(trace)], capsys)
+    code, out, _ = run_cli(["run", "--hw", "h100-datasheet", *SMALL, "--gantt", str(png), "--trace", str(trace)], capsys)
     assert code == 0 and "TFLOP/s" in out and "bottleneck" in out
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     events = json.loads(trace.read_text())["traceEvents"]
@@ -48,7 +48,7 @@ def test_set_reaches_knobs_and_hardware(capsys):
     assert knob["knobs"]["kv_stages"] == 2
 
 
-@pytest.mark.parametrize("sched,hw", [("fa4", "b200"), ("fa3", "h100")])
+@pytest.mark.parametrize("sched,hw", [("fa4", "b200"), ("fa3", "h100-datasheet")])
 def test_params_lists_every_knob_and_hardware_parameter(sched, hw, capsys):
     code, out, _ = run_cli(["params", "--schedule", sched, "--hw", hw], capsys)
     assert code == 0
@@ -78,7 +78,7 @@ def test_sweep_writes_csv_json_png(tmp_path, capsys):
 BAD = [
     (["run", "--hw", "a100"], "hw"),
     (["run", "--schedule", "fa9"], "schedule"),
-    (["run", "--hw", "h100", "--schedule", "fa4"], "schedule"),
+    (["run", "--hw", "h100-datasheet", "--schedule", "fa4"], "schedule"),
     (["run", "--hw", "b200", "--schedule", "fa3"], "schedule"),
     (["run", "--hdim", "0"], "hdim"),
     (["run", "--seqlen", "-5"], "seqlen_q"),
@@ -96,17 +96,17 @@ BAD = [
     (["run", "--hdim", "192"], "hdim"),                      # flash-attn-4 on SM100 runs 192 only with hdim_v 128
     (["run", "--impl", "fa3000"], "impl"),
     (["run", "--hw", "b200", "--impl", "fa4kernel"], "impl"),  # fa4kernel's SM100 kernel is not modelled
-    (["run", "--hw", "h100", "--set", "pv_wait=soon"], "pv_wait"),
-    (["run", "--hw", "h100", "--set", "ablate=rescale"], "ablate"),
-    (["run", "--hw", "h100", "--set", "hbm_busy=0.5"], "hbm_busy"),  # internal, not a knob
+    (["run", "--hw", "h100-datasheet", "--set", "pv_wait=soon"], "pv_wait"),
+    (["run", "--hw", "h100-datasheet", "--set", "ablate=rescale"], "ablate"),
+    (["run", "--hw", "h100-datasheet", "--set", "hbm_busy=0.5"], "hbm_busy"),  # internal, not a knob
     (["run", "--gantt", "no/such/folder/x.png"], "--gantt"),
     (["run", "--trace", "trace.txt"], "--trace"),
     (["run", "--hw", "no_such_profile.json"], "hw"),
     (["run", "--seqlen", "1000000000"], "seqlen_q"),
     (["run", "--seqlen", "1000000", "--batch", "64", "--heads", "128"], "batch"),
-    (["run", "--hw", "h100", "--set", "tile_m=96"], "tile_m"),
-    (["run", "--hw", "h100", "--set", "tile_n=256", "--hdim", "256"], "smem"),
-    (["run", "--hw", "h100", "--hdim", "256", "--set", "tile_n=128", "--set", "kv_stages=1"], "registers"),
+    (["run", "--hw", "h100-datasheet", "--set", "tile_m=96"], "tile_m"),
+    (["run", "--hw", "h100-datasheet", "--set", "tile_n=256", "--hdim", "256"], "smem"),
+    (["run", "--hw", "h100-datasheet", "--hdim", "256", "--set", "tile_n=128", "--set", "kv_stages=1"], "registers"),
     (["run", "--set", "two_cta=maybe"], "two_cta"),
     (["run", "--set", "clock_ghz=-1"], "clock_ghz"),
     (["run", "--set", "num_sms=1.5"], "num_sms"),

@@ -8,7 +8,7 @@ from fa4sim.exp2_emulation import emulated_columns, exp2_costs, exp2_emulated
 from fa4sim.feeds import tile_costs
 from fa4sim.tensor_core import check_shape, mma_cost
 
-B200, H100 = hardware.load("b200"), hardware.load("h100")
+B200, H100 = hardware.load("b200"), hardware.load("h100-datasheet")
 
 
 def test_wgmma_cycles_are_n_over_2_per_k_step():
@@ -93,7 +93,7 @@ def test_emulated_exp2_issue_count_by_arch():
     from fa4sim import hardware
     from fa4sim.softmax import exp2_phase
 
-    for name, per in (("h100", 8.0), ("b200", 5.0)):
+    for name, per in (("h100-datasheet", 8.0), ("b200", 5.0)):
         hw = hardware.load(name)
         full = exp2_phase(hw, 128.0, 1.0)["issue"] * 32 * hw.issue_per_clk
         none = exp2_phase(hw, 128.0, 0.0)["issue"] * 32 * hw.issue_per_clk
@@ -102,13 +102,13 @@ def test_emulated_exp2_issue_count_by_arch():
 
 def test_added_softmax_instructions_take_the_measured_fill_share_of_a_slot():
     """An emulated exp2's 7 added instructions, and conditional rescaling's test, fill the
-    softmax mix's idle issue slots: each costs mix_fill_slots of a mix slot (h100-measured: 0.2,
+    softmax mix's idle issue slots: each costs mix_fill_slots of a mix slot (h100: 0.2,
     from bench_bursts.py --mma-gaps); the datasheet profile charges them whole (1.0)."""
     from fa4sim import Problem
     from fa4sim.model import build_cta
     from fa4sim.softmax import exp2_phase
 
-    measured, sheet = hardware.load("h100-measured"), hardware.load("h100")
+    measured, sheet = hardware.load("h100"), hardware.load("h100-datasheet")
     assert (measured.mix_fill_slots, sheet.mix_fill_slots) == (0.2, 1.0)
     per_element = exp2_phase(measured, 128.0, 1.0)["issue"] * 32 * measured.issue_per_clk / 128
     assert per_element == pytest.approx(1 + 7 * 0.2)

@@ -10,7 +10,7 @@ from fa4sim.schedules import SCHEDULES
 from fa4sim.steady_state import tile_times
 
 CASES = [("b200", "fa4", 128, False), ("b200", "fa4", 64, True), ("b200", "fa4", 128, True),
-         ("h100", "fa3", 128, False), ("h100", "fa3", 64, True), ("h200", "fa3", 256, False)]
+         ("h100-datasheet", "fa3", 128, False), ("h100-datasheet", "fa3", 64, True), ("h200-datasheet", "fa3", 256, False)]
 
 
 def build(hw_name, sched, hdim, causal, n_kv=12, masked=0, **knobs):
@@ -102,8 +102,8 @@ def test_fa4_s_pingpong_overlaps_one_q_tiles_softmax_with_its_next_s():
 def test_fa3_pingpong_on_beats_off():
     # hd64, 3 consumer warpgroups: without the named-barrier ping-pong their GEMMs interleave,
     # they finish together and do softmax together while the tensor core idles
-    on = simulate("h100", "fa3", prob(64))
-    off = simulate("h100", "fa3", prob(64), {"pingpong": "false"})
+    on = simulate("h100-datasheet", "fa3", prob(64))
+    off = simulate("h100-datasheet", "fa3", prob(64), {"pingpong": "false"})
     assert off.tflops < 0.9 * on.tflops
     assert off.utilization["tensor"] < on.utilization["tensor"]
 
@@ -133,8 +133,8 @@ def test_conditional_rescaling_cuts_correction_work():
 
 
 def test_one_kv_stage_exposes_load_latency():
-    one = simulate("h100", "fa3", prob(), {"kv_stages": "1"})
-    two = simulate("h100", "fa3", prob(), {"kv_stages": "2"})
+    one = simulate("h100-datasheet", "fa3", prob(), {"kv_stages": "1"})
+    two = simulate("h100-datasheet", "fa3", prob(), {"kv_stages": "2"})
     assert one.tflops < two.tflops
     assert any(cause.startswith("L") for cause in one.tensor_waits)
 
@@ -148,8 +148,8 @@ def test_causal_halves_flops_and_costs_less_time():
 
 def test_wave_quantisation_shows_in_small_problems():
     # 133 tiles on 132 SMs: two waves for barely more work than one (one head: K/V stay in L2)
-    r132 = simulate("h100", "fa3", Problem(1, 1, 132 * 128, 4096, 128))
-    r133 = simulate("h100", "fa3", Problem(1, 1, 133 * 128, 4096, 128))
+    r132 = simulate("h100-datasheet", "fa3", Problem(1, 1, 132 * 128, 4096, 128))
+    r133 = simulate("h100-datasheet", "fa3", Problem(1, 1, 133 * 128, 4096, 128))
     assert r133.time_us > 1.6 * r132.time_us
     assert "wave" in r133.bottleneck
 
@@ -185,33 +185,33 @@ def test_persistent_causal_tiles_are_list_scheduled_longest_first():
 def test_fa3_consumers_meet_at_the_epilogue_barrier():
     """Every consumer WG's O -> smem waits for every WG's finalize (fa4kernel/FA3 named barrier),
     so a persistent CTA's tiles cost more than their KV blocks (the ping-pong stagger restarts)."""
-    hw = hardware.load("h100")
+    hw = hardware.load("h100-datasheet")
     sched = build_cta(hw, Problem(1, 1, 256, 1024, 128, False), {}, 8, 0)
     osm = {(e.src, e.dst) for e in sched.edges if e.dst.startswith("OSM") and e.src.startswith("FIN")}
     assert osm == {(f"FIN{v}", f"OSM{w}") for v in range(2) for w in range(2)}
     one = simulate(hw.with_values(num_sms=1), "fa3", Problem(1, 1, 128, 1024, 128, False)).cycles
     two = simulate(hw.with_values(num_sms=1), "fa3", Problem(1, 1, 256, 1024, 128, False)).cycles
-    steady = simulate("h100", "fa3", Problem(1, 1, 128, 8192, 128, False)).interval
+    steady = simulate("h100-datasheet", "fa3", Problem(1, 1, 128, 8192, 128, False)).interval
     assert two - one > 8 * steady  # a tile costs its 8 blocks plus a tile transition
 
 
 def test_fa3_ablate_what_ifs():
     """ablate=max / exp / sum remove a phase's cost (fa4kernel's ablation builds of the same names)."""
     p = Problem(1, 1, 128, 8192, 128, False)
-    base = simulate("h100", "fa3", p).interval
+    base = simulate("h100-datasheet", "fa3", p).interval
     for phase in ("exp", "max", "sum"):
-        assert simulate("h100", "fa3", p, {"ablate": phase}).interval <= base
+        assert simulate("h100-datasheet", "fa3", p, {"ablate": phase}).interval <= base
     everything = {"ablate": "sum,max,exp", "rescale_rate": 0.0}
-    assert simulate("h100", "fa3", p, everything).interval == pytest.approx(2048.0)  # tensor-bound
-    assert knobs_for("h100", "fa3", p, ablate="sum,max,exp")["ablate"] == "exp,max,sum"
+    assert simulate("h100-datasheet", "fa3", p, everything).interval == pytest.approx(2048.0)  # tensor-bound
+    assert knobs_for("h100-datasheet", "fa3", p, ablate="sum,max,exp")["ablate"] == "exp,max,sum"
     with pytest.raises(InputError, match="ablate"):
-        simulate("h100", "fa3", p, {"ablate": "rescale"})
+        simulate("h100-datasheet", "fa3", p, {"ablate": "rescale"})
 
 
 def test_cta_prologue_is_paid_once_per_cta():
     """The implementation's CTA prologue (CTA start to first TMA): a persistent launch pays it once
     per SM, a one-CTA-per-tile launch once per tile (here 4 tiles on one SM)."""
-    hw = hardware.load("h100").with_values(num_sms=1)
+    hw = hardware.load("h100-datasheet").with_values(num_sms=1)
     p = Problem(1, 1, 512, 1024, 128, False)
 
     def cycles(persistent, prologue):
@@ -237,10 +237,10 @@ def test_fa3_idle_warpgroups_skip_their_work():
     tile. hd64, 1000 tokens: 5 full tiles + one with 40 rows; the launch gets faster, and a length
     that is a multiple of the tile (960) does not change."""
     fa3 = SCHEDULES["fa3"]
-    k = knobs_for("h100", "fa3", Problem(1, 1, 1000, 1000, 64, False), skip_idle_wgs=True)
+    k = knobs_for("h100-datasheet", "fa3", Problem(1, 1, 1000, 1000, 64, False), skip_idle_wgs=True)
     assert fa3.unit_knobs(k, 40)["tile_m"] == 64 and fa3.unit_knobs(k, 130)["tile_m"] == 192
     assert fa3.unit_knobs(k, 192) is k
-    hw = hardware.load("h100").with_values(num_sms=1)
+    hw = hardware.load("h100-datasheet").with_values(num_sms=1)
 
     def cycles(s, skip):
         return simulate(hw, "fa3", Problem(1, 2, s, 1000, 64, False), {"skip_idle_wgs": skip}).cycles
@@ -254,23 +254,23 @@ def test_fa3_rescale_before_pv_moves_the_rescale_ahead_of_pv():
     the O rescale comes right after the S GEMM is issued, before PV, and rescales the previous
     block's O (skew 1); otherwise it follows the softmax."""
     for hd, before in ((256, True), (128, False)):
-        sched = build("h100", "fa3", hd, False)
+        sched = build("h100-datasheet", "fa3", hd, False)
         names = [o.name for o in sched.ops if o.role == "wg0"]
         assert (names.index("RESC0") < names.index("PV0")) == before, names
         assert {o.name: o.skew for o in sched.ops}["RESC0"] == (1 if before else 0)
-    assert knobs_for("h100", "fa3", Problem(1, 1, 128, 128, 256, False),
+    assert knobs_for("h100-datasheet", "fa3", Problem(1, 1, 128, 128, 256, False),
                      intra_wg_overlap=False)["rescale_before_pv"] is False
 
 
 def test_fa3_early_q_release_frees_q_after_the_last_qk():
     """early_q_release: the next tile's Q load waits for the last QK GEMM, not for the whole last
     block; short tiles (one CTA walking many) then run faster, long ones hardly change."""
-    sched = build("h100", "fa3", 128, False)
+    sched = build("h100-datasheet", "fa3", 128, False)
     srcs = {e.src for e in sched.edges if e.dst == "LQ" and e.per == "tile"}
     assert srcs == {"QK0", "QK1"}
-    late = build("h100", "fa3", 128, False, early_q_release=False)
+    late = build("h100-datasheet", "fa3", 128, False, early_q_release=False)
     assert {e.src for e in late.edges if e.dst == "LQ" and e.per == "tile"} == {"RESC0", "RESC1"}
-    hw = hardware.load("h100-measured").with_values(num_sms=1)
+    hw = hardware.load("h100").with_values(num_sms=1)
     short = Problem(1, 1, 128 * 16, 1024, 128, False)  # 16 tiles of 8 blocks on one SM
     # (with the O store's wait deferred the model has warpgroup 0 start each tile with warpgroup 1,
     # their first S GEMMs share the tensor core and Q is off the critical path; so compare with the
@@ -285,13 +285,13 @@ def test_fa3_tile_start_and_o_store_wait():
     defer_o_store_wait=False warpgroup 0 (whose first warp issues the O store and then waits for
     its smem read) starts its next tile after that store. One CTA walking one-block tiles pays the
     prologue once per tile, exactly."""
-    sched = build("h100", "fa3", 128, False)
+    sched = build("h100-datasheet", "fa3", 128, False)
     ts = {o.name: o for o in sched.ops if o.name.startswith("TS")}
     assert set(ts) == {"TS0", "TS1"} and all(o.when == "first" and o.latency == 434.0 for o in ts.values())
     assert not any(e.src == "ST" and e.dst == "TS0" for e in sched.edges)  # the store's wait is deferred
-    waits = build("h100", "fa3", 128, False, defer_o_store_wait=False)
+    waits = build("h100-datasheet", "fa3", 128, False, defer_o_store_wait=False)
     assert any(e.src == "ST" and e.dst == "TS0" and e.per == "tile" for e in waits.edges)
-    hw = hardware.load("h100-measured").with_values(num_sms=1)
+    hw = hardware.load("h100").with_values(num_sms=1)
 
     def per_tile(prologue):
         c = {n: simulate(hw, "fa3", Problem(1, 1, 128 * n, 128, 128, False),
@@ -306,10 +306,10 @@ def test_fa3_o_store_takes_its_measured_cycles():
     load rate; the wait right after it then holds warpgroup 0 that long."""
     o_bytes = 128 * 128 * 2
     for fixed, rate in ((500.0, 1e9), (480.0, 36.0), (3000.0, 1e9)):
-        sched = build("h100", "fa3", 128, False, o_store_fixed_cycles=fixed, o_store_bytes_per_clk=rate)
+        sched = build("h100-datasheet", "fa3", 128, False, o_store_fixed_cycles=fixed, o_store_bytes_per_clk=rate)
         st = sched.op("ST")
         assert st.occupancy + st.latency == pytest.approx(max(fixed + o_bytes / rate, st.occupancy))
-    hw = hardware.load("h100-measured").with_values(num_sms=1)
+    hw = hardware.load("h100").with_values(num_sms=1)
     p = Problem(1, 1, 128 * 9, 128, 128, False)  # one-block tiles: the store dominates the turnover
     t = {c: simulate(hw, "fa3", p, {"persistent": True, "defer_o_store_wait": False, "o_store_fixed_cycles": c}).cycles
          for c in (500.0, 3000.0)}
@@ -321,16 +321,16 @@ def test_fa3_loop_bookkeeping_takes_issue_slots():
     issue slots, 4 warps per warpgroup: loop_overhead_per_kstep per wgmma k-step inside the QK and
     PV GEMM ops (issued piece by piece with their HGMMAs), loop_overhead_fixed with the row max.
     Without them the loop is no slower; with more it is no faster."""
-    hw = hardware.load("h100-measured")
-    sched = build("h100-measured", "fa3", 128, False, loop_overhead_fixed=50.0, loop_overhead_per_kstep=4.0)
-    none = build("h100-measured", "fa3", 128, False, loop_overhead_fixed=0.0, loop_overhead_per_kstep=0.0)
+    hw = hardware.load("h100")
+    sched = build("h100", "fa3", 128, False, loop_overhead_fixed=50.0, loop_overhead_per_kstep=4.0)
+    none = build("h100", "fa3", 128, False, loop_overhead_fixed=0.0, loop_overhead_per_kstep=0.0)
     assert dict(sched.op("QK0").uses)["issue"] == pytest.approx(4 * 4.0 * (128 // 16) / hw.issue_per_clk)
     assert dict(sched.op("PV0").uses)["issue"] == pytest.approx(4 * 4.0 * (128 // 16) / hw.issue_per_clk)
     assert "issue" not in dict(none.op("QK0").uses)
     extra = dict(sched.op("MAX0").uses)["issue"] - dict(none.op("MAX0").uses)["issue"]
     assert extra == pytest.approx(4 * 50.0 / hw.issue_per_clk)
     p = Problem(1, 1, 128, 8192, 128, False)
-    t = [simulate("h100-measured", "fa3", p, {"loop_overhead_fixed": f, "loop_overhead_per_kstep": s}).interval
+    t = [simulate("h100", "fa3", p, {"loop_overhead_fixed": f, "loop_overhead_per_kstep": s}).interval
          for f, s in ((0.0, 0.0), (53.0, 4.4), (200.0, 10.0))]
     assert t[0] <= t[1] <= t[2] and t[0] < t[2]
 
@@ -339,13 +339,13 @@ def test_fa3_o_rescale_issues_at_the_dense_burst_rate_beside_a_gemm():
     """The O rescale is a burst of independent FMULs: beside a running wgmma it gets the issue rate
     bench_bursts measured for such bursts (dense_issue_under_mma), not the softmax mix's
     (issue_under_mma); the other softmax ops keep the mix's. A lower dense rate slows the loop."""
-    hw = hardware.load("h100-measured")
-    sched = build("h100-measured", "fa3", 256, False)
+    hw = hardware.load("h100")
+    sched = build("h100", "fa3", 256, False)
     assert dict(sched.op("RESC0").slowed) == {"issue": hw.dense_issue_under_mma}
     assert not sched.op("EXP0").slowed and not sched.op("MAX0").slowed
     assert 0 < hw.dense_issue_under_mma <= 1 and hw.dense_issue_under_mma > hw.issue_under_mma
     p = Problem(1, 1, 128, 8192, 256, False)
-    t = [simulate("h100-measured", "fa3", p, {"dense_issue_under_mma": v}).interval for v in (0.2, 0.381, 1.0)]
+    t = [simulate("h100", "fa3", p, {"dense_issue_under_mma": v}).interval for v in (0.2, 0.381, 1.0)]
     assert t[0] > t[1] >= t[2]
 
 
@@ -355,9 +355,9 @@ def test_fa3_warp_stores_to_smem_get_what_the_wgmma_fetch_leaves():
     GEMMs' own fetch (unit smem) is never queued behind them. hd128: QK^T reads Q and K (6 KB
     per 64 cycles of a 128 B/clk smem: 0.75); PV reads V only with P in registers (0.5), P and V
     with P in smem (0.75)."""
-    hw = hardware.load("h100-measured")
+    hw = hardware.load("h100")
     for rs, fetch in ((True, (0.75 + 0.5) / 2), (False, 0.75)):
-        sched = build("h100-measured", "fa3", 128, False, p_in_registers=rs)
+        sched = build("h100", "fa3", 128, False, p_in_registers=rs)
         unit, share = sched.interference["smem:lsu"]
         assert unit == "tensor"
         assert share == pytest.approx(1 - fetch * 128 / hw.smem_bytes_per_clk, abs=2e-3)
@@ -378,9 +378,9 @@ def test_fa3_p_via_smem_follows_the_compiled_order():
     rescale (as compiled): EXP carries the smem traffic, CVT only the warpgroup
     barrier's hand-off. Without overlap (or with the rescale before PV) CVT keeps the stores and
     the fence's latency too. Either way P via smem costs more than P in registers."""
-    hw = hardware.load("h100-measured")
-    on = build("h100-measured", "fa3", 128, False, p_in_registers=False)
-    off = build("h100-measured", "fa3", 128, False, p_in_registers=False, intra_wg_overlap=False)
+    hw = hardware.load("h100")
+    on = build("h100", "fa3", 128, False, p_in_registers=False)
+    off = build("h100", "fa3", 128, False, p_in_registers=False, intra_wg_overlap=False)
     assert on.op("CVT0").latency == pytest.approx(hw.named_barrier_latency)
     assert off.op("CVT0").latency == pytest.approx(hw.smem_latency + hw.named_barrier_latency)
     assert "smem:lsu" in dict(off.op("CVT0").uses) and "smem:lsu" not in dict(off.op("EXP0").uses)
@@ -399,9 +399,9 @@ def test_fa3_softmax_split_at_the_pv_wait_keeps_its_work():
             if any(o.name == n for o in sched.ops):
                 out.update(dict(sched.op(n).uses))
         return out
-    base = build("h100-measured", "fa3", 128, False)
+    base = build("h100", "fa3", 128, False)
     assert not any(o.name == "EXA0" for o in base.ops)
-    split = build("h100-measured", "fa3", 128, False, pv_wait="max=0.6,fma=0.25,mufu=0.1")
+    split = build("h100", "fa3", 128, False, pv_wait="max=0.6,fma=0.25,mufu=0.1")
     names = ("MAX0", "EXA0", "EXP0")
     a, b = total(base, names), total(split, names)
     assert set(a) == set(b) and all(a[u] == pytest.approx(b[u]) for u in a)
@@ -410,10 +410,10 @@ def test_fa3_softmax_split_at_the_pv_wait_keeps_its_work():
     assert exa["mufu"] == pytest.approx(0.1 * mufu_all)
     # the PV wait still gates the part after it
     assert any(e.src == "PV0" and e.dst == "EXP0" and e.distance == 1 for e in split.edges)
-    source = build("h100-measured", "fa3", 128, False, pv_wait="after_softmax")
+    source = build("h100", "fa3", 128, False, pv_wait="after_softmax")
     assert not any(e.src == "PV0" and e.dst == "EXP0" for e in source.edges)
     with pytest.raises(InputError, match="pv_wait"):
-        build("h100-measured", "fa3", 128, False, pv_wait="max=2")
+        build("h100", "fa3", 128, False, pv_wait="max=2")
 
 
 @pytest.mark.parametrize("kernel,hd,causal,knobs,want", [
@@ -430,8 +430,8 @@ def test_pv_wait_table_lookup(kernel, hd, causal, knobs, want):
     from fa4sim.schedules.fa3_sm90 import pv_wait_fractions
     impl = implementation.load(kernel, "sm90")
     p = Problem(1, 1, 128, 128, hd, causal)
-    k = knobs_for("h100", "fa3", p, pv_wait="compiled", **knobs) if kernel == "fa4kernel" else \
-        setup("h100", "fa3", p, {"pv_wait": "compiled", **knobs}, kernel)[4]
+    k = knobs_for("h100-datasheet", "fa3", p, pv_wait="compiled", **knobs) if kernel == "fa4kernel" else \
+        setup("h100-datasheet", "fa3", p, {"pv_wait": "compiled", **knobs}, kernel)[4]
     f = pv_wait_fractions(impl, p, k)
     assert (f["max"], f["fma"], f["mufu"]) == pytest.approx(want)
 
@@ -443,10 +443,10 @@ def test_fa3_causal_loop_waits_for_its_s_gemm_like_a_non_causal_one(knobs):
     steady-state interval; a model that lost the wait after the first block would run the causal
     loop with overlap off at the overlapped rate)."""
     k = {"rescale_threshold": None, **knobs}
-    nc = simulate("h100-measured", "fa3", Problem(1, 1, 128, 32768, 128, False), k).interval
-    c = simulate("h100-measured", "fa3", Problem(1, 1, 128, 32768, 128, True), k).interval
+    nc = simulate("h100", "fa3", Problem(1, 1, 128, 32768, 128, False), k).interval
+    c = simulate("h100", "fa3", Problem(1, 1, 128, 32768, 128, True), k).interval
     assert c == pytest.approx(nc)
-    sched = build("h100-measured", "fa3", 128, True, masked=1)
+    sched = build("h100", "fa3", 128, True, masked=1)
     assert {("QK0", "MASK0"), ("QK0", "MAX0")} <= {(e.src, e.dst) for e in sched.edges if e.distance == 0}
 
 
@@ -454,7 +454,7 @@ def test_a_loop_without_an_exact_period_still_reports_its_mean_interval():
     """hd64 (three warpgroups) with exp_emulation 0.35, each added instruction charged a whole issue
     slot, never repeats exactly within the simulated blocks; the steady-state interval is then the
     mean over the tile's second half, between the fastest and the slowest block there."""
-    r = simulate("h100-measured", "fa3", Problem(1, 1, 192, 8192, 64, False),
+    r = simulate("h100", "fa3", Problem(1, 1, 192, 8192, 64, False),
                  {"exp_emulation": 0.35, "mix_fill_slots": 1.0})
     assert r.period is None or r.period.period > 8
     starts = r.trace.starts(r.trace.schedule.marker)
@@ -466,7 +466,7 @@ def test_sm90_emulation_result_says_what_its_cost_is_known_to_miss():
     """The fa3 schedule's emulation cost is known to miss at some head dims on Hopper: a result
     with exp_emulation on says so, with the profile's mix_fill_slots (and one without does not)."""
     p = Problem(1, 1, 128, 2048, 128, False)
-    on = simulate("h100-measured", "fa3", p, {"exp_emulation": 0.25})
-    off = simulate("h100-measured", "fa3", p, {})
+    on = simulate("h100", "fa3", p, {"exp_emulation": 0.25})
+    off = simulate("h100", "fa3", p, {})
     assert any("exp_emulation on SM90" in n and "mix_fill_slots = 0.2" in n for n in on.notes)
     assert not any("exp_emulation" in n for n in off.notes)

@@ -69,7 +69,7 @@ def test_cold_start_bytes_count_each_heads_first_block_once():
 
 
 def test_cold_start_takes_the_first_waves_bytes_at_hbm_bandwidth():
-    hw = hardware.load("h100-measured")
+    hw = hardware.load("h100")
     p = Problem(16, 8, 1024, 1024, 256, True)
     r = simulate(hw, "fa3", p, {"tile_n": 64, "persistent": False})
     # 132 Q tiles of 128 x 256 and 132 distinct diagonal K+V blocks of 64 x 256, bf16
@@ -82,7 +82,7 @@ def test_cold_start_takes_the_first_waves_bytes_at_hbm_bandwidth():
 
 
 def test_tile_order_knob_changes_the_tail_and_rejects_unknown_orders():
-    hw = hardware.load("h100-measured")
+    hw = hardware.load("h100")
     p = Problem(16, 8, 1024, 1024, 256, True)
     lpt = simulate(hw, "fa3", p, {"tile_n": 64, "persistent": False, "tile_order": "lpt"})
     ours = simulate(hw, "fa3", p, {"tile_n": 64, "persistent": False, "tile_order": "fa4kernel"})
@@ -95,7 +95,7 @@ def test_q_loads_share_hbm_with_the_launch():
     """The HBM share the rest of the launch takes while a CTA loads its Q tile: derived from the
     launch's HBM bytes over its time where it matters (short tiles); a busier HBM slows the Q
     loads and so the launch (a faster HBM makes the launch faster)."""
-    hw = hardware.load("h100-measured")
+    hw = hardware.load("h100")
     short = Problem(16, 8, 1024, 1024, 256, True)
     r = simulate(hw, "fa3", short, {"tile_n": 64, "persistent": False})
     assert 0.3 < r.hbm_busy < 0.9 and r.to_json()["kernel"]["hbm_busy"] == pytest.approx(r.hbm_busy, abs=1e-4)
@@ -110,7 +110,7 @@ def test_o_store_grows_with_its_bytes():
     from fa4sim.model import build_cta
 
     for hd in (128, 256):
-        st = build_cta("h100", Problem(1, 1, 1024, 1024, hd, False), {"tile_m": 128}).op("ST")
+        st = build_cta("h100-datasheet", Problem(1, 1, 1024, 1024, hd, False), {"tile_m": 128}).op("ST")
         assert st.occupancy + st.latency == pytest.approx(480 + 128 * hd * 2 / 36)
 
 
@@ -129,7 +129,7 @@ def test_tile_jitter_costs_only_a_table_fixed_before_the_launch():
     """tile_jitter_q_loads: a persistent fa4kernel launch (host table) ends with the expected
     slowest CTA, later than its slowest load; more jitter, later still. A launch of one CTA per
     tile (the hardware balances) and one with the jitter off are unchanged."""
-    hw = hardware.load("h100-measured")
+    hw = hardware.load("h100")
     assert hw.tile_jitter_q_loads > 0
     off = hw.with_values(tile_jitter_q_loads=0.0)
     p = Problem(16, 8, 1024, 1024, 256, True)
@@ -141,4 +141,4 @@ def test_tile_jitter_costs_only_a_table_fixed_before_the_launch():
     assert more.kernel.jitter_cycles > r.kernel.jitter_cycles
     one = {**knobs, "persistent": False}
     assert simulate(hw, "fa3", p, one).kernel.cycles == simulate(off, "fa3", p, one).kernel.cycles
-    assert hardware.load("h100").tile_jitter_q_loads == 0.0  # not a datasheet quantity
+    assert hardware.load("h100-datasheet").tile_jitter_q_loads == 0.0  # not a datasheet quantity

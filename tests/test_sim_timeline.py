@@ -11,7 +11,7 @@ from fa4sim.params import Problem
 
 
 def sim_trace():
-    return simulate(build_cta(hardware.load("h100"), Problem(1, 16, 4096, 4096, 128), n_kv=24), [24])
+    return simulate(build_cta(hardware.load("h100-datasheet"), Problem(1, 16, 4096, 4096, 128), n_kv=24), [24])
 
 
 def test_stamps_round_trip_give_the_simulated_interval(tmp_path):

@@ -28,7 +28,7 @@ DOC = {"meta": {"kind": "points", "device": "NVIDIA H100 80GB HBM3", "date": "20
 
 
 def test_compare_errors_and_knob_deltas(tmp_path):
-    r = validate.compare(DOC, "h100")
+    r = validate.compare(DOC, "h100-datasheet")
     main_rows = [x for x in r["points"] if x["label"] == "main"]
     assert len(main_rows) == 4  # two points x (ours, flash-attn-4); cuDNN is not simulated
     for x in main_rows:
@@ -45,7 +45,7 @@ def test_compare_errors_and_knob_deltas(tmp_path):
 def test_cli_validate(tmp_path, capsys):
     f = tmp_path / "r.json"
     f.write_text(json.dumps(DOC))
-    assert main(["validate", str(f), "--hw", "h100"]) == 0
+    assert main(["validate", str(f), "--hw", "h100-datasheet"]) == 0
     out = capsys.readouterr().out
     assert "median |error|" in out and "pingpong=False" in out
 
@@ -57,7 +57,7 @@ def test_bad_results_file(tmp_path):
         validate.load(str(f))
     with pytest.raises(InputError, match="no such file"):
         validate.load(str(tmp_path / "missing.json"))
-    assert validate.profile_for("NVIDIA H200") in ("h200", "h200-measured")
+    assert validate.profile_for("NVIDIA H200") in ("h200-datasheet", "h200")
 
 
 @pytest.mark.parametrize("case, expect", [
@@ -88,7 +88,7 @@ def test_progress_on_stderr(tmp_path, capsys):
     """A file of several points says how far the simulations are, on stderr (stdout stays the report)."""
     f = tmp_path / "r.json"
     f.write_text(json.dumps(DOC))
-    assert validate.main([str(f)], "h100") == 0
+    assert validate.main([str(f)], "h100-datasheet") == 0
     captured = capsys.readouterr()
     assert "point 1/" in captured.err and "point" not in captured.out.splitlines()[0]
 
@@ -99,9 +99,9 @@ def test_prediction_at_the_points_measured_clock():
     p = point("main", {}, 600.0)
     p["results"]["fa4kernel[clock probe]"] = {"tflops": 590.0}
     doc = {"meta": DOC["meta"], "points": [dict(p, clock_ghz_in_kernel=1.5)]}
-    slow = validate.compare(doc, "h100")
-    fast = validate.compare({"meta": DOC["meta"], "points": [dict(p, clock_ghz_in_kernel=1.8)]}, "h100")
-    prof = validate.compare(doc, "h100", at_profile_clock=True)
+    slow = validate.compare(doc, "h100-datasheet")
+    fast = validate.compare({"meta": DOC["meta"], "points": [dict(p, clock_ghz_in_kernel=1.8)]}, "h100-datasheet")
+    prof = validate.compare(doc, "h100-datasheet", at_profile_clock=True)
     (a,), (b,), (c,) = slow["points"], fast["points"], prof["points"]
     assert a["clock_ghz"] == 1.5 and c["clock_ghz"] is None
     assert a["predicted_tflops"] / b["predicted_tflops"] == pytest.approx(1.5 / 1.8, rel=0.01)
@@ -125,7 +125,7 @@ def test_compare_intervals(capsys, tmp_path):
            "points": [interval_point("default", {}, 1, 2400.0), interval_point("skip_softmax", {}, 1, 2048.0),
                       interval_point("pingpong=False", {"pingpong": False}, 1, 2300.0)]}
     assert validate.kind(doc) == "loop_intervals" and validate.kind(DOC) != "loop_intervals"
-    r = validate.intervals.compare(doc, "h100")
+    r = validate.intervals.compare(doc, "h100-datasheet")
     assert [x["variant"] for x in r["intervals"]] == ["default", "pingpong=False"]  # no twin for skip_softmax
     for x in r["intervals"]:
         assert x["error"] == pytest.approx((x["predicted_cycles"] - x["measured_cycles"]) / x["measured_cycles"])
@@ -133,7 +133,7 @@ def test_compare_intervals(capsys, tmp_path):
     assert d["measured_delta"] == pytest.approx(2400 / 2300 - 1)
     f = tmp_path / "c.json"
     f.write_text(json.dumps(doc))
-    assert main(["validate", str(f), "--hw", "h100"]) == 0
+    assert main(["validate", str(f), "--hw", "h100-datasheet"]) == 0
     assert "per-SM knob deltas" in capsys.readouterr().out
 
 
@@ -147,10 +147,10 @@ def test_idle_warpgroup_file(tmp_path, capsys):
                       "fa4kernel_config": {"tile_m": 192, "tile_n": 128, "persistent": True, "skip_idle_wgs": True}}]}
     path = tmp_path / "idle.json"
     path.write_text(json.dumps(doc))
-    r = validate.idle_wgs.compare(validate.load(str(path)), "h100-measured")
+    r = validate.idle_wgs.compare(validate.load(str(path)), "h100")
     pred = {c["live"]: c["predicted_ratio"] for c in r["cases"]}
     assert set(pred) == {1, 2} and 1 / 3 <= pred[1] < pred[2] < 1.0
-    assert main(["validate", str(path), "--hw", "h100-measured"]) == 0
+    assert main(["validate", str(path), "--hw", "h100"]) == 0
     assert "1 of 3" in capsys.readouterr().out
 
 
@@ -161,18 +161,18 @@ def test_pv_wait_sass_what_if(tmp_path, capsys):
     p = point("main", {}, 600.0, 650.0)
     p["fa4kernel_config"] = {"tile_m": 128, "tile_n": 128, "rescale_before_pv": False}
     doc = {"meta": DOC["meta"], "points": [p]}
-    model = validate.compare(doc, "h100")
-    sass = validate.compare(doc, "h100", pv_wait="sass")
+    model = validate.compare(doc, "h100-datasheet")
+    sass = validate.compare(doc, "h100-datasheet", pv_wait="sass")
     assert all("pv_wait" not in r["knobs"] for r in model["points"])
     ours, peer = ({r["impl"]: r for r in sass["points"]}[k] for k in ("fa4kernel", "flash-attn-4"))
     assert ours["knobs"]["pv_wait"] == peer["knobs"]["pv_wait"] == "compiled"
     before = {r["impl"]: r["predicted_tflops"] for r in model["points"]}
     assert ours["predicted_tflops"] != before["fa4kernel"] and peer["predicted_tflops"] != before["flash-attn-4"]
     with pytest.raises(InputError, match="pv_wait"):
-        validate.compare(doc, "h100", pv_wait="ptx")
+        validate.compare(doc, "h100-datasheet", pv_wait="ptx")
     f = tmp_path / "r.json"
     f.write_text(json.dumps(doc))
-    assert main(["validate", str(f), "--hw", "h100", "--pv-wait", "sass"]) == 0
+    assert main(["validate", str(f), "--hw", "h100-datasheet", "--pv-wait", "sass"]) == 0
     assert "median |error|" in capsys.readouterr().out
 
 
@@ -191,17 +191,17 @@ def test_each_variant_is_predicted_at_its_own_clock():
                      "fa4kernel[clock probe:kv_stages=3]": {"tflops": 580.0}},
          "clock_ghz_in_kernel": 1.60,
          "clock_ghz_in_kernel_by_variant": {"pingpong=False": 1.70, "kv_stages=3": 1.50}}
-    rows = {r["label"]: r for r in validate.compare({"meta": DOC["meta"], "points": [p]}, "h100")["points"]}
+    rows = {r["label"]: r for r in validate.compare({"meta": DOC["meta"], "points": [p]}, "h100-datasheet")["points"]}
     assert set(rows) == {"default", "pingpong=False", "kv_stages=3"}
     assert rows["default"]["clock_ghz"] == 1.60 and rows["pingpong=False"]["clock_ghz"] == 1.70
     assert rows["kv_stages=3"]["clock_ghz"] == 1.60  # its probe saw the first tile only
     same = {r["label"]: r for r in validate.compare({"meta": DOC["meta"], "points": [
-        {**p, "clock_ghz_in_kernel_by_variant": {}}]}, "h100")["points"]}
+        {**p, "clock_ghz_in_kernel_by_variant": {}}]}, "h100-datasheet")["points"]}
     assert rows["pingpong=False"]["predicted_tflops"] == pytest.approx(
         same["pingpong=False"]["predicted_tflops"] * 1.70 / 1.60, rel=0.02)
     # files whose probes all span their launch (the CTA log for one CTA per tile): every variant's own
     spans = {r["label"]: r for r in validate.compare({"meta": DOC["meta"], "points": [
-        {**p, "clock_probes_span_launch": True}]}, "h100")["points"]}
+        {**p, "clock_probes_span_launch": True}]}, "h100-datasheet")["points"]}
     assert spans["kv_stages=3"]["clock_ghz"] == 1.50
 
 
@@ -216,7 +216,7 @@ def test_pv_wait_table_has_flash_attn_4_causal_builds():
 
     def fractions(hd, causal):
         p = Problem(1, 1, 128, 128, hd, causal)
-        return pv_wait_fractions(impl, p, setup("h100", "fa3", p, {"pv_wait": "compiled"}, impl)[4])
+        return pv_wait_fractions(impl, p, setup("h100-datasheet", "fa3", p, {"pv_wait": "compiled"}, impl)[4])
 
     causal, plain = fractions(128, True), fractions(128, False)
     assert causal["fma"] < plain["fma"] and causal["mufu"] < plain["mufu"]
@@ -239,7 +239,7 @@ def test_several_knob_loop_files_give_a_scoreboard_and_a_plot(tmp_path, capsys):
         f = tmp_path / f"k{i}.json"
         f.write_text(json.dumps(doc(causal, cycles)))
         files.append(str(f))
-    results = [validate.intervals.compare(validate.load(f), "h100-measured") for f in files]
+    results = [validate.intervals.compare(validate.load(f), "h100") for f in files]
     deltas = [d for r in results for d in r["knob_deltas"]]
     assert [d["causal"] for d in deltas] == [False, True]
     assert all(-0.06 < d["predicted_delta"] < -0.01 for d in deltas)  # the model: overlap off costs a few %
@@ -248,7 +248,7 @@ def test_several_knob_loop_files_give_a_scoreboard_and_a_plot(tmp_path, capsys):
                      "hd128": {"deltas": 1, "same_sign": 1, "within_3pp": 1},
                      "hd128 causal": {"deltas": 1, "same_sign": 0, "within_3pp": 0}}
     png = tmp_path / "kd.png"
-    assert main(["validate", *files, "--hw", "h100-measured", "--plot", str(png)]) == 0
+    assert main(["validate", *files, "--hw", "h100", "--plot", str(png)]) == 0
     out = capsys.readouterr().out
     assert "per-SM knob deltas over 2 files" in out and "1 /   1 of 2" in out and png.stat().st_size > 0
 
@@ -279,9 +279,9 @@ def test_tile_cost_file(tmp_path, capsys):
     doc = {"meta": {"kind": "tile_costs", "device": "NVIDIA H100 80GB HBM3", "date": "2026-11-22"}, "points": [],
            "tile_costs": [tile(1, 4100.0), tile(2, 7300.0), tile(2, 7000.0, {"pingpong": False})]}
     assert validate.kind(doc) == "tile_costs"
-    r = validate.tile_costs.compare(doc, "h100-measured")
+    r = validate.tile_costs.compare(doc, "h100")
     assert [x["variant"] for x in r["tiles"]] == ["default", "default", "pingpong=False"]
-    hw = hardware.load("h100-measured")
+    hw = hardware.load("h100")
     hw = hw.with_values(hbm_latency=hw.l2_latency)  # the benchmark's repeated launches: Q from L2
     p = Problem(1, 1, 128 * 3, 2 * 128, 128, False)
     sched = build_cta(hw, p, {"tile_m": 128, "tile_n": 128}, 2, 0)
@@ -294,7 +294,7 @@ def test_tile_cost_file(tmp_path, capsys):
     assert line["measured_per_block"] == pytest.approx(3200.0)
     path = tmp_path / "tiles.json"
     path.write_text(json.dumps(doc))
-    assert main(["validate", str(path), "--hw", "h100-measured"]) == 0
+    assert main(["validate", str(path), "--hw", "h100"]) == 0
     out = capsys.readouterr().out
     assert "cycles per tile" in out and "per block" in out
     assert main(["validate", str(path), "--plot", str(tmp_path / "p.png")]) == 0

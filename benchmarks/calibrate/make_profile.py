@@ -1,6 +1,6 @@
 """Turn run_all.py's raw results into a fa4sim hardware profile (fa4sim/hardware.py format).
 
-    python3 -m benchmarks.calibrate.make_profile RESULTS.json --base h100 --out fa4sim/profiles/h100-measured.json
+    python3 -m benchmarks.calibrate.make_profile RESULTS.json --base h100 --out fa4sim/profiles/h100.json
 
 Measured parameters get the value, source "measured on <device> <date> by
 benchmarks/calibrate/<script> (<details>)" and confidence "M"; every other parameter keeps the
@@ -249,7 +249,7 @@ def build_profile(results: dict, base: dict, name: str | None = None, skip=()) -
             "confidence": "M",
         }
     return {
-        "name": name or f"{base['name']}-measured",
+        "name": name or base["name"].removesuffix("-datasheet"),
         "arch": base["arch"],
         "description": f"{base.get('description', '')}; unit parameters measured on {device} {date} "
                        f"(driver {meta.get('driver')}, CUDA {meta.get('cuda')}, cutlass-dsl {meta.get('cutlass_dsl')}) "
@@ -261,7 +261,7 @@ def build_profile(results: dict, base: dict, name: str | None = None, skip=()) -
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("results")
-    ap.add_argument("--base", default="h100", help="base profile name (fa4sim/profiles/NAME.json) or a .json path")
+    ap.add_argument("--base", default="h100-datasheet", help="base profile name (fa4sim/profiles/NAME.json) or a .json path")
     ap.add_argument("--out", required=True)
     ap.add_argument("--name", default=None)
     ap.add_argument("--skip", default="", help="comma-separated parameters to keep from the base profile "

@@ -1,7 +1,7 @@
 """How much one tile's cycles vary from tile to tile in a full-chip persistent launch: the
 profile's tile_jitter_q_loads, from fa4kernel's tile log (CPU only).
 
-    python3 -m benchmarks.calibrate.tile_jitter CTA_LOG.json --profile fa4sim/profiles/h100-measured.json [--write]
+    python3 -m benchmarks.calibrate.tile_jitter CTA_LOG.json --profile fa4sim/profiles/h100.json [--write]
 
 CTA_LOG.json is benchmarks/cta_log_sm90.py's output. Its persistent points carry the host table
 and, per launch, every tile's cycles (the tile log: consumer warpgroup 0 stamps each tile's
@@ -81,7 +81,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("cta_log", help="benchmarks/cta_log_sm90.py output with persistent points")
     ap.add_argument("--profile", required=True,
-                    help="profile JSON whose tma_bytes_per_clk sizes a Q load (e.g. fa4sim/profiles/h100-measured.json)")
+                    help="profile JSON whose tma_bytes_per_clk sizes a Q load (e.g. fa4sim/profiles/h100.json)")
     ap.add_argument("--write", action="store_true", help="write tile_jitter_q_loads and its source into --profile")
     a = ap.parse_args(argv)
     try:

@@ -23,13 +23,12 @@ PV_WAIT = ("model", "sass")
 
 
 def profile_for(device: str) -> str:
-    """Built-in profile for a device name, preferring a measured one if it exists."""
+    """Built-in profile for a device name: the calibrated one (h100, h200), else b200."""
     d = device.lower()
     base = "h200" if "h200" in d else "h100" if "h100" in d else "b200" if "b200" in d else None
     if base is None:
         raise InputError("hw", f"cannot tell the profile for device {device!r}; pass --hw")
-    measured = f"{base}-measured"
-    return measured if measured in hardware.available() else base
+    return base
 
 
 def ablations(recorded: dict) -> list[str]:

@@ -67,16 +67,16 @@ def describe(doc: dict) -> tuple[str, str]:
 
 
 def profile_for(device: str, measured: bool = True) -> str | None:
-    """fa4sim profile for a device name: its measured profile (e.g. h100-measured) when there is
-    one and `measured`, else the datasheet one; None if we have no profile for the device."""
+    """fa4sim profile for a device name: the calibrated one (h100, h200) when `measured`, else
+    the datasheet one (h100-datasheet); None if we have no profile for the device."""
     from fa4sim import hardware
 
     d = device.upper()
     for name in ("H200", "H100", "B200"):
         if name in d:
             base = name.lower()
-            if measured and f"{base}-measured" in hardware.available():
-                return f"{base}-measured"
+            if not measured and f"{base}-datasheet" in hardware.available():
+                return f"{base}-datasheet"
             return base
     return None
 

@@ -27,20 +27,20 @@ def points():
     for ov in ({"mufu_ex2_per_clk": 32, "exp_emulation": 0}, {"kv_stages": 4}, {"q_tiles": 1},
                {"two_cta": False}, {"rescale_threshold": None}, {"split_p": False}):
         yield dict(hw="b200", schedule="fa4", problem=(2, 16, 8192, 8192, 128, False), overrides=ov)
-    for hw in ("h100-measured", "h200-measured", "h100", "h200"):
+    for hw in ("h100", "h200", "h100-datasheet", "h200-datasheet"):
         for hd in (64, 96, 128, 256):
             for causal in (False, True):
                 for s in ((1024, 16384) if hw.endswith("measured") else (4096,)):
                     yield dict(hw=hw, schedule="fa3", problem=(4, 16, s, s, hd, causal), overrides={})
     for hd in (64, 128, 256):
-        yield dict(hw="h100-measured", schedule="fa3", problem=(2, 16, 3000, 3000, hd, True), overrides={})
-        yield dict(hw="h100-measured", schedule="fa3", problem=(2, 16, 1000, 5000, hd, False), overrides={})
+        yield dict(hw="h100", schedule="fa3", problem=(2, 16, 3000, 3000, hd, True), overrides={})
+        yield dict(hw="h100", schedule="fa3", problem=(2, 16, 1000, 5000, hd, False), overrides={})
     for ov in ({"pingpong": False}, {"intra_wg_overlap": False}, {"p_in_registers": False}, {"kv_stages": 3},
                {"exp_emulation": 0.25}, {"rescale_threshold": 8.0}, {"persistent": False}, {"tile_n": 64},
                {"mufu_ex2_per_clk": 32}):
         for causal in (False, True):
-            yield dict(hw="h100-measured", schedule="fa3", problem=(4, 16, 8192, 8192, 128, causal), overrides=ov)
-    for hw in ("h100-measured", "h200-measured"):
+            yield dict(hw="h100", schedule="fa3", problem=(4, 16, 8192, 8192, 128, causal), overrides=ov)
+    for hw in ("h100", "h200"):
         for hd in (64, 128, 256):
             for causal in (False, True):
                 for s in (1024, 8192):
