@@ -32,6 +32,8 @@ KINDS = {
     "contention": "the softmax mix's and exp2's rate beside a full-rate wgmma (calibrate/bench_contention.py)",
     "ab": "same-run A/B of kernel versions or host-side variants (scripts in benchmarks/experiments/)",
     "sim_speed": "wall time of the simulator itself (bench_sim_speed.py)",
+    "power": "board power and SM clock under sustained unit loads (calibrate/bench_power.py)",
+    "sustained": "attention timed as a user times it, after the power cap has settled the clock (sustained_sm90.py)",
 }
 
 

@@ -1,0 +1,605 @@
+"""Power and clock under sustained unit loads: the data fa4sim's power model is calibrated on.
+
+A Hopper SXM card holds the clock its power cap (700 W) allows. fa4sim predicts that clock from
+the activity of each unit (fa4sim/power.py); this benchmark measures, for loads that keep one
+unit or a mix of units busy on every SM at a known rate, the SM clock they run at and the power
+the board draws. benchmarks/calibrate/fit_power.py fits the profile's power parameters to it.
+No attention kernel runs here: the attention timings only test the model.
+
+Kernel (384 threads = 3 warpgroups, one CTA per SM, grid = the SM count):
+  warpgroup 0: `iters` trips of {fence; 8 x wgmma m64nNk16 SS (K = 128); commit; wait_group(1)}
+     (the tensor core never idles), or with `mma_gap_ns` > 0: wait_group(0) and nanosleep(gap)
+     after each trip (a duty cycle); or nothing (do_mma = 0).
+  warpgroups 1 .. `nsf`: trips of one block of a code, until warpgroup 0 is done (do_mma = 1) or
+     `max_trips`: ffma (128 FFMA), ex2 (128 MUFU.EX2), int (64 LOP3 + 64 IADD3/IMAD), fmnmx (128
+     FMNMX), stsm (32 STSM.16.M88.4, 16 KB), mix (bench_contention's softmax-like block: 35 FMNMX,
+     97 FFMA/FADD/FMUL, 32 MUFU.EX2, 16 F2FP), sleep (nanosleep only: a clocked, idle SM).
+  Every warp's lane 0 stamps clock64 and %globaltimer around its loop and counts its trips, so a
+  load's activity per clock is counted, not assumed.
+Two loads move memory instead (torch copies): HBM (1 GiB buffers) and L2 (16 MiB, L2-resident);
+their SM clock is NVML's (no in-kernel stamp).
+
+Each load runs ~4.5 s as back-to-back ~25 ms launches: 2 s for the power cap to settle the
+clock, then a 2.5 s measured window whose power is the slope of NVML's energy counter over the
+window (the mean of nvmlDeviceGetPowerUsage samples and the clock-event reasons beside it), and
+whose clock is clock64 / globaltimer of its launches. A full-rate wgmma load first brings the
+card to its working temperature (leakage grows with it).
+
+    CUTE_DSL_ARCH=sm_90a python3 -m benchmarks.calibrate.bench_power --check-sass   # CPU, ~30 s
+    source .gpu/setup-device.sh; python3 -m benchmarks.calibrate.bench_power --out P.json   # GPU, ~2 min
+    python3 -m benchmarks.calibrate.fit_power P.json --profile fa4sim/profiles/h100.json --write
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+if __package__ in (None, ""):  # run as a script path
+    sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")))
+    __package__ = "benchmarks.calibrate"
+
+import cutlass  # noqa: E402
+import cutlass.cute as cute  # noqa: E402
+from cutlass import BFloat16, Float32, Int32, Int64, const_expr  # noqa: E402
+from cutlass.cute.nvgpu import warpgroup  # noqa: E402
+
+from .bench_bursts import nanosleep, stsm_x4  # noqa: E402
+from .bench_contention import KB, KT, LOG2E, _mix_block, _tiled_mma, ex2_neg, lds_volatile, red_add_shared  # noqa: E402
+from .bench_wgmma import _smem_layout  # noqa: E402
+from .common import clk, compile_for_sass, f2bf16x2, ffma, fill_random_bf16, fmax, gtimer, smem_addr, sts32  # noqa: E402,F401
+
+THREADS = 384
+WARPS = THREADS // 32
+E = 32                 # registers per stream thread
+SLOTS = 8              # int64 per warp: t0, t1, g0, g1, trips
+CODES = {"sleep": 0, "ffma": 1, "ex2": 2, "int": 3, "fmnmx": 4, "stsm": 5, "mix": 6}
+STSM_BYTES = 512
+PBUF_WORDS = 8 * 8 * STSM_BYTES // 4   # 8 stream warps x 8 STSM slots x 512 B
+SMEM_FLOOR = 120 * 1024                # > half an SM's shared memory: one CTA per SM
+# what one warp's block of each code does, by unit (per warp instruction: 32 lanes;
+# smem in bytes). fa4sim's units: FMNMX, F2FP, LOP3, IADD3 on the ALU pipe, FFMA/FADD/FMUL on FMA.
+BLOCK = {"sleep": {},
+         "ffma": {"fma_lane_ops": 128 * 32},
+         "ex2": {"mufu_ops": 128 * 32},
+         "int": {"alu_lane_ops": 128 * 32},
+         "fmnmx": {"alu_lane_ops": 128 * 32},
+         "stsm": {"smem_bytes": 32 * STSM_BYTES},
+         "mix": {"alu_lane_ops": (35 + 16) * 32, "fma_lane_ops": 97 * 32, "mufu_ops": 32 * 32}}
+SASS_PLAN = {"ffma": {"FFMA": 128}, "ex2": {"MUFU.EX2": 128}, "fmnmx": {"FMNMX": 128},
+             "int": {"LOP3": 64}, "stsm": {"STSM": 32}, "mix": {"MUFU.EX2": 32, "FMNMX": 35}}
+LAUNCH_MS = 25.0
+WARM_S = 2.0
+MEASURE_S = 2.5
+
+
+def make(code: str, n: int):
+    """The load kernel for one stream code and wgmma width N (each compiles alone, so a code's
+    registers do not depend on the others)."""
+    op = CODES[code]
+
+    @cute.kernel
+    def kernel(stamps: cute.Tensor, sink: cute.Tensor, do_mma: Int32, nsf: Int32, iters: Int32,
+               max_trips: Int32, mma_gap_ns: Int32, tiled_mma: cute.TiledMma, sA_layout: cute.ComposedLayout,
+               sB_layout: cute.ComposedLayout):
+        tid = cute.arch.thread_idx()[0]
+        bid = cute.arch.block_idx()[0]
+        warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        wg = warp // 4
+        wtid = tid % 128
+        lane = tid % 32
+
+        @cute.struct
+        class Storage:
+            flag: cute.struct.MemRange[Int32, 4]
+            sA: cute.struct.Align[cute.struct.MemRange[BFloat16, cute.cosize(sA_layout)], 1024]
+            sB: cute.struct.Align[cute.struct.MemRange[BFloat16, cute.cosize(sB_layout)], 1024]
+            pbuf: cute.struct.Align[cute.struct.MemRange[Int32, PBUF_WORDS], 128]
+
+        storage = cutlass.utils.SmemAllocator().allocate(Storage)
+        flag_addr = smem_addr(storage.flag.data_ptr())
+        base = smem_addr(storage.sA.data_ptr())
+        base_b = smem_addr(storage.sB.data_ptr())
+        fill_random_bf16(base, cute.cosize(sA_layout) // 2, base_b,
+                         (cute.cosize(sA_layout) + cute.cosize(sB_layout)) // 2, tid, THREADS, bid * 7919)
+        if tid == 0:
+            sts32(flag_addr, 0)
+        cute.arch.fence_view_async_shared()
+        cute.arch.sync_threads()
+
+        sA = storage.sA.get_tensor(sA_layout.outer, swizzle=sA_layout.inner)
+        sB = storage.sB.get_tensor(sB_layout.outer, swizzle=sB_layout.inner)
+        thr_mma = tiled_mma.get_slice(wtid)
+        wg_mma = tiled_mma.get_slice(0)
+        tCrA = wg_mma.make_fragment_A(wg_mma.partition_A(sA[None, None, 0]))
+        tCrB = wg_mma.make_fragment_B(wg_mma.partition_B(sB))
+        acc = cute.make_rmem_tensor(thr_mma.partition_shape_C((64, n)), Float32)
+        acc.fill(0.0)
+        atom = cute.make_mma_atom(tiled_mma.op)
+        atom.set(warpgroup.Field.ACCUMULATE, True)
+        total = Float32(0.0)
+        t0 = Int64(0)
+        t1 = Int64(0)
+        g0 = Int64(0)
+        g1 = Int64(0)
+        trips = Int32(0)
+        if wg == 0:
+            if do_mma != 0:
+                t0 = clk()
+                g0 = gtimer()
+                for _ in cutlass.range(iters, unroll=1):
+                    warpgroup.fence()
+                    for k in cutlass.range_constexpr(KB):
+                        cute.gemm(atom, acc, tCrA[None, None, k], tCrB[None, None, k], acc)
+                    warpgroup.commit_group()
+                    if mma_gap_ns > 0:  # a duty cycle: the tensor core idles between trips
+                        warpgroup.wait_group(0)
+                        nanosleep(mma_gap_ns)
+                    else:
+                        warpgroup.wait_group(1)
+                warpgroup.wait_group(0)
+                t1 = clk()
+                g1 = gtimer()
+                trips = iters
+                if wtid == 0:
+                    red_add_shared(flag_addr, 1)
+                for i in cutlass.range_constexpr(cute.size(acc)):
+                    total = total + acc[i]
+        elif wg - 1 < nsf:
+            s = Float32(1.0) + Float32(wtid) * Float32(1e-12)
+            a = Float32(0.999)
+            b = Float32(0.001)
+            x = [Float32(wtid) * Float32(1e-3) + Float32(0.01 * j + 0.05) for j in range(E)]
+            m = [Float32(0.0) for _ in range(4)]
+            lsum = [Float32(0.0) for _ in range(4)]
+            sc = Float32(LOG2E)
+            nsc = Float32(-LOG2E)
+            c4 = Float32(4.0)
+            u = warp * 7 + 1
+            uv = warp * 13 + nsf
+            uw = warp + max_trips + 3
+            go = Int32(1)
+            p_lane = (smem_addr(storage.pbuf.data_ptr()) + (warp - 4) * 8 * STSM_BYTES
+                      + (lane // 8) * 128 + (lane % 8) * 16)
+            t0 = clk()
+            g0 = gtimer()
+            while go != 0:
+                f = lds_volatile(flag_addr)
+                if const_expr(op == 0):
+                    nanosleep(2000)
+                elif const_expr(op == 5):
+                    for _u in cutlass.range_constexpr(4):
+                        for k in cutlass.range_constexpr(E // 4):
+                            stsm_x4(p_lane + k * STSM_BYTES, x[4 * k], x[4 * k + 1], x[4 * k + 2], x[4 * k + 3])
+                elif const_expr(op == 6):
+                    x, m, lsum = _mix_block(x, m, lsum, sc, nsc, c4)
+                elif const_expr(op == 3):
+                    for _u in cutlass.range_constexpr(64):
+                        u = (u ^ uv) + uw
+                else:
+                    for _u in cutlass.range_constexpr(4):
+                        for j in cutlass.range_constexpr(E):
+                            if const_expr(op == 1):
+                                x[j] = ffma(x[j], a, b)
+                            elif const_expr(op == 2):
+                                x[j] = ex2_neg(x[j])
+                            else:
+                                x[j] = fmax(x[j], s)
+                trips = trips + 1
+                if do_mma != 0:
+                    if f >= 1:
+                        go = Int32(0)
+                if trips >= max_trips:
+                    go = Int32(0)
+            t1 = clk()
+            g1 = gtimer()
+            for j in cutlass.range_constexpr(E):
+                total = total + x[j]
+            for j in cutlass.range_constexpr(4):
+                total = total + m[j] + lsum[j]
+            total = total + Float32(u)
+        if lane == 0:
+            o = (bid * WARPS + warp) * SLOTS
+            stamps[o + 0] = t0
+            stamps[o + 1] = t1
+            stamps[o + 2] = g0
+            stamps[o + 3] = g1
+            stamps[o + 4] = Int64(trips)
+        sink[bid * THREADS + tid] = total
+
+    @cute.jit
+    def host(stamps: cute.Tensor, sink: cute.Tensor, do_mma: Int32, nsf: Int32, iters: Int32,
+             max_trips: Int32, mma_gap_ns: Int32, ctas: Int32, stream):
+        tiled_mma = _tiled_mma(False, n)
+        sA_layout = _smem_layout(BFloat16, 64, KT, 2)
+        sB_layout = _smem_layout(BFloat16, n, KT)
+        smem = (cute.cosize(sA_layout) + cute.cosize(sB_layout)) * 2 + 3072 + PBUF_WORDS * 4
+        kernel(stamps, sink, do_mma, nsf, iters, max_trips, mma_gap_ns, tiled_mma, sA_layout,
+               sB_layout).launch(grid=[ctas, 1, 1], block=[THREADS, 1, 1], smem=max(smem, SMEM_FLOOR),
+                                 stream=stream)
+
+    return host
+
+
+def fake_args(ctas: int = 132):
+    from .common import fake_stream, fake_tensor
+
+    return (fake_tensor(Int64, (ctas * WARPS * SLOTS,)), fake_tensor(Float32, (ctas * THREADS,)), Int32(1),
+            Int32(2), Int32(10), Int32(10), Int32(0), Int32(ctas), fake_stream())
+
+
+# ----------------------------------------------------------------------------- the loads
+# name -> (stream code, wgmma on, N, wgmma gap ns, stream warpgroups, what)
+LOADS = {
+    "sleep": ("sleep", 0, 256, 0, 2, "every SM clocked, its warps asleep (no unit busy)"),
+    "tensor256": ("sleep", 1, 256, 0, 0, "wgmma m64n256k16 SS back to back (tensor core always busy)"),
+    "tensor256_gap100": ("sleep", 1, 256, 100, 0, "the same with 100 ns asleep after each 8 wgmma"),
+    "tensor256_gap300": ("sleep", 1, 256, 300, 0, "... 300 ns"),
+    "tensor256_gap1000": ("sleep", 1, 256, 1000, 0, "... 1000 ns"),
+    "tensor256_gap2000": ("sleep", 1, 256, 2000, 0, "... 2000 ns"),
+    "tensor256_gap6000": ("sleep", 1, 256, 6000, 0, "... 6000 ns"),
+    "tensor128": ("sleep", 1, 128, 0, 0, "wgmma m64n128k16 SS back to back (more smem bytes per FLOP)"),
+    "ffma": ("ffma", 0, 256, 0, 2, "FFMA from 8 warps per SM (2 per scheduler)"),
+    "ex2": ("ex2", 0, 256, 0, 2, "MUFU.EX2 from 8 warps per SM"),
+    "int": ("int", 0, 256, 0, 2, "LOP3 + IADD3/IMAD from 8 warps per SM"),
+    "fmnmx": ("fmnmx", 0, 256, 0, 2, "FMNMX from 8 warps per SM"),
+    "stsm": ("stsm", 0, 256, 0, 2, "STSM.16.M88.4 (shared-memory stores) from 8 warps per SM"),
+    "mix": ("mix", 0, 256, 0, 2, "a softmax-like mix (MUFU, FMA, ALU) from 8 warps per SM"),
+    "tensor256+mix1": ("mix", 1, 256, 0, 1, "wgmma N=256 back to back beside one softmax-like warpgroup"),
+    "tensor256+mix2": ("mix", 1, 256, 0, 2, "wgmma N=256 back to back beside two softmax-like warpgroups"),
+    "tensor128+mix2": ("mix", 1, 128, 0, 2, "wgmma N=128 back to back beside two softmax-like warpgroups"),
+    "tensor256_gap1000+mix2": ("mix", 1, 256, 1000, 2, "wgmma N=256 at a duty cycle beside two softmax-like warpgroups"),
+    "tensor128+ffma": ("ffma", 1, 128, 0, 2, "wgmma N=128 beside two FFMA warpgroups"),
+    "hbm": (None, 0, 0, 0, 0, "torch copy of 1 GiB into another (HBM read + write)"),
+    "l2": (None, 0, 0, 0, 0, "torch copy of 16 MiB into another (L2-resident)"),
+    "tensor256_again": ("sleep", 1, 256, 0, 0, "tensor256 once more at the end (drift, temperature)"),
+}
+
+
+def flops_per_wgmma(n):
+    return 2 * 64 * n * 16
+
+
+def smem_bytes_per_wgmma(n):
+    """A (64 x 16) and B (N x 16) bf16 from shared memory, as fa4sim's tensor_core.mma_cost counts."""
+    return (64 * 16 + n * 16) * 2
+
+
+# ----------------------------------------------------------------------------- CPU: SASS check
+def check_sass() -> int:
+    """Each code's loop holds its planned instructions and the wgmma loop its 8 HGMMA."""
+    from fa4kernel.sass import loop_bodies
+
+    ok = True
+    builds = [(c, 256) for c in CODES] + [("sleep", 128), ("mix", 128), ("ffma", 128)]
+    for code, n in builds:
+        sass, regs = compile_for_sass(make(code, n), *fake_args(), with_registers=True)
+        plan = SASS_PLAN.get(code, {})
+        found_mma = found_code = False
+        for _, ops in loop_bodies(sass, operands=True):
+            c = {}
+            for o in ops:
+                key = o.split()[0]
+                key = "MUFU.EX2" if key.startswith("MUFU.EX2") else key.split(".")[0]
+                c[key] = c.get(key, 0) + 1
+            if c.get("HGMMA", 0) == KB and any(f"HGMMA.64x{n}x16" in o for o in ops):
+                found_mma = True
+            if plan and all(c.get(k, 0) == v for k, v in plan.items()):
+                found_code = True
+        good = bool(regs) and ((regs + 7) // 8 * 8) * THREADS <= 65536 and found_mma and (found_code or not plan)
+        ok = ok and good
+        print(f"{'ok' if good else 'BAD'} {code:6s} N={n} regs={regs}: wgmma loop {found_mma}, "
+              f"{code} loop {found_code if plan else '(none planned)'}", flush=True)
+    return 0 if ok else 1
+
+
+# ----------------------------------------------------------------------------- GPU
+class Nvml:
+    """NVML through ctypes (no extra package on the device): power, energy, SM clock, temperature."""
+
+    def __init__(self, index: int = 0):
+        import ctypes
+
+        self.c = ctypes
+        self.lib = ctypes.CDLL("libnvidia-ml.so.1")
+        self.lib.nvmlInit_v2()
+        self.h = ctypes.c_void_p()
+        self.lib.nvmlDeviceGetHandleByIndex_v2(index, ctypes.byref(self.h))
+
+    def _u(self, fn, *args, kind=None):
+        v = (kind or self.c.c_uint)()
+        rc = getattr(self.lib, fn)(self.h, *args, self.c.byref(v))
+        return v.value if rc == 0 else None
+
+    def power_w(self):
+        mw = self._u("nvmlDeviceGetPowerUsage")
+        return None if mw is None else mw / 1000.0
+
+    def energy_j(self):
+        mj = self._u("nvmlDeviceGetTotalEnergyConsumption", kind=self.c.c_ulonglong)
+        return None if mj is None else mj / 1000.0
+
+    def sm_mhz(self):
+        return self._u("nvmlDeviceGetClockInfo", 1)
+
+    def temperature_c(self):
+        return self._u("nvmlDeviceGetTemperature", 0)
+
+    def event_reasons(self):
+        """Why the clock is below its maximum (bitmask: 0x4 SW power cap, 0x8 HW slowdown,
+        0x20 SW thermal, 0x40 HW thermal, 0x80 HW power brake, 0x1 idle)."""
+        return self._u("nvmlDeviceGetCurrentClocksEventReasons", kind=self.c.c_ulonglong)
+
+    def power_limit_w(self):
+        mw = self._u("nvmlDeviceGetEnforcedPowerLimit")
+        return None if mw is None else mw / 1000.0
+
+    def max_sm_mhz(self):
+        return self._u("nvmlDeviceGetMaxClockInfo", 1)
+
+
+def supported_sm_clocks_mhz() -> list[int]:
+    """The SM clocks the driver lists for the highest memory clock (nvidia-smi -q -d SUPPORTED_CLOCKS)."""
+    import subprocess
+
+    try:
+        out = subprocess.run(["nvidia-smi", "-q", "-d", "SUPPORTED_CLOCKS"], capture_output=True, text=True,
+                             timeout=30).stdout
+    except Exception:  # noqa: BLE001
+        return []
+    clocks, first_mem = [], True
+    for line in out.splitlines():
+        s = line.strip()
+        if s.startswith("Memory") and ":" in s:
+            if clocks:
+                break  # the first memory clock's list is the highest one's
+            first_mem = False
+        elif s.startswith("Graphics") and ":" in s and not first_mem:
+            try:
+                clocks.append(int(s.split(":")[1].split()[0]))
+            except (ValueError, IndexError):
+                pass
+    return sorted(set(clocks))
+
+
+def _window(nvml, torch, e_start, e_end):
+    """Wait until e_start completes, then sample NVML every ~5 ms until e_end completes.
+    Power is the least-squares slope of the energy counter against host time (the counter moves
+    in coarse steps; a slope over hundreds of samples averages them out), with the plain
+    difference and the mean of the power readings kept beside it."""
+    import time
+
+    while not e_start.query():
+        time.sleep(0.0005)
+    ts, js, pw, mhz, reasons = [], [], [], [], {}
+    while not e_end.query():
+        t, j = time.perf_counter(), nvml.energy_j()
+        if j is not None:
+            ts.append(t)
+            js.append(j)
+        pw.append(nvml.power_w())
+        mhz.append(nvml.sm_mhz())
+        r = nvml.event_reasons()
+        if r is not None:
+            reasons[r] = reasons.get(r, 0) + 1
+        time.sleep(0.005)
+    torch.cuda.synchronize()
+    secs = (ts[-1] - ts[0]) if len(ts) > 1 else 0.0
+    slope = diff = None
+    if len(ts) > 10 and secs > 0:
+        n = len(ts)
+        mt, mj = sum(ts) / n, sum(js) / n
+        slope = sum((t - mt) * (j - mj) for t, j in zip(ts, js)) / sum((t - mt) ** 2 for t in ts)
+        diff = (js[-1] - js[0]) / secs
+    return {"seconds": secs, "power_w": slope, "power_w_energy_diff": diff,
+            "power_w_samples": (sum(p for p in pw if p) / max(1, len([p for p in pw if p]))) or None,
+            "clock_ghz_nvml": (sum(m for m in mhz if m) / max(1, len([m for m in mhz if m])) / 1e3) or None,
+            "temperature_c": nvml.temperature_c(),
+            "clock_event_reasons": {hex(k): v for k, v in sorted(reasons.items(), key=lambda kv: -kv[1])}}
+
+
+def kernel_load(dev, nvml, name, spec, nsm):
+    from cutlass import Int32 as I32
+
+    torch = dev.torch
+    code, do_mma, n, gap, nsf, what = spec
+    key = ("power", code, n)
+    fn = make(code, n)
+    words = nsm * WARPS * SLOTS
+    sink = torch.zeros(nsm * THREADS, dtype=torch.float32, device="cuda")
+    probe = torch.zeros(words, dtype=torch.int64, device="cuda")
+
+    def args(stamps, iters, trips):
+        return [dev.ct(stamps), dev.ct(sink), I32(do_mma), I32(nsf), I32(iters), I32(trips), I32(gap), I32(nsm)]
+
+    # size one launch to ~LAUNCH_MS from a short one
+    iters0, trips0 = (400, 1 << 30) if do_mma else (0, 4000)
+    dev.call(key, fn, probe, sink, I32(do_mma), I32(nsf), I32(iters0), I32(trips0), I32(gap), I32(nsm))
+    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    e0.record()
+    dev.cache[key](*args(probe, iters0, trips0), dev.stream())
+    e1.record()
+    torch.cuda.synchronize()
+    scale = LAUNCH_MS / max(e0.elapsed_time(e1), 1e-3)
+    iters, trips = (max(1, int(iters0 * scale)), 1 << 30) if do_mma else (0, max(1, int(trips0 * scale)))
+    n_warm = max(1, int(WARM_S * 1e3 / LAUNCH_MS))
+    n_meas = max(2, int(MEASURE_S * 1e3 / LAUNCH_MS))
+    stamps = torch.zeros(n_meas * words, dtype=torch.int64, device="cuda")
+    warm_args = args(probe, iters, trips)
+    meas_args = [args(stamps[i * words:(i + 1) * words], iters, trips) for i in range(n_meas)]
+    start, end = torch.cuda.Event(), torch.cuda.Event()
+    for _ in range(n_warm):
+        dev.cache[key](*warm_args, dev.stream())
+    start.record()
+    for a in meas_args:
+        dev.cache[key](*a, dev.stream())
+    end.record()
+    w = _window(nvml, torch, start, end)
+    st = stamps.view(n_meas, nsm, WARPS, SLOTS).cpu()
+    # per launch and CTA: the window of its active warps (lane-0 stamps; t1 > t0)
+    t0, t1, g0, g1, tr = (st[..., i] for i in range(5))
+    active = t1 > t0
+    cyc = torch.where(active, t1 - t0, torch.zeros_like(t0))
+    ns = torch.where(active, g1 - g0, torch.zeros_like(g0))
+    lo = torch.where(active, t0, torch.full_like(t0, 2 ** 62)).min(dim=2).values
+    hi = torch.where(active, t1, torch.zeros_like(t1)).max(dim=2).values
+    cta_cycles = (hi - lo).double()                    # [launch, cta]
+    clock_ghz = float(cyc.sum()) / float(ns.sum())
+    mean_cta_cycles = float(cta_cycles.mean(dim=1).sum())  # summed over launches
+    trips_by_wg = tr.view(n_meas, nsm, 3, 4).double().sum(dim=3) / 4  # per warp -> per warpgroup mean x 1
+    act = {"tensor_flops": 0.0, "smem_bytes": 0.0, "mufu_ops": 0.0, "fma_lane_ops": 0.0, "alu_lane_ops": 0.0,
+           "l2_bytes": 0.0, "hbm_bytes": 0.0}
+    if do_mma:
+        wgmmas = float(trips_by_wg[:, :, 0].sum()) * KB  # warpgroup 0's trips x 8
+        act["tensor_flops"] = wgmmas * flops_per_wgmma(n) / mean_cta_cycles
+        act["smem_bytes"] += wgmmas * smem_bytes_per_wgmma(n) / mean_cta_cycles
+    stream_warp_blocks = float(tr.view(n_meas, nsm, WARPS)[:, :, 4:4 + 4 * nsf].sum())
+    for k, v in BLOCK[code].items():
+        act[k] += stream_warp_blocks * v / mean_cta_cycles
+    return settle({"name": name, "what": what, "clock_ghz": clock_ghz, **w,
+            "activity_per_clk": act, "launches_measured": n_meas, "launch_ms": LAUNCH_MS,
+            "iters": iters, "max_trips": trips, "wgmma_n": n if do_mma else None, "mma_gap_ns": gap,
+            "stream_warpgroups": nsf, "code": code,
+            "sink_finite": bool(torch.isfinite(sink).all().item())})
+
+
+POWER_CAP_REASON = 0x4  # nvmlClocksEventReasonSwPowerCap
+
+
+def settle(load: dict) -> dict:
+    """Which clock a load ran at. Where NVML names the power cap as the reason the clock is
+    below its maximum, clock64 / globaltimer and NVML agree within ~1 % (H100); where NVML names
+    no reason and reads the maximum clock, clock64 of warps that spend most of their time in
+    nanosleep counts 5-12 % fewer cycles than globaltimer's nanoseconds x that clock (clock64
+    seems to stop while every warp of the SM sleeps). So the clock of a load is the in-kernel one
+    under the power cap and NVML's otherwise; the activity per clock is rescaled to it, keeping
+    the operations per nanosecond that were counted."""
+    reasons = load.get("clock_event_reasons") or {}
+    capped = sum(v for k, v in reasons.items() if int(k, 16) & POWER_CAP_REASON)
+    in_kernel = load.get("clock_ghz_in_kernel", load.get("clock_ghz"))
+    load["clock_ghz_in_kernel"] = in_kernel
+    load["power_capped"] = capped * 2 > sum(reasons.values())
+    use = in_kernel if (load["power_capped"] or not load.get("clock_ghz_nvml")) else load["clock_ghz_nvml"]
+    if in_kernel and use and "activity_per_clk_in_kernel" not in load:
+        load["activity_per_clk_in_kernel"] = dict(load["activity_per_clk"])
+        load["activity_per_clk"] = {k: v * in_kernel / use for k, v in load["activity_per_clk"].items()}
+    load["clock_ghz"] = use
+    return load
+
+
+def copy_load(dev, nvml, name, what, nbytes):
+    """A copy of nbytes into another, `reps` times per replay of a CUDA graph (an L2-resident
+    copy takes microseconds: launched one by one, the host could not keep up)."""
+    torch = dev.torch
+    src = torch.randn(nbytes // 4, device="cuda")
+    dst = torch.empty_like(src)
+    reps = max(1, int(5e-3 * 5e12 / (2 * nbytes)))  # ~5 ms per replay at L2 speed
+    dst.copy_(src)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(reps):
+            dst.copy_(src)
+    graph.replay()
+    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    e0.record()
+    for _ in range(10):
+        graph.replay()
+    e1.record()
+    torch.cuda.synchronize()
+    per_ms = e0.elapsed_time(e1) / 10
+    n_warm = max(1, int(WARM_S * 1e3 / per_ms))
+    n_meas = max(2, int(MEASURE_S * 1e3 / per_ms))
+    for _ in range(n_warm):
+        graph.replay()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(n_meas):
+        graph.replay()
+    end.record()
+    w = _window(nvml, torch, start, end)
+    gpu_s = start.elapsed_time(end) / 1e3
+    f = w["clock_ghz_nvml"]
+    moved = 2.0 * nbytes * reps * n_meas / gpu_s  # bytes per second, read + write
+    act = {"tensor_flops": 0.0, "smem_bytes": 0.0, "mufu_ops": 0.0, "fma_lane_ops": 0.0, "alu_lane_ops": 0.0,
+           "l2_bytes": 0.0, "hbm_bytes": 0.0}
+    act["hbm_bytes" if name == "hbm" else "l2_bytes"] = moved / (f * 1e9) if f else 0.0
+    return {"name": name, "what": what, "clock_ghz": f, "clock_ghz_in_kernel": None, **w,
+            "power_capped": False, "activity_per_clk": act, "bytes_per_s": moved}
+
+
+def run(only=()) -> dict:
+    import time
+
+    from .common import Device
+    from .run_all import meta
+
+    dev = Device()
+    torch = dev.torch
+    nvml = Nvml()
+    nsm = torch.cuda.get_device_properties(0).multi_processor_count
+    time.sleep(1.0)
+    idle = {"power_w": nvml.power_w(), "sm_mhz": nvml.sm_mhz(), "temperature_c": nvml.temperature_c()}
+    out = {"meta": {**meta("power"), "kind": "power"},
+           "gpu": {"power_limit_w": nvml.power_limit_w(), "clock_max_mhz": nvml.max_sm_mhz(),
+                   "supported_clocks_mhz": supported_sm_clocks_mhz(), "idle_power_w": idle["power_w"],
+                   "idle": idle, "num_sms": nsm},
+           "method": f"each load: back-to-back ~{LAUNCH_MS:.0f} ms launches on every SM, {WARM_S} s to settle, then "
+                     f"{MEASURE_S} s measured: power = slope of NVML's energy counter against host time over the window; "
+                     f"clock = sum of clock64 / sum of globaltimer over every active warp of the measured launches; "
+                     f"activity = counted operations / the mean CTA window in cycles (chip-wide per SM clock)",
+           "loads": []}
+    if not only:  # bring the card to its working temperature first (leakage grows with it)
+        r = kernel_load(dev, nvml, "heat", LOADS["tensor256"], nsm)
+        out["heat"] = {k: r[k] for k in ("clock_ghz", "power_w", "temperature_c")}
+        print(f"  heat-up: {r['clock_ghz']:.3f} GHz, {r['power_w'] or 0:.0f} W, {r['temperature_c']} C", flush=True)
+    for name, spec in LOADS.items():
+        if only and name not in only:
+            continue
+        t = time.perf_counter()
+        try:
+            if spec[0] is None:
+                r = copy_load(dev, nvml, name, spec[-1], (1 << 30) if name == "hbm" else (16 << 20))
+            else:
+                r = kernel_load(dev, nvml, name, spec, nsm)
+        except Exception as e:  # noqa: BLE001 - one failed load must not lose the others
+            out["loads"].append({"name": name, "error": repr(e)[:500]})
+            print(f"  {name}: FAILED {e!r}"[:300], flush=True)
+            continue
+        out["loads"].append(r)
+        a = r["activity_per_clk"]
+        print(f"  {name:22s} clock {r['clock_ghz'] or r['clock_ghz_nvml'] or 0:.3f} GHz  power "
+              f"{r['power_w'] or 0:6.1f} W (samples {r['power_w_samples'] or 0:6.1f})  {r['temperature_c']} C  "
+              f"tensor {a['tensor_flops'] / nsm:7.1f} FLOP/clk/SM  mufu {a['mufu_ops'] / nsm:5.2f}  "
+              f"fma {a['fma_lane_ops'] / nsm:6.1f}  alu {a['alu_lane_ops'] / nsm:5.1f}  smem {a['smem_bytes'] / nsm:5.1f} B  "
+              f"l2 {a['l2_bytes']:7.0f} B  hbm {a['hbm_bytes']:6.0f} B/clk  ({time.perf_counter() - t:.1f} s)", flush=True)
+    return out
+
+
+def main(argv=None) -> int:
+    import argparse
+    import json
+    import time
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", help="results JSON (GPU run)")
+    ap.add_argument("--check-sass", action="store_true", help="CPU: compile for sm_90a and check the SASS")
+    ap.add_argument("--only", default="", help=f"GPU: comma-separated subset of the loads ({', '.join(LOADS)})")
+    args = ap.parse_args(argv)
+    only = tuple(x for x in args.only.split(",") if x)
+    if set(only) - set(LOADS):
+        ap.error(f"--only: unknown load(s) {', '.join(sorted(set(only) - set(LOADS)))}; allowed: {', '.join(LOADS)}")
+    if args.check_sass:
+        return check_sass()
+    if not args.out:
+        ap.error("--out FILE.json (GPU) or --check-sass (CPU)")
+    t0 = time.perf_counter()
+    res = run(only)
+    res["seconds"] = round(time.perf_counter() - t0, 1)
+    with open(args.out, "w") as f:
+        json.dump(res, f, indent=1)
+    print(f"[power] {res['seconds']} s -> {args.out}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
