@@ -225,9 +225,9 @@ def simulate(hw="b200", schedule: str | None = None, problem: Problem | None = N
     fmax = base_clock if forced else profile.clock_ghz
     modelled = power.has_model(profile)
     if modelled and not forced:
-        if profile.clock_min_ghz > profile.clock_ghz:
-            raise InputError("clock_min_ghz", f"{profile.clock_min_ghz} GHz is above clock_ghz "
-                                              f"{profile.clock_ghz} GHz; it must not be")
+        if not 0 < profile.clock_min_ghz <= profile.clock_ghz:
+            raise InputError("clock_min_ghz", f"{profile.clock_min_ghz} GHz; with a power model (power_cap_w > 0) "
+                                              f"it must be > 0 and at most clock_ghz {profile.clock_ghz} GHz")
         # the activity at the maximum clock sets a first clock; then the launch at that clock,
         # and once more if the clock still moved by more than 0.1 %
         kt, detailed, hbm_busy = at_clock(profile, refine=False)

@@ -120,6 +120,8 @@ def test_bad_power_parameters_are_refused():
         simulate("h100", "fa3", SMALL, {"voltage_slope": 1.5})
     with pytest.raises(InputError, match="clock_min_ghz"):
         simulate("h100", "fa3", SMALL, {"clock_min_ghz": 2.5})
+    with pytest.raises(InputError, match="clock_min_ghz"):  # a cap on a profile without a clock range
+        simulate("h100-datasheet", "fa3", SMALL, {"power_cap_w": 500})
 
 
 def test_cli_json_has_the_clock(capsys):
