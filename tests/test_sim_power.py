@@ -207,8 +207,10 @@ def test_fit_writes_the_profile(tmp_path):
     path.write_text(json.dumps(synthetic(noise=0.0)))
     prof = tmp_path / "h100.json"
     prof.write_text((ROOT / "fa4sim/profiles/h100.json").read_text())
+    b200 = tmp_path / "b200.json"
+    b200.write_text((ROOT / "fa4sim/profiles/b200.json").read_text())
     out = subprocess.run([sys.executable, "-m", "benchmarks.calibrate.fit_power", str(path), "--profile", str(prof),
-                          "--write"], capture_output=True, text=True, cwd=ROOT)
+                          "--write", "--b200", str(b200)], capture_output=True, text=True, cwd=ROOT)
     assert out.returncode == 0, out.stderr
     assert "load0" in out.stdout and "voltage_slope" in out.stdout
     hw = hardware.load(str(prof))
@@ -217,6 +219,13 @@ def test_fit_writes_the_profile(tmp_path):
     assert hw.clock_min_ghz == 0.345 and hw.confidence["clock_min_ghz"] == "M"
     assert hw.sources["static_power_w"].startswith("measured on Test GPU 2026-11-23 by benchmarks/calibrate/")
     assert hw.confidence["energy_hbm_pj_per_byte"] == "M"
+    # the B200 follows from the fitted H100 by the stated ratios
+    b = hardware.load(str(b200))
+    assert b.energy_tensor_pj_per_flop == pytest.approx(hw.energy_tensor_pj_per_flop * fit_power.TENSOR_RATIO,
+                                                        rel=1e-3)
+    assert b.static_power_w == pytest.approx(hw.static_power_w * fit_power.BOARD_RATIO, rel=1e-3)
+    assert b.energy_mufu_pj_per_op == hw.energy_mufu_pj_per_op and b.confidence["voltage_slope"] == "L"
+    assert b.power_cap_w == 1000 and "measured on Test GPU" in b.sources["energy_tensor_pj_per_flop"]
 
 
 @pytest.mark.parametrize("doc,what", [

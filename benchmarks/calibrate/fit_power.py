@@ -45,6 +45,11 @@ UNIT_OF = {"energy_tensor_pj_per_flop": "tensor", "energy_mufu_pj_per_op": "mufu
            "energy_smem_pj_per_byte": "smem", "energy_l2_pj_per_byte": "l2", "energy_hbm_pj_per_byte": "hbm"}
 SLOPES = np.round(np.arange(0.0, 1.0 + 1e-9, 0.005), 3)
 
+# The B200's power model from the H100's (docs/reference/hardware.md, "Power"): the same TSMC
+# 4N-class process; dense BF16 energy per FLOP at the rated points, all in, B200 / H100
+TENSOR_RATIO = round((1000 / 2250) / (700 / 989.4), 3)   # 0.444 / 0.708 pJ per FLOP
+BOARD_RATIO = round(1000 / 700, 3)                        # board power limits, W
+
 
 class BadInput(ValueError):
     """A calibration file or option we cannot use: one line."""
@@ -198,11 +203,32 @@ def write(profile_path: str, values: dict, meta: dict, gpu: dict, n: int, res: f
     Path(profile_path).write_text(json.dumps(doc, indent=1) + "\n")
 
 
+def derive_b200(h100: dict, how: str) -> dict:
+    """The B200 profile's power parameters from the H100's values (parameter -> value):
+    tensor energy x TENSOR_RATIO, static and clock power x BOARD_RATIO, the rest as they are."""
+    out = {}
+    for k in ("voltage_slope", *LINEAR):
+        if k == "energy_tensor_pj_per_flop":
+            v, why = h100[k] * TENSOR_RATIO, (f"x {TENSOR_RATIO}: at the rated point the B200 does 2.25 dense BF16 "
+                                              f"PFLOP/s at 1000 W (0.444 pJ/FLOP), the H100 SXM 989 TFLOP/s at 700 W "
+                                              f"(0.708 pJ/FLOP), on the same TSMC 4N-class process")
+        elif k in ("static_power_w", "clock_power_w"):
+            v, why = h100[k] * BOARD_RATIO, f"x {BOARD_RATIO} (1000 W / 700 W board limits)"
+        else:
+            v, why = h100[k], "(the same pipe, memory or DVFS range per operation on a 4N-class process)"
+        out[k] = {"value": round(v, 4), "source": f"the H100's value {why}; H100 {how}; "
+                                                  f"docs/reference/hardware.md, \"Power\"", "confidence": "L"}
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="fit_power", description=__doc__.split("\n\n")[0])
     ap.add_argument("results", help="power calibration JSON (benchmarks/calibrate/bench_power.py)")
     ap.add_argument("--profile", default=None, help="the profile to write (default: fa4sim/profiles/h100.json)")
     ap.add_argument("--write", action="store_true", help="write the fitted values into --profile")
+    ap.add_argument("--b200", default=None, metavar="PROFILE.json",
+                    help="with --write: also derive this B200 profile's power parameters from the fitted ones "
+                         "(docs/reference/hardware.md, \"Power\"), e.g. fa4sim/profiles/b200.json")
     a = ap.parse_args(argv)
     try:
         gpu, loads, meta = read(a.results)
@@ -236,6 +262,13 @@ def main(argv=None) -> int:
     if a.write:
         write(path, values, meta, gpu, len(loads), res)
         print(f"wrote {path}")
+        if a.b200:
+            doc = json.loads(Path(a.b200).read_text())
+            date = meta.get("date") or str(meta.get("date_utc", ""))[:10]
+            doc["params"].update(derive_b200(values, f"measured on {meta.get('device', '?')} {date} by "
+                                                     f"benchmarks/calibrate/bench_power.py + fit_power.py"))
+            Path(a.b200).write_text(json.dumps(doc, indent=1) + "\n")
+            print(f"wrote {a.b200}")
     return 0
 
 
