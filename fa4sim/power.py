@@ -180,15 +180,15 @@ def dominant(by_part: dict) -> tuple[str, float]:
 
 
 def describe(clock_ghz: float, source: str, power: float | None, by_part: dict, limited: bool,
-             cap: float = 0.0, fmax: float | None = None) -> str:
+             cap: float = 0.0) -> str:
     """One line: the clock, where it comes from and, when the cap sets it, which unit's power."""
     if source == "--set":
         extra = f" (the model's power there: {power:.0f} W, cap {cap:.0f} W)" if power is not None else ""
-        return f"clock {clock_ghz:.3g} GHz: set with --set{extra}"
+        return f"clock {clock_ghz:.3f} GHz: set with --set{extra}"
     if source == "profile":
-        return f"clock {clock_ghz:.3g} GHz: the profile's fixed clock (no power model)"
+        return f"clock {clock_ghz:.3f} GHz: the profile's fixed clock (no power model)"
     part, watts = dominant(by_part)
     if limited:
-        return (f"clock {clock_ghz:.3g} GHz: the {cap:.0f} W cap, set mostly by {PART_WORDS.get(part, part)} "
+        return (f"clock {clock_ghz:.3f} GHz: the {cap:.0f} W cap, set mostly by {PART_WORDS.get(part, part)} "
                 f"({watts:.0f} W)")
-    return f"clock {clock_ghz:.3g} GHz: the maximum; the model's power {power:.0f} W stays under the {cap:.0f} W cap"
+    return f"clock {clock_ghz:.3f} GHz: the maximum; the model's power {power:.0f} W stays under the {cap:.0f} W cap"
