@@ -265,8 +265,9 @@ def build_parser() -> argparse.ArgumentParser:
                                                       "ctas_sm90.py files: their per-SM knob deltas, +-3 pp band; "
                                                       "for a tile-cost file: the error against the tile's blocks)")
     va.add_argument("--at-profile-clock", action="store_true",
-                    help="predict at the profile's clock_ghz even where the benchmark recorded the in-kernel "
-                         "clock of the point (default: at that measured clock, so the error is the cycle model's)")
+                    help="predict at the profile's clock (the power model's prediction where the profile has one, "
+                         "else its clock_ghz) even where the benchmark recorded the in-kernel clock of the point "
+                         "(default: at that measured clock, so the error is the cycle model's)")
     va.add_argument("--pv-wait", choices=("model", "sass"), default="model",
                     help="where each build waits for the previous block's PV GEMM: 'model' = the whole row max "
                          "before the wait, the exp2s and row sum after (the default, validated); 'sass' = "
