@@ -33,7 +33,7 @@ HBM time if longer, plus the launch gap; so the rates per SM clock follow f.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Mapping, NamedTuple
 
 # parts of the power, W; "static" and "clock" are the chip's own, the others its units'
@@ -63,7 +63,6 @@ class Activity:
     l2_us: float = 0.0
     hbm_us: float = 0.0
     gap_us: float = 0.0
-    notes: tuple = field(default=())
 
     def time_us(self, f: float) -> float:
         """The launch's time at SM clock f (GHz), the gap included (as kernel_model.kernel_time)."""
