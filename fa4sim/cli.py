@@ -9,7 +9,7 @@ import json
 import os
 import sys
 
-from . import hardware, implementation
+from . import hardware, implementation, power
 from .errors import DeadlockError, InputError
 from .params import Context, Problem, resolve
 from .schedules import SCHEDULES
@@ -136,11 +136,17 @@ def _summary(r) -> str:
         f"{', causal' if p.causal else ''}",
         "knobs     " + ", ".join(f"{n}={v}" for n, v in r.knobs.items()),
         f"result    {r.tflops:.1f} TFLOP/s  ({r.tflops / r.hw.peak_tflops:.1%} of {r.hw.peak_tflops:.0f} peak at "
-        f"{r.hw.clock_ghz} GHz),  {r.time_us:.1f} us,  {r.cycles:.0f} cycles",
+        f"{r.hw.clock_ghz:.4g} GHz),  {r.time_us:.1f} us,  {r.cycles:.0f} cycles",
         f"kernel    {k.units} tiles on {k.slots} slots ({k.waves:.2f} waves), slowest slot {k.tiles_on_slowest} tiles"
         + (f" (+{k.jitter_cycles:.0f} cycles: tile jitter on a table fixed before the launch)" if k.jitter_cycles else "") + ";"
         f" L2 {k.l2_us:.1f} us, HBM {k.hbm_us:.1f} us, compute {k.compute_us:.1f} us",
     ]
+    clock = power.describe(r.clock_ghz, r.clock_source, r.power_w, r.power_by_part, r.power_limited,
+                           float(r.hw.values.get("power_cap_w") or 0))
+    lines.append("clock     " + clock.removeprefix("clock "))
+    if r.power_w is not None:
+        parts = sorted(r.power_by_part.items(), key=lambda kv: -kv[1])
+        lines.append(f"power     {r.power_w:.0f} W: " + ", ".join(f"{n} {w:.0f}" for n, w in parts if w >= 0.5))
     if r.interval:
         lines.append(f"loop      {r.interval:.1f} cycles per KV block in the steady state (one CTA)")
     lines.append("utilisation (steady state):")
@@ -207,7 +213,8 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="simulate one problem", formatter_class=argparse.RawDescriptionHelpFormatter,
                          epilog=EPILOG_RUN, description="Simulate one attention forward and explain the result.")
     add_problem_args(run)
-    run.add_argument("--json", action="store_true", help="print one JSON object (tflops, time_us, cycles, utilization, bottleneck, ...)")
+    run.add_argument("--json", action="store_true", help="print one JSON object (tflops, time_us, cycles, clock_ghz, "
+                                                         "clock_source, power_w, utilization, bottleneck, ...)")
     run.add_argument("--compact", action="store_true", help="with --json: on one line")
     run.add_argument("--gantt", metavar="FILE.png", help="draw one CTA's timeline (rows: units and warp roles)")
     run.add_argument("--gantt-iters", type=int, default=6, help="KV iterations shown in the Gantt chart (default 6)")
@@ -258,8 +265,9 @@ def build_parser() -> argparse.ArgumentParser:
                                                       "ctas_sm90.py files: their per-SM knob deltas, +-3 pp band; "
                                                       "for a tile-cost file: the error against the tile's blocks)")
     va.add_argument("--at-profile-clock", action="store_true",
-                    help="predict at the profile's clock_ghz even where the benchmark recorded the in-kernel "
-                         "clock of the point (default: at that measured clock, so the error is the cycle model's)")
+                    help="predict at the profile's clock (the power model's prediction where the profile has one, "
+                         "else its clock_ghz) even where the benchmark recorded the in-kernel clock of the point "
+                         "(default: at that measured clock, so the error is the cycle model's)")
     va.add_argument("--pv-wait", choices=("model", "sass"), default="model",
                     help="where each build waits for the previous block's PV GEMM: 'model' = the whole row max "
                          "before the wait, the exp2s and row sum after (the default, validated); 'sass' = "

@@ -18,7 +18,8 @@ PROFILE_DIR = Path(__file__).parent / "profiles"
 
 # name -> (unit, meaning). Rates are per SM per clock unless said otherwise.
 PARAMS: dict[str, tuple[str, str]] = {
-    "clock_ghz": ("GHz", "SM clock while the kernel runs (cycles -> time)"),
+    "clock_ghz": ("GHz", "SM clock (cycles -> time): with a power model (power_cap_w > 0) the maximum boost clock, "
+                  "which the power model lowers to what the cap allows; without one the clock the kernel runs at"),
     "num_sms": ("SMs", "streaming multiprocessors on the chip"),
     "tensor_flops_per_clk": ("FLOP/clk/SM", "dense BF16/FP16 tensor-core FLOPs"),
     "mufu_ex2_per_clk": ("ops/clk/SM", "MUFU.EX2 throughput (all 4 sub-partitions)"),
@@ -63,7 +64,27 @@ PARAMS: dict[str, tuple[str, str]] = {
                             "launch (standard deviation, independent per tile), in units of the tile's Q load at "
                             "tma_bytes_per_clk: the spread comes with the memory traffic at the tile's boundary; "
                             "only a tile table fixed before the launch pays for it; 0 = not modelled"),
+    # the power model (fa4sim/power.py): P(f) = static + s (f/fmax) clock_power
+    #   + 1e-3 f (s sum_u e_u r_u + e_l2 b_l2 + e_hbm b_hbm), s = (V(f)/V(fmax))^2
+    "power_cap_w": ("W", "board power limit the clock is held to; 0 = no power model (the clock stays at clock_ghz)"),
+    "clock_min_ghz": ("GHz", "lowest SM clock the power model may choose"),
+    "static_power_w": ("W", "power that does not scale with the SM clock (leakage, board, idle memory)"),
+    "clock_power_w": ("W", "power of the clocked but idle chip at clock_ghz (scales with f V^2)"),
+    "voltage_slope": ("1", "V(f)/V(fmax) = 1 - voltage_slope (1 - f/fmax): how the voltage falls with the clock"),
+    "energy_tensor_pj_per_flop": ("pJ/FLOP", "tensor-core energy per dense BF16 FLOP at the maximum clock's voltage"),
+    "energy_mufu_pj_per_op": ("pJ/op", "MUFU energy per ex2 at the maximum clock's voltage"),
+    "energy_fma_pj_per_lane_op": ("pJ/lane-op", "FMA-pipe energy per lane-op at the maximum clock's voltage"),
+    "energy_alu_pj_per_lane_op": ("pJ/lane-op", "ALU-pipe energy per lane-op at the maximum clock's voltage"),
+    "energy_smem_pj_per_byte": ("pJ/B", "energy per byte through shared memory (and TMEM on SM100) at the maximum "
+                                "clock's voltage"),
+    "energy_l2_pj_per_byte": ("pJ/B", "energy per byte from L2 into the SMs (not scaled by the SM voltage)"),
+    "energy_hbm_pj_per_byte": ("pJ/B", "energy per byte moved to or from HBM (not scaled by the SM voltage)"),
 }
+
+POWER_PARAMS = ("power_cap_w", "clock_min_ghz", "static_power_w", "clock_power_w", "voltage_slope",
+                "energy_tensor_pj_per_flop", "energy_mufu_pj_per_op", "energy_fma_pj_per_lane_op",
+                "energy_alu_pj_per_lane_op", "energy_smem_pj_per_byte", "energy_l2_pj_per_byte",
+                "energy_hbm_pj_per_byte")
 
 # Parameters that must be whole numbers.
 INTEGER = {"mma_queue_depth", "num_sms", "smem_capacity_bytes", "registers_per_sm", "tmem_columns", "l2_bytes"}

@@ -16,9 +16,9 @@ in the block count there) and close below it.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
-from . import hardware, implementation
+from . import hardware, implementation, power
 from .engine import Trace
 from .errors import InputError
 from .kernel_model import KernelTime, WorkUnit, kernel_time, work_units
@@ -48,6 +48,12 @@ class Result:
     period: Period | None = None
     notes: list = field(default_factory=list)
     hbm_busy: float = 0.0      # HBM share the rest of the launch takes while a CTA loads its Q tile
+    clock_ghz: float = 0.0     # the SM clock the time is computed at (= hw.clock_ghz)
+    clock_source: str = "profile"  # "power model" | "--set" | "profile"
+    power_w: float | None = None   # the power model's board power at that clock (None: no power model)
+    power_by_part: dict = field(default_factory=dict)  # W: static, clock, tensor, mufu, fma, alu, smem, l2, hbm
+    power_limited: bool = False    # the power cap sets the clock (below the maximum)
+    activity: object = None        # power.Activity: the launch's work per unit
 
     def to_json(self) -> dict:
         k = self.kernel
@@ -56,7 +62,11 @@ class Result:
             "problem": vars(self.problem), "knobs": self.knobs,
             "hw_params": {n: self.hw.values[n] for n in hardware.PARAMS},
             "tflops": round(self.tflops, 3), "time_us": round(self.time_us, 3),
-            "cycles": round(self.cycles, 1), "clock_ghz": self.hw.clock_ghz,
+            "cycles": round(self.cycles, 1), "clock_ghz": round(self.clock_ghz, 4),
+            "clock_source": self.clock_source,
+            "power_w": None if self.power_w is None else round(self.power_w, 1),
+            "power_by_part": {k: round(v, 1) for k, v in self.power_by_part.items()},
+            "power_limited": self.power_limited,
             "peak_tflops": round(self.hw.peak_tflops, 1),
             "mma_utilization": round(self.tflops / self.hw.peak_tflops, 4),
             "utilization": {u: round(v, 4) for u, v in self.utilization.items()},
@@ -109,6 +119,10 @@ def _hw_value(name: str, value):
         if v != int(v):
             raise InputError(name, f"must be an integer, got {value!r}")
         v = int(v)
+    if name == "voltage_slope" and v > 1:
+        raise InputError(name, f"must be between 0 and 1, got {value!r}")
+    if name == "clock_min_ghz" and v <= 0:
+        raise InputError(name, f"must be > 0, got {value!r}")
     positive = {"clock_ghz", "num_sms", "tensor_flops_per_clk", "mufu_ex2_per_clk", "fma_lanes_per_clk",
                 "alu_lanes_per_clk", "issue_per_clk", "smem_bytes_per_clk", "tma_bytes_per_clk",
                 "l2_bandwidth_tbps", "hbm_bandwidth_tbps", "mma_queue_depth"}
@@ -124,6 +138,8 @@ def simulate(hw="b200", schedule: str | None = None, problem: Problem | None = N
     choices to simulate (fa4kernel, flash-attn-4; default: the schedule's DEFAULT_IMPL);
     `overrides` the what-ifs: schedule knobs and hardware parameters by name."""
     profile, schedule, module, impl, knobs = setup(hw, schedule, problem, overrides, impl)
+    unset = hw if isinstance(hw, hardware.HardwareProfile) else hardware.load(hw)
+    base_clock, base_sources = unset.clock_ghz, unset.sources
 
     rows = module.rows_per_cta(knobs)
     two_cta = bool(knobs.get("two_cta", False))
@@ -150,11 +166,15 @@ def simulate(hw="b200", schedule: str | None = None, problem: Problem | None = N
     for u in units:
         by_shape.setdefault((u.masked, variant(u)), []).append(u.n_kv)
 
-    def launch(hbm_busy: float):
-        cache: dict[tuple, tuple] = {}
+    # per-shape costs in cycles: the schedules do not depend on the clock, so one cache serves
+    # every clock the power model tries (keyed by the Q loads' HBM share, which does)
+    cache: dict[tuple, tuple] = {}
+
+    def launch(at, hbm_busy: float):
+        """The launch on profile `at` (its clock) with the Q loads' HBM share hbm_busy."""
 
         def detailed(n: int, masked: int, unit_rows: int = rows):
-            key = (n, masked, unit_rows)
+            key = (hbm_busy, n, masked, unit_rows)
             if key not in cache:
                 k = knobs if unit_rows == rows else unit_knobs(knobs, unit_rows)
                 sched = module.build(profile, problem, k, n, masked, impl, hbm_busy)
@@ -170,35 +190,114 @@ def simulate(hw="b200", schedule: str | None = None, problem: Problem | None = N
             t1, extra = _interpolated(u, max(ns), lambda n, m: detailed(n, m, v))
             return t1 + prologue, extra
 
-        kt = kernel_time(problem, profile, units, cost_of, tile_n, two_cta,
+        kt = kernel_time(problem, at, units, cost_of, tile_n, two_cta,
                          persistent=bool(knobs.get("persistent", True)), order=knobs.get("tile_order", "lpt"),
                          rows=unit_rows)
         return kt, detailed
 
-    hbm_busy = 0.0
-    kt, detailed = launch(hbm_busy)
-    if getattr(module, "Q_FROM_HBM", False):
-        # Q loads share HBM with the rest of the launch: once more with the HBM share this
-        # launch's bytes take of its time (one refinement; its own change is second order).
-        # Skipped where even fully exposed the slower Q loads would add < 0.5 % (long
-        # sequences: few tiles per SM), which keeps those predictions at one pass.
-        busy = min(0.9, kt.hbm_us / max(kt.compute_us, 1e-9))
-        q_load = rows * problem.hdim * 2 / profile.tma_bytes_per_clk
-        if q_load * busy / (1.0 - busy) * kt.tiles_on_slowest > 0.005 * kt.cycles:
-            hbm_busy = busy
-            kt, detailed = launch(busy)
+    def at_clock(at, refine: bool = True):
+        """(KernelTime, detailed, hbm_busy) on profile `at`."""
+        kt, detailed = launch(at, 0.0)
+        if refine and getattr(module, "Q_FROM_HBM", False):
+            # Q loads share HBM with the rest of the launch: once more with the HBM share this
+            # launch's bytes take of its time (one refinement; its own change is second order).
+            # Skipped where even fully exposed the slower Q loads would add < 0.5 % (long
+            # sequences: few tiles per SM), which keeps those predictions at one pass.
+            busy = min(0.9, kt.hbm_us / max(kt.compute_us, 1e-9))
+            q_load = rows * problem.hdim * 2 / profile.tma_bytes_per_clk
+            if q_load * busy / (1.0 - busy) * kt.tiles_on_slowest > 0.005 * kt.cycles:
+                kt, detailed = launch(at, busy)
+                return kt, detailed, busy
+        return kt, detailed, 0.0
+
     longest = max(units, key=lambda u: (u.n_kv, -u.masked))
+    sm_blocks = sum(u.n_kv for u in units) * problem.batch * problem.heads * (2 if two_cta else 1)
+    tensor_flops = sum(u.n_kv for u in units) * problem.batch * problem.heads * 2.0 * unit_rows * tile_n * (
+        problem.hdim + problem.hdim_v)
+
+    def usage(at, kt, detailed):
+        """The launch's power.Activity on profile `at`."""
+        _, _, trace, period = detailed(longest.n_kv, longest.masked)
+        return power.activity(at, kt, power.work_per_block(trace, _window(trace, period)[3]), sm_blocks,
+                              tensor_flops)
+
+    forced = "clock_ghz" in (overrides or {})
+    fmax = base_clock if forced else profile.clock_ghz
+    modelled = power.has_model(profile)
+    if modelled and not forced:
+        if not 0 < profile.clock_min_ghz <= profile.clock_ghz:
+            raise InputError("clock_min_ghz", f"{profile.clock_min_ghz} GHz; with a power model (power_cap_w > 0) "
+                                              f"it must be > 0 and at most clock_ghz {profile.clock_ghz} GHz")
+        # the activity at the maximum clock sets a first clock; then the launch at that clock,
+        # and once more if the clock still moved by more than 0.1 %
+        kt, detailed, hbm_busy = at_clock(profile, refine=False)
+        pred = power.predict_clock(profile, usage(profile, kt, detailed))
+        at = profile
+        for _ in range(2):
+            at = _at(profile, pred.clock_ghz)
+            kt, detailed, hbm_busy = at_clock(at)
+            again = power.predict_clock(profile, usage(at, kt, detailed))
+            moved = abs(again.clock_ghz - pred.clock_ghz) > 1e-3 * pred.clock_ghz
+            if not moved:
+                break
+            pred = again
+        act = usage(at, kt, detailed)
+        watts, parts = power.power_w(profile, act, at.clock_ghz)
+        clock = power.ClockPrediction(at.clock_ghz, watts, parts, pred.limited, pred.note)
+        source = "power model"
+    else:
+        at = profile
+        kt, detailed, hbm_busy = at_clock(profile)
+        act = usage(at, kt, detailed)
+        source = "--set" if forced else "profile"
+        if modelled:  # a forced clock on a profile with a power model: its power there
+            watts, parts = power.power_w(profile, act, at.clock_ghz, fmax)
+            clock = power.ClockPrediction(at.clock_ghz, watts, parts, False)
+        else:
+            clock = power.ClockPrediction(at.clock_ghz, None, {}, False)
+
     t1, t2, trace, period = detailed(longest.n_kv, longest.masked)
     util, waits, interval = _steady_state(trace, period)
     tflops = problem.flops / (kt.time_us * 1e-6) / 1e12
-    result = Result(profile, schedule, impl, problem, knobs, tflops, kt.time_us, kt.cycles, util, "",
+    result = Result(at, schedule, impl, problem, knobs, tflops, kt.time_us, kt.cycles, util, "",
                     interval, waits, kt, trace, period)
     result.hbm_busy = hbm_busy
+    result.clock_ghz, result.clock_source = at.clock_ghz, source
+    result.power_w = clock.power_w
+    result.power_by_part = dict(clock.by_part)
+    result.power_limited = bool(clock.limited)
+    result.activity = act
     result.bottleneck = _bottleneck(result)
     result.notes.extend(trace.schedule.meta.get("notes", ()))
-    if not profile.sources.get("clock_ghz", "").startswith("measured"):
-        result.notes.append(f"clock {profile.clock_ghz} GHz was not measured on this chip under load; time scales with it")
+    result.notes.append(_clock_note(result, profile, base_sources))
+    if clock.note:
+        result.notes.append(clock.note)
     return result
+
+
+def _at(profile: hardware.HardwareProfile, ghz: float) -> hardware.HardwareProfile:
+    """The profile at the clock the power model predicts (the source says so)."""
+    return replace(profile, values={**profile.values, "clock_ghz": ghz},
+                   sources={**profile.sources, "clock_ghz": f"predicted by the power model (fa4sim/power.py) "
+                                                            f"under the {profile.power_cap_w:g} W cap; "
+                                                            f"maximum {profile.clock_ghz} GHz: "
+                                                            f"{profile.sources['clock_ghz']}"},
+                   confidence={**profile.confidence, "clock_ghz": "L"})
+
+
+def _clock_note(r: "Result", profile, base_sources: dict) -> str:
+    """What the clock the time is computed at rests on, for each clock_source."""
+    if r.clock_source == "power model":
+        guessed = [k for k in hardware.POWER_PARAMS if k != "clock_min_ghz" and profile.confidence.get(k) == "L"]
+        what = (f"{len(guessed)} of its parameters are placeholders or literature values (confidence L; fa4sim "
+                f"params)" if guessed else "its parameters are measured (fa4sim params)")
+        return (f"clock {r.clock_ghz:.3f} GHz predicted by the power model from the units' activity; {what}; "
+                f"time scales with the clock")
+    if r.clock_source == "--set":
+        return f"clock {r.clock_ghz} GHz set with --set; time scales with it"
+    if base_sources.get("clock_ghz", "").startswith("measured"):
+        return f"clock {r.clock_ghz} GHz is the profile's, measured on this chip under load; time scales with it"
+    return f"clock {r.clock_ghz} GHz was not measured on this chip under load; time scales with it"
 
 
 def setup(hw, schedule: str | None, problem: Problem | None, overrides: dict | None, impl):
@@ -262,20 +361,23 @@ def _interpolated(u: WorkUnit, n_max: int, detailed) -> tuple[float, float]:
     return t1, extra
 
 
-def _steady_state(trace: Trace, period: Period | None):
-    """Unit utilisation and tensor-core idle causes over the periodic part of the loop."""
+def _window(trace: Trace, period: Period | None):
+    """The loop's steady part of a one-tile trace: (t0, t1, cycles per KV block or None, the
+    KV iterations it spans as a range; None where the tile is too short for one)."""
     starts = trace.starts(trace.schedule.marker)
     if period is not None and len(starts) - period.first >= 2:
-        t0, t1 = starts[period.first], starts[-1]
-        interval = period.interval
-    elif len(starts) >= 16:
+        return starts[period.first], starts[-1], period.interval, range(period.first, len(starts) - 1)
+    if len(starts) >= 16:
         # no exact period within the simulated blocks (three warpgroups' pieces can interleave
         # without repeating): the mean interval over the second half of the tile instead
         m = len(starts) // 2
-        t0, t1 = starts[m], starts[-1]
-        interval = (t1 - t0) / (len(starts) - 1 - m)
-    else:
-        t0, t1, interval = 0.0, trace.end, None
+        return starts[m], starts[-1], (starts[-1] - starts[m]) / (len(starts) - 1 - m), range(m, len(starts) - 1)
+    return 0.0, trace.end, None, None
+
+
+def _steady_state(trace: Trace, period: Period | None):
+    """Unit utilisation and tensor-core idle causes over the periodic part of the loop."""
+    t0, t1, interval, _ = _window(trace, period)
     util = trace.utilization(t0, t1)
     waits: dict[str, float] = {}
     span = max(t1 - t0, 1e-9)

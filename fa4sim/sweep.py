@@ -80,7 +80,7 @@ def _point(args):
         return {**point, "error": str(e)}
     j = r.to_json()
     return {**point, "tflops": j["tflops"], "time_us": j["time_us"], "mma_utilization": j["mma_utilization"],
-            "cycles_per_kv_block": j["steady_state_cycles_per_kv_block"], "bottleneck": j["bottleneck"], "error": ""}
+            "clock_ghz": j["clock_ghz"], "power_w": j["power_w"], "cycles_per_kv_block": j["steady_state_cycles_per_kv_block"], "bottleneck": j["bottleneck"], "error": ""}
 
 
 def _progress(done: int, total: int, t0: float) -> None:
@@ -156,7 +156,8 @@ def run_sweep(a, schedule: str, problem: Problem, overrides: dict) -> int:
     rows = run_points(a.hw, schedule, problem, overrides, grid, a.jobs, not a.no_progress, impl=a.impl)
     prefix = a.out
     os.makedirs(os.path.dirname(prefix) or ".", exist_ok=True)
-    fields = [n for n, _ in grid] + ["tflops", "time_us", "mma_utilization", "cycles_per_kv_block", "bottleneck", "error"]
+    fields = [n for n, _ in grid] + ["tflops", "time_us", "mma_utilization", "clock_ghz", "power_w",
+                                     "cycles_per_kv_block", "bottleneck", "error"]
     with open(prefix + ".csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
         w.writeheader()

@@ -4,7 +4,12 @@ and its numbers: tests/data/prediction_grid.json (tests/data/make_prediction_gri
 
 Where a default was corrected to the kernel's own choice (fa4kernel's tile per head dim, its
 idle warpgroups), the point says so: its old defaults, given as what-ifs, still give the old
-numbers (the model did not move), and its default now gives the corrected numbers."""
+numbers (the model did not move), and its default now gives the corrected numbers.
+
+Profiles with a power model (h100, h200, b200) predict the clock from the load; their points
+force the clock they were predicted at before (overrides.clock_ghz: 1.789 GHz on h100 and h200,
+1.86 on b200, the profiles' former fixed clock_ghz), so the grid pins the cycle model whatever
+the power model's parameters; tests/test_sim_power.py tests the power model."""
 import json
 from pathlib import Path
 

@@ -24,6 +24,8 @@ def test_run_json_contract(capsys):
     assert code == 0
     j = json.loads(out)
     assert j["tflops"] > 0 and j["time_us"] > 0 and j["cycles"] > 0
+    assert j["clock_ghz"] > 0 and j["clock_source"] in ("power model", "--set", "profile")
+    assert j["power_w"] > 0 and set(j["power_by_part"]) >= {"static", "clock", "tensor"}
     assert isinstance(j["bottleneck"], str) and j["bottleneck"]
     assert all(0 <= v <= 1 for v in j["utilization"].values())
 
@@ -71,6 +73,9 @@ def test_sweep_writes_csv_json_png(tmp_path, capsys):
     assert len(rows) == 4
     assert all("hdim" in r["error"] for r in rows if r["hdim"] == "72")  # an unsupported head dim: per point
     assert all(r["tflops"] > 0 for r in rows if r["hdim"] == "64")
+    # each point's clock and the power model's power there (b200 has a power model)
+    assert all(0 < r["clock_ghz"] <= 1.965 and r["power_w"] > 0 for r in rows if r["hdim"] == "64")
+    assert "clock_ghz,power_w" in (tmp_path / "sw.csv").read_text().splitlines()[0]
     assert (tmp_path / "sw.csv").read_text().count("\n") == 5
     assert (tmp_path / "sw.png").exists()
 

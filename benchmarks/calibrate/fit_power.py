@@ -1,0 +1,276 @@
+"""Fit fa4sim's power model (fa4sim/power.py) to a power calibration file; optionally write it.
+
+    python -m benchmarks.calibrate.fit_power RESULTS.json [--profile fa4sim/profiles/h100.json --write]
+
+RESULTS.json is what benchmarks/calibrate/bench_power.py writes (meta.kind "power"): unit loads,
+each with its chip-wide activity per SM clock, the clock it ran at (in the kernel: clock64 over
+globaltimer; else NVML's) and its board power (NVML's energy counter over the run). The model
+
+    P(f) = static + s (f/fmax) clock_power + 1e-3 f (s sum_u e_u r_u + e_l2 b_l2 + e_hbm b_hbm),
+    s = (1 - voltage_slope (1 - f/fmax))^2
+
+is linear in static, clock_power and the energies once voltage_slope is fixed. So: for every
+voltage_slope on a grid over [0, 1] (step 0.005), a non-negative least-squares fit of those nine
+to every load's measured power at its measured clock, minimising the relative residuals; the
+slope with the least residual wins. A load held at the cap constrains the model through its
+clock this way: its power is the cap at the clock measured.
+
+It prints, per load: the measured clock and power, the model's power at that clock, the clock
+the model predicts from the load's activity alone (the highest clock under the cap) and, with the
+load left out of the fit, that prediction again (leave-one-out). A load's activity per SM clock
+is taken as fixed when the clock moves (true of compute loads; a memory-bound load's bytes per SM
+clock would rise at a lower clock).
+
+--write puts the fitted values, voltage_slope and clock_min_ghz (the lowest supported clock)
+into the profile, each with its source, confidence M. Nothing here looks at an attention timing.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from fa4sim import hardware, power
+
+# the linear parameters, in the order of the design matrix's columns
+LINEAR = ("static_power_w", "clock_power_w", "energy_tensor_pj_per_flop", "energy_mufu_pj_per_op",
+          "energy_fma_pj_per_lane_op", "energy_alu_pj_per_lane_op", "energy_smem_pj_per_byte",
+          "energy_l2_pj_per_byte", "energy_hbm_pj_per_byte")
+UNIT_OF = {"energy_tensor_pj_per_flop": "tensor", "energy_mufu_pj_per_op": "mufu",
+           "energy_fma_pj_per_lane_op": "fma", "energy_alu_pj_per_lane_op": "alu",
+           "energy_smem_pj_per_byte": "smem", "energy_l2_pj_per_byte": "l2", "energy_hbm_pj_per_byte": "hbm"}
+SLOPES = np.round(np.arange(0.0, 1.0 + 1e-9, 0.005), 3)
+
+# The B200's power model from the H100's (docs/reference/hardware.md, "Power"): the same TSMC
+# 4N-class process; dense BF16 energy per FLOP at the rated points, all in, B200 / H100
+TENSOR_RATIO = round((1000 / 2250) / (700 / 989.4), 3)   # 0.444 / 0.708 pJ per FLOP
+BOARD_RATIO = round(1000 / 700, 3)                        # board power limits, W
+
+
+class BadInput(ValueError):
+    """A calibration file or option we cannot use: one line."""
+
+
+def nnls(a: np.ndarray, b: np.ndarray, max_iter: int | None = None) -> np.ndarray:
+    """argmin ||a x - b|| subject to x >= 0 (Lawson and Hanson's active-set method)."""
+    m, n = a.shape
+    x = np.zeros(n)
+    passive = np.zeros(n, dtype=bool)
+    w = a.T @ (b - a @ x)
+    tol = 10 * np.finfo(float).eps * np.linalg.norm(a, 1) * max(m, n)
+    max_iter = max_iter or 3 * n
+    for _ in range(max_iter):
+        if passive.all() or (w[~passive] <= tol).all():
+            break
+        j = np.argmax(np.where(passive, -np.inf, w))
+        passive[j] = True
+        while True:
+            z = np.zeros(n)
+            z[passive] = np.linalg.lstsq(a[:, passive], b, rcond=None)[0]
+            if (z[passive] > tol).all():
+                break
+            neg = passive & (z <= tol)
+            alpha = np.min(x[neg] / (x[neg] - z[neg]))
+            x = x + alpha * (z - x)
+            passive &= x > tol
+            x[~passive] = 0.0
+        x = z
+        w = a.T @ (b - a @ x)
+    return x
+
+
+def design(loads: list[dict], fmax: float, slope: float) -> np.ndarray:
+    """The rows of P = row . (static, clock_power, energies) for each load at its measured clock."""
+    rows = []
+    for ld in loads:
+        f, r = ld["f"], ld["rates"]
+        s = (1.0 - slope * (1.0 - f / fmax)) ** 2
+        row = [1.0, s * f / fmax]
+        for name in LINEAR[2:]:
+            u = UNIT_OF[name]
+            row.append(1e-3 * f * (s if u in power.SM_UNITS else 1.0) * r.get(u, 0.0))
+        rows.append(row)
+    return np.array(rows)
+
+
+def fit(loads: list[dict], fmax: float, slopes=SLOPES) -> tuple[dict, float]:
+    """(parameter -> value, rms relative residual) of the best voltage_slope on the grid."""
+    p = np.array([ld["power_w"] for ld in loads])
+    best = None
+    for slope in slopes:
+        a = design(loads, fmax, float(slope)) / p[:, None]
+        x = nnls(a, np.ones(len(loads)))
+        res = float(np.sqrt(np.mean((a @ x - 1.0) ** 2)))
+        if best is None or res < best[1] - 1e-12:
+            best = ({**dict(zip(LINEAR, map(float, x))), "voltage_slope": float(slope)}, res)
+    return best
+
+
+def model_hw(base: hardware.HardwareProfile, values: dict, cap: float, fmax: float, fmin: float):
+    """The base profile with the fitted values, the device's cap and clock range."""
+    return base.with_values(**values, power_cap_w=cap, clock_ghz=fmax, clock_min_ghz=fmin)
+
+
+def _number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def read(path: str) -> tuple[dict, list[dict], dict]:
+    """(gpu, loads, meta) of a calibration file, each load with f (GHz), power_w and rates; or BadInput."""
+    try:
+        doc = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise BadInput(f"results: no such file {path!r}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise BadInput(f"results: {path} is not valid JSON ({e})") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("meta"), dict) or doc["meta"].get("kind") != "power":
+        raise BadInput(f"results: {path} is not a power calibration file (meta.kind must be \"power\"; "
+                       f"benchmarks/calibrate/bench_power.py writes one)")
+    gpu = doc.get("gpu")
+    if not isinstance(gpu, dict) or not _number(gpu.get("power_limit_w")) or gpu["power_limit_w"] <= 0:
+        raise BadInput("gpu.power_limit_w: must be a number > 0 (W)")
+    clocks = gpu.get("supported_clocks_mhz")
+    if not isinstance(clocks, list) or not clocks or not all(_number(c) and c > 0 for c in clocks):
+        raise BadInput("gpu.supported_clocks_mhz: must be a non-empty list of numbers > 0 (MHz)")
+    raw = doc.get("loads")
+    if not isinstance(raw, list) or not raw:
+        raise BadInput("loads: must be a non-empty list")
+    loads = []
+    for i, ld in enumerate(raw):
+        name = ld.get("name", f"#{i}") if isinstance(ld, dict) else f"#{i}"
+        if not isinstance(ld, dict):
+            raise BadInput(f"loads[{i}]: must be an object")
+        if ld.get("power_w") is None or ld.get("activity_per_clk") is None:
+            continue  # a load without a power or an activity does not constrain the fit
+        if not _number(ld["power_w"]) or ld["power_w"] <= 0:
+            raise BadInput(f"loads[{i}] ({name}).power_w: must be a number > 0 (W)")
+        f = ld.get("clock_ghz") if ld.get("clock_ghz") is not None else ld.get("clock_ghz_nvml")
+        if not _number(f) or f <= 0:
+            raise BadInput(f"loads[{i}] ({name}): needs clock_ghz or clock_ghz_nvml, a number > 0 (GHz)")
+        act = ld["activity_per_clk"]
+        if not isinstance(act, dict):
+            raise BadInput(f"loads[{i}] ({name}).activity_per_clk: must be an object")
+        rates = {}
+        for key, unit in power.CALIBRATION_KEYS.items():
+            v = act.get(key, 0.0)
+            if not _number(v) or v < 0:
+                raise BadInput(f"loads[{i}] ({name}).activity_per_clk.{key}: must be a number >= 0 (per SM clock)")
+            rates[unit] = float(v)
+        loads.append({"name": str(name), "f": float(f), "power_w": float(ld["power_w"]), "rates": rates,
+                      "in_kernel": ld.get("clock_ghz") is not None})
+    if len(loads) < 3:
+        raise BadInput(f"loads: {len(loads)} with a power and an activity; the fit needs at least 3")
+    return gpu, loads, doc["meta"]
+
+
+def report(base, gpu: dict, loads: list[dict], fmax: float) -> tuple[dict, float, list[dict]]:
+    """The fit, its residual and a row per load (printed by main)."""
+    values, res = fit(loads, fmax)
+    cap, fmin = float(gpu["power_limit_w"]), min(gpu["supported_clocks_mhz"]) / 1e3
+    hw = model_hw(base, values, cap, fmax, fmin)
+    rows = []
+    for i, ld in enumerate(loads):
+        p_model = power.power_w(hw, ld["rates"], ld["f"])[0]
+        pred = power.predict_clock(hw, ld["rates"]).clock_ghz
+        others = loads[:i] + loads[i + 1:]
+        loo = None
+        if len(others) >= 3:
+            loo_hw = model_hw(base, fit(others, fmax)[0], cap, fmax, fmin)
+            loo = power.predict_clock(loo_hw, ld["rates"]).clock_ghz
+        rows.append({"name": ld["name"], "clock_ghz": ld["f"], "in_kernel": ld["in_kernel"],
+                     "power_w": ld["power_w"], "model_power_w": p_model, "predicted_clock_ghz": pred,
+                     "loo_clock_ghz": loo})
+    return values, res, rows
+
+
+def write(profile_path: str, values: dict, meta: dict, gpu: dict, n: int, res: float) -> None:
+    doc = json.loads(Path(profile_path).read_text())
+    device = meta.get("device", "an unnamed device")
+    date = meta.get("date") or str(meta.get("date_utc", ""))[:10] or "an undated run"
+    how = (f"measured on {device} {date} by benchmarks/calibrate/bench_power.py + fit_power.py "
+           f"({n} unit loads, non-negative least squares on relative power with voltage_slope on a 0.005 grid; "
+           f"rms residual {res:.1%})")
+    for k, v in values.items():
+        doc["params"][k] = {"value": round(v, 4), "source": how, "confidence": "M"}
+    fmin = min(gpu["supported_clocks_mhz"]) / 1e3
+    doc["params"]["clock_min_ghz"] = {"value": fmin, "source": f"measured on {device} {date}: the lowest of the "
+                                      f"driver's supported SM clocks (benchmarks/calibrate/bench_power.py)",
+                                      "confidence": "M"}
+    Path(profile_path).write_text(json.dumps(doc, indent=1) + "\n")
+
+
+def derive_b200(h100: dict, how: str) -> dict:
+    """The B200 profile's power parameters from the H100's values (parameter -> value):
+    tensor energy x TENSOR_RATIO, static and clock power x BOARD_RATIO, the rest as they are."""
+    out = {}
+    for k in ("voltage_slope", *LINEAR):
+        if k == "energy_tensor_pj_per_flop":
+            v, why = h100[k] * TENSOR_RATIO, (f"x {TENSOR_RATIO}: at the rated point the B200 does 2.25 dense BF16 "
+                                              f"PFLOP/s at 1000 W (0.444 pJ/FLOP), the H100 SXM 989 TFLOP/s at 700 W "
+                                              f"(0.708 pJ/FLOP), on the same TSMC 4N-class process")
+        elif k in ("static_power_w", "clock_power_w"):
+            v, why = h100[k] * BOARD_RATIO, f"x {BOARD_RATIO} (1000 W / 700 W board limits)"
+        else:
+            v, why = h100[k], "(the same pipe, memory or DVFS range per operation on a 4N-class process)"
+        out[k] = {"value": round(v, 4), "source": f"the H100's value {why}; H100 {how}; "
+                                                  f"docs/reference/hardware.md, \"Power\"", "confidence": "L"}
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="fit_power", description=__doc__.split("\n\n")[0])
+    ap.add_argument("results", help="power calibration JSON (benchmarks/calibrate/bench_power.py)")
+    ap.add_argument("--profile", default=None, help="the profile to write (default: fa4sim/profiles/h100.json)")
+    ap.add_argument("--write", action="store_true", help="write the fitted values into --profile")
+    ap.add_argument("--b200", default=None, metavar="PROFILE.json",
+                    help="with --write: also derive this B200 profile's power parameters from the fitted ones "
+                         "(docs/reference/hardware.md, \"Power\"), e.g. fa4sim/profiles/b200.json")
+    a = ap.parse_args(argv)
+    try:
+        gpu, loads, meta = read(a.results)
+        path = a.profile or str(hardware.PROFILE_DIR / "h100.json")
+        if not Path(path).exists():
+            raise BadInput(f"--profile: no such file {path!r}")
+        base = hardware.load(path)
+    except (BadInput, hardware.InputError) as e:
+        print(f"fit_power: error: {e}", file=sys.stderr)
+        return 2
+    fmax = float(gpu["clock_max_mhz"]) / 1e3 if _number(gpu.get("clock_max_mhz")) else base.clock_ghz
+    if abs(fmax - base.clock_ghz) > 1e-3:
+        print(f"note: the device's maximum clock {fmax} GHz differs from the profile's clock_ghz {base.clock_ghz}")
+    if abs(float(gpu["power_limit_w"]) - float(base.power_cap_w)) > 0.5:
+        print(f"note: the device's power limit {gpu['power_limit_w']} W differs from the profile's "
+              f"power_cap_w {base.power_cap_w}")
+    values, res, rows = report(base, gpu, loads, fmax)
+    print(f"{len(loads)} loads on {meta.get('device', '?')}; fmax {fmax} GHz, cap {gpu['power_limit_w']} W; "
+          f"rms relative power residual {res:.2%}")
+    for k in ("voltage_slope", *LINEAR):
+        unit = hardware.PARAMS[k][0]
+        print(f"  {k:26s} = {values[k]:10.4f} {unit}")
+    print(f"\n{'load':28s} {'clock':>7s} {'':1s} {'power':>7s} {'model':>7s} {'pred.':>7s} {'loo':>7s}")
+    print(f"{'':28s} {'GHz':>7s} {'':1s} {'W':>7s} {'W':>7s} {'GHz':>7s} {'GHz':>7s}")
+    for r in rows:
+        loo = f"{r['loo_clock_ghz']:7.3f}" if r["loo_clock_ghz"] is not None else f"{'-':>7s}"
+        print(f"{r['name'][:28]:28s} {r['clock_ghz']:7.3f} {'' if r['in_kernel'] else '*':1s} {r['power_w']:7.1f} "
+              f"{r['model_power_w']:7.1f} {r['predicted_clock_ghz']:7.3f} {loo}")
+    print("clock: measured in the kernel (* = NVML's); model: the fit's power at that clock; pred.: the clock the "
+          "model predicts from the activity; loo: the same, fitted without that load")
+    if a.write:
+        write(path, values, meta, gpu, len(loads), res)
+        print(f"wrote {path}")
+        if a.b200:
+            doc = json.loads(Path(a.b200).read_text())
+            date = meta.get("date") or str(meta.get("date_utc", ""))[:10]
+            doc["params"].update(derive_b200(values, f"measured on {meta.get('device', '?')} {date} by "
+                                                     f"benchmarks/calibrate/bench_power.py + fit_power.py"))
+            Path(a.b200).write_text(json.dumps(doc, indent=1) + "\n")
+            print(f"wrote {a.b200}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,193 @@
+"""Power -> clock: the SM clock a GPU holds under a kernel's power, from the units' activity.
+
+A Hopper or Blackwell GPU under sustained load runs at the highest clock its board power limit
+allows. The model (docs/model.md, "Clock and power"): at SM clock f (GHz), with fmax the
+profile's clock_ghz (the maximum boost), s = (V(f)/V(fmax))^2, V(f)/V(fmax) = 1 - voltage_slope
+* (1 - f/fmax), r_u the chip-wide operations of unit u per SM clock and b the chip-wide bytes per
+SM clock,
+
+    P(f) = static + s (f/fmax) clock_power + 1e-3 f (s sum_u e_u r_u + e_l2 b_l2 + e_hbm b_hbm)   [W]
+
+(e in pJ, f in GHz: 1e-3 f e r is W). Units u: tensor (FLOPs), mufu (ops), fma and alu
+(lane-ops), smem (bytes through shared memory and, on SM100, TMEM). L2 and HBM energies do not
+scale with the SM's voltage. The predicted clock is the highest f in [clock_min_ghz, clock_ghz]
+with P(f) <= power_cap_w; P grows with f (the work per second and the voltage both do), so a
+bisection finds it. A profile with power_cap_w = 0 has no power model: the clock stays at
+clock_ghz.
+
+The activity of a launch (`activity`): every unit's work for the whole launch, over the
+launch's cycles at the clock f including the launch gap (a timed loop idles there):
+
+- tensor: the FLOPs the tensor core executes: 2 x rows x tile_n x (hdim + hdim_v) per KV block
+  of every tile (masked blocks count whole: the MMA runs on them);
+- mufu, fma, alu, smem: the work per KV block per SM, from the ops of the KV iterations in the
+  steady state of the longest tile (their nominal unit cycles, so a pipe slowed beside the
+  tensor core is not counted twice), x the KV blocks all tiles run (a CTA pair counts both SMs); a tile too
+  short for a steady state takes its whole simulated trace per block. The tile prologue and
+  epilogue (Q load, O store) beyond that are left out;
+- l2, hbm: the launch's bytes (kernel_model.traffic).
+
+The launch's time at f: the slowest slot's loop cycles / f plus the cold start, or the L2 or
+HBM time if longer, plus the launch gap; so the rates per SM clock follow f.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Mapping, NamedTuple
+
+# parts of the power, W; "static" and "clock" are the chip's own, the others its units'
+PARTS = ("static", "clock", "tensor", "mufu", "fma", "alu", "smem", "l2", "hbm")
+SM_UNITS = ("tensor", "mufu", "fma", "alu", "smem")     # energies scale with V^2
+MEMORY = ("l2", "hbm")                                  # energies do not
+ENERGY = {"tensor": "energy_tensor_pj_per_flop", "mufu": "energy_mufu_pj_per_op",
+          "fma": "energy_fma_pj_per_lane_op", "alu": "energy_alu_pj_per_lane_op",
+          "smem": "energy_smem_pj_per_byte", "l2": "energy_l2_pj_per_byte", "hbm": "energy_hbm_pj_per_byte"}
+# activity keys of the calibration file (benchmarks/calibrate/bench_power.py) -> our units
+CALIBRATION_KEYS = {"tensor_flops": "tensor", "mufu_ops": "mufu", "fma_lane_ops": "fma", "alu_lane_ops": "alu",
+                    "smem_bytes": "smem", "l2_bytes": "l2", "hbm_bytes": "hbm"}
+PART_WORDS = {"tensor": "the tensor core", "mufu": "the MUFU (exp2)", "fma": "the FMA pipe", "alu": "the ALU pipe",
+              "smem": "shared memory", "l2": "L2 traffic", "hbm": "HBM traffic"}
+BISECT_GHZ = 1e-5  # bisection stops within this of the answer
+
+
+@dataclass(frozen=True)
+class Activity:
+    """One launch's work and time. totals: unit -> FLOPs / ops / lane-ops / bytes of the whole
+    launch; loop_cycles: the slowest slot's SM cycles without the cold start; cold_us, l2_us,
+    hbm_us, gap_us: the launch's cold start, L2 and HBM times and the gap to the next launch."""
+
+    totals: dict
+    loop_cycles: float
+    cold_us: float = 0.0
+    l2_us: float = 0.0
+    hbm_us: float = 0.0
+    gap_us: float = 0.0
+
+    def time_us(self, f: float) -> float:
+        """The launch's time at SM clock f (GHz), the gap included (as kernel_model.kernel_time)."""
+        return max(self.loop_cycles / (f * 1e3) + self.cold_us, self.l2_us, self.hbm_us) + self.gap_us
+
+    def per_clk(self, f: float) -> dict:
+        """Chip-wide work per SM clock at clock f: unit -> ops (or bytes) per clock."""
+        cycles = self.time_us(f) * f * 1e3
+        return {u: v / cycles for u, v in self.totals.items()}
+
+
+def work_per_block(trace, iters: range | None = None) -> dict:
+    """Nominal unit cycles per KV block on one SM, from a one-tile trace: the `uses` of every op
+    of the KV iterations `iters` (the loop's steady part) over their number; iters None: every op
+    of the trace over all its blocks (a tile too short for a steady state)."""
+    sched = trace.schedule
+    blocks = len(iters) if iters is not None else sum(trace.tiles)
+    out: dict[str, float] = {}
+    for rec in trace.ops:
+        if iters is None or rec.iter in iters:
+            for unit, cycles in sched.op(rec.name).uses:
+                out[unit] = out.get(unit, 0.0) + cycles
+    return {u: c / max(blocks, 1) for u, c in out.items()}
+
+
+def activity(hw, kernel, per_block: dict, sm_blocks: float, tensor_flops: float) -> Activity:
+    """A launch's Activity. hw: the profile (unit rates per clock); kernel: its KernelTime at
+    hw.clock_ghz; per_block: nominal unit cycles per KV block on one SM (work_per_block);
+    sm_blocks: KV blocks run on all SMs together (a CTA pair's block counts on both SMs);
+    tensor_flops: FLOPs the tensor core executes in the launch."""
+    busy = {u: c * sm_blocks for u, c in per_block.items()}
+    totals = {
+        "tensor": float(tensor_flops),
+        "mufu": busy.get("mufu", 0.0) * hw.mufu_ex2_per_clk,
+        "fma": busy.get("fma", 0.0) * hw.fma_lanes_per_clk,
+        "alu": busy.get("alu", 0.0) * hw.alu_lanes_per_clk,
+        "smem": (busy.get("smem", 0.0) + busy.get("smem:lsu", 0.0)) * hw.smem_bytes_per_clk
+                + busy.get("tmem", 0.0) * hw.tmem_bytes_per_clk,
+        "l2": float(kernel.l2_bytes),
+        "hbm": float(kernel.hbm_bytes),
+    }
+    loop = kernel.cycles - kernel.cold_start_us * hw.clock_ghz * 1e3
+    return Activity(totals, loop, kernel.cold_start_us, kernel.l2_us, kernel.hbm_us, hw.launch_gap_us)
+
+
+def has_model(hw) -> bool:
+    """Whether the profile has a power model (power_cap_w > 0)."""
+    return float(hw.values.get("power_cap_w", 0) or 0) > 0
+
+
+def voltage(hw, f: float, fmax: float | None = None) -> float:
+    """V(f) / V(fmax), 1 at the maximum clock."""
+    fmax = hw.clock_ghz if fmax is None else fmax
+    return 1.0 - hw.voltage_slope * (1.0 - f / fmax)
+
+
+def power_w(hw, act, f: float, fmax: float | None = None) -> tuple[float, dict]:
+    """(total W, W by part) at SM clock f (GHz). act: an Activity (rates follow f) or a mapping
+    unit -> chip-wide ops per SM clock (a calibration load's, fixed). fmax: the maximum clock
+    (default hw.clock_ghz)."""
+    fmax = hw.clock_ghz if fmax is None else fmax
+    rates: Mapping = act.per_clk(f) if isinstance(act, Activity) else act
+    s = voltage(hw, f, fmax) ** 2
+    parts = {"static": float(hw.static_power_w), "clock": s * (f / fmax) * hw.clock_power_w}
+    for u in SM_UNITS:
+        parts[u] = 1e-3 * f * s * hw.values[ENERGY[u]] * rates.get(u, 0.0)
+    for u in MEMORY:
+        parts[u] = 1e-3 * f * hw.values[ENERGY[u]] * rates.get(u, 0.0)
+    return sum(parts.values()), parts
+
+
+class ClockPrediction(NamedTuple):
+    clock_ghz: float
+    power_w: float
+    by_part: dict
+    limited: bool      # the cap sets the clock (below the maximum)
+    note: str = ""     # set when even clock_min_ghz exceeds the cap
+
+
+def predict_clock(hw, act, fmax: float | None = None) -> ClockPrediction:
+    """The highest f in [clock_min_ghz, fmax] with P(f) <= power_cap_w (fmax: default
+    hw.clock_ghz). At fmax when the load stays under the cap; at clock_min_ghz, with a note,
+    when even that exceeds it."""
+    fmax = hw.clock_ghz if fmax is None else fmax
+    cap = float(hw.power_cap_w)
+    p, parts = power_w(hw, act, fmax, fmax)
+    if p <= cap:
+        return ClockPrediction(fmax, p, parts, False)
+    lo = min(float(hw.clock_min_ghz), fmax)
+    p_lo, parts_lo = power_w(hw, act, lo, fmax)
+    if p_lo > cap:
+        return ClockPrediction(lo, p_lo, parts_lo, True,
+                               f"even at clock_min_ghz {lo} GHz the model's power {p_lo:.0f} W exceeds the "
+                               f"{cap:.0f} W cap; the clock is held at clock_min_ghz")
+    hi = fmax  # invariant: P(lo) <= cap < P(hi)
+    while hi - lo > BISECT_GHZ:
+        mid = 0.5 * (lo + hi)
+        if power_w(hw, act, mid, fmax)[0] <= cap:
+            lo = mid
+        else:
+            hi = mid
+    f = max(math.floor(lo * 1e4) / 1e4, float(hw.clock_min_ghz))  # to 0.1 MHz, still under the cap
+    p, parts = power_w(hw, act, f, fmax)
+    return ClockPrediction(f, p, parts, True)
+
+
+def dominant(by_part: dict) -> tuple[str, float]:
+    """The unit part (not static, not clock) that draws the most power: (part, W)."""
+    units = {k: v for k, v in by_part.items() if k not in ("static", "clock")}
+    if not units:
+        return "", 0.0
+    name = max(units, key=units.get)
+    return name, units[name]
+
+
+def describe(clock_ghz: float, source: str, power: float | None, by_part: dict, limited: bool,
+             cap: float = 0.0) -> str:
+    """One line: the clock, where it comes from and, when the cap sets it, which unit's power."""
+    if source == "--set":
+        extra = f" (the model's power there: {power:.0f} W, cap {cap:.0f} W)" if power is not None else ""
+        return f"clock {clock_ghz:.3f} GHz: set with --set{extra}"
+    if source == "profile":
+        return f"clock {clock_ghz:.3f} GHz: the profile's fixed clock (no power model)"
+    part, watts = dominant(by_part)
+    if limited:
+        return (f"clock {clock_ghz:.3f} GHz: the {cap:.0f} W cap, set mostly by {PART_WORDS.get(part, part)} "
+                f"({watts:.0f} W)")
+    return f"clock {clock_ghz:.3f} GHz: the maximum; the model's power {power:.0f} W stays under the {cap:.0f} W cap"

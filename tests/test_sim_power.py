@@ -1,0 +1,245 @@
+"""The power model (fa4sim/power.py): power -> clock, its use in simulate(), and its fit
+(benchmarks/calibrate/fit_power.py). No GPU."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fa4sim import Problem, hardware, power, simulate
+from fa4sim.cli import main
+from benchmarks.calibrate import fit_power
+
+ROOT = Path(__file__).resolve().parents[1]
+PROBLEM = Problem(2, 16, 8192, 8192, 128)
+SMALL = Problem(1, 4, 512, 512, 128)
+
+
+@pytest.fixture(scope="module")
+def h100_run():
+    return simulate("h100", "fa3", PROBLEM)
+
+
+def gemm_like(tensor_share: float, hw) -> dict:
+    """Chip-wide rates per SM clock of a load keeping the tensor core `tensor_share` busy."""
+    n = hw.num_sms
+    return {"tensor": tensor_share * hw.tensor_flops_per_clk * n, "smem": tensor_share * 80.0 * n,
+            "mufu": 0.0, "fma": 0.0, "alu": 0.0, "l2": 0.0, "hbm": 0.0}
+
+
+def test_power_grows_with_the_clock(h100_run):
+    hw = hardware.load("h100")
+    fs = np.linspace(hw.clock_min_ghz, hw.clock_ghz, 60)
+    for act in (h100_run.activity, gemm_like(0.8, hw)):
+        p = [power.power_w(hw, act, f)[0] for f in fs]
+        assert all(b > a for a, b in zip(p, p[1:]))
+    total, parts = power.power_w(hw, h100_run.activity, 1.6)
+    assert set(parts) == set(power.PARTS) and total == pytest.approx(sum(parts.values()))
+
+
+def test_predicted_clock_sits_at_the_cap(h100_run):
+    hw = hardware.load("h100")
+    pred = power.predict_clock(hw, h100_run.activity)
+    assert pred.limited and hw.clock_min_ghz <= pred.clock_ghz < hw.clock_ghz
+    assert pred.power_w <= hw.power_cap_w
+    assert power.power_w(hw, h100_run.activity, pred.clock_ghz + 1e-3)[0] > hw.power_cap_w
+    # simulate() reports that clock, the power there, and the time at it
+    r = h100_run
+    assert r.clock_source == "power model" and r.power_limited
+    assert r.clock_ghz == pytest.approx(pred.clock_ghz, abs=2e-3)
+    assert r.hw.clock_ghz == r.clock_ghz and r.power_w <= hw.power_cap_w
+    assert r.hw.peak_tflops == pytest.approx(hw.peak_tflops * r.clock_ghz / hw.clock_ghz)
+    assert r.activity.time_us(r.clock_ghz) == pytest.approx(r.time_us)
+    assert power.dominant(r.power_by_part)[0] == "tensor"
+
+
+def test_more_tensor_work_lowers_the_clock():
+    hw = hardware.load("h100")
+    clocks = [power.predict_clock(hw, gemm_like(share, hw)).clock_ghz for share in (0.5, 0.7, 0.85, 1.0)]
+    assert all(b < a for a, b in zip(clocks, clocks[1:]))
+
+
+def test_a_clock_below_the_cap_is_the_maximum():
+    r = simulate("h100", "fa3", SMALL)
+    assert r.clock_ghz == hardware.load("h100").clock_ghz and not r.power_limited
+    assert r.clock_source == "power model" and r.power_w < r.hw.power_cap_w
+
+
+def test_even_the_lowest_clock_over_the_cap_says_so():
+    hw = hardware.load("h100").with_values(power_cap_w=50)
+    pred = power.predict_clock(hw, gemm_like(1.0, hw))
+    assert pred.clock_ghz == hw.clock_min_ghz and pred.limited and "clock_min_ghz" in pred.note
+
+
+def test_set_clock_forces_it(h100_run):
+    r = simulate("h100", "fa3", PROBLEM, {"clock_ghz": 1.5})
+    assert r.clock_ghz == 1.5 and r.hw.clock_ghz == 1.5 and r.clock_source == "--set" and not r.power_limited
+    assert any("set with --set" in n for n in r.notes)
+    # its power there, on the profile's own maximum clock
+    assert r.power_w == pytest.approx(power.power_w(hardware.load("h100"), r.activity, 1.5)[0])
+    # the predicted clock, forced, gives the same prediction: the model iterates to a fixed point
+    same = simulate("h100", "fa3", PROBLEM, {"clock_ghz": h100_run.clock_ghz})
+    assert same.time_us == pytest.approx(h100_run.time_us, rel=1e-9)
+    assert same.cycles == pytest.approx(h100_run.cycles, rel=1e-9)
+
+
+def test_no_power_model_keeps_the_profile_clock():
+    r = simulate("h100-datasheet", "fa3", PROBLEM)
+    assert r.clock_ghz == hardware.load("h100-datasheet").clock_ghz and r.clock_source == "profile"
+    assert r.power_w is None and r.power_by_part == {} and not r.power_limited
+    assert any("was not measured on this chip" in n for n in r.notes)
+    off = simulate("h100", "fa3", PROBLEM, {"power_cap_w": 0})
+    assert off.clock_ghz == hardware.load("h100").clock_ghz and off.clock_source == "profile"
+
+
+def test_every_profile_gives_the_power_parameters():
+    for name in hardware.available():
+        hw = hardware.load(name)
+        for k in hardware.POWER_PARAMS:
+            assert k in hardware.PARAMS and hw.sources[k]
+        if power.has_model(hw):
+            assert 0 < hw.clock_min_ghz < hw.clock_ghz and 0 <= hw.voltage_slope <= 1
+            assert all(hw.values[power.ENERGY[u]] > 0 for u in power.ENERGY)
+            # the profiles' own clock, forced, predicts as before the power model (prediction grid)
+            assert hw.confidence["power_cap_w"] == "H"
+
+
+@pytest.mark.parametrize("name", ["b200", "h200"])
+def test_other_profiles_predict_a_clock(name):
+    r = simulate(name, problem=PROBLEM)
+    hw = hardware.load(name)
+    assert r.clock_source == "power model" and r.power_w <= hw.power_cap_w + 1e-6
+    assert hw.clock_min_ghz <= r.clock_ghz <= hw.clock_ghz
+
+
+def test_bad_power_parameters_are_refused():
+    from fa4sim.errors import InputError
+    with pytest.raises(InputError, match="voltage_slope"):
+        simulate("h100", "fa3", SMALL, {"voltage_slope": 1.5})
+    with pytest.raises(InputError, match="clock_min_ghz"):
+        simulate("h100", "fa3", SMALL, {"clock_min_ghz": 2.5})
+    with pytest.raises(InputError, match="clock_min_ghz"):  # a cap on a profile without a clock range
+        simulate("h100-datasheet", "fa3", SMALL, {"power_cap_w": 500})
+
+
+def test_cli_json_has_the_clock(capsys):
+    code = main(["run", "--hw", "h100", "--impl", "flash-attn-4", "--hdim", "128", "--seqlen", "2048",
+                 "--batch", "2", "--heads", "16", "--causal", "--json"])
+    j = json.loads(capsys.readouterr().out)
+    assert code == 0
+    assert {"time_us", "tflops", "clock_ghz", "power_w", "clock_source"} <= set(j)
+    assert j["clock_source"] == "power model" and j["power_w"] > 0 and 0 < j["clock_ghz"] <= 1.98
+    main(["run", "--hw", "h100", "--seqlen", "8192", "--batch", "2"])
+    out = capsys.readouterr().out
+    assert "clock     " in out and "W cap, set mostly by the tensor core" in out and "power     " in out
+
+
+# --- the fit --------------------------------------------------------------------------------
+
+TRUE = {"static_power_w": 80.0, "clock_power_w": 110.0, "voltage_slope": 0.42,
+        "energy_tensor_pj_per_flop": 0.6, "energy_mufu_pj_per_op": 4.0, "energy_fma_pj_per_lane_op": 1.2,
+        "energy_alu_pj_per_lane_op": 0.8, "energy_smem_pj_per_byte": 0.5, "energy_l2_pj_per_byte": 6.0,
+        "energy_hbm_pj_per_byte": 30.0}
+
+
+def synthetic(seed: int = 0, noise: float = 0.003) -> dict:
+    """A calibration file the model itself generates: unit loads, each at the clock the true
+    parameters predict under a 700 W cap (or a locked clock), power with relative noise."""
+    rng = np.random.default_rng(seed)
+    hw = hardware.load("h100").with_values(**TRUE)
+    n = hw.num_sms
+    mixes = []
+    for share in (0.3, 0.5, 0.65, 0.8, 0.9, 1.0):
+        mixes.append({"tensor_flops": share * 4096 * n, "smem_bytes": share * 80 * n})
+    mixes += [{"mufu_ops": 16 * n}, {"fma_lane_ops": 128 * n}, {"alu_lane_ops": 64 * n},
+              {"smem_bytes": 128 * n}, {"l2_bytes": 5000.0}, {"hbm_bytes": 1500.0},
+              {"fma_lane_ops": 64 * n, "mufu_ops": 8 * n, "alu_lane_ops": 32 * n},
+              {"tensor_flops": 0.7 * 4096 * n, "mufu_ops": 10 * n, "fma_lane_ops": 40 * n, "smem_bytes": 60 * n}]
+    loads = []
+    for i, mix in enumerate(mixes):
+        rates = {u: float(mix.get(k, 0.0)) for k, u in power.CALIBRATION_KEYS.items()}
+        for lock in (None, 1.41):  # as it runs, and at a locked clock
+            f = power.predict_clock(hw, rates).clock_ghz if lock is None else lock
+            p = power.power_w(hw, rates, f)[0] * (1 + noise * rng.standard_normal())
+            loads.append({"name": f"load{i}{'' if lock is None else '@1.41'}", "what": "synthetic",
+                          "clock_ghz": f, "clock_ghz_nvml": f, "power_w": p, "seconds": 2.0,
+                          "temperature_c": 60,
+                          "activity_per_clk": {k: float(mix.get(k, 0.0)) for k in power.CALIBRATION_KEYS}})
+    return {"meta": {"device": "Test GPU", "date": "2026-11-23", "kind": "power"},
+            "gpu": {"power_limit_w": 700.0, "clock_max_mhz": 1980, "supported_clocks_mhz": [1980, 1410, 345],
+                    "idle_power_w": 70.0},
+            "loads": loads}
+
+
+def test_nnls_matches_a_known_solution():
+    rng = np.random.default_rng(1)
+    a = rng.random((30, 6))
+    x_true = np.array([1.0, 0.0, 2.5, 0.0, 0.3, 4.0])
+    x = fit_power.nnls(a, a @ x_true)
+    assert np.allclose(x, x_true, atol=1e-8)
+    # a negative unconstrained optimum is clipped to the boundary and still optimal (KKT)
+    b = a @ np.array([1.0, -2.0, 1.0, 1.0, 1.0, 1.0])
+    x = fit_power.nnls(a, b)
+    grad = a.T @ (a @ x - b)
+    assert (x >= 0).all() and np.all(grad[x > 1e-9] == pytest.approx(0.0, abs=1e-8)) and (grad >= -1e-8).all()
+
+
+def test_fit_recovers_the_parameters(tmp_path):
+    path = tmp_path / "power.json"
+    path.write_text(json.dumps(synthetic()))
+    gpu, loads, meta = fit_power.read(str(path))
+    values, res, rows = fit_power.report(hardware.load("h100"), gpu, loads, 1.98)
+    assert values["voltage_slope"] == pytest.approx(TRUE["voltage_slope"], abs=0.03)
+    for k in ("static_power_w", "clock_power_w", "energy_tensor_pj_per_flop", "energy_mufu_pj_per_op",
+              "energy_fma_pj_per_lane_op", "energy_hbm_pj_per_byte"):
+        assert values[k] == pytest.approx(TRUE[k], rel=0.1), k
+    assert res < 0.01
+    for r in rows:  # and predicts every load's clock, fitted with and without it
+        if not r["name"].endswith("@1.41"):
+            assert r["predicted_clock_ghz"] == pytest.approx(r["clock_ghz"], abs=0.01)
+            assert r["loo_clock_ghz"] == pytest.approx(r["clock_ghz"], abs=0.02)
+
+
+def test_fit_writes_the_profile(tmp_path):
+    path = tmp_path / "power.json"
+    path.write_text(json.dumps(synthetic(noise=0.0)))
+    prof = tmp_path / "h100.json"
+    prof.write_text((ROOT / "fa4sim/profiles/h100.json").read_text())
+    b200 = tmp_path / "b200.json"
+    b200.write_text((ROOT / "fa4sim/profiles/b200.json").read_text())
+    out = subprocess.run([sys.executable, "-m", "benchmarks.calibrate.fit_power", str(path), "--profile", str(prof),
+                          "--write", "--b200", str(b200)], capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    assert "load0" in out.stdout and "voltage_slope" in out.stdout
+    hw = hardware.load(str(prof))
+    assert hw.voltage_slope == pytest.approx(TRUE["voltage_slope"], abs=0.006)
+    assert hw.energy_tensor_pj_per_flop == pytest.approx(TRUE["energy_tensor_pj_per_flop"], rel=0.01)
+    assert hw.clock_min_ghz == 0.345 and hw.confidence["clock_min_ghz"] == "M"
+    assert hw.sources["static_power_w"].startswith("measured on Test GPU 2026-11-23 by benchmarks/calibrate/")
+    assert hw.confidence["energy_hbm_pj_per_byte"] == "M"
+    # the B200 follows from the fitted H100 by the stated ratios
+    b = hardware.load(str(b200))
+    assert b.energy_tensor_pj_per_flop == pytest.approx(hw.energy_tensor_pj_per_flop * fit_power.TENSOR_RATIO,
+                                                        rel=1e-3)
+    assert b.static_power_w == pytest.approx(hw.static_power_w * fit_power.BOARD_RATIO, rel=1e-3)
+    assert b.energy_mufu_pj_per_op == hw.energy_mufu_pj_per_op and b.confidence["voltage_slope"] == "L"
+    assert b.power_cap_w == 1000 and "measured on Test GPU" in b.sources["energy_tensor_pj_per_flop"]
+
+
+@pytest.mark.parametrize("doc,what", [
+    ("not json", "not valid JSON"),
+    (json.dumps({"meta": {"kind": "calibration"}}), "meta.kind"),
+    (json.dumps({"meta": {"kind": "power"}, "gpu": {"power_limit_w": 700}, "loads": []}), "supported_clocks_mhz"),
+    (json.dumps({"meta": {"kind": "power"}, "gpu": {"power_limit_w": 700, "supported_clocks_mhz": [1980]},
+                 "loads": [{"name": "x", "power_w": -3, "clock_ghz": 1.9, "activity_per_clk": {}}]}), "power_w"),
+])
+def test_fit_refuses_bad_input_in_one_line(tmp_path, doc, what):
+    path = tmp_path / "bad.json"
+    path.write_text(doc)
+    out = subprocess.run([sys.executable, "-m", "benchmarks.calibrate.fit_power", str(path)], capture_output=True,
+                         text=True, cwd=ROOT)
+    assert out.returncode == 2 and out.stdout == ""
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and what in lines[0]
