@@ -16,8 +16,10 @@ Kernel (384 threads = 3 warpgroups, one CTA per SM, grid = the SM count):
      97 FFMA/FADD/FMUL, 32 MUFU.EX2, 16 F2FP), sleep (nanosleep only: a clocked, idle SM).
   Every warp's lane 0 stamps clock64 and %globaltimer around its loop and counts its trips, so a
   load's activity per clock is counted, not assumed.
-Two loads move memory instead (torch copies): HBM (1 GiB buffers) and L2 (16 MiB, L2-resident);
-their SM clock is NVML's (no in-kernel stamp).
+Two loads move memory instead, with bench_tma's ring of TMA box loads on every SM (the path
+attention's K/V loads take): L2 hits (every CTA reads the same 2 MB) and HBM (disjoint parts of
+1 GiB, through L2); their SM clock is NVML's (no in-kernel stamp). A torch copy is no stand-in:
+its loads and stores through the registers cost the SM about 4 times the energy per byte.
 
 Each load runs ~4.5 s as back-to-back ~25 ms launches: 2 s for the power cap to settle the
 clock, then a 2.5 s measured window whose power is the slope of NVML's energy counter over the
@@ -249,8 +251,8 @@ LOADS = {
     "tensor128+mix2": ("mix", 1, 128, 0, 2, "wgmma N=128 back to back beside two softmax-like warpgroups"),
     "tensor256_gap1000+mix2": ("mix", 1, 256, 1000, 2, "wgmma N=256 at a duty cycle beside two softmax-like warpgroups"),
     "tensor128+ffma": ("ffma", 1, 128, 0, 2, "wgmma N=128 beside two FFMA warpgroups"),
-    "hbm": (None, 0, 0, 0, 0, "torch copy of 1 GiB into another (HBM read + write)"),
-    "l2": (None, 0, 0, 0, 0, "torch copy of 16 MiB into another (L2-resident)"),
+    "tma_l2": (None, 0, 0, 0, 0, "TMA box loads on every SM from the same 2 MB (L2 hits into shared memory)"),
+    "tma_hbm": (None, 0, 0, 0, 0, "TMA box loads on every SM from disjoint parts of 1 GiB (HBM through L2)"),
     "tensor256_again": ("sleep", 1, 256, 0, 0, "tensor256 once more at the end (drift, temperature)"),
 }
 
@@ -486,43 +488,56 @@ def settle(load: dict) -> dict:
     return load
 
 
-def copy_load(dev, nvml, name, what, nbytes):
-    """A copy of nbytes into another, `reps` times per replay of a CUDA graph (an L2-resident
-    copy takes microseconds: launched one by one, the host could not keep up)."""
+def tma_load(dev, nvml, name, what, nsm):
+    """bench_tma's ring of TMA box loads on every SM, sustained: the L2 -> shared-memory path
+    attention's K/V loads take (no register traffic, unlike a copy kernel). l2: every CTA
+    cycles over the same 2 MB (L2 hits); hbm: disjoint regions of a 1 GiB tensor (every byte
+    from HBM, and through L2)."""
+    from cutlass import Int32 as I32
+
+    from . import bench_tma as tma
+
     torch = dev.torch
-    src = torch.randn(nbytes // 4, device="cuda")
-    dst = torch.empty_like(src)
-    reps = max(1, int(5e-3 * 5e12 / (2 * nbytes)))  # ~5 ms per replay at L2 speed
-    dst.copy_(src)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(reps):
-            dst.copy_(src)
-    graph.replay()
+    g = torch.randn(tma.ROWS, tma.BOX, device="cuda").to(torch.bfloat16)
+    stamps = torch.zeros(8192, dtype=torch.int64, device="cuda")
+    fn = tma.make()
+    ntiles = tma.ROWS // tma.BOX
+    if name == "tma_l2":
+        stride, region = 0, 255
+    else:
+        stride = (ntiles // nsm) // tma.STAGES * tma.STAGES
+        region = 0x7FFFFFFF
+
+    def conv(n):
+        return [dev.ct(g), dev.ct(stamps), I32(1), I32(n), I32(1), I32(stride), I32(region), I32(nsm)]
+
+    n0 = tma.STAGES * 2000 if name == "tma_l2" else stride
+    dev.call(("tma", "power"), fn, g, stamps, I32(1), I32(n0), I32(1), I32(stride), I32(region), I32(nsm))
     e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     e0.record()
-    for _ in range(10):
-        graph.replay()
+    dev.cache[("tma", "power")](*conv(n0), dev.stream())
     e1.record()
     torch.cuda.synchronize()
-    per_ms = e0.elapsed_time(e1) / 10
-    n_warm = max(1, int(WARM_S * 1e3 / per_ms))
+    per_ms = e0.elapsed_time(e1)
+    n = n0 if name != "tma_l2" else max(tma.STAGES, int(n0 * LAUNCH_MS / per_ms) // tma.STAGES * tma.STAGES)
+    per_ms = per_ms * n / n0
+    args = conv(n)
+    for _ in range(max(1, int(WARM_S * 1e3 / per_ms))):
+        dev.cache[("tma", "power")](*args, dev.stream())
     n_meas = max(2, int(MEASURE_S * 1e3 / per_ms))
-    for _ in range(n_warm):
-        graph.replay()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
     for _ in range(n_meas):
-        graph.replay()
+        dev.cache[("tma", "power")](*args, dev.stream())
     end.record()
     w = _window(nvml, torch, start, end)
     gpu_s = start.elapsed_time(end) / 1e3
     f = w["clock_ghz_nvml"]
-    moved = 2.0 * nbytes * reps * n_meas / gpu_s  # bytes per second, read + write
+    moved = nsm * n * tma.TILE_BYTES * n_meas / gpu_s
     act = {"tensor_flops": 0.0, "smem_bytes": 0.0, "mufu_ops": 0.0, "fma_lane_ops": 0.0, "alu_lane_ops": 0.0,
-           "l2_bytes": 0.0, "hbm_bytes": 0.0}
-    act["hbm_bytes" if name == "hbm" else "l2_bytes"] = moved / (f * 1e9) if f else 0.0
+           "l2_bytes": moved / (f * 1e9) if f else 0.0, "hbm_bytes": 0.0}
+    if name == "tma_hbm":
+        act["hbm_bytes"] = act["l2_bytes"]
     return {"name": name, "what": what, "clock_ghz": f, "clock_ghz_in_kernel": None, **w,
             "power_capped": False, "activity_per_clk": act, "bytes_per_s": moved}
 
@@ -557,8 +572,8 @@ def run(only=()) -> dict:
             continue
         t = time.perf_counter()
         try:
-            if spec[0] is None:
-                r = copy_load(dev, nvml, name, spec[-1], (1 << 30) if name == "hbm" else (16 << 20))
+            if name.startswith("tma_"):
+                r = tma_load(dev, nvml, name, spec[-1], nsm)
             else:
                 r = kernel_load(dev, nvml, name, spec, nsm)
         except Exception as e:  # noqa: BLE001 - one failed load must not lose the others
