@@ -219,3 +219,89 @@ def test_nvml_power_from_the_energy_counter_and_reasons():
     assert out["power_w_mean"] == pytest.approx(700.0) and out["power_n"] == 3
     assert out["temperature_c"] == 62 and out["clock_event_reasons"] == ["sw_power_cap"]
     assert reason_names(0x4 | 0x40 | 0x10000) == ["sw_power_cap", "hw_thermal_slowdown", "0x10000"]
+
+
+# ---------------------------------------------------------------------------------------------
+# fa4sim validate, kind "sustained"
+
+from fa4sim import Problem, simulate, validate  # noqa: E402
+from fa4sim.cli import main as cli_main  # noqa: E402
+from fa4sim.validate import sustained as vs  # noqa: E402
+
+
+def sustained_point(name, b, h, sq, sk, d, causal, results, dv=None, clock=None, config=None):
+    dv = dv or d
+    p = {"name": name, "group": "new", "batch": b, "heads": h, "seqlen": sq, "seqlen_k": sk, "hdim": d, "hdim_v": dv,
+         "causal": causal, "results": {}}
+    flops = Problem(b, h, sq, sk, d, causal, dv).flops
+    for kernel, (tflops, ok) in results.items():
+        p["results"][kernel] = {"ms": flops / (tflops * 1e12) * 1e3, "tflops": tflops, "sm_mhz": 1755.0,
+                                "power_w": 690.0, "check": {"ok": ok, "rel_error": 3e-3 if ok else 0.5}}
+    if clock:
+        p["clock_ghz_in_kernel"] = clock
+    if config:
+        p["fa4kernel_config"] = config
+    return p
+
+
+SUSTAINED = {"meta": {"kind": "sustained", "device": "NVIDIA H100 80GB HBM3", "date": "2026-11-24T00:00:00+00:00"},
+             "points": [
+                 sustained_point("hd128-4k-b4-h16-causal", 4, 16, 4096, 4096, 128, True,
+                                 {"fa4kernel": (560.0, True), "fa4kernel[clock probe]": (562.0, True),
+                                  "flash-attn-4": (540.0, True)}, clock=1.62,
+                                 config={"tile_m": 128, "tile_n": 128, "persistent": True, "skip_idle_wgs": True}),
+                 sustained_point("hd128-q1k-k4k-b4-h16-causal", 4, 16, 1024, 4096, 128, True,
+                                 {"fa4kernel": (520.0, True), "flash-attn-4": (500.0, False)}, clock=1.70),
+                 sustained_point("hd192v128-2k-b2-h16", 2, 16, 2048, 2048, 192, False, {"flash-attn-4": (600.0, True)},
+                                 dv=128)],
+             "skipped": ["hd128-32k-b1-h16"]}
+
+
+def test_sustained_predicts_with_the_models_own_clock():
+    r = validate.compare(SUSTAINED)
+    assert r["kind"] == "sustained" and r["summary"]["hw_profile"] == "h100"
+    rows = {(x["name"], x["kernel"]): x for x in r["points"]}
+    # the probe is timed but not simulated; flash-attn-4's wrong output is left out
+    assert set(rows) == {("hd128-4k-b4-h16-causal", "fa4kernel"), ("hd128-4k-b4-h16-causal", "flash-attn-4"),
+                         ("hd128-q1k-k4k-b4-h16-causal", "fa4kernel"), ("hd192v128-2k-b2-h16", "flash-attn-4")}
+    assert r["summary"]["wrong_output_left_out"] == ["hd128-q1k-k4k-b4-h16-causal:flash-attn-4"]
+    x = rows[("hd128-4k-b4-h16-causal", "fa4kernel")]
+    problem = Problem(4, 16, 4096, 4096, 128, True)
+    alone = simulate("h100", "fa3", problem, x["knobs"], impl="fa4kernel")  # no clock given
+    assert x["predicted_tflops"] == pytest.approx(alone.tflops)
+    assert x["measured_tflops"] == pytest.approx(560.0)
+    assert x["error"] == pytest.approx(alone.tflops / 560.0 - 1)
+    assert x["predicted_clock_ghz"] == pytest.approx(vs.model_clock(alone)[0])
+    assert x["clock_error"] == pytest.approx(x["predicted_clock_ghz"] / 1.62 - 1)
+    at = simulate("h100", "fa3", problem, {**x["knobs"], "clock_ghz": 1.62}, impl="fa4kernel")
+    assert x["error_at_measured_clock"] == pytest.approx(at.tflops / 560.0 - 1)
+    ds = rows[("hd192v128-2k-b2-h16", "flash-attn-4")]
+    assert ds["hdim_v"] == 128 and ds["measured_clock_ghz"] is None and ds["clock_error"] is None
+    s = r["summary"]
+    assert s["clock"]["count"] == 2  # the two points with an in-kernel clock
+    assert s["fa4kernel"]["count"] == 2 and s["flash-attn-4"]["count"] == 2
+    errs = [abs(x["error"]) for x in r["points"]]
+    assert s["tflops"]["max_abs_error"] == pytest.approx(max(errs))
+    text = validate.report(r)
+    assert "clock vs the probe's in-kernel clock" in text and "hd128-32k-b1-h16" in text
+
+
+def test_model_clock_reads_the_power_models_result_fields():
+    hw = types.SimpleNamespace(clock_ghz=1.789)
+    assert vs.model_clock(types.SimpleNamespace(hw=hw)) == (1.789, "profile", None)
+    powered = types.SimpleNamespace(hw=hw, clock_ghz=1.61, clock_source="power model", power_w=699.0)
+    assert vs.model_clock(powered) == (1.61, "power model", 699.0)
+
+
+def test_cli_validate_sustained_file(tmp_path, capsys):
+    small = {**SUSTAINED, "points": SUSTAINED["points"][:1]}
+    f = tmp_path / "sustained.json"
+    f.write_text(json.dumps(small))
+    png = tmp_path / "s.png"
+    assert cli_main(["validate", str(f), "--plot", str(png)]) == 0
+    out = capsys.readouterr().out
+    assert "median |error|" in out and "fa4kernel" in out and f"wrote {png}" in out
+    assert png.read_bytes()[:4] == b"\x89PNG"
+    assert cli_main(["validate", str(f), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["kind"] == "sustained" and len(doc["points"]) == 2
