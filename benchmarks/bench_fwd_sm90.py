@@ -2,7 +2,8 @@
 
 All implementations see the same bf16 inputs in one run. Time = median over repetitions of
 CUDA-event time for a batch of back-to-back calls (so host launch overhead is amortised the
-same way for everyone). TFLOP/s = 4*b*h*sq*sk*d / time, halved for causal.
+same way for everyone). TFLOP/s = 2*b*h*(d + dv)*visible (query, key) pairs / time
+(fa4sim/flops.py: causal counts the bottom-right mask exactly).
 
 Usage (device): python3 benchmarks/bench_fwd_sm90.py --out $OUT/sm90_fwd.json [--quick]
 """
@@ -103,9 +104,25 @@ def time_interleaved(fns: dict, reps=15, target_ms=3.0, warm_ms=300.0, after_bat
 _WINDOW_ID = 0
 
 
-def flops(b, h, sq, sk, d, causal):
-    f = 4.0 * b * h * sq * sk * d
-    return f / 2 if causal else f
+def load_flops():
+    """fa4sim/flops.py loaded by its path: the repository's one FLOP count, without importing the
+    fa4sim package (its simulator needs simpy, which the device machine does not have)."""
+    import importlib.util
+
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fa4sim", "flops.py")
+    spec = importlib.util.spec_from_file_location("fa4sim_flops", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+_FLOPS = load_flops()
+
+
+def flops(b, h, sq, sk, d, causal, dv=None):
+    """FLOPs of one forward (fa4sim/flops.py): 2*b*h*(d + dv)*visible (query, key) pairs; causal
+    counts the bottom-right-aligned mask exactly (sq (sq + 1) / 2 pairs when sq == sk)."""
+    return _FLOPS.attention_flops(b, h, sq, sk, d, dv, causal)
 
 
 class Impls:
@@ -363,7 +380,8 @@ def main():
                       cudnn=torch.backends.cudnn.version(), python=platform.python_version()),
         method="median over reps of CUDA-event time of back-to-back call batches, each enqueued behind "
                "a GPU spin long enough for the host to queue the whole batch (host launch time excluded); bf16; "
-               "TFLOP/s = 4*b*h*sq*sk*d/t (halved for causal); tokens b*s = 16384, h*d = 2048; "
+               "TFLOP/s = 2*b*h*(d+dv)*visible pairs/t (fa4sim/flops.py; causal: bottom-right mask, "
+               "sq(sq+1)/2 pairs when square); tokens b*s = 16384, h*d = 2048; "
                "sm_mhz = mean NVML SM clock sampled every 0.5 ms during that candidate's timed batches",
         nvml=dict(ok=SAMPLER.ok, error=SAMPLER.error),
     )

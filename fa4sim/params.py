@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import InputError
+from .flops import attention_flops
 
 
 # the longest sequence, and the most Q tiles in a launch, fa4sim simulates: beyond them one
@@ -48,9 +49,10 @@ class Problem:
 
     @property
     def flops(self) -> float:
-        """2 * b * h * sq * sk * (d + dv) (the two GEMMs), halved for causal: the FA papers' convention."""
-        f = 2.0 * self.batch * self.heads * self.seqlen_q * self.seqlen_k * (self.hdim + self.hdim_v)
-        return f / 2 if self.causal else f
+        """2 * b * h * (d + dv) * the (query, key) pairs the mask leaves visible (the two GEMMs;
+        causal: bottom-right aligned as in flash_attn and fa4kernel, counted exactly: fa4sim/flops.py)."""
+        return attention_flops(self.batch, self.heads, self.seqlen_q, self.seqlen_k, self.hdim, self.hdim_v,
+                               self.causal)
 
 
 @dataclass(frozen=True)

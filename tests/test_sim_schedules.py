@@ -142,7 +142,8 @@ def test_one_kv_stage_exposes_load_latency():
 def test_causal_halves_flops_and_costs_less_time():
     full = simulate("b200", "fa4", prob(causal=False))
     causal = simulate("b200", "fa4", prob(causal=True))
-    assert causal.problem.flops == full.problem.flops / 2
+    s = causal.problem.seqlen_q  # the exact triangle, s (s + 1) / 2 pairs (fa4sim/flops.py)
+    assert causal.problem.flops == full.problem.flops * (s + 1) / (2 * s)
     assert causal.time_us < full.time_us
 
 

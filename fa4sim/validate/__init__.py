@@ -7,6 +7,8 @@ compared with has its module:
   tile_costs           tile_costs.py  cycles per tile of one persistent CTA (ctas_sm90.py --only-tiles)
   idle_wgs             idle_wgs.py    tiles with idle warpgroups (idle_wg_sm90.py)
   cta_log              launches.py    whole launches replayed with mean tile costs (cta_log_sm90.py)
+  sustained            sustained.py   each kernel alone under its power-capped clock, predicted with the
+                                      model's own clock (sustained_sm90.py)
 
 common.py holds what they share, among it the one place that turns a kernel's recorded
 configuration into model knobs (model_knobs; each kernel is simulated as its implementation).
@@ -24,14 +26,14 @@ import sys
 from pathlib import Path
 
 from ..errors import InputError
-from . import idle_wgs, intervals, launches, points, tile_costs
+from . import idle_wgs, intervals, launches, points, sustained, tile_costs
 from .common import kernel_knobs, model_knobs, profile_for  # noqa: F401  (the package's public names)
 from .intervals import knob_scoreboard, plot_knob_deltas, report_scoreboard
 from .points import expand  # noqa: F401
 
 MODULES = {"points": points, "knob_points": points, "loop_intervals": intervals, "tile_costs": tile_costs,
-           "idle_wgs": idle_wgs, "cta_log": launches}
-PLOTS = {"points", "knob_points", "loop_intervals", "tile_costs"}
+           "idle_wgs": idle_wgs, "cta_log": launches, "sustained": sustained}
+PLOTS = {"points", "knob_points", "loop_intervals", "tile_costs", "sustained"}
 
 
 def kind(doc: dict) -> str:

@@ -65,6 +65,14 @@ def expand(points: list[dict]) -> list[dict]:
     return out
 
 
+def measured_tflops(problem: Problem, res: dict) -> float:
+    """A recorded result's TFLOP/s, counted as the model counts (Problem.flops) from its time where
+    it has one (ms per call): files recorded with the FA papers' half rectangle for causal then
+    compare like for like."""
+    ms = res.get("ms")
+    return problem.flops / (ms * 1e-3) / 1e12 if ms else res["tflops"]
+
+
 def compare(doc: dict, hw: str | None = None, at_profile_clock: bool = False, pv_wait: str = "model") -> dict:
     """pv_wait='sass': every build with the PV wait where ptxas put it (a what-if: the model's
     default is the order it was validated with, the whole row max before the wait, the rest after)."""
@@ -84,16 +92,17 @@ def compare(doc: dict, hw: str | None = None, at_profile_clock: bool = False, pv
             knobs = kernel_knobs(p) if impl == "fa4kernel" else model_knobs(impl)
             if pv_wait == "sass":
                 knobs.update(COMPILED_PV_WAIT)
+            meas = measured_tflops(problem, res)
             try:
                 r = simulate(hw, "fa3", problem, {**knobs, **({"clock_ghz": clock} if clock else {})}, impl=impl)
-                sim, err = r.tflops, (r.tflops - res["tflops"]) / res["tflops"]
+                sim, err = r.tflops, (r.tflops - meas) / meas
                 why = r.bottleneck
             except InputError as e:
                 sim, err, why = None, None, str(e)
             rows.append({"impl": impl, "label": p.get("label", "main"), "baseline": p.get("baseline"),
                          "batch": problem.batch, "heads": problem.heads,
                          "seqlen": problem.seqlen_q, "hdim": problem.hdim, "causal": problem.causal,
-                         "knobs": knobs, "measured_tflops": res["tflops"], "predicted_tflops": sim,
+                         "knobs": knobs, "measured_tflops": meas, "predicted_tflops": sim,
                          "error": err, "bottleneck": why, "clock_ghz": clock})
     errs = [abs(r["error"]) for r in rows if r["error"] is not None and r["label"] == "main"]
     clocks = [r["clock_ghz"] for r in rows if r["clock_ghz"]]

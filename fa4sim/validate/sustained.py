@@ -1,0 +1,195 @@
+"""Sustained timings (benchmarks/sustained_sm90.py, kind 'sustained'): each kernel run alone, back
+to back until the power cap has settled its clock, against the model predicting it with no
+measured clock at all.
+
+Every point is simulated for each kernel (fa4kernel as it ran, from its recorded configuration;
+flash-attn-4 as its implementation) on the device's calibrated profile (h100, h200). The clock is
+the model's own: the power model's prediction where the profile has one (clock_source "power
+model"), else the profile's clock_ghz ("profile"). Reported:
+
+- TFLOP/s, predicted against measured (from the recorded ms, counted as the model counts:
+  Problem.flops), per point and kernel; median and max |error| per kernel and over all points;
+- the clock, predicted against the clock-probe build's in-kernel clock (clock64 / globaltimer
+  inside the timed windows; the probe build is fa4kernel's own SASS plus four stamps), over the
+  points that have both;
+- the cycle model alone: fa4kernel predicted again at its measured in-kernel clock, so the
+  TFLOP/s error splits into the clock's part and the cycles' part;
+- board power, predicted (Result.power_w, with a power model) against NVML's.
+
+A candidate whose output failed the benchmark's check (relative error, NaN) is left out and
+named in the summary.
+"""
+from __future__ import annotations
+
+import statistics
+
+from ..errors import InputError
+from ..model import simulate
+from ..params import Problem
+from .common import SIMULATED, kernel_knobs, model_knobs, profile_for, progress, pyplot, save
+from .points import measured_tflops
+
+
+def problem_of(p: dict) -> Problem:
+    """A sustained point's problem (seqlen = seqlen_q; seqlen_k and hdim_v default to them)."""
+    return Problem(int(p["batch"]), int(p["heads"]), int(p["seqlen"]), int(p.get("seqlen_k") or p["seqlen"]),
+                   int(p["hdim"]), bool(p["causal"]), int(p.get("hdim_v") or p["hdim"]))
+
+
+def model_clock(r) -> tuple[float, str, float | None]:
+    """(the clock a Result's time is at in GHz, where it came from, the predicted board power in W
+    or None): the power model's Result fields where they exist, else the profile's clock."""
+    return (getattr(r, "clock_ghz", None) or r.hw.clock_ghz, getattr(r, "clock_source", None) or "profile",
+            getattr(r, "power_w", None))
+
+
+def _rel(pred, meas):
+    return None if pred is None or not meas else (pred - meas) / meas
+
+
+def _stats(values: list[float]) -> dict | None:
+    v = [abs(x) for x in values if x is not None]
+    return {"median_abs_error": statistics.median(v), "max_abs_error": max(v), "count": len(v)} if v else None
+
+
+def compare(doc: dict, hw: str | None = None) -> dict:
+    """Predicted (no measured clock given) vs measured, for every point and simulated kernel."""
+    hw_name = hw or profile_for(doc["meta"].get("device", ""))
+    rows, wrong = [], []
+    pts = doc.get("points") or []
+    for i, p in enumerate(pts, 1):
+        progress(i, len(pts))
+        problem = problem_of(p)
+        for kernel in SIMULATED:
+            res = (p.get("results") or {}).get(kernel) or {}
+            if "ms" not in res and "tflops" not in res:
+                continue
+            if not (res.get("check") or {}).get("ok", True):
+                wrong.append(f"{p.get('name', '?')}:{kernel}")
+                continue
+            knobs = kernel_knobs(p) if kernel == "fa4kernel" else model_knobs(kernel)
+            meas = measured_tflops(problem, res)
+            probe = p.get("clock_ghz_in_kernel") if kernel == "fa4kernel" else None
+            row = {"kernel": kernel, "name": p.get("name"), "group": p.get("group"), "batch": problem.batch,
+                   "heads": problem.heads, "seqlen_q": problem.seqlen_q, "seqlen_k": problem.seqlen_k,
+                   "hdim": problem.hdim, "hdim_v": problem.hdim_v, "causal": problem.causal, "knobs": knobs,
+                   "measured_tflops": meas, "measured_clock_ghz": probe,
+                   "nvml_sm_mhz": res.get("sm_mhz"), "measured_power_w": res.get("power_w")}
+            try:
+                r = simulate(hw_name, "fa3", problem, knobs, impl=kernel)
+                clock, source, power = model_clock(r)
+                row.update(predicted_tflops=r.tflops, error=_rel(r.tflops, meas), predicted_clock_ghz=clock,
+                           clock_source=source, predicted_power_w=power, bottleneck=r.bottleneck,
+                           clock_error=_rel(clock, probe), power_error=_rel(power, row["measured_power_w"]))
+                if probe:  # the cycle model alone: the same simulation at the measured clock
+                    at = simulate(hw_name, "fa3", problem, {**knobs, "clock_ghz": probe}, impl=kernel)
+                    row.update(tflops_at_measured_clock=at.tflops, error_at_measured_clock=_rel(at.tflops, meas))
+            except InputError as e:
+                row.update(predicted_tflops=None, error=None, predicted_clock_ghz=None, clock_source=None,
+                           predicted_power_w=None, bottleneck=str(e), clock_error=None, power_error=None)
+            rows.append(row)
+    summary = {"hw_profile": hw_name, "device": doc["meta"].get("device"), "date": doc["meta"].get("date"),
+               "clock_sources": sorted({r["clock_source"] for r in rows if r.get("clock_source")}),
+               "tflops": _stats([r["error"] for r in rows]),
+               "clock": _stats([r["clock_error"] for r in rows]),
+               "tflops_at_measured_clock": _stats([r.get("error_at_measured_clock") for r in rows]),
+               "power": _stats([r["power_error"] for r in rows]),
+               "wrong_output_left_out": wrong, "skipped_points": doc.get("skipped") or []}
+    for kernel in SIMULATED:
+        s = _stats([r["error"] for r in rows if r["kernel"] == kernel])
+        if s:
+            summary[kernel] = s
+    for group in sorted({r["group"] for r in rows if r.get("group")}):
+        s = _stats([r["error"] for r in rows if r["group"] == group])
+        if s:
+            summary[f"group {group}"] = s
+    return {"kind": "sustained", "summary": summary, "points": rows}
+
+
+def _pct(x) -> str:
+    return "-" if x is None else f"{x:+.1%}"
+
+
+def _line(label: str, s: dict | None, what: str = "points") -> str:
+    return (f"{label}: median |error| {s['median_abs_error']:.1%}, max {s['max_abs_error']:.1%} over {s['count']} "
+            f"{what}" if s else f"{label}: none")
+
+
+def report(result: dict) -> str:
+    s = result["summary"]
+    lines = [f"device {s['device']} ({s['date']}), profile {s['hw_profile']}, the model's own clock "
+             f"({', '.join(s['clock_sources']) or 'none'}); each kernel run alone, sustained",
+             f"{'kernel':13s} {'point':30s} {'TFLOP/s meas':>12s} {'pred':>7s} {'error':>7s}  "
+             f"{'GHz probe':>9s} {'pred':>6s} {'error':>7s}  {'at probe clock':>14s}  {'W nvml':>6s} {'pred':>5s}"]
+    for r in result["points"]:
+        pred = "-" if r["predicted_tflops"] is None else f"{r['predicted_tflops']:7.1f}"
+        probe = "-" if not r["measured_clock_ghz"] else f"{r['measured_clock_ghz']:9.3f}"
+        pclock = "-" if r["predicted_clock_ghz"] is None else f"{r['predicted_clock_ghz']:6.3f}"
+        at = _pct(r.get("error_at_measured_clock"))
+        w = "-" if not r["measured_power_w"] else f"{r['measured_power_w']:6.0f}"
+        pw = "-" if r["predicted_power_w"] is None else f"{r['predicted_power_w']:5.0f}"
+        lines.append(f"{r['kernel']:13s} {r['name'] or '?':30s} {r['measured_tflops']:12.1f} {pred:>7s} "
+                     f"{_pct(r['error']):>7s}  {probe:>9s} {pclock:>6s} {_pct(r['clock_error']):>7s}  {at:>14s}  "
+                     f"{w:>6s} {pw:>5s}")
+    lines.append(_line("TFLOP/s, all kernels", s["tflops"]))
+    for kernel in SIMULATED:
+        if s.get(kernel):
+            lines.append(_line(f"TFLOP/s, {kernel}", s[kernel]))
+    for key in sorted(k for k in s if k.startswith("group ")):
+        lines.append(_line(f"TFLOP/s, {key[len('group '):]} points", s[key]))
+    lines.append(_line("clock vs the probe's in-kernel clock", s["clock"], "configurations"))
+    lines.append(_line("TFLOP/s at the probe's clock (the cycle model alone)", s["tflops_at_measured_clock"]))
+    if s["power"]:
+        lines.append(_line("board power vs NVML", s["power"]))
+    if s["wrong_output_left_out"]:
+        lines.append(f"left out (output failed the check): {', '.join(s['wrong_output_left_out'])}")
+    if s["skipped_points"]:
+        lines.append(f"not measured (past the run's budget): {', '.join(s['skipped_points'])}")
+    return "\n".join(lines)
+
+
+def plot(result: dict, path: str) -> str:
+    """Left: predicted vs measured TFLOP/s around y = x (fa4kernel and flash-attn-4, causal and
+    not). Right: predicted vs in-kernel clock (GHz) of each point with a probe."""
+    plt = pyplot()
+    fig, (ax, axc) = plt.subplots(1, 2, figsize=(11, 5.2))
+    pts = [r for r in result["points"] if r["predicted_tflops"] is not None]
+    hi = max([r["measured_tflops"] for r in pts] + [r["predicted_tflops"] for r in pts] + [1.0]) * 1.1
+    for kernel, marker in (("fa4kernel", "o"), ("flash-attn-4", "s")):
+        for causal, color in ((False, "#4C72B0"), (True, "#DD8452")):
+            sel = [r for r in pts if r["kernel"] == kernel and r["causal"] == causal]
+            if sel:
+                ax.scatter([r["measured_tflops"] for r in sel], [r["predicted_tflops"] for r in sel], marker=marker,
+                           color=color, alpha=0.8, label=f"{SIMULATED[kernel]}{', causal' if causal else ''}")
+    ax.plot([0, hi], [0, hi], "k--", linewidth=0.8, label="y = x")
+    ax.set_xlim(0, hi)
+    ax.set_ylim(0, hi)
+    s = result["summary"]
+    med = (s["tflops"] or {}).get("median_abs_error")
+    ax.set_title(f"sustained, predicted at the model's clock vs measured\n{s['device']} ({(s['date'] or '')[:10]}), "
+                 f"profile {s['hw_profile']}" + (f"; median |err| {med:.1%}" if med is not None else ""), fontsize=8)
+    ax.set_xlabel("measured TFLOP/s")
+    ax.set_ylabel("predicted TFLOP/s")
+    clk = [r for r in pts if r["measured_clock_ghz"] and r["predicted_clock_ghz"]]
+    if clk:
+        vals = [r["measured_clock_ghz"] for r in clk] + [r["predicted_clock_ghz"] for r in clk]
+        lo, top = min(vals) - 0.05, max(vals) + 0.05
+        for causal, color in ((False, "#4C72B0"), (True, "#DD8452")):
+            sel = [r for r in clk if r["causal"] == causal]
+            if sel:
+                axc.scatter([r["measured_clock_ghz"] for r in sel], [r["predicted_clock_ghz"] for r in sel],
+                            color=color, alpha=0.8, label=f"{SIMULATED['fa4kernel']}{', causal' if causal else ''}")
+        axc.plot([lo, top], [lo, top], "k--", linewidth=0.8, label="y = x")
+        axc.set_xlim(lo, top)
+        axc.set_ylim(lo, top)
+        axc.legend(fontsize=7)
+    else:
+        axc.text(0.5, 0.5, "no in-kernel clock recorded", ha="center", va="center", transform=axc.transAxes)
+    c = s["clock"]
+    axc.set_title("clock: predicted vs the clock-probe build's in-kernel clock" +
+                  (f"\nmedian |err| {c['median_abs_error']:.1%} over {c['count']} configurations" if c else ""),
+                  fontsize=8)
+    axc.set_xlabel("measured in-kernel clock (GHz)")
+    axc.set_ylabel("predicted clock (GHz)")
+    axc.grid(alpha=0.3)
+    return save(fig, ax, path)

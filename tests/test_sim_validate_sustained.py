@@ -1,0 +1,307 @@
+"""Sustained timings: the benchmark's CPU side (benchmarks/sustained_sm90.py: its points, plan,
+options, fp32 reference and warm-up / timing loop on a fake GPU) and `fa4sim validate` of a small
+synthetic file of kind "sustained" (fa4sim/validate/sustained.py). No GPU needed."""
+import json
+import os
+import subprocess
+import sys
+import types
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from benchmarks import sustained_sm90 as bench  # noqa: E402
+from benchmarks.nvml_clock import ClockSampler, reason_names  # noqa: E402
+
+# ---------------------------------------------------------------------------------------------
+# the benchmark
+
+
+def test_grid_is_docs_accuracy_grid_and_names_are_unique():
+    grid = bench.grid_points()
+    assert len(grid) == 18
+    assert {(p.hdim, p.seqlen_q, p.causal) for p in grid} == {(d, s, c) for d in (64, 128, 256)
+                                                                for s in (1024, 4096, 16384) for c in (False, True)}
+    assert all(p.batch * p.seqlen_q == 16384 and p.heads * p.hdim == 2048 for p in grid)
+    names = [p.name for p in bench.all_points()]
+    assert len(names) == len(set(names))
+    new = bench.new_points()
+    assert any(p.seqlen_q < p.seqlen_k and p.causal for p in new)  # chunked prefill
+    assert any(p.hdim_v != p.hdim for p in new)
+
+
+def test_candidates_follow_what_each_kernel_runs():
+    ds = next(p for p in bench.new_points() if p.hdim == 192)
+    assert ds.candidates() == (bench.PEER,)  # fa4kernel has hdim_v = hdim only
+    assert bench.grid_points()[0].candidates() == (bench.OURS, bench.PROBE, bench.PEER)
+
+
+def test_points_count_flops_as_the_model_does():
+    from fa4sim import Problem
+
+    for p in bench.all_points():
+        problem = Problem(p.batch, p.heads, p.seqlen_q, p.seqlen_k, p.hdim, p.causal, p.hdim_v)
+        assert p.flops == problem.flops
+
+
+def test_select_points():
+    assert [p.name for p in bench.select("hd128-4k-b4-h16", False)] == ["hd128-4k-b4-h16"]
+    assert len(bench.select("grid", False)) == 18
+    assert all("causal" in p.name for p in bench.select("causal", False))
+    assert {p.name for p in bench.select(None, True)} == set(bench.QUICK)
+    with pytest.raises(ValueError, match="--points: 'hd100' names no point"):
+        bench.select("hd100", False)
+
+
+def test_default_plan_fits_the_time_budget():
+    """The plan's arithmetic (COMPILE_S per build, warm-up + timing + host work per candidate)
+    for the default run stays within the 8 minutes the device run may take."""
+    plan = bench.estimate_s(bench.all_points(), 1.0, 0.5)
+    assert plan["candidate_runs"] == sum(len(p.candidates()) for p in bench.all_points())
+    assert plan["total_s"] < 8 * 60
+
+
+def test_dry_run_lists_points_without_a_gpu():
+    res = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "sustained_sm90.py"), "--dry-run"],
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    for p in bench.all_points():
+        assert p.name in res.stdout
+    assert "plan: 30 points" in res.stdout
+
+
+@pytest.mark.parametrize("args,says", [
+    (["--points", "hd100"], "--points: 'hd100' names no point"),
+    (["--warm-s", "0.2"], "--warm-s 0.2: at least 1.0 s"),
+    (["--timed-s", "0.1"], "--timed-s 0.1: at least 0.5 s"),
+    (["--window-ms", "5"], "--window-ms 5.0: allowed 10-1000"),
+])
+def test_bad_options_fail_in_one_line(args, says):
+    res = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "sustained_sm90.py"), "--dry-run", *args],
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 2 and "Traceback" not in res.stderr
+    assert says in res.stderr.strip().splitlines()[-1]
+
+
+def brute_attention(q, k, v, causal):
+    """Row by row, key by key: bottom-right causal (key j visible to query i iff j <= i + sk - sq)."""
+    import torch
+
+    b, sq, h, d = q.shape
+    sk = k.shape[1]
+    out = torch.zeros(b, sq, h, v.shape[3], dtype=torch.float64)
+    for bi in range(b):
+        for hi in range(h):
+            for i in range(sq):
+                keys = [j for j in range(sk) if not causal or j <= i + sk - sq]
+                if not keys:
+                    continue
+                s = torch.stack([q[bi, i, hi].double() @ k[bi, j, hi].double() for j in keys]) / d ** 0.5
+                p = torch.softmax(s, 0)
+                out[bi, i, hi] = sum(p[n] * v[bi, j, hi].double() for n, j in enumerate(keys))
+    return out
+
+
+@pytest.mark.parametrize("sq,sk,causal", [(7, 7, True), (5, 11, True), (11, 5, True), (6, 9, False)])
+def test_reference_is_bottom_right_causal(sq, sk, causal):
+    torch = pytest.importorskip("torch")
+    g = torch.Generator().manual_seed(0)
+    q, k = torch.randn(2, sq, 3, 16, generator=g), torch.randn(2, sk, 3, 16, generator=g)
+    v = torch.randn(2, sk, 3, 8, generator=g)
+    ref = bench.reference_check(q, k, v, causal, [(0, 0), (1, 2)])
+    want = brute_attention(q, k, v, causal)
+    for (b, h), r in ref.items():
+        assert torch.allclose(r.double(), want[b, :, h], atol=1e-5)
+    good = want.float()
+    assert bench.check_output(good, ref)["ok"]
+    bad = good.clone()
+    bad[1, :, 2] += 1.0
+    assert not bench.check_output(bad, ref)["ok"]
+    nan = good.clone()
+    nan[0, 0, 1, 0] = float("nan")  # outside the checked slices: still caught
+    c = bench.check_output((nan, None), ref)
+    assert c["nonfinite"] and not c["ok"]
+
+
+class FakeGPU:
+    """Just enough of torch.cuda for Sustained.run: a GPU clock that each call advances by
+    call_ms, events that read it, and CUDA graphs that record the calls made while capturing."""
+
+    def __init__(self, call_ms, capture="works"):
+        self.now_ms, self.call_ms, self.capture, self.capturing = 0.0, call_ms, capture, None
+        self.buffer = types.SimpleNamespace(value=0.0)
+        gpu = self
+
+        class Event:
+            def __init__(self, enable_timing=True):
+                self.t = None
+
+            def record(self):
+                self.t = gpu.now_ms
+
+            def synchronize(self):
+                pass
+
+            def elapsed_time(self, other):
+                return other.t - self.t
+
+        class CUDAGraph:
+            def __init__(self):
+                self.calls = []
+
+            def replay(self):
+                for f in self.calls:
+                    f()
+
+        class graph:
+            def __init__(self, g):
+                self.g = g
+
+            def __enter__(self):
+                if gpu.capture == "raises":
+                    raise RuntimeError("operation not permitted when stream is capturing")
+                gpu.capturing = self.g
+
+            def __exit__(self, *exc):
+                gpu.capturing = None
+                return False
+
+        zero = lambda: setattr(gpu.buffer, "value", 0.0)  # noqa: E731
+        self.torch = types.SimpleNamespace(cuda=types.SimpleNamespace(Event=Event, CUDAGraph=CUDAGraph, graph=graph,
+                                                                      synchronize=lambda: None),
+                                           equal=lambda a, b: a.value == b.value)
+        self.buffer.zero_ = zero
+
+    def kernel(self):
+        self.now_ms += self.call_ms
+        self.buffer.value = 1.0
+
+    def fn(self):
+        """One call of the attention: run now, or be recorded into the graph being captured
+        (capture 'elsewhere': the call runs now instead, as a kernel sent to another stream)."""
+        if self.capturing is not None and self.capture != "elsewhere":
+            self.capturing.calls.append(self.kernel)
+        else:
+            self.kernel()
+        return self.buffer
+
+
+@pytest.mark.parametrize("capture,launch", [("works", "cuda graph"), ("raises", "eager"), ("elsewhere", "eager")])
+def test_sustained_loop_times_enough_windows(monkeypatch, capture, launch):
+    gpu = FakeGPU(call_ms=0.25, capture=capture)
+    monkeypatch.setattr(bench, "_torch", lambda: gpu.torch)
+    clocks = []
+    read = lambda: clocks.append(1.6)  # noqa: E731  (the probe's read after each window)
+    gpu.fn()
+    eager_out = types.SimpleNamespace(value=gpu.buffer.value)  # the first call's output, its own memory
+    rec = bench.Sustained(None, warm_s=0.0, timed_s=0.5, window_ms=100.0, launch="graph").run(
+        "fa4kernel", gpu.fn, eager_out, read)
+    assert rec["launch"] == launch
+    assert ("graph_refused" in rec) == (launch == "eager")
+    assert rec["windows"] >= 5 and rec["timed_s"] >= 0.5
+    assert rec["ms"] == pytest.approx(0.25)  # every call advanced the fake GPU clock by 0.25 ms
+    assert rec["calls_per_window"] * 0.25 == pytest.approx(100.0, rel=0.2)
+    assert len(clocks) == rec["windows"]
+
+
+def test_nvml_power_from_the_energy_counter_and_reasons():
+    s = ClockSampler.__new__(ClockSampler)  # no NVML, no thread: feed samples by hand
+    s.ok, s.error = True, None
+    s._t, s._mhz = [0.5, 1.5], [1700, 1650]
+    s._pt, s._pw = [0.5, 1.0, 1.5, 3.0], [690.0, 700.0, 710.0, 100.0]
+    s._windows = {"run": [(0.0, 1.0), (1.0, 2.0)]}
+    s._ends = {"run": [{"t0": 0.0, "t1": 1.0, "e0": 0, "e1": 690_000, "temperature_c": 60, "reasons": 0x4},
+                       {"t0": 1.0, "t1": 2.0, "e0": 690_000, "e1": 1_400_000, "temperature_c": 62, "reasons": 0x0}]}
+    out = s.summary()["run"]
+    assert out["power_w_energy"] == pytest.approx(700.0)
+    assert out["power_w_mean"] == pytest.approx(700.0) and out["power_n"] == 3
+    assert out["temperature_c"] == 62 and out["clock_event_reasons"] == ["sw_power_cap"]
+    assert reason_names(0x4 | 0x40 | 0x10000) == ["sw_power_cap", "hw_thermal_slowdown", "0x10000"]
+
+
+# ---------------------------------------------------------------------------------------------
+# fa4sim validate, kind "sustained"
+
+from fa4sim import Problem, simulate, validate  # noqa: E402
+from fa4sim.cli import main as cli_main  # noqa: E402
+from fa4sim.validate import sustained as vs  # noqa: E402
+
+
+def sustained_point(name, b, h, sq, sk, d, causal, results, dv=None, clock=None, config=None):
+    dv = dv or d
+    p = {"name": name, "group": "new", "batch": b, "heads": h, "seqlen": sq, "seqlen_k": sk, "hdim": d, "hdim_v": dv,
+         "causal": causal, "results": {}}
+    flops = Problem(b, h, sq, sk, d, causal, dv).flops
+    for kernel, (tflops, ok) in results.items():
+        p["results"][kernel] = {"ms": flops / (tflops * 1e12) * 1e3, "tflops": tflops, "sm_mhz": 1755.0,
+                                "power_w": 690.0, "check": {"ok": ok, "rel_error": 3e-3 if ok else 0.5}}
+    if clock:
+        p["clock_ghz_in_kernel"] = clock
+    if config:
+        p["fa4kernel_config"] = config
+    return p
+
+
+SUSTAINED = {"meta": {"kind": "sustained", "device": "NVIDIA H100 80GB HBM3", "date": "2026-11-24T00:00:00+00:00"},
+             "points": [
+                 sustained_point("hd128-4k-b4-h16-causal", 4, 16, 4096, 4096, 128, True,
+                                 {"fa4kernel": (560.0, True), "fa4kernel[clock probe]": (562.0, True),
+                                  "flash-attn-4": (540.0, True)}, clock=1.62,
+                                 config={"tile_m": 128, "tile_n": 128, "persistent": True, "skip_idle_wgs": True}),
+                 sustained_point("hd128-q1k-k4k-b4-h16-causal", 4, 16, 1024, 4096, 128, True,
+                                 {"fa4kernel": (520.0, True), "flash-attn-4": (500.0, False)}, clock=1.70),
+                 sustained_point("hd192v128-2k-b2-h16", 2, 16, 2048, 2048, 192, False, {"flash-attn-4": (600.0, True)},
+                                 dv=128)],
+             "skipped": ["hd128-32k-b1-h16"]}
+
+
+def test_sustained_predicts_with_the_models_own_clock():
+    r = validate.compare(SUSTAINED)
+    assert r["kind"] == "sustained" and r["summary"]["hw_profile"] == "h100"
+    rows = {(x["name"], x["kernel"]): x for x in r["points"]}
+    # the probe is timed but not simulated; flash-attn-4's wrong output is left out
+    assert set(rows) == {("hd128-4k-b4-h16-causal", "fa4kernel"), ("hd128-4k-b4-h16-causal", "flash-attn-4"),
+                         ("hd128-q1k-k4k-b4-h16-causal", "fa4kernel"), ("hd192v128-2k-b2-h16", "flash-attn-4")}
+    assert r["summary"]["wrong_output_left_out"] == ["hd128-q1k-k4k-b4-h16-causal:flash-attn-4"]
+    x = rows[("hd128-4k-b4-h16-causal", "fa4kernel")]
+    problem = Problem(4, 16, 4096, 4096, 128, True)
+    alone = simulate("h100", "fa3", problem, x["knobs"], impl="fa4kernel")  # no clock given
+    assert x["predicted_tflops"] == pytest.approx(alone.tflops)
+    assert x["measured_tflops"] == pytest.approx(560.0)
+    assert x["error"] == pytest.approx(alone.tflops / 560.0 - 1)
+    assert x["predicted_clock_ghz"] == pytest.approx(vs.model_clock(alone)[0])
+    assert x["clock_error"] == pytest.approx(x["predicted_clock_ghz"] / 1.62 - 1)
+    at = simulate("h100", "fa3", problem, {**x["knobs"], "clock_ghz": 1.62}, impl="fa4kernel")
+    assert x["error_at_measured_clock"] == pytest.approx(at.tflops / 560.0 - 1)
+    ds = rows[("hd192v128-2k-b2-h16", "flash-attn-4")]
+    assert ds["hdim_v"] == 128 and ds["measured_clock_ghz"] is None and ds["clock_error"] is None
+    s = r["summary"]
+    assert s["clock"]["count"] == 2  # the two points with an in-kernel clock
+    assert s["fa4kernel"]["count"] == 2 and s["flash-attn-4"]["count"] == 2
+    errs = [abs(x["error"]) for x in r["points"]]
+    assert s["tflops"]["max_abs_error"] == pytest.approx(max(errs))
+    text = validate.report(r)
+    assert "clock vs the probe's in-kernel clock" in text and "hd128-32k-b1-h16" in text
+
+
+def test_model_clock_reads_the_power_models_result_fields():
+    hw = types.SimpleNamespace(clock_ghz=1.789)
+    assert vs.model_clock(types.SimpleNamespace(hw=hw)) == (1.789, "profile", None)
+    powered = types.SimpleNamespace(hw=hw, clock_ghz=1.61, clock_source="power model", power_w=699.0)
+    assert vs.model_clock(powered) == (1.61, "power model", 699.0)
+
+
+def test_cli_validate_sustained_file(tmp_path, capsys):
+    small = {**SUSTAINED, "points": SUSTAINED["points"][:1]}
+    f = tmp_path / "sustained.json"
+    f.write_text(json.dumps(small))
+    png = tmp_path / "s.png"
+    assert cli_main(["validate", str(f), "--plot", str(png)]) == 0
+    out = capsys.readouterr().out
+    assert "median |error|" in out and "fa4kernel" in out and f"wrote {png}" in out
+    assert png.read_bytes()[:4] == b"\x89PNG"
+    assert cli_main(["validate", str(f), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["kind"] == "sustained" and len(doc["points"]) == 2
