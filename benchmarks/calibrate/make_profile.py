@@ -240,8 +240,11 @@ def build_profile(results: dict, base: dict, name: str | None = None, skip=()) -
     device = meta.get("device", "unknown device")
     date = (meta.get("date_utc") or "unknown date")[:10]
     params = {k: dict(v) for k, v in base["params"].items()}
+    # with a power model, clock_ghz is the maximum clock and the model predicts the one a kernel
+    # holds: the clock measured under one load does not replace it
+    powered = (params.get("power_cap_w") or {}).get("value", 0) > 0
     for param, (value, script, details) in derive(results).items():
-        if param not in params or param in skip:
+        if param not in params or param in skip or (powered and param == "clock_ghz"):
             continue
         params[param] = {
             "value": value,
