@@ -42,38 +42,20 @@ def reason_names(mask: int) -> list[str]:
     return names + ([hex(rest)] if rest else [])
 
 
-class ClockSampler:
-    def __init__(self, device_index: int = 0, period_s: float = 0.0005, power_every: int = 4):
-        self.ok = False
-        self.error = None
-        self._t: list[float] = []  # sample times (perf_counter, ascending) and MHz
-        self._mhz: list[int] = []
-        self._pt: list[float] = []  # power sample times and W (every power_every-th poll)
-        self._pw: list[float] = []
-        self._power_every = max(1, int(power_every))
-        self._windows: dict[str, list[tuple[float, float]]] = {}
-        self._ends: dict[str, list[dict]] = {}  # per window: energy (mJ) at its ends, temperature, reasons
-        try:
-            self._nvml = ctypes.CDLL("libnvidia-ml.so.1")
-            if self._nvml.nvmlInit_v2() != 0:
-                raise RuntimeError("nvmlInit_v2 failed")
-            self._h = ctypes.c_void_p()
-            if self._nvml.nvmlDeviceGetHandleByIndex_v2(device_index, ctypes.byref(self._h)) != 0:
-                raise RuntimeError("nvmlDeviceGetHandleByIndex_v2 failed")
-            self.ok = self._read() is not None
-        except Exception as e:  # no NVML: timings still work, clocks are reported missing
-            self.error = repr(e)
-            return
-        self._period = period_s
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._poll, daemon=True)
-        self._thread.start()
+class NvmlDevice:
+    """One GPU's NVML queries (clock, power, energy, temperature, clock-event reasons, limits);
+    each returns None where the driver lacks the query or it fails."""
 
-    def _read(self):
-        mhz = ctypes.c_uint()
-        if self._nvml.nvmlDeviceGetClockInfo(self._h, NVML_CLOCK_SM, ctypes.byref(mhz)) != 0:
-            return None
-        return int(mhz.value)
+    def __init__(self, device_index: int = 0):
+        self._open(device_index)
+
+    def _open(self, device_index: int) -> None:
+        self._nvml = ctypes.CDLL("libnvidia-ml.so.1")
+        if self._nvml.nvmlInit_v2() != 0:
+            raise RuntimeError("nvmlInit_v2 failed")
+        self._h = ctypes.c_void_p()
+        if self._nvml.nvmlDeviceGetHandleByIndex_v2(device_index, ctypes.byref(self._h)) != 0:
+            raise RuntimeError("nvmlDeviceGetHandleByIndex_v2 failed")
 
     def _uint(self, fn: str, *args, kind=ctypes.c_uint):
         """One NVML query of an unsigned value, None where the driver lacks it or fails."""
@@ -105,6 +87,47 @@ class ClockSampler:
             if v is not None:
                 return v
         return None
+
+    def sm_mhz(self):
+        """The SM clock now (MHz), or None."""
+        return self._uint("nvmlDeviceGetClockInfo", NVML_CLOCK_SM)
+
+    def max_sm_mhz(self):
+        return self._uint("nvmlDeviceGetMaxClockInfo", NVML_CLOCK_SM)
+
+    def power_limit_w(self):
+        """The enforced board power limit (W), or None."""
+        mw = self._uint("nvmlDeviceGetEnforcedPowerLimit")
+        return None if mw is None else mw / 1000.0
+
+
+class ClockSampler(NvmlDevice):
+    def __init__(self, device_index: int = 0, period_s: float = 0.0005, power_every: int = 4):
+        self.ok = False
+        self.error = None
+        self._t: list[float] = []  # sample times (perf_counter, ascending) and MHz
+        self._mhz: list[int] = []
+        self._pt: list[float] = []  # power sample times and W (every power_every-th poll)
+        self._pw: list[float] = []
+        self._power_every = max(1, int(power_every))
+        self._windows: dict[str, list[tuple[float, float]]] = {}
+        self._ends: dict[str, list[dict]] = {}  # per window: energy (mJ) at its ends, temperature, reasons
+        try:
+            self._open(device_index)
+            self.ok = self._read() is not None
+        except Exception as e:  # no NVML: timings still work, clocks are reported missing
+            self.error = repr(e)
+            return
+        self._period = period_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+        self._thread.start()
+
+    def _read(self):
+        mhz = ctypes.c_uint()
+        if self._nvml.nvmlDeviceGetClockInfo(self._h, NVML_CLOCK_SM, ctypes.byref(mhz)) != 0:
+            return None
+        return int(mhz.value)
 
     def _poll(self):
         i = 0

@@ -295,50 +295,6 @@ def check_sass() -> int:
 
 
 # ----------------------------------------------------------------------------- GPU
-class Nvml:
-    """NVML through ctypes (no extra package on the device): power, energy, SM clock, temperature."""
-
-    def __init__(self, index: int = 0):
-        import ctypes
-
-        self.c = ctypes
-        self.lib = ctypes.CDLL("libnvidia-ml.so.1")
-        self.lib.nvmlInit_v2()
-        self.h = ctypes.c_void_p()
-        self.lib.nvmlDeviceGetHandleByIndex_v2(index, ctypes.byref(self.h))
-
-    def _u(self, fn, *args, kind=None):
-        v = (kind or self.c.c_uint)()
-        rc = getattr(self.lib, fn)(self.h, *args, self.c.byref(v))
-        return v.value if rc == 0 else None
-
-    def power_w(self):
-        mw = self._u("nvmlDeviceGetPowerUsage")
-        return None if mw is None else mw / 1000.0
-
-    def energy_j(self):
-        mj = self._u("nvmlDeviceGetTotalEnergyConsumption", kind=self.c.c_ulonglong)
-        return None if mj is None else mj / 1000.0
-
-    def sm_mhz(self):
-        return self._u("nvmlDeviceGetClockInfo", 1)
-
-    def temperature_c(self):
-        return self._u("nvmlDeviceGetTemperature", 0)
-
-    def event_reasons(self):
-        """Why the clock is below its maximum (bitmask: 0x4 SW power cap, 0x8 HW slowdown,
-        0x20 SW thermal, 0x40 HW thermal, 0x80 HW power brake, 0x1 idle)."""
-        return self._u("nvmlDeviceGetCurrentClocksEventReasons", kind=self.c.c_ulonglong)
-
-    def power_limit_w(self):
-        mw = self._u("nvmlDeviceGetEnforcedPowerLimit")
-        return None if mw is None else mw / 1000.0
-
-    def max_sm_mhz(self):
-        return self._u("nvmlDeviceGetMaxClockInfo", 1)
-
-
 def supported_sm_clocks_mhz() -> list[int]:
     """The SM clocks the driver lists for the highest memory clock (nvidia-smi -q -d SUPPORTED_CLOCKS)."""
     import subprocess
@@ -374,7 +330,8 @@ def _window(nvml, torch, e_start, e_end):
         time.sleep(0.0005)
     ts, js, pw, mhz, reasons = [], [], [], [], {}
     while not e_end.query():
-        t, j = time.perf_counter(), nvml.energy_j()
+        t, mj = time.perf_counter(), nvml.energy_mj()
+        j = None if mj is None else mj / 1e3
         if j is not None:
             ts.append(t)
             js.append(j)
@@ -545,12 +502,14 @@ def tma_load(dev, nvml, name, what, nsm):
 def run(only=()) -> dict:
     import time
 
+    from benchmarks.nvml_clock import NvmlDevice
+
     from .common import Device
     from .run_all import meta
 
     dev = Device()
     torch = dev.torch
-    nvml = Nvml()
+    nvml = NvmlDevice()
     nsm = torch.cuda.get_device_properties(0).multi_processor_count
     time.sleep(1.0)
     idle = {"power_w": nvml.power_w(), "sm_mhz": nvml.sm_mhz(), "temperature_c": nvml.temperature_c()}
