@@ -135,23 +135,48 @@ def cold_start_bytes(p: Problem, first_wave: list[tuple[int, WorkUnit]], rows: i
 
 
 def traffic(p: Problem, hw, units: list[WorkUnit], tile_n: int, two_cta: bool,
+            tiles: list[tuple[int, int]] | None = None, slots: int = 0,
             elem_bytes: int = 2) -> tuple[float, float]:
     """(bytes from L2 into SMs, bytes from HBM) for the whole problem.
 
     Every tile loads its Q and its KV blocks from L2 (a CTA pair loads each K/V block once for
-    both SMs). HBM sees each tensor once, plus K/V re-reads when the K/V of the heads in flight
-    do not fit in L2.
+    both SMs). HBM sees Q and O once, and K/V once per wave that needs them and does not find
+    them in L2 (kv_hbm_reads).
     """
     bh = p.batch * p.heads
     d = p.hdim
     kv_per_unit = sum(u.n_kv for u in units) * tile_n * d * elem_bytes * 2 / (2 if two_cta else 1)
     l2 = bh * (p.seqlen_q * d * elem_bytes + kv_per_unit)
-    unique = bh * d * elem_bytes * (2 * p.seqlen_q + 2 * p.seqlen_k)  # Q, O, K, V once
-    heads_in_flight = min(bh, math.ceil(hw.num_sms / max(1, len(units))) + 1)
-    working_set = heads_in_flight * 2 * p.seqlen_k * d * elem_bytes
-    hit = min(1.0, hw.l2_bytes / max(working_set, 1.0))
-    hbm = unique + max(0.0, l2 - unique) * (1.0 - hit)
-    return l2, hbm
+    if tiles is None:  # blockIdx order, one CTA per SM
+        tiles = [(hb, m) for hb in range(bh) for m in range(len(units))]
+    kv_block = tile_n * d * elem_bytes * 2  # one K and one V block
+    kv = kv_hbm_reads(tiles, [u.n_kv for u in units], kv_block, hw.l2_bytes, slots or hw.num_sms)
+    return l2, bh * p.seqlen_q * d * elem_bytes * 2 + kv
+
+
+def kv_hbm_reads(tiles: list[tuple[int, int]], n_kv: list[int], kv_block: float, l2_bytes: float,
+                 slots: int) -> float:
+    """Bytes of K/V read from HBM when `tiles` (hb, m) run `slots` at a time, in that order.
+
+    The tiles of one head that run together walk its K/V blocks in the same order within a few
+    blocks of each other, so a wave reads each of its heads' blocks from HBM once, however many
+    of the head's tiles it holds. A later wave finds a head's blocks still in L2 if they were
+    used recently enough: L2 keeps the most recently streamed heads, up to its size (LRU by
+    head). Bytes: kv_block per K and V block pair.
+    """
+    resident: dict[int, float] = {}  # hb -> bytes of its K/V in L2, least recent first
+    hbm = 0.0
+    for w in range(0, len(tiles), max(1, slots)):
+        wave: dict[int, float] = {}
+        for hb, m in tiles[w:w + slots]:
+            wave[hb] = max(wave.get(hb, 0.0), n_kv[m] * kv_block)
+        for hb, need in wave.items():
+            held = resident.pop(hb, 0.0)
+            hbm += max(0.0, need - held)
+            resident[hb] = max(need, held)
+        while sum(resident.values()) > l2_bytes and len(resident) > 1:
+            resident.pop(next(iter(resident)))
+    return hbm
 
 
 def kernel_time(p: Problem, hw, units: list[WorkUnit], cost_of, tile_n: int,
@@ -189,7 +214,7 @@ def kernel_time(p: Problem, hw, units: list[WorkUnit], cost_of, tile_n: int,
         cycles, n_tiles = assign([costs[m] for _, m in tiles], slots, persistent, hw.cta_launch_cycles, cold_cycles)
         jitter = 0.0
     compute_us = cycles / (hw.clock_ghz * 1e3)
-    l2_b, hbm_b = traffic(p, hw, units, tile_n, two_cta)
+    l2_b, hbm_b = traffic(p, hw, units, tile_n, two_cta, [(hb, m) for hb, m in tiles], slots)
     l2_us = l2_b / (hw.l2_bandwidth_tbps * 1e6)
     hbm_us = hbm_b / (hw.hbm_bandwidth_tbps * 1e6)
     body = max(compute_us, l2_us, hbm_us)

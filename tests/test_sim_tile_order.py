@@ -6,7 +6,7 @@ import pytest
 
 from fa4sim import hardware, simulate
 from fa4sim.errors import InputError
-from fa4sim.kernel_model import WorkUnit, cold_start_bytes, expected_max, work_units
+from fa4sim.kernel_model import WorkUnit, cold_start_bytes, expected_max, kv_hbm_reads, work_units
 from fa4sim.params import Problem
 from fa4sim.tile_order import (FA4_SECTION_BYTES, HOST_LIVE_WG_COST, HOST_TILE_OVERHEAD_BLOCKS,
                                SECTION_FRACTION_OF_L2, TAIL_WAVES, host_estimate, host_table, tile_order)
@@ -86,7 +86,12 @@ def test_tile_order_knob_changes_the_tail_and_rejects_unknown_orders():
     p = Problem(16, 8, 1024, 1024, 256, True)
     lpt = simulate(hw, "fa3", p, {"tile_n": 64, "persistent": False, "tile_order": "lpt"})
     ours = simulate(hw, "fa3", p, {"tile_n": 64, "persistent": False, "tile_order": "fa4kernel"})
-    assert lpt.time_us < ours.time_us  # L2 sections trade some balance for L2 hits
+    # costliest-first over all heads puts a tile of every head in every wave: 128 heads' K/V
+    # (128 MB) do not fit in L2, so each wave reads them again from HBM; fa4kernel's sections
+    # keep a few heads' K/V in L2 and read each once
+    assert lpt.kernel.hbm_bytes > 2 * ours.kernel.hbm_bytes
+    assert ours.kernel.hbm_bytes == pytest.approx(16 * 8 * 1024 * 256 * 2 * 4)  # Q, O, K, V once
+    assert ours.time_us < lpt.time_us
     with pytest.raises(InputError, match="tile_order"):
         simulate(hw, "fa3", p, {"tile_order": "random"})
 
@@ -142,3 +147,33 @@ def test_tile_jitter_costs_only_a_table_fixed_before_the_launch():
     one = {**knobs, "persistent": False}
     assert simulate(hw, "fa3", p, one).kernel.cycles == simulate(off, "fa3", p, one).kernel.cycles
     assert hardware.load("h100-datasheet").tile_jitter_q_loads == 0.0  # not a datasheet quantity
+
+
+def test_kv_reads_from_hbm_once_per_wave_unless_l2_holds_them():
+    block = 1000.0  # bytes of one K + V block pair
+    # two heads, 4 tiles each of 10 blocks; 4 slots: a wave holds one head's tiles, read once
+    head_by_head = [(hb, m) for hb in range(2) for m in range(4)]
+    assert kv_hbm_reads(head_by_head, [10] * 4, block, l2_bytes=5e3, slots=4) == 2 * 10 * block
+    # interleaved, 2 slots: each wave holds both heads; L2 (15 blocks) keeps only the head used
+    # last, so every later wave reads the other one again
+    interleaved = [(hb, m) for m in range(4) for hb in range(2)]
+    assert kv_hbm_reads(interleaved, [10] * 4, block, l2_bytes=15e3, slots=2) == (2 + 3) * 10 * block
+    # an L2 that holds both heads reads each once, whatever the order
+    assert kv_hbm_reads(interleaved, [10] * 4, block, l2_bytes=20e3, slots=2) == 2 * 10 * block
+    # causal: a wave reads as far as its longest tile of the head; later waves only the rest
+    assert kv_hbm_reads([(0, 0), (0, 1), (0, 2)], [1, 2, 3], block, l2_bytes=1e9, slots=1) == 3 * block
+
+
+def test_chunked_prefill_reads_k_and_v_once_in_head_order():
+    """1k queries against 16k keys, 64 heads: in flash-attn-4's order a head's 8 Q tiles run in
+    one wave and share its K/V stream, so HBM sees each tensor once although the 16 heads of a
+    wave hold 128 MB of K/V, more than L2. fa4kernel's last section (33 heads, costliest tile
+    first) spreads every head over two waves, and the second reads its K/V again."""
+    hw = hardware.load("h100")
+    p = Problem(4, 16, 1024, 16384, 128, True)
+    once = 4 * 16 * 128 * 2 * (2 * 1024 + 2 * 16384)
+    fa4 = simulate(hw, "fa3", p, {"clock_ghz": 1.5}, impl="flash-attn-4")
+    assert fa4.kernel.hbm_bytes == pytest.approx(once, rel=0.01)
+    ours = simulate(hw, "fa3", p, {"clock_ghz": 1.5}, impl="fa4kernel")
+    head_kv = 16384 * 128 * 2 * 2
+    assert once + 33 * head_kv <= ours.kernel.hbm_bytes < once + 2 * 33 * head_kv
