@@ -362,7 +362,7 @@ class Sustained:
             nv = self.sampler.summary([key]).get(key, {})
             rec["nvml"] = nv
             rec["sm_mhz"] = nv.get("mhz_mean")
-            rec["power_w"] = nv.get("power_w_energy", nv.get("power_w_mean"))
+            rec["power_w"] = nv.get("power_w_mean", nv.get("power_w_energy"))  # the energy counter steps coarsely
         del graph
         return rec
 
@@ -527,7 +527,7 @@ def main(argv=None) -> int:
         method=("each candidate alone: compile + fp32 check, back to back for warm_s, then timed windows of "
                 "back-to-back calls between CUDA events (a replayed CUDA graph where it captures); ms = median "
                 "over windows; TFLOP/s = 2*b*h*(d+dv)*visible pairs/ms (fa4sim/flops.py, bottom-right causal); "
-                "sm_mhz / power_w: NVML over exactly the timed windows (power from the energy counter); "
+                "sm_mhz / power_w: NVML over exactly the timed windows (power: the mean of its samples); "
                 "clock_ghz_in_kernel: the clock-probe build's clock64/globaltimer of each window's last launch"),
         settings={"warm_s": args.warm_s, "timed_s": args.timed_s, "window_ms": args.window_ms, "launch": args.launch,
                   "rel_error_limit": REL_ERROR_LIMIT, "points": [p.name for p in points]})

@@ -36,6 +36,14 @@ def problem_of(p: dict) -> Problem:
                    int(p["hdim"]), bool(p["causal"]), int(p.get("hdim_v") or p["hdim"]))
 
 
+def _board_power(res: dict):
+    """NVML's board power over the timed windows, W: the mean of its power samples, which it
+    averages over its own window; the energy counter's slope over ~0.5 s of short windows moves
+    by +-20 % from run to run (it advances in coarse steps)."""
+    nv = res.get("nvml") or {}
+    return nv.get("power_w_mean") or res.get("power_w")
+
+
 def model_clock(r) -> tuple[float, str, float | None]:
     """(the clock a Result's time is at in GHz, where it came from, the predicted board power in W
     or None): the power model's Result fields where they exist, else the profile's clock."""
@@ -74,7 +82,7 @@ def compare(doc: dict, hw: str | None = None) -> dict:
                    "heads": problem.heads, "seqlen_q": problem.seqlen_q, "seqlen_k": problem.seqlen_k,
                    "hdim": problem.hdim, "hdim_v": problem.hdim_v, "causal": problem.causal, "knobs": knobs,
                    "measured_tflops": meas, "measured_clock_ghz": probe,
-                   "nvml_sm_mhz": res.get("sm_mhz"), "measured_power_w": res.get("power_w")}
+                   "nvml_sm_mhz": res.get("sm_mhz"), "measured_power_w": _board_power(res)}
             try:
                 r = simulate(hw_name, "fa3", problem, knobs, impl=kernel)
                 clock, source, power = model_clock(r)
