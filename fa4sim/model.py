@@ -28,6 +28,7 @@ from .steady_state import CAP, Period, tile_times
 
 LADDER = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, CAP)
 PASSES = ("fwd", "bwd")
+MASKED_SIM = 1  # backward: masked Q blocks simulated per shape (more add linearly)
 
 
 @dataclass
@@ -303,9 +304,12 @@ def simulate_bwd(hw="b200", schedule: str | None = None, problem: Problem | None
         raise InputError("batch", f"{problem.batch} x {problem.heads} heads x {len(units)} KV tiles = "
                                   f"{len(units) * n_hb} CTAs; fa4sim simulates at most {MAX_TILES} per launch: "
                                   f"lower --batch or --heads")
+    # a causal launch has many counts of masked Q blocks; their mask work is one op at the
+    # start of a tile, linear in the count: shapes are simulated with at most MASKED_SIM masked
+    # blocks and each further one adds what the last simulated one did
     by_shape: dict[int, list[int]] = {}
     for u in units:
-        by_shape.setdefault(u.masked, []).append(u.n_kv)
+        by_shape.setdefault(min(u.masked, MASKED_SIM), []).append(u.n_kv)
     cache: dict[tuple, tuple] = {}
     rows_t = kernel_bwd.transposed(problem)
 
@@ -314,11 +318,18 @@ def simulate_bwd(hw="b200", schedule: str | None = None, problem: Problem | None
             cache[(n, masked)] = tile_times(module.build(profile, problem, knobs, n, masked, impl), n)
         return cache[(n, masked)]
 
+    many = [u.n_kv for u in units if u.masked > MASKED_SIM]
+    n_ref = min(max(many), 8) if many else 0
+    per_masked = max(0.0, detailed(n_ref, MASKED_SIM)[0] - detailed(n_ref, MASKED_SIM - 1)[0]) if many else 0.0
+
     def cost_of(u) -> tuple[float, float]:
-        if len(set(by_shape[u.masked])) <= 4:
-            t1, t2, _, _ = detailed(u.n_kv, u.masked)
-            return t1, t2 - t1
-        return _interpolated(u, max(by_shape[u.masked]), detailed)
+        m = min(u.masked, MASKED_SIM)
+        if len(set(by_shape[m])) <= 4:
+            t1, t2, _, _ = detailed(u.n_kv, m)
+            t1, extra = t1, t2 - t1
+        else:
+            t1, extra = _interpolated(replace(u, masked=m), max(by_shape[m]), detailed)
+        return t1 + (u.masked - m) * per_masked, extra
 
     def launch(at):
         kt = kernel_time(rows_t, at, units, cost_of, tile_m, two_cta, persistent=False, order="index", rows=keys)
@@ -332,6 +343,7 @@ def simulate_bwd(hw="b200", schedule: str | None = None, problem: Problem | None
         return kernel_bwd.with_traffic(kt, problem, at, units, tile_m, two_cta, cycles)
 
     longest = max(units, key=lambda u: (u.n_kv, -u.masked))
+    longest = replace(longest, masked=min(longest.masked, MASKED_SIM))
     visits = sum(u.n_kv for u in units) * n_hb
     sm_blocks = visits * (2 if two_cta else 1)
 

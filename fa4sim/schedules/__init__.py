@@ -5,7 +5,7 @@ fa4_sm100_bwd, fa3_sm90_bwd: their backward passes (BWD_SCHEDULES, by the forwar
 kernel_bwd: the backward's launch (KV tiles over the SMs, its traffic, the deterministic order).
 A schedule module provides NAME, ARCH, DESCRIPTION, KNOBS, check(), rows_per_cta(), build().
 """
-from . import fa3_sm90, fa4_sm100, fa4_sm100_bwd
+from . import fa3_sm90, fa3_sm90_bwd, fa4_sm100, fa4_sm100_bwd
 
 SCHEDULES = {m.NAME: m for m in (fa4_sm100, fa3_sm90)}
-BWD_SCHEDULES = {m.NAME: m for m in (fa4_sm100_bwd,)}
+BWD_SCHEDULES = {m.NAME: m for m in (fa4_sm100_bwd, fa3_sm90_bwd)}
