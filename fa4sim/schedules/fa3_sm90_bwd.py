@@ -105,13 +105,11 @@ def check(hw, p: Problem, k: dict, impl=None) -> None:
     if hw.arch != ARCH:
         raise InputError("schedule", f"the fa3 backward is the SM90 schedule; hw {hw.name} is {hw.arch} "
                                      f"(use --schedule fa4)")
-    g = {"S": k["tile_m"], "dQ": k["tile_n"]}
-    for name, kdim in g.items():
+    for name, kdim in (("tile_m", k["tile_m"]), ("tile_n", k["tile_n"])):
         if kdim % 16:
-            raise InputError("tile_m" if name == "S" else "tile_n", f"{kdim} must be a multiple of 16 (wgmma K)")
-    for name, (M, N) in {"S": (k["tile_n"], k["tile_m"]) if k["sdp_swapab"] else (k["tile_m"], k["tile_n"])}.items():
-        mw = M // k["atom_sdp"]
-        check_shape(ARCH, mw, N // (WGS // k["atom_sdp"]), p.hdim)
+            raise InputError(name, f"{kdim} must be a multiple of 16 (the K of dV, dK and dQ wgmmas)")
+    rows, cols = (k["tile_n"], k["tile_m"]) if k["sdp_swapab"] else (k["tile_m"], k["tile_n"])
+    check_shape(ARCH, rows // k["atom_sdp"], cols // (WGS // k["atom_sdp"]), p.hdim)  # a warpgroup's part of S
     need = smem_bytes(p, k)
     if need > hw.smem_capacity_bytes:
         raise InputError("smem", f"shared memory {need} B exceeds {hw.smem_capacity_bytes} B of {hw.name}; "
