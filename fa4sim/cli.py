@@ -100,7 +100,7 @@ def cmd_run(a) -> int:
     from .model import simulate
     check_output("--gantt", a.gantt)
     check_output("--trace", a.trace)
-    r = simulate(a.hw, a.schedule, _problem(a), _set_pairs(a.set), impl=a.impl)
+    r = simulate(a.hw, a.schedule, _problem(a), _set_pairs(a.set), impl=a.impl, pass_=a.pass_)
     schedule = r.schedule
     if a.gantt:
         from .gantt import draw
@@ -120,6 +120,10 @@ def cmd_run(a) -> int:
 
 def _title(r) -> str:
     p = r.problem
+    if r.pass_ == "bwd":
+        return (f"{r.impl.name} backward on {r.hw.name}: hd{_hd(p)}, seqlen {p.seqlen_q}, batch {p.batch}, heads "
+                f"{p.heads}{', causal' if p.causal else ''} -> {r.tflops:.0f} TFLOP/s (one CTA, first "
+                f"{r.trace.tiles[0]} Q blocks simulated)")
     return (f"{r.impl.name} on {r.hw.name}: hd{_hd(p)}, seqlen {p.seqlen_q}, batch {p.batch}, heads {p.heads}"
             f"{', causal' if p.causal else ''} -> {r.tflops:.0f} TFLOP/s (one CTA, first {r.trace.tiles[0]} KV blocks simulated)")
 
@@ -130,14 +134,21 @@ def _hd(p) -> str:
 
 def _summary(r) -> str:
     p, k = r.problem, r.kernel
+    bwd = r.pass_ == "bwd"
     lines = [
-        f"{r.impl.name} ({r.schedule} schedule) on {r.hw.name} ({r.hw.description})",
+        f"{r.impl.name} ({r.schedule} schedule{', backward' if bwd else ''}) on {r.hw.name} ({r.hw.description})",
         f"problem   batch {p.batch} x heads {p.heads}, seqlen_q {p.seqlen_q}, seqlen_k {p.seqlen_k}, hdim {_hd(p)}"
         f"{', causal' if p.causal else ''}",
         "knobs     " + ", ".join(f"{n}={v}" for n, v in r.knobs.items()),
         f"result    {r.tflops:.1f} TFLOP/s  ({r.tflops / r.hw.peak_tflops:.1%} of {r.hw.peak_tflops:.0f} peak at "
-        f"{r.hw.clock_ghz:.4g} GHz),  {r.time_us:.1f} us,  {r.cycles:.0f} cycles",
-        f"kernel    {k.units} tiles on {k.slots} slots ({k.waves:.2f} waves), slowest slot {k.tiles_on_slowest} tiles"
+        f"{r.hw.clock_ghz:.4g} GHz),  {r.time_us:.1f} us,  {r.cycles:.0f} cycles"
+        + (" (main kernel; 2.5 x the forward's FLOPs)" if bwd else ""),
+    ]
+    if bwd:
+        lines.append(f"launches  preprocess {r.pre_us:.1f} us, main kernel {r.main_us:.1f} us, postprocess "
+                     f"{r.post_us:.1f} us")
+    lines += [
+        f"kernel    {k.units} {'KV tiles' if bwd else 'tiles'} on {k.slots} slots ({k.waves:.2f} waves), slowest slot {k.tiles_on_slowest} tiles"
         + (f" (+{k.jitter_cycles:.0f} cycles: tile jitter on a table fixed before the launch)" if k.jitter_cycles else "") + ";"
         f" L2 {k.l2_us:.1f} us, HBM {k.hbm_us:.1f} us, compute {k.compute_us:.1f} us",
     ]
@@ -148,7 +159,7 @@ def _summary(r) -> str:
         parts = sorted(r.power_by_part.items(), key=lambda kv: -kv[1])
         lines.append(f"power     {r.power_w:.0f} W: " + ", ".join(f"{n} {w:.0f}" for n, w in parts if w >= 0.5))
     if r.interval:
-        lines.append(f"loop      {r.interval:.1f} cycles per KV block in the steady state (one CTA)")
+        lines.append(f"loop      {r.interval:.1f} cycles per {'Q' if bwd else 'KV'} block in the steady state (one CTA)")
     lines.append("utilisation (steady state):")
     for u, v in sorted(r.utilization.items(), key=lambda kv: -kv[1]):
         lines.append(f"  {u:7s} {v:6.1%} {'#' * int(round(v * 40))}")
@@ -213,6 +224,9 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="simulate one problem", formatter_class=argparse.RawDescriptionHelpFormatter,
                          epilog=EPILOG_RUN, description="Simulate one attention forward and explain the result.")
     add_problem_args(run)
+    run.add_argument("--pass", dest="pass_", default="fwd", choices=("fwd", "bwd"),
+                     help="fwd (the forward, default) or bwd (the backward: preprocess, main kernel, postprocess; "
+                          "TFLOP/s count 2.5 x the forward's FLOPs)")
     run.add_argument("--json", action="store_true", help="print one JSON object (tflops, time_us, cycles, clock_ghz, "
                                                          "clock_source, power_w, utilization, bottleneck, ...)")
     run.add_argument("--compact", action="store_true", help="with --json: on one line")

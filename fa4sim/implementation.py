@@ -16,6 +16,10 @@ resolved so far:
 FACT is a problem field (hdim, hdim_v, causal, seqlen_q, seqlen_k), a knob resolved before this
 one, or a fact the schedule derives (its `facts()`: o_fits, consumer_wgs); a suffix compares
 instead of testing equality: _gt, _ge, _lt, _le, _ne.
+
+The backward's choices sit in the file's "bwd" section, in the same form ("head_dims", "knobs",
+"params", a "source"); `Implementation.for_pass("bwd")` gives an implementation whose knobs and
+constants are those, for the schedule's backward (schedules.BWD_SCHEDULES).
 """
 from __future__ import annotations
 
@@ -40,6 +44,19 @@ class Implementation:
     head_dims: tuple   # supported (hdim, hdim_v) pairs
     knobs: dict        # knob -> {"value", "source", "confidence"}: its choice of each what-if
     params: dict       # constant -> {"value", "source", "confidence"}: measured on it
+    bwd: dict | None = None  # its backward's section ("head_dims", "knobs", "params"), if it has one
+    pass_: str = "fwd"       # the pass these knobs and constants are for: fwd | bwd
+
+    def for_pass(self, pass_: str) -> "Implementation":
+        """The implementation's choices for one pass: itself for the forward, its "bwd" section's
+        head dims, knobs and constants for the backward."""
+        if pass_ == "fwd":
+            return self
+        if not self.bwd:
+            raise InputError("pass", f"{self.name} has no backward in fa4sim; allowed: --pass fwd")
+        return replace(self, description=self.bwd.get("description", self.description),
+                       head_dims=_head_dims(self.bwd["head_dims"]), knobs=self.bwd.get("knobs", {}),
+                       params=self.bwd.get("params", {}), bwd=None, pass_=pass_)
 
     def check(self, problem) -> None:
         if (problem.hdim, problem.hdim_v) not in self.head_dims:
@@ -69,9 +86,12 @@ class Implementation:
         return replace(self, params=params)
 
     def to_json(self) -> dict:
-        return {"name": self.name, "kernel": self.kernel, "arch": self.arch, "schedule": self.schedule,
-                "description": self.description, "head_dims": [list(d) for d in self.head_dims],
-                "knobs": self.knobs, "params": self.params}
+        out = {"name": self.name, "kernel": self.kernel, "arch": self.arch, "schedule": self.schedule,
+               "description": self.description, "head_dims": [list(d) for d in self.head_dims],
+               "knobs": self.knobs, "params": self.params}
+        if self.pass_ != "fwd":
+            out["pass"] = self.pass_
+        return out
 
 
 def _describe(pairs: tuple) -> str:
@@ -126,8 +146,9 @@ def _fact(name: str, ctx, knobs: dict):
         return knobs[name]
     if hasattr(ctx.problem, name):
         return getattr(ctx.problem, name)
-    from .schedules import SCHEDULES  # the schedule derives the rest (o_fits, consumer_wgs)
-    facts = SCHEDULES[ctx.impl.schedule].facts(ctx, knobs)
+    from .schedules import BWD_SCHEDULES, SCHEDULES  # the schedule derives the rest (o_fits, consumer_wgs)
+    table = BWD_SCHEDULES if ctx.impl.pass_ == "bwd" else SCHEDULES
+    facts = table[ctx.impl.schedule].facts(ctx, knobs)
     if name not in facts:
         raise InputError("impl", f"{ctx.impl.name}: a rule tests {name!r}, which is neither a problem field, "
                                  f"a knob resolved before it, nor a fact of the {ctx.impl.schedule} schedule "
@@ -154,7 +175,7 @@ def _head_dims(entries: list) -> tuple:
 def _from_json(data: dict) -> Implementation:
     return Implementation(name=data["name"], kernel=data["kernel"], arch=data["arch"], schedule=data["schedule"],
                           description=data.get("description", ""), head_dims=_head_dims(data["head_dims"]),
-                          knobs=data.get("knobs", {}), params=data.get("params", {}))
+                          knobs=data.get("knobs", {}), params=data.get("params", {}), bwd=data.get("bwd"))
 
 
 def load(name: str, arch: str | None = None) -> Implementation:

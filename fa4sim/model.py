@@ -23,10 +23,12 @@ from .engine import Trace
 from .errors import InputError
 from .kernel_model import KernelTime, WorkUnit, kernel_time, work_units
 from .params import MAX_TILES, Context, Problem, resolve
-from .schedules import SCHEDULES
+from .schedules import BWD_SCHEDULES, SCHEDULES, kernel_bwd
 from .steady_state import CAP, Period, tile_times
 
 LADDER = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, CAP)
+PASSES = ("fwd", "bwd")
+MASKED_SIM = 1  # backward: masked Q blocks simulated per shape (more add linearly)
 
 
 @dataclass
@@ -54,6 +56,10 @@ class Result:
     power_by_part: dict = field(default_factory=dict)  # W: static, clock, tensor, mufu, fma, alu, smem, l2, hbm
     power_limited: bool = False    # the power cap sets the clock (below the maximum)
     activity: object = None        # power.Activity: the launch's work per unit
+    pass_: str = "fwd"             # "fwd" | "bwd"
+    pre_us: float = 0.0            # backward: the preprocess launch (dPsum, LSE, dQ accumulator zeroed), us
+    post_us: float = 0.0           # backward: the postprocess launch (dQ fp32 -> bf16), us
+    main_us: float = 0.0           # backward: the main kernel alone, us (time_us = pre + main + post)
 
     def to_json(self) -> dict:
         k = self.kernel
@@ -81,6 +87,8 @@ class Result:
                        "limiter": k.limiter, "launch_gap_us": self.hw.launch_gap_us,
                        "hbm_busy": round(self.hbm_busy, 4)},
             "notes": self.notes,
+            **({"pass": "bwd", "pre_us": round(self.pre_us, 3), "main_us": round(self.main_us, 3),
+                "post_us": round(self.post_us, 3)} if self.pass_ == "bwd" else {}),
         }
 
 
@@ -132,11 +140,14 @@ def _hw_value(name: str, value):
 
 
 def simulate(hw="b200", schedule: str | None = None, problem: Problem | None = None, overrides: dict | None = None,
-             impl: str | implementation.Implementation | None = None) -> Result:
-    """Predict one forward pass. `hw` is a profile name, a profile path or a HardwareProfile;
-    `schedule` the pipeline (default: the one for the hardware's architecture); `impl` whose
-    choices to simulate (fa4kernel, flash-attn-4; default: the schedule's DEFAULT_IMPL);
-    `overrides` the what-ifs: schedule knobs and hardware parameters by name."""
+             impl: str | implementation.Implementation | None = None, pass_: str = "fwd") -> Result:
+    """Predict one forward pass (pass_ "fwd") or one backward pass ("bwd": simulate_bwd).
+    `hw` is a profile name, a profile path or a HardwareProfile; `schedule` the pipeline
+    (default: the one for the hardware's architecture); `impl` whose choices to simulate
+    (fa4kernel, flash-attn-4; default: the schedule's DEFAULT_IMPL); `overrides` the what-ifs:
+    schedule knobs and hardware parameters by name."""
+    if pass_ != "fwd":
+        return simulate_bwd(hw, schedule, problem, overrides, impl, pass_)
     profile, schedule, module, impl, knobs = setup(hw, schedule, problem, overrides, impl)
     unset = hw if isinstance(hw, hardware.HardwareProfile) else hardware.load(hw)
     base_clock, base_sources = unset.clock_ghz, unset.sources
@@ -275,6 +286,124 @@ def simulate(hw="b200", schedule: str | None = None, problem: Problem | None = N
     return result
 
 
+def simulate_bwd(hw="b200", schedule: str | None = None, problem: Problem | None = None,
+                 overrides: dict | None = None, impl=None, pass_: str = "bwd") -> Result:
+    """Predict one backward pass: the preprocess, the main kernel (one CTA, or CTA pair, per KV
+    tile; schedules.BWD_SCHEDULES) and the postprocess. TFLOP/s count 2.5 x the forward's FLOPs
+    (flash-attn's convention) over the three launches; the clock is the power model's for the
+    main kernel's activity (the short memory-bound launches around it are left out)."""
+    profile, schedule, module, impl, knobs = setup(hw, schedule, problem, overrides, impl, pass_)
+    unset = hw if isinstance(hw, hardware.HardwareProfile) else hardware.load(hw)
+    base_clock, base_sources = unset.clock_ghz, unset.sources
+    two_cta = bool(knobs.get("two_cta", False))
+    tile_m = knobs["tile_m"]
+    keys = module.rows_per_cta(knobs) * (2 if two_cta else 1)
+    units = kernel_bwd.kv_units(problem, keys, tile_m)
+    n_hb = problem.batch * problem.heads
+    if len(units) * n_hb > MAX_TILES:
+        raise InputError("batch", f"{problem.batch} x {problem.heads} heads x {len(units)} KV tiles = "
+                                  f"{len(units) * n_hb} CTAs; fa4sim simulates at most {MAX_TILES} per launch: "
+                                  f"lower --batch or --heads")
+    # a causal launch has many counts of masked Q blocks; their mask work is one op at the
+    # start of a tile, linear in the count: shapes are simulated with at most MASKED_SIM masked
+    # blocks and each further one adds what the last simulated one did
+    by_shape: dict[int, list[int]] = {}
+    for u in units:
+        by_shape.setdefault(min(u.masked, MASKED_SIM), []).append(u.n_kv)
+    cache: dict[tuple, tuple] = {}
+    rows_t = kernel_bwd.transposed(problem)
+
+    def detailed(n: int, masked: int):
+        if (n, masked) not in cache:
+            cache[(n, masked)] = tile_times(module.build(profile, problem, knobs, n, masked, impl), n)
+        return cache[(n, masked)]
+
+    many = [u.n_kv for u in units if u.masked > MASKED_SIM]
+    n_ref = min(max(many), 8) if many else 0
+    per_masked = max(0.0, detailed(n_ref, MASKED_SIM)[0] - detailed(n_ref, MASKED_SIM - 1)[0]) if many else 0.0
+
+    def cost_of(u) -> tuple[float, float]:
+        m = min(u.masked, MASKED_SIM)
+        if len(set(by_shape[m])) <= 4:
+            t1, t2, _, _ = detailed(u.n_kv, m)
+            t1, extra = t1, t2 - t1
+        else:
+            t1, extra = _interpolated(replace(u, masked=m), max(by_shape[m]), detailed)
+        return t1 + (u.masked - m) * per_masked, extra
+
+    def launch(at):
+        kt = kernel_time(rows_t, at, units, cost_of, tile_m, two_cta, persistent=False, order="index", rows=keys)
+        cycles = None
+        if knobs.get("deterministic"):
+            hold = module.dq_hold(at, problem, knobs)
+            cold = kt.cold_start_us * at.clock_ghz * 1e3
+            slots = at.num_sms // (2 if two_cta else 1)
+            cycles, _ = kernel_bwd.deterministic_cycles(units, [cost_of(u) for u in units], n_hb, slots, hold,
+                                                        cold, at.cta_launch_cycles, problem.causal)
+        return kernel_bwd.with_traffic(kt, problem, at, units, tile_m, two_cta, cycles)
+
+    longest = max(units, key=lambda u: (u.n_kv, -u.masked))
+    longest = replace(longest, masked=min(longest.masked, MASKED_SIM))
+    visits = sum(u.n_kv for u in units) * n_hb
+    sm_blocks = visits * (2 if two_cta else 1)
+
+    def usage(at, kt):
+        _, _, trace, period = detailed(longest.n_kv, longest.masked)
+        flops = visits * (2 if two_cta else 1) * trace.schedule.meta["flops_per_iter"]
+        return power.activity(at, kt, power.work_per_block(trace, _window(trace, period)[3]), sm_blocks, flops)
+
+    forced = "clock_ghz" in (overrides or {})
+    if power.has_model(profile) and not forced:
+        if not 0 < profile.clock_min_ghz <= profile.clock_ghz:
+            raise InputError("clock_min_ghz", f"{profile.clock_min_ghz} GHz; with a power model (power_cap_w > 0) "
+                                              f"it must be > 0 and at most clock_ghz {profile.clock_ghz} GHz")
+        kt = launch(profile)
+        pred = power.predict_clock(profile, usage(profile, kt))
+        for _ in range(2):
+            at = _at(profile, pred.clock_ghz)
+            kt = launch(at)
+            again = power.predict_clock(profile, usage(at, kt))
+            if abs(again.clock_ghz - pred.clock_ghz) <= 1e-3 * pred.clock_ghz:
+                break
+            pred = again
+        act = usage(at, kt)
+        watts, parts = power.power_w(profile, act, at.clock_ghz)
+        clock = power.ClockPrediction(at.clock_ghz, watts, parts, pred.limited, pred.note)
+        source = "power model"
+    else:
+        at = profile
+        kt = launch(profile)
+        act = usage(at, kt)
+        source = "--set" if forced else "profile"
+        if power.has_model(profile):
+            watts, parts = power.power_w(profile, act, at.clock_ghz, base_clock if forced else profile.clock_ghz)
+            clock = power.ClockPrediction(at.clock_ghz, watts, parts, False)
+        else:
+            clock = power.ClockPrediction(at.clock_ghz, None, {}, False)
+
+    pre_us, post_us = kernel_bwd.pre_post_us(problem, at)
+    total_us = pre_us + kt.time_us + post_us
+    _, _, trace, period = detailed(longest.n_kv, longest.masked)
+    util, waits, interval = _steady_state(trace, period)
+    tflops = 2.5 * problem.flops / (total_us * 1e-6) / 1e12
+    result = Result(at, schedule, impl, problem, knobs, tflops, total_us, kt.cycles, util, "", interval, waits, kt,
+                    trace, period)
+    result.pass_, result.pre_us, result.post_us, result.main_us = "bwd", pre_us, post_us, kt.time_us
+    result.clock_ghz, result.clock_source = at.clock_ghz, source
+    result.power_w, result.power_by_part, result.power_limited = clock.power_w, dict(clock.by_part), bool(clock.limited)
+    result.activity = act
+    result.bottleneck = _bottleneck(result)
+    result.notes.append(f"backward: preprocess {pre_us:.1f} us + main kernel {kt.time_us:.1f} us + postprocess "
+                        f"{post_us:.1f} us; TFLOP/s count 2.5 x the forward's FLOPs over all three")
+    if knobs.get("deterministic"):
+        result.notes.append(f"deterministic: each CTA holds a Q block's dQ order for "
+                            f"{module.dq_hold(at, problem, knobs):.0f} cycles; a CTA waits for those before it")
+    result.notes.append(_clock_note(result, profile, base_sources))
+    if clock.note:
+        result.notes.append(clock.note)
+    return result
+
+
 def _at(profile: hardware.HardwareProfile, ghz: float) -> hardware.HardwareProfile:
     """The profile at the clock the power model predicts (the source says so)."""
     return replace(profile, values={**profile.values, "clock_ghz": ghz},
@@ -300,9 +429,12 @@ def _clock_note(r: "Result", profile, base_sources: dict) -> str:
     return f"clock {r.clock_ghz} GHz was not measured on this chip under load; time scales with it"
 
 
-def setup(hw, schedule: str | None, problem: Problem | None, overrides: dict | None, impl):
+def setup(hw, schedule: str | None, problem: Problem | None, overrides: dict | None, impl, pass_: str = "fwd"):
     """Resolve what simulate() runs: (profile, schedule name, schedule module, implementation,
-    knobs), with the overrides applied and the configuration checked."""
+    knobs), with the overrides applied and the configuration checked; pass_ "bwd" resolves the
+    schedule's backward and the implementation's backward choices."""
+    if pass_ not in PASSES:
+        raise InputError("pass", f"unknown pass {pass_!r}; allowed: {', '.join(PASSES)}")
     if problem is None:
         raise InputError("problem", "a Problem(batch, heads, seqlen_q, seqlen_k, hdim, causal) is required")
     profile = hw if isinstance(hw, hardware.HardwareProfile) else hardware.load(hw)
@@ -311,6 +443,11 @@ def setup(hw, schedule: str | None, problem: Problem | None, overrides: dict | N
     if schedule not in SCHEDULES:
         raise InputError("schedule", f"unknown schedule {schedule!r}; allowed: {', '.join(SCHEDULES)}")
     module = SCHEDULES[schedule]
+    if pass_ == "bwd":
+        if schedule not in BWD_SCHEDULES:
+            raise InputError("pass", f"the {schedule} schedule has no backward in fa4sim; --pass bwd runs with "
+                                     f"--schedule {', '.join(BWD_SCHEDULES)}")
+        module = BWD_SCHEDULES[schedule]
     if profile.arch != module.ARCH:
         other = [n for n, m in SCHEDULES.items() if m.ARCH == profile.arch]
         raise InputError("schedule", f"{schedule} is an {module.ARCH} schedule but hw {profile.name} is {profile.arch}; use {', '.join(other)}")
@@ -318,6 +455,7 @@ def setup(hw, schedule: str | None, problem: Problem | None, overrides: dict | N
         impl = implementation.load(impl or module.DEFAULT_IMPL, profile.arch)
     if impl.schedule != schedule:
         raise InputError("impl", f"{impl.name} is modelled by the {impl.schedule} schedule, not {schedule}")
+    impl = impl.for_pass(pass_)
     hw_over, knob_over, impl_over = split_overrides(module, impl, overrides or {})
     if hw_over:
         profile = profile.with_values(**hw_over)
@@ -330,10 +468,10 @@ def setup(hw, schedule: str | None, problem: Problem | None, overrides: dict | N
 
 
 def build_cta(hw, problem: Problem, overrides: dict | None = None, n_kv: int = 12, masked: int = 0,
-              impl=None, schedule: str | None = None):
-    """One CTA's schedule (an engine.Schedule) for tiles of n_kv KV blocks, `masked` of them
-    masked, resolved as simulate() resolves it: for timelines, tests and lessons."""
-    profile, _, module, impl, knobs = setup(hw, schedule, problem, overrides, impl)
+              impl=None, schedule: str | None = None, pass_: str = "fwd"):
+    """One CTA's schedule (an engine.Schedule) for tiles of n_kv KV blocks (backward: Q blocks),
+    `masked` of them masked, resolved as simulate() resolves it: for timelines, tests and lessons."""
+    profile, _, module, impl, knobs = setup(hw, schedule, problem, overrides, impl, pass_)
     return module.build(profile, problem, knobs, n_kv, masked, impl)
 
 

@@ -1,0 +1,146 @@
+"""The backward's launch: KV tiles over the SMs, its memory traffic, the deterministic dQ order,
+and the pre- and post-kernels. Shared by the SM100 and SM90 backward schedules.
+
+A backward CTA (a CTA pair with 2-CTA) owns one KV tile and visits the Q blocks (m_blocks) that
+see it: all of them without a mask, from the diagonal down with a causal one (bottom-right
+aligned, as flash_attn). fa4sim's kernel model (kernel_model.py) spreads such units over the SMs
+as it spreads forward Q tiles, on the transposed problem (keys as rows, Q blocks as blocks);
+what differs is counted here: the traffic (Q, dO, LSE and dPsum per visit, K and V once, dQ
+reduce-added in fp32 per visit) and, in deterministic mode, the wait of each CTA for the CTAs
+before it in the dQ order.
+"""
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import dataclass, replace
+
+from ..kernel_model import KernelTime, WorkUnit
+from ..params import Problem
+
+
+@dataclass(frozen=True)
+class KvUnit(WorkUnit):
+    """One backward CTA (or CTA pair): n_kv = Q blocks it visits, masked = of which masked,
+    rows = its keys; first = its first Q block; rank = its KV tile's index in the head."""
+
+    first: int = 0
+    rank: int = 0
+
+
+def transposed(p: Problem) -> Problem:
+    """The problem seen from the keys: the kernel model's rows are keys, its blocks Q blocks."""
+    return Problem(p.batch, p.heads, p.seqlen_k, p.seqlen_q, p.hdim, p.causal, p.hdim_v)
+
+
+def kv_units(p: Problem, keys: int, tile_m: int) -> list[KvUnit]:
+    """One (batch, head)'s backward units: KV tiles of `keys` keys, each with the Q blocks of
+    tile_m rows that see it (causal: rows i >= key - (seqlen_k - seqlen_q)) and how many of them
+    need a mask (the causal diagonal, a partial last Q block, a partial KV tile)."""
+    offset = p.seqlen_k - p.seqlen_q
+    m_total = math.ceil(p.seqlen_q / tile_m)
+    out = []
+    for rank, c0 in enumerate(range(0, p.seqlen_k, keys)):
+        c1 = min(c0 + keys, p.seqlen_k) - 1
+        first = max(0, c0 - offset) // tile_m if p.causal else 0
+        n = m_total - first
+        # causal: Q blocks whose first row misses some of the tile's keys (row i sees key j iff
+        # j <= i + offset), then a partial last Q block, then a partial KV tile (all of them)
+        masked = max(0, min(m_total, -(-(c1 - offset) // tile_m)) - first) if p.causal else 0
+        if p.seqlen_q % tile_m and m_total - 1 >= first + masked:
+            masked += 1
+        if c1 - c0 + 1 < keys:
+            masked = n
+        out.append(KvUnit(n, min(n, masked), c1 - c0 + 1, first, rank))
+    return out
+
+
+def traffic(p: Problem, hw, units: list[KvUnit], tile_m: int, two_cta: bool) -> tuple[float, float]:
+    """(bytes between L2 and the SMs, bytes to or from HBM) of a backward launch, bf16 inputs.
+
+    Per visit of a Q block a CTA loads Q, dO (a CTA pair once for both SMs), LSE and dPsum, and
+    reduce-adds its dQ in fp32 (a pair: one tile for both); per unit K and V come in once and
+    dK, dV go out once. HBM sees Q, K, V, O-sized dO, dK, dV, LSE, dPsum once and the fp32 dQ
+    accumulator once, plus the Q-side re-reads when the Q, dO and dQ accumulator of the heads
+    in flight do not fit in L2."""
+    bh = p.batch * p.heads
+    d, dv = p.hdim, p.hdim_v
+    visits = sum(u.n_kv for u in units)
+    per_visit = tile_m * ((d + dv) * 2 + 8)       # Q + dO, LSE + dPsum
+    dq_add = tile_m * d * 4                        # the fp32 reduce-add
+    kv = p.seqlen_k * (d + dv) * 2 * 2             # K, V in; dK, dV out
+    l2 = bh * (visits * (per_visit + dq_add) + kv)
+    unique = bh * (p.seqlen_q * ((d + dv) * 2 + 8 + d * 4) + kv)
+    slots = hw.num_sms // (2 if two_cta else 1)
+    heads_in_flight = min(bh, math.ceil(slots / max(1, len(units))) + 1)
+    working_set = heads_in_flight * p.seqlen_q * ((d + dv) * 2 + 8 + d * 4)
+    hit = min(1.0, hw.l2_bytes / max(working_set, 1.0))
+    hbm = unique + max(0.0, l2 - unique) * (1.0 - hit)
+    return float(l2), float(hbm)
+
+
+def with_traffic(kt: KernelTime, p: Problem, hw, units: list[KvUnit], tile_m: int, two_cta: bool,
+                 cycles: float | None = None) -> KernelTime:
+    """The launch's KernelTime with the backward's own traffic (and, given, its own cycles)."""
+    cycles = kt.cycles if cycles is None else cycles
+    l2_b, hbm_b = traffic(p, hw, units, tile_m, two_cta)
+    compute_us = cycles / (hw.clock_ghz * 1e3)
+    l2_us, hbm_us = l2_b / (hw.l2_bandwidth_tbps * 1e6), hbm_b / (hw.hbm_bandwidth_tbps * 1e6)
+    body = max(compute_us, l2_us, hbm_us)
+    limiter = "compute" if body == compute_us else ("L2" if body == l2_us else "HBM")
+    return replace(kt, cycles=cycles, compute_us=compute_us, l2_us=l2_us, hbm_us=hbm_us, l2_bytes=l2_b,
+                   hbm_bytes=hbm_b, time_us=body + hw.launch_gap_us, limiter=limiter)
+
+
+def dq_order_wait(hw, dq_bytes: float) -> float:
+    """Cycles one CTA holds the deterministic dQ order of a Q block (its critical section): it
+    reads the semaphore (an L2 round trip), reduce-adds its dQ tile (dq_bytes at the TMA rate),
+    waits for the adds to land and releases the semaphore (another L2 round trip); the next CTA
+    in the order sees the release when its own read returns (counted in its section)."""
+    return 2 * hw.l2_latency + dq_bytes / hw.tma_bytes_per_clk
+
+
+def deterministic_cycles(units: list[KvUnit], costs: list[tuple[float, float]], n_hb: int, slots: int,
+                         hold: float, start: float, cta_launch: float, causal: bool) -> tuple[float, int]:
+    """(launch cycles, CTAs on the busiest slot) of a deterministic backward, one CTA per unit.
+
+    The dQ of a Q block is added in a fixed order of KV tiles (flash-attn-4: by KV tile index;
+    causal: shortest first, from the last KV tile down, dispatched in that order). A CTA reduces
+    its Q blocks at R + j P (R its first reduction, P its cycles per Q block), and may not
+    reduce a Q block before the CTA before it in the order has held that block's order for
+    `hold` cycles: R >= R_prev + hold - (first Q block both share - its own first) P. A CTA
+    that has to wait runs that much longer. CTAs go to the slot that frees first."""
+    order = list(range(len(units)))
+    if causal:
+        order.reverse()
+    heap = [(start, i, 0) for i in range(max(1, slots))]
+    end, busiest = start, 0
+    for hb in range(n_hb):
+        prev = None  # (R, first Q block) of the previous CTA in this head's order
+        for m in order:
+            u, (t1, _) = units[m], costs[m]
+            load, i, n = heapq.heappop(heap)
+            begin = load + (cta_launch if n else 0.0)
+            per_block = t1 / max(1, u.n_kv)
+            r = begin
+            if prev is not None:
+                shared = max(prev[1], u.first)
+                r = max(r, prev[0] + hold - (shared - u.first) * per_block)
+            finish = t1 + r
+            prev = (r, u.first)
+            heapq.heappush(heap, (finish, i, n + 1))
+            if finish > end:
+                end, busiest = finish, n + 1
+    return end, busiest
+
+
+def pre_post_us(p: Problem, hw) -> tuple[float, float]:
+    """Times (us) of the two memory-bound launches around the backward: the preprocess reads O
+    and dO and writes dPsum = rowsum(dO * O) and LSE in log2 units (fp32) and zeroes the fp32 dQ
+    accumulator; the postprocess reads that accumulator and writes dQ in bf16. Each moves its
+    bytes at the HBM bandwidth, plus a launch gap."""
+    rows = p.batch * p.heads * p.seqlen_q
+    pre = rows * (2 * p.hdim_v * 2 + 4 + 8 + p.hdim * 4)
+    post = rows * p.hdim * (4 + 2)
+    bw = hw.hbm_bandwidth_tbps * 1e6  # bytes per us
+    return pre / bw + hw.launch_gap_us, post / bw + hw.launch_gap_us
