@@ -38,7 +38,7 @@ def _cutlass_dtype(name: str):
 
 
 def _fake_args(cfg: KernelConfig):
-    """Fake tensors with dynamic batch / seqlen / heads / strides (16-byte aligned rows)."""
+    """Fake tensors with dynamic batch / seqlen / heads (q's and k/v's) / strides (16-byte aligned rows)."""
     import cutlass
     import cutlass.cute as cute
     from cutlass.cute.runtime import make_fake_tensor
@@ -50,10 +50,10 @@ def _fake_args(cfg: KernelConfig):
         stride = tuple(cute.sym_int64(divisibility=div) for _ in range(3)) + (1,)
         return make_fake_tensor(dt, shape_syms, stride=stride, assumed_align=16)
 
-    b, sq, sk, h = cute.sym_int(), cute.sym_int(), cute.sym_int(), cute.sym_int()
+    b, sq, sk, h, hkv = cute.sym_int(), cute.sym_int(), cute.sym_int(), cute.sym_int(), cute.sym_int()
     q = fake((b, sq, h, cfg.head_dim))
-    k = fake((b, sk, h, cfg.head_dim))
-    v = fake((b, sk, h, cfg.head_dim))
+    k = fake((b, sk, hkv, cfg.head_dim))  # GQA / MQA: heads_kv divides heads
+    v = fake((b, sk, hkv, cfg.head_dim))
     o = fake((b, sq, h, cfg.head_dim))
     lse = None
     if cfg.has_lse:
@@ -179,7 +179,8 @@ def _props(device):
 def resolve_config(q, k, v, causal: bool = False, return_lse: bool = False, **knobs) -> KernelConfig:
     """The KernelConfig attention() runs for these tensors and knobs (knob defaults resolved,
     including the short-causal tile shapes, SHORT_CAUSAL_TILES)."""
-    b, sq, sk, h, d, dtype = validate_tensors(q, k, v, causal, None, return_lse, head_dims=SUPPORTED_HEAD_DIMS)
+    b, sq, sk, h, d, dtype = validate_tensors(q, k, v, causal, None, return_lse, head_dims=SUPPORTED_HEAD_DIMS,
+                                              gqa=True)
     if causal and sq <= SHORT_CAUSAL_MAX_SEQLEN_Q and d in SHORT_CAUSAL_TILES \
             and knobs.get("tile_m") is None and knobs.get("tile_n") is None:
         knobs = {**SHORT_CAUSAL_TILES[d], **knobs}
@@ -216,7 +217,7 @@ def attention(q, k, v, causal: bool = False, softmax_scale: Optional[float] = No
                                **knobs)
     # sm_90, or not on a CUDA device: the SM90 kernel's checks, then the device's (one-line errors)
     b, sq, sk, h, d, dtype = validate_tensors(q, k, v, causal, softmax_scale, return_lse,
-                                              head_dims=SUPPORTED_HEAD_DIMS)
+                                              head_dims=SUPPORTED_HEAD_DIMS, gqa=True)
     cfg = resolve_config(q, k, v, causal, return_lse, **knobs)  # raises before any compile
     validate_device(q, k, v)
 
@@ -237,7 +238,8 @@ def attention_traced(q, k, v, causal: bool = False, softmax_scale: Optional[floa
 
     from .trace_layout import TRACE_WORDS
 
-    b, sq, sk, h, d, dtype = validate_tensors(q, k, v, causal, softmax_scale, False, head_dims=SUPPORTED_HEAD_DIMS)
+    b, sq, sk, h, d, dtype = validate_tensors(q, k, v, causal, softmax_scale, False,
+                                              head_dims=SUPPORTED_HEAD_DIMS, gqa=True)
     cfg = resolve_config(q, k, v, causal, False, **knobs)
     validate_device(q, k, v)
     out = torch.empty((b, sq, h, d), dtype=q.dtype, device=q.device)
@@ -262,7 +264,8 @@ def attention_probed(q, k, v, causal: bool = False, softmax_scale: Optional[floa
 
     from .trace_layout import TRACE_WORDS
 
-    b, sq, sk, h, d, dtype = validate_tensors(q, k, v, causal, softmax_scale, False, head_dims=SUPPORTED_HEAD_DIMS)
+    b, sq, sk, h, d, dtype = validate_tensors(q, k, v, causal, softmax_scale, False,
+                                              head_dims=SUPPORTED_HEAD_DIMS, gqa=True)
     cfg = resolve_config(q, k, v, causal, False, **knobs)
     diag = probe_build(skip_softmax, ablate, cta_log)
     validate_device(q, k, v)

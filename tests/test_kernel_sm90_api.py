@@ -43,8 +43,30 @@ def test_shapes():
     raises("must be 4-D", q[0], k, v)
     raises("k shape", q, k, v[:, :10])
     q2, k2, v2 = qkv(h=3)
-    raises("does not match q shape", q, k2, v2)
+    raises("k/v heads=3 with q heads=2; allowed: k/v heads dividing q heads", q, k2, v2)
+    q3, k3, v3 = qkv(b=3)
+    raises("does not match q shape", q, k3, v3)
     raises("empty input", *qkv(sq=0))
+
+
+@pytest.mark.parametrize("h,hkv", [(8, 2), (8, 1), (6, 3), (4, 4)])
+def test_gqa_and_mqa_pass_the_checks(h, hkv):
+    """GQA / MQA: k/v with heads_kv dividing heads get past every argument check (the next one
+    is the device's), and the forward's SASS is the same build for any head ratio."""
+    q, _, _ = qkv(h=h)
+    _, k, v = qkv(h=hkv)
+    raises("CUDA device", q, k, v)
+    from fa4kernel.interface import resolve_config
+
+    assert resolve_config(q, k, v, True) == resolve_config(q, q, q, True)
+
+
+@pytest.mark.parametrize("h,hkv", [(8, 3), (2, 4), (5, 2)])
+def test_gqa_heads_must_divide(h, hkv):
+    q, _, _ = qkv(h=h)
+    _, k, v = qkv(h=hkv)
+    msg = raises(f"k/v heads={hkv} with q heads={h}", q, k, v)
+    assert "dividing" in msg
 
 
 def test_strides():
