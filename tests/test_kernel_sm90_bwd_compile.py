@@ -1,0 +1,99 @@
+"""CPU-only: fa4kernel's SM90 backward compiles for sm_90a with fake tensors (no GPU needed), its
+SASS has what the design promises (wgmma, TMA loads and stores, the fp32 dQ reduction, no
+register spills), and bad arguments are one-line errors before anything compiles.
+
+Run: pytest -m compile tests/test_kernel_sm90_bwd_compile.py
+"""
+
+import re
+
+import pytest
+
+pytest.importorskip("cutlass")
+
+import fa4kernel  # noqa: E402
+from fa4kernel import make_bwd_config  # noqa: E402
+
+pytestmark = pytest.mark.compile
+
+_SASS = {}
+
+
+def bwd_sass(head_dim=128, causal=False, dtype="bfloat16", deterministic=False):
+    cfg = make_bwd_config(dtype, head_dim, causal, deterministic)
+    if cfg not in _SASS:
+        _SASS[cfg] = fa4kernel.compile_bwd_sass(cfg)
+    return _SASS[cfg]
+
+
+def count(text, op):
+    return len(re.findall(r"\s" + re.escape(op) + r"[\s.;]", text))
+
+
+def hgmma_shapes(text):
+    return sorted(set(re.findall(r"HGMMA\.(\d+x\d+x\d+)", text)))
+
+
+def assert_backward_healthy(text):
+    assert count(text, "HGMMA") > 0, "no wgmma (HGMMA) in SASS"
+    assert count(text, "UTMALDG") > 0, "no TMA loads (UTMALDG) in SASS"
+    assert count(text, "UTMASTG") > 0, "no TMA stores of dK / dV (UTMASTG) in SASS"
+    assert len(re.findall(r"\sREDG?\.E\.ADD\.F32", text)) > 0, "no fp32 dQ reduction (RED.ADD.F32) in SASS"
+    assert count(text, "MUFU.EX2") > 0, "no exp2 for P"
+    assert count(text, "STSM") > 0, "no stmatrix (dS^T and dK / dV to smem)"
+    assert count(text, "LDL") == 0 and count(text, "STL") == 0, "register spills (LDL/STL)"
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("hd", fa4kernel.BWD_HEAD_DIMS)
+def test_bwd_every_head_dim_compiles(hd, causal):
+    assert_backward_healthy(bwd_sass(hd, causal))
+
+
+def test_bwd_fp16_and_deterministic_compile():
+    assert_backward_healthy(bwd_sass(128, True, dtype="float16"))
+    assert_backward_healthy(bwd_sass(64, False, deterministic=True))
+
+
+@pytest.mark.parametrize("hd,shapes", [
+    # S^T and dP^T (64 keys x 64 queries per warpgroup), dV / dK (64 keys x head_dim), dQ (64 x
+    # head_dim / dq_wgs: split over both warpgroups at 128 only)
+    (128, ["64x128x16", "64x64x16"]),
+    (96, ["64x64x16", "64x96x16"]),
+    (64, ["64x64x16"]),
+])
+def test_bwd_wgmma_shapes(hd, shapes):
+    assert hgmma_shapes(bwd_sass(hd)) == shapes
+
+
+def test_bwd_dq_reduction_count_per_thread():
+    """One RED.ADD.F32 per dQ accumulator element a thread holds per query block: 64 x hd /
+    (128 x dq_wgs) (hd128: 32, split over both warpgroups; hd64: 32, warpgroup 0 alone)."""
+    for hd, n in ((128, 32), (64, 32), (96, 48)):
+        assert len(re.findall(r"\sREDG?\.E\.ADD\.F32", bwd_sass(hd))) == n, hd
+
+
+def test_bwd_deterministic_build_differs_only_in_the_dq_slice():
+    """The deterministic build reduces into its key block's slice: same instruction mix."""
+    a, b = bwd_sass(64, False), bwd_sass(64, False, deterministic=True)
+    for op in ("HGMMA", "UTMALDG", "UTMASTG", "MUFU.EX2", "STSM"):
+        assert count(a, op) == count(b, op), op
+
+
+@pytest.mark.parametrize("kwargs,says", [
+    (dict(head_dim=256), "head_dim=256 not supported by the SM90 backward; allowed: 64, 96, 128"),
+    (dict(head_dim=192), "head_dim=192 not supported by the SM90 backward"),
+    (dict(dtype="float32"), "dtype float32 not supported by the backward"),
+    (dict(causal=1), "causal=1 not supported"),
+    (dict(deterministic="yes"), "deterministic='yes' not supported"),
+])
+def test_bwd_compile_rejects_bad_arguments_before_compiling(kwargs, says):
+    with pytest.raises(ValueError) as ei:
+        fa4kernel.compile_bwd_sass(**kwargs)
+    assert says in str(ei.value) and "\n" not in str(ei.value)
+
+
+def test_bwd_compile_rejects_a_forward_config():
+    with pytest.raises(ValueError, match="allowed: None or a BwdConfig") as ei:
+        fa4kernel.compile_bwd_sass(fa4kernel.make_config("bfloat16", 128, False, False, {}))
+    assert "\n" not in str(ei.value)
