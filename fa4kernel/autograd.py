@@ -43,7 +43,7 @@ def _function():
             b, sq, h, d = q.shape
             out = torch.empty((b, sq, h, d), dtype=q.dtype, device=q.device)
             lse = torch.empty((b, h, sq), dtype=torch.float32, device=q.device)
-            _run(cfg, q, k, v, out, lse, softmax_scale)
+            _run(cfg, q.detach(), k.detach(), v.detach(), out, lse, softmax_scale)  # (DLPack refuses grad)
             ctx.save_for_backward(q, k, v, out, lse)
             ctx.causal = cfg.causal
             ctx.softmax_scale = softmax_scale

@@ -551,10 +551,13 @@ def run_bwd(cfg: BwdConfig, dout, q, k, v, out, lse, softmax_scale: float):
 
     import torch
 
+    q, k, v, out, lse = (t.detach() for t in (q, k, v, out, lse))  # DLPack refuses tensors needing grad
     b, sq, h, d = q.shape
     sk, hkv = k.shape[1], k.shape[2]
     sqp = -(-sq // cfg.tile_m) * cfg.tile_m
-    dout = dout.contiguous()
+    dout = dout.detach().contiguous()
+    if dout.data_ptr() % 16:
+        dout = dout.clone()  # TMA needs 16-byte aligned rows
     dpsum, lse_log2 = _prepare(cfg, dout, out, lse, sqp)
     nb = -(-sk // cfg.tile_n) if cfg.deterministic else 1
     dq_accum = torch.zeros((nb, b, h, sqp, d), dtype=torch.float32, device=q.device)
