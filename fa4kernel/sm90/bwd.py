@@ -393,15 +393,16 @@ class FlashBwdSm90:
 
             tdVrP.store(_acc_as_operand_a(acc_S).load().to(self.dtype))
             tdKrdS.store(_acc_as_operand_a(acc_dP).load().to(self.dtype))
-            self._gemm(tiled_mma_dkv, acc_dV, tdVrP, tdVrdOt[None, None, None, state.index], False, -1)
-            self._gemm(tiled_mma_dkv, acc_dK, tdKrdS, tdKrQt[None, None, None, state.index], False, -1)
 
-            # dS^T -> smem once the previous block's dQ GEMMs have read it
+            # dS^T -> smem once the previous block's dQ GEMMs have read it; before the RS GEMMs
+            # below, which read tdKrdS asynchronously (no register access until their wait)
             cute.arch.barrier(barrier_id=BAR_DS, number_of_threads=self.num_consumer_threads)
             cute.copy(smem_thr_copy_dS, smem_thr_copy_dS.retile(tdKrdS), tdSsdS)
             cute.arch.fence_view_async_shared()  # generic-proxy writes -> wgmma (async proxy)
             cute.arch.barrier(barrier_id=BAR_DS, number_of_threads=self.num_consumer_threads)
 
+            self._gemm(tiled_mma_dkv, acc_dV, tdVrP, tdVrdOt[None, None, None, state.index], False, -1)
+            self._gemm(tiled_mma_dkv, acc_dK, tdKrdS, tdKrQt[None, None, None, state.index], False, -1)
             if const_expr(self.dq_wgs == self.num_wg):
                 self._gemm(tiled_mma_dq, acc_dQ, tdQrdS, tdQrKt, True, 0)  # also waits for dV, dK
                 pipe_q.consumer_release(state)
