@@ -97,3 +97,20 @@ def test_bwd_compile_rejects_a_forward_config():
     with pytest.raises(ValueError, match="allowed: None or a BwdConfig") as ei:
         fa4kernel.compile_bwd_sass(fa4kernel.make_config("bfloat16", 128, False, False, {}))
     assert "\n" not in str(ei.value)
+
+
+@pytest.mark.parametrize("hd,causal", [(128, False), (128, True), (64, True)])
+def test_bwd_query_block_loop(hd, causal):
+    """The loop over query blocks holds all five GEMMs (hd128: S^T and dP^T 2 x 8 k-steps, dV and
+    dK 2 x 4, dQ 8), one named barrier (dS^T is double-buffered), one exp2 per S^T element a
+    thread holds (64 x 64 / 128 = 32) and the dQ reduction."""
+    from fa4kernel.sass import kv_loop
+
+    loop = kv_loop(bwd_sass(hd, causal))  # the smallest loop with both HGMMA and MUFU.EX2
+    ops = [o.split()[0] for o in loop]
+    n = lambda prefix: sum(o.startswith(prefix) for o in ops)  # noqa: E731
+    assert n("HGMMA") == (32 if hd == 128 else 24)
+    assert n("BAR.SYNC") == 1
+    assert n("MUFU.EX2") == 32
+    assert n("REDG.E.ADD.F32") == 32
+    assert n("STSM") == 4  # dS^T: 64 x 64 x 2 bytes per warpgroup

@@ -49,7 +49,7 @@ from .fwd import _acc_as_operand_a, _mn_view, _select, _smem_layout, _transpose_
 LOG2_E = math.log2(math.e)
 
 # Named barrier ids (0 is __syncthreads); all among the 256 consumer threads.
-BAR_DS = 1  # dS^T written to smem / the previous dQ GEMM has read it
+BAR_DS = 1  # dS^T of this query block written to smem (2 buffers)
 BAR_EPILOGUE = 2  # K and V buffers free for dK / dV; dK / dV in smem
 
 
@@ -114,7 +114,7 @@ class FlashBwdSm90:
 
         sQ_layout = _smem_layout(dtype, self.tile_m, self.hd, self.stages)
         sK_layout = _smem_layout(dtype, self.tile_n, self.hd)
-        sdS_layout = _smem_layout(dtype, self.tile_n, self.tile_m)  # dS^T: keys x queries
+        sdS_layout = _smem_layout(dtype, self.tile_n, self.tile_m, 2)  # dS^T: keys x queries, 2 buffers
 
         tma_load = cpasync.CopyBulkTensorTileG2SOp()
         tma_store = cpasync.CopyBulkTensorTileS2GOp()
@@ -319,7 +319,7 @@ class FlashBwdSm90:
         tdPrdO = wg_mma_sdp.make_fragment_B(wg_mma_sdp.partition_B(sdO))
         tdVrdOt = wg_mma_dkv.make_fragment_B(wg_mma_dkv.partition_B(_transpose_view(sdO)))
         tdKrQt = wg_mma_dkv.make_fragment_B(wg_mma_dkv.partition_B(_transpose_view(sQ)))
-        tdQrdS = wg_mma_dq.make_fragment_A(wg_mma_dq.partition_A(_transpose_view(sdS)))
+        tdQrdS = wg_mma_dq.make_fragment_A(wg_mma_dq.partition_A(_transpose_view(sdS)))  # (.., buffer)
         tdQrKt = wg_mma_dq.make_fragment_B(wg_mma_dq.partition_B(_transpose_view(sK)))
 
         # registers
@@ -394,23 +394,25 @@ class FlashBwdSm90:
             tdVrP.store(_acc_as_operand_a(acc_S).load().to(self.dtype))
             tdKrdS.store(_acc_as_operand_a(acc_dP).load().to(self.dtype))
 
-            # dS^T -> smem once the previous block's dQ GEMMs have read it; before the RS GEMMs
-            # below, which read tdKrdS asynchronously (no register access until their wait)
-            cute.arch.barrier(barrier_id=BAR_DS, number_of_threads=self.num_consumer_threads)
-            cute.copy(smem_thr_copy_dS, smem_thr_copy_dS.retile(tdKrdS), tdSsdS)
+            # dS^T -> smem buffer it % 2, before the RS GEMMs below, which read tdKrdS
+            # asynchronously (no register access until their wait). The dQ GEMM that last read
+            # this buffer (block it - 2) is done: its warpgroup finished it before writing its
+            # part of block it - 1, which everyone waited for at the barrier of block it - 1.
+            ds_buf = it % 2
+            cute.copy(smem_thr_copy_dS, smem_thr_copy_dS.retile(tdKrdS), tdSsdS[None, None, None, ds_buf])
             cute.arch.fence_view_async_shared()  # generic-proxy writes -> wgmma (async proxy)
             cute.arch.barrier(barrier_id=BAR_DS, number_of_threads=self.num_consumer_threads)
 
             self._gemm(tiled_mma_dkv, acc_dV, tdVrP, tdVrdOt[None, None, None, state.index], False, -1)
             self._gemm(tiled_mma_dkv, acc_dK, tdKrdS, tdKrQt[None, None, None, state.index], False, -1)
             if const_expr(self.dq_wgs == self.num_wg):
-                self._gemm(tiled_mma_dq, acc_dQ, tdQrdS, tdQrKt, True, 0)  # also waits for dV, dK
+                self._gemm(tiled_mma_dq, acc_dQ, tdQrdS[None, None, None, ds_buf], tdQrKt, True, 0)  # + dV, dK
                 pipe_q.consumer_release(state)
                 pipe_do.consumer_release(state)
                 self._reduce_dq(acc_dQ, thr_mma_dq, mdQaccum, m_block, head, batch, nbi)
             else:
                 if wg_idx == 0:
-                    self._gemm(tiled_mma_dq, acc_dQ, tdQrdS, tdQrKt, True, 0)
+                    self._gemm(tiled_mma_dq, acc_dQ, tdQrdS[None, None, None, ds_buf], tdQrKt, True, 0)
                     pipe_q.consumer_release(state)
                     pipe_do.consumer_release(state)
                     self._reduce_dq(acc_dQ, thr_mma_dq, mdQaccum, m_block, head, batch, nbi)

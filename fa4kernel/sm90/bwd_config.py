@@ -68,9 +68,9 @@ def make_bwd_config(dtype: str, head_dim: int, causal: bool, deterministic: bool
 
 
 def bwd_smem_bytes(cfg: BwdConfig, elem_bytes: int = 2) -> int:
-    """Shared memory of one CTA: K, V, Q and dO rings, dS^T; each buffer 1 KiB aligned."""
+    """Shared memory of one CTA: K, V, Q and dO rings, 2 dS^T buffers; each 1 KiB aligned."""
     align = lambda x: (x + 1023) // 1024 * 1024  # noqa: E731
     kv = align(cfg.tile_n * cfg.head_dim * elem_bytes)
     qdo = align(cfg.q_stages * cfg.tile_m * cfg.head_dim * elem_bytes)
-    ds = align(cfg.tile_n * cfg.tile_m * elem_bytes)
+    ds = align(2 * cfg.tile_n * cfg.tile_m * elem_bytes)  # 2 buffers
     return 1024 + 2 * kv + 2 * qdo + ds
