@@ -67,10 +67,13 @@ def test_bwd_wgmma_shapes(hd, shapes):
 
 
 def test_bwd_dq_reduction_count_per_thread():
-    """One RED.ADD.F32 per dQ accumulator element a thread holds per query block: 64 x hd /
-    (128 x dq_wgs) (hd128: 32, split over both warpgroups; hd64: 32, warpgroup 0 alone)."""
-    for hd, n in ((128, 32), (64, 32), (96, 48)):
-        assert len(re.findall(r"\sREDG?\.E\.ADD\.F32", bwd_sass(hd))) == n, hd
+    """One two-wide RED.ADD.F32x2 per pair of adjacent dQ accumulator elements a thread holds per
+    query block: 64 x hd / (2 x 128 x dq_wgs) (hd128: 16, split over both warpgroups; hd64: 16,
+    warpgroup 0 alone; hd96: 24)."""
+    for hd, n in ((128, 16), (64, 16), (96, 24)):
+        text = bwd_sass(hd)
+        assert len(re.findall(r"\sREDG?\.E\.ADD\.F32x2", text)) == n, hd
+        assert len(re.findall(r"\sREDG?\.E\.ADD\.F32[^x]", text)) == 0, hd  # no scalar ones
 
 
 def test_bwd_deterministic_build_differs_only_in_the_dq_slice():
@@ -103,7 +106,7 @@ def test_bwd_compile_rejects_a_forward_config():
 def test_bwd_query_block_loop(hd, causal):
     """The loop over query blocks holds all five GEMMs (hd128: S^T and dP^T 2 x 8 k-steps, dV and
     dK 2 x 4, dQ 8), one named barrier (dS^T is double-buffered), one exp2 per S^T element a
-    thread holds (64 x 64 / 128 = 32) and the dQ reduction."""
+    thread holds (64 x 64 / 128 = 32) and the dQ reduction (two-wide)."""
     from fa4kernel.sass import kv_loop
 
     loop = kv_loop(bwd_sass(hd, causal))  # the smallest loop with both HGMMA and MUFU.EX2
@@ -112,5 +115,5 @@ def test_bwd_query_block_loop(hd, causal):
     assert n("HGMMA") == (32 if hd == 128 else 24)
     assert n("BAR.SYNC") == 1
     assert n("MUFU.EX2") == 32
-    assert n("REDG.E.ADD.F32") == 32
+    assert n("REDG.E.ADD.F32x2") == 16
     assert n("STSM") == 4  # dS^T: 64 x 64 x 2 bytes per warpgroup

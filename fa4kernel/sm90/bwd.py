@@ -16,7 +16,7 @@ Warp roles (3 warpgroups):
                        dV  += P^T dO           (RS: P^T from registers)
                        dK  += dS^T Q           (RS)
                        dS^T -> shared memory (stmatrix), then dQ = dS K (SS) and an fp32
-                       reduction (RED.ADD) into the dQ accumulator in global memory.
+                       reduction (RED.ADD.F32x2) into the dQ accumulator in global memory.
                      dQ's GEMM is split over both warpgroups along head_dim at head_dim 128, done
                      by warpgroup 1 alone at 64 and 96 (bwd_config.BwdConfig.dq_wgs).
   epilogue           dK * softmax_scale and dV -> 16 bit -> shared memory (K's and V's buffers)
@@ -41,7 +41,10 @@ import cutlass.pipeline as pipeline
 import cutlass.memory as cutlass_memory
 import cutlass.utils.hopper_helpers as sm90_helpers
 from cutlass import Float32, Int32, const_expr
+from cutlass._mlir import ir
+from cutlass._mlir.dialects import vector
 from cutlass.cute.nvgpu import cpasync, warpgroup
+from cutlass.cutlass_dsl import dsl_user_op
 
 from .bwd_config import BwdConfig
 from .fwd import _acc_as_operand_a, _mn_view, _select, _smem_layout, _transpose_view
@@ -51,6 +54,15 @@ LOG2_E = math.log2(math.e)
 # Named barrier ids (0 is __syncthreads); all among the 256 consumer threads.
 BAR_DS = 1  # dS^T of this query block written to smem (2 buffers)
 BAR_EPILOGUE = 2  # K and V buffers free for dK / dV; dK / dV in smem
+
+
+@dsl_user_op
+def red_add_f32x2(ptr, a: Float32, b: Float32, *, loc=None, ip=None):
+    """*ptr += (a, b): one vector reduction of two adjacent fp32 in global memory (8-byte aligned)."""
+    vec = vector.from_elements(ir.VectorType.get([2], Float32.mlir_type),
+                               [Float32(a).ir_value(loc=loc, ip=ip), Float32(b).ir_value(loc=loc, ip=ip)],
+                               loc=loc, ip=ip)
+    cute.arch.red(ptr, vec, op="add", dtype=Float32, sem="relaxed", scope="gpu", loc=loc, ip=ip)
 
 
 class FlashBwdSm90:
@@ -444,13 +456,14 @@ class FlashBwdSm90:
 
     @cute.jit
     def _reduce_dq(self, acc_dQ, thr_mma_dq, mdQaccum, m_block, head, batch, nbi):
-        """dQ partial sum of this query block -> the fp32 accumulator: one RED.ADD per element
-        (rows past seqlen_q land in the padding)."""
+        """dQ partial sum of this query block -> the fp32 accumulator: one two-wide RED.ADD per
+        pair of adjacent columns (rows past seqlen_q land in the padding)."""
         gdQ = cute.local_tile(mdQaccum[None, None, head, batch, nbi], (self.tile_m, self.hd), (m_block, 0))
         tdQgdQ = thr_mma_dq.partition_C(gdQ)
-        for i in cutlass.range_constexpr(cute.size(acc_dQ)):
-            ptr = tdQgdQ.iterator + cute.crd2idx(i, tdQgdQ.layout)
-            cute.arch.red(ptr, acc_dQ[i], op="add", dtype=Float32, sem="relaxed", scope="gpu")
+        # accumulator elements 2i and 2i + 1 are adjacent columns of one row: one v2 reduction
+        for i in cutlass.range_constexpr(cute.size(acc_dQ) // 2):
+            ptr = tdQgdQ.iterator + cute.crd2idx(2 * i, tdQgdQ.layout)
+            red_add_f32x2(ptr, acc_dQ[2 * i], acc_dQ[2 * i + 1])
 
     @cute.jit
     def _epilogue(self, acc_dK, acc_dV, softmax_scale, tiled_mma_dkv, sK, sV, tma_atom_dK, mdK,
