@@ -15,7 +15,7 @@ from typing import Optional
 from .diagnostics import NONE, Diagnostics, probe_build, trace_build
 from .inputs import validate_device, validate_tensors
 from .sass import sass_for
-from .sm90.bwd_config import BWD_HEAD_DIMS, BwdConfig, make_bwd_config
+from .sm90.bwd_config import BwdConfig, make_bwd_config
 from .sm90.config import SUPPORTED_HEAD_DIMS, KernelConfig, make_config
 
 # The architectures with a kernel: compute capability -> (compile target, kernel)
