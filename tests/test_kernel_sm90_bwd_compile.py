@@ -117,3 +117,48 @@ def test_bwd_query_block_loop(hd, causal):
     assert n("MUFU.EX2") == 32
     assert n("REDG.E.ADD.F32x2") == 16
     assert n("STSM") == 4  # dS^T: 64 x 64 x 2 bytes per warpgroup
+
+
+@pytest.mark.parametrize("hd", fa4kernel.BWD_HEAD_DIMS)
+def test_bwd_thread_layouts_cover_the_tiles(hd):
+    """What the kernel assumes of its wgmma thread layouts, checked on the host with the kernel's
+    own tiled MMAs: the S^T partition covers the 128 x 64 tile once; a thread's element (r, c)
+    sits in column (its column 0) + (thread 0's column c) and in row r's key for every c (the
+    mask compares constants); the dQ partition covers 64 x head_dim once over the dQ warpgroups,
+    and elements 2i, 2i + 1 are adjacent columns (even first) of one row (the two-wide RED)."""
+    import cutlass
+    import cutlass.cute as cute
+
+    from fa4kernel.sm90.bwd import make_bwd_kernel
+    from fa4kernel.sm90.fwd import _mn_view
+
+    cfg = make_bwd_config("bfloat16", hd, False)
+    found = {}
+
+    @cute.jit
+    def probe():
+        sdp, _, dq = make_bwd_kernel(cfg).tiled_mmas()
+        cS = cute.make_identity_tensor((cfg.tile_n, cfg.tile_m))
+        t0 = _mn_view(sdp.get_slice(0).partition_C(cS))
+        seen, bad = set(), 0
+        for t in cutlass.range_constexpr(128 * cfg.num_consumer_wgs):
+            ts = _mn_view(sdp.get_slice(t).partition_C(cS))
+            for r in cutlass.range_constexpr(cute.size(ts, mode=[0])):
+                for c in cutlass.range_constexpr(cute.size(ts, mode=[1])):
+                    seen.add((ts[r, c][0], ts[r, c][1]))
+                    bad += int(ts[r, c][1] != ts[0, 0][1] + t0[0, c][1]) + int(ts[r, c][0] != ts[r, 0][0])
+        found["sdp"] = (len(seen), bad)
+        cQ = cute.make_identity_tensor((cfg.tile_m, hd))
+        seen, bad = set(), 0
+        for t in cutlass.range_constexpr(128 * cfg.dq_wgs):
+            tq = dq.get_slice(t).partition_C(cQ)
+            for i in cutlass.range_constexpr(cute.size(tq)):
+                seen.add((tq[i][0], tq[i][1]))
+            for i in cutlass.range_constexpr(cute.size(tq) // 2):
+                a, b = tq[2 * i], tq[2 * i + 1]
+                bad += int(not (a[0] == b[0] and b[1] == a[1] + 1 and a[1] % 2 == 0))
+        found["dq"] = (len(seen), bad)
+
+    cute.compile(probe, options="--gpu-arch sm_90a")  # the checks run while it traces
+    assert found["sdp"] == (cfg.tile_n * cfg.tile_m, 0)
+    assert found["dq"] == (cfg.tile_m * hd, 0)

@@ -83,6 +83,28 @@ class FlashBwdSm90:
         self.deterministic = cfg.deterministic
         self.consumer_regs, self.producer_regs = 240, 24
 
+    def tiled_mmas(self):
+        """(S^T / dP^T, dK / dV, dQ) tiled MMAs (call inside @cute.jit code)."""
+        dtype = self.dtype
+        # S^T = K Q^T and dP^T = V dO^T: keys on M (64 per warpgroup), queries on N
+        tiled_mma_sdp = sm90_helpers.make_trivial_tiled_mma(
+            dtype, dtype, cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.K, Float32,
+            atom_layout_mnk=(self.num_wg, 1, 1), tiler_mn=(64, self.tile_m),
+        )
+        # dV += P^T dO, dK += dS^T Q: A from registers, B = dO^T / Q^T (head_dim contiguous: MN-major)
+        tiled_mma_dkv = sm90_helpers.make_trivial_tiled_mma(
+            dtype, dtype, cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.MN, Float32,
+            atom_layout_mnk=(self.num_wg, 1, 1), tiler_mn=(64, self.hd),
+            a_source=warpgroup.OperandSource.RMEM,
+        )
+        # dQ = dS K: A = dS (dS^T in smem, queries contiguous: MN-major), B = K^T (MN-major);
+        # head_dim split over dq_wgs warpgroups
+        tiled_mma_dq = sm90_helpers.make_trivial_tiled_mma(
+            dtype, dtype, cute.nvgpu.OperandMajorMode.MN, cute.nvgpu.OperandMajorMode.MN, Float32,
+            atom_layout_mnk=(1, self.dq_wgs, 1), tiler_mn=(64, self.hd // self.dq_wgs),
+        )
+        return tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq
+
     # ------------------------------------------------------------------ host side (traced)
     @cute.jit
     def __call__(
@@ -106,23 +128,7 @@ class FlashBwdSm90:
         mLSE, mD = [_select(t, [2, 1, 0]) for t in (mLSE, mD)]  # (s, h, b)
         mdQaccum = _select(mdQaccum, [3, 4, 2, 1, 0])  # (s, d, h, b, nb)
 
-        # S^T = K Q^T and dP^T = V dO^T: keys on M (64 per warpgroup), queries on N
-        tiled_mma_sdp = sm90_helpers.make_trivial_tiled_mma(
-            dtype, dtype, cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.K, Float32,
-            atom_layout_mnk=(self.num_wg, 1, 1), tiler_mn=(64, self.tile_m),
-        )
-        # dV += P^T dO, dK += dS^T Q: A from registers, B = dO^T / Q^T (head_dim contiguous: MN-major)
-        tiled_mma_dkv = sm90_helpers.make_trivial_tiled_mma(
-            dtype, dtype, cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.MN, Float32,
-            atom_layout_mnk=(self.num_wg, 1, 1), tiler_mn=(64, self.hd),
-            a_source=warpgroup.OperandSource.RMEM,
-        )
-        # dQ = dS K: A = dS (dS^T in smem, queries contiguous: MN-major), B = K^T (MN-major);
-        # head_dim split over dq_wgs warpgroups
-        tiled_mma_dq = sm90_helpers.make_trivial_tiled_mma(
-            dtype, dtype, cute.nvgpu.OperandMajorMode.MN, cute.nvgpu.OperandMajorMode.MN, Float32,
-            atom_layout_mnk=(1, self.dq_wgs, 1), tiler_mn=(64, self.hd // self.dq_wgs),
-        )
+        tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq = self.tiled_mmas()
 
         sQ_layout = _smem_layout(dtype, self.tile_m, self.hd, self.stages)
         sK_layout = _smem_layout(dtype, self.tile_n, self.hd)
