@@ -1,20 +1,31 @@
-"""fa4lab's own FlashAttention forward kernels in the CuTe DSL: SM90 (Hopper) and SM100 (Blackwell).
+"""fa4lab's own FlashAttention kernels in the CuTe DSL: forward for SM90 (Hopper) and SM100
+(Blackwell), backward for SM90 (through torch.autograd).
 
-    fa4kernel.attention(q, k, v, causal=False, softmax_scale=None, return_lse=False, **knobs)
+    fa4kernel.attention(q, k, v, causal=False, softmax_scale=None, return_lse=False,
+                        deterministic=False, **knobs)        # out.backward() on SM90
+    fa4kernel.attention_backward(dout, q, k, v, out, lse, causal=False, ...)   # dq, dk, dv
     fa4kernel.compile_sass(cfg=None, arch="sm_90a" | "sm_100a", ...)   # no GPU needed
+    fa4kernel.compile_bwd_sass(head_dim=128, causal=False, ...)         # the SM90 backward
 
 Layout and knobs: fa4kernel/README.md. Importing this package imports neither torch nor the
 CuTe DSL: make_config and default_knobs are plain Python (fa4sim reads the kernel's choices
 through them).
 """
 
-from .interface import COMPILE_TIMES, attention, compile_sass
+from .interface import COMPILE_TIMES, attention, compile_bwd_sass, compile_sass
+from .autograd import attention_backward
+from .sm90.bwd_config import BWD_HEAD_DIMS, BwdConfig, make_bwd_config
 from .sm90.config import KNOB_NAMES, SUPPORTED_HEAD_DIMS, KernelConfig, default_knobs, make_config
 from .diagnostics import Diagnostics
 
 __all__ = [
     "attention",
+    "attention_backward",
     "compile_sass",
+    "compile_bwd_sass",
+    "make_bwd_config",
+    "BwdConfig",
+    "BWD_HEAD_DIMS",
     "make_config",
     "default_knobs",
     "KernelConfig",

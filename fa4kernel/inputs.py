@@ -8,8 +8,9 @@ import math
 
 
 def validate_tensors(q, k, v, causal=False, softmax_scale=None, return_lse=False, *,
-                     head_dims=(64, 96, 128, 192, 256)):
-    """Checks on torch tensors q, k, v shaped (batch, seqlen, heads, head_dim).
+                     head_dims=(64, 96, 128, 192, 256), gqa=False):
+    """Checks on torch tensors q, k, v shaped (batch, seqlen, heads, head_dim); k and v may have
+    fewer heads than q (GQA / MQA: heads_kv divides heads) where the kernel supports it (gqa=True).
 
     Device-independent checks only (testable with CPU tensors); validate_device() runs after the
     knobs are validated, so every argument error is reported without a GPU. head_dims: those the
@@ -35,10 +36,20 @@ def validate_tensors(q, k, v, causal=False, softmax_scale=None, return_lse=False
         raise ValueError(f"head_dim={d} not supported; allowed: {', '.join(map(str, head_dims))}")
     if tuple(k.shape) != tuple(v.shape):
         raise ValueError(f"k shape {tuple(k.shape)} != v shape {tuple(v.shape)}; allowed: equal shapes")
-    if bk != b or hk != h or dk != d:
+    if bk != b or dk != d:
+        raise ValueError(
+            f"k/v shape {tuple(k.shape)} does not match q shape {tuple(q.shape)}; allowed: same "
+            f"batch and head_dim (seqlen may differ)"
+        )
+    if hk != h and not gqa:
         raise ValueError(
             f"k/v shape {tuple(k.shape)} does not match q shape {tuple(q.shape)}; allowed: same "
             f"batch, heads and head_dim (seqlen may differ)"
+        )
+    if gqa and (hk < 1 or h % hk != 0):
+        raise ValueError(
+            f"k/v heads={hk} with q heads={h}; allowed: k/v heads dividing q heads (GQA / MQA: "
+            f"q head i reads k/v head i // (heads // heads_kv))"
         )
     if b < 1 or h < 1 or sq < 1 or sk < 1:
         raise ValueError(f"empty input (q {tuple(q.shape)}, k {tuple(k.shape)}); allowed: all dims >= 1")

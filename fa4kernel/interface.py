@@ -15,6 +15,7 @@ from typing import Optional
 from .diagnostics import NONE, Diagnostics, probe_build, trace_build
 from .inputs import validate_device, validate_tensors
 from .sass import sass_for
+from .sm90.bwd_config import BwdConfig, make_bwd_config
 from .sm90.config import SUPPORTED_HEAD_DIMS, KernelConfig, make_config
 
 # The architectures with a kernel: compute capability -> (compile target, kernel)
@@ -38,7 +39,7 @@ def _cutlass_dtype(name: str):
 
 
 def _fake_args(cfg: KernelConfig):
-    """Fake tensors with dynamic batch / seqlen / heads / strides (16-byte aligned rows)."""
+    """Fake tensors with dynamic batch / seqlen / heads (q's and k/v's) / strides (16-byte aligned rows)."""
     import cutlass
     import cutlass.cute as cute
     from cutlass.cute.runtime import make_fake_tensor
@@ -50,10 +51,10 @@ def _fake_args(cfg: KernelConfig):
         stride = tuple(cute.sym_int64(divisibility=div) for _ in range(3)) + (1,)
         return make_fake_tensor(dt, shape_syms, stride=stride, assumed_align=16)
 
-    b, sq, sk, h = cute.sym_int(), cute.sym_int(), cute.sym_int(), cute.sym_int()
+    b, sq, sk, h, hkv = cute.sym_int(), cute.sym_int(), cute.sym_int(), cute.sym_int(), cute.sym_int()
     q = fake((b, sq, h, cfg.head_dim))
-    k = fake((b, sk, h, cfg.head_dim))
-    v = fake((b, sk, h, cfg.head_dim))
+    k = fake((b, sk, hkv, cfg.head_dim))  # GQA / MQA: heads_kv divides heads
+    v = fake((b, sk, hkv, cfg.head_dim))
     o = fake((b, sq, h, cfg.head_dim))
     lse = None
     if cfg.has_lse:
@@ -133,6 +134,24 @@ def compile_sass(cfg=None, arch: str = "sm_90a", *, dtype: str = "bfloat16", hea
     raise ValueError(f"arch={arch!r} not supported; allowed: 'sm_90a' (SM90 forward) or 'sm_100a' (SM100 forward)")
 
 
+def compile_bwd_sass(cfg: Optional[BwdConfig] = None, *, dtype: str = "bfloat16", head_dim: int = 128,
+                     causal: bool = False, deterministic: bool = False, dump_dir: Optional[str] = None) -> str:
+    """Compile the SM90 backward (sm90/bwd.py) for sm_90a on this machine, no GPU needed, and
+    return its SASS. Pass a BwdConfig (sm90.bwd_config.make_bwd_config) or the arguments (checked
+    first: one-line ValueError). Fake tensors with dynamic batch, lengths and heads, as compile_sass."""
+    if cfg is None:
+        cfg = make_bwd_config(dtype, head_dim, causal, deterministic)
+    elif not isinstance(cfg, BwdConfig):
+        raise ValueError(f"cfg={type(cfg).__name__}; allowed: None or a BwdConfig (fa4kernel.make_bwd_config)")
+
+    def build(options):
+        from .sm90.bwd import compile_bwd
+
+        compile_bwd(cfg, options)
+
+    return sass_for(build, "sm_90a", dump_dir)
+
+
 def _compile_sm90_sass(cfg: KernelConfig, diag: Diagnostics, dump_dir: Optional[str]) -> str:
     import cutlass.cute as cute
     from cutlass import Float32
@@ -179,7 +198,8 @@ def _props(device):
 def resolve_config(q, k, v, causal: bool = False, return_lse: bool = False, **knobs) -> KernelConfig:
     """The KernelConfig attention() runs for these tensors and knobs (knob defaults resolved,
     including the short-causal tile shapes, SHORT_CAUSAL_TILES)."""
-    b, sq, sk, h, d, dtype = validate_tensors(q, k, v, causal, None, return_lse, head_dims=SUPPORTED_HEAD_DIMS)
+    b, sq, sk, h, d, dtype = validate_tensors(q, k, v, causal, None, return_lse, head_dims=SUPPORTED_HEAD_DIMS,
+                                              gqa=True)
     if causal and sq <= SHORT_CAUSAL_MAX_SEQLEN_Q and d in SHORT_CAUSAL_TILES \
             and knobs.get("tile_m") is None and knobs.get("tile_n") is None:
         knobs = {**SHORT_CAUSAL_TILES[d], **knobs}
@@ -196,8 +216,9 @@ def _capability(q):
 
 
 def attention(q, k, v, causal: bool = False, softmax_scale: Optional[float] = None,
-              return_lse: bool = False, **knobs):
-    """softmax(q k^T * scale [+ causal mask]) v for q, k, v (batch, seqlen, heads, head_dim).
+              return_lse: bool = False, *, deterministic: bool = False, **knobs):
+    """softmax(q k^T * scale [+ causal mask]) v for q, k, v (batch, seqlen, heads, head_dim);
+    k and v may have fewer heads (GQA / MQA on SM90: heads_kv divides heads).
 
     Runs the kernel of the GPU q is on: sm_90 (H100, H200) the SM90 forward, sm_100 (B200) the
     SM100 forward (sm100/README.md; compiled and checked on the CPU only, it has not run on a GPU).
@@ -205,20 +226,42 @@ def attention(q, k, v, causal: bool = False, softmax_scale: Optional[float] = No
     return_lse. Causal with seqlen_q != seqlen_k is bottom-right aligned (flash_attn's convention).
     softmax_scale: None = 1 / sqrt(head_dim). Knobs: the kernel's (fa4kernel/README.md for SM90,
     KNOB_NAMES; sm100/README.md for SM100). Bad input raises a one-line ValueError.
+
+    With grad mode on and q, k or v requiring grad (SM90), out has a grad_fn: the SM90 backward
+    (sm90/bwd.py) fills their .grad; deterministic=True makes its dQ reduction run in a fixed
+    order (fa4kernel/README.md, "Backward"). Arguments the backward does not support raise here.
     """
+    if not isinstance(deterministic, bool):
+        raise ValueError(f"deterministic={deterministic!r}; allowed: True or False")
     cap = _capability(q)
     if cap is not None and cap not in ARCHS:
         raise ValueError(f"q is on an sm_{cap[0]}{cap[1]} GPU; fa4kernel has kernels for {_SUPPORTED}")
     if cap == (10, 0):
+        from .autograd import needs_grad
         from .sm100.fwd import attention_sm100
 
+        if needs_grad(q, k, v):
+            raise ValueError("q, k or v requires grad on sm_100, which has no backward in fa4kernel; allowed: "
+                             "sm_90 (H100, H200), or the forward under torch.no_grad()")
         return attention_sm100(q, k, v, causal=causal, softmax_scale=softmax_scale, return_lse=return_lse,
                                **knobs)
     # sm_90, or not on a CUDA device: the SM90 kernel's checks, then the device's (one-line errors)
     b, sq, sk, h, d, dtype = validate_tensors(q, k, v, causal, softmax_scale, return_lse,
-                                              head_dims=SUPPORTED_HEAD_DIMS)
-    cfg = resolve_config(q, k, v, causal, return_lse, **knobs)  # raises before any compile
+                                              head_dims=SUPPORTED_HEAD_DIMS, gqa=True)
+    from .autograd import needs_grad
+
+    grad = needs_grad(q, k, v)
+    if grad:
+        from .autograd import check_backward_supported
+
+        check_backward_supported(q, k, v, causal, deterministic)
+    cfg = resolve_config(q, k, v, causal, return_lse or grad, **knobs)  # raises before any compile
     validate_device(q, k, v)
+    if grad:
+        from .autograd import attention_with_grad
+
+        out, lse = attention_with_grad(q, k, v, cfg, softmax_scale, deterministic)
+        return (out, lse) if return_lse else out
 
     import torch
 
@@ -237,7 +280,8 @@ def attention_traced(q, k, v, causal: bool = False, softmax_scale: Optional[floa
 
     from .trace_layout import TRACE_WORDS
 
-    b, sq, sk, h, d, dtype = validate_tensors(q, k, v, causal, softmax_scale, False, head_dims=SUPPORTED_HEAD_DIMS)
+    b, sq, sk, h, d, dtype = validate_tensors(q, k, v, causal, softmax_scale, False,
+                                              head_dims=SUPPORTED_HEAD_DIMS, gqa=True)
     cfg = resolve_config(q, k, v, causal, False, **knobs)
     validate_device(q, k, v)
     out = torch.empty((b, sq, h, d), dtype=q.dtype, device=q.device)
@@ -262,7 +306,8 @@ def attention_probed(q, k, v, causal: bool = False, softmax_scale: Optional[floa
 
     from .trace_layout import TRACE_WORDS
 
-    b, sq, sk, h, d, dtype = validate_tensors(q, k, v, causal, softmax_scale, False, head_dims=SUPPORTED_HEAD_DIMS)
+    b, sq, sk, h, d, dtype = validate_tensors(q, k, v, causal, softmax_scale, False,
+                                              head_dims=SUPPORTED_HEAD_DIMS, gqa=True)
     cfg = resolve_config(q, k, v, causal, False, **knobs)
     diag = probe_build(skip_softmax, ablate, cta_log)
     validate_device(q, k, v)

@@ -43,8 +43,30 @@ def test_shapes():
     raises("must be 4-D", q[0], k, v)
     raises("k shape", q, k, v[:, :10])
     q2, k2, v2 = qkv(h=3)
-    raises("does not match q shape", q, k2, v2)
+    raises("k/v heads=3 with q heads=2; allowed: k/v heads dividing q heads", q, k2, v2)
+    q3, k3, v3 = qkv(b=3)
+    raises("does not match q shape", q, k3, v3)
     raises("empty input", *qkv(sq=0))
+
+
+@pytest.mark.parametrize("h,hkv", [(8, 2), (8, 1), (6, 3), (4, 4)])
+def test_gqa_and_mqa_pass_the_checks(h, hkv):
+    """GQA / MQA: k/v with heads_kv dividing heads get past every argument check (the next one
+    is the device's), and the forward's SASS is the same build for any head ratio."""
+    q, _, _ = qkv(h=h)
+    _, k, v = qkv(h=hkv)
+    raises("CUDA device", q, k, v)
+    from fa4kernel.interface import resolve_config
+
+    assert resolve_config(q, k, v, True) == resolve_config(q, q, q, True)
+
+
+@pytest.mark.parametrize("h,hkv", [(8, 3), (2, 4), (5, 2)])
+def test_gqa_heads_must_divide(h, hkv):
+    q, _, _ = qkv(h=h)
+    _, k, v = qkv(h=hkv)
+    msg = raises(f"k/v heads={hkv} with q heads={h}", q, k, v)
+    assert "dividing" in msg
 
 
 def test_strides():
@@ -280,3 +302,66 @@ def test_package_import_is_plain_python():
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'cutlass', 'cuda')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+# ---- backward / autograd: the checks run at forward time, on the CPU
+
+
+def qkv_grad(d=128, h=2, hkv=2, dtype=torch.bfloat16):
+    q, _, _ = qkv(h=h, d=d, dtype=dtype)
+    _, k, v = qkv(h=hkv, d=d, dtype=dtype)
+    return [t.requires_grad_() for t in (q, k, v)]
+
+
+@pytest.mark.parametrize("d", [192, 256])
+def test_backward_unsupported_head_dim_raises_at_forward_time(d):
+    msg = raises(f"head_dim={d} has no backward", *qkv_grad(d=d))
+    assert "64, 96, 128" in msg
+
+
+@pytest.mark.parametrize("d", [64, 96, 128])
+@pytest.mark.parametrize("h,hkv", [(2, 2), (8, 2), (8, 1)])
+def test_backward_supported_arguments_reach_the_device_check(d, h, hkv):
+    """Supported head dims, GQA / MQA included, pass the backward's checks (the device's is next)."""
+    raises("CUDA device", *qkv_grad(d=d, h=h, hkv=hkv), causal=True, deterministic=True)
+
+
+def test_backward_only_when_grad_is_needed():
+    q, k, v = qkv_grad(d=256)
+    with torch.no_grad():
+        raises("CUDA device", q, k, v)  # the forward alone supports head_dim 256
+    raises("CUDA device", *qkv(d=256))  # nothing requires grad
+    q, k, v = qkv(d=256)
+    raises("has no backward", q, k.requires_grad_(), v)  # any of q, k, v
+
+
+def test_backward_deterministic_argument():
+    raises("deterministic='yes'; allowed: True or False", *qkv(), deterministic="yes")
+    raises("deterministic=1; allowed: True or False", *qkv_grad(), deterministic=1)
+
+
+def test_backward_on_sm100_is_one_line(monkeypatch):
+    from fa4kernel import interface
+
+    monkeypatch.setattr(interface, "_capability", lambda q: (10, 0))
+    msg = raises("requires grad on sm_100", *qkv_grad())
+    assert "sm_90" in msg
+
+
+def test_attention_backward_checks_its_tensors():
+    q, k, v = qkv(d=128)
+    out = torch.randn_like(q)
+    lse = torch.randn(q.shape[0], q.shape[2], q.shape[1])
+
+    def bad(match, *args, **kw):
+        with pytest.raises(ValueError, match=match) as ei:
+            fa4kernel.attention_backward(*args, **kw)
+        assert "\n" not in str(ei.value)
+
+    bad(r"lse: \(2, 64, 2\)", out, q, k, v, out, lse.transpose(1, 2).contiguous())
+    bad("out: .* torch.float16", out, q, k, v, out.half(), lse)
+    bad("dout: ", out[:, :10], q, k, v, out, lse)
+    bad("head_dim=256 not supported", *(torch.randn(1, 8, 1, 256, dtype=torch.bfloat16),) * 5,
+        torch.zeros(1, 1, 8))
+    bad("deterministic=2", out, q, k, v, out, lse, deterministic=2)
+    bad("CUDA device", out, q, k, v, out, lse, causal=True)

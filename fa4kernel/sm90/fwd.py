@@ -1,6 +1,7 @@
 """FlashAttention forward for Hopper (SM90) in the CuTe DSL: fa4lab's own kernel.
 
-Warp roles (one CTA = one tile_m x head_dim output tile of one (batch, head)):
+Warp roles (one CTA = one tile_m x head_dim output tile of one (batch, head); with GQA / MQA
+the k/v head is head // (heads // heads_kv)):
   warpgroup 0        producer; warp 0 issues every TMA load (Q once, then K/V blocks) into
                      mbarrier pipelines; registers dropped with setmaxnreg.
   warpgroups 1..n    consumers (n = tile_m / 64), each owns 64 query rows: wgmma S = Q K^T
@@ -166,8 +167,8 @@ class FlashFwdSm90:
     def __call__(
         self,
         mQ: cute.Tensor,  # (b, s_q, h, d)
-        mK: cute.Tensor,  # (b, s_k, h, d)
-        mV: cute.Tensor,  # (b, s_k, h, d)
+        mK: cute.Tensor,  # (b, s_k, h_kv, d), h_kv divides h
+        mV: cute.Tensor,  # (b, s_k, h_kv, d)
         mO: cute.Tensor,  # (b, s_q, h, d)
         mLSE,  # (b, h, s_q) fp32 or None
         mSched,  # persistent or causal: (CTAs, width) int32 tile ids per CTA, -1 ended (tile_schedule.py)
@@ -369,8 +370,10 @@ class FlashFwdSm90:
         m_block, head, batch = self._tile_coords(tile, mQ.shape[0], mK.shape[0], mQ.shape[2], mQ.shape[3])
         n_block_max, _ = self._kv_block_range(m_block, mQ.shape[0], mK.shape[0])
         gQ = cute.local_tile(mQ[None, None, head, batch], (self.tile_m, self.hd), (m_block, 0))
-        gK = cute.local_tile(mK[None, None, head, batch], (self.tile_n, self.hd), (None, 0))
-        gV = cute.local_tile(mV[None, None, head, batch], (self.tile_n, self.hd), (None, 0))
+        # GQA / MQA: q head h reads k/v head h // (heads // heads_kv) (only this warp's addresses)
+        kv_head = head // (mQ.shape[2] // mK.shape[2])
+        gK = cute.local_tile(mK[None, None, kv_head, batch], (self.tile_n, self.hd), (None, 0))
+        gV = cute.local_tile(mV[None, None, kv_head, batch], (self.tile_n, self.hd), (None, 0))
         tQsQ, tQgQ = cpasync.tma_partition(
             tma_atom_Q, 0, cute.make_layout(1), cute.group_modes(sQ, 0, 2), cute.group_modes(gQ, 0, 2))
         tKsK, tKgK = cpasync.tma_partition(

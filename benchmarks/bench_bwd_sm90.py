@@ -1,0 +1,236 @@
+"""SM90 attention backward benchmark: fa4kernel vs flash-attn-4 (SM90) vs cuDNN (torch SDPA) vs
+FA2 (flash_attn.flash_attn_func, where installed), side by side in one run.
+
+Backward only: each implementation's forward runs once outside the timed region; the timed call
+is torch.autograd.grad(out, (q, k, v), dout, retain_graph=True), which runs the implementation's
+whole backward (for fa4kernel: the torch preprocess D = rowsum(dO * O), the kernel, and the dQ
+conversion). Time = median over repetitions of CUDA-event time for a batch of back-to-back calls,
+the implementations timed round-robin (bench_fwd_sm90.time_interleaved). TFLOP/s = 2.5 x the
+forward's FLOPs (flash-attn's count: 5 GEMMs against the forward's 2) / time, forward FLOPs from
+fa4sim/flops.py (causal: the bottom-right mask's visible pairs).
+
+Before timing, every implementation's dq, dk, dv are checked once against an fp32 torch reference
+on a small problem of the same head dim and mask (batch 1, 2 heads, min(seqlen, 2048) tokens).
+
+Grid (bench_fwd_sm90.py's): head_dim 64 / 128 / 256 x seqlen 1k / 4k / 16k x causal, batch x
+seqlen = 16384 tokens, heads x head_dim = 2048; bf16. fa4kernel's backward supports head dims
+64, 96 and 128: at 256 it is recorded as unsupported and the peers are still timed. The
+deterministic backward (fa4kernel[deterministic]) is timed at 1k and 4k (its dQ buffer holds one
+fp32 slice per key block: at 16k 128 slices of the whole dQ).
+
+Usage (device): python3 benchmarks/bench_bwd_sm90.py --out $OUT/sm90_bwd.json [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import math
+import os
+import platform
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import fa4kernel  # noqa: E402
+from benchmarks.bench_fwd_sm90 import _version, load_flops, nvidia_smi, time_interleaved  # noqa: E402
+from benchmarks.provenance import kernel_version  # noqa: E402
+
+_FLOPS = load_flops()
+BWD_FLOPS_PER_FWD = 2.5
+DETERMINISTIC_MAX_SEQLEN = 4096
+
+
+def bwd_flops(b, h, sq, sk, d, causal):
+    return BWD_FLOPS_PER_FWD * _FLOPS.attention_flops(b, h, sq, sk, d, None, causal)
+
+
+# ---- implementations: each maps (q, k, v, causal) with q, k, v (b, s, h, d) leaves requiring
+# grad to its output (b, s, h, d)
+
+
+def _ours(deterministic=False):
+    def fwd(q, k, v, causal):
+        return fa4kernel.attention(q, k, v, causal=causal, deterministic=deterministic)
+
+    return fwd
+
+
+def _flash_attn_4():
+    from flash_attn.cute.interface import flash_attn_func
+
+    def fwd(q, k, v, causal):
+        out = flash_attn_func(q, k, v, causal=causal)
+        return out[0] if isinstance(out, tuple) else out
+
+    return fwd
+
+
+def _cudnn():
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    def fwd(q, k, v, causal):
+        qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            o = torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
+        return o.transpose(1, 2)
+
+    return fwd
+
+
+def _fa2():
+    from flash_attn import flash_attn_func  # FA2's CUDA extension (flash_attn_2_cuda)
+
+    def fwd(q, k, v, causal):
+        return flash_attn_func(q, k, v, causal=causal)
+
+    return fwd
+
+
+def implementations():
+    """name -> forward fn, and name -> why it is absent."""
+    impls, absent = {"fa4kernel": _ours()}, {}
+    for name, make in (("flash-attn-4", _flash_attn_4), ("sdpa-cudnn", _cudnn), ("fa2", _fa2)):
+        try:
+            impls[name] = make()
+        except Exception as e:  # not installed: recorded, the run goes on
+            absent[name] = repr(e)[:300]
+    return impls, absent
+
+
+def reference_grads(q, k, v, dout, causal):
+    d = q.shape[-1]
+    qf, kf, vf = (t.detach().float().requires_grad_() for t in (q, k, v))
+    s = torch.einsum("bqhd,bkhd->bhqk", qf, kf) / math.sqrt(d)
+    if causal:
+        sq, sk = q.shape[1], k.shape[1]
+        i = torch.arange(sq, device=q.device)[:, None]
+        j = torch.arange(sk, device=q.device)[None, :]
+        s = s.masked_fill(j > i + (sk - sq), float("-inf"))
+    o = torch.einsum("bhqk,bkhd->bqhd", torch.softmax(s, dim=-1), vf)
+    return torch.autograd.grad(o, (qf, kf, vf), dout.float())
+
+
+def check_grads(fwd, d, s, causal) -> dict:
+    """rel errors of dq, dk, dv against the fp32 reference on a small problem (finite asserted)."""
+    torch.manual_seed(99 + d + s)
+    s = min(s, 2048)
+    q, k, v, dout = (torch.randn(1, s, 2, d, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    got = torch.autograd.grad(fwd(q, k, v, causal), (q, k, v), dout)
+    ref = reference_grads(q, k, v, dout, causal)
+    errs = {}
+    for name, g, r in zip(("dq", "dk", "dv"), got, ref):
+        g = g.float()
+        errs[name] = (g - r).norm().item() / r.norm().item() if torch.isfinite(g).all() else float("nan")
+    errs["ok"] = all(e <= 1e-2 for e in errs.values())
+    return errs
+
+
+def bench_point(impls, d, s, causal, quick, points):
+    b, h = 16384 // s, 2048 // d
+    point = dict(batch=b, seqlen=s, heads=h, hdim=d, causal=causal,
+                 flops=bwd_flops(b, h, s, s, d, causal), results={})
+    cands = dict(impls)
+    if d in fa4kernel.BWD_HEAD_DIMS and s <= DETERMINISTIC_MAX_SEQLEN:
+        cands["fa4kernel[deterministic]"] = _ours(deterministic=True)
+    torch.manual_seed(1234 + s + d)
+    q, k, v, dout = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    timed = {}
+    for name, fwd in cands.items():
+        if name.startswith("fa4kernel") and d not in fa4kernel.BWD_HEAD_DIMS:
+            point["results"][name] = dict(unsupported=f"head_dim={d}; the backward has {fa4kernel.BWD_HEAD_DIMS}")
+            continue
+        try:
+            check = check_grads(fwd, d, s, causal)
+            out = fwd(q, k, v, causal)  # forward outside the timed region
+
+            def run(out=out):
+                return torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
+
+            run()  # first call: JIT compiles
+            torch.cuda.synchronize()
+            point["results"][name] = dict(check=check)
+            if check["ok"]:
+                timed[name] = run
+            else:
+                point["results"][name]["error"] = "gradients off the fp32 reference; not timed"
+        except Exception as e:  # keep the run going
+            point["results"][name] = dict(error=repr(e)[:500])
+        torch.cuda.synchronize()
+    if timed:
+        for name, (med, lo, hi, mhz) in time_interleaved(timed, reps=5 if quick else 15).items():
+            point["results"][name].update(ms=med, ms_min=lo, ms_max=hi, sm_mhz=mhz,
+                                          tflops=point["flops"] / (med * 1e-3) / 1e12)
+    points.append(point)
+    r = point["results"]
+    line = " ".join(f"{n}={r[n]['tflops']:.0f}" if "tflops" in r[n] else f"{n}=--" for n in r)
+    print(f"bwd hd{d:<3} s{s:<6} b{b:<3} h{h:<3} causal={int(causal)} {line}", flush=True)
+    del q, k, v, dout
+    torch.cuda.empty_cache()
+
+
+def summarize(points) -> dict:
+    ratios = {}
+    for p in points:
+        ours = p["results"].get("fa4kernel", {}).get("tflops")
+        for peer in ("flash-attn-4", "sdpa-cudnn", "fa2"):
+            theirs = p["results"].get(peer, {}).get("tflops")
+            if ours and theirs:
+                ratios.setdefault(peer, []).append(ours / theirs)
+    return {f"geomean_fa4kernel_over_{peer}": math.exp(sum(map(math.log, r)) / len(r))
+            for peer, r in ratios.items()}
+
+
+def main():
+    ap = argparse.ArgumentParser(description="SM90 attention backward benchmark: fa4kernel, flash-attn-4, cuDNN, FA2")
+    ap.add_argument("--out", required=True, help="result JSON (written after every point)")
+    ap.add_argument("--quick", action="store_true", help="2 points (hd128 1k, causal and not): a smoke run")
+    args = ap.parse_args()
+
+    dev = torch.cuda.get_device_name(0)
+    impls, absent = implementations()
+    meta = dict(
+        kind="sm90_bwd",
+        kernel=kernel_version(),
+        device=dev,
+        date=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        clocks_before=nvidia_smi("clocks.sm,clocks.max.sm,clocks.mem,power.draw,power.limit,temperature.gpu"),
+        versions=dict(torch=torch.__version__, cuda=torch.version.cuda, cutlass_dsl=_version("nvidia-cutlass-dsl"),
+                      flash_attn_4=_version("flash-attn-4"), flash_attn=_version("flash-attn"),
+                      cudnn=torch.backends.cudnn.version(), python=platform.python_version()),
+        method="backward only: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True) after one forward "
+               "outside the timed region; median over reps of CUDA-event time of back-to-back call batches, "
+               "round-robin over implementations; bf16; TFLOP/s = 2.5 x forward FLOPs (fa4sim/flops.py, causal: "
+               "bottom-right visible pairs) / t; tokens b*s = 16384, h*d = 2048; grads checked once against an "
+               "fp32 reference (batch 1, 2 heads, min(s, 2048) tokens) before timing",
+        absent=absent,
+    )
+    points = []
+    out = args.out
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+
+    def write(final=False):
+        if final:
+            meta["clocks_after"] = nvidia_smi("clocks.sm,clocks.max.sm,clocks.mem,power.draw,temperature.gpu")
+        doc = dict(meta=meta, summary=summarize(points), points=points, complete=final)
+        with open(out, "w") as fh:
+            json.dump(doc, fh, indent=1)
+        return doc
+
+    grid = [(d, s, c) for d in (64, 128, 256) for s in (1024, 4096, 16384) for c in (False, True)]
+    if args.quick:
+        grid = [(128, 1024, False), (128, 1024, True)]
+    for d, s, causal in grid:
+        bench_point(impls, d, s, causal, args.quick, points)
+        write()
+    doc = write(final=True)
+    print(json.dumps(doc["summary"], indent=1))
+    print("wrote", out)
+
+
+if __name__ == "__main__":
+    main()

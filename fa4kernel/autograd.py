@@ -1,0 +1,105 @@
+"""torch.autograd for fa4kernel.attention: the SM90 forward (with its LSE) and the SM90 backward
+(sm90/bwd.py) as one torch.autograd.Function.
+
+attention() comes here when grad mode is on and q, k or v requires grad; the checks that the
+backward supports the arguments run first, at forward time (one-line ValueError), so a missing
+backward never shows up as a missing grad_fn.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+from .sm90.bwd_config import BWD_HEAD_DIMS, make_bwd_config
+
+
+def check_backward_supported(q, k, v, causal: bool, deterministic) -> None:
+    """One-line ValueError unless the SM90 backward supports these (already validated) inputs."""
+    d = q.shape[-1]
+    if d not in BWD_HEAD_DIMS:
+        raise ValueError(f"head_dim={d} has no backward (q, k or v requires grad); allowed with grad: "
+                         f"{', '.join(map(str, BWD_HEAD_DIMS))} (or call under torch.no_grad())")
+    dtype = "bfloat16" if str(q.dtype) == "torch.bfloat16" else "float16"
+    make_bwd_config(dtype, d, causal, deterministic)
+
+
+def needs_grad(q, k, v) -> bool:
+    import torch
+
+    return torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+
+
+def _function():
+    import torch
+
+    class FlashAttnFuncSm90(torch.autograd.Function):
+        """out, lse = attention(q, k, v) saving q, k, v, out, lse; backward -> dq, dk, dv."""
+
+        @staticmethod
+        def forward(ctx, q, k, v, cfg, softmax_scale, deterministic):
+            from .interface import _run
+
+            b, sq, h, d = q.shape
+            out = torch.empty((b, sq, h, d), dtype=q.dtype, device=q.device)
+            lse = torch.empty((b, h, sq), dtype=torch.float32, device=q.device)
+            _run(cfg, q.detach(), k.detach(), v.detach(), out, lse, softmax_scale)  # (DLPack refuses grad)
+            ctx.save_for_backward(q, k, v, out, lse)
+            ctx.causal = cfg.causal
+            ctx.softmax_scale = softmax_scale
+            ctx.deterministic = deterministic
+            ctx.mark_non_differentiable(lse)
+            return out, lse
+
+        @staticmethod
+        def backward(ctx, dout, _dlse):
+            from .sm90.bwd import run_bwd
+
+            q, k, v, out, lse = ctx.saved_tensors
+            dtype = "bfloat16" if q.dtype == torch.bfloat16 else "float16"
+            bcfg = make_bwd_config(dtype, q.shape[-1], ctx.causal, ctx.deterministic)
+            scale = ctx.softmax_scale if ctx.softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
+            dq, dk, dv = run_bwd(bcfg, dout, q, k, v, out, lse, scale)
+            return dq, dk, dv, None, None, None
+
+    return FlashAttnFuncSm90
+
+
+_FUNC = None
+
+
+def attention_with_grad(q, k, v, cfg, softmax_scale: Optional[float], deterministic: bool):
+    """(out, lse) of the SM90 forward built with an LSE (cfg.has_lse), recorded for autograd."""
+    global _FUNC
+    if _FUNC is None:
+        _FUNC = _function()
+    return _FUNC.apply(q, k, v, cfg, softmax_scale, deterministic)
+
+
+def attention_backward(dout, q, k, v, out, lse, causal: bool = False, softmax_scale: Optional[float] = None,
+                       deterministic: bool = False):
+    """dq, dk, dv of attention(q, k, v) from its out and lse (natural log, (batch, heads,
+    seqlen_q) fp32, as attention(..., return_lse=True) returns them) and dout; the SM90 backward."""
+    import torch
+
+    from .inputs import validate_device, validate_tensors
+
+    validate_tensors(q, k, v, causal, softmax_scale, False, head_dims=BWD_HEAD_DIMS, gqa=True)
+    check_backward_supported(q, k, v, causal, deterministic)
+    for name, t, shape, dt in (("out", out, tuple(q.shape), q.dtype), ("dout", dout, tuple(q.shape), q.dtype),
+                               ("lse", lse, (q.shape[0], q.shape[2], q.shape[1]), torch.float32)):
+        if not isinstance(t, torch.Tensor) or tuple(t.shape) != shape or t.dtype != dt:
+            got = f"{tuple(t.shape)} {t.dtype}" if isinstance(t, torch.Tensor) else type(t).__name__
+            raise ValueError(f"{name}: {got}; allowed: a {dt} tensor of shape {shape}")
+    validate_device(q, k, v)
+    from .interface import _capability
+
+    cap = _capability(q)
+    if cap != (9, 0):
+        raise ValueError(f"q is on an sm_{cap[0]}{cap[1]} GPU; the backward runs on sm_90 (H100, H200)")
+    from .sm90.bwd import run_bwd
+
+    dtype = "bfloat16" if q.dtype == torch.bfloat16 else "float16"
+    bcfg = make_bwd_config(dtype, q.shape[-1], causal, deterministic)
+    scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
+    return run_bwd(bcfg, dout, q, k, v, out, lse, scale)

@@ -1,0 +1,620 @@
+"""FlashAttention backward for Hopper (SM90) in the CuTe DSL: fa4lab's own kernel.
+
+From q, k, v, dO and the forward's row statistics it computes dQ, dK, dV (FA2/FA3's recompute
+scheme: P is recomputed from S and the LSE, never stored).
+
+One CTA = one block of tile_n keys of one (batch, k/v head) (grid: key blocks x k/v heads x
+batch). Its K and V stay in shared memory while it walks the query blocks (tile_m rows) that see
+those keys, for every q head of its GQA group, so dK and dV of a group are summed in registers.
+
+Warp roles (3 warpgroups):
+  warpgroup 0        producer; warp 0 issues every TMA load: K and V once, then Q and dO of each
+                     query block into 2-stage mbarrier pipelines; registers dropped with setmaxnreg.
+  warpgroups 1, 2    consumers (MMA warpgroups), 64 keys each (the wgmma M axis):
+                       S^T  = K Q^T            (SS)      P^T  = exp2(S^T * scale_log2 - LSE_log2)
+                       dP^T = V dO^T           (SS)      dS^T = P^T * (dP^T - D)
+                       dV  += P^T dO           (RS: P^T from registers)
+                       dK  += dS^T Q           (RS)
+                       dS^T -> shared memory (stmatrix), then dQ = dS K (SS) and an fp32
+                       reduction (RED.ADD.F32x2) into the dQ accumulator in global memory.
+                     dQ's GEMM is split over both warpgroups along head_dim at head_dim 128, done
+                     by warpgroup 1 alone at 64 and 96 (bwd_config.BwdConfig.dq_wgs).
+  epilogue           dK * softmax_scale and dV -> 16 bit -> shared memory (K's and V's buffers)
+                     -> one TMA store each, clipped at seqlen_k.
+
+Inputs prepared on the host (sm90/bwd.py, torch): LSE_log2 = LSE * log2(e) with rows that see
+no key (LSE = -inf) and the padding rows set to +inf (so their P is 0), D = rowsum(dO * O) in
+fp32 (padding 0); both padded to a multiple of tile_m, as is the dQ accumulator. Causal masking
+is bottom-right aligned (block_info.py's convention): key j is visible to query i iff
+j <= i + seqlen_k - seqlen_q; the key blocks before a CTA's first visible query block are skipped.
+Deterministic builds reduce into the slice of their key block of a [key blocks, ...] accumulator
+(each element written once, in a fixed order), summed on the host in a fixed order.
+"""
+
+from __future__ import annotations
+
+import math
+
+import cutlass
+import cutlass.cute as cute
+import cutlass.pipeline as pipeline
+import cutlass.memory as cutlass_memory
+import cutlass.utils.hopper_helpers as sm90_helpers
+from cutlass import Float32, Int32, const_expr
+from cutlass._mlir import ir
+from cutlass._mlir.dialects import vector
+from cutlass.cute.nvgpu import cpasync, warpgroup
+from cutlass.cutlass_dsl import dsl_user_op
+
+from .bwd_config import BwdConfig
+from .fwd import _acc_as_operand_a, _mn_view, _select, _smem_layout, _transpose_view
+
+LOG2_E = math.log2(math.e)
+
+# Named barrier ids (0 is __syncthreads); all among the 256 consumer threads.
+BAR_DS = 1  # dS^T of this query block written to smem (2 buffers)
+BAR_EPILOGUE = 2  # K and V buffers free for dK / dV; dK / dV in smem
+
+
+@dsl_user_op
+def red_add_f32x2(ptr, a: Float32, b: Float32, *, loc=None, ip=None):
+    """*ptr += (a, b): one vector reduction of two adjacent fp32 in global memory (8-byte aligned)."""
+    vec = vector.from_elements(ir.VectorType.get([2], Float32.mlir_type),
+                               [Float32(a).ir_value(loc=loc, ip=ip), Float32(b).ir_value(loc=loc, ip=ip)],
+                               loc=loc, ip=ip)
+    cute.arch.red(ptr, vec, op="add", dtype=Float32, sem="relaxed", scope="gpu", loc=loc, ip=ip)
+
+
+class FlashBwdSm90:
+    """One compiled variant per BwdConfig."""
+
+    def __init__(self, cfg: BwdConfig):
+        self.cfg = cfg
+        self.dtype = cutlass.BFloat16 if cfg.dtype == "bfloat16" else cutlass.Float16
+        self.hd = cfg.head_dim
+        self.tile_m = cfg.tile_m
+        self.tile_n = cfg.tile_n
+        self.stages = cfg.q_stages
+        self.num_wg = cfg.num_consumer_wgs
+        self.num_consumer_threads = 128 * self.num_wg
+        self.num_threads = cfg.num_threads
+        self.dq_wgs = cfg.dq_wgs
+        self.causal = cfg.causal
+        self.deterministic = cfg.deterministic
+        self.consumer_regs, self.producer_regs = 240, 24
+
+    def tiled_mmas(self):
+        """(S^T / dP^T, dK / dV, dQ) tiled MMAs (call inside @cute.jit code)."""
+        dtype = self.dtype
+        # S^T = K Q^T and dP^T = V dO^T: keys on M (64 per warpgroup), queries on N
+        tiled_mma_sdp = sm90_helpers.make_trivial_tiled_mma(
+            dtype, dtype, cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.K, Float32,
+            atom_layout_mnk=(self.num_wg, 1, 1), tiler_mn=(64, self.tile_m),
+        )
+        # dV += P^T dO, dK += dS^T Q: A from registers, B = dO^T / Q^T (head_dim contiguous: MN-major)
+        tiled_mma_dkv = sm90_helpers.make_trivial_tiled_mma(
+            dtype, dtype, cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.MN, Float32,
+            atom_layout_mnk=(self.num_wg, 1, 1), tiler_mn=(64, self.hd),
+            a_source=warpgroup.OperandSource.RMEM,
+        )
+        # dQ = dS K: A = dS (dS^T in smem, queries contiguous: MN-major), B = K^T (MN-major);
+        # head_dim split over dq_wgs warpgroups
+        tiled_mma_dq = sm90_helpers.make_trivial_tiled_mma(
+            dtype, dtype, cute.nvgpu.OperandMajorMode.MN, cute.nvgpu.OperandMajorMode.MN, Float32,
+            atom_layout_mnk=(1, self.dq_wgs, 1), tiler_mn=(64, self.hd // self.dq_wgs),
+        )
+        return tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq
+
+    # ------------------------------------------------------------------ host side (traced)
+    @cute.jit
+    def __call__(
+        self,
+        mQ: cute.Tensor,  # (b, s_q, h, d)
+        mK: cute.Tensor,  # (b, s_k, h_kv, d), h_kv divides h
+        mV: cute.Tensor,  # (b, s_k, h_kv, d)
+        mdO: cute.Tensor,  # (b, s_q, h, d)
+        mLSE: cute.Tensor,  # (b, h, s_q_pad) fp32: LSE * log2(e), +inf where P must be 0
+        mD: cute.Tensor,  # (b, h, s_q_pad) fp32: rowsum(dO * O)
+        mdQaccum: cute.Tensor,  # (nb, b, h, s_q_pad, d) fp32, zeroed; nb = 1 or key blocks
+        mdK: cute.Tensor,  # (b, s_k, h_kv, d)
+        mdV: cute.Tensor,  # (b, s_k, h_kv, d)
+        softmax_scale_log2: Float32,
+        softmax_scale: Float32,
+        stream,
+    ):
+        dtype = self.dtype
+        # (s, d, h, b): the TMA box walks seqlen x head_dim of one (head, batch)
+        mQ, mK, mV, mdO, mdK, mdV = [_select(t, [1, 3, 2, 0]) for t in (mQ, mK, mV, mdO, mdK, mdV)]
+        mLSE, mD = [_select(t, [2, 1, 0]) for t in (mLSE, mD)]  # (s, h, b)
+        mdQaccum = _select(mdQaccum, [3, 4, 2, 1, 0])  # (s, d, h, b, nb)
+
+        tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq = self.tiled_mmas()
+
+        sQ_layout = _smem_layout(dtype, self.tile_m, self.hd, self.stages)
+        sK_layout = _smem_layout(dtype, self.tile_n, self.hd)
+        sdS_layout = _smem_layout(dtype, self.tile_n, self.tile_m, 2)  # dS^T: keys x queries, 2 buffers
+
+        tma_load = cpasync.CopyBulkTensorTileG2SOp()
+        tma_store = cpasync.CopyBulkTensorTileS2GOp()
+        sQ_one = cute.select(sQ_layout, mode=[0, 1])
+        tma_atom_Q, tma_Q = cpasync.make_tiled_tma_atom(tma_load, mQ, sQ_one, (self.tile_m, self.hd), 1)
+        tma_atom_dO, tma_dO = cpasync.make_tiled_tma_atom(tma_load, mdO, sQ_one, (self.tile_m, self.hd), 1)
+        tma_atom_K, tma_K = cpasync.make_tiled_tma_atom(tma_load, mK, sK_layout, (self.tile_n, self.hd))
+        tma_atom_V, tma_V = cpasync.make_tiled_tma_atom(tma_load, mV, sK_layout, (self.tile_n, self.hd))
+        tma_atom_dK, tma_dK = cpasync.make_tiled_tma_atom(tma_store, mdK, sK_layout, (self.tile_n, self.hd))
+        tma_atom_dV, tma_dV = cpasync.make_tiled_tma_atom(tma_store, mdV, sK_layout, (self.tile_n, self.hd))
+
+        self.q_bytes = cute.size_in_bytes(dtype, sQ_one)
+        self.kv_bytes = cute.size_in_bytes(dtype, sK_layout)
+        stages = self.stages
+
+        @cute.struct
+        class SharedStorage:
+            mbar_kv: cute.struct.MemRange[cutlass.Int64, 2]
+            mbar_q: cute.struct.MemRange[cutlass.Int64, 2 * stages]
+            mbar_do: cute.struct.MemRange[cutlass.Int64, 2 * stages]
+            sK: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(sK_layout)], 1024]
+            sV: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(sK_layout)], 1024]
+            sQ: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(sQ_layout)], 1024]
+            sdO: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(sQ_layout)], 1024]
+            sdS: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(sdS_layout)], 1024]
+
+        self.shared_storage = SharedStorage
+
+        grid = (cute.ceil_div(mK.shape[0], self.tile_n), cute.size(mK.shape[2]), cute.size(mK.shape[3]))
+        self.kernel(
+            tma_atom_Q, tma_Q, tma_atom_dO, tma_dO, tma_atom_K, tma_K, tma_atom_V, tma_V,
+            tma_atom_dK, tma_dK, tma_atom_dV, tma_dV, mLSE, mD, mdQaccum,
+            softmax_scale_log2, softmax_scale, tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq,
+            sQ_layout, sK_layout, sdS_layout,
+        ).launch(
+            grid=grid,
+            block=[self.num_threads, 1, 1],
+            smem=SharedStorage.size_in_bytes(),
+            stream=stream,
+            min_blocks_per_mp=1,
+        )
+
+    # ------------------------------------------------------------------ device side
+    @cute.jit
+    def _m_block_range(self, n_block, seqlen_q, seqlen_k):
+        """(m_block_min, m_block_max) of the query blocks that see some key of key block n_block
+        (causal: bottom-right aligned, query i sees key j iff j <= i + seqlen_k - seqlen_q)."""
+        m_block_max = cute.ceil_div(seqlen_q, self.tile_m)
+        m_block_min = Int32(0)
+        if const_expr(self.causal):
+            first_row = n_block * self.tile_n - (seqlen_k - seqlen_q)
+            m_block_min = cutlass.min(cutlass.max(first_row, 0) // self.tile_m, m_block_max)
+        return m_block_min, m_block_max
+
+    @cute.kernel
+    def kernel(
+        self,
+        tma_atom_Q: cute.CopyAtom, mQ: cute.Tensor,
+        tma_atom_dO: cute.CopyAtom, mdO: cute.Tensor,
+        tma_atom_K: cute.CopyAtom, mK: cute.Tensor,
+        tma_atom_V: cute.CopyAtom, mV: cute.Tensor,
+        tma_atom_dK: cute.CopyAtom, mdK: cute.Tensor,
+        tma_atom_dV: cute.CopyAtom, mdV: cute.Tensor,
+        mLSE: cute.Tensor,
+        mD: cute.Tensor,
+        mdQaccum: cute.Tensor,
+        softmax_scale_log2: Float32,
+        softmax_scale: Float32,
+        tiled_mma_sdp: cute.TiledMma,
+        tiled_mma_dkv: cute.TiledMma,
+        tiled_mma_dq: cute.TiledMma,
+        sQ_layout: cute.ComposedLayout,
+        sK_layout: cute.ComposedLayout,
+        sdS_layout: cute.ComposedLayout,
+    ):
+        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        if warp_idx == 0:
+            for atom in (tma_atom_Q, tma_atom_dO, tma_atom_K, tma_atom_V, tma_atom_dK, tma_atom_dV):
+                cpasync.prefetch_descriptor(atom)
+
+        smem = cutlass_memory.SmemAllocator()
+        storage = smem.allocate(self.shared_storage)
+
+        # Pipelines: the producer warp's one elected thread arms each stage with the TMA byte
+        # count; every consumer warp releases a stage with one arrive (lane 0). K and V land
+        # once (one stage, never released: one key block per CTA).
+        producer = pipeline.CooperativeGroup(pipeline.Agent.Thread, 1)
+        consumers = pipeline.CooperativeGroup(pipeline.Agent.Thread, self.num_consumer_threads // 32)
+        pipe_kv = pipeline.PipelineTmaAsync.create(
+            barrier_storage=storage.mbar_kv.data_ptr(), num_stages=1, producer_group=producer,
+            consumer_group=consumers, tx_count=2 * self.kv_bytes, defer_sync=True)
+        pipe_q = pipeline.PipelineTmaAsync.create(
+            barrier_storage=storage.mbar_q.data_ptr(), num_stages=self.stages, producer_group=producer,
+            consumer_group=consumers, tx_count=self.q_bytes, defer_sync=True)
+        pipe_do = pipeline.PipelineTmaAsync.create(
+            barrier_storage=storage.mbar_do.data_ptr(), num_stages=self.stages, producer_group=producer,
+            consumer_group=consumers, tx_count=self.q_bytes, defer_sync=True)
+        cute.arch.mbarrier_init_fence()
+
+        sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
+        sdO = storage.sdO.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
+        sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
+        sV = storage.sV.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
+        sdS = storage.sdS.get_tensor(sdS_layout.outer, swizzle=sdS_layout.inner)
+
+        cute.arch.sync_threads()  # barrier init visible to everyone
+
+        n_block, kv_head, batch = cute.arch.block_idx()
+        seqlen_q = mQ.shape[0]
+        seqlen_k = mK.shape[0]
+        group = mQ.shape[2] // mK.shape[2]  # q heads per k/v head (GQA / MQA; 1 = MHA)
+        m_block_min, m_block_max = self._m_block_range(n_block, seqlen_q, seqlen_k)
+        n_m = m_block_max - m_block_min
+        n_iter = group * n_m  # (q head of the group, query block) pairs, query block fastest
+
+        if warp_idx < 4:
+            # ---------------------------------------------------------------- producer WG
+            cute.arch.setmaxregister_decrease(self.producer_regs)
+            if warp_idx == 0:
+                self.producer(tma_atom_Q, mQ, tma_atom_dO, mdO, tma_atom_K, mK, tma_atom_V, mV,
+                              sQ, sdO, sK, sV, pipe_kv, pipe_q, pipe_do,
+                              n_block, kv_head, batch, group, m_block_min, n_m, n_iter)
+        else:
+            # ---------------------------------------------------------------- consumer WGs
+            cute.arch.setmaxregister_increase(self.consumer_regs)
+            self.consumer(
+                tma_atom_dK, mdK, tma_atom_dV, mdV, mLSE, mD, mdQaccum,
+                softmax_scale_log2, softmax_scale, tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq,
+                sQ, sdO, sK, sV, sdS, pipe_kv, pipe_q, pipe_do,
+                n_block, kv_head, batch, group, m_block_min, n_m, n_iter, seqlen_q, seqlen_k,
+            )
+
+    @cute.jit
+    def producer(self, tma_atom_Q, mQ, tma_atom_dO, mdO, tma_atom_K, mK, tma_atom_V, mV,
+                 sQ, sdO, sK, sV, pipe_kv, pipe_q, pipe_do,
+                 n_block, kv_head, batch, group, m_block_min, n_m, n_iter):
+        gK = cute.local_tile(mK[None, None, kv_head, batch], (self.tile_n, self.hd), (n_block, 0))
+        gV = cute.local_tile(mV[None, None, kv_head, batch], (self.tile_n, self.hd), (n_block, 0))
+        tKsK, tKgK = cpasync.tma_partition(
+            tma_atom_K, 0, cute.make_layout(1), cute.group_modes(sK, 0, 2), cute.group_modes(gK, 0, 2))
+        tVsV, tVgV = cpasync.tma_partition(
+            tma_atom_V, 0, cute.make_layout(1), cute.group_modes(sV, 0, 2), cute.group_modes(gV, 0, 2))
+        kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
+        pipe_kv.producer_acquire(kv_state)
+        cute.copy(tma_atom_K, tKgK, tKsK, tma_bar_ptr=pipe_kv.producer_get_barrier(kv_state))
+        cute.copy(tma_atom_V, tVgV, tVsV, tma_bar_ptr=pipe_kv.producer_get_barrier(kv_state))
+
+        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
+        for it in cutlass.range(n_iter, unroll=1):
+            g = it // n_m
+            m_block = m_block_min + it - g * n_m
+            head = kv_head * group + g
+            gQ = cute.local_tile(mQ[None, None, head, batch], (self.tile_m, self.hd), (None, 0))
+            gdO = cute.local_tile(mdO[None, None, head, batch], (self.tile_m, self.hd), (None, 0))
+            tQsQ, tQgQ = cpasync.tma_partition(
+                tma_atom_Q, 0, cute.make_layout(1), cute.group_modes(sQ, 0, 2), cute.group_modes(gQ, 0, 2))
+            tdOsdO, tdOgdO = cpasync.tma_partition(
+                tma_atom_dO, 0, cute.make_layout(1), cute.group_modes(sdO, 0, 2), cute.group_modes(gdO, 0, 2))
+            pipe_q.producer_acquire(state)
+            cute.copy(tma_atom_Q, tQgQ[None, m_block], tQsQ[None, state.index],
+                      tma_bar_ptr=pipe_q.producer_get_barrier(state))
+            pipe_do.producer_acquire(state)
+            cute.copy(tma_atom_dO, tdOgdO[None, m_block], tdOsdO[None, state.index],
+                      tma_bar_ptr=pipe_do.producer_get_barrier(state))
+            state.advance()
+
+    @cute.jit
+    def _gemm(self, tiled_mma, acc, tA, tB, zero_init: cutlass.Constexpr, wait: cutlass.Constexpr):
+        """One warpgroup's wgmma chain over the k-steps; wait >= 0: wait_group(wait) after the commit."""
+        warpgroup.fence()
+        atom = cute.make_mma_atom(tiled_mma.op)
+        atom.set(warpgroup.Field.ACCUMULATE, not zero_init)
+        for k in cutlass.range_constexpr(cute.size(tA.shape[2])):
+            cute.gemm(atom, acc, tA[None, None, k], tB[None, None, k], acc)
+            atom.set(warpgroup.Field.ACCUMULATE, True)
+        warpgroup.commit_group()
+        if const_expr(wait >= 0):
+            warpgroup.wait_group(wait)
+
+    @cute.jit
+    def consumer(
+        self, tma_atom_dK, mdK, tma_atom_dV, mdV, mLSE, mD, mdQaccum,
+        scale_log2, softmax_scale, tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq,
+        sQ, sdO, sK, sV, sdS, pipe_kv, pipe_q, pipe_do,
+        n_block, kv_head, batch, group, m_block_min, n_m, n_iter, seqlen_q, seqlen_k,
+    ):
+        tidx = cute.arch.thread_idx()[0] - 128
+        wg_idx = cute.arch.make_warp_uniform(tidx // 128)
+        wg_slice = wg_idx * 128
+        thr_mma_sdp = tiled_mma_sdp.get_slice(tidx)
+        wg_mma_sdp = tiled_mma_sdp.get_slice(wg_slice)
+        wg_mma_dkv = tiled_mma_dkv.get_slice(wg_slice)
+        # the dQ GEMM's warpgroups (all, or warpgroup 0 alone): their slice of head_dim
+        dq_tidx = tidx if const_expr(self.dq_wgs == self.num_wg) else tidx % 128
+        wg_mma_dq = tiled_mma_dq.get_slice(wg_slice if const_expr(self.dq_wgs == self.num_wg) else 0)
+        thr_mma_dq = tiled_mma_dq.get_slice(dq_tidx)
+
+        # smem operands (wgmma descriptors)
+        tSrK = wg_mma_sdp.make_fragment_A(wg_mma_sdp.partition_A(sK))
+        tSrQ = wg_mma_sdp.make_fragment_B(wg_mma_sdp.partition_B(sQ))
+        tdPrV = wg_mma_sdp.make_fragment_A(wg_mma_sdp.partition_A(sV))
+        tdPrdO = wg_mma_sdp.make_fragment_B(wg_mma_sdp.partition_B(sdO))
+        tdVrdOt = wg_mma_dkv.make_fragment_B(wg_mma_dkv.partition_B(_transpose_view(sdO)))
+        tdKrQt = wg_mma_dkv.make_fragment_B(wg_mma_dkv.partition_B(_transpose_view(sQ)))
+        tdQrdS = wg_mma_dq.make_fragment_A(wg_mma_dq.partition_A(_transpose_view(sdS)))  # (.., buffer)
+        tdQrKt = wg_mma_dq.make_fragment_B(wg_mma_dq.partition_B(_transpose_view(sK)))
+
+        # registers
+        s_shape = wg_mma_sdp.partition_shape_C((self.tile_n, self.tile_m))
+        acc_dK = cute.make_rmem_tensor(wg_mma_dkv.partition_shape_C((self.tile_n, self.hd)), Float32)
+        acc_dV = cute.make_rmem_tensor(wg_mma_dkv.partition_shape_C((self.tile_n, self.hd)), Float32)
+        acc_dK.fill(0.0)
+        acc_dV.fill(0.0)
+        acc_dQ = cute.make_rmem_tensor(wg_mma_dq.partition_shape_C((self.tile_m, self.hd)), Float32)
+        tdVrP = cute.make_rmem_tensor(wg_mma_dkv.partition_shape_A((self.tile_n, self.tile_m)), self.dtype)
+        tdKrdS = cute.make_rmem_tensor(wg_mma_dkv.partition_shape_A((self.tile_n, self.tile_m)), self.dtype)
+
+        # dS^T registers -> smem (stmatrix), in the S^T accumulator's layout
+        stmatrix = cute.make_copy_atom(
+            cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4), self.dtype)
+        smem_thr_copy_dS = cute.make_tiled_copy_C(stmatrix, tiled_mma_sdp).get_slice(tidx)
+        tdSsdS = smem_thr_copy_dS.partition_D(sdS)
+
+        # (key, query) coordinates of this thread's S^T elements, in (rows, cols) order
+        cS = cute.make_identity_tensor((self.tile_n, self.tile_m))
+        tScS = _mn_view(thr_mma_sdp.partition_C(cS))
+        t0ScS = _mn_view(tiled_mma_sdp.get_slice(0).partition_C(cS))  # thread 0's: constants
+        n_rows = cute.size(tScS, mode=[0])
+        n_cols = cute.size(tScS, mode=[1])
+        lse_c = cute.make_rmem_tensor(n_cols, Float32)
+        d_c = cute.make_rmem_tensor(n_cols, Float32)
+
+        kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
+        pipe_kv.consumer_wait(kv_state)
+        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
+        key0 = n_block * self.tile_n
+        causal_offset = seqlen_k - seqlen_q
+        nbi = n_block if const_expr(self.deterministic) else 0  # the dQ accumulator's slice
+
+        for it in cutlass.range(n_iter, unroll=1):
+            g = it // n_m
+            m_block = m_block_min + it - g * n_m
+            head = kv_head * group + g
+            q0 = m_block * self.tile_m
+            # this thread's columns (queries): LSE_log2 and D (padded: always in bounds)
+            gLSE = mLSE[None, head, batch]
+            gD = mD[None, head, batch]
+            for c in cutlass.range_constexpr(n_cols):
+                lse_c[c] = gLSE[q0 + tScS[0, c][1]]
+                d_c[c] = gD[q0 + tScS[0, c][1]]
+
+            pipe_q.consumer_wait(state)
+            acc_S = cute.make_rmem_tensor(s_shape, Float32)
+            self._gemm(tiled_mma_sdp, acc_S, tSrK, tSrQ[None, None, None, state.index], True, -1)
+            pipe_do.consumer_wait(state)
+            acc_dP = cute.make_rmem_tensor(s_shape, Float32)
+            self._gemm(tiled_mma_sdp, acc_dP, tdPrV, tdPrdO[None, None, None, state.index], True, 1)
+
+            # P^T = exp2(S^T * scale_log2 - LSE_log2); then 0 past seqlen_k and above the
+            # diagonal, in the blocks that have such keys
+            s = _mn_view(acc_S)
+            for r in cutlass.range_constexpr(n_rows):
+                for c in cutlass.range_constexpr(n_cols):
+                    s[r, c] = cute.math.exp2(s[r, c] * scale_log2 - lse_c[c], fastmath=True)
+            need_mask = key0 + self.tile_n > seqlen_k
+            if const_expr(self.causal):
+                need_mask = need_mask | (key0 + self.tile_n - 1 > q0 + causal_offset)
+            if need_mask:
+                self._mask(s, tScS, t0ScS, key0, q0, seqlen_k, causal_offset)
+            warpgroup.wait_group(0)
+            # dS^T = P^T * (dP^T - D)
+            dp = _mn_view(acc_dP)
+            for r in cutlass.range_constexpr(n_rows):
+                for c in cutlass.range_constexpr(n_cols):
+                    dp[r, c] = s[r, c] * (dp[r, c] - d_c[c])
+
+            tdVrP.store(_acc_as_operand_a(acc_S).load().to(self.dtype))
+            tdKrdS.store(_acc_as_operand_a(acc_dP).load().to(self.dtype))
+
+            # dS^T -> smem buffer it % 2, before the RS GEMMs below, which read tdKrdS
+            # asynchronously (no register access until their wait). The dQ GEMM that last read
+            # this buffer (block it - 2) is done: its warpgroup finished it before writing its
+            # part of block it - 1, which everyone waited for at the barrier of block it - 1.
+            ds_buf = it % 2
+            cute.copy(smem_thr_copy_dS, smem_thr_copy_dS.retile(tdKrdS), tdSsdS[None, None, None, ds_buf])
+            cute.arch.fence_view_async_shared()  # generic-proxy writes -> wgmma (async proxy)
+            cute.arch.barrier(barrier_id=BAR_DS, number_of_threads=self.num_consumer_threads)
+
+            self._gemm(tiled_mma_dkv, acc_dV, tdVrP, tdVrdOt[None, None, None, state.index], False, -1)
+            self._gemm(tiled_mma_dkv, acc_dK, tdKrdS, tdKrQt[None, None, None, state.index], False, -1)
+            if const_expr(self.dq_wgs == self.num_wg):
+                self._gemm(tiled_mma_dq, acc_dQ, tdQrdS[None, None, None, ds_buf], tdQrKt, True, 0)  # + dV, dK
+                pipe_q.consumer_release(state)
+                pipe_do.consumer_release(state)
+                self._reduce_dq(acc_dQ, thr_mma_dq, mdQaccum, m_block, head, batch, nbi)
+            else:
+                if wg_idx == 0:
+                    self._gemm(tiled_mma_dq, acc_dQ, tdQrdS[None, None, None, ds_buf], tdQrKt, True, 0)
+                    pipe_q.consumer_release(state)
+                    pipe_do.consumer_release(state)
+                    self._reduce_dq(acc_dQ, thr_mma_dq, mdQaccum, m_block, head, batch, nbi)
+                else:
+                    warpgroup.wait_group(0)
+                    pipe_q.consumer_release(state)
+                    pipe_do.consumer_release(state)
+            state.advance()
+
+        self._epilogue(acc_dK, acc_dV, softmax_scale, tiled_mma_dkv, sK, sV, tma_atom_dK, mdK,
+                       tma_atom_dV, mdV, tidx, n_block, kv_head, batch)
+
+    @cute.jit
+    def _mask(self, s, tScS, t0ScS, key0, q0, seqlen_k, causal_offset):
+        """P^T = 0 for keys past seqlen_k and (causal) for (key, query) above the diagonal:
+        query q sees key j iff j <= q + causal_offset. A row of S^T is one key; a column's query
+        is compared as thread 0's constant column against a per-row limit."""
+        col0 = tScS[0, 0][1]
+        for r in cutlass.range_constexpr(cute.size(s, mode=[0])):
+            key = key0 + tScS[r, 0][0]
+            row_ok = key < seqlen_k
+            # visible iff q0 + col0 + t0col >= key - causal_offset
+            first_col = key - causal_offset - q0 - col0
+            for c in cutlass.range_constexpr(cute.size(s, mode=[1])):
+                visible = row_ok
+                if const_expr(self.causal):
+                    visible = row_ok & (t0ScS[0, c][1] >= first_col)
+                s[r, c] = s[r, c] if visible else Float32(0.0)
+
+    @cute.jit
+    def _reduce_dq(self, acc_dQ, thr_mma_dq, mdQaccum, m_block, head, batch, nbi):
+        """dQ partial sum of this query block -> the fp32 accumulator: one two-wide RED.ADD per
+        pair of adjacent columns (rows past seqlen_q land in the padding)."""
+        gdQ = cute.local_tile(mdQaccum[None, None, head, batch, nbi], (self.tile_m, self.hd), (m_block, 0))
+        tdQgdQ = thr_mma_dq.partition_C(gdQ)
+        # accumulator elements 2i and 2i + 1 are adjacent columns of one row: one v2 reduction
+        for i in cutlass.range_constexpr(cute.size(acc_dQ) // 2):
+            ptr = tdQgdQ.iterator + cute.crd2idx(2 * i, tdQgdQ.layout)
+            red_add_f32x2(ptr, acc_dQ[2 * i], acc_dQ[2 * i + 1])
+
+    @cute.jit
+    def _epilogue(self, acc_dK, acc_dV, softmax_scale, tiled_mma_dkv, sK, sV, tma_atom_dK, mdK,
+                  tma_atom_dV, mdV, tidx, n_block, kv_head, batch):
+        """dK * softmax_scale, dV -> 16 bit -> K's and V's smem buffers (stmatrix) -> TMA stores."""
+        rdK = cute.make_rmem_tensor_like(acc_dK, self.dtype)
+        rdV = cute.make_rmem_tensor_like(acc_dV, self.dtype)
+        rdK.store((acc_dK.load() * softmax_scale).to(self.dtype))
+        rdV.store(acc_dV.load().to(self.dtype))
+        # every consumer's GEMMs (which read sK, sV) are done
+        cute.arch.barrier(barrier_id=BAR_EPILOGUE, number_of_threads=self.num_consumer_threads)
+        stmatrix = cute.make_copy_atom(
+            cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4), self.dtype)
+        smem_thr_copy = cute.make_tiled_copy_C(stmatrix, tiled_mma_dkv).get_slice(tidx)
+        cute.copy(smem_thr_copy, smem_thr_copy.retile(rdK), smem_thr_copy.partition_D(sK))
+        cute.copy(smem_thr_copy, smem_thr_copy.retile(rdV), smem_thr_copy.partition_D(sV))
+        cute.arch.fence_view_async_shared()
+        cute.arch.barrier(barrier_id=BAR_EPILOGUE, number_of_threads=self.num_consumer_threads)
+        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        if warp_idx == 4:
+            gdK = cute.local_tile(mdK[None, None, kv_head, batch], (self.tile_n, self.hd), (n_block, 0))
+            gdV = cute.local_tile(mdV[None, None, kv_head, batch], (self.tile_n, self.hd), (n_block, 0))
+            tdKsdK, tdKgdK = cpasync.tma_partition(
+                tma_atom_dK, 0, cute.make_layout(1), cute.group_modes(sK, 0, 2), cute.group_modes(gdK, 0, 2))
+            tdVsdV, tdVgdV = cpasync.tma_partition(
+                tma_atom_dV, 0, cute.make_layout(1), cute.group_modes(sV, 0, 2), cute.group_modes(gdV, 0, 2))
+            cute.copy(tma_atom_dK, tdKsdK, tdKgdK)
+            cute.copy(tma_atom_dV, tdVsdV, tdVgdV)
+            cute.arch.cp_async_bulk_commit_group()
+            cute.arch.cp_async_bulk_wait_group(0, read=True)  # smem must outlive the stores
+
+
+def make_bwd_kernel(cfg: BwdConfig) -> FlashBwdSm90:
+    return FlashBwdSm90(cfg)
+
+
+# ---------------------------------------------------------------------- host side (launch)
+
+
+def fake_bwd_args(cfg: BwdConfig):
+    """Fake tensors for compiling without data: dynamic batch, lengths, heads (q's and k/v's)
+    and strides (16-byte aligned rows), fp32 statistics and dQ accumulator."""
+    from cutlass.cute.runtime import make_fake_tensor
+
+    dt = cutlass.BFloat16 if cfg.dtype == "bfloat16" else cutlass.Float16
+    div = 128 // dt.width
+
+    def fake(shape):
+        stride = tuple(cute.sym_int64(divisibility=div) for _ in range(3)) + (1,)
+        return make_fake_tensor(dt, shape, stride=stride, assumed_align=16)
+
+    b, sq, sk, h, hkv, sqp, nb = (cute.sym_int() for _ in range(7))
+    q, do = fake((b, sq, h, cfg.head_dim)), fake((b, sq, h, cfg.head_dim))
+    k, v = fake((b, sk, hkv, cfg.head_dim)), fake((b, sk, hkv, cfg.head_dim))
+    dk, dv = fake((b, sk, hkv, cfg.head_dim)), fake((b, sk, hkv, cfg.head_dim))
+    stats = [make_fake_tensor(cutlass.Float32, (b, h, sqp), stride=(cute.sym_int64(), cute.sym_int64(), 1),
+                              assumed_align=4) for _ in range(2)]
+    dq = make_fake_tensor(cutlass.Float32, (nb, b, h, sqp, cfg.head_dim),
+                          stride=tuple(cute.sym_int64(divisibility=4) for _ in range(4)) + (1,), assumed_align=16)
+    return q, k, v, do, stats[0], stats[1], dq, dk, dv
+
+
+def compile_bwd(cfg: BwdConfig, options=None, tvm_ffi: bool = False):
+    """cute.compile of one backward build against fake tensors (no GPU needed)."""
+    stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True) if tvm_ffi \
+        else cute.runtime.make_fake_stream()
+    opts = options
+    if tvm_ffi:
+        opts = "--enable-tvm-ffi" if options is None else f"{options} --enable-tvm-ffi"
+    args = fake_bwd_args(cfg)
+    if opts is None:
+        return cute.compile(make_bwd_kernel(cfg), *args, Float32(1.0), Float32(1.0), stream)
+    return cute.compile(make_bwd_kernel(cfg), *args, Float32(1.0), Float32(1.0), stream, options=opts)
+
+
+_CACHE: dict = {}  # BwdConfig -> compiled callable
+COMPILE_TIMES: dict = {}  # BwdConfig -> seconds of its first (JIT) compile
+_USE_TVM_FFI = None
+
+
+def _prepare(cfg: BwdConfig, dout, out, lse, seqlen_q_pad: int):
+    """The preprocess, in torch: D = rowsum(dO * O) in fp32 and LSE_log2 = LSE * log2(e), rows
+    that see no key (LSE = -inf) and the padding rows at +inf (P = 0 there), both (b, h, s_q_pad)."""
+    import torch
+
+    b, sq, h, _ = dout.shape
+    dpsum = torch.zeros((b, h, seqlen_q_pad), dtype=torch.float32, device=dout.device)
+    dpsum[:, :, :sq] = (dout.float() * out.float()).sum(-1).transpose(1, 2)
+    lse_log2 = torch.full((b, h, seqlen_q_pad), math.inf, dtype=torch.float32, device=dout.device)
+    lse_log2[:, :, :sq] = torch.where(lse == -math.inf, math.inf, lse.float() * LOG2_E)
+    return dpsum, lse_log2
+
+
+def run_bwd(cfg: BwdConfig, dout, q, k, v, out, lse, softmax_scale: float):
+    """Launch the backward of cfg; returns (dq, dk, dv) shaped and typed like q, k, v. The
+    preprocess (D, LSE_log2) and the dQ postprocess (sum of the deterministic slices, * scale,
+    -> 16 bit) run in torch."""
+    global _USE_TVM_FFI
+    import os
+    import time
+
+    import torch
+
+    q, k, v, out, lse = (t.detach() for t in (q, k, v, out, lse))  # DLPack refuses tensors needing grad
+    b, sq, h, d = q.shape
+    sk, hkv = k.shape[1], k.shape[2]
+    sqp = -(-sq // cfg.tile_m) * cfg.tile_m
+    dout = dout.detach().contiguous()
+    if dout.data_ptr() % 16:
+        dout = dout.clone()  # TMA needs 16-byte aligned rows
+    dpsum, lse_log2 = _prepare(cfg, dout, out, lse, sqp)
+    nb = -(-sk // cfg.tile_n) if cfg.deterministic else 1
+    dq_accum = torch.zeros((nb, b, h, sqp, d), dtype=torch.float32, device=q.device)
+    dk = torch.empty((b, sk, hkv, d), dtype=k.dtype, device=k.device)
+    dv = torch.empty((b, sk, hkv, d), dtype=v.dtype, device=v.device)
+    scale_log2 = float(softmax_scale * LOG2_E)
+    if _USE_TVM_FFI is None:
+        from ..interface import _tvm_ffi_available
+
+        _USE_TVM_FFI = _tvm_ffi_available() and os.environ.get("FA4KERNEL_NO_TVM_FFI") != "1"
+    fn = _CACHE.get(cfg)
+    if _USE_TVM_FFI:
+        if fn is None:
+            t0 = time.perf_counter()
+            fn = compile_bwd(cfg, tvm_ffi=True)
+            COMPILE_TIMES[cfg] = time.perf_counter() - t0
+            _CACHE[cfg] = fn
+        fn(q, k, v, dout, lse_log2, dpsum, dq_accum, dk, dv, scale_log2, float(softmax_scale))
+    else:
+        import cuda.bindings.driver as cuda
+
+        from ..interface import _to_cute
+
+        args = [_to_cute(t, 3) for t in (q, k, v, dout)]
+        stats = [_to_cute(t, 2, align=4) for t in (lse_log2, dpsum)]
+        dq_c = _to_cute(dq_accum, 4)
+        dkv = [_to_cute(t, 3) for t in (dk, dv)]
+        stream = cuda.CUstream(torch.cuda.current_stream(q.device).cuda_stream)
+        if fn is None:
+            t0 = time.perf_counter()
+            fn = cute.compile(make_bwd_kernel(cfg), *args, *stats, dq_c, *dkv, Float32(scale_log2),
+                              Float32(softmax_scale), stream)
+            COMPILE_TIMES[cfg] = time.perf_counter() - t0
+            _CACHE[cfg] = fn
+        fn(*args, *stats, dq_c, *dkv, Float32(scale_log2), Float32(softmax_scale), stream)
+    dq = dq_accum.sum(0) if cfg.deterministic else dq_accum[0]  # fixed order: torch's sum
+    dq = (dq[:, :, :sq] * softmax_scale).transpose(1, 2).to(q.dtype)
+    return dq, dk, dv

@@ -1,0 +1,76 @@
+"""Configuration of the SM90 (Hopper) attention backward (sm90/bwd.py): plain Python, no CUDA,
+CuTe DSL or torch at import, so every check runs on a CPU-only machine before anything compiles.
+
+One CTA = one block of `tile_n` keys of one (batch, k/v head): K and V stay in shared memory
+while the CTA walks the query blocks of `tile_m` rows of every q head of its group (GQA / MQA).
+Tiles follow FA3's SM90 backward for head dims <= 128 (64 x 128, S^T and dP^T computed with
+the keys on the wgmma M axis, 2 consumer warpgroups of 64 keys each).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+BWD_HEAD_DIMS = (64, 96, 128)
+BWD_DTYPES = ("bfloat16", "float16")
+BWD_KNOB_NAMES = ("deterministic",)
+
+TILE_M = 64  # query rows per m block (the N of S^T = K Q^T)
+TILE_N = 128  # keys per CTA: 2 consumer warpgroups x 64 rows of wgmma M
+Q_STAGES = 2  # Q and dO pipeline depth
+
+
+@dataclass(frozen=True)
+class BwdConfig:
+    """One backward build. Hashable: the compile cache keys on it."""
+
+    dtype: str  # "bfloat16" | "float16"
+    head_dim: int
+    causal: bool
+    # dQ partial sums go to one fp32 slice per key block (summed in a fixed order afterwards)
+    # instead of atomic adds into one dQ accumulator
+    deterministic: bool = False
+    tile_m: int = TILE_M
+    tile_n: int = TILE_N
+    q_stages: int = Q_STAGES
+
+    @property
+    def num_consumer_wgs(self) -> int:
+        return self.tile_n // 64
+
+    @property
+    def num_threads(self) -> int:
+        return 128 * (self.num_consumer_wgs + 1)
+
+    @property
+    def dq_wgs(self) -> int:
+        """Warpgroups that share the dQ = dS K GEMM (split along head_dim): both at head_dim 128
+        (64 columns each, one 128-byte swizzle atom of K^T); one at 64 and 96, where half the
+        columns would cut a swizzle atom of the MN-major K^T operand."""
+        return self.num_consumer_wgs if self.head_dim == 128 else 1
+
+    def as_dict(self):
+        return asdict(self)
+
+
+def make_bwd_config(dtype: str, head_dim: int, causal: bool, deterministic: bool = False) -> BwdConfig:
+    """The backward build for these arguments; one-line ValueError naming what is allowed."""
+    if dtype not in BWD_DTYPES:
+        raise ValueError(f"dtype {dtype} not supported by the backward; allowed: {', '.join(BWD_DTYPES)}")
+    if isinstance(head_dim, bool) or head_dim not in BWD_HEAD_DIMS:
+        raise ValueError(f"head_dim={head_dim} not supported by the SM90 backward; allowed: "
+                         f"{', '.join(map(str, BWD_HEAD_DIMS))}")
+    if not isinstance(causal, bool):
+        raise ValueError(f"causal={causal!r} not supported; allowed: True or False")
+    if not isinstance(deterministic, bool):
+        raise ValueError(f"deterministic={deterministic!r} not supported; allowed: True or False")
+    return BwdConfig(dtype=dtype, head_dim=head_dim, causal=causal, deterministic=deterministic)
+
+
+def bwd_smem_bytes(cfg: BwdConfig, elem_bytes: int = 2) -> int:
+    """Shared memory of one CTA: K, V, Q and dO rings, 2 dS^T buffers; each 1 KiB aligned."""
+    align = lambda x: (x + 1023) // 1024 * 1024  # noqa: E731
+    kv = align(cfg.tile_n * cfg.head_dim * elem_bytes)
+    qdo = align(cfg.q_stages * cfg.tile_m * cfg.head_dim * elem_bytes)
+    ds = align(2 * cfg.tile_n * cfg.tile_m * elem_bytes)  # 2 buffers
+    return 1024 + 2 * kv + 2 * qdo + ds

@@ -1,0 +1,164 @@
+"""CPU-only: fa4kernel's SM90 backward compiles for sm_90a with fake tensors (no GPU needed), its
+SASS has what the design promises (wgmma, TMA loads and stores, the fp32 dQ reduction, no
+register spills), and bad arguments are one-line errors before anything compiles.
+
+Run: pytest -m compile tests/test_kernel_sm90_bwd_compile.py
+"""
+
+import re
+
+import pytest
+
+pytest.importorskip("cutlass")
+
+import fa4kernel  # noqa: E402
+from fa4kernel import make_bwd_config  # noqa: E402
+
+pytestmark = pytest.mark.compile
+
+_SASS = {}
+
+
+def bwd_sass(head_dim=128, causal=False, dtype="bfloat16", deterministic=False):
+    cfg = make_bwd_config(dtype, head_dim, causal, deterministic)
+    if cfg not in _SASS:
+        _SASS[cfg] = fa4kernel.compile_bwd_sass(cfg)
+    return _SASS[cfg]
+
+
+def count(text, op):
+    return len(re.findall(r"\s" + re.escape(op) + r"[\s.;]", text))
+
+
+def hgmma_shapes(text):
+    return sorted(set(re.findall(r"HGMMA\.(\d+x\d+x\d+)", text)))
+
+
+def assert_backward_healthy(text):
+    assert count(text, "HGMMA") > 0, "no wgmma (HGMMA) in SASS"
+    assert count(text, "UTMALDG") > 0, "no TMA loads (UTMALDG) in SASS"
+    assert count(text, "UTMASTG") > 0, "no TMA stores of dK / dV (UTMASTG) in SASS"
+    assert len(re.findall(r"\sREDG?\.E\.ADD\.F32", text)) > 0, "no fp32 dQ reduction (RED.ADD.F32) in SASS"
+    assert count(text, "MUFU.EX2") > 0, "no exp2 for P"
+    assert count(text, "STSM") > 0, "no stmatrix (dS^T and dK / dV to smem)"
+    assert count(text, "LDL") == 0 and count(text, "STL") == 0, "register spills (LDL/STL)"
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("hd", fa4kernel.BWD_HEAD_DIMS)
+def test_bwd_every_head_dim_compiles(hd, causal):
+    assert_backward_healthy(bwd_sass(hd, causal))
+
+
+def test_bwd_fp16_and_deterministic_compile():
+    assert_backward_healthy(bwd_sass(128, True, dtype="float16"))
+    assert_backward_healthy(bwd_sass(64, False, deterministic=True))
+
+
+@pytest.mark.parametrize("hd,shapes", [
+    # S^T and dP^T (64 keys x 64 queries per warpgroup), dV / dK (64 keys x head_dim), dQ (64 x
+    # head_dim / dq_wgs: split over both warpgroups at 128 only)
+    (128, ["64x128x16", "64x64x16"]),
+    (96, ["64x64x16", "64x96x16"]),
+    (64, ["64x64x16"]),
+])
+def test_bwd_wgmma_shapes(hd, shapes):
+    assert hgmma_shapes(bwd_sass(hd)) == shapes
+
+
+def test_bwd_dq_reduction_count_per_thread():
+    """One two-wide RED.ADD.F32x2 per pair of adjacent dQ accumulator elements a thread holds per
+    query block: 64 x hd / (2 x 128 x dq_wgs) (hd128: 16, split over both warpgroups; hd64: 16,
+    warpgroup 0 alone; hd96: 24)."""
+    for hd, n in ((128, 16), (64, 16), (96, 24)):
+        text = bwd_sass(hd)
+        assert len(re.findall(r"\sREDG?\.E\.ADD\.F32x2", text)) == n, hd
+        assert len(re.findall(r"\sREDG?\.E\.ADD\.F32[^x]", text)) == 0, hd  # no scalar ones
+
+
+def test_bwd_deterministic_build_differs_only_in_the_dq_slice():
+    """The deterministic build reduces into its key block's slice: same instruction mix."""
+    a, b = bwd_sass(64, False), bwd_sass(64, False, deterministic=True)
+    for op in ("HGMMA", "UTMALDG", "UTMASTG", "MUFU.EX2", "STSM"):
+        assert count(a, op) == count(b, op), op
+
+
+@pytest.mark.parametrize("kwargs,says", [
+    (dict(head_dim=256), "head_dim=256 not supported by the SM90 backward; allowed: 64, 96, 128"),
+    (dict(head_dim=192), "head_dim=192 not supported by the SM90 backward"),
+    (dict(dtype="float32"), "dtype float32 not supported by the backward"),
+    (dict(causal=1), "causal=1 not supported"),
+    (dict(deterministic="yes"), "deterministic='yes' not supported"),
+])
+def test_bwd_compile_rejects_bad_arguments_before_compiling(kwargs, says):
+    with pytest.raises(ValueError) as ei:
+        fa4kernel.compile_bwd_sass(**kwargs)
+    assert says in str(ei.value) and "\n" not in str(ei.value)
+
+
+def test_bwd_compile_rejects_a_forward_config():
+    with pytest.raises(ValueError, match="allowed: None or a BwdConfig") as ei:
+        fa4kernel.compile_bwd_sass(fa4kernel.make_config("bfloat16", 128, False, False, {}))
+    assert "\n" not in str(ei.value)
+
+
+@pytest.mark.parametrize("hd,causal", [(128, False), (128, True), (64, True)])
+def test_bwd_query_block_loop(hd, causal):
+    """The loop over query blocks holds all five GEMMs (hd128: S^T and dP^T 2 x 8 k-steps, dV and
+    dK 2 x 4, dQ 8), one named barrier (dS^T is double-buffered), one exp2 per S^T element a
+    thread holds (64 x 64 / 128 = 32) and the dQ reduction (two-wide)."""
+    from fa4kernel.sass import kv_loop
+
+    loop = kv_loop(bwd_sass(hd, causal))  # the smallest loop with both HGMMA and MUFU.EX2
+    ops = [o.split()[0] for o in loop]
+    n = lambda prefix: sum(o.startswith(prefix) for o in ops)  # noqa: E731
+    assert n("HGMMA") == (32 if hd == 128 else 24)
+    assert n("BAR.SYNC") == 1
+    assert n("MUFU.EX2") == 32
+    assert n("REDG.E.ADD.F32x2") == 16
+    assert n("STSM") == 4  # dS^T: 64 x 64 x 2 bytes per warpgroup
+
+
+@pytest.mark.parametrize("hd", fa4kernel.BWD_HEAD_DIMS)
+def test_bwd_thread_layouts_cover_the_tiles(hd):
+    """What the kernel assumes of its wgmma thread layouts, checked on the host with the kernel's
+    own tiled MMAs: the S^T partition covers the 128 x 64 tile once; a thread's element (r, c)
+    sits in column (its column 0) + (thread 0's column c) and in row r's key for every c (the
+    mask compares constants); the dQ partition covers 64 x head_dim once over the dQ warpgroups,
+    and elements 2i, 2i + 1 are adjacent columns (even first) of one row (the two-wide RED)."""
+    import cutlass
+    import cutlass.cute as cute
+
+    from fa4kernel.sm90.bwd import make_bwd_kernel
+    from fa4kernel.sm90.fwd import _mn_view
+
+    cfg = make_bwd_config("bfloat16", hd, False)
+    found = {}
+
+    @cute.jit
+    def probe():
+        sdp, _, dq = make_bwd_kernel(cfg).tiled_mmas()
+        cS = cute.make_identity_tensor((cfg.tile_n, cfg.tile_m))
+        t0 = _mn_view(sdp.get_slice(0).partition_C(cS))
+        seen, bad = set(), 0
+        for t in cutlass.range_constexpr(128 * cfg.num_consumer_wgs):
+            ts = _mn_view(sdp.get_slice(t).partition_C(cS))
+            for r in cutlass.range_constexpr(cute.size(ts, mode=[0])):
+                for c in cutlass.range_constexpr(cute.size(ts, mode=[1])):
+                    seen.add((ts[r, c][0], ts[r, c][1]))
+                    bad += int(ts[r, c][1] != ts[0, 0][1] + t0[0, c][1]) + int(ts[r, c][0] != ts[r, 0][0])
+        found["sdp"] = (len(seen), bad)
+        cQ = cute.make_identity_tensor((cfg.tile_m, hd))
+        seen, bad = set(), 0
+        for t in cutlass.range_constexpr(128 * cfg.dq_wgs):
+            tq = dq.get_slice(t).partition_C(cQ)
+            for i in cutlass.range_constexpr(cute.size(tq)):
+                seen.add((tq[i][0], tq[i][1]))
+            for i in cutlass.range_constexpr(cute.size(tq) // 2):
+                a, b = tq[2 * i], tq[2 * i + 1]
+                bad += int(not (a[0] == b[0] and b[1] == a[1] + 1 and a[1] % 2 == 0))
+        found["dq"] = (len(seen), bad)
+
+    cute.compile(probe, options="--gpu-arch sm_90a")  # the checks run while it traces
+    assert found["sdp"] == (cfg.tile_n * cfg.tile_m, 0)
+    assert found["dq"] == (cfg.tile_m * hd, 0)
