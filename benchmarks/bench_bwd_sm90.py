@@ -36,7 +36,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import fa4kernel  # noqa: E402
 from benchmarks.bench_fwd_sm90 import _version, load_flops, nvidia_smi, time_interleaved  # noqa: E402
-from benchmarks.provenance import kernel_version  # noqa: E402
+from benchmarks.provenance import stamp  # noqa: E402
 
 _FLOPS = load_flops()
 BWD_FLOPS_PER_FWD = 2.5
@@ -193,9 +193,7 @@ def main():
 
     dev = torch.cuda.get_device_name(0)
     impls, absent = implementations()
-    meta = dict(
-        kind="sm90_bwd",
-        kernel=kernel_version(),
+    meta = stamp(dict(
         device=dev,
         date=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         clocks_before=nvidia_smi("clocks.sm,clocks.max.sm,clocks.mem,power.draw,power.limit,temperature.gpu"),
@@ -208,7 +206,7 @@ def main():
                "bottom-right visible pairs) / t; tokens b*s = 16384, h*d = 2048; grads checked once against an "
                "fp32 reference (batch 1, 2 heads, min(s, 2048) tokens) before timing",
         absent=absent,
-    )
+    ), "sm90_bwd")
     points = []
     out = args.out
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)

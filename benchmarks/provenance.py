@@ -23,6 +23,8 @@ KINDS = {
     "idle_wgs": "cost of a tile whose consumer warpgroups are not all live (idle_wg_sm90.py)",
     "cta_log": "every CTA's SM, start, end and cycles of whole launches, with the tile log (cta_log_sm90.py)",
     "timeline": "stamped per-warp events of the instrumented build (timeline_sm90.py)",
+    "sm90_bwd": "backward-only TFLOP/s of fa4kernel, flash-attn-4 and cuDNN side by side, gradients checked "
+                "against fp32 (bench_bwd_sm90.py)",
     "sustained": "TFLOP/s, NVML clock and power and the in-kernel clock of each kernel run alone, back to back "
                  "until the power cap has settled its clock (sustained_sm90.py)",
     "tile_choice": "TFLOP/s of tile shapes and schedule knobs per sequence length (tile_choice_sm90.py)",

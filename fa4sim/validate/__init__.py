@@ -9,6 +9,8 @@ compared with has its module:
   cta_log              launches.py    whole launches replayed with mean tile costs (cta_log_sm90.py)
   sustained            sustained.py   each kernel alone under its power-capped clock, predicted with the
                                       model's own clock (sustained_sm90.py)
+  sm90_bwd             backward.py    the backward alone, flash-attn-4 against fa4sim --pass bwd
+                                      (bench_bwd_sm90.py)
 
 common.py holds what they share, among it the one place that turns a kernel's recorded
 configuration into model knobs (model_knobs; each kernel is simulated as its implementation).
@@ -26,13 +28,14 @@ import sys
 from pathlib import Path
 
 from ..errors import InputError
-from . import idle_wgs, intervals, launches, points, sustained, tile_costs
+from . import backward, idle_wgs, intervals, launches, points, sustained, tile_costs
 from .common import kernel_knobs, model_knobs, profile_for  # noqa: F401  (the package's public names)
 from .intervals import knob_scoreboard, plot_knob_deltas, report_scoreboard
 from .points import expand  # noqa: F401
 
 MODULES = {"points": points, "knob_points": points, "loop_intervals": intervals, "tile_costs": tile_costs,
-           "idle_wgs": idle_wgs, "cta_log": launches, "sustained": sustained}
+           "idle_wgs": idle_wgs, "cta_log": launches, "sustained": sustained,
+           "sm90_bwd": backward}
 PLOTS = {"points", "knob_points", "loop_intervals", "tile_costs", "sustained"}
 
 

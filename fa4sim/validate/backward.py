@@ -1,0 +1,69 @@
+"""Backward timings (benchmarks/bench_bwd_sm90.py, kind 'sm90_bwd'): the backward alone (dQ, dK,
+dV from a recorded forward), timed side by side for fa4kernel, flash-attn-4 and cuDNN, against
+fa4sim's backward (`simulate(..., pass_="bwd")`) at the model's own clock.
+
+Only flash-attn-4 is compared. Its SM90 backward is the schedule fa4sim models
+(fa4sim/schedules/fa3_sm90_bwd.py with flash-attn-4's tiles). fa4kernel's backward is a
+different design (64-row query blocks, dQ added by RED from registers, pre- and post-processing
+in torch) that no schedule describes yet, so its rows list the measurement alone. cuDNN is not
+modelled.
+
+TFLOP/s count 2.5 x the forward's FLOPs on both sides (the benchmark's and the model's convention);
+error = predicted / measured - 1.
+"""
+from __future__ import annotations
+
+from ..errors import InputError
+from ..model import simulate
+from ..params import Problem
+from .common import profile_for, progress
+from .sustained import _stats
+
+MODELLED = ("flash-attn-4",)
+
+
+def problem_of(p: dict) -> Problem:
+    sk = int(p.get("seqlen_k") or p["seqlen"])
+    return Problem(int(p["batch"]), int(p["heads"]), int(p["seqlen"]), sk, int(p["hdim"]), bool(p["causal"]))
+
+
+def compare(doc: dict, hw: str | None = None) -> dict:
+    hw_name = hw or profile_for(doc["meta"].get("device", ""))
+    rows, pts = [], doc.get("points") or []
+    for i, p in enumerate(pts, 1):
+        progress(i, len(pts))
+        problem = problem_of(p)
+        for kernel, res in (p.get("results") or {}).items():
+            if not isinstance(res, dict) or not res.get("tflops") or not (res.get("check") or {}).get("ok"):
+                continue
+            row = {"kernel": kernel, "hdim": problem.hdim, "seqlen": problem.seqlen_q, "batch": problem.batch,
+                   "heads": problem.heads, "causal": problem.causal, "measured_tflops": res["tflops"],
+                   "predicted_tflops": None, "error": None, "clock_ghz": None}
+            if kernel in MODELLED:
+                try:
+                    r = simulate(hw_name, None, problem, {}, impl=kernel, pass_="bwd")
+                    row.update(predicted_tflops=r.tflops, error=r.tflops / res["tflops"] - 1.0,
+                               clock_ghz=r.clock_ghz, bottleneck=r.bottleneck)
+                except InputError as e:
+                    row["bottleneck"] = str(e)
+            rows.append(row)
+    summary = {"hw_profile": hw_name, "device": doc["meta"].get("device"), "date": doc["meta"].get("date"),
+               "tflops": _stats([r["error"] for r in rows])}
+    return {"kind": "sm90_bwd", "summary": summary, "points": rows}
+
+
+def report(result: dict) -> str:
+    s = result["summary"]
+    lines = [f"device {s['device']} ({s['date']}), profile {s['hw_profile']}, backward, the model's own clock",
+             f"{'kernel':26s} {'point':24s} {'TFLOP/s meas':>12s} {'pred':>7s} {'error':>7s} {'GHz':>6s}"]
+    for r in result["points"]:
+        name = f"hd{r['hdim']}-{r['seqlen']}-b{r['batch']}-h{r['heads']}{'-causal' if r['causal'] else ''}"
+        pred = "-" if r["predicted_tflops"] is None else f"{r['predicted_tflops']:7.1f}"
+        err = "-" if r["error"] is None else f"{r['error']:+.1%}"
+        ghz = "-" if r["clock_ghz"] is None else f"{r['clock_ghz']:.3f}"
+        lines.append(f"{r['kernel']:26s} {name:24s} {r['measured_tflops']:12.1f} {pred:>7s} {err:>7s} {ghz:>6s}")
+    t = s["tflops"]
+    lines.append(f"TFLOP/s, {', '.join(MODELLED)}: median |error| {t['median_abs_error']:.1%}, max "
+                 f"{t['max_abs_error']:.1%} over {t['count']} points" if t else "TFLOP/s: no modelled point")
+    lines.append("not modelled: fa4kernel's backward (its own design, no schedule yet), cuDNN")
+    return "\n".join(lines)
