@@ -16,7 +16,8 @@ Grid (bench_fwd_sm90.py's): head_dim 64 / 128 / 256 x seqlen 1k / 4k / 16k x cau
 seqlen = 16384 tokens, heads x head_dim = 2048; bf16. fa4kernel's backward supports head dims
 64, 96 and 128: at 256 it is recorded as unsupported and the peers are still timed. The
 deterministic backward (fa4kernel[deterministic]) is timed at 1k and 4k (its dQ buffer holds one
-fp32 slice per key block: at 16k 128 slices of the whole dQ).
+fp32 slice per key block: at 16k 128 slices of the whole dQ). fa4kernel[dq_reduce=bulk] is the
+backward whose dQ goes through shared memory and one bulk reduce-add per query block, at every point.
 
 Usage (device): python3 benchmarks/bench_bwd_sm90.py --out $OUT/sm90_bwd.json [--quick]
 """
@@ -51,9 +52,9 @@ def bwd_flops(b, h, sq, sk, d, causal):
 # grad to its output (b, s, h, d)
 
 
-def _ours(deterministic=False):
+def _ours(deterministic=False, dq_reduce="red"):
     def fwd(q, k, v, causal):
-        return fa4kernel.attention(q, k, v, causal=causal, deterministic=deterministic)
+        return fa4kernel.attention(q, k, v, causal=causal, deterministic=deterministic, dq_reduce=dq_reduce)
 
     return fwd
 
@@ -134,6 +135,8 @@ def bench_point(impls, d, s, causal, quick, points):
     point = dict(batch=b, seqlen=s, heads=h, hdim=d, causal=causal,
                  flops=bwd_flops(b, h, s, s, d, causal), results={})
     cands = dict(impls)
+    if "fa4kernel" in cands:
+        cands["fa4kernel[dq_reduce=bulk]"] = _ours(dq_reduce="bulk")
     if d in fa4kernel.BWD_HEAD_DIMS and s <= DETERMINISTIC_MAX_SEQLEN:
         cands["fa4kernel[deterministic]"] = _ours(deterministic=True)
     torch.manual_seed(1234 + s + d)

@@ -14,14 +14,14 @@ from typing import Optional
 from .sm90.bwd_config import BWD_HEAD_DIMS, make_bwd_config
 
 
-def check_backward_supported(q, k, v, causal: bool, deterministic) -> None:
+def check_backward_supported(q, k, v, causal: bool, deterministic, dq_reduce="red") -> None:
     """One-line ValueError unless the SM90 backward supports these (already validated) inputs."""
     d = q.shape[-1]
     if d not in BWD_HEAD_DIMS:
         raise ValueError(f"head_dim={d} has no backward (q, k or v requires grad); allowed with grad: "
                          f"{', '.join(map(str, BWD_HEAD_DIMS))} (or call under torch.no_grad())")
     dtype = "bfloat16" if str(q.dtype) == "torch.bfloat16" else "float16"
-    make_bwd_config(dtype, d, causal, deterministic)
+    make_bwd_config(dtype, d, causal, deterministic, dq_reduce)
 
 
 def needs_grad(q, k, v) -> bool:
@@ -37,7 +37,7 @@ def _function():
         """out, lse = attention(q, k, v) saving q, k, v, out, lse; backward -> dq, dk, dv."""
 
         @staticmethod
-        def forward(ctx, q, k, v, cfg, softmax_scale, deterministic):
+        def forward(ctx, q, k, v, cfg, softmax_scale, deterministic, dq_reduce):
             from .interface import _run
 
             b, sq, h, d = q.shape
@@ -48,6 +48,7 @@ def _function():
             ctx.causal = cfg.causal
             ctx.softmax_scale = softmax_scale
             ctx.deterministic = deterministic
+            ctx.dq_reduce = dq_reduce
             ctx.mark_non_differentiable(lse)
             return out, lse
 
@@ -57,10 +58,10 @@ def _function():
 
             q, k, v, out, lse = ctx.saved_tensors
             dtype = "bfloat16" if q.dtype == torch.bfloat16 else "float16"
-            bcfg = make_bwd_config(dtype, q.shape[-1], ctx.causal, ctx.deterministic)
+            bcfg = make_bwd_config(dtype, q.shape[-1], ctx.causal, ctx.deterministic, ctx.dq_reduce)
             scale = ctx.softmax_scale if ctx.softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
             dq, dk, dv = run_bwd(bcfg, dout, q, k, v, out, lse, scale)
-            return dq, dk, dv, None, None, None
+            return dq, dk, dv, None, None, None, None
 
     return FlashAttnFuncSm90
 
@@ -68,24 +69,26 @@ def _function():
 _FUNC = None
 
 
-def attention_with_grad(q, k, v, cfg, softmax_scale: Optional[float], deterministic: bool):
+def attention_with_grad(q, k, v, cfg, softmax_scale: Optional[float], deterministic: bool,
+                        dq_reduce: str = "red"):
     """(out, lse) of the SM90 forward built with an LSE (cfg.has_lse), recorded for autograd."""
     global _FUNC
     if _FUNC is None:
         _FUNC = _function()
-    return _FUNC.apply(q, k, v, cfg, softmax_scale, deterministic)
+    return _FUNC.apply(q, k, v, cfg, softmax_scale, deterministic, dq_reduce)
 
 
 def attention_backward(dout, q, k, v, out, lse, causal: bool = False, softmax_scale: Optional[float] = None,
-                       deterministic: bool = False):
+                       deterministic: bool = False, dq_reduce: str = "red"):
     """dq, dk, dv of attention(q, k, v) from its out and lse (natural log, (batch, heads,
-    seqlen_q) fp32, as attention(..., return_lse=True) returns them) and dout; the SM90 backward."""
+    seqlen_q) fp32, as attention(..., return_lse=True) returns them) and dout; the SM90 backward
+    (dq_reduce: how dQ reaches its fp32 accumulator, sm90/bwd_config.py: "red" or "bulk")."""
     import torch
 
     from .inputs import validate_device, validate_tensors
 
     validate_tensors(q, k, v, causal, softmax_scale, False, head_dims=BWD_HEAD_DIMS, gqa=True)
-    check_backward_supported(q, k, v, causal, deterministic)
+    check_backward_supported(q, k, v, causal, deterministic, dq_reduce)
     for name, t, shape, dt in (("out", out, tuple(q.shape), q.dtype), ("dout", dout, tuple(q.shape), q.dtype),
                                ("lse", lse, (q.shape[0], q.shape[2], q.shape[1]), torch.float32)):
         if not isinstance(t, torch.Tensor) or tuple(t.shape) != shape or t.dtype != dt:
@@ -100,6 +103,6 @@ def attention_backward(dout, q, k, v, out, lse, causal: bool = False, softmax_sc
     from .sm90.bwd import run_bwd
 
     dtype = "bfloat16" if q.dtype == torch.bfloat16 else "float16"
-    bcfg = make_bwd_config(dtype, q.shape[-1], causal, deterministic)
+    bcfg = make_bwd_config(dtype, q.shape[-1], causal, deterministic, dq_reduce)
     scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
     return run_bwd(bcfg, dout, q, k, v, out, lse, scale)

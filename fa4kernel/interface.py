@@ -135,12 +135,13 @@ def compile_sass(cfg=None, arch: str = "sm_90a", *, dtype: str = "bfloat16", hea
 
 
 def compile_bwd_sass(cfg: Optional[BwdConfig] = None, *, dtype: str = "bfloat16", head_dim: int = 128,
-                     causal: bool = False, deterministic: bool = False, dump_dir: Optional[str] = None) -> str:
+                     causal: bool = False, deterministic: bool = False, dq_reduce: str = "red",
+                     dump_dir: Optional[str] = None) -> str:
     """Compile the SM90 backward (sm90/bwd.py) for sm_90a on this machine, no GPU needed, and
     return its SASS. Pass a BwdConfig (sm90.bwd_config.make_bwd_config) or the arguments (checked
     first: one-line ValueError). Fake tensors with dynamic batch, lengths and heads, as compile_sass."""
     if cfg is None:
-        cfg = make_bwd_config(dtype, head_dim, causal, deterministic)
+        cfg = make_bwd_config(dtype, head_dim, causal, deterministic, dq_reduce)
     elif not isinstance(cfg, BwdConfig):
         raise ValueError(f"cfg={type(cfg).__name__}; allowed: None or a BwdConfig (fa4kernel.make_bwd_config)")
 
@@ -216,7 +217,8 @@ def _capability(q):
 
 
 def attention(q, k, v, causal: bool = False, softmax_scale: Optional[float] = None,
-              return_lse: bool = False, *, deterministic: bool = False, **knobs):
+              return_lse: bool = False, *, deterministic: bool = False, dq_reduce: str = "red",
+              **knobs):
     """softmax(q k^T * scale [+ causal mask]) v for q, k, v (batch, seqlen, heads, head_dim);
     k and v may have fewer heads (GQA / MQA on SM90: heads_kv divides heads).
 
@@ -229,10 +231,13 @@ def attention(q, k, v, causal: bool = False, softmax_scale: Optional[float] = No
 
     With grad mode on and q, k or v requiring grad (SM90), out has a grad_fn: the SM90 backward
     (sm90/bwd.py) fills their .grad; deterministic=True makes its dQ reduction run in a fixed
-    order (fa4kernel/README.md, "Backward"). Arguments the backward does not support raise here.
+    order (fa4kernel/README.md, "Backward"); dq_reduce ("red" or "bulk") picks how the backward adds
+    dQ into its fp32 accumulator. Arguments the backward does not support raise here.
     """
     if not isinstance(deterministic, bool):
         raise ValueError(f"deterministic={deterministic!r}; allowed: True or False")
+    if dq_reduce not in ("red", "bulk"):
+        raise ValueError(f"dq_reduce={dq_reduce!r}; allowed: red, bulk")
     cap = _capability(q)
     if cap is not None and cap not in ARCHS:
         raise ValueError(f"q is on an sm_{cap[0]}{cap[1]} GPU; fa4kernel has kernels for {_SUPPORTED}")
@@ -254,13 +259,13 @@ def attention(q, k, v, causal: bool = False, softmax_scale: Optional[float] = No
     if grad:
         from .autograd import check_backward_supported
 
-        check_backward_supported(q, k, v, causal, deterministic)
+        check_backward_supported(q, k, v, causal, deterministic, dq_reduce)
     cfg = resolve_config(q, k, v, causal, return_lse or grad, **knobs)  # raises before any compile
     validate_device(q, k, v)
     if grad:
         from .autograd import attention_with_grad
 
-        out, lse = attention_with_grad(q, k, v, cfg, softmax_scale, deterministic)
+        out, lse = attention_with_grad(q, k, v, cfg, softmax_scale, deterministic, dq_reduce)
         return (out, lse) if return_lse else out
 
     import torch

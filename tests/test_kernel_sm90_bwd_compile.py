@@ -162,3 +162,126 @@ def test_bwd_thread_layouts_cover_the_tiles(hd):
     cute.compile(probe, options="--gpu-arch sm_90a")  # the checks run while it traces
     assert found["sdp"] == (cfg.tile_n * cfg.tile_m, 0)
     assert found["dq"] == (cfg.tile_m * hd, 0)
+
+
+# ---- dq_reduce="bulk": dQ through smem and one bulk reduce-add per dQ warpgroup
+
+
+def bulk_sass(head_dim=128, causal=False, deterministic=False):
+    cfg = make_bwd_config("bfloat16", head_dim, causal, deterministic, dq_reduce="bulk")
+    if cfg not in _SASS:
+        _SASS[cfg] = fa4kernel.compile_bwd_sass(cfg)
+    return _SASS[cfg]
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("hd", fa4kernel.BWD_HEAD_DIMS)
+def test_bwd_bulk_compiles_with_bulk_reduce_and_no_red(hd, causal):
+    """One UBLKRED (cp.reduce.async.bulk .add.f32) per dQ warpgroup, no REDG anywhere; the rest
+    of the design (wgmma, TMA, exp2, stmatrix, no spills) as the default build."""
+    text = bulk_sass(hd, causal)
+    dq_wgs = make_bwd_config("bfloat16", hd, causal).dq_wgs
+    assert count(text, "UBLKRED") == dq_wgs
+    assert len(re.findall(r"\sREDG?\.", text)) == 0, "per-thread RED left in the bulk build"
+    for op in ("HGMMA", "UTMALDG", "UTMASTG", "MUFU.EX2", "STSM"):
+        assert count(text, op) > 0, op
+    assert count(text, "LDL") == 0 and count(text, "STL") == 0, "register spills (LDL/STL)"
+    assert hgmma_shapes(text) == hgmma_shapes(bwd_sass(hd))
+
+
+def test_bwd_default_build_has_no_bulk_reduce():
+    assert count(bwd_sass(128), "UBLKRED") == 0 and count(bwd_sass(64, True), "UBLKRED") == 0
+
+
+def test_bwd_bulk_deterministic_compiles():
+    text = bulk_sass(64, False, deterministic=True)
+    assert count(text, "UBLKRED") == 1 and len(re.findall(r"\sREDG?\.", text)) == 0
+
+
+@pytest.mark.parametrize("hd,causal", [(128, False), (128, True), (64, True), (96, False)])
+def test_bwd_bulk_query_block_loop(hd, causal):
+    """The consumers' loop: five GEMMs, 128-bit smem stores of dQ (64 x hd / (128 x dq_wgs) / 4
+    per thread), no RED; named barriers: dS^T's and the wait for the dQ buffer (BAR.SYNC), the
+    'dQ in smem' signal (BAR.ARV). Producer warp 1's loop issues the bulk reduce-add(s)."""
+    from fa4kernel.sass import kv_loop, loop_bodies
+
+    text = bulk_sass(hd, causal)
+    dq_wgs = make_bwd_config("bfloat16", hd, causal).dq_wgs
+    ops = [o.split()[0] for o in kv_loop(text)]
+    n = lambda prefix: sum(o.startswith(prefix) for o in ops)  # noqa: E731
+    assert n("HGMMA") == {128: 32, 96: 28, 64: 24}[hd]
+    assert n("STS.128") == 64 * hd // (128 * dq_wgs) // 4
+    assert n("RED") == 0
+    assert n("BAR.SYNC") == 2 and n("BAR.ARV") == 1
+    stores = [ops for _, ops in loop_bodies(text) if any(o.startswith("UBLKRED") for o in ops)]
+    assert stores, "no loop issues UBLKRED"
+    ops = [o.split()[0] for o in min(stores, key=len)]
+    assert sum(o.startswith("UBLKRED") for o in ops) == dq_wgs
+    assert sum(o.startswith("BAR.ARV") for o in ops) == dq_wgs  # buffers free
+    assert sum(o.startswith("BAR.SYNC") for o in ops) == dq_wgs  # dQ in smem
+    assert not any(o.startswith("HGMMA") for o in ops)
+
+
+def test_bwd_bulk_smem_fits():
+    from fa4kernel.sm90.bwd_config import bwd_smem_bytes
+
+    for hd in fa4kernel.BWD_HEAD_DIMS:
+        red = bwd_smem_bytes(make_bwd_config("bfloat16", hd, False))
+        bulk = bwd_smem_bytes(make_bwd_config("bfloat16", hd, False, dq_reduce="bulk"))
+        assert bulk - red == 64 * hd * 4 and bulk <= 227 * 1024, hd
+
+
+@pytest.mark.parametrize("hd", fa4kernel.BWD_HEAD_DIMS)
+def test_bwd_bulk_fragment_order(hd):
+    """The bulk build's smem / accumulator order, checked with the kernel's own tiled MMA and
+    the 128-bit store's partition: thread t's dQ element i (coordinate from the wgmma C
+    partition) lands at dq_bulk_offset(row, col), every offset once; and the host's
+    dq_bulk_to_rows (torch, CPU) inverts dq_bulk_offset."""
+    import cutlass
+    import cutlass.cute as cute
+
+    from fa4kernel.sm90.bwd import dq_bulk_offset, make_bwd_kernel
+
+    cfg = make_bwd_config("bfloat16", hd, False, dq_reduce="bulk")
+    found = {}
+
+    @cute.jit
+    def probe():
+        _, _, dq = make_bwd_kernel(cfg).tiled_mmas()
+        cQ = cute.make_identity_tensor((cfg.tile_m, hd))
+        chunk = cfg.tile_m * hd // cfg.dq_wgs
+        copy = cute.make_tiled_copy_tv(
+            cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), cutlass.Float32, num_bits_per_copy=128),
+            cute.make_layout((128, cfg.dq_wgs)), cute.make_layout(4))
+        cS = cute.make_identity_tensor((chunk, cfg.dq_wgs))
+        seen, bad = set(), 0
+        for t in cutlass.range_constexpr(128 * cfg.dq_wgs):
+            tq = dq.get_slice(t).partition_C(cQ)
+            ts = copy.get_slice(t).partition_D(cS)
+            assert cute.size(ts) == cute.size(tq)
+            for i in cutlass.range_constexpr(cute.size(tq)):
+                pos = ts[cute.idx2crd(i, ts.shape)]
+                off = pos[0] + chunk * pos[1]
+                seen.add(off)
+                bad += int(off != dq_bulk_offset(tq[i][0], tq[i][1], hd, cfg.dq_wgs))
+        found["v"] = (len(seen), bad)
+
+    cute.compile(probe, options="--gpu-arch sm_90a")
+    assert found["v"] == (cfg.tile_m * hd, 0)
+
+    torch = pytest.importorskip("torch")
+    from fa4kernel.sm90.bwd import dq_bulk_to_rows
+
+    rows = torch.arange(128 * hd, dtype=torch.float32).reshape(1, 128, hd)  # two query blocks
+    acc = torch.empty_like(rows)
+    for r in range(128):
+        for c in range(hd):
+            acc[0, (r // 64) * 64 + dq_bulk_offset(r % 64, c, hd, cfg.dq_wgs) // hd,
+                dq_bulk_offset(r % 64, c, hd, cfg.dq_wgs) % hd] = rows[0, r, c]
+    assert torch.equal(dq_bulk_to_rows(acc, hd, cfg.dq_wgs), rows)
+
+
+def test_bwd_bulk_rejects_a_bad_knob_value():
+    with pytest.raises(ValueError) as ei:
+        fa4kernel.compile_bwd_sass(dq_reduce="tma")
+    assert str(ei.value) == "dq_reduce='tma' not supported; allowed: red, bulk"

@@ -79,9 +79,11 @@ def grads(out, inputs, dout):
     return torch.autograd.grad(out, inputs, dout)
 
 
-def check(b, sq, sk, h, hkv, d, causal, dtype=torch.bfloat16, deterministic=False, scale=None, seed=None):
+def check(b, sq, sk, h, hkv, d, causal, dtype=torch.bfloat16, deterministic=False, scale=None, seed=None,
+          dq_reduce="red"):
     q, k, v, dout = _inputs(b, sq, sk, h, hkv, d, dtype, seed)
-    out = fa4kernel.attention(q, k, v, causal=causal, softmax_scale=scale, deterministic=deterministic)
+    out = fa4kernel.attention(q, k, v, causal=causal, softmax_scale=scale, deterministic=deterministic,
+                              dq_reduce=dq_reduce)
     assert out.grad_fn is not None, "attention() output has no grad_fn"
     dq, dk, dv = grads(out, (q, k, v), dout)
     ref = reference(q, k, v, causal, scale)
@@ -133,6 +135,20 @@ def test_bwd_head_dims_and_dtypes(hd, causal, dtype):
 @pytest.mark.parametrize("sq,sk", [(333, 1000), (1000, 77)])
 def test_bwd_gqa_mqa(hd, causal, h, hkv, sq, sk):
     check(2, sq, sk, h, hkv, hd, causal)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("hd", fa4kernel.BWD_HEAD_DIMS)
+def test_bwd_dq_reduce_bulk(hd, causal):
+    """dq_reduce="bulk" (dQ through smem and one bulk reduce-add per dQ warpgroup): the same
+    gradients, at odd lengths (both orders), with GQA, and in fp16 and deterministic once."""
+    check(2, 1000, 1000, 3, 3, hd, causal, dq_reduce="bulk")
+    check(1, 333, 1000, 2, 2, hd, causal, dq_reduce="bulk")
+    check(2, 1000, 77, 4, 4, hd, causal, dq_reduce="bulk")
+    check(2, 333, 1000, 8, 2, hd, causal, dq_reduce="bulk")
+    if hd == 128:
+        check(2, 77, 333, 2, 2, hd, causal, torch.float16, dq_reduce="bulk")
+        check(2, 333, 333, 4, 2, hd, causal, deterministic=True, dq_reduce="bulk")
 
 
 @pytest.mark.parametrize("causal", [False, True])

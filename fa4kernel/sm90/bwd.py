@@ -16,7 +16,11 @@ Warp roles (3 warpgroups):
                        dV  += P^T dO           (RS: P^T from registers)
                        dK  += dS^T Q           (RS)
                        dS^T -> shared memory (stmatrix), then dQ = dS K (SS) and an fp32
-                       reduction (RED.ADD.F32x2) into the dQ accumulator in global memory.
+                       reduction (RED.ADD.F32x2) into the dQ accumulator in global memory;
+                       with dq_reduce="bulk": dQ -> an fp32 smem buffer instead, which producer
+                       warp 1 adds into the accumulator with one cp.reduce.async.bulk .add.f32
+                       per dQ warpgroup (the accumulator's query blocks are then in the wgmma
+                       fragment order, put back in row order by the host's postprocess).
                      dQ's GEMM is split over both warpgroups along head_dim at head_dim 128, done
                      by warpgroup 1 alone at 64 and 96 (bwd_config.BwdConfig.dq_wgs).
   epilogue           dK * softmax_scale and dV -> 16 bit -> shared memory (K's and V's buffers)
@@ -42,7 +46,7 @@ import cutlass.memory as cutlass_memory
 import cutlass.utils.hopper_helpers as sm90_helpers
 from cutlass import Float32, Int32, const_expr
 from cutlass._mlir import ir
-from cutlass._mlir.dialects import vector
+from cutlass._mlir.dialects import llvm, vector
 from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.cutlass_dsl import dsl_user_op
 
@@ -54,6 +58,9 @@ LOG2_E = math.log2(math.e)
 # Named barrier ids (0 is __syncthreads); all among the 256 consumer threads.
 BAR_DS = 1  # dS^T of this query block written to smem (2 buffers)
 BAR_EPILOGUE = 2  # K and V buffers free for dK / dV; dK / dV in smem
+# dq_reduce="bulk": dQ warpgroup w and producer warp 1 (128 + 32 threads)
+BAR_DQ_EMPTY = 3  # + w: the smem dQ buffer of warpgroup w has been read by the last bulk reduce
+BAR_DQ_FULL = 5  # + w: warpgroup w's dQ is in smem
 
 
 @dsl_user_op
@@ -63,6 +70,50 @@ def red_add_f32x2(ptr, a: Float32, b: Float32, *, loc=None, ip=None):
                                [Float32(a).ir_value(loc=loc, ip=ip), Float32(b).ir_value(loc=loc, ip=ip)],
                                loc=loc, ip=ip)
     cute.arch.red(ptr, vec, op="add", dtype=Float32, sem="relaxed", scope="gpu", loc=loc, ip=ip)
+
+
+@dsl_user_op
+def bulk_reduce_add_f32(gmem_ptr, smem_ptr, num_bytes: int, *, loc=None, ip=None):
+    """gmem[0:num_bytes] += smem[0:num_bytes] (fp32, both 16-byte aligned, num_bytes a multiple
+    of 16): one asynchronous bulk reduction, tracked by the issuing thread's bulk groups."""
+    llvm.inline_asm(
+        None,
+        [gmem_ptr.llvm_ptr, smem_ptr.toint(loc=loc, ip=ip).ir_value(), Int32(num_bytes).ir_value()],
+        "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [$0], [$1], $2;",
+        "l,r,r",
+        has_side_effects=True,
+        is_align_stack=False,
+        asm_dialect=llvm.AsmDialect.AD_ATT,
+    )
+
+
+def dq_bulk_offset(row: int, col: int, head_dim: int, dq_wgs: int) -> int:
+    """dq_reduce="bulk": where dQ element (row, col) of a 64 x head_dim query block sits in its
+    fp32 block (smem buffer and accumulator alike). Warpgroup w (columns w * n .. w * n + n - 1,
+    n = head_dim / dq_wgs) owns n * 64 floats from w * n * 64; its thread t (warp t // 32, lane
+    t % 32) stores accumulator elements 4j .. 4j + 3 at 512 j + 4 t (128-bit stores). Element
+    4j + v of the wgmma accumulator is row 16 (t // 32) + (t % 32) // 4 + 8 (v // 2), column
+    8 j + 2 (t % 4) + v % 2."""
+    n = head_dim // dq_wgs
+    w, c = divmod(col, n)
+    j, rem = divmod(c, 8)
+    lane4, vc = divmod(rem, 2)
+    warp, r = divmod(row, 16)
+    vr, lane8 = divmod(r, 8)
+    t = 32 * warp + 4 * lane8 + lane4
+    return w * n * 64 + 512 * j + 4 * t + 2 * vr + vc
+
+
+def dq_bulk_to_rows(acc, head_dim: int, dq_wgs: int):
+    """The accumulator (..., s_q_pad, head_dim) of dq_reduce="bulk" -> row order (torch view /
+    permute; the inverse of dq_bulk_offset within each 64-row block)."""
+    *lead, sqp, d = acc.shape
+    n = head_dim // dq_wgs
+    # block layout: (w, j, warp, lane8, lane4, vr, vc); rows (warp, vr, lane8), cols (w, j, lane4, vc)
+    x = acc.reshape(*lead, sqp // 64, dq_wgs, n // 8, 4, 8, 4, 2, 2)
+    k = len(lead) + 1
+    x = x.permute(*range(k), k + 2, k + 5, k + 3, k, k + 1, k + 4, k + 6)
+    return x.reshape(*lead, sqp, d)
 
 
 class FlashBwdSm90:
@@ -81,6 +132,7 @@ class FlashBwdSm90:
         self.dq_wgs = cfg.dq_wgs
         self.causal = cfg.causal
         self.deterministic = cfg.deterministic
+        self.dq_bulk = cfg.dq_reduce == "bulk"
         self.consumer_regs, self.producer_regs = 240, 24
 
     def tiled_mmas(self):
@@ -159,6 +211,22 @@ class FlashBwdSm90:
             sdO: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(sQ_layout)], 1024]
             sdS: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(sdS_layout)], 1024]
 
+        if const_expr(self.dq_bulk):
+            dq_floats = self.tile_m * self.hd
+
+            @cute.struct
+            class SharedStorageBulk:
+                mbar_kv: cute.struct.MemRange[cutlass.Int64, 2]
+                mbar_q: cute.struct.MemRange[cutlass.Int64, 2 * stages]
+                mbar_do: cute.struct.MemRange[cutlass.Int64, 2 * stages]
+                sK: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(sK_layout)], 1024]
+                sV: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(sK_layout)], 1024]
+                sQ: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(sQ_layout)], 1024]
+                sdO: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(sQ_layout)], 1024]
+                sdS: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(sdS_layout)], 1024]
+                sdQ: cute.struct.Align[cute.struct.MemRange[Float32, dq_floats], 1024]
+
+            SharedStorage = SharedStorageBulk
         self.shared_storage = SharedStorage
 
         grid = (cute.ceil_div(mK.shape[0], self.tile_n), cute.size(mK.shape[2]), cute.size(mK.shape[3]))
@@ -237,6 +305,11 @@ class FlashBwdSm90:
         sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
         sV = storage.sV.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
         sdS = storage.sdS.get_tensor(sdS_layout.outer, swizzle=sdS_layout.inner)
+        sdQ = None
+        if const_expr(self.dq_bulk):
+            # (floats of one dQ warpgroup, dQ warpgroups): see dq_bulk_offset
+            sdQ = storage.sdQ.get_tensor(
+                cute.make_layout((self.tile_m * self.hd // self.dq_wgs, self.dq_wgs)))
 
         cute.arch.sync_threads()  # barrier init visible to everyone
 
@@ -255,13 +328,17 @@ class FlashBwdSm90:
                 self.producer(tma_atom_Q, mQ, tma_atom_dO, mdO, tma_atom_K, mK, tma_atom_V, mV,
                               sQ, sdO, sK, sV, pipe_kv, pipe_q, pipe_do,
                               n_block, kv_head, batch, group, m_block_min, n_m, n_iter)
+            if const_expr(self.dq_bulk):
+                if warp_idx == 1:
+                    nbi = n_block if const_expr(self.deterministic) else 0
+                    self.dq_store(mdQaccum, sdQ, kv_head, batch, group, m_block_min, n_m, n_iter, nbi)
         else:
             # ---------------------------------------------------------------- consumer WGs
             cute.arch.setmaxregister_increase(self.consumer_regs)
             self.consumer(
                 tma_atom_dK, mdK, tma_atom_dV, mdV, mLSE, mD, mdQaccum,
                 softmax_scale_log2, softmax_scale, tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq,
-                sQ, sdO, sK, sV, sdS, pipe_kv, pipe_q, pipe_do,
+                sQ, sdO, sK, sV, sdS, sdQ, pipe_kv, pipe_q, pipe_do,
                 n_block, kv_head, batch, group, m_block_min, n_m, n_iter, seqlen_q, seqlen_k,
             )
 
@@ -300,6 +377,45 @@ class FlashBwdSm90:
             state.advance()
 
     @cute.jit
+    def dq_store(self, mdQaccum, sdQ, kv_head, batch, group, m_block_min, n_m, n_iter, nbi):
+        """dq_reduce="bulk", producer warp 1: per query block and dQ warpgroup w, free w's smem
+        buffer (its last bulk reduce has read it), wait until w has written dQ there, and add it
+        into the accumulator with one bulk reduction of 64 x head_dim / dq_wgs floats. The
+        accumulator is contiguous (run_bwd allocates it), so a query block is 64 x head_dim
+        consecutive floats."""
+        chunk = self.tile_m * self.hd // self.dq_wgs
+        sync_threads = 128 + 32
+        for it in cutlass.range(n_iter, unroll=1):
+            g = it // n_m
+            m_block = m_block_min + it - g * n_m
+            head = kv_head * group + g
+            gdQ = cute.local_tile(mdQaccum[None, None, head, batch, nbi], (self.tile_m, self.hd), (m_block, 0))
+            for w in cutlass.range_constexpr(self.dq_wgs):
+                cute.arch.cp_async_bulk_wait_group(self.dq_wgs - 1 - w, read=True)
+                cute.arch.barrier_arrive(barrier_id=BAR_DQ_EMPTY + w, number_of_threads=sync_threads)
+            for w in cutlass.range_constexpr(self.dq_wgs):
+                cute.arch.barrier(barrier_id=BAR_DQ_FULL + w, number_of_threads=sync_threads)
+                with cute.arch.elect_one():
+                    bulk_reduce_add_f32(gdQ.iterator + w * chunk, sdQ[None, w].iterator, chunk * 4)
+                cute.arch.cp_async_bulk_commit_group()
+        cute.arch.cp_async_bulk_wait_group(0, read=True)
+
+    @cute.jit
+    def _dq_to_smem(self, acc_dQ, sdQ, dq_tidx):
+        """dq_reduce="bulk", a dQ warpgroup: wait for its smem buffer to be free, store its dQ
+        accumulator there (128-bit stores, fragment order: dq_bulk_offset) and signal warp 1."""
+        w = dq_tidx // 128
+        copy = cute.make_tiled_copy_tv(
+            cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), Float32, num_bits_per_copy=128),
+            cute.make_layout((128, self.dq_wgs)), cute.make_layout(4))
+        tdQsdQ = copy.get_slice(dq_tidx).partition_D(sdQ)
+        src = cute.make_tensor(acc_dQ.iterator, cute.make_layout(tdQsdQ.shape))
+        cute.arch.barrier(barrier_id=BAR_DQ_EMPTY + w, number_of_threads=128 + 32)
+        cute.copy(copy, src, tdQsdQ)
+        cute.arch.fence_view_async_shared()  # generic-proxy writes -> the bulk copy (async proxy)
+        cute.arch.barrier_arrive(barrier_id=BAR_DQ_FULL + w, number_of_threads=128 + 32)
+
+    @cute.jit
     def _gemm(self, tiled_mma, acc, tA, tB, zero_init: cutlass.Constexpr, wait: cutlass.Constexpr):
         """One warpgroup's wgmma chain over the k-steps; wait >= 0: wait_group(wait) after the commit."""
         warpgroup.fence()
@@ -316,7 +432,7 @@ class FlashBwdSm90:
     def consumer(
         self, tma_atom_dK, mdK, tma_atom_dV, mdV, mLSE, mD, mdQaccum,
         scale_log2, softmax_scale, tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq,
-        sQ, sdO, sK, sV, sdS, pipe_kv, pipe_q, pipe_do,
+        sQ, sdO, sK, sV, sdS, sdQ, pipe_kv, pipe_q, pipe_do,
         n_block, kv_head, batch, group, m_block_min, n_m, n_iter, seqlen_q, seqlen_k,
     ):
         tidx = cute.arch.thread_idx()[0] - 128
@@ -427,13 +543,13 @@ class FlashBwdSm90:
                 self._gemm(tiled_mma_dq, acc_dQ, tdQrdS[None, None, None, ds_buf], tdQrKt, True, 0)  # + dV, dK
                 pipe_q.consumer_release(state)
                 pipe_do.consumer_release(state)
-                self._reduce_dq(acc_dQ, thr_mma_dq, mdQaccum, m_block, head, batch, nbi)
+                self._emit_dq(acc_dQ, thr_mma_dq, mdQaccum, sdQ, dq_tidx, m_block, head, batch, nbi)
             else:
                 if wg_idx == 0:
                     self._gemm(tiled_mma_dq, acc_dQ, tdQrdS[None, None, None, ds_buf], tdQrKt, True, 0)
                     pipe_q.consumer_release(state)
                     pipe_do.consumer_release(state)
-                    self._reduce_dq(acc_dQ, thr_mma_dq, mdQaccum, m_block, head, batch, nbi)
+                    self._emit_dq(acc_dQ, thr_mma_dq, mdQaccum, sdQ, dq_tidx, m_block, head, batch, nbi)
                 else:
                     warpgroup.wait_group(0)
                     pipe_q.consumer_release(state)
@@ -459,6 +575,13 @@ class FlashBwdSm90:
                 if const_expr(self.causal):
                     visible = row_ok & (t0ScS[0, c][1] >= first_col)
                 s[r, c] = s[r, c] if visible else Float32(0.0)
+
+    @cute.jit
+    def _emit_dq(self, acc_dQ, thr_mma_dq, mdQaccum, sdQ, dq_tidx, m_block, head, batch, nbi):
+        if const_expr(self.dq_bulk):
+            self._dq_to_smem(acc_dQ, sdQ, dq_tidx)
+        else:
+            self._reduce_dq(acc_dQ, thr_mma_dq, mdQaccum, m_block, head, batch, nbi)
 
     @cute.jit
     def _reduce_dq(self, acc_dQ, thr_mma_dq, mdQaccum, m_block, head, batch, nbi):
@@ -616,5 +739,7 @@ def run_bwd(cfg: BwdConfig, dout, q, k, v, out, lse, softmax_scale: float):
             _CACHE[cfg] = fn
         fn(*args, *stats, dq_c, *dkv, Float32(scale_log2), Float32(softmax_scale), stream)
     dq = dq_accum.sum(0) if cfg.deterministic else dq_accum[0]  # fixed order: torch's sum
+    if cfg.dq_reduce == "bulk":
+        dq = dq_bulk_to_rows(dq, d, cfg.dq_wgs)
     dq = (dq[:, :, :sq] * softmax_scale).transpose(1, 2).to(q.dtype)
     return dq, dk, dv

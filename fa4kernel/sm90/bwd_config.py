@@ -13,7 +13,8 @@ from dataclasses import asdict, dataclass
 
 BWD_HEAD_DIMS = (64, 96, 128)
 BWD_DTYPES = ("bfloat16", "float16")
-BWD_KNOB_NAMES = ("deterministic",)
+BWD_KNOB_NAMES = ("deterministic", "dq_reduce")
+DQ_REDUCE_MODES = ("red", "bulk")
 
 TILE_M = 64  # query rows per m block (the N of S^T = K Q^T)
 TILE_N = 128  # keys per CTA: 2 consumer warpgroups x 64 rows of wgmma M
@@ -30,6 +31,11 @@ class BwdConfig:
     # dQ partial sums go to one fp32 slice per key block (summed in a fixed order afterwards)
     # instead of atomic adds into one dQ accumulator
     deterministic: bool = False
+    # how dQ partial sums reach the fp32 accumulator: "red" = every consumer thread issues
+    # RED.ADD.F32x2 into global memory; "bulk" = the dQ warpgroups store them to an fp32 smem
+    # buffer and producer warp 1 adds it with one cp.reduce.async.bulk .add.f32 per warpgroup
+    # (the accumulator then holds each query block in the wgmma fragment order, see bwd.py)
+    dq_reduce: str = "red"
     tile_m: int = TILE_M
     tile_n: int = TILE_N
     q_stages: int = Q_STAGES
@@ -53,7 +59,8 @@ class BwdConfig:
         return asdict(self)
 
 
-def make_bwd_config(dtype: str, head_dim: int, causal: bool, deterministic: bool = False) -> BwdConfig:
+def make_bwd_config(dtype: str, head_dim: int, causal: bool, deterministic: bool = False,
+                    dq_reduce: str = "red") -> BwdConfig:
     """The backward build for these arguments; one-line ValueError naming what is allowed."""
     if dtype not in BWD_DTYPES:
         raise ValueError(f"dtype {dtype} not supported by the backward; allowed: {', '.join(BWD_DTYPES)}")
@@ -64,13 +71,18 @@ def make_bwd_config(dtype: str, head_dim: int, causal: bool, deterministic: bool
         raise ValueError(f"causal={causal!r} not supported; allowed: True or False")
     if not isinstance(deterministic, bool):
         raise ValueError(f"deterministic={deterministic!r} not supported; allowed: True or False")
-    return BwdConfig(dtype=dtype, head_dim=head_dim, causal=causal, deterministic=deterministic)
+    if dq_reduce not in DQ_REDUCE_MODES:
+        raise ValueError(f"dq_reduce={dq_reduce!r} not supported; allowed: {', '.join(DQ_REDUCE_MODES)}")
+    return BwdConfig(dtype=dtype, head_dim=head_dim, causal=causal, deterministic=deterministic,
+                     dq_reduce=dq_reduce)
 
 
 def bwd_smem_bytes(cfg: BwdConfig, elem_bytes: int = 2) -> int:
-    """Shared memory of one CTA: K, V, Q and dO rings, 2 dS^T buffers; each 1 KiB aligned."""
+    """Shared memory of one CTA: K, V, Q and dO rings, 2 dS^T buffers (and the fp32 dQ buffer of
+    dq_reduce="bulk"); each 1 KiB aligned."""
     align = lambda x: (x + 1023) // 1024 * 1024  # noqa: E731
     kv = align(cfg.tile_n * cfg.head_dim * elem_bytes)
     qdo = align(cfg.q_stages * cfg.tile_m * cfg.head_dim * elem_bytes)
     ds = align(2 * cfg.tile_n * cfg.tile_m * elem_bytes)  # 2 buffers
-    return 1024 + 2 * kv + 2 * qdo + ds
+    dq = align(cfg.tile_m * cfg.head_dim * 4) if cfg.dq_reduce == "bulk" else 0
+    return 1024 + 2 * kv + 2 * qdo + ds + dq
