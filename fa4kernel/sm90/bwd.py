@@ -51,7 +51,7 @@ from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.cutlass_dsl import dsl_user_op
 
 from .bwd_config import BwdConfig
-from .fwd import _acc_as_operand_a, _mn_view, _select, _smem_layout, _transpose_view
+from .fwd import FlashFwdSm90, _acc_as_operand_a, _mn_view, _select, _smem_layout, _transpose_view
 
 LOG2_E = math.log2(math.e)
 
@@ -415,18 +415,9 @@ class FlashBwdSm90:
         cute.arch.fence_view_async_shared()  # generic-proxy writes -> the bulk copy (async proxy)
         cute.arch.barrier_arrive(barrier_id=BAR_DQ_FULL + w, number_of_threads=128 + 32)
 
-    @cute.jit
-    def _gemm(self, tiled_mma, acc, tA, tB, zero_init: cutlass.Constexpr, wait: cutlass.Constexpr):
-        """One warpgroup's wgmma chain over the k-steps; wait >= 0: wait_group(wait) after the commit."""
-        warpgroup.fence()
-        atom = cute.make_mma_atom(tiled_mma.op)
-        atom.set(warpgroup.Field.ACCUMULATE, not zero_init)
-        for k in cutlass.range_constexpr(cute.size(tA.shape[2])):
-            cute.gemm(atom, acc, tA[None, None, k], tB[None, None, k], acc)
-            atom.set(warpgroup.Field.ACCUMULATE, True)
-        warpgroup.commit_group()
-        if const_expr(wait >= 0):
-            warpgroup.wait_group(wait)
+    # one warpgroup's wgmma chain over the k-steps (wait >= 0: wait_group(wait) after the commit),
+    # the forward's own
+    _gemm = FlashFwdSm90._gemm
 
     @cute.jit
     def consumer(
