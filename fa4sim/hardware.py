@@ -79,12 +79,18 @@ PARAMS: dict[str, tuple[str, str]] = {
                                 "clock's voltage"),
     "energy_l2_pj_per_byte": ("pJ/B", "energy per byte from L2 into the SMs (not scaled by the SM voltage)"),
     "energy_hbm_pj_per_byte": ("pJ/B", "energy per byte moved to or from HBM (not scaled by the SM voltage)"),
+    "tensor_burst_energy_fraction": ("1", "extra tensor-core energy per FLOP when it works in bursts much shorter "
+                                     "than tensor_burst_cycles, with idle gaps between (0 = not modelled)"),
+    "tensor_burst_cycles": ("cycles", "L0: a burst of L0 cycles pays half the burst energy, h(L) = L0 / (L0 + L)"),
+    "mixed_code_energy_fraction": ("1", "extra energy of MUFU, FMA and ALU work issued as one mixed stream (a "
+                                   "softmax) over the same work in single-pipe streams"),
 }
 
 POWER_PARAMS = ("power_cap_w", "clock_min_ghz", "static_power_w", "clock_power_w", "voltage_slope",
                 "energy_tensor_pj_per_flop", "energy_mufu_pj_per_op", "energy_fma_pj_per_lane_op",
                 "energy_alu_pj_per_lane_op", "energy_smem_pj_per_byte", "energy_l2_pj_per_byte",
-                "energy_hbm_pj_per_byte")
+                "energy_hbm_pj_per_byte", "tensor_burst_energy_fraction", "tensor_burst_cycles",
+                "mixed_code_energy_fraction")
 
 # Parameters that must be whole numbers.
 INTEGER = {"mma_queue_depth", "num_sms", "smem_capacity_bytes", "registers_per_sm", "tmem_columns", "l2_bytes"}

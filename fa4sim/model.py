@@ -230,7 +230,7 @@ def simulate(hw="b200", schedule: str | None = None, problem: Problem | None = N
         """The launch's power.Activity on profile `at`."""
         _, _, trace, period = detailed(longest.n_kv, longest.masked)
         return power.activity(at, kt, power.work_per_block(trace, _window(trace, period)[3]), sm_blocks,
-                              tensor_flops)
+                              tensor_flops, power.burst_weight(at, power.tensor_bursts(trace)))
 
     forced = "clock_ghz" in (overrides or {})
     fmax = base_clock if forced else profile.clock_ghz
@@ -350,7 +350,8 @@ def simulate_bwd(hw="b200", schedule: str | None = None, problem: Problem | None
     def usage(at, kt):
         _, _, trace, period = detailed(longest.n_kv, longest.masked)
         flops = visits * (2 if two_cta else 1) * trace.schedule.meta["flops_per_iter"]
-        return power.activity(at, kt, power.work_per_block(trace, _window(trace, period)[3]), sm_blocks, flops)
+        return power.activity(at, kt, power.work_per_block(trace, _window(trace, period)[3]), sm_blocks, flops,
+                              power.burst_weight(at, power.tensor_bursts(trace)))
 
     forced = "clock_ghz" in (overrides or {})
     if power.has_model(profile) and not forced:

@@ -8,7 +8,15 @@ SM clock,
 
     P(f) = static + s (f/fmax) clock_power + 1e-3 f (s sum_u e_u r_u + e_l2 b_l2 + e_hbm b_hbm)   [W]
 
-(e in pJ, f in GHz: 1e-3 f e r is W). Units u: tensor (FLOPs), mufu (ops), fma and alu
+(e in pJ, f in GHz: 1e-3 f e r is W), with two terms measured on unit loads where the sum of
+the parts falls short (docs/findings/power-and-clock.md, "Bursts and mixed code"):
+
+- a tensor core that works in bursts draws more per FLOP than one that never idles: its energy
+  per FLOP is e_tensor (1 + tensor_burst_energy_fraction h), h = sum_b L_b L0/(L0 + L_b) /
+  sum_b L_b over its bursts of L_b cycles (L0 = tensor_burst_cycles; h = 0 without idle gaps);
+- MUFU, FMA and ALU work issued as one mixed stream (a softmax) draws more than the same work
+  in single-pipe streams: their energies x (1 + mixed_code_energy_fraction).
+ Units u: tensor (FLOPs), mufu (ops), fma and alu
 (lane-ops), smem (bytes through shared memory and, on SM100, TMEM). L2 and HBM energies do not
 scale with the SM's voltage. The predicted clock is the highest f in [clock_min_ghz, clock_ghz]
 with P(f) <= power_cap_w; P grows with f (the work per second and the voltage both do), so a
@@ -63,6 +71,8 @@ class Activity:
     l2_us: float = 0.0
     hbm_us: float = 0.0
     gap_us: float = 0.0
+    tensor_burst: float = 0.0   # h of the tensor core's bursts (burst_weight), 0..1
+    mixed: float = 1.0          # 1: the softmax pipes run one mixed instruction stream
 
     def time_us(self, f: float) -> float:
         """The launch's time at SM clock f (GHz), the gap included (as kernel_model.kernel_time)."""
@@ -88,7 +98,36 @@ def work_per_block(trace, iters: range | None = None) -> dict:
     return {u: c / max(blocks, 1) for u, c in out.items()}
 
 
-def activity(hw, kernel, per_block: dict, sm_blocks: float, tensor_flops: float) -> Activity:
+def tensor_bursts(trace, unit: str = "tensor", join_cycles: float = 64.0) -> list[float]:
+    """Lengths (cycles) of the unit's busy stretches in a trace: busy intervals closer than
+    join_cycles merge (an MMA issued right behind another keeps the tensor core busy)."""
+    spans = sorted((b.start, b.end) for b in trace.busy if b.unit == unit and b.end > b.start)
+    out: list[float] = []
+    lo = hi = None
+    for a, b in spans:
+        if hi is not None and a <= hi + join_cycles:
+            hi = max(hi, b)
+            continue
+        if hi is not None:
+            out.append(hi - lo)
+        lo, hi = a, b
+    if hi is not None:
+        out.append(hi - lo)
+    return out
+
+
+def burst_weight(hw, bursts: list[float]) -> float:
+    """h in [0, 1]: the share of the tensor core's work done in bursts short against
+    tensor_burst_cycles L0, sum_b L_b L0/(L0 + L_b) / sum_b L_b. One burst over the whole trace
+    (no idle gap) counts as none: 0."""
+    L0 = float(hw.values.get("tensor_burst_cycles", 0.0) or 0.0)
+    total = sum(bursts)
+    if L0 <= 0 or total <= 0 or len(bursts) < 2:
+        return 0.0
+    return sum(b * L0 / (L0 + b) for b in bursts) / total
+
+
+def activity(hw, kernel, per_block: dict, sm_blocks: float, tensor_flops: float, tensor_burst: float = 0.0) -> Activity:
     """A launch's Activity. hw: the profile (unit rates per clock); kernel: its KernelTime at
     hw.clock_ghz; per_block: nominal unit cycles per KV block on one SM (work_per_block);
     sm_blocks: KV blocks run on all SMs together (a CTA pair's block counts on both SMs);
@@ -105,7 +144,7 @@ def activity(hw, kernel, per_block: dict, sm_blocks: float, tensor_flops: float)
         "hbm": float(kernel.hbm_bytes),
     }
     loop = kernel.cycles - kernel.cold_start_us * hw.clock_ghz * 1e3
-    return Activity(totals, loop, kernel.cold_start_us, kernel.l2_us, kernel.hbm_us, hw.launch_gap_us)
+    return Activity(totals, loop, kernel.cold_start_us, kernel.l2_us, kernel.hbm_us, hw.launch_gap_us, tensor_burst)
 
 
 def has_model(hw) -> bool:
@@ -121,14 +160,22 @@ def voltage(hw, f: float, fmax: float | None = None) -> float:
 
 def power_w(hw, act, f: float, fmax: float | None = None) -> tuple[float, dict]:
     """(total W, W by part) at SM clock f (GHz). act: an Activity (rates follow f) or a mapping
-    unit -> chip-wide ops per SM clock (a calibration load's, fixed). fmax: the maximum clock
+    unit -> chip-wide ops per SM clock (a calibration load's, fixed; its optional keys
+    "tensor_burst" (h) and "mixed" (0 or 1) as an Activity's fields). fmax: the maximum clock
     (default hw.clock_ghz)."""
     fmax = hw.clock_ghz if fmax is None else fmax
-    rates: Mapping = act.per_clk(f) if isinstance(act, Activity) else act
+    if isinstance(act, Activity):
+        rates: Mapping = act.per_clk(f)
+        h, mixed = act.tensor_burst, act.mixed
+    else:
+        rates, h, mixed = act, act.get("tensor_burst", 0.0), act.get("mixed", 0.0)
+    scale = {"tensor": 1.0 + hw.values.get("tensor_burst_energy_fraction", 0.0) * h}
+    for u in ("mufu", "fma", "alu"):
+        scale[u] = 1.0 + hw.values.get("mixed_code_energy_fraction", 0.0) * mixed
     s = voltage(hw, f, fmax) ** 2
     parts = {"static": float(hw.static_power_w), "clock": s * (f / fmax) * hw.clock_power_w}
     for u in SM_UNITS:
-        parts[u] = 1e-3 * f * s * hw.values[ENERGY[u]] * rates.get(u, 0.0)
+        parts[u] = 1e-3 * f * s * hw.values[ENERGY[u]] * scale.get(u, 1.0) * rates.get(u, 0.0)
     for u in MEMORY:
         parts[u] = 1e-3 * f * hw.values[ENERGY[u]] * rates.get(u, 0.0)
     return sum(parts.values()), parts

@@ -59,9 +59,9 @@ for hd, r in h100.items():
     print(f"{'':26s} at a forced 1.98 GHz: {full.tflops:.0f} TFLOP/s, drawing {full.power_w:.0f} W")
 
 # %% [markdown]
-# Both hit the 700 W cap. hd256 runs at the lower clock (~1.50 GHz against ~1.75): its tensor
-# core is busier per clock, and the tensor core is most of the dynamic power (~380 W of ~580).
-# At 1.98 GHz the same kernels would draw ~880 W and ~1160 W. The static part (~120 W) is paid
+# Both hit the 700 W cap. hd256 runs at the lower clock (~1.43 GHz against ~1.68): its tensor
+# core is busier per clock, and the tensor core is most of the dynamic power (~375 W of ~580).
+# At 1.98 GHz the same kernels would draw ~940 W and ~1220 W. The static part (~120 W) is paid
 # whatever the kernel does.
 #
 # ## 2. Measured
@@ -91,14 +91,22 @@ for hd, name in ((64, "hd64-4k-b4-h32"), (256, "hd256-4k-b4-h8")):
           f"(predicted {r.tflops:.0f})")
 
 # %% [markdown]
-# The order is right: hd256 runs slower than hd64. The level is not: the model predicts hd64's
-# clock about 9 % too high and hd256's about 4 % too high against the in-kernel clock. For hd64,
-# NVML's clock (~1.77 GHz) sits near the prediction and well above the in-kernel clock; for hd256
-# the two agree. The power model balances average power against the cap; a
-# likely cause of the gap is fast clock slowdowns under bursty load (the tensor core works in
-# bursts between softmax phases), which average power does not see. `docs/findings/power-and-clock.md`
-# has the measurements behind this.
-#
+# The order is right, and so is the level: within a few percent of the clock counted inside the
+# kernel. Two terms of the power model make that so; without them it predicts hd64's clock about
+# 9 % too high. Attention's tensor core works in bursts between softmax phases, and a tensor core
+# that idles between bursts draws more per FLOP than one that never idles; and the softmax is one
+# mixed stream of MUFU, FMA and ALU instructions, which draws more than the same work in
+# single-pipe streams. Section 3 shows the unit loads that measure both. Switch them off and
+# see the clock the model would predict:
+
+# %%
+for hd in (64, 256):
+    plain = simulate("h100", problem=hopper(hd), impl="flash-attn-4",
+                     overrides={"tensor_burst_energy_fraction": 0.0, "mixed_code_energy_fraction": 0.0})
+    print(f"hd{hd:<3d} without the burst and mixed-code terms: {plain.clock_ghz:.3f} GHz "
+          f"(with them {h100[hd].clock_ghz:.3f}); the tensor core's burst weight h = {h100[hd].activity.tensor_burst:.2f}")
+
+# %% [markdown]
 # On a Hopper GPU (`LIVE` is True) you can measure the two points yourself:
 #
 #     python benchmarks/sustained_sm90.py --points hd64-4k-b4-h32,hd256-4k-b4-h8 --out sustained.json
@@ -129,6 +137,21 @@ for name in ("sleep", "tensor256", "tensor256+mix1", "tensor256+mix2", "mix"):
 # The tensor core alone already hits the cap at ~1.6 GHz. Adding the softmax mix does the same
 # tensor work per clock and costs clock: ~1.53 GHz. The mix alone stays at 1.98 GHz (it draws
 # only ~340 W), but beside the GEMM its watts come out of the tensor core's clock.
+#
+# A second file runs the tensor core at a duty cycle: bursts of 1, 8 or 64 trips (1024 cycles
+# each) with the tensor core idle between them, at 75 % and 50 % of the time busy. At equal
+# work per clock the short bursts draw more: the model's `tensor_burst_energy_fraction` and
+# `tensor_burst_cycles` come from these loads (that GPU ran hot, so its clock was set by
+# temperature rather than the cap, but the power at each clock is still measured).
+
+# %%
+(bpath, bdoc), = kit.recorded("power_bursts_h100_*.json")[:1]
+print(bpath.name, "|", *kit.describe(bdoc))
+for l in bdoc["loads"]:
+    if l["name"].startswith("tensor256_d"):
+        a = l["activity_per_clk"]
+        print(f"{l['name']:24s} {l['clock_ghz']:.3f} GHz {l['power_w']:4.0f} W | tensor "
+              f"{a['tensor_flops'] / pdoc['gpu']['num_sms']:5.0f} FLOP/clk/SM")
 #
 # ## 4. FA4's asymmetry as a power argument
 #

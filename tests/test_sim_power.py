@@ -243,3 +243,111 @@ def test_fit_refuses_bad_input_in_one_line(tmp_path, doc, what):
     assert out.returncode == 2 and out.stdout == ""
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and what in lines[0]
+
+
+# ----------------------------------------------------------------------------- bursts and mixed code
+class _Busy:
+    def __init__(self, unit, start, end):
+        self.unit, self.start, self.end = unit, start, end
+
+
+class _Trace:
+    def __init__(self, spans):
+        self.busy = [_Busy(u, a, b) for u, a, b in spans]
+
+
+def test_tensor_bursts_join_close_intervals():
+    trace = _Trace([("tensor", 0, 100), ("tensor", 130, 300), ("mufu", 300, 900), ("tensor", 1000, 1500),
+                    ("tensor", 1500, 1600)])
+    # 100 -> 130 is closer than 64 cycles: one burst 0..300; 1000..1600 is another
+    assert power.tensor_bursts(trace) == [300, 600]
+    assert power.tensor_bursts(trace, join_cycles=10) == [100, 170, 600]
+
+
+def test_burst_weight_is_the_work_weighted_h():
+    hw = hardware.load("h100").with_values(tensor_burst_cycles=1000.0)
+    assert power.burst_weight(hw, [1000.0, 3000.0]) == pytest.approx((1000 * 0.5 + 3000 * 0.25) / 4000)
+    assert power.burst_weight(hw, [5e6]) == 0.0  # one burst over the whole trace: never idle
+    assert power.burst_weight(hw.with_values(tensor_burst_cycles=0.0), [1000.0, 1000.0]) == 0.0
+
+
+def test_burst_and_mixed_terms_scale_their_units_only():
+    hw = hardware.load("h100").with_values(tensor_burst_energy_fraction=0.2, mixed_code_energy_fraction=0.4)
+    rates = {"tensor": 3e5, "smem": 5e3, "mufu": 2e3, "fma": 6e3, "alu": 3e3, "l2": 0.0, "hbm": 0.0}
+    _, plain = power.power_w(hw, rates, 1.6)
+    _, both = power.power_w(hw, {**rates, "tensor_burst": 0.5, "mixed": 1.0}, 1.6)
+    assert both["tensor"] == pytest.approx(plain["tensor"] * 1.1)
+    for u in ("mufu", "fma", "alu"):
+        assert both[u] == pytest.approx(plain[u] * 1.4)
+    assert both["smem"] == plain["smem"] and both["static"] == plain["static"]
+
+
+def test_attention_pays_for_its_bursts_in_clock():
+    """The FA3-style loop keeps the tensor core busy in bursts with gaps between them: with the
+    burst and mixed-code energies the power model holds a lower clock than without."""
+    with_terms = simulate("h100", "fa3", PROBLEM)
+    without = simulate("h100", "fa3", PROBLEM, {"tensor_burst_energy_fraction": 0.0,
+                                                 "mixed_code_energy_fraction": 0.0})
+    assert 0.0 < with_terms.activity.tensor_burst <= 1.0
+    assert with_terms.clock_ghz < without.clock_ghz
+
+
+def synthetic_bursts(noise: float = 0.0) -> dict:
+    """Duty-cycled tensor loads of several burst lengths, beside a softmax-like mix or not, made
+    by a model with known burst and mixed-code terms (as bench_power's loads record them)."""
+    truth = {**TRUE, "tensor_burst_energy_fraction": 0.2, "tensor_burst_cycles": 8192.0,
+             "mixed_code_energy_fraction": 0.3}
+    hw = hardware.load("h100").with_values(**truth)
+    rng = np.random.default_rng(3)
+    doc = synthetic(noise=noise)
+    n = hw.num_sms
+    for duty in (0.5, 0.75):
+        for trips in (1, 8, 64):
+            for mix in (False, True):
+                act = {"tensor_flops": duty * 4096 * n, "smem_bytes": duty * 80 * n}
+                if mix:
+                    act.update({"mufu_ops": 10 * n, "fma_lane_ops": 30 * n, "alu_lane_ops": 15 * n})
+                L = trips * 8 * 2 * 64 * 256 * 16 / hw.tensor_flops_per_clk
+                rates = {u: float(act.get(k, 0.0)) for k, u in power.CALIBRATION_KEYS.items()}
+                rates.update(tensor_burst=8192.0 / (8192.0 + L), mixed=1.0 if mix else 0.0)
+                for f in (1.98, 1.5):
+                    doc["loads"].append({
+                        "name": f"d{duty}_b{trips}{'+mix' if mix else ''}@{f}", "what": "synthetic",
+                        "clock_ghz": f, "clock_ghz_nvml": f, "seconds": 2.0, "temperature_c": 60,
+                        "power_w": power.power_w(hw, rates, f)[0] * (1 + noise * rng.standard_normal()),
+                        "activity_per_clk": {k: float(act.get(k, 0.0)) for k in power.CALIBRATION_KEYS},
+                        "wgmma_n": 256, "mma_gap_cycles": 1000, "burst_trips": trips,
+                        "code": "mix" if mix else "sleep", "stream_warpgroups": 2 if mix else 0})
+    # the single-pipe mix of synthetic() is not "mixed code": a real mixed load carries the term
+    return doc, truth
+
+
+def test_fit_recovers_the_burst_and_mixed_terms(tmp_path):
+    doc, truth = synthetic_bursts()
+    path = tmp_path / "power.json"
+    path.write_text(json.dumps(doc))
+    gpu, loads, meta = fit_power.read(str(path))
+    base = hardware.load("h100")
+    for ld in loads:
+        ld["burst_cycles"] = ld["burst_flops"] / base.tensor_flops_per_clk if ld.get("burst_flops") else None
+    values, res = fit_power.fit(loads, 1.98, slopes=[TRUE["voltage_slope"]])
+    assert values["tensor_burst_cycles"] == truth["tensor_burst_cycles"]
+    assert values["mixed_code_energy_fraction"] == pytest.approx(truth["mixed_code_energy_fraction"])
+    assert values["tensor_burst_energy_fraction"] == pytest.approx(truth["tensor_burst_energy_fraction"], rel=1e-3)
+    assert values["energy_tensor_pj_per_flop"] == pytest.approx(TRUE["energy_tensor_pj_per_flop"], rel=1e-3)
+    assert res < 1e-6
+
+
+def test_fit_gives_another_host_its_own_static_power(tmp_path):
+    doc, _ = synthetic_bursts()
+    hot = json.loads(json.dumps(doc))
+    for ld in hot["loads"]:
+        ld["power_w"] += 15.0  # the same loads on a hotter host: more leakage
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    a.write_text(json.dumps(doc))
+    b.write_text(json.dumps(hot))
+    out = subprocess.run([sys.executable, "-m", "benchmarks.calibrate.fit_power", str(a), str(b)],
+                         capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    line = next(x for x in out.stdout.splitlines() if "static power of" in x)
+    assert float(line.rsplit(":", 1)[1].split()[0]) == pytest.approx(15.0, abs=0.5)

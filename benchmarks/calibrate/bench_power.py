@@ -7,9 +7,11 @@ the board draws. benchmarks/calibrate/fit_power.py fits the profile's power para
 No attention kernel runs here: the attention timings only test the model.
 
 Kernel (384 threads = 3 warpgroups, one CTA per SM, grid = the SM count):
-  warpgroup 0: `iters` trips of {fence; 8 x wgmma m64nNk16 SS (K = 128); commit; wait_group(1)}
-     (the tensor core never idles), or with `mma_gap_ns` > 0: wait_group(0) and nanosleep(gap)
-     after each trip (a duty cycle); or nothing (do_mma = 0).
+  warpgroup 0: `iters` bursts of `burst` trips of {fence; 8 x wgmma m64nNk16 SS (K = 128); commit;
+     wait_group(1)} (the tensor core never idles), or with `mma_gap_ns` > 0: wait_group(0) and
+     nanosleep(gap) after each burst (a duty cycle); with `mma_gap_ns` < 0: wait_group(0) and a
+     spin on clock64 for -mma_gap_ns cycles (a duty cycle of exact length and burst, no warp
+     asleep); or nothing (do_mma = 0).
   warpgroups 1 .. `nsf`: trips of one block of a code, until warpgroup 0 is done (do_mma = 1) or
      `max_trips`: ffma (128 FFMA), ex2 (128 MUFU.EX2), int (64 LOP3 + 64 IADD3/IMAD), fmnmx (128
      FMNMX), stsm (32 STSM.16.M88.4, 16 KB), mix (bench_contention's softmax-like block: 35 FMNMX,
@@ -81,7 +83,7 @@ def make(code: str, n: int):
 
     @cute.kernel
     def kernel(stamps: cute.Tensor, sink: cute.Tensor, do_mma: Int32, nsf: Int32, iters: Int32,
-               max_trips: Int32, mma_gap_ns: Int32, tiled_mma: cute.TiledMma, sA_layout: cute.ComposedLayout,
+               max_trips: Int32, mma_gap_ns: Int32, burst: Int32, tiled_mma: cute.TiledMma, sA_layout: cute.ComposedLayout,
                sB_layout: cute.ComposedLayout):
         tid = cute.arch.thread_idx()[0]
         bid = cute.arch.block_idx()[0]
@@ -129,19 +131,24 @@ def make(code: str, n: int):
                 t0 = clk()
                 g0 = gtimer()
                 for _ in cutlass.range(iters, unroll=1):
-                    warpgroup.fence()
-                    for k in cutlass.range_constexpr(KB):
-                        cute.gemm(atom, acc, tCrA[None, None, k], tCrB[None, None, k], acc)
-                    warpgroup.commit_group()
-                    if mma_gap_ns > 0:  # a duty cycle: the tensor core idles between trips
+                    for _b in cutlass.range(burst, unroll=1):  # a burst: `burst` trips back to back
+                        warpgroup.fence()
+                        for k in cutlass.range_constexpr(KB):
+                            cute.gemm(atom, acc, tCrA[None, None, k], tCrB[None, None, k], acc)
+                        warpgroup.commit_group()
+                        warpgroup.wait_group(1)
+                    if mma_gap_ns > 0:  # a duty cycle: the tensor core idles between bursts
                         warpgroup.wait_group(0)
                         nanosleep(mma_gap_ns)
-                    else:
-                        warpgroup.wait_group(1)
+                    elif mma_gap_ns < 0:  # ... for -mma_gap_ns cycles, spinning on clock64 (no sleep)
+                        warpgroup.wait_group(0)
+                        ts = clk()
+                        while clk() - ts < Int64(-mma_gap_ns):
+                            pass
                 warpgroup.wait_group(0)
                 t1 = clk()
                 g1 = gtimer()
-                trips = iters
+                trips = iters * burst
                 if wtid == 0:
                     red_add_shared(flag_addr, 1)
                 for i in cutlass.range_constexpr(cute.size(acc)):
@@ -210,12 +217,12 @@ def make(code: str, n: int):
 
     @cute.jit
     def host(stamps: cute.Tensor, sink: cute.Tensor, do_mma: Int32, nsf: Int32, iters: Int32,
-             max_trips: Int32, mma_gap_ns: Int32, ctas: Int32, stream):
+             max_trips: Int32, mma_gap_ns: Int32, burst: Int32, ctas: Int32, stream):
         tiled_mma = _tiled_mma(False, n)
         sA_layout = _smem_layout(BFloat16, 64, KT, 2)
         sB_layout = _smem_layout(BFloat16, n, KT)
         smem = (cute.cosize(sA_layout) + cute.cosize(sB_layout)) * 2 + 3072 + PBUF_WORDS * 4
-        kernel(stamps, sink, do_mma, nsf, iters, max_trips, mma_gap_ns, tiled_mma, sA_layout,
+        kernel(stamps, sink, do_mma, nsf, iters, max_trips, mma_gap_ns, burst, tiled_mma, sA_layout,
                sB_layout).launch(grid=[ctas, 1, 1], block=[THREADS, 1, 1], smem=max(smem, SMEM_FLOOR),
                                  stream=stream)
 
@@ -226,11 +233,11 @@ def fake_args(ctas: int = 132):
     from .common import fake_stream, fake_tensor
 
     return (fake_tensor(Int64, (ctas * WARPS * SLOTS,)), fake_tensor(Float32, (ctas * THREADS,)), Int32(1),
-            Int32(2), Int32(10), Int32(10), Int32(0), Int32(ctas), fake_stream())
+            Int32(2), Int32(10), Int32(10), Int32(0), Int32(1), Int32(ctas), fake_stream())
 
 
 # ----------------------------------------------------------------------------- the loads
-# name -> (stream code, wgmma on, N, wgmma gap ns, stream warpgroups, what)
+# name -> (stream code, wgmma on, N, wgmma gap (ns > 0, cycles < 0), stream warpgroups, what[, burst])
 LOADS = {
     "sleep": ("sleep", 0, 256, 0, 2, "every SM clocked, its warps asleep (no unit busy)"),
     "tensor256": ("sleep", 1, 256, 0, 0, "wgmma m64n256k16 SS back to back (tensor core always busy)"),
@@ -250,6 +257,14 @@ LOADS = {
     "tensor256+mix2": ("mix", 1, 256, 0, 2, "wgmma N=256 back to back beside two softmax-like warpgroups"),
     "tensor128+mix2": ("mix", 1, 128, 0, 2, "wgmma N=128 back to back beside two softmax-like warpgroups"),
     "tensor256_gap1000+mix2": ("mix", 1, 256, 1000, 2, "wgmma N=256 at a duty cycle beside two softmax-like warpgroups"),
+    # duty cycle x burst length: 1 trip = 8 wgmma N=256 = 1024 tensor-core cycles; the gap spins
+    # on clock64 for burst x 1024 x (1 - duty) / duty cycles (attention's tensor core works in
+    # bursts of a few hundred to a few thousand cycles beside its softmax)
+    **{f"tensor256_d{d}_b{b}{'+mix2' if m else ''}":
+       ("mix" if m else "sleep", 1, 256, -round(b * 1024 * (100 - d) / d), 2 if m else 0,
+        f"wgmma N=256 in bursts of {b} x 1024 cycles at {d} % duty (clock64 spin between)"
+        + (" beside two softmax-like warpgroups" if m else ""), b)
+       for m in (False, True) for d in (75, 50) for b in (1, 8, 64)},
     "tensor128+ffma": ("ffma", 1, 128, 0, 2, "wgmma N=128 beside two FFMA warpgroups"),
     "tma_l2": (None, 0, 0, 0, 0, "TMA box loads on every SM from the same 2 MB (L2 hits into shared memory)"),
     "tma_hbm": (None, 0, 0, 0, 0, "TMA box loads on every SM from disjoint parts of 1 GiB (HBM through L2)"),
@@ -360,7 +375,7 @@ def kernel_load(dev, nvml, name, spec, nsm):
     from cutlass import Int32 as I32
 
     torch = dev.torch
-    code, do_mma, n, gap, nsf, what = spec
+    code, do_mma, n, gap, nsf, what, burst = (*spec, 1)[:7]
     key = ("power", code, n)
     fn = make(code, n)
     words = nsm * WARPS * SLOTS
@@ -368,11 +383,12 @@ def kernel_load(dev, nvml, name, spec, nsm):
     probe = torch.zeros(words, dtype=torch.int64, device="cuda")
 
     def args(stamps, iters, trips):
-        return [dev.ct(stamps), dev.ct(sink), I32(do_mma), I32(nsf), I32(iters), I32(trips), I32(gap), I32(nsm)]
+        return [dev.ct(stamps), dev.ct(sink), I32(do_mma), I32(nsf), I32(iters), I32(trips), I32(gap), I32(burst),
+                I32(nsm)]
 
     # size one launch to ~LAUNCH_MS from a short one
-    iters0, trips0 = (400, 1 << 30) if do_mma else (0, 4000)
-    dev.call(key, fn, probe, sink, I32(do_mma), I32(nsf), I32(iters0), I32(trips0), I32(gap), I32(nsm))
+    iters0, trips0 = (max(1, 400 // burst), 1 << 30) if do_mma else (0, 4000)
+    dev.call(key, fn, probe, sink, I32(do_mma), I32(nsf), I32(iters0), I32(trips0), I32(gap), I32(burst), I32(nsm))
     e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     e0.record()
     dev.cache[key](*args(probe, iters0, trips0), dev.stream())
@@ -416,8 +432,8 @@ def kernel_load(dev, nvml, name, spec, nsm):
         act[k] += stream_warp_blocks * v / mean_cta_cycles
     return settle({"name": name, "what": what, "clock_ghz": clock_ghz, **w,
             "activity_per_clk": act, "launches_measured": n_meas, "launch_ms": LAUNCH_MS,
-            "iters": iters, "max_trips": trips, "wgmma_n": n if do_mma else None, "mma_gap_ns": gap,
-            "stream_warpgroups": nsf, "code": code,
+            "iters": iters, "max_trips": trips, "wgmma_n": n if do_mma else None, "mma_gap_ns": gap if gap > 0 else 0,
+            "mma_gap_cycles": -gap if gap < 0 else 0, "burst_trips": burst, "stream_warpgroups": nsf, "code": code,
             "sink_finite": bool(torch.isfinite(sink).all().item())})
 
 
@@ -429,16 +445,23 @@ def settle(load: dict) -> dict:
     below its maximum, clock64 / globaltimer and NVML agree within ~1 % (H100); where NVML names
     no reason and reads the maximum clock, clock64 of warps that spend most of their time in
     nanosleep counts 5-12 % fewer cycles than globaltimer's nanoseconds x that clock (clock64
-    seems to stop while every warp of the SM sleeps). So the clock of a load is the in-kernel one
-    under the power cap and NVML's otherwise; the activity per clock is rescaled to it, keeping
-    the operations per nanosecond that were counted."""
+    seems to stop while every warp of the SM sleeps). So the clock of a load is NVML's where warps
+    sleep and the cap does not hold the clock, and the in-kernel one otherwise (a tensor load
+    whose gaps spin on clock64 runs up to ~13 % below NVML's clock with no reason given); the
+    activity per clock is rescaled to it, keeping the operations per nanosecond that were
+    counted. Idempotent: a settled load settles again from its in-kernel counts."""
     reasons = load.get("clock_event_reasons") or {}
     capped = sum(v for k, v in reasons.items() if int(k, 16) & POWER_CAP_REASON)
     in_kernel = load.get("clock_ghz_in_kernel", load.get("clock_ghz"))
     load["clock_ghz_in_kernel"] = in_kernel
     load["power_capped"] = capped * 2 > sum(reasons.values())
-    use = in_kernel if (load["power_capped"] or not load.get("clock_ghz_nvml")) else load["clock_ghz_nvml"]
-    if in_kernel and use and "activity_per_clk_in_kernel" not in load:
+    # only warps asleep stop clock64: a load with no warp in nanosleep keeps its in-kernel clock,
+    # capped or not (on the H200 it runs ~10 % below NVML's under any tensor load)
+    sleeps = (load.get("mma_gap_ns") or 0) > 0 or (load.get("code") == "sleep" and (load.get("stream_warpgroups") or 0) > 0)
+    use = in_kernel if (load["power_capped"] or not load.get("clock_ghz_nvml") or not sleeps) else load["clock_ghz_nvml"]
+    if "activity_per_clk_in_kernel" in load:  # settled before: start again from the kernel's counts
+        load["activity_per_clk"] = dict(load["activity_per_clk_in_kernel"])
+    if in_kernel and use:
         load["activity_per_clk_in_kernel"] = dict(load["activity_per_clk"])
         load["activity_per_clk"] = {k: v * in_kernel / use for k, v in load["activity_per_clk"].items()}
     load["clock_ghz"] = use

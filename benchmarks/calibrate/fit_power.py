@@ -44,6 +44,10 @@ UNIT_OF = {"energy_tensor_pj_per_flop": "tensor", "energy_mufu_pj_per_op": "mufu
            "energy_fma_pj_per_lane_op": "fma", "energy_alu_pj_per_lane_op": "alu",
            "energy_smem_pj_per_byte": "smem", "energy_l2_pj_per_byte": "l2", "energy_hbm_pj_per_byte": "hbm"}
 SLOPES = np.round(np.arange(0.0, 1.0 + 1e-9, 0.005), 3)
+MIXED = np.round(np.arange(0.0, 1.0 + 1e-9, 0.05), 3)     # mixed_code_energy_fraction grid
+BURST_CYCLES = tuple(2.0 ** k for k in range(10, 19))  # tensor_burst_cycles (L0) grid: 1k .. 256k
+KB_WGMMAS = 8  # wgmma per trip of bench_power's tensor loads
+BURST_AND_MIXED = ("tensor_burst_energy_fraction", "tensor_burst_cycles", "mixed_code_energy_fraction")
 
 # The B200's power model from the H100's (docs/reference/hardware.md, "Power"): the same TSMC
 # 4N-class process; dense BF16 energy per FLOP at the rated points, all in, B200 / H100
@@ -83,8 +87,18 @@ def nnls(a: np.ndarray, b: np.ndarray, max_iter: int | None = None) -> np.ndarra
     return x
 
 
-def design(loads: list[dict], fmax: float, slope: float) -> np.ndarray:
-    """The rows of P = row . (static, clock_power, energies) for each load at its measured clock."""
+def burst_h(ld: dict, L0: float) -> float:
+    """h of a load's tensor bursts (fa4sim.power.burst_weight): 0 without idle gaps."""
+    L = ld.get("burst_cycles")
+    return 0.0 if not L or L0 <= 0 else L0 / (L0 + L)
+
+
+def design(loads: list[dict], fmax: float, slope: float, mixed: float = 0.0, L0: float = 0.0,
+           files: int = 1, burst: float | None = None) -> np.ndarray:
+    """The rows of P = row . (static, clock_power, energies, burst energy, per-file static offsets)
+    for each load at its measured clock; a mixed-code load's MUFU, FMA and ALU columns x (1 + mixed);
+    with `burst` given (a fixed tensor_burst_energy_fraction) the tensor column x (1 + burst h) and
+    the burst-energy column is 0."""
     rows = []
     for ld in loads:
         f, r = ld["f"], ld["rates"]
@@ -92,27 +106,62 @@ def design(loads: list[dict], fmax: float, slope: float) -> np.ndarray:
         row = [1.0, s * f / fmax]
         for name in LINEAR[2:]:
             u = UNIT_OF[name]
-            row.append(1e-3 * f * (s if u in power.SM_UNITS else 1.0) * r.get(u, 0.0))
+            k = 1.0 + mixed if (ld.get("mixed") and u in ("mufu", "fma", "alu")) else 1.0
+            if u == "tensor" and burst is not None:
+                k = 1.0 + burst * burst_h(ld, L0)
+            row.append(1e-3 * f * (s if u in power.SM_UNITS else 1.0) * k * r.get(u, 0.0))
+        # e_burst = fraction x e_tensor
+        row.append(0.0 if burst is not None else 1e-3 * f * s * burst_h(ld, L0) * r.get("tensor", 0.0))
+        for i in range(1, files):  # another host (temperature, board): its own static power, +/-
+            on = 1.0 if ld.get("file", 0) == i else 0.0
+            row += [on, -on]
         rows.append(row)
     return np.array(rows)
 
 
-def fit(loads: list[dict], fmax: float, slopes=SLOPES) -> tuple[dict, float]:
-    """(parameter -> value, rms relative residual) of the best voltage_slope on the grid."""
+def fit(loads: list[dict], fmax: float, slopes=SLOPES, mixed_grid=MIXED, cycles_grid=BURST_CYCLES,
+        burst: float | None = None) -> tuple[dict, float]:
+    """(parameter -> value, rms relative residual) of the best voltage_slope, mixed-code fraction and
+    burst length L0 on their grids (each a non-negative least squares of the linear parameters)."""
     p = np.array([ld["power_w"] for ld in loads])
+    files = 1 + max((ld.get("file", 0) for ld in loads), default=0)
+    slopes = np.asarray(slopes, dtype=float)
+    if len(slopes) > 40 and len(mixed_grid) * len(cycles_grid) > 1:  # coarse to fine: every 4th slope first
+        coarse = fit(loads, fmax, slopes[::4], mixed_grid, cycles_grid, burst)[0]
+        near = np.abs(slopes - coarse["voltage_slope"]) <= 4 * (slopes[1] - slopes[0]) + 1e-9
+        return fit(loads, fmax, slopes[near], [coarse["mixed_code_energy_fraction"]],
+                   [coarse["tensor_burst_cycles"] or cycles_grid[0]], burst)
     best = None
-    for slope in slopes:
-        a = design(loads, fmax, float(slope)) / p[:, None]
-        x = nnls(a, np.ones(len(loads)))
-        res = float(np.sqrt(np.mean((a @ x - 1.0) ** 2)))
-        if best is None or res < best[1] - 1e-12:
-            best = ({**dict(zip(LINEAR, map(float, x))), "voltage_slope": float(slope)}, res)
-    return best
+    for L0 in cycles_grid:
+        for mixed in mixed_grid:
+            for slope in slopes:
+                a = design(loads, fmax, float(slope), float(mixed), float(L0), files, burst) / p[:, None]
+                x = nnls(a, np.ones(len(loads)))
+                res = float(np.sqrt(np.mean((a @ x - 1.0) ** 2)))
+                if best is None or res < best[4] - 1e-12:
+                    best = (x, float(slope), float(mixed), float(L0), res)
+    x, slope, mixed, L0, res = best
+    values = {**dict(zip(LINEAR, map(float, x[:len(LINEAR)]))), "voltage_slope": slope}
+    e_t = values["energy_tensor_pj_per_flop"]
+    values["tensor_burst_energy_fraction"] = (burst if burst is not None
+                                              else float(x[len(LINEAR)]) / e_t if e_t > 0 else 0.0)
+    values["tensor_burst_cycles"] = L0 if values["tensor_burst_energy_fraction"] > 0 else 0.0
+    values["mixed_code_energy_fraction"] = mixed
+    values["file_static_offsets_w"] = [float(x[len(LINEAR) + 1 + 2 * i] - x[len(LINEAR) + 2 + 2 * i])
+                                       for i in range(files - 1)]
+    return values, res
 
 
 def model_hw(base: hardware.HardwareProfile, values: dict, cap: float, fmax: float, fmin: float):
     """The base profile with the fitted values, the device's cap and clock range."""
+    values = {k: v for k, v in values.items() if k != "file_static_offsets_w"}
     return base.with_values(**values, power_cap_w=cap, clock_ghz=fmax, clock_min_ghz=fmin)
+
+
+def load_rates(ld: dict, values: dict) -> dict:
+    """A load's activity as fa4sim.power.power_w takes it: its rates, burst h and mixed flag."""
+    return {**ld["rates"], "tensor_burst": burst_h(ld, values.get("tensor_burst_cycles", 0.0)),
+            "mixed": 1.0 if ld.get("mixed") else 0.0}
 
 
 def _number(x) -> bool:
@@ -160,42 +209,60 @@ def read(path: str) -> tuple[dict, list[dict], dict]:
             if not _number(v) or v < 0:
                 raise BadInput(f"loads[{i}] ({name}).activity_per_clk.{key}: must be a number >= 0 (per SM clock)")
             rates[unit] = float(v)
+        gap = (ld.get("mma_gap_cycles") or 0) or (ld.get("mma_gap_ns") or 0)
+        burst_flops = None  # tensor FLOPs per SM of one burst, when idle gaps separate them
+        if gap and ld.get("wgmma_n"):
+            burst_flops = (ld.get("burst_trips") or 1) * KB_WGMMAS * 2 * 64 * int(ld["wgmma_n"]) * 16
         loads.append({"name": str(name), "f": float(f), "power_w": float(ld["power_w"]), "rates": rates,
-                      "in_kernel": ld.get("clock_ghz") is not None})
+                      "in_kernel": ld.get("clock_ghz") is not None, "burst_flops": burst_flops,
+                      "mixed": ld.get("code") == "mix" and (ld.get("stream_warpgroups") or 0) > 0})
     if len(loads) < 3:
         raise BadInput(f"loads: {len(loads)} with a power and an activity; the fit needs at least 3")
     return gpu, loads, doc["meta"]
 
 
-def report(base, gpu: dict, loads: list[dict], fmax: float) -> tuple[dict, float, list[dict]]:
-    """The fit, its residual and a row per load (printed by main)."""
-    values, res = fit(loads, fmax)
+def report(base, gpu: dict, loads: list[dict], fmax: float, cycles_grid=BURST_CYCLES, mixed_grid=MIXED,
+           burst: float | None = None) -> tuple[dict, float, list[dict]]:
+    """The fit, its residual and a row per load (printed by main). Leave-one-out refits the
+    linear parameters with the grid values (slope, mixed fraction, L0) of the full fit."""
+    values, res = fit(loads, fmax, cycles_grid=cycles_grid, mixed_grid=mixed_grid, burst=burst)
     cap, fmin = float(gpu["power_limit_w"]), min(gpu["supported_clocks_mhz"]) / 1e3
-    hw = model_hw(base, values, cap, fmax, fmin)
+    grid = dict(slopes=[values["voltage_slope"]], mixed_grid=[values["mixed_code_energy_fraction"]],
+                cycles_grid=[values["tensor_burst_cycles"] or BURST_CYCLES[0]], burst=burst)
+
+    def host_hw(v, ld):  # a load of another host: that host's static power
+        offs = v.get("file_static_offsets_w", [])
+        extra = offs[ld["file"] - 1] if ld.get("file", 0) and ld["file"] - 1 < len(offs) else 0.0
+        return model_hw(base, {**v, "static_power_w": v["static_power_w"] + extra}, cap, fmax, fmin)
+
     rows = []
     for i, ld in enumerate(loads):
-        p_model = power.power_w(hw, ld["rates"], ld["f"])[0]
-        pred = power.predict_clock(hw, ld["rates"]).clock_ghz
+        hw = host_hw(values, ld)
+        p_model = power.power_w(hw, load_rates(ld, values), ld["f"])[0]
+        pred = power.predict_clock(hw, load_rates(ld, values)).clock_ghz
         others = loads[:i] + loads[i + 1:]
         loo = None
         if len(others) >= 3:
-            loo_hw = model_hw(base, fit(others, fmax)[0], cap, fmax, fmin)
-            loo = power.predict_clock(loo_hw, ld["rates"]).clock_ghz
+            v = fit(others, fmax, **grid)[0]
+            loo = power.predict_clock(host_hw(v, ld), load_rates(ld, v)).clock_ghz
         rows.append({"name": ld["name"], "clock_ghz": ld["f"], "in_kernel": ld["in_kernel"],
                      "power_w": ld["power_w"], "model_power_w": p_model, "predicted_clock_ghz": pred,
-                     "loo_clock_ghz": loo})
+                     "loo_clock_ghz": loo, "file": ld.get("file", 0)})
     return values, res, rows
 
 
-def write(profile_path: str, values: dict, meta: dict, gpu: dict, n: int, res: float) -> None:
+def write(profile_path: str, values: dict, meta: dict, gpu: dict, n: int, res: float, files: int = 1) -> None:
     doc = json.loads(Path(profile_path).read_text())
     device = meta.get("device", "an unnamed device")
     date = meta.get("date") or str(meta.get("date_utc", ""))[:10] or "an undated run"
+    hosts = f"; {files} runs on {files} hosts, each with its own static power" if files > 1 else ""
     how = (f"measured on {device} {date} by benchmarks/calibrate/bench_power.py + fit_power.py "
-           f"({n} unit loads, non-negative least squares on relative power with voltage_slope on a 0.005 grid; "
+           f"({n} unit loads{hosts}, non-negative least squares on relative power with voltage_slope on a 0.005 "
+           f"grid, mixed_code_energy_fraction on a 0.05 grid and tensor_burst_cycles on a powers-of-2 grid; "
            f"rms residual {res:.1%})")
     for k, v in values.items():
-        doc["params"][k] = {"value": round(v, 4), "source": how, "confidence": "M"}
+        if k in hardware.PARAMS:
+            doc["params"][k] = {"value": round(v, 4), "source": how, "confidence": "M"}
     fmin = min(gpu["supported_clocks_mhz"]) / 1e3
     doc["params"]["clock_min_ghz"] = {"value": fmin, "source": f"measured on {device} {date}: the lowest of the "
                                       f"driver's supported SM clocks (benchmarks/calibrate/bench_power.py)",
@@ -207,7 +274,7 @@ def derive_b200(h100: dict, how: str) -> dict:
     """The B200 profile's power parameters from the H100's values (parameter -> value):
     tensor energy x TENSOR_RATIO, static and clock power x BOARD_RATIO, the rest as they are."""
     out = {}
-    for k in ("voltage_slope", *LINEAR):
+    for k in ("voltage_slope", *LINEAR, *BURST_AND_MIXED):
         if k == "energy_tensor_pj_per_flop":
             v, why = h100[k] * TENSOR_RATIO, (f"x {TENSOR_RATIO}: at the rated point the B200 does 2.25 dense BF16 "
                                               f"PFLOP/s at 1000 W (0.444 pJ/FLOP), the H100 SXM 989 TFLOP/s at 700 W "
@@ -223,15 +290,26 @@ def derive_b200(h100: dict, how: str) -> dict:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="fit_power", description=__doc__.split("\n\n")[0])
-    ap.add_argument("results", help="power calibration JSON (benchmarks/calibrate/bench_power.py)")
+    ap.add_argument("results", nargs="+", help="power calibration JSON(s) (benchmarks/calibrate/bench_power.py); "
+                    "the first is the profile's host, each further file (another host or temperature) gets its "
+                    "own static power")
     ap.add_argument("--profile", default=None, help="the profile to write (default: fa4sim/profiles/h100.json)")
     ap.add_argument("--write", action="store_true", help="write the fitted values into --profile")
     ap.add_argument("--b200", default=None, metavar="PROFILE.json",
                     help="with --write: also derive this B200 profile's power parameters from the fitted ones "
                          "(docs/reference/hardware.md, \"Power\"), e.g. fa4sim/profiles/b200.json")
+    ap.add_argument("--terms-from", default=None, metavar="PROFILE.json",
+                    help="take tensor_burst_energy_fraction, tensor_burst_cycles and mixed_code_energy_fraction from "
+                         "this profile (the same die measured with the burst loads) and fit the rest")
+    ap.add_argument("--burst-cycles", type=float, default=None, metavar="L0",
+                    help="fix tensor_burst_cycles instead of searching it (a file whose duty-cycled loads all "
+                         "have one burst length cannot tell L0 from the burst energy)")
     a = ap.parse_args(argv)
     try:
-        gpu, loads, meta = read(a.results)
+        gpu, loads, meta = read(a.results[0])
+        for i, extra in enumerate(a.results[1:], start=1):
+            more = read(extra)[1]
+            loads += [{**ld, "file": i, "name": f"{ld['name']} [{i}]"} for ld in more]
         path = a.profile or str(hardware.PROFILE_DIR / "h100.json")
         if not Path(path).exists():
             raise BadInput(f"--profile: no such file {path!r}")
@@ -239,18 +317,34 @@ def main(argv=None) -> int:
     except (BadInput, hardware.InputError) as e:
         print(f"fit_power: error: {e}", file=sys.stderr)
         return 2
+    for ld in loads:  # burst FLOPs -> cycles at the profile's tensor-core rate
+        ld["burst_cycles"] = ld["burst_flops"] / base.tensor_flops_per_clk if ld.get("burst_flops") else None
     fmax = float(gpu["clock_max_mhz"]) / 1e3 if _number(gpu.get("clock_max_mhz")) else base.clock_ghz
     if abs(fmax - base.clock_ghz) > 1e-3:
         print(f"note: the device's maximum clock {fmax} GHz differs from the profile's clock_ghz {base.clock_ghz}")
     if abs(float(gpu["power_limit_w"]) - float(base.power_cap_w)) > 0.5:
         print(f"note: the device's power limit {gpu['power_limit_w']} W differs from the profile's "
               f"power_cap_w {base.power_cap_w}")
-    values, res, rows = report(base, gpu, loads, fmax)
+    if a.burst_cycles is not None and not a.burst_cycles > 0:
+        print(f"fit_power: error: --burst-cycles: {a.burst_cycles}; must be > 0 (cycles)", file=sys.stderr)
+        return 2
+    grids = {"cycles_grid": (a.burst_cycles,) if a.burst_cycles is not None else BURST_CYCLES}
+    if a.terms_from:
+        try:
+            donor = hardware.load(a.terms_from)
+        except hardware.InputError as e:
+            print(f"fit_power: error: --terms-from: {e}", file=sys.stderr)
+            return 2
+        grids = {"cycles_grid": (donor.tensor_burst_cycles,), "mixed_grid": (donor.mixed_code_energy_fraction,),
+                 "burst": float(donor.tensor_burst_energy_fraction)}
+    values, res, rows = report(base, gpu, loads, fmax, **grids)
     print(f"{len(loads)} loads on {meta.get('device', '?')}; fmax {fmax} GHz, cap {gpu['power_limit_w']} W; "
           f"rms relative power residual {res:.2%}")
-    for k in ("voltage_slope", *LINEAR):
+    for k in ("voltage_slope", *LINEAR, *BURST_AND_MIXED):
         unit = hardware.PARAMS[k][0]
-        print(f"  {k:26s} = {values[k]:10.4f} {unit}")
+        print(f"  {k:28s} = {values[k]:10.4f} {unit}")
+    for i, off in enumerate(values["file_static_offsets_w"], start=1):
+        print(f"  static power of {a.results[i]}: {off:+.1f} W")
     print(f"\n{'load':28s} {'clock':>7s} {'':1s} {'power':>7s} {'model':>7s} {'pred.':>7s} {'loo':>7s}")
     print(f"{'':28s} {'GHz':>7s} {'':1s} {'W':>7s} {'W':>7s} {'GHz':>7s} {'GHz':>7s}")
     for r in rows:
@@ -260,7 +354,7 @@ def main(argv=None) -> int:
     print("clock: measured in the kernel (* = NVML's); model: the fit's power at that clock; pred.: the clock the "
           "model predicts from the activity; loo: the same, fitted without that load")
     if a.write:
-        write(path, values, meta, gpu, len(loads), res)
+        write(path, values, meta, gpu, len(loads), res, len(a.results))
         print(f"wrote {path}")
         if a.b200:
             doc = json.loads(Path(a.b200).read_text())
