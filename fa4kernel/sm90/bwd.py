@@ -576,8 +576,11 @@ class FlashBwdSm90:
             cute.arch.fence_view_async_shared()  # generic-proxy writes -> wgmma (async proxy)
             cute.arch.barrier(barrier_id=BAR_DS, number_of_threads=self.num_consumer_threads)
 
-            # dV (unless issued above), dK and dQ; the dQ warpgroups (all at head_dim 128,
-            # warpgroup 0 alone at 64 and 96) also write dQ out
+            if const_expr(self.mma_order == "dv_dk_dq"):
+                self._gemm(tiled_mma_dkv, acc_dV, tdVrP, tdVrdOt[None, None, None, state.index], False, -1)
+                self._gemm(tiled_mma_dkv, acc_dK, tdKrdS, tdKrQt[None, None, None, state.index], False, -1)
+            # the rest of the block's GEMMs; the dQ warpgroups (all at head_dim 128, warpgroup 0
+            # alone at 64 and 96) also write dQ out
             tail = (tiled_mma_dkv, tiled_mma_dq, acc_dV, acc_dK, acc_dQ, tdVrP, tdKrdS,
                     tdVrdOt[None, None, None, state.index], tdKrQt[None, None, None, state.index],
                     tdQrdS[None, None, None, ds_buf], tdQrKt, pipe_q, pipe_do, state)
@@ -598,11 +601,10 @@ class FlashBwdSm90:
     @cute.jit
     def _block_gemms(self, tiled_mma_dkv, tiled_mma_dq, acc_dV, acc_dK, acc_dQ, tdVrP, tdKrdS,
                      tdVrdOt, tdKrQt, tdQrdS, tdQrKt, pipe_q, pipe_do, state, emit):
-        """The GEMMs of one query block after the dS^T barrier, in mma_order, and the release of
-        its Q / dO stage; emit = the dQ write-out's arguments (None: not a dQ warpgroup)."""
+        """The GEMMs of one query block after the dS^T barrier (after dV and dK in "dv_dk_dq"),
+        in mma_order, and the release of its Q / dO stage; emit = the dQ write-out's arguments
+        (None: not a dQ warpgroup)."""
         if const_expr(self.mma_order == "dv_dk_dq"):
-            self._gemm(tiled_mma_dkv, acc_dV, tdVrP, tdVrdOt, False, -1)
-            self._gemm(tiled_mma_dkv, acc_dK, tdKrdS, tdKrQt, False, -1)
             if const_expr(emit is not None):
                 self._gemm(tiled_mma_dq, acc_dQ, tdQrdS, tdQrKt, True, 0)  # and dV, dK
             else:
