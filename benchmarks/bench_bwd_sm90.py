@@ -75,6 +75,12 @@ def _ours(deterministic=False, dq_reduce="red", **bwd_knobs):
     return fwd
 
 
+def _bad_input(msg):
+    """One line on stderr, exit code 2."""
+    print(msg, file=sys.stderr)
+    raise SystemExit(2)
+
+
 def parse_variant(text):
     """'dq_reduce=bulk,stats=tma' -> {'dq_reduce': 'bulk', 'stats': 'tma'} (values checked by
     make_bwd_config; 'deterministic' takes true / false)."""
@@ -84,12 +90,12 @@ def parse_variant(text):
     for item in filter(None, text.split(",")):
         name, _, val = item.partition("=")
         if name not in BWD_KNOB_NAMES or not val:
-            raise SystemExit(f"--variants {text!r}: {item!r}; allowed: NAME=VALUE with NAME in {', '.join(BWD_KNOB_NAMES)}")
+            _bad_input(f"--variants {text!r}: {item!r}; allowed: NAME=VALUE with NAME in {', '.join(BWD_KNOB_NAMES)}")
         knobs[name] = val.lower() == "true" if name == "deterministic" else val
     try:
         make_bwd_config("bfloat16", 128, False, **knobs)
     except (ValueError, TypeError) as e:
-        raise SystemExit(f"--variants {text!r}: {e}")
+        _bad_input(f"--variants {text!r}: {e}")
     return knobs
 
 
@@ -251,7 +257,7 @@ def main():
         hdims = [int(x) for x in args.hdims.split(",")]
         seqlens = [int(x) for x in args.seqlens.split(",")]
     except ValueError:
-        raise SystemExit("--hdims / --seqlens: comma-separated integers, e.g. 64,128")
+        _bad_input("--hdims / --seqlens: comma-separated integers, e.g. 64,128")
     causals = {"both": (False, True), "0": (False,), "1": (True,)}[args.causal]
 
     dev = torch.cuda.get_device_name(0)
