@@ -19,7 +19,14 @@ deterministic backward (fa4kernel[deterministic]) is timed at 1k and 4k (its dQ 
 fp32 slice per key block: at 16k 128 slices of the whole dQ). fa4kernel[dq_reduce=bulk] is the
 backward whose dQ goes through shared memory and one bulk reduce-add per query block, at every point.
 
+Backward variants side by side: --variants takes knob sets of the backward (sm90/bwd_config.py:
+dq_reduce, stats, mma_order, preprocess), each timed as its own row `fa4kernel[KNOBS]` in the same
+round-robin as the peers; --hdims, --seqlens, --causal narrow the grid; --no-deterministic drops
+the deterministic row.
+
 Usage (device): python3 benchmarks/bench_bwd_sm90.py --out $OUT/sm90_bwd.json [--quick]
+    python3 benchmarks/bench_bwd_sm90.py --hdims 128 --seqlens 1024,16384 --no-deterministic \
+        --variants dq_reduce=bulk dq_reduce=bulk,stats=tma,mma_order=dv_dq_dk --out $OUT/v.json
 """
 
 from __future__ import annotations
@@ -52,11 +59,44 @@ def bwd_flops(b, h, sq, sk, d, causal):
 # grad to its output (b, s, h, d)
 
 
-def _ours(deterministic=False, dq_reduce="red"):
+def _ours(deterministic=False, dq_reduce="red", **bwd_knobs):
+    if bwd_knobs:
+        from fa4kernel.autograd import attention_trainable
+
+        def fwd(q, k, v, causal):
+            return attention_trainable(q, k, v, causal=causal, deterministic=deterministic, dq_reduce=dq_reduce,
+                                       **bwd_knobs)
+
+        return fwd
+
     def fwd(q, k, v, causal):
         return fa4kernel.attention(q, k, v, causal=causal, deterministic=deterministic, dq_reduce=dq_reduce)
 
     return fwd
+
+
+def _bad_input(msg):
+    """One line on stderr, exit code 2."""
+    print(msg, file=sys.stderr)
+    raise SystemExit(2)
+
+
+def parse_variant(text):
+    """'dq_reduce=bulk,stats=tma' -> {'dq_reduce': 'bulk', 'stats': 'tma'} (values checked by
+    make_bwd_config; 'deterministic' takes true / false)."""
+    from fa4kernel.sm90.bwd_config import BWD_KNOB_NAMES, make_bwd_config
+
+    knobs = {}
+    for item in filter(None, text.split(",")):
+        name, _, val = item.partition("=")
+        if name not in BWD_KNOB_NAMES or not val:
+            _bad_input(f"--variants {text!r}: {item!r}; allowed: NAME=VALUE with NAME in {', '.join(BWD_KNOB_NAMES)}")
+        knobs[name] = val.lower() == "true" if name == "deterministic" else val
+    try:
+        make_bwd_config("bfloat16", 128, False, **knobs)
+    except (ValueError, TypeError) as e:
+        _bad_input(f"--variants {text!r}: {e}")
+    return knobs
 
 
 def _flash_attn_4():
@@ -130,14 +170,16 @@ def check_grads(fwd, d, s, causal) -> dict:
     return errs
 
 
-def bench_point(impls, d, s, causal, quick, points):
+def bench_point(impls, d, s, causal, quick, points, variants=None, deterministic=True):
     b, h = 16384 // s, 2048 // d
     point = dict(batch=b, seqlen=s, heads=h, hdim=d, causal=causal,
                  flops=bwd_flops(b, h, s, s, d, causal), results={})
     cands = dict(impls)
-    if "fa4kernel" in cands:
-        cands["fa4kernel[dq_reduce=bulk]"] = _ours(dq_reduce="bulk")
-    if d in fa4kernel.BWD_HEAD_DIMS and s <= DETERMINISTIC_MAX_SEQLEN:
+    if variants is None:
+        variants = ["dq_reduce=bulk"]
+    for text in variants:
+        cands[f"fa4kernel[{text}]"] = _ours(**parse_variant(text))
+    if deterministic and d in fa4kernel.BWD_HEAD_DIMS and s <= DETERMINISTIC_MAX_SEQLEN:
         cands["fa4kernel[deterministic]"] = _ours(deterministic=True)
     torch.manual_seed(1234 + s + d)
     q, k, v, dout = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(4))
@@ -177,22 +219,46 @@ def bench_point(impls, d, s, causal, quick, points):
 
 
 def summarize(points) -> dict:
+    """geomean of every fa4kernel row (the default and each variant) over each peer, on the
+    points where both were timed; and each row's lowest ratio over cuDNN."""
     ratios = {}
     for p in points:
-        ours = p["results"].get("fa4kernel", {}).get("tflops")
-        for peer in ("flash-attn-4", "sdpa-cudnn", "fa2"):
-            theirs = p["results"].get(peer, {}).get("tflops")
-            if ours and theirs:
-                ratios.setdefault(peer, []).append(ours / theirs)
-    return {f"geomean_fa4kernel_over_{peer}": math.exp(sum(map(math.log, r)) / len(r))
-            for peer, r in ratios.items()}
+        for name, res in p["results"].items():
+            ours = res.get("tflops")
+            if not name.startswith("fa4kernel") or not ours:
+                continue
+            for peer in ("flash-attn-4", "sdpa-cudnn", "fa2"):
+                theirs = p["results"].get(peer, {}).get("tflops")
+                if theirs:
+                    ratios.setdefault((name, peer), []).append(ours / theirs)
+    out = {}
+    for (name, peer), r in ratios.items():
+        out[f"geomean_{name}_over_{peer}"] = math.exp(sum(map(math.log, r)) / len(r))
+        if peer == "sdpa-cudnn":
+            out[f"min_{name}_over_{peer}"] = min(r)
+    return out
 
 
 def main():
     ap = argparse.ArgumentParser(description="SM90 attention backward benchmark: fa4kernel, flash-attn-4, cuDNN, FA2")
     ap.add_argument("--out", required=True, help="result JSON (written after every point)")
     ap.add_argument("--quick", action="store_true", help="2 points (hd128 1k, causal and not): a smoke run")
+    ap.add_argument("--variants", nargs="*", default=None,
+                    help="backward knob sets, each a row fa4kernel[KNOBS], e.g. dq_reduce=bulk,stats=tma "
+                         "(default: dq_reduce=bulk)")
+    ap.add_argument("--hdims", default="64,128,256", help="head dims, comma-separated (default 64,128,256)")
+    ap.add_argument("--seqlens", default="1024,4096,16384", help="sequence lengths (default 1024,4096,16384)")
+    ap.add_argument("--causal", default="both", choices=("both", "0", "1"), help="causal points (default both)")
+    ap.add_argument("--no-deterministic", action="store_true", help="leave out the fa4kernel[deterministic] row")
     args = ap.parse_args()
+    for text in args.variants or []:
+        parse_variant(text)  # bad knob: one line, exit before the GPU work
+    try:
+        hdims = [int(x) for x in args.hdims.split(",")]
+        seqlens = [int(x) for x in args.seqlens.split(",")]
+    except ValueError:
+        _bad_input("--hdims / --seqlens: comma-separated integers, e.g. 64,128")
+    causals = {"both": (False, True), "0": (False,), "1": (True,)}[args.causal]
 
     dev = torch.cuda.get_device_name(0)
     impls, absent = implementations()
@@ -209,6 +275,7 @@ def main():
                "bottom-right visible pairs) / t; tokens b*s = 16384, h*d = 2048; grads checked once against an "
                "fp32 reference (batch 1, 2 heads, min(s, 2048) tokens) before timing",
         absent=absent,
+        variants=args.variants if args.variants is not None else ["dq_reduce=bulk"],
     ), "sm90_bwd")
     points = []
     out = args.out
@@ -222,11 +289,11 @@ def main():
             json.dump(doc, fh, indent=1)
         return doc
 
-    grid = [(d, s, c) for d in (64, 128, 256) for s in (1024, 4096, 16384) for c in (False, True)]
+    grid = [(d, s, c) for d in hdims for s in seqlens for c in causals]
     if args.quick:
         grid = [(128, 1024, False), (128, 1024, True)]
     for d, s, causal in grid:
-        bench_point(impls, d, s, causal, args.quick, points)
+        bench_point(impls, d, s, causal, args.quick, points, args.variants, not args.no_deterministic)
         write()
     doc = write(final=True)
     print(json.dumps(doc["summary"], indent=1))

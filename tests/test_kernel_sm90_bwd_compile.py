@@ -285,3 +285,155 @@ def test_bwd_bulk_rejects_a_bad_knob_value():
     with pytest.raises(ValueError) as ei:
         fa4kernel.compile_bwd_sass(dq_reduce="tma")
     assert str(ei.value) == "dq_reduce='tma' not supported; allowed: red, bulk"
+
+
+# ---- knobs: stats (LSE / D by TMA), mma_order, preprocess kernel
+
+
+def knob_sass(head_dim=128, causal=False, **knobs):
+    cfg = make_bwd_config("bfloat16", head_dim, causal, **knobs)
+    if cfg not in _SASS:
+        _SASS[cfg] = fa4kernel.compile_bwd_sass(cfg)
+    return _SASS[cfg]
+
+
+def loop_instructions(text):
+    """Whole instructions of the consumers' query-block loop (operands kept)."""
+    from fa4kernel.sass import kv_loop, loop_bodies
+
+    ops = kv_loop(text)
+    for _, body in loop_bodies(text, operands=True):
+        if [o.split()[0] for o in body] == ops:
+            return body
+    raise AssertionError("loop not found")
+
+
+@pytest.mark.parametrize("hd", fa4kernel.BWD_HEAD_DIMS)
+def test_bwd_stats_tma_reads_smem_not_global(hd):
+    """stats="tma": producer warp 0 bulk-copies LSE_log2 and D with Q and dO (two UBLKCP), the
+    loop reads them from smem (2 x 16 values per thread, paired: 16 LDS) and has no global load;
+    same GEMMs, no spills."""
+    text = knob_sass(hd, stats="tma")
+    loop = [o.split()[0] for o in loop_instructions(text)]
+    assert count(text, "UBLKCP") == 2
+    assert not any(o.startswith("LDG") for o in loop)
+    assert sum(o.startswith("LDS") for o in loop) == 16
+    assert sum(o.startswith("HGMMA") for o in loop) == sum(
+        o.startswith("HGMMA") for o in loop_instructions(bwd_sass(hd)))
+    assert count(text, "LDL") == 0 and count(text, "STL") == 0
+    # the default build loads them per thread from global memory (2 x 16 LDG)
+    assert sum(o.startswith("LDG") for o in [o.split()[0] for o in loop_instructions(bwd_sass(hd))]) == 32
+
+
+def _positions(body):
+    """Indices in the loop of: dS^T stmatrix, the dS^T barrier (BAR.SYNC 0x1), RS wgmma (dV, dK:
+    A from registers), SS wgmma of dQ (A = dS^T from smem, transposed) and of S^T / dP^T, dQ's
+    smem stores, full waits (wait_group 0)."""
+    pos = {"stsm": [], "bar_ds": [], "rs": [], "dq": [], "ss": [], "sts": [], "wait0": []}
+    for i, o in enumerate(body):
+        op = o.split()[0]
+        if op.startswith("STSM"):
+            pos["stsm"].append(i)
+        elif op.startswith("BAR.SYNC") and "0x1," in o:
+            pos["bar_ds"].append(i)
+        elif op.startswith("HGMMA"):
+            a = o.split()[2]
+            pos["rs" if a.startswith("R") else "dq" if "tnspA" in o else "ss"].append(i)
+        elif op.startswith("STS.128"):
+            pos["sts"].append(i)
+        elif op.startswith("WARPGROUP.DEPBAR") and "0x0" in o:
+            pos["wait0"].append(i)
+    return pos
+
+
+def test_bwd_mma_order_default_issues_dv_dk_after_the_barrier():
+    p = _positions(loop_instructions(bulk_sass(128)))
+    assert len(p["rs"]) == 8 and len(p["dq"]) == 8 and len(p["bar_ds"]) == 1
+    assert min(p["rs"]) > p["bar_ds"][0] and max(p["rs"]) < min(p["dq"])  # dV, dK, then dQ
+    assert min(p["sts"]) > max(p["dq"])  # dQ leaves after all GEMMs
+
+
+@pytest.mark.parametrize("order", ["dv_dq_dk", "dv_early"])
+@pytest.mark.parametrize("dq_reduce", ["red", "bulk"])
+def test_bwd_mma_order_overlaps(order, dq_reduce):
+    """hd128: dV (4 RS k-steps) is issued before the dS^T barrier ("dv_early": before dS^T is
+    even computed and stored), dQ (8 SS k-steps) right after the barrier, then dK (4 RS); dQ
+    leaves (STS.128 or RED) after dK is issued and before the loop's last full wait."""
+    text = knob_sass(128, dq_reduce=dq_reduce, mma_order=order)
+    body = loop_instructions(text)
+    p = _positions(body)
+    bar = p["bar_ds"][0]
+    dv, dk = p["rs"][:4], p["rs"][4:]
+    assert len(p["rs"]) == 8 and len(p["dq"]) == 8
+    assert max(dv) < bar < min(p["dq"]) and max(p["dq"]) < min(dk)
+    if order == "dv_early":
+        assert max(dv) < min(p["stsm"])
+    else:
+        assert max(dv) > max(p["stsm"])
+    out = p["sts"] if dq_reduce == "bulk" else [i for i, o in enumerate(body) if o.startswith("REDG")]
+    assert out and min(out) > max(dk) and max(out) < p["wait0"][-1]
+    assert count(text, "LDL") == 0 and count(text, "STL") == 0
+
+
+@pytest.mark.parametrize("hd", [64, 96])
+def test_bwd_mma_order_single_dq_warpgroup(hd):
+    """At 64 and 96 warpgroup 0 alone runs dQ: the new orders compile without spills, one dS^T
+    barrier per query block, the same GEMM shapes."""
+    for order in ("dv_dq_dk", "dv_early"):
+        text = knob_sass(hd, True, dq_reduce="bulk", stats="tma", mma_order=order)
+        ops = [o.split()[0] for o in loop_instructions(text)]
+        assert sum(o.startswith("BAR.SYNC") for o in ops) == 2  # dS^T, dQ buffer
+        assert hgmma_shapes(text) == hgmma_shapes(bwd_sass(hd))
+        assert count(text, "LDL") == 0 and count(text, "STL") == 0
+
+
+@pytest.mark.parametrize("hd", fa4kernel.BWD_HEAD_DIMS)
+def test_bwd_preprocess_kernel_compiles(hd):
+    """preprocess="kernel": 128-bit loads of O and dO (hd / 32 each per thread: 4 threads per
+    row), a 2-step butterfly over the row's quad, one LSE load and the two fp32 stores."""
+    import collections
+
+    from fa4kernel.sass import sass_for
+    from fa4kernel.sm90.bwd import compile_preprocess
+
+    cfg = make_bwd_config("bfloat16", hd, False, preprocess="kernel")
+    text = sass_for(lambda opts: compile_preprocess(cfg, opts), "sm_90a")
+    ops = collections.Counter(re.findall(r"\s((?:LDG|STG|SHFL|LDL|STL)[\.\w]*)\s", text))
+    assert ops["LDG.E.128"] == 2 * hd // 32
+    assert ops["SHFL.BFLY"] == 2 and ops["STG.E"] == 2 and ops["LDG.E"] == 1
+    assert ops["LDL"] == 0 and ops["STL"] == 0
+
+
+@pytest.mark.parametrize("name,val,allowed", [
+    ("stats", "smem", "thread, tma"),
+    ("mma_order", "dq_first", "dv_dk_dq, dv_dq_dk, dv_early"),
+    ("preprocess", "cuda", "torch, kernel"),
+])
+def test_bwd_rejects_bad_knob_values(name, val, allowed):
+    with pytest.raises(ValueError) as ei:
+        make_bwd_config("bfloat16", 128, False, **{name: val})
+    assert str(ei.value) == f"{name}={val!r} not supported; allowed: {allowed}"
+
+
+def test_bwd_dq_postprocess_reorders_like_the_fragment_map():
+    """dq_postprocess (one torch copy_) = dq_bulk_to_rows (bulk) or the transpose (red), then
+    the first s_q rows, (b, s_q, h, d)."""
+    torch = pytest.importorskip("torch")
+    from fa4kernel.sm90.bwd import dq_bulk_to_rows, dq_postprocess
+
+    for hd in fa4kernel.BWD_HEAD_DIMS:
+        acc = torch.randn(2, 3, 128, hd)
+        for sq in (128, 100):
+            bulk = make_bwd_config("bfloat16", hd, False, dq_reduce="bulk")
+            want = dq_bulk_to_rows(acc, hd, bulk.dq_wgs)[:, :, :sq].transpose(1, 2)
+            assert torch.equal(dq_postprocess(acc, bulk, sq, torch.float32), want)
+            red = make_bwd_config("bfloat16", hd, False)
+            assert torch.equal(dq_postprocess(acc, red, sq, torch.float32), acc[:, :, :sq].transpose(1, 2))
+
+
+def test_bwd_smem_with_stats_fits():
+    from fa4kernel.sm90.bwd_config import bwd_smem_bytes
+
+    for hd in fa4kernel.BWD_HEAD_DIMS:
+        cfg = make_bwd_config("bfloat16", hd, False, dq_reduce="bulk", stats="tma")
+        assert bwd_smem_bytes(cfg) <= 227 * 1024, hd

@@ -80,10 +80,16 @@ def grads(out, inputs, dout):
 
 
 def check(b, sq, sk, h, hkv, d, causal, dtype=torch.bfloat16, deterministic=False, scale=None, seed=None,
-          dq_reduce="red"):
+          dq_reduce="red", **bwd_knobs):
     q, k, v, dout = _inputs(b, sq, sk, h, hkv, d, dtype, seed)
-    out = fa4kernel.attention(q, k, v, causal=causal, softmax_scale=scale, deterministic=deterministic,
-                              dq_reduce=dq_reduce)
+    if bwd_knobs:
+        from fa4kernel.autograd import attention_trainable
+
+        out = attention_trainable(q, k, v, causal=causal, softmax_scale=scale, deterministic=deterministic,
+                                  dq_reduce=dq_reduce, **bwd_knobs)
+    else:
+        out = fa4kernel.attention(q, k, v, causal=causal, softmax_scale=scale, deterministic=deterministic,
+                                  dq_reduce=dq_reduce)
     assert out.grad_fn is not None, "attention() output has no grad_fn"
     dq, dk, dv = grads(out, (q, k, v), dout)
     ref = reference(q, k, v, causal, scale)
@@ -149,6 +155,31 @@ def test_bwd_dq_reduce_bulk(hd, causal):
     if hd == 128:
         check(2, 77, 333, 2, 2, hd, causal, torch.float16, dq_reduce="bulk")
         check(2, 333, 333, 4, 2, hd, causal, deterministic=True, dq_reduce="bulk")
+
+
+VARIANTS = [
+    dict(stats="tma"),
+    dict(mma_order="dv_dq_dk"),
+    dict(dq_reduce="bulk", stats="tma", mma_order="dv_dq_dk"),
+    dict(dq_reduce="bulk", stats="tma", mma_order="dv_early", preprocess="kernel"),
+]
+
+
+@pytest.mark.parametrize("knobs", VARIANTS, ids=lambda k: ",".join(f"{a}={b}" for a, b in k.items()))
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("hd", fa4kernel.BWD_HEAD_DIMS)
+def test_bwd_variants(hd, causal, knobs):
+    """The backward knobs of sm90/bwd_config.py (stats, mma_order, preprocess): the same
+    gradients, at odd lengths in both orders (rows that see no key: LSE = -inf), with GQA, fp16
+    and deterministic once."""
+    knobs = dict(knobs)
+    dq_reduce = knobs.pop("dq_reduce", "red")
+    check(2, 1000, 1000, 3, 3, hd, causal, dq_reduce=dq_reduce, **knobs)
+    check(1, 1000, 333, 2, 2, hd, causal, dq_reduce=dq_reduce, **knobs)
+    check(2, 77, 1000, 8, 2, hd, causal, dq_reduce=dq_reduce, **knobs)
+    if hd == 128:
+        check(2, 333, 333, 2, 2, hd, causal, torch.float16, dq_reduce=dq_reduce, **knobs)
+        check(2, 333, 333, 4, 2, hd, causal, deterministic=True, dq_reduce=dq_reduce, **knobs)
 
 
 @pytest.mark.parametrize("causal", [False, True])

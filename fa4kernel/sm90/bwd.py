@@ -87,6 +87,22 @@ def bulk_reduce_add_f32(gmem_ptr, smem_ptr, num_bytes: int, *, loc=None, ip=None
     )
 
 
+@dsl_user_op
+def bulk_load_g2s(gmem_ptr, smem_ptr, mbar_ptr, num_bytes: int, *, loc=None, ip=None):
+    """smem[0:num_bytes] = gmem[0:num_bytes] (both 16-byte aligned, num_bytes a multiple of 16):
+    one bulk copy (no tensor map) that completes its bytes on the mbarrier at mbar_ptr."""
+    llvm.inline_asm(
+        None,
+        [gmem_ptr.toint(loc=loc, ip=ip).ir_value(), smem_ptr.toint(loc=loc, ip=ip).ir_value(),
+         mbar_ptr.toint(loc=loc, ip=ip).ir_value(), Int32(num_bytes).ir_value()],
+        "cp.async.bulk.shared::cta.global.mbarrier::complete_tx::bytes [$1], [$0], $3, [$2];",
+        "l,r,r,r",
+        has_side_effects=True,
+        is_align_stack=False,
+        asm_dialect=llvm.AsmDialect.AD_ATT,
+    )
+
+
 def dq_bulk_offset(row: int, col: int, head_dim: int, dq_wgs: int) -> int:
     """dq_reduce="bulk": where dQ element (row, col) of a 64 x head_dim query block sits in its
     fp32 block (smem buffer and accumulator alike). Warpgroup w (columns w * n .. w * n + n - 1,
@@ -133,6 +149,8 @@ class FlashBwdSm90:
         self.causal = cfg.causal
         self.deterministic = cfg.deterministic
         self.dq_bulk = cfg.dq_reduce == "bulk"
+        self.stats_tma = cfg.stats == "tma"
+        self.mma_order = cfg.mma_order
         self.consumer_regs, self.producer_regs = 240, 24
 
     def tiled_mmas(self):
@@ -197,36 +215,28 @@ class FlashBwdSm90:
         tma_atom_dV, tma_dV = cpasync.make_tiled_tma_atom(tma_store, mdV, sK_layout, (self.tile_n, self.hd))
 
         self.q_bytes = cute.size_in_bytes(dtype, sQ_one)
+        self.stat_bytes = self.tile_m * 4 if const_expr(self.stats_tma) else 0  # one query block's LSE / D
         self.kv_bytes = cute.size_in_bytes(dtype, sK_layout)
         stages = self.stages
+
+        # optional buffers have 0 elements when their knob is off
+        dq_floats = self.tile_m * self.hd if const_expr(self.dq_bulk) else 0
+        stat_floats = self.tile_m * stages if const_expr(self.stats_tma) else 0
 
         @cute.struct
         class SharedStorage:
             mbar_kv: cute.struct.MemRange[cutlass.Int64, 2]
             mbar_q: cute.struct.MemRange[cutlass.Int64, 2 * stages]
             mbar_do: cute.struct.MemRange[cutlass.Int64, 2 * stages]
+            sLSE: cute.struct.Align[cute.struct.MemRange[Float32, stat_floats], 128]
+            sD: cute.struct.Align[cute.struct.MemRange[Float32, stat_floats], 128]
             sK: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(sK_layout)], 1024]
             sV: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(sK_layout)], 1024]
             sQ: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(sQ_layout)], 1024]
             sdO: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(sQ_layout)], 1024]
             sdS: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(sdS_layout)], 1024]
+            sdQ: cute.struct.Align[cute.struct.MemRange[Float32, dq_floats], 1024]
 
-        if const_expr(self.dq_bulk):
-            dq_floats = self.tile_m * self.hd
-
-            @cute.struct
-            class SharedStorageBulk:
-                mbar_kv: cute.struct.MemRange[cutlass.Int64, 2]
-                mbar_q: cute.struct.MemRange[cutlass.Int64, 2 * stages]
-                mbar_do: cute.struct.MemRange[cutlass.Int64, 2 * stages]
-                sK: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(sK_layout)], 1024]
-                sV: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(sK_layout)], 1024]
-                sQ: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(sQ_layout)], 1024]
-                sdO: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(sQ_layout)], 1024]
-                sdS: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(sdS_layout)], 1024]
-                sdQ: cute.struct.Align[cute.struct.MemRange[Float32, dq_floats], 1024]
-
-            SharedStorage = SharedStorageBulk
         self.shared_storage = SharedStorage
 
         grid = (cute.ceil_div(mK.shape[0], self.tile_n), cute.size(mK.shape[2]), cute.size(mK.shape[3]))
@@ -294,10 +304,10 @@ class FlashBwdSm90:
             consumer_group=consumers, tx_count=2 * self.kv_bytes, defer_sync=True)
         pipe_q = pipeline.PipelineTmaAsync.create(
             barrier_storage=storage.mbar_q.data_ptr(), num_stages=self.stages, producer_group=producer,
-            consumer_group=consumers, tx_count=self.q_bytes, defer_sync=True)
+            consumer_group=consumers, tx_count=self.q_bytes + self.stat_bytes, defer_sync=True)
         pipe_do = pipeline.PipelineTmaAsync.create(
             barrier_storage=storage.mbar_do.data_ptr(), num_stages=self.stages, producer_group=producer,
-            consumer_group=consumers, tx_count=self.q_bytes, defer_sync=True)
+            consumer_group=consumers, tx_count=self.q_bytes + self.stat_bytes, defer_sync=True)
         cute.arch.mbarrier_init_fence()
 
         sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
@@ -305,6 +315,11 @@ class FlashBwdSm90:
         sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
         sV = storage.sV.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
         sdS = storage.sdS.get_tensor(sdS_layout.outer, swizzle=sdS_layout.inner)
+        sLSE = sD = None
+        if const_expr(self.stats_tma):
+            # (query of the block, stage): LSE_log2 / D of the Q / dO stage
+            sLSE = storage.sLSE.get_tensor(cute.make_layout((self.tile_m, self.stages)))
+            sD = storage.sD.get_tensor(cute.make_layout((self.tile_m, self.stages)))
         sdQ = None
         if const_expr(self.dq_bulk):
             # (floats of one dQ warpgroup, dQ warpgroups): see dq_bulk_offset
@@ -326,7 +341,7 @@ class FlashBwdSm90:
             cute.arch.setmaxregister_decrease(self.producer_regs)
             if warp_idx == 0:
                 self.producer(tma_atom_Q, mQ, tma_atom_dO, mdO, tma_atom_K, mK, tma_atom_V, mV,
-                              sQ, sdO, sK, sV, pipe_kv, pipe_q, pipe_do,
+                              mLSE, mD, sQ, sdO, sK, sV, sLSE, sD, pipe_kv, pipe_q, pipe_do,
                               n_block, kv_head, batch, group, m_block_min, n_m, n_iter)
             if const_expr(self.dq_bulk):
                 if warp_idx == 1:
@@ -338,13 +353,13 @@ class FlashBwdSm90:
             self.consumer(
                 tma_atom_dK, mdK, tma_atom_dV, mdV, mLSE, mD, mdQaccum,
                 softmax_scale_log2, softmax_scale, tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq,
-                sQ, sdO, sK, sV, sdS, sdQ, pipe_kv, pipe_q, pipe_do,
+                sQ, sdO, sK, sV, sdS, sdQ, sLSE, sD, pipe_kv, pipe_q, pipe_do,
                 n_block, kv_head, batch, group, m_block_min, n_m, n_iter, seqlen_q, seqlen_k,
             )
 
     @cute.jit
-    def producer(self, tma_atom_Q, mQ, tma_atom_dO, mdO, tma_atom_K, mK, tma_atom_V, mV,
-                 sQ, sdO, sK, sV, pipe_kv, pipe_q, pipe_do,
+    def producer(self, tma_atom_Q, mQ, tma_atom_dO, mdO, tma_atom_K, mK, tma_atom_V, mV, mLSE, mD,
+                 sQ, sdO, sK, sV, sLSE, sD, pipe_kv, pipe_q, pipe_do,
                  n_block, kv_head, batch, group, m_block_min, n_m, n_iter):
         gK = cute.local_tile(mK[None, None, kv_head, batch], (self.tile_n, self.hd), (n_block, 0))
         gV = cute.local_tile(mV[None, None, kv_head, batch], (self.tile_n, self.hd), (n_block, 0))
@@ -358,10 +373,8 @@ class FlashBwdSm90:
         cute.copy(tma_atom_V, tVgV, tVsV, tma_bar_ptr=pipe_kv.producer_get_barrier(kv_state))
 
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
-        for it in cutlass.range(n_iter, unroll=1):
-            g = it // n_m
-            m_block = m_block_min + it - g * n_m
-            head = kv_head * group + g
+        m_block, head = m_block_min, kv_head * group
+        for _it in cutlass.range(n_iter, unroll=1):
             gQ = cute.local_tile(mQ[None, None, head, batch], (self.tile_m, self.hd), (None, 0))
             gdO = cute.local_tile(mdO[None, None, head, batch], (self.tile_m, self.hd), (None, 0))
             tQsQ, tQgQ = cpasync.tma_partition(
@@ -371,10 +384,31 @@ class FlashBwdSm90:
             pipe_q.producer_acquire(state)
             cute.copy(tma_atom_Q, tQgQ[None, m_block], tQsQ[None, state.index],
                       tma_bar_ptr=pipe_q.producer_get_barrier(state))
+            if const_expr(self.stats_tma):
+                gLSE = cute.local_tile(mLSE[None, head, batch], (self.tile_m,), (m_block,))
+                with cute.arch.elect_one():
+                    bulk_load_g2s(gLSE.iterator, sLSE[None, state.index].iterator,
+                                  pipe_q.producer_get_barrier(state), self.stat_bytes)
             pipe_do.producer_acquire(state)
             cute.copy(tma_atom_dO, tdOgdO[None, m_block], tdOsdO[None, state.index],
                       tma_bar_ptr=pipe_do.producer_get_barrier(state))
+            if const_expr(self.stats_tma):
+                gD = cute.local_tile(mD[None, head, batch], (self.tile_m,), (m_block,))
+                with cute.arch.elect_one():
+                    bulk_load_g2s(gD.iterator, sD[None, state.index].iterator,
+                                  pipe_do.producer_get_barrier(state), self.stat_bytes)
             state.advance()
+            m_block, head = self._next_block(m_block, head, m_block_min, n_m)
+
+    @cute.jit
+    def _next_block(self, m_block, head, m_block_min, n_m):
+        """The (query block, q head) after this one: query blocks fastest, then the q heads of the
+        GQA group (carried across iterations: no integer division in the loop)."""
+        m_block = m_block + 1
+        if m_block == m_block_min + n_m:
+            m_block = m_block_min
+            head = head + 1
+        return m_block, head
 
     @cute.jit
     def dq_store(self, mdQaccum, sdQ, kv_head, batch, group, m_block_min, n_m, n_iter, nbi):
@@ -385,10 +419,8 @@ class FlashBwdSm90:
         consecutive floats."""
         chunk = self.tile_m * self.hd // self.dq_wgs
         sync_threads = 128 + 32
-        for it in cutlass.range(n_iter, unroll=1):
-            g = it // n_m
-            m_block = m_block_min + it - g * n_m
-            head = kv_head * group + g
+        m_block, head = m_block_min, kv_head * group
+        for _it in cutlass.range(n_iter, unroll=1):
             gdQ = cute.local_tile(mdQaccum[None, None, head, batch, nbi], (self.tile_m, self.hd), (m_block, 0))
             for w in cutlass.range_constexpr(self.dq_wgs):
                 cute.arch.cp_async_bulk_wait_group(self.dq_wgs - 1 - w, read=True)
@@ -398,6 +430,7 @@ class FlashBwdSm90:
                 with cute.arch.elect_one():
                     bulk_reduce_add_f32(gdQ.iterator + w * chunk, sdQ[None, w].iterator, chunk * 4)
                 cute.arch.cp_async_bulk_commit_group()
+            m_block, head = self._next_block(m_block, head, m_block_min, n_m)
         cute.arch.cp_async_bulk_wait_group(0, read=True)
 
     @cute.jit
@@ -423,7 +456,7 @@ class FlashBwdSm90:
     def consumer(
         self, tma_atom_dK, mdK, tma_atom_dV, mdV, mLSE, mD, mdQaccum,
         scale_log2, softmax_scale, tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq,
-        sQ, sdO, sK, sV, sdS, sdQ, pipe_kv, pipe_q, pipe_do,
+        sQ, sdO, sK, sV, sdS, sdQ, sLSE, sD, pipe_kv, pipe_q, pipe_do,
         n_block, kv_head, batch, group, m_block_min, n_m, n_iter, seqlen_q, seqlen_k,
     ):
         tidx = cute.arch.thread_idx()[0] - 128
@@ -478,22 +511,25 @@ class FlashBwdSm90:
         key0 = n_block * self.tile_n
         causal_offset = seqlen_k - seqlen_q
         nbi = n_block if const_expr(self.deterministic) else 0  # the dQ accumulator's slice
+        dv_early = const_expr(self.mma_order == "dv_early")
 
+        m_block, head = m_block_min, kv_head * group
         for it in cutlass.range(n_iter, unroll=1):
-            g = it // n_m
-            m_block = m_block_min + it - g * n_m
-            head = kv_head * group + g
             q0 = m_block * self.tile_m
-            # this thread's columns (queries): LSE_log2 and D (padded: always in bounds)
             gLSE = mLSE[None, head, batch]
             gD = mD[None, head, batch]
-            for c in cutlass.range_constexpr(n_cols):
-                lse_c[c] = gLSE[q0 + tScS[0, c][1]]
-                d_c[c] = gD[q0 + tScS[0, c][1]]
+            if const_expr(not self.stats_tma):
+                # this thread's columns (queries): LSE_log2 and D (padded: always in bounds)
+                for c in cutlass.range_constexpr(n_cols):
+                    lse_c[c] = gLSE[q0 + tScS[0, c][1]]
+                    d_c[c] = gD[q0 + tScS[0, c][1]]
 
             pipe_q.consumer_wait(state)
             acc_S = cute.make_rmem_tensor(s_shape, Float32)
             self._gemm(tiled_mma_sdp, acc_S, tSrK, tSrQ[None, None, None, state.index], True, -1)
+            if const_expr(self.stats_tma):
+                for c in cutlass.range_constexpr(n_cols):  # landed with Q (same mbarrier)
+                    lse_c[c] = sLSE[tScS[0, c][1], state.index]
             pipe_do.consumer_wait(state)
             acc_dP = cute.make_rmem_tensor(s_shape, Float32)
             self._gemm(tiled_mma_sdp, acc_dP, tdPrV, tdPrdO[None, None, None, state.index], True, 1)
@@ -509,14 +545,23 @@ class FlashBwdSm90:
                 need_mask = need_mask | (key0 + self.tile_n - 1 > q0 + causal_offset)
             if need_mask:
                 self._mask(s, tScS, t0ScS, key0, q0, seqlen_k, causal_offset)
-            warpgroup.wait_group(0)
+            if const_expr(self.stats_tma):
+                for c in cutlass.range_constexpr(n_cols):  # landed with dO
+                    d_c[c] = sD[tScS[0, c][1], state.index]
+            if const_expr(dv_early):
+                # dV += P^T dO now: the tensor core runs it under the dS math below
+                tdVrP.store(_acc_as_operand_a(acc_S).load().to(self.dtype))
+                self._gemm(tiled_mma_dkv, acc_dV, tdVrP, tdVrdOt[None, None, None, state.index], False, 1)
+            else:
+                warpgroup.wait_group(0)
             # dS^T = P^T * (dP^T - D)
             dp = _mn_view(acc_dP)
             for r in cutlass.range_constexpr(n_rows):
                 for c in cutlass.range_constexpr(n_cols):
                     dp[r, c] = s[r, c] * (dp[r, c] - d_c[c])
 
-            tdVrP.store(_acc_as_operand_a(acc_S).load().to(self.dtype))
+            if const_expr(not dv_early):
+                tdVrP.store(_acc_as_operand_a(acc_S).load().to(self.dtype))
             tdKrdS.store(_acc_as_operand_a(acc_dP).load().to(self.dtype))
 
             # dS^T -> smem buffer it % 2, before the RS GEMMs below, which read tdKrdS
@@ -525,30 +570,62 @@ class FlashBwdSm90:
             # part of block it - 1, which everyone waited for at the barrier of block it - 1.
             ds_buf = it % 2
             cute.copy(smem_thr_copy_dS, smem_thr_copy_dS.retile(tdKrdS), tdSsdS[None, None, None, ds_buf])
+            if const_expr(self.mma_order == "dv_dq_dk"):
+                # dV += P^T dO (P^T from registers) runs under the fence and the barrier
+                self._gemm(tiled_mma_dkv, acc_dV, tdVrP, tdVrdOt[None, None, None, state.index], False, -1)
             cute.arch.fence_view_async_shared()  # generic-proxy writes -> wgmma (async proxy)
             cute.arch.barrier(barrier_id=BAR_DS, number_of_threads=self.num_consumer_threads)
 
-            self._gemm(tiled_mma_dkv, acc_dV, tdVrP, tdVrdOt[None, None, None, state.index], False, -1)
-            self._gemm(tiled_mma_dkv, acc_dK, tdKrdS, tdKrQt[None, None, None, state.index], False, -1)
+            if const_expr(self.mma_order == "dv_dk_dq"):
+                self._gemm(tiled_mma_dkv, acc_dV, tdVrP, tdVrdOt[None, None, None, state.index], False, -1)
+                self._gemm(tiled_mma_dkv, acc_dK, tdKrdS, tdKrQt[None, None, None, state.index], False, -1)
+            # the rest of the block's GEMMs; the dQ warpgroups (all at head_dim 128, warpgroup 0
+            # alone at 64 and 96) also write dQ out
+            tail = (tiled_mma_dkv, tiled_mma_dq, acc_dV, acc_dK, acc_dQ, tdVrP, tdKrdS,
+                    tdVrdOt[None, None, None, state.index], tdKrQt[None, None, None, state.index],
+                    tdQrdS[None, None, None, ds_buf], tdQrKt, pipe_q, pipe_do, state)
+            emit = (thr_mma_dq, mdQaccum, sdQ, dq_tidx, m_block, head, batch, nbi, softmax_scale)
             if const_expr(self.dq_wgs == self.num_wg):
-                self._gemm(tiled_mma_dq, acc_dQ, tdQrdS[None, None, None, ds_buf], tdQrKt, True, 0)  # + dV, dK
-                pipe_q.consumer_release(state)
-                pipe_do.consumer_release(state)
-                self._emit_dq(acc_dQ, thr_mma_dq, mdQaccum, sdQ, dq_tidx, m_block, head, batch, nbi)
+                self._block_gemms(*tail, emit)
             else:
                 if wg_idx == 0:
-                    self._gemm(tiled_mma_dq, acc_dQ, tdQrdS[None, None, None, ds_buf], tdQrKt, True, 0)
-                    pipe_q.consumer_release(state)
-                    pipe_do.consumer_release(state)
-                    self._emit_dq(acc_dQ, thr_mma_dq, mdQaccum, sdQ, dq_tidx, m_block, head, batch, nbi)
+                    self._block_gemms(*tail, emit)
                 else:
-                    warpgroup.wait_group(0)
-                    pipe_q.consumer_release(state)
-                    pipe_do.consumer_release(state)
+                    self._block_gemms(*tail, None)
             state.advance()
+            m_block, head = self._next_block(m_block, head, m_block_min, n_m)
 
         self._epilogue(acc_dK, acc_dV, softmax_scale, tiled_mma_dkv, sK, sV, tma_atom_dK, mdK,
                        tma_atom_dV, mdV, tidx, n_block, kv_head, batch)
+
+    @cute.jit
+    def _block_gemms(self, tiled_mma_dkv, tiled_mma_dq, acc_dV, acc_dK, acc_dQ, tdVrP, tdKrdS,
+                     tdVrdOt, tdKrQt, tdQrdS, tdQrKt, pipe_q, pipe_do, state, emit):
+        """The GEMMs of one query block after the dS^T barrier (after dV and dK in "dv_dk_dq"),
+        in mma_order, and the release of its Q / dO stage; emit = the dQ write-out's arguments
+        (None: not a dQ warpgroup)."""
+        if const_expr(self.mma_order == "dv_dk_dq"):
+            if const_expr(emit is not None):
+                self._gemm(tiled_mma_dq, acc_dQ, tdQrdS, tdQrKt, True, 0)  # and dV, dK
+            else:
+                warpgroup.wait_group(0)
+            pipe_q.consumer_release(state)
+            pipe_do.consumer_release(state)
+            if const_expr(emit is not None):
+                self._emit_dq(acc_dQ, *emit)
+        else:
+            # dV is in flight (issued before the barrier); dQ first, then dK: dQ leaves (smem
+            # or RED) while dK runs on the tensor core
+            if const_expr(emit is not None):
+                self._gemm(tiled_mma_dq, acc_dQ, tdQrdS, tdQrKt, True, 1)  # dV done
+                pipe_do.consumer_release(state)
+                self._gemm(tiled_mma_dkv, acc_dK, tdKrdS, tdKrQt, False, 1)  # dQ done
+                self._emit_dq(acc_dQ, *emit)
+            else:
+                self._gemm(tiled_mma_dkv, acc_dK, tdKrdS, tdKrQt, False, 1)  # dV done
+                pipe_do.consumer_release(state)
+            warpgroup.wait_group(0)
+            pipe_q.consumer_release(state)
 
     @cute.jit
     def _mask(self, s, tScS, t0ScS, key0, q0, seqlen_k, causal_offset):
@@ -568,7 +645,10 @@ class FlashBwdSm90:
                 s[r, c] = s[r, c] if visible else Float32(0.0)
 
     @cute.jit
-    def _emit_dq(self, acc_dQ, thr_mma_dq, mdQaccum, sdQ, dq_tidx, m_block, head, batch, nbi):
+    def _emit_dq(self, acc_dQ, thr_mma_dq, mdQaccum, sdQ, dq_tidx, m_block, head, batch, nbi, softmax_scale):
+        # dQ leaves scaled, so the host's postprocess is one copy (fp32 -> 16 bit, row order)
+        for i in cutlass.range_constexpr(cute.size(acc_dQ)):
+            acc_dQ[i] = acc_dQ[i] * softmax_scale
         if const_expr(self.dq_bulk):
             self._dq_to_smem(acc_dQ, sdQ, dq_tidx)
         else:
@@ -620,6 +700,90 @@ def make_bwd_kernel(cfg: BwdConfig) -> FlashBwdSm90:
     return FlashBwdSm90(cfg)
 
 
+class BwdPreprocess:
+    """preprocess="kernel": D = rowsum(dO * O) in fp32 and LSE_log2 = LSE * log2(e) (+inf where
+    LSE = -inf: rows that see no key) for every query row, padding rows (s_q <= row < s_q_pad)
+    D = 0 and LSE_log2 = +inf; reads dO and O once (the torch preprocess makes fp32 copies).
+
+    4 threads per row (a quad reads 64 contiguous bytes per 128-bit load; d / 32 loads each),
+    reduced with 2 butterfly shuffles; a CTA of 128 threads covers 32 rows of one (head, batch)."""
+
+    ROWS = 32
+
+    def __init__(self, cfg: BwdConfig):
+        self.dtype = cutlass.BFloat16 if cfg.dtype == "bfloat16" else cutlass.Float16
+        self.hd = cfg.head_dim
+
+    @cute.jit
+    def __call__(self, mO: cute.Tensor, mdO: cute.Tensor, mLSE: cute.Tensor, mD: cute.Tensor,
+                 mLSE2: cute.Tensor, stream):
+        # mO, mdO (b, s_q, h, d); mLSE (b, h, s_q) natural log; mD, mLSE2 (b, h, s_q_pad)
+        grid = (cute.ceil_div(mD.shape[2], self.ROWS), cute.size(mD.shape[1]), cute.size(mD.shape[0]))
+        self.kernel(mO, mdO, mLSE, mD, mLSE2).launch(grid=grid, block=[4 * self.ROWS, 1, 1], stream=stream)
+
+    @cute.kernel
+    def kernel(self, mO: cute.Tensor, mdO: cute.Tensor, mLSE: cute.Tensor, mD: cute.Tensor, mLSE2: cute.Tensor):
+        tidx = cute.arch.thread_idx()[0]
+        bx, head, batch = cute.arch.block_idx()
+        row = bx * self.ROWS + tidx // 4
+        part = tidx % 4
+        seqlen_q = mO.shape[1]
+        total = Float32(0.0)
+        if row < seqlen_q:
+            gO = mO[batch, row, head, None]
+            gdO = mdO[batch, row, head, None]
+            for k in cutlass.range_constexpr(self.hd // 32):
+                # 8-element vector part + 4 k: the quad's 4 loads are 64 contiguous bytes
+                rO = cute.make_rmem_tensor((8,), self.dtype)
+                rdO = cute.make_rmem_tensor((8,), self.dtype)
+                cute.autovec_copy(cute.local_tile(gO, (8,), (part + 4 * k,)), rO)
+                cute.autovec_copy(cute.local_tile(gdO, (8,), (part + 4 * k,)), rdO)
+                prod = rO.load().to(Float32) * rdO.load().to(Float32)
+                total = total + prod.reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
+        total = total + cute.arch.shuffle_sync_bfly(total, offset=1)
+        total = total + cute.arch.shuffle_sync_bfly(total, offset=2)
+        if part == 0 and row < mD.shape[2]:
+            lse2 = Float32(math.inf)
+            if row < seqlen_q:
+                lse = mLSE[batch, head, row]
+                if lse != -Float32(math.inf):
+                    lse2 = lse * LOG2_E
+            mD[batch, head, row] = total
+            mLSE2[batch, head, row] = lse2
+
+
+def fake_preprocess_args(cfg: BwdConfig):
+    """Fake tensors of the preprocess (dynamic batch, lengths, heads, strides)."""
+    from cutlass.cute.runtime import make_fake_tensor
+
+    dt = cutlass.BFloat16 if cfg.dtype == "bfloat16" else cutlass.Float16
+    div = 128 // dt.width
+    b, sq, h, sqp = (cute.sym_int() for _ in range(4))
+
+    def fake(shape):
+        stride = tuple(cute.sym_int64(divisibility=div) for _ in range(3)) + (1,)
+        return make_fake_tensor(dt, shape, stride=stride, assumed_align=16)
+
+    def stats(n):
+        return make_fake_tensor(cutlass.Float32, (b, h, n), stride=(cute.sym_int64(), cute.sym_int64(), 1),
+                                assumed_align=4)
+
+    return fake((b, sq, h, cfg.head_dim)), fake((b, sq, h, cfg.head_dim)), stats(sq), stats(sqp), stats(sqp)
+
+
+def compile_preprocess(cfg: BwdConfig, options=None, tvm_ffi: bool = False):
+    """cute.compile of the preprocess kernel against fake tensors (no GPU needed)."""
+    stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True) if tvm_ffi \
+        else cute.runtime.make_fake_stream()
+    opts = options
+    if tvm_ffi:
+        opts = "--enable-tvm-ffi" if options is None else f"{options} --enable-tvm-ffi"
+    args = fake_preprocess_args(cfg)
+    if opts is None:
+        return cute.compile(BwdPreprocess(cfg), *args, stream)
+    return cute.compile(BwdPreprocess(cfg), *args, stream, options=opts)
+
+
 # ---------------------------------------------------------------------- host side (launch)
 
 
@@ -664,6 +828,38 @@ COMPILE_TIMES: dict = {}  # BwdConfig -> seconds of its first (JIT) compile
 _USE_TVM_FFI = None
 
 
+_PRE_CACHE: dict = {}  # (dtype, head_dim) -> compiled preprocess
+
+
+def _prepare_kernel(cfg: BwdConfig, dout, out, lse, seqlen_q_pad: int, use_tvm_ffi: bool):
+    """preprocess="kernel": D and LSE_log2 as _prepare, by BwdPreprocess (one launch)."""
+    import torch
+
+    b, sq, h, _ = dout.shape
+    dpsum = torch.empty((b, h, seqlen_q_pad), dtype=torch.float32, device=dout.device)
+    lse_log2 = torch.empty((b, h, seqlen_q_pad), dtype=torch.float32, device=dout.device)
+    if not out.is_contiguous() or out.data_ptr() % 16:
+        out = out.clone(memory_format=torch.contiguous_format)  # 16-byte aligned rows
+    lse = lse.contiguous()
+    key = (cfg.dtype, cfg.head_dim, use_tvm_ffi)
+    fn = _PRE_CACHE.get(key)
+    if use_tvm_ffi:
+        if fn is None:
+            fn = _PRE_CACHE[key] = compile_preprocess(cfg, tvm_ffi=True)
+        fn(out, dout, lse, dpsum, lse_log2)
+    else:
+        import cuda.bindings.driver as cuda
+
+        from ..interface import _to_cute
+
+        args = [_to_cute(out, 3), _to_cute(dout, 3)] + [_to_cute(t, 2, align=4) for t in (lse, dpsum, lse_log2)]
+        stream = cuda.CUstream(torch.cuda.current_stream(dout.device).cuda_stream)
+        if fn is None:
+            fn = _PRE_CACHE[key] = cute.compile(BwdPreprocess(cfg), *args, stream)
+        fn(*args, stream)
+    return dpsum, lse_log2
+
+
 def _prepare(cfg: BwdConfig, dout, out, lse, seqlen_q_pad: int):
     """The preprocess, in torch: D = rowsum(dO * O) in fp32 and LSE_log2 = LSE * log2(e), rows
     that see no key (LSE = -inf) and the padding rows at +inf (P = 0 there), both (b, h, s_q_pad)."""
@@ -694,16 +890,19 @@ def run_bwd(cfg: BwdConfig, dout, q, k, v, out, lse, softmax_scale: float):
     dout = dout.detach().contiguous()
     if dout.data_ptr() % 16:
         dout = dout.clone()  # TMA needs 16-byte aligned rows
-    dpsum, lse_log2 = _prepare(cfg, dout, out, lse, sqp)
+    if _USE_TVM_FFI is None:
+        from ..interface import _tvm_ffi_available
+
+        _USE_TVM_FFI = _tvm_ffi_available() and os.environ.get("FA4KERNEL_NO_TVM_FFI") != "1"
+    if cfg.preprocess == "kernel":
+        dpsum, lse_log2 = _prepare_kernel(cfg, dout, out, lse, sqp, _USE_TVM_FFI)
+    else:
+        dpsum, lse_log2 = _prepare(cfg, dout, out, lse, sqp)
     nb = -(-sk // cfg.tile_n) if cfg.deterministic else 1
     dq_accum = torch.zeros((nb, b, h, sqp, d), dtype=torch.float32, device=q.device)
     dk = torch.empty((b, sk, hkv, d), dtype=k.dtype, device=k.device)
     dv = torch.empty((b, sk, hkv, d), dtype=v.dtype, device=v.device)
     scale_log2 = float(softmax_scale * LOG2_E)
-    if _USE_TVM_FFI is None:
-        from ..interface import _tvm_ffi_available
-
-        _USE_TVM_FFI = _tvm_ffi_available() and os.environ.get("FA4KERNEL_NO_TVM_FFI") != "1"
     fn = _CACHE.get(cfg)
     if _USE_TVM_FFI:
         if fn is None:
@@ -729,8 +928,24 @@ def run_bwd(cfg: BwdConfig, dout, q, k, v, out, lse, softmax_scale: float):
             COMPILE_TIMES[cfg] = time.perf_counter() - t0
             _CACHE[cfg] = fn
         fn(*args, *stats, dq_c, *dkv, Float32(scale_log2), Float32(softmax_scale), stream)
-    dq = dq_accum.sum(0) if cfg.deterministic else dq_accum[0]  # fixed order: torch's sum
-    if cfg.dq_reduce == "bulk":
-        dq = dq_bulk_to_rows(dq, d, cfg.dq_wgs)
-    dq = (dq[:, :, :sq] * softmax_scale).transpose(1, 2).to(q.dtype)
-    return dq, dk, dv
+    acc = dq_accum.sum(0) if cfg.deterministic else dq_accum[0]  # fixed order: torch's sum
+    return dq_postprocess(acc, cfg, sq, q.dtype), dk, dv
+
+
+def dq_postprocess(acc, cfg: BwdConfig, seqlen_q: int, dtype):
+    """The dQ accumulator (b, h, s_q_pad, d) fp32, already scaled by softmax_scale in the
+    kernel -> dq (b, s_q, h, d) in 16 bit: one torch copy_ (reorder and convert in one pass)."""
+    import torch
+
+    b, h, sqp, d = acc.shape
+    if cfg.dq_reduce == "red":
+        dq = torch.empty((b, seqlen_q, h, d), dtype=dtype, device=acc.device)
+        dq.copy_(acc[:, :, :seqlen_q].permute(0, 2, 1, 3))
+        return dq
+    # bulk: within a 64-row block, element (row, col) sits at dq_bulk_offset; rows = (warp, vr,
+    # lane8), cols = (w, j, lane4, vc); the accumulator block is (w, j, warp, lane8, lane4, vr, vc)
+    n = d // cfg.dq_wgs
+    src = acc.view(b, h, sqp // 64, cfg.dq_wgs, n // 8, 4, 8, 4, 2, 2).permute(0, 2, 5, 8, 6, 1, 3, 4, 7, 9)
+    out = torch.empty((b, sqp, h, d), dtype=dtype, device=acc.device)
+    out.view(b, sqp // 64, 4, 2, 8, h, cfg.dq_wgs, n // 8, 4, 2).copy_(src)
+    return out if sqp == seqlen_q else out[:, :seqlen_q].contiguous()

@@ -13,8 +13,11 @@ from dataclasses import asdict, dataclass
 
 BWD_HEAD_DIMS = (64, 96, 128)
 BWD_DTYPES = ("bfloat16", "float16")
-BWD_KNOB_NAMES = ("deterministic", "dq_reduce")
+BWD_KNOB_NAMES = ("deterministic", "dq_reduce", "stats", "mma_order", "preprocess")
 DQ_REDUCE_MODES = ("red", "bulk")
+STATS_MODES = ("thread", "tma")
+MMA_ORDERS = ("dv_dk_dq", "dv_dq_dk", "dv_early")
+PREPROCESS_MODES = ("torch", "kernel")
 
 TILE_M = 64  # query rows per m block (the N of S^T = K Q^T)
 TILE_N = 128  # keys per CTA: 2 consumer warpgroups x 64 rows of wgmma M
@@ -36,6 +39,20 @@ class BwdConfig:
     # buffer and producer warp 1 adds it with one cp.reduce.async.bulk .add.f32 per warpgroup
     # (the accumulator then holds each query block in the wgmma fragment order, see bwd.py)
     dq_reduce: str = "red"
+    # how LSE_log2 and D of a query block reach the consumers: "thread" = every consumer thread
+    # loads its 2 x 16 values from global memory at the top of the block; "tma" = producer warp 0
+    # bulk-copies the block's 64 + 64 floats into smem with its Q and dO (same mbarriers), so
+    # they arrive with the stage and are read with LDS (flash-attn-4's sLSE / sdPsum)
+    stats: str = "thread"
+    # issue order of the three GEMMs after P^T and dS^T: "dv_dk_dq" = dS^T barrier, dV, dK, dQ,
+    # wait for all three, then dQ leaves (the tensor core idles while dQ is written out);
+    # "dv_dq_dk" = dV issued before the dS^T barrier (it runs under the fence and the barrier),
+    # then dQ, then dK: dQ leaves while dK runs (flash-attn-4's order); "dv_early" = as
+    # "dv_dq_dk" but dV is issued as soon as P^T is in registers, so it runs under the dS math
+    mma_order: str = "dv_dk_dq"
+    # D = rowsum(dO * O) and LSE_log2: "torch" = torch ops on the host stream; "kernel" = one
+    # CuTe DSL kernel (sm90/bwd.py, BwdPreprocess) reading dO and O once
+    preprocess: str = "torch"
     tile_m: int = TILE_M
     tile_n: int = TILE_N
     q_stages: int = Q_STAGES
@@ -60,7 +77,8 @@ class BwdConfig:
 
 
 def make_bwd_config(dtype: str, head_dim: int, causal: bool, deterministic: bool = False,
-                    dq_reduce: str = "red") -> BwdConfig:
+                    dq_reduce: str = "red", stats: str = "thread", mma_order: str = "dv_dk_dq",
+                    preprocess: str = "torch") -> BwdConfig:
     """The backward build for these arguments; one-line ValueError naming what is allowed."""
     if dtype not in BWD_DTYPES:
         raise ValueError(f"dtype {dtype} not supported by the backward; allowed: {', '.join(BWD_DTYPES)}")
@@ -73,8 +91,12 @@ def make_bwd_config(dtype: str, head_dim: int, causal: bool, deterministic: bool
         raise ValueError(f"deterministic={deterministic!r} not supported; allowed: True or False")
     if dq_reduce not in DQ_REDUCE_MODES:
         raise ValueError(f"dq_reduce={dq_reduce!r} not supported; allowed: {', '.join(DQ_REDUCE_MODES)}")
+    for name, val, allowed in (("stats", stats, STATS_MODES), ("mma_order", mma_order, MMA_ORDERS),
+                               ("preprocess", preprocess, PREPROCESS_MODES)):
+        if val not in allowed:
+            raise ValueError(f"{name}={val!r} not supported; allowed: {', '.join(allowed)}")
     return BwdConfig(dtype=dtype, head_dim=head_dim, causal=causal, deterministic=deterministic,
-                     dq_reduce=dq_reduce)
+                     dq_reduce=dq_reduce, stats=stats, mma_order=mma_order, preprocess=preprocess)
 
 
 def bwd_smem_bytes(cfg: BwdConfig, elem_bytes: int = 2) -> int:
@@ -85,4 +107,5 @@ def bwd_smem_bytes(cfg: BwdConfig, elem_bytes: int = 2) -> int:
     qdo = align(cfg.q_stages * cfg.tile_m * cfg.head_dim * elem_bytes)
     ds = align(2 * cfg.tile_n * cfg.tile_m * elem_bytes)  # 2 buffers
     dq = align(cfg.tile_m * cfg.head_dim * 4) if cfg.dq_reduce == "bulk" else 0
-    return 1024 + 2 * kv + 2 * qdo + ds + dq
+    stats = 2 * cfg.q_stages * cfg.tile_m * 4 if cfg.stats == "tma" else 0
+    return 1024 + 2 * kv + 2 * qdo + ds + dq + stats
