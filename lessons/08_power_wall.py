@@ -27,7 +27,7 @@
 
 # %%
 import lessonkit as kit
-from fa4sim import Problem, simulate
+from fa4sim import Problem, hardware, simulate
 
 LIVE = kit.live()
 PARTS = ("static", "tensor", "mufu", "fma", "alu", "smem", "l2", "hbm")
@@ -61,7 +61,7 @@ for hd, r in h100.items():
 # %% [markdown]
 # Both hit the 700 W cap. hd256 runs at the lower clock (~1.43 GHz against ~1.68): its tensor
 # core is busier per clock, and the tensor core is most of the dynamic power (~375 W of ~580).
-# At 1.98 GHz the same kernels would draw ~940 W and ~1220 W. The static part (~120 W) is paid
+# At 1.98 GHz the same kernels would draw ~950 W and ~1240 W. The static part (~120 W) is paid
 # whatever the kernel does.
 #
 # ## 2. Measured
@@ -189,20 +189,20 @@ for label, r in same_clock.items():
 # What the numbers show:
 #
 # - **Emulation off** (all exp2 on the MUFU): at the same clock it is ~8 % slower (the MUFU
-#   limits) and draws ~80 W less, so the cap lets it run ~4.5 % faster (1.63 GHz). The net loss
-#   is ~4 %: emulation still pays, but the cap takes back about half of its gain in clock. Of
-#   those ~80 W, the emulation's own FMA and ALU work is ~25 W; the rest is the tensor core and
+#   limits) and draws ~85 W less, so the cap lets it run ~5 % faster (1.57 GHz). The net loss
+#   is ~3.5 %: emulation still pays, but the cap takes back more than half of its gain in clock. Of
+#   those ~85 W, the emulation's own FMA and ALU work is ~25 W; the rest is the tensor core and
 #   its shared-memory operands doing more work per clock.
 # - **Rescale every block** (`rescale_threshold` 0): at the same clock the throughput does not
 #   change (the correction warpgroup hides the rescales), but the extra O reads and writes draw
-#   ~34 W more, almost all of it shared-memory and TMEM traffic (the model counts them together).
+#   ~32 W more, almost all of it shared-memory and TMEM traffic (the model counts them together).
 #   Under the cap that costs ~1.7 % of clock and the same
 #   in TFLOP/s. In time alone, conditional rescaling buys nothing here; in power it does.
 #
 # ## 5. Exercises
 #
 # ### Exercise 8.1
-# MUFU energy on the H100 profile is ~14.5 pJ per op. At what `energy_mufu_pj_per_op` would the
+# MUFU energy on the H100 profile is ~11.4 pJ per op. At what `energy_mufu_pj_per_op` would the
 # hd64 clock of section 1 drop by 2 %? Predict from `power_by_part` first (how many watts must the
 # MUFU add?), then try values with `overrides={"energy_mufu_pj_per_op": e}`.
 
@@ -212,7 +212,7 @@ mufu_pj = None  # <- your answer, pJ per op
 # %%
 # SOLUTION (try the exercise first).
 if mufu_pj is None:
-    lo, hi = 14.5, 100.0
+    lo, hi = hardware.load("h100").energy_mufu_pj_per_op, 100.0
     for _ in range(30):  # bisection on the clock drop
         mid = (lo + hi) / 2
         r = simulate("h100", problem=hopper(64), impl="flash-attn-4", overrides={"energy_mufu_pj_per_op": mid})
@@ -226,8 +226,8 @@ print(f"{mufu_pj} pJ/op: clock drops {drop:.2%}")
 kit.check(0.015 <= drop <= 0.025, f"the clock drops {drop:.2%}, not about 2 %")
 
 # %% [markdown]
-# About twice the fitted MUFU energy: the MUFU is a small part of hd64's budget, so the model's
-# hd64 error is not a MUFU energy error.
+# About twice the fitted MUFU energy: the MUFU is a small part of hd64's budget, so a clock
+# error at hd64 would not be a MUFU energy error.
 #
 # ### Exercise 8.2
 # What `power_cap_w` would let hd256 of section 1 hold 1.98 GHz? (Section 1 printed a number
@@ -255,7 +255,8 @@ kit.check(clock_at_cap(cap_w + 1) >= 1.98 and clock_at_cap(cap_w - 20) < 1.98,
 #
 # - Under sustained attention the power cap, not the maximum clock, sets the clock: ~1.35-1.75 GHz
 #   on an H100, lower where the tensor core is busier.
-# - The model gets the order right and the level a few % high (hd64 most); bursty load is the
-#   likely missing piece.
+# - The model gets the order and the level right within a few %, once it counts what bursts and
+#   mixed code cost beyond their parts: a tensor core that idles between bursts, and a softmax
+#   that mixes MUFU, FMA and ALU instructions, each draw more than single-unit loads suggest.
 # - Softmax work beside a GEMM costs clock even when it costs no time; on B200 that makes the
 #   non-tensor work FA4 removes (or moves) a power question as well as a time question.
