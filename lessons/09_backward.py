@@ -227,12 +227,17 @@ else:
         LIVE_P = Problem(batch=4, heads=16, seqlen_q=4096, seqlen_k=4096, hdim=128)
         impls = {}
         if fa4kernel is not None:
-            impls = {f"fa4kernel dq_reduce={mode}": (lambda q, k, v, mode=mode: fa4kernel.attention(q, k, v, dq_reduce=mode))
-                     for mode in ("red", "bulk")}
+            for mode in ("red", "bulk"):
+                impls[f"fa4kernel dq_reduce={mode}"] = (
+                    lambda q, k, v, mode=mode: fa4kernel.attention(q, k, v, dq_reduce=mode))
         try:
             from flash_attn.cute.interface import flash_attn_func
 
-            impls["flash-attn-4"] = lambda q, k, v: flash_attn_func(q, k, v)[0]
+            def fa4_fwd(q, k, v):
+                out = flash_attn_func(q, k, v)
+                return out[0] if isinstance(out, tuple) else out  # (out, lse) in some versions
+
+            impls["flash-attn-4"] = fa4_fwd
         except Exception as e:
             print("flash-attn-4 is not installed here:", repr(e)[:200])
         p = LIVE_P
@@ -252,16 +257,17 @@ else:
 # %% [markdown]
 # The recorded measurements: `benchmarks/bench_bwd_sm90.py` times the backward alone (after one
 # forward outside the timed region) of every implementation round-robin in one run, with each
-# one's gradients checked against an fp32 reference first. Two runs on an H100: the second adds
-# `fa4kernel[dq_reduce=bulk]`. Compare within a run: the power cap moves absolute numbers
-# between runs.
+# one's gradients checked against an fp32 reference first. The runs on an H100, newest first
+# (the newer adds `fa4kernel[dq_reduce=bulk]`), and the newest run that has every column. Compare
+# within a run: the power cap moves absolute numbers between runs.
 
 # %%
 RUNS_BWD = kit.recorded("sm90_bwd_*.json")
 for path, doc in RUNS_BWD:
-    s = doc["summary"]
+    s = doc.get("summary", {})
     print(f"{path.name} | {' | '.join(kit.describe(doc))} | geomean ours / flash-attn-4 "
-          f"{s['geomean_fa4kernel_over_flash-attn-4']:.2f}, ours / cuDNN {s['geomean_fa4kernel_over_sdpa-cudnn']:.2f}")
+          f"{s.get('geomean_fa4kernel_over_flash-attn-4', float('nan')):.2f}, "
+          f"ours / cuDNN {s.get('geomean_fa4kernel_over_sdpa-cudnn', float('nan')):.2f}")
 COLUMNS = {"fa4kernel": "ours", "fa4kernel[dq_reduce=bulk]": "ours bulk", "fa4kernel[deterministic]": "ours det",
            "flash-attn-4": "FA4", "sdpa-cudnn": "cuDNN"}
 # the newest run that holds every column
