@@ -148,9 +148,9 @@ kit.gantt(bwd["CTA pair"], iterations=4,
           title=f"FA4 backward on B200, CTA pair, hd128: {bwd['CTA pair'].tflops:.0f} TFLOP/s (one CTA, first 4 Q blocks)")
 
 # %% [markdown]
-# **Deterministic mode.** Floating-point adds do not commute bit for bit, so dQ's adds from
+# **Deterministic mode.** Floating-point addition is not associative, so dQ's adds from
 # different KV tiles, landing in whatever order the CTAs run, make results differ from run to
-# run. flash-attn-4's deterministic mode gives every Q block a semaphore in global memory: a CTA
+# run in the last bits. flash-attn-4's deterministic mode gives every Q block a semaphore in global memory: a CTA
 # spins until the semaphore holds its turn (its KV tile's index), adds its dQ, waits until the
 # adds have landed, and increments it. Each of these is an L2 round trip on the dQ path, so
 # `RDQ` grows as the largest wait. In the table it costs the pair about a tenth of its TFLOP/s
@@ -188,7 +188,8 @@ show("H100 flash-attn-4", h)
 #
 # - **Accumulators live in registers.** dK and dV (128 keys x 128 columns, fp32, each) stay in
 #   the MMA warpgroups' registers for the whole KV tile, beside S and dP of the current Q block.
-#   The register file bounds the Q block: 80 rows at hd128 (64 when causal) instead of 128.
+#   Registers are scarce, and the Q block is smaller: 80 rows at hd128 (64 when causal) instead
+#   of 128.
 # - **wgmma is 64 rows per instruction, issued per warpgroup.** A warpgroup computing 128 rows
 #   issues two wgmmas, each reading its whole B operand from shared memory, and with the keys
 #   on M both warpgroups read all of K (or V) as A. A B200 MMA of 128 (or, on a pair, 256) rows
@@ -313,11 +314,11 @@ if run is not None:
 # (`docs/accuracy.md`, "The backward pass"). So where hd128 is concerned the model's picture
 # holds: flash-attn-4's SM90 backward is shared-memory-bound.
 #
-# **Why ours is about 2x slower.** Both kernels split the work the same way (a CTA per 128-key
-# tile, two MMA warpgroups, the same five wgmmas), and in both a warpgroup waits for all its
-# wgmmas at the end of each Q block: neither overlaps one Q block with the next. So whatever
-# runs between the last GEMM of block j and the first of block j+1 leaves the tensor core idle,
-# and that is where the two differ:
+# **Why ours is about 2x slower.** Both kernels have the same structure (a CTA per 128-key tile,
+# a producer warpgroup and two MMA warpgroups, the same five wgmmas, split over the warpgroups
+# differently), and in both a warpgroup waits for all its wgmmas at the end of each Q block:
+# neither overlaps one Q block with the next. So whatever runs between the last GEMM of block j
+# and the first of block j+1 leaves the tensor core idle, and there the two differ:
 #
 # - **Ours** (`dq_reduce="red"`, the default) issues dV, dK and dQ, waits for all three, then every
 #   consumer thread adds its part of dQ into global memory itself: 16 `RED.ADD.F32x2`
@@ -339,17 +340,19 @@ for hd, heads in ((64, 32), (128, 16)):
           f"with 64 rows {ours_tile.tflops:.0f} ({ours_tile.tflops / own.tflops - 1:+.0%})")
 
 # %% [markdown]
-# The 64-row block costs flash-attn-4's schedule less than a tenth; ours is at half. The rest is
-# the dQ path on the critical path of every Q block.
+# The 64-row block costs flash-attn-4's schedule less than a tenth; ours is at half. The model
+# has no schedule for our kernel, so the rest is for measurements to split up; the first
+# candidate is the dQ path between Q blocks.
 #
 # **What `dq_reduce="bulk"` recovers.** With `"bulk"` the dQ warpgroups store dQ to an fp32
 # shared-memory buffer and producer warp 1 adds it with one `cp.reduce.async.bulk` per
 # warpgroup: the thousands of atomics leave the consumers. The table's bulk column: about a
 # third faster at 16k, a fifth to a quarter at 4k, little at 1k: there each CTA walks only 16 Q
 # blocks, and the work outside the Q-block loop (loading K and V, storing dK and dV) likely
-# weighs more. It is still well below flash-attn-4 and cuDNN: our dQ store to shared memory comes after
-# the wait for all three GEMMs, not beside dK, so the idle stretch between Q blocks shrinks but
-# stays.
+# weighs more. It is still well below flash-attn-4 and cuDNN, and what separates the rest is
+# open. One difference the code shows: our dQ store to shared memory comes after the wait for
+# all three GEMMs, not beside the dK GEMM as in flash-attn-4, so the stretch between Q blocks
+# shrinks but stays.
 #
 # Our compiled code shows the difference. `fa4kernel.compile_bwd_sass` compiles the backward
 # for `sm_90a` on the CPU (a few seconds each; without `nvidia-cutlass-dsl`, the `kernels`
@@ -449,9 +452,10 @@ kit.check(waits_most_for == max(w, key=w.get), f"the tensor core's waits: {w}")
 
 # %% [markdown]
 # The semaphore's L2 round trips lengthen the dQ path of every Q block, and the tensor core
-# waits for dQ's TMEM. On one CTA dQ lies over dP, so dP of the next block waits for the whole
-# dQ path; on a pair each SM moves half of dQ, and its MMA order (dQ one block behind S) leaves
-# more slack. A pair keeps about nine tenths of its speed, one CTA about four fifths.
+# waits for dQ's TMEM. On one CTA dQ lies over dP and the MMA warp issues the next dP right
+# after dQ, so it waits for the whole dQ path. On a pair dQ lies over the tail of S, with the dV
+# MMA between dQ and the next S, and each SM moves only half of dQ. A pair keeps about nine
+# tenths of its speed, one CTA about four fifths.
 #
 # ### Exercise 9.3: how many atomics?
 # Our backward at hd128: 64-row Q blocks, dQ split over the two consumer warpgroups along the
@@ -482,11 +486,11 @@ print(f"{reds_per_thread} per thread, {reds_per_thread * 256} per CTA per Q bloc
 #
 # - The backward does 2.5x the forward's MMA work and the same exp2; on B200 its wall is shared
 #   memory, and the CTA pair exists to bring that down to the tensor core's time.
-# - dQ is the hard part: it is reduced across CTAs, and on both GPUs the time between Q blocks
-#   is set by how dQ leaves the SM (TMEM read-out on B200, the warpgroups' own stores on Hopper).
-#   Deterministic mode puts L2 round trips on that path.
+# - dQ is the hard part: it is reduced across CTAs, through fp32 shared memory and TMA bulk
+#   reduce-adds. On B200 the tensor core waits mostly for dQ's read-out from TMEM; deterministic
+#   mode puts L2 round trips on that path.
 # - Without TMEM the accumulators take registers (smaller Q blocks) and 64-row wgmmas re-read
 #   their operands: flash-attn-4's Hopper backward is shared-memory-bound.
 # - Our SM90 backward runs at about half of flash-attn-4's: the same GEMMs, but dQ leaves through
 #   per-thread atomics after all three GEMMs have finished. Bulk reduce-adds recover part of it;
-#   overlapping dQ's store with the dK GEMM is the next step.
+#   the rest is open, and overlapping dQ's store with the dK GEMM is the first candidate.
