@@ -1,0 +1,496 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Lesson 09: the backward pass (about 30 minutes)
+#
+# Training needs dQ, dK and dV. FlashAttention never stores P: the backward recomputes it from
+# S and the row statistics (LSE) the forward saved. A CTA owns one **KV tile** (its keys) and
+# walks the Q blocks that see it. Per Q block it runs five GEMMs:
+#
+# | GEMM | what | accumulates |
+# |---|---|---|
+# | S^T = K Q^T | the scores again, then P = exp2(S scale - LSE) | |
+# | dP^T = V dO^T | then dS = P (dP - dPsum), dPsum = rowsum(dO * O) | |
+# | dV += P^T dO | | over the tile's Q blocks, in the CTA |
+# | dK += dS^T Q | | over the tile's Q blocks, in the CTA |
+# | dQ = dS K | this KV tile's share of dQ | **across CTAs**: added into an fp32 buffer in global memory |
+#
+# Five GEMMs against the forward's two: TFLOP/s count 2.5 forward passes. dK and dV stay in the
+# CTA until its tile ends; dQ of a Q block gets a share from every KV tile, so every CTA adds
+# into it. Two short launches surround the main kernel: a preprocess (dPsum, LSE in log2 units,
+# the fp32 dQ buffer zeroed) and a postprocess (dQ fp32 to bf16).
+#
+# fa4sim simulates flash-attn-4's backward with `simulate(..., pass_="bwd")` (the command line:
+# `fa4sim run --pass bwd`), on B200 (FA4's SM100 backward) and on Hopper (the FA3-style SM90
+# backward); `docs/model.md`, "The backward pass", describes both.
+
+# %%
+import contextlib
+import io
+import statistics
+
+import lessonkit as kit
+from fa4sim import Problem, feeds, hardware, simulate
+from fa4sim.schedules import fa3_sm90_bwd
+
+LIVE = kit.live()
+B200 = Problem(batch=4, heads=16, seqlen_q=8192, seqlen_k=8192, hdim=128)  # flash-attn-4's published shape
+b200 = hardware.load("b200")
+
+
+def show(label, r, bound=None):
+    """One backward result: TFLOP/s, clock, the loop's cycles per Q block (vs a roofline bound),
+    the busiest units and what the tensor core waits for."""
+    top = sorted(((u, v) for u, v in r.utilization.items() if ":" not in u), key=lambda uv: -uv[1])[:3]
+    waits = ", ".join(f"{op} {w:.0%}" for op, w in sorted(r.tensor_waits.items(), key=lambda kv: -kv[1]))
+    print(f"{label:24s} {r.tflops:5.0f} TFLOP/s at {r.clock_ghz:.2f} GHz | loop {r.interval:5.0f} cycles per Q block"
+          + (f" (roofline {bound:.0f})" if bound else "")
+          + f" | {', '.join(f'{u} {v:.0%}' for u, v in top)} | tensor waits for: {waits or '-'}")
+
+
+# %% [markdown]
+# ## 1. Feeds and speeds per tile (B200)
+#
+# Lesson 02's forward tile on B200 (128 x 128, hd128): tensor core 1024 cycles, exp2 1024,
+# shared memory 768. The backward tile (one KV tile of 128 keys x one Q block of 128 rows) does
+# five MMAs instead of two and the same exp2 (the backward emulates none).
+#
+# **Predict first.** Which unit sets the bound for one CTA: the tensor core, the MUFU or shared
+# memory? flash-attn-4 runs hd128 as a **CTA pair** (a cluster of two SMs whose MMAs span both):
+# how much faster than one CTA do you expect the pair to be?
+
+# %%
+guess = {"wall_one_cta": None,  # <- "tensor", "mufu" or "smem"
+         "pair_gain": None}     # <- a fraction, e.g. 0.2 for 20 % faster
+
+# %%
+ROOF = {}
+for two_cta in (False, True):
+    label = "CTA pair" if two_cta else "one CTA"
+    g = feeds.bwd_gemms(b200, two_cta=two_cta)
+    c = feeds.bwd_tile_costs(b200, two_cta=two_cta)
+    parts = feeds.bwd_smem_parts(b200, two_cta=two_cta)
+    ROOF[two_cta] = max(c["mma"], c["smem"], c["exp_mufu"])
+    print(f"{label}: tensor {c['mma']:.0f}, exp2 {c['exp_mufu']:.0f}, shared memory {c['smem']:.0f} cycles per SM")
+    print("   tensor by MMA:       ", {k: round(v.tensor_cycles) for k, v in g.items()})
+    print("   operand fetch by MMA:", {k: round(v.smem_cycles) for k, v in g.items()})
+    print("   shared memory parts: ", {k: round(v) for k, v in parts.items()})
+
+# %% [markdown]
+# These are the FA4 paper's roofline numbers (MMA 2560, shared memory 3328, exp2 1024 at
+# M = N = d = 128). Each MMA costs the tensor core 512 cycles. Shared memory pays for more than
+# the operands:
+#
+# - **Operand fetch.** S and dP read both operands from shared memory (512 each); dV and dK take
+#   P and dS from TMEM and read only dO and Q (256 each); dQ reads dS and K (512).
+# - **dS** is stored once (bf16) as dQ's operand; **dQ** is written to fp32 staging and read back
+#   by the TMA bulk reduce-add that adds it into global memory (512 + 512).
+#
+# On one CTA shared memory (3328) is the wall, 30 % above the tensor core. A CTA pair runs S, dP,
+# dV and dK as 256-row MMAs over both SMs' keys: each SM stages half of the B operand, and each
+# holds half of dQ's columns. It pays a dS exchange (each SM's dQ needs the peer's dS), and its
+# shared memory falls to the MMA time (the paper puts it about 5 % above). exp2 is far from the
+# bound: the backward's wall is not the forward's.
+#
+# ## 2. Simulate it
+#
+# flash-attn-4's choice at hd128 is the CTA pair, not deterministic. Four runs: the pair, one
+# CTA, and each in deterministic mode (below).
+
+# %%
+RUNS = {"CTA pair": {}, "one CTA": {"two_cta": False},
+        "CTA pair, deterministic": {"deterministic": True},
+        "one CTA, deterministic": {"two_cta": False, "deterministic": True}}
+bwd = {label: simulate("b200", problem=B200, overrides=o, pass_="bwd") for label, o in RUNS.items()}
+for label, r in bwd.items():
+    show(label, r, ROOF[r.knobs["two_cta"]])
+r = bwd["CTA pair"]
+print(f"\nlaunches (CTA pair): preprocess {r.pre_us:.0f} us, main kernel {r.main_us:.0f} us, "
+      f"postprocess {r.post_us:.0f} us")
+gain = bwd["CTA pair"].tflops / bwd["one CTA"].tflops - 1
+print(f"your guesses: {guess}; the simulator: one CTA's shared memory {ROOF[False]:.0f} cycles is the largest "
+      f"of the three, the pair is {gain:+.0%} faster")
+
+# %% [markdown]
+# - **Neither reaches its roofline.** The loop per Q block is about a fifth (one CTA) and a
+#   third (pair) longer than the bound, and no unit is saturated: the tensor core waits, mostly
+#   for `RDQ`, the dQ reduce warps reading dQ out of TMEM. dQ shares TMEM with another
+#   accumulator (over dP on one CTA, over the tail of S on a pair), so the next MMA into those
+#   columns waits until dQ is out.
+# - **The pair** gains about 13 %, less than half of what the roofline promises (3328 to 2560
+#   cycles, 30 %): it removes the shared-memory wall, and what is left is latency.
+# - **The three launches**: the pre- and postprocess are memory-bound and short beside the
+#   main kernel.
+#
+# The four runs use the shape of flash-attn-4's published B200 timings; `docs/accuracy.md`
+# compares them (within about 5 %). No B200 of ours has run this backward.
+#
+# The timeline of one CTA of the pair: the tensor row runs `S(j)`, `dK(j-1)`, `dP(j)`,
+# `dQ(j-1)`, `dV(j)`: the previous Q block's dK and dQ fill the gaps while the compute warps work
+# on this block's P and dS. The compute role loads S from TMEM (`LDS`), runs `EXP` on the MUFU,
+# then `DS`; the reduce role reads dQ out of TMEM (`RDQ`) and stores it in stages (`STQ`), each
+# followed by a bulk reduce-add on the TMA row (brown); `XCHG` is the dS exchange with the peer,
+# `relay` the warp that tells the MMA warp the peer's half has arrived.
+
+# %%
+kit.gantt(bwd["CTA pair"], iterations=4,
+          title=f"FA4 backward on B200, CTA pair, hd128: {bwd['CTA pair'].tflops:.0f} TFLOP/s (one CTA, first 4 Q blocks)")
+
+# %% [markdown]
+# **Deterministic mode.** Floating-point addition is not associative, so dQ's adds from
+# different KV tiles, landing in whatever order the CTAs run, make results differ from run to
+# run in the last bits. flash-attn-4's deterministic mode gives every Q block a semaphore in global memory: a CTA
+# spins until the semaphore holds its turn (its KV tile's index), adds its dQ, waits until the
+# adds have landed, and increments it. Each of these is an L2 round trip on the dQ path, so
+# `RDQ` grows as the largest wait. In the table it costs the pair about a tenth of its TFLOP/s
+# and one CTA about a fifth. Look at the clock, too: the deterministic runs draw less power, so
+# the cap lets them run faster (lesson 08), which gives back part of the loss. The FA4 paper
+# reports that the deterministic mode reaches up to 75 % of the fast path's speed.
+#
+# ## 3. Hopper: the same backward without TMEM
+#
+# flash-attn-4's SM90 backward (the FA3 design; fa4sim's `fa3_sm90_bwd` schedule): a producer
+# warpgroup (warp 0 loads; warp 1 issues dQ's bulk reduce-adds) and two MMA warpgroups, which
+# issue their own wgmmas and do the exp2 and dS work between them. The recorded H100 point
+# hd128 at 16k tokens:
+
+# %%
+H100 = Problem(batch=1, heads=16, seqlen_q=16384, seqlen_k=16384, hdim=128)
+h = simulate("h100", problem=H100, impl="flash-attn-4", pass_="bwd")
+m, n = h.knobs["tile_m"], h.knobs["tile_n"]
+print(f"tile: Q block {m} rows x KV tile {n} keys; {h.tflops:.0f} TFLOP/s at {h.clock_ghz:.2f} GHz")
+g = fa3_sm90_bwd.gemms(h.hw, H100, h.knobs)  # per warpgroup: (tensor, shared memory, latency, k-steps)
+print("per warpgroup, tensor cycles:      ", {k: round(v[0]) for k, v in g.items()})
+print("per warpgroup, operand fetch cycles:", {k: round(v[1]) for k, v in g.items()})
+tensor_sm = 2 * sum(v[0] for v in g.values())
+smem_sm = 2 * sum(v[1] for v in g.values())
+print(f"both warpgroups: tensor {tensor_sm:.0f}, operand fetch {smem_sm:.0f}; the loop {h.interval:.0f} cycles per Q block")
+scale = 128 / m  # per 128 x 128 (keys x queries), to compare with the B200 tile
+print(f"per 128 x 128: H100 loop {h.interval * scale:.0f} cycles (tensor {tensor_sm * scale:.0f}, operand fetch "
+      f"{smem_sm * scale:.0f}); B200 pair {bwd['CTA pair'].interval:.0f} (tensor 2560, operand fetch 1536)")
+show("H100 flash-attn-4", h)
+
+# %% [markdown]
+# The H100's tensor core needs twice the B200's cycles for the same MMA, and the kernel is
+# shared-memory-bound: the operand fetch alone is about as long as the MMAs. What changes
+# without TMEM:
+#
+# - **Accumulators live in registers.** dK and dV (128 keys x 128 columns, fp32, each) stay in
+#   the MMA warpgroups' registers for the whole KV tile, beside S and dP of the current Q block.
+#   Registers are scarce, and the Q block is smaller: 80 rows at hd128 (64 when causal) instead
+#   of 128.
+# - **wgmma is 64 rows per instruction, issued per warpgroup.** A warpgroup computing 128 rows
+#   issues two wgmmas, each reading its whole B operand from shared memory, and with the keys
+#   on M both warpgroups read all of K (or V) as A. A B200 MMA of 128 (or, on a pair, 256) rows
+#   reads each operand once. Hence operand traffic about equal to the tensor time here, about
+#   0.6 of it on the B200 pair.
+# - **P and dS in registers** serve as the A operand of dV and dK (RS wgmma): Hopper's counterpart
+#   of TMEM's TS MMA. dS still goes to shared memory for dQ.
+# - **dQ** accumulates in the MMA warpgroups' registers; they store it to fp32 shared memory and
+#   producer warp 1 adds it into global memory with one TMA bulk reduce-add. On the B200 the MMA
+#   writes dQ to TMEM and four dedicated warps move it out.
+# - **No CTA pair**: nothing halves the operand traffic.
+#
+# ## 4. Measured: our SM90 backward, flash-attn-4 and cuDNN
+#
+# `fa4kernel.attention` on tensors that require grad returns an output whose `backward()` runs
+# our SM90 backward (`fa4kernel/README.md`, "Backward"). With a Hopper GPU the next cell times it
+# at hd128, 4 x 4096 tokens, both ways of adding dQ (`dq_reduce`, below), and flash-attn-4's where
+# it is installed; otherwise it says why it skips.
+
+# %%
+live = {}
+if not LIVE:
+    print("No CUDA GPU here (or FA4LAB_LIVE=0): skipping the live measurement; the recorded one follows.")
+else:
+    import torch
+
+    device = torch.cuda.get_device_name(0)
+    if torch.cuda.get_device_capability(0)[0] != 9:
+        print(f"{device} is not a Hopper GPU; our backward is an SM90 kernel: skipping the live measurement.")
+    else:
+        try:
+            import fa4kernel
+        except Exception as e:  # the kernel package or the CuTe DSL is missing
+            fa4kernel = None
+            print("cannot import fa4kernel, skipping:", repr(e)[:300])
+        LIVE_P = Problem(batch=4, heads=16, seqlen_q=4096, seqlen_k=4096, hdim=128)
+        impls = {}
+        if fa4kernel is not None:
+            for mode in ("red", "bulk"):
+                impls[f"fa4kernel dq_reduce={mode}"] = (
+                    lambda q, k, v, mode=mode: fa4kernel.attention(q, k, v, dq_reduce=mode))
+        try:
+            from flash_attn.cute.interface import flash_attn_func
+
+            def fa4_fwd(q, k, v):
+                out = flash_attn_func(q, k, v)
+                return out[0] if isinstance(out, tuple) else out  # (out, lse) in some versions
+
+            impls["flash-attn-4"] = fa4_fwd
+        except Exception as e:
+            print("flash-attn-4 is not installed here:", repr(e)[:200])
+        p = LIVE_P
+        q, k, v = (torch.randn(p.batch, p.seqlen_q, p.heads, p.hdim, device="cuda", dtype=torch.bfloat16,
+                               requires_grad=True) for _ in range(3))
+        dout = torch.randn_like(q)
+        for label, fwd in impls.items():
+            try:
+                out = fwd(q, k, v)
+                ms = kit.time_cuda(lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True))
+                live[label] = 2.5 * p.flops / (ms * 1e-3) / 1e12
+            except Exception as e:
+                print(f"{label}: failed: {repr(e)[:300]}")
+        print(f"live on {device}, hd128 4x4096, backward only (a median of 10 calls):",
+              {k: f"{v:.0f} TFLOP/s" for k, v in live.items()})
+
+# %% [markdown]
+# The recorded measurements: `benchmarks/bench_bwd_sm90.py` times the backward alone (after one
+# forward outside the timed region) of every implementation round-robin in one run, with each
+# one's gradients checked against an fp32 reference first. The runs on an H100, newest first
+# (the newer adds `fa4kernel[dq_reduce=bulk]`), and the newest run that has every column. Compare
+# within a run: the power cap moves absolute numbers between runs.
+
+# %%
+RUNS_BWD = kit.recorded("sm90_bwd_*.json")
+for path, doc in RUNS_BWD:
+    s = doc.get("summary", {})
+    print(f"{path.name} | {' | '.join(kit.describe(doc))} | geomean ours / flash-attn-4 "
+          f"{s.get('geomean_fa4kernel_over_flash-attn-4', float('nan')):.2f}, "
+          f"ours / cuDNN {s.get('geomean_fa4kernel_over_sdpa-cudnn', float('nan')):.2f}")
+COLUMNS = {"fa4kernel": "ours", "fa4kernel[dq_reduce=bulk]": "ours bulk", "fa4kernel[deterministic]": "ours det",
+           "flash-attn-4": "FA4", "sdpa-cudnn": "cuDNN"}
+# the newest run that holds every column
+run = next((pd for pd in RUNS_BWD if all(k in pd[1]["points"][0]["results"] for k in COLUMNS)), None)
+if run is None:
+    print("No recorded backward benchmark with every column (benchmarks/results/sm90_bwd_*.json): "
+          "the comparison below is skipped. Never fill it with guesses.")
+else:
+    path, doc = run
+    print(f"\n{path.name}, TFLOP/s (2.5 x the forward's FLOPs), head dims our backward runs:")
+    print(f"{'point':22s}" + "".join(f"{c:>10s}" for c in COLUMNS.values()) + f"{'ours/FA4':>10s}{'bulk/FA4':>10s}")
+    for p in doc["points"]:
+        res = p["results"]
+        if "tflops" not in res["fa4kernel"]:
+            continue
+        t = {c: res.get(k, {}).get("tflops") for k, c in COLUMNS.items()}
+        print(f"hd{p['hdim']:<3d} {p['seqlen']:5d} {'causal' if p['causal'] else '':8s}"
+              + "".join(f"{t[c]:10.0f}" if t[c] else f"{'-':>10s}" for c in COLUMNS.values())
+              + f"{t['ours'] / t['FA4']:10.2f}{t['ours bulk'] / t['FA4']:10.2f}")
+
+# %% [markdown]
+# Ours runs at about half of flash-attn-4's speed and below cuDNN at every point. First, is the
+# model right about flash-attn-4? `fa4sim validate` replays a recorded backward
+# (`fa4sim/validate/backward.py`): every flash-attn-4 point through `simulate(..., pass_="bwd")`,
+# at the model's own clock. Our kernel has no schedule in the model yet, so it is not predicted.
+
+# %%
+if run is not None:
+    from fa4sim.validate import backward
+
+    with contextlib.redirect_stderr(io.StringIO()):  # its progress lines
+        v = backward.compare(doc)
+    fa4_rows = [row for row in v["points"] if row["kernel"] == "flash-attn-4"]
+    for row in fa4_rows:
+        print(f"hd{row['hdim']:<3d} {row['seqlen']:5d} {'causal' if row['causal'] else '':6s}  measured "
+              f"{row['measured_tflops']:4.0f}, predicted {row['predicted_tflops']:4.0f} TFLOP/s ({row['error']:+6.1%})")
+    for hd in (64, 128, 256):
+        errs = [abs(row["error"]) for row in fa4_rows if row["hdim"] == hd]
+        print(f"hd{hd}: median |error| {statistics.median(errs):.1%}, max {max(errs):.1%}")
+
+# %% [markdown]
+# At hd128 the model is within about 7 %; at hd64 and hd256 it predicts flash-attn-4 too fast
+# (`docs/accuracy.md`, "The backward pass"). So where hd128 is concerned the model's picture
+# holds: flash-attn-4's SM90 backward is shared-memory-bound.
+#
+# **Why ours is about 2x slower.** Both kernels have the same structure (a CTA per 128-key tile,
+# a producer warpgroup and two MMA warpgroups, the same five wgmmas, split over the warpgroups
+# differently), and in both a warpgroup waits for all its wgmmas at the end of each Q block:
+# neither overlaps one Q block with the next. So whatever runs between the last GEMM of block j
+# and the first of block j+1 leaves the tensor core idle, and there the two differ:
+#
+# - **Ours** (`dq_reduce="red"`, the default) issues dV, dK and dQ, waits for all three, then every
+#   consumer thread adds its part of dQ into global memory itself: 16 `RED.ADD.F32x2`
+#   instructions per thread per Q block at hd128 (exercise 9.3), 4096 8-byte atomic adds per CTA
+#   to L2. Only after they are issued does block j+1's S start.
+# - **flash-attn-4** issues dQ before dK and, once dK is issued, waits for every GEMM but dK, so
+#   dQ's copy to shared memory runs while the dK GEMM still does; then one thread of producer
+#   warp 1, not the MMA warpgroups, issues one bulk reduce-add per warpgroup.
+#
+# The tile is not the gap: the next cell runs flash-attn-4's schedule with our 64-row Q block.
+# At hd64 flash-attn-4 takes 128-row Q blocks.
+
+# %%
+for hd, heads in ((64, 32), (128, 16)):
+    P = Problem(batch=1, heads=heads, seqlen_q=16384, seqlen_k=16384, hdim=hd)
+    own = simulate("h100", problem=P, impl="flash-attn-4", pass_="bwd")
+    ours_tile = simulate("h100", problem=P, impl="flash-attn-4", overrides={"tile_m": 64}, pass_="bwd")
+    print(f"hd{hd} 16k: flash-attn-4's schedule, its {own.knobs['tile_m']}-row Q block {own.tflops:.0f} TFLOP/s, "
+          f"with 64 rows {ours_tile.tflops:.0f} ({ours_tile.tflops / own.tflops - 1:+.0%})")
+
+# %% [markdown]
+# The 64-row block costs flash-attn-4's schedule less than a tenth; ours is at half. The model
+# has no schedule for our kernel, so the rest is for measurements to split up; the first
+# candidate is the dQ path between Q blocks.
+#
+# **What `dq_reduce="bulk"` recovers.** With `"bulk"` the dQ warpgroups store dQ to an fp32
+# shared-memory buffer and producer warp 1 adds it with one `cp.reduce.async.bulk` per
+# warpgroup: the thousands of atomics leave the consumers. The table's bulk column: about a
+# third faster at 16k, a fifth to a quarter at 4k, little at 1k: there each CTA walks only 16 Q
+# blocks, and the work outside the Q-block loop (loading K and V, storing dK and dV) likely
+# weighs more. It is still well below flash-attn-4 and cuDNN, and what separates the rest is
+# open. One difference the code shows: our dQ store to shared memory comes after the wait for
+# all three GEMMs, not beside the dK GEMM as in flash-attn-4, so the stretch between Q blocks
+# shrinks but stays.
+#
+# Our compiled code shows the difference. `fa4kernel.compile_bwd_sass` compiles the backward
+# for `sm_90a` on the CPU (a few seconds each; without `nvidia-cutlass-dsl`, the `kernels`
+# extra, the cell says so and skips). `REDG` is a reduction into global memory, `UBLKRED` a bulk
+# reduce-add, `HGMMA` a wgmma; these are static counts (each place in the binary once).
+
+# %%
+SASS = {}
+try:
+    import fa4kernel
+
+    for mode in ("red", "bulk"):
+        SASS[mode] = fa4kernel.compile_bwd_sass(head_dim=128, dq_reduce=mode)
+except Exception as e:  # no CuTe DSL, no nvdisasm
+    print(f"cannot compile the backward here ({str(e).splitlines()[0][:200]}): skipping the SASS counts.")
+for mode, sass in SASS.items():
+    print(f"dq_reduce={mode:4s}: " + ", ".join(f"{op} {kit.sass_count(sass, op)}" for op in ("REDG", "UBLKRED", "HGMMA")))
+
+# %% [markdown]
+# **Deterministic, ours.** Our deterministic mode is not flash-attn-4's semaphores: each CTA adds
+# its dQ into its own slice of a buffer with one slice per KV tile, and the host sums the
+# slices in a fixed order. It costs memory (at 16k, 128 slices of dQ in fp32; so it is timed up
+# to 4k) and bandwidth, and runs at half to three quarters of our default speed (the `ours det`
+# column).
+#
+# ## 5. Exercises
+#
+# ### Exercise 9.1: twice the shared-memory bandwidth
+# Set `smem_bytes_per_clk` to twice the B200's (128 bytes per clock). First from the roofline:
+# by what fraction at most can the one-CTA backward speed up? Then simulate both configurations
+# at a fixed clock (the CTA pair's, `clock_ghz`) and give the gains.
+
+# %%
+f0 = bwd["CTA pair"].clock_ghz
+WIDE = {"smem_bytes_per_clk": 2 * b200.smem_bytes_per_clk}
+
+
+def gain_at(o):
+    """TFLOP/s gain from WIDE for the knobs o, both at the clock f0."""
+    return (simulate("b200", problem=B200, overrides={**o, **WIDE, "clock_ghz": f0}, pass_="bwd").tflops
+            / simulate("b200", problem=B200, overrides={**o, "clock_ghz": f0}, pass_="bwd").tflops - 1)
+
+
+bound_gain_one_cta = None  # <- the roofline's upper bound, a fraction
+gain_one_cta = None        # <- gain_at(...) for one CTA
+gain_pair = None           # <- gain_at(...) for the CTA pair
+
+# %%
+# SOLUTION (try the exercise first).
+if bound_gain_one_cta is None:
+    bound_gain_one_cta = 3328 / 2560 - 1  # shared memory halves to 1664: the tensor core's 2560 is the bound
+if gain_one_cta is None:
+    gain_one_cta = gain_at({"two_cta": False})
+if gain_pair is None:
+    gain_pair = gain_at({})
+
+# %%
+wide = feeds.bwd_tile_costs(b200.with_values(**WIDE))
+sim_one, sim_pair = gain_at({"two_cta": False}), gain_at({})
+print(f"one CTA, twice the bandwidth: tensor {wide['mma']:.0f}, shared memory {wide['smem']:.0f} cycles; bound "
+      f"{bound_gain_one_cta:+.0%}; simulated at {f0:.2f} GHz: one CTA {sim_one:+.1%}, pair {sim_pair:+.1%}")
+kit.check(abs(bound_gain_one_cta - (ROOF[False] / max(wide["mma"], wide["smem"], wide["exp_mufu"]) - 1)) < 0.01,
+          "the one-CTA loop cannot get shorter than the largest unit's cycles with the wider shared memory")
+kit.check(abs(gain_one_cta - sim_one) < 0.02 and abs(gain_pair - sim_pair) < 0.02,
+          f"the simulator gives one CTA {sim_one:+.1%}, the pair {sim_pair:+.1%}")
+one_own = simulate("b200", problem=B200, overrides={"two_cta": False, **WIDE}, pass_="bwd")
+print(f"one CTA with its own clock: {one_own.tflops / bwd['one CTA'].tflops - 1:+.1%} at {one_own.clock_ghz:.2f} GHz")
+
+# %% [markdown]
+# One CTA gains about a sixth, more than half of the roofline's 30 %: its wall falls, and the
+# latency of the dQ path stays. The pair, already at the MMA bound in shared memory, gains a
+# few percent. Under the power cap one CTA gains about half as much: a busier tensor core
+# draws more power, and the clock drops (lesson 08).
+#
+# ### Exercise 9.2: a CTA pair with deterministic mode
+# Which loses the larger fraction of its TFLOP/s to deterministic mode, at each one's own clock:
+# `"one CTA"` or `"CTA pair"`? And what does the tensor core wait for most in deterministic mode
+# (an op name from section 2's table)?
+
+# %%
+loses_more = None    # <- "one CTA" or "CTA pair"
+waits_most_for = None  # <- an op name
+
+# %%
+# SOLUTION (try the exercise first).
+if loses_more is None:
+    loses_more = "one CTA"
+if waits_most_for is None:
+    waits_most_for = "RDQ"
+
+# %%
+kept = {cfg: bwd[f"{cfg}, deterministic"].tflops / bwd[cfg].tflops for cfg in ("one CTA", "CTA pair")}
+print({cfg: f"deterministic keeps {k:.0%}" for cfg, k in kept.items()})
+kit.check(loses_more == min(kept, key=kept.get), f"deterministic keeps {kept}")
+w = bwd[f"{loses_more}, deterministic"].tensor_waits
+kit.check(waits_most_for == max(w, key=w.get), f"the tensor core's waits: {w}")
+
+# %% [markdown]
+# The semaphore's L2 round trips lengthen the dQ path of every Q block, and the tensor core
+# waits for dQ's TMEM. On one CTA dQ lies over dP and the MMA warp issues the next dP right
+# after dQ, so it waits for the whole dQ path. On a pair dQ lies over the tail of S, with the dV
+# MMA between dQ and the next S, and each SM moves only half of dQ. A pair keeps about nine
+# tenths of its speed, one CTA about four fifths.
+#
+# ### Exercise 9.3: how many atomics?
+# Our backward at hd128: 64-row Q blocks, dQ split over the two consumer warpgroups along the
+# head dim (64 columns each), 128 threads per warpgroup, one `RED.ADD.F32x2` per two fp32
+# values. How many RED instructions does each consumer thread issue per Q block?
+
+# %%
+reds_per_thread = None  # <- your answer
+
+# %%
+# SOLUTION (try the exercise first).
+if reds_per_thread is None:
+    reds_per_thread = 64 * (128 // 2) // 128 // 2  # 64 rows x 64 columns per warpgroup, 2 floats per RED
+
+# %%
+from fa4kernel import make_bwd_config  # noqa: E402  (plain Python: no CuTe DSL, no torch)
+
+cfg = make_bwd_config("bfloat16", 128, False)
+expected = cfg.tile_m * (cfg.head_dim // cfg.dq_wgs) // 128 // 2
+kit.check(reds_per_thread == expected, f"dQ is {cfg.tile_m} x {cfg.head_dim} fp32 over {cfg.dq_wgs} warpgroups")
+if SASS:
+    kit.check(reds_per_thread == kit.sass_count(SASS["red"], "REDG"), "count the REDG in the SASS above")
+print(f"{reds_per_thread} per thread, {reds_per_thread * 256} per CTA per Q block; with dq_reduce='bulk': "
+      f"{cfg.dq_wgs} bulk reduce-adds, issued by one producer thread")
+
+# %% [markdown]
+# ## What to remember
+#
+# - The backward does 2.5x the forward's MMA work and the same exp2; on B200 its wall is shared
+#   memory, and the CTA pair exists to bring that down to the tensor core's time.
+# - dQ is the hard part: it is reduced across CTAs, through fp32 shared memory and TMA bulk
+#   reduce-adds. On B200 the tensor core waits mostly for dQ's read-out from TMEM; deterministic
+#   mode puts L2 round trips on that path.
+# - Without TMEM the accumulators take registers (smaller Q blocks) and 64-row wgmmas re-read
+#   their operands: flash-attn-4's Hopper backward is shared-memory-bound.
+# - Our SM90 backward runs at about half of flash-attn-4's: the same GEMMs, but dQ leaves through
+#   per-thread atomics after all three GEMMs have finished. Bulk reduce-adds recover part of it;
+#   the rest is open, and overlapping dQ's store with the dK GEMM is the first candidate.
