@@ -33,19 +33,23 @@ examples:
   fa4sim sweep --hw b200 --grid exp_emulation=0,0.125,0.25,0.5 --grid seqlen=1024,4096,16384 --out sweeps/emu
       12 points, one per combination, in worker processes on this machine
   fa4sim sweep --hw h100 --grid hdim=64,128,256 --grid kv_stages=2,3,4 --backend ray
-      the same kind of grid as Ray tasks on a local Ray cluster (one CPU per point at a time)
-  ray start --head --port 6379          (on the head node; `ray start --address HEAD:6379` on the others)
+      the same kind of grid as tasks on a Ray cluster started here for the sweep (--jobs CPUs)
+  ray start --head --port 6379        (once, on the head node; `ray start --address HEAD:6379` on the others)
   fa4sim sweep --hw h100 --grid seqlen=512,1024,2048,4096,8192,16384 --grid hw=h100,h200 \\
                --backend ray --ray-address HEAD:6379
-      a large grid spread over every node of a cluster (or set RAY_ADDRESS=HEAD:6379)
+      a large grid spread over every CPU of every node (run it on a node; or set RAY_ADDRESS)
 
 grid names: seqlen, seqlen_k, hdim, hdim_v, batch, heads, causal, hw, impl, or any --set name.
 
-Every point is one simulation (about 0.3 s), independent of the others, so a sweep parallelises
-perfectly: its time is the number of points x 0.3 s / the CPUs it gets. --backend process uses this
-machine's cores. --backend ray sends each point to a Ray cluster as a task: the driver (this command)
-ships its own fa4sim to the nodes, so they need only Ray and fa4lab's dependencies (simpy, numpy) of
-the same versions. Both backends write the same CSV and JSON, in the grid's order.
+Every point is one simulation (a fraction of a second), independent of the others, so a sweep
+parallelises almost perfectly: its time is about points x seconds per point / CPUs. --backend
+process (the default) uses this machine's cores and starts in a second. --backend ray sends each
+point to a Ray cluster as a task: worth it when the cluster has many more CPUs than this machine,
+since starting a local Ray cluster alone takes seconds (10-30 s on 2 cores). This command ships its
+own fa4sim to the nodes, so they need only Ray, Python and fa4lab's dependencies (simpy, numpy), of
+the same versions. From outside the cluster use --ray-address ray://HEAD:10001 (needs `pip install
+"ray[client]"`); a cluster with token authentication also needs RAY_AUTH_MODE=token. Both backends
+write the same CSV and JSON, in the grid's order.
 """
 
 
