@@ -28,6 +28,30 @@ examples:
       every knob, what the implementation chooses, and every hardware parameter with its source
 """
 
+EPILOG_SWEEP = """\
+examples:
+  fa4sim sweep --hw b200 --grid exp_emulation=0,0.125,0.25,0.5 --grid seqlen=1024,4096,16384 --out sweeps/emu
+      12 points, one per combination, in worker processes on this machine
+  fa4sim sweep --hw h100 --grid hdim=64,128,256 --grid kv_stages=2,3,4 --backend ray
+      the same kind of grid as tasks on a Ray cluster started here for the sweep (--jobs CPUs)
+  ray start --head --port 6379        (once, on the head node; `ray start --address HEAD:6379` on the others)
+  fa4sim sweep --hw h100 --grid seqlen=512,1024,2048,4096,8192,16384 --grid hw=h100,h200 \\
+               --backend ray --ray-address HEAD:6379
+      a large grid spread over every CPU of every node (run it on a node; or set RAY_ADDRESS)
+
+grid names: seqlen, seqlen_k, hdim, hdim_v, batch, heads, causal, hw, impl, or any --set name.
+
+Every point is one simulation (a fraction of a second), independent of the others, so a sweep
+parallelises almost perfectly: its time is about points x seconds per point / CPUs. --backend
+process (the default) uses this machine's cores and starts in a second. --backend ray sends each
+point to a Ray cluster as a task: worth it when the cluster has many more CPUs than this machine,
+since starting a local Ray cluster alone takes seconds (10-30 s on 2 cores). This command ships its
+own fa4sim to the nodes, so they need only Ray, Python and fa4lab's dependencies (simpy, numpy), of
+the same versions. From outside the cluster use --ray-address ray://HEAD:10001 (needs `pip install
+"ray[client]"`); a cluster with token authentication also needs RAY_AUTH_MODE=token. Both backends
+write the same CSV and JSON, in the grid's order.
+"""
+
 
 class _Parser(argparse.ArgumentParser):
     """argparse, but a usage error is one line and exit code 2."""
@@ -249,13 +273,19 @@ def build_parser() -> argparse.ArgumentParser:
     sw = sub.add_parser("sweep", help="simulate a grid of knob values and problem sizes in parallel",
                         formatter_class=argparse.RawDescriptionHelpFormatter,
                         description="Simulate every combination of the --grid values; write CSV, JSON and a plot.",
-                        epilog="example:\n  fa4sim sweep --hw b200 --grid exp_emulation=0,0.125,0.25,0.5 "
-                               "--grid seqlen=1024,4096,16384 --out sweeps/emu\n"
-                               "  grid names: seqlen, seqlen_k, hdim, batch, heads, causal, hw, or any --set name")
+                        epilog=EPILOG_SWEEP)
     add_problem_args(sw)
     sw.add_argument("--grid", action="append", default=[], metavar="NAME=V1,V2,...", help="a swept dimension (repeatable)")
     sw.add_argument("--out", default="sweep", help="output prefix: writes PREFIX.csv, PREFIX.json, PREFIX.png")
-    sw.add_argument("--jobs", type=int, default=0, help="worker processes (default: all cores)")
+    sw.add_argument("--jobs", type=int, default=0, help="worker processes (default: all cores); with --backend ray "
+                                                        "and no cluster address, the CPUs of the local Ray cluster")
+    sw.add_argument("--backend", choices=("process", "ray"), default="process",
+                    help="where the points run: 'process' = a pool of worker processes on this machine (default); "
+                         "'ray' = one Ray task per point, on a Ray cluster (needs `pip install ray`)")
+    sw.add_argument("--ray-address", metavar="HOST:PORT", default=None,
+                    help="with --backend ray: the cluster to join (the head node's GCS address, or "
+                         "ray://HOST:10001); default: $RAY_ADDRESS, else a local cluster of --jobs CPUs "
+                         "started for this sweep and shut down after")
     sw.add_argument("--no-progress", action="store_true", help="no progress bar")
     sw.set_defaults(func=cmd_sweep)
 
