@@ -228,7 +228,7 @@ class _Instance:
                       + [-(-v // graph.units[u]) for u, v in loads.items()])
         # every op alone in its own stretch: feasible once no dependence cycle spans 0 iterations
         self.ub = max(self.lb, len(self.names) * self.footprint + sum(self.delay))
-        self.q_max = self._stages(self.lb)
+        self.q_max = self._stages(2 * self.lb)
         self.topo = self._topological()
         self.anchor = cycle[0].src if cycle else self.topo[0]
 
