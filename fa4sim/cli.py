@@ -314,10 +314,10 @@ def cmd_solve(a) -> int:
             continue
         print(f"{role} (depth {p['depth']}):")
         for i, line in enumerate(p["prologue"]):
-            print(f"  prologue {i}: {line}")
+            print(f"  prologue {i}: {line or '-'}")
         print(f"  steady   k: {' '.join(p['steady'])}")
         for i, line in enumerate(p["epilogue"]):
-            print(f"  epilogue {i}: {line}")
+            print(f"  epilogue {i}: {line or '-'}")
         once = ([f"{' '.join(p['first'])} (with iteration 0)"] if p["first"] else []) + \
                ([f"{' '.join(p['last'])} (with iteration n-1)"] if p["last"] else [])
         if once:

@@ -150,7 +150,8 @@ def solve(graph: LoopGraph, schedule: Schedule, order: str = "code", time_limit_
         out = None
         for choice in LIST_ORDERS:
             if out is None and left() > 0.01:
-                out = inst.run(ii, max(0.01, min(left() * 0.2, 0.15)), 1, fixed_search=choice)
+                out = inst.run(ii, max(0.01, min(left() * 0.2, max(0.15, time_limit_s / 20))), 1,
+                               fixed_search=choice)
         if out is None and left() > 0.05:
             out = inst.run(ii, left() * 0.3, workers)
         tried[ii] = "unknown" if out is None else "infeasible" if out == "INFEASIBLE" else "feasible"
@@ -187,7 +188,7 @@ def solve(graph: LoopGraph, schedule: Schedule, order: str = "code", time_limit_
     ii_best, sol = best
     # at that II: the fewest stages, then the shortest lifetimes
     if left() > 0.02:
-        again = inst.run(ii_best, min(left(), SECONDARY_S), workers, hint=sol, secondary=True)
+        again = inst.run(ii_best, min(left(), SECONDARY_S), 1, hint=sol, secondary=True)
         if isinstance(again, dict):
             sol = again
 
@@ -310,6 +311,7 @@ class _Instance:
                                     cp_model.SELECT_MIN_VALUE)
             solver.parameters.search_branching = cp_model.FIXED_SEARCH
         solver.parameters.max_time_in_seconds = limit_s
+        solver.parameters.max_deterministic_time = limit_s  # the same answer on a faster machine
         st = solver.solve(m)
         if st == cp_model.INFEASIBLE:
             return "INFEASIBLE"
