@@ -370,13 +370,14 @@ def schedule_from(schedule: Schedule, programs: dict) -> Schedule:
 
 
 def replayed_interval(schedule: Schedule, n: int) -> float | None:
-    """Steady-state cycles per iteration of `schedule` on one tile of n iterations, through
-    the engine path simulate() uses (steady_state.tile_times, then the marker's period)."""
+    """Steady-state cycles per iteration of `schedule` on one tile of n iterations (at most
+    steady_state.CAP simulated), as simulate() measures it: the marker op's period."""
+    from .engine import simulate
     from .model import _window
-    from .steady_state import tile_times
+    from .steady_state import CAP, detect
 
-    _, _, trace, period = tile_times(schedule, n)
-    return _window(trace, period)[2]
+    trace = simulate(schedule, [min(n, CAP)])
+    return _window(trace, detect(trace.starts(schedule.marker)))[2]
 
 
 def program_text(programs: dict, graph: LoopGraph) -> dict:
