@@ -150,7 +150,7 @@ def solve(graph: LoopGraph, schedule: Schedule, order: str = "code", time_limit_
         out = None
         for choice in LIST_ORDERS:
             if out is None and left() > 0.01:
-                out = inst.run(ii, max(0.01, min(left() * 0.2, max(0.15, time_limit_s / 20))), 1,
+                out = inst.run(ii, max(0.01, min(left() * 0.25, max(0.15, time_limit_s / 10))), 1,
                                fixed_search=choice)
         if out is None and left() > 0.05:
             out = inst.run(ii, left() * 0.3, workers)
