@@ -277,7 +277,7 @@ def cmd_solve(a) -> int:
     t0 = time.perf_counter()
     schedule, n = _loop_schedule(a)
     g = graph.build(schedule)
-    sol = modulo.solve(g, schedule, order=a.order, time_limit_s=a.time_limit)
+    sol = modulo.solve(g, order=a.order, time_limit_s=a.time_limit)
     t1 = time.perf_counter()
     solved = modulo.schedule_from(schedule, sol.programs)
     replayed = modulo.replayed_interval(solved, n)

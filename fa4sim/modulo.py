@@ -31,7 +31,9 @@ iteration).
 The search: II = the lower bound max(ResMII, RecMII of the kept edges) first, then larger IIs
 (doubling steps, then bisection), each a CP-SAT feasibility problem at a fixed II (linear, so
 fast to prove or refute), then the untried IIs below the best while time is left. The status is
-OPTIMAL when every smaller II is proven infeasible (or the bound is reached), else FEASIBLE.
+OPTIMAL when every smaller II is proven infeasible (or the bound is reached), else FEASIBLE;
+proofs hold for schedules of up to `q_max` + 1 stages (the stages an as-soon-as-possible
+schedule at twice the bound spans, plus 3).
 Then, at the best II: the fewest stages, then the shortest sum of flow-edge lifetimes
 (t_dst + distance * II - t_src: values held in registers and buffers).
 
@@ -66,7 +68,7 @@ class Solution:
     res_critical: str
     rec_mii: float            # over the dependence edges and the kept order edges
     rec_critical: str
-    lower_bound: float        # cycles: the largest II proven (with all below it) impossible, + 1 tick
+    lower_bound: float        # cycles: no smaller II exists (the bound, raised past IIs proven infeasible)
     stages: int
     wall_s: float
     kept: list = field(default_factory=list)  # Dep: the order edges the model kept
@@ -74,7 +76,7 @@ class Solution:
     tried: dict = field(default_factory=dict)  # II in ticks -> "feasible" | "infeasible" | "unknown"
 
 
-def kept_order(graph: LoopGraph, schedule: Schedule, order: str) -> list:
+def kept_order(graph: LoopGraph, order: str) -> list:
     """The hand order edges the solver keeps under `order` (see the module docstring)."""
     if order not in ORDERS:
         raise InputError("order", f"unknown order {order!r}; allowed: {', '.join(ORDERS)}")
@@ -115,10 +117,11 @@ def _blocks(pieces, scale: int) -> list:
         if p.length > 0:
             a, busy = spans.get(p.unit, (math.inf, 0.0))
             spans[p.unit] = (min(a, p.offset), busy + p.length)
-    return [(u, int(math.floor(a * scale + 1e-9)), max(1, _ticks(busy, scale))) for u, (a, busy) in sorted(spans.items())]
+    return [(u, int(math.floor(a * scale + 1e-9)), max(1, _ticks(busy, scale)))
+            for u, (a, busy) in sorted(spans.items())]
 
 
-def solve(graph: LoopGraph, schedule: Schedule, order: str = "code", time_limit_s: float = 0.7,
+def solve(graph: LoopGraph, order: str = "code", time_limit_s: float = 0.7,
           ticks_per_cycle: int = 1, workers: int = 2) -> Solution:
     """The modulo schedule of the graph's loop with the smallest II (see the module docstring).
     Raises InputError when no II is found within the time limit or none exists."""
@@ -131,7 +134,7 @@ def solve(graph: LoopGraph, schedule: Schedule, order: str = "code", time_limit_
         raise InputError("time_limit", f"must be > 0 seconds, got {time_limit_s!r}")
     if not graph.loop_nodes:
         raise InputError("schedule", f"{graph.schedule} has no op that runs every iteration: nothing to pipeline")
-    kept = kept_order(graph, schedule, order)
+    kept = kept_order(graph, order)
     inst = _Instance(graph, graph.loop_deps + kept, ticks_per_cycle)
     res = res_mii(graph)
 
@@ -262,6 +265,8 @@ class _Instance:
         none was found in time); `secondary`: the fewest stages, then the shortest lifetimes."""
         from ortools.sat.python import cp_model
 
+        if ii < self.footprint:
+            return "INFEASIBLE"
         m = cp_model.CpModel()
         q_max = self.q_max
         r = {k: m.new_int_var(0, ii - 1, f"r_{k}") for k in self.names}
@@ -270,8 +275,6 @@ class _Instance:
         for k in self.names:
             m.add(t[k] == q[k] * ii + r[k])
         m.add(r[self.anchor] == 0)  # a schedule shifted in time is the same schedule
-        if ii < self.footprint:
-            return "INFEASIBLE"
         per_unit: dict = {u: [] for u in self.graph.units}
         per_role: dict = {ro: [] for ro in self.graph.roles}
         for k in self.names:
@@ -279,7 +282,8 @@ class _Instance:
                 for u, off, ln in self.blocks[k]:
                     per_unit[u].append(m.new_fixed_size_interval_var(r[k] + off + shift, ln, f"{k}@{u}"))
                 if self.hold[k] > 0:
-                    per_role[self.role[k]].append(m.new_fixed_size_interval_var(r[k] + shift, self.hold[k], f"{k}@role"))
+                    per_role[self.role[k]].append(
+                        m.new_fixed_size_interval_var(r[k] + shift, self.hold[k], f"{k}@role"))
         for u, ivs in per_unit.items():
             if len(ivs) > 3:
                 if self.graph.units[u] == 1:

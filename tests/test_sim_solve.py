@@ -45,7 +45,7 @@ def pipeline_toy() -> Schedule:
 
 def solve(schedule, **kw):
     g = graph.build(schedule)
-    return g, modulo.solve(g, schedule, time_limit_s=kw.pop("time_limit_s", 5.0), **kw)
+    return g, modulo.solve(g, time_limit_s=kw.pop("time_limit_s", 5.0), **kw)
 
 
 def replay(schedule, sol, n=40):
@@ -98,15 +98,15 @@ def test_order_policies_keep_what_they_say():
     from fa4sim.params import Problem
     s = build_cta("b200", Problem(2, 16, 8192, 8192, 128), n_kv=64)
     g = graph.build(s)
-    assert modulo.kept_order(g, s, "free") == []
-    assert len(modulo.kept_order(g, s, "hand")) == len(g.order)
-    code = {(d.src, d.dst) for d in modulo.kept_order(g, s, "code")}
+    assert modulo.kept_order(g, "free") == []
+    assert len(modulo.kept_order(g, "hand")) == len(g.order)
+    code = {(d.src, d.dst) for d in modulo.kept_order(g, "code")}
     assert ("PVb0", "QK0") in code and ("MAX0", "EXPa0") in code  # the MMA warp's order, the softmax's
     assert not any("LK" in pair or "LV" in pair for pair in code)  # TMA has no issue queue: free
-    compute = {(d.src, d.dst) for d in modulo.kept_order(g, s, "compute")}
+    compute = {(d.src, d.dst) for d in modulo.kept_order(g, "compute")}
     assert ("MAX0", "EXPa0") in compute and ("PVb0", "QK0") not in compute
     with pytest.raises(InputError, match="order"):
-        modulo.kept_order(g, s, "sideways")
+        modulo.kept_order(g, "sideways")
 
 
 def test_an_impossible_problem_is_one_line():
@@ -165,8 +165,8 @@ def test_a_deadlocking_replay_reports_the_engine_message(monkeypatch, capsys):
     CLI prints the engine's message (exit 3)."""
     real = modulo.solve
 
-    def backwards(g, schedule, **kw):
-        sol = real(g, schedule, **kw)
+    def backwards(g, **kw):
+        sol = real(g, **kw)
         sol.programs["softmax0"] = [(k, 0) for k, _ in reversed(sol.programs["softmax0"])]
         sol.programs["mma"] = [(k, 0) for k, _ in sol.programs["mma"]]
         return sol
