@@ -1,4 +1,5 @@
-"""fa4sim command line: run one simulation, list parameters, sweep a grid.
+"""fa4sim command line: run one simulation, list parameters, sweep a grid, validate, and look at a
+schedule as a dependency graph (graph) or find one from its constraints (solve).
 
 Exit codes: 0 ok, 2 bad input (one line naming the parameter), 3 deadlock (the ops involved).
 """
@@ -83,7 +84,8 @@ def _problem(a) -> Problem:
 
 
 # what an output file's name may end in, by option (matplotlib writes these; Perfetto reads JSON)
-OUTPUT_FORMATS = {"--gantt": (".png", ".svg", ".pdf"), "--trace": (".json",), "--plot": (".png", ".svg", ".pdf")}
+OUTPUT_FORMATS = {"--gantt": (".png", ".svg", ".pdf"), "--trace": (".json",), "--plot": (".png", ".svg", ".pdf"),
+                  "--dot": (".dot", ".gv")}
 
 
 def check_output(option: str, path: str | None) -> None:
@@ -236,6 +238,125 @@ def cmd_validate(a) -> int:
     return validate.main(a.results, a.hw, a.plot, a.json, a.at_profile_clock, a.pv_wait)
 
 
+def _loop_schedule(a):
+    """(hand schedule, iterations per tile) of the problem's longest tile, built as simulate()
+    builds it (unmasked blocks: the loop; a causal tile's mask is a once-per-tile op)."""
+    import math
+    from .model import setup
+    problem = _problem(a)
+    profile, _, module, impl, knobs = setup(a.hw, a.schedule, problem, _set_pairs(a.set), a.impl, a.pass_)
+    if a.pass_ == "bwd":
+        n = math.ceil(problem.seqlen_q / knobs["tile_m"])
+    else:
+        n = math.ceil(problem.seqlen_k / knobs["tile_n"])
+    return module.build(profile, problem, knobs, n, 0, impl), n
+
+
+def cmd_graph(a) -> int:
+    from . import graph
+    check_output("--dot", a.dot)
+    check_output("--plot", a.plot)
+    schedule, _ = _loop_schedule(a)
+    g = graph.build(schedule, slowed=a.slowed)
+    res, rec, rec_order = graph.res_mii(g), graph.rec_mii(g), graph.rec_mii(g, with_order=True)
+    if a.dot:
+        with open(a.dot, "w") as f:
+            f.write(graph.to_dot(g, rec_order))
+    if a.plot:
+        from .graph_plot import draw
+        draw(g, a.plot, res, rec_order, title=f"{schedule.name} on {a.hw} ({a.pass_}): one iteration; ResMII "
+                                              f"{res.value:.0f} ({res.critical}), RecMII {rec.value:.0f}, with the "
+                                              f"roles' program order {rec_order.value:.0f}")
+    if a.json:
+        print(json.dumps(graph.to_json(g, res, rec, rec_order), indent=None if a.compact else 1))
+        return 0
+    print(f"{schedule.name} on {a.hw} ({a.pass_}): {len(g.loop_nodes)} ops per iteration "
+          f"({len(g.nodes) - len(g.loop_nodes)} more once per tile), {len(g.units)} units, {len(g.roles)} roles, "
+          f"{len(g.loop_deps)} edges in the loop ({len(g.deps) - len(g.loop_deps)} at tile boundaries), "
+          f"{len(g.order)} program-order edges")
+    print(f"{'op':8s} {'role':11s} {'completion':>10s} {'hold':>7s}  units (cycles)")
+    for n in g.nodes:
+        units = ", ".join(f"{u} {c:.0f}" for u, c in sorted(n.uses.items(), key=lambda kv: -kv[1]))
+        mark = "" if n.in_loop else f"  [once per tile: {n.when}]"
+        print(f"{n.name:8s} {n.role:11s} {n.completion:10.0f} {n.hold:7.0f}  {units}{mark}")
+    print("edges (src -> dst, distance, kind, delay = completion + lag):")
+    for d in g.deps:
+        print(f"  {d.src} -> {d.dst}  d={d.distance}{'t' if d.per == 'tile' else ''}  {d.kind}  {d.delay:.0f}"
+              + ("" if d.in_loop else "  [tile boundary]"))
+    busiest = sorted(res.loads.items(), key=lambda kv: -kv[1])[:5]
+    print(f"ResMII  {res.value:8.1f}  {res.critical} (" + ", ".join(f"{u} {v:.0f}" for u, v in busiest) + ")")
+    print(f"RecMII  {rec.value:8.1f}  {rec.critical}  (dependence edges only)")
+    print(f"        {rec_order.value:8.1f}  {rec_order.critical}  (with the roles' program order)")
+    for path in (a.dot, a.plot):
+        if path:
+            print(f"wrote {path}")
+    return 0
+
+
+def cmd_solve(a) -> int:
+    import time
+    from . import graph, modulo
+    if not a.time_limit > 0:
+        raise InputError("--time-limit", f"must be > 0 seconds, got {a.time_limit}")
+    t0 = time.perf_counter()
+    schedule, n = _loop_schedule(a)
+    g = graph.build(schedule)
+    sol = modulo.solve(g, order=a.order, time_limit_s=a.time_limit)
+    t1 = time.perf_counter()
+    solved = modulo.schedule_from(schedule, sol.programs)
+    replayed = modulo.replayed_interval(solved, n)
+    hand = modulo.replayed_interval(schedule, n)
+    t2 = time.perf_counter()
+    text = modulo.program_text(sol.programs, g)
+    r = lambda x: None if x is None else round(x, 2)  # noqa: E731
+    out = {
+        "schedule_name": schedule.name, "hw": a.hw, "pass": a.pass_, "order": a.order, "iterations": n,
+        "ii": r(sol.ii), "status": sol.status, "lower_bound": r(sol.lower_bound),
+        "res_mii": {"value": r(sol.res_mii), "critical": sol.res_critical},
+        "rec_mii": {"value": r(sol.rec_mii), "critical": sol.rec_critical},
+        "stages": sol.stages, "replayed_interval": r(replayed), "hand_interval": r(hand),
+        "schedule": {k: {"offset": r(sol.offset[k]), "stage": sol.stage[k], "role": g.node(k).role,
+                         "skew": dict(sol.programs[g.node(k).role])[k], "in_loop": g.node(k).in_loop}
+                     for k in sol.offset},
+        "programs": text,
+        "kept_order_edges": [{"src": d.src, "dst": d.dst, "distance": d.distance} for d in sol.kept],
+        "tried": {str(k / sol.ticks_per_cycle): v for k, v in sorted(sol.tried.items())},
+        "ticks_per_cycle": sol.ticks_per_cycle, "time_limit_s": a.time_limit,
+        "solve_wall_s": round(sol.wall_s, 3), "replay_wall_s": round(t2 - t1, 3), "wall_s": round(t2 - t0, 3),
+    }
+    if a.json:
+        print(json.dumps(out, indent=None if a.compact else 1))
+        return 0
+    print(f"{schedule.name} on {a.hw} ({a.pass_}), order={a.order}: II {sol.ii:.0f} cycles ({sol.status}; "
+          f"ResMII {sol.res_mii:.0f} {sol.res_critical}, RecMII {sol.rec_mii:.0f}), {sol.stages} stages, "
+          f"solved in {sol.wall_s:.2f} s")
+    print(f"replayed in the engine: {replayed:.1f} cycles per iteration; the hand schedule: {hand:.1f}"
+          if replayed is not None and hand is not None else "replayed in the engine: no steady state found")
+    print(f"recurrence: {sol.rec_critical}")
+    for role, p in text.items():
+        if not p["steady"]:
+            continue
+        print(f"{role} (depth {p['depth']}):")
+        for i, line in enumerate(p["prologue"]):
+            print(f"  prologue {i}: {line or '-'}")
+        print(f"  steady   k: {' '.join(p['steady'])}")
+        for i, line in enumerate(p["epilogue"]):
+            print(f"  epilogue {i}: {line or '-'}")
+        once = ([f"{' '.join(p['first'])} (with iteration 0)"] if p["first"] else []) + \
+               ([f"{' '.join(p['last'])} (with iteration n-1)"] if p["last"] else [])
+        if once:
+            print(f"  once per tile: {'; '.join(once)}")
+    return 0
+
+
+def _add_loop_args(p) -> None:
+    add_problem_args(p)
+    p.add_argument("--pass", dest="pass_", default="fwd", choices=("fwd", "bwd"),
+                   help="fwd (default) or bwd (iterations are Q blocks)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--compact", action="store_true", help="with --json: on one line")
+
+
 def build_parser() -> argparse.ArgumentParser:
     top = _Parser(prog="fa4sim", formatter_class=argparse.RawDescriptionHelpFormatter,
                   description="A cycle-level model of one GPU SM running FlashAttention forward schedules: "
@@ -318,6 +439,40 @@ def build_parser() -> argparse.ArgumentParser:
                          "where ptxas put it in that build (the implementation's pv_wait_sass table), a what-if")
     va.add_argument("--json", action="store_true")
     va.set_defaults(func=cmd_validate)
+
+    gr = sub.add_parser("graph", help="one loop iteration's dependency graph and its II bounds (ResMII, RecMII)",
+                        formatter_class=argparse.RawDescriptionHelpFormatter,
+                        description="The dependency graph of one iteration of the schedule the simulation "
+                                    "replays: ops (cycles per unit, latency, role), units, edges (distance, "
+                                    "kind, delay), the resource bound (busiest unit or role) and the "
+                                    "recurrence bound (critical cycle), without and with the roles' program "
+                                    "order (docs/schedules-from-constraints.md).",
+                        epilog="example:\n  fa4sim graph --hw b200 --schedule fa4 --plot figures/graph_fa4_sm100.png "
+                               "--dot fa4.dot")
+    _add_loop_args(gr)
+    gr.add_argument("--dot", metavar="FILE.dot", help="write the graph as Graphviz text")
+    gr.add_argument("--plot", metavar="FILE.png", help="draw the graph (one lane per role)")
+    gr.add_argument("--slowed", action="store_true", help="charge units the schedule slows beside the tensor core "
+                                                        "at the slowed rate (not a lower bound then)")
+    gr.set_defaults(func=cmd_graph)
+
+    so = sub.add_parser("solve", help="a modulo schedule by CP-SAT, its role programs, replayed in the engine",
+                        formatter_class=argparse.RawDescriptionHelpFormatter,
+                        description="Find the smallest initiation interval (II) for the schedule's ops, units "
+                                    "and edges with OR-Tools CP-SAT, emit each role's program (op order and "
+                                    "skew: prologue, steady state, epilogue) and replay it in the engine "
+                                    "(docs/schedules-from-constraints.md).",
+                        epilog="examples:\n  fa4sim solve --hw b200 --schedule fa4 --json\n"
+                               "  fa4sim solve --hw b200 --order compute   # MMA issue order free\n"
+                               "  fa4sim solve --hw b200 --set mufu_ex2_per_clk=32")
+    _add_loop_args(so)
+    so.add_argument("--order", default="code", choices=("code", "hand", "compute", "free"),
+                    help="which program order the solver keeps: code (default: each role's MMA issue order "
+                         "and its compute ops' order), hand (all of it), compute (the compute ops' order only), "
+                         "free (none: a bound; its programs may break hazards the hand order expresses)")
+    so.add_argument("--time-limit", type=float, default=0.7, metavar="S",
+                    help="CP-SAT time limit in seconds (default 0.7; loading OR-Tools is not counted)")
+    so.set_defaults(func=cmd_solve)
     return top
 
 
