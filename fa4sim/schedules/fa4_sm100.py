@@ -231,7 +231,7 @@ def build(hw, p: Problem, k: dict, n_kv: int, masked_blocks: int, impl=None, hbm
     for s in range(T):
         edges += [Edge(f"LQ{s}", f"QK{s}", lag=mbar), Edge("LK", f"QK{s}", lag=mbar),
                   Edge("LV", f"PVa{s}", lag=mbar),
-                  Edge(f"QK{s}", f"MASK{s}" if masked_blocks else f"MAX{s}", lag=mbar),
+                  Edge(f"QK{s}", f"MAX{s}", lag=mbar),  # every block's row max reads its S
                   Edge(f"EXPa{s}", f"PVa{s}", lag=mbar),
                   Edge(f"MAX{s}", f"COR{s}", lag=nbar),
                   Edge(pv_done(s), f"COR{s}", distance=1, lag=mbar),
@@ -241,6 +241,8 @@ def build(hw, p: Problem, k: dict, n_kv: int, masked_blocks: int, impl=None, hbm
                   Edge(f"ST{s}", f"FIN{s}", distance=1, per="tile", kind="anti"),
                   Edge(f"FIN{s}", f"PVa{s}", distance=1, kind="anti"),  # O_s TMEM reused by next tile
                   Edge(f"QK{s}", f"LQ{s}", distance=1, per="tile", kind="anti", lag=mbar)]
+        if masked_blocks:  # the first block's mask reads S before its row max
+            edges.append(Edge(f"QK{s}", f"MASK{s}", lag=mbar))
         if split < 1:
             edges.append(Edge(f"EXPb{s}", f"PVb{s}", lag=mbar))
         if s_pingpong:  # S(j) overwrites the slot of S/P(j-2): after PV(j-2) has read P
