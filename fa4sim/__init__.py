@@ -9,14 +9,17 @@ Layout (one idea per module):
   exp2_emulation.py   FA4's polynomial exp2 on the FMA pipe: numerics and cost
   softmax.py          softmax instruction counts per score element -> unit cycles
   rescale.py          conditional rescaling: how often a warp rescales O
-  schedules/          fa4_sm100 (FA4 forward, Blackwell), fa3_sm90 (FA3-style forward, Hopper):
-                      ops, units and dependencies of one CTA, and the what-if knobs
+  schedules/          fa4_sm100 (FA4 forward, Blackwell), fa3_sm90 (FA3-style forward, Hopper), their
+                      backward passes: ops, units and dependencies of one CTA, and the what-if knobs
   steady_state.py     periodic steady state detection and exact extrapolation
   tile_order.py       the order a kernel hands out its Q tiles, and fa4kernel's host table
   kernel_model.py     tiles over SMs: persistent / longest-first scheduling, waves, tile jitter, L2/HBM
   model.py            simulate(): everything together -> Result
+  power.py            power -> clock: unit activity, board power, the clock under the cap
+  graph.py            one loop iteration as a dependency graph, and its II bounds (ResMII, RecMII)
+  modulo.py           a modulo schedule by CP-SAT: offsets, stages, role programs, replayed
   validate/           predicted vs measured, one module per kind of recorded GPU evidence
-  gantt.py, perfetto.py, cli.py, sweep.py: outputs and the command line
+  gantt.py, perfetto.py, graph_plot.py, cli.py, sweep.py: outputs and the command line
 """
 from . import implementation
 from .errors import DeadlockError, InputError

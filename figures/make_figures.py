@@ -133,6 +133,16 @@ def fig_fa3_timeline():
     return "fa3_h100_timeline.png"
 
 
+def fig_graph():
+    import contextlib
+    import io
+
+    with contextlib.redirect_stdout(io.StringIO()):
+        rc = fa4sim_main(["graph", "--hw", "b200", "--schedule", "fa4", "--plot", out("graph_fa4_sm100.png")])
+    assert rc == 0
+    return "graph_fa4_sm100.png"
+
+
 def fig_feeds():
     rows = [("H100", tile_costs(hardware.load("h100-datasheet"), 128)),
             ("B200 (1-CTA)", tile_costs(hardware.load("b200"), 128)),
@@ -442,7 +452,7 @@ def main(argv=None) -> int:
         return 0
     doc, where = sm90_for("")
     print(f"recorded SM90 measurement: {where}" if doc else "no recorded SM90 measurement: simulation only")
-    jobs = [fig_fa4_timeline, fig_fa3_timeline, fig_feeds, fig_emulation,
+    jobs = [fig_fa4_timeline, fig_fa3_timeline, fig_graph, fig_feeds, fig_emulation,
             fig_pingpong, fig_pingpong_timelines, fig_rescale, fig_validation,
             fig_knob_deltas_per_sm, fig_tile_costs, fig_timeline_overlays]
     t_all = time.time()
