@@ -138,6 +138,9 @@ def make_bwd_config(dtype: str, head_dim: int, causal: bool, deterministic: bool
         if mma_order == "dv_early":
             raise ValueError("tile_m=128 with mma_order='dv_early' spills registers; allowed with tile_m=128: "
                              "mma_order='dv_dq_dk' or 'dv_dk_dq'")
+    if head_dim == 128 and (dq_reduce, stats, mma_order) == ("red", "tma", "dv_early"):
+        raise ValueError("dq_reduce='red' with stats='tma' and mma_order='dv_early' spills registers at head_dim "
+                         "128; allowed there: dq_reduce='bulk', stats='thread' or another mma_order")
     cfg = BwdConfig(dtype=dtype, head_dim=head_dim, causal=causal, deterministic=deterministic,
                     dq_reduce=dq_reduce, stats=stats, mma_order=mma_order, preprocess=preprocess,
                     regs=regs, tile_m=tile_m)
