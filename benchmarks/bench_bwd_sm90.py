@@ -3,7 +3,7 @@ FA2 (flash_attn.flash_attn_func, where installed), side by side in one run.
 
 Backward only: each implementation's forward runs once outside the timed region; the timed call
 is torch.autograd.grad(out, (q, k, v), dout, retain_graph=True), which runs the implementation's
-whole backward (for fa4kernel: the torch preprocess D = rowsum(dO * O), the kernel, and the dQ
+whole backward (for fa4kernel: the preprocess D = rowsum(dO * O), the kernel, and the dQ
 conversion). Time = median over repetitions of CUDA-event time for a batch of back-to-back calls,
 the implementations timed round-robin (bench_fwd_sm90.time_interleaved). TFLOP/s = 2.5 x the
 forward's FLOPs (flash-attn's count: 5 GEMMs against the forward's 2) / time, forward FLOPs from
@@ -14,19 +14,22 @@ on a small problem of the same head dim and mask (batch 1, 2 heads, min(seqlen, 
 
 Grid (bench_fwd_sm90.py's): head_dim 64 / 128 / 256 x seqlen 1k / 4k / 16k x causal, batch x
 seqlen = 16384 tokens, heads x head_dim = 2048; bf16. fa4kernel's backward supports head dims
-64, 96 and 128: at 256 it is recorded as unsupported and the peers are still timed. The
-deterministic backward (fa4kernel[deterministic]) is timed at 1k and 4k (its dQ buffer holds one
-fp32 slice per key block: at 16k 128 slices of the whole dQ). fa4kernel[dq_reduce=bulk] is the
-backward whose dQ goes through shared memory and one bulk reduce-add per query block, at every point.
+64, 96 and 128: at 256 it is recorded as unsupported and the peers are still timed. The row
+`fa4kernel` is the backward with its default knobs; the deterministic backward
+(fa4kernel[deterministic]) is timed at 1k and 4k (its dQ buffer holds one fp32 slice per key
+block: at 16k 128 slices of the whole dQ).
 
 Backward variants side by side: --variants takes knob sets of the backward (sm90/bwd_config.py:
-dq_reduce, stats, mma_order, preprocess), each timed as its own row `fa4kernel[KNOBS]` in the same
-round-robin as the peers; --hdims, --seqlens, --causal narrow the grid; --no-deterministic drops
-the deterministic row.
+dq_reduce, stats, mma_order, preprocess, regs, tile_m), each timed as its own row
+`fa4kernel[KNOBS]` in the same round-robin as the peers; a set that does not apply at a point
+(tile_m=128 outside head dim 64, regs=split where both warpgroups run dQ) is recorded there as
+unsupported; --hdims, --seqlens, --causal narrow the grid; --no-deterministic drops the
+deterministic row.
 
 Usage (device): python3 benchmarks/bench_bwd_sm90.py --out $OUT/sm90_bwd.json [--quick]
-    python3 benchmarks/bench_bwd_sm90.py --hdims 128 --seqlens 1024,16384 --no-deterministic \
-        --variants dq_reduce=bulk dq_reduce=bulk,stats=tma,mma_order=dv_dq_dk --out $OUT/v.json
+    python3 benchmarks/bench_bwd_sm90.py --hdims 64,128 --seqlens 1024,16384 --no-deterministic \
+        --variants tile_m=128 regs=split dq_reduce=red,stats=thread,mma_order=dv_dk_dq,preprocess=torch \
+        --out $OUT/v.json
 """
 
 from __future__ import annotations
@@ -59,20 +62,22 @@ def bwd_flops(b, h, sq, sk, d, causal):
 # grad to its output (b, s, h, d)
 
 
-def _ours(deterministic=False, dq_reduce="red", **bwd_knobs):
-    if bwd_knobs:
-        from fa4kernel.autograd import attention_trainable
-
-        def fwd(q, k, v, causal):
-            return attention_trainable(q, k, v, causal=causal, deterministic=deterministic, dq_reduce=dq_reduce,
-                                       **bwd_knobs)
-
-        return fwd
-
+def _ours(deterministic=False, **bwd_knobs):
     def fwd(q, k, v, causal):
-        return fa4kernel.attention(q, k, v, causal=causal, deterministic=deterministic, dq_reduce=dq_reduce)
+        return fa4kernel.attention(q, k, v, causal=causal, deterministic=deterministic, bwd_knobs=bwd_knobs)
 
     return fwd
+
+
+def _knobs_apply(knobs, d, causal):
+    """None if the backward can be built with these knobs at head dim d, else why not (one line)."""
+    from fa4kernel.sm90.bwd_config import make_bwd_config
+
+    try:
+        make_bwd_config("bfloat16", d, causal, **knobs)
+    except ValueError as e:
+        return str(e)
+    return None
 
 
 def _bad_input(msg):
@@ -84,19 +89,30 @@ def _bad_input(msg):
 def parse_variant(text):
     """'dq_reduce=bulk,stats=tma' -> {'dq_reduce': 'bulk', 'stats': 'tma'} (values checked by
     make_bwd_config; 'deterministic' takes true / false)."""
-    from fa4kernel.sm90.bwd_config import BWD_KNOB_NAMES, make_bwd_config
+    from fa4kernel.sm90.bwd_config import BWD_HEAD_DIMS, BWD_KNOB_NAMES, make_bwd_config
 
     knobs = {}
     for item in filter(None, text.split(",")):
         name, _, val = item.partition("=")
         if name not in BWD_KNOB_NAMES or not val:
             _bad_input(f"--variants {text!r}: {item!r}; allowed: NAME=VALUE with NAME in {', '.join(BWD_KNOB_NAMES)}")
-        knobs[name] = val.lower() == "true" if name == "deterministic" else val
-    try:
-        make_bwd_config("bfloat16", 128, False, **knobs)
-    except (ValueError, TypeError) as e:
-        _bad_input(f"--variants {text!r}: {e}")
-    return knobs
+        if name == "deterministic":
+            knobs[name] = val.lower() == "true"
+        elif name == "tile_m":
+            if not val.isdigit():
+                _bad_input(f"--variants {text!r}: {item!r}; allowed: tile_m=INTEGER")
+            knobs[name] = int(val)
+        else:
+            knobs[name] = val
+    # a knob set may hold for some head dims only (tile_m=128: head dim 64); it must hold for one
+    errors = []
+    for d in BWD_HEAD_DIMS:
+        try:
+            make_bwd_config("bfloat16", d, False, **knobs)
+            return knobs
+        except (ValueError, TypeError) as e:
+            errors.append(f"head_dim {d}: {e}")
+    _bad_input(f"--variants {text!r}: {'; '.join(errors)}")
 
 
 def _flash_attn_4():
@@ -175,10 +191,13 @@ def bench_point(impls, d, s, causal, quick, points, variants=None, deterministic
     point = dict(batch=b, seqlen=s, heads=h, hdim=d, causal=causal,
                  flops=bwd_flops(b, h, s, s, d, causal), results={})
     cands = dict(impls)
-    if variants is None:
-        variants = ["dq_reduce=bulk"]
-    for text in variants:
-        cands[f"fa4kernel[{text}]"] = _ours(**parse_variant(text))
+    skip = {}
+    for text in variants or []:
+        knobs = parse_variant(text)
+        cands[f"fa4kernel[{text}]"] = _ours(**knobs)
+        why = _knobs_apply(knobs, d, causal) if d in fa4kernel.BWD_HEAD_DIMS else None
+        if why:
+            skip[f"fa4kernel[{text}]"] = why
     if deterministic and d in fa4kernel.BWD_HEAD_DIMS and s <= DETERMINISTIC_MAX_SEQLEN:
         cands["fa4kernel[deterministic]"] = _ours(deterministic=True)
     torch.manual_seed(1234 + s + d)
@@ -188,6 +207,9 @@ def bench_point(impls, d, s, causal, quick, points, variants=None, deterministic
     for name, fwd in cands.items():
         if name.startswith("fa4kernel") and d not in fa4kernel.BWD_HEAD_DIMS:
             point["results"][name] = dict(unsupported=f"head_dim={d}; the backward has {fa4kernel.BWD_HEAD_DIMS}")
+            continue
+        if name in skip:
+            point["results"][name] = dict(unsupported=skip[name])
             continue
         try:
             check = check_grads(fwd, d, s, causal)
@@ -244,8 +266,9 @@ def main():
     ap.add_argument("--out", required=True, help="result JSON (written after every point)")
     ap.add_argument("--quick", action="store_true", help="2 points (hd128 1k, causal and not): a smoke run")
     ap.add_argument("--variants", nargs="*", default=None,
-                    help="backward knob sets, each a row fa4kernel[KNOBS], e.g. dq_reduce=bulk,stats=tma "
-                         "(default: dq_reduce=bulk)")
+                    help="backward knob sets, each a row fa4kernel[KNOBS] beside the default fa4kernel row, "
+                         "e.g. tile_m=128 regs=split dq_reduce=red,stats=thread (default: none); a set that does "
+                         "not apply at a point's head dim is recorded as unsupported there")
     ap.add_argument("--hdims", default="64,128,256", help="head dims, comma-separated (default 64,128,256)")
     ap.add_argument("--seqlens", default="1024,4096,16384", help="sequence lengths (default 1024,4096,16384)")
     ap.add_argument("--causal", default="both", choices=("both", "0", "1"), help="causal points (default both)")
@@ -275,7 +298,7 @@ def main():
                "bottom-right visible pairs) / t; tokens b*s = 16384, h*d = 2048; grads checked once against an "
                "fp32 reference (batch 1, 2 heads, min(s, 2048) tokens) before timing",
         absent=absent,
-        variants=args.variants if args.variants is not None else ["dq_reduce=bulk"],
+        variants=args.variants or [],
     ), "sm90_bwd")
     points = []
     out = args.out

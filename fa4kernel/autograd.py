@@ -11,26 +11,18 @@ from __future__ import annotations
 import math
 from typing import Optional
 
-from .sm90.bwd_config import BWD_HEAD_DIMS, BWD_KNOB_NAMES, make_bwd_config
+from .sm90.bwd_config import BWD_HEAD_DIMS, bwd_config_from_knobs
 
 
-def check_backward_supported(q, k, v, causal: bool, deterministic, dq_reduce="red", **bwd_knobs) -> None:
-    """One-line ValueError unless the SM90 backward supports these (already validated) inputs."""
+def check_backward_supported(q, k, v, causal: bool, deterministic, **bwd_knobs) -> None:
+    """One-line ValueError unless the SM90 backward supports these (already validated) inputs
+    and knobs (sm90/bwd_config.py: dq_reduce, stats, mma_order, preprocess, regs, tile_m)."""
     d = q.shape[-1]
     if d not in BWD_HEAD_DIMS:
         raise ValueError(f"head_dim={d} has no backward (q, k or v requires grad); allowed with grad: "
                          f"{', '.join(map(str, BWD_HEAD_DIMS))} (or call under torch.no_grad())")
     dtype = "bfloat16" if str(q.dtype) == "torch.bfloat16" else "float16"
-    _bwd_config(dtype, d, causal, deterministic, dq_reduce, bwd_knobs)
-
-
-def _bwd_config(dtype, head_dim, causal, deterministic, dq_reduce, bwd_knobs):
-    """make_bwd_config with the backward's other knobs (stats, mma_order, preprocess); an
-    unknown name is a one-line ValueError."""
-    for name in bwd_knobs:
-        if name not in BWD_KNOB_NAMES:
-            raise ValueError(f"backward knob {name!r} unknown; allowed: {', '.join(BWD_KNOB_NAMES)}")
-    return make_bwd_config(dtype, head_dim, causal, deterministic, dq_reduce, **bwd_knobs)
+    bwd_config_from_knobs(dtype, d, causal, deterministic, bwd_knobs)
 
 
 def needs_grad(q, k, v) -> bool:
@@ -46,7 +38,7 @@ def _function():
         """out, lse = attention(q, k, v) saving q, k, v, out, lse; backward -> dq, dk, dv."""
 
         @staticmethod
-        def forward(ctx, q, k, v, cfg, softmax_scale, deterministic, dq_reduce, bwd_knobs):
+        def forward(ctx, q, k, v, cfg, softmax_scale, deterministic, bwd_knobs):
             from .interface import _run
 
             b, sq, h, d = q.shape
@@ -57,7 +49,6 @@ def _function():
             ctx.causal = cfg.causal
             ctx.softmax_scale = softmax_scale
             ctx.deterministic = deterministic
-            ctx.dq_reduce = dq_reduce
             ctx.bwd_knobs = dict(bwd_knobs)
             ctx.mark_non_differentiable(lse)
             return out, lse
@@ -68,10 +59,10 @@ def _function():
 
             q, k, v, out, lse = ctx.saved_tensors
             dtype = "bfloat16" if q.dtype == torch.bfloat16 else "float16"
-            bcfg = _bwd_config(dtype, q.shape[-1], ctx.causal, ctx.deterministic, ctx.dq_reduce, ctx.bwd_knobs)
+            bcfg = bwd_config_from_knobs(dtype, q.shape[-1], ctx.causal, ctx.deterministic, ctx.bwd_knobs)
             scale = ctx.softmax_scale if ctx.softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
             dq, dk, dv = run_bwd(bcfg, dout, q, k, v, out, lse, scale)
-            return dq, dk, dv, None, None, None, None, None
+            return dq, dk, dv, None, None, None, None
 
     return FlashAttnFuncSm90
 
@@ -79,44 +70,45 @@ def _function():
 _FUNC = None
 
 
-def attention_with_grad(q, k, v, cfg, softmax_scale: Optional[float], deterministic: bool,
-                        dq_reduce: str = "red", **bwd_knobs):
+def attention_with_grad(q, k, v, cfg, softmax_scale: Optional[float], deterministic: bool, **bwd_knobs):
     """(out, lse) of the SM90 forward built with an LSE (cfg.has_lse), recorded for autograd;
-    bwd_knobs: the backward's other knobs (sm90/bwd_config.py: stats, mma_order, preprocess)."""
+    bwd_knobs: the backward's knobs (sm90/bwd_config.py: dq_reduce, stats, mma_order,
+    preprocess, regs, tile_m; left out: their defaults)."""
     global _FUNC
     if _FUNC is None:
         _FUNC = _function()
-    return _FUNC.apply(q, k, v, cfg, softmax_scale, deterministic, dq_reduce, tuple(sorted(bwd_knobs.items())))
+    return _FUNC.apply(q, k, v, cfg, softmax_scale, deterministic, tuple(sorted(bwd_knobs.items())))
 
 
 def attention_trainable(q, k, v, causal: bool = False, softmax_scale: Optional[float] = None,
-                        deterministic: bool = False, dq_reduce: str = "red", **bwd_knobs):
+                        deterministic: bool = False, **bwd_knobs):
     """attention(q, k, v, causal) with a grad_fn whose backward is built with any backward knob
-    (sm90/bwd_config.py), e.g. stats="tma", mma_order="dv_dq_dk"; the forward takes its default
-    knobs. For measuring backward variants side by side (benchmarks/bench_bwd_sm90.py)."""
+    (sm90/bwd_config.py), e.g. stats="thread", mma_order="dv_dk_dq"; the forward takes its
+    default knobs. Same as attention(..., bwd_knobs=dict(...)); kept for the benchmark's
+    variants (benchmarks/bench_bwd_sm90.py)."""
     from .inputs import validate_device, validate_tensors
     from .interface import resolve_config
 
     validate_tensors(q, k, v, causal, softmax_scale, False, head_dims=BWD_HEAD_DIMS, gqa=True)
-    check_backward_supported(q, k, v, causal, deterministic, dq_reduce, **bwd_knobs)
+    check_backward_supported(q, k, v, causal, deterministic, **bwd_knobs)
     cfg = resolve_config(q, k, v, causal, True)
     validate_device(q, k, v)
-    out, _ = attention_with_grad(q, k, v, cfg, softmax_scale, deterministic, dq_reduce, **bwd_knobs)
+    out, _ = attention_with_grad(q, k, v, cfg, softmax_scale, deterministic, **bwd_knobs)
     return out
 
 
 def attention_backward(dout, q, k, v, out, lse, causal: bool = False, softmax_scale: Optional[float] = None,
-                       deterministic: bool = False, dq_reduce: str = "red", **bwd_knobs):
+                       deterministic: bool = False, **bwd_knobs):
     """dq, dk, dv of attention(q, k, v) from its out and lse (natural log, (batch, heads,
     seqlen_q) fp32, as attention(..., return_lse=True) returns them) and dout; the SM90 backward
-    (dq_reduce: how dQ reaches its fp32 accumulator, sm90/bwd_config.py: "red" or "bulk";
-    bwd_knobs: stats, mma_order, preprocess, as there)."""
+    built with bwd_knobs (sm90/bwd_config.py: dq_reduce, stats, mma_order, preprocess, regs,
+    tile_m; left out: their defaults)."""
     import torch
 
     from .inputs import validate_device, validate_tensors
 
     validate_tensors(q, k, v, causal, softmax_scale, False, head_dims=BWD_HEAD_DIMS, gqa=True)
-    check_backward_supported(q, k, v, causal, deterministic, dq_reduce, **bwd_knobs)
+    check_backward_supported(q, k, v, causal, deterministic, **bwd_knobs)
     for name, t, shape, dt in (("out", out, tuple(q.shape), q.dtype), ("dout", dout, tuple(q.shape), q.dtype),
                                ("lse", lse, (q.shape[0], q.shape[2], q.shape[1]), torch.float32)):
         if not isinstance(t, torch.Tensor) or tuple(t.shape) != shape or t.dtype != dt:
@@ -131,6 +123,6 @@ def attention_backward(dout, q, k, v, out, lse, causal: bool = False, softmax_sc
     from .sm90.bwd import run_bwd
 
     dtype = "bfloat16" if q.dtype == torch.bfloat16 else "float16"
-    bcfg = _bwd_config(dtype, q.shape[-1], causal, deterministic, dq_reduce, bwd_knobs)
+    bcfg = bwd_config_from_knobs(dtype, q.shape[-1], causal, deterministic, bwd_knobs)
     scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
     return run_bwd(bcfg, dout, q, k, v, out, lse, scale)

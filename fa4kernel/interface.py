@@ -15,7 +15,7 @@ from typing import Optional
 from .diagnostics import NONE, Diagnostics, probe_build, trace_build
 from .inputs import validate_device, validate_tensors
 from .sass import sass_for
-from .sm90.bwd_config import BwdConfig, make_bwd_config
+from .sm90.bwd_config import BWD_KNOB_NAMES, BwdConfig, bwd_config_from_knobs, check_bwd_knob_names
 from .sm90.config import SUPPORTED_HEAD_DIMS, KernelConfig, make_config
 
 # The architectures with a kernel: compute capability -> (compile target, kernel)
@@ -135,13 +135,14 @@ def compile_sass(cfg=None, arch: str = "sm_90a", *, dtype: str = "bfloat16", hea
 
 
 def compile_bwd_sass(cfg: Optional[BwdConfig] = None, *, dtype: str = "bfloat16", head_dim: int = 128,
-                     causal: bool = False, deterministic: bool = False, dq_reduce: str = "red",
-                     dump_dir: Optional[str] = None) -> str:
+                     causal: bool = False, deterministic: bool = False, dump_dir: Optional[str] = None,
+                     **bwd_knobs) -> str:
     """Compile the SM90 backward (sm90/bwd.py) for sm_90a on this machine, no GPU needed, and
-    return its SASS. Pass a BwdConfig (sm90.bwd_config.make_bwd_config) or the arguments (checked
-    first: one-line ValueError). Fake tensors with dynamic batch, lengths and heads, as compile_sass."""
+    return its SASS. Pass a BwdConfig (sm90.bwd_config.make_bwd_config) or the arguments and
+    backward knobs (dq_reduce, stats, mma_order, preprocess, regs, tile_m; checked first:
+    one-line ValueError). Fake tensors with dynamic batch, lengths and heads, as compile_sass."""
     if cfg is None:
-        cfg = make_bwd_config(dtype, head_dim, causal, deterministic, dq_reduce)
+        cfg = bwd_config_from_knobs(dtype, head_dim, causal, deterministic, bwd_knobs)
     elif not isinstance(cfg, BwdConfig):
         raise ValueError(f"cfg={type(cfg).__name__}; allowed: None or a BwdConfig (fa4kernel.make_bwd_config)")
 
@@ -216,9 +217,25 @@ def _capability(q):
     return p.major, p.minor
 
 
+def _backward_knobs(dq_reduce, bwd_knobs) -> dict:
+    """attention()'s backward knobs as one dict; names checked (one-line ValueError), values when
+    the backward is built (make_bwd_config)."""
+    if bwd_knobs is None:
+        bwd_knobs = {}
+    if not isinstance(bwd_knobs, dict):
+        raise ValueError(f"bwd_knobs={type(bwd_knobs).__name__}; allowed: None or a dict of backward knobs")
+    check_bwd_knob_names(bwd_knobs, tuple(n for n in BWD_KNOB_NAMES if n != "deterministic"), "bwd_knobs:")
+    if dq_reduce is not None:
+        if "dq_reduce" in bwd_knobs and bwd_knobs["dq_reduce"] != dq_reduce:
+            raise ValueError(f"dq_reduce={dq_reduce!r} and bwd_knobs dq_reduce={bwd_knobs['dq_reduce']!r}; "
+                             "allowed: one of them, or the same value")
+        bwd_knobs = {**bwd_knobs, "dq_reduce": dq_reduce}
+    return bwd_knobs
+
+
 def attention(q, k, v, causal: bool = False, softmax_scale: Optional[float] = None,
-              return_lse: bool = False, *, deterministic: bool = False, dq_reduce: str = "red",
-              **knobs):
+              return_lse: bool = False, *, deterministic: bool = False, dq_reduce: Optional[str] = None,
+              bwd_knobs: Optional[dict] = None, **knobs):
     """softmax(q k^T * scale [+ causal mask]) v for q, k, v (batch, seqlen, heads, head_dim);
     k and v may have fewer heads (GQA / MQA on SM90: heads_kv divides heads).
 
@@ -231,13 +248,15 @@ def attention(q, k, v, causal: bool = False, softmax_scale: Optional[float] = No
 
     With grad mode on and q, k or v requiring grad (SM90), out has a grad_fn: the SM90 backward
     (sm90/bwd.py) fills their .grad; deterministic=True makes its dQ reduction run in a fixed
-    order (fa4kernel/README.md, "Backward"); dq_reduce ("red" or "bulk") picks how the backward adds
-    dQ into its fp32 accumulator. Arguments the backward does not support raise here.
+    order (fa4kernel/README.md, "Backward"). bwd_knobs: a dict of the backward's knobs
+    (sm90/bwd_config.py: dq_reduce, stats, mma_order, preprocess, regs, tile_m; left out: their
+    defaults), e.g. bwd_knobs={"tile_m": 128} at head_dim 64; dq_reduce= is the same as
+    bwd_knobs={"dq_reduce": ...}. **knobs apply to the forward only. Arguments the backward does
+    not support raise here.
     """
     if not isinstance(deterministic, bool):
         raise ValueError(f"deterministic={deterministic!r}; allowed: True or False")
-    if dq_reduce not in ("red", "bulk"):
-        raise ValueError(f"dq_reduce={dq_reduce!r}; allowed: red, bulk")
+    bwd_knobs = _backward_knobs(dq_reduce, bwd_knobs)
     cap = _capability(q)
     if cap is not None and cap not in ARCHS:
         raise ValueError(f"q is on an sm_{cap[0]}{cap[1]} GPU; fa4kernel has kernels for {_SUPPORTED}")
@@ -259,13 +278,13 @@ def attention(q, k, v, causal: bool = False, softmax_scale: Optional[float] = No
     if grad:
         from .autograd import check_backward_supported
 
-        check_backward_supported(q, k, v, causal, deterministic, dq_reduce)
+        check_backward_supported(q, k, v, causal, deterministic, **bwd_knobs)
     cfg = resolve_config(q, k, v, causal, return_lse or grad, **knobs)  # raises before any compile
     validate_device(q, k, v)
     if grad:
         from .autograd import attention_with_grad
 
-        out, lse = attention_with_grad(q, k, v, cfg, softmax_scale, deterministic, dq_reduce)
+        out, lse = attention_with_grad(q, k, v, cfg, softmax_scale, deterministic, **bwd_knobs)
         return (out, lse) if return_lse else out
 
     import torch

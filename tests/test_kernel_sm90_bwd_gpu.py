@@ -80,16 +80,12 @@ def grads(out, inputs, dout):
 
 
 def check(b, sq, sk, h, hkv, d, causal, dtype=torch.bfloat16, deterministic=False, scale=None, seed=None,
-          dq_reduce="red", **bwd_knobs):
+          **bwd_knobs):
+    """Gradients through fa4kernel.attention(..., bwd_knobs=bwd_knobs) (left out: the defaults)
+    against the fp32 reference's."""
     q, k, v, dout = _inputs(b, sq, sk, h, hkv, d, dtype, seed)
-    if bwd_knobs:
-        from fa4kernel.autograd import attention_trainable
-
-        out = attention_trainable(q, k, v, causal=causal, softmax_scale=scale, deterministic=deterministic,
-                                  dq_reduce=dq_reduce, **bwd_knobs)
-    else:
-        out = fa4kernel.attention(q, k, v, causal=causal, softmax_scale=scale, deterministic=deterministic,
-                                  dq_reduce=dq_reduce)
+    out = fa4kernel.attention(q, k, v, causal=causal, softmax_scale=scale, deterministic=deterministic,
+                              bwd_knobs=bwd_knobs)
     assert out.grad_fn is not None, "attention() output has no grad_fn"
     dq, dk, dv = grads(out, (q, k, v), dout)
     ref = reference(q, k, v, causal, scale)
@@ -144,42 +140,54 @@ def test_bwd_gqa_mqa(hd, causal, h, hkv, sq, sk):
 
 
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("hd", fa4kernel.BWD_HEAD_DIMS)
-def test_bwd_dq_reduce_bulk(hd, causal):
-    """dq_reduce="bulk" (dQ through smem and one bulk reduce-add per dQ warpgroup): the same
-    gradients, at odd lengths (both orders), with GQA, and in fp16 and deterministic once."""
-    check(2, 1000, 1000, 3, 3, hd, causal, dq_reduce="bulk")
-    check(1, 333, 1000, 2, 2, hd, causal, dq_reduce="bulk")
-    check(2, 1000, 77, 4, 4, hd, causal, dq_reduce="bulk")
-    check(2, 333, 1000, 8, 2, hd, causal, dq_reduce="bulk")
-    if hd == 128:
-        check(2, 77, 333, 2, 2, hd, causal, torch.float16, dq_reduce="bulk")
-        check(2, 333, 333, 4, 2, hd, causal, deterministic=True, dq_reduce="bulk")
+@pytest.mark.parametrize("sq,sk", [(1, 1), (1, 333), (77, 77), (77, 1000), (333, 77), (333, 333),
+                                   (1000, 1000), (1000, 333), (128, 256), (200, 64)])
+def test_bwd_odd_lengths_hd64_tile_m_128(sq, sk, causal):
+    """hd64 with 128-row query blocks (dQ split by query rows): lengths that are not multiples of
+    128, in both orders."""
+    check(2, sq, sk, 2, 2, 64, causal, tile_m=128)
 
 
+# the first design: each knob's other value
+BASELINE = dict(dq_reduce="red", stats="thread", mma_order="dv_dk_dq", preprocess="torch")
 VARIANTS = [
-    dict(stats="tma"),
-    dict(mma_order="dv_dq_dk"),
-    dict(dq_reduce="bulk", stats="tma", mma_order="dv_dq_dk"),
-    dict(dq_reduce="bulk", stats="tma", mma_order="dv_early", preprocess="kernel"),
+    BASELINE,
+    dict(dq_reduce="red"),
+    dict(stats="thread"),
+    dict(mma_order="dv_dk_dq"),
+    dict(mma_order="dv_early"),
+    dict(preprocess="torch"),
+    dict(regs="split"),
+    dict(regs="split", mma_order="dv_dk_dq"),
+    dict(tile_m=128),
+    dict(tile_m=128, mma_order="dv_dk_dq"),
+    dict(tile_m=128, preprocess="torch"),
 ]
 
 
-@pytest.mark.parametrize("knobs", VARIANTS, ids=lambda k: ",".join(f"{a}={b}" for a, b in k.items()))
+def _applies(hd, knobs):
+    from fa4kernel.sm90.bwd_config import make_bwd_config
+
+    try:
+        make_bwd_config("bfloat16", hd, False, **knobs)
+    except ValueError:
+        return False
+    return True
+
+
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("hd", fa4kernel.BWD_HEAD_DIMS)
+@pytest.mark.parametrize("hd,knobs", [(hd, k) for k in VARIANTS for hd in fa4kernel.BWD_HEAD_DIMS if _applies(hd, k)],
+                         ids=lambda x: ",".join(f"{a}={b}" for a, b in x.items()) if isinstance(x, dict) else str(x))
 def test_bwd_variants(hd, causal, knobs):
-    """The backward knobs of sm90/bwd_config.py (stats, mma_order, preprocess): the same
-    gradients, at odd lengths in both orders (rows that see no key: LSE = -inf), with GQA, fp16
-    and deterministic once."""
-    knobs = dict(knobs)
-    dq_reduce = knobs.pop("dq_reduce", "red")
-    check(2, 1000, 1000, 3, 3, hd, causal, dq_reduce=dq_reduce, **knobs)
-    check(1, 1000, 333, 2, 2, hd, causal, dq_reduce=dq_reduce, **knobs)
-    check(2, 77, 1000, 8, 2, hd, causal, dq_reduce=dq_reduce, **knobs)
-    if hd == 128:
-        check(2, 333, 333, 2, 2, hd, causal, torch.float16, dq_reduce=dq_reduce, **knobs)
-        check(2, 333, 333, 4, 2, hd, causal, deterministic=True, dq_reduce=dq_reduce, **knobs)
+    """The backward knobs of sm90/bwd_config.py (dq_reduce, stats, mma_order, preprocess, regs,
+    tile_m) where they apply: the same gradients, at odd lengths in both orders (rows that see
+    no key: LSE = -inf), with GQA, fp16 and deterministic once."""
+    check(2, 1000, 1000, 3, 3, hd, causal, **knobs)
+    check(1, 1000, 333, 2, 2, hd, causal, **knobs)
+    check(2, 77, 1000, 8, 2, hd, causal, **knobs)
+    if hd == 128 or knobs.get("tile_m") == 128 or knobs.get("regs") == "split":
+        check(2, 333, 333, 2, 2, hd, causal, torch.float16, **knobs)
+        check(2, 333, 333, 4, 2, hd, causal, deterministic=True, **knobs)
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -188,16 +196,17 @@ def test_bwd_softmax_scale(causal):
 
 
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("hd", fa4kernel.BWD_HEAD_DIMS)
-def test_bwd_deterministic_is_bitwise_repeatable(hd, causal):
+@pytest.mark.parametrize("hd,knobs", [(64, {}), (96, {}), (128, {}), (64, {"tile_m": 128}), (128, BASELINE)],
+                         ids=["hd64", "hd96", "hd128", "hd64-tile_m=128", "hd128-baseline"])
+def test_bwd_deterministic_is_bitwise_repeatable(hd, knobs, causal):
     """deterministic=True: two backward passes over the same inputs give the same bits (and are
     correct); the default (atomic dQ reduction) is only required to be correct."""
-    errs = check(2, 1000, 1000, 4, 2, hd, causal, deterministic=True, seed=7)
+    errs = check(2, 1000, 1000, 4, 2, hd, causal, deterministic=True, seed=7, **knobs)
     assert all(e <= TOL for e in errs.values())
     q, k, v, dout = _inputs(2, 1000, 1000, 4, 2, hd, seed=11)
     runs = []
     for _ in range(2):
-        out = fa4kernel.attention(q, k, v, causal=causal, deterministic=True)
+        out = fa4kernel.attention(q, k, v, causal=causal, deterministic=True, bwd_knobs=knobs)
         runs.append(grads(out, (q, k, v), dout))
     for a, b, name in zip(runs[0], runs[1], ("dq", "dk", "dv")):
         assert torch.isfinite(a.float()).all()

@@ -8,29 +8,35 @@ batch). Its K and V stay in shared memory while it walks the query blocks (tile_
 those keys, for every q head of its GQA group, so dK and dV of a group are summed in registers.
 
 Warp roles (3 warpgroups):
-  warpgroup 0        producer; warp 0 issues every TMA load: K and V once, then Q and dO of each
-                     query block into 2-stage mbarrier pipelines; registers dropped with setmaxnreg.
+  warpgroup 0        producer; warp 0 issues every load: K and V once, then Q and dO of each
+                     query block into 2-stage mbarrier pipelines (with stats="tma", the default,
+                     the block's LSE_log2 and D by bulk copy on the same mbarriers); with
+                     dq_reduce="bulk" (default) warp 1 adds dQ into the accumulator; registers
+                     dropped with setmaxnreg.
   warpgroups 1, 2    consumers (MMA warpgroups), 64 keys each (the wgmma M axis):
                        S^T  = K Q^T            (SS)      P^T  = exp2(S^T * scale_log2 - LSE_log2)
                        dP^T = V dO^T           (SS)      dS^T = P^T * (dP^T - D)
                        dV  += P^T dO           (RS: P^T from registers)
                        dK  += dS^T Q           (RS)
-                       dS^T -> shared memory (stmatrix), then dQ = dS K (SS) and an fp32
-                       reduction (RED.ADD.F32x2) into the dQ accumulator in global memory;
-                       with dq_reduce="bulk": dQ -> an fp32 smem buffer instead, which producer
-                       warp 1 adds into the accumulator with one cp.reduce.async.bulk .add.f32
-                       per dQ warpgroup (the accumulator's query blocks are then in the wgmma
-                       fragment order, put back in row order by the host's postprocess).
-                     dQ's GEMM is split over both warpgroups along head_dim at head_dim 128, done
-                     by warpgroup 1 alone at 64 and 96 (bwd_config.BwdConfig.dq_wgs).
+                       dS^T -> shared memory (stmatrix), then dQ = dS K (SS); dQ -> an fp32
+                       smem buffer, which producer warp 1 adds into the accumulator with one
+                       cp.reduce.async.bulk .add.f32 per dQ warpgroup (the accumulator's query
+                       blocks are then in the wgmma fragment order, put back in row order by the
+                       host's postprocess); with dq_reduce="red": RED.ADD.F32x2 from every dQ
+                       thread into the accumulator instead. mma_order picks the GEMMs' order.
+                     dQ's GEMM is split over both warpgroups along head_dim at head_dim 128, by
+                     query rows with tile_m=128 (head_dim 64), done by warpgroup 1 alone at 64
+                     and 96 otherwise (bwd_config.BwdConfig.dq_wgs); regs="split" then gives it
+                     256 registers and the other 224, each with its own copy of the loop.
   epilogue           dK * softmax_scale and dV -> 16 bit -> shared memory (K's and V's buffers)
                      -> one TMA store each, clipped at seqlen_k.
 
-Inputs prepared on the host (sm90/bwd.py, torch): LSE_log2 = LSE * log2(e) with rows that see
-no key (LSE = -inf) and the padding rows set to +inf (so their P is 0), D = rowsum(dO * O) in
-fp32 (padding 0); both padded to a multiple of tile_m, as is the dQ accumulator. Causal masking
-is bottom-right aligned (block_info.py's convention): key j is visible to query i iff
-j <= i + seqlen_k - seqlen_q; the key blocks before a CTA's first visible query block are skipped.
+Inputs prepared before the kernel (preprocess="kernel": BwdPreprocess below; "torch": torch ops):
+LSE_log2 = LSE * log2(e) with rows that see no key (LSE = -inf) and the padding rows set to +inf
+(so their P is 0), D = rowsum(dO * O) in fp32 (padding 0); both padded to a multiple of tile_m,
+as is the dQ accumulator. Causal masking is bottom-right aligned (block_info.py's convention):
+key j is visible to query i iff j <= i + seqlen_k - seqlen_q; the key blocks before a CTA's first
+visible query block are skipped.
 Deterministic builds reduce into the slice of their key block of a [key blocks, ...] accumulator
 (each element written once, in a fixed order), summed on the host in a fixed order.
 """
@@ -103,15 +109,21 @@ def bulk_load_g2s(gmem_ptr, smem_ptr, mbar_ptr, num_bytes: int, *, loc=None, ip=
     )
 
 
-def dq_bulk_offset(row: int, col: int, head_dim: int, dq_wgs: int) -> int:
-    """dq_reduce="bulk": where dQ element (row, col) of a 64 x head_dim query block sits in its
-    fp32 block (smem buffer and accumulator alike). Warpgroup w (columns w * n .. w * n + n - 1,
-    n = head_dim / dq_wgs) owns n * 64 floats from w * n * 64; its thread t (warp t // 32, lane
-    t % 32) stores accumulator elements 4j .. 4j + 3 at 512 j + 4 t (128-bit stores). Element
-    4j + v of the wgmma accumulator is row 16 (t // 32) + (t % 32) // 4 + 8 (v // 2), column
-    8 j + 2 (t % 4) + v % 2."""
-    n = head_dim // dq_wgs
-    w, c = divmod(col, n)
+def dq_bulk_offset(row: int, col: int, head_dim: int, dq_wgs: int, rows_split: bool = False) -> int:
+    """dq_reduce="bulk": where dQ element (row, col) of a query block (64 x dq_wgs rows x head_dim
+    when rows_split, else 64 x head_dim) sits in its fp32 block (smem buffer and accumulator
+    alike). Warpgroup w owns the 64 x n floats from w * n * 64 of rows w * 64 .. w * 64 + 63
+    (rows_split; n = head_dim) or of columns w * n .. w * n + n - 1 (n = head_dim / dq_wgs); its
+    thread t (warp t // 32, lane t % 32) stores accumulator elements 4j .. 4j + 3 at 512 j + 4 t
+    (128-bit stores). Element 4j + v of the wgmma accumulator is row 16 (t // 32) + (t % 32) // 4
+    + 8 (v // 2), column 8 j + 2 (t % 4) + v % 2 of the warpgroup's 64 x n tile."""
+    if rows_split:
+        n = head_dim
+        w, row = divmod(row, 64)
+        c = col
+    else:
+        n = head_dim // dq_wgs
+        w, c = divmod(col, n)
     j, rem = divmod(c, 8)
     lane4, vc = divmod(rem, 2)
     warp, r = divmod(row, 16)
@@ -120,15 +132,20 @@ def dq_bulk_offset(row: int, col: int, head_dim: int, dq_wgs: int) -> int:
     return w * n * 64 + 512 * j + 4 * t + 2 * vr + vc
 
 
-def dq_bulk_to_rows(acc, head_dim: int, dq_wgs: int):
+def dq_bulk_to_rows(acc, head_dim: int, dq_wgs: int, rows_split: bool = False):
     """The accumulator (..., s_q_pad, head_dim) of dq_reduce="bulk" -> row order (torch view /
-    permute; the inverse of dq_bulk_offset within each 64-row block)."""
+    permute; the inverse of dq_bulk_offset within each query block)."""
     *lead, sqp, d = acc.shape
-    n = head_dim // dq_wgs
-    # block layout: (w, j, warp, lane8, lane4, vr, vc); rows (warp, vr, lane8), cols (w, j, lane4, vc)
-    x = acc.reshape(*lead, sqp // 64, dq_wgs, n // 8, 4, 8, 4, 2, 2)
+    n = head_dim if rows_split else head_dim // dq_wgs
+    rows = 64 * dq_wgs if rows_split else 64
+    # block layout: (w, j, warp, lane8, lane4, vr, vc); rows (warp, vr, lane8) and cols
+    # (w, j, lane4, vc), or rows (w, warp, vr, lane8) and cols (j, lane4, vc) when rows_split
+    x = acc.reshape(*lead, sqp // rows, dq_wgs, n // 8, 4, 8, 4, 2, 2)
     k = len(lead) + 1
-    x = x.permute(*range(k), k + 2, k + 5, k + 3, k, k + 1, k + 4, k + 6)
+    if rows_split:
+        x = x.permute(*range(k), k, k + 2, k + 5, k + 3, k + 1, k + 4, k + 6)
+    else:
+        x = x.permute(*range(k), k + 2, k + 5, k + 3, k, k + 1, k + 4, k + 6)
     return x.reshape(*lead, sqp, d)
 
 
@@ -151,7 +168,8 @@ class FlashBwdSm90:
         self.dq_bulk = cfg.dq_reduce == "bulk"
         self.stats_tma = cfg.stats == "tma"
         self.mma_order = cfg.mma_order
-        self.consumer_regs, self.producer_regs = 240, 24
+        self.dq_rows_split = cfg.dq_rows_split
+        self.consumer_regs, self.producer_regs = cfg.consumer_regs, 24
 
     def tiled_mmas(self):
         """(S^T / dP^T, dK / dV, dQ) tiled MMAs (call inside @cute.jit code)."""
@@ -168,10 +186,14 @@ class FlashBwdSm90:
             a_source=warpgroup.OperandSource.RMEM,
         )
         # dQ = dS K: A = dS (dS^T in smem, queries contiguous: MN-major), B = K^T (MN-major);
-        # head_dim split over dq_wgs warpgroups
+        # split over dq_wgs warpgroups by query rows (128-row blocks) or along head_dim
+        if const_expr(self.dq_rows_split):
+            atom_dq, tiler_dq = (self.dq_wgs, 1, 1), (64, self.hd)
+        else:
+            atom_dq, tiler_dq = (1, self.dq_wgs, 1), (64, self.hd // self.dq_wgs)
         tiled_mma_dq = sm90_helpers.make_trivial_tiled_mma(
             dtype, dtype, cute.nvgpu.OperandMajorMode.MN, cute.nvgpu.OperandMajorMode.MN, Float32,
-            atom_layout_mnk=(1, self.dq_wgs, 1), tiler_mn=(64, self.hd // self.dq_wgs),
+            atom_layout_mnk=atom_dq, tiler_mn=tiler_dq,
         )
         return tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq
 
@@ -349,13 +371,25 @@ class FlashBwdSm90:
                     self.dq_store(mdQaccum, sdQ, kv_head, batch, group, m_block_min, n_m, n_iter, nbi)
         else:
             # ---------------------------------------------------------------- consumer WGs
-            cute.arch.setmaxregister_increase(self.consumer_regs)
-            self.consumer(
+            args = (
                 tma_atom_dK, mdK, tma_atom_dV, mdV, mLSE, mD, mdQaccum,
                 softmax_scale_log2, softmax_scale, tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq,
                 sQ, sdO, sK, sV, sdS, sdQ, sLSE, sD, pipe_kv, pipe_q, pipe_do,
                 n_block, kv_head, batch, group, m_block_min, n_m, n_iter, seqlen_q, seqlen_k,
             )
+            regs_dq, regs_other = self.consumer_regs
+            if const_expr(regs_dq == regs_other):
+                cute.arch.setmaxregister_increase(regs_dq)
+                self.consumer(*args, None)
+            else:
+                # one warpgroup runs dQ: each gets its own copy of the loop, compiled for its
+                # own register budget (the dQ warpgroup's holds the dQ accumulator)
+                if warp_idx < 8:
+                    cute.arch.setmaxregister_increase(regs_dq)
+                    self.consumer(*args, True)
+                else:
+                    cute.arch.setmaxregister_increase(regs_other)
+                    self.consumer(*args, False)
 
     @cute.jit
     def producer(self, tma_atom_Q, mQ, tma_atom_dO, mdO, tma_atom_K, mK, tma_atom_V, mV, mLSE, mD,
@@ -414,8 +448,8 @@ class FlashBwdSm90:
     def dq_store(self, mdQaccum, sdQ, kv_head, batch, group, m_block_min, n_m, n_iter, nbi):
         """dq_reduce="bulk", producer warp 1: per query block and dQ warpgroup w, free w's smem
         buffer (its last bulk reduce has read it), wait until w has written dQ there, and add it
-        into the accumulator with one bulk reduction of 64 x head_dim / dq_wgs floats. The
-        accumulator is contiguous (run_bwd allocates it), so a query block is 64 x head_dim
+        into the accumulator with one bulk reduction of tile_m x head_dim / dq_wgs floats. The
+        accumulator is contiguous (run_bwd allocates it), so a query block is tile_m x head_dim
         consecutive floats."""
         chunk = self.tile_m * self.hd // self.dq_wgs
         sync_threads = 128 + 32
@@ -458,7 +492,11 @@ class FlashBwdSm90:
         scale_log2, softmax_scale, tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq,
         sQ, sdO, sK, sV, sdS, sdQ, sLSE, sD, pipe_kv, pipe_q, pipe_do,
         n_block, kv_head, batch, group, m_block_min, n_m, n_iter, seqlen_q, seqlen_k,
+        dq_role: cutlass.Constexpr,
     ):
+        """dq_role: None = every consumer warpgroup runs this code (which of them runs dQ is
+        decided at run time when only one does); True / False = the code of the warpgroup that
+        runs dQ / of the one that does not (regs="split")."""
         tidx = cute.arch.thread_idx()[0] - 128
         wg_idx = cute.arch.make_warp_uniform(tidx // 128)
         wg_slice = wg_idx * 128
@@ -585,8 +623,10 @@ class FlashBwdSm90:
                     tdVrdOt[None, None, None, state.index], tdKrQt[None, None, None, state.index],
                     tdQrdS[None, None, None, ds_buf], tdQrKt, pipe_q, pipe_do, state)
             emit = (thr_mma_dq, mdQaccum, sdQ, dq_tidx, m_block, head, batch, nbi, softmax_scale)
-            if const_expr(self.dq_wgs == self.num_wg):
+            if const_expr(self.dq_wgs == self.num_wg or dq_role is True):
                 self._block_gemms(*tail, emit)
+            elif const_expr(dq_role is False):
+                self._block_gemms(*tail, None)
             else:
                 if wg_idx == 0:
                     self._block_gemms(*tail, emit)
@@ -875,8 +915,8 @@ def _prepare(cfg: BwdConfig, dout, out, lse, seqlen_q_pad: int):
 
 def run_bwd(cfg: BwdConfig, dout, q, k, v, out, lse, softmax_scale: float):
     """Launch the backward of cfg; returns (dq, dk, dv) shaped and typed like q, k, v. The
-    preprocess (D, LSE_log2) and the dQ postprocess (sum of the deterministic slices, * scale,
-    -> 16 bit) run in torch."""
+    preprocess (D, LSE_log2) runs as cfg.preprocess says; the dQ postprocess (sum of the
+    deterministic slices, row order, -> 16 bit) in torch."""
     global _USE_TVM_FFI
     import os
     import time
@@ -942,10 +982,17 @@ def dq_postprocess(acc, cfg: BwdConfig, seqlen_q: int, dtype):
         dq = torch.empty((b, seqlen_q, h, d), dtype=dtype, device=acc.device)
         dq.copy_(acc[:, :, :seqlen_q].permute(0, 2, 1, 3))
         return dq
-    # bulk: within a 64-row block, element (row, col) sits at dq_bulk_offset; rows = (warp, vr,
-    # lane8), cols = (w, j, lane4, vc); the accumulator block is (w, j, warp, lane8, lane4, vr, vc)
-    n = d // cfg.dq_wgs
-    src = acc.view(b, h, sqp // 64, cfg.dq_wgs, n // 8, 4, 8, 4, 2, 2).permute(0, 2, 5, 8, 6, 1, 3, 4, 7, 9)
-    out = torch.empty((b, sqp, h, d), dtype=dtype, device=acc.device)
-    out.view(b, sqp // 64, 4, 2, 8, h, cfg.dq_wgs, n // 8, 4, 2).copy_(src)
+    # bulk: within a query block, element (row, col) sits at dq_bulk_offset; the accumulator
+    # block is (w, j, warp, lane8, lane4, vr, vc): rows (warp, vr, lane8), cols (w, j, lane4, vc),
+    # or rows (w, warp, vr, lane8), cols (j, lane4, vc) when dQ is split by query rows
+    w = cfg.dq_wgs
+    if cfg.dq_rows_split:
+        src = acc.view(b, h, sqp // (64 * w), w, d // 8, 4, 8, 4, 2, 2).permute(0, 2, 3, 5, 8, 6, 1, 4, 7, 9)
+        out = torch.empty((b, sqp, h, d), dtype=dtype, device=acc.device)
+        out.view(b, sqp // (64 * w), w, 4, 2, 8, h, d // 8, 4, 2).copy_(src)
+    else:
+        n = d // w
+        src = acc.view(b, h, sqp // 64, w, n // 8, 4, 8, 4, 2, 2).permute(0, 2, 5, 8, 6, 1, 3, 4, 7, 9)
+        out = torch.empty((b, sqp, h, d), dtype=dtype, device=acc.device)
+        out.view(b, sqp // 64, 4, 2, 8, h, w, n // 8, 4, 2).copy_(src)
     return out if sqp == seqlen_q else out[:, :seqlen_q].contiguous()

@@ -4,7 +4,8 @@ CuTe DSL or torch at import, so every check runs on a CPU-only machine before an
 One CTA = one block of `tile_n` keys of one (batch, k/v head): K and V stay in shared memory
 while the CTA walks the query blocks of `tile_m` rows of every q head of its group (GQA / MQA).
 Tiles follow FA3's SM90 backward for head dims <= 128 (64 x 128, S^T and dP^T computed with
-the keys on the wgmma M axis, 2 consumer warpgroups of 64 keys each).
+the keys on the wgmma M axis, 2 consumer warpgroups of 64 keys each); `tile_m=128` at head dim
+64 is flash-attn-4's hd64 tile (128 x 128, dQ split by query rows over both warpgroups).
 """
 
 from __future__ import annotations
@@ -13,11 +14,16 @@ from dataclasses import asdict, dataclass
 
 BWD_HEAD_DIMS = (64, 96, 128)
 BWD_DTYPES = ("bfloat16", "float16")
-BWD_KNOB_NAMES = ("deterministic", "dq_reduce", "stats", "mma_order", "preprocess")
-DQ_REDUCE_MODES = ("red", "bulk")
-STATS_MODES = ("thread", "tma")
-MMA_ORDERS = ("dv_dk_dq", "dv_dq_dk", "dv_early")
-PREPROCESS_MODES = ("torch", "kernel")
+BWD_KNOB_NAMES = ("deterministic", "dq_reduce", "stats", "mma_order", "preprocess", "regs", "tile_m")
+# each knob's values, the default first (measured on the H100: fa4kernel/README.md, "Backward")
+DQ_REDUCE_MODES = ("bulk", "red")
+STATS_MODES = ("tma", "thread")
+MMA_ORDERS = ("dv_dq_dk", "dv_dk_dq", "dv_early")
+PREPROCESS_MODES = ("kernel", "torch")
+REGS_MODES = ("even", "split")
+# query rows per block (the default first) by head dim: 128 only at 64, where dQ is split by
+# query rows over both warpgroups (flash-attn-4's hd64 tile)
+TILE_M_BY_HEAD_DIM = {64: (64, 128), 96: (64,), 128: (64,)}
 
 TILE_M = 64  # query rows per m block (the N of S^T = K Q^T)
 TILE_N = 128  # keys per CTA: 2 consumer warpgroups x 64 rows of wgmma M
@@ -38,21 +44,27 @@ class BwdConfig:
     # RED.ADD.F32x2 into global memory; "bulk" = the dQ warpgroups store them to an fp32 smem
     # buffer and producer warp 1 adds it with one cp.reduce.async.bulk .add.f32 per warpgroup
     # (the accumulator then holds each query block in the wgmma fragment order, see bwd.py)
-    dq_reduce: str = "red"
+    dq_reduce: str = "bulk"
     # how LSE_log2 and D of a query block reach the consumers: "thread" = every consumer thread
     # loads its 2 x 16 values from global memory at the top of the block; "tma" = producer warp 0
     # bulk-copies the block's 64 + 64 floats into smem with its Q and dO (same mbarriers), so
     # they arrive with the stage and are read with LDS (flash-attn-4's sLSE / sdPsum)
-    stats: str = "thread"
+    stats: str = "tma"
     # issue order of the three GEMMs after P^T and dS^T: "dv_dk_dq" = dS^T barrier, dV, dK, dQ,
     # wait for all three, then dQ leaves (the tensor core idles while dQ is written out);
     # "dv_dq_dk" = dV issued before the dS^T barrier (it runs under the fence and the barrier),
     # then dQ, then dK: dQ leaves while dK runs (flash-attn-4's order); "dv_early" = as
     # "dv_dq_dk" but dV is issued as soon as P^T is in registers, so it runs under the dS math
-    mma_order: str = "dv_dk_dq"
+    mma_order: str = "dv_dq_dk"
     # D = rowsum(dO * O) and LSE_log2: "torch" = torch ops on the host stream; "kernel" = one
     # CuTe DSL kernel (sm90/bwd.py, BwdPreprocess) reading dO and O once
-    preprocess: str = "torch"
+    preprocess: str = "kernel"
+    # setmaxnreg of the two consumer warpgroups: "even" = 240 each; "split" = 256 for the one
+    # that runs dQ and 224 for the other, each with its own copy of the loop; only where one
+    # warpgroup runs dQ (dq_wgs == 1: head dims 64 and 96 with 64-row blocks; flash-attn-4's
+    # split there)
+    regs: str = "even"
+    # query rows per block: 64, or 128 at head dim 64 (TILE_M_BY_HEAD_DIM; dQ split by rows)
     tile_m: int = TILE_M
     tile_n: int = TILE_N
     q_stages: int = Q_STAGES
@@ -66,19 +78,36 @@ class BwdConfig:
         return 128 * (self.num_consumer_wgs + 1)
 
     @property
+    def dq_rows_split(self) -> bool:
+        """dQ = dS K split by query rows (64 per warpgroup, all head_dim columns): 128-row blocks."""
+        return self.tile_m == 2 * 64
+
+    @property
     def dq_wgs(self) -> int:
-        """Warpgroups that share the dQ = dS K GEMM (split along head_dim): both at head_dim 128
-        (64 columns each, one 128-byte swizzle atom of K^T); one at 64 and 96, where half the
-        columns would cut a swizzle atom of the MN-major K^T operand."""
-        return self.num_consumer_wgs if self.head_dim == 128 else 1
+        """Warpgroups that share the dQ = dS K GEMM: both with 128-row blocks (split by query
+        rows) and at head_dim 128 (split along head_dim: 64 columns each, one 128-byte swizzle
+        atom of K^T); one at 64 and 96 with 64-row blocks, where half the columns would cut a
+        swizzle atom of the MN-major K^T operand."""
+        if self.dq_rows_split or self.head_dim == 128:
+            return self.num_consumer_wgs
+        return 1
+
+    @property
+    def consumer_regs(self) -> tuple:
+        """setmaxnreg of consumer warpgroups 1 and 2 (registers per thread); the producer keeps 24.
+        The three warpgroups share 65536 registers = 128 lanes x 512: 24 + 240 + 240 = 504 and
+        24 + 256 + 224 = 504."""
+        if self.regs == "split":
+            return (256, 224)
+        return (240, 240)
 
     def as_dict(self):
         return asdict(self)
 
 
 def make_bwd_config(dtype: str, head_dim: int, causal: bool, deterministic: bool = False,
-                    dq_reduce: str = "red", stats: str = "thread", mma_order: str = "dv_dk_dq",
-                    preprocess: str = "torch") -> BwdConfig:
+                    dq_reduce: str = "bulk", stats: str = "tma", mma_order: str = "dv_dq_dk",
+                    preprocess: str = "kernel", regs: str = "even", tile_m: int = TILE_M) -> BwdConfig:
     """The backward build for these arguments; one-line ValueError naming what is allowed."""
     if dtype not in BWD_DTYPES:
         raise ValueError(f"dtype {dtype} not supported by the backward; allowed: {', '.join(BWD_DTYPES)}")
@@ -92,11 +121,46 @@ def make_bwd_config(dtype: str, head_dim: int, causal: bool, deterministic: bool
     if dq_reduce not in DQ_REDUCE_MODES:
         raise ValueError(f"dq_reduce={dq_reduce!r} not supported; allowed: {', '.join(DQ_REDUCE_MODES)}")
     for name, val, allowed in (("stats", stats, STATS_MODES), ("mma_order", mma_order, MMA_ORDERS),
-                               ("preprocess", preprocess, PREPROCESS_MODES)):
+                               ("preprocess", preprocess, PREPROCESS_MODES), ("regs", regs, REGS_MODES)):
         if val not in allowed:
             raise ValueError(f"{name}={val!r} not supported; allowed: {', '.join(allowed)}")
-    return BwdConfig(dtype=dtype, head_dim=head_dim, causal=causal, deterministic=deterministic,
-                     dq_reduce=dq_reduce, stats=stats, mma_order=mma_order, preprocess=preprocess)
+    tiles = TILE_M_BY_HEAD_DIM[head_dim]
+    if isinstance(tile_m, bool) or tile_m not in tiles:
+        raise ValueError(f"tile_m={tile_m!r} not supported at head_dim {head_dim}; allowed: "
+                         f"{', '.join(map(str, tiles))}")
+    if tile_m == 128:
+        # 128 queries per block: S^T and dP^T take 64 + 64 fp32 registers per thread; what else
+        # a thread holds must stay in smem or die early, else ptxas spills (CPU test)
+        for name, val, need in (("dq_reduce", dq_reduce, "bulk"), ("stats", stats, "tma")):
+            if val != need:
+                raise ValueError(f"tile_m=128 with {name}={val!r} spills registers; allowed with tile_m=128: "
+                                 f"{name}={need!r}")
+        if mma_order == "dv_early":
+            raise ValueError("tile_m=128 with mma_order='dv_early' spills registers; allowed with tile_m=128: "
+                             "mma_order='dv_dq_dk' or 'dv_dk_dq'")
+    if head_dim == 128 and (dq_reduce, stats, mma_order) == ("red", "tma", "dv_early"):
+        raise ValueError("dq_reduce='red' with stats='tma' and mma_order='dv_early' spills registers at head_dim "
+                         "128; allowed there: dq_reduce='bulk', stats='thread' or another mma_order")
+    cfg = BwdConfig(dtype=dtype, head_dim=head_dim, causal=causal, deterministic=deterministic,
+                    dq_reduce=dq_reduce, stats=stats, mma_order=mma_order, preprocess=preprocess,
+                    regs=regs, tile_m=tile_m)
+    if regs == "split" and cfg.dq_wgs != 1:
+        raise ValueError(f"regs='split' needs one dQ warpgroup (head_dim 64 or 96 with tile_m=64); at head_dim "
+                         f"{head_dim} with tile_m={tile_m} both run dQ; allowed there: regs='even'")
+    return cfg
+
+
+def check_bwd_knob_names(knobs, allowed=BWD_KNOB_NAMES, what: str = "backward knob") -> None:
+    """One-line ValueError for a name that is not one of the backward's knobs, naming them."""
+    for name in knobs:
+        if name not in allowed:
+            raise ValueError(f"{what} {name!r} unknown; allowed: {', '.join(allowed)}")
+
+
+def bwd_config_from_knobs(dtype: str, head_dim: int, causal: bool, deterministic: bool, knobs) -> BwdConfig:
+    """make_bwd_config with the knobs of a dict (names checked first: one-line ValueError)."""
+    check_bwd_knob_names(knobs, tuple(n for n in BWD_KNOB_NAMES if n != "deterministic"))
+    return make_bwd_config(dtype, head_dim, causal, deterministic, **knobs)
 
 
 def bwd_smem_bytes(cfg: BwdConfig, elem_bytes: int = 2) -> int:
