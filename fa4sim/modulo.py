@@ -310,6 +310,7 @@ class _Instance:
                 m.add_hint(r[k], rk)
         solver = cp_model.CpSolver()
         solver.parameters.num_workers = workers
+        solver.parameters.interleave_search = workers > 1  # deterministic with several workers
         if fixed_search:  # list scheduling: each op in turn as early as it fits, backtracking
             m.add_decision_strategy([t[k] for k in self.topo], getattr(cp_model, fixed_search),
                                     cp_model.SELECT_MIN_VALUE)
