@@ -81,6 +81,10 @@ def test_fa4kernel_bwd_section_is_its_bwd_config():
                                                                                 cfg.q_stages, cfg.q_stages)
             assert (1 if k["dq_single_wg"] else 2) == cfg.dq_wgs
             assert k["dq_reduce"] == cfg.dq_reduce and k["deterministic"] == cfg.deterministic
+            # the knobs of the backward with stats / mma_order / preprocess (their defaults before)
+            assert (k["stats"], k["mma_order"], k["preprocess"]) == (getattr(cfg, "stats", "thread"),
+                                                                    getattr(cfg, "mma_order", "dv_dk_dq"),
+                                                                    getattr(cfg, "preprocess", "torch"))
             assert bwd.dkv_in_registers(k) and k["sdp_swapab"]  # dV, dK RS; S^T, dP^T keys on M
     impl = setup("h100", None, Problem(1, 8, 2048, 2048, 128), {}, "fa4kernel", "bwd")[3]
     assert sorted({d for d, _ in impl.head_dims}) == sorted(cfgmod.BWD_HEAD_DIMS)
@@ -149,7 +153,7 @@ def test_dq_by_bulk_reduce_through_smem():
     assert names.index("DQW0") < names.index("WAIT0")  # flash-attn-4: while dK runs
 
 
-def test_gemm_order_and_its_barrier():
+def test_mma_order_and_its_barrier():
     fa4 = schedule(P128, "flash-attn-4")
     ours = schedule(P128, "fa4kernel")
     edges = lambda s: {(e.src, e.dst) for e in s.edges}  # noqa: E731
@@ -160,11 +164,17 @@ def test_gemm_order_and_its_barrier():
     # fa4kernel: one barrier, then dV, dK, dQ
     assert ("DS1", "dV0") in edges(ours) and ("dV0", "dK0") not in edges(ours)
     assert [o.name for o in ours.ops if o.role == "wg0" and o.kind == "mma"] == ["S0", "dP0", "dV0", "dK0", "dQ0"]
+    # its variants: flash-attn-4's order, and dV issued before the dS math
+    fa3 = schedule(P128, "fa4kernel", {"mma_order": "dv_dq_dk"})
+    assert [o.name for o in fa3.ops if o.role == "wg0" and o.kind == "mma"] == ["S0", "dP0", "dV0", "dQ0", "dK0"]
+    early = schedule(P128, "fa4kernel", {"mma_order": "dv_early"})
+    names = [o.name for o in early.ops if o.role == "wg0"]
+    assert names.index("EXP0") < names.index("dV0") < names.index("DS0")
 
 
 def test_statistics_from_global_memory():
-    # fa4kernel: 16 Q columns per thread, LSE and dPsum each: 32 LDG per thread per Q block; Q and
-    # dO come by TMA without them
+    # fa4kernel (stats "thread"): 16 Q columns per thread, LSE and dPsum each: 32 LDG per thread
+    # per Q block; Q and dO come by TMA without them
     s = schedule(P128, "fa4kernel")
     assert uses(s, "STAT0")["lsu"] == pytest.approx(4 * 32)
     assert s.op("STAT0").latency == H100.l2_latency
@@ -172,6 +182,10 @@ def test_statistics_from_global_memory():
     fa4 = schedule(P128, "flash-attn-4")
     assert uses(fa4, "LQ")["tma"] * H100.tma_bytes_per_clk == pytest.approx(80 * 128 * 2 + 80 * 4)
     assert not any(o.name.startswith("STAT") for o in fa4.ops)
+    # stats "tma": with Q and dO, then 16 LDS per thread (two Q columns per 64-bit load)
+    tma = schedule(P128, "fa4kernel", {"stats": "tma"})
+    assert not any(o.name.startswith("STAT") for o in tma.ops)
+    assert uses(tma, "LQ")["tma"] * H100.tma_bytes_per_clk == pytest.approx(64 * 128 * 2 + 64 * 4)
 
 
 def test_loop_instructions_counted_in_the_sass_take_issue_slots():
@@ -198,21 +212,21 @@ def test_deterministic_by_slices_has_no_order_to_wait_for():
 
 # ---------------------------------------------------------------- the launches around it
 def test_fa4kernels_torch_pre_and_postprocess():
-    # fa4kernel/sm90/bwd.py run_bwd: per (row, head) 28 d + 50 bytes and 12 kernels before, 14 d
-    # and 2 kernels after (fp32 dout * out, LSE in log2 units, the zeroed accumulator; dQ scaled,
-    # converted); deterministic: a dQ slice per KV tile, zeroed before and summed after
+    # fa4kernel/sm90/bwd.py run_bwd with preprocess "torch": per (row, head) 28 d + 50 bytes in 11
+    # kernels, the zeroed dQ accumulator in one more; after it one copy to 16 bit (6 d), after a
+    # sum of the slices when deterministic (a slice per KV tile, zeroed before)
     p = Problem(2, 4, 1000, 1000, 64)
     rows, d, bw, gap = 2 * 4 * 1000, 64, H100.hbm_bandwidth_tbps * 1e6, H100.launch_gap_us
-    k = {"prepost": "torch", "tile_n": 128}
+    k = {"preprocess": "torch", "tile_n": 128}
     pre, post = kernel_bwd.pre_post_us(p, H100, k)
     assert pre == pytest.approx(rows * (28 * d + 50 + 4 * d) / bw + 12 * gap)
-    assert post == pytest.approx(rows * 14 * d / bw + 2 * gap)
+    assert post == pytest.approx(rows * 6 * d / bw + gap)
     slices = math.ceil(1000 / 128)
     pre, post = kernel_bwd.pre_post_us(p, H100, {**k, "deterministic": True, "deterministic_by": "slices"})
     assert pre == pytest.approx(rows * (28 * d + 50 + 4 * d * slices) / bw + 12 * gap)
-    assert post == pytest.approx(rows * (14 * d + 4 * d + 4 * d * slices) / bw + 3 * gap)
-    # flash-attn-4's own preprocess and postprocess kernels
-    pre, post = kernel_bwd.pre_post_us(p, H100, {"prepost": "kernels"})
+    assert post == pytest.approx(rows * (6 * d + 4 * d + 4 * d * slices) / bw + 2 * gap)
+    # one preprocess kernel (flash-attn-4's, fa4kernel's preprocess "kernel"): O and dO read once
+    pre, post = kernel_bwd.pre_post_us(p, H100, {"preprocess": "kernel"})
     assert (pre, post) == pytest.approx(kernel_bwd.pre_post_us(p, H100))
     assert pre == pytest.approx(rows * (4 * d + 12 + 4 * d) / bw + gap)
 
@@ -262,18 +276,28 @@ def _loop_counts(sass: str):
 
 
 @pytest.mark.compile
-@pytest.mark.parametrize("hdim,causal,mode", [(128, False, "red"), (64, True, "bulk")])
-def test_fa4kernel_loop_instruction_counts_are_its_sass(hdim, causal, mode):
+@pytest.mark.parametrize("hdim,causal,knobs", [(128, False, {}),
+                                              (64, True, {"dq_reduce": "bulk", "stats": "tma", "mma_order": "dv_dq_dk"})])
+def test_fa4kernel_loop_instruction_counts_are_its_sass(hdim, causal, knobs):
     pytest.importorskip("cutlass")
+    import inspect
+
     import fa4kernel
     from fa4kernel import make_bwd_config
-
-    c = _loop_counts(fa4kernel.compile_bwd_sass(make_bwd_config("bfloat16", hdim, causal, False, mode)))
-    p = Problem(1, 8, 2048, 2048, hdim, causal)
-    k = knobs_of(p, "fa4kernel", {"dq_reduce": mode})
-    impl = setup("h100", None, p, {"dq_reduce": mode}, "fa4kernel", "bwd")[3]
     from fa4sim.params import Context
+
+    if "mma_order" not in inspect.signature(make_bwd_config).parameters:
+        pytest.skip("this backward predates its stats / mma_order knobs, whose builds the counts are of")
+    c = _loop_counts(fa4kernel.compile_bwd_sass(make_bwd_config("bfloat16", hdim, causal, False, **knobs)))
+    p = Problem(1, 8, 2048, 2048, hdim, causal)
+    k = knobs_of(p, "fa4kernel", knobs)
+    impl = setup("h100", None, p, knobs, "fa4kernel", "bwd")[3]
     value = lambda name: impl.value(name, Context(p, H100, impl), k)  # noqa: E731
     assert value("loop_instr_per_kstep") == pytest.approx((c["hgmma"] + c["uniform"]) / c["hgmma"], abs=0.006)
-    elems = 64 * 128 // 2 // 128  # score elements per thread
-    assert value("loop_instr_fixed") == c["other"] - (elems if causal else 0)  # less the mask's ISETPs
+    # the rest, less the pointwise instructions the schedule counts: 5 per score element, the
+    # mask's (1, or 3 causal), the statistics' loads (32 LDG, or 16 LDS), 4 stmatrix, the dQ stores
+    e, hd_part = 32, 64 * hdim * 4 / (2 if hdim == 128 else 1)
+    dq = hd_part / 16 / 128 if k["dq_reduce"] == "bulk" else hd_part / 8 / 128
+    counted = 5 * e + (3 if causal else 1) * e + (32 if k["stats"] == "thread" else 16) + 4 + dq
+    total = c["hgmma"] + c["uniform"] + c["other"] + c["pointwise"]
+    assert value("loop_instr_fixed") == round(total - c["hgmma"] - c["uniform"] - counted)

@@ -11,10 +11,11 @@ one CTA per KV tile. Roles:
             its part of the dK and dV accumulators in registers:
               S = Q K^T, dP = dO V^T (async), P = exp2(S scale - LSE) while dP runs, dS = P (dP
               - dPsum), dS -> shared memory (and P, where dV takes it from there), then
-              gemm_order "dv_dq_dk" (flash-attn-4): dV += P^T dO, a barrier of both warpgroups,
+              mma_order "dv_dq_dk" (flash-attn-4): dV += P^T dO, a barrier of both warpgroups,
                 dQ = dS K, dK += dS^T Q; dQ leaves while dK runs; a wait for dK
-              gemm_order "dv_dk_dq" (fa4kernel): a barrier, dV, dK, dQ, a wait for all three,
-                then dQ leaves
+              mma_order "dv_early": the same, with dV issued before the dS math
+              mma_order "dv_dk_dq" (fa4kernel's default): a barrier, dV, dK, dQ, a wait for all
+                three, then dQ leaves
             dQ leaves to fp32 shared memory for the dq_store warp (dq_reduce "bulk") or by
             per-thread RED.ADD.F32x2 into the accumulator in global memory ("red")
 The implementation chooses the tile, how the two warpgroups split each GEMM (atom layouts,
@@ -67,14 +68,16 @@ KNOBS = [
     Knob("atom_dkv", 2, "WGs", "warpgroups along the keys of dK and dV (the rest along the head dim)", choices=(1, 2)),
     Knob("atom_dq", 1, "WGs", "warpgroups along the Q rows of dQ (the rest along the head dim)", choices=(1, 2)),
     Knob("dq_single_wg", False, "", "only warpgroup 0 computes dQ", kind="bool"),
-    Knob("gemm_order", "dv_dq_dk", "", "dv_dq_dk: dV issued before the dS barrier, then dQ and dK, dQ leaves while "
-         "dK runs (flash-attn-4); dv_dk_dq: the barrier, then dV, dK, dQ, a wait for all three, then dQ leaves "
-         "(fa4kernel)", kind="choice", choices=("dv_dq_dk", "dv_dk_dq")),
+    Knob("mma_order", "dv_dq_dk", "", "the three GEMMs after dS: dv_dk_dq = the dS barrier, then dV, dK, dQ, a wait for "
+         "all three, then dQ leaves; dv_dq_dk = dV issued before the dS barrier, then dQ, then dK, dQ leaves while "
+         "dK runs (flash-attn-4); dv_early = as dv_dq_dk, but dV issued as soon as P is in registers, under the "
+         "dS math", kind="choice", choices=("dv_dk_dq", "dv_dq_dk", "dv_early")),
     Knob("dq_reduce", "bulk", "", "how dQ reaches its fp32 accumulator: bulk = fp32 shared memory and one TMA bulk "
          "reduce-add per dQ warpgroup, issued by producer warp 1; red = every thread's RED.ADD.F32x2 from "
          "registers", kind="choice", choices=("bulk", "red")),
-    Knob("stats_from_gmem", False, "", "each thread loads LSE and dPsum of its Q columns from global memory per Q "
-         "block; false: they come with Q and dO by TMA into shared memory", kind="bool"),
+    Knob("stats", "tma", "", "how LSE and dPsum of a Q block reach the MMA warpgroups: tma = with Q and dO into shared "
+         "memory (read with LDS); thread = each thread loads its Q columns' from global memory (LDG)",
+         kind="choice", choices=("tma", "thread")),
     Knob("stat_shuffle", False, "", "LSE and dPsum fetched per score row by a warp shuffle (8 threads hold a "
          "row's statistics)", kind="bool"),
     Knob("mask_every_block", False, "", "the length (and causal) mask runs on every Q block; false: only on "
@@ -83,9 +86,9 @@ KNOBS = [
     Knob("deterministic_by", "semaphore", "", "semaphore: the dQ reduce-adds of a Q block in a fixed KV-tile order, "
          "held by a semaphore per Q block (flash-attn-4); slices: each KV tile adds into its own fp32 slice of dQ, "
          "summed on the host afterwards (fa4kernel)", kind="choice", choices=("semaphore", "slices")),
-    Knob("prepost", "kernels", "", "the launches around the main kernel: kernels = one preprocess kernel (dPsum, "
-         "LSE, the zeroed accumulator) and one postprocess (dQ to 16 bit); torch = fa4kernel's eager torch "
-         "operations (kernel_bwd.TORCH_PRE, TORCH_POST)", kind="choice", choices=("kernels", "torch")),
+    Knob("preprocess", "kernel", "", "dPsum and LSE in log2 units before the main kernel: kernel = one kernel reading O, "
+         "dO and LSE (and zeroing the dQ accumulator); torch = fa4kernel's eager torch operations "
+         "(kernel_bwd.TORCH_PRE)", kind="choice", choices=("kernel", "torch")),
 ]
 
 
@@ -147,7 +150,7 @@ def smem_bytes(p: Problem, k: dict) -> int:
     """Q, dO (stages, + LSE, dPsum), K, V, P and dS (stages), the fp32 dQ staging, bytes."""
     d, dv, m, n = p.hdim, p.hdim_v, k["tile_m"], k["tile_n"]
     pds = (1 if dkv_in_registers(k) else 2) * m * n * BYTES * k["pds_stages"]
-    stats = 0 if k["stats_from_gmem"] else 4
+    stats = 0 if (k["stats"] == "thread") else 4
     dq = m * d * 4 if k["dq_reduce"] == "bulk" else 0
     return int(k["q_stages"] * m * (d * BYTES + stats) + k["do_stages"] * m * (dv * BYTES + stats)
                + n * (d + dv) * BYTES + pds + dq) + 1024
@@ -205,9 +208,10 @@ def build(hw, p: Problem, k: dict, n_kv: int, masked_blocks: int, impl=None, hbm
     elems = m * n // WGS  # scores per warpgroup per Q block
     per_thread = elems / 128.0
     det = k["deterministic"] and k["deterministic_by"] == "semaphore"
-    fa3_order = k["gemm_order"] == "dv_dq_dk"
+    fa3_order = k["mma_order"] != "dv_dk_dq"  # dV before the dS barrier
+    dv_early = k["mma_order"] == "dv_early"
     red = k["dq_reduce"] == "red"
-    stats = 0 if k["stats_from_gmem"] else m * 4
+    stats = 0 if (k["stats"] == "thread") else m * 4
     # LSE and dPsum of a thread's Q columns: its distinct Q rows of S (a swapped m64 accumulator
     # holds 2 keys x per_thread / 2 queries per thread; unswapped, 2 query rows per m64 wgmma)
     mw_s = gemm_shapes(p, k)["S"][0]
@@ -250,12 +254,12 @@ def build(hw, p: Problem, k: dict, n_kv: int, masked_blocks: int, impl=None, hbm
     # the statistics' loads into registers: from smem (LDS; two adjacent Q columns per 64-bit load
     # when S is swapped) or from global memory (the STAT op); per statistic and thread
     lds = stat_values / 2 if k["sdp_swapab"] else stat_values
-    stat_lds = {} if k["stats_from_gmem"] else add(_instr(hw, 128 * lds), _lsu(4 * lds),
+    stat_lds = {} if (k["stats"] == "thread") else add(_instr(hw, 128 * lds), _lsu(4 * lds),
                                                   {"smem:lsu": smem(128 * stat_values * 4)})
 
     for w in range(WGS):
         r = f"wg{w}"
-        if k["stats_from_gmem"]:
+        if (k["stats"] == "thread"):
             ld = 2 * 128 * q_per_thread  # LSE and dPsum, one LDG per Q column per thread
             ops.append(Op(f"STAT{w}", r, tuple(add(_instr(hw, ld), _lsu(ld / 32)).items()), hw.l2_latency,
                           "load", asynchronous=True, issue_cycles=ld / 128 / hw.warp_issue_ipc,
@@ -277,11 +281,15 @@ def build(hw, p: Problem, k: dict, n_kv: int, masked_blocks: int, impl=None, hbm
                   lse_get, stat_lds, p_store, scaled(fixed, 0.5))
         ops.append(Op(f"EXP{w}", r, tuple(exp.items()), hw.mufu_latency, "exp",
                       label="P = exp2(S scale - LSE), to bf16" + ("" if rs else ", P -> smem")))
+        dv_op = wgmma("dV", w, "dV += P^T dO" + (" (P in registers)" if rs else ""))
+        if dv_early:  # dV issued as soon as P is in registers: it runs under the dS math
+            ops.append(dv_op)
         # dS = P (dP - dPsum): a subtract and a multiply per element ("rescale" = one FMUL each)
         ds = add(phase(hw, "rescale", 2 * elems), phase(hw, "convert", elems), lse_get, stat_lds,
                  ds_store, scaled(fixed, 0.5))
         ops.append(Op(f"DS{w}", r, tuple(ds.items()), 0.0, "softmax", label="dS = P (dP - dPsum), dS -> smem"))
-        ops.append(wgmma("dV", w, "dV += P^T dO" + (" (P in registers)" if rs else "")))
+        if not dv_early:
+            ops.append(dv_op)
         if fa3_order:
             if w < nq:
                 ops.append(wgmma("dQ", w, "dQ = dS K (its part)"))
@@ -319,7 +327,7 @@ def build(hw, p: Problem, k: dict, n_kv: int, masked_blocks: int, impl=None, hbm
                   Edge(f"EPI{w}", f"dK{w}", distance=1, per="tile", kind="anti")]
         if masked_blocks or k["mask_every_block"]:
             edges.append(Edge(f"MASK{w}", f"EXP{w}"))
-        if k["stats_from_gmem"]:
+        if (k["stats"] == "thread"):
             edges += [Edge(f"STAT{w}", f"EXP{w}"), Edge(f"STAT{w}", f"DS{w}")]
         if w < nq:
             edges.append(Edge(f"dQ{w}", f"WAIT{w}"))

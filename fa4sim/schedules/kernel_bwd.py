@@ -141,11 +141,11 @@ def deterministic_cycles(units: list[KvUnit], costs: list[tuple[float, float]], 
     return end, busiest
 
 
-# fa4kernel's launches around its main kernel (sm90/bwd.py run_bwd and _prepare): eager torch
-# operations, one kernel each, as (what, bytes read and written per row of one head, as a
-# constant + per head-dim element + per head-dim element and dQ slice). Rows are seqlen_q rows of
-# each (batch, head) (the padding to tile_m is left out); d = head dim; slices = the number of
-# dQ slices (KV tiles when deterministic, else 1).
+# fa4kernel's launches around its main kernel (sm90/bwd.py run_bwd, _prepare, dq_postprocess):
+# eager torch operations, one kernel each, as (what, bytes read and written per row of one head,
+# as a constant + per head-dim element + per head-dim element and dQ slice). Rows are seqlen_q
+# rows of each (batch, head) (the padding to tile_m is left out); d = head dim; slices = the
+# number of dQ slices (KV tiles when deterministic by slices, else 1).
 TORCH_PRE = (
     ("dpsum = zeros (fp32)", 4, 0, 0),
     ("dout.float()", 0, 2 + 4, 0),
@@ -158,38 +158,36 @@ TORCH_PRE = (
     ("lse * log2(e)", 4 + 4, 0, 0),
     ("where(...)", 1 + 4 + 4, 0, 0),
     ("lse_log2[..., :sq] = (copy)", 8, 0, 0),
-    ("dq_accum = zeros (fp32, slices x)", 0, 0, 4),
 )
-TORCH_POST = (
-    ("dq * softmax_scale (fp32)", 0, 4 + 4, 0),
-    (".transpose(1, 2).to(bf16)", 0, 4 + 2, 0),
-)
-TORCH_POST_SLICES = (("dq_accum.sum(0)", 0, 4, 4),)
+TORCH_ZERO = (("dq_accum = zeros (fp32, slices x)", 0, 0, 4),)
+POST = (("dQ fp32 -> 16 bit (one pass)", 0, 4 + 2, 0),)
+POST_SLICES = (("dq_accum.sum(0)", 0, 4, 4),)
 
 
-def torch_passes(p: Problem, slices: int) -> tuple[tuple, tuple]:
-    """(preprocess, postprocess) of fa4kernel's torch operations: each (what, bytes)."""
+def passes(p: Problem, knobs: dict | None = None) -> tuple[tuple, tuple]:
+    """(preprocess, postprocess) launches around a backward: each (what, bytes). knobs preprocess
+    "kernel" (the default; flash-attn-4, and fa4kernel's preprocess kernel): one kernel reads O and
+    dO and LSE, writes dPsum and LSE in log2 units (fp32) and zeroes the fp32 dQ accumulator
+    (fa4kernel zeroes it in a torch launch of its own: 1.7 us more, left out); "torch": fa4kernel's
+    eager torch operations (TORCH_PRE, then TORCH_ZERO). After it: dQ from fp32 to 16 bit in one
+    pass (flash-attn-4's postprocess kernel, fa4kernel's one torch copy_), after the sum of the
+    slices when deterministic by slices."""
+    knobs = knobs or {}
+    slices = 1
+    if knobs.get("deterministic") and knobs.get("deterministic_by") == "slices":
+        slices = math.ceil(p.seqlen_k / knobs["tile_n"])
     rows = p.batch * p.heads * p.seqlen_q
-    post = (TORCH_POST_SLICES if slices > 1 else ()) + TORCH_POST
     each = lambda ops: tuple((what, rows * (c + e * p.hdim + s * p.hdim * slices)) for what, c, e, s in ops)  # noqa: E731
-    return each(TORCH_PRE), each(post)
+    if knobs.get("preprocess") == "torch":
+        pre = each(TORCH_PRE + TORCH_ZERO)
+    else:
+        pre = (("preprocess kernel", rows * (2 * p.hdim_v * 2 + 4 + 8 + p.hdim * 4 * slices)),)
+    post = each((POST_SLICES if slices > 1 else ()) + POST)
+    return pre, post
 
 
 def pre_post_us(p: Problem, hw, knobs: dict | None = None) -> tuple[float, float]:
-    """Times (us) of the launches around the backward, each its bytes at the HBM bandwidth plus
-    a launch gap. knobs prepost "kernels" (flash-attn-4, the default): one preprocess kernel reads
-    O and dO and writes dPsum = rowsum(dO * O) and LSE in log2 units (fp32) and zeroes the fp32 dQ
-    accumulator; one postprocess reads that accumulator and writes dQ in bf16. "torch"
-    (fa4kernel): its eager torch operations (TORCH_PRE, TORCH_POST), one kernel each, with a dQ
-    slice per KV tile when deterministic by slices."""
+    """Times (us) of the launches around the backward (passes): each its bytes at the HBM
+    bandwidth plus a launch gap."""
     bw = hw.hbm_bandwidth_tbps * 1e6  # bytes per us
-    if knobs and knobs.get("prepost") == "torch":
-        slices = 1
-        if knobs.get("deterministic") and knobs.get("deterministic_by") == "slices":
-            slices = math.ceil(p.seqlen_k / knobs["tile_n"])
-        pre, post = torch_passes(p, slices)
-        return tuple(sum(b / bw + hw.launch_gap_us for _, b in ops) for ops in (pre, post))
-    rows = p.batch * p.heads * p.seqlen_q
-    pre = rows * (2 * p.hdim_v * 2 + 4 + 8 + p.hdim * 4)
-    post = rows * p.hdim * (4 + 2)
-    return pre / bw + hw.launch_gap_us, post / bw + hw.launch_gap_us
+    return tuple(sum(b / bw + hw.launch_gap_us for _, b in ops) for ops in passes(p, knobs))
