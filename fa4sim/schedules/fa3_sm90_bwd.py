@@ -200,7 +200,9 @@ def build(hw, p: Problem, k: dict, n_kv: int, masked_blocks: int, impl=None, hbm
     # (its bwd params; none where it gives none): per wgmma k-step (the HGMMA and its uniform-
     # datapath descriptor arithmetic), per consumer warp and Q block (waits, barriers, fences,
     # addresses, loop control), and the mask's per score element
-    const = lambda name: float(impl.value(name, Context(p, hw, impl), k)) if impl is not None and name in impl.params else 0.0  # noqa: E731
+    def const(name):
+        return float(impl.value(name, Context(p, hw, impl), k)) if impl is not None and name in impl.params else 0.0
+
     per_kstep = 4 * const("loop_instr_per_kstep") / hw.issue_per_clk   # SM issue cycles per k-step of a warpgroup
     fixed = _instr(hw, 128 * const("loop_instr_fixed"))                 # per warpgroup and Q block
     mask_instr = const("mask_instr_per_element")
