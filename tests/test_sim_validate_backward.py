@@ -1,32 +1,64 @@
-"""fa4sim validate on backward timings (kind sm90_bwd): flash-attn-4 against --pass bwd."""
+"""fa4sim validate on backward timings (kind sm90_bwd): flash-attn-4 and fa4kernel (and its
+bracketed variants) against --pass bwd."""
 import pytest
 
 from fa4sim import Problem, simulate
 from fa4sim.validate import compare, report
+from fa4sim.validate.backward import variant
 
 
 def _doc(fa4_tflops=500.0, ok=True):
     point = {"batch": 1, "seqlen": 4096, "heads": 16, "hdim": 128, "causal": False,
              "results": {"flash-attn-4": {"tflops": fa4_tflops, "ms": 1.0, "check": {"ok": ok}},
                          "fa4kernel": {"tflops": 300.0, "ms": 2.0, "check": {"ok": True}},
+                         "fa4kernel[dq_reduce=bulk]": {"tflops": 380.0, "ms": 1.6, "check": {"ok": True}},
+                         "fa4kernel[deterministic]": {"tflops": 150.0, "ms": 4.0, "check": {"ok": True}},
                          "sdpa-cudnn": {"tflops": 450.0, "ms": 1.1, "check": {"ok": True}}}}
     return {"meta": {"kind": "sm90_bwd", "device": "NVIDIA H100 80GB HBM3", "date": "2026-01-01"},
             "points": [point]}
 
 
-def test_flash_attn_4_is_predicted_with_the_backward_model_and_others_are_listed():
+P = Problem(1, 16, 4096, 4096, 128, False)
+
+
+def test_flash_attn_4_and_fa4kernel_are_predicted_with_the_backward_model():
     res = compare(_doc())
     rows = {r["kernel"]: r for r in res["points"]}
-    want = simulate("h100", None, Problem(1, 16, 4096, 4096, 128, False), {}, impl="flash-attn-4", pass_="bwd")
-    assert rows["flash-attn-4"]["predicted_tflops"] == pytest.approx(want.tflops)
-    assert rows["flash-attn-4"]["error"] == pytest.approx(want.tflops / 500.0 - 1.0)
-    assert rows["fa4kernel"]["predicted_tflops"] is None and rows["sdpa-cudnn"]["error"] is None
-    assert res["summary"]["tflops"]["count"] == 1
+    for kernel, impl, knobs in (("flash-attn-4", "flash-attn-4", {}), ("fa4kernel", "fa4kernel", {}),
+                                ("fa4kernel[dq_reduce=bulk]", "fa4kernel", {"dq_reduce": "bulk"}),
+                                ("fa4kernel[deterministic]", "fa4kernel", {"deterministic": True})):
+        want = simulate("h100", None, P, knobs, impl=impl, pass_="bwd")
+        assert rows[kernel]["predicted_tflops"] == pytest.approx(want.tflops), kernel
+        assert rows[kernel]["error"] == pytest.approx(want.tflops / rows[kernel]["measured_tflops"] - 1.0)
+    # the dQ path is in the schedule: the bulk variant is predicted differently
+    assert rows["fa4kernel[dq_reduce=bulk]"]["predicted_tflops"] != rows["fa4kernel"]["predicted_tflops"]
+    assert rows["sdpa-cudnn"]["predicted_tflops"] is None and rows["sdpa-cudnn"]["error"] is None
+    assert res["summary"]["tflops"]["count"] == 4
+    assert set(res["summary"]["by_kernel"]) == {"flash-attn-4", "fa4kernel", "fa4kernel[dq_reduce=bulk]",
+                                                "fa4kernel[deterministic]"}
     text = report(res)
-    assert "flash-attn-4" in text and "not modelled" in text
+    assert "fa4kernel[deterministic]: median" in text and "not modelled: cuDNN" in text
 
 
 def test_a_result_that_failed_its_gradient_check_is_left_out():
     res = compare(_doc(ok=False))
     assert "flash-attn-4" not in {r["kernel"] for r in res["points"]}
-    assert res["summary"]["tflops"] is None
+    assert res["summary"]["by_kernel"].get("flash-attn-4") is None
+    assert res["summary"]["tflops"]["count"] == 3
+
+
+@pytest.mark.parametrize("name,want", [
+    ("fa4kernel", ("fa4kernel", {})),
+    ("fa4kernel[deterministic]", ("fa4kernel", {"deterministic": True})),
+    ("fa4kernel[dq_reduce=bulk]", ("fa4kernel", {"dq_reduce": "bulk"})),
+    ("fa4kernel[dq_reduce=bulk, deterministic]", ("fa4kernel", {"dq_reduce": "bulk", "deterministic": True})),
+])
+def test_a_bracket_names_the_knobs_of_a_variant(name, want):
+    assert variant(name) == want
+
+
+def test_a_variant_with_an_unknown_knob_is_listed_with_its_error():
+    doc = _doc()
+    doc["points"][0]["results"] = {"fa4kernel[no_such_knob]": {"tflops": 300.0, "check": {"ok": True}}}
+    row = compare(doc)["points"][0]
+    assert row["predicted_tflops"] is None and "no_such_knob" in row["bottleneck"]

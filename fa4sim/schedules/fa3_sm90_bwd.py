@@ -1,21 +1,27 @@
-"""FA3-style backward on SM90 (H100/H200), as flash-attn-4's flash_bwd_sm90.py runs it
-(docs/reference/fa4-backward-and-solvers.md).
+"""FA3-style backward on SM90 (H100/H200): flash-attn-4's flash_bwd_sm90.py and fa4kernel's own
+sm90/bwd.py (docs/reference/fa4-backward-and-solvers.md; docs/model.md, "The backward pass").
 
 A CTA owns one KV tile (tile_n keys) and iterates over the Q blocks (tile_m rows) that see it;
-one CTA per KV tile. Roles (warps as in flash_bwd_sm90.py):
+one CTA per KV tile. Roles:
   load      producer warpgroup, warp 0: TMA of K and V once, then per Q block Q (+ LSE) and
             dO (+ dPsum) through q_stages and do_stages slots
-  dq_store  producer warpgroup, warp 1: per Q block, for each warpgroup's share of dQ, a TMA bulk
-            reduce-add from fp32 shared memory into the fp32 dQ accumulator in global memory
+  dq_store  producer warpgroup, warp 1 (dq_reduce "bulk"): per Q block, for each warpgroup's share
+            of dQ, a TMA bulk reduce-add from fp32 shared memory into the fp32 dQ accumulator
   wg{w}     two MMA warpgroups; each issues its part of the five wgmmas per Q block and keeps
             its part of the dK and dV accumulators in registers:
               S = Q K^T, dP = dO V^T (async), P = exp2(S scale - LSE) while dP runs, dS = P (dP
-              - dPsum), dS -> shared memory (and P, where dV takes it from there), a barrier of
-              both warpgroups, dV += P^T dO, dQ = dS K, dK += dS^T Q, dQ -> fp32 shared memory,
-              then a wait for all of its wgmmas
-How the two warpgroups split each GEMM (AtomLayout*, *_swapAB) and whether dV and dK take P
-and dS from registers come from the implementation (flash-attn-4's _tile_size_bwd_sm90).
-A warpgroup that computes M = 128 rows issues two m64 wgmmas, each reading the whole B operand.
+              - dPsum), dS -> shared memory (and P, where dV takes it from there), then
+              mma_order "dv_dq_dk" (flash-attn-4): dV += P^T dO, a barrier of both warpgroups,
+                dQ = dS K, dK += dS^T Q; dQ leaves while dK runs; a wait for dK
+              mma_order "dv_early": the same, with dV issued before the dS math
+              mma_order "dv_dk_dq" (fa4kernel's default): a barrier, dV, dK, dQ, a wait for all
+                three, then dQ leaves
+            dQ leaves to fp32 shared memory for the dq_store warp (dq_reduce "bulk") or by
+            per-thread RED.ADD.F32x2 into the accumulator in global memory ("red")
+The implementation chooses the tile, how the two warpgroups split each GEMM (atom layouts,
+swapped operands), the GEMM order, the dQ path, where LSE and dPsum come from, and whether every
+Q block is masked. A warpgroup that computes M = 128 rows issues two m64 wgmmas, each reading
+the whole B operand.
 """
 from __future__ import annotations
 
@@ -23,20 +29,30 @@ from dataclasses import replace
 
 from ..engine import Edge, Op, Schedule
 from ..errors import InputError
-from ..params import Knob, Problem
-from ..softmax import add, exp2_phase, phase, warp_issue
+from ..params import Context, Knob, Problem
+from ..softmax import add, exp2_phase, phase, scaled, warp_issue
 from ..tensor_core import BYTES, check_shape
 from . import kernel_bwd
+from .fa3_sm90 import LSU_SHARE_FLOOR
 
 NAME = "fa3"
 ARCH = "sm90"
 PASS = "bwd"
 DESCRIPTION = ("FA3-style backward (SM90: producer warpgroup, two MMA warpgroups issuing five wgmmas per Q "
-               "block, dQ reduce-added through fp32 shared memory)")
-DEFAULT_IMPL = "fa4kernel"  # as the forward; its bwd section mirrors flash-attn-4 until its own exists
+               "block, dQ reduce-added in fp32 through shared memory or by RED from registers)")
+DEFAULT_IMPL = "fa4kernel"  # as the forward
 
 PIECES = 8
 WGS = 2
+# The LSU pipe takes one warp instruction per clock per SM: shuffles, shared-memory and global
+# loads and stores, reductions (docs/model.md, "The backward pass": NVIDIA's description of the
+# MIO -> LSU issue, and the CUDA C++ Programming Guide's 32 warp-shuffle results per clock per SM
+# on compute capability 9.0). Not measured by our microbenchmarks (benchmarks/calibrate).
+LSU_WARP_INSTR_PER_CLK = 1.0
+STSM_BYTES = 512   # one stmatrix .x4 warp instruction: 4 8x8 bf16 matrices
+STS128_BYTES = 512  # one 128-bit store per thread of a warp
+RED_BYTES = 256    # one RED.ADD.F32x2 warp instruction: two fp32 per thread
+DQW_PIECE_BYTES = 256  # the dQ stores' piece (2 cycles of shared memory)
 
 KNOBS = [
     Knob("tile_m", 64, "rows", "Q rows per Q block", minimum=16, maximum=256),
@@ -47,12 +63,32 @@ KNOBS = [
     Knob("sdp_swapab", True, "", "S and dP computed transposed (keys on the wgmma's M)", kind="bool"),
     Knob("dkv_swapab", False, "", "dK and dV computed transposed (head dim on M)", kind="bool"),
     Knob("dq_swapab", False, "", "dQ computed transposed (head dim on M)", kind="bool"),
-    Knob("atom_sdp", 1, "WGs", "warpgroups along M of S and dP (the rest along N)", choices=(1, 2)),
-    Knob("atom_dkv", 2, "WGs", "warpgroups along M of dK and dV", choices=(1, 2)),
-    Knob("atom_dq", 1, "WGs", "warpgroups along M of dQ", choices=(1, 2)),
+    Knob("atom_sdp", 1, "WGs", "warpgroups along the Q rows of S and dP (the rest along the keys; swapped "
+         "with the GEMM)", choices=(1, 2)),
+    Knob("atom_dkv", 2, "WGs", "warpgroups along the keys of dK and dV (the rest along the head dim)", choices=(1, 2)),
+    Knob("atom_dq", 1, "WGs", "warpgroups along the Q rows of dQ (the rest along the head dim)", choices=(1, 2)),
     Knob("dq_single_wg", False, "", "only warpgroup 0 computes dQ", kind="bool"),
-    Knob("deterministic", False, "", "dQ reduce-adds of a Q block in a fixed KV-tile order (semaphores)",
-         kind="bool"),
+    Knob("mma_order", "dv_dq_dk", "", "the three GEMMs after dS: dv_dk_dq = the dS barrier, then dV, dK, dQ, a wait for "
+         "all three, then dQ leaves; dv_dq_dk = dV issued before the dS barrier, then dQ, then dK, dQ leaves while "
+         "dK runs (flash-attn-4); dv_early = as dv_dq_dk, but dV issued as soon as P is in registers, under the "
+         "dS math", kind="choice", choices=("dv_dk_dq", "dv_dq_dk", "dv_early")),
+    Knob("dq_reduce", "bulk", "", "how dQ reaches its fp32 accumulator: bulk = fp32 shared memory and one TMA bulk "
+         "reduce-add per dQ warpgroup, issued by producer warp 1; red = every thread's RED.ADD.F32x2 from "
+         "registers", kind="choice", choices=("bulk", "red")),
+    Knob("stats", "tma", "", "how LSE and dPsum of a Q block reach the MMA warpgroups: tma = with Q and dO into shared "
+         "memory (read with LDS); thread = each thread loads its Q columns' from global memory (LDG)",
+         kind="choice", choices=("tma", "thread")),
+    Knob("stat_shuffle", False, "", "LSE and dPsum fetched per score row by a warp shuffle (8 threads hold a "
+         "row's statistics)", kind="bool"),
+    Knob("mask_every_block", False, "", "the length (and causal) mask runs on every Q block; false: only on "
+         "blocks that cross the diagonal or the sequence end", kind="bool"),
+    Knob("deterministic", False, "", "dQ added in a fixed order of KV tiles (deterministic_by says how)", kind="bool"),
+    Knob("deterministic_by", "semaphore", "", "semaphore: the dQ reduce-adds of a Q block in a fixed KV-tile order, "
+         "held by a semaphore per Q block (flash-attn-4); slices: each KV tile adds into its own fp32 slice of dQ, "
+         "summed on the host afterwards (fa4kernel)", kind="choice", choices=("semaphore", "slices")),
+    Knob("preprocess", "kernel", "", "dPsum and LSE in log2 units before the main kernel: kernel = one kernel reading O, "
+         "dO and LSE (and zeroing the dQ accumulator); torch = fa4kernel's eager torch operations "
+         "(kernel_bwd.TORCH_PRE)", kind="choice", choices=("kernel", "torch")),
 ]
 
 
@@ -64,29 +100,46 @@ def rows_per_cta(k: dict) -> int:
     return k["tile_n"]
 
 
+def dq_wgs(k: dict) -> int:
+    return 1 if k["dq_single_wg"] else WGS
+
+
 def dkv_in_registers(k: dict) -> bool:
     """dV and dK take P and dS from registers (RS): flash_bwd_sm90.py's mma_dkv_is_rs."""
     return k["atom_sdp"] == 1 and k["atom_dkv"] == WGS and k["sdp_swapab"] and not k["dkv_swapab"]
 
 
-def gemms(hw, p: Problem, k: dict) -> dict:
-    """Per warpgroup: name -> (tensor cycles, smem cycles, latency, k-steps). A GEMM's M x N is
-    split over the warpgroups by its atom layout (atom along M, the rest along N); each m64
-    wgmma of a warpgroup reads its A rows and the warpgroup's whole B."""
+def gemm_shapes(p: Problem, k: dict) -> dict:
+    """Per warpgroup: name -> (M, N, K of its wgmmas, A from shared memory, warpgroups issuing).
+    A GEMM's logical M x N (S and dP: tile_m x tile_n, dV and dK: tile_n x head dim, dQ: tile_m x
+    head dim) is split over the warpgroups by its atom layout (atom warpgroups along logical M,
+    the rest along N); a swapped GEMM runs as N x M with the atom layout swapped too
+    (flash_bwd_sm90.py _get_tiled_mma: atom_layout_mnk=maybe_swap_mn(atom_layout, swapAB))."""
     d, dv, m, n = p.hdim, p.hdim_v, k["tile_m"], k["tile_n"]
     rs = dkv_in_registers(k)
-    shapes = {  # name: (M, N, K, A in smem, atom along M, warpgroups)
-        "S": ((n, m) if k["sdp_swapab"] else (m, n)) + (d, True, k["atom_sdp"], WGS),
-        "dP": ((n, m) if k["sdp_swapab"] else (m, n)) + (dv, True, k["atom_sdp"], WGS),
-        "dV": ((dv, n) if k["dkv_swapab"] else (n, dv)) + (m, k["dkv_swapab"] or not rs, k["atom_dkv"], WGS),
-        "dK": ((d, n) if k["dkv_swapab"] else (n, d)) + (m, k["dkv_swapab"] or not rs, k["atom_dkv"], WGS),
-        "dQ": ((d, m) if k["dq_swapab"] else (m, d)) + (n, True, 1 if k["dq_single_wg"] else k["atom_dq"],
-                                                         1 if k["dq_single_wg"] else WGS),
+    nq = dq_wgs(k)
+    logical = {  # name: (logical M, N, K, swapped, A in smem, atom along logical M, warpgroups)
+        "S": (m, n, d, k["sdp_swapab"], True, k["atom_sdp"], WGS),
+        "dP": (m, n, dv, k["sdp_swapab"], True, k["atom_sdp"], WGS),
+        "dV": (n, dv, m, k["dkv_swapab"], k["dkv_swapab"] or not rs, k["atom_dkv"], WGS),
+        "dK": (n, d, m, k["dkv_swapab"], k["dkv_swapab"] or not rs, k["atom_dkv"], WGS),
+        "dQ": (m, d, n, k["dq_swapab"], True, 1 if k["dq_single_wg"] else k["atom_dq"], nq),
     }
     out = {}
-    for name, (M, N, K, a_smem, atom_m, wgs) in shapes.items():
-        mw, nw = M // atom_m, N // (wgs // atom_m)
-        instr = max(1, mw // 64)
+    for name, (M, N, K, swap, a_smem, atom_m, wgs) in logical.items():
+        atom_n = wgs // atom_m
+        if swap:
+            M, N, atom_m, atom_n = N, M, atom_n, atom_m
+        out[name] = (M // atom_m, N // atom_n, K, a_smem, wgs)
+    return out
+
+
+def gemms(hw, p: Problem, k: dict) -> dict:
+    """Per warpgroup: name -> (tensor cycles, smem cycles, latency, k-steps). Each m64 wgmma of a
+    warpgroup reads its A rows (from shared memory unless RS) and the warpgroup's whole B."""
+    out = {}
+    for name, (mw, nw, K, a_smem, _) in gemm_shapes(p, k).items():
+        instr = max(1, -(-mw // 64))
         tensor = 2.0 * mw * nw * K / hw.tensor_flops_per_clk
         smem = ((mw * K * BYTES if a_smem else 0) + instr * nw * K * BYTES) / hw.smem_bytes_per_clk
         out[name] = (tensor, smem, hw.mma_latency_ss if a_smem else hw.mma_latency_rs, K // 16)
@@ -97,8 +150,10 @@ def smem_bytes(p: Problem, k: dict) -> int:
     """Q, dO (stages, + LSE, dPsum), K, V, P and dS (stages), the fp32 dQ staging, bytes."""
     d, dv, m, n = p.hdim, p.hdim_v, k["tile_m"], k["tile_n"]
     pds = (1 if dkv_in_registers(k) else 2) * m * n * BYTES * k["pds_stages"]
-    return int(k["q_stages"] * m * (d * BYTES + 4) + k["do_stages"] * m * (dv * BYTES + 4) + n * (d + dv) * BYTES
-               + pds + m * d * 4) + 1024
+    stats = 0 if (k["stats"] == "thread") else 4
+    dq = m * d * 4 if k["dq_reduce"] == "bulk" else 0
+    return int(k["q_stages"] * m * (d * BYTES + stats) + k["do_stages"] * m * (dv * BYTES + stats)
+               + n * (d + dv) * BYTES + pds + dq) + 1024
 
 
 def check(hw, p: Problem, k: dict, impl=None) -> None:
@@ -108,8 +163,8 @@ def check(hw, p: Problem, k: dict, impl=None) -> None:
     for name, kdim in (("tile_m", k["tile_m"]), ("tile_n", k["tile_n"])):
         if kdim % 16:
             raise InputError(name, f"{kdim} must be a multiple of 16 (the K of dV, dK and dQ wgmmas)")
-    rows, cols = (k["tile_n"], k["tile_m"]) if k["sdp_swapab"] else (k["tile_m"], k["tile_n"])
-    check_shape(ARCH, rows // k["atom_sdp"], cols // (WGS // k["atom_sdp"]), p.hdim)  # a warpgroup's part of S
+    mw, nw, K, _, _ = gemm_shapes(p, k)["S"]
+    check_shape(ARCH, mw, nw, K)  # a warpgroup's part of S
     need = smem_bytes(p, k)
     if need > hw.smem_capacity_bytes:
         raise InputError("smem", f"shared memory {need} B exceeds {hw.smem_capacity_bytes} B of {hw.name}; "
@@ -117,7 +172,19 @@ def check(hw, p: Problem, k: dict, impl=None) -> None:
 
 
 def dq_hold(hw, p: Problem, k: dict) -> float:
+    """Cycles a CTA holds a Q block's deterministic dQ order (0 with per-KV-tile slices: no order)."""
+    if k["deterministic_by"] == "slices":
+        return 0.0
     return kernel_bwd.dq_order_wait(hw, k["tile_m"] * p.hdim * 4)
+
+
+def _lsu(warp_instr: float) -> dict:
+    return {"lsu": warp_instr / LSU_WARP_INSTR_PER_CLK}
+
+
+def _instr(hw, thread_instr: float) -> dict:
+    """SM issue cycles of thread-instructions (a warp instruction issues for 32 threads)."""
+    return {"issue": thread_instr / 32.0 / hw.issue_per_clk}
 
 
 def build(hw, p: Problem, k: dict, n_kv: int, masked_blocks: int, impl=None, hbm_busy: float = 0.0) -> Schedule:
@@ -129,76 +196,165 @@ def build(hw, p: Problem, k: dict, n_kv: int, masked_blocks: int, impl=None, hbm
     tma = lambda nbytes: nbytes / hw.tma_bytes_per_clk    # noqa: E731
     rs = dkv_in_registers(k)
     g = gemms(hw, p, k)
-    dq_wgs = 1 if k["dq_single_wg"] else WGS
+    # the loop's instructions besides the pointwise phases, counted in the implementation's SASS
+    # (its bwd params; none where it gives none): per wgmma k-step (the HGMMA and its uniform-
+    # datapath descriptor arithmetic), per consumer warp and Q block (waits, barriers, fences,
+    # addresses, loop control), and the mask's per score element
+    def const(name):
+        return float(impl.value(name, Context(p, hw, impl), k)) if impl is not None and name in impl.params else 0.0
+
+    per_kstep = 4 * const("loop_instr_per_kstep") / hw.issue_per_clk   # SM issue cycles per k-step of a warpgroup
+    fixed = _instr(hw, 128 * const("loop_instr_fixed"))                 # per warpgroup and Q block
+    mask_instr = const("mask_instr_per_element")
+    nq = dq_wgs(k)
     elems = m * n // WGS  # scores per warpgroup per Q block
-    det = k["deterministic"]
+    per_thread = elems / 128.0
+    det = k["deterministic"] and k["deterministic_by"] == "semaphore"
+    fa3_order = k["mma_order"] != "dv_dk_dq"  # dV before the dS barrier
+    dv_early = k["mma_order"] == "dv_early"
+    red = k["dq_reduce"] == "red"
+    stats = 0 if (k["stats"] == "thread") else m * 4
+    # LSE and dPsum of a thread's Q columns: its distinct Q rows of S (a swapped m64 accumulator
+    # holds 2 keys x per_thread / 2 queries per thread; unswapped, 2 query rows per m64 wgmma)
+    mw_s = gemm_shapes(p, k)["S"][0]
+    q_per_thread = per_thread / 2 if k["sdp_swapab"] else 2 * max(1, mw_s // 64)
+
+    # Shared memory serves the wgmma's operand fetch first: the warps' own stores and loads (unit
+    # smem:lsu) get the share the fetch leaves while a GEMM runs (measured for the forward,
+    # bench_bursts.py stsm; fa3_sm90.py); the fetch share here: this Q block's five GEMMs
+    cnt = {"S": WGS, "dP": WGS, "dV": WGS, "dK": WGS, "dQ": nq}
+    fetch = sum(g[x][1] * c for x, c in cnt.items()) / sum(g[x][0] * c for x, c in cnt.items())
+    lsu_share = max(1.0 - fetch, LSU_SHARE_FLOOR)
 
     ops: list[Op] = [
         Op("LK", "load", (("tma", tma(n * d * BYTES)),), hw.hbm_latency, "load", asynchronous=True, issue_cycles=1,
            when="first", label="TMA K tile"),
         Op("LV", "load", (("tma", tma(n * dv * BYTES)),), hw.hbm_latency, "load", asynchronous=True, issue_cycles=1,
            when="first", label="TMA V tile"),
-        Op("LQ", "load", (("tma", tma(m * d * BYTES + m * 4)),), hw.l2_latency, "load", asynchronous=True,
-           issue_cycles=1, label="TMA Q block (+ LSE)"),
-        Op("LdO", "load", (("tma", tma(m * dv * BYTES + m * 4)),), hw.l2_latency, "load", asynchronous=True,
-           issue_cycles=1, label="TMA dO block (+ dPsum)"),
+        Op("LQ", "load", (("tma", tma(m * d * BYTES + stats)),), hw.l2_latency, "load", asynchronous=True,
+           issue_cycles=1, label="TMA Q block" + (" (+ LSE)" if stats else "")),
+        Op("LdO", "load", (("tma", tma(m * dv * BYTES + stats)),), hw.l2_latency, "load", asynchronous=True,
+           issue_cycles=1, label="TMA dO block" + (" (+ dPsum)" if stats else "")),
     ]
     edges: list[Edge] = [Edge("LK", f"S{w}", lag=mbar) for w in range(WGS)]
 
     def wgmma(name, w, label):
         tensor, sm, lat, steps = g[name]
-        return Op(f"{name}{w}", f"wg{w}", (("tensor", tensor), ("smem", sm)), lat, "mma", asynchronous=True,
+        uses = (("tensor", tensor), ("smem", sm)) + ((("issue", per_kstep * steps),) if per_kstep else ())
+        return Op(f"{name}{w}", f"wg{w}", uses, lat, "mma", asynchronous=True,
                   issue_cycles=steps * hw.mma_issue_cycles, chunks=steps, label=label)
+
+    # per-element instruction counts of the pointwise phases (per warpgroup, per Q block)
+    ds_store = {"smem:lsu": smem(elems * BYTES), **_lsu(elems * BYTES / STSM_BYTES),
+                **_instr(hw, elems * BYTES / 16)}  # stmatrix .x4: 16 bytes per thread
+    if k["stat_shuffle"]:  # one shuffle per score row for LSE, one for dPsum (flash_bwd_sm90.py _get_stat)
+        lse_get = add(_instr(hw, 128 * q_per_thread), _lsu(4 * q_per_thread))
+        stat_values = -(-q_per_thread // 8)  # each thread loads ceil(rows / 8) of them from smem
+    else:
+        lse_get = {}
+        stat_values = q_per_thread
+    # the statistics' loads into registers: from smem (LDS; two adjacent Q columns per 64-bit load
+    # when S is swapped) or from global memory (the STAT op); per statistic and thread
+    lds = stat_values / 2 if k["sdp_swapab"] else stat_values
+    stat_lds = {} if (k["stats"] == "thread") else add(_instr(hw, 128 * lds), _lsu(4 * lds),
+                                                  {"smem:lsu": smem(128 * stat_values * 4)})
 
     for w in range(WGS):
         r = f"wg{w}"
+        if (k["stats"] == "thread"):
+            ld = 2 * 128 * q_per_thread  # LSE and dPsum, one LDG per Q column per thread
+            ops.append(Op(f"STAT{w}", r, tuple(add(_instr(hw, ld), _lsu(ld / 32)).items()), hw.l2_latency,
+                          "load", asynchronous=True, issue_cycles=ld / 128 / hw.warp_issue_ipc,
+                          label="LSE, dPsum of its Q columns from global memory (LDG)"))
         ops.append(wgmma("S", w, "S = Q K^T (its part)"))
         ops.append(wgmma("dP", w, "dP = dO V^T (its part)"))
-        if masked_blocks:
-            ops.append(Op(f"MASK{w}", r, tuple(phase(hw, "mask", elems * masked_blocks).items()), 0.0, "softmax",
+        # the mask: mask_instr ALU instructions (selects, compares) per score element ("mask" phase:
+        # 2 per element; the implementation's count where it gives one)
+        per_el = scaled(phase(hw, "mask", 1.0), (mask_instr or 2.0) / 2)
+        if k["mask_every_block"]:
+            ops.append(Op(f"MASK{w}", r, tuple(scaled(per_el, elems).items()), 0.0, "softmax",
+                          label="length" + (" and causal" if p.causal else "") + " mask (every Q block)"))
+        elif masked_blocks:
+            ops.append(Op(f"MASK{w}", r, tuple(scaled(per_el, elems * masked_blocks).items()), 0.0, "softmax",
                           when="first", label=f"causal/length mask, {masked_blocks} Q block(s)"))
+        p_store = {} if rs else {"smem:lsu": smem(elems * BYTES), **_lsu(elems * BYTES / STSM_BYTES),
+                                 **_instr(hw, elems * BYTES / 16)}
         exp = add(phase(hw, "scale", elems), exp2_phase(hw, elems, 0.0), phase(hw, "convert", elems),
-                  {} if rs else {"smem": smem(elems * BYTES)})
+                  lse_get, stat_lds, p_store, scaled(fixed, 0.5))
         ops.append(Op(f"EXP{w}", r, tuple(exp.items()), hw.mufu_latency, "exp",
                       label="P = exp2(S scale - LSE), to bf16" + ("" if rs else ", P -> smem")))
+        dv_op = wgmma("dV", w, "dV += P^T dO" + (" (P in registers)" if rs else ""))
+        if dv_early:  # dV issued as soon as P is in registers: it runs under the dS math
+            ops.append(dv_op)
         # dS = P (dP - dPsum): a subtract and a multiply per element ("rescale" = one FMUL each)
-        ds = add(phase(hw, "rescale", 2 * elems), phase(hw, "convert", elems), {"smem": smem(elems * BYTES)})
-        ops.append(Op(f"DS{w}", r, tuple(ds.items()), hw.smem_latency + nbar, "softmax",
-                      label="dS = P (dP - dPsum), dS -> smem, barrier of both WGs"))
-        ops.append(wgmma("dV", w, "dV += P^T dO" + (" (P in registers)" if rs else "")))
-        if w < dq_wgs:
-            ops.append(wgmma("dQ", w, "dQ = dS K (its part)"))
-        ops.append(wgmma("dK", w, "dK += dS^T Q" + (" (dS in registers)" if rs else "")))
-        if w < dq_wgs:
-            ops.append(Op(f"DQW{w}", r, (("smem", smem(m * d * 4 / dq_wgs)),), hw.smem_latency + nbar, "correction",
-                          label="dQ (fp32) -> smem"))
-        ops.append(Op(f"WAIT{w}", r, (), 0.0, "sync", label="wait for its wgmmas, release Q"))
-        ops.append(Op(f"EPI{w}", r, (("smem", smem(n * (d + dv) * BYTES / WGS)),), hw.smem_latency, "correction",
+        ds = add(phase(hw, "rescale", 2 * elems), phase(hw, "convert", elems), lse_get, stat_lds,
+                 ds_store, scaled(fixed, 0.5))
+        ops.append(Op(f"DS{w}", r, tuple(ds.items()), 0.0, "softmax", label="dS = P (dP - dPsum), dS -> smem"))
+        if not dv_early:
+            ops.append(dv_op)
+        if fa3_order:
+            if w < nq:
+                ops.append(wgmma("dQ", w, "dQ = dS K (its part)"))
+            ops.append(wgmma("dK", w, "dK += dS^T Q" + (" (dS in registers)" if rs else "")))
+        else:
+            ops.append(wgmma("dK", w, "dK += dS^T Q" + (" (dS in registers)" if rs else "")))
+            if w < nq:
+                ops.append(wgmma("dQ", w, "dQ = dS K (its part)"))
+        part = m * d * 4 / nq  # this warpgroup's dQ, fp32 bytes
+        if w < nq and not red:
+            dqw = {"smem:lsu": smem(part), **_lsu(part / STS128_BYTES), **_instr(hw, part / 16)}
+            dq_out = Op(f"DQW{w}", r, tuple(dqw.items()), hw.smem_latency + nbar, "correction",
+                        label="dQ (fp32) -> smem, to warp 1")
+        elif w < nq:
+            n_red = part / RED_BYTES  # warp instructions
+            dqr = {**_instr(hw, 32 * n_red), **_lsu(n_red), "red": part / hw.tma_bytes_per_clk}
+            dq_out = Op(f"DQR{w}", r, tuple(dqr.items()), 0.0, "correction",
+                        label="dQ (fp32) -> RED.ADD.F32x2 into the accumulator")
+        wait = Op(f"WAIT{w}", r, (), 0.0, "sync", label="wait for its wgmmas, release Q" + ("" if fa3_order else ", dO"))
+        if fa3_order:
+            ops += ([dq_out] if w < nq else []) + [wait]
+        else:
+            ops += [wait] + ([dq_out] if w < nq else [])
+        ops.append(Op(f"EPI{w}", r, (("smem:lsu", smem(n * (d + dv) * BYTES / WGS)),), hw.smem_latency, "correction",
                       when="last", label="dK, dV -> bf16 -> smem"))
+
         edges += [Edge("LQ", f"S{w}", lag=mbar), Edge("LdO", f"dP{w}", lag=mbar), Edge("LV", f"dP{w}", lag=mbar),
-                  Edge(f"S{w}", f"MASK{w}" if masked_blocks else f"EXP{w}"),
+                  Edge(f"S{w}", f"MASK{w}" if (masked_blocks or k["mask_every_block"]) else f"EXP{w}"),
                   Edge(f"dP{w}", f"DS{w}"),
                   Edge(f"dV{w}", f"WAIT{w}"), Edge(f"dK{w}", f"WAIT{w}"),
-                  Edge(f"dK{w}", "LQ", distance=k["q_stages"], kind="anti", lag=mbar),
-                  Edge(f"dV{w}", "LdO", distance=k["do_stages"], kind="anti", lag=mbar),
+                  Edge(f"WAIT{w}", "LQ", distance=k["q_stages"], kind="anti", lag=mbar),
+                  Edge(f"dV{w}" if fa3_order else f"WAIT{w}", "LdO", distance=k["do_stages"], kind="anti", lag=mbar),
                   Edge(f"dK{w}", f"EPI{w}"), Edge(f"dV{w}", f"EPI{w}"),
                   Edge(f"EPI{w}", f"dV{w}", distance=1, per="tile", kind="anti"),
                   Edge(f"EPI{w}", f"dK{w}", distance=1, per="tile", kind="anti")]
-        if masked_blocks:
+        if masked_blocks or k["mask_every_block"]:
             edges.append(Edge(f"MASK{w}", f"EXP{w}"))
-        for v in range(WGS):  # the P/dS barrier: both warpgroups' dS (and P) are in smem
-            edges += [Edge(f"DS{v}", f"dK{w}", lag=nbar)]
-            if v < dq_wgs:
-                edges.append(Edge(f"DS{w}", f"dQ{v}", lag=nbar))
-            if not rs:
+        if (k["stats"] == "thread"):
+            edges += [Edge(f"STAT{w}", f"EXP{w}"), Edge(f"STAT{w}", f"DS{w}")]
+        if w < nq:
+            edges.append(Edge(f"dQ{w}", f"WAIT{w}"))
+            if fa3_order:
+                # dQ issued with wait_group(1): dK issues once dV is done; dK with wait_group(1):
+                # dQ leaves once dQ is done
+                edges += [Edge(f"dV{w}", f"dK{w}"), Edge(f"dQ{w}", dq_out.name)]
+            else:
+                edges.append(Edge(f"WAIT{w}", dq_out.name))
+        # the dS barrier: both warpgroups' dS (and P) are in smem, fenced
+        hand = hw.smem_latency + nbar
+        for v in range(WGS):
+            edges.append(Edge(f"DS{v}", f"dK{w}", lag=hand))
+            if w < nq:
+                edges.append(Edge(f"DS{v}", f"dQ{w}", lag=hand))
+            if not fa3_order:
+                edges.append(Edge(f"DS{v}", f"dV{w}", lag=hand))
+            elif not rs:
                 edges.append(Edge(f"EXP{v}", f"dV{w}", lag=nbar))
             # the next P/dS into a slot waits for the GEMMs that read it
-            if v < dq_wgs:
+            if v < nq:
                 edges.append(Edge(f"dQ{v}", f"DS{w}", distance=k["pds_stages"], kind="anti", lag=nbar))
             edges.append(Edge(f"dK{v}", f"DS{w}", distance=k["pds_stages"], kind="anti", lag=nbar))
-        if w < dq_wgs:
-            edges += [Edge(f"dQ{w}", f"DQW{w}"), Edge(f"dQ{w}", f"WAIT{w}"),
-                      Edge(f"DQW{w}", f"ADDQ{w}", lag=nbar),
+        if w < nq and not red:
+            edges += [Edge(f"DQW{w}", f"ADDQ{w}", lag=nbar),
                       Edge(f"ADDQ{w}", f"DQW{w}", distance=1, kind="anti", lag=nbar)]
     ops.append(Op("STKV", "wg0", (("tma", tma(n * (d + dv) * BYTES)),), hw.l2_latency, "store", asynchronous=True,
                   issue_cycles=1, when="last", label="TMA store dK, dV"))
@@ -206,28 +362,37 @@ def build(hw, p: Problem, k: dict, n_kv: int, masked_blocks: int, impl=None, hbm
     edges += [Edge("dQ0", "LK", distance=1, per="tile", kind="anti", lag=mbar),
               Edge("dP0", "LV", distance=1, per="tile", kind="anti", lag=mbar)]
 
-    # dQ store warp: one bulk reduce-add per dQ warpgroup; deterministic: inside the semaphore
-    if det:
-        ops.append(Op("SEMA", "dq_store", (), hw.l2_latency, "sync", label="deterministic: read the semaphore"))
-    for w in range(dq_wgs):
-        part = m * d * 4 / dq_wgs
-        ops.append(Op(f"ADDQ{w}", "dq_store", (("tma", tma(part)), ("smem", smem(part))), 0.0, "store",
-                      asynchronous=True, issue_cycles=1, label=f"TMA reduce-add dQ (WG{w}'s part)"))
-    if det:
-        ops.append(Op("SEMR", "dq_store", (), hw.l2_latency, "sync", label="deterministic: adds landed, release"))
-        edges += [Edge(f"ADDQ{w}", "SEMR", lag=hw.l2_latency) for w in range(dq_wgs)]
+    roles = ["load"]
+    if not red:
+        # dQ store warp: one bulk reduce-add per dQ warpgroup; deterministic: inside the semaphore
+        roles.append("dq_store")
+        if det:
+            ops.append(Op("SEMA", "dq_store", (), hw.l2_latency, "sync", label="deterministic: read the semaphore"))
+        for w in range(nq):
+            part = m * d * 4 / nq
+            ops.append(Op(f"ADDQ{w}", "dq_store", (("tma", tma(part)), ("smem", smem(part))), 0.0, "store",
+                          asynchronous=True, issue_cycles=1, label=f"TMA reduce-add dQ (WG{w}'s part)"))
+        if det:
+            ops.append(Op("SEMR", "dq_store", (), hw.l2_latency, "sync", label="deterministic: adds landed, release"))
+            edges += [Edge(f"ADDQ{w}", "SEMR", lag=hw.l2_latency) for w in range(nq)]
 
     compute_roles = [f"wg{w}" for w in range(WGS)]
     softmax_ops = tuple(f"{x}{w}" for x in ("MASK", "EXP", "DS") for w in range(WGS))
     ops = [replace(o, uses=tuple(warp_issue(hw, dict(o.uses), o.role).items())) if o.name in softmax_ops else o
            for o in ops]
     ops = [replace(o, chunks=PIECES) if not o.asynchronous and o.uses else o for o in ops]
-    units = {"tensor": 1, "smem": 1, "mufu": 1, "fma": 1, "alu": 1, "issue": 1, "tma": 1,
-             **{f"issue:{r}": 1 for r in compute_roles}}
-    roles = ["load", "dq_store"] + compute_roles
+    # dQ's fp32 stores beside a GEMM get what its fetch leaves (often nothing): in pieces of a
+    # few cycles, so the stores after the GEMM has finished run at the full rate
+    fine = {f"DQW{w}": max(PIECES, int(m * d * 4 / nq / DQW_PIECE_BYTES)) for w in range(nq)}
+    ops = [replace(o, chunks=fine[o.name]) if o.name in fine else o for o in ops]
+    units = {"tensor": 1, "smem": 1, "smem:lsu": 1, "lsu": 1, "mufu": 1, "fma": 1, "alu": 1, "issue": 1, "tma": 1,
+             **({"red": 1} if red else {}), **{f"issue:{r}": 1 for r in compute_roles}}
+    roles += compute_roles
     flops = 2.0 * m * n * (3 * d + 2 * dv)
     return Schedule(f"{NAME}-bwd", units, roles, ops, edges, marker="S0",
                     issue_depth={"tensor": int(hw.mma_queue_depth)},
                     interference={"mufu": ("tensor", hw.mufu_under_mma), "issue": ("tensor", hw.issue_under_mma),
+                                  "smem:lsu": ("tensor", lsu_share),
                                   **{f"issue:{r}": ("tensor", hw.warp_issue_under_mma) for r in compute_roles}},
-                    meta={"flops_per_iter": flops, "dq_hold": dq_hold(hw, p, k) if det else 0.0})
+                    meta={"flops_per_iter": flops, "dq_hold": dq_hold(hw, p, k) if k["deterministic"] else 0.0,
+                          "lsu_share": lsu_share})

@@ -55,14 +55,17 @@ def kv_units(p: Problem, keys: int, tile_m: int) -> list[KvUnit]:
     return out
 
 
-def traffic(p: Problem, hw, units: list[KvUnit], tile_m: int, two_cta: bool) -> tuple[float, float]:
+def traffic(p: Problem, hw, units: list[KvUnit], tile_m: int, two_cta: bool,
+            knobs: dict | None = None) -> tuple[float, float]:
     """(bytes between L2 and the SMs, bytes to or from HBM) of a backward launch, bf16 inputs.
 
     Per visit of a Q block a CTA loads Q, dO (a CTA pair once for both SMs), LSE and dPsum, and
     reduce-adds its dQ in fp32 (a pair: one tile for both); per unit K and V come in once and
     dK, dV go out once. HBM sees Q, K, V, O-sized dO, dK, dV, LSE, dPsum once and the fp32 dQ
     accumulator once, plus the Q-side re-reads when the Q, dO and dQ accumulator of the heads
-    in flight do not fit in L2."""
+    in flight do not fit in L2. Deterministic by slices (knobs deterministic_by "slices"): every
+    visit adds into its own fp32 slice, zeroed beforehand in HBM and too large for L2, so each
+    visit's dQ lines come from HBM and go back."""
     bh = p.batch * p.heads
     d, dv = p.hdim, p.hdim_v
     visits = sum(u.n_kv for u in units)
@@ -70,20 +73,24 @@ def traffic(p: Problem, hw, units: list[KvUnit], tile_m: int, two_cta: bool) -> 
     dq_add = tile_m * d * 4                        # the fp32 reduce-add
     kv = p.seqlen_k * (d + dv) * 2 * 2             # K, V in; dK, dV out
     l2 = bh * (visits * (per_visit + dq_add) + kv)
-    unique = bh * (p.seqlen_q * ((d + dv) * 2 + 8 + d * 4) + kv)
+    slices = bool(knobs and knobs.get("deterministic") and knobs.get("deterministic_by") == "slices")
+    acc = 0 if slices else d * 4                   # the shared accumulator, per row
+    unique = bh * (p.seqlen_q * ((d + dv) * 2 + 8 + acc) + kv)
     slots = hw.num_sms // (2 if two_cta else 1)
     heads_in_flight = min(bh, math.ceil(slots / max(1, len(units))) + 1)
-    working_set = heads_in_flight * p.seqlen_q * ((d + dv) * 2 + 8 + d * 4)
+    working_set = heads_in_flight * p.seqlen_q * ((d + dv) * 2 + 8 + acc)
     hit = min(1.0, hw.l2_bytes / max(working_set, 1.0))
-    hbm = unique + max(0.0, l2 - unique) * (1.0 - hit)
+    hbm = unique + max(0.0, l2 - unique - (bh * visits * dq_add if slices else 0.0)) * (1.0 - hit)
+    if slices:
+        hbm += 2.0 * bh * visits * dq_add
     return float(l2), float(hbm)
 
 
 def with_traffic(kt: KernelTime, p: Problem, hw, units: list[KvUnit], tile_m: int, two_cta: bool,
-                 cycles: float | None = None) -> KernelTime:
+                 cycles: float | None = None, knobs: dict | None = None) -> KernelTime:
     """The launch's KernelTime with the backward's own traffic (and, given, its own cycles)."""
     cycles = kt.cycles if cycles is None else cycles
-    l2_b, hbm_b = traffic(p, hw, units, tile_m, two_cta)
+    l2_b, hbm_b = traffic(p, hw, units, tile_m, two_cta, knobs)
     compute_us = cycles / (hw.clock_ghz * 1e3)
     l2_us, hbm_us = l2_b / (hw.l2_bandwidth_tbps * 1e6), hbm_b / (hw.hbm_bandwidth_tbps * 1e6)
     body = max(compute_us, l2_us, hbm_us)
@@ -134,13 +141,53 @@ def deterministic_cycles(units: list[KvUnit], costs: list[tuple[float, float]], 
     return end, busiest
 
 
-def pre_post_us(p: Problem, hw) -> tuple[float, float]:
-    """Times (us) of the two memory-bound launches around the backward: the preprocess reads O
-    and dO and writes dPsum = rowsum(dO * O) and LSE in log2 units (fp32) and zeroes the fp32 dQ
-    accumulator; the postprocess reads that accumulator and writes dQ in bf16. Each moves its
-    bytes at the HBM bandwidth, plus a launch gap."""
+# fa4kernel's launches around its main kernel (sm90/bwd.py run_bwd, _prepare, dq_postprocess):
+# eager torch operations, one kernel each, as (what, bytes read and written per row of one head,
+# as a constant + per head-dim element + per head-dim element and dQ slice). Rows are seqlen_q
+# rows of each (batch, head) (the padding to tile_m is left out); d = head dim; slices = the
+# number of dQ slices (KV tiles when deterministic by slices, else 1).
+TORCH_PRE = (
+    ("dpsum = zeros (fp32)", 4, 0, 0),
+    ("dout.float()", 0, 2 + 4, 0),
+    ("out.float()", 0, 2 + 4, 0),
+    ("dout * out (fp32)", 0, 8 + 4, 0),
+    (".sum(-1)", 4, 4, 0),
+    ("dpsum[..., :sq] = (copy)", 8, 0, 0),
+    ("lse_log2 = full(inf)", 4, 0, 0),
+    ("lse == -inf", 4 + 1, 0, 0),
+    ("lse * log2(e)", 4 + 4, 0, 0),
+    ("where(...)", 1 + 4 + 4, 0, 0),
+    ("lse_log2[..., :sq] = (copy)", 8, 0, 0),
+)
+TORCH_ZERO = (("dq_accum = zeros (fp32, slices x)", 0, 0, 4),)
+POST = (("dQ fp32 -> 16 bit (one pass)", 0, 4 + 2, 0),)
+POST_SLICES = (("dq_accum.sum(0)", 0, 4, 4),)
+
+
+def passes(p: Problem, knobs: dict | None = None) -> tuple[tuple, tuple]:
+    """(preprocess, postprocess) launches around a backward: each (what, bytes). knobs preprocess
+    "kernel" (the default; flash-attn-4, and fa4kernel's preprocess kernel): one kernel reads O and
+    dO and LSE, writes dPsum and LSE in log2 units (fp32) and zeroes the fp32 dQ accumulator
+    (fa4kernel zeroes it in a torch launch of its own: 1.7 us more, left out); "torch": fa4kernel's
+    eager torch operations (TORCH_PRE, then TORCH_ZERO). After it: dQ from fp32 to 16 bit in one
+    pass (flash-attn-4's postprocess kernel, fa4kernel's one torch copy_), after the sum of the
+    slices when deterministic by slices."""
+    knobs = knobs or {}
+    slices = 1
+    if knobs.get("deterministic") and knobs.get("deterministic_by") == "slices":
+        slices = math.ceil(p.seqlen_k / knobs["tile_n"])
     rows = p.batch * p.heads * p.seqlen_q
-    pre = rows * (2 * p.hdim_v * 2 + 4 + 8 + p.hdim * 4)
-    post = rows * p.hdim * (4 + 2)
+    each = lambda ops: tuple((what, rows * (c + e * p.hdim + s * p.hdim * slices)) for what, c, e, s in ops)  # noqa: E731
+    if knobs.get("preprocess") == "torch":
+        pre = each(TORCH_PRE + TORCH_ZERO)
+    else:
+        pre = (("preprocess kernel", rows * (2 * p.hdim_v * 2 + 4 + 8 + p.hdim * 4 * slices)),)
+    post = each((POST_SLICES if slices > 1 else ()) + POST)
+    return pre, post
+
+
+def pre_post_us(p: Problem, hw, knobs: dict | None = None) -> tuple[float, float]:
+    """Times (us) of the launches around the backward (passes): each its bytes at the HBM
+    bandwidth plus a launch gap."""
     bw = hw.hbm_bandwidth_tbps * 1e6  # bytes per us
-    return pre / bw + hw.launch_gap_us, post / bw + hw.launch_gap_us
+    return tuple(sum(b / bw + hw.launch_gap_us for _, b in ops) for ops in passes(p, knobs))

@@ -1,0 +1,303 @@
+"""The SM90 backward's implementation choices (fa4sim/schedules/fa3_sm90_bwd.py with
+implementations/*.json "bwd"): each is reflected in the schedule with the numbers the kernels'
+own code and SASS give. No timing is asserted."""
+import collections
+import math
+import re
+
+import pytest
+
+from fa4sim import Problem, hardware
+from fa4sim.model import build_cta, setup
+from fa4sim.schedules import fa3_sm90_bwd as bwd
+from fa4sim.schedules import kernel_bwd
+
+H100 = hardware.load("h100")
+
+
+def knobs_of(problem, impl, overrides=None):
+    return setup("h100", None, problem, overrides or {}, impl, "bwd")[4]
+
+
+def schedule(problem, impl, overrides=None, n_kv=4, masked=0):
+    return build_cta("h100", problem, overrides or {}, n_kv=n_kv, masked=masked, impl=impl, pass_="bwd")
+
+
+def hgmma_tally(problem, impl, overrides=None):
+    """{'64xNx16': count} of one warpgroup pair's wgmmas per Q block, from the schedule's shapes."""
+    tally = collections.Counter()
+    for mw, nw, k, _, wgs in bwd.gemm_shapes(problem, knobs_of(problem, impl, overrides)).values():
+        tally[f"64x{nw}x16"] += math.ceil(mw / 64) * (k // 16) * wgs
+    return dict(tally)
+
+
+# ---------------------------------------------------------------- the GEMMs, against the SASS
+@pytest.mark.parametrize("hdim,causal,want", [
+    # flash-attn-4 4.0.0b36's SM90 backward compiled for sm_90a (fake tensors), HGMMA per
+    # consumer thread in its Q-block loop, times the two warpgroups: hd64 S^T and dP^T as one
+    # m64n128 per warpgroup (the atom layout swapped with the GEMM), hd128 80-row tile, hd256
+    # dK^T and dV^T as two m64n48 per warpgroup
+    (64, False, {"64x128x16": 16, "64x64x16": 48}),
+    (128, False, {"64x80x16": 48, "64x128x16": 20}),
+    (128, True, {"64x64x16": 48, "64x128x16": 16}),
+    (256, False, {"64x24x16": 64, "64x48x16": 32, "64x128x16": 6}),
+])
+def test_flash_attn_4_wgmma_shapes_are_its_sass(hdim, causal, want):
+    assert hgmma_tally(Problem(1, 8, 2048, 2048, hdim, causal), "flash-attn-4") == want
+
+
+@pytest.mark.parametrize("hdim,want", [
+    # fa4kernel's compiled backward (tests/test_kernel_sm90_bwd_compile.py): S^T and dP^T 64 keys x
+    # 64 queries per warpgroup, dV and dK 64 keys x head dim, dQ 64 x head dim / dq_wgs
+    (64, {"64x64x16": 40}),  # dQ on warpgroup 0 alone: 8 of its 24 HGMMA
+    (96, {"64x64x16": 24, "64x96x16": 24}),
+    (128, {"64x64x16": 48, "64x128x16": 16}),
+])
+def test_fa4kernel_wgmma_shapes_are_its_sass(hdim, want):
+    assert hgmma_tally(Problem(1, 8, 2048, 2048, hdim), "fa4kernel") == want
+
+
+def test_a_swapped_gemm_swaps_its_atom_layout_too():
+    # flash-attn-4 hd64: S^T = K Q^T, keys on M, the two warpgroups along the keys: each reads its
+    # 64 keys (A, 8 KB) and all 128 queries (B, 16 KB) per k-step chain of K = 64
+    g = bwd.gemms(H100, Problem(1, 8, 2048, 2048, 64), knobs_of(Problem(1, 8, 2048, 2048, 64), "flash-attn-4"))
+    tensor, smem, _, steps = g["S"]
+    assert steps == 4
+    assert smem * H100.smem_bytes_per_clk == pytest.approx(64 * 64 * 2 + 128 * 64 * 2)
+    assert tensor * H100.tensor_flops_per_clk == pytest.approx(2 * 64 * 128 * 64)
+    # dK and dV take P and dS from registers: only B (dO^T, Q^T) comes from shared memory
+    assert g["dV"][1] * H100.smem_bytes_per_clk == pytest.approx(64 * 128 * 2)
+
+
+# ---------------------------------------------------------------- fa4kernel's file against its code
+def test_fa4kernel_bwd_section_is_its_bwd_config():
+    cfgmod = pytest.importorskip("fa4kernel.sm90.bwd_config")
+    for hdim in cfgmod.BWD_HEAD_DIMS:
+        for causal in (False, True):
+            p = Problem(1, 8, 2048, 2048, hdim, causal)
+            k = knobs_of(p, "fa4kernel")
+            cfg = cfgmod.make_bwd_config("bfloat16", hdim, causal)
+            assert (k["tile_m"], k["tile_n"], k["q_stages"], k["do_stages"]) == (cfg.tile_m, cfg.tile_n,
+                                                                                cfg.q_stages, cfg.q_stages)
+            assert (1 if k["dq_single_wg"] else 2) == cfg.dq_wgs
+            assert k["dq_reduce"] == cfg.dq_reduce and k["deterministic"] == cfg.deterministic
+            # the knobs of the backward with stats / mma_order / preprocess (their defaults before)
+            assert (k["stats"], k["mma_order"], k["preprocess"]) == (getattr(cfg, "stats", "thread"),
+                                                                    getattr(cfg, "mma_order", "dv_dk_dq"),
+                                                                    getattr(cfg, "preprocess", "torch"))
+            assert bwd.dkv_in_registers(k) and k["sdp_swapab"]  # dV, dK RS; S^T, dP^T keys on M
+    impl = setup("h100", None, Problem(1, 8, 2048, 2048, 128), {}, "fa4kernel", "bwd")[3]
+    assert sorted({d for d, _ in impl.head_dims}) == sorted(cfgmod.BWD_HEAD_DIMS)
+
+
+# ---------------------------------------------------------------- each choice in the schedule
+P64 = Problem(1, 8, 2048, 2048, 64)
+P128 = Problem(1, 8, 2048, 2048, 128)
+
+
+def uses(sched, name):
+    return dict(sched.op(name).uses)
+
+
+def test_stat_shuffle_is_one_shuffle_per_score_row_and_statistic():
+    # flash-attn-4 hd64: a thread holds 2 keys x 32 queries of S^T; per query row one shuffle for
+    # LSE (before the exp2s) and one for dPsum (before dS), and ceil(32 / 8) = 4 of each loaded
+    # from smem two at a time, where without shuffles it loads all 32, two at a time
+    on, off = (schedule(P64, "flash-attn-4", {"stat_shuffle": s}) for s in (True, False))
+    stsm = 128 * 128 // 2 * 2 / 512  # DS0 also stores dS: stmatrix .x4, 512 bytes per warp instruction
+    for op, more in (("EXP0", 0), ("DS0", stsm)):
+        assert uses(on, op)["lsu"] == pytest.approx(4 * 32 + 4 * 2 + more)   # per warpgroup: 4 warps
+        assert uses(off, op)["lsu"] == pytest.approx(4 * 16 + more)
+        # issue: 32 more shuffles and 14 fewer loads per thread
+        extra = (32 - 14) * 128 / 32 / H100.issue_per_clk
+        assert uses(on, op)["issue"] - uses(off, op)["issue"] == pytest.approx(extra)
+
+
+def test_flash_attn_4_masks_every_q_block_fa4kernel_too_by_its_sass():
+    for impl, causal, per_el in (("flash-attn-4", False, 1), ("flash-attn-4", True, 2), ("fa4kernel", False, 1),
+                                 ("fa4kernel", True, 3)):
+        p = Problem(1, 8, 2048, 2048, 64, causal)
+        s = schedule(p, impl)
+        m = s.op("MASK0")
+        elems = knobs_of(p, impl)["tile_m"] * knobs_of(p, impl)["tile_n"] // 2
+        assert m.when == "all"
+        assert dict(m.uses)["alu"] * H100.alu_lanes_per_clk == pytest.approx(per_el * elems), (impl, causal)
+    # a kernel that masks only the blocks that need it: one op at a tile's first block
+    s = schedule(Problem(1, 8, 2048, 2048, 64, True), "flash-attn-4", {"mask_every_block": False}, masked=2)
+    assert s.op("MASK0").when == "first"
+
+
+def test_dq_by_red_from_registers():
+    # fa4kernel hd128: each warpgroup adds its 64 x 64 fp32 part of dQ, 16 RED.ADD.F32x2 per thread
+    s = schedule(P128, "fa4kernel")
+    u = uses(s, "DQR0")
+    part = 64 * 128 * 4 / 2
+    assert u["red"] * H100.tma_bytes_per_clk == pytest.approx(part)
+    assert u["lsu"] == pytest.approx(part / 256)  # warp instructions of 256 bytes
+    assert "dq_store" not in s.roles and not any(o.name.startswith("ADDQ") for o in s.ops)
+    # hd64: warpgroup 0 alone computes and adds dQ
+    s64 = schedule(P64, "fa4kernel")
+    assert {o.name for o in s64.ops if o.name.startswith(("DQR", "dQ"))} == {"DQR0", "dQ0"}
+
+
+def test_dq_by_bulk_reduce_through_smem():
+    s = schedule(P128, "fa4kernel", {"dq_reduce": "bulk"})
+    part = 64 * 128 * 4 / 2
+    assert uses(s, "DQW0")["smem:lsu"] * H100.smem_bytes_per_clk == pytest.approx(part)
+    assert uses(s, "ADDQ0")["tma"] * H100.tma_bytes_per_clk == pytest.approx(part)
+    assert "dq_store" in s.roles
+    names = [o.name for o in s.ops if o.role == "wg0"]
+    assert names.index("WAIT0") < names.index("DQW0")  # fa4kernel: dQ leaves after all three GEMMs
+    fa4 = schedule(P128, "flash-attn-4")
+    names = [o.name for o in fa4.ops if o.role == "wg0"]
+    assert names.index("DQW0") < names.index("WAIT0")  # flash-attn-4: while dK runs
+
+
+def test_mma_order_and_its_barrier():
+    fa4 = schedule(P128, "flash-attn-4")
+    ours = schedule(P128, "fa4kernel")
+    edges = lambda s: {(e.src, e.dst) for e in s.edges}  # noqa: E731
+    # flash-attn-4: dV (P in registers) issues right after its own dS, before the barrier; dK only
+    # once dV is done (dQ issued with wait_group 1)
+    assert ("DS1", "dV0") not in edges(fa4) and ("dV0", "dK0") in edges(fa4)
+    assert [o.name for o in fa4.ops if o.role == "wg0" and o.kind == "mma"] == ["S0", "dP0", "dV0", "dQ0", "dK0"]
+    # fa4kernel: one barrier, then dV, dK, dQ
+    assert ("DS1", "dV0") in edges(ours) and ("dV0", "dK0") not in edges(ours)
+    assert [o.name for o in ours.ops if o.role == "wg0" and o.kind == "mma"] == ["S0", "dP0", "dV0", "dK0", "dQ0"]
+    # its variants: flash-attn-4's order, and dV issued before the dS math
+    fa3 = schedule(P128, "fa4kernel", {"mma_order": "dv_dq_dk"})
+    assert [o.name for o in fa3.ops if o.role == "wg0" and o.kind == "mma"] == ["S0", "dP0", "dV0", "dQ0", "dK0"]
+    early = schedule(P128, "fa4kernel", {"mma_order": "dv_early"})
+    names = [o.name for o in early.ops if o.role == "wg0"]
+    assert names.index("EXP0") < names.index("dV0") < names.index("DS0")
+
+
+def test_statistics_from_global_memory():
+    # fa4kernel (stats "thread"): 16 Q columns per thread, LSE and dPsum each: 32 LDG per thread
+    # per Q block; Q and dO come by TMA without them
+    s = schedule(P128, "fa4kernel")
+    assert uses(s, "STAT0")["lsu"] == pytest.approx(4 * 32)
+    assert s.op("STAT0").latency == H100.l2_latency
+    assert uses(s, "LQ")["tma"] * H100.tma_bytes_per_clk == pytest.approx(64 * 128 * 2)
+    fa4 = schedule(P128, "flash-attn-4")
+    assert uses(fa4, "LQ")["tma"] * H100.tma_bytes_per_clk == pytest.approx(80 * 128 * 2 + 80 * 4)
+    assert not any(o.name.startswith("STAT") for o in fa4.ops)
+    # stats "tma": with Q and dO, then 16 LDS per thread (two Q columns per 64-bit load)
+    tma = schedule(P128, "fa4kernel", {"stats": "tma"})
+    assert not any(o.name.startswith("STAT") for o in tma.ops)
+    assert uses(tma, "LQ")["tma"] * H100.tma_bytes_per_clk == pytest.approx(64 * 128 * 2 + 64 * 4)
+
+
+def test_loop_instructions_counted_in_the_sass_take_issue_slots():
+    # flash-attn-4 hd64: (32 HGMMA + 94 uniform) / 32 per k-step, 52 more per thread and Q block
+    s = schedule(P64, "flash-attn-4")
+    per_kstep = (32 + 94) / 32
+    assert uses(s, "S0")["issue"] == pytest.approx(4 * round(per_kstep, 2) * 4 / H100.issue_per_clk)
+    bare = schedule(P64, "flash-attn-4", {"loop_instr_fixed": 0, "loop_instr_per_kstep": 0})
+    assert "issue" not in uses(bare, "S0")
+    fixed = 52 * 128 / 32 / H100.issue_per_clk
+    for op in ("EXP0", "DS0"):
+        assert uses(s, op)["issue"] - uses(bare, op)["issue"] == pytest.approx(fixed / 2)
+
+
+def test_deterministic_by_slices_has_no_order_to_wait_for():
+    p = Problem(1, 8, 2048, 2048, 128, True)
+    k = knobs_of(p, "fa4kernel", {"deterministic": True})
+    assert k["deterministic_by"] == "slices" and bwd.dq_hold(H100, p, k) == 0.0
+    assert not any(o.name.startswith("SEM") for o in schedule(p, "fa4kernel", {"deterministic": True}).ops)
+    k = knobs_of(p, "flash-attn-4", {"deterministic": True})
+    assert bwd.dq_hold(H100, p, k) > 0
+    assert {"SEMA", "SEMR"} <= {o.name for o in schedule(p, "flash-attn-4", {"deterministic": True}).ops}
+
+
+# ---------------------------------------------------------------- the launches around it
+def test_fa4kernels_torch_pre_and_postprocess():
+    # fa4kernel/sm90/bwd.py run_bwd with preprocess "torch": per (row, head) 28 d + 50 bytes in 11
+    # kernels, the zeroed dQ accumulator in one more; after it one copy to 16 bit (6 d), after a
+    # sum of the slices when deterministic (a slice per KV tile, zeroed before)
+    p = Problem(2, 4, 1000, 1000, 64)
+    rows, d, bw, gap = 2 * 4 * 1000, 64, H100.hbm_bandwidth_tbps * 1e6, H100.launch_gap_us
+    k = {"preprocess": "torch", "tile_n": 128}
+    pre, post = kernel_bwd.pre_post_us(p, H100, k)
+    assert pre == pytest.approx(rows * (28 * d + 50 + 4 * d) / bw + 12 * gap)
+    assert post == pytest.approx(rows * 6 * d / bw + gap)
+    slices = math.ceil(1000 / 128)
+    pre, post = kernel_bwd.pre_post_us(p, H100, {**k, "deterministic": True, "deterministic_by": "slices"})
+    assert pre == pytest.approx(rows * (28 * d + 50 + 4 * d * slices) / bw + 12 * gap)
+    assert post == pytest.approx(rows * (6 * d + 4 * d + 4 * d * slices) / bw + 2 * gap)
+    # one preprocess kernel (flash-attn-4's, fa4kernel's preprocess "kernel"): O and dO read once
+    pre, post = kernel_bwd.pre_post_us(p, H100, {"preprocess": "kernel"})
+    assert (pre, post) == pytest.approx(kernel_bwd.pre_post_us(p, H100))
+    assert pre == pytest.approx(rows * (4 * d + 12 + 4 * d) / bw + gap)
+
+
+def test_slices_read_and_write_every_visit_of_dq_in_hbm():
+    p = Problem(1, 2, 1024, 1024, 64)
+    units = kernel_bwd.kv_units(p, 128, 64)
+    visits = sum(u.n_kv for u in units)
+    l2, hbm = kernel_bwd.traffic(p, H100, units, 64, False)          # all of it fits in L2
+    l2_s, hbm_s = kernel_bwd.traffic(p, H100, units, 64, False, {"deterministic": True, "deterministic_by": "slices"})
+    assert l2_s == l2
+    assert hbm_s - hbm == pytest.approx(2 * 2 * visits * 64 * 64 * 4 - 2 * 1024 * 64 * 4)
+
+
+# ---------------------------------------------------------------- fa4kernel's loop counts, from its SASS
+def _loop_counts(sass: str):
+    """(HGMMA, uniform datapath, other, pointwise) instructions in the innermost loop with HGMMA
+    and MUFU.EX2: 'other' excludes the pointwise opcodes fa4sim counts itself."""
+    pointwise = {"FFMA", "FADD", "FMUL", "MUFU", "F2FP", "FSEL", "SHFL", "LDS", "STSM", "STS", "REDG", "LDG"}
+    lines, labels = sass.splitlines(), {}
+    for i, line in enumerate(lines):
+        if re.match(r"^\.L_x_\d+:", line):
+            labels[line.strip()[:-1]] = i
+    best = None
+    for i, line in enumerate(lines):
+        m = re.search(r"BRA `\((\.L_x_\d+)\)", line)
+        if m and labels.get(m.group(1), i) < i:
+            body = lines[labels[m.group(1)]:i + 1]
+            if any("HGMMA" in x for x in body) and any("MUFU.EX2" in x for x in body):
+                if best is None or len(body) < len(best):
+                    best = body
+    c = collections.Counter()
+    for line in best:
+        m = re.match(r"\s*/\*[0-9a-f]+\*/\s+(@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)(\.[A-Z0-9_.]*)?", line)
+        if not m:
+            continue
+        op, full = m.group(2), m.group(2) + (m.group(3) or "")
+        if op == "HGMMA":
+            c["hgmma"] += 1
+        elif (op.startswith("U") and not op.startswith(("UTMA", "UBLK"))) or op in ("S2UR", "R2UR"):
+            c["uniform"] += 1
+        elif op in pointwise and not (op == "MUFU" and not full.startswith("MUFU.EX2")):
+            c["pointwise"] += 1
+        else:
+            c["other"] += 1
+    return c
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("hdim,causal,knobs", [(128, False, {}),
+                                              (64, True, {"dq_reduce": "bulk", "stats": "tma", "mma_order": "dv_dq_dk"})])
+def test_fa4kernel_loop_instruction_counts_are_its_sass(hdim, causal, knobs):
+    pytest.importorskip("cutlass")
+    import inspect
+
+    import fa4kernel
+    from fa4kernel import make_bwd_config
+    from fa4sim.params import Context
+
+    if "mma_order" not in inspect.signature(make_bwd_config).parameters:
+        pytest.skip("this backward predates its stats / mma_order knobs, whose builds the counts are of")
+    c = _loop_counts(fa4kernel.compile_bwd_sass(make_bwd_config("bfloat16", hdim, causal, False, **knobs)))
+    p = Problem(1, 8, 2048, 2048, hdim, causal)
+    k = knobs_of(p, "fa4kernel", knobs)
+    impl = setup("h100", None, p, knobs, "fa4kernel", "bwd")[3]
+    value = lambda name: impl.value(name, Context(p, H100, impl), k)  # noqa: E731
+    assert value("loop_instr_per_kstep") == pytest.approx((c["hgmma"] + c["uniform"]) / c["hgmma"], abs=0.006)
+    # the rest, less the pointwise instructions the schedule counts: 5 per score element, the
+    # mask's (1, or 3 causal), the statistics' loads (32 LDG, or 16 LDS), 4 stmatrix, the dQ stores
+    e, hd_part = 32, 64 * hdim * 4 / (2 if hdim == 128 else 1)
+    dq = hd_part / 16 / 128 if k["dq_reduce"] == "bulk" else hd_part / 8 / 128
+    counted = 5 * e + (3 if causal else 1) * e + (32 if k["stats"] == "thread" else 16) + 4 + dq
+    total = c["hgmma"] + c["uniform"] + c["other"] + c["pointwise"]
+    assert value("loop_instr_fixed") == round(total - c["hgmma"] - c["uniform"] - counted)
