@@ -340,7 +340,7 @@ def simulate_bwd(hw="b200", schedule: str | None = None, problem: Problem | None
             slots = at.num_sms // (2 if two_cta else 1)
             cycles, _ = kernel_bwd.deterministic_cycles(units, [cost_of(u) for u in units], n_hb, slots, hold,
                                                         cold, at.cta_launch_cycles, problem.causal)
-        return kernel_bwd.with_traffic(kt, problem, at, units, tile_m, two_cta, cycles)
+        return kernel_bwd.with_traffic(kt, problem, at, units, tile_m, two_cta, cycles, knobs)
 
     longest = max(units, key=lambda u: (u.n_kv, -u.masked))
     longest = replace(longest, masked=min(longest.masked, MASKED_SIM))
@@ -382,7 +382,7 @@ def simulate_bwd(hw="b200", schedule: str | None = None, problem: Problem | None
         else:
             clock = power.ClockPrediction(at.clock_ghz, None, {}, False)
 
-    pre_us, post_us = kernel_bwd.pre_post_us(problem, at)
+    pre_us, post_us = kernel_bwd.pre_post_us(problem, at, knobs)
     total_us = pre_us + kt.time_us + post_us
     _, _, trace, period = detailed(longest.n_kv, longest.masked)
     util, waits, interval = _steady_state(trace, period)
