@@ -130,9 +130,17 @@ def test_bwd_sm90_tile_is_flash_attn_4s():
 
 
 def test_bwd_sm90_default_is_fa4kernels_own_backward():
-    # fa4kernel/sm90/bwd_config.py: 64 x 128 at every head dim it runs (64, 96, 128), RED dQ
+    # fa4kernel/sm90/bwd_config.py: 64 x 128 at every head dim it runs (64, 96, 128), and the
+    # implementation's defaults are the kernel's own (the config module imports no CUDA)
+    from dataclasses import fields
+
+    from fa4kernel.sm90.bwd_config import BwdConfig
+
     r = bwd("h100", Problem(1, 8, 2048, 2048, 128))
-    assert (r.impl.name, r.knobs["tile_m"], r.knobs["tile_n"], r.knobs["dq_reduce"]) == ("fa4kernel-sm90", 64, 128, "red")
+    assert (r.impl.name, r.knobs["tile_m"], r.knobs["tile_n"]) == ("fa4kernel-sm90", 64, 128)
+    defaults = {f.name: f.default for f in fields(BwdConfig)}
+    for knob in ("dq_reduce", "stats", "mma_order", "preprocess"):
+        assert r.knobs[knob] == defaults[knob], knob
     with pytest.raises(InputError, match="hdim"):
         bwd("h100", Problem(1, 8, 2048, 2048, 256))
 

@@ -11,7 +11,7 @@ def _doc(fa4_tflops=500.0, ok=True):
     point = {"batch": 1, "seqlen": 4096, "heads": 16, "hdim": 128, "causal": False,
              "results": {"flash-attn-4": {"tflops": fa4_tflops, "ms": 1.0, "check": {"ok": ok}},
                          "fa4kernel": {"tflops": 300.0, "ms": 2.0, "check": {"ok": True}},
-                         "fa4kernel[dq_reduce=bulk]": {"tflops": 380.0, "ms": 1.6, "check": {"ok": True}},
+                         "fa4kernel[dq_reduce=red]": {"tflops": 250.0, "ms": 2.4, "check": {"ok": True}},
                          "fa4kernel[deterministic]": {"tflops": 150.0, "ms": 4.0, "check": {"ok": True}},
                          "sdpa-cudnn": {"tflops": 450.0, "ms": 1.1, "check": {"ok": True}}}}
     return {"meta": {"kind": "sm90_bwd", "device": "NVIDIA H100 80GB HBM3", "date": "2026-01-01"},
@@ -25,19 +25,33 @@ def test_flash_attn_4_and_fa4kernel_are_predicted_with_the_backward_model():
     res = compare(_doc())
     rows = {r["kernel"]: r for r in res["points"]}
     for kernel, impl, knobs in (("flash-attn-4", "flash-attn-4", {}), ("fa4kernel", "fa4kernel", {}),
-                                ("fa4kernel[dq_reduce=bulk]", "fa4kernel", {"dq_reduce": "bulk"}),
+                                ("fa4kernel[dq_reduce=red]", "fa4kernel", {"dq_reduce": "red"}),
                                 ("fa4kernel[deterministic]", "fa4kernel", {"deterministic": True})):
         want = simulate("h100", None, P, knobs, impl=impl, pass_="bwd")
         assert rows[kernel]["predicted_tflops"] == pytest.approx(want.tflops), kernel
         assert rows[kernel]["error"] == pytest.approx(want.tflops / rows[kernel]["measured_tflops"] - 1.0)
-    # the dQ path is in the schedule: the bulk variant is predicted differently
-    assert rows["fa4kernel[dq_reduce=bulk]"]["predicted_tflops"] != rows["fa4kernel"]["predicted_tflops"]
+    # the dQ path is in the schedule: the RED variant is predicted differently from the bulk default
+    assert rows["fa4kernel[dq_reduce=red]"]["predicted_tflops"] != rows["fa4kernel"]["predicted_tflops"]
     assert rows["sdpa-cudnn"]["predicted_tflops"] is None and rows["sdpa-cudnn"]["error"] is None
     assert res["summary"]["tflops"]["count"] == 4
-    assert set(res["summary"]["by_kernel"]) == {"flash-attn-4", "fa4kernel", "fa4kernel[dq_reduce=bulk]",
+    assert set(res["summary"]["by_kernel"]) == {"flash-attn-4", "fa4kernel", "fa4kernel[dq_reduce=red]",
                                                 "fa4kernel[deterministic]"}
     text = report(res)
     assert "fa4kernel[deterministic]: median" in text and "not modelled: cuDNN" in text
+
+
+def test_the_file_says_which_build_the_plain_row_timed():
+    """meta.fa4kernel_bwd_knobs: the kernel's defaults when the file was recorded; brackets change them."""
+    doc = _doc()
+    doc["meta"]["fa4kernel_bwd_knobs"] = {"dq_reduce": "red", "stats": "thread"}
+    rows = {r["kernel"]: r for r in compare(doc)["points"]}
+    old = simulate("h100", None, P, {"dq_reduce": "red", "stats": "thread"}, impl="fa4kernel", pass_="bwd")
+    assert rows["fa4kernel"]["predicted_tflops"] == pytest.approx(old.tflops)
+    det = simulate("h100", None, P, {"dq_reduce": "red", "stats": "thread", "deterministic": True},
+                   impl="fa4kernel", pass_="bwd")
+    assert rows["fa4kernel[deterministic]"]["predicted_tflops"] == pytest.approx(det.tflops)
+    assert rows["flash-attn-4"]["predicted_tflops"] == pytest.approx(
+        simulate("h100", None, P, {}, impl="flash-attn-4", pass_="bwd").tflops)
 
 
 def test_a_result_that_failed_its_gradient_check_is_left_out():

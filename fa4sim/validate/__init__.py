@@ -9,8 +9,8 @@ compared with has its module:
   cta_log              launches.py    whole launches replayed with mean tile costs (cta_log_sm90.py)
   sustained            sustained.py   each kernel alone under its power-capped clock, predicted with the
                                       model's own clock (sustained_sm90.py)
-  sm90_bwd             backward.py    the backward alone, flash-attn-4 against fa4sim --pass bwd
-                                      (bench_bwd_sm90.py)
+  sm90_bwd             backward.py    the backward alone, flash-attn-4 and fa4kernel against
+                                      fa4sim --pass bwd (bench_bwd_sm90.py)
 
 common.py holds what they share, among it the one place that turns a kernel's recorded
 configuration into model knobs (model_knobs; each kernel is simulated as its implementation).

@@ -6,7 +6,9 @@ Both fa4kernel's and flash-attn-4's SM90 backwards are the schedule fa4sim model
 (fa4sim/schedules/fa3_sm90_bwd.py), each with its own choices (implementations/*.json, "bwd").
 A kernel named with a bracket is a variant: "fa4kernel[deterministic]" sets the knob
 deterministic, "fa4kernel[dq_reduce=bulk]" the knob dq_reduce (any "name" or "name=value"
-inside the brackets, comma-separated). cuDNN is not modelled.
+inside the brackets, comma-separated). A file's meta.fa4kernel_bwd_knobs says which build the
+plain "fa4kernel" row timed (the kernel's defaults when it ran); its brackets change those.
+cuDNN is not modelled.
 
 TFLOP/s count 2.5 x the forward's FLOPs on both sides (the benchmark's and the model's convention);
 error = predicted / measured - 1.
@@ -48,6 +50,8 @@ def compare(doc: dict, hw: str | None = None) -> dict:
             if not isinstance(res, dict) or not res.get("tflops") or not (res.get("check") or {}).get("ok"):
                 continue
             impl, knobs = variant(kernel)
+            if impl == "fa4kernel":  # the defaults of the kernel that ran, where the file says
+                knobs = {**(doc["meta"].get("fa4kernel_bwd_knobs") or {}), **knobs}
             row = {"kernel": kernel, "hdim": problem.hdim, "seqlen": problem.seqlen_q, "batch": problem.batch,
                    "heads": problem.heads, "causal": problem.causal, "measured_tflops": res["tflops"],
                    "predicted_tflops": None, "error": None, "clock_ghz": None}
