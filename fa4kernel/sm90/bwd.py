@@ -824,6 +824,93 @@ def compile_preprocess(cfg: BwdConfig, options=None, tvm_ffi: bool = False):
     return cute.compile(BwdPreprocess(cfg), *args, stream, options=opts)
 
 
+def dq_post_coords(g, head_dim: int, dq_wgs: int, rows_split: bool = False):
+    """postprocess="kernel": the first row and column of what thread g of BwdPostprocess stores
+    (Python ints on the CPU, DSL integers in the kernel). Thread g reads floats 16 g .. 16 g + 15
+    of its block; float 4 lane4 + 2 vr + vc of them is element (row0 + 8 vr, col0 + 2 lane4 + vc)
+    (dq_bulk_offset's order: g = (w, j, warp, lane8), the 4 threads lane4 = 0..3 of one row pair)."""
+    n = head_dim if rows_split else head_dim // dq_wgs  # columns of one warpgroup's tile
+    lane8 = g % 8
+    warp = (g // 8) % 4
+    j = (g // 32) % (n // 8)
+    w = g // (32 * (n // 8))
+    if rows_split:
+        return 64 * w + 16 * warp + lane8, 8 * j
+    return 16 * warp + lane8, n * w + 8 * j
+
+
+class BwdPostprocess:
+    """postprocess="kernel": the dQ accumulator of dq_reduce="bulk" (b, h, s_q_pad * d) fp32, each
+    query block in the order of dq_bulk_offset, -> dQ (b, s_q, h, d) in 16 bit, row order.
+
+    One CTA per query block of one (head, batch), one thread per 16 floats of the block: thread g
+    holds the 4 floats of each of the 4 wgmma threads (lane4 = 0..3) that share rows r and r + 8
+    and columns 8 j .. 8 j + 7 (g = (w, j, warp, lane8)), so it loads 64 contiguous bytes (4
+    LDG.128; a warp reads 2 KiB in a row), converts, and stores 8 columns of row r and of r + 8
+    (2 STG.128); rows past s_q are not stored. No shared memory, no barrier."""
+
+    def __init__(self, cfg: BwdConfig):
+        self.dtype = cutlass.BFloat16 if cfg.dtype == "bfloat16" else cutlass.Float16
+        self.hd = cfg.head_dim
+        self.wgs = cfg.dq_wgs
+        self.rows_split = cfg.dq_rows_split
+        self.rows = 64 * cfg.dq_wgs if cfg.dq_rows_split else 64  # rows of one accumulator block
+        self.threads = self.rows * self.hd // 16
+
+    @cute.jit
+    def __call__(self, mAcc: cute.Tensor, mdQ: cute.Tensor, stream):
+        # mAcc (b, h, s_q_pad * d) fp32; mdQ (b, s_q, h, d)
+        grid = (cute.ceil_div(mAcc.shape[2], self.rows * self.hd), cute.size(mAcc.shape[1]),
+                cute.size(mAcc.shape[0]))
+        self.kernel(mAcc, mdQ).launch(grid=grid, block=[self.threads, 1, 1], stream=stream)
+
+    @cute.kernel
+    def kernel(self, mAcc: cute.Tensor, mdQ: cute.Tensor):
+        g = cute.arch.thread_idx()[0]
+        m_block, head, batch = cute.arch.block_idx()
+        row0, col0 = dq_post_coords(g, self.hd, self.wgs, self.rows_split)
+        rAcc = cute.make_rmem_tensor((16,), Float32)
+        cute.autovec_copy(cute.local_tile(mAcc[batch, head, None], (16,), (m_block * self.threads + g,)), rAcc)
+        seqlen_q = mdQ.shape[1]
+        for vr in cutlass.range_constexpr(2):
+            row = m_block * self.rows + row0 + 8 * vr
+            if row < seqlen_q:
+                rF = cute.make_rmem_tensor((8,), Float32)
+                for k in cutlass.range_constexpr(8):
+                    # column 2 lane4 + vc of the 8 = float 4 lane4 + 2 vr + vc of the 16
+                    rF[k] = rAcc[4 * (k // 2) + 2 * vr + k % 2]
+                rO = cute.make_rmem_tensor((8,), self.dtype)
+                rO.store(rF.load().to(self.dtype))
+                cute.autovec_copy(rO, cute.local_tile(mdQ[batch, row, head, None], (8,), (col0 // 8,)))
+
+
+def fake_postprocess_args(cfg: BwdConfig):
+    """Fake tensors of the postprocess (dynamic batch, lengths, heads, strides)."""
+    from cutlass.cute.runtime import make_fake_tensor
+
+    dt = cutlass.BFloat16 if cfg.dtype == "bfloat16" else cutlass.Float16
+    div = 128 // dt.width
+    b, sq, h, n = (cute.sym_int() for _ in range(4))
+    acc = make_fake_tensor(Float32, (b, h, n), stride=(cute.sym_int64(divisibility=4), cute.sym_int64(divisibility=4), 1),
+                           assumed_align=16)
+    dq = make_fake_tensor(dt, (b, sq, h, cfg.head_dim),
+                          stride=tuple(cute.sym_int64(divisibility=div) for _ in range(3)) + (1,), assumed_align=16)
+    return acc, dq
+
+
+def compile_postprocess(cfg: BwdConfig, options=None, tvm_ffi: bool = False):
+    """cute.compile of the postprocess kernel against fake tensors (no GPU needed)."""
+    stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True) if tvm_ffi \
+        else cute.runtime.make_fake_stream()
+    opts = options
+    if tvm_ffi:
+        opts = "--enable-tvm-ffi" if options is None else f"{options} --enable-tvm-ffi"
+    args = fake_postprocess_args(cfg)
+    if opts is None:
+        return cute.compile(BwdPostprocess(cfg), *args, stream)
+    return cute.compile(BwdPostprocess(cfg), *args, stream, options=opts)
+
+
 # ---------------------------------------------------------------------- host side (launch)
 
 
@@ -969,7 +1056,39 @@ def run_bwd(cfg: BwdConfig, dout, q, k, v, out, lse, softmax_scale: float):
             _CACHE[cfg] = fn
         fn(*args, *stats, dq_c, *dkv, Float32(scale_log2), Float32(softmax_scale), stream)
     acc = dq_accum.sum(0) if cfg.deterministic else dq_accum[0]  # fixed order: torch's sum
+    if cfg.postprocess == "kernel":
+        return _postprocess_kernel(cfg, acc, sq, q.dtype, _USE_TVM_FFI), dk, dv
     return dq_postprocess(acc, cfg, sq, q.dtype), dk, dv
+
+
+_POST_CACHE: dict = {}  # (dtype, head_dim, dq_wgs, rows_split, tvm_ffi) -> compiled postprocess
+
+
+def _postprocess_kernel(cfg: BwdConfig, acc, seqlen_q: int, dtype, use_tvm_ffi: bool):
+    """postprocess="kernel": dQ (b, s_q, h, d) in 16 bit from the contiguous accumulator
+    (b, h, s_q_pad, d) of dq_reduce="bulk", by BwdPostprocess (one launch)."""
+    import torch
+
+    b, h, sqp, d = acc.shape
+    flat = acc.contiguous().view(b, h, sqp * d)
+    dq = torch.empty((b, seqlen_q, h, d), dtype=dtype, device=acc.device)
+    key = (cfg.dtype, cfg.head_dim, cfg.dq_wgs, cfg.dq_rows_split, use_tvm_ffi)
+    fn = _POST_CACHE.get(key)
+    if use_tvm_ffi:
+        if fn is None:
+            fn = _POST_CACHE[key] = compile_postprocess(cfg, tvm_ffi=True)
+        fn(flat, dq)
+    else:
+        import cuda.bindings.driver as cuda
+
+        from ..interface import _to_cute
+
+        args = [_to_cute(flat, 2), _to_cute(dq, 3)]
+        stream = cuda.CUstream(torch.cuda.current_stream(acc.device).cuda_stream)
+        if fn is None:
+            fn = _POST_CACHE[key] = cute.compile(BwdPostprocess(cfg), *args, stream)
+        fn(*args, stream)
+    return dq
 
 
 def dq_postprocess(acc, cfg: BwdConfig, seqlen_q: int, dtype):
