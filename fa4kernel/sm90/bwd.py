@@ -891,8 +891,8 @@ def fake_postprocess_args(cfg: BwdConfig):
     dt = cutlass.BFloat16 if cfg.dtype == "bfloat16" else cutlass.Float16
     div = 128 // dt.width
     b, sq, h, n = (cute.sym_int() for _ in range(4))
-    acc = make_fake_tensor(Float32, (b, h, n), stride=(cute.sym_int64(divisibility=4), cute.sym_int64(divisibility=4), 1),
-                           assumed_align=16)
+    acc = make_fake_tensor(Float32, (b, h, n), assumed_align=16,
+                           stride=(cute.sym_int64(divisibility=4), cute.sym_int64(divisibility=4), 1))
     dq = make_fake_tensor(dt, (b, sq, h, cfg.head_dim),
                           stride=tuple(cute.sym_int64(divisibility=div) for _ in range(3)) + (1,), assumed_align=16)
     return acc, dq
