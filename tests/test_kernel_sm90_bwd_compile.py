@@ -620,3 +620,24 @@ def test_bwd_rejected_combinations_spill(hd, knobs):
     cfg = BwdConfig(dtype="bfloat16", head_dim=hd, causal=hd == 64, **knobs)
     text = fa4kernel.compile_bwd_sass(cfg)
     assert count(text, "LDL") + count(text, "STL") > 0
+
+
+# ---- grid_order
+
+
+@pytest.mark.parametrize("hd,causal", [(64, True), (128, True), (128, False)])
+def test_bwd_grid_order_blocks_outer_changes_only_the_block_index(hd, causal):
+    """grid_order="blocks_outer": another build (the block index is read in another order) whose
+    consumers' query-block loop is the same instructions as the default build's; no spills."""
+    text = knob_sass(hd, causal, grid_order="blocks_outer")
+    assert count(text, "LDL") == 0 and count(text, "STL") == 0
+    ops = lambda body: sorted(o.split()[0] for o in body)  # noqa: E731
+    assert ops(loop_instructions(text)) == ops(loop_instructions(knob_sass(hd, causal)))
+    assert hgmma_shapes(text) == hgmma_shapes(knob_sass(hd, causal))
+    assert text != knob_sass(hd, causal)
+
+
+def test_bwd_grid_order_rejects_a_bad_value():
+    with pytest.raises(ValueError) as ei:
+        make_bwd_config("bfloat16", 128, True, grid_order="longest")
+    assert str(ei.value) == "grid_order='longest' not supported; allowed: heads_outer, blocks_outer"

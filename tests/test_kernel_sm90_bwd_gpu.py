@@ -165,6 +165,8 @@ VARIANTS = [
     dict(postprocess="kernel"),
     dict(postprocess="kernel", tile_m=128),
     dict(postprocess="kernel", regs="split"),
+    dict(grid_order="blocks_outer"),
+    dict(grid_order="blocks_outer", tile_m=128, postprocess="kernel"),
 ]
 
 
@@ -183,12 +185,13 @@ def _applies(hd, knobs):
                          ids=lambda x: ",".join(f"{a}={b}" for a, b in x.items()) if isinstance(x, dict) else str(x))
 def test_bwd_variants(hd, causal, knobs):
     """The backward knobs of sm90/bwd_config.py (dq_reduce, stats, mma_order, preprocess,
-    postprocess, regs, tile_m) where they apply: the same gradients, at odd lengths in both orders (rows that see
-    no key: LSE = -inf), with GQA, fp16 and deterministic once."""
+    postprocess, regs, tile_m, grid_order) where they apply: the same gradients, at odd lengths
+    in both orders (rows that see no key: LSE = -inf), with GQA, fp16 and deterministic once."""
     check(2, 1000, 1000, 3, 3, hd, causal, **knobs)
     check(1, 1000, 333, 2, 2, hd, causal, **knobs)
     check(2, 77, 1000, 8, 2, hd, causal, **knobs)
-    if hd == 128 or knobs.get("tile_m") == 128 or knobs.get("regs") == "split" or knobs.get("postprocess") == "kernel":
+    if hd == 128 or knobs.get("tile_m") == 128 or knobs.get("regs") == "split" or \
+            knobs.get("postprocess") == "kernel" or knobs.get("grid_order") == "blocks_outer":
         check(2, 333, 333, 2, 2, hd, causal, torch.float16, **knobs)
         check(2, 333, 333, 4, 2, hd, causal, deterministic=True, **knobs)
 

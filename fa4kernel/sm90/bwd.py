@@ -4,7 +4,7 @@ From q, k, v, dO and the forward's row statistics it computes dQ, dK, dV (FA2/FA
 scheme: P is recomputed from S and the LSE, never stored).
 
 One CTA = one block of tile_n keys of one (batch, k/v head) (grid: key blocks x k/v heads x
-batch). Its K and V stay in shared memory while it walks the query blocks (tile_m rows) that see
+batch; grid_order="blocks_outer": k/v heads x batch x key blocks). Its K and V stay in shared memory while it walks the query blocks (tile_m rows) that see
 those keys, for every q head of its GQA group, so dK and dV of a group are summed in registers.
 
 Warp roles (3 warpgroups):
@@ -164,6 +164,7 @@ class FlashBwdSm90:
         self.num_threads = cfg.num_threads
         self.dq_wgs = cfg.dq_wgs
         self.causal = cfg.causal
+        self.blocks_outer = cfg.grid_order == "blocks_outer"
         self.deterministic = cfg.deterministic
         self.dq_bulk = cfg.dq_reduce == "bulk"
         self.stats_tma = cfg.stats == "tma"
@@ -262,6 +263,8 @@ class FlashBwdSm90:
         self.shared_storage = SharedStorage
 
         grid = (cute.ceil_div(mK.shape[0], self.tile_n), cute.size(mK.shape[2]), cute.size(mK.shape[3]))
+        if const_expr(self.blocks_outer):
+            grid = (cute.size(mK.shape[2]), cute.size(mK.shape[3]), cute.ceil_div(mK.shape[0], self.tile_n))
         self.kernel(
             tma_atom_Q, tma_Q, tma_atom_dO, tma_dO, tma_atom_K, tma_K, tma_atom_V, tma_V,
             tma_atom_dK, tma_dK, tma_atom_dV, tma_dV, mLSE, mD, mdQaccum,
@@ -350,7 +353,10 @@ class FlashBwdSm90:
 
         cute.arch.sync_threads()  # barrier init visible to everyone
 
-        n_block, kv_head, batch = cute.arch.block_idx()
+        if const_expr(self.blocks_outer):
+            kv_head, batch, n_block = cute.arch.block_idx()
+        else:
+            n_block, kv_head, batch = cute.arch.block_idx()
         seqlen_q = mQ.shape[0]
         seqlen_k = mK.shape[0]
         group = mQ.shape[2] // mK.shape[2]  # q heads per k/v head (GQA / MQA; 1 = MHA)
