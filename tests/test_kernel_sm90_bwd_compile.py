@@ -641,3 +641,35 @@ def test_bwd_grid_order_rejects_a_bad_value():
     with pytest.raises(ValueError) as ei:
         make_bwd_config("bfloat16", 128, True, grid_order="longest")
     assert str(ei.value) == "grid_order='longest' not supported; allowed: heads_outer, blocks_outer"
+
+
+# ---- dq_zero
+
+
+@pytest.mark.parametrize("hd", fa4kernel.BWD_HEAD_DIMS)
+def test_bwd_dq_zero_preprocess_stores_zeros(hd):
+    """dq_zero="preprocess": the preprocess kernel adds 128-bit stores of the dQ accumulator's
+    rows (hd / 16 per thread per slice; the slice loop unrolled), its loads and stats stores as
+    before; the default build has none."""
+    import collections
+
+    from fa4kernel.sass import sass_for
+    from fa4kernel.sm90.bwd import compile_preprocess
+
+    def ops(dq_zero):
+        cfg = make_bwd_config("bfloat16", hd, False, dq_zero=dq_zero)
+        text = sass_for(lambda opts: compile_preprocess(cfg, opts), "sm_90a")
+        return collections.Counter(re.findall(r"\s((?:LDG|STG|SHFL|LDL|STL)[\.\w]*)\s", text))
+
+    base, zero = ops("torch"), ops("preprocess")
+    assert base["STG.E.128"] == 0
+    assert zero["STG.E.128"] >= hd // 16 and zero["STG.E.128"] % (hd // 16) == 0
+    assert {k: v for k, v in zero.items() if k != "STG.E.128"} == dict(base)
+    assert zero["LDL"] == 0 and zero["STL"] == 0
+
+
+def test_bwd_dq_zero_needs_the_preprocess_kernel():
+    with pytest.raises(ValueError) as ei:
+        make_bwd_config("bfloat16", 64, False, preprocess="torch", dq_zero="preprocess")
+    assert str(ei.value) == ("dq_zero='preprocess' needs the preprocess kernel, not preprocess='torch'; "
+                             "allowed with preprocess='torch': dq_zero='torch'")

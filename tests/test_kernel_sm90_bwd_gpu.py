@@ -167,6 +167,9 @@ VARIANTS = [
     dict(postprocess="kernel", regs="split"),
     dict(grid_order="blocks_outer"),
     dict(grid_order="blocks_outer", tile_m=128, postprocess="kernel"),
+    dict(dq_zero="preprocess"),
+    dict(dq_zero="preprocess", postprocess="kernel", tile_m=128),
+    dict(dq_zero="preprocess", postprocess="kernel", grid_order="blocks_outer"),
 ]
 
 
@@ -185,13 +188,14 @@ def _applies(hd, knobs):
                          ids=lambda x: ",".join(f"{a}={b}" for a, b in x.items()) if isinstance(x, dict) else str(x))
 def test_bwd_variants(hd, causal, knobs):
     """The backward knobs of sm90/bwd_config.py (dq_reduce, stats, mma_order, preprocess,
-    postprocess, regs, tile_m, grid_order) where they apply: the same gradients, at odd lengths
+    postprocess, regs, tile_m, grid_order, dq_zero) where they apply: the same gradients, at odd lengths
     in both orders (rows that see no key: LSE = -inf), with GQA, fp16 and deterministic once."""
     check(2, 1000, 1000, 3, 3, hd, causal, **knobs)
     check(1, 1000, 333, 2, 2, hd, causal, **knobs)
     check(2, 77, 1000, 8, 2, hd, causal, **knobs)
     if hd == 128 or knobs.get("tile_m") == 128 or knobs.get("regs") == "split" or \
-            knobs.get("postprocess") == "kernel" or knobs.get("grid_order") == "blocks_outer":
+            knobs.get("postprocess") == "kernel" or knobs.get("grid_order") == "blocks_outer" or \
+            knobs.get("dq_zero") == "preprocess":
         check(2, 333, 333, 2, 2, hd, causal, torch.float16, **knobs)
         check(2, 333, 333, 4, 2, hd, causal, deterministic=True, **knobs)
 
@@ -238,6 +242,20 @@ def test_bwd_postprocess_kernel_deterministic_bits(hd, causal):
     for a, b, name in zip(runs[0], runs[1], ("dq", "dk", "dv")):
         assert torch.isfinite(a.float()).all() and torch.isfinite(b.float()).all(), name
         assert torch.equal(a, b), f"{name} differs between the torch and the kernel postprocess"
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+@pytest.mark.parametrize("hd", [64, 128])
+def test_bwd_dq_zero_preprocess_after_nan_in_the_allocator(hd, deterministic):
+    """dq_zero="preprocess" allocates the dQ accumulator with torch.empty: with the caching
+    allocator's free memory full of NaN first, the gradients are still finite and right (the
+    preprocess zeroed every slice, padding rows included)."""
+    for _ in range(2):
+        poison = torch.full((64 << 20,), float("nan"), device="cuda")  # 256 MiB, freed at once
+        del poison
+        errs = check(2, 1000, 777, 4, 2, hd, True, deterministic=deterministic, dq_zero="preprocess",
+                     postprocess="kernel")
+        assert all(e <= TOL for e in errs.values()), errs
 
 
 @pytest.mark.parametrize("causal", [False, True])

@@ -752,27 +752,41 @@ class BwdPreprocess:
     D = 0 and LSE_log2 = +inf; reads dO and O once (the torch preprocess makes fp32 copies).
 
     4 threads per row (a quad reads 64 contiguous bytes per 128-bit load; d / 32 loads each),
-    reduced with 2 butterfly shuffles; a CTA of 128 threads covers 32 rows of one (head, batch)."""
+    reduced with 2 butterfly shuffles; a CTA of 128 threads covers 32 rows of one (head, batch).
+    With dq_zero="preprocess" it also zeroes those 32 rows of the dQ accumulator (every slice;
+    hd / 16 STG.128 per thread per slice), so no memset runs before the backward."""
 
     ROWS = 32
 
     def __init__(self, cfg: BwdConfig):
         self.dtype = cutlass.BFloat16 if cfg.dtype == "bfloat16" else cutlass.Float16
         self.hd = cfg.head_dim
+        self.zero_dq = cfg.dq_zero == "preprocess"
 
     @cute.jit
     def __call__(self, mO: cute.Tensor, mdO: cute.Tensor, mLSE: cute.Tensor, mD: cute.Tensor,
-                 mLSE2: cute.Tensor, stream):
-        # mO, mdO (b, s_q, h, d); mLSE (b, h, s_q) natural log; mD, mLSE2 (b, h, s_q_pad)
+                 mLSE2: cute.Tensor, mdQaccum: cute.Tensor, stream):
+        # mO, mdO (b, s_q, h, d); mLSE (b, h, s_q) natural log; mD, mLSE2 (b, h, s_q_pad);
+        # mdQaccum (slices, b, h, s_q_pad, d) fp32 (touched only with dq_zero="preprocess")
         grid = (cute.ceil_div(mD.shape[2], self.ROWS), cute.size(mD.shape[1]), cute.size(mD.shape[0]))
-        self.kernel(mO, mdO, mLSE, mD, mLSE2).launch(grid=grid, block=[4 * self.ROWS, 1, 1], stream=stream)
+        self.kernel(mO, mdO, mLSE, mD, mLSE2, mdQaccum).launch(grid=grid, block=[4 * self.ROWS, 1, 1],
+                                                              stream=stream)
 
     @cute.kernel
-    def kernel(self, mO: cute.Tensor, mdO: cute.Tensor, mLSE: cute.Tensor, mD: cute.Tensor, mLSE2: cute.Tensor):
+    def kernel(self, mO: cute.Tensor, mdO: cute.Tensor, mLSE: cute.Tensor, mD: cute.Tensor, mLSE2: cute.Tensor,
+               mdQaccum: cute.Tensor):
         tidx = cute.arch.thread_idx()[0]
         bx, head, batch = cute.arch.block_idx()
         row = bx * self.ROWS + tidx // 4
         part = tidx % 4
+        if const_expr(self.zero_dq):
+            # the CTA's 32 rows (all below s_q_pad) of every slice; a quad writes 64 contiguous bytes
+            zero = cute.make_rmem_tensor((4,), Float32)
+            zero.fill(0.0)
+            for sl in cutlass.range(mdQaccum.shape[0]):
+                gdQ = mdQaccum[sl, batch, head, row, None]
+                for k in cutlass.range_constexpr(self.hd // 16):
+                    cute.autovec_copy(zero, cute.local_tile(gdQ, (4,), (part + 4 * k,)))
         seqlen_q = mO.shape[1]
         total = Float32(0.0)
         if row < seqlen_q:
@@ -814,7 +828,10 @@ def fake_preprocess_args(cfg: BwdConfig):
         return make_fake_tensor(cutlass.Float32, (b, h, n), stride=(cute.sym_int64(), cute.sym_int64(), 1),
                                 assumed_align=4)
 
-    return fake((b, sq, h, cfg.head_dim)), fake((b, sq, h, cfg.head_dim)), stats(sq), stats(sqp), stats(sqp)
+    nb = cute.sym_int()
+    dq = make_fake_tensor(cutlass.Float32, (nb, b, h, sqp, cfg.head_dim),
+                          stride=tuple(cute.sym_int64(divisibility=4) for _ in range(4)) + (1,), assumed_align=16)
+    return fake((b, sq, h, cfg.head_dim)), fake((b, sq, h, cfg.head_dim)), stats(sq), stats(sqp), stats(sqp), dq
 
 
 def compile_preprocess(cfg: BwdConfig, options=None, tvm_ffi: bool = False):
@@ -964,8 +981,9 @@ _USE_TVM_FFI = None
 _PRE_CACHE: dict = {}  # (dtype, head_dim) -> compiled preprocess
 
 
-def _prepare_kernel(cfg: BwdConfig, dout, out, lse, seqlen_q_pad: int, use_tvm_ffi: bool):
-    """preprocess="kernel": D and LSE_log2 as _prepare, by BwdPreprocess (one launch)."""
+def _prepare_kernel(cfg: BwdConfig, dout, out, lse, seqlen_q_pad: int, use_tvm_ffi: bool, dq_accum):
+    """preprocess="kernel": D and LSE_log2 as _prepare, by BwdPreprocess (one launch; with
+    dq_zero="preprocess" it also zeroes dq_accum)."""
     import torch
 
     b, sq, h, _ = dout.shape
@@ -974,18 +992,19 @@ def _prepare_kernel(cfg: BwdConfig, dout, out, lse, seqlen_q_pad: int, use_tvm_f
     if not out.is_contiguous() or out.data_ptr() % 16:
         out = out.clone(memory_format=torch.contiguous_format)  # 16-byte aligned rows
     lse = lse.contiguous()
-    key = (cfg.dtype, cfg.head_dim, use_tvm_ffi)
+    key = (cfg.dtype, cfg.head_dim, cfg.dq_zero, use_tvm_ffi)
     fn = _PRE_CACHE.get(key)
     if use_tvm_ffi:
         if fn is None:
             fn = _PRE_CACHE[key] = compile_preprocess(cfg, tvm_ffi=True)
-        fn(out, dout, lse, dpsum, lse_log2)
+        fn(out, dout, lse, dpsum, lse_log2, dq_accum)
     else:
         import cuda.bindings.driver as cuda
 
         from ..interface import _to_cute
 
-        args = [_to_cute(out, 3), _to_cute(dout, 3)] + [_to_cute(t, 2, align=4) for t in (lse, dpsum, lse_log2)]
+        args = [_to_cute(out, 3), _to_cute(dout, 3)] + [_to_cute(t, 2, align=4) for t in (lse, dpsum, lse_log2)] \
+            + [_to_cute(dq_accum, 4)]
         stream = cuda.CUstream(torch.cuda.current_stream(dout.device).cuda_stream)
         if fn is None:
             fn = _PRE_CACHE[key] = cute.compile(BwdPreprocess(cfg), *args, stream)
@@ -1027,12 +1046,14 @@ def run_bwd(cfg: BwdConfig, dout, q, k, v, out, lse, softmax_scale: float):
         from ..interface import _tvm_ffi_available
 
         _USE_TVM_FFI = _tvm_ffi_available() and os.environ.get("FA4KERNEL_NO_TVM_FFI") != "1"
+    nb = -(-sk // cfg.tile_n) if cfg.deterministic else 1
+    # dq_zero="preprocess": the preprocess kernel zeroes it (no memset launch)
+    alloc = torch.empty if cfg.dq_zero == "preprocess" else torch.zeros
+    dq_accum = alloc((nb, b, h, sqp, d), dtype=torch.float32, device=q.device)
     if cfg.preprocess == "kernel":
-        dpsum, lse_log2 = _prepare_kernel(cfg, dout, out, lse, sqp, _USE_TVM_FFI)
+        dpsum, lse_log2 = _prepare_kernel(cfg, dout, out, lse, sqp, _USE_TVM_FFI, dq_accum)
     else:
         dpsum, lse_log2 = _prepare(cfg, dout, out, lse, sqp)
-    nb = -(-sk // cfg.tile_n) if cfg.deterministic else 1
-    dq_accum = torch.zeros((nb, b, h, sqp, d), dtype=torch.float32, device=q.device)
     dk = torch.empty((b, sk, hkv, d), dtype=k.dtype, device=k.device)
     dv = torch.empty((b, sk, hkv, d), dtype=v.dtype, device=v.device)
     scale_log2 = float(softmax_scale * LOG2_E)
