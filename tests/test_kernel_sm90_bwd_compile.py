@@ -673,3 +673,15 @@ def test_bwd_dq_zero_needs_the_preprocess_kernel():
         make_bwd_config("bfloat16", 64, False, preprocess="torch", dq_zero="preprocess")
     assert str(ei.value) == ("dq_zero='preprocess' needs the preprocess kernel, not preprocess='torch'; "
                              "allowed with preprocess='torch': dq_zero='torch'")
+
+
+def test_bwd_host_side_knobs_share_one_kernel_build():
+    """postprocess and dq_zero change other launches only: kernel_config (the compile cache's key)
+    drops them; grid_order and the others change the kernel and stay."""
+    from fa4kernel.sm90.bwd import kernel_config
+
+    base = make_bwd_config("bfloat16", 64, True)
+    host = make_bwd_config("bfloat16", 64, True, postprocess="kernel", dq_zero="preprocess")
+    assert host != base and kernel_config(host) == kernel_config(base) == base
+    grid = make_bwd_config("bfloat16", 64, True, postprocess="kernel", grid_order="blocks_outer")
+    assert kernel_config(grid) == make_bwd_config("bfloat16", 64, True, grid_order="blocks_outer") != base

@@ -43,6 +43,7 @@ Deterministic builds reduce into the slice of their key block of a [key blocks, 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import cutlass
@@ -973,12 +974,18 @@ def compile_bwd(cfg: BwdConfig, options=None, tvm_ffi: bool = False):
     return cute.compile(make_bwd_kernel(cfg), *args, Float32(1.0), Float32(1.0), stream, options=opts)
 
 
-_CACHE: dict = {}  # BwdConfig -> compiled callable
-COMPILE_TIMES: dict = {}  # BwdConfig -> seconds of its first (JIT) compile
+_CACHE: dict = {}  # kernel_config(BwdConfig) -> compiled callable
+COMPILE_TIMES: dict = {}  # kernel_config(BwdConfig) -> seconds of its first (JIT) compile
+
+
+def kernel_config(cfg: BwdConfig) -> BwdConfig:
+    """cfg with the knobs that only change the host side or the other launches (postprocess,
+    dq_zero) at their defaults: builds that differ only there share one compiled kernel."""
+    return dataclasses.replace(cfg, postprocess=BwdConfig.postprocess, dq_zero=BwdConfig.dq_zero)
 _USE_TVM_FFI = None
 
 
-_PRE_CACHE: dict = {}  # (dtype, head_dim) -> compiled preprocess
+_PRE_CACHE: dict = {}  # (dtype, head_dim, dq_zero, tvm_ffi) -> compiled preprocess
 
 
 def _prepare_kernel(cfg: BwdConfig, dout, out, lse, seqlen_q_pad: int, use_tvm_ffi: bool, dq_accum):
@@ -1057,13 +1064,14 @@ def run_bwd(cfg: BwdConfig, dout, q, k, v, out, lse, softmax_scale: float):
     dk = torch.empty((b, sk, hkv, d), dtype=k.dtype, device=k.device)
     dv = torch.empty((b, sk, hkv, d), dtype=v.dtype, device=v.device)
     scale_log2 = float(softmax_scale * LOG2_E)
-    fn = _CACHE.get(cfg)
+    kcfg = kernel_config(cfg)
+    fn = _CACHE.get(kcfg)
     if _USE_TVM_FFI:
         if fn is None:
             t0 = time.perf_counter()
-            fn = compile_bwd(cfg, tvm_ffi=True)
-            COMPILE_TIMES[cfg] = time.perf_counter() - t0
-            _CACHE[cfg] = fn
+            fn = compile_bwd(kcfg, tvm_ffi=True)
+            COMPILE_TIMES[kcfg] = time.perf_counter() - t0
+            _CACHE[kcfg] = fn
         fn(q, k, v, dout, lse_log2, dpsum, dq_accum, dk, dv, scale_log2, float(softmax_scale))
     else:
         import cuda.bindings.driver as cuda
@@ -1077,10 +1085,10 @@ def run_bwd(cfg: BwdConfig, dout, q, k, v, out, lse, softmax_scale: float):
         stream = cuda.CUstream(torch.cuda.current_stream(q.device).cuda_stream)
         if fn is None:
             t0 = time.perf_counter()
-            fn = cute.compile(make_bwd_kernel(cfg), *args, *stats, dq_c, *dkv, Float32(scale_log2),
+            fn = cute.compile(make_bwd_kernel(kcfg), *args, *stats, dq_c, *dkv, Float32(scale_log2),
                               Float32(softmax_scale), stream)
-            COMPILE_TIMES[cfg] = time.perf_counter() - t0
-            _CACHE[cfg] = fn
+            COMPILE_TIMES[kcfg] = time.perf_counter() - t0
+            _CACHE[kcfg] = fn
         fn(*args, *stats, dq_c, *dkv, Float32(scale_log2), Float32(softmax_scale), stream)
     acc = dq_accum.sum(0) if cfg.deterministic else dq_accum[0]  # fixed order: torch's sum
     if cfg.postprocess == "kernel":
