@@ -20,8 +20,8 @@ seqlen = 16384 tokens, heads x head_dim = 2048; bf16. fa4kernel's backward suppo
 block: at 16k 128 slices of the whole dQ).
 
 Backward variants side by side: --variants takes knob sets of the backward (sm90/bwd_config.py:
-dq_reduce, stats, mma_order, preprocess, regs, tile_m), each timed as its own row
-`fa4kernel[KNOBS]` in the same round-robin as the peers; a set that does not apply at a point
+dq_reduce, stats, mma_order, preprocess, postprocess, regs, tile_m, grid_order, dq_zero), each
+timed as its own row `fa4kernel[KNOBS]` in the same round-robin as the peers; a set that does not apply at a point
 (tile_m=128 outside head dim 64, regs=split where both warpgroups run dQ) is recorded there as
 unsupported; --hdims, --seqlens, --causal narrow the grid; --no-deterministic drops the
 deterministic row.

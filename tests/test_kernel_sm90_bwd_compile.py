@@ -414,10 +414,55 @@ def test_bwd_preprocess_kernel_compiles(hd):
     assert ops["LDL"] == 0 and ops["STL"] == 0
 
 
+@pytest.mark.parametrize("hd,tile_m", [(64, 64), (96, 64), (128, 64), (64, 128)])
+def test_bwd_postprocess_coords_invert_the_fragment_map(hd, tile_m):
+    """postprocess="kernel": thread g's 16 floats (16 g .. 16 g + 15 of a block) are the
+    elements dq_post_coords names, by dq_bulk_offset; the threads cover the block once."""
+    from fa4kernel.sm90.bwd import dq_bulk_offset, dq_post_coords
+
+    cfg = make_bwd_config("bfloat16", hd, False, tile_m=tile_m, postprocess="kernel")
+    rows = 64 * cfg.dq_wgs if cfg.dq_rows_split else 64
+    seen = set()
+    for g in range(rows * hd // 16):
+        row0, col0 = dq_post_coords(g, hd, cfg.dq_wgs, cfg.dq_rows_split)
+        for i in range(16):
+            lane4, vr, vc = i // 4, (i // 2) % 2, i % 2
+            row, col = row0 + 8 * vr, col0 + 2 * lane4 + vc
+            assert dq_bulk_offset(row, col, hd, cfg.dq_wgs, cfg.dq_rows_split) == 16 * g + i, (g, i)
+            seen.add((row, col))
+    assert seen == {(r, c) for r in range(rows) for c in range(hd)}
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("hd,tile_m", [(64, 64), (96, 64), (128, 64), (64, 128)])
+def test_bwd_postprocess_kernel_compiles(hd, tile_m, dtype):
+    """postprocess="kernel": per thread 4 LDG.128 of the accumulator (64 contiguous bytes), 8
+    two-wide conversions to 16 bit and 2 STG.128 (8 columns of two rows); no smem, no barrier,
+    no spills."""
+    import collections
+
+    from fa4kernel.sass import sass_for
+    from fa4kernel.sm90.bwd import compile_postprocess
+
+    cfg = make_bwd_config(dtype, hd, False, tile_m=tile_m, postprocess="kernel")
+    text = sass_for(lambda opts: compile_postprocess(cfg, opts), "sm_90a")
+    ops = collections.Counter(re.findall(r"\s((?:LDG|STG|LDS|STS|BAR|F2FP|LDL|STL)[\.\w]*)\s", text))
+    cvt = "F2FP.BF16.F32.PACK_AB" if dtype == "bfloat16" else "F2FP.F16.F32.PACK_AB"
+    assert ops == {"LDG.E.128": 4, cvt: 8, "STG.E.128": 2}, ops
+
+
+def test_bwd_postprocess_kernel_needs_bulk():
+    with pytest.raises(ValueError) as ei:
+        make_bwd_config("bfloat16", 128, False, dq_reduce="red", postprocess="kernel")
+    assert str(ei.value) == ("postprocess='kernel' reads the fragment order of dq_reduce='bulk', not "
+                             "dq_reduce='red'; allowed with dq_reduce='red': postprocess='torch'")
+
+
 @pytest.mark.parametrize("name,val,allowed", [
     ("stats", "smem", "tma, thread"),
     ("mma_order", "dq_first", "dv_dq_dk, dv_dk_dq, dv_early"),
     ("preprocess", "cuda", "kernel, torch"),
+    ("postprocess", "cuda", "torch, kernel"),
     ("regs", "256", "even, split"),
 ])
 def test_bwd_rejects_bad_knob_values(name, val, allowed):
@@ -575,3 +620,68 @@ def test_bwd_rejected_combinations_spill(hd, knobs):
     cfg = BwdConfig(dtype="bfloat16", head_dim=hd, causal=hd == 64, **knobs)
     text = fa4kernel.compile_bwd_sass(cfg)
     assert count(text, "LDL") + count(text, "STL") > 0
+
+
+# ---- grid_order
+
+
+@pytest.mark.parametrize("hd,causal", [(64, True), (128, True), (128, False)])
+def test_bwd_grid_order_blocks_outer_changes_only_the_block_index(hd, causal):
+    """grid_order="blocks_outer": another build (the block index is read in another order) whose
+    consumers' query-block loop is the same instructions as the default build's; no spills."""
+    text = knob_sass(hd, causal, grid_order="blocks_outer")
+    assert count(text, "LDL") == 0 and count(text, "STL") == 0
+    ops = lambda body: sorted(o.split()[0] for o in body)  # noqa: E731
+    assert ops(loop_instructions(text)) == ops(loop_instructions(knob_sass(hd, causal)))
+    assert hgmma_shapes(text) == hgmma_shapes(knob_sass(hd, causal))
+    assert text != knob_sass(hd, causal)
+
+
+def test_bwd_grid_order_rejects_a_bad_value():
+    with pytest.raises(ValueError) as ei:
+        make_bwd_config("bfloat16", 128, True, grid_order="longest")
+    assert str(ei.value) == "grid_order='longest' not supported; allowed: heads_outer, blocks_outer"
+
+
+# ---- dq_zero
+
+
+@pytest.mark.parametrize("hd", fa4kernel.BWD_HEAD_DIMS)
+def test_bwd_dq_zero_preprocess_stores_zeros(hd):
+    """dq_zero="preprocess": the preprocess kernel adds 128-bit stores of the dQ accumulator's
+    rows (hd / 16 per thread per slice; the slice loop unrolled), its loads and stats stores as
+    before; the default build has none."""
+    import collections
+
+    from fa4kernel.sass import sass_for
+    from fa4kernel.sm90.bwd import compile_preprocess
+
+    def ops(dq_zero):
+        cfg = make_bwd_config("bfloat16", hd, False, dq_zero=dq_zero)
+        text = sass_for(lambda opts: compile_preprocess(cfg, opts), "sm_90a")
+        return collections.Counter(re.findall(r"\s((?:LDG|STG|SHFL|LDL|STL)[\.\w]*)\s", text))
+
+    base, zero = ops("torch"), ops("preprocess")
+    assert base["STG.E.128"] == 0
+    assert zero["STG.E.128"] >= hd // 16 and zero["STG.E.128"] % (hd // 16) == 0
+    assert {k: v for k, v in zero.items() if k != "STG.E.128"} == dict(base)
+    assert zero["LDL"] == 0 and zero["STL"] == 0
+
+
+def test_bwd_dq_zero_needs_the_preprocess_kernel():
+    with pytest.raises(ValueError) as ei:
+        make_bwd_config("bfloat16", 64, False, preprocess="torch", dq_zero="preprocess")
+    assert str(ei.value) == ("dq_zero='preprocess' needs the preprocess kernel, not preprocess='torch'; "
+                             "allowed with preprocess='torch': dq_zero='torch'")
+
+
+def test_bwd_host_side_knobs_share_one_kernel_build():
+    """postprocess and dq_zero change other launches only: kernel_config (the compile cache's key)
+    drops them; grid_order and the others change the kernel and stay."""
+    from fa4kernel.sm90.bwd import kernel_config
+
+    base = make_bwd_config("bfloat16", 64, True)
+    host = make_bwd_config("bfloat16", 64, True, postprocess="kernel", dq_zero="preprocess")
+    assert host != base and kernel_config(host) == kernel_config(base) == base
+    grid = make_bwd_config("bfloat16", 64, True, postprocess="kernel", grid_order="blocks_outer")
+    assert kernel_config(grid) == make_bwd_config("bfloat16", 64, True, grid_order="blocks_outer") != base

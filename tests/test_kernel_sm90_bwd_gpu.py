@@ -162,6 +162,13 @@ VARIANTS = [
     dict(tile_m=128),
     dict(tile_m=128, mma_order="dv_dk_dq"),
     dict(tile_m=128, preprocess="torch"),
+    dict(postprocess="kernel"),
+    dict(postprocess="kernel", tile_m=128),
+    dict(grid_order="blocks_outer"),
+    dict(grid_order="blocks_outer", tile_m=128, postprocess="kernel"),
+    dict(dq_zero="preprocess"),
+    dict(dq_zero="preprocess", postprocess="kernel", tile_m=128),
+    dict(dq_zero="preprocess", postprocess="kernel", grid_order="blocks_outer"),
 ]
 
 
@@ -179,15 +186,74 @@ def _applies(hd, knobs):
 @pytest.mark.parametrize("hd,knobs", [(hd, k) for k in VARIANTS for hd in fa4kernel.BWD_HEAD_DIMS if _applies(hd, k)],
                          ids=lambda x: ",".join(f"{a}={b}" for a, b in x.items()) if isinstance(x, dict) else str(x))
 def test_bwd_variants(hd, causal, knobs):
-    """The backward knobs of sm90/bwd_config.py (dq_reduce, stats, mma_order, preprocess, regs,
-    tile_m) where they apply: the same gradients, at odd lengths in both orders (rows that see
-    no key: LSE = -inf), with GQA, fp16 and deterministic once."""
+    """The backward knobs of sm90/bwd_config.py (dq_reduce, stats, mma_order, preprocess,
+    postprocess, regs, tile_m, grid_order, dq_zero) where they apply: the same gradients, at odd lengths
+    in both orders (rows that see no key: LSE = -inf), with GQA, fp16 and deterministic once."""
     check(2, 1000, 1000, 3, 3, hd, causal, **knobs)
     check(1, 1000, 333, 2, 2, hd, causal, **knobs)
     check(2, 77, 1000, 8, 2, hd, causal, **knobs)
+    # (fp16 and deterministic of postprocess and dq_zero at every head dim: their own tests below)
     if hd == 128 or knobs.get("tile_m") == 128 or knobs.get("regs") == "split":
         check(2, 333, 333, 2, 2, hd, causal, torch.float16, **knobs)
         check(2, 333, 333, 4, 2, hd, causal, deterministic=True, **knobs)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("hd,tile_m", [(64, 64), (96, 64), (128, 64), (64, 128)])
+def test_bwd_postprocess_kernel_equals_the_torch_copy(hd, tile_m, dtype):
+    """postprocess="kernel" (BwdPostprocess) on a random accumulator gives the bits of the torch
+    copy_ (both round to nearest even), at lengths that are and are not multiples of the block;
+    NaN and inf in the accumulator land where the torch copy puts them."""
+    from fa4kernel.interface import _tvm_ffi_available
+    from fa4kernel.sm90.bwd import _postprocess_kernel, dq_bulk_offset, dq_postprocess
+    from fa4kernel.sm90.bwd_config import make_bwd_config
+
+    name = {torch.bfloat16: "bfloat16", torch.float16: "float16"}[dtype]
+    cfg = make_bwd_config(name, hd, False, tile_m=tile_m, postprocess="kernel")
+    g = torch.Generator(device="cuda")
+    g.manual_seed(17)
+    for b, h, sqp in ((1, 1, 128), (2, 3, 384), (3, 2, 1024)):
+        acc = torch.randn(b, h, sqp, hd, device="cuda", generator=g) * 3
+        flat = acc.view(b, h, sqp * hd)  # rows 5 and 1 of the first block: below every s_q here
+        flat[0, 0, dq_bulk_offset(5, 7, hd, cfg.dq_wgs, cfg.dq_rows_split)] = float("nan")
+        flat[-1, -1, dq_bulk_offset(1, hd - 2, hd, cfg.dq_wgs, cfg.dq_rows_split)] = float("inf")
+        for sq in sorted({sqp, sqp - 1, sqp - 63, sqp // 2 + 1}):
+            want = dq_postprocess(acc, cfg, sq, dtype)
+            assert want.isnan().sum() == 1 and want.isinf().sum() == 1
+            for tvm_ffi in (False, True) if _tvm_ffi_available() else (False,):
+                got = _postprocess_kernel(cfg, acc, sq, dtype, tvm_ffi)
+                assert got.shape == want.shape == (b, sq, h, hd) and got.dtype == dtype
+                assert torch.equal(got.isnan(), want.isnan()), (b, h, sqp, sq, tvm_ffi)
+                assert torch.equal(torch.nan_to_num(got), torch.nan_to_num(want)), (b, h, sqp, sq, tvm_ffi)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("hd", [64, 96, 128])
+def test_bwd_postprocess_kernel_deterministic_bits(hd, causal):
+    """deterministic=True: the same dq bits with postprocess="kernel" as with the torch copy_
+    (same accumulator, same rounding), dk and dv untouched."""
+    q, k, v, dout = _inputs(2, 1000, 777, 4, 2, hd, seed=21)
+    runs = []
+    for post in ("torch", "kernel"):
+        out = fa4kernel.attention(q, k, v, causal=causal, deterministic=True, bwd_knobs={"postprocess": post})
+        runs.append(grads(out, (q, k, v), dout))
+    for a, b, name in zip(runs[0], runs[1], ("dq", "dk", "dv")):
+        assert torch.isfinite(a.float()).all() and torch.isfinite(b.float()).all(), name
+        assert torch.equal(a, b), f"{name} differs between the torch and the kernel postprocess"
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+@pytest.mark.parametrize("hd", [64, 128])
+def test_bwd_dq_zero_preprocess_after_nan_in_the_allocator(hd, deterministic):
+    """dq_zero="preprocess" allocates the dQ accumulator with torch.empty: with the caching
+    allocator's free memory full of NaN first, the gradients are still finite and right (the
+    preprocess zeroed every slice, padding rows included)."""
+    for _ in range(2):
+        poison = torch.full((64 << 20,), float("nan"), device="cuda")  # 256 MiB, freed at once
+        del poison
+        errs = check(2, 1000, 777, 4, 2, hd, True, deterministic=deterministic, dq_zero="preprocess",
+                     postprocess="kernel")
+        assert all(e <= TOL for e in errs.values()), errs
 
 
 @pytest.mark.parametrize("causal", [False, True])

@@ -4,7 +4,7 @@ From q, k, v, dO and the forward's row statistics it computes dQ, dK, dV (FA2/FA
 scheme: P is recomputed from S and the LSE, never stored).
 
 One CTA = one block of tile_n keys of one (batch, k/v head) (grid: key blocks x k/v heads x
-batch). Its K and V stay in shared memory while it walks the query blocks (tile_m rows) that see
+batch; grid_order="blocks_outer": k/v heads x batch x key blocks). Its K and V stay in shared memory while it walks the query blocks (tile_m rows) that see
 those keys, for every q head of its GQA group, so dK and dV of a group are summed in registers.
 
 Warp roles (3 warpgroups):
@@ -43,6 +43,7 @@ Deterministic builds reduce into the slice of their key block of a [key blocks, 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import cutlass
@@ -164,6 +165,7 @@ class FlashBwdSm90:
         self.num_threads = cfg.num_threads
         self.dq_wgs = cfg.dq_wgs
         self.causal = cfg.causal
+        self.blocks_outer = cfg.grid_order == "blocks_outer"
         self.deterministic = cfg.deterministic
         self.dq_bulk = cfg.dq_reduce == "bulk"
         self.stats_tma = cfg.stats == "tma"
@@ -262,6 +264,8 @@ class FlashBwdSm90:
         self.shared_storage = SharedStorage
 
         grid = (cute.ceil_div(mK.shape[0], self.tile_n), cute.size(mK.shape[2]), cute.size(mK.shape[3]))
+        if const_expr(self.blocks_outer):
+            grid = (cute.size(mK.shape[2]), cute.size(mK.shape[3]), cute.ceil_div(mK.shape[0], self.tile_n))
         self.kernel(
             tma_atom_Q, tma_Q, tma_atom_dO, tma_dO, tma_atom_K, tma_K, tma_atom_V, tma_V,
             tma_atom_dK, tma_dK, tma_atom_dV, tma_dV, mLSE, mD, mdQaccum,
@@ -350,7 +354,10 @@ class FlashBwdSm90:
 
         cute.arch.sync_threads()  # barrier init visible to everyone
 
-        n_block, kv_head, batch = cute.arch.block_idx()
+        if const_expr(self.blocks_outer):
+            kv_head, batch, n_block = cute.arch.block_idx()
+        else:
+            n_block, kv_head, batch = cute.arch.block_idx()
         seqlen_q = mQ.shape[0]
         seqlen_k = mK.shape[0]
         group = mQ.shape[2] // mK.shape[2]  # q heads per k/v head (GQA / MQA; 1 = MHA)
@@ -746,27 +753,41 @@ class BwdPreprocess:
     D = 0 and LSE_log2 = +inf; reads dO and O once (the torch preprocess makes fp32 copies).
 
     4 threads per row (a quad reads 64 contiguous bytes per 128-bit load; d / 32 loads each),
-    reduced with 2 butterfly shuffles; a CTA of 128 threads covers 32 rows of one (head, batch)."""
+    reduced with 2 butterfly shuffles; a CTA of 128 threads covers 32 rows of one (head, batch).
+    With dq_zero="preprocess" it also zeroes those 32 rows of the dQ accumulator (every slice;
+    hd / 16 STG.128 per thread per slice), so no memset runs before the backward."""
 
     ROWS = 32
 
     def __init__(self, cfg: BwdConfig):
         self.dtype = cutlass.BFloat16 if cfg.dtype == "bfloat16" else cutlass.Float16
         self.hd = cfg.head_dim
+        self.zero_dq = cfg.dq_zero == "preprocess"
 
     @cute.jit
     def __call__(self, mO: cute.Tensor, mdO: cute.Tensor, mLSE: cute.Tensor, mD: cute.Tensor,
-                 mLSE2: cute.Tensor, stream):
-        # mO, mdO (b, s_q, h, d); mLSE (b, h, s_q) natural log; mD, mLSE2 (b, h, s_q_pad)
+                 mLSE2: cute.Tensor, mdQaccum: cute.Tensor, stream):
+        # mO, mdO (b, s_q, h, d); mLSE (b, h, s_q) natural log; mD, mLSE2 (b, h, s_q_pad);
+        # mdQaccum (slices, b, h, s_q_pad, d) fp32 (touched only with dq_zero="preprocess")
         grid = (cute.ceil_div(mD.shape[2], self.ROWS), cute.size(mD.shape[1]), cute.size(mD.shape[0]))
-        self.kernel(mO, mdO, mLSE, mD, mLSE2).launch(grid=grid, block=[4 * self.ROWS, 1, 1], stream=stream)
+        self.kernel(mO, mdO, mLSE, mD, mLSE2, mdQaccum).launch(grid=grid, block=[4 * self.ROWS, 1, 1],
+                                                              stream=stream)
 
     @cute.kernel
-    def kernel(self, mO: cute.Tensor, mdO: cute.Tensor, mLSE: cute.Tensor, mD: cute.Tensor, mLSE2: cute.Tensor):
+    def kernel(self, mO: cute.Tensor, mdO: cute.Tensor, mLSE: cute.Tensor, mD: cute.Tensor, mLSE2: cute.Tensor,
+               mdQaccum: cute.Tensor):
         tidx = cute.arch.thread_idx()[0]
         bx, head, batch = cute.arch.block_idx()
         row = bx * self.ROWS + tidx // 4
         part = tidx % 4
+        if const_expr(self.zero_dq):
+            # the CTA's 32 rows (all below s_q_pad) of every slice; a quad writes 64 contiguous bytes
+            zero = cute.make_rmem_tensor((4,), Float32)
+            zero.fill(0.0)
+            for sl in cutlass.range(mdQaccum.shape[0]):
+                gdQ = mdQaccum[sl, batch, head, row, None]
+                for k in cutlass.range_constexpr(self.hd // 16):
+                    cute.autovec_copy(zero, cute.local_tile(gdQ, (4,), (part + 4 * k,)))
         seqlen_q = mO.shape[1]
         total = Float32(0.0)
         if row < seqlen_q:
@@ -808,7 +829,10 @@ def fake_preprocess_args(cfg: BwdConfig):
         return make_fake_tensor(cutlass.Float32, (b, h, n), stride=(cute.sym_int64(), cute.sym_int64(), 1),
                                 assumed_align=4)
 
-    return fake((b, sq, h, cfg.head_dim)), fake((b, sq, h, cfg.head_dim)), stats(sq), stats(sqp), stats(sqp)
+    nb = cute.sym_int()
+    dq = make_fake_tensor(cutlass.Float32, (nb, b, h, sqp, cfg.head_dim),
+                          stride=tuple(cute.sym_int64(divisibility=4) for _ in range(4)) + (1,), assumed_align=16)
+    return fake((b, sq, h, cfg.head_dim)), fake((b, sq, h, cfg.head_dim)), stats(sq), stats(sqp), stats(sqp), dq
 
 
 def compile_preprocess(cfg: BwdConfig, options=None, tvm_ffi: bool = False):
@@ -822,6 +846,93 @@ def compile_preprocess(cfg: BwdConfig, options=None, tvm_ffi: bool = False):
     if opts is None:
         return cute.compile(BwdPreprocess(cfg), *args, stream)
     return cute.compile(BwdPreprocess(cfg), *args, stream, options=opts)
+
+
+def dq_post_coords(g, head_dim: int, dq_wgs: int, rows_split: bool = False):
+    """postprocess="kernel": the first row and column of what thread g of BwdPostprocess stores
+    (Python ints on the CPU, DSL integers in the kernel). Thread g reads floats 16 g .. 16 g + 15
+    of its block; float 4 lane4 + 2 vr + vc of them is element (row0 + 8 vr, col0 + 2 lane4 + vc)
+    (dq_bulk_offset's order: g = (w, j, warp, lane8), the 4 threads lane4 = 0..3 of one row pair)."""
+    n = head_dim if rows_split else head_dim // dq_wgs  # columns of one warpgroup's tile
+    lane8 = g % 8
+    warp = (g // 8) % 4
+    j = (g // 32) % (n // 8)
+    w = g // (32 * (n // 8))
+    if rows_split:
+        return 64 * w + 16 * warp + lane8, 8 * j
+    return 16 * warp + lane8, n * w + 8 * j
+
+
+class BwdPostprocess:
+    """postprocess="kernel": the dQ accumulator of dq_reduce="bulk" (b, h, s_q_pad * d) fp32, each
+    query block in the order of dq_bulk_offset, -> dQ (b, s_q, h, d) in 16 bit, row order.
+
+    One CTA per query block of one (head, batch), one thread per 16 floats of the block: thread g
+    holds the 4 floats of each of the 4 wgmma threads (lane4 = 0..3) that share rows r and r + 8
+    and columns 8 j .. 8 j + 7 (g = (w, j, warp, lane8)), so it loads 64 contiguous bytes (4
+    LDG.128; a warp reads 2 KiB in a row), converts, and stores 8 columns of row r and of r + 8
+    (2 STG.128); rows past s_q are not stored. No shared memory, no barrier."""
+
+    def __init__(self, cfg: BwdConfig):
+        self.dtype = cutlass.BFloat16 if cfg.dtype == "bfloat16" else cutlass.Float16
+        self.hd = cfg.head_dim
+        self.wgs = cfg.dq_wgs
+        self.rows_split = cfg.dq_rows_split
+        self.rows = 64 * cfg.dq_wgs if cfg.dq_rows_split else 64  # rows of one accumulator block
+        self.threads = self.rows * self.hd // 16
+
+    @cute.jit
+    def __call__(self, mAcc: cute.Tensor, mdQ: cute.Tensor, stream):
+        # mAcc (b, h, s_q_pad * d) fp32; mdQ (b, s_q, h, d)
+        grid = (cute.ceil_div(mAcc.shape[2], self.rows * self.hd), cute.size(mAcc.shape[1]),
+                cute.size(mAcc.shape[0]))
+        self.kernel(mAcc, mdQ).launch(grid=grid, block=[self.threads, 1, 1], stream=stream)
+
+    @cute.kernel
+    def kernel(self, mAcc: cute.Tensor, mdQ: cute.Tensor):
+        g = cute.arch.thread_idx()[0]
+        m_block, head, batch = cute.arch.block_idx()
+        row0, col0 = dq_post_coords(g, self.hd, self.wgs, self.rows_split)
+        rAcc = cute.make_rmem_tensor((16,), Float32)
+        cute.autovec_copy(cute.local_tile(mAcc[batch, head, None], (16,), (m_block * self.threads + g,)), rAcc)
+        seqlen_q = mdQ.shape[1]
+        for vr in cutlass.range_constexpr(2):
+            row = m_block * self.rows + row0 + 8 * vr
+            if row < seqlen_q:
+                rF = cute.make_rmem_tensor((8,), Float32)
+                for k in cutlass.range_constexpr(8):
+                    # column 2 lane4 + vc of the 8 = float 4 lane4 + 2 vr + vc of the 16
+                    rF[k] = rAcc[4 * (k // 2) + 2 * vr + k % 2]
+                rO = cute.make_rmem_tensor((8,), self.dtype)
+                rO.store(rF.load().to(self.dtype))
+                cute.autovec_copy(rO, cute.local_tile(mdQ[batch, row, head, None], (8,), (col0 // 8,)))
+
+
+def fake_postprocess_args(cfg: BwdConfig):
+    """Fake tensors of the postprocess (dynamic batch, lengths, heads, strides)."""
+    from cutlass.cute.runtime import make_fake_tensor
+
+    dt = cutlass.BFloat16 if cfg.dtype == "bfloat16" else cutlass.Float16
+    div = 128 // dt.width
+    b, sq, h, n = (cute.sym_int() for _ in range(4))
+    acc = make_fake_tensor(Float32, (b, h, n), assumed_align=16,
+                           stride=(cute.sym_int64(divisibility=4), cute.sym_int64(divisibility=4), 1))
+    dq = make_fake_tensor(dt, (b, sq, h, cfg.head_dim),
+                          stride=tuple(cute.sym_int64(divisibility=div) for _ in range(3)) + (1,), assumed_align=16)
+    return acc, dq
+
+
+def compile_postprocess(cfg: BwdConfig, options=None, tvm_ffi: bool = False):
+    """cute.compile of the postprocess kernel against fake tensors (no GPU needed)."""
+    stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True) if tvm_ffi \
+        else cute.runtime.make_fake_stream()
+    opts = options
+    if tvm_ffi:
+        opts = "--enable-tvm-ffi" if options is None else f"{options} --enable-tvm-ffi"
+    args = fake_postprocess_args(cfg)
+    if opts is None:
+        return cute.compile(BwdPostprocess(cfg), *args, stream)
+    return cute.compile(BwdPostprocess(cfg), *args, stream, options=opts)
 
 
 # ---------------------------------------------------------------------- host side (launch)
@@ -863,16 +974,23 @@ def compile_bwd(cfg: BwdConfig, options=None, tvm_ffi: bool = False):
     return cute.compile(make_bwd_kernel(cfg), *args, Float32(1.0), Float32(1.0), stream, options=opts)
 
 
-_CACHE: dict = {}  # BwdConfig -> compiled callable
-COMPILE_TIMES: dict = {}  # BwdConfig -> seconds of its first (JIT) compile
+_CACHE: dict = {}  # kernel_config(BwdConfig) -> compiled callable
+COMPILE_TIMES: dict = {}  # kernel_config(BwdConfig) -> seconds of its first (JIT) compile
+
+
+def kernel_config(cfg: BwdConfig) -> BwdConfig:
+    """cfg with the knobs that only change the host side or the other launches (postprocess,
+    dq_zero) at their defaults: builds that differ only there share one compiled kernel."""
+    return dataclasses.replace(cfg, postprocess=BwdConfig.postprocess, dq_zero=BwdConfig.dq_zero)
 _USE_TVM_FFI = None
 
 
-_PRE_CACHE: dict = {}  # (dtype, head_dim) -> compiled preprocess
+_PRE_CACHE: dict = {}  # (dtype, head_dim, dq_zero, tvm_ffi) -> compiled preprocess
 
 
-def _prepare_kernel(cfg: BwdConfig, dout, out, lse, seqlen_q_pad: int, use_tvm_ffi: bool):
-    """preprocess="kernel": D and LSE_log2 as _prepare, by BwdPreprocess (one launch)."""
+def _prepare_kernel(cfg: BwdConfig, dout, out, lse, seqlen_q_pad: int, use_tvm_ffi: bool, dq_accum):
+    """preprocess="kernel": D and LSE_log2 as _prepare, by BwdPreprocess (one launch; with
+    dq_zero="preprocess" it also zeroes dq_accum)."""
     import torch
 
     b, sq, h, _ = dout.shape
@@ -881,18 +999,19 @@ def _prepare_kernel(cfg: BwdConfig, dout, out, lse, seqlen_q_pad: int, use_tvm_f
     if not out.is_contiguous() or out.data_ptr() % 16:
         out = out.clone(memory_format=torch.contiguous_format)  # 16-byte aligned rows
     lse = lse.contiguous()
-    key = (cfg.dtype, cfg.head_dim, use_tvm_ffi)
+    key = (cfg.dtype, cfg.head_dim, cfg.dq_zero, use_tvm_ffi)
     fn = _PRE_CACHE.get(key)
     if use_tvm_ffi:
         if fn is None:
             fn = _PRE_CACHE[key] = compile_preprocess(cfg, tvm_ffi=True)
-        fn(out, dout, lse, dpsum, lse_log2)
+        fn(out, dout, lse, dpsum, lse_log2, dq_accum)
     else:
         import cuda.bindings.driver as cuda
 
         from ..interface import _to_cute
 
-        args = [_to_cute(out, 3), _to_cute(dout, 3)] + [_to_cute(t, 2, align=4) for t in (lse, dpsum, lse_log2)]
+        args = [_to_cute(out, 3), _to_cute(dout, 3)] + [_to_cute(t, 2, align=4) for t in (lse, dpsum, lse_log2)] \
+            + [_to_cute(dq_accum, 4)]
         stream = cuda.CUstream(torch.cuda.current_stream(dout.device).cuda_stream)
         if fn is None:
             fn = _PRE_CACHE[key] = cute.compile(BwdPreprocess(cfg), *args, stream)
@@ -934,22 +1053,25 @@ def run_bwd(cfg: BwdConfig, dout, q, k, v, out, lse, softmax_scale: float):
         from ..interface import _tvm_ffi_available
 
         _USE_TVM_FFI = _tvm_ffi_available() and os.environ.get("FA4KERNEL_NO_TVM_FFI") != "1"
+    nb = -(-sk // cfg.tile_n) if cfg.deterministic else 1
+    # dq_zero="preprocess": the preprocess kernel zeroes it (no memset launch)
+    alloc = torch.empty if cfg.dq_zero == "preprocess" else torch.zeros
+    dq_accum = alloc((nb, b, h, sqp, d), dtype=torch.float32, device=q.device)
     if cfg.preprocess == "kernel":
-        dpsum, lse_log2 = _prepare_kernel(cfg, dout, out, lse, sqp, _USE_TVM_FFI)
+        dpsum, lse_log2 = _prepare_kernel(cfg, dout, out, lse, sqp, _USE_TVM_FFI, dq_accum)
     else:
         dpsum, lse_log2 = _prepare(cfg, dout, out, lse, sqp)
-    nb = -(-sk // cfg.tile_n) if cfg.deterministic else 1
-    dq_accum = torch.zeros((nb, b, h, sqp, d), dtype=torch.float32, device=q.device)
     dk = torch.empty((b, sk, hkv, d), dtype=k.dtype, device=k.device)
     dv = torch.empty((b, sk, hkv, d), dtype=v.dtype, device=v.device)
     scale_log2 = float(softmax_scale * LOG2_E)
-    fn = _CACHE.get(cfg)
+    kcfg = kernel_config(cfg)
+    fn = _CACHE.get(kcfg)
     if _USE_TVM_FFI:
         if fn is None:
             t0 = time.perf_counter()
-            fn = compile_bwd(cfg, tvm_ffi=True)
-            COMPILE_TIMES[cfg] = time.perf_counter() - t0
-            _CACHE[cfg] = fn
+            fn = compile_bwd(kcfg, tvm_ffi=True)
+            COMPILE_TIMES[kcfg] = time.perf_counter() - t0
+            _CACHE[kcfg] = fn
         fn(q, k, v, dout, lse_log2, dpsum, dq_accum, dk, dv, scale_log2, float(softmax_scale))
     else:
         import cuda.bindings.driver as cuda
@@ -963,13 +1085,45 @@ def run_bwd(cfg: BwdConfig, dout, q, k, v, out, lse, softmax_scale: float):
         stream = cuda.CUstream(torch.cuda.current_stream(q.device).cuda_stream)
         if fn is None:
             t0 = time.perf_counter()
-            fn = cute.compile(make_bwd_kernel(cfg), *args, *stats, dq_c, *dkv, Float32(scale_log2),
+            fn = cute.compile(make_bwd_kernel(kcfg), *args, *stats, dq_c, *dkv, Float32(scale_log2),
                               Float32(softmax_scale), stream)
-            COMPILE_TIMES[cfg] = time.perf_counter() - t0
-            _CACHE[cfg] = fn
+            COMPILE_TIMES[kcfg] = time.perf_counter() - t0
+            _CACHE[kcfg] = fn
         fn(*args, *stats, dq_c, *dkv, Float32(scale_log2), Float32(softmax_scale), stream)
     acc = dq_accum.sum(0) if cfg.deterministic else dq_accum[0]  # fixed order: torch's sum
+    if cfg.postprocess == "kernel":
+        return _postprocess_kernel(cfg, acc, sq, q.dtype, _USE_TVM_FFI), dk, dv
     return dq_postprocess(acc, cfg, sq, q.dtype), dk, dv
+
+
+_POST_CACHE: dict = {}  # (dtype, head_dim, dq_wgs, rows_split, tvm_ffi) -> compiled postprocess
+
+
+def _postprocess_kernel(cfg: BwdConfig, acc, seqlen_q: int, dtype, use_tvm_ffi: bool):
+    """postprocess="kernel": dQ (b, s_q, h, d) in 16 bit from the contiguous accumulator
+    (b, h, s_q_pad, d) of dq_reduce="bulk", by BwdPostprocess (one launch)."""
+    import torch
+
+    b, h, sqp, d = acc.shape
+    flat = acc.contiguous().view(b, h, sqp * d)
+    dq = torch.empty((b, seqlen_q, h, d), dtype=dtype, device=acc.device)
+    key = (cfg.dtype, cfg.head_dim, cfg.dq_wgs, cfg.dq_rows_split, use_tvm_ffi)
+    fn = _POST_CACHE.get(key)
+    if use_tvm_ffi:
+        if fn is None:
+            fn = _POST_CACHE[key] = compile_postprocess(cfg, tvm_ffi=True)
+        fn(flat, dq)
+    else:
+        import cuda.bindings.driver as cuda
+
+        from ..interface import _to_cute
+
+        args = [_to_cute(flat, 2), _to_cute(dq, 3)]
+        stream = cuda.CUstream(torch.cuda.current_stream(acc.device).cuda_stream)
+        if fn is None:
+            fn = _POST_CACHE[key] = cute.compile(BwdPostprocess(cfg), *args, stream)
+        fn(*args, stream)
+    return dq
 
 
 def dq_postprocess(acc, cfg: BwdConfig, seqlen_q: int, dtype):

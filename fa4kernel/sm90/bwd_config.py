@@ -14,12 +14,16 @@ from dataclasses import asdict, dataclass
 
 BWD_HEAD_DIMS = (64, 96, 128)
 BWD_DTYPES = ("bfloat16", "float16")
-BWD_KNOB_NAMES = ("deterministic", "dq_reduce", "stats", "mma_order", "preprocess", "regs", "tile_m")
+BWD_KNOB_NAMES = ("deterministic", "dq_reduce", "stats", "mma_order", "preprocess", "postprocess", "regs",
+                  "tile_m", "grid_order", "dq_zero")
 # each knob's values, the default first (measured on the H100: fa4kernel/README.md, "Backward")
 DQ_REDUCE_MODES = ("bulk", "red")
 STATS_MODES = ("tma", "thread")
 MMA_ORDERS = ("dv_dq_dk", "dv_dk_dq", "dv_early")
 PREPROCESS_MODES = ("kernel", "torch")
+POSTPROCESS_MODES = ("torch", "kernel")
+GRID_ORDERS = ("heads_outer", "blocks_outer")
+DQ_ZERO_MODES = ("torch", "preprocess")
 REGS_MODES = ("even", "split")
 # query rows per block (the default first) by head dim: 128 only at 64, where dQ is split by
 # query rows over both warpgroups (flash-attn-4's hd64 tile)
@@ -59,6 +63,22 @@ class BwdConfig:
     # D = rowsum(dO * O) and LSE_log2: "torch" = torch ops on the host stream; "kernel" = one
     # CuTe DSL kernel (sm90/bwd.py, BwdPreprocess) reading dO and O once
     preprocess: str = "kernel"
+    # the dQ accumulator (fp32, each query block in the wgmma fragment order of dq_reduce="bulk")
+    # -> dQ in row order and 16 bit: "torch" = one torch copy_ through a 10-axis permuted view
+    # (plus a copy where s_q is not a multiple of the block); "kernel" = one CuTe DSL kernel
+    # (sm90/bwd.py, BwdPostprocess): 128-bit loads of the accumulator in its own order, 128-bit
+    # stores of 8 columns of a row, the first s_q rows only (flash-attn-4's postprocess)
+    postprocess: str = "torch"
+    # the order the CTAs launch in: "heads_outer" = grid (key blocks, k/v heads, batch), the key
+    # blocks of one (batch, k/v head) in a row (they read the same Q and dO: L2 reuse); "blocks_outer"
+    # = grid (k/v heads, batch, key blocks): key block 0 of every (batch, k/v head) first, so with a
+    # causal mask the CTAs with the most query blocks start first and the last wave holds the
+    # shortest (longest-first; the readers of one Q / dO are a wave apart)
+    grid_order: str = "heads_outer"
+    # who zeroes the fp32 dQ accumulator before the backward: "torch" = torch.zeros (a memset
+    # launch); "preprocess" = the preprocess kernel, for the 32 rows of each of its CTAs (one
+    # launch fewer, the same bytes; flash-attn-4's preprocess). Needs preprocess="kernel"
+    dq_zero: str = "torch"
     # setmaxnreg of the two consumer warpgroups: "even" = 240 each; "split" = 256 for the one
     # that runs dQ and 224 for the other, each with its own copy of the loop; only where one
     # warpgroup runs dQ (dq_wgs == 1: head dims 64 and 96 with 64-row blocks; flash-attn-4's
@@ -107,7 +127,9 @@ class BwdConfig:
 
 def make_bwd_config(dtype: str, head_dim: int, causal: bool, deterministic: bool = False,
                     dq_reduce: str = "bulk", stats: str = "tma", mma_order: str = "dv_dq_dk",
-                    preprocess: str = "kernel", regs: str = "even", tile_m: int = TILE_M) -> BwdConfig:
+                    preprocess: str = "kernel", regs: str = "even", tile_m: int = TILE_M,
+                    postprocess: str = "torch", grid_order: str = "heads_outer",
+                    dq_zero: str = "torch") -> BwdConfig:
     """The backward build for these arguments; one-line ValueError naming what is allowed."""
     if dtype not in BWD_DTYPES:
         raise ValueError(f"dtype {dtype} not supported by the backward; allowed: {', '.join(BWD_DTYPES)}")
@@ -121,9 +143,17 @@ def make_bwd_config(dtype: str, head_dim: int, causal: bool, deterministic: bool
     if dq_reduce not in DQ_REDUCE_MODES:
         raise ValueError(f"dq_reduce={dq_reduce!r} not supported; allowed: {', '.join(DQ_REDUCE_MODES)}")
     for name, val, allowed in (("stats", stats, STATS_MODES), ("mma_order", mma_order, MMA_ORDERS),
-                               ("preprocess", preprocess, PREPROCESS_MODES), ("regs", regs, REGS_MODES)):
+                               ("preprocess", preprocess, PREPROCESS_MODES),
+                               ("postprocess", postprocess, POSTPROCESS_MODES), ("regs", regs, REGS_MODES),
+                               ("grid_order", grid_order, GRID_ORDERS), ("dq_zero", dq_zero, DQ_ZERO_MODES)):
         if val not in allowed:
             raise ValueError(f"{name}={val!r} not supported; allowed: {', '.join(allowed)}")
+    if postprocess == "kernel" and dq_reduce != "bulk":
+        raise ValueError(f"postprocess='kernel' reads the fragment order of dq_reduce='bulk', not "
+                         f"dq_reduce={dq_reduce!r}; allowed with dq_reduce={dq_reduce!r}: postprocess='torch'")
+    if dq_zero == "preprocess" and preprocess != "kernel":
+        raise ValueError(f"dq_zero='preprocess' needs the preprocess kernel, not preprocess={preprocess!r}; "
+                         f"allowed with preprocess={preprocess!r}: dq_zero='torch'")
     tiles = TILE_M_BY_HEAD_DIM[head_dim]
     if isinstance(tile_m, bool) or tile_m not in tiles:
         raise ValueError(f"tile_m={tile_m!r} not supported at head_dim {head_dim}; allowed: "
@@ -143,7 +173,8 @@ def make_bwd_config(dtype: str, head_dim: int, causal: bool, deterministic: bool
                          "128; allowed there: dq_reduce='bulk', stats='thread' or another mma_order")
     cfg = BwdConfig(dtype=dtype, head_dim=head_dim, causal=causal, deterministic=deterministic,
                     dq_reduce=dq_reduce, stats=stats, mma_order=mma_order, preprocess=preprocess,
-                    regs=regs, tile_m=tile_m)
+                    postprocess=postprocess, regs=regs, tile_m=tile_m, grid_order=grid_order,
+                    dq_zero=dq_zero)
     if regs == "split" and cfg.dq_wgs != 1:
         raise ValueError(f"regs='split' needs one dQ warpgroup (head_dim 64 or 96 with tile_m=64); at head_dim "
                          f"{head_dim} with tile_m={tile_m} both run dQ; allowed there: regs='even'")
