@@ -127,27 +127,34 @@ def test_flash_attn_4_masks_every_q_block_fa4kernel_too_by_its_sass():
     assert s.op("MASK0").when == "first"
 
 
+# fa4kernel's first design (its defaults were these; the knobs still select them)
+FIRST = {"dq_reduce": "red", "stats": "thread", "mma_order": "dv_dk_dq", "preprocess": "torch"}
+
+
 def test_dq_by_red_from_registers():
     # fa4kernel hd128: each warpgroup adds its 64 x 64 fp32 part of dQ, 16 RED.ADD.F32x2 per thread
-    s = schedule(P128, "fa4kernel")
+    s = schedule(P128, "fa4kernel", FIRST)
     u = uses(s, "DQR0")
     part = 64 * 128 * 4 / 2
     assert u["red"] * H100.tma_bytes_per_clk == pytest.approx(part)
     assert u["lsu"] == pytest.approx(part / 256)  # warp instructions of 256 bytes
     assert "dq_store" not in s.roles and not any(o.name.startswith("ADDQ") for o in s.ops)
     # hd64: warpgroup 0 alone computes and adds dQ
-    s64 = schedule(P64, "fa4kernel")
+    s64 = schedule(P64, "fa4kernel", FIRST)
     assert {o.name for o in s64.ops if o.name.startswith(("DQR", "dQ"))} == {"DQR0", "dQ0"}
 
 
 def test_dq_by_bulk_reduce_through_smem():
-    s = schedule(P128, "fa4kernel", {"dq_reduce": "bulk"})
+    s = schedule(P128, "fa4kernel", {**FIRST, "dq_reduce": "bulk"})
     part = 64 * 128 * 4 / 2
     assert uses(s, "DQW0")["smem:lsu"] * H100.smem_bytes_per_clk == pytest.approx(part)
     assert uses(s, "ADDQ0")["tma"] * H100.tma_bytes_per_clk == pytest.approx(part)
     assert "dq_store" in s.roles
     names = [o.name for o in s.ops if o.role == "wg0"]
-    assert names.index("WAIT0") < names.index("DQW0")  # fa4kernel: dQ leaves after all three GEMMs
+    assert names.index("WAIT0") < names.index("DQW0")  # dv_dk_dq: dQ leaves after all three GEMMs
+    now = schedule(P128, "fa4kernel")  # its defaults: bulk, dv_dq_dk: dQ leaves while dK runs
+    names = [o.name for o in now.ops if o.role == "wg0"]
+    assert "dq_store" in now.roles and names.index("DQW0") < names.index("WAIT0")
     fa4 = schedule(P128, "flash-attn-4")
     names = [o.name for o in fa4.ops if o.role == "wg0"]
     assert names.index("DQW0") < names.index("WAIT0")  # flash-attn-4: while dK runs
@@ -155,7 +162,7 @@ def test_dq_by_bulk_reduce_through_smem():
 
 def test_mma_order_and_its_barrier():
     fa4 = schedule(P128, "flash-attn-4")
-    ours = schedule(P128, "fa4kernel")
+    ours = schedule(P128, "fa4kernel", FIRST)
     edges = lambda s: {(e.src, e.dst) for e in s.edges}  # noqa: E731
     # flash-attn-4: dV (P in registers) issues right after its own dS, before the barrier; dK only
     # once dV is done (dQ issued with wait_group 1)
@@ -165,9 +172,9 @@ def test_mma_order_and_its_barrier():
     assert ("DS1", "dV0") in edges(ours) and ("dV0", "dK0") not in edges(ours)
     assert [o.name for o in ours.ops if o.role == "wg0" and o.kind == "mma"] == ["S0", "dP0", "dV0", "dK0", "dQ0"]
     # its variants: flash-attn-4's order, and dV issued before the dS math
-    fa3 = schedule(P128, "fa4kernel", {"mma_order": "dv_dq_dk"})
+    fa3 = schedule(P128, "fa4kernel", {**FIRST, "mma_order": "dv_dq_dk"})
     assert [o.name for o in fa3.ops if o.role == "wg0" and o.kind == "mma"] == ["S0", "dP0", "dV0", "dQ0", "dK0"]
-    early = schedule(P128, "fa4kernel", {"mma_order": "dv_early"})
+    early = schedule(P128, "fa4kernel", {**FIRST, "mma_order": "dv_early"})
     names = [o.name for o in early.ops if o.role == "wg0"]
     assert names.index("EXP0") < names.index("dV0") < names.index("DS0")
 
@@ -175,7 +182,7 @@ def test_mma_order_and_its_barrier():
 def test_statistics_from_global_memory():
     # fa4kernel (stats "thread"): 16 Q columns per thread, LSE and dPsum each: 32 LDG per thread
     # per Q block; Q and dO come by TMA without them
-    s = schedule(P128, "fa4kernel")
+    s = schedule(P128, "fa4kernel", FIRST)
     assert uses(s, "STAT0")["lsu"] == pytest.approx(4 * 32)
     assert s.op("STAT0").latency == H100.l2_latency
     assert uses(s, "LQ")["tma"] * H100.tma_bytes_per_clk == pytest.approx(64 * 128 * 2)
@@ -183,7 +190,7 @@ def test_statistics_from_global_memory():
     assert uses(fa4, "LQ")["tma"] * H100.tma_bytes_per_clk == pytest.approx(80 * 128 * 2 + 80 * 4)
     assert not any(o.name.startswith("STAT") for o in fa4.ops)
     # stats "tma": with Q and dO, then 16 LDS per thread (two Q columns per 64-bit load)
-    tma = schedule(P128, "fa4kernel", {"stats": "tma"})
+    tma = schedule(P128, "fa4kernel", {**FIRST, "stats": "tma"})
     assert not any(o.name.startswith("STAT") for o in tma.ops)
     assert uses(tma, "LQ")["tma"] * H100.tma_bytes_per_clk == pytest.approx(64 * 128 * 2 + 64 * 4)
 
