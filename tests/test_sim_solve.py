@@ -4,9 +4,9 @@ import json
 import pytest
 
 from fa4sim import graph, modulo
-from fa4sim.cli import main
 from fa4sim.engine import Edge, Op, Schedule
 from fa4sim.errors import InputError
+from test_sim_graph import run_cli
 
 pytest.importorskip("ortools")
 
@@ -115,15 +115,6 @@ def test_an_impossible_problem_is_one_line():
     with pytest.raises(InputError, match="deadlock") as e:
         solve(s)
     assert "\n" not in str(e.value)
-
-
-def run_cli(args, capsys):
-    try:
-        code = main(args)
-    except SystemExit as e:  # argparse's own usage errors
-        code = e.code
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def test_fa4_forward_solve_json(capsys):

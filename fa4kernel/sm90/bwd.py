@@ -835,17 +835,22 @@ def fake_preprocess_args(cfg: BwdConfig):
     return fake((b, sq, h, cfg.head_dim)), fake((b, sq, h, cfg.head_dim)), stats(sq), stats(sqp), stats(sqp), dq
 
 
-def compile_preprocess(cfg: BwdConfig, options=None, tvm_ffi: bool = False):
-    """cute.compile of the preprocess kernel against fake tensors (no GPU needed)."""
+def _compile_fake(kernel, args, options=None, tvm_ffi: bool = False):
+    """cute.compile of `kernel` on fake `args` and a fake stream (no GPU needed); tvm_ffi adds
+    --enable-tvm-ffi to the options and takes the environment's stream."""
     stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True) if tvm_ffi \
         else cute.runtime.make_fake_stream()
     opts = options
     if tvm_ffi:
         opts = "--enable-tvm-ffi" if options is None else f"{options} --enable-tvm-ffi"
-    args = fake_preprocess_args(cfg)
     if opts is None:
-        return cute.compile(BwdPreprocess(cfg), *args, stream)
-    return cute.compile(BwdPreprocess(cfg), *args, stream, options=opts)
+        return cute.compile(kernel, *args, stream)
+    return cute.compile(kernel, *args, stream, options=opts)
+
+
+def compile_preprocess(cfg: BwdConfig, options=None, tvm_ffi: bool = False):
+    """cute.compile of the preprocess kernel against fake tensors (no GPU needed)."""
+    return _compile_fake(BwdPreprocess(cfg), fake_preprocess_args(cfg), options, tvm_ffi)
 
 
 def dq_post_coords(g, head_dim: int, dq_wgs: int, rows_split: bool = False):
@@ -924,15 +929,7 @@ def fake_postprocess_args(cfg: BwdConfig):
 
 def compile_postprocess(cfg: BwdConfig, options=None, tvm_ffi: bool = False):
     """cute.compile of the postprocess kernel against fake tensors (no GPU needed)."""
-    stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True) if tvm_ffi \
-        else cute.runtime.make_fake_stream()
-    opts = options
-    if tvm_ffi:
-        opts = "--enable-tvm-ffi" if options is None else f"{options} --enable-tvm-ffi"
-    args = fake_postprocess_args(cfg)
-    if opts is None:
-        return cute.compile(BwdPostprocess(cfg), *args, stream)
-    return cute.compile(BwdPostprocess(cfg), *args, stream, options=opts)
+    return _compile_fake(BwdPostprocess(cfg), fake_postprocess_args(cfg), options, tvm_ffi)
 
 
 # ---------------------------------------------------------------------- host side (launch)
@@ -963,15 +960,7 @@ def fake_bwd_args(cfg: BwdConfig):
 
 def compile_bwd(cfg: BwdConfig, options=None, tvm_ffi: bool = False):
     """cute.compile of one backward build against fake tensors (no GPU needed)."""
-    stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True) if tvm_ffi \
-        else cute.runtime.make_fake_stream()
-    opts = options
-    if tvm_ffi:
-        opts = "--enable-tvm-ffi" if options is None else f"{options} --enable-tvm-ffi"
-    args = fake_bwd_args(cfg)
-    if opts is None:
-        return cute.compile(make_bwd_kernel(cfg), *args, Float32(1.0), Float32(1.0), stream)
-    return cute.compile(make_bwd_kernel(cfg), *args, Float32(1.0), Float32(1.0), stream, options=opts)
+    return _compile_fake(make_bwd_kernel(cfg), (*fake_bwd_args(cfg), Float32(1.0), Float32(1.0)), options, tvm_ffi)
 
 
 _CACHE: dict = {}  # kernel_config(BwdConfig) -> compiled callable
