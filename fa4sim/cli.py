@@ -108,7 +108,7 @@ def add_problem_args(p: argparse.ArgumentParser) -> None:
                                                 "(default: fa4kernel on sm90, flash-attn-4 on sm100); see "
                                                 "`fa4sim params --impl NAME`")
     p.add_argument("--schedule", default=None, choices=sorted(SCHEDULES),
-                   help="fa4 (SM100, Blackwell) or fa3 (SM90, Hopper); default: the one for --hw")
+                   help="fa4 (SM100, Blackwell) or fa3 (SM90, Hopper; on b200: the no-TMEM what-if, registers for S, P and O); default: the one for --hw")
     p.add_argument("--hdim", type=int, default=128, help="head dimension of Q and K (default 128)")
     p.add_argument("--hdim-v", type=int, default=None, help="head dimension of V and O (default: --hdim; "
                                                             "DeepSeek: --hdim 192 --hdim-v 128)")
@@ -198,7 +198,7 @@ def cmd_params(a) -> int:
     hw = hardware.load(a.hw)
     schedule = a.schedule or _default_schedule(a.hw)
     module = SCHEDULES[schedule]
-    impl = implementation.load(a.impl or module.DEFAULT_IMPL, hw.arch)
+    impl = implementation.load(a.impl or module.DEFAULT_IMPL, module.ARCH)
     problem = Problem(1, 1, 8192, 8192, a.hdim, a.causal, hdim_v=a.hdim_v)
     impl.check(problem)
     ctx = Context(problem, hw, impl)

@@ -449,11 +449,12 @@ def setup(hw, schedule: str | None, problem: Problem | None, overrides: dict | N
             raise InputError("pass", f"the {schedule} schedule has no backward in fa4sim; --pass bwd runs with "
                                      f"--schedule {', '.join(BWD_SCHEDULES)}")
         module = BWD_SCHEDULES[schedule]
-    if profile.arch != module.ARCH:
-        other = [n for n, m in SCHEDULES.items() if m.ARCH == profile.arch]
+    if profile.arch not in getattr(module, "RUNS_ON", (module.ARCH,)):
+        other = [n for n, m in SCHEDULES.items() if profile.arch in getattr(m, "RUNS_ON", (m.ARCH,))]
         raise InputError("schedule", f"{schedule} is an {module.ARCH} schedule but hw {profile.name} is {profile.arch}; use {', '.join(other)}")
     if not isinstance(impl, implementation.Implementation):
-        impl = implementation.load(impl or module.DEFAULT_IMPL, profile.arch)
+        # the schedule's arch: a schedule run on another arch (fa3 on sm100, no TMEM) keeps its kernel's choices
+        impl = implementation.load(impl or module.DEFAULT_IMPL, module.ARCH)
     if impl.schedule != schedule:
         raise InputError("impl", f"{impl.name} is modelled by the {impl.schedule} schedule, not {schedule}")
     impl = impl.for_pass(pass_)

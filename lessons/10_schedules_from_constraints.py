@@ -403,6 +403,25 @@ kit.check(tmem_needed == need, f"q_tiles {FA4['knobs']['q_tiles']} x (2 x tile_n
 # core's bound is TMEM's capacity, expressed as the MMA warp's order. (The `fa4` schedule runs
 # two S/P slots, `s_stages=2`, only with one Q tile.)
 #
+# **And with no TMEM at all?** Then S, P and O live in registers, as on Hopper: a warpgroup holds
+# 64 query rows, so its MMAs have M = 64, which Blackwell's tensor core runs at half rate. The
+# Hopper schedule on the B200 profile is that what-if (`fa4sim solve --hw b200 --schedule fa3`).
+# Its iteration is one tile of 128 rows, FA4's two, so compare cycles per 128 query rows.
+
+# %%
+NO_TMEM = study("b200", "fa3")
+fa4_per_tile = FA4["sol"].ii / FA4["knobs"]["q_tiles"]
+print(f"no TMEM: ResMII {NO_TMEM['res'].value:.0f} ({NO_TMEM['res'].critical}), solver II "
+      f"{NO_TMEM['sol'].ii:.0f}, replayed {NO_TMEM['replayed']:.0f}, hand {NO_TMEM['hand']:.0f} cycles per 128 rows")
+print(f"FA4 with TMEM: {fa4_per_tile:.0f} cycles per 128 rows; without: {NO_TMEM['sol'].ii / fa4_per_tile:.2f}x")
+kit.check(NO_TMEM["res"].critical == "tensor" and NO_TMEM["sol"].ii > fa4_per_tile,
+          "without TMEM the half-rate M = 64 MMAs bind the loop")
+
+# %% [markdown]
+# Without TMEM the tensor core itself is the bound, at half its rate: about 1.7x FA4's cycles
+# for the same work. TMEM is what lets one warp issue M = 128 MMAs whose accumulators no
+# warpgroup's registers could hold.
+#
 # ## 4. Where the solver and the engine part
 #
 # The solver's model is simpler than the engine in two ways (`docs/schedules-from-constraints.md`,

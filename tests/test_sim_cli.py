@@ -84,7 +84,7 @@ BAD = [
     (["run", "--hw", "a100"], "hw"),
     (["run", "--schedule", "fa9"], "schedule"),
     (["run", "--hw", "h100-datasheet", "--schedule", "fa4"], "schedule"),
-    (["run", "--hw", "b200", "--schedule", "fa3"], "schedule"),
+    (["run", "--hw", "b200", "--schedule", "fa3", "--pass", "bwd"], "schedule"),
     (["run", "--hdim", "0"], "hdim"),
     (["run", "--seqlen", "-5"], "seqlen_q"),
     (["run", "--batch", "two"], "--batch"),

@@ -29,6 +29,8 @@ o_store_bytes_per_clk and, unless its wait is deferred to the next tile's epilog
 (defer_o_store_wait), holds warpgroup 0, whose first warp issues it.
 The tile per head dim and every constant measured on a kernel come from its implementation
 (fa4sim/implementations/fa4kernel-sm90.json, flash-attn-4-sm90.json).
+On an sm100 profile (`--hw b200 --schedule fa3`) it is the no-TMEM what-if: Blackwell's unit
+rates with Hopper's register accumulators, the SM90 implementation's tile and constants.
 """
 from __future__ import annotations
 
@@ -44,6 +46,9 @@ from ..tensor_core import BYTES, check_shape, mma_cost
 
 NAME = "fa3"
 ARCH = "sm90"
+RUNS_ON = ("sm90", "sm100")  # sm100: a Blackwell without TMEM (what-if), accumulators in registers
+NO_TMEM_NOTE = ("{hw} is {arch}: the fa3 schedule runs it as a Blackwell without TMEM (S, P and O in "
+                "registers as on Hopper, {impl}'s SM90 tile), a what-if no real kernel runs")
 DESCRIPTION = "FA3-style forward (SM90: producer WG + tile_m/64 consumer WGs, wgmma, ping-pong, intra-WG overlap)"
 DEFAULT_IMPL = "fa4kernel"  # simulated unless --impl says otherwise
 Q_FROM_HBM = True  # Q tiles load from HBM while the launch streams K/V: their rate depends on it
@@ -204,8 +209,8 @@ def registers_needed(p: Problem, k: dict) -> int:
 
 
 def check(hw, p: Problem, k: dict, impl=None) -> None:
-    if hw.arch != ARCH:
-        raise InputError("schedule", f"fa3 is the SM90 schedule; hw {hw.name} is {hw.arch} (use --schedule fa4)")
+    if hw.arch not in RUNS_ON:
+        raise InputError("schedule", f"fa3 runs on {', '.join(RUNS_ON)}; hw {hw.name} is {hw.arch} (use --schedule fa4)")
     check_shape(ARCH, k["tile_m"], k["tile_n"], p.hdim)
     check_shape(ARCH, 64, p.hdim_v, k["tile_n"])
     wgs = consumer_warpgroups(k)
@@ -432,4 +437,6 @@ def build(hw, p: Problem, k: dict, n_kv: int, masked_blocks: int, impl, hbm_busy
                                   "smem:lsu": ("tensor", lsu_share),
                                   **{f"issue:{r}": ("tensor", hw.warp_issue_under_mma) for r in compute_roles}},
                     meta={"rescale_rate": rate, "flops_per_iter": 2.0 * k["tile_m"] * n * (d + dv),
-                          "notes": [EMULATION_NOTE.format(fill=hw.mix_fill_slots)] if f > 0 else []})
+                          "notes": ([EMULATION_NOTE.format(fill=hw.mix_fill_slots)] if f > 0 else [])
+                          + ([NO_TMEM_NOTE.format(hw=hw.name, arch=hw.arch, impl=impl.name if impl else DEFAULT_IMPL)]
+                             if hw.arch != ARCH else [])})
