@@ -56,6 +56,7 @@ from cutlass._mlir import ir
 from cutlass._mlir.dialects import llvm, vector
 from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.cutlass_dsl import dsl_user_op
+from cutlass.tensor_utils import LayoutEnum
 
 from .bwd_config import BwdConfig
 from .fwd import FlashFwdSm90, _acc_as_operand_a, _mn_view, _select, _smem_layout, _transpose_view
@@ -150,6 +151,15 @@ def dq_bulk_to_rows(acc, head_dim: int, dq_wgs: int, rows_split: bool = False):
     return x.reshape(*lead, sqp, d)
 
 
+def _smem_layout_narrow(dtype, rows: int, cols: int, stages=None):
+    """As fwd._smem_layout, with 32-column (64-byte swizzle) atoms for 16-bit types."""
+    atom = warpgroup.make_smem_layout_atom(
+        sm90_helpers.get_smem_layout_atom(LayoutEnum.ROW_MAJOR, dtype, 32), dtype)
+    shape = (rows, cols) if stages is None else (rows, cols, stages)
+    order = (0, 1) if stages is None else (0, 1, 2)
+    return cute.tile_to_shape(atom, shape, order=order)
+
+
 class FlashBwdSm90:
     """One compiled variant per BwdConfig."""
 
@@ -237,8 +247,14 @@ class FlashBwdSm90:
 
         tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq = self.tiled_mmas()
 
-        sQ_layout = _smem_layout(dtype, self.tile_m, self.hd, self.stages)
-        sK_layout = _smem_layout(dtype, self.tile_n, self.hd)
+        if const_expr(self.kv_split and (self.hd // self.num_wg) % 64 != 0):
+            # head_dim 192: each warpgroup's 96 columns of Q^T, dO^T, K^T (MN-major B operands)
+            # must be whole swizzle atoms: 32 columns (64-byte swizzle) instead of 64
+            sQ_layout = _smem_layout_narrow(dtype, self.tile_m, self.hd, self.stages)
+            sK_layout = _smem_layout_narrow(dtype, self.tile_n, self.hd)
+        else:
+            sQ_layout = _smem_layout(dtype, self.tile_m, self.hd, self.stages)
+            sK_layout = _smem_layout(dtype, self.tile_n, self.hd)
         sdS_layout = _smem_layout(dtype, self.tile_n, self.tile_m, 2)  # dS^T: keys x queries, 2 buffers
 
         tma_load = cpasync.CopyBulkTensorTileG2SOp()

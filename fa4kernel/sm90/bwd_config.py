@@ -7,12 +7,14 @@ Tiles follow FA3's SM90 backward for head dims <= 128 (64 x 128, S^T and dP^T co
 the keys on the wgmma M axis, 2 consumer warpgroups of 64 keys each); `tile_m=128` at head dim
 64 is flash-attn-4's hd64 tile (128 x 128, dQ split by query rows over both warpgroups).
 
-Head dim 256 takes 64 x 64 tiles with the work split the other way (kv_split): both consumer
-warpgroups see the same 64 keys; S^T and dP^T are split by queries (32 each), dK, dV and dQ by
-head_dim (128 columns each). A warpgroup owning 64 keys x 256 columns of dK and dV would hold
-2 x 128 fp32 registers per thread for them alone (ptxas spills); split by head_dim they take
-2 x 64, plus 64 for dQ and 2 x 16 for S^T and dP^T. Each warpgroup then needs all the queries'
-P^T and dS^T: both go to shared memory (2 buffers each) and dV, dK read them from there (SS).
+Head dims 192 and 256 take 64 x 64 tiles with the work split the other way (kv_split): both
+consumer warpgroups see the same 64 keys; S^T and dP^T are split by queries (32 each), dK, dV and
+dQ by head_dim (head_dim / 2 columns each). A warpgroup owning 64 keys x 256 columns of dK and dV
+would hold 2 x 128 fp32 registers per thread for them alone (ptxas spills); split by head_dim
+they take 2 x 64 at 256 (2 x 48 at 192), plus 64 (48) for dQ and 2 x 16 for S^T and dP^T. Each
+warpgroup then needs all the queries' P^T and dS^T: both go to shared memory (2 buffers each)
+and dV, dK read them from there (SS). At 192 a warpgroup's 96 columns are 3 swizzle atoms of
+32 columns (Q, dO, K, V in smem with the 64-byte swizzle), not 1.5 of 64.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import asdict, dataclass
 
-BWD_HEAD_DIMS = (64, 96, 128, 256)
+BWD_HEAD_DIMS = (64, 96, 128, 192, 256)
 BWD_DTYPES = ("bfloat16", "float16")
 BWD_KNOB_NAMES = ("deterministic", "dq_reduce", "stats", "mma_order", "preprocess", "postprocess", "regs",
                   "tile_m", "grid_order", "dq_zero")
@@ -35,13 +37,14 @@ DQ_ZERO_MODES = ("torch", "preprocess")
 REGS_MODES = ("even", "split")
 # query rows per block (the default first) by head dim: 128 only at 64, where dQ is split by
 # query rows over both warpgroups (flash-attn-4's hd64 tile)
-TILE_M_BY_HEAD_DIM = {64: (64, 128), 96: (64,), 128: (64,), 256: (64,)}
+TILE_M_BY_HEAD_DIM = {64: (64, 128), 96: (64,), 128: (64,), 192: (64,), 256: (64,)}
 # keys per CTA by head dim: 128 (2 warpgroups x 64 keys) up to 128; 64 above, where both
 # warpgroups share the keys and split dK / dV by head_dim (BwdConfig.kv_split)
-TILE_N_BY_HEAD_DIM = {64: 128, 96: 128, 128: 128, 256: 64}
-# dq_reduce default by head dim: "bulk" up to 128 (measured); "red" at 256, where the fp32 dQ
-# smem buffer of "bulk" (64 x 256 x 4 = 64 KiB) leaves room for single-stage Q / dO rings only
-DQ_REDUCE_DEFAULT = {64: "bulk", 96: "bulk", 128: "bulk", 256: "red"}
+TILE_N_BY_HEAD_DIM = {64: 128, 96: 128, 128: 128, 192: 64, 256: 64}
+# dq_reduce default by head dim: "bulk" up to 192 (measured up to 128; at 192 its 48 KiB dQ buffer
+# fits beside 2-stage Q / dO rings: 226 KiB); "red" at 256, where the 64 KiB dQ buffer of "bulk"
+# leaves room for single-stage Q / dO rings only (make_bwd_config then takes q_stages=1)
+DQ_REDUCE_DEFAULT = {64: "bulk", 96: "bulk", 128: "bulk", 192: "bulk", 256: "red"}
 SMEM_LIMIT_BYTES = 227 * 1024  # dynamic shared memory of one CTA on H100 / H200
 
 TILE_M = 64  # query rows per m block (the N of S^T = K Q^T)
