@@ -66,6 +66,9 @@ def test_bwd_fp16_and_deterministic_compile():
     (128, ["64x128x16", "64x64x16"]),
     (96, ["64x64x16", "64x96x16"]),
     (64, ["64x64x16"]),
+    # kv_split: S^T and dP^T 64 keys x 32 queries per warpgroup; dV, dK, dQ head_dim / 2 columns
+    (192, ["64x32x16", "64x96x16"]),
+    (256, ["64x128x16", "64x32x16"]),
 ])
 def test_bwd_wgmma_shapes(hd, shapes):
     assert hgmma_shapes(bwd_sass(hd)) == shapes
@@ -74,8 +77,8 @@ def test_bwd_wgmma_shapes(hd, shapes):
 def test_bwd_dq_reduction_count_per_thread():
     """One two-wide RED.ADD.F32x2 per pair of adjacent dQ accumulator elements a thread holds per
     query block: 64 x hd / (2 x 128 x dq_wgs) (hd128: 16, split over both warpgroups; hd64: 16,
-    warpgroup 0 alone; hd96: 24)."""
-    for hd, n in ((128, 16), (64, 16), (96, 24)):
+    warpgroup 0 alone; hd96: 24; hd192: 24 and hd256: 32, split over both warpgroups)."""
+    for hd, n in ((128, 16), (64, 16), (96, 24), (192, 24), (256, 32)):
         text = bwd_sass(hd)
         assert len(re.findall(r"\sREDG?\.E\.ADD\.F32x2", text)) == n, hd
         assert len(re.findall(r"\sREDG?\.E\.ADD\.F32[^x]", text)) == 0, hd  # no scalar ones
@@ -89,8 +92,8 @@ def test_bwd_deterministic_build_differs_only_in_the_dq_slice():
 
 
 @pytest.mark.parametrize("kwargs,says", [
-    (dict(head_dim=256), "head_dim=256 not supported by the SM90 backward; allowed: 64, 96, 128"),
-    (dict(head_dim=192), "head_dim=192 not supported by the SM90 backward"),
+    (dict(head_dim=160), "head_dim=160 not supported by the SM90 backward; allowed: 64, 96, 128, 192, 256"),
+    (dict(head_dim=32), "head_dim=32 not supported by the SM90 backward"),
     (dict(dtype="float32"), "dtype float32 not supported by the backward"),
     (dict(causal=1), "causal=1 not supported"),
     (dict(deterministic="yes"), "deterministic='yes' not supported"),
