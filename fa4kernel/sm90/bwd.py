@@ -30,6 +30,9 @@ Warp roles (3 warpgroups):
                      256 registers and the other 224, each with its own copy of the loop.
   epilogue           dK * softmax_scale and dV -> 16 bit -> shared memory (K's and V's buffers)
                      -> one TMA store each, clipped at seqlen_k.
+Head dims 192 and 256 (kv_split, bwd_config.py): tile_n = 64 keys shared by both consumer
+warpgroups; S^T and dP^T are split by queries (64 keys x 32 queries each), P^T and dS^T go to
+smem (2 buffers each), and dV, dK (SS, from those buffers) and dQ are split by head_dim.
 
 Inputs prepared before the kernel (preprocess="kernel": BwdPreprocess below; "torch": torch ops):
 LSE_log2 = LSE * log2(e) with rows that see no key (LSE = -inf) and the padding rows set to +inf
