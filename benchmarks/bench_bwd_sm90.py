@@ -13,11 +13,11 @@ Before timing, every implementation's dq, dk, dv are checked once against an fp3
 on a small problem of the same head dim and mask (batch 1, 2 heads, min(seqlen, 2048) tokens).
 
 Grid (bench_fwd_sm90.py's): head_dim 64 / 128 / 256 x seqlen 1k / 4k / 16k x causal, batch x
-seqlen = 16384 tokens, heads x head_dim = 2048; bf16. fa4kernel's backward supports head dims
-64, 96 and 128: at 256 it is recorded as unsupported and the peers are still timed. The row
-`fa4kernel` is the backward with its default knobs; the deterministic backward
-(fa4kernel[deterministic]) is timed at 1k and 4k (its dQ buffer holds one fp32 slice per key
-block: at 16k 128 slices of the whole dQ).
+seqlen = 16384 tokens, heads x head_dim = 2048; bf16. fa4kernel's backward supports every head
+dim of the grid (fa4kernel.BWD_HEAD_DIMS: 64, 96, 128, 192, 256); a head dim outside it would be
+recorded as unsupported with the peers still timed. The row `fa4kernel` is the backward with its
+default knobs; the deterministic backward (fa4kernel[deterministic]) is timed at 1k and 4k (its
+dQ buffer holds one fp32 slice per key block: at 16k 128 slices of the whole dQ, 256 at hd256).
 
 Backward variants side by side: --variants takes knob sets of the backward (sm90/bwd_config.py:
 dq_reduce, stats, mma_order, preprocess, postprocess, regs, tile_m, grid_order, dq_zero), each
@@ -281,6 +281,9 @@ def main():
         seqlens = [int(x) for x in args.seqlens.split(",")]
     except ValueError:
         _bad_input("--hdims / --seqlens: comma-separated integers, e.g. 64,128")
+    for d in hdims:
+        if d not in fa4kernel.SUPPORTED_HEAD_DIMS:
+            _bad_input(f"--hdims: {d}; allowed: {', '.join(map(str, fa4kernel.SUPPORTED_HEAD_DIMS))}")
     causals = {"both": (False, True), "0": (False,), "1": (True,)}[args.causal]
 
     dev = torch.cuda.get_device_name(0)

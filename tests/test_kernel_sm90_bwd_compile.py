@@ -66,6 +66,9 @@ def test_bwd_fp16_and_deterministic_compile():
     (128, ["64x128x16", "64x64x16"]),
     (96, ["64x64x16", "64x96x16"]),
     (64, ["64x64x16"]),
+    # kv_split: S^T and dP^T 64 keys x 32 queries per warpgroup; dV, dK, dQ head_dim / 2 columns
+    (192, ["64x32x16", "64x96x16"]),
+    (256, ["64x128x16", "64x32x16"]),
 ])
 def test_bwd_wgmma_shapes(hd, shapes):
     assert hgmma_shapes(bwd_sass(hd)) == shapes
@@ -74,8 +77,8 @@ def test_bwd_wgmma_shapes(hd, shapes):
 def test_bwd_dq_reduction_count_per_thread():
     """One two-wide RED.ADD.F32x2 per pair of adjacent dQ accumulator elements a thread holds per
     query block: 64 x hd / (2 x 128 x dq_wgs) (hd128: 16, split over both warpgroups; hd64: 16,
-    warpgroup 0 alone; hd96: 24)."""
-    for hd, n in ((128, 16), (64, 16), (96, 24)):
+    warpgroup 0 alone; hd96: 24; hd192: 24 and hd256: 32, split over both warpgroups)."""
+    for hd, n in ((128, 16), (64, 16), (96, 24), (192, 24), (256, 32)):
         text = bwd_sass(hd)
         assert len(re.findall(r"\sREDG?\.E\.ADD\.F32x2", text)) == n, hd
         assert len(re.findall(r"\sREDG?\.E\.ADD\.F32[^x]", text)) == 0, hd  # no scalar ones
@@ -89,8 +92,8 @@ def test_bwd_deterministic_build_differs_only_in_the_dq_slice():
 
 
 @pytest.mark.parametrize("kwargs,says", [
-    (dict(head_dim=256), "head_dim=256 not supported by the SM90 backward; allowed: 64, 96, 128"),
-    (dict(head_dim=192), "head_dim=192 not supported by the SM90 backward"),
+    (dict(head_dim=160), "head_dim=160 not supported by the SM90 backward; allowed: 64, 96, 128, 192, 256"),
+    (dict(head_dim=32), "head_dim=32 not supported by the SM90 backward"),
     (dict(dtype="float32"), "dtype float32 not supported by the backward"),
     (dict(causal=1), "causal=1 not supported"),
     (dict(deterministic="yes"), "deterministic='yes' not supported"),
@@ -234,9 +237,12 @@ def test_bwd_bulk_smem_fits():
     from fa4kernel.sm90.bwd_config import bwd_smem_bytes
 
     for hd in fa4kernel.BWD_HEAD_DIMS:
-        red = bwd_smem_bytes(make_bwd_config("bfloat16", hd, False, dq_reduce="red"))
-        bulk = bwd_smem_bytes(make_bwd_config("bfloat16", hd, False, dq_reduce="bulk"))
-        assert bulk - red == 64 * hd * 4 and bulk <= 227 * 1024, hd
+        red_cfg = make_bwd_config("bfloat16", hd, False, dq_reduce="red")
+        bulk_cfg = make_bwd_config("bfloat16", hd, False, dq_reduce="bulk")
+        red, bulk = bwd_smem_bytes(red_cfg), bwd_smem_bytes(bulk_cfg)
+        assert bulk <= 227 * 1024, hd
+        if bulk_cfg.q_stages == red_cfg.q_stages:  # (256: bulk takes 1-stage rings)
+            assert bulk - red == 64 * hd * 4, hd
 
 
 @pytest.mark.parametrize("hd,tile_m", [(64, 64), (96, 64), (128, 64), (64, 128)])
@@ -321,18 +327,19 @@ def loop_instructions(text):
 @pytest.mark.parametrize("hd", fa4kernel.BWD_HEAD_DIMS)
 def test_bwd_stats_tma_reads_smem_not_global(hd):
     """stats="tma": producer warp 0 bulk-copies LSE_log2 and D with Q and dO (two UBLKCP), the
-    loop reads them from smem (2 x 16 values per thread, paired: 16 LDS) and has no global load;
-    same GEMMs, no spills."""
+    loop reads them from smem (2 x 16 values per thread, paired: 16 LDS; 2 x 8 with kv_split,
+    where a warpgroup's S^T holds 32 queries) and has no global load; same GEMMs, no spills."""
     text = knob_sass(hd, stats="tma")
+    cols = 8 if make_bwd_config("bfloat16", hd, False).kv_split else 16  # query columns per thread
     loop = [o.split()[0] for o in loop_instructions(text)]
     assert count(text, "UBLKCP") == 2
     assert not any(o.startswith("LDG") for o in loop)
-    assert sum(o.startswith("LDS") for o in loop) == 16
+    assert sum(o.startswith("LDS") for o in loop) == cols
     thread = [o.split()[0] for o in loop_instructions(knob_sass(hd, stats="thread"))]
     assert sum(o.startswith("HGMMA") for o in loop) == sum(o.startswith("HGMMA") for o in thread)
     assert count(text, "LDL") == 0 and count(text, "STL") == 0
-    # stats="thread" loads them per thread from global memory (2 x 16 LDG)
-    assert sum(o.startswith("LDG") for o in thread) == 32
+    # stats="thread" loads them per thread from global memory (2 x 16 LDG; 2 x 8 with kv_split)
+    assert sum(o.startswith("LDG") for o in thread) == 2 * cols
 
 
 def _positions(body):
@@ -509,7 +516,7 @@ def test_bwd_defaults_are_the_measured_winners():
 
 
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("hd", fa4kernel.BWD_HEAD_DIMS)
+@pytest.mark.parametrize("hd", [d for d in fa4kernel.BWD_HEAD_DIMS if d <= 128])  # 192, 256: test_bwd_kv_split_builds
 def test_bwd_default_build(hd, causal):
     """The default build: one UBLKRED per dQ warpgroup and no REDG, two UBLKCP (LSE, D), no
     spills; in the loop dV is issued before the dS^T barrier, dQ right after it, then dK."""
@@ -685,3 +692,82 @@ def test_bwd_host_side_knobs_share_one_kernel_build():
     assert host != base and kernel_config(host) == kernel_config(base) == base
     grid = make_bwd_config("bfloat16", 64, True, postprocess="kernel", grid_order="blocks_outer")
     assert kernel_config(grid) == make_bwd_config("bfloat16", 64, True, grid_order="blocks_outer") != base
+
+
+# ---- head dims 192 and 256: kv_split (64 x 64 tiles, dK / dV / dQ split by head_dim)
+
+KV_SPLIT_HEAD_DIMS = tuple(d for d in fa4kernel.BWD_HEAD_DIMS if d > 128)
+
+
+def test_bwd_kv_split_config():
+    """64 x 64 tiles, 2 consumer warpgroups sharing the keys, both running dQ; the dq_reduce
+    default is "red" at 256 ("bulk" there takes single-stage Q / dO rings) and "bulk" at 192;
+    every build fits 227 KiB of smem."""
+    from fa4kernel.sm90.bwd_config import bwd_smem_bytes
+
+    for hd in KV_SPLIT_HEAD_DIMS:
+        cfg = make_bwd_config("bfloat16", hd, True)
+        assert (cfg.tile_m, cfg.tile_n, cfg.num_consumer_wgs, cfg.dq_wgs, cfg.kv_split) == (64, 64, 2, 2, True)
+        assert cfg.dq_reduce == ("red" if hd == 256 else "bulk") and cfg.q_stages == 2
+        for dq in ("red", "bulk"):
+            c = make_bwd_config("bfloat16", hd, False, dq_reduce=dq)
+            assert bwd_smem_bytes(c) <= 227 * 1024
+            assert c.q_stages == (1 if (hd, dq) == (256, "bulk") else 2)
+    assert not make_bwd_config("bfloat16", 128, False).kv_split
+
+
+@pytest.mark.parametrize("hd", KV_SPLIT_HEAD_DIMS)
+@pytest.mark.parametrize("knobs,says", [
+    (dict(mma_order="dv_early"), "mma_order='dv_early' not supported at head_dim {hd}"),
+    (dict(regs="split"), "regs='split' needs one dQ warpgroup"),
+    (dict(tile_m=128), "tile_m=128 not supported at head_dim {hd}; allowed: 64"),
+])
+def test_bwd_kv_split_rejects_what_does_not_apply(hd, knobs, says):
+    with pytest.raises(ValueError) as ei:
+        make_bwd_config("bfloat16", hd, False, **knobs)
+    assert says.format(hd=hd) in str(ei.value) and "\n" not in str(ei.value)
+
+
+@pytest.mark.parametrize("knobs", [dict(), dict(deterministic=True), dict(dq_reduce="bulk"), dict(dq_reduce="red"),
+                                   BASELINE, dict(mma_order="dv_dk_dq", dtype="float16")],
+                         ids=["default", "deterministic", "bulk", "red", "baseline", "dv_dk_dq-fp16"])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("hd", KV_SPLIT_HEAD_DIMS)
+def test_bwd_kv_split_builds(hd, causal, knobs):
+    """Each build compiles without spills (LDL / STL) inside setmaxnreg 240; the loop holds the
+    five GEMMs (S^T, dP^T: hd / 16 k-steps each; dV, dK, dQ: 4 each), all SS (P^T and dS^T from
+    smem: 4 stmatrix per thread, 2 each), one exp2 per S^T element a thread holds (64 x 64 / 256
+    = 16). GQA / MQA are run-time shapes (the fake tensors' heads are symbolic): one build."""
+    knobs = dict(knobs)
+    dtype = knobs.pop("dtype", "bfloat16")
+    det = knobs.pop("deterministic", False)
+    cfg = make_bwd_config(dtype, hd, causal, det, **knobs)
+    if cfg not in _SASS:
+        _SASS[cfg] = fa4kernel.compile_bwd_sass(cfg)
+    text = _SASS[cfg]
+    assert count(text, "LDL") == 0 and count(text, "STL") == 0, "register spills (LDL/STL)"
+    assert _setmaxreg(text) == [240]
+    assert max(int(r) for r in re.findall(r"\bR(\d+)\b", text)) < 240
+    ops = [o.split()[0] for o in loop_instructions(text)]
+    n = lambda prefix: sum(o.startswith(prefix) for o in ops)  # noqa: E731
+    assert n("HGMMA") == 2 * hd // 16 + 3 * 4
+    assert not any(o.split()[2].startswith("R") for o in loop_instructions(text) if o.startswith("HGMMA")), "RS"
+    assert n("MUFU.EX2") == 16 and n("STSM") == 4
+    if cfg.dq_reduce == "red":
+        assert n("REDG.E.ADD.F32x2") == 64 * hd // (2 * 256) and count(text, "UBLKRED") == 0
+    else:
+        assert count(text, "UBLKRED") == 2 and n("RED") == 0
+    assert count(text, "UTMASTG") > 0 and count(text, "UTMALDG") > 0
+
+
+@pytest.mark.parametrize("hd", KV_SPLIT_HEAD_DIMS)
+def test_bwd_kv_split_thread_layouts_cover_the_tiles(hd):
+    """The S^T partition of the kv_split tiled MMA covers 64 keys x 64 queries once over 256
+    threads, columns as thread 0's plus the thread's column 0 (the mask's assumption); dQ's
+    covers 64 x head_dim once."""
+    test_bwd_thread_layouts_cover_the_tiles(hd, 64)
+
+
+@pytest.mark.parametrize("hd", KV_SPLIT_HEAD_DIMS)
+def test_bwd_kv_split_bulk_fragment_order(hd):
+    test_bwd_bulk_fragment_order(hd, 64)

@@ -30,6 +30,10 @@ pytestmark = [
 import fa4kernel  # noqa: E402
 
 TOL = 1e-2
+# head dims with 2 x 64 keys per CTA (the knob grid runs here); 192 and 256 split dK / dV / dQ by
+# head_dim instead (kv_split) and have their own, smaller set of cases below
+KEY_SPLIT_HEAD_DIMS = tuple(d for d in fa4kernel.BWD_HEAD_DIMS if d <= 128)
+KV_SPLIT_HEAD_DIMS = tuple(d for d in fa4kernel.BWD_HEAD_DIMS if d > 128)
 
 
 def _inputs(b, sq, sk, h, hkv, d, dtype=torch.bfloat16, seed=None):
@@ -132,7 +136,7 @@ def test_bwd_head_dims_and_dtypes(hd, causal, dtype):
 
 
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("hd", fa4kernel.BWD_HEAD_DIMS)
+@pytest.mark.parametrize("hd", KEY_SPLIT_HEAD_DIMS)
 @pytest.mark.parametrize("h,hkv", [(8, 2), (8, 1)], ids=["gqa8:2", "mqa8:1"])
 @pytest.mark.parametrize("sq,sk", [(333, 1000), (1000, 77)])
 def test_bwd_gqa_mqa(hd, causal, h, hkv, sq, sk):
@@ -183,7 +187,7 @@ def _applies(hd, knobs):
 
 
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("hd,knobs", [(hd, k) for k in VARIANTS for hd in fa4kernel.BWD_HEAD_DIMS if _applies(hd, k)],
+@pytest.mark.parametrize("hd,knobs", [(hd, k) for k in VARIANTS for hd in KEY_SPLIT_HEAD_DIMS if _applies(hd, k)],
                          ids=lambda x: ",".join(f"{a}={b}" for a, b in x.items()) if isinstance(x, dict) else str(x))
 def test_bwd_variants(hd, causal, knobs):
     """The backward knobs of sm90/bwd_config.py (dq_reduce, stats, mma_order, preprocess,
@@ -196,6 +200,47 @@ def test_bwd_variants(hd, causal, knobs):
     if hd == 128 or knobs.get("tile_m") == 128 or knobs.get("regs") == "split":
         check(2, 333, 333, 2, 2, hd, causal, torch.float16, **knobs)
         check(2, 333, 333, 4, 2, hd, causal, deterministic=True, **knobs)
+
+
+# ---- head dims 192 and 256 (kv_split: 64 x 64 tiles, dK / dV / dQ split by head_dim)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("hd", KV_SPLIT_HEAD_DIMS)
+@pytest.mark.parametrize("h,hkv,sq,sk", [(8, 2, 333, 1000), (8, 1, 1000, 77)], ids=["gqa8:2", "mqa8:1"])
+def test_bwd_kv_split_gqa_mqa(hd, causal, h, hkv, sq, sk):
+    check(2, sq, sk, h, hkv, hd, causal)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("sq,sk", [(1, 1), (200, 64)])
+def test_bwd_odd_lengths_hd256(sq, sk, causal):
+    check(2, sq, sk, 2, 2, 256, causal)
+
+
+KV_SPLIT_VARIANTS = [
+    BASELINE,
+    dict(mma_order="dv_dk_dq"),
+    # the dq_reduce that is not the head dim's default (256: "bulk" with single-stage Q / dO rings)
+    "other_dq_reduce",
+    dict(dq_reduce="bulk", postprocess="kernel", dq_zero="preprocess", grid_order="blocks_outer"),
+]
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("hd", KV_SPLIT_HEAD_DIMS)
+@pytest.mark.parametrize("knobs", KV_SPLIT_VARIANTS,
+                         ids=lambda x: ",".join(f"{a}={b}" for a, b in x.items()) if isinstance(x, dict) else x)
+def test_bwd_kv_split_variants(hd, causal, knobs):
+    """The knobs at head dims 192 and 256: the same gradients at odd lengths in both orders,
+    with GQA (rows that see no key: LSE = -inf)."""
+    from fa4kernel.sm90.bwd_config import make_bwd_config
+
+    if knobs == "other_dq_reduce":
+        knobs = dict(dq_reduce="red" if make_bwd_config("bfloat16", hd, causal).dq_reduce == "bulk" else "bulk")
+    check(2, 1000, 1000, 3, 3, hd, causal, **knobs)
+    check(1, 1000, 333, 2, 2, hd, causal, **knobs)
+    check(2, 77, 1000, 8, 2, hd, causal, **knobs)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -262,8 +307,9 @@ def test_bwd_softmax_scale(causal):
 
 
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("hd,knobs", [(64, {}), (96, {}), (128, {}), (64, {"tile_m": 128}), (128, BASELINE)],
-                         ids=["hd64", "hd96", "hd128", "hd64-tile_m=128", "hd128-baseline"])
+@pytest.mark.parametrize("hd,knobs", [(64, {}), (96, {}), (128, {}), (64, {"tile_m": 128}), (128, BASELINE),
+                                     (192, {}), (256, {})],
+                         ids=["hd64", "hd96", "hd128", "hd64-tile_m=128", "hd128-baseline", "hd192", "hd256"])
 def test_bwd_deterministic_is_bitwise_repeatable(hd, knobs, causal):
     """deterministic=True: two backward passes over the same inputs give the same bits (and are
     correct); the default (atomic dQ reduction) is only required to be correct."""

@@ -30,6 +30,9 @@ Warp roles (3 warpgroups):
                      256 registers and the other 224, each with its own copy of the loop.
   epilogue           dK * softmax_scale and dV -> 16 bit -> shared memory (K's and V's buffers)
                      -> one TMA store each, clipped at seqlen_k.
+Head dims 192 and 256 (kv_split, bwd_config.py): tile_n = 64 keys shared by both consumer
+warpgroups; S^T and dP^T are split by queries (64 keys x 32 queries each), P^T and dS^T go to
+smem (2 buffers each), and dV, dK (SS, from those buffers) and dQ are split by head_dim.
 
 Inputs prepared before the kernel (preprocess="kernel": BwdPreprocess below; "torch": torch ops):
 LSE_log2 = LSE * log2(e) with rows that see no key (LSE = -inf) and the padding rows set to +inf
@@ -56,6 +59,7 @@ from cutlass._mlir import ir
 from cutlass._mlir.dialects import llvm, vector
 from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.cutlass_dsl import dsl_user_op
+from cutlass.tensor_utils import LayoutEnum
 
 from .bwd_config import BwdConfig
 from .fwd import FlashFwdSm90, _acc_as_operand_a, _mn_view, _select, _smem_layout, _transpose_view
@@ -150,6 +154,15 @@ def dq_bulk_to_rows(acc, head_dim: int, dq_wgs: int, rows_split: bool = False):
     return x.reshape(*lead, sqp, d)
 
 
+def _smem_layout_narrow(dtype, rows: int, cols: int, stages=None):
+    """As fwd._smem_layout, with 32-column (64-byte swizzle) atoms for 16-bit types."""
+    atom = warpgroup.make_smem_layout_atom(
+        sm90_helpers.get_smem_layout_atom(LayoutEnum.ROW_MAJOR, dtype, 32), dtype)
+    shape = (rows, cols) if stages is None else (rows, cols, stages)
+    order = (0, 1) if stages is None else (0, 1, 2)
+    return cute.tile_to_shape(atom, shape, order=order)
+
+
 class FlashBwdSm90:
     """One compiled variant per BwdConfig."""
 
@@ -171,22 +184,35 @@ class FlashBwdSm90:
         self.stats_tma = cfg.stats == "tma"
         self.mma_order = cfg.mma_order
         self.dq_rows_split = cfg.dq_rows_split
+        self.kv_split = cfg.kv_split
         self.consumer_regs, self.producer_regs = cfg.consumer_regs, 24
 
     def tiled_mmas(self):
         """(S^T / dP^T, dK / dV, dQ) tiled MMAs (call inside @cute.jit code)."""
         dtype = self.dtype
-        # S^T = K Q^T and dP^T = V dO^T: keys on M (64 per warpgroup), queries on N
-        tiled_mma_sdp = sm90_helpers.make_trivial_tiled_mma(
-            dtype, dtype, cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.K, Float32,
-            atom_layout_mnk=(self.num_wg, 1, 1), tiler_mn=(64, self.tile_m),
-        )
-        # dV += P^T dO, dK += dS^T Q: A from registers, B = dO^T / Q^T (head_dim contiguous: MN-major)
-        tiled_mma_dkv = sm90_helpers.make_trivial_tiled_mma(
-            dtype, dtype, cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.MN, Float32,
-            atom_layout_mnk=(self.num_wg, 1, 1), tiler_mn=(64, self.hd),
-            a_source=warpgroup.OperandSource.RMEM,
-        )
+        if const_expr(self.kv_split):
+            # S^T and dP^T: the 64 keys on M in both warpgroups, the queries split over them
+            tiled_mma_sdp = sm90_helpers.make_trivial_tiled_mma(
+                dtype, dtype, cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.K, Float32,
+                atom_layout_mnk=(1, self.num_wg, 1), tiler_mn=(64, self.tile_m // self.num_wg),
+            )
+            # dV += P^T dO, dK += dS^T Q: P^T / dS^T from smem (K-major), head_dim split
+            tiled_mma_dkv = sm90_helpers.make_trivial_tiled_mma(
+                dtype, dtype, cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.MN, Float32,
+                atom_layout_mnk=(1, self.num_wg, 1), tiler_mn=(64, self.hd // self.num_wg),
+            )
+        else:
+            # S^T = K Q^T and dP^T = V dO^T: keys on M (64 per warpgroup), queries on N
+            tiled_mma_sdp = sm90_helpers.make_trivial_tiled_mma(
+                dtype, dtype, cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.K, Float32,
+                atom_layout_mnk=(self.num_wg, 1, 1), tiler_mn=(64, self.tile_m),
+            )
+            # dV += P^T dO, dK += dS^T Q: A from registers, B = dO^T / Q^T (head_dim contiguous: MN-major)
+            tiled_mma_dkv = sm90_helpers.make_trivial_tiled_mma(
+                dtype, dtype, cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.MN, Float32,
+                atom_layout_mnk=(self.num_wg, 1, 1), tiler_mn=(64, self.hd),
+                a_source=warpgroup.OperandSource.RMEM,
+            )
         # dQ = dS K: A = dS (dS^T in smem, queries contiguous: MN-major), B = K^T (MN-major);
         # split over dq_wgs warpgroups by query rows (128-row blocks) or along head_dim
         if const_expr(self.dq_rows_split):
@@ -224,8 +250,14 @@ class FlashBwdSm90:
 
         tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq = self.tiled_mmas()
 
-        sQ_layout = _smem_layout(dtype, self.tile_m, self.hd, self.stages)
-        sK_layout = _smem_layout(dtype, self.tile_n, self.hd)
+        if const_expr(self.kv_split and (self.hd // self.num_wg) % 64 != 0):
+            # head_dim 192: each warpgroup's 96 columns of Q^T, dO^T, K^T (MN-major B operands)
+            # must be whole swizzle atoms: 32 columns (64-byte swizzle) instead of 64
+            sQ_layout = _smem_layout_narrow(dtype, self.tile_m, self.hd, self.stages)
+            sK_layout = _smem_layout_narrow(dtype, self.tile_n, self.hd)
+        else:
+            sQ_layout = _smem_layout(dtype, self.tile_m, self.hd, self.stages)
+            sK_layout = _smem_layout(dtype, self.tile_n, self.hd)
         sdS_layout = _smem_layout(dtype, self.tile_n, self.tile_m, 2)  # dS^T: keys x queries, 2 buffers
 
         tma_load = cpasync.CopyBulkTensorTileG2SOp()
@@ -247,21 +279,9 @@ class FlashBwdSm90:
         dq_floats = self.tile_m * self.hd if const_expr(self.dq_bulk) else 0
         stat_floats = self.tile_m * stages if const_expr(self.stats_tma) else 0
 
-        @cute.struct
-        class SharedStorage:
-            mbar_kv: cute.struct.MemRange[cutlass.Int64, 2]
-            mbar_q: cute.struct.MemRange[cutlass.Int64, 2 * stages]
-            mbar_do: cute.struct.MemRange[cutlass.Int64, 2 * stages]
-            sLSE: cute.struct.Align[cute.struct.MemRange[Float32, stat_floats], 128]
-            sD: cute.struct.Align[cute.struct.MemRange[Float32, stat_floats], 128]
-            sK: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(sK_layout)], 1024]
-            sV: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(sK_layout)], 1024]
-            sQ: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(sQ_layout)], 1024]
-            sdO: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(sQ_layout)], 1024]
-            sdS: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(sdS_layout)], 1024]
-            sdQ: cute.struct.Align[cute.struct.MemRange[Float32, dq_floats], 1024]
-
-        self.shared_storage = SharedStorage
+        self.shared_storage = self._shared_storage(dtype, stages, stat_floats, dq_floats, cute.cosize(sK_layout),
+                                                   cute.cosize(sQ_layout), cute.cosize(sdS_layout))
+        SharedStorage = self.shared_storage
 
         grid = (cute.ceil_div(mK.shape[0], self.tile_n), cute.size(mK.shape[2]), cute.size(mK.shape[3]))
         if const_expr(self.blocks_outer):
@@ -278,6 +298,27 @@ class FlashBwdSm90:
             stream=stream,
             min_blocks_per_mp=1,
         )
+
+    def _shared_storage(self, dtype, stages, stat_floats, dq_floats, kv_elems, q_elems, ds_elems):
+        """The CTA's shared memory struct, fields in this order; kv_split adds 2 P^T buffers
+        (laid out as dS^T's) after dS^T."""
+        S = cute.struct
+        fields = {
+            "mbar_kv": S.MemRange[cutlass.Int64, 2],
+            "mbar_q": S.MemRange[cutlass.Int64, 2 * stages],
+            "mbar_do": S.MemRange[cutlass.Int64, 2 * stages],
+            "sLSE": S.Align[S.MemRange[Float32, stat_floats], 128],
+            "sD": S.Align[S.MemRange[Float32, stat_floats], 128],
+            "sK": S.Align[S.MemRange[dtype, kv_elems], 1024],
+            "sV": S.Align[S.MemRange[dtype, kv_elems], 1024],
+            "sQ": S.Align[S.MemRange[dtype, q_elems], 1024],
+            "sdO": S.Align[S.MemRange[dtype, q_elems], 1024],
+            "sdS": S.Align[S.MemRange[dtype, ds_elems], 1024],
+        }
+        if self.kv_split:
+            fields["sP"] = S.Align[S.MemRange[dtype, ds_elems], 1024]
+        fields["sdQ"] = S.Align[S.MemRange[Float32, dq_floats], 1024]
+        return cute.struct(type("SharedStorage", (), {"__annotations__": fields}))
 
     # ------------------------------------------------------------------ device side
     @cute.jit
@@ -341,6 +382,9 @@ class FlashBwdSm90:
         sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
         sV = storage.sV.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
         sdS = storage.sdS.get_tensor(sdS_layout.outer, swizzle=sdS_layout.inner)
+        sP = None
+        if const_expr(self.kv_split):
+            sP = storage.sP.get_tensor(sdS_layout.outer, swizzle=sdS_layout.inner)  # P^T: as dS^T
         sLSE = sD = None
         if const_expr(self.stats_tma):
             # (query of the block, stage): LSE_log2 / D of the Q / dO stage
@@ -382,7 +426,7 @@ class FlashBwdSm90:
                 tma_atom_dK, mdK, tma_atom_dV, mdV, mLSE, mD, mdQaccum,
                 softmax_scale_log2, softmax_scale, tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq,
                 sQ, sdO, sK, sV, sdS, sdQ, sLSE, sD, pipe_kv, pipe_q, pipe_do,
-                n_block, kv_head, batch, group, m_block_min, n_m, n_iter, seqlen_q, seqlen_k,
+                n_block, kv_head, batch, group, m_block_min, n_m, n_iter, seqlen_q, seqlen_k, sP,
             )
             regs_dq, regs_other = self.consumer_regs
             if const_expr(regs_dq == regs_other):
@@ -498,7 +542,7 @@ class FlashBwdSm90:
         self, tma_atom_dK, mdK, tma_atom_dV, mdV, mLSE, mD, mdQaccum,
         scale_log2, softmax_scale, tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq,
         sQ, sdO, sK, sV, sdS, sdQ, sLSE, sD, pipe_kv, pipe_q, pipe_do,
-        n_block, kv_head, batch, group, m_block_min, n_m, n_iter, seqlen_q, seqlen_k,
+        n_block, kv_head, batch, group, m_block_min, n_m, n_iter, seqlen_q, seqlen_k, sP,
         dq_role: cutlass.Constexpr,
     ):
         """dq_role: None = every consumer warpgroup runs this code (which of them runs dQ is
@@ -532,14 +576,20 @@ class FlashBwdSm90:
         acc_dK.fill(0.0)
         acc_dV.fill(0.0)
         acc_dQ = cute.make_rmem_tensor(wg_mma_dq.partition_shape_C((self.tile_m, self.hd)), Float32)
-        tdVrP = cute.make_rmem_tensor(wg_mma_dkv.partition_shape_A((self.tile_n, self.tile_m)), self.dtype)
-        tdKrdS = cute.make_rmem_tensor(wg_mma_dkv.partition_shape_A((self.tile_n, self.tile_m)), self.dtype)
+        if const_expr(self.kv_split):
+            # P^T and dS^T as smem operands (.., buffer)
+            tdVrP = wg_mma_dkv.make_fragment_A(wg_mma_dkv.partition_A(sP))
+            tdKrdS = wg_mma_dkv.make_fragment_A(wg_mma_dkv.partition_A(sdS))
+        else:
+            tdVrP = cute.make_rmem_tensor(wg_mma_dkv.partition_shape_A((self.tile_n, self.tile_m)), self.dtype)
+            tdKrdS = cute.make_rmem_tensor(wg_mma_dkv.partition_shape_A((self.tile_n, self.tile_m)), self.dtype)
 
         # dS^T registers -> smem (stmatrix), in the S^T accumulator's layout
         stmatrix = cute.make_copy_atom(
             cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4), self.dtype)
         smem_thr_copy_dS = cute.make_tiled_copy_C(stmatrix, tiled_mma_sdp).get_slice(tidx)
         tdSsdS = smem_thr_copy_dS.partition_D(sdS)
+        tPsP = smem_thr_copy_dS.partition_D(sP) if const_expr(self.kv_split) else None
 
         # (key, query) coordinates of this thread's S^T elements, in (rows, cols) order
         cS = cute.make_identity_tensor((self.tile_n, self.tile_m))
@@ -605,28 +655,44 @@ class FlashBwdSm90:
                 for c in cutlass.range_constexpr(n_cols):
                     dp[r, c] = s[r, c] * (dp[r, c] - d_c[c])
 
-            if const_expr(not dv_early):
-                tdVrP.store(_acc_as_operand_a(acc_S).load().to(self.dtype))
-            tdKrdS.store(_acc_as_operand_a(acc_dP).load().to(self.dtype))
-
-            # dS^T -> smem buffer it % 2, before the RS GEMMs below, which read tdKrdS
-            # asynchronously (no register access until their wait). The dQ GEMM that last read
-            # this buffer (block it - 2) is done: its warpgroup finished it before writing its
-            # part of block it - 1, which everyone waited for at the barrier of block it - 1.
             ds_buf = it % 2
-            cute.copy(smem_thr_copy_dS, smem_thr_copy_dS.retile(tdKrdS), tdSsdS[None, None, None, ds_buf])
-            if const_expr(self.mma_order == "dv_dq_dk"):
-                # dV += P^T dO (P^T from registers) runs under the fence and the barrier
-                self._gemm(tiled_mma_dkv, acc_dV, tdVrP, tdVrdOt[None, None, None, state.index], False, -1)
-            cute.arch.fence_view_async_shared()  # generic-proxy writes -> wgmma (async proxy)
-            cute.arch.barrier(barrier_id=BAR_DS, number_of_threads=self.num_consumer_threads)
+            aP, adS = tdVrP, tdKrdS  # dV's and dK's A operands
+            if const_expr(self.kv_split):
+                # P^T and dS^T -> smem buffers it % 2 (their last readers, the GEMMs of block
+                # it - 2, are done: as for dS^T below); then dV, after the barrier
+                rP = cute.make_rmem_tensor_like(acc_S, self.dtype)
+                rdS = cute.make_rmem_tensor_like(acc_dP, self.dtype)
+                rP.store(acc_S.load().to(self.dtype))
+                rdS.store(acc_dP.load().to(self.dtype))
+                cute.copy(smem_thr_copy_dS, smem_thr_copy_dS.retile(rP), tPsP[None, None, None, ds_buf])
+                cute.copy(smem_thr_copy_dS, smem_thr_copy_dS.retile(rdS), tdSsdS[None, None, None, ds_buf])
+                aP, adS = tdVrP[None, None, None, ds_buf], tdKrdS[None, None, None, ds_buf]
+                cute.arch.fence_view_async_shared()  # generic-proxy writes -> wgmma (async proxy)
+                cute.arch.barrier(barrier_id=BAR_DS, number_of_threads=self.num_consumer_threads)
+                self._gemm(tiled_mma_dkv, acc_dV, aP, tdVrdOt[None, None, None, state.index], False, -1)
+            else:
+                if const_expr(not dv_early):
+                    tdVrP.store(_acc_as_operand_a(acc_S).load().to(self.dtype))
+                tdKrdS.store(_acc_as_operand_a(acc_dP).load().to(self.dtype))
 
+                # dS^T -> smem buffer it % 2, before the RS GEMMs below, which read tdKrdS
+                # asynchronously (no register access until their wait). The dQ GEMM that last read
+                # this buffer (block it - 2) is done: its warpgroup finished it before writing its
+                # part of block it - 1, which everyone waited for at the barrier of block it - 1.
+                cute.copy(smem_thr_copy_dS, smem_thr_copy_dS.retile(tdKrdS), tdSsdS[None, None, None, ds_buf])
+                if const_expr(self.mma_order == "dv_dq_dk"):
+                    # dV += P^T dO (P^T from registers) runs under the fence and the barrier
+                    self._gemm(tiled_mma_dkv, acc_dV, tdVrP, tdVrdOt[None, None, None, state.index], False, -1)
+                cute.arch.fence_view_async_shared()  # generic-proxy writes -> wgmma (async proxy)
+                cute.arch.barrier(barrier_id=BAR_DS, number_of_threads=self.num_consumer_threads)
+
+                if const_expr(self.mma_order == "dv_dk_dq"):
+                    self._gemm(tiled_mma_dkv, acc_dV, tdVrP, tdVrdOt[None, None, None, state.index], False, -1)
             if const_expr(self.mma_order == "dv_dk_dq"):
-                self._gemm(tiled_mma_dkv, acc_dV, tdVrP, tdVrdOt[None, None, None, state.index], False, -1)
-                self._gemm(tiled_mma_dkv, acc_dK, tdKrdS, tdKrQt[None, None, None, state.index], False, -1)
-            # the rest of the block's GEMMs; the dQ warpgroups (all at head_dim 128, warpgroup 0
-            # alone at 64 and 96) also write dQ out
-            tail = (tiled_mma_dkv, tiled_mma_dq, acc_dV, acc_dK, acc_dQ, tdVrP, tdKrdS,
+                self._gemm(tiled_mma_dkv, acc_dK, adS, tdKrQt[None, None, None, state.index], False, -1)
+            # the rest of the block's GEMMs; the dQ warpgroups (all at head_dim 128 and with
+            # kv_split, warpgroup 0 alone at 64 and 96) also write dQ out
+            tail = (tiled_mma_dkv, tiled_mma_dq, acc_dV, acc_dK, acc_dQ, aP, adS,
                     tdVrdOt[None, None, None, state.index], tdKrQt[None, None, None, state.index],
                     tdQrdS[None, None, None, ds_buf], tdQrKt, pipe_q, pipe_do, state)
             emit = (thr_mma_dq, mdQaccum, sdQ, dq_tidx, m_block, head, batch, nbi, softmax_scale)

@@ -6,13 +6,23 @@ while the CTA walks the query blocks of `tile_m` rows of every q head of its gro
 Tiles follow FA3's SM90 backward for head dims <= 128 (64 x 128, S^T and dP^T computed with
 the keys on the wgmma M axis, 2 consumer warpgroups of 64 keys each); `tile_m=128` at head dim
 64 is flash-attn-4's hd64 tile (128 x 128, dQ split by query rows over both warpgroups).
+
+Head dims 192 and 256 take 64 x 64 tiles with the work split the other way (kv_split): both
+consumer warpgroups see the same 64 keys; S^T and dP^T are split by queries (32 each), dK, dV and
+dQ by head_dim (head_dim / 2 columns each). A warpgroup owning 64 keys x 256 columns of dK and dV
+would hold 2 x 128 fp32 registers per thread for them alone (ptxas spills); split by head_dim
+they take 2 x 64 at 256 (2 x 48 at 192), plus 64 (48) for dQ and 2 x 16 for S^T and dP^T. Each
+warpgroup then needs all the queries' P^T and dS^T: both go to shared memory (2 buffers each)
+and dV, dK read them from there (SS). At 192 a warpgroup's 96 columns are 3 swizzle atoms of
+32 columns (Q, dO, K, V in smem with the 64-byte swizzle), not 1.5 of 64.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import asdict, dataclass
 
-BWD_HEAD_DIMS = (64, 96, 128)
+BWD_HEAD_DIMS = (64, 96, 128, 192, 256)
 BWD_DTYPES = ("bfloat16", "float16")
 BWD_KNOB_NAMES = ("deterministic", "dq_reduce", "stats", "mma_order", "preprocess", "postprocess", "regs",
                   "tile_m", "grid_order", "dq_zero")
@@ -27,7 +37,15 @@ DQ_ZERO_MODES = ("torch", "preprocess")
 REGS_MODES = ("even", "split")
 # query rows per block (the default first) by head dim: 128 only at 64, where dQ is split by
 # query rows over both warpgroups (flash-attn-4's hd64 tile)
-TILE_M_BY_HEAD_DIM = {64: (64, 128), 96: (64,), 128: (64,)}
+TILE_M_BY_HEAD_DIM = {64: (64, 128), 96: (64,), 128: (64,), 192: (64,), 256: (64,)}
+# keys per CTA by head dim: 128 (2 warpgroups x 64 keys) up to 128; 64 above, where both
+# warpgroups share the keys and split dK / dV by head_dim (BwdConfig.kv_split)
+TILE_N_BY_HEAD_DIM = {64: 128, 96: 128, 128: 128, 192: 64, 256: 64}
+# dq_reduce default by head dim: "bulk" up to 192 (measured up to 128; at 192 its 48 KiB dQ buffer
+# fits beside 2-stage Q / dO rings: 226 KiB); "red" at 256, where the 64 KiB dQ buffer of "bulk"
+# leaves room for single-stage Q / dO rings only (make_bwd_config then takes q_stages=1)
+DQ_REDUCE_DEFAULT = {64: "bulk", 96: "bulk", 128: "bulk", 192: "bulk", 256: "red"}
+SMEM_LIMIT_BYTES = 227 * 1024  # dynamic shared memory of one CTA on H100 / H200
 
 TILE_M = 64  # query rows per m block (the N of S^T = K Q^T)
 TILE_N = 128  # keys per CTA: 2 consumer warpgroups x 64 rows of wgmma M
@@ -90,8 +108,14 @@ class BwdConfig:
     q_stages: int = Q_STAGES
 
     @property
+    def kv_split(self) -> bool:
+        """Head dims above 128: both consumer warpgroups share the tile_n = 64 keys; S^T and dP^T
+        are split by queries, dK, dV and dQ by head_dim; P^T and dS^T go through shared memory."""
+        return self.head_dim > 128
+
+    @property
     def num_consumer_wgs(self) -> int:
-        return self.tile_n // 64
+        return 2 if self.kv_split else self.tile_n // 64
 
     @property
     def num_threads(self) -> int:
@@ -108,7 +132,7 @@ class BwdConfig:
         rows) and at head_dim 128 (split along head_dim: 64 columns each, one 128-byte swizzle
         atom of K^T); one at 64 and 96 with 64-row blocks, where half the columns would cut a
         swizzle atom of the MN-major K^T operand."""
-        if self.dq_rows_split or self.head_dim == 128:
+        if self.dq_rows_split or self.head_dim == 128 or self.kv_split:
             return self.num_consumer_wgs
         return 1
 
@@ -126,11 +150,12 @@ class BwdConfig:
 
 
 def make_bwd_config(dtype: str, head_dim: int, causal: bool, deterministic: bool = False,
-                    dq_reduce: str = "bulk", stats: str = "tma", mma_order: str = "dv_dq_dk",
+                    dq_reduce: str = None, stats: str = "tma", mma_order: str = "dv_dq_dk",
                     preprocess: str = "kernel", regs: str = "even", tile_m: int = TILE_M,
                     postprocess: str = "torch", grid_order: str = "heads_outer",
                     dq_zero: str = "torch") -> BwdConfig:
-    """The backward build for these arguments; one-line ValueError naming what is allowed."""
+    """The backward build for these arguments; one-line ValueError naming what is allowed.
+    dq_reduce=None: the head dim's default (DQ_REDUCE_DEFAULT)."""
     if dtype not in BWD_DTYPES:
         raise ValueError(f"dtype {dtype} not supported by the backward; allowed: {', '.join(BWD_DTYPES)}")
     if isinstance(head_dim, bool) or head_dim not in BWD_HEAD_DIMS:
@@ -140,6 +165,8 @@ def make_bwd_config(dtype: str, head_dim: int, causal: bool, deterministic: bool
         raise ValueError(f"causal={causal!r} not supported; allowed: True or False")
     if not isinstance(deterministic, bool):
         raise ValueError(f"deterministic={deterministic!r} not supported; allowed: True or False")
+    if dq_reduce is None:
+        dq_reduce = DQ_REDUCE_DEFAULT[head_dim]
     if dq_reduce not in DQ_REDUCE_MODES:
         raise ValueError(f"dq_reduce={dq_reduce!r} not supported; allowed: {', '.join(DQ_REDUCE_MODES)}")
     for name, val, allowed in (("stats", stats, STATS_MODES), ("mma_order", mma_order, MMA_ORDERS),
@@ -171,10 +198,16 @@ def make_bwd_config(dtype: str, head_dim: int, causal: bool, deterministic: bool
     if head_dim == 128 and (dq_reduce, stats, mma_order) == ("red", "tma", "dv_early"):
         raise ValueError("dq_reduce='red' with stats='tma' and mma_order='dv_early' spills registers at head_dim "
                          "128; allowed there: dq_reduce='bulk', stats='thread' or another mma_order")
+    if head_dim > 128 and mma_order == "dv_early":
+        raise ValueError(f"mma_order='dv_early' not supported at head_dim {head_dim} (P^T reaches dV through "
+                         f"shared memory); allowed there: mma_order='dv_dq_dk' or 'dv_dk_dq'")
     cfg = BwdConfig(dtype=dtype, head_dim=head_dim, causal=causal, deterministic=deterministic,
                     dq_reduce=dq_reduce, stats=stats, mma_order=mma_order, preprocess=preprocess,
                     postprocess=postprocess, regs=regs, tile_m=tile_m, grid_order=grid_order,
-                    dq_zero=dq_zero)
+                    dq_zero=dq_zero, tile_n=TILE_N_BY_HEAD_DIM[head_dim])
+    if bwd_smem_bytes(cfg) > SMEM_LIMIT_BYTES:
+        # single-stage Q / dO rings (head_dim 256 with dq_reduce="bulk": the 64 KiB dQ buffer)
+        cfg = dataclasses.replace(cfg, q_stages=1)
     if regs == "split" and cfg.dq_wgs != 1:
         raise ValueError(f"regs='split' needs one dQ warpgroup (head_dim 64 or 96 with tile_m=64); at head_dim "
                          f"{head_dim} with tile_m={tile_m} both run dQ; allowed there: regs='even'")
@@ -195,12 +228,14 @@ def bwd_config_from_knobs(dtype: str, head_dim: int, causal: bool, deterministic
 
 
 def bwd_smem_bytes(cfg: BwdConfig, elem_bytes: int = 2) -> int:
-    """Shared memory of one CTA: K, V, Q and dO rings, 2 dS^T buffers (and the fp32 dQ buffer of
-    dq_reduce="bulk"); each 1 KiB aligned."""
+    """Shared memory of one CTA: K, V, Q and dO rings, 2 dS^T buffers (2 P^T buffers with
+    kv_split, the fp32 dQ buffer of dq_reduce="bulk"); each 1 KiB aligned."""
     align = lambda x: (x + 1023) // 1024 * 1024  # noqa: E731
     kv = align(cfg.tile_n * cfg.head_dim * elem_bytes)
     qdo = align(cfg.q_stages * cfg.tile_m * cfg.head_dim * elem_bytes)
     ds = align(2 * cfg.tile_n * cfg.tile_m * elem_bytes)  # 2 buffers
+    if cfg.kv_split:
+        ds *= 2  # and 2 P^T buffers
     dq = align(cfg.tile_m * cfg.head_dim * 4) if cfg.dq_reduce == "bulk" else 0
     stats = 2 * cfg.q_stages * cfg.tile_m * 4 if cfg.stats == "tma" else 0
     return 1024 + 2 * kv + 2 * qdo + ds + dq + stats
