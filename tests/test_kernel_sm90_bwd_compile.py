@@ -701,14 +701,14 @@ KV_SPLIT_HEAD_DIMS = tuple(d for d in fa4kernel.BWD_HEAD_DIMS if d > 128)
 
 def test_bwd_kv_split_config():
     """64 x 64 tiles, 2 consumer warpgroups sharing the keys, both running dQ; the dq_reduce
-    default is "red" at 256 ("bulk" there takes single-stage Q / dO rings) and "bulk" at 192;
+    default is "bulk" (at 256 with single-stage Q / dO rings, at 192 with two stages);
     every build fits 227 KiB of smem."""
     from fa4kernel.sm90.bwd_config import bwd_smem_bytes
 
     for hd in KV_SPLIT_HEAD_DIMS:
         cfg = make_bwd_config("bfloat16", hd, True)
         assert (cfg.tile_m, cfg.tile_n, cfg.num_consumer_wgs, cfg.dq_wgs, cfg.kv_split) == (64, 64, 2, 2, True)
-        assert cfg.dq_reduce == ("red" if hd == 256 else "bulk") and cfg.q_stages == 2
+        assert cfg.dq_reduce == "bulk" and cfg.q_stages == (1 if hd == 256 else 2)
         for dq in ("red", "bulk"):
             c = make_bwd_config("bfloat16", hd, False, dq_reduce=dq)
             assert bwd_smem_bytes(c) <= 227 * 1024

@@ -221,7 +221,7 @@ def test_bwd_odd_lengths_hd256(sq, sk, causal):
 KV_SPLIT_VARIANTS = [
     BASELINE,
     dict(mma_order="dv_dk_dq"),
-    # the dq_reduce that is not the head dim's default (256: "bulk" with single-stage Q / dO rings)
+    # the dq_reduce that is not the default ("red"; at 256 with 2-stage Q / dO rings)
     "other_dq_reduce",
     dict(dq_reduce="bulk", postprocess="kernel", dq_zero="preprocess", grid_order="blocks_outer"),
 ]

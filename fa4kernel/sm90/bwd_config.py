@@ -41,10 +41,10 @@ TILE_M_BY_HEAD_DIM = {64: (64, 128), 96: (64,), 128: (64,), 192: (64,), 256: (64
 # keys per CTA by head dim: 128 (2 warpgroups x 64 keys) up to 128; 64 above, where both
 # warpgroups share the keys and split dK / dV by head_dim (BwdConfig.kv_split)
 TILE_N_BY_HEAD_DIM = {64: 128, 96: 128, 128: 128, 192: 64, 256: 64}
-# dq_reduce default by head dim: "bulk" up to 192 (measured up to 128; at 192 its 48 KiB dQ buffer
-# fits beside 2-stage Q / dO rings: 226 KiB); "red" at 256, where the 64 KiB dQ buffer of "bulk"
-# leaves room for single-stage Q / dO rings only (make_bwd_config then takes q_stages=1)
-DQ_REDUCE_DEFAULT = {64: "bulk", 96: "bulk", 128: "bulk", 192: "bulk", 256: "red"}
+# dq_reduce default by head dim: "bulk" everywhere. At 192 its 48 KiB dQ buffer fits beside 2-stage
+# Q / dO rings (226 KiB); at 256 the 64 KiB buffer leaves room for one stage only, and bulk with one
+# stage still beats red with two (H100: +1 to +10 % over hd256 1k-16k, fa4kernel/README.md "Backward")
+DQ_REDUCE_DEFAULT = {64: "bulk", 96: "bulk", 128: "bulk", 192: "bulk", 256: "bulk"}
 SMEM_LIMIT_BYTES = 227 * 1024  # dynamic shared memory of one CTA on H100 / H200
 
 TILE_M = 64  # query rows per m block (the N of S^T = K Q^T)
