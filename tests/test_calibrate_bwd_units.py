@@ -51,6 +51,8 @@ def test_bulk_reduce_kernel_issues_ublkred():
     sass = compile_for_sass(bu.make_bulk(), *bu.bulk_fake_args())
     # one in the latency loop, one in the rate loop
     assert sass_count(sass, "UBLKRED.G.S.ADD.F32") == 2
+    # the concurrent loads: the ring's first fill and its refill, LOAD_STAGES each
+    assert sass_count(sass, "UBLKCP.S.G") == 2 * bu.LOAD_STAGES
 
 
 @pytest.mark.compile
@@ -97,5 +99,8 @@ def test_quick_run_writes_rates(tmp_path):
         assert t["sink_finite"] and t["cycles_per_instr"] > 0 and t["clock_ghz"] > 0
     for r in res["benchmarks"]["bulk"]["rate"].values():
         assert r["per_sm_bytes_per_clk_median"] > 0 and r["clock_ghz"] > 0
+    for r in (res["benchmarks"]["bulk"]["with_loads"][k] for k in ("one_sm", "all_sms")):
+        assert r["together"]["reduce_per_sm_bytes_per_clk_median"] > 0
+        assert r["loads_alone"]["load_per_sm_bytes_per_clk_median"] > 0
     for v in res["benchmarks"]["red"].values():
         assert all(r["per_sm_warp_instr_per_clk"] > 0 for r in v["rate"].values())

@@ -20,7 +20,9 @@ registers instead. This script measures those units on the GPU it runs on:
           `chunk`-byte fp32 smem buffer added again and again (commit; wait_group.read DEPTH - 1):
           latency of one add (its smem read, its completion), and the rate from one SM and from
           every SM, into disjoint L2-resident regions, one shared 1 MB region, or the very same
-          chunk (the backward: every KV tile's CTA of a head adds into the same dQ block).
+          chunk (the backward: every KV tile's CTA of a head adds into the same dQ block); and
+          whether loads share the reduce-adds' L2 rate: warp 1 of each CTA streams 16 KB bulk
+          loads (UBLKCP, L2 hits) alone, then beside the reduce-adds.
   red     256 threads per CTA, `iters` trips of 8 x red.global.add.f32 (REDG.E.ADD.F32) or
           .v2.f32 (REDG.E.ADD.F32x2), a warp's 32 lanes on consecutive words; one SM and every SM,
           disjoint regions or one shared chunk.
@@ -46,7 +48,7 @@ from cutlass import BFloat16, Float32, Int32, Int64, const_expr  # noqa: E402
 from cutlass._mlir import ir  # noqa: E402
 from cutlass._mlir.dialects import llvm, vector  # noqa: E402
 from cutlass.cute.nvgpu import warpgroup  # noqa: E402
-from cutlass.cutlass_dsl import dsl_user_op  # noqa: E402
+from cutlass.cutlass_dsl import T, dsl_user_op  # noqa: E402
 
 from .common import _asm, clk, compile_for_sass, fill_random_bf16, gtimer, sass_count, smem_addr  # noqa: E402
 
@@ -79,8 +81,12 @@ QUICK_FORMS = ("n24_ss_k128", "n48_ss_k128", "n64_ss_k128", "n128_ss_k128", "n24
 
 BULK_MAX = 32768          # bytes of the smem source buffer (flash-attn-4 hd256: 64 x 256 x 4 / 2)
 BULK_DEPTH = 2            # bulk groups in flight per thread (wait_group.read DEPTH - 1)
+LOAD_BYTES = 16384        # the concurrent loads (mode 2, 3): 16 KB bulk copies, 4 slots (64 KB in flight)
+LOAD_STAGES = 4
+LOAD_MASK = (1 << 20) - 1  # within 1 MB of the source: L2 hits
 RED_UNROLL = 8
 STAMPS = 16384
+STAMP_CTAS = 1024          # stamps: 4 per CTA of the reduce-adds, then 4 per CTA of the loads
 
 
 def _atom(kind: str):
@@ -225,26 +231,89 @@ def bulk_wait(n: int, *, loc=None, ip=None):
     _asm(None, [], f"cp.async.bulk.wait_group {n};", "")
 
 
+@dsl_user_op
+def bulk_load(gmem_ptr, saddr, mbar_addr, nbytes, *, loc=None, ip=None):
+    """smem[saddr:saddr+nbytes] = gmem[0:nbytes]: one bulk copy (no tensor map), its bytes
+    completing on the mbarrier at mbar_addr (the same L2 path as a TMA tile load)."""
+    _asm(None, [gmem_ptr.llvm_ptr, Int32(saddr).ir_value(), Int32(mbar_addr).ir_value(), Int32(nbytes).ir_value()],
+         "cp.async.bulk.shared::cta.global.mbarrier::complete_tx::bytes [$1], [$0], $3, [$2];", "l,r,r,r")
+
+
+@dsl_user_op
+def lds_volatile(addr, *, loc=None, ip=None):
+    return Int32(_asm(T.i32(), [Int32(addr).ir_value()], "ld.volatile.shared.u32 $0, [$1];", "=r,r"))
+
+
+@dsl_user_op
+def sts_volatile(addr, val, *, loc=None, ip=None):
+    _asm(None, [Int32(addr).ir_value(), Int32(val).ir_value()], "st.volatile.shared.u32 [$0], $1;", "r,r")
+
+
 def make_bulk():
     @cute.kernel
-    def kernel(dst: cute.Tensor, stamps: cute.Tensor, mode: Int32, n: Int32, chunk: Int32,
-               region: Int32, stagger: Int32, mask: Int32):
+    def kernel(dst: cute.Tensor, src: cute.Tensor, stamps: cute.Tensor, mode: Int32, n: Int32, chunk: Int32,
+               region: Int32, stagger: Int32, mask: Int32, n_load: Int32):
         tid = cute.arch.thread_idx()[0]
         bid = cute.arch.block_idx()[0]
 
         @cute.struct
         class Storage:
+            mbar: cute.struct.MemRange[Int64, LOAD_STAGES]
+            flag: cute.struct.MemRange[Int32, 4]
             buf: cute.struct.Align[cute.struct.MemRange[Float32, BULK_MAX // 4], 128]
+            ring: cute.struct.Align[cute.struct.MemRange[Float32, LOAD_STAGES * LOAD_BYTES // 4], 128]
 
         storage = cutlass.memory.SmemAllocator().allocate(Storage)
         sbuf = storage.buf.get_tensor(cute.make_layout(BULK_MAX // 4))
         for i in cutlass.range(BULK_MAX // 4 // 32, unroll=1):
             sbuf[i * 32 + tid] = Float32(1.0e-6) * Float32(((i * 32 + tid) % 13) + 1)
+        bars = storage.mbar.data_ptr()
+        flag_addr = smem_addr(storage.flag.data_ptr())
+        if tid == 0:
+            for st in cutlass.range_constexpr(LOAD_STAGES):
+                cute.arch.mbarrier_init(bars + st, 1)
+            sts_volatile(flag_addr, 0)
+        cute.arch.mbarrier_init_fence()
         cute.arch.fence_view_async_shared()
         cute.arch.sync_threads()
         saddr = smem_addr(storage.buf.data_ptr())
+        ring = smem_addr(storage.ring.data_ptr())
+        if tid == 32:
+            # warp 1 (modes 2, 3): bulk loads of LOAD_BYTES from an L2-resident 1 MB of `src`
+            # through LOAD_STAGES slots, until warp 0's reduce-adds are done (mode 2) or n_load
+            if mode >= 2:
+                t0 = clk()
+                g0 = gtimer()
+                for st in cutlass.range_constexpr(LOAD_STAGES):
+                    cute.arch.mbarrier_arrive_and_expect_tx(bars + st, LOAD_BYTES)
+                    bulk_load(src.iterator + ((bid * LOAD_BYTES * 7 + st * LOAD_BYTES) & LOAD_MASK) // 4,
+                              ring + st * LOAD_BYTES, smem_addr(bars + st), LOAD_BYTES)
+                i = Int32(LOAD_STAGES)
+                go = Int32(1)
+                while go != 0:
+                    for st in cutlass.range_constexpr(LOAD_STAGES):
+                        cute.arch.mbarrier_wait(bars + st, ((i // LOAD_STAGES) - 1) & 1)
+                        cute.arch.mbarrier_arrive_and_expect_tx(bars + st, LOAD_BYTES)
+                        bulk_load(src.iterator + ((bid * LOAD_BYTES * 7 + (i + st) * LOAD_BYTES) & LOAD_MASK) // 4,
+                                  ring + st * LOAD_BYTES, smem_addr(bars + st), LOAD_BYTES)
+                    i = i + LOAD_STAGES
+                    if mode == 2:
+                        if lds_volatile(flag_addr) != 0:
+                            go = Int32(0)
+                    if i >= n_load:
+                        go = Int32(0)
+                for st in cutlass.range_constexpr(LOAD_STAGES):
+                    cute.arch.mbarrier_wait(bars + st, ((i // LOAD_STAGES) - 1) & 1)
+                t1 = clk()
+                g1 = gtimer()
+                o = 4 * STAMP_CTAS + bid * 4
+                stamps[o + 0] = t1 - t0
+                stamps[o + 1] = g1 - g0
+                stamps[o + 2] = Int64(i) * LOAD_BYTES
         if tid == 0:
-            if mode == 0:
+            if mode == 3:
+                pass
+            elif mode == 0:
                 # latency: one add at a time; its smem read done, then its completion
                 for i in cutlass.range(n, unroll=1):
                     off = (bid * region + ((bid * stagger + i * chunk) & mask)) >> 2
@@ -268,16 +337,17 @@ def make_bulk():
                 bulk_wait(0)
                 t1 = clk()
                 g1 = gtimer()
+                sts_volatile(flag_addr, 1)
                 stamps[bid * 4 + 0] = t0
                 stamps[bid * 4 + 1] = t1
                 stamps[bid * 4 + 2] = g0
                 stamps[bid * 4 + 3] = g1
 
     @cute.jit
-    def host(dst: cute.Tensor, stamps: cute.Tensor, mode: Int32, n: Int32, chunk: Int32, region: Int32,
-             stagger: Int32, mask: Int32, ctas: Int32, stream):
-        kernel(dst, stamps, mode, n, chunk, region, stagger, mask).launch(
-            grid=[ctas, 1, 1], block=[32, 1, 1], smem=BULK_MAX + 1024, stream=stream)
+    def host(dst: cute.Tensor, src: cute.Tensor, stamps: cute.Tensor, mode: Int32, n: Int32, chunk: Int32,
+             region: Int32, stagger: Int32, mask: Int32, n_load: Int32, ctas: Int32, stream):
+        kernel(dst, src, stamps, mode, n, chunk, region, stagger, mask, n_load).launch(
+            grid=[ctas, 1, 1], block=[64, 1, 1], smem=BULK_MAX + LOAD_STAGES * LOAD_BYTES + 2048, stream=stream)
 
     return host
 
@@ -285,8 +355,9 @@ def make_bulk():
 def bulk_fake_args():
     from .common import fake_stream, fake_tensor
 
-    return (fake_tensor(Float32, (1 << 24,)), fake_tensor(Int64, (STAMPS,)), Int32(1), Int32(16), Int32(16384),
-            Int32(0), Int32(0), Int32((1 << 20) - 1), Int32(1), fake_stream())
+    return (fake_tensor(Float32, (1 << 24,)), fake_tensor(Float32, (1 << 21,)), fake_tensor(Int64, (STAMPS,)),
+            Int32(1), Int32(16), Int32(16384), Int32(0), Int32(0), Int32((1 << 20) - 1), Int32(64), Int32(1),
+            fake_stream())
 
 
 # ----------------------------------------------------------------------------- RED from registers
@@ -352,7 +423,7 @@ def sass_cases(quick: bool = False):
     """(name, build, {opcode: least count}) for every kernel this script runs."""
     for form in (QUICK_FORMS if quick else FORMS):
         yield (f"wgmma_{form}", lambda f=form: (make_wgmma(f), wgmma_fake_args()), {sass_opcode(form): KB, "STL": 0})
-    yield ("bulk_reduce", lambda: (make_bulk(), bulk_fake_args()), {"UBLKRED": 2})
+    yield ("bulk_reduce", lambda: (make_bulk(), bulk_fake_args()), {"UBLKRED": 2, "UBLKCP.S.G": LOAD_STAGES})
     yield ("red_f32", lambda: (make_red(1), red_fake_args()), {"REDG.E.ADD.F32.FTZ.RN.STRONG.GPU": RED_UNROLL})
     yield ("red_f32x2", lambda: (make_red(2), red_fake_args()), {"REDG.E.ADD.F32x2.FTZ.RN.STRONG.GPU": RED_UNROLL})
 
@@ -425,17 +496,18 @@ def run_bulk(dev, quick):
     torch = dev.torch
     nsm = torch.cuda.get_device_properties(0).multi_processor_count
     dst = torch.zeros(1 << 24, dtype=torch.float32, device="cuda")  # 64 MB
+    src = torch.ones(1 << 21, dtype=torch.float32, device="cuda")   # 8 MB; the loads stay in its first 1 MB
     stamps = torch.zeros(STAMPS, dtype=torch.int64, device="cuda")
     fn = make_bulk()
     out = {"instruction": "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 (SASS UBLKRED)",
            "depth": BULK_DEPTH, "latency": {}, "rate": {}}
 
-    def call(mode, n, chunk, region, stagger, mask, ctas):
+    def call(mode, n, chunk, region, stagger, mask, ctas, n_load=0):
         torch.cuda.synchronize()
         e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         e0.record()
-        dev.call("bwdu_bulk", fn, dst, stamps, Int32(mode), Int32(n), Int32(chunk), Int32(region), Int32(stagger),
-                 Int32(mask), Int32(ctas))
+        dev.call("bwdu_bulk", fn, dst, src, stamps, Int32(mode), Int32(n), Int32(chunk), Int32(region),
+                 Int32(stagger), Int32(mask), Int32(n_load), Int32(ctas))
         e1.record()
         torch.cuda.synchronize()
         return stamps.cpu().tolist(), e0.elapsed_time(e1)
@@ -485,7 +557,38 @@ def run_bulk(dev, quick):
         r = out["rate"][name]
         print(f"[bulk] {name:26s} {r['per_sm_bytes_per_clk_median']:7.2f} B/clk per SM, chip "
               f"{(r['chip_bytes_per_clk'] or 0):8.1f} B/clk at {clock or 0:.2f} GHz", flush=True)
-    del dst
+
+    # Do reduce-adds and loads share the L2's rate? Warp 1 of each CTA streams 16 KB bulk loads
+    # (L2 hits) alone (mode 3), then beside warp 0's reduce-adds (mode 2, the disjoint config):
+    # each one's bytes per SM clock, alone and together.
+    out["with_loads"] = {"load_bytes": LOAD_BYTES, "load_stages": LOAD_STAGES,
+                         "what": "warp 1 of each CTA: cp.async.bulk global->shared (UBLKCP) of 16 KB, 4 in flight, "
+                                 "L2 hits, beside (mode 2) or without (mode 3) warp 0's reduce-adds"}
+    n_red = max(64, (target // 8) // 32768)
+    for name, ctas in (("one_sm", 1), ("all_sms", nsm)):
+        n_l = (n_red * 32768 * (4 if ctas == 1 else 5)) // LOAD_BYTES
+        res = {}
+        for mode, tag in ((3, "loads_alone"), (2, "together")):
+            call(mode, 16, 32768, 1 << 17, 0, (1 << 17) - 1, ctas, 64)
+            st, ev_ms = call(mode, n_red, 32768, 1 << 17, 0, (1 << 17) - 1, ctas, n_l)
+            lrows = [st[4 * STAMP_CTAS + b * 4: 4 * STAMP_CTAS + b * 4 + 3] for b in range(ctas)]
+            lrate = [r[2] / max(1, r[0]) for r in lrows]
+            lghz = median([r[0] / r[1] for r in lrows if r[1] > 0])
+            entry = {"load_per_sm_bytes_per_clk_median": median(lrate), "load_clock_ghz": lghz,
+                     "load_chip_bytes_per_ns": sum(r[2] for r in lrows) / max(r[1] for r in lrows),
+                     "event_ms": ev_ms}
+            if mode == 2:
+                rows = [st[b * 4: b * 4 + 4] for b in range(ctas)]
+                entry["reduce_per_sm_bytes_per_clk_median"] = median([n_red * 32768 / max(1, r[1] - r[0]) for r in rows])
+                span = max(r[3] for r in rows) - min(r[2] for r in rows)
+                entry["reduce_chip_bytes_per_ns"] = ctas * n_red * 32768 / span if span else None
+            res[tag] = entry
+        out["with_loads"][name] = res
+        t = res["together"]
+        print(f"[bulk] {name} loads alone {res['loads_alone']['load_per_sm_bytes_per_clk_median']:6.1f} B/clk/SM; "
+              f"together: loads {t['load_per_sm_bytes_per_clk_median']:6.1f}, reduce-adds "
+              f"{t['reduce_per_sm_bytes_per_clk_median']:6.2f} B/clk/SM", flush=True)
+    del dst, src
     return out
 
 
