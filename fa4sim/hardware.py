@@ -84,6 +84,14 @@ PARAMS: dict[str, tuple[str, str]] = {
     "tensor_burst_cycles": ("cycles", "L0: a burst of L0 cycles pays half the burst energy, h(L) = L0 / (L0 + L)"),
     "mixed_code_energy_fraction": ("1", "extra energy of MUFU, FMA and ALU work issued as one mixed stream (a "
                                    "softmax) over the same work in single-pipe streams"),
+    # the backward's units (benchmarks/calibrate/bench_bwd_units.py)
+    "mma_min_cycles": ("cycles", "fewest cycles one m64 wgmma k-step (m64nNk16) holds the tensor core whatever its "
+                       "N: narrow instructions take at least this; 0 = none (N / 2 x 4096 / tensor_flops_per_clk "
+                       "only)"),
+    "reduce_bytes_per_clk": ("B/clk/SM", "fp32 reduce-adds one SM sends into L2, TMA bulk reduce-adds "
+                             "(cp.reduce.async.bulk .add.f32, issued by the TMA unit) and RED.ADD.F32 alike"),
+    "l2_reduce_bandwidth_tbps": ("TB/s", "whole-chip rate of fp32 reduce-adds into L2-resident lines; the L2 "
+                                 "serves loads and reduce-adds from the same time, each at its own rate"),
 }
 
 POWER_PARAMS = ("power_cap_w", "clock_min_ghz", "static_power_w", "clock_power_w", "voltage_slope",

@@ -136,7 +136,7 @@ def test_dq_by_red_from_registers():
     s = schedule(P128, "fa4kernel", FIRST)
     u = uses(s, "DQR0")
     part = 64 * 128 * 4 / 2
-    assert u["red"] * H100.tma_bytes_per_clk == pytest.approx(part)
+    assert u["red"] * H100.reduce_bytes_per_clk == pytest.approx(part)
     assert u["lsu"] == pytest.approx(part / 256)  # warp instructions of 256 bytes
     assert "dq_store" not in s.roles and not any(o.name.startswith("ADDQ") for o in s.ops)
     # hd64: warpgroup 0 alone computes and adds dQ
@@ -148,7 +148,7 @@ def test_dq_by_bulk_reduce_through_smem():
     s = schedule(P128, "fa4kernel", {**FIRST, "dq_reduce": "bulk"})
     part = 64 * 128 * 4 / 2
     assert uses(s, "DQW0")["smem:lsu"] * H100.smem_bytes_per_clk == pytest.approx(part)
-    assert uses(s, "ADDQ0")["tma"] * H100.tma_bytes_per_clk == pytest.approx(part)
+    assert uses(s, "ADDQ0")["tma"] * H100.reduce_bytes_per_clk == pytest.approx(part)
     assert "dq_store" in s.roles
     names = [o.name for o in s.ops if o.role == "wg0"]
     assert names.index("WAIT0") < names.index("DQW0")  # dv_dk_dq: dQ leaves after all three GEMMs

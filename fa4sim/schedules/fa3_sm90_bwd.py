@@ -136,11 +136,13 @@ def gemm_shapes(p: Problem, k: dict) -> dict:
 
 def gemms(hw, p: Problem, k: dict) -> dict:
     """Per warpgroup: name -> (tensor cycles, smem cycles, latency, k-steps). Each m64 wgmma of a
-    warpgroup reads its A rows (from shared memory unless RS) and the warpgroup's whole B."""
+    warpgroup reads its A rows (from shared memory unless RS) and the warpgroup's whole B, at
+    smem_bytes_per_clk whatever the operands' swizzle (bench_bwd_units.py); each m64 k-step holds
+    the tensor core at least mma_min_cycles (narrow N)."""
     out = {}
     for name, (mw, nw, K, a_smem, _) in gemm_shapes(p, k).items():
         instr = max(1, -(-mw // 64))
-        tensor = 2.0 * mw * nw * K / hw.tensor_flops_per_clk
+        tensor = max(2.0 * mw * nw * K / hw.tensor_flops_per_clk, instr * (K // 16) * hw.mma_min_cycles)
         smem = ((mw * K * BYTES if a_smem else 0) + instr * nw * K * BYTES) / hw.smem_bytes_per_clk
         out[name] = (tensor, smem, hw.mma_latency_ss if a_smem else hw.mma_latency_rs, K // 16)
     return out
@@ -187,6 +189,16 @@ def _instr(hw, thread_instr: float) -> dict:
     return {"issue": thread_instr / 32.0 / hw.issue_per_clk}
 
 
+def l2_shares(hw) -> tuple[float, float]:
+    """(load, reduce-add) bytes per SM clock of one SM's share of the whole chip's L2 rates, all
+    SMs busy alike: l2_bandwidth_tbps and l2_reduce_bandwidth_tbps over num_sms at clock_ghz."""
+    for name in ("reduce_bytes_per_clk", "l2_reduce_bandwidth_tbps"):
+        if getattr(hw, name) <= 0:
+            raise InputError(name, f"must be > 0, got {getattr(hw, name)!r}")
+    per_sm = 1e3 / (hw.num_sms * hw.clock_ghz)  # TB/s -> B per SM clock of one SM's share
+    return hw.l2_bandwidth_tbps * per_sm, hw.l2_reduce_bandwidth_tbps * per_sm
+
+
 def build(hw, p: Problem, k: dict, n_kv: int, masked_blocks: int, impl=None, hbm_busy: float = 0.0) -> Schedule:
     """One CTA's schedule for a KV tile that visits n_kv Q blocks (iterations), `masked_blocks`
     of them masked."""
@@ -194,6 +206,12 @@ def build(hw, p: Problem, k: dict, n_kv: int, masked_blocks: int, impl=None, hbm
     mbar, nbar = hw.mbarrier_latency, hw.named_barrier_latency
     smem = lambda nbytes: nbytes / hw.smem_bytes_per_clk  # noqa: E731
     tma = lambda nbytes: nbytes / hw.tma_bytes_per_clk    # noqa: E731
+    # The L2 serves every SM's loads and fp32 reduce-adds from the same time (unit "l2": this
+    # SM's share of it, at the load or the reduce-add rate); a reduce-add leaves the SM at
+    # reduce_bytes_per_clk (bench_bwd_units.py)
+    l2_load, l2_red = l2_shares(hw)
+    l2 = lambda nbytes: ("l2", nbytes / l2_load)           # noqa: E731
+    l2_add = lambda nbytes: ("l2", nbytes / l2_red)        # noqa: E731
     rs = dkv_in_registers(k)
     g = gemms(hw, p, k)
     # the loop's instructions besides the pointwise phases, counted in the implementation's SASS
@@ -227,14 +245,14 @@ def build(hw, p: Problem, k: dict, n_kv: int, masked_blocks: int, impl=None, hbm
     lsu_share = max(1.0 - fetch, LSU_SHARE_FLOOR)
 
     ops: list[Op] = [
-        Op("LK", "load", (("tma", tma(n * d * BYTES)),), hw.hbm_latency, "load", asynchronous=True, issue_cycles=1,
-           when="first", label="TMA K tile"),
-        Op("LV", "load", (("tma", tma(n * dv * BYTES)),), hw.hbm_latency, "load", asynchronous=True, issue_cycles=1,
-           when="first", label="TMA V tile"),
-        Op("LQ", "load", (("tma", tma(m * d * BYTES + stats)),), hw.l2_latency, "load", asynchronous=True,
-           issue_cycles=1, label="TMA Q block" + (" (+ LSE)" if stats else "")),
-        Op("LdO", "load", (("tma", tma(m * dv * BYTES + stats)),), hw.l2_latency, "load", asynchronous=True,
-           issue_cycles=1, label="TMA dO block" + (" (+ dPsum)" if stats else "")),
+        Op("LK", "load", (("tma", tma(n * d * BYTES)), l2(n * d * BYTES)), hw.hbm_latency, "load",
+           asynchronous=True, issue_cycles=1, when="first", label="TMA K tile"),
+        Op("LV", "load", (("tma", tma(n * dv * BYTES)), l2(n * dv * BYTES)), hw.hbm_latency, "load",
+           asynchronous=True, issue_cycles=1, when="first", label="TMA V tile"),
+        Op("LQ", "load", (("tma", tma(m * d * BYTES + stats)), l2(m * d * BYTES + stats)), hw.l2_latency, "load",
+           asynchronous=True, issue_cycles=1, label="TMA Q block" + (" (+ LSE)" if stats else "")),
+        Op("LdO", "load", (("tma", tma(m * dv * BYTES + stats)), l2(m * dv * BYTES + stats)), hw.l2_latency, "load",
+           asynchronous=True, issue_cycles=1, label="TMA dO block" + (" (+ dPsum)" if stats else "")),
     ]
     edges: list[Edge] = [Edge("LK", f"S{w}", lag=mbar) for w in range(WGS)]
 
@@ -307,7 +325,8 @@ def build(hw, p: Problem, k: dict, n_kv: int, masked_blocks: int, impl=None, hbm
                         label="dQ (fp32) -> smem, to warp 1")
         elif w < nq:
             n_red = part / RED_BYTES  # warp instructions
-            dqr = {**_instr(hw, 32 * n_red), **_lsu(n_red), "red": part / hw.tma_bytes_per_clk}
+            dqr = {**_instr(hw, 32 * n_red), **_lsu(n_red), "red": part / hw.reduce_bytes_per_clk,
+                   "l2": part / l2_red}
             dq_out = Op(f"DQR{w}", r, tuple(dqr.items()), 0.0, "correction",
                         label="dQ (fp32) -> RED.ADD.F32x2 into the accumulator")
         wait = Op(f"WAIT{w}", r, (), 0.0, "sync", label="wait for its wgmmas, release Q" + ("" if fa3_order else ", dO"))
@@ -356,8 +375,8 @@ def build(hw, p: Problem, k: dict, n_kv: int, masked_blocks: int, impl=None, hbm
         if w < nq and not red:
             edges += [Edge(f"DQW{w}", f"ADDQ{w}", lag=nbar),
                       Edge(f"ADDQ{w}", f"DQW{w}", distance=1, kind="anti", lag=nbar)]
-    ops.append(Op("STKV", "wg0", (("tma", tma(n * (d + dv) * BYTES)),), hw.l2_latency, "store", asynchronous=True,
-                  issue_cycles=1, when="last", label="TMA store dK, dV"))
+    ops.append(Op("STKV", "wg0", (("tma", tma(n * (d + dv) * BYTES)), l2(n * (d + dv) * BYTES)), hw.l2_latency,
+                  "store", asynchronous=True, issue_cycles=1, when="last", label="TMA store dK, dV"))
     edges += [Edge(f"EPI{w}", "STKV", lag=nbar) for w in range(WGS)]
     edges += [Edge("dQ0", "LK", distance=1, per="tile", kind="anti", lag=mbar),
               Edge("dP0", "LV", distance=1, per="tile", kind="anti", lag=mbar)]
@@ -370,7 +389,8 @@ def build(hw, p: Problem, k: dict, n_kv: int, masked_blocks: int, impl=None, hbm
             ops.append(Op("SEMA", "dq_store", (), hw.l2_latency, "sync", label="deterministic: read the semaphore"))
         for w in range(nq):
             part = m * d * 4 / nq
-            ops.append(Op(f"ADDQ{w}", "dq_store", (("tma", tma(part)), ("smem", smem(part))), 0.0, "store",
+            ops.append(Op(f"ADDQ{w}", "dq_store", (("tma", part / hw.reduce_bytes_per_clk), ("smem", smem(part)),
+                                                    l2_add(part)), 0.0, "store",
                           asynchronous=True, issue_cycles=1, label=f"TMA reduce-add dQ (WG{w}'s part)"))
         if det:
             ops.append(Op("SEMR", "dq_store", (), hw.l2_latency, "sync", label="deterministic: adds landed, release"))
@@ -386,6 +406,7 @@ def build(hw, p: Problem, k: dict, n_kv: int, masked_blocks: int, impl=None, hbm
     fine = {f"DQW{w}": max(PIECES, int(m * d * 4 / nq / DQW_PIECE_BYTES)) for w in range(nq)}
     ops = [replace(o, chunks=fine[o.name]) if o.name in fine else o for o in ops]
     units = {"tensor": 1, "smem": 1, "smem:lsu": 1, "lsu": 1, "mufu": 1, "fma": 1, "alu": 1, "issue": 1, "tma": 1,
+             "l2": 1,
              **({"red": 1} if red else {}), **{f"issue:{r}": 1 for r in compute_roles}}
     roles += compute_roles
     flops = 2.0 * m * n * (3 * d + 2 * dv)
