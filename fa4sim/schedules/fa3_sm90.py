@@ -320,8 +320,9 @@ def build(hw, p: Problem, k: dict, n_kv: int, masked_blocks: int, impl, hbm_busy
         # GEMM's first k-steps (QKH), the rescale, then its other k-steps (QK)
         ksteps = d // 16
         head = QK_HEAD_KSTEPS if before and ksteps > QK_HEAD_KSTEPS else 0
-        qk_uses = _with_issue((("tensor", qk.tensor_cycles), ("smem", qk.smem_cycles)), per_kstep * ksteps)
-        qk_part = lambda steps: tuple((u, c * steps / ksteps) for u, c in qk_uses)  # noqa: E731
+        qk_uses = _with_issue((("tensor", qk.tensor_cycles), ("smem", qk.smem_cycles)), per_kstep * d // 16)
+        qk_part = lambda steps: qk_uses if steps == ksteps else tuple(  # noqa: E731
+            (u, c * steps / ksteps) for u, c in qk_uses)
         qk_ops = [Op(f"QKH{w}", r, qk_part(head), qk.latency, "mma", asynchronous=True,
                      issue_cycles=head * hw.mma_issue_cycles, chunks=head,
                      label=f"S = Q K^T, its first {head} k-step(s) (wgmma SS, WG{w})")] if head else []
