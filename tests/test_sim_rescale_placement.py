@@ -49,3 +49,21 @@ def test_issuing_the_rescale_at_the_gemms_start_keeps_the_tensor_core_busier(mon
     after_gemm = simulate("h100", "fa3", p)
     assert at_start.interval < after_gemm.interval
     assert at_start.utilization["tensor"] > after_gemm.utilization["tensor"]
+
+
+def test_the_rescale_among_the_hgmmas_issues_at_the_inline_rate():
+    """Issued by the wgmma warps between their own HGMMAs, the rescale gets the rate bench_bursts
+    --inline measured for that placement (inline_issue_under_mma), not a separate burst's
+    (dense_issue_under_mma); after the PV wait it keeps the separate burst's. A lower inline rate
+    makes the rescale take the issue slots longer: the loop is no shorter."""
+    from fa4sim import hardware
+
+    hw = hardware.load("h100")
+    assert dict(build(256).op("RESC0").slowed) == {"issue": hw.inline_issue_under_mma}
+    assert dict(build(256, rescale_before_pv=False).op("RESC0").slowed) == {"issue": hw.dense_issue_under_mma}
+    p = Problem(1, 1, 128, 8192, 256, False)
+    t = [simulate("h100", "fa3", p, {"inline_issue_under_mma": v}).interval for v in (0.2, 0.451, 1.0)]
+    assert t[0] > t[1] >= t[2]
+    after = [simulate("h100", "fa3", p, {"inline_issue_under_mma": v, "rescale_before_pv": False}).interval
+             for v in (0.2, 1.0)]
+    assert after[0] == after[1]  # not used when the rescale follows the PV wait

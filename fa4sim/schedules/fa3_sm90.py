@@ -333,9 +333,12 @@ def build(hw, p: Problem, k: dict, n_kv: int, masked_blocks: int, impl, hbm_busy
                    asynchronous=True, issue_cycles=n // 16 * hw.mma_issue_cycles, chunks=n // 16,
                    skew=1 if overlap else 0,
                    label=f"O += P V (wgmma {'RS' if rs else 'SS'}, WG{w})")
-        # before: iteration j applies block j-1's scale (skew 1), while S(j) runs, ahead of PV(j-1)
+        # before: iteration j applies block j-1's scale (skew 1), while S(j) runs, ahead of PV(j-1);
+        # issued between the warps' own HGMMAs it gets the rate bench_bursts --inline measured for
+        # that placement (inline_issue_under_mma), else a separate burst's (dense_issue_under_mma)
+        resc_issue = hw.inline_issue_under_mma if head else hw.dense_issue_under_mma
         resc = Op(f"RESC{w}", r, tuple(scaled(phase(hw, "rescale", rows * dv), rate).items()), 0.0,
-                  "correction", skew=1 if before else 0, slowed=(("issue", hw.dense_issue_under_mma),),
+                  "correction", skew=1 if before else 0, slowed=(("issue", resc_issue),),
                   label=f"O *= acc_scale (p={rate:.3g})" + (", before PV" if before else ""))
         ops += qk_ops[:-1]  # the GEMM's head (before only)
         if before:
