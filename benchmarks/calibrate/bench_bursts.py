@@ -47,7 +47,7 @@ instruction are (window - alone cycles per wgmma x wgmmas) / (burst instructions
     ... bench_bursts.py --out I.json --inline 64,128,256     # GPU, ~40 s (6 builds)
     CUTE_DSL_ARCH=sm_90a python3 -m benchmarks.calibrate.bench_bursts --check-sass --inline 64,128,256  # CPU
 
-Results (H100, H200) and what fa4sim takes from them (dense_issue_under_mma; the smem:lsu share):
+Results (H100, H200) and what fa4sim takes from them (dense_issue_under_mma, inline_issue_under_mma; the smem:lsu share):
 benchmarks/calibrate/README.md (one kernel for all codes; one kernel per code, with FMNMX and
 F2FP; emulated exp2s, the pair, STSM, the wgmma's width).
 """
