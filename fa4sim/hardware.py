@@ -31,6 +31,9 @@ PARAMS: dict[str, tuple[str, str]] = {
     "warp_issue_under_mma": ("fraction", "a warp's own issue rate while the tensor core executes, relative to idle"),
     "dense_issue_under_mma": ("fraction", "share of the SM's issue rate a burst of independent FP32 instructions "
                               "(the O rescale's FMULs) gets while the tensor core executes"),
+    "inline_issue_under_mma": ("fraction", "share of the SM's issue rate the same FMUL burst gets while the tensor "
+                               "core executes when the warps that issue the wgmmas issue it between their own HGMMAs "
+                               "(the O rescale before the PV GEMM, as compiled)"),
     "mufu_under_mma": ("fraction", "MUFU throughput while the tensor core executes, relative to idle"),
     "mix_fill_slots": ("mix slots", "issue slots one instruction added to a softmax-like mix takes beside a running "
                        "MMA, in units of a mix instruction's own slot: the mix waits on MUFU latency, and added "

@@ -340,14 +340,16 @@ def test_fa3_loop_bookkeeping_takes_issue_slots():
 def test_fa3_o_rescale_issues_at_the_dense_burst_rate_beside_a_gemm():
     """The O rescale is a burst of independent FMULs: beside a running wgmma it gets the issue rate
     bench_bursts measured for such bursts (dense_issue_under_mma), not the softmax mix's
-    (issue_under_mma); the other softmax ops keep the mix's. A lower dense rate slows the loop."""
+    (issue_under_mma); the other softmax ops keep the mix's. A lower dense rate slows the loop.
+    (Rescaled after the PV wait; before it, among the S GEMM's HGMMAs, see test_sim_rescale_placement.)"""
     hw = hardware.load("h100")
-    sched = build("h100", "fa3", 256, False)
+    sched = build("h100", "fa3", 256, False, rescale_before_pv=False)
     assert dict(sched.op("RESC0").slowed) == {"issue": hw.dense_issue_under_mma}
     assert not sched.op("EXP0").slowed and not sched.op("MAX0").slowed
     assert 0 < hw.dense_issue_under_mma <= 1 and hw.dense_issue_under_mma > hw.issue_under_mma
     p = Problem(1, 1, 128, 8192, 256, False)
-    t = [simulate("h100", "fa3", p, {"dense_issue_under_mma": v}).interval for v in (0.2, 0.381, 1.0)]
+    t = [simulate("h100", "fa3", p, {"dense_issue_under_mma": v, "rescale_before_pv": False}).interval
+         for v in (0.2, 0.381, 1.0)]
     assert t[0] > t[1] >= t[2]
 
 

@@ -30,6 +30,13 @@ Kernel (384 threads = 3 warpgroups, one CTA on one SM):
   --mma-gaps 0,100,...: a duty-cycle sweep instead: warpgroup 0 waits for each trip of 8 and
      sleeps `gap` ns, the codes run without gaps beside it; their rate against the tensor
      core's busy share, next to the line fa4sim assumes (slowed only while the tensor core works).
+  --inline: the O rescale as compiled (fa4kernel hd256: 128 FMULs per warp between its QK^T GEMM's
+     1st and 2nd HGMMA, issued by the warps that issue the wgmma): warpgroups 0 .. nmma-1 (1 or 2)
+     each run `iters` trips of {fence; wgmma k = 0; [128 FMUL y = y * s on 16 registers, clock64
+     around them]; wgmma k = 1 .. 7; commit; wait_group(1)}, all on the one tensor core; with nmix
+     = 1 the next warpgroup runs the mix beside them (the other consumer's softmax). Each build
+     with and without the burst (the same binary shape): the tensor cycles the inline burst costs
+     and its in-burst issue rate, by the wgmma's N.
 Per stream warp: the cycles spent inside bursts and the trips, so the *in-burst* issue rate is
 measured beside the wgmma; per wgmma warp the window, so the tensor cycles lost per burst
 instruction are (window - alone cycles per wgmma x wgmmas) / (burst instructions per scheduler).
@@ -37,8 +44,10 @@ instruction are (window - alone cycles per wgmma x wgmmas) / (burst instructions
     CUTE_DSL_ARCH=sm_90a python3 -m benchmarks.calibrate.bench_bursts --check-sass    # CPU, ~10 s
     source .gpu/setup-device.sh; python3 benchmarks/calibrate/bench_bursts.py --out B.json [--ops fmul,fmnmx]  # GPU, ~20 s
     ... bench_bursts.py --out D.json --ops mix,mix_emu25,fmul --mma-gaps 0,100,300,600,1000,2000,4000     # GPU, ~20 s
+    ... bench_bursts.py --out I.json --inline 64,128,256     # GPU, ~40 s (6 builds)
+    CUTE_DSL_ARCH=sm_90a python3 -m benchmarks.calibrate.bench_bursts --check-sass --inline 64,128,256  # CPU
 
-Results (H100, H200) and what fa4sim takes from them (dense_issue_under_mma; the smem:lsu share):
+Results (H100, H200) and what fa4sim takes from them (dense_issue_under_mma, inline_issue_under_mma; the smem:lsu share):
 benchmarks/calibrate/README.md (one kernel for all codes; one kernel per code, with FMNMX and
 F2FP; emulated exp2s, the pair, STSM, the wgmma's width).
 """
@@ -276,6 +285,135 @@ def make(code: str, n: int = N, threads: int = THREADS):
     return host
 
 
+INLINE_E = 16          # --inline: registers of the burst (the wgmma warpgroups also hold acc: N/2)
+INLINE_PASSES = 8      # 8 passes of 16 = 128 FMULs per warp: the O rescale's count at hd256 (dv / 2)
+INLINE_FMULS = INLINE_E * INLINE_PASSES
+INLINE_CONFIGS = ((1, 0), (2, 0), (1, 1))  # (wgmma warpgroups, mix warpgroups beside them)
+
+
+def make_inline(n: int, burst: bool):
+    """--inline: wgmma warpgroups that issue an FMUL burst between their own 1st and 2nd wgmma of
+    each trip (burst) or not, and up to one mix warpgroup beside them (module docstring)."""
+
+    @cute.kernel
+    def kernel(stamps: cute.Tensor, sink: cute.Tensor, nmma: Int32, nmix: Int32, iters: Int32,
+               tiled_mma: cute.TiledMma, sA_layout: cute.ComposedLayout, sB_layout: cute.ComposedLayout):
+        tid = cute.arch.thread_idx()[0]
+        warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        wg = warp // 4
+        wtid = tid % 128
+        lane = tid % 32
+
+        @cute.struct
+        class Storage:
+            flag: cute.struct.MemRange[Int32, 4]
+            sA: cute.struct.Align[cute.struct.MemRange[BFloat16, cute.cosize(sA_layout)], 1024]
+            sB: cute.struct.Align[cute.struct.MemRange[BFloat16, cute.cosize(sB_layout)], 1024]
+
+        storage = cutlass.utils.SmemAllocator().allocate(Storage)
+        flag_addr = smem_addr(storage.flag.data_ptr())
+        base = smem_addr(storage.sA.data_ptr())
+        base_b = smem_addr(storage.sB.data_ptr())
+        a_words = cute.cosize(sA_layout) // 2
+        fill_random_bf16(base, a_words, base_b, (cute.cosize(sA_layout) + cute.cosize(sB_layout)) // 2,
+                         tid, THREADS, 7919)
+        if tid == 0:
+            sts32(flag_addr, 0)
+        cute.arch.fence_view_async_shared()
+        cute.arch.sync_threads()
+
+        sA = storage.sA.get_tensor(sA_layout.outer, swizzle=sA_layout.inner)
+        sB = storage.sB.get_tensor(sB_layout.outer, swizzle=sB_layout.inner)
+        thr_mma = tiled_mma.get_slice(wtid)
+        wg_mma = tiled_mma.get_slice(0)
+        tCrA = wg_mma.make_fragment_A(wg_mma.partition_A(sA[None, None, 0]))
+        tCrB = wg_mma.make_fragment_B(wg_mma.partition_B(sB))
+        acc = cute.make_rmem_tensor(thr_mma.partition_shape_C((64, n)), Float32)
+        acc.fill(0.0)
+        atom = cute.make_mma_atom(tiled_mma.op)
+        atom.set(warpgroup.Field.ACCUMULATE, True)
+        total = Float32(0.0)
+        t0 = Int64(0)
+        t1 = Int64(0)
+        in_burst = Int64(0)
+        trips = Int32(0)
+        s = Float32(1.0) + Float32(wtid) * Float32(1e-12)
+        if wg < nmma:
+            y = [Float32(wtid) * Float32(1e-3) + Float32(0.01 * j + 0.05) for j in range(INLINE_E)]
+            t0 = clk()
+            for _ in cutlass.range(iters, unroll=1):
+                warpgroup.fence()
+                cute.gemm(atom, acc, tCrA[None, None, 0], tCrB[None, None, 0], acc)
+                if const_expr(burst):  # the O rescale's place: after the first HGMMA of the GEMM
+                    c0 = clk()
+                    for _u in cutlass.range_constexpr(INLINE_PASSES):
+                        for j in cutlass.range_constexpr(INLINE_E):
+                            y[j] = fmul(y[j], s)
+                    in_burst = in_burst + (clk() - c0)
+                for k in cutlass.range_constexpr(1, KB):
+                    cute.gemm(atom, acc, tCrA[None, None, k], tCrB[None, None, k], acc)
+                warpgroup.commit_group()
+                warpgroup.wait_group(1)
+            warpgroup.wait_group(0)
+            t1 = clk()
+            trips = iters
+            if wtid == 0:
+                red_add_shared(flag_addr, 1)
+            for i in cutlass.range_constexpr(cute.size(acc)):
+                total = total + acc[i]
+            for j in cutlass.range_constexpr(INLINE_E):
+                total = total + y[j]
+        elif wg - nmma < nmix:  # the mix, until every wgmma warpgroup is done
+            x = [Float32(wtid) * Float32(1e-3) + Float32(0.01 * j + 0.05) for j in range(E)]
+            m = [Float32(0.0) for _ in range(4)]
+            lsum = [Float32(0.0) for _ in range(4)]
+            sc = Float32(LOG2E)
+            nsc = Float32(-LOG2E)
+            c4 = Float32(4.0)
+            go = Int32(1)
+            t0 = clk()
+            while go != 0:
+                f = lds_volatile(flag_addr)
+                c0 = clk()
+                x, m, lsum = _mix_block(x, m, lsum, sc, nsc, c4)
+                in_burst = in_burst + (clk() - c0)
+                trips = trips + 1
+                if f >= nmma:
+                    go = Int32(0)
+                if trips >= CAP_TRIPS:
+                    go = Int32(0)
+            t1 = clk()
+            for j in cutlass.range_constexpr(E):
+                total = total + x[j]
+            for j in cutlass.range_constexpr(4):
+                total = total + m[j] + lsum[j]
+        if lane == 0:
+            o = warp * SLOTS
+            stamps[o + 0] = t0
+            stamps[o + 1] = t1
+            stamps[o + 2] = in_burst
+            stamps[o + 3] = Int64(trips)
+        sink[tid] = total
+
+    @cute.jit
+    def host(stamps: cute.Tensor, sink: cute.Tensor, nmma: Int32, nmix: Int32, iters: Int32, stream):
+        tiled_mma = _tiled_mma(False, n)
+        sA_layout = _smem_layout(BFloat16, 64, KT, 2)
+        sB_layout = _smem_layout(BFloat16, n, KT)
+        smem = (cute.cosize(sA_layout) + cute.cosize(sB_layout)) * 2 + 3072
+        kernel(stamps, sink, nmma, nmix, iters, tiled_mma, sA_layout, sB_layout).launch(
+            grid=[1, 1, 1], block=[THREADS, 1, 1], smem=smem, stream=stream)
+
+    return host
+
+
+def fake_args_inline():
+    from .common import fake_stream, fake_tensor
+
+    return (fake_tensor(Int64, (THREADS // 32 * SLOTS,)), fake_tensor(Float32, (THREADS,)), Int32(1), Int32(0),
+            Int32(10), fake_stream())
+
+
 def fake_args(threads: int = THREADS):
     from .common import fake_stream, fake_tensor
 
@@ -323,6 +461,81 @@ def check_sass() -> int:
         print(f"{'ok' if good else 'BAD'} {code:6s} wgmma N={n} regs={regs} x {threads} threads, loops found {found}"
               + ("" if in_place else ", FMUL not in place"))
     return 0 if ok else 1
+
+
+def check_sass_inline(ns=WGMMA_N) -> int:
+    """--inline: each build's wgmma loop holds its KB HGMMA of the asked shape and, with the burst,
+    its 128 FMULs, every one after the trip's first HGMMA and before its second (where fa4kernel's
+    O rescale sits), in place (FMUL Ry, Ry, Rs)."""
+    ok = True
+    for n in ns:
+        for burst in (False, True):
+            sass, regs = compile_for_sass(make_inline(n, burst), *fake_args_inline(), with_registers=True)
+            where = None
+            for _, ops in loop_bodies(sass, operands=True):
+                h = [i for i, o in enumerate(ops) if o.startswith("HGMMA")]
+                if len(h) != KB or not all(f"HGMMA.64x{n}x16" in ops[i] for i in h):
+                    continue
+                f = [i for i, o in enumerate(ops) if o.startswith("FMUL")]
+                where = {"fmul": len(f), "between_1st_2nd": sum(h[0] < i < h[1] for i in f),
+                         "in_place": all(_in_place(ops[i]) for i in f), "loop_len": len(ops)}
+            want = INLINE_FMULS if burst else 0
+            good = (bool(regs) and ((regs + 7) // 8 * 8) * THREADS <= 65536 and where is not None
+                    and where["fmul"] == want and where["between_1st_2nd"] == want and where["in_place"])
+            ok = ok and good
+            print(f"{'ok' if good else 'BAD'} inline wgmma N={n} burst={int(burst)} regs={regs} x {THREADS} threads, "
+                  f"wgmma loop {where}")
+    return 0 if ok else 1
+
+
+def run_inline(dev, n: int) -> dict:
+    """--inline at one N: every INLINE_CONFIGS entry with and without the burst."""
+    torch = dev.torch
+    warps = THREADS // 32
+    stamps = torch.zeros(warps * SLOTS, dtype=torch.int64, device="cuda")
+    sink = torch.zeros(THREADS, dtype=torch.float32, device="cuda")
+    out = {"constants": dict(N=n, wgmma_per_trip=KB, iters=ITERS, fmuls_per_trip=INLINE_FMULS, threads=THREADS,
+                             ideal_wgmma_cycles=n / 2)}
+    for burst in (False, True):
+        fn = make_inline(n, burst)
+        for nmma, nmix in INLINE_CONFIGS:
+            best = None
+            for rep in range(REPS):
+                stamps.zero_()
+                dev.call(f"inline_{n}_{int(burst)}", fn, stamps, sink, Int32(nmma), Int32(nmix), Int32(ITERS))
+                st = stamps.cpu().tolist()
+                rows = [st[w * SLOTS:(w + 1) * SLOTS] for w in range(warps)]
+                mma = rows[:4 * nmma]
+                mix = rows[4 * nmma:4 * (nmma + nmix)]
+                win = max(x[1] for x in mma) - min(x[0] for x in mma)
+                r = {"burst": burst, "nmma": nmma, "nmix": nmix, "sink_finite": bool(torch.isfinite(sink).all().item()),
+                     "mma_window": win, "wgmma": ITERS * KB * nmma, "wgmma_cycles_per_instr": win / (ITERS * KB * nmma)}
+                if burst:  # per wgmma warp: 128 FMULs per trip, clock64 around them
+                    r["fmul_in_burst_rate_per_warp"] = ITERS * INLINE_FMULS * len(mma) / sum(x[2] for x in mma)
+                    r["fmul_cycles_per_burst"] = sum(x[2] for x in mma) / (ITERS * len(mma))
+                if mix:
+                    instr = BLOCK_INSTR["mix"] * sum(x[3] for x in mix)
+                    mwin = max(x[1] for x in mix) - min(x[0] for x in mix)
+                    r.update(mix_trips=[min(x[3] for x in mix), max(x[3] for x in mix)],
+                             mix_in_burst_rate_per_warp=instr / sum(x[2] for x in mix),
+                             mix_rate_per_smsp=instr / mwin / 4)
+                if rep and (best is None or win < best[0]):
+                    best = (win, r)
+            r = best[1]
+            out[f"{'burst' if burst else 'plain'}_M{nmma}_X{nmix}"] = r
+    for nmma, nmix in INLINE_CONFIGS:  # what the burst costs the tensor core, per FMUL per scheduler
+        plain, b = out[f"plain_M{nmma}_X{nmix}"], out[f"burst_M{nmma}_X{nmix}"]
+        lost = b["mma_window"] - plain["mma_window"]
+        b["tensor_cycles_lost"] = lost
+        b["tensor_cycles_lost_per_fmul_per_smsp"] = lost / (ITERS * INLINE_FMULS * nmma)
+        b["wgmma_slowdown"] = b["mma_window"] / plain["mma_window"]
+        print(f"  N={n} wgmma WGs {nmma}, mix WGs {nmix}: wgmma {plain['wgmma_cycles_per_instr']:.1f} -> "
+              f"{b['wgmma_cycles_per_instr']:.1f} cycles (x{b['wgmma_slowdown']:.3f}), "
+              f"{b['tensor_cycles_lost_per_fmul_per_smsp']:.3f} tensor cycles per FMUL per SMSP, FMUL burst "
+              f"{b['fmul_cycles_per_burst']:.0f} cycles ({b['fmul_in_burst_rate_per_warp']:.3f} per warp)"
+              + (f", mix {plain['mix_rate_per_smsp']:.3f} -> {b['mix_rate_per_smsp']:.3f} per SMSP" if nmix else ""),
+              flush=True)
+    return out
 
 
 def _in_place(instr: str) -> bool:
@@ -461,6 +674,10 @@ def main(argv=None) -> int:
     ap.add_argument("--stream-warps", default="1,2",
                     help="GPU: stream warps per scheduler to time each code with (stream warpgroups), "
                          "comma-separated from 1 2 3 (default 1,2; 3 uses a 512-thread build)")
+    ap.add_argument("--inline", default="",
+                    help="the O rescale as compiled: FMUL bursts inside the wgmma warpgroups, between their "
+                         "1st and 2nd wgmma, at these N (comma-separated from 64, 128, 256); GPU with --out, "
+                         "CPU with --check-sass")
     ap.add_argument("--wgmma-n", type=int, default=N, choices=WGMMA_N,
                     help=f"GPU: N of the running wgmma m64nNk16 (default {N}; FA3's QK^T and PV at head dim N)")
     args = ap.parse_args(argv)
@@ -482,8 +699,14 @@ def main(argv=None) -> int:
         ap.error(f"--stream-warps: {args.stream_warps!r}; allowed: comma-separated 1, 2, 3")
     if 3 in stream_warps and (args.wgmma_n > N or set(ops) & set(PAIRS)):
         ap.error("--stream-warps 3: the 512-thread build holds the wgmma at N <= 128 and no pair")
+    try:
+        inline = tuple(int(x) for x in args.inline.split(",") if x)
+    except ValueError:
+        inline = (0,)
+    if not set(inline) <= set(WGMMA_N):
+        ap.error(f"--inline: {args.inline!r}; allowed: comma-separated from {', '.join(map(str, WGMMA_N))}")
     if args.check_sass:
-        return check_sass()
+        return check_sass_inline(inline) if inline else check_sass()
     if not args.out:
         ap.error("--out FILE.json (GPU) or --check-sass (CPU)")
     from .common import Device
@@ -491,8 +714,11 @@ def main(argv=None) -> int:
 
     t0 = time.perf_counter()
     dev = Device()
-    res = {"meta": meta("bursts"), "scripts": {"bursts": "bench_bursts.py"},
-           "benchmarks": {"bursts": run(dev, ops, args.wgmma_n, gaps, stream_warps)}}
+    if inline:
+        bench = {"inline": {str(n): run_inline(dev, n) for n in inline}}
+    else:
+        bench = {"bursts": run(dev, ops, args.wgmma_n, gaps, stream_warps)}
+    res = {"meta": meta("bursts"), "scripts": {"bursts": "bench_bursts.py"}, "benchmarks": bench}
     res["seconds"] = round(time.perf_counter() - t0, 2)
     with open(args.out, "w") as f:
         json.dump(res, f, indent=1)

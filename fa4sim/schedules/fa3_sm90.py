@@ -127,6 +127,8 @@ KNOBS = [
     Knob("score_std", 1.0, "nats", "std of softmax_scale*q.k for the rescale-rate model (randn inputs: 1)", kind="float", minimum=1e-3),
 ]
 
+# rescale before PV: the S GEMM's k-steps issued ahead of the rescale's FMULs (as compiled)
+QK_HEAD_KSTEPS = 1
 # smem:lsu's share beside an SS wgmma whose fetch takes the whole bandwidth (N = 64, measured 0.024)
 LSU_SHARE_FLOOR = 0.024
 # what `fa4sim run` says with exp_emulation on SM90: where the model's emulation cost is known to miss
@@ -317,18 +319,36 @@ def build(hw, p: Problem, k: dict, n_kv: int, masked_blocks: int, impl, hbm_busy
         r = f"wg{w}"
         ops.append(Op(f"TS{w}", r, (), const("tile_prologue_cycles"), "sync", when="first",
                       label="tile start: coordinates, KV range, O = 0, Q/K waits"))
-        ops.append(Op(f"QK{w}", r, _with_issue((("tensor", qk.tensor_cycles), ("smem", qk.smem_cycles)), per_kstep * d // 16), qk.latency, "mma",
-                      asynchronous=True, issue_cycles=d // 16 * hw.mma_issue_cycles, chunks=d // 16, label=f"S = Q K^T (wgmma SS, WG{w})"))
+        # before: ptxas puts the rescale's FMULs among the S GEMM's first HGMMAs (fa4kernel hd256
+        # SASS: 5 before the 1st, 64 between the 1st and 2nd, 59 between the 2nd and 3rd), so the
+        # rescale issues as the GEMM starts, not after the wgmma queue has taken all of it: the
+        # GEMM's first k-steps (QKH), the rescale, then its other k-steps (QK)
+        ksteps = d // 16
+        head = QK_HEAD_KSTEPS if before and ksteps > QK_HEAD_KSTEPS else 0
+        qk_uses = _with_issue((("tensor", qk.tensor_cycles), ("smem", qk.smem_cycles)), per_kstep * d // 16)
+        qk_part = lambda steps: qk_uses if steps == ksteps else tuple(  # noqa: E731
+            (u, c * steps / ksteps) for u, c in qk_uses)
+        qk_ops = [Op(f"QKH{w}", r, qk_part(head), qk.latency, "mma", asynchronous=True,
+                     issue_cycles=head * hw.mma_issue_cycles, chunks=head,
+                     label=f"S = Q K^T, its first {head} k-step(s) (wgmma SS, WG{w})")] if head else []
+        qk_ops.append(Op(f"QK{w}", r, qk_part(ksteps - head), qk.latency, "mma", asynchronous=True,
+                         issue_cycles=(ksteps - head) * hw.mma_issue_cycles, chunks=ksteps - head,
+                         label=f"S = Q K^T{', the rest' if head else ''} (wgmma SS, WG{w})"))
         pv_op = Op(f"PV{w}", r, _with_issue((("tensor", pv.tensor_cycles), ("smem", pv.smem_cycles)), per_kstep * n // 16), pv.latency, "mma",
                    asynchronous=True, issue_cycles=n // 16 * hw.mma_issue_cycles, chunks=n // 16,
                    skew=1 if overlap else 0,
                    label=f"O += P V (wgmma {'RS' if rs else 'SS'}, WG{w})")
-        # before: iteration j applies block j-1's scale (skew 1), while S(j) runs, ahead of PV(j-1)
+        # before: iteration j applies block j-1's scale (skew 1), while S(j) runs, ahead of PV(j-1);
+        # issued between the warps' own HGMMAs it gets the rate bench_bursts --inline measured for
+        # that placement (inline_issue_under_mma), else a separate burst's (dense_issue_under_mma)
+        resc_issue = hw.inline_issue_under_mma if head else hw.dense_issue_under_mma
         resc = Op(f"RESC{w}", r, tuple(scaled(phase(hw, "rescale", rows * dv), rate).items()), 0.0,
-                  "correction", skew=1 if before else 0, slowed=(("issue", hw.dense_issue_under_mma),),
+                  "correction", skew=1 if before else 0, slowed=(("issue", resc_issue),),
                   label=f"O *= acc_scale (p={rate:.3g})" + (", before PV" if before else ""))
+        ops += qk_ops[:-1]  # the GEMM's head (before only)
         if before:
             ops.append(resc)
+        ops.append(qk_ops[-1])
         if overlap:
             ops.append(pv_op)
         if pp:
@@ -393,7 +413,8 @@ def build(hw, p: Problem, k: dict, n_kv: int, masked_blocks: int, impl, hbm_busy
     for w in range(W):
         # where consumer w hands Q back: after the tile's last QK GEMM, or after its last block
         q_free = f"QK{w}" if k["early_q_release"] else f"CVT{w}" if before else f"RESC{w}" if overlap else f"PV{w}"
-        edges += [Edge("LQ", f"QK{w}", lag=mbar), Edge("LK", f"QK{w}", lag=mbar), Edge("LV", f"PV{w}", lag=mbar),
+        qk_first = f"QKH{w}" if any(o.name == f"QKH{w}" for o in ops) else f"QK{w}"  # its first HGMMA
+        edges += [Edge("LQ", qk_first, lag=mbar), Edge("LK", qk_first, lag=mbar), Edge("LV", f"PV{w}", lag=mbar),
                   Edge(f"QK{w}", f"MAX{w}"),       # wgmma wait (S complete)
                   Edge(f"PV{w}", f"RESC{w}", distance=1),  # O of block j-1 is final before rescaling
                   Edge(f"PV{w}", f"FIN{w}"),
@@ -409,7 +430,7 @@ def build(hw, p: Problem, k: dict, n_kv: int, masked_blocks: int, impl, hbm_busy
             edges.append(Edge(f"PV{w}", f"EXP{w}", distance=1))
         if pp:  # a tile's first S GEMMs are issued without the hand-off (fa4kernel, FA3)
             prev = f"PP{(w - 1) % W}"
-            edges.append(Edge(prev, f"QK{w}", distance=0 if w > 0 else 1, lag=nbar, skip_first=overlap))
+            edges.append(Edge(prev, qk_first, distance=0 if w > 0 else 1, lag=nbar, skip_first=overlap))
     edges += [Edge(f"FIN{v}", f"OSM{w}", lag=nbar) for v in range(W) for w in range(W)]  # the barrier
     if o_fits(hw, p, k):  # O has its own smem buffer: the next tile's O waits for this store
         edges += [Edge("ST", f"OSM{w}", 1, per="tile", kind="anti", lag=mbar) for w in range(W)]
