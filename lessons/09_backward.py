@@ -328,7 +328,7 @@ else:
 #
 # **Where it stands.** The newest run of the whole grid (head dims 64, 128, 256; 1k, 4k, 16k;
 # causal or not) per GPU, with the defaults, flash-attn-4 and cuDNN; first the summary of every
-# grid run (the H100's oldest is the first design). Our backward has no hd256.
+# grid run (the H100's oldest is the first design; the oldest runs have no hd256 for ours).
 
 # %%
 GRID, short = {}, {}  # GPU -> the newest grid run: no columns but ours, ours deterministic, FA4, cuDNN
@@ -369,9 +369,12 @@ else:
               f"{s['min_fa4kernel_over_sdpa-cudnn']:.2f}; deterministic keeps {min(det):.0%} to {max(det):.0%}")
 
 # %% [markdown]
-# On both GPUs ours is a few percent ahead of cuDNN on average (at worst about a tenth behind)
-# and within about a twentieth of flash-attn-4 at hd128 16k. The gap to flash-attn-4 grows as
-# the sequences get shorter, and hd64 trails hd128 at every length: it is largest at 1k.
+# At hd64 and hd128 ours is a few percent ahead of cuDNN on average (at worst about a tenth
+# behind, at 1k) and within about a twentieth of flash-attn-4 at hd128 16k; the gap to
+# flash-attn-4 grows as the sequences get shorter. At hd256 cuDNN leads everyone: ours runs at
+# about three quarters of it, flash-attn-4 at under nine tenths. There each CTA holds only 64 keys
+# (dK and dV of 64 x 256 fill the registers), so every Q block sends 64 KiB of dQ partial sums to
+# the L2, whose reduce-add rate is a quarter of its load rate.
 #
 # **The remaining gap.** First, is the model right about flash-attn-4? `fa4sim validate` replays
 # a recorded backward (`fa4sim/validate/backward.py`): every flash-attn-4 point through
