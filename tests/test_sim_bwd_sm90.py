@@ -293,6 +293,21 @@ def test_fa4kernels_torch_pre_and_postprocess():
     assert pre == pytest.approx(rows * (4 * d + 12 + 4 * d) / bw + gap)
 
 
+def test_the_l2_check_takes_reduce_adds_at_the_reduce_add_rate():
+    from fa4sim.kernel_model import KernelTime
+    p = Problem(1, 2, 1024, 1024, 256)
+    units = kernel_bwd.kv_units(p, 64, 64)
+    visits = sum(u.n_kv for u in units)
+    assert visits == 16 * 16
+    red = 2 * visits * 64 * 256 * 4  # 64 x 256 fp32 per visit, 2 heads
+    assert kernel_bwd.reduce_add_bytes(p, units, 64) == red
+    l2, _ = kernel_bwd.traffic(p, H100, units, 64, False)
+    kt = KernelTime(1.0, 1, 1, 1.0, 1, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, "compute")
+    kt = kernel_bwd.with_traffic(kt, p, H100, units, 64, False)
+    assert kt.l2_us == pytest.approx((l2 - red) / (H100.l2_bandwidth_tbps * 1e6)
+                                     + red / (H100.l2_reduce_bandwidth_tbps * 1e6))
+
+
 def test_slices_read_and_write_every_visit_of_dq_in_hbm():
     p = Problem(1, 2, 1024, 1024, 64)
     units = kernel_bwd.kv_units(p, 128, 64)
