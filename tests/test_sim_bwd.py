@@ -130,8 +130,8 @@ def test_bwd_sm90_tile_is_flash_attn_4s():
 
 
 def test_bwd_sm90_default_is_fa4kernels_own_backward():
-    # fa4kernel/sm90/bwd_config.py: 64 x 128 at every head dim it runs (64, 96, 128), and the
-    # implementation's defaults are the kernel's own (the config module imports no CUDA)
+    # fa4kernel/sm90/bwd_config.py: 64 x 128 at head dims 64, 96, 128, 64 x 64 at 192 and 256, and
+    # the implementation's defaults are the kernel's own (the config module imports no CUDA)
     from dataclasses import fields
 
     from fa4kernel.sm90.bwd_config import BwdConfig
@@ -141,8 +141,10 @@ def test_bwd_sm90_default_is_fa4kernels_own_backward():
     defaults = {f.name: f.default for f in fields(BwdConfig)}
     for knob in ("dq_reduce", "stats", "mma_order", "preprocess"):
         assert r.knobs[knob] == defaults[knob], knob
+    r = bwd("h100", Problem(1, 8, 2048, 2048, 256))
+    assert (r.knobs["tile_m"], r.knobs["tile_n"]) == (64, 64)
     with pytest.raises(InputError, match="hdim"):
-        bwd("h100", Problem(1, 8, 2048, 2048, 256))
+        bwd("h100", Problem(1, 8, 2048, 2048, 160))
 
 
 def test_bwd_impossible_schedule_is_a_deadlock_naming_ops():

@@ -52,6 +52,10 @@ def test_flash_attn_4_wgmma_shapes_are_its_sass(hdim, causal, want):
     (64, {"64x64x16": 40}),  # dQ on warpgroup 0 alone: 8 of its 24 HGMMA
     (96, {"64x64x16": 24, "64x96x16": 24}),
     (128, {"64x64x16": 48, "64x128x16": 16}),
+    # kv_split (its SASS, HGMMA per consumer thread x 2 warpgroups): S^T and dP^T 64 keys x 32
+    # queries per warpgroup (K = head dim), dV, dK and dQ head dim / 2 columns each (K = 64)
+    (192, {"64x32x16": 48, "64x96x16": 24}),
+    (256, {"64x32x16": 64, "64x128x16": 24}),
 ])
 def test_fa4kernel_wgmma_shapes_are_its_sass(hdim, want):
     assert hgmma_tally(Problem(1, 8, 2048, 2048, hdim), "fa4kernel") == want
@@ -85,9 +89,60 @@ def test_fa4kernel_bwd_section_is_its_bwd_config():
             assert (k["stats"], k["mma_order"], k["preprocess"]) == (getattr(cfg, "stats", "thread"),
                                                                     getattr(cfg, "mma_order", "dv_dk_dq"),
                                                                     getattr(cfg, "preprocess", "torch"))
-            assert bwd.dkv_in_registers(k) and k["sdp_swapab"]  # dV, dK RS; S^T, dP^T keys on M
+            assert k["sdp_swapab"]  # S^T, dP^T keys on M
+            # dV, dK RS up to head dim 128; kv_split: P^T and dS^T from smem (stored together)
+            assert bwd.dkv_in_registers(k) == (not getattr(cfg, "kv_split", False))
+            if getattr(cfg, "kv_split", False):
+                assert k["p_with_ds"] and (k["atom_sdp"], k["atom_dkv"], k["atom_dq"]) == (2, 1, 1)
+            # the other dQ path keeps its own stage count (2 at head dim 256 with red)
+            red = cfgmod.make_bwd_config("bfloat16", hdim, causal, dq_reduce="red")
+            kr = knobs_of(p, "fa4kernel", {"dq_reduce": "red"})
+            assert (kr["q_stages"], kr["do_stages"]) == (red.q_stages, red.q_stages)
     impl = setup("h100", None, Problem(1, 8, 2048, 2048, 128), {}, "fa4kernel", "bwd")[3]
     assert sorted({d for d, _ in impl.head_dims}) == sorted(cfgmod.BWD_HEAD_DIMS)
+
+
+# ---------------------------------------------------------------- fa4kernel's kv_split (head dims 192, 256)
+P256 = Problem(1, 8, 2048, 2048, 256)
+
+
+def test_kv_split_gemms_per_warpgroup_and_tensor_cycles_per_q_block():
+    k = knobs_of(P256, "fa4kernel")
+    assert (k["tile_m"], k["tile_n"], k["q_stages"]) == (64, 64, 1)
+    shapes = bwd.gemm_shapes(P256, k)
+    assert shapes["S"] == shapes["dP"] == (64, 32, 256, True, 2)
+    assert shapes["dV"] == shapes["dK"] == (64, 128, 64, True, 2)  # SS: P^T, dS^T from smem
+    assert shapes["dQ"] == (64, 128, 64, True, 2)
+    # one Q block: 2 x 64 x 64 x (3 x 256 + 2 x 256) FLOPs; every k-step (16 cycles for S, dP
+    # at N = 32, 64 for the rest) above the wgmma floor, so the tensor core needs them at 4096 / clock
+    g = bwd.gemms(H100, P256, k)
+    tensor = sum(g[x][0] * 2 for x in ("S", "dP", "dV", "dK", "dQ"))
+    assert tensor == pytest.approx(2 * 64 * 64 * 1280 / 4096) == pytest.approx(2560)
+    # S^T per k-step reads 64 x 16 keys and 32 x 16 queries: 3072 B
+    assert g["S"][1] * H100.smem_bytes_per_clk == pytest.approx(16 * (64 + 32) * 16 * 2)
+
+
+def test_kv_split_stores_p_and_ds_together_behind_one_barrier():
+    s = schedule(P256, "fa4kernel")
+    elems = 64 * 64 // 2
+    # both read 8 queries' LSE (EXP) or dPsum (DS) per thread from smem; DS also stores P^T and dS^T
+    stats = 128 * 8 * 4
+    assert uses(s, "EXP0")["smem:lsu"] * H100.smem_bytes_per_clk == pytest.approx(stats)
+    assert uses(s, "DS0")["smem:lsu"] * H100.smem_bytes_per_clk == pytest.approx(stats + 2 * elems * 2)
+    edges = {(e.src, e.dst, e.kind) for e in s.edges}
+    for v in range(2):
+        for w in range(2):
+            assert (f"DS{v}", f"dV{w}", "flow") in edges and (f"EXP{v}", f"dV{w}", "flow") not in edges
+            assert (f"dV{v}", f"DS{w}", "anti") in edges  # P^T's buffer waits for its reader
+
+
+@pytest.mark.parametrize("reduce", ["bulk", "red"])
+def test_kv_split_reduce_adds_64_x_256_fp32_per_q_block(reduce):
+    s = schedule(P256, "fa4kernel", {"dq_reduce": reduce})
+    l2_red = bwd.l2_shares(H100)[1]
+    ops = [o for o in s.ops if o.name.startswith("ADDQ" if reduce == "bulk" else "DQR")]
+    assert len(ops) == 2  # one per dQ warpgroup, head_dim / 2 columns each
+    assert sum(dict(o.uses)["l2"] for o in ops) * l2_red == pytest.approx(64 * 256 * 4)
 
 
 # ---------------------------------------------------------------- each choice in the schedule
@@ -238,6 +293,21 @@ def test_fa4kernels_torch_pre_and_postprocess():
     assert pre == pytest.approx(rows * (4 * d + 12 + 4 * d) / bw + gap)
 
 
+def test_the_l2_check_takes_reduce_adds_at_the_reduce_add_rate():
+    from fa4sim.kernel_model import KernelTime
+    p = Problem(1, 2, 1024, 1024, 256)
+    units = kernel_bwd.kv_units(p, 64, 64)
+    visits = sum(u.n_kv for u in units)
+    assert visits == 16 * 16
+    red = 2 * visits * 64 * 256 * 4  # 64 x 256 fp32 per visit, 2 heads
+    assert kernel_bwd.reduce_add_bytes(p, units, 64) == red
+    l2, _ = kernel_bwd.traffic(p, H100, units, 64, False)
+    kt = KernelTime(1.0, 1, 1, 1.0, 1, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, "compute")
+    kt = kernel_bwd.with_traffic(kt, p, H100, units, 64, False)
+    assert kt.l2_us == pytest.approx((l2 - red) / (H100.l2_bandwidth_tbps * 1e6)
+                                     + red / (H100.l2_reduce_bandwidth_tbps * 1e6))
+
+
 def test_slices_read_and_write_every_visit_of_dq_in_hbm():
     p = Problem(1, 2, 1024, 1024, 64)
     units = kernel_bwd.kv_units(p, 128, 64)
@@ -284,7 +354,8 @@ def _loop_counts(sass: str):
 
 @pytest.mark.compile
 @pytest.mark.parametrize("hdim,causal,knobs", [(128, False, {}),
-                                              (64, True, {"dq_reduce": "bulk", "stats": "tma", "mma_order": "dv_dq_dk"})])
+                                              (64, True, {"dq_reduce": "bulk", "stats": "tma", "mma_order": "dv_dq_dk"}),
+                                              (256, False, {}), (192, True, {"dq_reduce": "red"})])
 def test_fa4kernel_loop_instruction_counts_are_its_sass(hdim, causal, knobs):
     pytest.importorskip("cutlass")
     import inspect
@@ -303,8 +374,10 @@ def test_fa4kernel_loop_instruction_counts_are_its_sass(hdim, causal, knobs):
     assert value("loop_instr_per_kstep") == pytest.approx((c["hgmma"] + c["uniform"]) / c["hgmma"], abs=0.006)
     # the rest, less the pointwise instructions the schedule counts: 5 per score element, the
     # mask's (1, or 3 causal), the statistics' loads (32 LDG, or 16 LDS), 4 stmatrix, the dQ stores
-    e, hd_part = 32, 64 * hdim * 4 / (2 if hdim == 128 else 1)
+    # (kv_split: 16 scores per thread, P^T and dS^T both stored, dQ over both warpgroups)
+    e, hd_part = k["tile_m"] * k["tile_n"] // 2 // 128, 64 * hdim * 4 / (2 if hdim >= 128 else 1)
     dq = hd_part / 16 / 128 if k["dq_reduce"] == "bulk" else hd_part / 8 / 128
-    counted = 5 * e + (3 if causal else 1) * e + (32 if k["stats"] == "thread" else 16) + 4 + dq
+    stsm = e * 2 * (2 if hdim > 128 else 1) // 16
+    counted = 5 * e + (3 if causal else 1) * e + (e if k["stats"] == "thread" else e // 2) + stsm + dq
     total = c["hgmma"] + c["uniform"] + c["other"] + c["pointwise"]
     assert value("loop_instr_fixed") == round(total - c["hgmma"] - c["uniform"] - counted)

@@ -57,6 +57,9 @@ DQW_PIECE_BYTES = 256  # the dQ stores' piece (2 cycles of shared memory)
 KNOBS = [
     Knob("tile_m", 64, "rows", "Q rows per Q block", minimum=16, maximum=256),
     Knob("tile_n", 128, "keys", "keys per KV tile", minimum=16, maximum=256),
+    Knob("dq_reduce", "bulk", "", "how dQ reaches its fp32 accumulator: bulk = fp32 shared memory and one TMA bulk "
+         "reduce-add per dQ warpgroup, issued by producer warp 1; red = every thread's RED.ADD.F32x2 from "
+         "registers", kind="choice", choices=("bulk", "red")),  # before q_stages: a stage count may follow it
     Knob("q_stages", 2, "slots", "shared-memory stages of Q (+ LSE)", minimum=1, maximum=2),
     Knob("do_stages", 2, "slots", "shared-memory stages of dO (+ dPsum)", minimum=1, maximum=2),
     Knob("pds_stages", 2, "slots", "shared-memory stages of P and dS", minimum=1, maximum=2),
@@ -67,14 +70,14 @@ KNOBS = [
          "with the GEMM)", choices=(1, 2)),
     Knob("atom_dkv", 2, "WGs", "warpgroups along the keys of dK and dV (the rest along the head dim)", choices=(1, 2)),
     Knob("atom_dq", 1, "WGs", "warpgroups along the Q rows of dQ (the rest along the head dim)", choices=(1, 2)),
+    Knob("p_with_ds", False, "", "where dV takes P from shared memory: P goes there with dS, after the dS math, behind "
+         "the one dS barrier (fa4kernel at head dims 192, 256); false: P is stored after the exp2s, behind a barrier "
+         "of its own", kind="bool"),
     Knob("dq_single_wg", False, "", "only warpgroup 0 computes dQ", kind="bool"),
     Knob("mma_order", "dv_dq_dk", "", "the three GEMMs after dS: dv_dk_dq = the dS barrier, then dV, dK, dQ, a wait for "
          "all three, then dQ leaves; dv_dq_dk = dV issued before the dS barrier, then dQ, then dK, dQ leaves while "
          "dK runs (flash-attn-4); dv_early = as dv_dq_dk, but dV issued as soon as P is in registers, under the "
          "dS math", kind="choice", choices=("dv_dk_dq", "dv_dq_dk", "dv_early")),
-    Knob("dq_reduce", "bulk", "", "how dQ reaches its fp32 accumulator: bulk = fp32 shared memory and one TMA bulk "
-         "reduce-add per dQ warpgroup, issued by producer warp 1; red = every thread's RED.ADD.F32x2 from "
-         "registers", kind="choice", choices=("bulk", "red")),
     Knob("stats", "tma", "", "how LSE and dPsum of a Q block reach the MMA warpgroups: tma = with Q and dO into shared "
          "memory (read with LDS); thread = each thread loads its Q columns' from global memory (LDG)",
          kind="choice", choices=("tma", "thread")),
@@ -213,6 +216,9 @@ def build(hw, p: Problem, k: dict, n_kv: int, masked_blocks: int, impl=None, hbm
     l2 = lambda nbytes: ("l2", nbytes / l2_load)           # noqa: E731
     l2_add = lambda nbytes: ("l2", nbytes / l2_red)        # noqa: E731
     rs = dkv_in_registers(k)
+    # P to shared memory with dS, after the dS math, behind the one dS barrier (fa4kernel's
+    # kv_split); else, where dV reads P from there, P is stored after the exp2s
+    p_late = not rs and k["p_with_ds"]
     g = gemms(hw, p, k)
     # the loop's instructions besides the pointwise phases, counted in the implementation's SASS
     # (its bwd params; none where it gives none): per wgmma k-step (the HGMMA and its uniform-
@@ -295,19 +301,20 @@ def build(hw, p: Problem, k: dict, n_kv: int, masked_blocks: int, impl=None, hbm
         elif masked_blocks:
             ops.append(Op(f"MASK{w}", r, tuple(scaled(per_el, elems * masked_blocks).items()), 0.0, "softmax",
                           when="first", label=f"causal/length mask, {masked_blocks} Q block(s)"))
-        p_store = {} if rs else {"smem:lsu": smem(elems * BYTES), **_lsu(elems * BYTES / STSM_BYTES),
+        p_store = {} if (rs or p_late) else {"smem:lsu": smem(elems * BYTES), **_lsu(elems * BYTES / STSM_BYTES),
                                  **_instr(hw, elems * BYTES / 16)}
         exp = add(phase(hw, "scale", elems), exp2_phase(hw, elems, 0.0), phase(hw, "convert", elems),
                   lse_get, stat_lds, p_store, scaled(fixed, 0.5))
         ops.append(Op(f"EXP{w}", r, tuple(exp.items()), hw.mufu_latency, "exp",
-                      label="P = exp2(S scale - LSE), to bf16" + ("" if rs else ", P -> smem")))
+                      label="P = exp2(S scale - LSE), to bf16" + ("" if (rs or p_late) else ", P -> smem")))
         dv_op = wgmma("dV", w, "dV += P^T dO" + (" (P in registers)" if rs else ""))
         if dv_early:  # dV issued as soon as P is in registers: it runs under the dS math
             ops.append(dv_op)
         # dS = P (dP - dPsum): a subtract and a multiply per element ("rescale" = one FMUL each)
         ds = add(phase(hw, "rescale", 2 * elems), phase(hw, "convert", elems), lse_get, stat_lds,
-                 ds_store, scaled(fixed, 0.5))
-        ops.append(Op(f"DS{w}", r, tuple(ds.items()), 0.0, "softmax", label="dS = P (dP - dPsum), dS -> smem"))
+                 ds_store, ds_store if p_late else {}, scaled(fixed, 0.5))
+        ops.append(Op(f"DS{w}", r, tuple(ds.items()), 0.0, "softmax",
+                      label="dS = P (dP - dPsum), " + ("P and dS -> smem" if p_late else "dS -> smem")))
         if not dv_early:
             ops.append(dv_op)
         if fa3_order:
@@ -364,10 +371,12 @@ def build(hw, p: Problem, k: dict, n_kv: int, masked_blocks: int, impl=None, hbm
             edges.append(Edge(f"DS{v}", f"dK{w}", lag=hand))
             if w < nq:
                 edges.append(Edge(f"DS{v}", f"dQ{w}", lag=hand))
-            if not fa3_order:
+            if not fa3_order or p_late:
                 edges.append(Edge(f"DS{v}", f"dV{w}", lag=hand))
             elif not rs:
                 edges.append(Edge(f"EXP{v}", f"dV{w}", lag=nbar))
+            if p_late:  # the next P into a slot waits for the dV GEMMs that read it
+                edges.append(Edge(f"dV{v}", f"DS{w}", distance=k["pds_stages"], kind="anti", lag=nbar))
             # the next P/dS into a slot waits for the GEMMs that read it
             if v < nq:
                 edges.append(Edge(f"dQ{v}", f"DS{w}", distance=k["pds_stages"], kind="anti", lag=nbar))

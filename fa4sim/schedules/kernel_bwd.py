@@ -86,13 +86,23 @@ def traffic(p: Problem, hw, units: list[KvUnit], tile_m: int, two_cta: bool,
     return float(l2), float(hbm)
 
 
+def reduce_add_bytes(p: Problem, units: list[KvUnit], tile_m: int) -> float:
+    """Bytes of the launch's fp32 dQ reduce-adds (part of traffic's L2 bytes): tile_m x head dim
+    x 4 per visit of a Q block."""
+    return float(p.batch * p.heads * sum(u.n_kv for u in units) * tile_m * p.hdim * 4)
+
+
 def with_traffic(kt: KernelTime, p: Problem, hw, units: list[KvUnit], tile_m: int, two_cta: bool,
                  cycles: float | None = None, knobs: dict | None = None) -> KernelTime:
     """The launch's KernelTime with the backward's own traffic (and, given, its own cycles)."""
     cycles = kt.cycles if cycles is None else cycles
     l2_b, hbm_b = traffic(p, hw, units, tile_m, two_cta, knobs)
     compute_us = cycles / (hw.clock_ghz * 1e3)
-    l2_us, hbm_us = l2_b / (hw.l2_bandwidth_tbps * 1e6), hbm_b / (hw.hbm_bandwidth_tbps * 1e6)
+    # the L2 serves the fp32 dQ reduce-adds at its reduce-add rate, the rest at its load rate
+    red_b = reduce_add_bytes(p, units, tile_m)
+    red_tbps = getattr(hw, "l2_reduce_bandwidth_tbps", 0.0) or hw.l2_bandwidth_tbps
+    l2_us = (l2_b - red_b) / (hw.l2_bandwidth_tbps * 1e6) + red_b / (red_tbps * 1e6)
+    hbm_us = hbm_b / (hw.hbm_bandwidth_tbps * 1e6)
     body = max(compute_us, l2_us, hbm_us)
     limiter = "compute" if body == compute_us else ("L2" if body == l2_us else "HBM")
     return replace(kt, cycles=cycles, compute_us=compute_us, l2_us=l2_us, hbm_us=hbm_us, l2_bytes=l2_b,
