@@ -43,7 +43,7 @@ TILE_M_BY_HEAD_DIM = {64: (64, 128), 96: (64,), 128: (64,), 192: (64,), 256: (64
 TILE_N_BY_HEAD_DIM = {64: 128, 96: 128, 128: 128, 192: 64, 256: 64}
 # dq_reduce default by head dim: "bulk" everywhere. At 192 its 48 KiB dQ buffer fits beside 2-stage
 # Q / dO rings (226 KiB); at 256 the 64 KiB buffer leaves room for one stage only, and bulk with one
-# stage still beats red with two (H100: +1 to +10 % over hd256 1k-16k, fa4kernel/README.md "Backward")
+# stage still beats red with two (H100: +0.5 to +10 % over hd256 1k-16k, fa4kernel/README.md "Backward")
 DQ_REDUCE_DEFAULT = {64: "bulk", 96: "bulk", 128: "bulk", 192: "bulk", 256: "bulk"}
 SMEM_LIMIT_BYTES = 227 * 1024  # dynamic shared memory of one CTA on H100 / H200
 
