@@ -450,7 +450,8 @@ def setup(hw, schedule: str | None, problem: Problem | None, overrides: dict | N
                                      f"--schedule {', '.join(BWD_SCHEDULES)}")
         module = BWD_SCHEDULES[schedule]
     if profile.arch not in getattr(module, "RUNS_ON", (module.ARCH,)):
-        other = [n for n, m in SCHEDULES.items() if profile.arch in getattr(m, "RUNS_ON", (m.ARCH,))]
+        family = BWD_SCHEDULES if pass_ == "bwd" else SCHEDULES
+        other = [n for n, m in family.items() if profile.arch in getattr(m, "RUNS_ON", (m.ARCH,))]
         raise InputError("schedule", f"{schedule} is an {module.ARCH} schedule but hw {profile.name} is {profile.arch}; use {', '.join(other)}")
     if not isinstance(impl, implementation.Implementation):
         # the schedule's arch: a schedule run on another arch (fa3 on sm100, no TMEM) keeps its kernel's choices
