@@ -50,7 +50,7 @@ from cutlass._mlir.dialects import llvm, vector  # noqa: E402
 from cutlass.cute.nvgpu import warpgroup  # noqa: E402
 from cutlass.cutlass_dsl import T, dsl_user_op  # noqa: E402
 
-from .common import _asm, clk, compile_for_sass, fill_random_bf16, gtimer, sass_count, smem_addr  # noqa: E402
+from .common import _asm, clk, fill_random_bf16, gtimer, run_sass_checks, smem_addr  # noqa: E402
 
 KT = 128          # K of one smem tile: 8 k16 steps per trip
 KB = KT // 16
@@ -429,19 +429,7 @@ def sass_cases(quick: bool = False):
 
 
 def check_sass(quick: bool = False) -> int:
-    import time
-
-    bad = 0
-    for name, build, expect in sass_cases(quick):
-        t0 = time.time()
-        fn, args = build()
-        sass = compile_for_sass(fn, *args)
-        counts = {op: sass_count(sass, op) for op in expect}
-        ok = all((counts[op] >= n) if n else counts[op] == 0 for op, n in expect.items())
-        bad += not ok
-        print(f"{'ok ' if ok else 'BAD'} {name:24s} {counts}  ({time.time() - t0:.1f}s)", flush=True)
-    print("all ok" if not bad else f"{bad} FAILED")
-    return 1 if bad else 0
+    return run_sass_checks(sass_cases(quick), width=24)
 
 
 # ----------------------------------------------------------------------------- GPU runs

@@ -6,10 +6,9 @@ its SASS holds the instruction it means to measure, at the expected count.
 from __future__ import annotations
 
 import sys
-import time
 
 from . import bench_launch, bench_pipes, bench_smem, bench_sync, bench_tma, bench_wgmma
-from .common import compile_for_sass, sass_count
+from .common import run_sass_checks
 
 
 def cases():
@@ -29,17 +28,7 @@ def cases():
 
 
 def main() -> int:
-    bad = 0
-    for name, build, expect in cases():
-        t0 = time.time()
-        fn, args = build()
-        sass = compile_for_sass(fn, *args)
-        counts = {op: sass_count(sass, op) for op in expect}
-        ok = all((counts[op] >= n) if n else counts[op] == 0 for op, n in expect.items())
-        bad += not ok
-        print(f"{'ok ' if ok else 'BAD'} {name:28s} {counts}  ({time.time() - t0:.1f}s)")
-    print("all ok" if not bad else f"{bad} FAILED")
-    return 1 if bad else 0
+    return run_sass_checks(cases())
 
 
 if __name__ == "__main__":

@@ -206,6 +206,25 @@ def sass_count(sass: str, opcode: str) -> int:
     return n
 
 
+def run_sass_checks(cases, width: int = 28) -> int:
+    """Compile each (name, build, expect) case for sm_90a and count its opcodes: expect maps an
+    opcode to the fewest instructions wanted (0: none may appear). Prints a line per case; 1 if any
+    case fails, else 0."""
+    import time
+
+    bad = 0
+    for name, build, expect in cases:
+        t0 = time.time()
+        fn, args = build()
+        sass = compile_for_sass(fn, *args)
+        counts = {op: sass_count(sass, op) for op in expect}
+        ok = all((counts[op] >= n) if n else counts[op] == 0 for op, n in expect.items())
+        bad += not ok
+        print(f"{'ok ' if ok else 'BAD'} {name:{width}s} {counts}  ({time.time() - t0:.1f}s)", flush=True)
+    print("all ok" if not bad else f"{bad} FAILED")
+    return 1 if bad else 0
+
+
 # ----------------------------------------------------------------------------- device side
 class Device:
     """Compile-and-run helper on the GPU (torch tensors -> cute tensors)."""
