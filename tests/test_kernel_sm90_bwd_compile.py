@@ -186,11 +186,12 @@ def bulk_sass(head_dim=128, causal=False, deterministic=False):
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("hd", fa4kernel.BWD_HEAD_DIMS)
 def test_bwd_bulk_compiles_with_bulk_reduce_and_no_red(hd, causal):
-    """One UBLKRED (cp.reduce.async.bulk .add.f32) per dQ warpgroup, no REDG anywhere; the rest
-    of the design (wgmma, TMA, exp2, stmatrix, no spills) as the default build."""
+    """One UBLKRED (cp.reduce.async.bulk .add.f32) per dQ warpgroup (two with dq_smem="qdo": one
+    per half), no REDG anywhere; the rest of the design (wgmma, TMA, exp2, stmatrix, no spills)
+    as the default build."""
     text = bulk_sass(hd, causal)
-    dq_wgs = make_bwd_config("bfloat16", hd, causal).dq_wgs
-    assert count(text, "UBLKRED") == dq_wgs
+    cfg = make_bwd_config("bfloat16", hd, causal, dq_reduce="bulk")
+    assert count(text, "UBLKRED") == cfg.dq_wgs * (2 if cfg.dq_smem == "qdo" else 1)
     assert len(re.findall(r"\sREDG?\.", text)) == 0, "per-thread RED left in the bulk build"
     for op in ("HGMMA", "UTMALDG", "UTMASTG", "MUFU.EX2", "STSM"):
         assert count(text, op) > 0, op
@@ -241,7 +242,7 @@ def test_bwd_bulk_smem_fits():
         bulk_cfg = make_bwd_config("bfloat16", hd, False, dq_reduce="bulk")
         red, bulk = bwd_smem_bytes(red_cfg), bwd_smem_bytes(bulk_cfg)
         assert bulk <= 227 * 1024, hd
-        if bulk_cfg.q_stages == red_cfg.q_stages:  # (256: bulk takes 1-stage rings)
+        if bulk_cfg.dq_smem == "own":  # (256: dQ staged in the Q / dO stage, no buffer)
             assert bulk - red == 64 * hd * 4, hd
 
 
@@ -701,18 +702,18 @@ KV_SPLIT_HEAD_DIMS = tuple(d for d in fa4kernel.BWD_HEAD_DIMS if d > 128)
 
 def test_bwd_kv_split_config():
     """64 x 64 tiles, 2 consumer warpgroups sharing the keys, both running dQ; the dq_reduce
-    default is "bulk" (at 256 with single-stage Q / dO rings, at 192 with two stages);
-    every build fits 227 KiB of smem."""
+    default is "bulk", staged in the consumed Q / dO stage at 256 (two stages; one with its own
+    dQ buffer) and in its own buffer at 192 (two stages); every build fits 227 KiB of smem."""
     from fa4kernel.sm90.bwd_config import bwd_smem_bytes
 
     for hd in KV_SPLIT_HEAD_DIMS:
         cfg = make_bwd_config("bfloat16", hd, True)
         assert (cfg.tile_m, cfg.tile_n, cfg.num_consumer_wgs, cfg.dq_wgs, cfg.kv_split) == (64, 64, 2, 2, True)
-        assert cfg.dq_reduce == "bulk" and cfg.q_stages == (1 if hd == 256 else 2)
-        for dq in ("red", "bulk"):
-            c = make_bwd_config("bfloat16", hd, False, dq_reduce=dq)
+        assert (cfg.dq_reduce, cfg.dq_smem, cfg.q_stages) == ("bulk", "qdo" if hd == 256 else "own", 2)
+        for dq, smem, stages in (("red", "own", 2), ("bulk", "own", 1 if hd == 256 else 2), ("bulk", "qdo", 2)):
+            c = make_bwd_config("bfloat16", hd, False, dq_reduce=dq, dq_smem=smem)
             assert bwd_smem_bytes(c) <= 227 * 1024
-            assert c.q_stages == (1 if (hd, dq) == (256, "bulk") else 2)
+            assert c.q_stages == stages, (hd, dq, smem)
     assert not make_bwd_config("bfloat16", 128, False).kv_split
 
 
@@ -721,6 +722,8 @@ def test_bwd_kv_split_config():
     (dict(mma_order="dv_early"), "mma_order='dv_early' not supported at head_dim {hd}"),
     (dict(regs="split"), "regs='split' needs one dQ warpgroup"),
     (dict(tile_m=128), "tile_m=128 not supported at head_dim {hd}; allowed: 64"),
+    (dict(dq_reduce="red", dq_smem="qdo"), "dq_smem='qdo' needs head_dim 192 or 256 (both warpgroups split "
+                                            "head_dim) and dq_reduce='bulk', not head_dim={hd}, dq_reduce='red'"),
 ])
 def test_bwd_kv_split_rejects_what_does_not_apply(hd, knobs, says):
     with pytest.raises(ValueError) as ei:
@@ -729,8 +732,10 @@ def test_bwd_kv_split_rejects_what_does_not_apply(hd, knobs, says):
 
 
 @pytest.mark.parametrize("knobs", [dict(), dict(deterministic=True), dict(dq_reduce="bulk"), dict(dq_reduce="red"),
-                                   BASELINE, dict(mma_order="dv_dk_dq", dtype="float16")],
-                         ids=["default", "deterministic", "bulk", "red", "baseline", "dv_dk_dq-fp16"])
+                                   BASELINE, dict(mma_order="dv_dk_dq", dtype="float16"), dict(dq_smem="own"),
+                                   dict(dq_smem="qdo"), dict(dq_smem="qdo", mma_order="dv_dk_dq")],
+                         ids=["default", "deterministic", "bulk", "red", "baseline", "dv_dk_dq-fp16", "own", "qdo",
+                              "qdo-dv_dk_dq"])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("hd", KV_SPLIT_HEAD_DIMS)
 def test_bwd_kv_split_builds(hd, causal, knobs):
@@ -756,7 +761,8 @@ def test_bwd_kv_split_builds(hd, causal, knobs):
     if cfg.dq_reduce == "red":
         assert n("REDG.E.ADD.F32x2") == 64 * hd // (2 * 256) and count(text, "UBLKRED") == 0
     else:
-        assert count(text, "UBLKRED") == 2 and n("RED") == 0
+        # dq_smem="qdo": each warpgroup's dQ in two halves (dO's and Q's columns of the stage)
+        assert count(text, "UBLKRED") == (4 if cfg.dq_smem == "qdo" else 2) and n("RED") == 0
     assert count(text, "UTMASTG") > 0 and count(text, "UTMALDG") > 0
 
 
@@ -771,3 +777,17 @@ def test_bwd_kv_split_thread_layouts_cover_the_tiles(hd):
 @pytest.mark.parametrize("hd", KV_SPLIT_HEAD_DIMS)
 def test_bwd_kv_split_bulk_fragment_order(hd):
     test_bwd_bulk_fragment_order(hd, 64)
+
+
+def test_bwd_dq_smem_rejected_below_kv_split():
+    """dq_smem="qdo" needs both warpgroups to split head_dim (kv_split): elsewhere one warpgroup's
+    dK reads every column of Q; a bad value names the allowed ones."""
+    with pytest.raises(ValueError) as ei:
+        make_bwd_config("bfloat16", 128, False, dq_smem="qdo")
+    assert str(ei.value).startswith("dq_smem='qdo' needs head_dim 192 or 256") and "allowed there: dq_smem='own'" \
+        in str(ei.value)
+    with pytest.raises(ValueError) as ei:
+        make_bwd_config("bfloat16", 256, False, dq_smem="tmem")
+    assert str(ei.value) == "dq_smem='tmem' not supported; allowed: own, qdo"
+    assert make_bwd_config("bfloat16", 128, False).dq_smem == "own"
+    assert make_bwd_config("bfloat16", 256, False, dq_reduce="red").dq_smem == "own"

@@ -224,6 +224,10 @@ KV_SPLIT_VARIANTS = [
     # the dq_reduce that is not the default ("red"; at 256 with 2-stage Q / dO rings)
     "other_dq_reduce",
     dict(dq_reduce="bulk", postprocess="kernel", dq_zero="preprocess", grid_order="blocks_outer"),
+    # where dQ is staged that is not the default: its own smem buffer (one Q / dO stage at 256) or
+    # the consumed Q / dO stage (at 192), in both GEMM orders
+    "other_dq_smem",
+    "other_dq_smem,mma_order=dv_dk_dq",
 ]
 
 
@@ -238,6 +242,10 @@ def test_bwd_kv_split_variants(hd, causal, knobs):
 
     if knobs == "other_dq_reduce":
         knobs = dict(dq_reduce="red" if make_bwd_config("bfloat16", hd, causal).dq_reduce == "bulk" else "bulk")
+    elif isinstance(knobs, str) and knobs.startswith("other_dq_smem"):
+        default = make_bwd_config("bfloat16", hd, causal, dq_reduce="bulk").dq_smem
+        order = "dv_dk_dq" if knobs.endswith("dv_dk_dq") else "dv_dq_dk"
+        knobs = dict(dq_reduce="bulk", dq_smem="own" if default == "qdo" else "qdo", mma_order=order)
     check(2, 1000, 1000, 3, 3, hd, causal, **knobs)
     check(1, 1000, 333, 2, 2, hd, causal, **knobs)
     check(2, 77, 1000, 8, 2, hd, causal, **knobs)
@@ -308,8 +316,9 @@ def test_bwd_softmax_scale(causal):
 
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("hd,knobs", [(64, {}), (96, {}), (128, {}), (64, {"tile_m": 128}), (128, BASELINE),
-                                     (192, {}), (256, {})],
-                         ids=["hd64", "hd96", "hd128", "hd64-tile_m=128", "hd128-baseline", "hd192", "hd256"])
+                                     (192, {}), (256, {}), (192, {"dq_smem": "qdo"}), (256, {"dq_smem": "own"})],
+                         ids=["hd64", "hd96", "hd128", "hd64-tile_m=128", "hd128-baseline", "hd192", "hd256",
+                              "hd192-dq_smem=qdo", "hd256-dq_smem=own"])
 def test_bwd_deterministic_is_bitwise_repeatable(hd, knobs, causal):
     """deterministic=True: two backward passes over the same inputs give the same bits (and are
     correct); the default (atomic dQ reduction) is only required to be correct."""

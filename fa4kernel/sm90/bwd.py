@@ -181,6 +181,7 @@ class FlashBwdSm90:
         self.blocks_outer = cfg.grid_order == "blocks_outer"
         self.deterministic = cfg.deterministic
         self.dq_bulk = cfg.dq_reduce == "bulk"
+        self.dq_qdo = cfg.dq_smem == "qdo"  # dQ staged in the consumed Q / dO stage (kv_split)
         self.stats_tma = cfg.stats == "tma"
         self.mma_order = cfg.mma_order
         self.dq_rows_split = cfg.dq_rows_split
@@ -259,6 +260,12 @@ class FlashBwdSm90:
             sQ_layout = _smem_layout(dtype, self.tile_m, self.hd, self.stages)
             sK_layout = _smem_layout(dtype, self.tile_n, self.hd)
         sdS_layout = _smem_layout(dtype, self.tile_n, self.tile_m, 2)  # dS^T: keys x queries, 2 buffers
+        if const_expr(self.dq_qdo):
+            # a warpgroup's head_dim columns of a stage must be one contiguous half of it (the
+            # swizzle atoms tile the rows first), stages one after the other
+            half, stage = self.tile_m * self.hd // 2, self.tile_m * self.hd
+            assert cute.crd2idx((0, self.hd // 2, 0), sQ_layout.outer) == half, "dq_smem='qdo': Q layout"
+            assert cute.crd2idx((0, 0, 1), sQ_layout.outer) == stage, "dq_smem='qdo': Q layout"
 
         tma_load = cpasync.CopyBulkTensorTileG2SOp()
         tma_store = cpasync.CopyBulkTensorTileS2GOp()
@@ -276,7 +283,7 @@ class FlashBwdSm90:
         stages = self.stages
 
         # optional buffers have 0 elements when their knob is off
-        dq_floats = self.tile_m * self.hd if const_expr(self.dq_bulk) else 0
+        dq_floats = self.tile_m * self.hd if const_expr(self.dq_bulk and not self.dq_qdo) else 0
         stat_floats = self.tile_m * stages if const_expr(self.stats_tma) else 0
 
         self.shared_storage = self._shared_storage(dtype, stages, stat_floats, dq_floats, cute.cosize(sK_layout),
@@ -366,15 +373,18 @@ class FlashBwdSm90:
         # once (one stage, never released: one key block per CTA).
         producer = pipeline.CooperativeGroup(pipeline.Agent.Thread, 1)
         consumers = pipeline.CooperativeGroup(pipeline.Agent.Thread, self.num_consumer_threads // 32)
+        # dq_smem="qdo": producer warp 1 releases a Q / dO stage (one arrive) once the bulk
+        # reduces have read the dQ staged there
+        qdo_releasers = pipeline.CooperativeGroup(pipeline.Agent.Thread, 1) if const_expr(self.dq_qdo) else consumers
         pipe_kv = pipeline.PipelineTmaAsync.create(
             barrier_storage=storage.mbar_kv.data_ptr(), num_stages=1, producer_group=producer,
             consumer_group=consumers, tx_count=2 * self.kv_bytes, defer_sync=True)
         pipe_q = pipeline.PipelineTmaAsync.create(
             barrier_storage=storage.mbar_q.data_ptr(), num_stages=self.stages, producer_group=producer,
-            consumer_group=consumers, tx_count=self.q_bytes + self.stat_bytes, defer_sync=True)
+            consumer_group=qdo_releasers, tx_count=self.q_bytes + self.stat_bytes, defer_sync=True)
         pipe_do = pipeline.PipelineTmaAsync.create(
             barrier_storage=storage.mbar_do.data_ptr(), num_stages=self.stages, producer_group=producer,
-            consumer_group=consumers, tx_count=self.q_bytes + self.stat_bytes, defer_sync=True)
+            consumer_group=qdo_releasers, tx_count=self.q_bytes + self.stat_bytes, defer_sync=True)
         cute.arch.mbarrier_init_fence()
 
         sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
@@ -391,7 +401,13 @@ class FlashBwdSm90:
             sLSE = storage.sLSE.get_tensor(cute.make_layout((self.tile_m, self.stages)))
             sD = storage.sD.get_tensor(cute.make_layout((self.tile_m, self.stages)))
         sdQ = None
-        if const_expr(self.dq_bulk):
+        if const_expr(self.dq_qdo):
+            # the stages' raw bytes as fp32: (floats of half a warpgroup's dQ, warpgroup, stage)
+            # of dO (first halves) and of Q (second halves); see dq_store
+            qdo_layout = cute.make_layout((self.tile_m * self.hd // 4, 2, self.stages))
+            sdQ = (cute.make_tensor(cute.recast_ptr(storage.sdO.data_ptr(), dtype=Float32), qdo_layout),
+                   cute.make_tensor(cute.recast_ptr(storage.sQ.data_ptr(), dtype=Float32), qdo_layout))
+        elif const_expr(self.dq_bulk):
             # (floats of one dQ warpgroup, dQ warpgroups): see dq_bulk_offset
             sdQ = storage.sdQ.get_tensor(
                 cute.make_layout((self.tile_m * self.hd // self.dq_wgs, self.dq_wgs)))
@@ -419,7 +435,8 @@ class FlashBwdSm90:
             if const_expr(self.dq_bulk):
                 if warp_idx == 1:
                     nbi = n_block if const_expr(self.deterministic) else 0
-                    self.dq_store(mdQaccum, sdQ, kv_head, batch, group, m_block_min, n_m, n_iter, nbi)
+                    self.dq_store(mdQaccum, sdQ, pipe_q, pipe_do, kv_head, batch, group, m_block_min, n_m,
+                                  n_iter, nbi)
         else:
             # ---------------------------------------------------------------- consumer WGs
             args = (
@@ -496,26 +513,48 @@ class FlashBwdSm90:
         return m_block, head
 
     @cute.jit
-    def dq_store(self, mdQaccum, sdQ, kv_head, batch, group, m_block_min, n_m, n_iter, nbi):
+    def dq_store(self, mdQaccum, sdQ, pipe_q, pipe_do, kv_head, batch, group, m_block_min, n_m, n_iter, nbi):
         """dq_reduce="bulk", producer warp 1: per query block and dQ warpgroup w, free w's smem
         buffer (its last bulk reduce has read it), wait until w has written dQ there, and add it
         into the accumulator with one bulk reduction of tile_m x head_dim / dq_wgs floats. The
         accumulator is contiguous (run_bwd allocates it), so a query block is tile_m x head_dim
-        consecutive floats."""
+        consecutive floats. dq_smem="qdo": w's dQ sits in the block's Q / dO stage (first half in
+        w's columns of dO, second half in those of Q): two bulk reductions per warpgroup, then,
+        once both warpgroups' have read the stage, its release to the loads."""
         chunk = self.tile_m * self.hd // self.dq_wgs
         sync_threads = 128 + 32
         m_block, head = m_block_min, kv_head * group
-        for _it in cutlass.range(n_iter, unroll=1):
-            gdQ = cute.local_tile(mdQaccum[None, None, head, batch, nbi], (self.tile_m, self.hd), (m_block, 0))
-            for w in cutlass.range_constexpr(self.dq_wgs):
-                cute.arch.cp_async_bulk_wait_group(self.dq_wgs - 1 - w, read=True)
-                cute.arch.barrier_arrive(barrier_id=BAR_DQ_EMPTY + w, number_of_threads=sync_threads)
-            for w in cutlass.range_constexpr(self.dq_wgs):
-                cute.arch.barrier(barrier_id=BAR_DQ_FULL + w, number_of_threads=sync_threads)
-                with cute.arch.elect_one():
-                    bulk_reduce_add_f32(gdQ.iterator + w * chunk, sdQ[None, w].iterator, chunk * 4)
+        if const_expr(self.dq_qdo):
+            sdQ_dO, sdQ_Q = sdQ
+            half = chunk // 2
+            state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
+            for _it in cutlass.range(n_iter, unroll=1):
+                gdQ = cute.local_tile(mdQaccum[None, None, head, batch, nbi], (self.tile_m, self.hd), (m_block, 0))
+                for w in cutlass.range_constexpr(self.dq_wgs):
+                    cute.arch.barrier(barrier_id=BAR_DQ_FULL + w, number_of_threads=sync_threads)
+                    with cute.arch.elect_one():
+                        bulk_reduce_add_f32(gdQ.iterator + w * chunk, sdQ_dO[None, w, state.index].iterator,
+                                            half * 4)
+                        bulk_reduce_add_f32(gdQ.iterator + w * chunk + half, sdQ_Q[None, w, state.index].iterator,
+                                            half * 4)
                 cute.arch.cp_async_bulk_commit_group()
-            m_block, head = self._next_block(m_block, head, m_block_min, n_m)
+                cute.arch.cp_async_bulk_wait_group(0, read=True)  # the stage is read: free for loads
+                pipe_q.consumer_release(state)
+                pipe_do.consumer_release(state)
+                state.advance()
+                m_block, head = self._next_block(m_block, head, m_block_min, n_m)
+        else:
+            for _it in cutlass.range(n_iter, unroll=1):
+                gdQ = cute.local_tile(mdQaccum[None, None, head, batch, nbi], (self.tile_m, self.hd), (m_block, 0))
+                for w in cutlass.range_constexpr(self.dq_wgs):
+                    cute.arch.cp_async_bulk_wait_group(self.dq_wgs - 1 - w, read=True)
+                    cute.arch.barrier_arrive(barrier_id=BAR_DQ_EMPTY + w, number_of_threads=sync_threads)
+                for w in cutlass.range_constexpr(self.dq_wgs):
+                    cute.arch.barrier(barrier_id=BAR_DQ_FULL + w, number_of_threads=sync_threads)
+                    with cute.arch.elect_one():
+                        bulk_reduce_add_f32(gdQ.iterator + w * chunk, sdQ[None, w].iterator, chunk * 4)
+                    cute.arch.cp_async_bulk_commit_group()
+                m_block, head = self._next_block(m_block, head, m_block_min, n_m)
         cute.arch.cp_async_bulk_wait_group(0, read=True)
 
     @cute.jit
@@ -532,6 +571,18 @@ class FlashBwdSm90:
         cute.copy(copy, src, tdQsdQ)
         cute.arch.fence_view_async_shared()  # generic-proxy writes -> the bulk copy (async proxy)
         cute.arch.barrier_arrive(barrier_id=BAR_DQ_FULL + w, number_of_threads=128 + 32)
+
+    @cute.jit
+    def _dq_half_to_smem(self, acc_dQ, dst, wg_tidx, half: cutlass.Constexpr):
+        """dq_smem="qdo": half `half` of a dQ warpgroup's accumulator -> dst (its floats, in the
+        fragment order of _dq_to_smem, whose first / second half they are)."""
+        copy = cute.make_tiled_copy_tv(
+            cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), Float32, num_bits_per_copy=128),
+            cute.make_layout(128), cute.make_layout(4))
+        tD = copy.get_slice(wg_tidx).partition_D(dst)
+        both = cute.make_tensor(acc_dQ.iterator, cute.make_layout((cute.size(acc_dQ) // 2, 2)))
+        src = cute.make_tensor(both[None, half].iterator, cute.make_layout(tD.shape))
+        cute.copy(copy, src, tD)
 
     # one warpgroup's wgmma chain over the k-steps (wait >= 0: wait_group(wait) after the commit),
     # the forward's own
@@ -717,28 +768,33 @@ class FlashBwdSm90:
         """The GEMMs of one query block after the dS^T barrier (after dV and dK in "dv_dk_dq"),
         in mma_order, and the release of its Q / dO stage; emit = the dQ write-out's arguments
         (None: not a dQ warpgroup)."""
+        qdo = const_expr(self.dq_qdo)  # dQ goes into this stage: producer warp 1 releases it
         if const_expr(self.mma_order == "dv_dk_dq"):
             if const_expr(emit is not None):
                 self._gemm(tiled_mma_dq, acc_dQ, tdQrdS, tdQrKt, True, 0)  # and dV, dK
             else:
                 warpgroup.wait_group(0)
-            pipe_q.consumer_release(state)
-            pipe_do.consumer_release(state)
+            if const_expr(not qdo):
+                pipe_q.consumer_release(state)
+                pipe_do.consumer_release(state)
             if const_expr(emit is not None):
-                self._emit_dq(acc_dQ, *emit)
+                self._emit_dq(acc_dQ, *emit, state.index, False)
         else:
             # dV is in flight (issued before the barrier); dQ first, then dK: dQ leaves (smem
             # or RED) while dK runs on the tensor core
             if const_expr(emit is not None):
                 self._gemm(tiled_mma_dq, acc_dQ, tdQrdS, tdQrKt, True, 1)  # dV done
-                pipe_do.consumer_release(state)
+                if const_expr(not qdo):
+                    pipe_do.consumer_release(state)
                 self._gemm(tiled_mma_dkv, acc_dK, tdKrdS, tdKrQt, False, 1)  # dQ done
-                self._emit_dq(acc_dQ, *emit)
+                # qdo: the dO half of dQ now, the Q half once dK (its reader) is done
+                self._emit_dq(acc_dQ, *emit, state.index, True)
             else:
                 self._gemm(tiled_mma_dkv, acc_dK, tdKrdS, tdKrQt, False, 1)  # dV done
                 pipe_do.consumer_release(state)
             warpgroup.wait_group(0)
-            pipe_q.consumer_release(state)
+            if const_expr(not qdo):
+                pipe_q.consumer_release(state)
 
     @cute.jit
     def _mask(self, s, tScS, t0ScS, key0, q0, seqlen_k, causal_offset):
@@ -758,11 +814,22 @@ class FlashBwdSm90:
                 s[r, c] = s[r, c] if visible else Float32(0.0)
 
     @cute.jit
-    def _emit_dq(self, acc_dQ, thr_mma_dq, mdQaccum, sdQ, dq_tidx, m_block, head, batch, nbi, softmax_scale):
+    def _emit_dq(self, acc_dQ, thr_mma_dq, mdQaccum, sdQ, dq_tidx, m_block, head, batch, nbi, softmax_scale,
+                 stage, dk_in_flight: cutlass.Constexpr):
+        """dk_in_flight: this warpgroup's dK GEMM still reads its columns of the stage's Q (qdo:
+        the Q half waits for it)."""
         # dQ leaves scaled, so the host's postprocess is one copy (fp32 -> 16 bit, row order)
         for i in cutlass.range_constexpr(cute.size(acc_dQ)):
             acc_dQ[i] = acc_dQ[i] * softmax_scale
-        if const_expr(self.dq_bulk):
+        if const_expr(self.dq_qdo):
+            w = dq_tidx // 128
+            self._dq_half_to_smem(acc_dQ, sdQ[0][None, w, stage], dq_tidx % 128, 0)
+            if const_expr(dk_in_flight):
+                warpgroup.wait_group(0)
+            self._dq_half_to_smem(acc_dQ, sdQ[1][None, w, stage], dq_tidx % 128, 1)
+            cute.arch.fence_view_async_shared()  # generic-proxy writes -> the bulk copy (async proxy)
+            cute.arch.barrier_arrive(barrier_id=BAR_DQ_FULL + w, number_of_threads=128 + 32)
+        elif const_expr(self.dq_bulk):
             self._dq_to_smem(acc_dQ, sdQ, dq_tidx)
         else:
             self._reduce_dq(acc_dQ, thr_mma_dq, mdQaccum, m_block, head, batch, nbi)

@@ -24,10 +24,11 @@ from dataclasses import asdict, dataclass
 
 BWD_HEAD_DIMS = (64, 96, 128, 192, 256)
 BWD_DTYPES = ("bfloat16", "float16")
-BWD_KNOB_NAMES = ("deterministic", "dq_reduce", "stats", "mma_order", "preprocess", "postprocess", "regs",
+BWD_KNOB_NAMES = ("deterministic", "dq_reduce", "dq_smem", "stats", "mma_order", "preprocess", "postprocess", "regs",
                   "tile_m", "grid_order", "dq_zero")
 # each knob's values, the default first (measured on the H100: fa4kernel/README.md, "Backward")
 DQ_REDUCE_MODES = ("bulk", "red")
+DQ_SMEM_MODES = ("own", "qdo")
 STATS_MODES = ("tma", "thread")
 MMA_ORDERS = ("dv_dq_dk", "dv_dk_dq", "dv_early")
 PREPROCESS_MODES = ("kernel", "torch")
@@ -42,9 +43,14 @@ TILE_M_BY_HEAD_DIM = {64: (64, 128), 96: (64,), 128: (64,), 192: (64,), 256: (64
 # warpgroups share the keys and split dK / dV by head_dim (BwdConfig.kv_split)
 TILE_N_BY_HEAD_DIM = {64: 128, 96: 128, 128: 128, 192: 64, 256: 64}
 # dq_reduce default by head dim: "bulk" everywhere. At 192 its 48 KiB dQ buffer fits beside 2-stage
-# Q / dO rings (226 KiB); at 256 the 64 KiB buffer leaves room for one stage only, and bulk with one
-# stage still beats red with two (H100: +0.5 to +10 % over hd256 1k-16k, fa4kernel/README.md "Backward")
+# Q / dO rings (226 KiB); at 256 its own 64 KiB buffer leaves room for one stage only (bulk with one
+# stage still beats red with two: H100 +0.5 to +10 %), and dq_smem="qdo" gives it two
 DQ_REDUCE_DEFAULT = {64: "bulk", 96: "bulk", 128: "bulk", 192: "bulk", 256: "bulk"}
+# dq_smem default with dq_reduce="bulk" (kv_split only; "own" elsewhere): at 256 dQ is staged in the
+# Q / dO stage it was computed from, which frees the 64 KiB dQ buffer for a second Q / dO stage
+# (H100: +15 to +25 % over hd256 1k-16k); at 192, which has 2 stages beside its own buffer, holding
+# the stage until the bulk reduces have read it costs 6 to 22 % (fa4kernel/README.md, "Backward")
+DQ_SMEM_DEFAULT = {256: "qdo"}
 SMEM_LIMIT_BYTES = 227 * 1024  # dynamic shared memory of one CTA on H100 / H200
 
 TILE_M = 64  # query rows per m block (the N of S^T = K Q^T)
@@ -67,6 +73,13 @@ class BwdConfig:
     # buffer and producer warp 1 adds it with one cp.reduce.async.bulk .add.f32 per warpgroup
     # (the accumulator then holds each query block in the wgmma fragment order, see bwd.py)
     dq_reduce: str = "bulk"
+    # dq_reduce="bulk": where a dQ warpgroup stages its fp32 partial sum for the bulk reduce: "own" =
+    # its own smem buffer (tile_m x head_dim / dq_wgs floats); "qdo" (kv_split only) = the bytes of
+    # the Q / dO stage the block was computed from: warpgroup w's columns of dO (dead once its dV is
+    # done) and of Q (dead once its dK is done) hold the two halves of its floats, and producer
+    # warp 1 releases the stage to the loads once its bulk reduces have read it. No dQ buffer:
+    # at head_dim 256 the 64 KiB it frees hold a second Q / dO stage
+    dq_smem: str = "own"
     # how LSE_log2 and D of a query block reach the consumers: "thread" = every consumer thread
     # loads its 2 x 16 values from global memory at the top of the block; "tma" = producer warp 0
     # bulk-copies the block's 64 + 64 floats into smem with its Q and dO (same mbarriers), so
@@ -150,12 +163,12 @@ class BwdConfig:
 
 
 def make_bwd_config(dtype: str, head_dim: int, causal: bool, deterministic: bool = False,
-                    dq_reduce: str = None, stats: str = "tma", mma_order: str = "dv_dq_dk",
+                    dq_reduce: str = None, dq_smem: str = None, stats: str = "tma", mma_order: str = "dv_dq_dk",
                     preprocess: str = "kernel", regs: str = "even", tile_m: int = TILE_M,
                     postprocess: str = "torch", grid_order: str = "heads_outer",
                     dq_zero: str = "torch") -> BwdConfig:
     """The backward build for these arguments; one-line ValueError naming what is allowed.
-    dq_reduce=None: the head dim's default (DQ_REDUCE_DEFAULT)."""
+    dq_reduce=None, dq_smem=None: the head dim's defaults (DQ_REDUCE_DEFAULT, DQ_SMEM_DEFAULT)."""
     if dtype not in BWD_DTYPES:
         raise ValueError(f"dtype {dtype} not supported by the backward; allowed: {', '.join(BWD_DTYPES)}")
     if isinstance(head_dim, bool) or head_dim not in BWD_HEAD_DIMS:
@@ -169,6 +182,14 @@ def make_bwd_config(dtype: str, head_dim: int, causal: bool, deterministic: bool
         dq_reduce = DQ_REDUCE_DEFAULT[head_dim]
     if dq_reduce not in DQ_REDUCE_MODES:
         raise ValueError(f"dq_reduce={dq_reduce!r} not supported; allowed: {', '.join(DQ_REDUCE_MODES)}")
+    if dq_smem is None:
+        dq_smem = DQ_SMEM_DEFAULT.get(head_dim, "own") if dq_reduce == "bulk" else "own"
+    if dq_smem not in DQ_SMEM_MODES:
+        raise ValueError(f"dq_smem={dq_smem!r} not supported; allowed: {', '.join(DQ_SMEM_MODES)}")
+    if dq_smem == "qdo" and (head_dim <= 128 or dq_reduce != "bulk"):
+        raise ValueError(f"dq_smem='qdo' needs head_dim 192 or 256 (both warpgroups split head_dim) and "
+                         f"dq_reduce='bulk', not head_dim={head_dim}, dq_reduce={dq_reduce!r}; allowed there: "
+                         f"dq_smem='own'")
     for name, val, allowed in (("stats", stats, STATS_MODES), ("mma_order", mma_order, MMA_ORDERS),
                                ("preprocess", preprocess, PREPROCESS_MODES),
                                ("postprocess", postprocess, POSTPROCESS_MODES), ("regs", regs, REGS_MODES),
@@ -202,7 +223,7 @@ def make_bwd_config(dtype: str, head_dim: int, causal: bool, deterministic: bool
         raise ValueError(f"mma_order='dv_early' not supported at head_dim {head_dim} (P^T reaches dV through "
                          f"shared memory); allowed there: mma_order='dv_dq_dk' or 'dv_dk_dq'")
     cfg = BwdConfig(dtype=dtype, head_dim=head_dim, causal=causal, deterministic=deterministic,
-                    dq_reduce=dq_reduce, stats=stats, mma_order=mma_order, preprocess=preprocess,
+                    dq_reduce=dq_reduce, dq_smem=dq_smem, stats=stats, mma_order=mma_order, preprocess=preprocess,
                     postprocess=postprocess, regs=regs, tile_m=tile_m, grid_order=grid_order,
                     dq_zero=dq_zero, tile_n=TILE_N_BY_HEAD_DIM[head_dim])
     if bwd_smem_bytes(cfg) > SMEM_LIMIT_BYTES:
@@ -229,13 +250,13 @@ def bwd_config_from_knobs(dtype: str, head_dim: int, causal: bool, deterministic
 
 def bwd_smem_bytes(cfg: BwdConfig, elem_bytes: int = 2) -> int:
     """Shared memory of one CTA: K, V, Q and dO rings, 2 dS^T buffers (2 P^T buffers with
-    kv_split, the fp32 dQ buffer of dq_reduce="bulk"); each 1 KiB aligned."""
+    kv_split, the fp32 dQ buffer of dq_reduce="bulk" with dq_smem="own"); each 1 KiB aligned."""
     align = lambda x: (x + 1023) // 1024 * 1024  # noqa: E731
     kv = align(cfg.tile_n * cfg.head_dim * elem_bytes)
     qdo = align(cfg.q_stages * cfg.tile_m * cfg.head_dim * elem_bytes)
     ds = align(2 * cfg.tile_n * cfg.tile_m * elem_bytes)  # 2 buffers
     if cfg.kv_split:
         ds *= 2  # and 2 P^T buffers
-    dq = align(cfg.tile_m * cfg.head_dim * 4) if cfg.dq_reduce == "bulk" else 0
+    dq = align(cfg.tile_m * cfg.head_dim * 4) if (cfg.dq_reduce == "bulk" and cfg.dq_smem == "own") else 0
     stats = 2 * cfg.q_stages * cfg.tile_m * 4 if cfg.stats == "tma" else 0
     return 1024 + 2 * kv + 2 * qdo + ds + dq + stats
