@@ -49,7 +49,7 @@ DQ_REDUCE_DEFAULT = {64: "bulk", 96: "bulk", 128: "bulk", 192: "bulk", 256: "bul
 # dq_smem default with dq_reduce="bulk" (kv_split only; "own" elsewhere): at 256 dQ is staged in the
 # Q / dO stage it was computed from, which frees the 64 KiB dQ buffer for a second Q / dO stage
 # (H100: +15 to +25 % over hd256 1k-16k); at 192, which has 2 stages beside its own buffer, holding
-# the stage until the bulk reduces have read it costs 6 to 22 % (fa4kernel/README.md, "Backward")
+# the stage until the bulk reduces have read it costs 6 to 18 % (fa4kernel/README.md, "Backward")
 DQ_SMEM_DEFAULT = {256: "qdo"}
 SMEM_LIMIT_BYTES = 227 * 1024  # dynamic shared memory of one CTA on H100 / H200
 
