@@ -52,6 +52,10 @@ def test_qdo_drops_the_dq_buffer_and_fits_two_stages_at_256():
     assert knobs_of(P192)["q_stages"] == knobs_of(P192, {"dq_smem": "own"})["q_stages"] == 2
     k192 = knobs_of(P192)
     assert bwd.smem_bytes(P192, {**k192, "dq_smem": "own"}) - bwd.smem_bytes(P192, k192) == 64 * 192 * 4
+    # the what-if of three stages at 192: it fits only without the dQ buffer
+    three = {**k192, "q_stages": 3, "do_stages": 3}
+    assert bwd.smem_bytes(P192, three) <= H100.smem_capacity_bytes < bwd.smem_bytes(P192, {**three, "dq_smem": "own"})
+    assert knobs_of(P192, {"q_stages": 3, "do_stages": 3})["q_stages"] == 3
 
 
 def test_qdo_smem_is_the_kernels():

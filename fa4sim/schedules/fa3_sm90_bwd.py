@@ -70,8 +70,8 @@ KNOBS = [
          "(tile_m x head dim x 4 bytes); qdo = over the Q/dO stage it was computed from (its dO columns once its "
          "dV is done, its Q columns once its dK is done), released to the load warp after the bulk reduce-adds "
          "have read it (kv_split only)", kind="choice", choices=("own", "qdo")),  # before q_stages too
-    Knob("q_stages", 2, "slots", "shared-memory stages of Q (+ LSE)", minimum=1, maximum=2),
-    Knob("do_stages", 2, "slots", "shared-memory stages of dO (+ dPsum)", minimum=1, maximum=2),
+    Knob("q_stages", 2, "slots", "shared-memory stages of Q (+ LSE)", minimum=1, maximum=3),
+    Knob("do_stages", 2, "slots", "shared-memory stages of dO (+ dPsum)", minimum=1, maximum=3),
     Knob("pds_stages", 2, "slots", "shared-memory stages of P and dS", minimum=1, maximum=2),
     Knob("sdp_swapab", True, "", "S and dP computed transposed (keys on the wgmma's M)", kind="bool"),
     Knob("dkv_swapab", False, "", "dK and dV computed transposed (head dim on M)", kind="bool"),
