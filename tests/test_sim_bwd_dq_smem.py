@@ -31,8 +31,8 @@ def edges(s):
 
 
 # ---------------------------------------------------------------- fa4kernel's choice and its shared memory
-@pytest.mark.parametrize("hdim,want", [(64, "own"), (96, "own"), (128, "own"), (192, "qdo"), (256, "qdo")])
-def test_fa4kernel_stages_dq_over_q_and_do_at_192_and_256(hdim, want):
+@pytest.mark.parametrize("hdim,want", [(64, "own"), (96, "own"), (128, "own"), (192, "own"), (256, "qdo")])
+def test_fa4kernel_stages_dq_over_q_and_do_at_256(hdim, want):
     p = Problem(1, 8, 2048, 2048, hdim)
     assert knobs_of(p)["dq_smem"] == want
     assert knobs_of(p, {"dq_reduce": "red"})["dq_smem"] == "own"  # qdo is for the bulk reduce-add only
@@ -48,14 +48,14 @@ def test_qdo_drops_the_dq_buffer_and_fits_two_stages_at_256():
     with pytest.raises(InputError) as e:
         knobs_of(P256, {"dq_smem": "own", "q_stages": 2, "do_stages": 2})
     assert e.value.param == "smem" and "dq_smem qdo" in str(e.value)
-    # 192: two stages either way, 48 KB less with qdo
-    assert knobs_of(P192)["q_stages"] == knobs_of(P192, {"dq_smem": "own"})["q_stages"] == 2
-    k192 = knobs_of(P192)
+    # 192 (own by default): two stages either way, 48 KB less with qdo
+    assert knobs_of(P192)["q_stages"] == knobs_of(P192, {"dq_smem": "qdo"})["q_stages"] == 2
+    k192 = knobs_of(P192, {"dq_smem": "qdo"})
     assert bwd.smem_bytes(P192, {**k192, "dq_smem": "own"}) - bwd.smem_bytes(P192, k192) == 64 * 192 * 4
     # the what-if of three stages at 192: it fits only without the dQ buffer
     three = {**k192, "q_stages": 3, "do_stages": 3}
     assert bwd.smem_bytes(P192, three) <= H100.smem_capacity_bytes < bwd.smem_bytes(P192, {**three, "dq_smem": "own"})
-    assert knobs_of(P192, {"q_stages": 3, "do_stages": 3})["q_stages"] == 3
+    assert knobs_of(P192, {"dq_smem": "qdo", "q_stages": 3, "do_stages": 3})["q_stages"] == 3
 
 
 def test_qdo_smem_is_the_kernels():
@@ -154,7 +154,7 @@ def _cli(args, capsys):
     return json.loads(capsys.readouterr()[0])
 
 
-@pytest.mark.parametrize("hdim,causal", [(256, False), (256, True), (192, False)])
+@pytest.mark.parametrize("hdim,causal", [(256, False), (256, True)])
 def test_set_dq_smem_own_is_the_own_buffer_prediction(hdim, causal, capsys):
     extra = ["--causal"] if causal else []
     got = _cli([*RUN, "--hdim", str(hdim), *extra, "--set", "dq_smem=own"], capsys)
@@ -171,8 +171,9 @@ def test_set_dq_smem_own_is_the_own_buffer_prediction(hdim, causal, capsys):
     assert {n for n in dflt["knobs"] if dflt["knobs"][n] != got["knobs"][n]} <= {"dq_smem", "q_stages", "do_stages"}
 
 
-def test_where_own_is_the_default_setting_it_changes_nothing(capsys):
-    a = _cli([*RUN, "--hdim", "128"], capsys)
-    b = _cli([*RUN, "--hdim", "128", "--set", "dq_smem=own"], capsys)
+@pytest.mark.parametrize("hdim", [128, 192])
+def test_where_own_is_the_default_setting_it_changes_nothing(hdim, capsys):
+    a = _cli([*RUN, "--hdim", str(hdim)], capsys)
+    b = _cli([*RUN, "--hdim", str(hdim), "--set", "dq_smem=own"], capsys)
     for key in ("tflops", "time_us", "cycles", "clock_ghz"):
         assert a[key] == b[key], key

@@ -359,7 +359,8 @@ def _loop_counts(sass: str):
 @pytest.mark.compile
 @pytest.mark.parametrize("hdim,causal,knobs", [(128, False, {}),
                                               (64, True, {"dq_reduce": "bulk", "stats": "tma", "mma_order": "dv_dq_dk"}),
-                                              (256, False, {}), (192, True, {"dq_reduce": "red"}), (192, True, {})])
+                                              (256, False, {}), (192, True, {"dq_reduce": "red"}), (256, True, {}),
+                                              (192, False, {"dq_smem": "qdo"})])
 def test_fa4kernel_loop_instruction_counts_are_its_sass(hdim, causal, knobs):
     pytest.importorskip("cutlass")
     import inspect
@@ -370,6 +371,8 @@ def test_fa4kernel_loop_instruction_counts_are_its_sass(hdim, causal, knobs):
 
     if "mma_order" not in inspect.signature(make_bwd_config).parameters:
         pytest.skip("this backward predates its stats / mma_order knobs, whose builds the counts are of")
+    if "dq_smem" in knobs and "dq_smem" not in inspect.signature(make_bwd_config).parameters:
+        pytest.skip("this backward predates its dq_smem knob")
     cfg = make_bwd_config("bfloat16", hdim, causal, False, **knobs)
     c = _loop_counts(fa4kernel.compile_bwd_sass(cfg))
     p = Problem(1, 8, 2048, 2048, hdim, causal)
