@@ -79,8 +79,10 @@ def test_fa4kernel_bwd_section_is_its_bwd_config():
     for hdim in cfgmod.BWD_HEAD_DIMS:
         for causal in (False, True):
             p = Problem(1, 8, 2048, 2048, hdim, causal)
-            k = knobs_of(p, "fa4kernel")
             cfg = cfgmod.make_bwd_config("bfloat16", hdim, causal)
+            # a kernel that predates dq_smem stages dQ in a buffer of its own ("own")
+            k = knobs_of(p, "fa4kernel", {} if hasattr(cfg, "dq_smem") else {"dq_smem": "own"})
+            assert k["dq_smem"] == getattr(cfg, "dq_smem", "own")
             assert (k["tile_m"], k["tile_n"], k["q_stages"], k["do_stages"]) == (cfg.tile_m, cfg.tile_n,
                                                                                 cfg.q_stages, cfg.q_stages)
             assert (1 if k["dq_single_wg"] else 2) == cfg.dq_wgs
@@ -108,7 +110,9 @@ P256 = Problem(1, 8, 2048, 2048, 256)
 
 def test_kv_split_gemms_per_warpgroup_and_tensor_cycles_per_q_block():
     k = knobs_of(P256, "fa4kernel")
-    assert (k["tile_m"], k["tile_n"], k["q_stages"]) == (64, 64, 1)
+    # dQ staged over the Q/dO stage (dq_smem qdo): room for two stages; one with its own dQ buffer
+    assert (k["tile_m"], k["tile_n"], k["dq_smem"], k["q_stages"]) == (64, 64, "qdo", 2)
+    assert knobs_of(P256, "fa4kernel", {"dq_smem": "own"})["q_stages"] == 1
     shapes = bwd.gemm_shapes(P256, k)
     assert shapes["S"] == shapes["dP"] == (64, 32, 256, True, 2)
     assert shapes["dV"] == shapes["dK"] == (64, 128, 64, True, 2)  # SS: P^T, dS^T from smem
@@ -355,7 +359,8 @@ def _loop_counts(sass: str):
 @pytest.mark.compile
 @pytest.mark.parametrize("hdim,causal,knobs", [(128, False, {}),
                                               (64, True, {"dq_reduce": "bulk", "stats": "tma", "mma_order": "dv_dq_dk"}),
-                                              (256, False, {}), (192, True, {"dq_reduce": "red"})])
+                                              (256, False, {}), (192, True, {"dq_reduce": "red"}), (256, True, {}),
+                                              (192, False, {"dq_smem": "qdo"})])
 def test_fa4kernel_loop_instruction_counts_are_its_sass(hdim, causal, knobs):
     pytest.importorskip("cutlass")
     import inspect
@@ -366,8 +371,12 @@ def test_fa4kernel_loop_instruction_counts_are_its_sass(hdim, causal, knobs):
 
     if "mma_order" not in inspect.signature(make_bwd_config).parameters:
         pytest.skip("this backward predates its stats / mma_order knobs, whose builds the counts are of")
-    c = _loop_counts(fa4kernel.compile_bwd_sass(make_bwd_config("bfloat16", hdim, causal, False, **knobs)))
+    if "dq_smem" in knobs and "dq_smem" not in inspect.signature(make_bwd_config).parameters:
+        pytest.skip("this backward predates its dq_smem knob")
+    cfg = make_bwd_config("bfloat16", hdim, causal, False, **knobs)
+    c = _loop_counts(fa4kernel.compile_bwd_sass(cfg))
     p = Problem(1, 8, 2048, 2048, hdim, causal)
+    knobs = {**knobs, "dq_smem": getattr(cfg, "dq_smem", "own")}  # a kernel before dq_smem: its own dQ buffer
     k = knobs_of(p, "fa4kernel", knobs)
     impl = setup("h100", None, p, knobs, "fa4kernel", "bwd")[3]
     value = lambda name: impl.value(name, Context(p, H100, impl), k)  # noqa: E731

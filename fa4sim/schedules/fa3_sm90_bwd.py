@@ -6,7 +6,9 @@ one CTA per KV tile. Roles:
   load      producer warpgroup, warp 0: TMA of K and V once, then per Q block Q (+ LSE) and
             dO (+ dPsum) through q_stages and do_stages slots
   dq_store  producer warpgroup, warp 1 (dq_reduce "bulk"): per Q block, for each warpgroup's share
-            of dQ, a TMA bulk reduce-add from fp32 shared memory into the fp32 dQ accumulator
+            of dQ, a TMA bulk reduce-add from fp32 shared memory into the fp32 dQ accumulator;
+            with dq_smem "qdo" it then waits until the adds have read the Q/dO stage they came
+            from and releases that stage to the load warp
   wg{w}     two MMA warpgroups; each issues its part of the five wgmmas per Q block and keeps
             its part of the dK and dV accumulators in registers:
               S = Q K^T, dP = dO V^T (async), P = exp2(S scale - LSE) while dP runs, dS = P (dP
@@ -17,7 +19,11 @@ one CTA per KV tile. Roles:
               mma_order "dv_dk_dq" (fa4kernel's default): a barrier, dV, dK, dQ, a wait for all
                 three, then dQ leaves
             dQ leaves to fp32 shared memory for the dq_store warp (dq_reduce "bulk") or by
-            per-thread RED.ADD.F32x2 into the accumulator in global memory ("red")
+            per-thread RED.ADD.F32x2 into the accumulator in global memory ("red"); with "bulk"
+            it is staged in a buffer of its own (dq_smem "own") or, where each warpgroup owns
+            head_dim / 2 columns of dK, dV and dQ (kv_split), in the Q/dO stage it was computed
+            from (dq_smem "qdo": the first half of its floats over its dO columns once its dV is
+            done, the second half over its Q columns once its dK is done)
 The implementation chooses the tile, how the two warpgroups split each GEMM (atom layouts,
 swapped operands), the GEMM order, the dQ path, where LSE and dPsum come from, and whether every
 Q block is masked. A warpgroup that computes M = 128 rows issues two m64 wgmmas, each reading
@@ -60,8 +66,12 @@ KNOBS = [
     Knob("dq_reduce", "bulk", "", "how dQ reaches its fp32 accumulator: bulk = fp32 shared memory and one TMA bulk "
          "reduce-add per dQ warpgroup, issued by producer warp 1; red = every thread's RED.ADD.F32x2 from "
          "registers", kind="choice", choices=("bulk", "red")),  # before q_stages: a stage count may follow it
-    Knob("q_stages", 2, "slots", "shared-memory stages of Q (+ LSE)", minimum=1, maximum=2),
-    Knob("do_stages", 2, "slots", "shared-memory stages of dO (+ dPsum)", minimum=1, maximum=2),
+    Knob("dq_smem", "own", "", "where dq_reduce bulk stages a warpgroup's fp32 dQ: own = a buffer of its own "
+         "(tile_m x head dim x 4 bytes); qdo = over the Q/dO stage it was computed from (its dO columns once its "
+         "dV is done, its Q columns once its dK is done), released to the load warp after the bulk reduce-adds "
+         "have read it (kv_split only)", kind="choice", choices=("own", "qdo")),  # before q_stages too
+    Knob("q_stages", 2, "slots", "shared-memory stages of Q (+ LSE)", minimum=1, maximum=3),
+    Knob("do_stages", 2, "slots", "shared-memory stages of dO (+ dPsum)", minimum=1, maximum=3),
     Knob("pds_stages", 2, "slots", "shared-memory stages of P and dS", minimum=1, maximum=2),
     Knob("sdp_swapab", True, "", "S and dP computed transposed (keys on the wgmma's M)", kind="bool"),
     Knob("dkv_swapab", False, "", "dK and dV computed transposed (head dim on M)", kind="bool"),
@@ -151,12 +161,18 @@ def gemms(hw, p: Problem, k: dict) -> dict:
     return out
 
 
+def qdo_staging(k: dict) -> bool:
+    """dQ staged over the Q/dO stage it was computed from (dq_smem "qdo"), not in a buffer of its own."""
+    return k["dq_reduce"] == "bulk" and k.get("dq_smem", "own") == "qdo"
+
+
 def smem_bytes(p: Problem, k: dict) -> int:
-    """Q, dO (stages, + LSE, dPsum), K, V, P and dS (stages), the fp32 dQ staging, bytes."""
+    """Q, dO (stages, + LSE, dPsum), K, V, P and dS (stages), the fp32 dQ staging (none with
+    dq_smem "qdo": dQ lies over the Q/dO stage), bytes."""
     d, dv, m, n = p.hdim, p.hdim_v, k["tile_m"], k["tile_n"]
     pds = (1 if dkv_in_registers(k) else 2) * m * n * BYTES * k["pds_stages"]
     stats = 0 if (k["stats"] == "thread") else 4
-    dq = m * d * 4 if k["dq_reduce"] == "bulk" else 0
+    dq = m * d * 4 if (k["dq_reduce"] == "bulk" and not qdo_staging(k)) else 0
     return int(k["q_stages"] * m * (d * BYTES + stats) + k["do_stages"] * m * (dv * BYTES + stats)
                + n * (d + dv) * BYTES + pds + dq) + 1024
 
@@ -170,10 +186,35 @@ def check(hw, p: Problem, k: dict, impl=None) -> None:
             raise InputError(name, f"{kdim} must be a multiple of 16 (the K of dV, dK and dQ wgmmas)")
     mw, nw, K, _, _ = gemm_shapes(p, k)["S"]
     check_shape(ARCH, mw, nw, K)  # a warpgroup's part of S
+    check_dq_smem(p, k)
     need = smem_bytes(p, k)
     if need > hw.smem_capacity_bytes:
+        qdo = " (or dq_smem qdo: no fp32 dQ buffer)" if (k["dq_reduce"] == "bulk" and not qdo_staging(k)
+                                                         and kv_split(p, k)) else ""
         raise InputError("smem", f"shared memory {need} B exceeds {hw.smem_capacity_bytes} B of {hw.name}; "
-                                 f"lower q_stages, do_stages or tile_n")
+                                 f"lower q_stages, do_stages or tile_n{qdo}")
+
+
+def kv_split(p: Problem, k: dict) -> bool:
+    """Both warpgroups split dK, dV and dQ by the head dim (fa4kernel above head dim 128): warpgroup
+    w alone reads columns [w d/2, (w+1) d/2) of Q (in dK) and of dO (in dV) and computes those of dQ,
+    and its dQ (tile_m x d/2 fp32) is as large as those columns of Q and dO together."""
+    return (p.hdim > 128 and p.hdim_v == p.hdim and k["atom_dkv"] == 1 and k["atom_dq"] == 1
+            and not k["dq_single_wg"])
+
+
+def check_dq_smem(p: Problem, k: dict) -> None:
+    """dq_smem "qdo" needs the bulk reduce-add and the kv_split column ownership; one-line InputError."""
+    if k.get("dq_smem", "own") != "qdo":
+        return
+    if k["dq_reduce"] != "bulk":
+        raise InputError("dq_smem", f"qdo stages dQ for the bulk reduce-add, not dq_reduce {k['dq_reduce']}; "
+                                    f"allowed with dq_reduce {k['dq_reduce']}: own")
+    if not kv_split(p, k):
+        raise InputError("dq_smem", f"qdo needs kv_split (head dim > 128, hdim_v = hdim, dK, dV and dQ split by "
+                                    f"head dim over both warpgroups: atom_dkv 1, atom_dq 1, dq_single_wg false); "
+                                    f"got hdim {p.hdim}, hdim_v {p.hdim_v}, atom_dkv {k['atom_dkv']}, atom_dq "
+                                    f"{k['atom_dq']}, dq_single_wg {k['dq_single_wg']}; allowed: own")
 
 
 def dq_hold(hw, p: Problem, k: dict) -> float:
@@ -237,6 +278,9 @@ def build(hw, p: Problem, k: dict, n_kv: int, masked_blocks: int, impl=None, hbm
     fa3_order = k["mma_order"] != "dv_dk_dq"  # dV before the dS barrier
     dv_early = k["mma_order"] == "dv_early"
     red = k["dq_reduce"] == "red"
+    # dQ staged over the Q/dO stage (dq_smem "qdo"): the dq_store warp, not the MMA warpgroups,
+    # releases the stage, once its bulk reduce-adds have read it
+    qdo = qdo_staging(k)
     stats = 0 if (k["stats"] == "thread") else m * 4
     # LSE and dPsum of a thread's Q columns: its distinct Q rows of S (a swapped m64 accumulator
     # holds 2 keys x per_thread / 2 queries per thread; unswapped, 2 query rows per m64 wgmma)
@@ -326,7 +370,15 @@ def build(hw, p: Problem, k: dict, n_kv: int, masked_blocks: int, impl=None, hbm
             if w < nq:
                 ops.append(wgmma("dQ", w, "dQ = dS K (its part)"))
         part = m * d * 4 / nq  # this warpgroup's dQ, fp32 bytes
-        if w < nq and not red:
+        dq_q = None  # qdo: the second half of dQ, over its Q columns
+        if w < nq and not red and qdo:
+            half = part / 2
+            dqw = {"smem:lsu": smem(half), **_lsu(half / STS128_BYTES), **_instr(hw, half / 16)}
+            dq_out = Op(f"DQW{w}", r, tuple(dqw.items()), hw.smem_latency, "correction",
+                        label="dQ (fp32), first half -> smem over its dO columns")
+            dq_q = Op(f"DQWQ{w}", r, tuple(dqw.items()), hw.smem_latency + nbar, "correction",
+                      label="dQ (fp32), second half -> smem over its Q columns, to warp 1")
+        elif w < nq and not red:
             dqw = {"smem:lsu": smem(part), **_lsu(part / STS128_BYTES), **_instr(hw, part / 16)}
             dq_out = Op(f"DQW{w}", r, tuple(dqw.items()), hw.smem_latency + nbar, "correction",
                         label="dQ (fp32) -> smem, to warp 1")
@@ -336,11 +388,13 @@ def build(hw, p: Problem, k: dict, n_kv: int, masked_blocks: int, impl=None, hbm
                    "l2": part / l2_red}
             dq_out = Op(f"DQR{w}", r, tuple(dqr.items()), 0.0, "correction",
                         label="dQ (fp32) -> RED.ADD.F32x2 into the accumulator")
-        wait = Op(f"WAIT{w}", r, (), 0.0, "sync", label="wait for its wgmmas, release Q" + ("" if fa3_order else ", dO"))
+        release = "" if qdo else (", release Q" + ("" if fa3_order else ", dO"))
+        wait = Op(f"WAIT{w}", r, (), 0.0, "sync", label="wait for its wgmmas" + release)
+        dq_ops = ([dq_out] if w < nq else []) + ([dq_q] if dq_q is not None else [])
         if fa3_order:
-            ops += ([dq_out] if w < nq else []) + [wait]
+            ops += dq_ops + [wait]
         else:
-            ops += [wait] + ([dq_out] if w < nq else [])
+            ops += [wait] + dq_ops
         ops.append(Op(f"EPI{w}", r, (("smem:lsu", smem(n * (d + dv) * BYTES / WGS)),), hw.smem_latency, "correction",
                       when="last", label="dK, dV -> bf16 -> smem"))
 
@@ -348,11 +402,13 @@ def build(hw, p: Problem, k: dict, n_kv: int, masked_blocks: int, impl=None, hbm
                   Edge(f"S{w}", f"MASK{w}" if (masked_blocks or k["mask_every_block"]) else f"EXP{w}"),
                   Edge(f"dP{w}", f"DS{w}"),
                   Edge(f"dV{w}", f"WAIT{w}"), Edge(f"dK{w}", f"WAIT{w}"),
-                  Edge(f"WAIT{w}", "LQ", distance=k["q_stages"], kind="anti", lag=mbar),
-                  Edge(f"dV{w}" if fa3_order else f"WAIT{w}", "LdO", distance=k["do_stages"], kind="anti", lag=mbar),
                   Edge(f"dK{w}", f"EPI{w}"), Edge(f"dV{w}", f"EPI{w}"),
                   Edge(f"EPI{w}", f"dV{w}", distance=1, per="tile", kind="anti"),
                   Edge(f"EPI{w}", f"dK{w}", distance=1, per="tile", kind="anti")]
+        if not qdo:  # the MMA warpgroups release the stage; with qdo the dq_store warp does (below)
+            edges += [Edge(f"WAIT{w}", "LQ", distance=k["q_stages"], kind="anti", lag=mbar),
+                      Edge(f"dV{w}" if fa3_order else f"WAIT{w}", "LdO", distance=k["do_stages"], kind="anti",
+                           lag=mbar)]
         if masked_blocks or k["mask_every_block"]:
             edges.append(Edge(f"MASK{w}", f"EXP{w}"))
         if (k["stats"] == "thread"):
@@ -381,7 +437,12 @@ def build(hw, p: Problem, k: dict, n_kv: int, masked_blocks: int, impl=None, hbm
             if v < nq:
                 edges.append(Edge(f"dQ{v}", f"DS{w}", distance=k["pds_stages"], kind="anti", lag=nbar))
             edges.append(Edge(f"dK{v}", f"DS{w}", distance=k["pds_stages"], kind="anti", lag=nbar))
-        if w < nq and not red:
+        if w < nq and not red and qdo:
+            # the dO half over columns only its dV reads (both warpgroups' dP^T are done before
+            # the dS barrier), the Q half over columns only its dK reads; then warp 1 is told
+            edges += [Edge(f"dV{w}", dq_out.name), Edge(f"dK{w}", dq_q.name),
+                      Edge(dq_q.name, f"ADDQ{w}", lag=nbar)]
+        elif w < nq and not red:
             edges += [Edge(f"DQW{w}", f"ADDQ{w}", lag=nbar),
                       Edge(f"ADDQ{w}", f"DQW{w}", distance=1, kind="anti", lag=nbar)]
     ops.append(Op("STKV", "wg0", (("tma", tma(n * (d + dv) * BYTES)), l2(n * (d + dv) * BYTES)), hw.l2_latency,
@@ -398,9 +459,19 @@ def build(hw, p: Problem, k: dict, n_kv: int, masked_blocks: int, impl=None, hbm
             ops.append(Op("SEMA", "dq_store", (), hw.l2_latency, "sync", label="deterministic: read the semaphore"))
         for w in range(nq):
             part = m * d * 4 / nq
+            # qdo: two bulk reduce-adds, one per half (its dO columns, its Q columns)
             ops.append(Op(f"ADDQ{w}", "dq_store", (("tma", part / hw.reduce_bytes_per_clk), ("smem", smem(part)),
                                                     l2_add(part)), 0.0, "store",
-                          asynchronous=True, issue_cycles=1, label=f"TMA reduce-add dQ (WG{w}'s part)"))
+                          asynchronous=True, issue_cycles=2 if qdo else 1,
+                          label=f"TMA reduce-add dQ (WG{w}'s part" + (", from its Q and dO columns)" if qdo else ")")))
+        if qdo:
+            # cp.async.bulk.wait_group.read: the adds have read the stage; then the Q and dO
+            # stage goes back to the load warp
+            ops.append(Op("RELQ", "dq_store", (), 0.0, "sync",
+                          label="wait until the reduce-adds have read the Q/dO stage, release it"))
+            edges += [Edge(f"ADDQ{w}", "RELQ") for w in range(nq)]
+            edges += [Edge("RELQ", "LQ", distance=k["q_stages"], kind="anti", lag=mbar),
+                      Edge("RELQ", "LdO", distance=k["do_stages"], kind="anti", lag=mbar)]
         if det:
             ops.append(Op("SEMR", "dq_store", (), hw.l2_latency, "sync", label="deterministic: adds landed, release"))
             edges += [Edge(f"ADDQ{w}", "SEMR", lag=hw.l2_latency) for w in range(nq)]
@@ -413,6 +484,9 @@ def build(hw, p: Problem, k: dict, n_kv: int, masked_blocks: int, impl=None, hbm
     # dQ's fp32 stores beside a GEMM get what its fetch leaves (often nothing): in pieces of a
     # few cycles, so the stores after the GEMM has finished run at the full rate
     fine = {f"DQW{w}": max(PIECES, int(m * d * 4 / nq / DQW_PIECE_BYTES)) for w in range(nq)}
+    if qdo:  # two halves
+        fine = {f"{x}{w}": max(PIECES, int(m * d * 4 / nq / 2 / DQW_PIECE_BYTES)) for x in ("DQW", "DQWQ")
+                for w in range(nq)}
     ops = [replace(o, chunks=fine[o.name]) if o.name in fine else o for o in ops]
     units = {"tensor": 1, "smem": 1, "smem:lsu": 1, "lsu": 1, "mufu": 1, "fma": 1, "alu": 1, "issue": 1, "tma": 1,
              "l2": 1,
