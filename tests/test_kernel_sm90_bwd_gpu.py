@@ -228,6 +228,9 @@ KV_SPLIT_VARIANTS = [
     # the consumed Q / dO stage (at 192), in both GEMM orders
     "other_dq_smem",
     "other_dq_smem,mma_order=dv_dk_dq",
+    # the two CTAs of a cluster sum dQ through distributed shared memory
+    dict(dq_smem="qdo", dq_sum="pair"),
+    dict(dq_sum="cta"),
 ]
 
 
@@ -307,6 +310,17 @@ def test_bwd_dq_zero_preprocess_after_nan_in_the_allocator(hd, deterministic):
         errs = check(2, 1000, 777, 4, 2, hd, True, deterministic=deterministic, dq_zero="preprocess",
                      postprocess="kernel")
         assert all(e <= TOL for e in errs.values()), errs
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("hd", KV_SPLIT_HEAD_DIMS)
+@pytest.mark.parametrize("sq,sk", [(1, 1), (200, 64), (150, 150), (77, 333), (1000, 150), (333, 1000)])
+def test_bwd_dq_sum_pair_odd_key_blocks(hd, causal, sq, sk):
+    """dq_sum="pair": an odd number of 64-key blocks leaves the last pair's second CTA past
+    seqlen_k (it still walks the pair's query blocks, with nothing to add); causal pairs start at
+    the first CTA's query block; GQA and the deterministic slices per pair."""
+    check(2, sq, sk, 4, 2, hd, causal, dq_smem="qdo", dq_sum="pair")
+    check(1, sq, sk, 2, 1, hd, causal, deterministic=True, dq_smem="qdo", dq_sum="pair")
 
 
 @pytest.mark.parametrize("causal", [False, True])

@@ -99,6 +99,23 @@ def bulk_reduce_add_f32(gmem_ptr, smem_ptr, num_bytes: int, *, loc=None, ip=None
 
 
 @dsl_user_op
+def st_async_peer_f32x4(smem_ptr, a, b, c, d, mbar_ptr, peer, *, loc=None, ip=None):
+    """The peer CTA's shared memory at smem_ptr's offset (16-byte aligned) = (a, b, c, d): one
+    st.async that completes its 16 bytes on the peer's mbarrier at mbar_ptr's offset."""
+    llvm.inline_asm(
+        None,
+        [smem_ptr.toint(loc=loc, ip=ip).ir_value(), mbar_ptr.toint(loc=loc, ip=ip).ir_value(),
+         Int32(peer).ir_value(loc=loc, ip=ip)] + [Float32(v).ir_value(loc=loc, ip=ip) for v in (a, b, c, d)],
+        "{\n.reg .b32 ra, rb;\nmapa.shared::cluster.u32 ra, $0, $2;\nmapa.shared::cluster.u32 rb, $1, $2;\n"
+        "st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.f32 [ra], {$3, $4, $5, $6}, [rb];\n}",
+        "r,r,r,f,f,f,f",
+        has_side_effects=True,
+        is_align_stack=False,
+        asm_dialect=llvm.AsmDialect.AD_ATT,
+    )
+
+
+@dsl_user_op
 def bulk_load_g2s(gmem_ptr, smem_ptr, mbar_ptr, num_bytes: int, *, loc=None, ip=None):
     """smem[0:num_bytes] = gmem[0:num_bytes] (both 16-byte aligned, num_bytes a multiple of 16):
     one bulk copy (no tensor map) that completes its bytes on the mbarrier at mbar_ptr."""
@@ -182,6 +199,7 @@ class FlashBwdSm90:
         self.deterministic = cfg.deterministic
         self.dq_bulk = cfg.dq_reduce == "bulk"
         self.dq_qdo = cfg.dq_smem == "qdo"  # dQ staged in the consumed Q / dO stage (kv_split)
+        self.dq_pair = cfg.dq_sum == "pair"  # a 2-CTA cluster sums dQ before the bulk reduce
         self.stats_tma = cfg.stats == "tma"
         self.mma_order = cfg.mma_order
         self.dq_rows_split = cfg.dq_rows_split
@@ -291,6 +309,11 @@ class FlashBwdSm90:
         SharedStorage = self.shared_storage
 
         grid = (cute.ceil_div(mK.shape[0], self.tile_n), cute.size(mK.shape[2]), cute.size(mK.shape[3]))
+        cluster = (1, 1, 1)
+        if const_expr(self.dq_pair):
+            # key blocks in pairs (an odd count gets a CTA past seqlen_k: zero K and V, no output)
+            grid = (cute.ceil_div(mK.shape[0], 2 * self.tile_n) * 2, grid[1], grid[2])
+            cluster = (2, 1, 1)
         if const_expr(self.blocks_outer):
             grid = (cute.size(mK.shape[2]), cute.size(mK.shape[3]), cute.ceil_div(mK.shape[0], self.tile_n))
         self.kernel(
@@ -302,6 +325,7 @@ class FlashBwdSm90:
             grid=grid,
             block=[self.num_threads, 1, 1],
             smem=SharedStorage.size_in_bytes(),
+            cluster=cluster,
             stream=stream,
             min_blocks_per_mp=1,
         )
@@ -325,6 +349,10 @@ class FlashBwdSm90:
         if self.kv_split:
             fields["sP"] = S.Align[S.MemRange[dtype, ds_elems], 1024]
         fields["sdQ"] = S.Align[S.MemRange[Float32, dq_floats], 1024]
+        if self.dq_pair:
+            # per stage: the peer's dQ half has landed here (1 arrive + tx bytes); then per stage:
+            # this CTA's half of the stage is dead at the peer (4 arrives: its other warpgroup)
+            fields["mbar_pair"] = S.MemRange[cutlass.Int64, 2 * self.stages]
         return cute.struct(type("SharedStorage", (), {"__annotations__": fields}))
 
     # ------------------------------------------------------------------ device side
@@ -385,6 +413,14 @@ class FlashBwdSm90:
         pipe_do = pipeline.PipelineTmaAsync.create(
             barrier_storage=storage.mbar_do.data_ptr(), num_stages=self.stages, producer_group=producer,
             consumer_group=qdo_releasers, tx_count=self.q_bytes + self.stat_bytes, defer_sync=True)
+        mbar_pair = None
+        if const_expr(self.dq_pair):
+            mbar_pair = storage.mbar_pair.data_ptr()
+            if warp_idx == 0:
+                with cute.arch.elect_one():
+                    for st in cutlass.range_constexpr(self.stages):
+                        cute.arch.mbarrier_init(mbar_pair + st, 1)
+                        cute.arch.mbarrier_init(mbar_pair + self.stages + st, 4)
         cute.arch.mbarrier_init_fence()
 
         sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
@@ -412,7 +448,11 @@ class FlashBwdSm90:
             sdQ = storage.sdQ.get_tensor(
                 cute.make_layout((self.tile_m * self.hd // self.dq_wgs, self.dq_wgs)))
 
-        cute.arch.sync_threads()  # barrier init visible to everyone
+        if const_expr(self.dq_pair):
+            cute.arch.cluster_arrive_relaxed()  # barrier init visible to both CTAs of the pair
+            cute.arch.cluster_wait()
+        else:
+            cute.arch.sync_threads()  # barrier init visible to everyone
 
         if const_expr(self.blocks_outer):
             kv_head, batch, n_block = cute.arch.block_idx()
@@ -421,7 +461,12 @@ class FlashBwdSm90:
         seqlen_q = mQ.shape[0]
         seqlen_k = mK.shape[0]
         group = mQ.shape[2] // mK.shape[2]  # q heads per k/v head (GQA / MQA; 1 = MHA)
-        m_block_min, m_block_max = self._m_block_range(n_block, seqlen_q, seqlen_k)
+        pair_rank = Int32(0)
+        n_first = n_block  # the first key block of the CTA (of the pair): where its query blocks start
+        if const_expr(self.dq_pair):
+            pair_rank = n_block % 2  # the cluster (2, 1, 1) runs along the key blocks
+            n_first = n_block - pair_rank
+        m_block_min, m_block_max = self._m_block_range(n_first, seqlen_q, seqlen_k)
         n_m = m_block_max - m_block_min
         n_iter = group * n_m  # (q head of the group, query block) pairs, query block fastest
 
@@ -434,9 +479,9 @@ class FlashBwdSm90:
                               n_block, kv_head, batch, group, m_block_min, n_m, n_iter)
             if const_expr(self.dq_bulk):
                 if warp_idx == 1:
-                    nbi = n_block if const_expr(self.deterministic) else 0
+                    nbi = n_block // (2 if const_expr(self.dq_pair) else 1) if const_expr(self.deterministic) else 0
                     self.dq_store(mdQaccum, sdQ, pipe_q, pipe_do, kv_head, batch, group, m_block_min, n_m,
-                                  n_iter, nbi)
+                                  n_iter, nbi, pair_rank)
         else:
             # ---------------------------------------------------------------- consumer WGs
             args = (
@@ -444,6 +489,7 @@ class FlashBwdSm90:
                 softmax_scale_log2, softmax_scale, tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq,
                 sQ, sdO, sK, sV, sdS, sdQ, sLSE, sD, pipe_kv, pipe_q, pipe_do,
                 n_block, kv_head, batch, group, m_block_min, n_m, n_iter, seqlen_q, seqlen_k, sP,
+                (pair_rank, mbar_pair),
             )
             regs_dq, regs_other = self.consumer_regs
             if const_expr(regs_dq == regs_other):
@@ -513,7 +559,8 @@ class FlashBwdSm90:
         return m_block, head
 
     @cute.jit
-    def dq_store(self, mdQaccum, sdQ, pipe_q, pipe_do, kv_head, batch, group, m_block_min, n_m, n_iter, nbi):
+    def dq_store(self, mdQaccum, sdQ, pipe_q, pipe_do, kv_head, batch, group, m_block_min, n_m, n_iter, nbi,
+                 pair_rank):
         """dq_reduce="bulk", producer warp 1: per query block and dQ warpgroup w, free w's smem
         buffer (its last bulk reduce has read it), wait until w has written dQ there, and add it
         into the accumulator with one bulk reduction of tile_m x head_dim / dq_wgs floats. The
@@ -530,13 +577,22 @@ class FlashBwdSm90:
             state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
             for _it in cutlass.range(n_iter, unroll=1):
                 gdQ = cute.local_tile(mdQaccum[None, None, head, batch, nbi], (self.tile_m, self.hd), (m_block, 0))
-                for w in cutlass.range_constexpr(self.dq_wgs):
-                    cute.arch.barrier(barrier_id=BAR_DQ_FULL + w, number_of_threads=sync_threads)
+                if const_expr(self.dq_pair):
+                    # the pair's sum of this CTA's columns (warpgroup pair_rank's), nothing else
+                    cute.arch.barrier(barrier_id=BAR_DQ_FULL, number_of_threads=sync_threads)
                     with cute.arch.elect_one():
-                        bulk_reduce_add_f32(gdQ.iterator + w * chunk, sdQ_dO[None, w, state.index].iterator,
-                                            half * 4)
-                        bulk_reduce_add_f32(gdQ.iterator + w * chunk + half, sdQ_Q[None, w, state.index].iterator,
-                                            half * 4)
+                        bulk_reduce_add_f32(gdQ.iterator + pair_rank * chunk,
+                                            sdQ_dO[None, pair_rank, state.index].iterator, half * 4)
+                        bulk_reduce_add_f32(gdQ.iterator + pair_rank * chunk + half,
+                                            sdQ_Q[None, pair_rank, state.index].iterator, half * 4)
+                else:
+                    for w in cutlass.range_constexpr(self.dq_wgs):
+                        cute.arch.barrier(barrier_id=BAR_DQ_FULL + w, number_of_threads=sync_threads)
+                        with cute.arch.elect_one():
+                            bulk_reduce_add_f32(gdQ.iterator + w * chunk, sdQ_dO[None, w, state.index].iterator,
+                                                half * 4)
+                            bulk_reduce_add_f32(gdQ.iterator + w * chunk + half,
+                                                sdQ_Q[None, w, state.index].iterator, half * 4)
                 cute.arch.cp_async_bulk_commit_group()
                 cute.arch.cp_async_bulk_wait_group(0, read=True)  # the stage is read: free for loads
                 pipe_q.consumer_release(state)
@@ -573,6 +629,72 @@ class FlashBwdSm90:
         cute.arch.barrier_arrive(barrier_id=BAR_DQ_FULL + w, number_of_threads=128 + 32)
 
     @cute.jit
+    def _pair_dq(self, acc_dQ, sdQ, dq_tidx, pair, state, dk_in_flight: cutlass.Constexpr):
+        """dq_sum="pair": warpgroup `rank` owns its head_dim columns of dQ in this CTA, the other
+        warpgroup's columns are owned by the peer CTA. Regions: a warpgroup's columns of the stage
+        (dO's hold the first half of its floats, Q's the second); region w is dead here once
+        warpgroup w's dV and dK are done. The other warpgroup (sender) says so to the peer, waits
+        until the peer says the same of its region 1 - w, and st.asyncs its dQ there (the peer's
+        owner's columns); the owner waits for the peer's partial in its own region 1 - w, adds it,
+        and stages the sum in region w for producer warp 1's bulk reduces."""
+        _, mbar = pair
+        rank = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())  # read here: no register held across the loop
+        w = dq_tidx // 128
+        t = dq_tidx % 128
+        stage, phase = state.index, state.phase
+        full = mbar + stage  # the peer's partial has landed in region 1 - rank
+        free = mbar + self.stages + stage  # the peer's region 1 - w is dead (its sender's 4 warps)
+        if w == rank:
+            if t == 0:
+                cute.arch.mbarrier_arrive_and_expect_tx(full, self.tile_m * self.hd * 2)  # half of 64 x hd fp32
+            cute.arch.mbarrier_wait(full, phase)
+            self._dq_half_add_smem(acc_dQ, sdQ[0][None, 1 - w, stage], t, 0)
+            self._dq_half_add_smem(acc_dQ, sdQ[1][None, 1 - w, stage], t, 1)
+            self._dq_half_to_smem(acc_dQ, sdQ[0][None, w, stage], t, 0)
+            if const_expr(dk_in_flight):
+                warpgroup.wait_group(0)
+            self._dq_half_to_smem(acc_dQ, sdQ[1][None, w, stage], t, 1)
+            cute.arch.fence_view_async_shared()  # generic-proxy writes -> the bulk copy (async proxy)
+            cute.arch.barrier_arrive(barrier_id=BAR_DQ_FULL, number_of_threads=128 + 32)
+        else:
+            if const_expr(dk_in_flight):
+                warpgroup.wait_group(0)  # dV and dK done: region w is dead here
+            if t % 32 == 0:
+                cute.arch.mbarrier_arrive(free, peer_cta_rank_in_cluster=1 - rank)
+            cute.arch.mbarrier_wait(free, phase)
+            self._dq_half_to_peer(acc_dQ, sdQ[0][None, 1 - w, stage], t, 0, full, 1 - rank)
+            self._dq_half_to_peer(acc_dQ, sdQ[1][None, 1 - w, stage], t, 1, full, 1 - rank)
+
+    def _dq_half_copy(self):
+        """The 128-bit copy of a dQ half: thread t's 4 floats at 4 t + 512 k, k < 8 (at 256)."""
+        return cute.make_tiled_copy_tv(
+            cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), Float32, num_bits_per_copy=128),
+            cute.make_layout(128), cute.make_layout(4))
+
+    @cute.jit
+    def _dq_half_add_smem(self, acc_dQ, src, wg_tidx, half: cutlass.Constexpr):
+        """dq_sum="pair": half `half` of the accumulator += src (the peer's floats, same order)."""
+        tS = self._dq_half_copy().get_slice(wg_tidx).partition_S(src)
+        n = cute.size(acc_dQ) // 2
+        flat = cute.make_tensor(acc_dQ.iterator, cute.make_layout(2 * n))
+        for k in cutlass.range_constexpr(n // 4):  # 4 floats at a time: few live registers
+            r = cute.make_tensor(tS.iterator + cute.crd2idx(4 * k, tS.layout), cute.make_layout(4)).load()
+            for v in cutlass.range_constexpr(4):
+                flat[half * n + 4 * k + v] = flat[half * n + 4 * k + v] + r[v]
+
+    @cute.jit
+    def _dq_half_to_peer(self, acc_dQ, dst, wg_tidx, half: cutlass.Constexpr, mbar, peer):
+        """dq_sum="pair": half `half` of the accumulator -> dst's offsets in the peer CTA (st.async,
+        completing on the peer's mbarrier at mbar's offset)."""
+        tD = self._dq_half_copy().get_slice(wg_tidx).partition_D(dst)
+        n = cute.size(acc_dQ) // 2
+        flat = cute.make_tensor(acc_dQ.iterator, cute.make_layout(2 * n))
+        for k in cutlass.range_constexpr(n // 4):
+            i = half * n + 4 * k
+            st_async_peer_f32x4(tD.iterator + cute.crd2idx(4 * k, tD.layout),
+                                flat[i], flat[i + 1], flat[i + 2], flat[i + 3], mbar, peer)
+
+    @cute.jit
     def _dq_half_to_smem(self, acc_dQ, dst, wg_tidx, half: cutlass.Constexpr):
         """dq_smem="qdo": half `half` of a dQ warpgroup's accumulator -> dst (its floats, in the
         fragment order of _dq_to_smem, whose first / second half they are)."""
@@ -593,7 +715,7 @@ class FlashBwdSm90:
         self, tma_atom_dK, mdK, tma_atom_dV, mdV, mLSE, mD, mdQaccum,
         scale_log2, softmax_scale, tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq,
         sQ, sdO, sK, sV, sdS, sdQ, sLSE, sD, pipe_kv, pipe_q, pipe_do,
-        n_block, kv_head, batch, group, m_block_min, n_m, n_iter, seqlen_q, seqlen_k, sP,
+        n_block, kv_head, batch, group, m_block_min, n_m, n_iter, seqlen_q, seqlen_k, sP, pair,
         dq_role: cutlass.Constexpr,
     ):
         """dq_role: None = every consumer warpgroup runs this code (which of them runs dQ is
@@ -656,7 +778,8 @@ class FlashBwdSm90:
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
         key0 = n_block * self.tile_n
         causal_offset = seqlen_k - seqlen_q
-        nbi = n_block if const_expr(self.deterministic) else 0  # the dQ accumulator's slice
+        # the dQ accumulator's slice (a pair's: both CTAs add into one)
+        nbi = n_block // (2 if const_expr(self.dq_pair) else 1) if const_expr(self.deterministic) else 0
         dv_early = const_expr(self.mma_order == "dv_early")
 
         m_block, head = m_block_min, kv_head * group
@@ -746,7 +869,7 @@ class FlashBwdSm90:
             tail = (tiled_mma_dkv, tiled_mma_dq, acc_dV, acc_dK, acc_dQ, aP, adS,
                     tdVrdOt[None, None, None, state.index], tdKrQt[None, None, None, state.index],
                     tdQrdS[None, None, None, ds_buf], tdQrKt, pipe_q, pipe_do, state)
-            emit = (thr_mma_dq, mdQaccum, sdQ, dq_tidx, m_block, head, batch, nbi, softmax_scale)
+            emit = (thr_mma_dq, mdQaccum, sdQ, dq_tidx, m_block, head, batch, nbi, softmax_scale, pair)
             if const_expr(self.dq_wgs == self.num_wg or dq_role is True):
                 self._block_gemms(*tail, emit)
             elif const_expr(dq_role is False):
@@ -778,7 +901,7 @@ class FlashBwdSm90:
                 pipe_q.consumer_release(state)
                 pipe_do.consumer_release(state)
             if const_expr(emit is not None):
-                self._emit_dq(acc_dQ, *emit, state.index, False)
+                self._emit_dq(acc_dQ, *emit, state, False)
         else:
             # dV is in flight (issued before the barrier); dQ first, then dK: dQ leaves (smem
             # or RED) while dK runs on the tensor core
@@ -788,7 +911,7 @@ class FlashBwdSm90:
                     pipe_do.consumer_release(state)
                 self._gemm(tiled_mma_dkv, acc_dK, tdKrdS, tdKrQt, False, 1)  # dQ done
                 # qdo: the dO half of dQ now, the Q half once dK (its reader) is done
-                self._emit_dq(acc_dQ, *emit, state.index, True)
+                self._emit_dq(acc_dQ, *emit, state, True)
             else:
                 self._gemm(tiled_mma_dkv, acc_dK, tdKrdS, tdKrQt, False, 1)  # dV done
                 pipe_do.consumer_release(state)
@@ -815,13 +938,16 @@ class FlashBwdSm90:
 
     @cute.jit
     def _emit_dq(self, acc_dQ, thr_mma_dq, mdQaccum, sdQ, dq_tidx, m_block, head, batch, nbi, softmax_scale,
-                 stage, dk_in_flight: cutlass.Constexpr):
+                 pair, state, dk_in_flight: cutlass.Constexpr):
         """dk_in_flight: this warpgroup's dK GEMM still reads its columns of the stage's Q (qdo:
-        the Q half waits for it)."""
+        the Q half waits for it). pair: (this CTA's rank in the cluster, its pair mbarriers)."""
         # dQ leaves scaled, so the host's postprocess is one copy (fp32 -> 16 bit, row order)
         for i in cutlass.range_constexpr(cute.size(acc_dQ)):
             acc_dQ[i] = acc_dQ[i] * softmax_scale
-        if const_expr(self.dq_qdo):
+        stage = state.index
+        if const_expr(self.dq_pair):
+            self._pair_dq(acc_dQ, sdQ, dq_tidx, pair, state, dk_in_flight)
+        elif const_expr(self.dq_qdo):
             w = dq_tidx // 128
             self._dq_half_to_smem(acc_dQ, sdQ[0][None, w, stage], dq_tidx % 128, 0)
             if const_expr(dk_in_flight):
