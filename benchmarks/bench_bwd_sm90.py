@@ -20,7 +20,7 @@ default knobs; the deterministic backward (fa4kernel[deterministic]) is timed at
 dQ buffer holds one fp32 slice per key block: at 16k 128 slices of the whole dQ, 256 at hd256).
 
 Backward variants side by side: --variants takes knob sets of the backward (sm90/bwd_config.py:
-dq_reduce, stats, mma_order, preprocess, postprocess, regs, tile_m, grid_order, dq_zero), each
+dq_reduce, dq_smem, dq_sum, stats, mma_order, preprocess, postprocess, regs, tile_m, grid_order, dq_zero), each
 timed as its own row `fa4kernel[KNOBS]` in the same round-robin as the peers; a set that does not apply at a point
 (tile_m=128 outside head dim 64, regs=split where both warpgroups run dQ) is recorded there as
 unsupported; --hdims, --seqlens, --causal narrow the grid; --no-deterministic drops the

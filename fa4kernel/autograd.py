@@ -16,7 +16,7 @@ from .sm90.bwd_config import BWD_HEAD_DIMS, bwd_config_from_knobs
 
 def check_backward_supported(q, k, v, causal: bool, deterministic, **bwd_knobs) -> None:
     """One-line ValueError unless the SM90 backward supports these (already validated) inputs
-    and knobs (sm90/bwd_config.py: dq_reduce, stats, mma_order, preprocess, postprocess, regs,
+    and knobs (sm90/bwd_config.py: dq_reduce, dq_smem, dq_sum, stats, mma_order, preprocess, postprocess, regs,
     tile_m, grid_order, dq_zero)."""
     d = q.shape[-1]
     if d not in BWD_HEAD_DIMS:
@@ -73,7 +73,7 @@ _FUNC = None
 
 def attention_with_grad(q, k, v, cfg, softmax_scale: Optional[float], deterministic: bool, **bwd_knobs):
     """(out, lse) of the SM90 forward built with an LSE (cfg.has_lse), recorded for autograd;
-    bwd_knobs: the backward's knobs (sm90/bwd_config.py: dq_reduce, stats, mma_order,
+    bwd_knobs: the backward's knobs (sm90/bwd_config.py: dq_reduce, dq_smem, dq_sum, stats, mma_order,
     preprocess, postprocess, regs, tile_m, grid_order, dq_zero; left out: their defaults)."""
     global _FUNC
     if _FUNC is None:
@@ -102,8 +102,8 @@ def attention_backward(dout, q, k, v, out, lse, causal: bool = False, softmax_sc
                        deterministic: bool = False, **bwd_knobs):
     """dq, dk, dv of attention(q, k, v) from its out and lse (natural log, (batch, heads,
     seqlen_q) fp32, as attention(..., return_lse=True) returns them) and dout; the SM90 backward
-    built with bwd_knobs (sm90/bwd_config.py: dq_reduce, stats, mma_order, preprocess, postprocess, regs,
-    tile_m, grid_order, dq_zero; left out: their defaults)."""
+    built with bwd_knobs (sm90/bwd_config.py: dq_reduce, dq_smem, dq_sum, stats, mma_order, preprocess,
+    postprocess, regs, tile_m, grid_order, dq_zero; left out: their defaults)."""
     import torch
 
     from .inputs import validate_device, validate_tensors

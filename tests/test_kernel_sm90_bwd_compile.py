@@ -187,11 +187,12 @@ def bulk_sass(head_dim=128, causal=False, deterministic=False):
 @pytest.mark.parametrize("hd", fa4kernel.BWD_HEAD_DIMS)
 def test_bwd_bulk_compiles_with_bulk_reduce_and_no_red(hd, causal):
     """One UBLKRED (cp.reduce.async.bulk .add.f32) per dQ warpgroup (two with dq_smem="qdo": one
-    per half), no REDG anywhere; the rest of the design (wgmma, TMA, exp2, stmatrix, no spills)
-    as the default build."""
+    per half; with dq_sum="pair" only the owner warpgroup's), no REDG anywhere; the rest of the
+    design (wgmma, TMA, exp2, stmatrix, no spills) as the default build."""
     text = bulk_sass(hd, causal)
     cfg = make_bwd_config("bfloat16", hd, causal, dq_reduce="bulk")
-    assert count(text, "UBLKRED") == cfg.dq_wgs * (2 if cfg.dq_smem == "qdo" else 1)
+    wgs = 1 if cfg.dq_sum == "pair" else cfg.dq_wgs
+    assert count(text, "UBLKRED") == wgs * (2 if cfg.dq_smem == "qdo" else 1)
     assert len(re.findall(r"\sREDG?\.", text)) == 0, "per-thread RED left in the bulk build"
     for op in ("HGMMA", "UTMALDG", "UTMASTG", "MUFU.EX2", "STSM"):
         assert count(text, op) > 0, op
@@ -710,6 +711,7 @@ def test_bwd_kv_split_config():
         cfg = make_bwd_config("bfloat16", hd, True)
         assert (cfg.tile_m, cfg.tile_n, cfg.num_consumer_wgs, cfg.dq_wgs, cfg.kv_split) == (64, 64, 2, 2, True)
         assert (cfg.dq_reduce, cfg.dq_smem, cfg.q_stages) == ("bulk", "qdo" if hd == 256 else "own", 2)
+        assert cfg.dq_sum == ("pair" if hd == 256 else "cta")
         for dq, smem, stages in (("red", "own", 2), ("bulk", "own", 1 if hd == 256 else 2), ("bulk", "qdo", 2)):
             c = make_bwd_config("bfloat16", hd, False, dq_reduce=dq, dq_smem=smem)
             assert bwd_smem_bytes(c) <= 227 * 1024
@@ -733,9 +735,10 @@ def test_bwd_kv_split_rejects_what_does_not_apply(hd, knobs, says):
 
 @pytest.mark.parametrize("knobs", [dict(), dict(deterministic=True), dict(dq_reduce="bulk"), dict(dq_reduce="red"),
                                    BASELINE, dict(mma_order="dv_dk_dq", dtype="float16"), dict(dq_smem="own"),
-                                   dict(dq_smem="qdo"), dict(dq_smem="qdo", mma_order="dv_dk_dq")],
+                                   dict(dq_smem="qdo", dq_sum="cta"), dict(dq_smem="qdo", mma_order="dv_dk_dq"),
+                                   dict(dq_smem="qdo", dq_sum="pair"), dict(dq_smem="qdo", dq_sum="pair", deterministic=True)],
                          ids=["default", "deterministic", "bulk", "red", "baseline", "dv_dk_dq-fp16", "own", "qdo",
-                              "qdo-dv_dk_dq"])
+                              "qdo-dv_dk_dq", "pair", "pair-deterministic"])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("hd", KV_SPLIT_HEAD_DIMS)
 def test_bwd_kv_split_builds(hd, causal, knobs):
@@ -761,8 +764,12 @@ def test_bwd_kv_split_builds(hd, causal, knobs):
     if cfg.dq_reduce == "red":
         assert n("REDG.E.ADD.F32x2") == 64 * hd // (2 * 256) and count(text, "UBLKRED") == 0
     else:
-        # dq_smem="qdo": each warpgroup's dQ in two halves (dO's and Q's columns of the stage)
-        assert count(text, "UBLKRED") == (4 if cfg.dq_smem == "qdo" else 2) and n("RED") == 0
+        # dq_smem="qdo": each warpgroup's dQ in two halves (dO's and Q's columns of the stage);
+        # dq_sum="pair": the owner's halves only, the sender's go to the peer CTA (st.async: STAS,
+        # 4 floats each: hd / 16 per thread)
+        reduces = 2 if cfg.dq_sum == "pair" else (4 if cfg.dq_smem == "qdo" else 2)
+        assert count(text, "UBLKRED") == reduces and n("RED") == 0
+        assert len(re.findall(r"\sSTAS[\s.]", text)) == (hd // 16 if cfg.dq_sum == "pair" else 0)
     assert count(text, "UTMASTG") > 0 and count(text, "UTMALDG") > 0
 
 
@@ -791,3 +798,26 @@ def test_bwd_dq_smem_rejected_below_kv_split():
     assert str(ei.value) == "dq_smem='tmem' not supported; allowed: own, qdo"
     assert make_bwd_config("bfloat16", 128, False).dq_smem == "own"
     assert make_bwd_config("bfloat16", 256, False, dq_reduce="red").dq_smem == "own"
+
+
+@pytest.mark.parametrize("knobs,says", [
+    (dict(dq_sum="pair", dq_smem="own"), "dq_sum='pair' needs dq_smem='qdo'"),
+    (dict(dq_sum="pair", grid_order="blocks_outer"), "dq_sum='pair' needs dq_smem='qdo' (head_dim 192 or 256, "
+                                                     "dq_reduce='bulk') and grid_order='heads_outer'"),
+    (dict(dq_sum="pair", mma_order="dv_dk_dq"), "dq_sum='pair' with mma_order='dv_dk_dq' spills registers"),
+    (dict(dq_sum="trio"), "dq_sum='trio' not supported; allowed: cta, pair"),
+])
+def test_bwd_dq_sum_rejects_what_does_not_apply(knobs, says):
+    with pytest.raises(ValueError) as ei:
+        make_bwd_config("bfloat16", 256, False, **knobs)
+    assert says in str(ei.value) and "\n" not in str(ei.value)
+
+
+def test_bwd_dq_sum_pair_default_only_where_it_applies():
+    """dq_sum defaults to "pair" at 256 and falls back to "cta" where the pair does not apply
+    (another dq_smem, grid order or GEMM order), so those knobs keep working alone."""
+    assert make_bwd_config("bfloat16", 256, True).dq_sum == "pair"
+    for knobs in (dict(dq_smem="own"), dict(dq_reduce="red"), dict(grid_order="blocks_outer"),
+                  dict(mma_order="dv_dk_dq")):
+        assert make_bwd_config("bfloat16", 256, False, **knobs).dq_sum == "cta", knobs
+    assert make_bwd_config("bfloat16", 192, False, dq_smem="qdo").dq_sum == "cta"
