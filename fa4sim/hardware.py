@@ -95,6 +95,9 @@ PARAMS: dict[str, tuple[str, str]] = {
                              "(cp.reduce.async.bulk .add.f32, issued by the TMA unit) and RED.ADD.F32 alike"),
     "l2_reduce_bandwidth_tbps": ("TB/s", "whole-chip rate of fp32 reduce-adds into L2-resident lines; the L2 "
                                  "serves loads and reduce-adds from the same time, each at its own rate"),
+    "dsmem_bytes_per_clk": ("B/clk/SM", "distributed shared memory: bytes one SM moves to or from a peer CTA's "
+                            "shared memory in its cluster over the SM-to-SM network (st.async, ld.shared::cluster), "
+                            "each direction"),
 }
 
 POWER_PARAMS = ("power_cap_w", "clock_min_ghz", "static_power_w", "clock_power_w", "voltage_slope",

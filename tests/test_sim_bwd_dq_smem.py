@@ -23,7 +23,9 @@ def knobs_of(problem, overrides=None, impl="fa4kernel"):
 
 
 def schedule(problem, overrides=None, impl="fa4kernel"):
-    return build_cta("h100", problem, overrides or {}, n_kv=4, masked=0, impl=impl, pass_="bwd")
+    # the per-CTA dQ sum (fa4kernel's hd256 default is the pair: tests/test_sim_bwd_dq_sum.py)
+    return build_cta("h100", problem, {"dq_sum": "cta", **(overrides or {})}, n_kv=4, masked=0, impl=impl,
+                     pass_="bwd")
 
 
 def edges(s):
@@ -168,7 +170,7 @@ def test_set_dq_smem_own_is_the_own_buffer_prediction(hdim, causal, capsys):
         assert got[key] == ref.to_json()[key], key
     # and it differs from the default (qdo) only in dq_smem and the stage counts
     dflt = _cli([*RUN, "--hdim", str(hdim), *extra], capsys)
-    assert {n for n in dflt["knobs"] if dflt["knobs"][n] != got["knobs"][n]} <= {"dq_smem", "q_stages", "do_stages"}
+    assert {n for n in dflt["knobs"] if dflt["knobs"][n] != got["knobs"][n]} <= {"dq_smem", "dq_sum", "q_stages", "do_stages"}
 
 
 @pytest.mark.parametrize("hdim", [128, 192])

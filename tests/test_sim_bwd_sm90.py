@@ -142,7 +142,7 @@ def test_kv_split_stores_p_and_ds_together_behind_one_barrier():
 
 @pytest.mark.parametrize("reduce", ["bulk", "red"])
 def test_kv_split_reduce_adds_64_x_256_fp32_per_q_block(reduce):
-    s = schedule(P256, "fa4kernel", {"dq_reduce": reduce})
+    s = schedule(P256, "fa4kernel", {"dq_reduce": reduce, "dq_sum": "cta"})  # the pair: test_sim_bwd_dq_sum.py
     l2_red = bwd.l2_shares(H100)[1]
     ops = [o for o in s.ops if o.name.startswith("ADDQ" if reduce == "bulk" else "DQR")]
     assert len(ops) == 2  # one per dQ warpgroup, head_dim / 2 columns each
@@ -376,7 +376,8 @@ def test_fa4kernel_loop_instruction_counts_are_its_sass(hdim, causal, knobs):
     cfg = make_bwd_config("bfloat16", hdim, causal, False, **knobs)
     c = _loop_counts(fa4kernel.compile_bwd_sass(cfg))
     p = Problem(1, 8, 2048, 2048, hdim, causal)
-    knobs = {**knobs, "dq_smem": getattr(cfg, "dq_smem", "own")}  # a kernel before dq_smem: its own dQ buffer
+    knobs = {**knobs, "dq_smem": getattr(cfg, "dq_smem", "own"),  # a kernel before dq_smem: its own dQ buffer
+             "dq_sum": getattr(cfg, "dq_sum", "cta")}  # before dq_sum: each CTA its own
     k = knobs_of(p, "fa4kernel", knobs)
     impl = setup("h100", None, p, knobs, "fa4kernel", "bwd")[3]
     value = lambda name: impl.value(name, Context(p, H100, impl), k)  # noqa: E731
@@ -388,5 +389,7 @@ def test_fa4kernel_loop_instruction_counts_are_its_sass(hdim, causal, knobs):
     dq = hd_part / 16 / 128 if k["dq_reduce"] == "bulk" else hd_part / 8 / 128
     stsm = e * 2 * (2 if hdim > 128 else 1) // 16
     counted = 5 * e + (3 if causal else 1) * e + (e if k["stats"] == "thread" else e // 2) + stsm + dq
+    if k["dq_sum"] == "pair":  # both branches in the loop: the owner's LDS.128 and FADDs, the sender's STAS.128
+        counted += dq + 4 * dq + dq
     total = c["hgmma"] + c["uniform"] + c["other"] + c["pointwise"]
     assert value("loop_instr_fixed") == round(total - c["hgmma"] - c["uniform"] - counted)

@@ -88,6 +88,11 @@ KNOBS = [
          "all three, then dQ leaves; dv_dq_dk = dV issued before the dS barrier, then dQ, then dK, dQ leaves while "
          "dK runs (flash-attn-4); dv_early = as dv_dq_dk, but dV issued as soon as P is in registers, under the "
          "dS math", kind="choice", choices=("dv_dk_dq", "dv_dq_dk", "dv_early")),
+    Knob("dq_sum", "cta", "", "who bulk-adds a Q block's dQ: cta = each CTA its own; pair (dq_smem qdo, dQ leaving "
+         "while dK runs) = the CTAs of a 2-CTA cluster on adjacent KV tiles, walking the same Q blocks, first sum "
+         "it through distributed shared memory: warpgroup 0 owns its head-dim half here (warpgroup 1 in the peer), "
+         "the other warpgroup st.asyncs its half to the peer's owner, the owner adds the peer's half and bulk-adds "
+         "the sum (half the reduce-add bytes into L2)", kind="choice", choices=("cta", "pair")),  # after dq_smem, mma_order
     Knob("stats", "tma", "", "how LSE and dPsum of a Q block reach the MMA warpgroups: tma = with Q and dO into shared "
          "memory (read with LDS); thread = each thread loads its Q columns' from global memory (LDG)",
          kind="choice", choices=("tma", "thread")),
@@ -187,6 +192,7 @@ def check(hw, p: Problem, k: dict, impl=None) -> None:
     mw, nw, K, _, _ = gemm_shapes(p, k)["S"]
     check_shape(ARCH, mw, nw, K)  # a warpgroup's part of S
     check_dq_smem(p, k)
+    check_dq_sum(p, k)
     need = smem_bytes(p, k)
     if need > hw.smem_capacity_bytes:
         qdo = " (or dq_smem qdo: no fp32 dQ buffer)" if (k["dq_reduce"] == "bulk" and not qdo_staging(k)
@@ -201,6 +207,27 @@ def kv_split(p: Problem, k: dict) -> bool:
     and its dQ (tile_m x d/2 fp32) is as large as those columns of Q and dO together."""
     return (p.hdim > 128 and p.hdim_v == p.hdim and k["atom_dkv"] == 1 and k["atom_dq"] == 1
             and not k["dq_single_wg"])
+
+
+def dq_pair(k: dict) -> bool:
+    """dQ summed over a 2-CTA cluster before the bulk reduce-add (dq_sum "pair")."""
+    return k.get("dq_sum", "cta") == "pair"
+
+
+def check_dq_sum(p: Problem, k: dict) -> None:
+    """dq_sum "pair" needs dq_smem qdo (and so bulk and kv_split) and dQ leaving while dK runs; one-line
+    InputError (bwd_config.py make_bwd_config's rules)."""
+    if not dq_pair(k):
+        return
+    if not kv_split(p, k):
+        raise InputError("dq_sum", f"pair needs kv_split (head dim > 128, hdim_v = hdim, atom_dkv 1, atom_dq 1, "
+                                   f"dq_single_wg false), got hdim {p.hdim}; allowed there: cta")
+    if not qdo_staging(k):
+        raise InputError("dq_sum", f"pair needs dq_smem qdo (head dim 192 or 256, dq_reduce bulk), not dq_smem "
+                                   f"{k.get('dq_smem', 'own')}, dq_reduce {k['dq_reduce']}; allowed there: cta")
+    if k["mma_order"] == "dv_dk_dq":
+        raise InputError("dq_sum", "pair with mma_order dv_dk_dq spills registers; allowed with dq_sum pair: "
+                                   "mma_order dv_dq_dk")
 
 
 def check_dq_smem(p: Problem, k: dict) -> None:
@@ -281,6 +308,12 @@ def build(hw, p: Problem, k: dict, n_kv: int, masked_blocks: int, impl=None, hbm
     # dQ staged over the Q/dO stage (dq_smem "qdo"): the dq_store warp, not the MMA warpgroups,
     # releases the stage, once its bulk reduce-adds have read it
     qdo = qdo_staging(k)
+    # dq_sum "pair": the CTA is one of a 2-CTA cluster whose peer walks the same Q blocks in
+    # lockstep, as this CTA's mirror: warpgroup 0 owns its head-dim half of dQ here (the peer's
+    # warpgroup 1 there), warpgroup 1 sends its half to the peer's owner; the peer's sender does
+    # the same to this CTA's owner, at the same time
+    pair = dq_pair(k)
+    owner, sender = 0, 1
     stats = 0 if (k["stats"] == "thread") else m * 4
     # LSE and dPsum of a thread's Q columns: its distinct Q rows of S (a swapped m64 accumulator
     # holds 2 keys x per_thread / 2 queries per thread; unswapped, 2 query rows per m64 wgmma)
@@ -371,18 +404,34 @@ def build(hw, p: Problem, k: dict, n_kv: int, masked_blocks: int, impl=None, hbm
                 ops.append(wgmma("dQ", w, "dQ = dS K (its part)"))
         part = m * d * 4 / nq  # this warpgroup's dQ, fp32 bytes
         dq_q = None  # qdo: the second half of dQ, over its Q columns
-        if w < nq and not red and qdo:
+        recv = None  # pair, the owner: the peer's half read back and added
+        if pair and w == sender:
+            # once its dV and dK are done (its columns of the stage are dead), it tells the peer so,
+            # waits for the peer's same word (an mbarrier each way), then st.asyncs its dQ into the
+            # peer's copy of those columns; the sends leave at the SM-to-SM network's rate, and the
+            # peer's sends land in this SM's shared memory meanwhile (the mirror)
+            sent = {"dsmem": part / hw.dsmem_bytes_per_clk, "smem": smem(part), **_lsu(part / STS128_BYTES),
+                    **_instr(hw, part / 16)}
+            dq_out = Op(f"SEND{w}", r, tuple(sent.items()), hw.mbarrier_latency, "correction",
+                        label="dQ (fp32) -> the peer's shared memory (st.async), the peer's lands here")
+        elif pair and w == owner:
+            # the peer's half (st.async, complete_tx on an mbarrier): LDS it, add it to its own
+            got = add({"smem:lsu": smem(part), "fma": part / 4 / hw.fma_lanes_per_clk, **_lsu(part / STS128_BYTES)},
+                      _instr(hw, part / 16 + part / 4))
+            recv = Op(f"RECV{w}", r, tuple(got.items()), hw.smem_latency, "correction",
+                      label="the peer's dQ half: wait, read from smem, add")
+        if not (pair and w == sender) and w < nq and not red and qdo:
             half = part / 2
             dqw = {"smem:lsu": smem(half), **_lsu(half / STS128_BYTES), **_instr(hw, half / 16)}
             dq_out = Op(f"DQW{w}", r, tuple(dqw.items()), hw.smem_latency, "correction",
                         label="dQ (fp32), first half -> smem over its dO columns")
             dq_q = Op(f"DQWQ{w}", r, tuple(dqw.items()), hw.smem_latency + nbar, "correction",
                       label="dQ (fp32), second half -> smem over its Q columns, to warp 1")
-        elif w < nq and not red:
+        elif not (pair and w == sender) and w < nq and not red:
             dqw = {"smem:lsu": smem(part), **_lsu(part / STS128_BYTES), **_instr(hw, part / 16)}
             dq_out = Op(f"DQW{w}", r, tuple(dqw.items()), hw.smem_latency + nbar, "correction",
                         label="dQ (fp32) -> smem, to warp 1")
-        elif w < nq:
+        elif not pair and w < nq:
             n_red = part / RED_BYTES  # warp instructions
             dqr = {**_instr(hw, 32 * n_red), **_lsu(n_red), "red": part / hw.reduce_bytes_per_clk,
                    "l2": part / l2_red}
@@ -390,7 +439,8 @@ def build(hw, p: Problem, k: dict, n_kv: int, masked_blocks: int, impl=None, hbm
                         label="dQ (fp32) -> RED.ADD.F32x2 into the accumulator")
         release = "" if qdo else (", release Q" + ("" if fa3_order else ", dO"))
         wait = Op(f"WAIT{w}", r, (), 0.0, "sync", label="wait for its wgmmas" + release)
-        dq_ops = ([dq_out] if w < nq else []) + ([dq_q] if dq_q is not None else [])
+        dq_ops = ([recv] if recv is not None else []) + ([dq_out] if w < nq else []) + (
+            [dq_q] if dq_q is not None else [])
         if fa3_order:
             ops += dq_ops + [wait]
         else:
@@ -437,11 +487,17 @@ def build(hw, p: Problem, k: dict, n_kv: int, masked_blocks: int, impl=None, hbm
             if v < nq:
                 edges.append(Edge(f"dQ{v}", f"DS{w}", distance=k["pds_stages"], kind="anti", lag=nbar))
             edges.append(Edge(f"dK{v}", f"DS{w}", distance=k["pds_stages"], kind="anti", lag=nbar))
-        if w < nq and not red and qdo:
+        if pair and w == sender:
+            # its columns of the stage are dead (dV, dK done), and the peer's (its mirror's) too
+            edges += [Edge(f"dV{w}", dq_out.name, lag=mbar), Edge(f"dK{w}", dq_out.name, lag=mbar),
+                      Edge(dq_out.name, f"RECV{owner}")]
+        elif w < nq and not red and qdo:
             # the dO half over columns only its dV reads (both warpgroups' dP^T are done before
             # the dS barrier), the Q half over columns only its dK reads; then warp 1 is told
             edges += [Edge(f"dV{w}", dq_out.name), Edge(f"dK{w}", dq_q.name),
                       Edge(dq_q.name, f"ADDQ{w}", lag=nbar)]
+            if recv is not None:
+                edges += [Edge(f"dQ{w}", recv.name), Edge(recv.name, dq_out.name)]
         elif w < nq and not red:
             edges += [Edge(f"DQW{w}", f"ADDQ{w}", lag=nbar),
                       Edge(f"ADDQ{w}", f"DQW{w}", distance=1, kind="anti", lag=nbar)]
@@ -457,24 +513,26 @@ def build(hw, p: Problem, k: dict, n_kv: int, masked_blocks: int, impl=None, hbm
         roles.append("dq_store")
         if det:
             ops.append(Op("SEMA", "dq_store", (), hw.l2_latency, "sync", label="deterministic: read the semaphore"))
-        for w in range(nq):
+        adders = [owner] if pair else list(range(nq))  # pair: the sum of the owner's columns only
+        for w in adders:
             part = m * d * 4 / nq
             # qdo: two bulk reduce-adds, one per half (its dO columns, its Q columns)
             ops.append(Op(f"ADDQ{w}", "dq_store", (("tma", part / hw.reduce_bytes_per_clk), ("smem", smem(part)),
                                                     l2_add(part)), 0.0, "store",
                           asynchronous=True, issue_cycles=2 if qdo else 1,
-                          label=f"TMA reduce-add dQ (WG{w}'s part" + (", from its Q and dO columns)" if qdo else ")")))
+                          label=f"TMA reduce-add dQ (WG{w}'s part" + (", the pair's sum" if pair else "")
+                          + (", from its Q and dO columns)" if qdo else ")")))
         if qdo:
             # cp.async.bulk.wait_group.read: the adds have read the stage; then the Q and dO
             # stage goes back to the load warp
             ops.append(Op("RELQ", "dq_store", (), 0.0, "sync",
                           label="wait until the reduce-adds have read the Q/dO stage, release it"))
-            edges += [Edge(f"ADDQ{w}", "RELQ") for w in range(nq)]
+            edges += [Edge(f"ADDQ{w}", "RELQ") for w in adders]
             edges += [Edge("RELQ", "LQ", distance=k["q_stages"], kind="anti", lag=mbar),
                       Edge("RELQ", "LdO", distance=k["do_stages"], kind="anti", lag=mbar)]
         if det:
             ops.append(Op("SEMR", "dq_store", (), hw.l2_latency, "sync", label="deterministic: adds landed, release"))
-            edges += [Edge(f"ADDQ{w}", "SEMR", lag=hw.l2_latency) for w in range(nq)]
+            edges += [Edge(f"ADDQ{w}", "SEMR", lag=hw.l2_latency) for w in adders]
 
     compute_roles = [f"wg{w}" for w in range(WGS)]
     softmax_ops = tuple(f"{x}{w}" for x in ("MASK", "EXP", "DS") for w in range(WGS))
@@ -487,10 +545,13 @@ def build(hw, p: Problem, k: dict, n_kv: int, masked_blocks: int, impl=None, hbm
     if qdo:  # two halves
         fine = {f"{x}{w}": max(PIECES, int(m * d * 4 / nq / 2 / DQW_PIECE_BYTES)) for x in ("DQW", "DQWQ")
                 for w in range(nq)}
+    if pair:  # the send and the read-back in 256-byte pieces too
+        fine.update({f"SEND{sender}": int(m * d * 4 / nq / DQW_PIECE_BYTES),
+                     f"RECV{owner}": int(m * d * 4 / nq / DQW_PIECE_BYTES)})
     ops = [replace(o, chunks=fine[o.name]) if o.name in fine else o for o in ops]
     units = {"tensor": 1, "smem": 1, "smem:lsu": 1, "lsu": 1, "mufu": 1, "fma": 1, "alu": 1, "issue": 1, "tma": 1,
              "l2": 1,
-             **({"red": 1} if red else {}), **{f"issue:{r}": 1 for r in compute_roles}}
+             **({"red": 1} if red else {}), **({"dsmem": 1} if pair else {}), **{f"issue:{r}": 1 for r in compute_roles}}
     roles += compute_roles
     flops = 2.0 * m * n * (3 * d + 2 * dv)
     return Schedule(f"{NAME}-bwd", units, roles, ops, edges, marker="S0",
@@ -500,3 +561,9 @@ def build(hw, p: Problem, k: dict, n_kv: int, masked_blocks: int, impl=None, hbm
                                   **{f"issue:{r}": ("tensor", hw.warp_issue_under_mma) for r in compute_roles}},
                     meta={"flops_per_iter": flops, "dq_hold": dq_hold(hw, p, k) if k["deterministic"] else 0.0,
                           "lsu_share": lsu_share})
+
+
+def units(p: Problem, keys: int, tile_m: int, k: dict) -> list:
+    """The launch's KV-tile units (kernel_bwd.kv_units): with dq_sum "pair" in 2-CTA clusters, an
+    even count, both CTAs of a cluster walking the Q blocks of its first KV tile."""
+    return kernel_bwd.kv_units(p, keys, tile_m, pair=dq_pair(k))

@@ -33,16 +33,24 @@ def transposed(p: Problem) -> Problem:
     return Problem(p.batch, p.heads, p.seqlen_k, p.seqlen_q, p.hdim, p.causal, p.hdim_v)
 
 
-def kv_units(p: Problem, keys: int, tile_m: int) -> list[KvUnit]:
+def kv_units(p: Problem, keys: int, tile_m: int, pair: bool = False) -> list[KvUnit]:
     """One (batch, head)'s backward units: KV tiles of `keys` keys, each with the Q blocks of
     tile_m rows that see it (causal: rows i >= key - (seqlen_k - seqlen_q)) and how many of them
-    need a mask (the causal diagonal, a partial last Q block, a partial KV tile)."""
+    need a mask (the causal diagonal, a partial last Q block, a partial KV tile).
+
+    pair (SM90 dq_sum "pair"): KV tiles in 2-CTA clusters, their count padded to an even one (the
+    extra CTA lies past seqlen_k: zero keys, every Q block masked); both CTAs of a cluster walk
+    the Q blocks of its first KV tile (causal: the second walks one block more than alone)."""
     offset = p.seqlen_k - p.seqlen_q
     m_total = math.ceil(p.seqlen_q / tile_m)
+    starts = list(range(0, p.seqlen_k, keys))
+    if pair and len(starts) % 2:
+        starts.append(starts[-1] + keys)
     out = []
-    for rank, c0 in enumerate(range(0, p.seqlen_k, keys)):
+    for rank, c0 in enumerate(starts):
         c1 = min(c0 + keys, p.seqlen_k) - 1
-        first = max(0, c0 - offset) // tile_m if p.causal else 0
+        lead = c0 - keys if (pair and rank % 2) else c0  # whose Q blocks it walks
+        first = max(0, lead - offset) // tile_m if p.causal else 0
         n = m_total - first
         # causal: Q blocks whose first row misses some of the tile's keys (row i sees key j iff
         # j <= i + offset), then a partial last Q block, then a partial KV tile (all of them)
@@ -51,7 +59,7 @@ def kv_units(p: Problem, keys: int, tile_m: int) -> list[KvUnit]:
             masked += 1
         if c1 - c0 + 1 < keys:
             masked = n
-        out.append(KvUnit(n, min(n, masked), c1 - c0 + 1, first, rank))
+        out.append(KvUnit(n, min(n, masked), max(c1 - c0 + 1, 0) or keys, first, rank))
     return out
 
 
@@ -70,7 +78,7 @@ def traffic(p: Problem, hw, units: list[KvUnit], tile_m: int, two_cta: bool,
     d, dv = p.hdim, p.hdim_v
     visits = sum(u.n_kv for u in units)
     per_visit = tile_m * ((d + dv) * 2 + 8)       # Q + dO, LSE + dPsum
-    dq_add = tile_m * d * 4                        # the fp32 reduce-add
+    dq_add = tile_m * d * 4 / _adders(knobs)       # the fp32 reduce-add (a pair: one for both)
     kv = p.seqlen_k * (d + dv) * 2 * 2             # K, V in; dK, dV out
     l2 = bh * (visits * (per_visit + dq_add) + kv)
     slices = bool(knobs and knobs.get("deterministic") and knobs.get("deterministic_by") == "slices")
@@ -86,10 +94,15 @@ def traffic(p: Problem, hw, units: list[KvUnit], tile_m: int, two_cta: bool,
     return float(l2), float(hbm)
 
 
-def reduce_add_bytes(p: Problem, units: list[KvUnit], tile_m: int) -> float:
+def _adders(knobs: dict | None) -> int:
+    """CTAs whose dQ one reduce-add carries: 2 with SM90's dq_sum "pair" (summed in the cluster first)."""
+    return 2 if (knobs and knobs.get("dq_sum") == "pair") else 1
+
+
+def reduce_add_bytes(p: Problem, units: list[KvUnit], tile_m: int, knobs: dict | None = None) -> float:
     """Bytes of the launch's fp32 dQ reduce-adds (part of traffic's L2 bytes): tile_m x head dim
-    x 4 per visit of a Q block."""
-    return float(p.batch * p.heads * sum(u.n_kv for u in units) * tile_m * p.hdim * 4)
+    x 4 per visit of a Q block (half that with dq_sum "pair")."""
+    return float(p.batch * p.heads * sum(u.n_kv for u in units) * tile_m * p.hdim * 4 / _adders(knobs))
 
 
 def with_traffic(kt: KernelTime, p: Problem, hw, units: list[KvUnit], tile_m: int, two_cta: bool,
@@ -99,7 +112,7 @@ def with_traffic(kt: KernelTime, p: Problem, hw, units: list[KvUnit], tile_m: in
     l2_b, hbm_b = traffic(p, hw, units, tile_m, two_cta, knobs)
     compute_us = cycles / (hw.clock_ghz * 1e3)
     # the L2 serves the fp32 dQ reduce-adds at its reduce-add rate, the rest at its load rate
-    red_b = reduce_add_bytes(p, units, tile_m)
+    red_b = reduce_add_bytes(p, units, tile_m, knobs)
     red_tbps = getattr(hw, "l2_reduce_bandwidth_tbps", 0.0) or hw.l2_bandwidth_tbps
     l2_us = (l2_b - red_b) / (hw.l2_bandwidth_tbps * 1e6) + red_b / (red_tbps * 1e6)
     hbm_us = hbm_b / (hw.hbm_bandwidth_tbps * 1e6)
@@ -185,7 +198,7 @@ def passes(p: Problem, knobs: dict | None = None) -> tuple[tuple, tuple]:
     knobs = knobs or {}
     slices = 1
     if knobs.get("deterministic") and knobs.get("deterministic_by") == "slices":
-        slices = math.ceil(p.seqlen_k / knobs["tile_n"])
+        slices = math.ceil(p.seqlen_k / knobs["tile_n"] / _adders(knobs))  # a pair: one slice
     rows = p.batch * p.heads * p.seqlen_q
     each = lambda ops: tuple((what, rows * (c + e * p.hdim + s * p.hdim * slices)) for what, c, e, s in ops)  # noqa: E731
     if knobs.get("preprocess") == "torch":
