@@ -298,7 +298,8 @@ def simulate_bwd(hw="b200", schedule: str | None = None, problem: Problem | None
     two_cta = bool(knobs.get("two_cta", False))
     tile_m = knobs["tile_m"]
     keys = module.rows_per_cta(knobs) * (2 if two_cta else 1)
-    units = kernel_bwd.kv_units(problem, keys, tile_m)
+    # a schedule may launch its KV tiles otherwise (fa3's dq_sum "pair": 2-CTA clusters)
+    units = getattr(module, "units", lambda p, n, m, k: kernel_bwd.kv_units(p, n, m))(problem, keys, tile_m, knobs)
     n_hb = problem.batch * problem.heads
     if len(units) * n_hb > MAX_TILES:
         raise InputError("batch", f"{problem.batch} x {problem.heads} heads x {len(units)} KV tiles = "
