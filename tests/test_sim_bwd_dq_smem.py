@@ -136,14 +136,18 @@ def test_qdo_where_it_cannot_stage_is_one_line(problem, overrides, impl, words):
         assert w in str(e.value)
 
 
-def test_cli_rejects_a_bad_dq_smem_in_one_line(capsys):
+@pytest.mark.parametrize("knob,cases", [
+    ("dq_smem", (("256", "shared", "own, qdo"), ("128", "qdo", "kv_split"))),
+    ("dq_sum", (("256", "cluster", "cta, pair"), ("128", "pair", "kv_split"))),  # tests/test_sim_bwd_dq_sum.py
+])
+def test_cli_rejects_a_bad_dq_staging_knob_in_one_line(capsys, knob, cases):
     base = ["run", "--pass", "bwd", "--hw", "h100", "--impl", "fa4kernel", "--seqlen", "1024", "--batch", "1",
             "--heads", "1"]
-    for hdim, value, want in (("256", "shared", "own, qdo"), ("128", "qdo", "kv_split")):
-        assert main([*base, "--hdim", hdim, "--set", f"dq_smem={value}"]) == 2
+    for hdim, value, want in cases:
+        assert main([*base, "--hdim", hdim, "--set", f"{knob}={value}"]) == 2
         out, err = capsys.readouterr()
         lines = [x for x in err.splitlines() if x.strip()]
-        assert len(lines) == 1 and "dq_smem" in lines[0] and want in lines[0] and "Traceback" not in err
+        assert len(lines) == 1 and knob in lines[0] and want in lines[0] and "Traceback" not in err
 
 
 # ---------------------------------------------------------------- --set dq_smem=own keeps the own-buffer prediction

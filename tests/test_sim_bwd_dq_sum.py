@@ -62,14 +62,7 @@ def test_pair_where_it_cannot_sum_is_one_line(problem, overrides, words):
         assert w in str(e.value)
 
 
-def test_cli_rejects_a_bad_dq_sum_in_one_line(capsys):
-    base = ["run", "--pass", "bwd", "--hw", "h100", "--impl", "fa4kernel", "--seqlen", "1024", "--batch", "1",
-            "--heads", "1"]
-    for hdim, value, want in (("256", "cluster", "cta, pair"), ("128", "pair", "kv_split")):
-        assert main([*base, "--hdim", hdim, "--set", f"dq_sum={value}"]) == 2
-        out, err = capsys.readouterr()
-        lines = [x for x in err.splitlines() if x.strip()]
-        assert len(lines) == 1 and "dq_sum" in lines[0] and want in lines[0] and "Traceback" not in err
+# the CLI's one-line rejection of a bad dq_sum: tests/test_sim_bwd_dq_smem.py (with dq_smem's)
 
 
 # ---------------------------------------------------------------- the schedule
