@@ -698,9 +698,7 @@ class FlashBwdSm90:
     def _dq_half_to_smem(self, acc_dQ, dst, wg_tidx, half: cutlass.Constexpr):
         """dq_smem="qdo": half `half` of a dQ warpgroup's accumulator -> dst (its floats, in the
         fragment order of _dq_to_smem, whose first / second half they are)."""
-        copy = cute.make_tiled_copy_tv(
-            cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), Float32, num_bits_per_copy=128),
-            cute.make_layout(128), cute.make_layout(4))
+        copy = self._dq_half_copy()
         tD = copy.get_slice(wg_tidx).partition_D(dst)
         both = cute.make_tensor(acc_dQ.iterator, cute.make_layout((cute.size(acc_dQ) // 2, 2)))
         src = cute.make_tensor(both[None, half].iterator, cute.make_layout(tD.shape))
