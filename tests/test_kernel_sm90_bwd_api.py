@@ -45,7 +45,7 @@ def test_attention_rejects_an_unknown_backward_knob():
     (128, {"tile_m": 128}, "tile_m=128 not supported at head_dim 128; allowed: 64"),
     (128, {"regs": "split"}, "regs='split' needs one dQ warpgroup"),
     (128, {"stats": "smem"}, "stats='smem' not supported; allowed: tma, thread"),
-    (64, {"tile_m": 128, "dq_reduce": "red"}, "tile_m=128 with dq_reduce='red' spills registers"),
+    (64, {"tile_m": 128, "dq_reduce": "red"}, "tile_m=128 with dq_reduce='red' not supported"),
 ])
 def test_attention_rejects_bad_backward_knob_values_at_forward_time(d, knobs, says):
     msg = raises("not supported|needs|spills", fa4kernel.attention, *qkv_grad(d), bwd_knobs=knobs)
@@ -83,5 +83,5 @@ def test_compile_bwd_sass_checks_knobs_before_compiling():
 
 def test_make_bwd_config_defaults():
     cfg = make_bwd_config("bfloat16", 64, True)
-    assert (cfg.dq_reduce, cfg.stats, cfg.mma_order, cfg.preprocess, cfg.regs, cfg.tile_m) == \
-        ("bulk", "tma", "dv_dq_dk", "kernel", "even", 64)
+    assert (cfg.dq_reduce, cfg.stats, cfg.mma_order, cfg.preprocess, cfg.postprocess, cfg.dq_zero, cfg.regs,
+            cfg.tile_m) == ("bulk", "tma", "dv_dq_dk", "kernel", "kernel", "preprocess", "even", 128)

@@ -5,6 +5,7 @@ register spills), and bad arguments are one-line errors before anything compiles
 Run: pytest -m compile tests/test_kernel_sm90_bwd_compile.py
 """
 
+import collections
 import re
 
 import pytest
@@ -176,8 +177,8 @@ def test_bwd_thread_layouts_cover_the_tiles(hd, tile_m):
 
 
 def bulk_sass(head_dim=128, causal=False, deterministic=False):
-    """The build with dq_reduce="bulk" and the other knobs' defaults."""
-    cfg = make_bwd_config("bfloat16", head_dim, causal, deterministic, dq_reduce="bulk")
+    """The build with dq_reduce="bulk", 64-row query blocks and the other knobs' defaults."""
+    cfg = make_bwd_config("bfloat16", head_dim, causal, deterministic, dq_reduce="bulk", tile_m=64)
     if cfg not in _SASS:
         _SASS[cfg] = fa4kernel.compile_bwd_sass(cfg)
     return _SASS[cfg]
@@ -190,7 +191,7 @@ def test_bwd_bulk_compiles_with_bulk_reduce_and_no_red(hd, causal):
     per half; with dq_sum="pair" only the owner warpgroup's), no REDG anywhere; the rest of the
     design (wgmma, TMA, exp2, stmatrix, no spills) as the default build."""
     text = bulk_sass(hd, causal)
-    cfg = make_bwd_config("bfloat16", hd, causal, dq_reduce="bulk")
+    cfg = make_bwd_config("bfloat16", hd, causal, dq_reduce="bulk", tile_m=64)
     wgs = 1 if cfg.dq_sum == "pair" else cfg.dq_wgs
     assert count(text, "UBLKRED") == wgs * (2 if cfg.dq_smem == "qdo" else 1)
     assert len(re.findall(r"\sREDG?\.", text)) == 0, "per-thread RED left in the bulk build"
@@ -217,7 +218,7 @@ def test_bwd_bulk_query_block_loop(hd, causal):
     from fa4kernel.sass import kv_loop, loop_bodies
 
     text = bulk_sass(hd, causal)
-    dq_wgs = make_bwd_config("bfloat16", hd, causal).dq_wgs
+    dq_wgs = make_bwd_config("bfloat16", hd, causal, tile_m=64).dq_wgs
     ops = [o.split()[0] for o in kv_loop(text)]
     n = lambda prefix: sum(o.startswith(prefix) for o in ops)  # noqa: E731
     # at 64 and 96 (one dQ warpgroup) the loop holds dK twice: after dQ in warpgroup 1's branch
@@ -240,7 +241,7 @@ def test_bwd_bulk_smem_fits():
 
     for hd in fa4kernel.BWD_HEAD_DIMS:
         red_cfg = make_bwd_config("bfloat16", hd, False, dq_reduce="red")
-        bulk_cfg = make_bwd_config("bfloat16", hd, False, dq_reduce="bulk")
+        bulk_cfg = make_bwd_config("bfloat16", hd, False, dq_reduce="bulk", tile_m=64)
         red, bulk = bwd_smem_bytes(red_cfg), bwd_smem_bytes(bulk_cfg)
         assert bulk <= 227 * 1024, hd
         if bulk_cfg.dq_smem == "own":  # (256: dQ staged in the Q / dO stage, no buffer)
@@ -330,8 +331,9 @@ def loop_instructions(text):
 def test_bwd_stats_tma_reads_smem_not_global(hd):
     """stats="tma": producer warp 0 bulk-copies LSE_log2 and D with Q and dO (two UBLKCP), the
     loop reads them from smem (2 x 16 values per thread, paired: 16 LDS; 2 x 8 with kv_split,
-    where a warpgroup's S^T holds 32 queries) and has no global load; same GEMMs, no spills."""
-    text = knob_sass(hd, stats="tma")
+    where a warpgroup's S^T holds 32 queries) and has no global load; same GEMMs, no spills.
+    64-row query blocks (128 rows: test_bwd_tile_m_128_at_hd64)."""
+    text = knob_sass(hd, stats="tma", tile_m=64)
     cols = 8 if make_bwd_config("bfloat16", hd, False).kv_split else 16  # query columns per thread
     loop = [o.split()[0] for o in loop_instructions(text)]
     assert count(text, "UBLKCP") == 2
@@ -401,7 +403,7 @@ def test_bwd_mma_order_single_dq_warpgroup(hd):
     """At 64 and 96 warpgroup 0 alone runs dQ: the new orders compile without spills, one dS^T
     barrier per query block, the same GEMM shapes."""
     for order in ("dv_dq_dk", "dv_early"):
-        text = knob_sass(hd, True, dq_reduce="bulk", stats="tma", mma_order=order)
+        text = knob_sass(hd, True, dq_reduce="bulk", stats="tma", mma_order=order, tile_m=64)
         ops = [o.split()[0] for o in loop_instructions(text)]
         assert sum(o.startswith("BAR.SYNC") for o in ops) == 2  # dS^T, dQ buffer
         assert hgmma_shapes(text) == hgmma_shapes(bwd_sass(hd))
@@ -427,21 +429,30 @@ def test_bwd_preprocess_kernel_compiles(hd):
 
 @pytest.mark.parametrize("hd,tile_m", [(64, 64), (96, 64), (128, 64), (64, 128)])
 def test_bwd_postprocess_coords_invert_the_fragment_map(hd, tile_m):
-    """postprocess="kernel": thread g's 16 floats (16 g .. 16 g + 15 of a block) are the
-    elements dq_post_coords names, by dq_bulk_offset; the threads cover the block once."""
+    """postprocess="kernel": thread g's 16 floats (16 chunk .. 16 chunk + 15 of a block) are the
+    elements dq_post_coords names, by dq_bulk_offset; the threads cover the block once, and the
+    32 threads of a warp store whole rows (their pieces of a row are contiguous)."""
     from fa4kernel.sm90.bwd import dq_bulk_offset, dq_post_coords
 
     cfg = make_bwd_config("bfloat16", hd, False, tile_m=tile_m, postprocess="kernel")
     rows = 64 * cfg.dq_wgs if cfg.dq_rows_split else 64
     seen = set()
     for g in range(rows * hd // 16):
-        row0, col0 = dq_post_coords(g, hd, cfg.dq_wgs, cfg.dq_rows_split)
+        row0, col0, chunk = dq_post_coords(g, hd, cfg.dq_wgs, cfg.dq_rows_split)
         for i in range(16):
             lane4, vr, vc = i // 4, (i // 2) % 2, i % 2
             row, col = row0 + 8 * vr, col0 + 2 * lane4 + vc
-            assert dq_bulk_offset(row, col, hd, cfg.dq_wgs, cfg.dq_rows_split) == 16 * g + i, (g, i)
+            assert dq_bulk_offset(row, col, hd, cfg.dq_wgs, cfg.dq_rows_split) == 16 * chunk + i, (g, i)
             seen.add((row, col))
     assert seen == {(r, c) for r in range(rows) for c in range(hd)}
+    for warp in range(rows * hd // 16 // 32):  # a warp's stores: runs of whole 8-column pieces
+        by_row = collections.defaultdict(list)
+        for g in range(32 * warp, 32 * warp + 32):
+            row0, col0, _ = dq_post_coords(g, hd, cfg.dq_wgs, cfg.dq_rows_split)
+            by_row[row0].append(col0)
+        for cols in by_row.values():
+            assert cols == list(range(cols[0], cols[0] + 8 * len(cols), 8)), (warp, cols)
+        assert len(by_row) <= -(-32 // (hd // 8)) + 1, warp
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
@@ -511,12 +522,30 @@ def test_bwd_smem_with_stats_fits():
 
 
 def test_bwd_defaults_are_the_measured_winners():
-    """bulk dQ, LSE / D by TMA, dV first then dQ under dK, the preprocess kernel, 240 registers
-    per consumer warpgroup, 64-row query blocks."""
+    """bulk dQ, LSE / D by TMA, dV first then dQ under dK, the preprocess kernel (which zeroes
+    the dQ accumulator), the postprocess kernel, 240 registers per consumer warpgroup, 64-row
+    query blocks, 128 at head dim 64 (falling back to 64 where 128 does not hold)."""
     cfg = make_bwd_config("bfloat16", 128, False)
-    assert (cfg.dq_reduce, cfg.stats, cfg.mma_order, cfg.preprocess, cfg.regs, cfg.tile_m) == \
-        ("bulk", "tma", "dv_dq_dk", "kernel", "even", 64)
+    assert (cfg.dq_reduce, cfg.stats, cfg.mma_order, cfg.preprocess, cfg.postprocess, cfg.dq_zero, cfg.regs,
+            cfg.tile_m) == ("bulk", "tma", "dv_dq_dk", "kernel", "kernel", "preprocess", "even", 64)
     assert cfg.consumer_regs == (240, 240)
+    assert make_bwd_config("bfloat16", 64, True).tile_m == 128
+    for knobs in (dict(stats="thread"), dict(dq_reduce="red"), dict(mma_order="dv_early"), dict(regs="split")):
+        assert make_bwd_config("bfloat16", 64, False, **knobs).tile_m == 64, knobs
+    cfg = make_bwd_config("bfloat16", 128, False, dq_reduce="red", preprocess="torch")
+    assert (cfg.postprocess, cfg.dq_zero) == ("torch", "torch")
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("hd", fa4kernel.BWD_HEAD_DIMS)
+def test_bwd_default_builds_keep_the_wgmmas_asynchronous(hd, causal):
+    """Where ptxas cannot give a wgmma batch its registers it serializes every wgmma (a wait
+    after each: one WARPGROUP.ARRIVE per HGMMA; 128-row blocks at head dim 64 did, until LSE and
+    D were read from smem where they are used). The default builds issue each GEMM's k-steps as
+    one batch: at most 6 arrives for 32 or more HGMMA per loop trip."""
+    ops = [o.split()[0] for o in loop_instructions(knob_sass(hd, causal))]
+    assert sum(o.startswith("HGMMA") for o in ops) >= 32
+    assert sum(o.startswith("WARPGROUP.ARRIVE") for o in ops) <= 6
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -579,7 +608,8 @@ def test_bwd_tile_m_128_at_hd64(kwargs):
     """hd64 with 128-row query blocks: S^T and dP^T 64 x 128 per warpgroup (N = 128), dQ split by
     query rows (64 x 64 per warpgroup, so both run it: two UBLKRED per block); per loop trip 64
     exp2 per thread, 4 + 4 + 8 + 8 + 8 k-steps (S^T, dP^T, dV, dK, dQ), 8 STS.128 of dQ per
-    thread, LSE / D from smem (2 x 32 values, paired: 32 LDS); no spills."""
+    thread, LSE / D read from smem where they are used (2 x 32 values, paired: 32 LDS), each
+    GEMM one batch of wgmmas (5 arrives: not serialized); no spills."""
     kwargs = dict(kwargs)
     dtype = kwargs.pop("dtype", "bfloat16")
     cfg = make_bwd_config(dtype, 64, tile_m=128, **kwargs)
@@ -592,6 +622,7 @@ def test_bwd_tile_m_128_at_hd64(kwargs):
     n = lambda prefix: sum(o.startswith(prefix) for o in ops)  # noqa: E731
     assert n("HGMMA") == 32 and n("MUFU.EX2") == 64 and n("STS.128") == 8 and n("LDS") == 32
     assert n("BAR.SYNC") == 2  # dS^T, the dQ buffer
+    assert n("WARPGROUP.ARRIVE") == 5  # one batch per GEMM: not serialized
 
 
 def test_bwd_tile_m_128_smem_fits():
@@ -605,9 +636,9 @@ def test_bwd_tile_m_128_smem_fits():
 @pytest.mark.parametrize("knobs,says", [
     (dict(head_dim=128, tile_m=128), "tile_m=128 not supported at head_dim 128; allowed: 64"),
     (dict(head_dim=64, tile_m=96), "tile_m=96 not supported at head_dim 64; allowed: 64, 128"),
-    (dict(head_dim=64, tile_m=128, dq_reduce="red"), "tile_m=128 with dq_reduce='red' spills registers"),
+    (dict(head_dim=64, tile_m=128, dq_reduce="red"), "tile_m=128 with dq_reduce='red' not supported"),
     (dict(head_dim=64, tile_m=128, stats="thread"), "tile_m=128 with stats='thread' spills registers"),
-    (dict(head_dim=64, tile_m=128, mma_order="dv_early"), "tile_m=128 with mma_order='dv_early' spills"),
+    (dict(head_dim=64, tile_m=128, mma_order="dv_early"), "tile_m=128 with mma_order='dv_early' serializes"),
 ])
 def test_bwd_tile_m_rejects_what_does_not_fit(knobs, says):
     knobs = dict(knobs)
@@ -617,8 +648,7 @@ def test_bwd_tile_m_rejects_what_does_not_fit(knobs, says):
     assert says in str(ei.value) and "\n" not in str(ei.value)
 
 
-@pytest.mark.parametrize("hd,knobs", [(64, dict(tile_m=128, dq_reduce="red")), (64, dict(tile_m=128, stats="thread")),
-                                      (64, dict(tile_m=128, mma_order="dv_early")),
+@pytest.mark.parametrize("hd,knobs", [(64, dict(tile_m=128, stats="thread")),
                                       (128, dict(dq_reduce="red", mma_order="dv_early"))])
 def test_bwd_rejected_combinations_spill(hd, knobs):
     """Why make_bwd_config rejects them: built anyway, ptxas spills (LDL / STL). (Every allowed
@@ -631,6 +661,18 @@ def test_bwd_rejected_combinations_spill(hd, knobs):
     cfg = BwdConfig(dtype="bfloat16", head_dim=hd, causal=hd == 64, **knobs)
     text = fa4kernel.compile_bwd_sass(cfg)
     assert count(text, "LDL") + count(text, "STL") > 0
+
+
+def test_bwd_tile_m_128_dv_early_serializes_the_wgmmas():
+    """Why make_bwd_config rejects tile_m=128 with dv_early: built anyway, ptxas gives every wgmma
+    its own arrive and wait (32 per loop trip, against 5 in the default build)."""
+    from fa4kernel.sm90.bwd_config import BwdConfig
+
+    with pytest.raises(ValueError, match="serializes the wgmmas"):
+        make_bwd_config("bfloat16", 64, True, tile_m=128, mma_order="dv_early")
+    cfg = BwdConfig(dtype="bfloat16", head_dim=64, causal=True, tile_m=128, mma_order="dv_early")
+    ops = [o.split()[0] for o in loop_instructions(fa4kernel.compile_bwd_sass(cfg))]
+    assert sum(o.startswith("WARPGROUP.ARRIVE") for o in ops) == sum(o.startswith("HGMMA") for o in ops) == 32
 
 
 # ---- grid_order
@@ -692,9 +734,9 @@ def test_bwd_host_side_knobs_share_one_kernel_build():
     from fa4kernel.sm90.bwd import kernel_config
 
     base = make_bwd_config("bfloat16", 64, True)
-    host = make_bwd_config("bfloat16", 64, True, postprocess="kernel", dq_zero="preprocess")
+    host = make_bwd_config("bfloat16", 64, True, postprocess="torch", dq_zero="torch")
     assert host != base and kernel_config(host) == kernel_config(base) == base
-    grid = make_bwd_config("bfloat16", 64, True, postprocess="kernel", grid_order="blocks_outer")
+    grid = make_bwd_config("bfloat16", 64, True, postprocess="torch", grid_order="blocks_outer")
     assert kernel_config(grid) == make_bwd_config("bfloat16", 64, True, grid_order="blocks_outer") != base
 
 

@@ -255,7 +255,7 @@ def test_bwd_kv_split_variants(hd, causal, knobs):
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("hd,tile_m", [(64, 64), (96, 64), (128, 64), (64, 128)])
+@pytest.mark.parametrize("hd,tile_m", [(64, 64), (96, 64), (128, 64), (64, 128), (192, 64), (256, 64)])
 def test_bwd_postprocess_kernel_equals_the_torch_copy(hd, tile_m, dtype):
     """postprocess="kernel" (BwdPostprocess) on a random accumulator gives the bits of the torch
     copy_ (both round to nearest even), at lengths that are and are not multiples of the block;
@@ -284,7 +284,7 @@ def test_bwd_postprocess_kernel_equals_the_torch_copy(hd, tile_m, dtype):
 
 
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("hd", [64, 96, 128])
+@pytest.mark.parametrize("hd", [64, 96, 128, 192, 256])
 def test_bwd_postprocess_kernel_deterministic_bits(hd, causal):
     """deterministic=True: the same dq bits with postprocess="kernel" as with the torch copy_
     (same accumulator, same rounding), dk and dv untouched."""
@@ -299,7 +299,7 @@ def test_bwd_postprocess_kernel_deterministic_bits(hd, causal):
 
 
 @pytest.mark.parametrize("deterministic", [False, True])
-@pytest.mark.parametrize("hd", [64, 128])
+@pytest.mark.parametrize("hd", [64, 128, 256])
 def test_bwd_dq_zero_preprocess_after_nan_in_the_allocator(hd, deterministic):
     """dq_zero="preprocess" allocates the dQ accumulator with torch.empty: with the caching
     allocator's free memory full of NaN first, the gradients are still finite and right (the

@@ -49,7 +49,7 @@ def test_flash_attn_4_wgmma_shapes_are_its_sass(hdim, causal, want):
 @pytest.mark.parametrize("hdim,want", [
     # fa4kernel's compiled backward (tests/test_kernel_sm90_bwd_compile.py): S^T and dP^T 64 keys x
     # 64 queries per warpgroup, dV and dK 64 keys x head dim, dQ 64 x head dim / dq_wgs
-    (64, {"64x64x16": 40}),  # dQ on warpgroup 0 alone: 8 of its 24 HGMMA
+    (64, {"64x128x16": 16, "64x64x16": 48}),  # 128-row blocks: S^T, dP^T 64 x 128; dQ split by rows
     (96, {"64x64x16": 24, "64x96x16": 24}),
     (128, {"64x64x16": 48, "64x128x16": 16}),
     # kv_split (its SASS, HGMMA per consumer thread x 2 warpgroups): S^T and dP^T 64 keys x 32
@@ -187,7 +187,7 @@ def test_flash_attn_4_masks_every_q_block_fa4kernel_too_by_its_sass():
 
 
 # fa4kernel's first design (its defaults were these; the knobs still select them)
-FIRST = {"dq_reduce": "red", "stats": "thread", "mma_order": "dv_dk_dq", "preprocess": "torch"}
+FIRST = {"dq_reduce": "red", "stats": "thread", "mma_order": "dv_dk_dq", "preprocess": "torch", "tile_m": 64}
 
 
 def test_dq_by_red_from_registers():
@@ -357,8 +357,9 @@ def _loop_counts(sass: str):
 
 
 @pytest.mark.compile
-@pytest.mark.parametrize("hdim,causal,knobs", [(128, False, {}),
+@pytest.mark.parametrize("hdim,causal,knobs", [(128, False, {}), (64, False, {}),
                                               (64, True, {"dq_reduce": "bulk", "stats": "tma", "mma_order": "dv_dq_dk"}),
+                                              (64, True, {"tile_m": 64}),
                                               (256, False, {}), (192, True, {"dq_reduce": "red"}), (256, True, {}),
                                               (192, False, {"dq_smem": "qdo"})])
 def test_fa4kernel_loop_instruction_counts_are_its_sass(hdim, causal, knobs):

@@ -779,6 +779,7 @@ class FlashBwdSm90:
         # the dQ accumulator's slice (a pair's: both CTAs add into one)
         nbi = n_block // (2 if const_expr(self.dq_pair) else 1) if const_expr(self.deterministic) else 0
         dv_early = const_expr(self.mma_order == "dv_early")
+        at_use = const_expr(self.stats_tma and self.dq_rows_split)
 
         m_block, head = m_block_min, kv_head * group
         for it in cutlass.range(n_iter, unroll=1):
@@ -794,7 +795,7 @@ class FlashBwdSm90:
             pipe_q.consumer_wait(state)
             acc_S = cute.make_rmem_tensor(s_shape, Float32)
             self._gemm(tiled_mma_sdp, acc_S, tSrK, tSrQ[None, None, None, state.index], True, -1)
-            if const_expr(self.stats_tma):
+            if const_expr(self.stats_tma and not at_use):
                 for c in cutlass.range_constexpr(n_cols):  # landed with Q (same mbarrier)
                     lse_c[c] = sLSE[tScS[0, c][1], state.index]
             pipe_do.consumer_wait(state)
@@ -804,15 +805,22 @@ class FlashBwdSm90:
             # P^T = exp2(S^T * scale_log2 - LSE_log2); then 0 past seqlen_k and above the
             # diagonal, in the blocks that have such keys
             s = _mn_view(acc_S)
-            for r in cutlass.range_constexpr(n_rows):
+            if const_expr(at_use):
+                # a column's LSE_log2 read where it is used: no register holds all of them
                 for c in cutlass.range_constexpr(n_cols):
-                    s[r, c] = cute.math.exp2(s[r, c] * scale_log2 - lse_c[c], fastmath=True)
+                    lse = sLSE[tScS[0, c][1], state.index]
+                    for r in cutlass.range_constexpr(n_rows):
+                        s[r, c] = cute.math.exp2(s[r, c] * scale_log2 - lse, fastmath=True)
+            else:
+                for r in cutlass.range_constexpr(n_rows):
+                    for c in cutlass.range_constexpr(n_cols):
+                        s[r, c] = cute.math.exp2(s[r, c] * scale_log2 - lse_c[c], fastmath=True)
             need_mask = key0 + self.tile_n > seqlen_k
             if const_expr(self.causal):
                 need_mask = need_mask | (key0 + self.tile_n - 1 > q0 + causal_offset)
             if need_mask:
                 self._mask(s, tScS, t0ScS, key0, q0, seqlen_k, causal_offset)
-            if const_expr(self.stats_tma):
+            if const_expr(self.stats_tma and not at_use):
                 for c in cutlass.range_constexpr(n_cols):  # landed with dO
                     d_c[c] = sD[tScS[0, c][1], state.index]
             if const_expr(dv_early):
@@ -823,9 +831,15 @@ class FlashBwdSm90:
                 warpgroup.wait_group(0)
             # dS^T = P^T * (dP^T - D)
             dp = _mn_view(acc_dP)
-            for r in cutlass.range_constexpr(n_rows):
+            if const_expr(at_use):
                 for c in cutlass.range_constexpr(n_cols):
-                    dp[r, c] = s[r, c] * (dp[r, c] - d_c[c])
+                    d = sD[tScS[0, c][1], state.index]
+                    for r in cutlass.range_constexpr(n_rows):
+                        dp[r, c] = s[r, c] * (dp[r, c] - d)
+            else:
+                for r in cutlass.range_constexpr(n_rows):
+                    for c in cutlass.range_constexpr(n_cols):
+                        dp[r, c] = s[r, c] * (dp[r, c] - d_c[c])
 
             ds_buf = it % 2
             aP, adS = tdVrP, tdKrdS  # dV's and dK's A operands
@@ -1111,29 +1125,38 @@ def compile_preprocess(cfg: BwdConfig, options=None, tvm_ffi: bool = False):
 
 
 def dq_post_coords(g, head_dim: int, dq_wgs: int, rows_split: bool = False):
-    """postprocess="kernel": the first row and column of what thread g of BwdPostprocess stores
-    (Python ints on the CPU, DSL integers in the kernel). Thread g reads floats 16 g .. 16 g + 15
-    of its block; float 4 lane4 + 2 vr + vc of them is element (row0 + 8 vr, col0 + 2 lane4 + vc)
-    (dq_bulk_offset's order: g = (w, j, warp, lane8), the 4 threads lane4 = 0..3 of one row pair)."""
+    """postprocess="kernel": (row0, col0, chunk) of thread g of BwdPostprocess (Python ints on
+    the CPU, DSL integers in the kernel). The thread reads floats 16 chunk .. 16 chunk + 15 of its
+    block (64 contiguous bytes); float 4 lane4 + 2 vr + vc of them is element (row0 + 8 vr,
+    col0 + 2 lane4 + vc) (dq_bulk_offset's order: chunk = (w, j, warp, lane8), the 4 threads
+    lane4 = 0..3 of one row pair). Consecutive threads take consecutive 8-column pieces of one
+    row, so a warp stores whole rows (coalesced); each of its 64-byte reads is two whole sectors."""
     n = head_dim if rows_split else head_dim // dq_wgs  # columns of one warpgroup's tile
-    lane8 = g % 8
-    warp = (g // 8) % 4
-    j = (g // 32) % (n // 8)
-    w = g // (32 * (n // 8))
+    per_row = head_dim // 8  # 8-column pieces of one row
+    piece = g % per_row
+    row_key = g // per_row
+    lane8 = row_key % 8
     if rows_split:
-        return 64 * w + 16 * warp + lane8, 8 * j
-    return 16 * warp + lane8, n * w + 8 * j
+        w, j, warp = row_key // 32, piece, (row_key // 8) % 4
+        row0, col0 = 64 * w + 16 * warp + lane8, 8 * j
+    else:
+        w, j, warp = piece // (n // 8), piece % (n // 8), row_key // 8
+        row0, col0 = 16 * warp + lane8, n * w + 8 * j
+    chunk = ((w * (n // 8) + j) * 4 + warp) * 8 + lane8
+    return row0, col0, chunk
 
 
 class BwdPostprocess:
     """postprocess="kernel": the dQ accumulator of dq_reduce="bulk" (b, h, s_q_pad * d) fp32, each
     query block in the order of dq_bulk_offset, -> dQ (b, s_q, h, d) in 16 bit, row order.
 
-    One CTA per query block of one (head, batch), one thread per 16 floats of the block: thread g
+    One CTA per query block of one (head, batch), one thread per 16 floats of the block: a thread
     holds the 4 floats of each of the 4 wgmma threads (lane4 = 0..3) that share rows r and r + 8
-    and columns 8 j .. 8 j + 7 (g = (w, j, warp, lane8)), so it loads 64 contiguous bytes (4
-    LDG.128; a warp reads 2 KiB in a row), converts, and stores 8 columns of row r and of r + 8
-    (2 STG.128); rows past s_q are not stored. No shared memory, no barrier."""
+    and columns 8 j .. 8 j + 7 (a chunk (w, j, warp, lane8) of the block), so it loads 64
+    contiguous bytes (4 LDG.128: two whole 32-byte sectors), converts, and stores 8 columns of
+    row r and of r + 8 (2 STG.128). The threads of a warp take the pieces of a row in order
+    (dq_post_coords), so each store instruction writes whole rows; rows past s_q are not
+    stored. No shared memory, no barrier."""
 
     def __init__(self, cfg: BwdConfig):
         self.dtype = cutlass.BFloat16 if cfg.dtype == "bfloat16" else cutlass.Float16
@@ -1154,9 +1177,9 @@ class BwdPostprocess:
     def kernel(self, mAcc: cute.Tensor, mdQ: cute.Tensor):
         g = cute.arch.thread_idx()[0]
         m_block, head, batch = cute.arch.block_idx()
-        row0, col0 = dq_post_coords(g, self.hd, self.wgs, self.rows_split)
+        row0, col0, chunk = dq_post_coords(g, self.hd, self.wgs, self.rows_split)
         rAcc = cute.make_rmem_tensor((16,), Float32)
-        cute.autovec_copy(cute.local_tile(mAcc[batch, head, None], (16,), (m_block * self.threads + g,)), rAcc)
+        cute.autovec_copy(cute.local_tile(mAcc[batch, head, None], (16,), (m_block * self.threads + chunk,)), rAcc)
         seqlen_q = mdQ.shape[1]
         for vr in cutlass.range_constexpr(2):
             row = m_block * self.rows + row0 + 8 * vr

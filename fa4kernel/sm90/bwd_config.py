@@ -37,9 +37,13 @@ POSTPROCESS_MODES = ("torch", "kernel")
 GRID_ORDERS = ("heads_outer", "blocks_outer")
 DQ_ZERO_MODES = ("torch", "preprocess")
 REGS_MODES = ("even", "split")
-# query rows per block (the default first) by head dim: 128 only at 64, where dQ is split by
-# query rows over both warpgroups (flash-attn-4's hd64 tile)
+# query rows per block by head dim: 128 only at 64, where dQ is split by query rows over both
+# warpgroups (flash-attn-4's hd64 tile)
 TILE_M_BY_HEAD_DIM = {64: (64, 128), 96: (64,), 128: (64,), 192: (64,), 256: (64,)}
+# tile_m default by head dim where it can hold (else TILE_M): at 64 the 128-row block, which
+# reads LSE and D from smem where they are used so that ptxas keeps the wgmmas asynchronous
+# (H100: +1 to +11 % over 64 rows at 1k-16k: fa4kernel/README.md, "Backward")
+TILE_M_DEFAULT = {64: 128}
 # keys per CTA by head dim: 128 (2 warpgroups x 64 keys) up to 128; 64 above, where both
 # warpgroups share the keys and split dK / dV by head_dim (BwdConfig.kv_split)
 TILE_N_BY_HEAD_DIM = {64: 128, 96: 128, 128: 128, 192: 64, 256: 64}
@@ -110,7 +114,7 @@ class BwdConfig:
     # (plus a copy where s_q is not a multiple of the block); "kernel" = one CuTe DSL kernel
     # (sm90/bwd.py, BwdPostprocess): 128-bit loads of the accumulator in its own order, 128-bit
     # stores of 8 columns of a row, the first s_q rows only (flash-attn-4's postprocess)
-    postprocess: str = "torch"
+    postprocess: str = "kernel"
     # the order the CTAs launch in: "heads_outer" = grid (key blocks, k/v heads, batch), the key
     # blocks of one (batch, k/v head) in a row (they read the same Q and dO: L2 reuse); "blocks_outer"
     # = grid (k/v heads, batch, key blocks): key block 0 of every (batch, k/v head) first, so with a
@@ -120,7 +124,7 @@ class BwdConfig:
     # who zeroes the fp32 dQ accumulator before the backward: "torch" = torch.zeros (a memset
     # launch); "preprocess" = the preprocess kernel, for the 32 rows of each of its CTAs (one
     # launch fewer, the same bytes; flash-attn-4's preprocess). Needs preprocess="kernel"
-    dq_zero: str = "torch"
+    dq_zero: str = "preprocess"
     # setmaxnreg of the two consumer warpgroups: "even" = 240 each; "split" = 256 for the one
     # that runs dQ and 224 for the other, each with its own copy of the loop; only where one
     # warpgroup runs dQ (dq_wgs == 1: head dims 64 and 96 with 64-row blocks; flash-attn-4's
@@ -175,12 +179,15 @@ class BwdConfig:
 
 def make_bwd_config(dtype: str, head_dim: int, causal: bool, deterministic: bool = False,
                     dq_reduce: str = None, dq_smem: str = None, dq_sum: str = None, stats: str = "tma", mma_order: str = "dv_dq_dk",
-                    preprocess: str = "kernel", regs: str = "even", tile_m: int = TILE_M,
-                    postprocess: str = "torch", grid_order: str = "heads_outer",
-                    dq_zero: str = "torch") -> BwdConfig:
+                    preprocess: str = "kernel", regs: str = "even", tile_m: int = None,
+                    postprocess: str = None, grid_order: str = "heads_outer",
+                    dq_zero: str = None) -> BwdConfig:
     """The backward build for these arguments; one-line ValueError naming what is allowed.
-    dq_reduce=None, dq_smem=None, dq_sum=None: the head dim's defaults (DQ_REDUCE_DEFAULT,
-    DQ_SMEM_DEFAULT, DQ_SUM_DEFAULT; dq_sum "cta" where "pair" does not apply)."""
+    dq_reduce=None, dq_smem=None, dq_sum=None, tile_m=None: the head dim's defaults
+    (DQ_REDUCE_DEFAULT, DQ_SMEM_DEFAULT, DQ_SUM_DEFAULT, TILE_M_DEFAULT; each falls back to the
+    value that holds with the other knobs: dq_sum "cta", tile_m 64). postprocess=None: "kernel"
+    with dq_reduce="bulk", else "torch"; dq_zero=None: "preprocess" with preprocess="kernel",
+    else "torch"."""
     if dtype not in BWD_DTYPES:
         raise ValueError(f"dtype {dtype} not supported by the backward; allowed: {', '.join(BWD_DTYPES)}")
     if isinstance(head_dim, bool) or head_dim not in BWD_HEAD_DIMS:
@@ -214,6 +221,13 @@ def make_bwd_config(dtype: str, head_dim: int, causal: bool, deterministic: bool
         raise ValueError(f"dq_smem='qdo' needs head_dim 192 or 256 (both warpgroups split head_dim) and "
                          f"dq_reduce='bulk', not head_dim={head_dim}, dq_reduce={dq_reduce!r}; allowed there: "
                          f"dq_smem='own'")
+    if postprocess is None:
+        postprocess = "kernel" if dq_reduce == "bulk" else "torch"
+    if dq_zero is None:
+        dq_zero = "preprocess" if preprocess == "kernel" else "torch"
+    if tile_m is None:
+        fits = (dq_reduce, stats, regs) == ("bulk", "tma", "even") and mma_order != "dv_early"
+        tile_m = TILE_M_DEFAULT.get(head_dim, TILE_M) if fits else TILE_M
     for name, val, allowed in (("stats", stats, STATS_MODES), ("mma_order", mma_order, MMA_ORDERS),
                                ("preprocess", preprocess, PREPROCESS_MODES),
                                ("postprocess", postprocess, POSTPROCESS_MODES), ("regs", regs, REGS_MODES),
@@ -232,14 +246,17 @@ def make_bwd_config(dtype: str, head_dim: int, causal: bool, deterministic: bool
                          f"{', '.join(map(str, tiles))}")
     if tile_m == 128:
         # 128 queries per block: S^T and dP^T take 64 + 64 fp32 registers per thread; what else
-        # a thread holds must stay in smem or die early, else ptxas spills (CPU test)
-        for name, val, need in (("dq_reduce", dq_reduce, "bulk"), ("stats", stats, "tma")):
-            if val != need:
-                raise ValueError(f"tile_m=128 with {name}={val!r} spills registers; allowed with tile_m=128: "
-                                 f"{name}={need!r}")
+        # a thread holds must stay in smem or die early, else ptxas spills or serializes the
+        # wgmmas (CPU tests)
+        if dq_reduce != "bulk":
+            raise ValueError(f"tile_m=128 with dq_reduce={dq_reduce!r} not supported (dQ split by query rows "
+                             f"goes out by bulk reduce-add); allowed with tile_m=128: dq_reduce='bulk'")
+        if stats != "tma":
+            raise ValueError(f"tile_m=128 with stats={stats!r} spills registers; allowed with tile_m=128: "
+                             f"stats='tma'")
         if mma_order == "dv_early":
-            raise ValueError("tile_m=128 with mma_order='dv_early' spills registers; allowed with tile_m=128: "
-                             "mma_order='dv_dq_dk' or 'dv_dk_dq'")
+            raise ValueError("tile_m=128 with mma_order='dv_early' serializes the wgmmas (too few registers); "
+                             "allowed with tile_m=128: mma_order='dv_dq_dk' or 'dv_dk_dq'")
     if head_dim == 128 and (dq_reduce, stats, mma_order) == ("red", "tma", "dv_early"):
         raise ValueError("dq_reduce='red' with stats='tma' and mma_order='dv_early' spills registers at head_dim "
                          "128; allowed there: dq_reduce='bulk', stats='thread' or another mma_order")
