@@ -335,9 +335,10 @@ else:
 # %%
 GRID, short = {}, {}  # GPU -> the newest grid run: ours, ours deterministic, FA4, cuDNN (and the pair)
 PAIR = "fa4kernel[dq_smem=qdo,dq_sum=pair]"  # hd256's default since the pair runs
+BEFORE = "fa4kernel[tile_m=64,postprocess=torch,dq_zero=torch]"  # the build before the launch fixes
 for path, doc in sorted(kit.recorded("sm90_bwd_*.json"), key=lambda pd: kit.describe(pd[1])[0]):
     cols = doc["points"][0]["results"]
-    if any(c.startswith("fa4kernel[") and c not in ("fa4kernel[deterministic]", PAIR) for c in cols):
+    if any(c.startswith("fa4kernel[") and c not in ("fa4kernel[deterministic]", PAIR, BEFORE) for c in cols):
         continue  # a run of knob variants
     s = doc["summary"]
     print(f"{path.name:40s} {kit.describe(doc)[0]:22s} kernel {doc['meta'].get('kernel', '?')[:7]}: ours / FA4 "
@@ -374,9 +375,8 @@ else:
               f"deterministic keeps {min(det):.0%} to {max(det):.0%}")
 
 # %% [markdown]
-# At hd64 and hd128 ours is a few percent ahead of cuDNN on average (at worst about a tenth
-# behind, at 1k) and within about a twentieth of flash-attn-4 at hd128 16k; the gap to
-# flash-attn-4 grows as the sequences get shorter. hd256 is where the backward is hardest on
+# At hd64 and hd128 ours is ahead of cuDNN at every point (by 4 to 27 %) and within about a
+# twelfth of flash-attn-4 (the last column: how it got there is below). hd256 is where the backward is hardest on
 # Hopper: each CTA holds only 64 keys (dK and dV of 64 x 256 fill the registers), so every Q block
 # sends 64 KiB of dQ partial sums to the L2, whose reduce-add rate is a quarter of its load rate,
 # and a 64 KiB fp32 staging buffer leaves room for one Q / dO stage only. Two changes of ours
@@ -388,9 +388,9 @@ else:
 #
 # **The remaining gap.** First, is the model right about flash-attn-4? `fa4sim validate` replays
 # a recorded backward (`fa4sim/validate/backward.py`): every flash-attn-4 point through
-# `simulate(..., pass_="bwd")`, at the model's own clock. Our kernel has no schedule in the model,
-# so it is not predicted. Then, in the model, how much of flash-attn-4's time the two launches
-# around its main kernel take, and what a 64-row Q block (ours) would cost its schedule.
+# `simulate(..., pass_="bwd")`, at the model's own clock. Then, in the model, how much of
+# flash-attn-4's time the two launches around its main kernel take, and what a 64-row Q block
+# would cost its schedule.
 
 # %%
 for dev, (path, doc) in GRID.items():
@@ -437,20 +437,30 @@ else:
               + f"{t['flash-attn-4']:6.0f}")
 
 # %% [markdown]
-# None of them gains more than a percent or two anywhere, and most lose: the 128-row tile is
-# slower with the default order, and with `dv_dk_dq` level at 1k and slower at 16k; the register
-# split (256 registers for the warpgroup that runs dQ, 224 for the other) is level or slightly
-# slower; `dv_early` is slower or level. What is known and what is not:
+# None of them gained more than a percent or two anywhere in that run, and most lost: the
+# 128-row tile was slower with the default order. Two measurements found why, and both were
+# fixed; the newest grid above times the fixed build (and the build before it, as a variant row):
 #
-# - **Short sequences.** The launches weigh most there, and the preprocess kernel was the step
-#   that moved 1k most. How our remaining 1k time splits between the preprocess, the main kernel
-#   (where each CTA walks only 16 Q blocks, so loading K and V and storing dK and dV weigh more)
-#   and the postprocess (a `copy_` that puts dQ's rows back in order and converts it to 16 bit)
-#   is not measured: no run records per-launch times.
-# - **hd64.** In the model flash-attn-4's 128-row tile is worth up to a twelfth at hd64, so it
-#   could account for part of that gap; our 128-row build does not collect it, it measures
-#   slower. Why (and why most with the order that wins at 64 rows) is open: neither the model
-#   (no schedule for our kernel) nor the recorded runs (no profile inside the kernel) split it.
+# - **The 128-row build was serialized by ptxas.** Compiled on its own, ptxas says "wgmma.mma_async
+#   instructions are serialized due to insufficient register resources": it gave every wgmma its
+#   own arrive and wait (32 per loop trip instead of one batch per GEMM, 5). What held the
+#   registers: LSE and D of all 32 query columns a thread touches, read from smem into 64
+#   registers before the exp2 and dS loops. Reading each column's value where it is used
+#   (column by column) frees them, the wgmmas stay asynchronous, and the 128-row tile gains 1 to
+#   11 % over 64 rows; it is now hd64's default. A CPU test counts the arrives in every default
+#   build's loop, so a serialized build cannot land again.
+# - **The postprocess was a slow copy.** `benchmarks/bwd_launches_sm90.py` times every launch of
+#   one backward call with torch.profiler: at 1k the torch `copy_` that put dQ's rows back in
+#   order took 157 us, flash-attn-4's postprocess kernel 67 us (the bytes at the memory's
+#   bandwidth). Ours had a postprocess kernel too, but its warps stored 16 bytes into each of 32
+#   rows; with the threads of a warp taking consecutive pieces of one row it takes 68 us and is
+#   now the default, with the dQ accumulator zeroed by the preprocess (one launch fewer).
+#
+# Together they lift hd64 and hd128 by 11 to 25 % at 1k, 0 to 18 % at 4k and 2 to 14 % at 16k
+# (hd256, where only the postprocess changed: 7 to 14 % at 1k), and the model of our
+# kernel, which always assumed a postprocess at bandwidth and 128-row blocks where they hold,
+# now agrees with it within a few percent at hd64. What remains is hd256 with a causal mask,
+# where cuDNN still leads by up to a tenth.
 #
 # Our compiled code shows what the knobs change. `fa4kernel.compile_bwd_sass` compiles the
 # backward for `sm_90a` on the CPU (a few seconds each; without `nvidia-cutlass-dsl`, the
