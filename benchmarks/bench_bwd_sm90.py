@@ -46,7 +46,9 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import fa4kernel  # noqa: E402
+import benchmarks.bench_fwd_sm90 as fwd_bench  # noqa: E402
 from benchmarks.bench_fwd_sm90 import _version, load_flops, nvidia_smi, time_interleaved  # noqa: E402
+from benchmarks.nvml_clock import ClockSampler  # noqa: E402
 from benchmarks.provenance import stamp  # noqa: E402
 
 _FLOPS = load_flops()
@@ -186,7 +188,12 @@ def check_grads(fwd, d, s, causal) -> dict:
     return errs
 
 
-def bench_point(impls, d, s, causal, quick, points, variants=None, deterministic=True):
+# --sustained: each candidate runs back to back for 1 s (the power cap's controller settles the
+# clock within it; docs/findings/power-and-clock.md), then 15 batches of about 25 ms are timed
+SUSTAINED_WARM_MS, SUSTAINED_BATCH_MS = 1000.0, 25.0
+
+
+def bench_point(impls, d, s, causal, quick, points, variants=None, deterministic=True, sustained=False):
     b, h = 16384 // s, 2048 // d
     point = dict(batch=b, seqlen=s, heads=h, hdim=d, causal=causal,
                  flops=bwd_flops(b, h, s, s, d, causal), results={})
@@ -229,7 +236,14 @@ def bench_point(impls, d, s, causal, quick, points, variants=None, deterministic
             point["results"][name] = dict(error=repr(e)[:500])
         torch.cuda.synchronize()
     if timed:
-        for name, (med, lo, hi, mhz) in time_interleaved(timed, reps=5 if quick else 15).items():
+        if sustained:  # each alone, after SUSTAINED_WARM_MS back to back: the clock the power cap settles
+            times = {}
+            for name, fn in timed.items():
+                times.update(time_interleaved({name: fn}, reps=15, target_ms=SUSTAINED_BATCH_MS,
+                                              warm_ms=SUSTAINED_WARM_MS))
+        else:
+            times = time_interleaved(timed, reps=5 if quick else 15)
+        for name, (med, lo, hi, mhz) in times.items():
             point["results"][name].update(ms=med, ms_min=lo, ms_max=hi, sm_mhz=mhz,
                                           tflops=point["flops"] / (med * 1e-3) / 1e12)
     points.append(point)
@@ -273,6 +287,9 @@ def main():
     ap.add_argument("--seqlens", default="1024,4096,16384", help="sequence lengths (default 1024,4096,16384)")
     ap.add_argument("--causal", default="both", choices=("both", "0", "1"), help="causal points (default both)")
     ap.add_argument("--no-deterministic", action="store_true", help="leave out the fa4kernel[deterministic] row")
+    ap.add_argument("--sustained", action="store_true",
+                    help="time each candidate alone after 1 s back to back, at the clock the 700 W cap settles "
+                         "(what fa4sim's power model predicts); default: short round-robin batches")
     args = ap.parse_args()
     for text in args.variants or []:
         parse_variant(text)  # bad knob: one line, exit before the GPU work
@@ -287,6 +304,8 @@ def main():
     causals = {"both": (False, True), "0": (False,), "1": (True,)}[args.causal]
 
     dev = torch.cuda.get_device_name(0)
+    # time_interleaved records each candidate's mean NVML SM clock while a sampler is set
+    fwd_bench.SAMPLER = ClockSampler(torch.cuda.current_device())
     impls, absent = implementations()
     meta = stamp(dict(
         device=dev,
@@ -299,7 +318,12 @@ def main():
                "outside the timed region; median over reps of CUDA-event time of back-to-back call batches, "
                "round-robin over implementations; bf16; TFLOP/s = 2.5 x forward FLOPs (fa4sim/flops.py, causal: "
                "bottom-right visible pairs) / t; tokens b*s = 16384, h*d = 2048; grads checked once against an "
-               "fp32 reference (batch 1, 2 heads, min(s, 2048) tokens) before timing",
+               "fp32 reference (batch 1, 2 heads, min(s, 2048) tokens) before timing; sm_mhz = mean NVML SM "
+               "clock sampled every 0.5 ms during that candidate's timed batches",
+        nvml=dict(ok=fwd_bench.SAMPLER.ok, error=fwd_bench.SAMPLER.error),
+        sustained=bool(args.sustained),
+        sustained_method=("each candidate alone: 1 s back to back, then 15 batches of about 25 ms timed (median); "
+                          "the round-robin of `method` is not used") if args.sustained else None,
         absent=absent,
         variants=args.variants or [],
     ), "sm90_bwd")
@@ -319,7 +343,7 @@ def main():
     if args.quick:
         grid = [(128, 1024, False), (128, 1024, True)]
     for d, s, causal in grid:
-        bench_point(impls, d, s, causal, args.quick, points, args.variants, not args.no_deterministic)
+        bench_point(impls, d, s, causal, args.quick, points, args.variants, not args.no_deterministic, args.sustained)
         write()
     doc = write(final=True)
     print(json.dumps(doc["summary"], indent=1))

@@ -865,3 +865,36 @@ def test_bwd_dq_sum_pair_default_only_where_it_applies():
                   dict(mma_order="dv_dk_dq")):
         assert make_bwd_config("bfloat16", 256, False, **knobs).dq_sum == "cta", knobs
     assert make_bwd_config("bfloat16", 192, False, dq_smem="qdo").dq_sum == "cta"
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("hd", fa4kernel.BWD_HEAD_DIMS)
+def test_bwd_mask_runs_only_where_a_block_needs_it(hd, causal):
+    """`if need_mask` stays a branch: after the exp2 stream a BRA skips the selects (FSEL) to a
+    label past the last of them, so a Q block off the causal diagonal and inside seqlen_k runs no
+    mask (fa4sim's fa4kernel data: mask_every_block false)."""
+    lines = [ln.split("*/")[-1].split(";")[0].strip() for ln in knob_sass(hd, causal).splitlines()]
+    ex2 = max(i for i, ln in enumerate(lines) if "MUFU.EX2" in ln and i < next(
+        j for j, s in enumerate(lines) if s.split()[:1] == ["FSEL"]))
+    first = next(j for j in range(ex2, len(lines)) if lines[j].split()[:1] == ["FSEL"])
+    branch = [ln for ln in lines[ex2:first] if " BRA " in f" {ln} "]
+    assert branch, "no branch before the mask's selects"
+    label = re.search(r"`\((\.L_x_\d+)\)", branch[-1]).group(1)
+    at = next(j for j, ln in enumerate(lines) if ln.startswith(label + ":"))
+    block = lines[first:at]
+    assert at > first and all(not ln.startswith(("HGMMA", "MUFU")) for ln in block)
+    assert sum(ln.startswith("FSEL") for ln in block) == sum(ln.startswith("FSEL") for ln in lines[ex2:at + 1])
+
+
+def test_bwd_deterministic_slices_one_per_key_block_or_pair():
+    """Deterministic dQ goes to one fp32 slice per KV tile; a CTA pair (dq_sum "pair") adds its
+    summed dQ into slice n_block // 2, so the accumulator holds half as many (none unused)."""
+    from fa4kernel.sm90.bwd import dq_slices
+
+    one = make_bwd_config("bfloat16", 128, False, True)
+    pair = make_bwd_config("bfloat16", 256, False, True)
+    assert pair.dq_sum == "pair"
+    assert dq_slices(one, 1000) == -(-1000 // one.tile_n)
+    assert dq_slices(pair, 1000) == -(-(-(-1000 // pair.tile_n)) // 2)
+    assert dq_slices(make_bwd_config("bfloat16", 256, False, True, dq_sum="cta"), 1000) == -(-1000 // pair.tile_n)
+    assert dq_slices(make_bwd_config("bfloat16", 256, False), 1000) == 1

@@ -172,18 +172,26 @@ def test_stat_shuffle_is_one_shuffle_per_score_row_and_statistic():
         assert uses(on, op)["issue"] - uses(off, op)["issue"] == pytest.approx(extra)
 
 
-def test_flash_attn_4_masks_every_q_block_fa4kernel_too_by_its_sass():
-    for impl, causal, per_el in (("flash-attn-4", False, 1), ("flash-attn-4", True, 2), ("fa4kernel", False, 1),
-                                 ("fa4kernel", True, 3)):
+def test_a_branchless_mask_runs_inside_the_exp_a_branched_one_on_masked_blocks():
+    # flash-attn-4 masks every Q block without a branch, its compares and selects interleaved
+    # with the exp2 in its SASS: the mask's ALU work is part of the exp op, and adds no op
+    for causal, per_el in ((False, 1), (True, 2)):
         p = Problem(1, 8, 2048, 2048, 64, causal)
-        s = schedule(p, impl)
-        m = s.op("MASK0")
-        elems = knobs_of(p, impl)["tile_m"] * knobs_of(p, impl)["tile_n"] // 2
-        assert m.when == "all"
-        assert dict(m.uses)["alu"] * H100.alu_lanes_per_clk == pytest.approx(per_el * elems), (impl, causal)
-    # a kernel that masks only the blocks that need it: one op at a tile's first block
-    s = schedule(Problem(1, 8, 2048, 2048, 64, True), "flash-attn-4", {"mask_every_block": False}, masked=2)
-    assert s.op("MASK0").when == "first"
+        s, bare = schedule(p, "flash-attn-4"), schedule(p, "flash-attn-4", {"mask_every_block": False})
+        assert "MASK0" not in {o.name for o in s.ops}
+        elems = knobs_of(p, "flash-attn-4")["tile_m"] * knobs_of(p, "flash-attn-4")["tile_n"] // 2
+        alu = (uses(s, "EXP0")["alu"] - uses(bare, "EXP0")["alu"]) * H100.alu_lanes_per_clk
+        assert alu == pytest.approx(per_el * elems), causal
+        assert ("S0", "EXP0") in {(e.src, e.dst) for e in s.edges}
+    # fa4kernel branches past its mask (test_kernel_sm90_bwd_compile): one op at a tile's first
+    # blocks when some are masked (3 ALU instructions per element when causal), none otherwise
+    p = Problem(1, 8, 2048, 2048, 64, True)
+    s = schedule(p, "fa4kernel", masked=2)
+    m = s.op("MASK0")
+    elems = knobs_of(p, "fa4kernel")["tile_m"] * knobs_of(p, "fa4kernel")["tile_n"] // 2
+    assert m.when == "first" and ("S0", "MASK0") in {(e.src, e.dst) for e in s.edges}
+    assert dict(m.uses)["alu"] * H100.alu_lanes_per_clk == pytest.approx(3 * 2 * elems)
+    assert "MASK0" not in {o.name for o in schedule(p, "fa4kernel", masked=0).ops}
 
 
 # fa4kernel's first design (its defaults were these; the knobs still select them)

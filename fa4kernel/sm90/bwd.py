@@ -1301,6 +1301,15 @@ def _prepare(cfg: BwdConfig, dout, out, lse, seqlen_q_pad: int):
     return dpsum, lse_log2
 
 
+def dq_slices(cfg: BwdConfig, seqlen_k: int) -> int:
+    """fp32 dQ slices the accumulator holds: 1, or deterministic one per KV tile (a CTA pair of
+    dq_sum "pair" adds its summed dQ into one, slice n_block // 2)."""
+    if not cfg.deterministic:
+        return 1
+    blocks = -(-seqlen_k // cfg.tile_n)
+    return -(-blocks // 2) if cfg.dq_sum == "pair" else blocks
+
+
 def run_bwd(cfg: BwdConfig, dout, q, k, v, out, lse, softmax_scale: float):
     """Launch the backward of cfg; returns (dq, dk, dv) shaped and typed like q, k, v. The
     preprocess (D, LSE_log2) runs as cfg.preprocess says; the dQ postprocess (sum of the
@@ -1322,7 +1331,7 @@ def run_bwd(cfg: BwdConfig, dout, q, k, v, out, lse, softmax_scale: float):
         from ..interface import _tvm_ffi_available
 
         _USE_TVM_FFI = _tvm_ffi_available() and os.environ.get("FA4KERNEL_NO_TVM_FFI") != "1"
-    nb = -(-sk // cfg.tile_n) if cfg.deterministic else 1
+    nb = dq_slices(cfg, sk)
     # dq_zero="preprocess": the preprocess kernel zeroes it (no memset launch)
     alloc = torch.empty if cfg.dq_zero == "preprocess" else torch.zeros
     dq_accum = alloc((nb, b, h, sqp, d), dtype=torch.float32, device=q.device)

@@ -372,16 +372,17 @@ def build(hw, p: Problem, k: dict, n_kv: int, masked_blocks: int, impl=None, hbm
         # the mask: mask_instr ALU instructions (selects, compares) per score element ("mask" phase:
         # 2 per element; the implementation's count where it gives one)
         per_el = scaled(phase(hw, "mask", 1.0), (mask_instr or 2.0) / 2)
-        if k["mask_every_block"]:
-            ops.append(Op(f"MASK{w}", r, tuple(scaled(per_el, elems).items()), 0.0, "softmax",
-                          label="length" + (" and causal" if p.causal else "") + " mask (every Q block)"))
-        elif masked_blocks:
+        # a mask on every Q block compiles without a branch, and ptxas interleaves its compares
+        # and selects with the exp2 (flash-attn-4's SASS): its ALU work runs beside the MUFU, so
+        # it joins the exp op; a mask behind a branch runs on its own, on the blocks that need it
+        every = scaled(per_el, elems) if k["mask_every_block"] else {}
+        if masked_blocks and not k["mask_every_block"]:
             ops.append(Op(f"MASK{w}", r, tuple(scaled(per_el, elems * masked_blocks).items()), 0.0, "softmax",
                           when="first", label=f"causal/length mask, {masked_blocks} Q block(s)"))
         p_store = {} if (rs or p_late) else {"smem:lsu": smem(elems * BYTES), **_lsu(elems * BYTES / STSM_BYTES),
                                  **_instr(hw, elems * BYTES / 16)}
         exp = add(phase(hw, "scale", elems), exp2_phase(hw, elems, 0.0), phase(hw, "convert", elems),
-                  lse_get, stat_lds, p_store, scaled(fixed, 0.5))
+                  lse_get, stat_lds, p_store, scaled(fixed, 0.5), every)
         ops.append(Op(f"EXP{w}", r, tuple(exp.items()), hw.mufu_latency, "exp",
                       label="P = exp2(S scale - LSE), to bf16" + ("" if (rs or p_late) else ", P -> smem")))
         dv_op = wgmma("dV", w, "dV += P^T dO" + (" (P in registers)" if rs else ""))
@@ -449,7 +450,7 @@ def build(hw, p: Problem, k: dict, n_kv: int, masked_blocks: int, impl=None, hbm
                       when="last", label="dK, dV -> bf16 -> smem"))
 
         edges += [Edge("LQ", f"S{w}", lag=mbar), Edge("LdO", f"dP{w}", lag=mbar), Edge("LV", f"dP{w}", lag=mbar),
-                  Edge(f"S{w}", f"MASK{w}" if (masked_blocks or k["mask_every_block"]) else f"EXP{w}"),
+                  Edge(f"S{w}", f"MASK{w}" if (masked_blocks and not k["mask_every_block"]) else f"EXP{w}"),
                   Edge(f"dP{w}", f"DS{w}"),
                   Edge(f"dV{w}", f"WAIT{w}"), Edge(f"dK{w}", f"WAIT{w}"),
                   Edge(f"dK{w}", f"EPI{w}"), Edge(f"dV{w}", f"EPI{w}"),
@@ -459,7 +460,7 @@ def build(hw, p: Problem, k: dict, n_kv: int, masked_blocks: int, impl=None, hbm
             edges += [Edge(f"WAIT{w}", "LQ", distance=k["q_stages"], kind="anti", lag=mbar),
                       Edge(f"dV{w}" if fa3_order else f"WAIT{w}", "LdO", distance=k["do_stages"], kind="anti",
                            lag=mbar)]
-        if masked_blocks or k["mask_every_block"]:
+        if masked_blocks and not k["mask_every_block"]:
             edges.append(Edge(f"MASK{w}", f"EXP{w}"))
         if (k["stats"] == "thread"):
             edges += [Edge(f"STAT{w}", f"EXP{w}"), Edge(f"STAT{w}", f"DS{w}")]
