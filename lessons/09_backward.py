@@ -328,9 +328,10 @@ else:
 #
 # **Where it stands.** The newest run of the whole grid (head dims 64, 128, 256; 1k, 4k, 16k;
 # causal or not) per GPU, with the defaults, flash-attn-4 and cuDNN; first the summary of every
-# grid run (the H100's oldest is the first design; the oldest runs have no hd256 for ours). The
-# newest runs time hd256's current default, the CTA pair, as a variant row beside the build
-# before it: "ours" takes the pair's row there.
+# grid run (the H100's oldest is the first design; the oldest runs have no hd256 for ours). Two
+# runs time hd256's current default, the CTA pair, as a variant row beside the build before it:
+# "ours" takes the pair's row there. The newest runs are timed sustained (`--sustained`: each
+# implementation alone after 1 s back to back, at the clock the power cap settles).
 
 # %%
 GRID, short = {}, {}  # GPU -> the newest grid run: ours, ours deterministic, FA4, cuDNN (and the pair)
@@ -375,7 +376,7 @@ else:
               f"deterministic keeps {min(det):.0%} to {max(det):.0%}")
 
 # %% [markdown]
-# At hd64 and hd128 ours is ahead of cuDNN at every point (by 4 to 27 %) and within about a
+# At hd64 and hd128 ours is ahead of cuDNN at every point (by 8 to 25 %) and within about a
 # twelfth of flash-attn-4 (the last column: how it got there is below). hd256 is where the backward is hardest on
 # Hopper: each CTA holds only 64 keys (dK and dV of 64 x 256 fill the registers), so every Q block
 # sends 64 KiB of dQ partial sums to the L2, whose reduce-add rate is a quarter of its load rate,
@@ -460,7 +461,7 @@ else:
 # (hd256, where only the postprocess changed: 7 to 14 % at 1k), and the model of our
 # kernel, which always assumed a postprocess at bandwidth and 128-row blocks where they hold,
 # now agrees with it within a few percent at hd64. What remains is hd256 with a causal mask,
-# where cuDNN still leads by up to a tenth.
+# where cuDNN still leads by 2 to 4 % at 1k and 4k (timed sustained).
 #
 # Our compiled code shows what the knobs change. `fa4kernel.compile_bwd_sass` compiles the
 # backward for `sm_90a` on the CPU (a few seconds each; without `nvidia-cutlass-dsl`, the
@@ -483,7 +484,7 @@ for label, sass in SASS.items():
 
 # %% [markdown]
 # **Deterministic, ours.** Our deterministic mode is not flash-attn-4's semaphores: each CTA adds
-# its dQ into its own slice of a buffer with one slice per KV tile, and the host sums the
+# its dQ into its own slice of a buffer with one slice per KV tile (a CTA pair: one per pair), and the host sums the
 # slices in a fixed order. It costs memory (at 16k, 128 slices of dQ in fp32; so it is timed up
 # to 4k) and bandwidth: the `det` column, and the share of the default's speed it keeps, printed
 # with each GPU's summary above.
