@@ -376,7 +376,8 @@ def build(hw, p: Problem, k: dict, n_kv: int, masked_blocks: int, impl=None, hbm
         # and selects with the exp2 (flash-attn-4's SASS): its ALU work runs beside the MUFU, so
         # it joins the exp op; a mask behind a branch runs on its own, on the blocks that need it
         every = scaled(per_el, elems) if k["mask_every_block"] else {}
-        if masked_blocks and not k["mask_every_block"]:
+        mask_op = bool(masked_blocks) and not k["mask_every_block"]
+        if mask_op:
             ops.append(Op(f"MASK{w}", r, tuple(scaled(per_el, elems * masked_blocks).items()), 0.0, "softmax",
                           when="first", label=f"causal/length mask, {masked_blocks} Q block(s)"))
         p_store = {} if (rs or p_late) else {"smem:lsu": smem(elems * BYTES), **_lsu(elems * BYTES / STSM_BYTES),
@@ -450,7 +451,7 @@ def build(hw, p: Problem, k: dict, n_kv: int, masked_blocks: int, impl=None, hbm
                       when="last", label="dK, dV -> bf16 -> smem"))
 
         edges += [Edge("LQ", f"S{w}", lag=mbar), Edge("LdO", f"dP{w}", lag=mbar), Edge("LV", f"dP{w}", lag=mbar),
-                  Edge(f"S{w}", f"MASK{w}" if (masked_blocks and not k["mask_every_block"]) else f"EXP{w}"),
+                  Edge(f"S{w}", f"MASK{w}" if mask_op else f"EXP{w}"),
                   Edge(f"dP{w}", f"DS{w}"),
                   Edge(f"dV{w}", f"WAIT{w}"), Edge(f"dK{w}", f"WAIT{w}"),
                   Edge(f"dK{w}", f"EPI{w}"), Edge(f"dV{w}", f"EPI{w}"),
@@ -460,7 +461,7 @@ def build(hw, p: Problem, k: dict, n_kv: int, masked_blocks: int, impl=None, hbm
             edges += [Edge(f"WAIT{w}", "LQ", distance=k["q_stages"], kind="anti", lag=mbar),
                       Edge(f"dV{w}" if fa3_order else f"WAIT{w}", "LdO", distance=k["do_stages"], kind="anti",
                            lag=mbar)]
-        if masked_blocks and not k["mask_every_block"]:
+        if mask_op:
             edges.append(Edge(f"MASK{w}", f"EXP{w}"))
         if (k["stats"] == "thread"):
             edges += [Edge(f"STAT{w}", f"EXP{w}"), Edge(f"STAT{w}", f"DS{w}")]
