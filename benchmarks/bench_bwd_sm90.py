@@ -26,7 +26,12 @@ timed as its own row `fa4kernel[KNOBS]` in the same round-robin as the peers; a 
 unsupported; --hdims, --seqlens, --causal narrow the grid; --no-deterministic drops the
 deterministic row.
 
-Usage (device): python3 benchmarks/bench_bwd_sm90.py --out $OUT/sm90_bwd.json [--quick]
+--sustained times each candidate alone after 1 s back to back (the clock the power cap settles,
+which fa4sim's power model predicts) and adds the row fa4kernel[clock probe]: fa4kernel's default
+backward through its clock-probe build (four clock64 / globaltimer stamps per CTA), whose median
+in-kernel clock over its timed batches is the point's clock_ghz_in_kernel.
+
+Usage (device): python3 benchmarks/bench_bwd_sm90.py --out $OUT/sm90_bwd.json [--quick] [--sustained]
     python3 benchmarks/bench_bwd_sm90.py --hdims 64,128 --seqlens 1024,16384 --no-deterministic \
         --variants tile_m=128 regs=split dq_reduce=red,stats=thread,mma_order=dv_dk_dq,preprocess=torch \
         --out $OUT/v.json
@@ -40,6 +45,7 @@ import json
 import math
 import os
 import platform
+import statistics
 import sys
 
 import torch
@@ -188,6 +194,46 @@ def check_grads(fwd, d, s, causal) -> dict:
     return errs
 
 
+PROBE = "fa4kernel[clock probe]"
+
+
+def probe_candidate(q, k, v, dout, causal):
+    """fa4kernel's default backward through its clock-probe build (fa4kernel.attention_backward_probed:
+    four stamps per CTA), called directly on a recorded forward's out and LSE: returns (run,
+    read), read() -> the in-kernel clock (GHz) of the last launch, all CTAs' cycles over their ns."""
+    from fa4kernel.trace import ctas_clock_ghz
+
+    with torch.no_grad():
+        out, lse = fa4kernel.attention(q, k, v, causal=causal, return_lse=True)
+    box = {}
+
+    def run():
+        *grads, box["stamps"] = fa4kernel.attention_backward_probed(dout, q, k, v, out, lse, causal=causal,
+                                                                    stamps=box.get("stamps"))
+        return grads
+
+    def read():
+        return ctas_clock_ghz(box["stamps"].tolist())
+
+    return run, read
+
+
+def check_probe(d, s, causal) -> dict:
+    """check_grads for the clock-probe build: dq, dk, dv on the small problem against the fp32
+    reference."""
+    torch.manual_seed(99 + d + s)
+    s = min(s, 2048)
+    q, k, v, dout = (torch.randn(1, s, 2, d, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+    run, _ = probe_candidate(q, k, v, dout, causal)
+    ref = reference_grads(q, k, v, dout, causal)
+    errs = {}
+    for name, g, r in zip(("dq", "dk", "dv"), run(), ref):
+        g = g.float()
+        errs[name] = (g - r).norm().item() / r.norm().item() if torch.isfinite(g).all() else float("nan")
+    errs["ok"] = all(e <= 1e-2 for e in errs.values())
+    return errs
+
+
 # --sustained: each candidate runs back to back for 1 s (the power cap's controller settles the
 # clock within it; docs/findings/power-and-clock.md), then 15 batches of about 25 ms are timed
 SUSTAINED_WARM_MS, SUSTAINED_BATCH_MS = 1000.0, 25.0
@@ -210,7 +256,20 @@ def bench_point(impls, d, s, causal, quick, points, variants=None, deterministic
     torch.manual_seed(1234 + s + d)
     q, k, v, dout = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(4))
     q, k, v = (t.requires_grad_() for t in (q, k, v))
-    timed = {}
+    timed, probe_read = {}, None
+    if sustained and d in fa4kernel.BWD_HEAD_DIMS:  # the in-kernel clock of fa4kernel's default build
+        try:
+            check = check_probe(d, s, causal)
+            point["results"][PROBE] = dict(check=check)
+            if check["ok"]:
+                run, probe_read = probe_candidate(q, k, v, dout, causal)
+                run()  # first call: JIT compiles
+                torch.cuda.synchronize()
+                timed[PROBE] = run
+            else:
+                point["results"][PROBE]["error"] = "gradients off the fp32 reference; not timed"
+        except Exception as e:  # keep the run going
+            point["results"][PROBE] = dict(error=repr(e)[:500])
     for name, fwd in cands.items():
         if name.startswith("fa4kernel") and d not in fa4kernel.BWD_HEAD_DIMS:
             point["results"][name] = dict(unsupported=f"head_dim={d}; the backward has {fa4kernel.BWD_HEAD_DIMS}")
@@ -238,9 +297,19 @@ def bench_point(impls, d, s, causal, quick, points, variants=None, deterministic
     if timed:
         if sustained:  # each alone, after SUSTAINED_WARM_MS back to back: the clock the power cap settles
             times = {}
+            clocks = []  # the probe's in-kernel clock of each timed batch's last launch
             for name, fn in timed.items():
                 times.update(time_interleaved({name: fn}, reps=15, target_ms=SUSTAINED_BATCH_MS,
-                                              warm_ms=SUSTAINED_WARM_MS))
+                                              warm_ms=SUSTAINED_WARM_MS,
+                                              after_batch={PROBE: lambda: clocks.append(probe_read())}))
+                nv = fwd_bench.last_nvml(name)
+                if nv:  # board power (NVML's samples), temperature and clock-event reasons of its batches
+                    point["results"][name]["nvml"] = nv
+                    point["results"][name]["power_w"] = nv.get("power_w_mean")
+            ghz = [c["ghz"] for c in clocks if c["ghz"]]
+            if ghz:
+                point["results"][PROBE].update(clock_ghz_in_kernel_batches=ghz, probe_ctas=clocks[-1]["ctas"])
+                point["clock_ghz_in_kernel"] = statistics.median(ghz)
         else:
             times = time_interleaved(timed, reps=5 if quick else 15)
         for name, (med, lo, hi, mhz) in times.items():
@@ -323,7 +392,10 @@ def main():
         nvml=dict(ok=fwd_bench.SAMPLER.ok, error=fwd_bench.SAMPLER.error),
         sustained=bool(args.sustained),
         sustained_method=("each candidate alone: 1 s back to back, then 15 batches of about 25 ms timed (median); "
-                          "the round-robin of `method` is not used") if args.sustained else None,
+                          "the round-robin of `method` is not used; fa4kernel[clock probe] is fa4kernel's default "
+                          "backward with four clock64 / globaltimer stamps per CTA, called on a recorded forward, "
+                          "and clock_ghz_in_kernel the median over its batches of the last launch's clock (all "
+                          "CTAs' cycles over their ns)") if args.sustained else None,
         absent=absent,
         variants=args.variants or [],
     ), "sm90_bwd")

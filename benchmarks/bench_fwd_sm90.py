@@ -104,6 +104,14 @@ def time_interleaved(fns: dict, reps=15, target_ms=3.0, warm_ms=300.0, after_bat
 _WINDOW_ID = 0
 
 
+def last_nvml(name: str) -> dict:
+    """NVML's summary (clock, power samples, temperature, clock-event reasons) of `name`'s timed
+    batches in the last time_interleaved call; {} without NVML."""
+    if SAMPLER is None or not SAMPLER.ok:
+        return {}
+    return SAMPLER.summary([f"{_WINDOW_ID}:{name}"]).get(f"{_WINDOW_ID}:{name}", {})
+
+
 def load_flops():
     """fa4sim/flops.py loaded by its path: the repository's one FLOP count, without importing the
     fa4sim package (its simulator needs simpy, which the device machine does not have)."""

@@ -13,7 +13,7 @@ through them).
 """
 
 from .interface import COMPILE_TIMES, attention, compile_bwd_sass, compile_sass
-from .autograd import attention_backward
+from .autograd import attention_backward, attention_backward_probed
 from .sm90.bwd_config import BWD_HEAD_DIMS, BwdConfig, make_bwd_config
 from .sm90.config import KNOB_NAMES, SUPPORTED_HEAD_DIMS, KernelConfig, default_knobs, make_config
 from .diagnostics import Diagnostics
@@ -21,6 +21,7 @@ from .diagnostics import Diagnostics
 __all__ = [
     "attention",
     "attention_backward",
+    "attention_backward_probed",
     "compile_sass",
     "compile_bwd_sass",
     "make_bwd_config",

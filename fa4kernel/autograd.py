@@ -104,6 +104,28 @@ def attention_backward(dout, q, k, v, out, lse, causal: bool = False, softmax_sc
     seqlen_q) fp32, as attention(..., return_lse=True) returns them) and dout; the SM90 backward
     built with bwd_knobs (sm90/bwd_config.py: dq_reduce, dq_smem, dq_sum, stats, mma_order, preprocess,
     postprocess, regs, tile_m, grid_order, dq_zero; left out: their defaults)."""
+    return _backward(dout, q, k, v, out, lse, causal, softmax_scale, deterministic, None, bwd_knobs)
+
+
+def attention_backward_probed(dout, q, k, v, out, lse, causal: bool = False, softmax_scale: Optional[float] = None,
+                              deterministic: bool = False, stamps=None, **bwd_knobs):
+    """attention_backward through the backward's clock-probe build (sm90/bwd.py,
+    FlashBwdSm90Probe: the same kernel plus clock64 and globaltimer at each CTA's start and end).
+    Returns (dq, dk, dv, stamps); stamps: an int64 buffer of bwd.probe_words() words to reuse
+    (None: a new one). trace.ctas_clock_ghz(stamps.tolist()) is the launch's in-kernel clock."""
+    import torch
+
+    from .sm90.bwd import probe_words
+
+    if stamps is None:
+        dtype = "bfloat16" if q.dtype == torch.bfloat16 else "float16"
+        bcfg = bwd_config_from_knobs(dtype, q.shape[-1], causal, deterministic, bwd_knobs)
+        stamps = torch.zeros(probe_words(bcfg, q.shape[0], k.shape[1], k.shape[2]), dtype=torch.int64,
+                             device=q.device)
+    return (*_backward(dout, q, k, v, out, lse, causal, softmax_scale, deterministic, stamps, bwd_knobs), stamps)
+
+
+def _backward(dout, q, k, v, out, lse, causal, softmax_scale, deterministic, stamps, bwd_knobs):
     import torch
 
     from .inputs import validate_device, validate_tensors
@@ -126,4 +148,4 @@ def attention_backward(dout, q, k, v, out, lse, causal: bool = False, softmax_sc
     dtype = "bfloat16" if q.dtype == torch.bfloat16 else "float16"
     bcfg = bwd_config_from_knobs(dtype, q.shape[-1], causal, deterministic, bwd_knobs)
     scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
-    return run_bwd(bcfg, dout, q, k, v, out, lse, scale)
+    return run_bwd(bcfg, dout, q, k, v, out, lse, scale, stamps)

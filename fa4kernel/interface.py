@@ -136,11 +136,12 @@ def compile_sass(cfg=None, arch: str = "sm_90a", *, dtype: str = "bfloat16", hea
 
 def compile_bwd_sass(cfg: Optional[BwdConfig] = None, *, dtype: str = "bfloat16", head_dim: int = 128,
                      causal: bool = False, deterministic: bool = False, dump_dir: Optional[str] = None,
-                     **bwd_knobs) -> str:
+                     clock_probe: bool = False, **bwd_knobs) -> str:
     """Compile the SM90 backward (sm90/bwd.py) for sm_90a on this machine, no GPU needed, and
     return its SASS. Pass a BwdConfig (sm90.bwd_config.make_bwd_config) or the arguments and
     backward knobs (dq_reduce, dq_smem, dq_sum, stats, mma_order, preprocess, regs, tile_m; checked first:
-    one-line ValueError). Fake tensors with dynamic batch, lengths and heads, as compile_sass."""
+    one-line ValueError). Fake tensors with dynamic batch, lengths and heads, as compile_sass.
+    clock_probe: the clock-probe build (FlashBwdSm90Probe) instead of the normal one."""
     if cfg is None:
         cfg = bwd_config_from_knobs(dtype, head_dim, causal, deterministic, bwd_knobs)
     elif not isinstance(cfg, BwdConfig):
@@ -149,7 +150,7 @@ def compile_bwd_sass(cfg: Optional[BwdConfig] = None, *, dtype: str = "bfloat16"
     def build(options):
         from .sm90.bwd import compile_bwd
 
-        compile_bwd(cfg, options)
+        compile_bwd(cfg, options, clock_probe=bool(clock_probe))
 
     return sass_for(build, "sm_90a", dump_dir)
 

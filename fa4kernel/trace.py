@@ -91,6 +91,22 @@ def header_clock(words) -> dict:
     return {"cycles": cycles, "ns": ns, "ghz": (cycles / ns) if ns > 0 and cycles > 0 else None}
 
 
+def ctas_clock_ghz(words) -> dict:
+    """The SM clock of one backward clock-probe launch (sm90/bwd.py, FlashBwdSm90Probe: per CTA
+    clock64 and globaltimer ns at its start, then at its end): all CTAs' clock64 cycles over all
+    their ns, {"ctas", "cycles", "ns", "ghz"}. CTAs whose four words are not all written (or run
+    backwards) are left out; ghz is None when none is left. A CTA shorter than globaltimer's
+    step can read 0 ns: it stays in, so that the steps' rounding averages out over the CTAs."""
+    words = [int(x) for x in words]
+    cycles = ns = ctas = 0
+    for i in range(0, len(words) - 3, 4):
+        c0, g0, c1, g1 = words[i:i + 4]
+        if min(c0, g0, c1, g1) <= 0 or c1 <= c0 or g1 < g0:
+            continue
+        cycles, ns, ctas = cycles + c1 - c0, ns + g1 - g0, ctas + 1
+    return {"ctas": ctas, "cycles": cycles, "ns": ns, "ghz": cycles / ns if ns > 0 else None}
+
+
 def interval(events, op: str = "QK0", tile: int = 0, skip: int = 2):
     """Median cycles between starts of successive iterations of `op` in `tile` (as
     fa4sim.timeline.interval, without importing fa4sim)."""

@@ -76,3 +76,24 @@ def test_a_variant_with_an_unknown_knob_is_listed_with_its_error():
     doc["points"][0]["results"] = {"fa4kernel[no_such_knob]": {"tflops": 300.0, "check": {"ok": True}}}
     row = compare(doc)["points"][0]
     assert row["predicted_tflops"] is None and "no_such_knob" in row["bottleneck"]
+
+
+def test_the_clock_probe_row_is_fa4kernel_and_its_clock_is_compared():
+    """A sustained file's fa4kernel[clock probe] row is modelled as fa4kernel; the plain fa4kernel
+    row is compared with the probe's in-kernel clock and predicted again at it (the cycle model)."""
+    doc = _doc()
+    point = doc["points"][0]
+    point["results"]["fa4kernel[clock probe]"] = {"tflops": 299.0, "ms": 2.0, "check": {"ok": True}}
+    point["clock_ghz_in_kernel"] = 1.7
+    res = compare(doc)
+    rows = {r["kernel"]: r for r in res["points"]}
+    plain = simulate("h100", None, P, {}, impl="fa4kernel", pass_="bwd")
+    assert rows["fa4kernel[clock probe]"]["predicted_tflops"] == pytest.approx(plain.tflops)
+    assert rows["fa4kernel"]["clock_error"] == pytest.approx(plain.clock_ghz / 1.7 - 1.0)
+    at = simulate("h100", None, P, {"clock_ghz": 1.7}, impl="fa4kernel", pass_="bwd")
+    assert rows["fa4kernel"]["error_at_measured_clock"] == pytest.approx(at.tflops / 300.0 - 1.0)
+    assert rows["flash-attn-4"]["clock_error"] is None  # no probe of flash-attn-4's kernel
+    assert res["summary"]["clock"]["count"] == 1
+    assert res["summary"]["tflops"]["count"] == 4  # the probe row is not a kernel of its own
+    text = report(res)
+    assert "GHz probe" in text and "clock vs the probe's in-kernel clock (fa4kernel): median |error|" in text

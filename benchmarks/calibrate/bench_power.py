@@ -247,6 +247,9 @@ LOADS = {
     "tensor256_gap2000": ("sleep", 1, 256, 2000, 0, "... 2000 ns"),
     "tensor256_gap6000": ("sleep", 1, 256, 6000, 0, "... 6000 ns"),
     "tensor128": ("sleep", 1, 128, 0, 0, "wgmma m64n128k16 SS back to back (more smem bytes per FLOP)"),
+    "tensor64": ("sleep", 1, 64, 0, 0, "wgmma m64n64k16 SS back to back (1.6x tensor256's smem bytes per FLOP: "
+                                       "the backward's narrow GEMMs)"),
+    "tensor64+mix2": ("mix", 1, 64, 0, 2, "wgmma N=64 back to back beside two softmax-like warpgroups"),
     "ffma": ("ffma", 0, 256, 0, 2, "FFMA from 8 warps per SM (2 per scheduler)"),
     "ex2": ("ex2", 0, 256, 0, 2, "MUFU.EX2 from 8 warps per SM"),
     "int": ("int", 0, 256, 0, 2, "LOP3 + IADD3/IMAD from 8 warps per SM"),
@@ -287,7 +290,7 @@ def check_sass() -> int:
     from fa4kernel.sass import loop_bodies
 
     ok = True
-    builds = [(c, 256) for c in CODES] + [("sleep", 128), ("mix", 128), ("ffma", 128)]
+    builds = [(c, 256) for c in CODES] + [("sleep", 128), ("mix", 128), ("ffma", 128), ("sleep", 64), ("mix", 64)]
     for code, n in builds:
         sass, regs = compile_for_sass(make(code, n), *fake_args(), with_registers=True)
         plan = SASS_PLAN.get(code, {})

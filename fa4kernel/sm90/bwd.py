@@ -261,6 +261,11 @@ class FlashBwdSm90:
         softmax_scale: Float32,
         stream,
     ):
+        self._host(mQ, mK, mV, mdO, mLSE, mD, mdQaccum, mdK, mdV, softmax_scale_log2, softmax_scale, stream, None)
+
+    @cute.jit
+    def _host(self, mQ, mK, mV, mdO, mLSE, mD, mdQaccum, mdK, mdV, softmax_scale_log2, softmax_scale, stream,
+              mStamps):
         dtype = self.dtype
         # (s, d, h, b): the TMA box walks seqlen x head_dim of one (head, batch)
         mQ, mK, mV, mdO, mdK, mdV = [_select(t, [1, 3, 2, 0]) for t in (mQ, mK, mV, mdO, mdK, mdV)]
@@ -320,7 +325,7 @@ class FlashBwdSm90:
             tma_atom_Q, tma_Q, tma_atom_dO, tma_dO, tma_atom_K, tma_K, tma_atom_V, tma_V,
             tma_atom_dK, tma_dK, tma_atom_dV, tma_dV, mLSE, mD, mdQaccum,
             softmax_scale_log2, softmax_scale, tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq,
-            sQ_layout, sK_layout, sdS_layout,
+            sQ_layout, sK_layout, sdS_layout, mStamps,
         ).launch(
             grid=grid,
             block=[self.num_threads, 1, 1],
@@ -387,8 +392,11 @@ class FlashBwdSm90:
         sQ_layout: cute.ComposedLayout,
         sK_layout: cute.ComposedLayout,
         sdS_layout: cute.ComposedLayout,
+        mStamps,
     ):
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        if const_expr(mStamps is not None):
+            self._stamp(mStamps, 0)  # the clock probe: this CTA's start
         if warp_idx == 0:
             for atom in (tma_atom_Q, tma_atom_dO, tma_atom_K, tma_atom_V, tma_atom_dK, tma_atom_dV):
                 cpasync.prefetch_descriptor(atom)
@@ -504,6 +512,21 @@ class FlashBwdSm90:
                 else:
                     cute.arch.setmaxregister_increase(regs_other)
                     self.consumer(*args, False)
+            if const_expr(mStamps is not None):
+                self._stamp(mStamps, 2)  # after the epilogue's dK / dV stores: this CTA's end
+
+    @cute.jit
+    def _stamp(self, mStamps, at: cutlass.Constexpr):
+        """The clock probe (FlashBwdSm90Probe): one thread writes clock64 and globaltimer (ns) into
+        words at, at + 1 of this CTA's row of 4: at 0 thread 0 (kernel start), at 2 thread 128
+        (the first consumer thread, whose warp issued the dK / dV stores)."""
+        writer = 0 if const_expr(at == 0) else 128
+        if cute.arch.thread_idx()[0] == Int32(writer):
+            bx, by, bz = cute.arch.block_idx()
+            gx, gy, _ = cute.arch.grid_dim()
+            row = (bz * gy + by) * gx + bx
+            mStamps[row * 4 + at] = cute.arch.clock64()
+            mStamps[row * 4 + at + 1] = cute.arch.globaltimer()
 
     @cute.jit
     def producer(self, tma_atom_Q, mQ, tma_atom_dO, mdO, tma_atom_K, mK, tma_atom_V, mV, mLSE, mD,
@@ -1014,8 +1037,25 @@ class FlashBwdSm90:
             cute.arch.cp_async_bulk_wait_group(0, read=True)  # smem must outlive the stores
 
 
-def make_bwd_kernel(cfg: BwdConfig) -> FlashBwdSm90:
-    return FlashBwdSm90(cfg)
+class FlashBwdSm90Probe(FlashBwdSm90):
+    """The clock probe: the same kernel plus four stamps per CTA into mStamps, an int64 tensor of
+    4 words per CTA (row = the CTA's linear block index): clock64 and globaltimer at its start
+    (thread 0) and after its dK / dV stores (thread 128). The SM clock of a launch is the sum of
+    its CTAs' clock64 spans over the sum of their globaltimer spans (trace.ctas_clock_ghz)."""
+
+    @cute.jit
+    def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mdO: cute.Tensor, mLSE: cute.Tensor,
+                 mD: cute.Tensor, mdQaccum: cute.Tensor, mdK: cute.Tensor, mdV: cute.Tensor,
+                 softmax_scale_log2: Float32, softmax_scale: Float32,
+                 mStamps: cute.Tensor,  # (4 x CTAs,) int64
+                 stream):
+        self._host(mQ, mK, mV, mdO, mLSE, mD, mdQaccum, mdK, mdV, softmax_scale_log2, softmax_scale, stream,
+                   mStamps)
+
+
+def make_bwd_kernel(cfg: BwdConfig, clock_probe: bool = False) -> FlashBwdSm90:
+    """The kernel object of a build; the clock probe takes its stamps buffer as one more argument."""
+    return FlashBwdSm90Probe(cfg) if clock_probe else FlashBwdSm90(cfg)
 
 
 class BwdPreprocess:
@@ -1238,13 +1278,23 @@ def fake_bwd_args(cfg: BwdConfig):
     return q, k, v, do, stats[0], stats[1], dq, dk, dv
 
 
-def compile_bwd(cfg: BwdConfig, options=None, tvm_ffi: bool = False):
-    """cute.compile of one backward build against fake tensors (no GPU needed)."""
-    return _compile_fake(make_bwd_kernel(cfg), (*fake_bwd_args(cfg), Float32(1.0), Float32(1.0)), options, tvm_ffi)
+def fake_stamps():
+    """The clock probe's stamps buffer (4 int64 words per CTA), dynamic length."""
+    from cutlass.cute.runtime import make_fake_tensor
+
+    return make_fake_tensor(cutlass.Int64, (cute.sym_int(),), stride=(1,), assumed_align=16)
 
 
-_CACHE: dict = {}  # kernel_config(BwdConfig) -> compiled callable
-COMPILE_TIMES: dict = {}  # kernel_config(BwdConfig) -> seconds of its first (JIT) compile
+def compile_bwd(cfg: BwdConfig, options=None, tvm_ffi: bool = False, clock_probe: bool = False):
+    """cute.compile of one backward build against fake tensors (no GPU needed); clock_probe:
+    the FlashBwdSm90Probe build, which takes the stamps buffer after the scales."""
+    extra = (fake_stamps(),) if clock_probe else ()
+    return _compile_fake(make_bwd_kernel(cfg, clock_probe),
+                         (*fake_bwd_args(cfg), Float32(1.0), Float32(1.0), *extra), options, tvm_ffi)
+
+
+_CACHE: dict = {}  # kernel_config(BwdConfig), or (it, "clock_probe") -> compiled callable
+COMPILE_TIMES: dict = {}  # the same keys -> seconds of its first (JIT) compile
 
 
 def kernel_config(cfg: BwdConfig) -> BwdConfig:
@@ -1310,10 +1360,19 @@ def dq_slices(cfg: BwdConfig, seqlen_k: int) -> int:
     return -(-blocks // 2) if cfg.dq_sum == "pair" else blocks
 
 
-def run_bwd(cfg: BwdConfig, dout, q, k, v, out, lse, softmax_scale: float):
+def probe_words(cfg: BwdConfig, batch: int, seqlen_k: int, heads_kv: int) -> int:
+    """Words of the clock probe's stamps buffer for a launch: 4 per CTA of its grid."""
+    blocks = -(-seqlen_k // cfg.tile_n)
+    if cfg.dq_sum == "pair":
+        blocks += blocks % 2  # the pair's grid rounds the key blocks up to even
+    return 4 * blocks * heads_kv * batch
+
+
+def run_bwd(cfg: BwdConfig, dout, q, k, v, out, lse, softmax_scale: float, stamps=None):
     """Launch the backward of cfg; returns (dq, dk, dv) shaped and typed like q, k, v. The
     preprocess (D, LSE_log2) runs as cfg.preprocess says; the dQ postprocess (sum of the
-    deterministic slices, row order, -> 16 bit) in torch."""
+    deterministic slices, row order, -> 16 bit) in torch. stamps: an int64 tensor of
+    probe_words() words on q's device: the clock-probe build runs and writes its stamps there."""
     global _USE_TVM_FFI
     import os
     import time
@@ -1323,6 +1382,10 @@ def run_bwd(cfg: BwdConfig, dout, q, k, v, out, lse, softmax_scale: float):
     q, k, v, out, lse = (t.detach() for t in (q, k, v, out, lse))  # DLPack refuses tensors needing grad
     b, sq, h, d = q.shape
     sk, hkv = k.shape[1], k.shape[2]
+    probe = stamps is not None
+    if probe and (stamps.dtype != torch.int64 or stamps.numel() < probe_words(cfg, b, sk, hkv)):
+        raise ValueError(f"stamps: {stamps.dtype} x {stamps.numel()}; allowed: int64 with at least "
+                         f"{probe_words(cfg, b, sk, hkv)} words (probe_words)")
     sqp = -(-sq // cfg.tile_m) * cfg.tile_m
     dout = dout.detach().contiguous()
     if dout.data_ptr() % 16:
@@ -1343,14 +1406,15 @@ def run_bwd(cfg: BwdConfig, dout, q, k, v, out, lse, softmax_scale: float):
     dv = torch.empty((b, sk, hkv, d), dtype=v.dtype, device=v.device)
     scale_log2 = float(softmax_scale * LOG2_E)
     kcfg = kernel_config(cfg)
-    fn = _CACHE.get(kcfg)
+    key = (kcfg, "clock_probe") if probe else kcfg
+    fn = _CACHE.get(key)
     if _USE_TVM_FFI:
         if fn is None:
             t0 = time.perf_counter()
-            fn = compile_bwd(kcfg, tvm_ffi=True)
-            COMPILE_TIMES[kcfg] = time.perf_counter() - t0
-            _CACHE[kcfg] = fn
-        fn(q, k, v, dout, lse_log2, dpsum, dq_accum, dk, dv, scale_log2, float(softmax_scale))
+            fn = compile_bwd(kcfg, tvm_ffi=True, clock_probe=probe)
+            COMPILE_TIMES[key] = time.perf_counter() - t0
+            _CACHE[key] = fn
+        fn(q, k, v, dout, lse_log2, dpsum, dq_accum, dk, dv, scale_log2, float(softmax_scale), *((stamps,) if probe else ()))
     else:
         import cuda.bindings.driver as cuda
 
@@ -1360,14 +1424,15 @@ def run_bwd(cfg: BwdConfig, dout, q, k, v, out, lse, softmax_scale: float):
         stats = [_to_cute(t, 2, align=4) for t in (lse_log2, dpsum)]
         dq_c = _to_cute(dq_accum, 4)
         dkv = [_to_cute(t, 3) for t in (dk, dv)]
+        extra = (_to_cute(stamps, 0, align=16),) if probe else ()
         stream = cuda.CUstream(torch.cuda.current_stream(q.device).cuda_stream)
         if fn is None:
             t0 = time.perf_counter()
-            fn = cute.compile(make_bwd_kernel(kcfg), *args, *stats, dq_c, *dkv, Float32(scale_log2),
-                              Float32(softmax_scale), stream)
-            COMPILE_TIMES[kcfg] = time.perf_counter() - t0
-            _CACHE[kcfg] = fn
-        fn(*args, *stats, dq_c, *dkv, Float32(scale_log2), Float32(softmax_scale), stream)
+            fn = cute.compile(make_bwd_kernel(kcfg, probe), *args, *stats, dq_c, *dkv, Float32(scale_log2),
+                              Float32(softmax_scale), *extra, stream)
+            COMPILE_TIMES[key] = time.perf_counter() - t0
+            _CACHE[key] = fn
+        fn(*args, *stats, dq_c, *dkv, Float32(scale_log2), Float32(softmax_scale), *extra, stream)
     acc = dq_accum.sum(0) if cfg.deterministic else dq_accum[0]  # fixed order: torch's sum
     if cfg.postprocess == "kernel":
         return _postprocess_kernel(cfg, acc, sq, q.dtype, _USE_TVM_FFI), dk, dv
