@@ -37,6 +37,8 @@ KINDS = {
     "ab": "same-run A/B of kernel versions or host-side variants (scripts in benchmarks/experiments/)",
     "sim_speed": "wall time of the simulator itself (bench_sim_speed.py)",
     "power": "board power and SM clock under sustained unit loads (calibrate/bench_power.py)",
+    "bwd_loop": "cycles per query block of fa4kernel's backward, every SM loaded, from its clock probe's per-CTA "
+                "stamps (bwd_loop_sm90.py)",
     "bwd_units": "the backward's unit facts: wgmma at small N and narrow swizzles, TMA bulk reduce-add and "
                  "RED.ADD.F32 rates (calibrate/bench_bwd_units.py)",
     "sustained": "attention timed as a user times it, after the power cap has settled the clock (sustained_sm90.py)",

@@ -4,6 +4,7 @@
     fa4kernel.attention(q, k, v, causal=False, softmax_scale=None, return_lse=False,
                         deterministic=False, **knobs)        # out.backward() on SM90
     fa4kernel.attention_backward(dout, q, k, v, out, lse, causal=False, ...)   # dq, dk, dv
+    fa4kernel.attention_backward_probed(...)   # the same through the clock-probe build, + stamps
     fa4kernel.compile_sass(cfg=None, arch="sm_90a" | "sm_100a", ...)   # no GPU needed
     fa4kernel.compile_bwd_sass(head_dim=128, causal=False, ...)         # the SM90 backward
 

@@ -71,6 +71,8 @@ PARAMS: dict[str, tuple[str, str]] = {
     #   + 1e-3 f (s sum_u e_u r_u + e_l2 b_l2 + e_hbm b_hbm), s = (V(f)/V(fmax))^2
     "power_cap_w": ("W", "board power limit the clock is held to; 0 = no power model (the clock stays at clock_ghz)"),
     "clock_min_ghz": ("GHz", "lowest SM clock the power model may choose"),
+    "clock_tensor_ghz": ("GHz", "highest SM clock (clock64 over globaltimer) the chip holds while its tensor core "
+                         "works, where the power cap leaves room and NVML still reports clock_ghz; 0 = none"),
     "static_power_w": ("W", "power that does not scale with the SM clock (leakage, board, idle memory)"),
     "clock_power_w": ("W", "power of the clocked but idle chip at clock_ghz (scales with f V^2)"),
     "voltage_slope": ("1", "V(f)/V(fmax) = 1 - voltage_slope (1 - f/fmax): how the voltage falls with the clock"),
@@ -98,9 +100,12 @@ PARAMS: dict[str, tuple[str, str]] = {
     "dsmem_bytes_per_clk": ("B/clk/SM", "distributed shared memory: bytes one SM moves to or from a peer CTA's "
                             "shared memory in its cluster over the SM-to-SM network (st.async, ld.shared::cluster), "
                             "each direction"),
+    "dsmem_queue_bytes": ("B", "st.async bytes an SM keeps in flight to its peer: the sending warps are held "
+                          "until all but these have left, and these land after they go on; 0 = the senders are "
+                          "held until every byte has left"),
 }
 
-POWER_PARAMS = ("power_cap_w", "clock_min_ghz", "static_power_w", "clock_power_w", "voltage_slope",
+POWER_PARAMS = ("power_cap_w", "clock_min_ghz", "clock_tensor_ghz", "static_power_w", "clock_power_w", "voltage_slope",
                 "energy_tensor_pj_per_flop", "energy_mufu_pj_per_op", "energy_fma_pj_per_lane_op",
                 "energy_alu_pj_per_lane_op", "energy_smem_pj_per_byte", "energy_l2_pj_per_byte",
                 "energy_hbm_pj_per_byte", "tensor_burst_energy_fraction", "tensor_burst_cycles",

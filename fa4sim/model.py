@@ -55,6 +55,7 @@ class Result:
     power_w: float | None = None   # the power model's board power at that clock (None: no power model)
     power_by_part: dict = field(default_factory=dict)  # W: static, clock, tensor, mufu, fma, alu, smem, l2, hbm
     power_limited: bool = False    # the power cap sets the clock (below the maximum)
+    clock_ceiling: bool = False    # the tensor core's clock ceiling sets it (clock_tensor_ghz), under the cap
     activity: object = None        # power.Activity: the launch's work per unit
     pass_: str = "fwd"             # "fwd" | "bwd"
     pre_us: float = 0.0            # backward: the preprocess launch (dPsum, LSE, dQ accumulator zeroed), us
@@ -73,6 +74,7 @@ class Result:
             "power_w": None if self.power_w is None else round(self.power_w, 1),
             "power_by_part": {k: round(v, 1) for k, v in self.power_by_part.items()},
             "power_limited": self.power_limited,
+            "clock_ceiling": self.clock_ceiling,
             "peak_tflops": round(self.hw.peak_tflops, 1),
             "mma_utilization": round(self.tflops / self.hw.peak_tflops, 4),
             "utilization": {u: round(v, 4) for u, v in self.utilization.items()},
@@ -254,7 +256,7 @@ def simulate(hw="b200", schedule: str | None = None, problem: Problem | None = N
             pred = again
         act = usage(at, kt, detailed)
         watts, parts = power.power_w(profile, act, at.clock_ghz)
-        clock = power.ClockPrediction(at.clock_ghz, watts, parts, pred.limited, pred.note)
+        clock = power.ClockPrediction(at.clock_ghz, watts, parts, pred.limited, pred.note, pred.ceiling)
         source = "power model"
     else:
         at = profile
@@ -277,6 +279,7 @@ def simulate(hw="b200", schedule: str | None = None, problem: Problem | None = N
     result.power_w = clock.power_w
     result.power_by_part = dict(clock.by_part)
     result.power_limited = bool(clock.limited)
+    result.clock_ceiling = bool(clock.ceiling)
     result.activity = act
     result.bottleneck = _bottleneck(result)
     result.notes.extend(trace.schedule.meta.get("notes", ()))
@@ -370,7 +373,7 @@ def simulate_bwd(hw="b200", schedule: str | None = None, problem: Problem | None
             pred = again
         act = usage(at, kt)
         watts, parts = power.power_w(profile, act, at.clock_ghz)
-        clock = power.ClockPrediction(at.clock_ghz, watts, parts, pred.limited, pred.note)
+        clock = power.ClockPrediction(at.clock_ghz, watts, parts, pred.limited, pred.note, pred.ceiling)
         source = "power model"
     else:
         at = profile
@@ -393,6 +396,7 @@ def simulate_bwd(hw="b200", schedule: str | None = None, problem: Problem | None
     result.pass_, result.pre_us, result.post_us, result.main_us = "bwd", pre_us, post_us, kt.time_us
     result.clock_ghz, result.clock_source = at.clock_ghz, source
     result.power_w, result.power_by_part, result.power_limited = clock.power_w, dict(clock.by_part), bool(clock.limited)
+    result.clock_ceiling = bool(clock.ceiling)
     result.activity = act
     result.bottleneck = _bottleneck(result)
     result.notes.append(f"backward: preprocess {pre_us:.1f} us + main kernel {kt.time_us:.1f} us + postprocess "

@@ -20,7 +20,10 @@ the parts falls short (docs/findings/power-and-clock.md, "Bursts and mixed code"
 (lane-ops), smem (bytes through shared memory and, on SM100, TMEM). L2 and HBM energies do not
 scale with the SM's voltage. The predicted clock is the highest f in [clock_min_ghz, clock_ghz]
 with P(f) <= power_cap_w; P grows with f (the work per second and the voltage both do), so a
-bisection finds it. A profile with power_cap_w = 0 has no power model: the clock stays at
+bisection finds it. While the tensor core works, the SM's own clock (clock64 over globaltimer)
+stays at or below clock_tensor_ghz even where the cap leaves room and NVML reports clock_ghz
+(docs/findings/power-and-clock.md, "The tensor core's clock ceiling"): a launch with tensor
+work is held there. A profile with power_cap_w = 0 has no power model: the clock stays at
 clock_ghz.
 
 The activity of a launch (`activity`): every unit's work for the whole launch, over the
@@ -187,14 +190,28 @@ class ClockPrediction(NamedTuple):
     by_part: dict
     limited: bool      # the cap sets the clock (below the maximum)
     note: str = ""     # set when even clock_min_ghz exceeds the cap
+    ceiling: bool = False  # the tensor core's clock ceiling (clock_tensor_ghz) sets it, under the cap
+
+
+def tensor_ceiling(hw, act) -> float:
+    """clock_tensor_ghz where the load has tensor work and the profile gives one, else 0 (none)."""
+    c = float(hw.values.get("clock_tensor_ghz", 0.0) or 0.0)
+    rates = act.totals if isinstance(act, Activity) else act
+    return c if c > 0 and rates.get("tensor", 0.0) > 0 else 0.0
 
 
 def predict_clock(hw, act, fmax: float | None = None) -> ClockPrediction:
     """The highest f in [clock_min_ghz, fmax] with P(f) <= power_cap_w (fmax: default
-    hw.clock_ghz). At fmax when the load stays under the cap; at clock_min_ghz, with a note,
-    when even that exceeds it."""
+    hw.clock_ghz), and no higher than the tensor core's clock ceiling where the load has tensor
+    work (tensor_ceiling). At the top when the load stays under the cap there; at clock_min_ghz,
+    with a note, when even that exceeds it."""
     fmax = hw.clock_ghz if fmax is None else fmax
     cap = float(hw.power_cap_w)
+    top = tensor_ceiling(hw, act)
+    if top and top < fmax:
+        p, parts = power_w(hw, act, top, fmax)
+        if p <= cap:
+            return ClockPrediction(top, p, parts, False, ceiling=True)
     p, parts = power_w(hw, act, fmax, fmax)
     if p <= cap:
         return ClockPrediction(fmax, p, parts, False)
@@ -226,8 +243,11 @@ def dominant(by_part: dict) -> tuple[str, float]:
 
 
 def describe(clock_ghz: float, source: str, power: float | None, by_part: dict, limited: bool,
-             cap: float = 0.0) -> str:
+             cap: float = 0.0, ceiling: bool = False) -> str:
     """One line: the clock, where it comes from and, when the cap sets it, which unit's power."""
+    if ceiling and source == "power model":
+        return (f"clock {clock_ghz:.3f} GHz: the tensor core's clock ceiling (clock_tensor_ghz); the model's power "
+                f"{power:.0f} W stays under the {cap:.0f} W cap")
     if source == "--set":
         extra = f" (the model's power there: {power:.0f} W, cap {cap:.0f} W)" if power is not None else ""
         return f"clock {clock_ghz:.3f} GHz: set with --set{extra}"

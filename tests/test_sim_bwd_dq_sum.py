@@ -78,7 +78,8 @@ def test_pair_owner_receives_and_the_sender_sends_instead_of_staging():
     # the sender sends once its dV and dK are done (its columns of the stage are dead); the peer's
     # half (its mirror's send) lands before the owner reads it, after its own dQ
     assert {("dV1", "SEND1", "flow", 0), ("dK1", "SEND1", "flow", 0), ("dQ1", "SEND1", "flow", 0),
-            ("SEND1", "RECV0", "flow", 0), ("dQ0", "RECV0", "flow", 0), ("RECV0", "DQW0", "flow", 0)} <= e
+            ("SEND1", "LAND1", "flow", 0), ("LAND1", "RECV0", "flow", 0), ("dQ0", "RECV0", "flow", 0),
+            ("RECV0", "DQW0", "flow", 0)} <= e
     # one warpgroup's bulk reduce-adds (the sum), then the stage goes back to the load warp
     assert {("DQWQ0", "ADDQ0", "flow", 0), ("ADDQ0", "RELQ", "flow", 0)} <= e
     assert not any(x == "ADDQ1" for x, *_ in e) and "ADDQ1" not in names
@@ -90,8 +91,12 @@ def test_pair_halves_the_reduce_add_bytes_and_moves_the_other_half_between_sms()
     assert l2(pair) == pytest.approx(l2(cta) / 2)
     assert uses(pair, "ADDQ0")["tma"] * H100.reduce_bytes_per_clk == pytest.approx(PART)
     assert pair.op("ADDQ0").issue_cycles == 2  # two bulk reduce-adds of half each
-    sent = uses(pair, "SEND1")
-    assert sent["dsmem"] * H100.dsmem_bytes_per_clk == pytest.approx(PART)
+    sent, landing = uses(pair, "SEND1"), uses(pair, "LAND1")
+    # the senders are held until all but dsmem_queue_bytes have left; those land after they go on
+    assert 0 < H100.dsmem_queue_bytes < PART
+    assert sent["dsmem"] * H100.dsmem_bytes_per_clk == pytest.approx(PART - H100.dsmem_queue_bytes)
+    assert landing["dsmem"] * H100.dsmem_bytes_per_clk == pytest.approx(H100.dsmem_queue_bytes)
+    assert pair.op("LAND1").asynchronous
     assert sent["smem"] * H100.smem_bytes_per_clk == pytest.approx(PART)  # the peer's half lands here
     got = uses(pair, "RECV0")
     assert got["smem:lsu"] * H100.smem_bytes_per_clk == pytest.approx(PART)  # read back once (LDS)

@@ -56,15 +56,38 @@ def test_predicted_clock_sits_at_the_cap(h100_run):
 
 
 def test_more_tensor_work_lowers_the_clock():
-    hw = hardware.load("h100")
+    hw = hardware.load("h100").with_values(clock_tensor_ghz=0)  # the cap alone
     clocks = [power.predict_clock(hw, gemm_like(share, hw)).clock_ghz for share in (0.5, 0.7, 0.85, 1.0)]
     assert all(b < a for a, b in zip(clocks, clocks[1:]))
 
 
-def test_a_clock_below_the_cap_is_the_maximum():
+def test_tensor_work_under_the_cap_holds_the_clock_at_the_ceiling():
+    """Below the cap, a load with tensor work runs at clock_tensor_ghz (the clock the measured
+    tensor loads hold while NVML reports the maximum); one without tensor work at the maximum."""
+    hw = hardware.load("h100")
+    assert 1.7 < hw.clock_tensor_ghz < hw.clock_ghz
+    light = power.predict_clock(hw, gemm_like(0.3, hw))
+    assert light.clock_ghz == hw.clock_tensor_ghz and light.ceiling and not light.limited
+    assert light.power_w == pytest.approx(power.power_w(hw, gemm_like(0.3, hw), hw.clock_tensor_ghz)[0])
+    fma = {"tensor": 0.0, "fma": 60.0 * hw.num_sms}
+    assert power.predict_clock(hw, fma).clock_ghz == hw.clock_ghz
+    # the cap below the ceiling still sets the clock
+    full = power.predict_clock(hw, gemm_like(1.0, hw))
+    assert full.limited and not full.ceiling and full.clock_ghz < hw.clock_tensor_ghz
+    # a profile without a ceiling (0) runs such a load at the maximum
+    none = power.predict_clock(hw.with_values(clock_tensor_ghz=0), gemm_like(0.3, hw))
+    assert none.clock_ghz == hw.clock_ghz and not none.ceiling
+
+
+def test_a_short_launch_below_the_cap_runs_at_the_ceiling(capsys):
     r = simulate("h100", "fa3", SMALL)
-    assert r.clock_ghz == hardware.load("h100").clock_ghz and not r.power_limited
+    hw = hardware.load("h100")
+    assert r.clock_ghz == hw.clock_tensor_ghz and r.clock_ceiling and not r.power_limited
     assert r.clock_source == "power model" and r.power_w < r.hw.power_cap_w
+    assert main(["run", "--hw", "h100", "--hdim", "128", "--seqlen", "512", "--batch", "1", "--heads", "4"]) == 0
+    assert "the tensor core's clock ceiling (clock_tensor_ghz)" in capsys.readouterr().out
+    off = simulate("h100", "fa3", SMALL, {"clock_tensor_ghz": 0})
+    assert off.clock_ghz == hw.clock_ghz and not off.clock_ceiling
 
 
 def test_even_the_lowest_clock_over_the_cap_says_so():
@@ -351,3 +374,31 @@ def test_fit_gives_another_host_its_own_static_power(tmp_path):
     assert out.returncode == 0, out.stderr
     line = next(x for x in out.stdout.splitlines() if "static power of" in x)
     assert float(line.rsplit(":", 1)[1].split()[0]) == pytest.approx(15.0, abs=0.5)
+
+
+def test_fit_takes_the_tensor_ceiling_from_unheld_tensor_loads(tmp_path):
+    """clock_tensor_ghz: the median in-kernel clock of the loads whose tensor core works while NVML
+    reads the maximum with no clock-event reason; capped, thermal-held, sleeping and tensor-free
+    loads do not count."""
+    def load(name, f, tensor_per_sm, reasons, nvml=1.98, f_in=None):
+        return {"name": name, "clock_ghz": f, "clock_ghz_in_kernel": f if f_in is None else f_in,
+                "clock_ghz_nvml": nvml, "clock_event_reasons": reasons, "power_w": 500.0,
+                "activity_per_clk": {"tensor_flops": tensor_per_sm * 132}}
+    doc = {"meta": {"kind": "power", "device": "Test GPU", "date": "2026-11-23"},
+           "gpu": {"clock_max_mhz": 1980, "num_sms": 132, "power_limit_w": 700, "supported_clocks_mhz": [345, 1980]},
+           "loads": [load("a", 1.76, 2048, {"0x0": 200}), load("b", 1.84, 900, {"0x0": 200}),
+                     load("c", 1.87, 2048, {"0x0": 150}),
+                     load("capped", 1.60, 4096, {"0x4": 100}, nvml=1.61),
+                     load("hot", 1.70, 2048, {"0x20": 100}, nvml=1.70),
+                     load("asleep", 1.98, 2048, {"0x0": 100}, f_in=1.78),
+                     load("ffma", 1.98, 0, {"0x0": 100}), load("trickle", 1.95, 100, {"0x0": 100})]}
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(doc))
+    value, names = fit_power.tensor_ceiling([str(path)], 4096)
+    assert names == ["a", "b", "c"] and value == pytest.approx(1.84)
+    prof = tmp_path / "h100.json"
+    prof.write_text((ROOT / "fa4sim/profiles/h100.json").read_text())
+    fit_power.write_ceiling(str(prof), value, names, doc["meta"])
+    hw = hardware.load(str(prof))
+    assert hw.clock_tensor_ghz == pytest.approx(1.84) and hw.confidence["clock_tensor_ghz"] == "M"
+    assert "3 loads" in hw.sources["clock_tensor_ghz"] and "(a, b, c)" in hw.sources["clock_tensor_ghz"]

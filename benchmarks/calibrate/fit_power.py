@@ -23,6 +23,11 @@ clock would rise at a lower clock).
 
 --write puts the fitted values, voltage_slope and clock_min_ghz (the lowest supported clock)
 into the profile, each with its source, confidence M. Nothing here looks at an attention timing.
+
+The tensor core's clock ceiling (clock_tensor_ghz, tensor_ceiling below) comes from the same
+files: the median in-kernel clock of the loads whose tensor core works (at least 5 % of its rate)
+while NVML reports the maximum clock and no clock-event reason (neither the power cap nor a
+thermal limit holds them), whose clock is the kernel's own (no warp asleep in nanosleep).
 """
 from __future__ import annotations
 
@@ -251,6 +256,48 @@ def report(base, gpu: dict, loads: list[dict], fmax: float, cycles_grid=BURST_CY
     return values, res, rows
 
 
+CEILING_MIN_TENSOR_SHARE = 0.05  # a load counts for the ceiling with at least this share of the tensor rate
+
+
+def tensor_ceiling(paths: list[str], tensor_flops_per_clk: float) -> tuple[float, list[str]]:
+    """(clock_tensor_ghz, the loads it is the median of) from power calibration files; (0, [])
+    when no load qualifies. A load qualifies when its tensor core does at least
+    CEILING_MIN_TENSOR_SHARE of tensor_flops_per_clk per SM, its clock is the in-kernel one
+    (clock_ghz equals clock_ghz_in_kernel: no warp sleeps), NVML reads the device's maximum clock
+    and every clock-event reason sampled is 0x0 (no cap, no thermal limit)."""
+    clocks, names = [], []
+    for path in paths:
+        doc = json.loads(Path(path).read_text())
+        fmax = (doc.get("gpu") or {}).get("clock_max_mhz")
+        nsm = (doc.get("gpu") or {}).get("num_sms") or (doc.get("meta") or {}).get("num_sms")
+        for ld in doc.get("loads") or []:
+            act, f, f_in = ld.get("activity_per_clk") or {}, ld.get("clock_ghz"), ld.get("clock_ghz_in_kernel")
+            if not (nsm and fmax and _number(f) and _number(f_in) and abs(f - f_in) < 1e-9):
+                continue
+            tensor = (act.get("tensor_flops") or 0.0) / nsm
+            reasons = set((ld.get("clock_event_reasons") or {"?": 1}).keys())
+            nvml_at_max = _number(ld.get("clock_ghz_nvml")) and ld["clock_ghz_nvml"] >= 0.995 * fmax / 1e3
+            if tensor >= CEILING_MIN_TENSOR_SHARE * tensor_flops_per_clk and reasons == {"0x0"} and nvml_at_max:
+                clocks.append(float(f))
+                names.append(str(ld.get("name")))
+    if not clocks:
+        return 0.0, []
+    return float(np.median(clocks)), names
+
+
+def write_ceiling(profile_path: str, value: float, names: list[str], meta: dict) -> None:
+    doc = json.loads(Path(profile_path).read_text())
+    device = meta.get("device", "an unnamed device")
+    date = meta.get("date") or str(meta.get("date_utc", ""))[:10] or "an undated run"
+    doc["params"]["clock_tensor_ghz"] = {
+        "value": round(value, 3), "confidence": "M",
+        "source": f"measured on {device} {date} by benchmarks/calibrate/bench_power.py + fit_power.py: the median "
+                  f"in-kernel clock (clock64 / globaltimer) of the {len(names)} loads whose tensor core works while "
+                  f"NVML reports the maximum clock with no clock-event reason ({', '.join(names)}); "
+                  f"docs/findings/power-and-clock.md"}
+    Path(profile_path).write_text(json.dumps(doc, indent=1) + "\n")
+
+
 def write(profile_path: str, values: dict, meta: dict, gpu: dict, n: int, res: float, files: int = 1) -> None:
     doc = json.loads(Path(profile_path).read_text())
     device = meta.get("device", "an unnamed device")
@@ -353,8 +400,13 @@ def main(argv=None) -> int:
               f"{r['model_power_w']:7.1f} {r['predicted_clock_ghz']:7.3f} {loo}")
     print("clock: measured in the kernel (* = NVML's); model: the fit's power at that clock; pred.: the clock the "
           "model predicts from the activity; loo: the same, fitted without that load")
+    ceiling, held = tensor_ceiling(a.results, base.tensor_flops_per_clk)
+    print(f"tensor clock ceiling: {ceiling:.3f} GHz, the median of {len(held)} loads ({', '.join(held) or 'none'})"
+          if held else "tensor clock ceiling: no load qualifies (clock_tensor_ghz stays as it is)")
     if a.write:
         write(path, values, meta, gpu, len(loads), res, len(a.results))
+        if held:
+            write_ceiling(path, ceiling, held, meta)
         print(f"wrote {path}")
         if a.b200:
             doc = json.loads(Path(a.b200).read_text())

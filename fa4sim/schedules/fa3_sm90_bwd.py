@@ -412,10 +412,16 @@ def build(hw, p: Problem, k: dict, n_kv: int, masked_blocks: int, impl=None, hbm
             # waits for the peer's same word (an mbarrier each way), then st.asyncs its dQ into the
             # peer's copy of those columns; the sends leave at the SM-to-SM network's rate, and the
             # peer's sends land in this SM's shared memory meanwhile (the mirror)
-            sent = {"dsmem": part / hw.dsmem_bytes_per_clk, "smem": smem(part), **_lsu(part / STS128_BYTES),
-                    **_instr(hw, part / 16)}
-            dq_out = Op(f"SEND{w}", r, tuple(sent.items()), hw.mbarrier_latency, "correction",
+            # the st.asyncs hold the warpgroup until all but dsmem_queue_bytes have left; those
+            # drain after it goes on (bench_dsmem.py: issue against transfer)
+            queued = min(part, float(hw.values.get("dsmem_queue_bytes", 0.0) or 0.0))
+            sent = {"dsmem": (part - queued) / hw.dsmem_bytes_per_clk, "smem": smem(part),
+                    **_lsu(part / STS128_BYTES), **_instr(hw, part / 16)}
+            dq_out = Op(f"SEND{w}", r, tuple(sent.items()), 0.0, "correction",
                         label="dQ (fp32) -> the peer's shared memory (st.async), the peer's lands here")
+            drain = Op(f"LAND{w}", r, (("dsmem", queued / hw.dsmem_bytes_per_clk),), hw.mbarrier_latency, "store",
+                       asynchronous=True, issue_cycles=0,
+                       label="the last st.asyncs in flight land in the peer's shared memory")
         elif pair and w == owner:
             # the peer's half (st.async, complete_tx on an mbarrier): LDS it, add it to its own
             got = add({"smem:lsu": smem(part), "fma": part / 4 / hw.fma_lanes_per_clk, **_lsu(part / STS128_BYTES)},
@@ -442,7 +448,7 @@ def build(hw, p: Problem, k: dict, n_kv: int, masked_blocks: int, impl=None, hbm
         release = "" if qdo else (", release Q" + ("" if fa3_order else ", dO"))
         wait = Op(f"WAIT{w}", r, (), 0.0, "sync", label="wait for its wgmmas" + release)
         dq_ops = ([recv] if recv is not None else []) + ([dq_out] if w < nq else []) + (
-            [dq_q] if dq_q is not None else [])
+            [drain] if pair and w == sender else []) + ([dq_q] if dq_q is not None else [])
         if fa3_order:
             ops += dq_ops + [wait]
         else:
@@ -492,7 +498,7 @@ def build(hw, p: Problem, k: dict, n_kv: int, masked_blocks: int, impl=None, hbm
         if pair and w == sender:
             # its columns of the stage are dead (dV, dK done), and the peer's (its mirror's) too
             edges += [Edge(f"dV{w}", dq_out.name, lag=mbar), Edge(f"dK{w}", dq_out.name, lag=mbar),
-                      Edge(dq_out.name, f"RECV{owner}")]
+                      Edge(dq_out.name, drain.name), Edge(drain.name, f"RECV{owner}")]
         elif w < nq and not red and qdo:
             # the dO half over columns only its dV reads (both warpgroups' dP^T are done before
             # the dS barrier), the Q half over columns only its dK reads; then warp 1 is told

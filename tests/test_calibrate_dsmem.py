@@ -1,0 +1,52 @@
+"""benchmarks/calibrate/bench_dsmem.py: its round compiles for sm_90a on the CPU with the st.async
+(STAS) it times, and the profiles' DSMEM facts are what its recorded runs say.
+
+Run: pytest tests/test_calibrate_dsmem.py (CPU)
+"""
+import json
+from pathlib import Path
+
+import pytest
+
+from fa4sim import hardware
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+
+
+@pytest.mark.compile
+def test_dsmem_round_compiles_to_st_async():
+    pytest.importorskip("cutlass")
+    from benchmarks.calibrate import bench_dsmem
+    from benchmarks.calibrate.common import compile_for_sass, sass_count
+
+    sass = compile_for_sass(bench_dsmem.make(), *bench_dsmem.fake_args())
+    assert sass_count(sass, "STAS") >= 1
+    assert sass_count(sass, "UCGABAR") + sass_count(sass, "CGAERRBAR") + sass_count(sass, "BAR") >= 1
+
+
+def test_slope_is_bytes_per_cycle():
+    pytest.importorskip("cutlass")
+    from benchmarks.calibrate.bench_dsmem import slope
+
+    # a fixed 500 cycles per round plus 1 cycle per 20 bytes
+    pts = [(b, 500 + b / 20) for b in (4096, 16384, 32768, 65536)]
+    assert slope(pts) == pytest.approx(20.0)
+
+
+def test_profiles_take_the_dsmem_facts_from_the_runs():
+    pytest.importorskip("cutlass")
+    from benchmarks.calibrate.bench_dsmem import facts
+
+    h200 = facts(json.loads((RESULTS / "dsmem_h200_2026-11-27.json").read_text()))
+    hw = hardware.load("h200")
+    assert hw.dsmem_bytes_per_clk == pytest.approx(h200["dsmem_bytes_per_clk"], abs=0.01)
+    assert hw.dsmem_queue_bytes == pytest.approx(h200["dsmem_queue_bytes"], abs=1)
+    # the H100's run recorded the rate; its queue is the H200's (the same die)
+    doc = json.loads((RESULTS / "dsmem_h100_2026-11-27.json").read_text())
+    case = next(c for c in doc["benchmarks"]["dsmem"]["cases"] if c["label"] == "every_sm" and c["threads"] == 128)
+    h100 = hardware.load("h100")
+    assert h100.dsmem_bytes_per_clk == pytest.approx(case["bytes_per_clk_per_sm_slope"], abs=0.01)
+    assert h100.dsmem_queue_bytes == hw.dsmem_queue_bytes
+    # what the numbers say: ~19 B per clock, ~10 KB in flight when the senders go on
+    assert 18 < h200["dsmem_bytes_per_clk"] < 21 and 8000 < h200["dsmem_queue_bytes"] < 12000
