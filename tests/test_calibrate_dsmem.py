@@ -38,15 +38,10 @@ def test_profiles_take_the_dsmem_facts_from_the_runs():
     pytest.importorskip("cutlass")
     from benchmarks.calibrate.bench_dsmem import facts
 
-    h200 = facts(json.loads((RESULTS / "dsmem_h200_2026-11-27.json").read_text()))
-    hw = hardware.load("h200")
-    assert hw.dsmem_bytes_per_clk == pytest.approx(h200["dsmem_bytes_per_clk"], abs=0.01)
-    assert hw.dsmem_queue_bytes == pytest.approx(h200["dsmem_queue_bytes"], abs=1)
-    # the H100's run recorded the rate; its queue is the H200's (the same die)
-    doc = json.loads((RESULTS / "dsmem_h100_2026-11-27.json").read_text())
-    case = next(c for c in doc["benchmarks"]["dsmem"]["cases"] if c["label"] == "every_sm" and c["threads"] == 128)
-    h100 = hardware.load("h100")
-    assert h100.dsmem_bytes_per_clk == pytest.approx(case["bytes_per_clk_per_sm_slope"], abs=0.01)
-    assert h100.dsmem_queue_bytes == hw.dsmem_queue_bytes
-    # what the numbers say: ~19 B per clock, ~10 KB in flight when the senders go on
-    assert 18 < h200["dsmem_bytes_per_clk"] < 21 and 8000 < h200["dsmem_queue_bytes"] < 12000
+    for gpu in ("h100", "h200"):
+        got = facts(json.loads((RESULTS / f"dsmem_{gpu}_2026-11-27.json").read_text()))
+        hw = hardware.load(gpu)
+        assert hw.dsmem_bytes_per_clk == pytest.approx(got["dsmem_bytes_per_clk"], abs=0.01), gpu
+        assert hw.dsmem_queue_bytes == pytest.approx(got["dsmem_queue_bytes"], abs=1), gpu
+        # what the numbers say: ~19 B per clock, ~10 KB in flight when the senders go on
+        assert 18 < got["dsmem_bytes_per_clk"] < 21 and 8000 < got["dsmem_queue_bytes"] < 12000, gpu
