@@ -185,7 +185,11 @@ def check_grads(fwd, d, s, causal) -> dict:
     q, k, v, dout = (torch.randn(1, s, 2, d, device="cuda", dtype=torch.bfloat16) for _ in range(4))
     q, k, v = (t.requires_grad_() for t in (q, k, v))
     got = torch.autograd.grad(fwd(q, k, v, causal), (q, k, v), dout)
-    ref = reference_grads(q, k, v, dout, causal)
+    return grad_errors(got, reference_grads(q, k, v, dout, causal))
+
+
+def grad_errors(got, ref) -> dict:
+    """{dq, dk, dv: relative error (NaN if not finite), ok: all <= 1e-2}."""
     errs = {}
     for name, g, r in zip(("dq", "dk", "dv"), got, ref):
         g = g.float()
@@ -225,13 +229,7 @@ def check_probe(d, s, causal) -> dict:
     s = min(s, 2048)
     q, k, v, dout = (torch.randn(1, s, 2, d, device="cuda", dtype=torch.bfloat16) for _ in range(4))
     run, _ = probe_candidate(q, k, v, dout, causal)
-    ref = reference_grads(q, k, v, dout, causal)
-    errs = {}
-    for name, g, r in zip(("dq", "dk", "dv"), run(), ref):
-        g = g.float()
-        errs[name] = (g - r).norm().item() / r.norm().item() if torch.isfinite(g).all() else float("nan")
-    errs["ok"] = all(e <= 1e-2 for e in errs.values())
-    return errs
+    return grad_errors(run(), reference_grads(q, k, v, dout, causal))
 
 
 # --sustained: each candidate runs back to back for 1 s (the power cap's controller settles the
