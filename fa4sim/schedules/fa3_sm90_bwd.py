@@ -414,7 +414,7 @@ def build(hw, p: Problem, k: dict, n_kv: int, masked_blocks: int, impl=None, hbm
             # peer's sends land in this SM's shared memory meanwhile (the mirror)
             # the st.asyncs hold the warpgroup until all but dsmem_queue_bytes have left; those
             # drain after it goes on (bench_dsmem.py: issue against transfer)
-            queued = min(part, float(hw.values.get("dsmem_queue_bytes", 0.0) or 0.0))
+            queued = min(part, float(hw.dsmem_queue_bytes))
             sent = {"dsmem": (part - queued) / hw.dsmem_bytes_per_clk, "smem": smem(part),
                     **_lsu(part / STS128_BYTES), **_instr(hw, part / 16)}
             dq_out = Op(f"SEND{w}", r, tuple(sent.items()), 0.0, "correction",
