@@ -39,6 +39,8 @@ KINDS = {
     "power": "board power and SM clock under sustained unit loads (calibrate/bench_power.py)",
     "bwd_loop": "cycles per query block of fa4kernel's backward, every SM loaded, from its clock probe's per-CTA "
                 "stamps (bwd_loop_sm90.py)",
+    "bwd_ctas": "every CTA of fa4kernel's backward launch from its clock probe: per-CTA overhead and cycles per "
+                "query block, the SMs' busy share and the tail, by launch order (bwd_ctas_sm90.py)",
     "bwd_units": "the backward's unit facts: wgmma at small N and narrow swizzles, TMA bulk reduce-add and "
                  "RED.ADD.F32 rates (calibrate/bench_bwd_units.py)",
     "sustained": "attention timed as a user times it, after the power cap has settled the clock (sustained_sm90.py)",

@@ -180,9 +180,11 @@ def kv_hbm_reads(tiles: list[tuple[int, int]], n_kv: list[int], kv_block: float,
 
 
 def kernel_time(p: Problem, hw, units: list[WorkUnit], cost_of, tile_n: int,
-                two_cta: bool, persistent: bool = True, order: str = "lpt", rows: int = 0) -> KernelTime:
+                two_cta: bool, persistent: bool = True, order: str = "lpt", rows: int = 0,
+                cluster: int = 1) -> KernelTime:
     """cost_of(WorkUnit) -> (T1, T2 - T1) in cycles; order: tile_order.ORDERS; rows: a full
-    unit's query rows (for the cold start's Q bytes).
+    unit's query rows (for the cold start's Q bytes); cluster: units launched together (a
+    backward's 2-CTA clusters: tile_order's tail_lpt keeps them side by side).
 
     The launch starts cold: the first wave's Q tiles and first K/V blocks all come from HBM at
     once (measured per CTA with fa4kernel's CTA log: the first CTA on every SM takes 3-13k cycles
@@ -194,7 +196,7 @@ def kernel_time(p: Problem, hw, units: list[WorkUnit], cost_of, tile_n: int,
     kv_head = 2 * p.seqlen_k * p.hdim * 2
     slots = hw.num_sms // (2 if two_cta else 1)
     tiles = tile_order(order, n_hb, [c[0] for c in costs], kv_head, hw.l2_bytes, slots,
-                       sorted_launch=persistent or p.causal)
+                       sorted_launch=persistent or p.causal, cluster=cluster)
     rows = rows or max(u.rows for u in units)
     wave = [(hb, units[m]) for hb, m in tiles[:slots]]
     cold_cycles = cold_start_bytes(p, wave, rows, tile_n) / (hw.hbm_bandwidth_tbps * 1e12) * hw.clock_ghz * 1e9

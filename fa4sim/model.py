@@ -303,6 +303,7 @@ def simulate_bwd(hw="b200", schedule: str | None = None, problem: Problem | None
     keys = module.rows_per_cta(knobs) * (2 if two_cta else 1)
     # a schedule may launch its KV tiles otherwise (fa3's dq_sum "pair": 2-CTA clusters)
     units = getattr(module, "units", lambda p, n, m, k: kernel_bwd.kv_units(p, n, m))(problem, keys, tile_m, knobs)
+    order, cluster = getattr(module, "launch_order", lambda k: ("index", 1))(knobs)
     n_hb = problem.batch * problem.heads
     if len(units) * n_hb > MAX_TILES:
         raise InputError("batch", f"{problem.batch} x {problem.heads} heads x {len(units)} KV tiles = "
@@ -336,7 +337,8 @@ def simulate_bwd(hw="b200", schedule: str | None = None, problem: Problem | None
         return t1 + (u.masked - m) * per_masked, extra
 
     def launch(at):
-        kt = kernel_time(rows_t, at, units, cost_of, tile_m, two_cta, persistent=False, order="index", rows=keys)
+        kt = kernel_time(rows_t, at, units, cost_of, tile_m, two_cta, persistent=False, order=order, rows=keys,
+                         cluster=cluster)
         cycles = None
         if knobs.get("deterministic"):
             hold = module.dq_hold(at, problem, knobs)

@@ -15,6 +15,11 @@ Orders (the fa3 schedule's knob `tile_order`):
                 heads whose K + V fit in 50 MiB, Q tiles from the last (longest) down, heads inner;
                 otherwise launch-index order (SingleTileScheduler)
   index         blockIdx order: head by head, m ascending
+  tail_lpt      fa4kernel's SM90 backward with a causal mask (grid_order "tail_lpt"): blockIdx order,
+                but the last heads, at least TAIL_WAVES waves of clusters, go unit by unit across
+                them (m ascending: the longest causal KV tile first), the `cluster` units of one
+                cluster together; otherwise blockIdx order
+  blocks_outer  fa4kernel's SM90 backward's grid_order "blocks_outer": m ascending over all heads
 
 A persistent fa4kernel launch also fixes, before it starts, which CTA runs which tiles: list
 scheduling in that order by the host's own cost estimate (host_table), not by what the tiles
@@ -26,9 +31,10 @@ from __future__ import annotations
 
 import heapq
 
-ORDERS = ("fa4kernel", "flash-attn-4", "lpt", "index")
+ORDERS = ("fa4kernel", "flash-attn-4", "lpt", "index", "tail_lpt", "blocks_outer")
 SECTION_FRACTION_OF_L2 = 16   # fa4kernel: section = L2 / 16 of K + V
-TAIL_WAVES = 2                # fa4kernel: the last section holds >= 2 waves of tiles
+TAIL_WAVES = 2                # fa4kernel: the last section holds >= 2 waves of tiles (the
+                              # backward's tail_lpt: its last heads >= 2 waves of clusters)
 FA4_SECTION_BYTES = 50 * 1024 * 1024  # flash-attn-4: heads per section = 2^floor(log2(50 MiB / head))
 # fa4kernel's host estimate of a tile (fa4kernel/tile_schedule.py: tile_cost, TILE_OVERHEAD_BLOCKS,
 # LIVE_WG_COST; tests/test_sim_tile_order.py checks these against it): KV blocks x the share of a
@@ -60,15 +66,30 @@ def _sections(n_hb: int, per: int) -> list[list[int]]:
     return [list(range(first, min(first + per, n_hb))) for first in range(0, n_hb, per)]
 
 
+def tail_heads(units_per_head: int, n_hb: int, slots: int) -> int:
+    """tail_lpt: how many of the n_hb heads end the launch unit by unit: TAIL_WAVES waves of the
+    `slots` clusters that run at once, at least 1, at most all (fa4kernel/sm90/bwd_config.py
+    tail_heads, for the SMs of the profile)."""
+    return min(n_hb, max(1, -(-TAIL_WAVES * slots // max(1, units_per_head))))
+
+
 def tile_order(kind: str, n_hb: int, cost: list[float], kv_bytes_per_head: float, l2_bytes: float,
-               slots: int, sorted_launch: bool) -> list[tuple[int, int]]:
+               slots: int, sorted_launch: bool, cluster: int = 1) -> list[tuple[int, int]]:
     """All (hb, m) tiles in the order the kernel hands them out. sorted_launch: the launch
-    takes a cost-ordered schedule (causal, or persistent CTAs); else blockIdx order."""
+    takes a cost-ordered schedule (causal, or persistent CTAs); else blockIdx order. cluster:
+    units per cluster (tail_lpt), `slots` counting SMs."""
     if kind not in ORDERS:
         raise ValueError(f"tile_order={kind!r}; allowed: {', '.join(ORDERS)}")
     num_m = len(cost)
+    if kind == "blocks_outer":
+        return [(hb, m) for m in range(num_m) for hb in range(n_hb)]
     if kind == "index" or not sorted_launch:
         return [(hb, m) for hb in range(n_hb) for m in range(num_m)]
+    if kind == "tail_lpt":
+        tail = tail_heads(num_m // cluster, n_hb, slots // cluster)
+        head = [(hb, m) for hb in range(n_hb - tail) for m in range(num_m)]
+        return head + [(hb, j * cluster + r) for j in range(num_m // cluster)
+                       for hb in range(n_hb - tail, n_hb) for r in range(cluster)]
     if kind == "lpt":
         return sorted(((hb, m) for hb in range(n_hb) for m in range(num_m)), key=lambda t: (-cost[t[1]], t[0], -t[1]))
     if kind == "fa4kernel":

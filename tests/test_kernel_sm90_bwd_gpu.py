@@ -173,6 +173,8 @@ VARIANTS = [
     dict(dq_zero="preprocess"),
     dict(dq_zero="preprocess", postprocess="kernel", tile_m=128),
     dict(dq_zero="preprocess", postprocess="kernel", grid_order="blocks_outer"),
+    dict(grid_order="tail_lpt"),
+    dict(grid_order="tail_lpt", tile_m=128),
 ]
 
 
@@ -200,6 +202,21 @@ def test_bwd_variants(hd, causal, knobs):
     if hd == 128 or knobs.get("tile_m") == 128 or knobs.get("regs") == "split":
         check(2, 333, 333, 2, 2, hd, causal, torch.float16, **knobs)
         check(2, 333, 333, 4, 2, hd, causal, deterministic=True, **knobs)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("hd,b,h,hkv,s", [(64, 4, 16, 16, 1000), (128, 4, 16, 16, 1000), (256, 2, 12, 12, 999),
+                                          (256, 4, 12, 6, 1000)])
+def test_bwd_tail_lpt_both_parts(hd, b, h, hkv, s, causal):
+    """grid_order="tail_lpt" where the launch has heads in both parts (heads_outer, then the tail
+    longest first): more (batch, k/v head)s than bwd_config.tail_heads puts in the tail; the pair's
+    odd key-block count at 999; GQA."""
+    from fa4kernel.sm90.bwd_config import cluster_ctas, make_bwd_config, tail_heads
+
+    cfg = make_bwd_config("bfloat16", hd, causal, grid_order="tail_lpt")
+    c = cluster_ctas(cfg)
+    assert tail_heads(-(-s // (cfg.tile_n * c)), b * hkv, 132 // c) < b * hkv
+    check(b, s, s, h, hkv, hd, causal, grid_order="tail_lpt")
 
 
 # ---- head dims 192 and 256 (kv_split: 64 x 64 tiles, dK / dV / dQ split by head_dim)
@@ -231,6 +248,7 @@ KV_SPLIT_VARIANTS = [
     # the two CTAs of a cluster sum dQ through distributed shared memory
     dict(dq_smem="qdo", dq_sum="pair"),
     dict(dq_sum="cta"),
+    dict(grid_order="tail_lpt"),
 ]
 
 

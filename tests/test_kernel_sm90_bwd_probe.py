@@ -1,7 +1,7 @@
 """CPU-only: the backward's clock-probe build (sm90/bwd.py, FlashBwdSm90Probe).
 
 - it is the default backward plus exactly two clock64 and two globaltimer reads per CTA (its
-  start and its end): the same wgmma, MUFU, TMA and bulk reduce-add counts, no spills
+  start and its end): the same wgmma, MUFU, TMA and bulk reduce-add counts and spills
 - fa4kernel.trace.ctas_clock_ghz turns its stamps into the launch's clock: all CTAs' cycles
   over all their ns, unwritten or backward rows left out
 - run_bwd refuses a stamps buffer too short for the grid (one line)
@@ -12,6 +12,7 @@ import fa4kernel
 from fa4kernel import make_bwd_config
 from fa4kernel.sm90.bwd import probe_words
 from fa4kernel.trace import ctas_clock_ghz
+from test_kernel_sm90_bwd_compile import assert_spills_as_designed
 from test_kernel_sm90_trace import CLOCK_READ, TIMER_READ, count
 
 _SASS = {}
@@ -34,7 +35,8 @@ def test_bwd_clock_probe_adds_only_four_stamps(hd, causal):
     for op in ("HGMMA", "MUFU", "UTMALDG", "UTMASTG", "UBLKRED"):
         assert count(probe, op) == count(plain, op), op
     assert count(probe, "HGMMA") > 0 and count(probe, "MUFU") > 0
-    assert count(probe, "LDL") == 0 and count(probe, "STL") == 0
+    assert count(probe, "LDL") == count(plain, "LDL") and count(probe, "STL") == count(plain, "STL")
+    assert_spills_as_designed(probe, make_bwd_config("bfloat16", hd, causal))
 
 
 def test_ctas_clock_ghz_sums_every_cta():

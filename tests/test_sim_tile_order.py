@@ -1,6 +1,7 @@
 """The whole launch in fa4sim: the kernels' own tile orders (tile_order.py), the first wave's cold
 start from HBM, Q loads sharing HBM with the launch, and the O store's size."""
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -177,3 +178,43 @@ def test_chunked_prefill_reads_k_and_v_once_in_head_order():
     ours = simulate(hw, "fa3", p, {"clock_ghz": 1.5}, impl="fa4kernel")
     head_kv = 16384 * 128 * 2 * 2
     assert once + 33 * head_kv <= ours.kernel.hbm_bytes < once + 2 * 33 * head_kv
+
+
+# ---- the backward's launch orders (fa4kernel's SM90 backward, grid_order)
+
+
+@pytest.mark.parametrize("hd,seqlen,heads,batch", [(256, 1024, 8, 16), (256, 999, 12, 2), (128, 4096, 16, 4),
+                                                   (64, 1000, 16, 4), (128, 333, 2, 1)])
+@pytest.mark.parametrize("grid_order", ["heads_outer", "tail_lpt", "blocks_outer"])
+def test_bwd_launch_orders_are_fa4kernels(hd, seqlen, heads, batch, grid_order):
+    """tile_order's backward orders give fa4kernel's own launch order (bwd_config.launch_order,
+    the kernel's block-index decode in plain Python), pairs included, on 132 SMs."""
+    cfgmod = pytest.importorskip("fa4kernel.sm90.bwd_config")
+    from fa4sim.schedules.fa3_sm90_bwd import launch_order as sim_order
+    from fa4sim.tile_order import TAIL_WAVES as SIM_WAVES
+
+    assert (cfgmod.TAIL_WAVES, cfgmod.TAIL_SLOTS) == (SIM_WAVES, 132)
+    knobs = {} if grid_order == "blocks_outer" else {"grid_order": grid_order}
+    cfg = cfgmod.make_bwd_config("bfloat16", hd, True, grid_order=grid_order)
+    kind, cluster = sim_order({"grid_order": grid_order, "dq_sum": cfg.dq_sum, **knobs})
+    c = cfgmod.cluster_ctas(cfg)
+    assert cluster == c
+    n_units = -(-seqlen // (cfg.tile_n * c)) * c
+    got = tile_order(kind, batch * heads, [1.0] * n_units, 0, 50 * 1024 * 1024, 132, sorted_launch=True,
+                     cluster=cluster)
+    want = [(b * heads + h, n) for n, h, b in cfgmod.launch_order(cfg, seqlen, heads, batch)]
+    assert got == want
+
+
+def test_bwd_tail_lpt_ends_on_the_shortest_ctas():
+    """Causal hd256 4k on the H200: heads_outer ends on the last head's CTAs, whose longest (64
+    query blocks) starts 64 CTAs before the end; tail_lpt ends on every tail head's shortest,
+    and the model's main kernel is faster by the tail it saves (4 % here; the probe build measured
+    4.6 %: benchmarks/results/bwd_ctas_h200_2026-11-27.json). Without the mask every CTA costs
+    the same and the order changes nothing."""
+    p = Problem(4, 8, 4096, 4096, 256, True)
+    run = lambda go, causal=True: simulate("h200", "fa3", replace(p, causal=causal), impl="fa4kernel",  # noqa: E731
+                                           pass_="bwd", overrides={"grid_order": go})
+    ho, tl = run("heads_outer"), run("tail_lpt")
+    assert tl.main_us < 0.98 * ho.main_us
+    assert run("heads_outer", False).main_us == run("tail_lpt", False).main_us

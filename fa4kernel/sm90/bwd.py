@@ -4,7 +4,9 @@ From q, k, v, dO and the forward's row statistics it computes dQ, dK, dV (FA2/FA
 scheme: P is recomputed from S and the LSE, never stored).
 
 One CTA = one block of tile_n keys of one (batch, k/v head) (grid: key blocks x k/v heads x
-batch; grid_order="blocks_outer": k/v heads x batch x key blocks). Its K and V stay in shared memory while it walks the query blocks (tile_m rows) that see
+batch; grid_order="blocks_outer": k/v heads x batch x key blocks; "tail_lpt": one axis, heads
+outer but the last heads longest first, bwd_config.launch_order). Its K and V stay in shared
+memory while it walks the query blocks (tile_m rows) that see
 those keys, for every q head of its GQA group, so dK and dV of a group are summed in registers.
 
 Warp roles (3 warpgroups):
@@ -61,7 +63,7 @@ from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.cutlass_dsl import dsl_user_op
 from cutlass.tensor_utils import LayoutEnum
 
-from .bwd_config import BwdConfig
+from .bwd_config import TAIL_SLOTS, TAIL_WAVES, BwdConfig
 from .fwd import FlashFwdSm90, _acc_as_operand_a, _mn_view, _select, _smem_layout, _transpose_view
 
 LOG2_E = math.log2(math.e)
@@ -196,6 +198,7 @@ class FlashBwdSm90:
         self.dq_wgs = cfg.dq_wgs
         self.causal = cfg.causal
         self.blocks_outer = cfg.grid_order == "blocks_outer"
+        self.tail_lpt = cfg.grid_order == "tail_lpt"
         self.deterministic = cfg.deterministic
         self.dq_bulk = cfg.dq_reduce == "bulk"
         self.dq_qdo = cfg.dq_smem == "qdo"  # dQ staged in the consumed Q / dO stage (kv_split)
@@ -321,11 +324,23 @@ class FlashBwdSm90:
             cluster = (2, 1, 1)
         if const_expr(self.blocks_outer):
             grid = (cute.size(mK.shape[2]), cute.size(mK.shape[3]), cute.ceil_div(mK.shape[0], self.tile_n))
+        order_divs = None
+        if const_expr(self.tail_lpt):
+            grid = (grid[0] * grid[1] * grid[2], 1, 1)  # one axis: _tail_lpt_block decodes it
+            # its divisors, made on the host (multiplier and shift): the kernel divides by a
+            # multiply-high in the uniform datapath, a few instructions per CTA
+            c = 2 if const_expr(self.dq_pair) else 1
+            units = cute.ceil_div(mK.shape[0], c * self.tile_n)  # clusters per (batch, k/v head)
+            g_all = mK.shape[2] * mK.shape[3]
+            # bwd_config.tail_heads: at least TAIL_WAVES waves of the clusters that run at once
+            tail = cutlass.min(g_all, cutlass.max(1, (TAIL_WAVES * (TAIL_SLOTS // c) + units - 1) // units))
+            order_divs = (cute.fast_divmod_create_divisor_v2(units), cute.fast_divmod_create_divisor_v2(tail),
+                          cute.fast_divmod_create_divisor_v2(mK.shape[2]))
         self.kernel(
             tma_atom_Q, tma_Q, tma_atom_dO, tma_dO, tma_atom_K, tma_K, tma_atom_V, tma_V,
             tma_atom_dK, tma_dK, tma_atom_dV, tma_dV, mLSE, mD, mdQaccum,
             softmax_scale_log2, softmax_scale, tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq,
-            sQ_layout, sK_layout, sdS_layout, mStamps,
+            sQ_layout, sK_layout, sdS_layout, mStamps, order_divs,
         ).launch(
             grid=grid,
             block=[self.num_threads, 1, 1],
@@ -393,6 +408,7 @@ class FlashBwdSm90:
         sK_layout: cute.ComposedLayout,
         sdS_layout: cute.ComposedLayout,
         mStamps,
+        order_divs,
     ):
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         if const_expr(mStamps is not None):
@@ -462,22 +478,10 @@ class FlashBwdSm90:
         else:
             cute.arch.sync_threads()  # barrier init visible to everyone
 
-        if const_expr(self.blocks_outer):
-            kv_head, batch, n_block = cute.arch.block_idx()
-        else:
-            n_block, kv_head, batch = cute.arch.block_idx()
         seqlen_q = mQ.shape[0]
         seqlen_k = mK.shape[0]
         group = mQ.shape[2] // mK.shape[2]  # q heads per k/v head (GQA / MQA; 1 = MHA)
-        pair_rank = Int32(0)
-        n_first = n_block  # the first key block of the CTA (of the pair): where its query blocks start
-        if const_expr(self.dq_pair):
-            pair_rank = n_block % 2  # the cluster (2, 1, 1) runs along the key blocks
-            n_first = n_block - pair_rank
-        m_block_min, m_block_max = self._m_block_range(n_first, seqlen_q, seqlen_k)
-        n_m = m_block_max - m_block_min
-        n_iter = group * n_m  # (q head of the group, query block) pairs, query block fastest
-
+        n_block, kv_head, batch, pair_rank, m_block_min, n_m, n_iter = self._cta_work(mQ, mK, group, order_divs)
         if warp_idx < 4:
             # ---------------------------------------------------------------- producer WG
             cute.arch.setmaxregister_decrease(self.producer_regs)
@@ -514,6 +518,49 @@ class FlashBwdSm90:
                     self.consumer(*args, False)
             if const_expr(mStamps is not None):
                 self._stamp(mStamps, 2)  # after the epilogue's dK / dV stores: this CTA's end
+
+    @cute.jit
+    def _cta_work(self, mQ, mK, group, order_divs):
+        """This CTA's (key block, k/v head, batch, pair rank, first query block, query blocks,
+        (q head, query block) iterations), from its block index in the grid_order's grid."""
+        if const_expr(self.blocks_outer):
+            kv_head, batch, n_block = cute.arch.block_idx()
+        elif const_expr(self.tail_lpt):
+            n_block, kv_head, batch = self._tail_lpt_block(mK, order_divs)
+        else:
+            n_block, kv_head, batch = cute.arch.block_idx()
+        pair_rank = Int32(0)
+        n_first = n_block  # the first key block of the CTA (of the pair): where its query blocks start
+        if const_expr(self.dq_pair):
+            pair_rank = n_block % 2  # the cluster (2, 1, 1) runs along the key blocks
+            n_first = n_block - pair_rank
+        m_block_min, m_block_max = self._m_block_range(n_first, mQ.shape[0], mK.shape[0])
+        n_m = m_block_max - m_block_min
+        n_iter = group * n_m  # (q head of the group, query block) pairs, query block fastest
+        return n_block, kv_head, batch, pair_rank, m_block_min, n_m, n_iter
+
+    @cute.jit
+    def _tail_lpt_block(self, mK, order_divs):
+        """grid_order="tail_lpt": (key block, k/v head, batch) of this CTA from its index on the
+        one-axis grid (bwd_config.launch_order in plain Python). Clusters of c CTAs (adjacent key
+        blocks) are numbered p = x // c: heads_outer order (p // units, p % units) for all but
+        the last `tail` (batch, k/v head)s, whose clusters go key block by key block across them
+        (longest first with a causal mask). order_divs: the host's divisors by units, tail and
+        k/v heads."""
+        div_units, div_tail, div_heads = order_divs
+        c = 2 if const_expr(self.dq_pair) else 1
+        x = cute.arch.block_idx()[0]
+        units, tail = div_units.divisor, div_tail.divisor
+        g_all = mK.shape[2] * mK.shape[3]
+        p = x // c
+        head_part = (g_all - tail) * units
+        g_head, j_head = divmod(p, div_units)
+        j_tail, g_tail = divmod(cutlass.max(p - head_part, 0), div_tail)
+        in_tail = p >= head_part
+        g = cutlass.select_(in_tail, g_all - tail + g_tail, g_head)
+        j = cutlass.select_(in_tail, j_tail, j_head)
+        batch, kv_head = divmod(g, div_heads)
+        return j * c + x % c, kv_head, batch
 
     @cute.jit
     def _stamp(self, mStamps, at: cutlass.Constexpr):

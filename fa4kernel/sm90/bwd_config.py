@@ -34,7 +34,16 @@ STATS_MODES = ("tma", "thread")
 MMA_ORDERS = ("dv_dq_dk", "dv_dk_dq", "dv_early")
 PREPROCESS_MODES = ("kernel", "torch")
 POSTPROCESS_MODES = ("torch", "kernel")
-GRID_ORDERS = ("heads_outer", "blocks_outer")
+GRID_ORDERS = ("heads_outer", "blocks_outer", "tail_lpt")
+# grid_order="tail_lpt": the last (batch, k/v head)s, at least TAIL_WAVES waves of CTAs on
+# TAIL_SLOTS SMs (H100 SXM and H200; on another SM count the tail is a little longer or shorter
+# than two waves, the gradients the same), launch longest first
+TAIL_WAVES = 2
+TAIL_SLOTS = 132
+# grid_order default by causal: with a causal mask the last heads go longest first (H200, every
+# head dim at 1k-4k: the SMs busy 97-99 % of the launch instead of 93-96 %; hd256 1k / 4k +4 / +5 %
+# sustained: fa4kernel/README.md, "Backward"); without one every CTA walks as many query blocks
+GRID_ORDER_DEFAULT = {False: "heads_outer", True: "tail_lpt"}
 DQ_ZERO_MODES = ("torch", "preprocess")
 REGS_MODES = ("even", "split")
 # query rows per block by head dim: 128 only at 64, where dQ is split by query rows over both
@@ -119,7 +128,11 @@ class BwdConfig:
     # blocks of one (batch, k/v head) in a row (they read the same Q and dO: L2 reuse); "blocks_outer"
     # = grid (k/v heads, batch, key blocks): key block 0 of every (batch, k/v head) first, so with a
     # causal mask the CTAs with the most query blocks start first and the last wave holds the
-    # shortest (longest-first; the readers of one Q / dO are a wave apart)
+    # shortest (longest-first; the readers of one Q / dO are a wave apart); "tail_lpt" = a
+    # one-dimensional grid in heads_outer order, except that the last (batch, k/v head)s, at least
+    # two waves of CTAs (tail_heads), go key block by key block across them: with a causal mask
+    # the launch ends on their shortest CTAs instead of on the last head's longest ones, and only
+    # the Q / dO of those few heads are read a wave apart (launch_order says which CTA runs what)
     grid_order: str = "heads_outer"
     # who zeroes the fp32 dQ accumulator before the backward: "torch" = torch.zeros (a memset
     # launch); "preprocess" = the preprocess kernel, for the 32 rows of each of its CTAs (one
@@ -180,14 +193,14 @@ class BwdConfig:
 def make_bwd_config(dtype: str, head_dim: int, causal: bool, deterministic: bool = False,
                     dq_reduce: str = None, dq_smem: str = None, dq_sum: str = None, stats: str = "tma", mma_order: str = "dv_dq_dk",
                     preprocess: str = "kernel", regs: str = "even", tile_m: int = None,
-                    postprocess: str = None, grid_order: str = "heads_outer",
+                    postprocess: str = None, grid_order: str = None,
                     dq_zero: str = None) -> BwdConfig:
     """The backward build for these arguments; one-line ValueError naming what is allowed.
     dq_reduce=None, dq_smem=None, dq_sum=None, tile_m=None: the head dim's defaults
     (DQ_REDUCE_DEFAULT, DQ_SMEM_DEFAULT, DQ_SUM_DEFAULT, TILE_M_DEFAULT; each falls back to the
     value that holds with the other knobs: dq_sum "cta", tile_m 64). postprocess=None: "kernel"
     with dq_reduce="bulk", else "torch"; dq_zero=None: "preprocess" with preprocess="kernel",
-    else "torch"."""
+    else "torch"; grid_order=None: GRID_ORDER_DEFAULT by causal."""
     if dtype not in BWD_DTYPES:
         raise ValueError(f"dtype {dtype} not supported by the backward; allowed: {', '.join(BWD_DTYPES)}")
     if isinstance(head_dim, bool) or head_dim not in BWD_HEAD_DIMS:
@@ -197,6 +210,8 @@ def make_bwd_config(dtype: str, head_dim: int, causal: bool, deterministic: bool
         raise ValueError(f"causal={causal!r} not supported; allowed: True or False")
     if not isinstance(deterministic, bool):
         raise ValueError(f"deterministic={deterministic!r} not supported; allowed: True or False")
+    if grid_order is None:
+        grid_order = GRID_ORDER_DEFAULT[causal]
     if dq_reduce is None:
         dq_reduce = DQ_REDUCE_DEFAULT[head_dim]
     if dq_reduce not in DQ_REDUCE_MODES:
@@ -206,14 +221,14 @@ def make_bwd_config(dtype: str, head_dim: int, causal: bool, deterministic: bool
     if dq_smem not in DQ_SMEM_MODES:
         raise ValueError(f"dq_smem={dq_smem!r} not supported; allowed: {', '.join(DQ_SMEM_MODES)}")
     if dq_sum is None:
-        applies = dq_smem == "qdo" and grid_order == "heads_outer" and mma_order == "dv_dq_dk"
+        applies = dq_smem == "qdo" and grid_order != "blocks_outer" and mma_order == "dv_dq_dk"
         dq_sum = DQ_SUM_DEFAULT.get(head_dim, "cta") if applies else "cta"
     if dq_sum not in DQ_SUM_MODES:
         raise ValueError(f"dq_sum={dq_sum!r} not supported; allowed: {', '.join(DQ_SUM_MODES)}")
-    if dq_sum == "pair" and (dq_smem != "qdo" or grid_order != "heads_outer"):
+    if dq_sum == "pair" and (dq_smem != "qdo" or grid_order == "blocks_outer"):
         raise ValueError(f"dq_sum='pair' needs dq_smem='qdo' (head_dim 192 or 256, dq_reduce='bulk') and "
-                         f"grid_order='heads_outer', not dq_smem={dq_smem!r}, grid_order={grid_order!r}; allowed "
-                         f"there: dq_sum='cta'")
+                         f"grid_order='heads_outer' or 'tail_lpt', not dq_smem={dq_smem!r}, grid_order={grid_order!r}; "
+                         f"allowed there: dq_sum='cta'")
     if dq_sum == "pair" and mma_order == "dv_dk_dq":
         raise ValueError("dq_sum='pair' with mma_order='dv_dk_dq' spills registers; allowed with dq_sum='pair': "
                          "mma_order='dv_dq_dk'")
@@ -301,3 +316,49 @@ def bwd_smem_bytes(cfg: BwdConfig, elem_bytes: int = 2) -> int:
     dq = align(cfg.tile_m * cfg.head_dim * 4) if (cfg.dq_reduce == "bulk" and cfg.dq_smem == "own") else 0
     stats = 2 * cfg.q_stages * cfg.tile_m * 4 if cfg.stats == "tma" else 0
     return 1024 + 2 * kv + 2 * qdo + ds + dq + stats
+
+
+def cluster_ctas(cfg: BwdConfig) -> int:
+    """CTAs per cluster: 2 with dq_sum="pair" (adjacent key blocks), else 1."""
+    return 2 if cfg.dq_sum == "pair" else 1
+
+
+def tail_heads(units_per_head: int, heads: int, slots: int = TAIL_SLOTS, waves: int = TAIL_WAVES) -> int:
+    """grid_order="tail_lpt": how many of the `heads` (batch, k/v head)s, each `units_per_head`
+    clusters, end the launch longest first: enough for `waves` waves of the slots // cluster size
+    clusters that run at once (slots = clusters here), at least 1, at most all."""
+    return min(heads, max(1, -(-waves * slots // max(1, units_per_head))))
+
+
+def launch_order(cfg: BwdConfig, seqlen_k: int, heads_kv: int, batch: int) -> list[tuple[int, int, int]]:
+    """(key block, k/v head, batch) of every CTA of the launch, in launch order (the CTA's linear
+    block index: blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z)), as sm90/bwd.py
+    decodes it. Pairs (dq_sum="pair") round the key blocks up to even; their two CTAs are
+    adjacent. Plain Python: the clock probe's per-CTA stamps are read back with it."""
+    c = cluster_ctas(cfg)
+    units = -(-seqlen_k // (cfg.tile_n * c))  # clusters per (batch, k/v head)
+    nb = units * c
+    g_all = heads_kv * batch
+    out = []
+    if cfg.grid_order == "blocks_outer":
+        for n in range(nb):
+            for bi in range(batch):
+                for h in range(heads_kv):
+                    out.append((n, h, bi))
+        return out
+    if cfg.grid_order == "heads_outer":
+        for bi in range(batch):
+            for h in range(heads_kv):
+                for n in range(nb):
+                    out.append((n, h, bi))
+        return out
+    tail = tail_heads(units, g_all, TAIL_SLOTS // c)
+    for p in range(units * g_all):
+        if p < (g_all - tail) * units:
+            g, j = divmod(p, units)
+        else:
+            r = p - (g_all - tail) * units
+            j, g = r // tail, g_all - tail + r % tail
+        for rank in range(c):
+            out.append((j * c + rank, g % heads_kv, g // heads_kv))
+    return out

@@ -93,6 +93,11 @@ KNOBS = [
          "it through distributed shared memory: warpgroup 0 owns its head-dim half here (warpgroup 1 in the peer), "
          "the other warpgroup st.asyncs its half to the peer's owner, the owner adds the peer's half and bulk-adds "
          "the sum (half the reduce-add bytes into L2)", kind="choice", choices=("cta", "pair")),  # after dq_smem, mma_order
+    Knob("grid_order", "heads_outer", "", "the order the KV-tile CTAs launch in: heads_outer = the KV tiles of one "
+         "(batch, head) after another (blockIdx order); tail_lpt (fa4kernel, causal) = the same, but the last heads, "
+         "at least two waves of clusters, go KV tile by KV tile across them, longest first; blocks_outer = KV tile "
+         "0 of every head first (L2 reuse of Q and dO across a wave is not modelled)", kind="choice",
+         choices=("heads_outer", "tail_lpt", "blocks_outer")),
     Knob("stats", "tma", "", "how LSE and dPsum of a Q block reach the MMA warpgroups: tma = with Q and dO into shared "
          "memory (read with LDS); thread = each thread loads its Q columns' from global memory (LDG)",
          kind="choice", choices=("tma", "thread")),
@@ -569,6 +574,12 @@ def build(hw, p: Problem, k: dict, n_kv: int, masked_blocks: int, impl=None, hbm
                                   **{f"issue:{r}": ("tensor", hw.warp_issue_under_mma) for r in compute_roles}},
                     meta={"flops_per_iter": flops, "dq_hold": dq_hold(hw, p, k) if k["deterministic"] else 0.0,
                           "lsu_share": lsu_share})
+
+
+def launch_order(k: dict) -> tuple[str, int]:
+    """(tile_order.ORDERS kind, units per cluster) of the KV-tile CTAs' launch (knob grid_order)."""
+    kind = {"heads_outer": "index"}.get(k.get("grid_order", "heads_outer"), k.get("grid_order"))
+    return kind, 2 if dq_pair(k) else 1
 
 
 def units(p: Problem, keys: int, tile_m: int, k: dict) -> list:
