@@ -419,11 +419,15 @@ def build_parser() -> argparse.ArgumentParser:
                                     "per-block and per-tile parts; given benchmarks/idle_wg_sm90.py's, tiles with "
                                     "idle warpgroups; given benchmarks/cta_log_sm90.py's, each whole launch against a "
                                     "replay of its own mean tile costs (what tile jitter cost it) and the model's "
-                                    "tile-jitter term.")
+                                    "tile-jitter term. Backward files: benchmarks/bench_bwd_sm90.py's (the backward "
+                                    "alone, fa4kernel and flash-attn-4, at the model's own clock) and "
+                                    "benchmarks/bwd_ctas_sm90.py's (fa4kernel's launches in each launch order at "
+                                    "their in-kernel clock, and the gain of one order over another).")
     va.add_argument("results", nargs="+", help="benchmark results JSON (benchmarks/results/sm90_fwd_*.json, or "
                                                "ctas_*.json / knobs_loop_*.json: several of those add a scoreboard of "
                                                "their per-SM knob deltas; tile_costs_*.json; idle_wg_*.json; "
-                                               "cta_log_2026-11-22/cta_log_*.json)")
+                                               "cta_log_2026-11-22/cta_log_*.json; sm90_bwd_*.json, "
+                                               "bwd_ctas_*.json)")
     va.add_argument("--hw", default=None, help="profile to predict with (default: from the device name, "
                                                "a measured profile when there is one)")
     va.add_argument("--plot", metavar="FILE.png", help="correlation plot: predicted vs measured with y = x (for "

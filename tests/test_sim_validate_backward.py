@@ -97,3 +97,32 @@ def test_the_clock_probe_row_is_fa4kernel_and_its_clock_is_compared():
     assert res["summary"]["tflops"]["count"] == 4  # the probe row is not a kernel of its own
     text = report(res)
     assert "GHz probe" in text and "clock vs the probe's in-kernel clock (fa4kernel): median |error|" in text
+
+
+# ---- kind bwd_ctas: whole launches by launch order, at their in-kernel clock
+
+
+def _ctas_doc():
+    order = lambda us, ghz: {"launch_us": us, "clock_ghz": ghz, "busy": 0.95, "tail_us": 20.0}  # noqa: E731
+    return {"meta": {"kind": "bwd_ctas", "device": "NVIDIA H200", "date": "2026-01-01"},
+            "points": [{"hdim": 256, "seqlen": 4096, "batch": 4, "heads": 8, "causal": True,
+                        "orders": {"heads_outer": order(1800.0, 1.79), "tail_lpt": order(1700.0, 1.79)}}]}
+
+
+def test_a_backward_launch_is_the_main_kernel_in_its_order_at_its_own_clock():
+    """Each order is simulated with grid_order and the launch's in-kernel clock; the launch (first
+    CTA start to last CTA end) is the main kernel less the launch gap; the gain of tail_lpt over
+    heads_outer is compared measured against predicted."""
+    res = compare(_ctas_doc())
+    rows = {r["order"]: r for r in res["points"]}
+    p = Problem(4, 8, 4096, 4096, 256, True)
+    for order in ("heads_outer", "tail_lpt"):
+        want = simulate("h200", None, p, {"grid_order": order, "clock_ghz": 1.79}, impl="fa4kernel", pass_="bwd")
+        assert rows[order]["predicted_us"] == pytest.approx(want.main_us - want.hw.launch_gap_us)
+    assert rows["heads_outer"]["measured_gain"] is None
+    assert rows["tail_lpt"]["measured_gain"] == pytest.approx(1800.0 / 1700.0 - 1.0)
+    assert rows["tail_lpt"]["predicted_gain"] == pytest.approx(
+        rows["heads_outer"]["predicted_us"] / rows["tail_lpt"]["predicted_us"] - 1.0)
+    assert rows["tail_lpt"]["predicted_gain"] > 0.02  # the causal tail the order saves
+    assert res["summary"]["launch"]["count"] == 2 and res["summary"]["gain_error_pp"]["count"] == 1
+    assert "the order's gain, predicted - measured" in report(res)
