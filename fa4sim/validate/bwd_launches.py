@@ -12,7 +12,7 @@ from __future__ import annotations
 from ..model import simulate
 from ..params import Problem
 from .common import profile_for, progress
-from .sustained import _stats
+from .sustained import _line, _stats
 
 
 def compare(doc: dict, hw: str | None = None) -> dict:
@@ -57,9 +57,7 @@ def report(result: dict) -> str:
                 else f"{'':>11s}{'':>7s}")
         out.append(f"{point:22s}{r['order']:13s}{r['clock_ghz']:6.3f}{r['measured_us']:8.0f}us{r['predicted_us']:8.0f}us"
                    f"{r['error']:+8.1%}{r['busy']:6.3f}{r['tail_us']:5.0f}us{gain}")
-    if s["launch"]:
-        out.append(f"launch: median |error| {s['launch']['median_abs_error']:.1%}, max {s['launch']['max_abs_error']:.1%} "
-                   f"over {s['launch']['count']} launches")
+    out.append(_line("launch", s["launch"], "launches"))
     if s["gain_error_pp"]:
         out.append(f"the order's gain, predicted - measured: median {s['gain_error_pp']['median_abs_error']:.1f} pp, "
                    f"max {s['gain_error_pp']['max_abs_error']:.1f} pp over {s['gain_error_pp']['count']} points")
