@@ -643,13 +643,10 @@ def main(argv=None) -> int:
         return check_sass(args.quick)
     if not args.out:
         ap.error("--out FILE.json (GPU) or --check-sass (CPU)")
-    import torch
+    from .common import Device, hopper_missing
 
-    if not torch.cuda.is_available() or torch.cuda.get_device_capability(0)[0] != 9:
-        print("bench_bwd_units.py --out: needs a Hopper GPU (sm_90); none here (use --check-sass on the CPU)",
-              file=sys.stderr)
+    if hopper_missing("bench_bwd_units.py"):
         return 2
-    from .common import Device
     from .run_all import meta
 
     t0 = time.perf_counter()

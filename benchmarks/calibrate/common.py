@@ -12,6 +12,7 @@ from __future__ import annotations
 import glob
 import os
 import subprocess
+import sys
 import tempfile
 import time
 
@@ -266,3 +267,13 @@ def median(xs):
     xs = sorted(xs)
     n = len(xs)
     return xs[n // 2] if n % 2 else 0.5 * (xs[n // 2 - 1] + xs[n // 2])
+
+
+def hopper_missing(script: str) -> bool:
+    """True, after one line on stderr, where `script --out` has no Hopper GPU (sm_90) to run on."""
+    import torch
+
+    if torch.cuda.is_available() and torch.cuda.get_device_capability(0)[0] == 9:
+        return False
+    print(f"{script} --out: needs a Hopper GPU (sm_90); none here (use --check-sass on the CPU)", file=sys.stderr)
+    return True
