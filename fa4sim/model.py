@@ -29,6 +29,7 @@ from .steady_state import CAP, Period, tile_times
 LADDER = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, CAP)
 PASSES = ("fwd", "bwd")
 MASKED_SIM = 1  # backward: masked Q blocks simulated per shape (more add linearly)
+BUILD_CLOCK_TOL = 0.005  # backward: a clock this close to a built one reuses its per-shape schedules
 
 
 @dataclass
@@ -318,25 +319,41 @@ def simulate_bwd(hw="b200", schedule: str | None = None, problem: Problem | None
     cache: dict[tuple, tuple] = {}
     rows_t = kernel_bwd.transposed(problem)
 
-    def detailed(n: int, masked: int):
-        if (n, masked) not in cache:
-            cache[(n, masked)] = tile_times(module.build(profile, problem, knobs, n, masked, impl), n)
-        return cache[(n, masked)]
+    # per-shape costs in cycles on profile `at`: they depend on its clock, since an SM's share of
+    # the chip's L2 rates, in bytes per SM clock, falls as the clock rises (fa3_sm90_bwd.l2_shares);
+    # a clock within BUILD_CLOCK_TOL of one already built reuses that build (the power model's
+    # last small steps)
+    builds: dict[float, hardware.HardwareProfile] = {}
+
+    def detailed(at, n: int, masked: int):
+        near = [g for g in builds if abs(g - at.clock_ghz) <= BUILD_CLOCK_TOL * at.clock_ghz]
+        ghz = min(near, key=lambda g: abs(g - at.clock_ghz)) if near else at.clock_ghz
+        on = builds.setdefault(ghz, at)
+        if (ghz, n, masked) not in cache:
+            cache[(ghz, n, masked)] = tile_times(module.build(on, problem, knobs, n, masked, impl), n)
+        return cache[(ghz, n, masked)]
 
     many = [u.n_kv for u in units if u.masked > MASKED_SIM]
     n_ref = min(max(many), 8) if many else 0
-    per_masked = max(0.0, detailed(n_ref, MASKED_SIM)[0] - detailed(n_ref, MASKED_SIM - 1)[0]) if many else 0.0
 
-    def cost_of(u) -> tuple[float, float]:
-        m = min(u.masked, MASKED_SIM)
-        if len(set(by_shape[m])) <= 4:
-            t1, t2, _, _ = detailed(u.n_kv, m)
-            t1, extra = t1, t2 - t1
-        else:
-            t1, extra = _interpolated(replace(u, masked=m), max(by_shape[m]), detailed)
-        return t1 + (u.masked - m) * per_masked, extra
+    def costs(at):
+        """cost_of(unit) -> (cycles of its first Q block's pass, of each further one) on `at`."""
+        per_masked = max(0.0, detailed(at, n_ref, MASKED_SIM)[0]
+                         - detailed(at, n_ref, MASKED_SIM - 1)[0]) if many else 0.0
+
+        def cost_of(u) -> tuple[float, float]:
+            m = min(u.masked, MASKED_SIM)
+            if len(set(by_shape[m])) <= 4:
+                t1, t2, _, _ = detailed(at, u.n_kv, m)
+                t1, extra = t1, t2 - t1
+            else:
+                t1, extra = _interpolated(replace(u, masked=m), max(by_shape[m]),
+                                          lambda n, mk: detailed(at, n, mk))
+            return t1 + (u.masked - m) * per_masked, extra
+        return cost_of
 
     def launch(at):
+        cost_of = costs(at)
         kt = kernel_time(rows_t, at, units, cost_of, tile_m, two_cta, persistent=False, order=order, rows=keys,
                          cluster=cluster)
         cycles = None
@@ -354,7 +371,7 @@ def simulate_bwd(hw="b200", schedule: str | None = None, problem: Problem | None
     sm_blocks = visits * (2 if two_cta else 1)
 
     def usage(at, kt):
-        _, _, trace, period = detailed(longest.n_kv, longest.masked)
+        _, _, trace, period = detailed(at, longest.n_kv, longest.masked)
         flops = visits * (2 if two_cta else 1) * trace.schedule.meta["flops_per_iter"]
         return power.activity(at, kt, power.work_per_block(trace, _window(trace, period)[3]), sm_blocks, flops,
                               power.burst_weight(at, power.tensor_bursts(trace)))
@@ -364,8 +381,12 @@ def simulate_bwd(hw="b200", schedule: str | None = None, problem: Problem | None
         if not 0 < profile.clock_min_ghz <= profile.clock_ghz:
             raise InputError("clock_min_ghz", f"{profile.clock_min_ghz} GHz; with a power model (power_cap_w > 0) "
                                               f"it must be > 0 and at most clock_ghz {profile.clock_ghz} GHz")
-        kt = launch(profile)
-        pred = power.predict_clock(profile, usage(profile, kt))
+        # the backward always has tensor work, so its clock starts at the tensor core's ceiling:
+        # where that holds it, the first launch is the last (each clock is a launch of its own)
+        top = float(profile.values.get("clock_tensor_ghz", 0.0) or 0.0)
+        start = _at(profile, top) if 0 < top < profile.clock_ghz else profile
+        kt = launch(start)
+        pred = power.predict_clock(profile, usage(start, kt))
         for _ in range(2):
             at = _at(profile, pred.clock_ghz)
             kt = launch(at)
@@ -390,7 +411,7 @@ def simulate_bwd(hw="b200", schedule: str | None = None, problem: Problem | None
 
     pre_us, post_us = kernel_bwd.pre_post_us(problem, at, knobs)
     total_us = pre_us + kt.time_us + post_us
-    _, _, trace, period = detailed(longest.n_kv, longest.masked)
+    _, _, trace, period = detailed(at, longest.n_kv, longest.masked)
     util, waits, interval = _steady_state(trace, period)
     tflops = 2.5 * problem.flops / (total_us * 1e-6) / 1e12
     result = Result(at, schedule, impl, problem, knobs, tflops, total_us, kt.cycles, util, "", interval, waits, kt,
