@@ -25,8 +25,6 @@ KINDS = {
     "timeline": "stamped per-warp events of the instrumented build (timeline_sm90.py)",
     "sm90_bwd": "backward-only TFLOP/s of fa4kernel, flash-attn-4 and cuDNN side by side, gradients checked "
                 "against fp32 (bench_bwd_sm90.py)",
-    "sustained": "TFLOP/s, NVML clock and power and the in-kernel clock of each kernel run alone, back to back "
-                 "until the power cap has settled its clock (sustained_sm90.py)",
     "tile_choice": "TFLOP/s of tile shapes and schedule knobs per sequence length (tile_choice_sm90.py)",
     "causal_launches": "where a causal launch spends its time: tile walks, full launches, persistent or not "
                        "(causal_sm90.py)",
@@ -43,7 +41,10 @@ KINDS = {
                 "query block, the SMs' busy share and the tail, by launch order (bwd_ctas_sm90.py)",
     "bwd_units": "the backward's unit facts: wgmma at small N and narrow swizzles, TMA bulk reduce-add and "
                  "RED.ADD.F32 rates (calibrate/bench_bwd_units.py)",
-    "sustained": "attention timed as a user times it, after the power cap has settled the clock (sustained_sm90.py)",
+    "sustained": "attention timed as a user times it, after the power cap has settled the clock: TFLOP/s, NVML "
+                 "clock and power and the in-kernel clock of each kernel run alone (sustained_sm90.py)",
+    "bwd_power": "NVML power and clock and the in-kernel clock of fa4kernel's backward main kernel alone against "
+                 "its whole backward call (bwd_power_sm90.py)",
 }
 
 

@@ -1420,6 +1420,16 @@ def run_bwd(cfg: BwdConfig, dout, q, k, v, out, lse, softmax_scale: float, stamp
     preprocess (D, LSE_log2) runs as cfg.preprocess says; the dQ postprocess (sum of the
     deterministic slices, row order, -> 16 bit) in torch. stamps: an int64 tensor of
     probe_words() words on q's device: the clock-probe build runs and writes its stamps there."""
+    main, finish = prepare_bwd(cfg, dout, q, k, v, out, lse, softmax_scale, stamps)
+    main()
+    return finish()
+
+
+def prepare_bwd(cfg: BwdConfig, dout, q, k, v, out, lse, softmax_scale: float, stamps=None):
+    """The backward of cfg in two steps: runs the preprocess (and the dQ accumulator's zeroing)
+    now and returns (main, finish): main() launches the main kernel alone (again on each call: a
+    measurement of that kernel on its own, whose dQ accumulator then holds the sum of the calls),
+    finish() runs the postprocess and returns (dq, dk, dv). run_bwd calls each once."""
     global _USE_TVM_FFI
     import os
     import time
@@ -1461,7 +1471,10 @@ def run_bwd(cfg: BwdConfig, dout, q, k, v, out, lse, softmax_scale: float, stamp
             fn = compile_bwd(kcfg, tvm_ffi=True, clock_probe=probe)
             COMPILE_TIMES[key] = time.perf_counter() - t0
             _CACHE[key] = fn
-        fn(q, k, v, dout, lse_log2, dpsum, dq_accum, dk, dv, scale_log2, float(softmax_scale), *((stamps,) if probe else ()))
+
+        def main():
+            fn(q, k, v, dout, lse_log2, dpsum, dq_accum, dk, dv, scale_log2, float(softmax_scale),
+               *((stamps,) if probe else ()))
     else:
         import cuda.bindings.driver as cuda
 
@@ -1479,11 +1492,17 @@ def run_bwd(cfg: BwdConfig, dout, q, k, v, out, lse, softmax_scale: float, stamp
                               Float32(softmax_scale), *extra, stream)
             COMPILE_TIMES[key] = time.perf_counter() - t0
             _CACHE[key] = fn
-        fn(*args, *stats, dq_c, *dkv, Float32(scale_log2), Float32(softmax_scale), *extra, stream)
-    acc = dq_accum.sum(0) if cfg.deterministic else dq_accum[0]  # fixed order: torch's sum
-    if cfg.postprocess == "kernel":
-        return _postprocess_kernel(cfg, acc, sq, q.dtype, _USE_TVM_FFI), dk, dv
-    return dq_postprocess(acc, cfg, sq, q.dtype), dk, dv
+
+        def main():
+            fn(*args, *stats, dq_c, *dkv, Float32(scale_log2), Float32(softmax_scale), *extra, stream)
+
+    def finish():
+        acc = dq_accum.sum(0) if cfg.deterministic else dq_accum[0]  # fixed order: torch's sum
+        if cfg.postprocess == "kernel":
+            return _postprocess_kernel(cfg, acc, sq, q.dtype, _USE_TVM_FFI), dk, dv
+        return dq_postprocess(acc, cfg, sq, q.dtype), dk, dv
+
+    return main, finish
 
 
 _POST_CACHE: dict = {}  # (dtype, head_dim, dq_wgs, rows_split, tvm_ffi) -> compiled postprocess
