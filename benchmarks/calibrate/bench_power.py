@@ -76,9 +76,10 @@ WARM_S = 2.0
 MEASURE_S = 2.5
 
 
-def make(code: str, n: int):
+def make(code: str, n: int, rs: bool = False):
     """The load kernel for one stream code and wgmma width N (each compiles alone, so a code's
-    registers do not depend on the others)."""
+    registers do not depend on the others); rs: the wgmma's A from registers (RS: loaded once
+    from the random shared-memory tile), as the backward's dV and dK and the forward's P V."""
     op = CODES[code]
 
     @cute.kernel
@@ -114,7 +115,12 @@ def make(code: str, n: int):
         sB = storage.sB.get_tensor(sB_layout.outer, swizzle=sB_layout.inner)
         thr_mma = tiled_mma.get_slice(wtid)
         wg_mma = tiled_mma.get_slice(0)
-        tCrA = wg_mma.make_fragment_A(wg_mma.partition_A(sA[None, None, 0]))
+        if const_expr(rs):
+            tCsA = thr_mma.partition_A(sA[None, None, 0])
+            tCrA = thr_mma.make_fragment_A(tCsA)
+            cute.autovec_copy(tCsA, tCrA)
+        else:
+            tCrA = wg_mma.make_fragment_A(wg_mma.partition_A(sA[None, None, 0]))
         tCrB = wg_mma.make_fragment_B(wg_mma.partition_B(sB))
         acc = cute.make_rmem_tensor(thr_mma.partition_shape_C((64, n)), Float32)
         acc.fill(0.0)
@@ -218,7 +224,7 @@ def make(code: str, n: int):
     @cute.jit
     def host(stamps: cute.Tensor, sink: cute.Tensor, do_mma: Int32, nsf: Int32, iters: Int32,
              max_trips: Int32, mma_gap_ns: Int32, burst: Int32, ctas: Int32, stream):
-        tiled_mma = _tiled_mma(False, n)
+        tiled_mma = _tiled_mma(rs, n)
         sA_layout = _smem_layout(BFloat16, 64, KT, 2)
         sB_layout = _smem_layout(BFloat16, n, KT)
         smem = (cute.cosize(sA_layout) + cute.cosize(sB_layout)) * 2 + 3072 + PBUF_WORDS * 4
@@ -250,6 +256,8 @@ LOADS = {
     "tensor64": ("sleep", 1, 64, 0, 0, "wgmma m64n64k16 SS back to back (1.6x tensor256's smem bytes per FLOP: "
                                        "the backward's narrow GEMMs)"),
     "tensor64+mix2": ("mix", 1, 64, 0, 2, "wgmma N=64 back to back beside two softmax-like warpgroups"),
+    "tensor128_rs": ("sleep", 1, 128, 0, 0, "wgmma m64n128k16 RS back to back (A from registers)", 1, True),
+    "tensor64_rs": ("sleep", 1, 64, 0, 0, "wgmma m64n64k16 RS back to back (A from registers)", 1, True),
     "ffma": ("ffma", 0, 256, 0, 2, "FFMA from 8 warps per SM (2 per scheduler)"),
     "ex2": ("ex2", 0, 256, 0, 2, "MUFU.EX2 from 8 warps per SM"),
     "int": ("int", 0, 256, 0, 2, "LOP3 + IADD3/IMAD from 8 warps per SM"),
@@ -279,9 +287,10 @@ def flops_per_wgmma(n):
     return 2 * 64 * n * 16
 
 
-def smem_bytes_per_wgmma(n):
-    """A (64 x 16) and B (N x 16) bf16 from shared memory, as fa4sim's tensor_core.mma_cost counts."""
-    return (64 * 16 + n * 16) * 2
+def smem_bytes_per_wgmma(n, rs=False):
+    """A (64 x 16, none when RS) and B (N x 16) bf16 from shared memory, as fa4sim's
+    tensor_core.mma_cost counts."""
+    return (0 if rs else 64 * 16 * 2) + n * 16 * 2
 
 
 # ----------------------------------------------------------------------------- CPU: SASS check
@@ -290,9 +299,11 @@ def check_sass() -> int:
     from fa4kernel.sass import loop_bodies
 
     ok = True
-    builds = [(c, 256) for c in CODES] + [("sleep", 128), ("mix", 128), ("ffma", 128), ("sleep", 64), ("mix", 64)]
-    for code, n in builds:
-        sass, regs = compile_for_sass(make(code, n), *fake_args(), with_registers=True)
+    builds = [(c, 256, False) for c in CODES] + [("sleep", 128, False), ("mix", 128, False), ("ffma", 128, False),
+                                                 ("sleep", 64, False), ("mix", 64, False), ("sleep", 128, True),
+                                                 ("sleep", 64, True)]
+    for code, n, rs in builds:
+        sass, regs = compile_for_sass(make(code, n, rs), *fake_args(), with_registers=True)
         plan = SASS_PLAN.get(code, {})
         found_mma = found_code = False
         for _, ops in loop_bodies(sass, operands=True):
@@ -301,13 +312,15 @@ def check_sass() -> int:
                 key = o.split()[0]
                 key = "MUFU.EX2" if key.startswith("MUFU.EX2") else key.split(".")[0]
                 c[key] = c.get(key, 0) + 1
-            if c.get("HGMMA", 0) == KB and any(f"HGMMA.64x{n}x16" in o for o in ops):
+            # an RS HGMMA names its A registers (R...) where SS has a descriptor (gdesc)
+            if c.get("HGMMA", 0) == KB and any(f"HGMMA.64x{n}x16" in o and ("gdesc" in o.split(",")[1]) != rs
+                                               for o in ops if o.startswith("HGMMA")):
                 found_mma = True
             if plan and all(c.get(k, 0) == v for k, v in plan.items()):
                 found_code = True
         good = bool(regs) and ((regs + 7) // 8 * 8) * THREADS <= 65536 and found_mma and (found_code or not plan)
         ok = ok and good
-        print(f"{'ok' if good else 'BAD'} {code:6s} N={n} regs={regs}: wgmma loop {found_mma}, "
+        print(f"{'ok' if good else 'BAD'} {code:6s} N={n}{' RS' if rs else ''} regs={regs}: wgmma loop {found_mma}, "
               f"{code} loop {found_code if plan else '(none planned)'}", flush=True)
     return 0 if ok else 1
 
@@ -378,9 +391,9 @@ def kernel_load(dev, nvml, name, spec, nsm):
     from cutlass import Int32 as I32
 
     torch = dev.torch
-    code, do_mma, n, gap, nsf, what, burst = (*spec, 1)[:7]
-    key = ("power", code, n)
-    fn = make(code, n)
+    code, do_mma, n, gap, nsf, what, burst, rs = (*spec, *(1, False)[len(spec) - 6:])
+    key = ("power", code, n, rs)
+    fn = make(code, n, rs)
     words = nsm * WARPS * SLOTS
     sink = torch.zeros(nsm * THREADS, dtype=torch.float32, device="cuda")
     probe = torch.zeros(words, dtype=torch.int64, device="cuda")
@@ -429,13 +442,14 @@ def kernel_load(dev, nvml, name, spec, nsm):
     if do_mma:
         wgmmas = float(trips_by_wg[:, :, 0].sum()) * KB  # warpgroup 0's trips x 8
         act["tensor_flops"] = wgmmas * flops_per_wgmma(n) / mean_cta_cycles
-        act["smem_bytes"] += wgmmas * smem_bytes_per_wgmma(n) / mean_cta_cycles
+        act["smem_bytes"] += wgmmas * smem_bytes_per_wgmma(n, rs) / mean_cta_cycles
     stream_warp_blocks = float(tr.view(n_meas, nsm, WARPS)[:, :, 4:4 + 4 * nsf].sum())
     for k, v in BLOCK[code].items():
         act[k] += stream_warp_blocks * v / mean_cta_cycles
     return settle({"name": name, "what": what, "clock_ghz": clock_ghz, **w,
             "activity_per_clk": act, "launches_measured": n_meas, "launch_ms": LAUNCH_MS,
-            "iters": iters, "max_trips": trips, "wgmma_n": n if do_mma else None, "mma_gap_ns": gap if gap > 0 else 0,
+            "iters": iters, "max_trips": trips, "wgmma_n": n if do_mma else None, "wgmma_rs": bool(rs and do_mma),
+            "mma_gap_ns": gap if gap > 0 else 0,
             "mma_gap_cycles": -gap if gap < 0 else 0, "burst_trips": burst, "stream_warpgroups": nsf, "code": code,
             "sink_finite": bool(torch.isfinite(sink).all().item())})
 
