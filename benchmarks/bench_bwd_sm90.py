@@ -201,10 +201,11 @@ def grad_errors(got, ref) -> dict:
 PROBE = "fa4kernel[clock probe]"
 
 
-def probe_candidate(q, k, v, dout, causal):
-    """fa4kernel's default backward through its clock-probe build (fa4kernel.attention_backward_probed:
-    four stamps per CTA), called directly on a recorded forward's out and LSE: returns (run,
-    read), read() -> the in-kernel clock (GHz) of the last launch, all CTAs' cycles over their ns."""
+def probe_candidate(q, k, v, dout, causal, **bwd_knobs):
+    """fa4kernel's backward (bwd_knobs; left out: its defaults) through its clock-probe build
+    (fa4kernel.attention_backward_probed: four stamps per CTA), called directly on a recorded
+    forward's out and LSE: returns (run, read), read() -> the in-kernel clock (GHz) of the last
+    launch, all CTAs' cycles over their ns."""
     from fa4kernel.trace import ctas_clock_ghz
 
     with torch.no_grad():
@@ -213,7 +214,7 @@ def probe_candidate(q, k, v, dout, causal):
 
     def run():
         *grads, box["stamps"] = fa4kernel.attention_backward_probed(dout, q, k, v, out, lse, causal=causal,
-                                                                    stamps=box.get("stamps"))
+                                                                    stamps=box.get("stamps"), **bwd_knobs)
         return grads
 
     def read():
@@ -222,13 +223,13 @@ def probe_candidate(q, k, v, dout, causal):
     return run, read
 
 
-def check_probe(d, s, causal) -> dict:
-    """check_grads for the clock-probe build: dq, dk, dv on the small problem against the fp32
-    reference."""
+def check_probe(d, s, causal, **bwd_knobs) -> dict:
+    """check_grads for the clock-probe build (with bwd_knobs; left out: the defaults): dq, dk, dv
+    on the small problem against the fp32 reference."""
     torch.manual_seed(99 + d + s)
     s = min(s, 2048)
     q, k, v, dout = (torch.randn(1, s, 2, d, device="cuda", dtype=torch.bfloat16) for _ in range(4))
-    run, _ = probe_candidate(q, k, v, dout, causal)
+    run, _ = probe_candidate(q, k, v, dout, causal, **bwd_knobs)
     return grad_errors(run(), reference_grads(q, k, v, dout, causal))
 
 

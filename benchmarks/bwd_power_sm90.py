@@ -34,14 +34,18 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 KIND = "bwd_power"
-# (head dim, tokens per sequence, causal): batch x tokens = 16384, heads x head dim = 2048
+# (head dim, tokens per sequence, causal[, backward knobs]): batch x tokens = 16384, heads x head
+# dim = 2048; knobs left out are the defaults. The variants change one thing the power model
+# counts: at hd256 the CTA pair's dQ through the SM-to-SM network (dq_sum "cta": none), at hd128
+# dQ's way out (dq_reduce "red": RED.ADD from registers, no fp32 dQ through shared memory)
 POINTS = [(64, 1024, False), (64, 4096, False), (64, 16384, False),
           (128, 1024, False), (128, 4096, False), (128, 16384, False), (128, 4096, True),
           (256, 1024, False), (256, 4096, False), (256, 16384, False)]
+VARIANTS = [(256, 16384, False, {"dq_sum": "cta"}), (128, 16384, False, {"dq_reduce": "red"})]
 WARM_MS, BATCH_MS, REPS = 1000.0, 25.0, 15
 
 
-def measure_point(d, s, causal):
+def measure_point(d, s, causal, knobs=None):
     import torch
 
     import fa4kernel
@@ -51,8 +55,9 @@ def measure_point(d, s, causal):
     from fa4kernel.trace import ctas_clock_ghz
 
     b, h = 16384 // s, 2048 // d
-    point = dict(batch=b, seqlen=s, heads=h, hdim=d, causal=causal, flops=bwd_flops(b, h, s, s, d, causal),
-                 check=check_probe(d, s, causal), rows={})
+    knobs = dict(knobs or {})
+    point = dict(batch=b, seqlen=s, heads=h, hdim=d, causal=causal, knobs=knobs,
+                 flops=bwd_flops(b, h, s, s, d, causal), check=check_probe(d, s, causal, **knobs), rows={})
     if not point["check"]["ok"]:
         point["error"] = "gradients off the fp32 reference; not timed"
         return point
@@ -60,11 +65,11 @@ def measure_point(d, s, causal):
     q, k, v, dout = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(4))
     with torch.no_grad():
         out, lse = fa4kernel.attention(q, k, v, causal=causal, return_lse=True)
-    cfg = fa4kernel.make_bwd_config("bfloat16", d, causal)
+    cfg = fa4kernel.make_bwd_config("bfloat16", d, causal, **knobs)
     stamps = {n: torch.zeros(probe_words(cfg, b, s, h), dtype=torch.int64, device="cuda") for n in ("call", "main")}
 
     def call():
-        fa4kernel.attention_backward_probed(dout, q, k, v, out, lse, causal=causal, stamps=stamps["call"])
+        fa4kernel.attention_backward_probed(dout, q, k, v, out, lse, causal=causal, stamps=stamps["call"], **knobs)
 
     main, _ = prepare_bwd(cfg, dout, q, k, v, out, lse, 1.0 / math.sqrt(d), stamps["main"])
     runs = {"call": call, "main": main}
@@ -81,7 +86,7 @@ def measure_point(d, s, causal):
                                    clock_ghz_in_kernel_batches=ghz,
                                    clock_ghz_in_kernel=statistics.median(ghz) if ghz else None)
     m = point["rows"]
-    print(f"bwd hd{d} s{s} causal={int(causal)}: " + "  ".join(
+    print(f"bwd hd{d} s{s} causal={int(causal)} {knobs or ''}: " + "  ".join(
         f"{n} {r['ms']:.3f} ms {r['nvml'].get('power_w_mean', 0):.0f} W nvml {r['nvml'].get('mhz_mean', 0):.0f} MHz "
         f"kernel {r['clock_ghz_in_kernel'] or 0:.3f} GHz" for n, r in m.items()), flush=True)
     del q, k, v, dout, out, lse
@@ -89,7 +94,7 @@ def measure_point(d, s, causal):
     return point
 
 
-def measure(out_path):
+def measure(out_path, variants_only=False):
     import torch
 
     import benchmarks.bench_fwd_sm90 as fwd_bench
@@ -109,11 +114,11 @@ def measure(out_path):
     ), KIND)
     points = []
     os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)
-    for d, s, causal in POINTS:
+    for d, s, causal, *knobs in (VARIANTS if variants_only else POINTS + VARIANTS):
         try:
-            points.append(measure_point(d, s, causal))
+            points.append(measure_point(d, s, causal, *knobs))
         except Exception as e:  # keep the run going
-            points.append(dict(hdim=d, seqlen=s, causal=causal, error=repr(e)[:500]))
+            points.append(dict(hdim=d, seqlen=s, causal=causal, knobs=(knobs or [{}])[0], error=repr(e)[:500]))
         with open(out_path, "w") as fh:
             json.dump(dict(meta=meta, points=points, complete=False), fh, indent=1)
     meta["clocks_after"] = nvidia_smi("clocks.sm,clocks.max.sm,clocks.mem,power.draw,temperature.gpu")
@@ -140,10 +145,12 @@ def report(path, hw=None):
         main, call = p["rows"]["main"], p["rows"]["call"]
         f = main["clock_ghz_in_kernel"]
         problem = Problem(p["batch"], p["heads"], p["seqlen"], p["seqlen"], p["hdim"], p["causal"])
-        at = simulate(hw, None, problem, {"clock_ghz": f}, "fa4kernel", "bwd")
-        free = simulate(hw, None, problem, None, "fa4kernel", "bwd")
+        knobs = p.get("knobs") or {}
+        at = simulate(hw, None, problem, {**knobs, "clock_ghz": f}, "fa4kernel", "bwd")
+        free = simulate(hw, None, problem, knobs or None, "fa4kernel", "bwd")
         w = main["nvml"].get("power_w_mean")
-        name = f"hd{p['hdim']}-{p['seqlen']}" + ("-causal" if p["causal"] else "")
+        name = f"hd{p['hdim']}-{p['seqlen']}" + ("-causal" if p["causal"] else "") + "".join(
+            f" {k}={v}" for k, v in (p.get("knobs") or {}).items())
         rows.append((at.power_w / w - 1, free.clock_ghz / f - 1))
         print(f"{name:24s} {call['nvml'].get('power_w_mean', 0):7.0f} {w:7.0f} {main['nvml'].get('mhz_mean', 0):9.0f} "
               f"{f:9.3f} {at.power_w:8.0f} {100 * rows[-1][0]:+6.1f}% {free.clock_ghz:9.3f} {100 * rows[-1][1]:+6.1f}%")
@@ -158,13 +165,14 @@ def main():
     ap.add_argument("--out", help="result JSON (device; written after every point)")
     ap.add_argument("--report", metavar="JSON", help="compare a recorded file with fa4sim (CPU)")
     ap.add_argument("--hw", default=None, help="fa4sim profile for --report (default: the file's device's)")
+    ap.add_argument("--variants-only", action="store_true", help="measure only the knob variants (VARIANTS)")
     args = ap.parse_args()
     if bool(args.out) == bool(args.report):
         ap.error("give exactly one of --out (measure on the GPU) or --report (compare a file with fa4sim)")
     if args.report:
         report(args.report, args.hw)
     else:
-        measure(args.out)
+        measure(args.out, args.variants_only)
 
 
 if __name__ == "__main__":
