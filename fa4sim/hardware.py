@@ -97,6 +97,9 @@ PARAMS: dict[str, tuple[str, str]] = {
                              "(cp.reduce.async.bulk .add.f32, issued by the TMA unit) and RED.ADD.F32 alike"),
     "l2_reduce_bandwidth_tbps": ("TB/s", "whole-chip rate of fp32 reduce-adds into L2-resident lines; the L2 "
                                  "serves loads and reduce-adds from the same time, each at its own rate"),
+    "l2_mixed_time_fraction": ("1", "the L2's time for loads and fp32 reduce-adds together, as a fraction of "
+                               "the sum of their times alone (about as many bytes of each, as the backward "
+                               "moves); 1 = no overlap"),
     "dsmem_bytes_per_clk": ("B/clk/SM", "distributed shared memory: bytes one SM moves to or from a peer CTA's "
                             "shared memory in its cluster over the SM-to-SM network (st.async, ld.shared::cluster), "
                             "each direction"),

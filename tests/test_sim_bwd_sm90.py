@@ -316,8 +316,8 @@ def test_the_l2_check_takes_reduce_adds_at_the_reduce_add_rate():
     l2, _ = kernel_bwd.traffic(p, H100, units, 64, False)
     kt = KernelTime(1.0, 1, 1, 1.0, 1, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, "compute")
     kt = kernel_bwd.with_traffic(kt, p, H100, units, 64, False)
-    assert kt.l2_us == pytest.approx((l2 - red) / (H100.l2_bandwidth_tbps * 1e6)
-                                     + red / (H100.l2_reduce_bandwidth_tbps * 1e6))
+    assert kt.l2_us == pytest.approx(((l2 - red) / (H100.l2_bandwidth_tbps * 1e6)
+                                      + red / (H100.l2_reduce_bandwidth_tbps * 1e6)) * H100.l2_mixed_time_fraction)
 
 
 def test_slices_read_and_write_every_visit_of_dq_in_hbm():

@@ -267,11 +267,12 @@ def _instr(hw, thread_instr: float) -> dict:
 
 def l2_shares(hw) -> tuple[float, float]:
     """(load, reduce-add) bytes per SM clock of one SM's share of the whole chip's L2 rates, all
-    SMs busy alike: l2_bandwidth_tbps and l2_reduce_bandwidth_tbps over num_sms at clock_ghz."""
-    for name in ("reduce_bytes_per_clk", "l2_reduce_bandwidth_tbps"):
+    SMs busy alike: l2_bandwidth_tbps and l2_reduce_bandwidth_tbps over num_sms at clock_ghz, each
+    over l2_mixed_time_fraction (the backward's loads and reduce-adds always share the L2)."""
+    for name in ("reduce_bytes_per_clk", "l2_reduce_bandwidth_tbps", "l2_mixed_time_fraction"):
         if getattr(hw, name) <= 0:
             raise InputError(name, f"must be > 0, got {getattr(hw, name)!r}")
-    per_sm = 1e3 / (hw.num_sms * hw.clock_ghz)  # TB/s -> B per SM clock of one SM's share
+    per_sm = 1e3 / (hw.num_sms * hw.clock_ghz) / hw.l2_mixed_time_fraction  # TB/s -> B per SM clock
     return hw.l2_bandwidth_tbps * per_sm, hw.l2_reduce_bandwidth_tbps * per_sm
 
 
