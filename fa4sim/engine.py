@@ -200,17 +200,19 @@ class Trace:
 class _Unit:
     """FIFO service with `capacity` servers; reserve() returns (start, end) of a part."""
 
-    __slots__ = ("free", "ends")
+    __slots__ = ("free", "ends", "gated")
 
-    def __init__(self, capacity: int):
+    def __init__(self, capacity: int, gated: bool = False):
         self.free = [0.0] * capacity  # a heap of the times each server becomes free
-        self.ends: list[float] = []   # end times of reserved pieces (for issue_depth)
+        self.ends: list[float] = []   # end times of reserved pieces (kept only where issue_depth gates)
+        self.gated = gated
 
     def reserve(self, now: float, cycles: float) -> tuple[float, float]:
         start = max(now, self.free[0])
         end = start + cycles
         heapq.heapreplace(self.free, end)
-        heapq.heappush(self.ends, end)
+        if self.gated:
+            heapq.heappush(self.ends, end)
         return start, end
 
     def room_at(self, now: float, depth: int) -> float:
@@ -276,7 +278,7 @@ def simulate(schedule: Schedule, tiles: Sequence[int]) -> Trace:
     if not tiles or min(tiles) < 1:
         raise InputError("tiles", "each tile needs at least one KV block")
     env = simpy.Environment()
-    units = {u: _Unit(c) for u, c in schedule.units.items()}
+    units = {u: _Unit(c, u in schedule.issue_depth) for u, c in schedule.units.items()}
     resolver = _Resolver(schedule, tiles)
     ops = schedule.ops
     incoming: list[list[tuple[int, Edge]]] = [[] for _ in ops]
@@ -301,20 +303,25 @@ def simulate(schedule: Schedule, tiles: Sequence[int]) -> Trace:
         now = env.now
         first, last = float("inf"), now
         for unit, cycles in op.uses:
-            if cycles > 0:
-                cycles *= share
-                if unit in slowdown:
-                    cause, factor = slowdown[unit]
-                    factor = dict(op.slowed).get(unit, factor)
-                    if max(units[cause].free) > max(now, units[unit].free[0]):
-                        cycles /= factor
-                s, e = units[unit].reserve(now, cycles)
-                busy.append(Busy(unit, s, e, rec))
-                first, last = min(first, s), max(last, e)
+            if cycles <= 0:
+                continue
+            cycles *= share
+            slow = slowdown.get(unit)
+            if slow is not None:  # slowed while the cause unit is busy past this part's start
+                cause, factor = slow
+                if max(units[cause].free) > max(now, units[unit].free[0]):
+                    cycles /= slowed[op.name].get(unit, factor)
+            s, e = units[unit].reserve(now, cycles)
+            busy.append(Busy(unit, s, e, rec))
+            if s < first:
+                first = s
+            if e > last:
+                last = e
         return (now if first == float("inf") else first), last
 
     depth = schedule.issue_depth
     slowdown = {u: v for u, v in schedule.interference.items() if v[1] < 1.0}
+    slowed = {o.name: dict(o.slowed) for o in ops}  # an op's own slowdown factors, looked up per part
 
     def wait_for_room(op):
         """Stall an async issue while a gated unit's queue is full; re-check after waking."""
