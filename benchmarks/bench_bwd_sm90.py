@@ -26,10 +26,11 @@ timed as its own row `fa4kernel[KNOBS]` in the same round-robin as the peers; a 
 unsupported; --hdims, --seqlens, --causal narrow the grid; --no-deterministic drops the
 deterministic row.
 
---sustained times each candidate alone after 1 s back to back (the clock the power cap settles,
-which fa4sim's power model predicts) and adds the row fa4kernel[clock probe]: fa4kernel's default
-backward through its clock-probe build (four clock64 / globaltimer stamps per CTA), whose median
-in-kernel clock over its timed batches is the point's clock_ghz_in_kernel.
+--sustained times each candidate alone after 2.5 s back to back with no idle kernel between
+calls (the clock the power cap settles, which fa4sim's power model predicts; sustained_sm90.py's
+method), and adds the row fa4kernel[clock probe]: fa4kernel's default backward through its
+clock-probe build (four clock64 / globaltimer stamps per CTA), whose median in-kernel clock over
+its timed windows is the point's clock_ghz_in_kernel. --skip leaves candidates out.
 
 Usage (device): python3 benchmarks/bench_bwd_sm90.py --out $OUT/sm90_bwd.json [--quick] [--sustained]
     python3 benchmarks/bench_bwd_sm90.py --hdims 64,128 --seqlens 1024,16384 --no-deterministic \
@@ -233,9 +234,12 @@ def check_probe(d, s, causal, **bwd_knobs) -> dict:
     return grad_errors(run(), reference_grads(q, k, v, dout, causal))
 
 
-# --sustained: each candidate runs back to back for 1 s (the power cap's controller settles the
-# clock within it; docs/findings/power-and-clock.md), then 15 batches of about 25 ms are timed
-SUSTAINED_WARM_MS, SUSTAINED_BATCH_MS = 1000.0, 25.0
+# --sustained: each candidate runs back to back, with no idle kernel between calls, for
+# SUSTAINED_WARM_S (the power cap's controller takes more than a second to bring the clock down
+# from its maximum: docs/findings/power-and-clock.md), then windows of about SUSTAINED_WINDOW_MS
+# are timed until SUSTAINED_TIMED_S of GPU time (benchmarks/sustained_sm90.py's Sustained, eager
+# launches: the forward's method)
+SUSTAINED_WARM_S, SUSTAINED_TIMED_S, SUSTAINED_WINDOW_MS = 2.5, 1.0, 50.0
 
 
 def bench_point(impls, d, s, causal, quick, points, variants=None, deterministic=True, sustained=False):
@@ -294,17 +298,20 @@ def bench_point(impls, d, s, causal, quick, points, variants=None, deterministic
             point["results"][name] = dict(error=repr(e)[:500])
         torch.cuda.synchronize()
     if timed:
-        if sustained:  # each alone, after SUSTAINED_WARM_MS back to back: the clock the power cap settles
+        if sustained:  # each alone, after SUSTAINED_WARM_S back to back: the clock the power cap settles
+            from benchmarks.sustained_sm90 import Sustained
+
+            runner = Sustained(fwd_bench.SAMPLER, SUSTAINED_WARM_S, SUSTAINED_TIMED_S, SUSTAINED_WINDOW_MS, "eager")
             times = {}
-            clocks = []  # the probe's in-kernel clock of each timed batch's last launch
+            clocks = []  # the probe's in-kernel clock of each timed window's last launch
             for name, fn in timed.items():
-                times.update(time_interleaved({name: fn}, reps=15, target_ms=SUSTAINED_BATCH_MS,
-                                              warm_ms=SUSTAINED_WARM_MS,
-                                              after_batch={PROBE: lambda: clocks.append(probe_read())}))
-                nv = fwd_bench.last_nvml(name)
-                if nv:  # board power (NVML's samples), temperature and clock-event reasons of its batches
-                    point["results"][name]["nvml"] = nv
-                    point["results"][name]["power_w"] = nv.get("power_w_mean")
+                rec = runner.run(name, fn, None, (lambda: clocks.append(probe_read())) if name == PROBE else None)
+                times[name] = (rec["ms"], rec["ms_min"], rec["ms_max"], rec.get("sm_mhz"))
+                point["results"][name].update(windows=rec["windows"], warm_s=rec["warm_s"], timed_s=rec["timed_s"],
+                                              host_bound=rec.get("host_bound"))
+                if rec.get("nvml"):  # board power (NVML's samples), temperature and clock-event reasons
+                    point["results"][name]["nvml"] = rec["nvml"]
+                    point["results"][name]["power_w"] = rec["nvml"].get("power_w_mean")
             ghz = [c["ghz"] for c in clocks if c["ghz"]]
             if ghz:
                 point["results"][PROBE].update(clock_ghz_in_kernel_batches=ghz, probe_ctas=clocks[-1]["ctas"])
@@ -356,8 +363,9 @@ def main():
     ap.add_argument("--causal", default="both", choices=("both", "0", "1"), help="causal points (default both)")
     ap.add_argument("--no-deterministic", action="store_true", help="leave out the fa4kernel[deterministic] row")
     ap.add_argument("--sustained", action="store_true",
-                    help="time each candidate alone after 1 s back to back, at the clock the 700 W cap settles "
-                         "(what fa4sim's power model predicts); default: short round-robin batches")
+                    help=f"time each candidate alone after {SUSTAINED_WARM_S} s back to back, at the clock the 700 W "
+                         "cap settles (what fa4sim's power model predicts); default: short round-robin batches")
+    ap.add_argument("--skip", default="", help="candidates to leave out, comma-separated (e.g. sdpa-cudnn,fa2)")
     args = ap.parse_args()
     for text in args.variants or []:
         parse_variant(text)  # bad knob: one line, exit before the GPU work
@@ -375,6 +383,9 @@ def main():
     # time_interleaved records each candidate's mean NVML SM clock while a sampler is set
     fwd_bench.SAMPLER = ClockSampler(torch.cuda.current_device())
     impls, absent = implementations()
+    for name in filter(None, args.skip.split(",")):
+        if impls.pop(name, None) is not None:
+            absent[name] = "left out (--skip)"
     meta = stamp(dict(
         device=dev,
         date=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
@@ -390,7 +401,10 @@ def main():
                "clock sampled every 0.5 ms during that candidate's timed batches",
         nvml=dict(ok=fwd_bench.SAMPLER.ok, error=fwd_bench.SAMPLER.error),
         sustained=bool(args.sustained),
-        sustained_method=("each candidate alone: 1 s back to back, then 15 batches of about 25 ms timed (median); "
+        sustained_method=(f"each candidate alone: {SUSTAINED_WARM_S} s back to back (eager launches, no idle kernel "
+                          f"between calls), then windows of ~{SUSTAINED_WINDOW_MS:.0f} ms timed until "
+                          f"{SUSTAINED_TIMED_S} s of GPU time (median per call; benchmarks/sustained_sm90.py's "
+                          "Sustained); "
                           "the round-robin of `method` is not used; fa4kernel[clock probe] is fa4kernel's default "
                           "backward with four clock64 / globaltimer stamps per CTA, called on a recorded forward, "
                           "and clock_ghz_in_kernel the median over its batches of the last launch's clock (all "

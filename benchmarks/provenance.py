@@ -43,8 +43,11 @@ KINDS = {
                  "RED.ADD.F32 rates (calibrate/bench_bwd_units.py)",
     "sustained": "attention timed as a user times it, after the power cap has settled the clock: TFLOP/s, NVML "
                  "clock and power and the in-kernel clock of each kernel run alone (sustained_sm90.py)",
-    "bwd_power": "NVML power and clock and the in-kernel clock of fa4kernel's backward main kernel alone against "
-                 "its whole backward call (bwd_power_sm90.py)",
+    "bwd_power": "NVML power and clock and the in-kernel clock of fa4kernel's backward main kernel alone, launched "
+                 "back to back until the cap settles the clock (bwd_power_sm90.py; older files: against its whole "
+                 "call, in short batches)",
+    "mem_power": "board power and clock under sustained memory-path loads: TMA bulk reduce-adds, RED.ADD from "
+                 "registers, the SM-to-SM network, TMA loads (calibrate/bench_mem_power.py)",
 }
 
 

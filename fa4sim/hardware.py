@@ -83,6 +83,12 @@ PARAMS: dict[str, tuple[str, str]] = {
     "energy_smem_pj_per_byte": ("pJ/B", "energy per byte through shared memory (and TMEM on SM100) at the maximum "
                                 "clock's voltage"),
     "energy_l2_pj_per_byte": ("pJ/B", "energy per byte from L2 into the SMs (not scaled by the SM voltage)"),
+    "energy_l2_reduce_pj_per_byte": ("pJ/B", "energy per byte of TMA bulk fp32 reduce-adds into L2 (the L2's "
+                                     "read-modify-write; not scaled by the SM voltage)"),
+    "energy_red_pj_per_byte": ("pJ/B", "energy per byte of RED.ADD.F32 from registers into L2, their instructions "
+                               "included (not scaled by the SM voltage)"),
+    "energy_dsmem_pj_per_byte": ("pJ/B", "energy per byte sent into a peer CTA's shared memory over the SM-to-SM "
+                                 "network, beyond the shared-memory write (not scaled by the SM voltage)"),
     "energy_hbm_pj_per_byte": ("pJ/B", "energy per byte moved to or from HBM (not scaled by the SM voltage)"),
     "tensor_burst_energy_fraction": ("1", "extra tensor-core energy per FLOP when it works in bursts much shorter "
                                      "than tensor_burst_cycles, with idle gaps between (0 = not modelled)"),
@@ -111,6 +117,7 @@ PARAMS: dict[str, tuple[str, str]] = {
 POWER_PARAMS = ("power_cap_w", "clock_min_ghz", "clock_tensor_ghz", "static_power_w", "clock_power_w", "voltage_slope",
                 "energy_tensor_pj_per_flop", "energy_mufu_pj_per_op", "energy_fma_pj_per_lane_op",
                 "energy_alu_pj_per_lane_op", "energy_smem_pj_per_byte", "energy_l2_pj_per_byte",
+                "energy_l2_reduce_pj_per_byte", "energy_red_pj_per_byte", "energy_dsmem_pj_per_byte",
                 "energy_hbm_pj_per_byte", "tensor_burst_energy_fraction", "tensor_burst_cycles",
                 "mixed_code_energy_fraction")
 

@@ -57,7 +57,8 @@ class Result:
     power_by_part: dict = field(default_factory=dict)  # W: static, clock, tensor, mufu, fma, alu, smem, l2, hbm
     power_limited: bool = False    # the power cap sets the clock (below the maximum)
     clock_ceiling: bool = False    # the tensor core's clock ceiling sets it (clock_tensor_ghz), under the cap
-    activity: object = None        # power.Activity: the launch's work per unit
+    activity: object = None        # power.Activity: the launch's work per unit (a backward: the whole call's)
+    main_activity: object = None   # a backward's main kernel alone (power.Activity)
     pass_: str = "fwd"             # "fwd" | "bwd"
     pre_us: float = 0.0            # backward: the preprocess launch (dPsum, LSE, dQ accumulator zeroed), us
     post_us: float = 0.0           # backward: the postprocess launch (dQ fp32 -> bf16), us
@@ -295,7 +296,7 @@ def simulate_bwd(hw="b200", schedule: str | None = None, problem: Problem | None
     """Predict one backward pass: the preprocess, the main kernel (one CTA, or CTA pair, per KV
     tile; schedules.BWD_SCHEDULES) and the postprocess. TFLOP/s count 2.5 x the forward's FLOPs
     (flash-attn's convention) over the three launches; the clock is the power model's for the
-    main kernel's activity (the short memory-bound launches around it are left out)."""
+    whole call's average power (result.activity; the main kernel's own: result.main_activity)."""
     profile, schedule, module, impl, knobs = setup(hw, schedule, problem, overrides, impl, pass_)
     unset = hw if isinstance(hw, hardware.HardwareProfile) else hardware.load(hw)
     base_clock, base_sources = unset.clock_ghz, unset.sources
@@ -369,12 +370,25 @@ def simulate_bwd(hw="b200", schedule: str | None = None, problem: Problem | None
     longest = replace(longest, masked=min(longest.masked, MASKED_SIM))
     visits = sum(u.n_kv for u in units) * n_hb
     sm_blocks = visits * (2 if two_cta else 1)
+    reduce_bytes = kernel_bwd.reduce_add_bytes(problem, units, tile_m, knobs)  # dQ's fp32 adds into L2
 
-    def usage(at, kt):
+    around = sum(b for ops in kernel_bwd.passes(problem, knobs) for _, b in ops)  # HBM bytes of pre + post
+
+    def main_usage(at, kt):
+        """The main kernel's power.Activity on profile `at`."""
         _, _, trace, period = detailed(at, longest.n_kv, longest.masked)
         flops = visits * (2 if two_cta else 1) * trace.schedule.meta["flops_per_iter"]
         return power.activity(at, kt, power.work_per_block(trace, _window(trace, period)[3]), sm_blocks, flops,
-                              power.burst_weight(at, power.tensor_bursts(trace)))
+                              power.burst_weight(at, power.tensor_bursts(trace)), reduce_bytes,
+                              "red" if knobs.get("dq_reduce") == "red" else "bulk")
+
+    def usage(at, kt):
+        """The whole call's: the power cap holds the average over the calls, and the memory-bound
+        launches around the main kernel (HBM-bound: the same time at any clock) draw little, so
+        they leave the main kernel room."""
+        act = main_usage(at, kt)
+        pre, post = kernel_bwd.pre_post_us(problem, at, knobs)
+        return replace(act, totals={**act.totals, "hbm": act.totals["hbm"] + around}, gap_us=act.gap_us + pre + post)
 
     forced = "clock_ghz" in (overrides or {})
     if power.has_model(profile) and not forced:
@@ -421,6 +435,7 @@ def simulate_bwd(hw="b200", schedule: str | None = None, problem: Problem | None
     result.power_w, result.power_by_part, result.power_limited = clock.power_w, dict(clock.by_part), bool(clock.limited)
     result.clock_ceiling = bool(clock.ceiling)
     result.activity = act
+    result.main_activity = main_usage(at, kt)
     result.bottleneck = _bottleneck(result)
     result.notes.append(f"backward: preprocess {pre_us:.1f} us + main kernel {kt.time_us:.1f} us + postprocess "
                         f"{post_us:.1f} us; TFLOP/s count 2.5 x the forward's FLOPs over all three")

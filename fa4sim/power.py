@@ -17,8 +17,11 @@ the parts falls short (docs/findings/power-and-clock.md, "Bursts and mixed code"
 - MUFU, FMA and ALU work issued as one mixed stream (a softmax) draws more than the same work
   in single-pipe streams: their energies x (1 + mixed_code_energy_fraction).
  Units u: tensor (FLOPs), mufu (ops), fma and alu
-(lane-ops), smem (bytes through shared memory and, on SM100, TMEM). L2 and HBM energies do not
-scale with the SM's voltage. The predicted clock is the highest f in [clock_min_ghz, clock_ghz]
+(lane-ops), smem (bytes through shared memory and, on SM100, TMEM). The memory paths' energies
+do not scale with the SM's voltage (measured at the maximum clock only): l2 (bytes loaded from or
+stored to L2), l2_reduce (bytes of TMA bulk reduce-adds, the L2 adding them: about 2.5 times a
+loaded byte), red (bytes of RED.ADD from registers, their instructions included), dsmem (bytes
+into a peer CTA's shared memory over the SM-to-SM network) and hbm. The predicted clock is the highest f in [clock_min_ghz, clock_ghz]
 with P(f) <= power_cap_w; P grows with f (the work per second and the voltage both do), so a
 bisection finds it. While the tensor core works, the SM's own clock (clock64 over globaltimer)
 stays at or below clock_tensor_ghz even where the cap leaves room and NVML reports clock_ghz
@@ -36,7 +39,9 @@ launch's cycles at the clock f including the launch gap (a timed loop idles ther
   tensor core is not counted twice), x the KV blocks all tiles run (a CTA pair counts both SMs); a tile too
   short for a steady state takes its whole simulated trace per block. The tile prologue and
   epilogue (Q load, O store) beyond that are left out;
-- l2, hbm: the launch's bytes (kernel_model.traffic).
+- l2, hbm: the launch's bytes (kernel_model.traffic); a backward's fp32 dQ reduce-adds among
+  them are l2_reduce or red instead (`activity`'s reduce_bytes), and its CTA pair's bytes over the
+  SM-to-SM network are dsmem.
 
 The launch's time at f: the slowest slot's loop cycles / f plus the cold start, or the L2 or
 HBM time if longer, plus the launch gap; so the rates per SM clock follow f.
@@ -48,17 +53,22 @@ from dataclasses import dataclass
 from typing import Mapping, NamedTuple
 
 # parts of the power, W; "static" and "clock" are the chip's own, the others its units'
-PARTS = ("static", "clock", "tensor", "mufu", "fma", "alu", "smem", "l2", "hbm")
+PARTS = ("static", "clock", "tensor", "mufu", "fma", "alu", "smem", "l2", "l2_reduce", "red", "dsmem", "hbm")
 SM_UNITS = ("tensor", "mufu", "fma", "alu", "smem")     # energies scale with V^2
-MEMORY = ("l2", "hbm")                                  # energies do not
+# energies that do not: the memory paths, measured at the maximum clock only
+MEMORY = ("l2", "l2_reduce", "red", "dsmem", "hbm")
 ENERGY = {"tensor": "energy_tensor_pj_per_flop", "mufu": "energy_mufu_pj_per_op",
           "fma": "energy_fma_pj_per_lane_op", "alu": "energy_alu_pj_per_lane_op",
-          "smem": "energy_smem_pj_per_byte", "l2": "energy_l2_pj_per_byte", "hbm": "energy_hbm_pj_per_byte"}
-# activity keys of the calibration file (benchmarks/calibrate/bench_power.py) -> our units
+          "smem": "energy_smem_pj_per_byte", "l2": "energy_l2_pj_per_byte",
+          "l2_reduce": "energy_l2_reduce_pj_per_byte", "red": "energy_red_pj_per_byte",
+          "dsmem": "energy_dsmem_pj_per_byte", "hbm": "energy_hbm_pj_per_byte"}
+# activity keys of the calibration files (benchmarks/calibrate/bench_power.py, bench_mem_power.py) -> our units
 CALIBRATION_KEYS = {"tensor_flops": "tensor", "mufu_ops": "mufu", "fma_lane_ops": "fma", "alu_lane_ops": "alu",
-                    "smem_bytes": "smem", "l2_bytes": "l2", "hbm_bytes": "hbm"}
+                    "smem_bytes": "smem", "l2_bytes": "l2", "l2_reduce_bytes": "l2_reduce", "red_bytes": "red",
+                    "dsmem_bytes": "dsmem", "hbm_bytes": "hbm"}
 PART_WORDS = {"tensor": "the tensor core", "mufu": "the MUFU (exp2)", "fma": "the FMA pipe", "alu": "the ALU pipe",
-              "smem": "shared memory", "l2": "L2 traffic", "hbm": "HBM traffic"}
+              "smem": "shared memory", "l2": "L2 traffic", "l2_reduce": "bulk reduce-adds into L2",
+              "red": "RED.ADD from registers", "dsmem": "the SM-to-SM network", "hbm": "HBM traffic"}
 BISECT_GHZ = 1e-5  # bisection stops within this of the answer
 
 
@@ -130,12 +140,19 @@ def burst_weight(hw, bursts: list[float]) -> float:
     return sum(b * L0 / (L0 + b) for b in bursts) / total
 
 
-def activity(hw, kernel, per_block: dict, sm_blocks: float, tensor_flops: float, tensor_burst: float = 0.0) -> Activity:
+def activity(hw, kernel, per_block: dict, sm_blocks: float, tensor_flops: float, tensor_burst: float = 0.0,
+             reduce_bytes: float = 0.0, reduce_by: str = "bulk") -> Activity:
     """A launch's Activity. hw: the profile (unit rates per clock); kernel: its KernelTime at
     hw.clock_ghz; per_block: nominal unit cycles per KV block on one SM (work_per_block);
     sm_blocks: KV blocks run on all SMs together (a CTA pair's block counts on both SMs);
-    tensor_flops: FLOPs the tensor core executes in the launch."""
+    tensor_flops: FLOPs the tensor core executes in the launch; reduce_bytes: the fp32 reduce-adds
+    among kernel.l2_bytes, added by TMA bulk reduce-adds (reduce_by "bulk": unit l2_reduce) or
+    RED.ADD from registers ("red": unit red) and priced as such, not as loads. Bytes a CTA sends
+    into its peer's shared memory (the ops' dsmem cycles) go to unit dsmem."""
+    if reduce_by not in ("bulk", "red"):
+        raise ValueError(f"reduce_by={reduce_by!r}; allowed: bulk, red")
     busy = {u: c * sm_blocks for u, c in per_block.items()}
+    reduce_bytes = min(float(reduce_bytes), float(kernel.l2_bytes))
     totals = {
         "tensor": float(tensor_flops),
         "mufu": busy.get("mufu", 0.0) * hw.mufu_ex2_per_clk,
@@ -143,7 +160,10 @@ def activity(hw, kernel, per_block: dict, sm_blocks: float, tensor_flops: float,
         "alu": busy.get("alu", 0.0) * hw.alu_lanes_per_clk,
         "smem": (busy.get("smem", 0.0) + busy.get("smem:lsu", 0.0)) * hw.smem_bytes_per_clk
                 + busy.get("tmem", 0.0) * hw.tmem_bytes_per_clk,
-        "l2": float(kernel.l2_bytes),
+        "l2": float(kernel.l2_bytes) - reduce_bytes,
+        "l2_reduce": reduce_bytes if reduce_by == "bulk" else 0.0,
+        "red": reduce_bytes if reduce_by == "red" else 0.0,
+        "dsmem": busy.get("dsmem", 0.0) * hw.values.get("dsmem_bytes_per_clk", 0.0),
         "hbm": float(kernel.hbm_bytes),
     }
     loop = kernel.cycles - kernel.cold_start_us * hw.clock_ghz * 1e3
@@ -180,7 +200,7 @@ def power_w(hw, act, f: float, fmax: float | None = None) -> tuple[float, dict]:
     for u in SM_UNITS:
         parts[u] = 1e-3 * f * s * hw.values[ENERGY[u]] * scale.get(u, 1.0) * rates.get(u, 0.0)
     for u in MEMORY:
-        parts[u] = 1e-3 * f * hw.values[ENERGY[u]] * rates.get(u, 0.0)
+        parts[u] = 1e-3 * f * hw.values.get(ENERGY[u], 0.0) * rates.get(u, 0.0)
     return sum(parts.values()), parts
 
 

@@ -233,8 +233,8 @@ kit.check(0.015 <= drop <= 0.025, f"the clock drops {drop:.2%}, not about 2 %")
 #
 # Lift the cap and the clock still stops short of 1.98 GHz: while the tensor core works, an
 # H100 counts at most ~1.84 GHz in the kernel (`clock64` over `globaltimer`) even where NVML
-# reports 1.98 and no reason to hold it (unit loads below the cap; the backward at hd256 meets
-# it too). The profile calls it `clock_tensor_ghz`, and a `Result` says when it set the clock
+# reports 1.98 and no reason to hold it (unit loads below the cap). The profile calls it
+# `clock_tensor_ghz`, and a `Result` says when it set the clock
 # (`clock_ceiling`).
 
 # %%

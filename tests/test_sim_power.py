@@ -402,3 +402,44 @@ def test_fit_takes_the_tensor_ceiling_from_unheld_tensor_loads(tmp_path):
     hw = hardware.load(str(prof))
     assert hw.clock_tensor_ghz == pytest.approx(1.84) and hw.confidence["clock_tensor_ghz"] == "M"
     assert "3 loads" in hw.sources["clock_tensor_ghz"] and "(a, b, c)" in hw.sources["clock_tensor_ghz"]
+
+
+# --- the memory paths of the backward's dQ -------------------------------------------------
+
+def test_reduce_adds_are_priced_as_reduce_adds_not_loads():
+    """activity() moves a launch's reduce-add bytes out of its L2 loads into l2_reduce (TMA bulk)
+    or red (RED.ADD), each at its own energy; a CTA pair's dsmem cycles become dsmem bytes."""
+    from types import SimpleNamespace
+
+    hw = hardware.load("h100")
+    kt = SimpleNamespace(l2_bytes=3e9, hbm_bytes=1e8, cycles=2e6, cold_start_us=0.0, l2_us=0.0, hbm_us=0.0)
+    per_block = {"dsmem": 100.0}
+    bulk = power.activity(hw, kt, per_block, 10.0, 1e12, reduce_bytes=1e9)
+    red = power.activity(hw, kt, per_block, 10.0, 1e12, reduce_bytes=1e9, reduce_by="red")
+    assert bulk.totals["l2"] == red.totals["l2"] == pytest.approx(2e9)
+    assert (bulk.totals["l2_reduce"], bulk.totals["red"]) == (pytest.approx(1e9), 0.0)
+    assert (red.totals["l2_reduce"], red.totals["red"]) == (0.0, pytest.approx(1e9))
+    assert bulk.totals["dsmem"] == pytest.approx(1000.0 * hw.dsmem_bytes_per_clk)
+    f = 1.6
+    _, pb = power.power_w(hw, bulk, f)
+    _, pr = power.power_w(hw, red, f)
+    per_clk = 1e9 / (bulk.time_us(f) * f * 1e3)
+    assert pb["l2_reduce"] == pytest.approx(1e-3 * f * hw.values["energy_l2_reduce_pj_per_byte"] * per_clk)
+    assert pr["red"] == pytest.approx(1e-3 * f * hw.values["energy_red_pj_per_byte"] * per_clk)
+    # measured: a reduce-added byte costs more than a loaded one, RED from registers more still
+    assert hw.values["energy_l2_pj_per_byte"] < hw.values["energy_l2_reduce_pj_per_byte"] \
+        < hw.values["energy_red_pj_per_byte"]
+    with pytest.raises(ValueError, match="reduce_by"):
+        power.activity(hw, kt, per_block, 10.0, 1e12, reduce_bytes=1e9, reduce_by="atomic")
+
+
+def test_the_backward_reports_its_dq_paths_power():
+    p = Problem(1, 8, 4096, 4096, 256)
+    pair = simulate("h100", problem=p, impl="fa4kernel", pass_="bwd")
+    cta = simulate("h100", problem=p, impl="fa4kernel", pass_="bwd", overrides={"dq_sum": "cta"})
+    red = simulate("h100", problem=Problem(1, 16, 4096, 4096, 128), impl="fa4kernel", pass_="bwd",
+                   overrides={"dq_reduce": "red"})
+    assert pair.power_by_part["dsmem"] > 0 and cta.power_by_part["dsmem"] == 0
+    # the pair sums two CTAs' dQ before one reduce-add: half the reduce-add bytes per visit
+    assert pair.activity.totals["l2_reduce"] == pytest.approx(cta.activity.totals["l2_reduce"] / 2)
+    assert red.power_by_part["red"] > 0 and red.power_by_part["l2_reduce"] == 0

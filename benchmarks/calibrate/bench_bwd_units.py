@@ -50,7 +50,7 @@ from cutlass._mlir.dialects import llvm, vector  # noqa: E402
 from cutlass.cute.nvgpu import warpgroup  # noqa: E402
 from cutlass.cutlass_dsl import T, dsl_user_op  # noqa: E402
 
-from .common import _asm, clk, fill_random_bf16, gtimer, run_sass_checks, smem_addr  # noqa: E402
+from .common import _asm, clk, fill_random_bf16, gtimer, run_sass_checks, smem_addr, sts32  # noqa: E402
 
 KT = 128          # K of one smem tile: 8 k16 steps per trip
 KB = KT // 16
@@ -249,7 +249,11 @@ def sts_volatile(addr, val, *, loc=None, ip=None):
     _asm(None, [Int32(addr).ir_value(), Int32(val).ir_value()], "st.volatile.shared.u32 [$0], $1;", "r,r")
 
 
-def make_bulk():
+def make_bulk(random_data: bool = False):
+    """random_data: the fp32 source buffer holds pseudo-random words (random sign and mantissa,
+    exponent 2^-20 .. 2^-13: sums stay finite) instead of a few repeated small values; a power
+    measurement moves data that toggles as a backward's does (bench_mem_power.py)."""
+
     @cute.kernel
     def kernel(dst: cute.Tensor, src: cute.Tensor, stamps: cute.Tensor, mode: Int32, n: Int32, chunk: Int32,
                region: Int32, stagger: Int32, mask: Int32, n_load: Int32):
@@ -267,6 +271,12 @@ def make_bulk():
         sbuf = storage.buf.get_tensor(cute.make_layout(BULK_MAX // 4))
         for i in cutlass.range(BULK_MAX // 4 // 32, unroll=1):
             sbuf[i * 32 + tid] = Float32(1.0e-6) * Float32(((i * 32 + tid) % 13) + 1)
+        if const_expr(random_data):
+            base = smem_addr(storage.buf.data_ptr())
+            for i in cutlass.range(BULK_MAX // 4 // 32, unroll=1):
+                w = i * 32 + tid
+                u = (w + bid * 7919) * 1103515245 + 12345
+                sts32(base + w * 4, (u & Int32(-2139095041)) | ((107 + ((u >> 23) & 7)) << 23))  # 0x807FFFFF
         bars = storage.mbar.data_ptr()
         flag_addr = smem_addr(storage.flag.data_ptr())
         if tid == 0:
@@ -378,13 +388,21 @@ def fence_gpu(*, loc=None, ip=None):
     _asm(None, [], "fence.acq_rel.gpu;", "")
 
 
-def make_red(width: int):
+def make_red(width: int, random_data: bool = False):
+    """random_data: each of the RED_UNROLL adds of a trip carries its own pseudo-random values
+    (random sign and mantissa, |x| < 2^-9) instead of one small value per thread."""
+
     @cute.kernel
     def kernel(dst: cute.Tensor, stamps: cute.Tensor, n: Int32, region: Int32, stagger: Int32, mask: Int32):
         tid = cute.arch.thread_idx()[0]
         bid = cute.arch.block_idx()[0]
         a = Float32(1.0e-6) * Float32(tid % 7 + 1)
         b = a * Float32(0.5)
+        va, vb = [], []
+        for u in cutlass.range_constexpr(RED_UNROLL if random_data else 0):
+            h = (tid * 40503 + bid * 7919 + u * 2654435) * 1103515245 + 12345
+            va.append(Float32(h) * Float32(2.0 ** -40))
+            vb.append(Float32(h * 69069 + 1) * Float32(2.0 ** -40))
         cute.arch.sync_threads()
         t0 = clk()
         g0 = gtimer()
@@ -392,7 +410,10 @@ def make_red(width: int):
             for u in cutlass.range_constexpr(RED_UNROLL):
                 # words: a warp's lanes on consecutive words (width 2: consecutive pairs)
                 off = (bid * region + ((bid * stagger + ((i * RED_UNROLL + u) * THREADS + tid) * (4 * width)) & mask)) >> 2
-                red_add((dst.iterator + off).llvm_ptr, a, b, width)
+                if const_expr(random_data):
+                    red_add((dst.iterator + off).llvm_ptr, va[u], vb[u], width)
+                else:
+                    red_add((dst.iterator + off).llvm_ptr, a, b, width)
         fence_gpu()
         cute.arch.sync_threads()
         t1 = clk()

@@ -33,7 +33,7 @@ if __package__ in (None, ""):  # run as a script path
 
 import cutlass  # noqa: E402
 import cutlass.cute as cute  # noqa: E402
-from cutlass import Float32, Int32, Int64  # noqa: E402
+from cutlass import Float32, Int32, Int64, const_expr  # noqa: E402
 
 from fa4kernel.sm90.bwd import st_async_peer_f32x4  # noqa: E402
 from .common import clk, gtimer, run_sass_checks  # noqa: E402
@@ -44,7 +44,13 @@ THREADS = (128, 256)           # the pair's sender is one warpgroup
 ROUNDS, WARM = 200, 20
 
 
-def make():
+def make(smem_floor: int = 0, random_data: bool = False):
+    """smem_floor: reserve at least this much shared memory per CTA (more than half an SM's keeps
+    one CTA per SM, so pairs on every SM put every SM's sender on the SM-to-SM network).
+    random_data: each thread's 16-byte st.async carries four pseudo-random words (random sign and
+    mantissa) instead of one value four times."""
+    smem = max(CHUNK_MAX + 1024, smem_floor)
+
     @cute.kernel
     def kernel(stamps: cute.Tensor, chunk: Int32, rounds: Int32, warm: Int32):
         tid = cute.arch.thread_idx()[0]
@@ -67,6 +73,11 @@ def make():
         peer = 1 - cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
         per_thread = chunk // (16 * nthr)  # 16-byte st.async per thread per step
         v = Float32(1.0) + Float32(tid)
+        w = [v, v, v, v]
+        if const_expr(random_data):
+            for j in cutlass.range_constexpr(4):
+                h = (tid * 40503 + bid * 7919 + j * 2654435) * 1103515245 + 12345
+                w[j] = Float32(h) * Float32(2.0 ** -31)
         t0 = Int64(0)
         g0 = Int64(0)
         issue = Int64(0)  # thread 0's cycles from its first st.async of a round to past its last
@@ -80,7 +91,7 @@ def make():
             cute.arch.cluster_wait()
             i0 = clk()
             for k in cutlass.range(per_thread, unroll=1):
-                st_async_peer_f32x4(buf + 4 * (k * nthr + tid), v, v, v, v, full, peer)
+                st_async_peer_f32x4(buf + 4 * (k * nthr + tid), w[0], w[1], w[2], w[3], full, peer)
             i1 = clk()
             if r >= warm:
                 issue = issue + (i1 - i0)
@@ -97,7 +108,7 @@ def make():
     @cute.jit
     def host(stamps: cute.Tensor, chunk: Int32, rounds: Int32, warm: Int32, ctas: Int32, threads: Int32, stream):
         kernel(stamps, chunk, rounds, warm).launch(grid=[ctas, 1, 1], block=[threads, 1, 1], cluster=[2, 1, 1],
-                                                   smem=CHUNK_MAX + 1024, stream=stream)
+                                                   smem=smem, stream=stream)
 
     return host
 
