@@ -54,7 +54,7 @@ class Result:
     clock_ghz: float = 0.0     # the SM clock the time is computed at (= hw.clock_ghz)
     clock_source: str = "profile"  # "power model" | "--set" | "profile"
     power_w: float | None = None   # the power model's board power at that clock (None: no power model)
-    power_by_part: dict = field(default_factory=dict)  # W: static, clock, tensor, mufu, fma, alu, smem, l2, hbm
+    power_by_part: dict = field(default_factory=dict)  # W by power.PARTS: static, clock, the units, the memory paths
     power_limited: bool = False    # the power cap sets the clock (below the maximum)
     clock_ceiling: bool = False    # the tensor core's clock ceiling sets it (clock_tensor_ghz), under the cap
     activity: object = None        # power.Activity: the launch's work per unit (a backward: the whole call's)

@@ -21,9 +21,9 @@ the parts falls short (docs/findings/power-and-clock.md, "Bursts and mixed code"
 do not scale with the SM's voltage (measured at the maximum clock only): l2 (bytes loaded from or
 stored to L2), l2_reduce (bytes of TMA bulk reduce-adds, the L2 adding them: about 2.5 times a
 loaded byte), red (bytes of RED.ADD from registers, their instructions included), dsmem (bytes
-into a peer CTA's shared memory over the SM-to-SM network) and hbm. The predicted clock is the highest f in [clock_min_ghz, clock_ghz]
-with P(f) <= power_cap_w; P grows with f (the work per second and the voltage both do), so a
-bisection finds it. While the tensor core works, the SM's own clock (clock64 over globaltimer)
+into a peer CTA's shared memory over the SM-to-SM network) and hbm. The predicted clock is the
+highest f in [clock_min_ghz, clock_ghz] with P(f) <= power_cap_w; P grows with f (the work per
+second and the voltage both do), so a bisection finds it. While the tensor core works, the SM's own clock (clock64 over globaltimer)
 stays at or below clock_tensor_ghz even where the cap leaves room and NVML reports clock_ghz
 (docs/findings/power-and-clock.md, "The tensor core's clock ceiling"): a launch with tensor
 work is held there. A profile with power_cap_w = 0 has no power model: the clock stays at
