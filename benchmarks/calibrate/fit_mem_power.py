@@ -31,6 +31,8 @@ from pathlib import Path
 
 from fa4sim import hardware, power
 
+from .fit_power import BadInput, read_doc
+
 # load name -> (the profile parameter it measures, its unit in fa4sim/power.py)
 PATHS = {"bulk_reduce": ("energy_l2_reduce_pj_per_byte", "l2_reduce"),
          "red": ("energy_red_pj_per_byte", "red"),
@@ -38,22 +40,10 @@ PATHS = {"bulk_reduce": ("energy_l2_reduce_pj_per_byte", "l2_reduce"),
 CONTROL = "tma_l2"
 
 
-class BadInput(ValueError):
-    pass
-
-
 def read(path: str) -> tuple[dict, list[dict]]:
     """(meta, loads) of a bench_mem_power file; each load with f (GHz), power_w and rates (unit ->
     chip-wide bytes per SM clock); or BadInput."""
-    try:
-        doc = json.loads(Path(path).read_text())
-    except FileNotFoundError:
-        raise BadInput(f"results: no such file {path!r}") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise BadInput(f"results: {path} is not valid JSON ({e})") from None
-    if not isinstance(doc, dict) or not isinstance(doc.get("meta"), dict) or doc["meta"].get("kind") != "mem_power":
-        raise BadInput(f"results: {path} is not a memory-path power file (meta.kind must be \"mem_power\"; "
-                       f"benchmarks/calibrate/bench_mem_power.py writes one)")
+    doc = read_doc(path, "mem_power", "a memory-path power file", "benchmarks/calibrate/bench_mem_power.py")
     loads = []
     for i, ld in enumerate(doc.get("loads") or []):
         if not isinstance(ld, dict) or ld.get("power_w") is None or not isinstance(ld.get("activity_per_clk"), dict):

@@ -173,17 +173,23 @@ def _number(x) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
-def read(path: str) -> tuple[dict, list[dict], dict]:
-    """(gpu, loads, meta) of a calibration file, each load with f (GHz), power_w and rates; or BadInput."""
+def read_doc(path: str, kind: str, what: str, writer: str) -> dict:
+    """The JSON document of a results file whose meta.kind is `kind` (`what` it is, and the
+    script that writes one, for the error); or BadInput."""
     try:
         doc = json.loads(Path(path).read_text())
     except FileNotFoundError:
         raise BadInput(f"results: no such file {path!r}") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise BadInput(f"results: {path} is not valid JSON ({e})") from None
-    if not isinstance(doc, dict) or not isinstance(doc.get("meta"), dict) or doc["meta"].get("kind") != "power":
-        raise BadInput(f"results: {path} is not a power calibration file (meta.kind must be \"power\"; "
-                       f"benchmarks/calibrate/bench_power.py writes one)")
+    if not isinstance(doc, dict) or not isinstance(doc.get("meta"), dict) or doc["meta"].get("kind") != kind:
+        raise BadInput(f"results: {path} is not {what} (meta.kind must be \"{kind}\"; {writer} writes one)")
+    return doc
+
+
+def read(path: str) -> tuple[dict, list[dict], dict]:
+    """(gpu, loads, meta) of a calibration file, each load with f (GHz), power_w and rates; or BadInput."""
+    doc = read_doc(path, "power", "a power calibration file", "benchmarks/calibrate/bench_power.py")
     gpu = doc.get("gpu")
     if not isinstance(gpu, dict) or not _number(gpu.get("power_limit_w")) or gpu["power_limit_w"] <= 0:
         raise BadInput("gpu.power_limit_w: must be a number > 0 (W)")
