@@ -89,6 +89,8 @@ def time_interleaved(fns: dict, reps=15, target_ms=3.0, warm_ms=300.0, after_bat
     while time.perf_counter() < t_end:
         for name, fn in fns.items():
             _batch_ms(fn, inner[name], ev)
+    for read in (after_batch or {}).values():
+        getattr(read, "reset", lambda: None)()  # a clock probe's sums: the warm-up stays out
     samples = {name: [] for name in fns}
     for _ in range(reps):
         for name, fn in fns.items():
@@ -161,17 +163,18 @@ class Impls:
         return run
 
     def ours_clock_probe(self, q, k, v, causal, one_tile_per_cta=False, **knobs):
-        """The clock-probe build (same kernel + CTA 0's clock64/globaltimer at start and end):
-        returns (fn, read) where read() appends this launch's in-kernel clock (GHz) to .ghz.
-        one_tile_per_cta: launched as ours_one_tile_per_cta launches. A persistent launch's CTA 0
-        spans the launch; in a launch of one CTA per tile it lives for the first tile only, so
-        there the CTA-log build is the probe instead (every CTA's clock64 and globaltimer at its
-        start and end) and the clock is the launch's: all CTAs' cycles over all their ns."""
+        """The clock-probe build (the same kernel plus clock64 / globaltimer stamps): returns
+        (fn, read). read() appends to .ghz the mean in-kernel clock of every launch since the last
+        read() or reset() (the header's running sums, fa4kernel.trace.mean_clock), and to .sums
+        its (cycles, ns, spans); reset() zeroes the sums (call it before a timed stretch, so a
+        warm-up's launches stay out). one_tile_per_cta: launched as ours_one_tile_per_cta
+        launches. A persistent launch's CTA 0 spans the launch; in a launch of one CTA per tile it
+        lives for the first tile only, so there the CTA-log build is the probe instead, and every
+        CTA adds its span: all CTAs' cycles over all their ns."""
         from fa4kernel import interface
         from fa4kernel.interface import attention_probed, resolve_config
-        from fa4kernel.trace import cta_log, header_clock
-
-        from fa4kernel.trace_layout import TRACE_WORDS
+        from fa4kernel.trace import mean_clock
+        from fa4kernel.trace_layout import SUM_CYCLES, SUM_SPANS, TRACE_HEADER, TRACE_WORDS
 
         box = {"st": torch.zeros((TRACE_WORDS,), dtype=torch.int64, device=q.device)}  # CTA 0 / all CTAs
         every_cta = one_tile_per_cta or not resolve_config(q, k, v, causal, **knobs).persistent
@@ -184,18 +187,18 @@ class Impls:
                 interface.PERSISTENT = True
             return out
 
-        def read():
-            if every_cta:
-                rows = cta_log(box["st"].tolist(), 1 << 30)
-                ns = sum(r["end_ns"] - r["start_ns"] for r in rows)
-                g = sum(r["cycles"] for r in rows) / ns if ns > 0 else None
-                box["st"].zero_()
-            else:
-                g = header_clock(box["st"][:5].tolist())["ghz"]
-            if g:
-                read.ghz.append(g)
+        def reset():
+            box["st"][SUM_CYCLES:SUM_SPANS + 1].zero_()
 
-        read.ghz = []
+        def read():
+            m = mean_clock(box["st"][:TRACE_HEADER].tolist())
+            reset()
+            if m["ghz"]:
+                read.ghz.append(m["ghz"])
+                read.sums.append((m["cycles"], m["ns"], m["spans"]))
+
+        read.ghz, read.sums = [], []
+        read.reset = reset
         read.every_cta = every_cta
         return run, read
 

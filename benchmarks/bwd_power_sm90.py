@@ -7,8 +7,9 @@ forward as a control) is launched back to back with no host sync and no idle ker
 launches, for LONG_WARM_S, then LONG_S more between two CUDA events. NVML is sampled every
 SAMPLE_S in a thread; the power is the energy counter's least-squares slope over the timed
 window (bench_power's method: over seconds it agrees with NVML's one-second averages). Recorded
-per kernel: ms per launch, power, NVML's clock and clock-event reasons, and the in-kernel clock
-of the last launch (all CTAs' clock64 cycles over their globaltimer ns).
+per kernel: ms per launch, power, NVML's clock and clock-event reasons, and the in-kernel clock:
+the backward's of its last launch (all CTAs' clock64 cycles over their globaltimer ns), the
+forward's the mean over every timed launch (the probe's running sums).
 
 One point runs with q = k = 0 (data "qk_zero"): S = 0, P one constant, and the S, dK and dQ GEMMs
 multiply zeros. It shows how much the tensor core's power depends on its operands; fa4sim's
@@ -104,7 +105,8 @@ class _Sampler:
 
 def long_point(sampler, pas, d, s, causal, knobs, data):
     """One kernel launched back to back for LONG_WARM_S + LONG_S without a host sync; its power
-    over the last LONG_S (_Sampler.window) and the in-kernel clock of its last launch."""
+    over the last LONG_S (_Sampler.window) and its in-kernel clock (the backward: its last launch;
+    the forward: every timed launch)."""
     import time
 
     import torch
@@ -139,8 +141,9 @@ def long_point(sampler, pas, d, s, causal, knobs, data):
         fn, reader = Impls.ours_clock_probe(None, q, k, v, causal)
 
         def read():
-            reader()
+            reader()  # the mean over every launch since reset()
             return reader.ghz[-1] if reader.ghz else None
+        read.reset = reader.reset
     fn()
     torch.cuda.synchronize()
     e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -153,6 +156,7 @@ def long_point(sampler, pas, d, s, causal, knobs, data):
     n_warm, n_meas = max(1, int(LONG_WARM_S * 1e3 / ms)), max(1, int(LONG_S * 1e3 / ms))
     for _ in range(n_warm):
         fn()  # the launch queue fills and then paces the host: the GPU never waits
+    getattr(read, "reset", lambda: None)()  # queued: the forward probe's sums start here
     e0.record()
     for _ in range(n_meas):
         fn()
@@ -193,7 +197,8 @@ def measure_long(out_path):
         method=(f"--long: each kernel (fa4kernel's clock-probe build: the backward's main kernel alone, or the "
                 f"forward) launched back to back with no host sync for {LONG_WARM_S} s, then {LONG_S} s timed "
                 f"between two CUDA events; NVML sampled every {SAMPLE_S * 1e3:.0f} ms in a thread; power = the "
-                f"energy counter's least-squares slope over the timed window; in-kernel clock of its last launch"),
+                f"energy counter's least-squares slope over the timed window; in-kernel clock of the backward's last "
+                f"launch, of every timed launch of the forward"),
     ), KIND)
     points = []
     os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)

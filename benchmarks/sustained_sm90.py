@@ -9,8 +9,8 @@ draws more power and runs at a lower clock. So here each candidate, at each poin
 
   1. compiles (its first call) and is checked once against an fp32 reference (relative error of
      a few (batch, head) slices < 1e-2, no NaN or Inf anywhere in its output);
-  2. runs back to back for --warm-s (>= 1.0 s) so the clock settles under the power cap;
-  3. is timed for >= --timed-s (0.5 s): windows of about --window-ms (100 ms) of back-to-back
+  2. runs back to back for --warm-s (2.5 s; >= 1.0) so the clock settles under the power cap;
+  3. is timed for >= --timed-s (1.0 s; >= 0.5): windows of about --window-ms (100 ms) of back-to-back
      calls between two CUDA events, ms per call = the median over the windows; NVML's SM clock
      and board power (sampled, and from the energy counter) over exactly those windows.
 
@@ -19,9 +19,10 @@ Back to back means a CUDA graph of calls replayed (no host launch path between k
 cannot be captured the calls go eagerly (recorded per candidate as "launch").
 
 Candidates: fa4kernel (its default build), fa4kernel's clock-probe build (the same kernel plus
-clock64 / globaltimer at CTA 0's start and end: the SM clock inside the timed windows, one value
-per window from its last launch; a persistent launch's CTA 0 spans the launch, a launch of one CTA
-per tile uses the CTA-log build) and flash-attn-4's SM90 forward (flash_attn.cute). Their order
+clock64 / globaltimer at CTA 0's start and end, summed over every launch: per window, the mean SM
+clock of all its launches, not one launch's sample, since the cap's controller moves the clock by
+several percent from one window to the next; a persistent launch's CTA 0 spans the launch, a
+launch of one CTA per tile uses the CTA-log build, where every CTA adds its span) and flash-attn-4's SM90 forward (flash_attn.cute). Their order
 rotates from point to point, so none always follows the same one.
 
 Points: the 18-point grid of docs/accuracy.md (hd 64 / 128 / 256 x 1k / 4k / 16k tokens x causal
@@ -308,7 +309,8 @@ class Sustained:
 
     def run(self, name: str, fn, eager_out, read=None) -> dict:
         """Warm up and time fn (already compiled); read(): after each timed window, records the
-        in-kernel clock of that window's last launch (the probe). Returns the candidate's record."""
+        mean in-kernel clock of that window's launches (the probe; read.reset() before the first).
+        Returns the candidate's record."""
         torch = _torch()
         self._key += 1
         key = f"{self._key}:{name}"
@@ -329,6 +331,8 @@ class Sustained:
                 chunk()
             torch.cuda.synchronize()
         warm = time.perf_counter() - t0
+        if read is not None:
+            read.reset()  # the probe's running sums: from here on, every timed launch
         s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         per_call, host_s, gpu_s = [], [], 0.0
         windows = 0
@@ -418,8 +422,12 @@ def bench_point(point: Point, index: int, impls, sustained: Sustained) -> dict:
             r["error"] = repr(e)[:500]
             torch.cuda.synchronize()
         if read is not None and read.ghz:
+            # per window, the mean over all its launches; the point's, their median (as its ms)
             r["clock_ghz_in_kernel"] = statistics.median(read.ghz)
             r["clock_ghz_in_kernel_windows"] = list(read.ghz)
+            cycles, ns = sum(c for c, _, _ in read.sums), sum(n for _, n, _ in read.sums)
+            r["clock_ghz_in_kernel_mean"] = cycles / ns
+            r["clock_probe_spans"] = sum(n for _, _, n in read.sums)
             rec["clock_ghz_in_kernel"] = r["clock_ghz_in_kernel"]
             rec["clock_probe_every_cta"] = read.every_cta
     if OURS in cands:
@@ -482,8 +490,10 @@ def parse_args(argv=None):
     ap.add_argument("--points", default=None,
                     help="comma-separated: grid, new, all, point names, or parts of names (hd128, causal)")
     ap.add_argument("--quick", action="store_true", help=f"{len(QUICK)} points (without --points)")
-    ap.add_argument("--warm-s", type=float, default=1.0, help="seconds back to back before timing (>= 1.0)")
-    ap.add_argument("--timed-s", type=float, default=0.5, help="seconds timed per candidate (>= 0.5)")
+    ap.add_argument("--warm-s", type=float, default=2.5,
+                    help="seconds back to back before timing (>= 1.0; the cap's controller settles in 1-2 s)")
+    ap.add_argument("--timed-s", type=float, default=1.0,
+                    help="seconds timed per candidate (>= 0.5; longer averages over the controller's swings)")
     ap.add_argument("--window-ms", type=float, default=100.0, help="one timed window (ms, 10-1000)")
     ap.add_argument("--launch", default="graph", choices=("graph", "eager"),
                     help="graph: replay a CUDA graph of calls (eagerly where one cannot be captured)")
@@ -528,7 +538,8 @@ def main(argv=None) -> int:
                 "back-to-back calls between CUDA events (a replayed CUDA graph where it captures); ms = median "
                 "over windows; TFLOP/s = 2*b*h*(d+dv)*visible pairs/ms (fa4sim/flops.py, bottom-right causal); "
                 "sm_mhz / power_w: NVML over exactly the timed windows (power: the mean of its samples); "
-                "clock_ghz_in_kernel: the clock-probe build's clock64/globaltimer of each window's last launch"),
+                "clock_ghz_in_kernel: the clock-probe build's clock64/globaltimer summed over every launch of a window "
+                "(CTA 0 of a persistent launch, every CTA of one CTA per tile), the median over windows"),
         settings={"warm_s": args.warm_s, "timed_s": args.timed_s, "window_ms": args.window_ms, "launch": args.launch,
                   "rel_error_limit": REL_ERROR_LIMIT, "points": [p.name for p in points]})
     impls = Impls()

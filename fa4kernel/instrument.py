@@ -13,8 +13,8 @@ from cutlass import Int32, const_expr
 
 from .diagnostics import Diagnostics
 from .trace_layout import (
-    CTA_LOG_MAX, CTA_LOG_WORDS, LIGHT_OPS, T_EXP, T_MAX, TILE_LOG_BASE, TILE_LOG_MAX, TRACE_HEADER,
-    TRACE_ITERS, TRACE_OPS, TRACE_TILES,
+    CTA_LOG_MAX, CTA_LOG_WORDS, LIGHT_OPS, SUM_CYCLES, SUM_NS, SUM_SPANS, T_EXP, T_MAX, TILE_LOG_BASE,
+    TILE_LOG_MAX, TRACE_HEADER, TRACE_ITERS, TRACE_OPS, TRACE_TILES,
 )
 
 
@@ -70,15 +70,36 @@ class Instrument:
         header's end stamps and the CTA log's end."""
         if const_expr(self.probe):
             if tr_cta & (tidx == 0):
-                mTrace[3] = cute.arch.clock64()
-                mTrace[4] = cute.arch.globaltimer()
+                c1 = cute.arch.clock64()
+                g1 = cute.arch.globaltimer()
+                mTrace[3] = c1
+                mTrace[4] = g1
+                if const_expr(not self.cta_log):
+                    # the running sums: the mean clock over every launch, not one launch's sample
+                    # (the start stamps are visible here: thread 0 wrote them before sync_threads)
+                    self._add_span(mTrace, c1 - mTrace[1], g1 - mTrace[2])
             if const_expr(self.cta_log):
                 bid = cute.arch.block_idx()[0]
                 if (tidx == 0) & (bid < CTA_LOG_MAX):
                     base = TRACE_HEADER + bid * CTA_LOG_WORDS
-                    mTrace[base + 4] = cute.arch.clock64()
-                    mTrace[base + 2] = cute.arch.globaltimer()
+                    c1 = cute.arch.clock64()
+                    g1 = cute.arch.globaltimer()
+                    mTrace[base + 4] = c1
+                    mTrace[base + 2] = g1
                     mTrace[base + 5] = cutlass.Int64(1)
+                    # every logged CTA adds its span: CTAs end concurrently, so the adds are atomic
+                    self._add_span(mTrace, c1 - mTrace[base + 3], g1 - mTrace[base + 1])
+
+    @cute.jit
+    def _add_span(self, mTrace, cycles, ns):
+        """Add one span (clock64 cycles, globaltimer ns) to the header's running sums: one relaxed
+        atomic add each, since several CTAs of a launch may end at once."""
+        cute.arch.red(mTrace.iterator + SUM_CYCLES, cutlass.Uint64(cycles), op="add", dtype=cutlass.Uint64,
+                      sem="relaxed", scope="gpu")
+        cute.arch.red(mTrace.iterator + SUM_NS, cutlass.Uint64(ns), op="add", dtype=cutlass.Uint64,
+                      sem="relaxed", scope="gpu")
+        cute.arch.red(mTrace.iterator + SUM_SPANS, cutlass.Uint64(1), op="add", dtype=cutlass.Uint64,
+                      sem="relaxed", scope="gpu")
 
     @cute.jit
     def tile_start(self, mTrace, tidx, tile):

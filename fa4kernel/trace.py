@@ -19,7 +19,7 @@ K / V stage) go to a separate "waits" list with ops WAIT_K, WAIT_V, WAIT_PP (+ w
 from __future__ import annotations
 
 from .trace_layout import (  # noqa: F401  (re-exported)
-    CTA_LOG_MAX, CTA_LOG_WORDS, TILE_LOG_BASE, TILE_LOG_CTAS, TILE_LOG_MAX, T_CVT, T_EXP, T_FIN, T_LK, T_LQ, T_LV, T_MASK, T_MAX, T_PP, T_PV, T_QK, T_RESC, T_ST,
+    CTA_LOG_MAX, CTA_LOG_WORDS, SUM_CYCLES, SUM_NS, SUM_SPANS, TILE_LOG_BASE, TILE_LOG_CTAS, TILE_LOG_MAX, T_CVT, T_EXP, T_FIN, T_LK, T_LQ, T_LV, T_MASK, T_MAX, T_PP, T_PV, T_QK, T_RESC, T_ST,
     T_WAIT_K, T_WAIT_PP, T_WAIT_V, TRACE_HEADER, TRACE_ITERS, TRACE_OP_NAMES, TRACE_OPS,
     TRACE_ROLES, TRACE_TILES, TRACE_WORDS,
 )
@@ -89,6 +89,16 @@ def header_clock(words) -> dict:
     h = [int(x) for x in words[:5]]
     cycles, ns = h[3] - h[1], h[4] - h[2]
     return {"cycles": cycles, "ns": ns, "ghz": (cycles / ns) if ns > 0 and cycles > 0 else None}
+
+
+def mean_clock(words) -> dict:
+    """The mean in-kernel clock over every launch since the host zeroed the header's running sums
+    (trace_layout.SUM_*; any buffered build): {"spans", "cycles", "ns", "ghz"}, spans = launches
+    (or, in a CTA-log build, CTAs) added; ghz None when none was."""
+    h = [int(x) for x in words[:TRACE_HEADER]]
+    cycles, ns, spans = h[SUM_CYCLES], h[SUM_NS], h[SUM_SPANS]
+    return {"spans": spans, "cycles": cycles, "ns": ns,
+            "ghz": cycles / ns if spans > 0 and ns > 0 and cycles > 0 else None}
 
 
 def ctas_clock_ghz(words) -> dict:

@@ -3,12 +3,16 @@
 # Instrumented build (KernelConfig.trace): clock64 stamps of one CTA in an int64 buffer.
 # header: [0] CTA to trace (written by the host), [1] clock64 and [2] globaltimer (ns) at kernel
 # start (thread 0), [3] clock64 and [4] globaltimer at the end (warp 4 lane 0, after the last O
-# store), [5] gridDim.x. Then (start, end) pairs at
+# store), [5] gridDim.x; [6] clock64 cycles, [7] globaltimer ns and [8] spans summed over every
+# launch since the host last zeroed them (the traced CTA's start to end; in a CTA-log build every
+# logged CTA's): SUM_CYCLES / SUM_NS is the mean in-kernel clock over all those launches, not
+# one launch's sample. Then (start, end) pairs at
 #   TRACE_HEADER + ((((role * TRACE_TILES + local_tile) * TRACE_ITERS + iter) * TRACE_OPS + op) * 2
 # role 0 = producer, 1 + w = consumer WG w, 1 + num_wg = epilogue (O store); local_tile = the
 # CTA's n-th tile (persistent); iter = KV iteration (0 = first block processed). An unwritten
 # pair stays as the host left it (0).
 TRACE_HEADER = 16
+SUM_CYCLES, SUM_NS, SUM_SPANS = 6, 7, 8  # header words of the running sums
 TRACE_TILES = 4
 TRACE_ITERS = 128
 TRACE_OPS = 16

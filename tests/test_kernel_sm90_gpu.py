@@ -324,3 +324,32 @@ def test_persistent_cta_log_build_logs_every_tile(causal):
     assert sorted(x["tile"] for x in tiles) == sorted(t for row in table for t in row if t >= 0)
     assert all(x["cycles"] > 0 for x in tiles)
     assert rel_err(out, reference(q, k, v, causal)[0]) < 1e-2
+
+
+@pytest.mark.parametrize("cta_log", [False, True])
+def test_probe_sums_every_launch(cta_log):
+    """The clock probe's running sums (trace.mean_clock): every launch adds one span (a CTA-log
+    build: one per CTA), the mean clock is a real SM clock, it matches the launches' own headers,
+    and zeroing the sums starts a new count."""
+    from fa4kernel.interface import attention_probed
+    from fa4kernel.trace import header_clock, mean_clock
+    from fa4kernel.trace_layout import SUM_CYCLES, SUM_SPANS, TRACE_WORDS
+
+    q, k, v = _inputs(2, 1000, 1000, 2, 256 if cta_log else 128)
+    st = torch.zeros((TRACE_WORDS,), dtype=torch.int64, device="cuda")
+    spans_per_launch = 2 * 2 * 8 if cta_log else 1  # one CTA per 128-row tile, or CTA 0 alone
+    heads = []
+    for _ in range(4):
+        out, _ = attention_probed(q, k, v, causal=True, stamps=st, cta_log=cta_log)
+        torch.cuda.synchronize()
+        heads.append(header_clock(st[:5].tolist()))
+    m = mean_clock(st.tolist())
+    assert m["spans"] == 4 * spans_per_launch
+    assert 0.5 < m["ghz"] < 2.2  # an SM clock in GHz, not a unit slip
+    if not cta_log:  # CTA 0's spans, launch by launch
+        assert m["cycles"] == sum(h["cycles"] for h in heads) and m["ns"] == sum(h["ns"] for h in heads)
+    st[SUM_CYCLES:SUM_SPANS + 1].zero_()
+    attention_probed(q, k, v, causal=False, stamps=st, cta_log=cta_log)
+    torch.cuda.synchronize()
+    assert mean_clock(st.tolist())["spans"] == spans_per_launch
+    assert rel_err(out, reference(q, k, v, True)[0]) < 1e-2

@@ -1,7 +1,8 @@
 """CPU-only: the clock-probe builds of the SM90 kernel (fa4kernel.diagnostics.probe_build).
 
 - the clock-probe build is the normal kernel plus exactly two clock64 and two globaltimer reads
-  (CTA start and end): same wgmma, MUFU and FMNMX counts, no spills
+  (CTA start and end) and three atomic adds into the header's running sums: same wgmma, MUFU
+  and FMNMX counts, no spills
 - the skip-softmax build keeps the wgmma + TMA skeleton and drops the softmax (no FMNMX, only the
   epilogue's few MUFU)
 - the CTA-log build adds per-CTA stamps and the SM id outside the KV loop; a persistent one
@@ -28,6 +29,8 @@ def test_clock_probe_build_adds_only_the_header_stamps():
     for op in ("HGMMA", "MUFU", "FMNMX", "FFMA", "UTMALDG"):
         assert count(probe, op) == count(plain, op) > 0, op
     assert count(probe, "STL") == 0
+    # the running sums: one 64-bit atomic add each of cycles, ns and spans, at the kernel's end
+    assert count(probe, "REDG.E.ADD.64") == 3 and count(plain, "REDG") == 0
 
 
 @pytest.mark.compile
@@ -65,6 +68,17 @@ def test_bad_probe_builds_fail_in_one_line(kw, says):
     with pytest.raises(ValueError) as ei:
         probe_build(**kw)
     assert says in str(ei.value) and "\n" not in str(ei.value)
+
+
+def test_mean_clock():
+    """The header's running sums: cycles over ns of every span added; no span gives None."""
+    from fa4kernel.trace import mean_clock
+    from fa4kernel.trace_layout import SUM_CYCLES, SUM_NS, SUM_SPANS, TRACE_HEADER
+
+    words = [0] * TRACE_HEADER
+    words[SUM_CYCLES], words[SUM_NS], words[SUM_SPANS] = 3_000_000, 2_000_000, 7
+    assert mean_clock(words) == {"spans": 7, "cycles": 3_000_000, "ns": 2_000_000, "ghz": pytest.approx(1.5)}
+    assert mean_clock([0] * TRACE_HEADER)["ghz"] is None
 
 
 def test_header_clock():

@@ -194,6 +194,7 @@ def test_sustained_loop_times_enough_windows(monkeypatch, capture, launch):
     monkeypatch.setattr(bench, "_torch", lambda: gpu.torch)
     clocks = []
     read = lambda: clocks.append(1.6)  # noqa: E731  (the probe's read after each window)
+    read.reset = lambda: clocks.append("reset")  # the probe's sums zeroed once the warm-up is over
     gpu.fn()
     eager_out = types.SimpleNamespace(value=gpu.buffer.value)  # the first call's output, its own memory
     rec = bench.Sustained(None, warm_s=0.0, timed_s=0.5, window_ms=100.0, launch="graph").run(
@@ -203,7 +204,7 @@ def test_sustained_loop_times_enough_windows(monkeypatch, capture, launch):
     assert rec["windows"] >= 5 and rec["timed_s"] >= 0.5
     assert rec["ms"] == pytest.approx(0.25)  # every call advanced the fake GPU clock by 0.25 ms
     assert rec["calls_per_window"] * 0.25 == pytest.approx(100.0, rel=0.2)
-    assert len(clocks) == rec["windows"]
+    assert clocks == ["reset"] + [1.6] * rec["windows"]
 
 
 def test_nvml_power_from_the_energy_counter_and_reasons():
