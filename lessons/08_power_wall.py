@@ -59,9 +59,9 @@ for hd, r in h100.items():
     print(f"{'':26s} at a forced 1.98 GHz: {full.tflops:.0f} TFLOP/s, drawing {full.power_w:.0f} W")
 
 # %% [markdown]
-# Both hit the 700 W cap. hd256 runs at the lower clock (~1.43 GHz against ~1.68): its tensor
+# Both hit the 700 W cap. hd256 runs at the lower clock (~1.44 GHz against ~1.69): its tensor
 # core is busier per clock, and the tensor core is most of the dynamic power (~375 W of ~580).
-# At 1.98 GHz the same kernels would draw ~950 W and ~1240 W. The static part (~120 W) is paid
+# At 1.98 GHz the same kernels would draw ~960 W and ~1290 W. The static part (~120 W) is paid
 # whatever the kernel does.
 #
 # ## 2. Measured
@@ -69,10 +69,12 @@ for hd, r in h100.items():
 # The sustained benchmark runs each point back to back for seconds, so the GPU reaches its
 # steady clock. It records TFLOP/s, NVML's clock and power over the timed windows, and, for a
 # clock-probe build of fa4kernel, the clock counted inside the kernel (`clock64` against
-# `globaltimer`). Look at the file's shape first:
+# `globaltimer`, summed over every launch of a window: the cap's controller moves the clock by
+# several percent from one window to the next, and one launch's sample read about 4 % low). Look
+# at the file's shape first:
 
 # %%
-(path, doc), = kit.recorded("sustained_h100_*.json")[:1]
+(path, doc), = kit.recorded("sustained_settled_h100_*.json")[:1]
 print(path.name, "|", *kit.describe(doc), "| kind:", doc["meta"]["kind"])
 point = doc["points"][0]
 print("a point:", {k: v for k, v in point.items() if k not in ("results", "fa4kernel_config", "order")})
@@ -93,7 +95,7 @@ for hd, name in ((64, "hd64-4k-b4-h32"), (256, "hd256-4k-b4-h8")):
 # %% [markdown]
 # The order is right, and so is the level: within a few percent of the clock counted inside the
 # kernel. Two terms of the power model make that so; without them it predicts hd64's clock about
-# 9 % too high. Attention's tensor core works in bursts between softmax phases, and a tensor core
+# 6 % too high. Attention's tensor core works in bursts between softmax phases, and a tensor core
 # that idles between bursts draws more per FLOP than one that never idles; and the softmax is one
 # mixed stream of MUFU, FMA and ALU instructions, which draws more than the same work in
 # single-pipe streams. Section 3 shows the unit loads that measure both. Switch them off and
@@ -139,13 +141,14 @@ for name in ("sleep", "tensor256", "tensor256+mix1", "tensor256+mix2", "mix"):
 # only ~340 W), but beside the GEMM its watts come out of the tensor core's clock.
 #
 # A second file runs the tensor core at a duty cycle: bursts of 1, 8 or 64 trips (1024 cycles
-# each) with the tensor core idle between them, at 75 % and 50 % of the time busy. At equal
-# work per clock the short bursts draw more: the model's `tensor_burst_energy_fraction` and
-# `tensor_burst_cycles` come from these loads (that GPU ran hot, so its clock was set by
-# temperature rather than the cap, but the power at each clock is still measured).
+# each) with the tensor core idle between them, at 90 %, 75 % and 50 % of the time busy. At
+# equal work per clock the short bursts draw more: the model's `tensor_burst_energy_fraction`
+# and `tensor_burst_cycles` come from these loads. Compare the 90 % loads with the 75 % ones:
+# the closer the duty comes to 100 %, the smaller the extra, which the model's term (a fixed
+# extra per FLOP for short bursts, whatever the gaps) does not follow.
 
 # %%
-(bpath, bdoc), = kit.recorded("power_bursts_h100_*.json")[:1]
+(bpath, bdoc), = kit.recorded("power_bursts_h100_2026-11-27.json")
 print(bpath.name, "|", *kit.describe(bdoc))
 for l in bdoc["loads"]:
     if l["name"].startswith("tensor256_d"):
@@ -189,8 +192,8 @@ for label, r in same_clock.items():
 # What the numbers show:
 #
 # - **Emulation off** (all exp2 on the MUFU): at the same clock it is ~8 % slower (the MUFU
-#   limits) and draws ~85 W less, so the cap lets it run ~5 % faster (1.57 GHz). The net loss
-#   is ~3.5 %: emulation still pays, but the cap takes back more than half of its gain in clock. Of
+#   limits) and draws ~85 W less, so the cap lets it run ~5 % faster (1.58 GHz). The net loss
+#   is ~3.7 %: emulation still pays, but the cap takes back more than half of its gain in clock. Of
 #   those ~85 W, the emulation's own FMA and ALU work is ~25 W; the rest is the tensor core and
 #   its shared-memory operands doing more work per clock.
 # - **Rescale every block** (`rescale_threshold` 0): at the same clock the throughput does not
@@ -202,7 +205,7 @@ for label, r in same_clock.items():
 # ## 5. Exercises
 #
 # ### Exercise 8.1
-# MUFU energy on the H100 profile is ~11.4 pJ per op. At what `energy_mufu_pj_per_op` would the
+# MUFU energy on the H100 profile is ~11.1 pJ per op. At what `energy_mufu_pj_per_op` would the
 # hd64 clock of section 1 drop by 2 %? Predict from `power_by_part` first (how many watts must the
 # MUFU add?), then try values with `overrides={"energy_mufu_pj_per_op": e}`.
 
@@ -232,7 +235,7 @@ kit.check(0.015 <= drop <= 0.025, f"the clock drops {drop:.2%}, not about 2 %")
 # ### A ceiling below the maximum
 #
 # Lift the cap and the clock still stops short of 1.98 GHz: while the tensor core works, an
-# H100 counts at most ~1.84 GHz in the kernel (`clock64` over `globaltimer`) even where NVML
+# H100 counts at most ~1.86 GHz in the kernel (`clock64` over `globaltimer`) even where NVML
 # reports 1.98 and no reason to hold it (unit loads below the cap). The profile calls it
 # `clock_tensor_ghz`, and a `Result` says when it set the clock
 # (`clock_ceiling`).
@@ -272,7 +275,7 @@ kit.check(clock_at_cap(cap_w + 1) >= top and clock_at_cap(cap_w - 20) < top,
 #
 # - Under sustained attention the power cap, not the maximum clock, sets the clock: ~1.35-1.75 GHz
 #   on an H100, lower where the tensor core is busier. Below the cap a working tensor core still
-#   holds the SM at ~1.84 GHz (1.81 on an H200), not 1.98.
+#   holds the SM at ~1.86 GHz (1.81 on an H200), not 1.98.
 # - The model gets the order and the level right within a few %, once it counts what bursts and
 #   mixed code cost beyond their parts: a tensor core that idles between bursts, and a softmax
 #   that mixes MUFU, FMA and ALU instructions, each draw more than single-unit loads suggest.

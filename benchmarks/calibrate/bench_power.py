@@ -275,7 +275,7 @@ LOADS = {
        ("mix" if m else "sleep", 1, 256, -round(b * 1024 * (100 - d) / d), 2 if m else 0,
         f"wgmma N=256 in bursts of {b} x 1024 cycles at {d} % duty (clock64 spin between)"
         + (" beside two softmax-like warpgroups" if m else ""), b)
-       for m in (False, True) for d in (75, 50) for b in (1, 8, 64)},
+       for m in (False, True) for d in (90, 75, 50) for b in (1, 8, 64)},
     "tensor128+ffma": ("ffma", 1, 128, 0, 2, "wgmma N=128 beside two FFMA warpgroups"),
     "tma_l2": (None, 0, 0, 0, 0, "TMA box loads on every SM from the same 2 MB (L2 hits into shared memory)"),
     "tma_hbm": (None, 0, 0, 0, 0, "TMA box loads on every SM from disjoint parts of 1 GiB (HBM through L2)"),
