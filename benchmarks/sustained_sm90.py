@@ -36,7 +36,7 @@ Usage (device, from the repository root):
     python3 benchmarks/sustained_sm90.py --dry-run                 # the points and the plan, no GPU
     python3 benchmarks/sustained_sm90.py --quick --out ...         # 6 points
     python3 benchmarks/sustained_sm90.py --points new,hd128-4k-b4-h16 --out ...
-The whole default run takes about 5 minutes on an H100 (compiles included); --budget-s stops
+The whole default run takes about 7 minutes on an H100 or H200 (compiles included); --budget-s stops
 starting new points past that many seconds, and the file is rewritten after every point.
 """
 from __future__ import annotations
