@@ -9,6 +9,7 @@ import json
 import re
 
 import pytest
+from hopper import has_hopper
 
 pytest.importorskip("cutlass")
 
@@ -77,17 +78,9 @@ def test_bad_only_is_rejected():
     assert e.value.code == 2
 
 
-def _has_hopper():
-    try:
-        import torch
-
-        return torch.cuda.is_available() and torch.cuda.get_device_capability(0)[0] == 9
-    except Exception:
-        return False
-
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not _has_hopper(), reason="needs a CUDA GPU (Hopper sm_90); none here")
+@pytest.mark.skipif(not has_hopper(), reason="needs a CUDA GPU (Hopper sm_90); none here")
 def test_quick_run_writes_rates(tmp_path):
     out = tmp_path / "u.json"
     assert bu.main(["--out", str(out), "--quick"]) == 0

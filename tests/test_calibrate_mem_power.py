@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
+from hopper import has_hopper
 
 pytest.importorskip("cutlass")
 
@@ -181,17 +182,9 @@ def test_out_without_a_gpu_is_one_line_and_exit_2(tmp_path, capsys):
     assert len(err) == 1 and "Hopper" in err[0]
 
 
-def _has_hopper():
-    try:
-        import torch
-
-        return torch.cuda.is_available() and torch.cuda.get_device_capability(0)[0] == 9
-    except Exception:
-        return False
-
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not _has_hopper(), reason="needs a CUDA GPU (Hopper sm_90); none here")
+@pytest.mark.skipif(not has_hopper(), reason="needs a CUDA GPU (Hopper sm_90); none here")
 def test_run_writes_every_load(tmp_path):
     out = tmp_path / "m.json"
     assert mp.main(["--out", str(out)]) == 0

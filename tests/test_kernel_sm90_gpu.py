@@ -9,17 +9,11 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-
-def _has_hopper():
-    try:
-        return torch.cuda.is_available() and torch.cuda.get_device_capability(0)[0] == 9
-    except Exception:
-        return False
-
+from hopper import has_hopper  # noqa: E402
 
 pytestmark = [
     pytest.mark.gpu,
-    pytest.mark.skipif(not _has_hopper(), reason="needs a CUDA GPU (Hopper sm_90); none here"),
+    pytest.mark.skipif(not has_hopper(), reason="needs a CUDA GPU (Hopper sm_90); none here"),
 ]
 
 import fa4kernel  # noqa: E402

@@ -55,7 +55,7 @@ from cutlass import Int32  # noqa: E402
 from . import bench_bwd_units as bu  # noqa: E402
 from . import bench_dsmem as ds  # noqa: E402
 from .bench_power import LAUNCH_MS, MEASURE_S, SMEM_FLOOR, WARM_S, _window, settle, supported_sm_clocks_mhz  # noqa: E402
-from .common import run_sass_checks  # noqa: E402
+from .common import only_loads, run_sass_checks  # noqa: E402
 
 # chip-wide activity per SM clock: bench_power's keys, then the three paths fit_mem_power.py prices
 ACTIVITY_KEYS = ("tensor_flops", "mufu_ops", "fma_lane_ops", "alu_lane_ops", "smem_bytes", "l2_bytes", "hbm_bytes",
@@ -344,9 +344,7 @@ def main(argv=None) -> int:
                     "its SASS holds the instruction it loads with")
     ap.add_argument("--only", default="", help=f"GPU: comma-separated subset of the loads ({', '.join(LOADS)})")
     args = ap.parse_args(argv)
-    only = tuple(x for x in args.only.split(",") if x)
-    if set(only) - set(LOADS):
-        ap.error(f"--only: unknown load(s) {', '.join(sorted(set(only) - set(LOADS)))}; allowed: {', '.join(LOADS)}")
+    only = only_loads(ap, args.only, LOADS)
     if args.check_sass:
         return check_sass()
     if not args.out:

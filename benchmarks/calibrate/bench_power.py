@@ -50,7 +50,7 @@ from cutlass.cute.nvgpu import warpgroup  # noqa: E402
 from .bench_bursts import nanosleep, stsm_x4  # noqa: E402
 from .bench_contention import KB, KT, LOG2E, _mix_block, _tiled_mma, ex2_neg, lds_volatile, red_add_shared  # noqa: E402
 from .bench_wgmma import _smem_layout  # noqa: E402
-from .common import clk, compile_for_sass, f2bf16x2, ffma, fill_random_bf16, fmax, gtimer, smem_addr, sts32  # noqa: E402,F401
+from .common import clk, compile_for_sass, f2bf16x2, ffma, fill_random_bf16, fmax, gtimer, only_loads, smem_addr, sts32  # noqa: E402,F401
 
 THREADS = 384
 WARPS = THREADS // 32
@@ -607,9 +607,7 @@ def main(argv=None) -> int:
     ap.add_argument("--check-sass", action="store_true", help="CPU: compile for sm_90a and check the SASS")
     ap.add_argument("--only", default="", help=f"GPU: comma-separated subset of the loads ({', '.join(LOADS)})")
     args = ap.parse_args(argv)
-    only = tuple(x for x in args.only.split(",") if x)
-    if set(only) - set(LOADS):
-        ap.error(f"--only: unknown load(s) {', '.join(sorted(set(only) - set(LOADS)))}; allowed: {', '.join(LOADS)}")
+    only = only_loads(ap, args.only, LOADS)
     if args.check_sass:
         return check_sass()
     if not args.out:

@@ -269,6 +269,15 @@ def median(xs):
     return xs[n // 2] if n % 2 else 0.5 * (xs[n // 2 - 1] + xs[n // 2])
 
 
+def only_loads(ap, text: str, loads) -> tuple:
+    """The names of a benchmark's --only (comma-separated), each one of `loads`; an unknown name
+    ends the run through ap.error (one line, the allowed names)."""
+    only = tuple(x for x in text.split(",") if x)
+    if set(only) - set(loads):
+        ap.error(f"--only: unknown load(s) {', '.join(sorted(set(only) - set(loads)))}; allowed: {', '.join(loads)}")
+    return only
+
+
 def hopper_missing(script: str) -> bool:
     """True, after one line on stderr, where `script --out` has no Hopper GPU (sm_90) to run on."""
     import torch

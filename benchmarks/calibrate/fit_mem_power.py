@@ -31,7 +31,7 @@ from pathlib import Path
 
 from fa4sim import hardware, power
 
-from .fit_power import BadInput, read_doc
+from .fit_power import BadInput, measured_on, read_doc
 
 # load name -> (the profile parameter it measures, its unit in fa4sim/power.py)
 PATHS = {"bulk_reduce": ("energy_l2_reduce_pj_per_byte", "l2_reduce"),
@@ -84,12 +84,10 @@ def energies(hw, loads: list[dict]) -> tuple[dict, list[tuple]]:
 
 def write(profile_path: str, values: dict, meta: dict, hw) -> None:
     doc = json.loads(Path(profile_path).read_text())
-    device = meta.get("device") or meta.get("gpu") or "an unnamed device"
-    date = meta.get("date") or str(meta.get("date_utc", ""))[:10] or "an undated run"
     for k, v in values.items():
         doc["params"][k] = {
             "value": round(v, 2), "confidence": "M",
-            "source": f"measured on {device} {date} by benchmarks/calibrate/bench_mem_power.py + fit_mem_power.py "
+            "source": f"{measured_on(meta)} by benchmarks/calibrate/bench_mem_power.py + fit_mem_power.py "
                       f"(its load alone on every SM for 2.5 s, random data; the power above what the profile's other "
                       f"parameters give that load, static {hw.static_power_w:.1f} W, over its bytes); "
                       f"docs/findings/power-and-clock.md"}

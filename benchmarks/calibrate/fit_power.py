@@ -187,6 +187,13 @@ def read_doc(path: str, kind: str, what: str, writer: str) -> dict:
     return doc
 
 
+def measured_on(meta: dict) -> str:
+    """'measured on DEVICE DATE' of a results file's meta, for a profile parameter's source."""
+    device = meta.get("device") or meta.get("gpu") or "an unnamed device"
+    date = meta.get("date") or str(meta.get("date_utc", ""))[:10] or "an undated run"
+    return f"measured on {device} {date}"
+
+
 def read(path: str) -> tuple[dict, list[dict], dict]:
     """(gpu, loads, meta) of a calibration file, each load with f (GHz), power_w and rates; or BadInput."""
     doc = read_doc(path, "power", "a power calibration file", "benchmarks/calibrate/bench_power.py")
@@ -293,11 +300,9 @@ def tensor_ceiling(paths: list[str], tensor_flops_per_clk: float) -> tuple[float
 
 def write_ceiling(profile_path: str, value: float, names: list[str], meta: dict) -> None:
     doc = json.loads(Path(profile_path).read_text())
-    device = meta.get("device", "an unnamed device")
-    date = meta.get("date") or str(meta.get("date_utc", ""))[:10] or "an undated run"
     doc["params"]["clock_tensor_ghz"] = {
         "value": round(value, 3), "confidence": "M",
-        "source": f"measured on {device} {date} by benchmarks/calibrate/bench_power.py + fit_power.py: the median "
+        "source": f"{measured_on(meta)} by benchmarks/calibrate/bench_power.py + fit_power.py: the median "
                   f"in-kernel clock (clock64 / globaltimer) of the {len(names)} loads whose tensor core works while "
                   f"NVML reports the maximum clock with no clock-event reason ({', '.join(names)}); "
                   f"docs/findings/power-and-clock.md"}
@@ -306,10 +311,8 @@ def write_ceiling(profile_path: str, value: float, names: list[str], meta: dict)
 
 def write(profile_path: str, values: dict, meta: dict, gpu: dict, n: int, res: float, files: int = 1) -> None:
     doc = json.loads(Path(profile_path).read_text())
-    device = meta.get("device", "an unnamed device")
-    date = meta.get("date") or str(meta.get("date_utc", ""))[:10] or "an undated run"
     hosts = f"; {files} runs on {files} hosts, each with its own static power" if files > 1 else ""
-    how = (f"measured on {device} {date} by benchmarks/calibrate/bench_power.py + fit_power.py "
+    how = (f"{measured_on(meta)} by benchmarks/calibrate/bench_power.py + fit_power.py "
            f"({n} unit loads{hosts}, non-negative least squares on relative power with voltage_slope on a 0.005 "
            f"grid, mixed_code_energy_fraction on a 0.05 grid and tensor_burst_cycles on a powers-of-2 grid; "
            f"rms residual {res:.1%})")
@@ -317,7 +320,7 @@ def write(profile_path: str, values: dict, meta: dict, gpu: dict, n: int, res: f
         if k in hardware.PARAMS:
             doc["params"][k] = {"value": round(v, 4), "source": how, "confidence": "M"}
     fmin = min(gpu["supported_clocks_mhz"]) / 1e3
-    doc["params"]["clock_min_ghz"] = {"value": fmin, "source": f"measured on {device} {date}: the lowest of the "
+    doc["params"]["clock_min_ghz"] = {"value": fmin, "source": f"{measured_on(meta)}: the lowest of the "
                                       f"driver's supported SM clocks (benchmarks/calibrate/bench_power.py)",
                                       "confidence": "M"}
     Path(profile_path).write_text(json.dumps(doc, indent=1) + "\n")
@@ -416,8 +419,7 @@ def main(argv=None) -> int:
         print(f"wrote {path}")
         if a.b200:
             doc = json.loads(Path(a.b200).read_text())
-            date = meta.get("date") or str(meta.get("date_utc", ""))[:10]
-            doc["params"].update(derive_b200(values, f"measured on {meta.get('device', '?')} {date} by "
+            doc["params"].update(derive_b200(values, f"{measured_on(meta)} by "
                                                      f"benchmarks/calibrate/bench_power.py + fit_power.py"))
             Path(a.b200).write_text(json.dumps(doc, indent=1) + "\n")
             print(f"wrote {a.b200}")

@@ -1,0 +1,10 @@
+"""The GPU tests' skip condition: a Hopper (sm_90) GPU that torch can reach. CI has none."""
+
+
+def has_hopper() -> bool:
+    try:
+        import torch
+
+        return torch.cuda.is_available() and torch.cuda.get_device_capability(0)[0] == 9
+    except Exception:
+        return False
