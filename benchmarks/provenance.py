@@ -46,6 +46,8 @@ KINDS = {
     "bwd_power": "NVML power and clock and the in-kernel clock of fa4kernel's backward main kernel alone, launched "
                  "back to back until the cap settles the clock (bwd_power_sm90.py; older files: against its whole "
                  "call, in short batches)",
+    "dram_bytes": "HBM and L2 bytes per launch of fa4kernel's forward counted by Nsight Compute, back to back "
+                  "(dram_bytes_sm90.py)",
     "mem_power": "board power and clock under sustained memory-path loads: TMA bulk reduce-adds, RED.ADD from "
                  "registers, the SM-to-SM network, TMA loads (calibrate/bench_mem_power.py)",
 }

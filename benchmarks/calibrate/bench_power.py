@@ -279,8 +279,42 @@ LOADS = {
     "tensor128+ffma": ("ffma", 1, 128, 0, 2, "wgmma N=128 beside two FFMA warpgroups"),
     "tma_l2": (None, 0, 0, 0, 0, "TMA box loads on every SM from the same 2 MB (L2 hits into shared memory)"),
     "tma_hbm": (None, 0, 0, 0, 0, "TMA box loads on every SM from disjoint parts of 1 GiB (HBM through L2)"),
+    # memory at a share of the SMs (the rest idle, no CTA), and beside a tensor
+    # load held by the cap on the other SMs: attention moves its bytes at a third of the HBM's
+    # rate or less, beside a tensor core the cap slows ("A|B": kernel load | memory load, layout)
+    "tma_hbm_half": (None, 0, 0, 0, 0, "tma_hbm on half the SMs"),
+    "tma_hbm_quarter": (None, 0, 0, 0, 0, "tma_hbm on a quarter of the SMs"),
+    "tma_l2_half": (None, 0, 0, 0, 0, "tma_l2 on half the SMs"),
+    "tensor256+mix2_half": ("mix", 1, 256, 0, 2, "tensor256+mix2 on half the SMs, the others idle"),
+    "tensor256+mix2|tma_hbm_half": ("mix", 1, 256, 0, 2, "tensor256+mix2 on half the SMs, tma_hbm on the other half"),
+    "tensor256|tma_hbm_half": ("sleep", 1, 256, 0, 0, "tensor256 on half the SMs, tma_hbm on the other half"),
+    "tensor256+mix2|tma_l2_half": ("mix", 1, 256, 0, 2, "tensor256+mix2 on half the SMs, tma_l2 on the other half"),
+    "tensor256+mix2|tma_hbm_quarter": ("mix", 1, 256, 0, 2, "tensor256+mix2 on three quarters of the SMs, "
+                                                            "tma_hbm on a quarter"),
     "tensor256_again": ("sleep", 1, 256, 0, 0, "tensor256 once more at the end (drift, temperature)"),
 }
+
+
+# share of the SMs a memory load runs on, by its name's suffix
+SHARES = {"": 1.0, "_half": 0.5, "_quarter": 0.25}
+
+
+def layout(name: str, nsm: int) -> tuple:
+    """(CTAs of the kernel load or None, the memory load's name or None, its CTAs) for a load
+    name: "A|B" runs kernel load A and memory load B side by side on disjoint SMs, B on its
+    share of them (SHARES) and A on the rest; "A_half" runs A alone on half of them."""
+    first, _, mem = name.partition("|")
+    if first.startswith("tma_"):
+        return None, first, round(nsm * share(first))
+    if mem:
+        m = round(nsm * share(mem))
+        return nsm - m, mem, m
+    return round(nsm * share(first)), None, 0
+
+
+def share(name: str) -> float:
+    """The share of the SMs a load's name asks for (tma_hbm_quarter: 0.25)."""
+    return next(v for k, v in sorted(SHARES.items(), key=lambda kv: -len(kv[0])) if name.endswith(k))
 
 
 def flops_per_wgmma(n):
@@ -387,12 +421,16 @@ def _window(nvml, torch, e_start, e_end):
             "clock_event_reasons": {hex(k): v for k, v in sorted(reasons.items(), key=lambda kv: -kv[1])}}
 
 
-def kernel_load(dev, nvml, name, spec, nsm):
+def kernel_load(dev, nvml, name, spec, nsm, beside=None):
+    """A bench_power kernel load on `nsm` CTAs (one per SM), sustained. beside: a TmaStream whose
+    launches run on another stream, on other SMs, from before the warm-up to past the measured
+    window (a split load); its bytes within the window join the activity."""
     import time
 
     from cutlass import Int32 as I32
 
     torch = dev.torch
+    own = torch.cuda.current_stream()
     code, do_mma, n, gap, nsf, what, burst, rs = (*spec, *(1, False)[len(spec) - 6:])
     key = ("power", code, n, rs)
     fn = make(code, n, rs)
@@ -409,12 +447,16 @@ def kernel_load(dev, nvml, name, spec, nsm):
     iters0, trips0 = (max(1, 400 // burst), 1 << 30) if do_mma else (0, 4000)
     dev.call(key, fn, probe, sink, I32(do_mma), I32(nsf), I32(iters0), I32(trips0), I32(gap), I32(burst), I32(nsm))
     e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    side = torch.cuda.Stream()
+    if beside is not None:  # its launches outlast the warm-up and the window (they only slow down beside us)
+        with torch.cuda.stream(side):
+            side_events = beside.enqueue(WARM_S + MEASURE_S + 2.0)
 
     def sized(iters, trips):
         e0.record()
         dev.cache[key](*args(probe, iters, trips), dev.stream())
         e1.record()
-        torch.cuda.synchronize()
+        own.synchronize()
         scale = LAUNCH_MS / max(e0.elapsed_time(e1), 1e-3)
         return (max(1, int(iters * scale)), 1 << 30) if do_mma else (0, max(1, int(trips * scale)))
 
@@ -422,17 +464,18 @@ def kernel_load(dev, nvml, name, spec, nsm):
     warm_until = time.perf_counter() + WARM_S
     while time.perf_counter() < warm_until:
         dev.cache[key](*args(probe, iters, trips), dev.stream())
-        torch.cuda.synchronize()
+        own.synchronize()
     iters, trips = sized(iters, trips)
     n_meas = max(2, int(MEASURE_S * 1e3 / LAUNCH_MS))
     stamps = torch.zeros(n_meas * words, dtype=torch.int64, device="cuda")
     meas_args = [args(stamps[i * words:(i + 1) * words], iters, trips) for i in range(n_meas)]
-    start, end = torch.cuda.Event(), torch.cuda.Event()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
     for a in meas_args:
         dev.cache[key](*a, dev.stream())
     end.record()
     w = _window(nvml, torch, start, end)
+    moved = beside.bytes_within(side_events, start, end) / (start.elapsed_time(end) / 1e3) if beside else 0.0
     st = stamps.view(n_meas, nsm, WARPS, SLOTS).cpu()
     # per launch and CTA: the window of its active warps (lane-0 stamps; t1 > t0)
     t0, t1, g0, g1, tr = (st[..., i] for i in range(5))
@@ -454,7 +497,12 @@ def kernel_load(dev, nvml, name, spec, nsm):
     stream_warp_blocks = float(tr.view(n_meas, nsm, WARPS)[:, :, 4:4 + 4 * nsf].sum())
     for k, v in BLOCK[code].items():
         act[k] += stream_warp_blocks * v / mean_cta_cycles
-    return settle({"name": name, "what": what, "clock_ghz": clock_ghz, **w,
+    extra = {}
+    if beside is not None:  # the memory load's bytes per SM clock, at the clock counted in our kernel
+        mem = beside.activity(moved, clock_ghz)
+        act["l2_bytes"], act["hbm_bytes"] = mem["l2_bytes"], mem["hbm_bytes"]
+        extra = {"beside": beside.name, "beside_ctas": beside.ctas, "beside_bytes_per_s": moved}
+    return settle({"name": name, "what": what, "clock_ghz": clock_ghz, **w, "ctas": nsm, **extra,
             "activity_per_clk": act, "launches_measured": n_meas, "launch_ms": LAUNCH_MS,
             "iters": iters, "max_trips": trips, "wgmma_n": n if do_mma else None, "wgmma_rs": bool(rs and do_mma),
             "mma_gap_ns": gap if gap > 0 else 0,
@@ -493,58 +541,96 @@ def settle(load: dict) -> dict:
     return load
 
 
-def tma_load(dev, nvml, name, what, nsm):
-    """bench_tma's ring of TMA box loads on every SM, sustained: the L2 -> shared-memory path
-    attention's K/V loads take (no register traffic, unlike a copy kernel). l2: every CTA
-    cycles over the same 2 MB (L2 hits); hbm: disjoint regions of a 1 GiB tensor (every byte
-    from HBM, and through L2)."""
-    from cutlass import Int32 as I32
+class TmaStream:
+    """bench_tma's ring of TMA box loads on `ctas` SMs, one CTA each, sized to ~LAUNCH_MS per
+    launch: the L2 -> shared-memory path attention's K/V loads take (no register traffic, unlike
+    a copy kernel). tma_l2*: every CTA cycles over the same 2 MB (L2 hits); tma_hbm*: each CTA
+    cycles over its own power-of-two region of a 1 GiB tensor, 0.5 GiB in all (every byte from
+    HBM, and through L2)."""
 
-    from . import bench_tma as tma
+    def __init__(self, dev, name: str, ctas: int):
+        from cutlass import Int32 as I32
 
+        from . import bench_tma as tma
+
+        torch = dev.torch
+        self.dev, self.name, self.ctas, self.tma = dev, name, ctas, tma
+        self.g = torch.randn(tma.ROWS, tma.BOX, device="cuda").to(torch.bfloat16)
+        self.stamps = torch.zeros(8192, dtype=torch.int64, device="cuda")
+        if name.startswith("tma_l2"):
+            self.stride, self.region = 0, 255
+        else:
+            self.stride = (tma.ROWS // tma.BOX) // ctas
+            self.region = (1 << (self.stride.bit_length() - 1)) - 1
+        n0 = tma.STAGES * 200
+        dev.call(("tma", "power"), tma.make(), self.g, self.stamps, I32(1), I32(n0), I32(1), I32(self.stride),
+                 I32(self.region), I32(ctas))
+        ms = self.time_ms(n0)
+        self.n = max(tma.STAGES, int(n0 * LAUNCH_MS / ms) // tma.STAGES * tma.STAGES)
+        self.ms = self.time_ms(self.n)
+        self.bytes_per_launch = ctas * self.n * tma.TILE_BYTES
+
+    def args(self, n):
+        from cutlass import Int32 as I32
+
+        return [self.dev.ct(self.g), self.dev.ct(self.stamps), I32(1), I32(n), I32(1), I32(self.stride),
+                I32(self.region), I32(self.ctas)]
+
+    def time_ms(self, n) -> float:
+        torch = self.dev.torch
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        e0.record()
+        self.dev.cache[("tma", "power")](*self.args(n), self.dev.stream())
+        e1.record()
+        torch.cuda.synchronize()
+        return e0.elapsed_time(e1)
+
+    def enqueue(self, seconds: float) -> list:
+        """Launches covering ~`seconds` on the current stream; (start, end) timing events of each."""
+        torch = self.dev.torch
+        args, out = self.args(self.n), []
+        for _ in range(max(1, int(seconds * 1e3 / self.ms))):
+            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            e0.record()
+            self.dev.cache[("tma", "power")](*args, self.dev.stream())
+            e1.record()
+            out.append((e0, e1))
+        return out
+
+    def bytes_within(self, events: list, start, end) -> float:
+        """Bytes moved between timing events start and end (another stream's), each launch's
+        bytes spread evenly over its span."""
+        span = start.elapsed_time(end)
+        moved = 0.0
+        for e0, e1 in events:
+            a, b = start.elapsed_time(e0), start.elapsed_time(e1)
+            if b > a:
+                moved += self.bytes_per_launch * max(0.0, min(b, span) - max(a, 0.0)) / (b - a)
+        return moved
+
+    def activity(self, bytes_per_s: float, f_ghz: float) -> dict:
+        act = {"tensor_flops": 0.0, "smem_bytes": 0.0, "mufu_ops": 0.0, "fma_lane_ops": 0.0, "alu_lane_ops": 0.0,
+               "l2_bytes": bytes_per_s / (f_ghz * 1e9) if f_ghz else 0.0, "hbm_bytes": 0.0}
+        if self.name.startswith("tma_hbm"):
+            act["hbm_bytes"] = act["l2_bytes"]
+        return act
+
+
+def tma_load(dev, nvml, name, what, ctas):
+    """A TmaStream alone (the other SMs idle), sustained; its SM clock is NVML's (no in-kernel stamp)."""
     torch = dev.torch
-    g = torch.randn(tma.ROWS, tma.BOX, device="cuda").to(torch.bfloat16)
-    stamps = torch.zeros(8192, dtype=torch.int64, device="cuda")
-    fn = tma.make()
-    ntiles = tma.ROWS // tma.BOX
-    if name == "tma_l2":
-        stride, region = 0, 255
-    else:
-        stride = (ntiles // nsm) // tma.STAGES * tma.STAGES
-        region = 0x7FFFFFFF
-
-    def conv(n):
-        return [dev.ct(g), dev.ct(stamps), I32(1), I32(n), I32(1), I32(stride), I32(region), I32(nsm)]
-
-    n0 = tma.STAGES * 2000 if name == "tma_l2" else stride
-    dev.call(("tma", "power"), fn, g, stamps, I32(1), I32(n0), I32(1), I32(stride), I32(region), I32(nsm))
-    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    e0.record()
-    dev.cache[("tma", "power")](*conv(n0), dev.stream())
-    e1.record()
-    torch.cuda.synchronize()
-    per_ms = e0.elapsed_time(e1)
-    n = n0 if name != "tma_l2" else max(tma.STAGES, int(n0 * LAUNCH_MS / per_ms) // tma.STAGES * tma.STAGES)
-    per_ms = per_ms * n / n0
-    args = conv(n)
-    for _ in range(max(1, int(WARM_S * 1e3 / per_ms))):
-        dev.cache[("tma", "power")](*args, dev.stream())
-    n_meas = max(2, int(MEASURE_S * 1e3 / per_ms))
+    ts = TmaStream(dev, name, ctas)
+    for _ in range(max(1, int(WARM_S * 1e3 / ts.ms))):
+        dev.cache[("tma", "power")](*ts.args(ts.n), dev.stream())
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
-    for _ in range(n_meas):
-        dev.cache[("tma", "power")](*args, dev.stream())
+    events = ts.enqueue(MEASURE_S)
     end.record()
     w = _window(nvml, torch, start, end)
-    gpu_s = start.elapsed_time(end) / 1e3
-    f = w["clock_ghz_nvml"]
-    moved = nsm * n * tma.TILE_BYTES * n_meas / gpu_s
-    act = {"tensor_flops": 0.0, "smem_bytes": 0.0, "mufu_ops": 0.0, "fma_lane_ops": 0.0, "alu_lane_ops": 0.0,
-           "l2_bytes": moved / (f * 1e9) if f else 0.0, "hbm_bytes": 0.0}
-    if name == "tma_hbm":
-        act["hbm_bytes"] = act["l2_bytes"]
-    return {"name": name, "what": what, "clock_ghz": f, "clock_ghz_in_kernel": None, **w,
-            "power_capped": False, "activity_per_clk": act, "bytes_per_s": moved}
+    moved = ts.bytes_within(events, start, end) / (start.elapsed_time(end) / 1e3)
+    return {"name": name, "what": what, "clock_ghz": w["clock_ghz_nvml"], "clock_ghz_in_kernel": None, **w,
+            "power_capped": False, "activity_per_clk": ts.activity(moved, w["clock_ghz_nvml"]), "bytes_per_s": moved,
+            "ctas": ctas}
 
 
 def run(only=()) -> dict:
@@ -579,10 +665,11 @@ def run(only=()) -> dict:
             continue
         t = time.perf_counter()
         try:
-            if name.startswith("tma_"):
-                r = tma_load(dev, nvml, name, spec[-1], nsm)
+            ctas, mem, mem_ctas = layout(name, nsm)
+            if ctas is None:
+                r = tma_load(dev, nvml, name, spec[-1], mem_ctas)
             else:
-                r = kernel_load(dev, nvml, name, spec, nsm)
+                r = kernel_load(dev, nvml, name, spec, ctas, TmaStream(dev, mem, mem_ctas) if mem else None)
         except Exception as e:  # noqa: BLE001 - one failed load must not lose the others
             out["loads"].append({"name": name, "error": repr(e)[:500]})
             print(f"  {name}: FAILED {e!r}"[:300], flush=True)

@@ -269,6 +269,30 @@ def report(base, gpu: dict, loads: list[dict], fmax: float, cycles_grid=BURST_CY
     return values, res, rows
 
 
+def check(base, loads: list[dict]) -> list[dict]:
+    """Each load against a profile as it is (no fit): the profile's power at the load's clock and
+    the clock it predicts from the load's activity. A file with a "sleep" load gets that host's
+    static power (its sleep's measured power less the profile's for it), so a host that idles a
+    few watts warmer does not shift every load."""
+    def hw_for(static):
+        return base.with_values(static_power_w=static)
+
+    offsets = {}
+    for ld in loads:
+        if ld["name"].split(" [")[0] == "sleep":
+            offsets[ld.get("file", 0)] = ld["power_w"] - power.power_w(base, load_rates(ld, base.values), ld["f"])[0]
+    rows = []
+    for ld in loads:
+        hw = hw_for(float(base.static_power_w) + offsets.get(ld.get("file", 0), 0.0))
+        rates = load_rates(ld, base.values)
+        p_model = power.power_w(hw, rates, ld["f"])[0]
+        rows.append({"name": ld["name"], "clock_ghz": ld["f"], "in_kernel": ld["in_kernel"], "power_w": ld["power_w"],
+                     "model_power_w": p_model, "power_error": p_model / ld["power_w"] - 1.0,
+                     "predicted_clock_ghz": power.predict_clock(hw, rates).clock_ghz,
+                     "static_offset_w": offsets.get(ld.get("file", 0), 0.0)})
+    return rows
+
+
 CEILING_MIN_TENSOR_SHARE = 0.05  # a load counts for the ceiling with at least this share of the tensor rate
 
 
@@ -357,6 +381,9 @@ def main(argv=None) -> int:
     ap.add_argument("--terms-from", default=None, metavar="PROFILE.json",
                     help="take tensor_burst_energy_fraction, tensor_burst_cycles and mixed_code_energy_fraction from "
                          "this profile (the same die measured with the burst loads) and fit the rest")
+    ap.add_argument("--check", action="store_true",
+                    help="fit nothing: each load against --profile as it is (its power at the load's clock, the "
+                         "clock it predicts), e.g. new loads against the profile fitted without them")
     ap.add_argument("--burst-cycles", type=float, default=None, metavar="L0",
                     help="fix tensor_burst_cycles instead of searching it (a file whose duty-cycled loads all "
                          "have one burst length cannot tell L0 from the burst energy)")
@@ -381,6 +408,19 @@ def main(argv=None) -> int:
     if abs(float(gpu["power_limit_w"]) - float(base.power_cap_w)) > 0.5:
         print(f"note: the device's power limit {gpu['power_limit_w']} W differs from the profile's "
               f"power_cap_w {base.power_cap_w}")
+    if a.check:
+        rows = check(base, loads)
+        print(f"{len(loads)} loads on {meta.get('device', '?')} against {path} as it is (no fit)")
+        for f, off in sorted({(r["name"].split(" [")[-1].rstrip("]") if " [" in r["name"] else "0",
+                               r["static_offset_w"]) for r in rows}):
+            print(f"  file [{f}]: static power {off:+.1f} W from its sleep load")
+        print(f"\n{'load':34s} {'clock':>7s} {'':1s} {'power':>7s} {'model':>7s} {'error':>7s} {'pred.':>7s}")
+        for r in rows:
+            print(f"{r['name'][:34]:34s} {r['clock_ghz']:7.3f} {'' if r['in_kernel'] else '*':1s} {r['power_w']:7.1f} "
+                  f"{r['model_power_w']:7.1f} {r['power_error']:+7.1%} {r['predicted_clock_ghz']:7.3f}")
+        print("clock: measured (* = NVML's); model: the profile's power at that clock; error: model / measured - 1; "
+              "pred.: the clock the profile predicts from the load's activity")
+        return 0
     if a.burst_cycles is not None and not a.burst_cycles > 0:
         print(f"fit_power: error: --burst-cycles: {a.burst_cycles}; must be > 0 (cycles)", file=sys.stderr)
         return 2
