@@ -204,10 +204,11 @@ PROBE = "fa4kernel[clock probe]"
 
 def probe_candidate(q, k, v, dout, causal, **bwd_knobs):
     """fa4kernel's backward (bwd_knobs; left out: its defaults) through its clock-probe build
-    (fa4kernel.attention_backward_probed: four stamps per CTA), called directly on a recorded
-    forward's out and LSE: returns (run, read), read() -> the in-kernel clock (GHz) of the last
-    launch, all CTAs' cycles over their ns."""
-    from fa4kernel.trace import ctas_clock_ghz
+    (fa4kernel.attention_backward_probed: four stamps per CTA and running sums), called directly
+    on a recorded forward's out and LSE: returns (run, read). read() -> {"ghz", "ctas", ...}: the
+    mean in-kernel clock over every CTA of every launch since the last read() or read.reset()
+    (trace.probe_sums), with "last_launch_ghz", the last launch's alone (trace.ctas_clock_ghz)."""
+    from fa4kernel.trace import PROBE_SUM_WORDS, ctas_clock_ghz, probe_sums
 
     with torch.no_grad():
         out, lse = fa4kernel.attention(q, k, v, causal=causal, return_lse=True)
@@ -218,9 +219,16 @@ def probe_candidate(q, k, v, dout, causal, **bwd_knobs):
                                                                     stamps=box.get("stamps"), **bwd_knobs)
         return grads
 
-    def read():
-        return ctas_clock_ghz(box["stamps"].tolist())
+    def reset():
+        if "stamps" in box:
+            box["stamps"][-PROBE_SUM_WORDS:].zero_()
 
+    def read():
+        words = box["stamps"].tolist()
+        reset()
+        return {**probe_sums(words), "last_launch_ghz": ctas_clock_ghz(words)["ghz"]}
+
+    read.reset = reset
     return run, read
 
 
@@ -303,9 +311,13 @@ def bench_point(impls, d, s, causal, quick, points, variants=None, deterministic
 
             runner = Sustained(fwd_bench.SAMPLER, SUSTAINED_WARM_S, SUSTAINED_TIMED_S, SUSTAINED_WINDOW_MS, "eager")
             times = {}
-            clocks = []  # the probe's in-kernel clock of each timed window's last launch
+            clocks = []  # the probe's in-kernel clock of each timed window: the mean over its launches
+
+            def read_window():
+                clocks.append(probe_read())
+            read_window.reset = probe_read.reset if PROBE in timed else None
             for name, fn in timed.items():
-                rec = runner.run(name, fn, None, (lambda: clocks.append(probe_read())) if name == PROBE else None)
+                rec = runner.run(name, fn, None, read_window if name == PROBE else None)
                 times[name] = (rec["ms"], rec["ms_min"], rec["ms_max"], rec.get("sm_mhz"))
                 point["results"][name].update(windows=rec["windows"], warm_s=rec["warm_s"], timed_s=rec["timed_s"],
                                               host_bound=rec.get("host_bound"))
@@ -314,7 +326,11 @@ def bench_point(impls, d, s, causal, quick, points, variants=None, deterministic
                     point["results"][name]["power_w"] = rec["nvml"].get("power_w_mean")
             ghz = [c["ghz"] for c in clocks if c["ghz"]]
             if ghz:
-                point["results"][PROBE].update(clock_ghz_in_kernel_batches=ghz, probe_ctas=clocks[-1]["ctas"])
+                last = [c["last_launch_ghz"] for c in clocks if c.get("last_launch_ghz")]
+                point["results"][PROBE].update(
+                    clock_ghz_in_kernel_batches=ghz, probe_ctas=sum(c["ctas"] for c in clocks),
+                    clock_ghz_in_kernel_mean=sum(c["cycles"] for c in clocks) / sum(c["ns"] for c in clocks),
+                    clock_ghz_last_launch=statistics.median(last) if last else None)
                 point["clock_ghz_in_kernel"] = statistics.median(ghz)
         else:
             times = time_interleaved(timed, reps=5 if quick else 15)
@@ -406,9 +422,10 @@ def main():
                           f"{SUSTAINED_TIMED_S} s of GPU time (median per call; benchmarks/sustained_sm90.py's "
                           "Sustained); "
                           "the round-robin of `method` is not used; fa4kernel[clock probe] is fa4kernel's default "
-                          "backward with four clock64 / globaltimer stamps per CTA, called on a recorded forward, "
-                          "and clock_ghz_in_kernel the median over its batches of the last launch's clock (all "
-                          "CTAs' cycles over their ns)") if args.sustained else None,
+                          "backward with four clock64 / globaltimer stamps per CTA and running sums, called on a "
+                          "recorded forward, and clock_ghz_in_kernel the median over its batches of each batch's "
+                          "mean clock (every CTA of every launch: cycles over ns; clock_ghz_last_launch: the "
+                          "batches' last launches alone)") if args.sustained else None,
         absent=absent,
         variants=args.variants or [],
     ), "sm90_bwd")

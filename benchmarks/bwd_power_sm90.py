@@ -8,8 +8,8 @@ launches, for LONG_WARM_S, then LONG_S more between two CUDA events. NVML is sam
 SAMPLE_S in a thread; the power is the energy counter's least-squares slope over the timed
 window (bench_power's method: over seconds it agrees with NVML's one-second averages). Recorded
 per kernel: ms per launch, power, NVML's clock and clock-event reasons, and the in-kernel clock:
-the backward's of its last launch (all CTAs' clock64 cycles over their globaltimer ns), the
-forward's the mean over every timed launch (the probe's running sums).
+the mean over every timed launch from the probe's running sums (the backward: every CTA's
+clock64 cycles over its globaltimer ns; the forward: CTA 0's).
 
 One point runs with q = k = 0 (data "qk_zero"): S = 0, P one constant, and the S, dK and dQ GEMMs
 multiply zeros. It shows how much the tensor core's power depends on its operands; fa4sim's
@@ -105,8 +105,8 @@ class _Sampler:
 
 def long_point(sampler, pas, d, s, causal, knobs, data):
     """One kernel launched back to back for LONG_WARM_S + LONG_S without a host sync; its power
-    over the last LONG_S (_Sampler.window) and its in-kernel clock (the backward: its last launch;
-    the forward: every timed launch)."""
+    over the last LONG_S (_Sampler.window) and its in-kernel clock over every timed launch (the
+    probes' running sums)."""
     import time
 
     import torch
@@ -115,7 +115,7 @@ def long_point(sampler, pas, d, s, causal, knobs, data):
     from benchmarks.bench_bwd_sm90 import bwd_flops, check_probe
     from benchmarks.bench_fwd_sm90 import Impls, flops
     from fa4kernel.sm90.bwd import prepare_bwd, probe_words
-    from fa4kernel.trace import ctas_clock_ghz
+    from fa4kernel.trace import PROBE_SUM_WORDS, probe_sums
 
     b, h = 16384 // s, 2048 // d
     point = dict(pass_=pas, batch=b, seqlen=s, heads=h, hdim=d, causal=causal, knobs=dict(knobs), data=data)
@@ -135,7 +135,10 @@ def long_point(sampler, pas, d, s, causal, knobs, data):
         cfg = fa4kernel.make_bwd_config("bfloat16", d, causal, **knobs)
         stamps = torch.zeros(probe_words(cfg, b, s, h), dtype=torch.int64, device="cuda")
         fn, _ = prepare_bwd(cfg, dout, q, k, v, out, lse, 1.0 / math.sqrt(d), stamps)
-        read = lambda: ctas_clock_ghz(stamps.tolist())["ghz"]  # noqa: E731
+
+        def read():
+            return probe_sums(stamps.tolist())["ghz"]  # every CTA of every launch since reset()
+        read.reset = lambda: stamps[-PROBE_SUM_WORDS:].zero_()  # noqa: E731
     else:
         point["flops"] = flops(b, h, s, s, d, causal)
         fn, reader = Impls.ours_clock_probe(None, q, k, v, causal)
@@ -156,7 +159,7 @@ def long_point(sampler, pas, d, s, causal, knobs, data):
     n_warm, n_meas = max(1, int(LONG_WARM_S * 1e3 / ms)), max(1, int(LONG_S * 1e3 / ms))
     for _ in range(n_warm):
         fn()  # the launch queue fills and then paces the host: the GPU never waits
-    getattr(read, "reset", lambda: None)()  # queued: the forward probe's sums start here
+    read.reset()  # queued: the probe's sums start here
     e0.record()
     for _ in range(n_meas):
         fn()

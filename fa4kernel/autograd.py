@@ -112,7 +112,9 @@ def attention_backward_probed(dout, q, k, v, out, lse, causal: bool = False, sof
     """attention_backward through the backward's clock-probe build (sm90/bwd.py,
     FlashBwdSm90Probe: the same kernel plus clock64 and globaltimer at each CTA's start and end).
     Returns (dq, dk, dv, stamps); stamps: an int64 buffer of bwd.probe_words() words to reuse
-    (None: a new one). trace.ctas_clock_ghz(stamps.tolist()) is the launch's in-kernel clock."""
+    (None: a new one). trace.ctas_clock_ghz(stamps.tolist()) is the launch's in-kernel clock;
+    trace.probe_sums(stamps.tolist()) the mean over every CTA of every launch since its last
+    PROBE_SUM_WORDS words were zeroed (a reused buffer keeps adding)."""
     import torch
 
     from .sm90.bwd import probe_words

@@ -19,7 +19,7 @@ K / V stage) go to a separate "waits" list with ops WAIT_K, WAIT_V, WAIT_PP (+ w
 from __future__ import annotations
 
 from .trace_layout import (  # noqa: F401  (re-exported)
-    CTA_LOG_MAX, CTA_LOG_WORDS, SUM_CYCLES, SUM_NS, SUM_SPANS, TILE_LOG_BASE, TILE_LOG_CTAS, TILE_LOG_MAX, T_CVT, T_EXP, T_FIN, T_LK, T_LQ, T_LV, T_MASK, T_MAX, T_PP, T_PV, T_QK, T_RESC, T_ST,
+    CTA_LOG_MAX, CTA_LOG_WORDS, PROBE_SUM_WORDS, SUM_CYCLES, SUM_NS, SUM_SPANS, TILE_LOG_BASE, TILE_LOG_CTAS, TILE_LOG_MAX, T_CVT, T_EXP, T_FIN, T_LK, T_LQ, T_LV, T_MASK, T_MAX, T_PP, T_PV, T_QK, T_RESC, T_ST,
     T_WAIT_K, T_WAIT_PP, T_WAIT_V, TRACE_HEADER, TRACE_ITERS, TRACE_OP_NAMES, TRACE_OPS,
     TRACE_ROLES, TRACE_TILES, TRACE_WORDS,
 )
@@ -99,6 +99,14 @@ def mean_clock(words) -> dict:
     cycles, ns, spans = h[SUM_CYCLES], h[SUM_NS], h[SUM_SPANS]
     return {"spans": spans, "cycles": cycles, "ns": ns,
             "ghz": cycles / ns if spans > 0 and ns > 0 and cycles > 0 else None}
+
+
+def probe_sums(words) -> dict:
+    """The backward clock probe's running sums (the last PROBE_SUM_WORDS words of a buffer of
+    sm90.bwd.probe_words() words): every CTA's clock64 cycles and globaltimer ns over every launch
+    since the host zeroed them, {"ctas", "cycles", "ns", "ghz"}; ghz None when no CTA added."""
+    cycles, ns, ctas = (int(x) for x in list(words)[-PROBE_SUM_WORDS:][:3])
+    return {"ctas": ctas, "cycles": cycles, "ns": ns, "ghz": cycles / ns if ctas > 0 and ns > 0 and cycles > 0 else None}
 
 
 def ctas_clock_ghz(words) -> dict:

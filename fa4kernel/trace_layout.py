@@ -13,6 +13,12 @@
 # pair stays as the host left it (0).
 TRACE_HEADER = 16
 SUM_CYCLES, SUM_NS, SUM_SPANS = 6, 7, 8  # header words of the running sums
+
+# The backward's clock probe (sm90/bwd.py, FlashBwdSm90Probe): 4 words per CTA (clock64 and
+# globaltimer at its start, then at its end), then PROBE_SUM_WORDS more: every CTA's clock64
+# cycles, globaltimer ns and a count of CTAs, summed over every launch since the host last zeroed
+# them, and one unused word.
+PROBE_SUM_WORDS = 4
 TRACE_TILES = 4
 TRACE_ITERS = 128
 TRACE_OPS = 16

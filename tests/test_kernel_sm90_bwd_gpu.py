@@ -412,9 +412,10 @@ def test_attention_backward_direct_call_matches_autograd():
 
 @pytest.mark.parametrize("hd,causal", [(64, True), (128, False), (256, True)])
 def test_bwd_clock_probe_computes_the_same_gradients(hd, causal):
-    """The clock-probe build (four stamps per CTA) gives the deterministic build's gradients bit
-    for bit, and its stamps give a clock between the GPU's idle and boost clocks."""
-    from fa4kernel.trace import ctas_clock_ghz
+    """The clock-probe build (four stamps per CTA and running sums) gives the deterministic build's
+    gradients bit for bit, its stamps give a clock between the GPU's idle and boost clocks, and
+    its running sums hold every CTA's span of every launch until the host zeroes them."""
+    from fa4kernel.trace import PROBE_SUM_WORDS, ctas_clock_ghz, probe_sums
 
     q, k, v, dout = _inputs(2, 777, 1333, 4, 2, hd, seed=hd)
     with torch.no_grad():
@@ -426,9 +427,18 @@ def test_bwd_clock_probe_computes_the_same_gradients(hd, causal):
         assert torch.isfinite(a.float()).all()
         assert torch.equal(a, b)
     clock = ctas_clock_ghz(stamps.tolist())
-    grid = stamps.numel() // 4
+    grid = (stamps.numel() - PROBE_SUM_WORDS) // 4
     assert clock["ctas"] == grid
     assert 0.3 < clock["ghz"] < 2.1, clock
+    sums = probe_sums(stamps.tolist())  # one launch: the sums are its rows' spans
+    assert (sums["ctas"], sums["cycles"], sums["ns"]) == (grid, clock["cycles"], clock["ns"])
+    with torch.no_grad():  # a second launch adds to them
+        *_, stamps = fa4kernel.attention_backward_probed(dout, q, k, v, out, lse, causal=causal,
+                                                         deterministic=True, stamps=stamps)
+    again = probe_sums(stamps.tolist())
+    assert again["ctas"] == 2 * grid and again["cycles"] > sums["cycles"] and again["ns"] >= sums["ns"]
+    stamps[-PROBE_SUM_WORDS:].zero_()
+    assert probe_sums(stamps.tolist())["ghz"] is None
 
 
 @pytest.mark.parametrize("hd,causal", [(64, False), (128, True), (256, False)])

@@ -56,13 +56,14 @@ import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 import cutlass.memory as cutlass_memory
 import cutlass.utils.hopper_helpers as sm90_helpers
-from cutlass import Float32, Int32, const_expr
+from cutlass import Float32, Int32, Int64, const_expr
 from cutlass._mlir import ir
 from cutlass._mlir.dialects import llvm, vector
 from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.cutlass_dsl import dsl_user_op
 from cutlass.tensor_utils import LayoutEnum
 
+from ..trace_layout import PROBE_SUM_WORDS
 from .bwd_config import TAIL_SLOTS, TAIL_WAVES, BwdConfig
 from .fwd import FlashFwdSm90, _acc_as_operand_a, _mn_view, _select, _smem_layout, _transpose_view
 
@@ -566,14 +567,24 @@ class FlashBwdSm90:
     def _stamp(self, mStamps, at: cutlass.Constexpr):
         """The clock probe (FlashBwdSm90Probe): one thread writes clock64 and globaltimer (ns) into
         words at, at + 1 of this CTA's row of 4: at 0 thread 0 (kernel start), at 2 thread 128
-        (the first consumer thread, whose warp issued the dK / dV stores)."""
+        (the first consumer thread, whose warp issued the dK / dV stores). At its end the CTA also
+        adds its span to three running sums in the buffer's last PROBE_SUM_WORDS words (cycles, ns,
+        CTAs; relaxed atomic adds, several CTAs end at once), which add up over launches until the
+        host zeroes them."""
         writer = 0 if const_expr(at == 0) else 128
         if cute.arch.thread_idx()[0] == Int32(writer):
             bx, by, bz = cute.arch.block_idx()
             gx, gy, _ = cute.arch.grid_dim()
             row = (bz * gy + by) * gx + bx
-            mStamps[row * 4 + at] = cute.arch.clock64()
-            mStamps[row * 4 + at + 1] = cute.arch.globaltimer()
+            c = cute.arch.clock64()
+            g = cute.arch.globaltimer()
+            mStamps[row * 4 + at] = c
+            mStamps[row * 4 + at + 1] = g
+            if const_expr(at == 2):  # the start words came from thread 0 before the CTA's first barrier
+                sums = cute.size(mStamps) - PROBE_SUM_WORDS  # the buffer's last words
+                for w, v in ((0, c - mStamps[row * 4]), (1, g - mStamps[row * 4 + 1]), (2, Int64(1))):
+                    cute.arch.red(mStamps.iterator + sums + w, cutlass.Uint64(v), op="add", dtype=cutlass.Uint64,
+                                  sem="relaxed", scope="gpu")
 
     @cute.jit
     def producer(self, tma_atom_Q, mQ, tma_atom_dO, mdO, tma_atom_K, mK, tma_atom_V, mV, mLSE, mD,
@@ -1087,8 +1098,10 @@ class FlashBwdSm90:
 class FlashBwdSm90Probe(FlashBwdSm90):
     """The clock probe: the same kernel plus four stamps per CTA into mStamps, an int64 tensor of
     4 words per CTA (row = the CTA's linear block index): clock64 and globaltimer at its start
-    (thread 0) and after its dK / dV stores (thread 128). The SM clock of a launch is the sum of
-    its CTAs' clock64 spans over the sum of their globaltimer spans (trace.ctas_clock_ghz)."""
+    (thread 0) and after its dK / dV stores (thread 128); then PROBE_SUM_WORDS words of running
+    sums every CTA adds its span to. The SM clock of a launch is the sum of its CTAs' clock64
+    spans over the sum of their globaltimer spans (trace.ctas_clock_ghz); over many launches, the
+    sums' (trace.probe_sums)."""
 
     @cute.jit
     def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mdO: cute.Tensor, mLSE: cute.Tensor,
@@ -1326,7 +1339,7 @@ def fake_bwd_args(cfg: BwdConfig):
 
 
 def fake_stamps():
-    """The clock probe's stamps buffer (4 int64 words per CTA), dynamic length."""
+    """The clock probe's stamps buffer (4 int64 words per CTA, then the running sums), dynamic length."""
     from cutlass.cute.runtime import make_fake_tensor
 
     return make_fake_tensor(cutlass.Int64, (cute.sym_int(),), stride=(1,), assumed_align=16)
@@ -1408,11 +1421,12 @@ def dq_slices(cfg: BwdConfig, seqlen_k: int) -> int:
 
 
 def probe_words(cfg: BwdConfig, batch: int, seqlen_k: int, heads_kv: int) -> int:
-    """Words of the clock probe's stamps buffer for a launch: 4 per CTA of its grid."""
+    """Words of the clock probe's stamps buffer for a launch: 4 per CTA of its grid, then 4 for
+    the running sums (cycles, ns, CTAs, unused; trace.probe_sums)."""
     blocks = -(-seqlen_k // cfg.tile_n)
     if cfg.dq_sum == "pair":
         blocks += blocks % 2  # the pair's grid rounds the key blocks up to even
-    return 4 * blocks * heads_kv * batch
+    return 4 * blocks * heads_kv * batch + PROBE_SUM_WORDS
 
 
 def run_bwd(cfg: BwdConfig, dout, q, k, v, out, lse, softmax_scale: float, stamps=None):
