@@ -274,22 +274,19 @@ def check(base, loads: list[dict]) -> list[dict]:
     the clock it predicts from the load's activity. A file with a "sleep" load gets that host's
     static power (its sleep's measured power less the profile's for it), so a host that idles a
     few watts warmer does not shift every load."""
-    def hw_for(static):
-        return base.with_values(static_power_w=static)
-
     offsets = {}
     for ld in loads:
         if ld["name"].split(" [")[0] == "sleep":
             offsets[ld.get("file", 0)] = ld["power_w"] - power.power_w(base, load_rates(ld, base.values), ld["f"])[0]
     rows = []
     for ld in loads:
-        hw = hw_for(float(base.static_power_w) + offsets.get(ld.get("file", 0), 0.0))
+        hw = base.with_values(static_power_w=float(base.static_power_w) + offsets.get(ld.get("file", 0), 0.0))
         rates = load_rates(ld, base.values)
         p_model = power.power_w(hw, rates, ld["f"])[0]
         rows.append({"name": ld["name"], "clock_ghz": ld["f"], "in_kernel": ld["in_kernel"], "power_w": ld["power_w"],
                      "model_power_w": p_model, "power_error": p_model / ld["power_w"] - 1.0,
                      "predicted_clock_ghz": power.predict_clock(hw, rates).clock_ghz,
-                     "static_offset_w": offsets.get(ld.get("file", 0), 0.0)})
+                     "file": ld.get("file", 0), "static_offset_w": offsets.get(ld.get("file", 0), 0.0)})
     return rows
 
 
@@ -411,8 +408,7 @@ def main(argv=None) -> int:
     if a.check:
         rows = check(base, loads)
         print(f"{len(loads)} loads on {meta.get('device', '?')} against {path} as it is (no fit)")
-        for f, off in sorted({(r["name"].split(" [")[-1].rstrip("]") if " [" in r["name"] else "0",
-                               r["static_offset_w"]) for r in rows}):
+        for f, off in sorted({(r["file"], r["static_offset_w"]) for r in rows}):
             print(f"  file [{f}]: static power {off:+.1f} W from its sleep load")
         print(f"\n{'load':34s} {'clock':>7s} {'':1s} {'power':>7s} {'model':>7s} {'error':>7s} {'pred.':>7s}")
         for r in rows:
