@@ -45,7 +45,7 @@ if __package__ in (None, ""):  # run as a script path
 import cutlass  # noqa: E402
 import cutlass.cute as cute  # noqa: E402
 from cutlass import BFloat16, Float32, Int32, Int64, const_expr  # noqa: E402
-from cutlass.cute.nvgpu import warpgroup  # noqa: E402
+from cutlass.cute.nvgpu import cpasync, warpgroup  # noqa: E402
 
 from .bench_bursts import nanosleep, stsm_x4  # noqa: E402
 from .bench_contention import KB, KT, LOG2E, _mix_block, _tiled_mma, ex2_neg, lds_volatile, red_add_shared  # noqa: E402
@@ -71,21 +71,29 @@ BLOCK = {"sleep": {},
          "mix": {"alu_lane_ops": (35 + 16) * 32, "fma_lane_ops": 97 * 32, "mufu_ops": 32 * 32}}
 SASS_PLAN = {"ffma": {"FFMA": 128}, "ex2": {"MUFU.EX2": 128}, "fmnmx": {"FMNMX": 128},
              "int": {"LOP3": 64}, "stsm": {"STSM": 32}, "mix": {"MUFU.EX2": 32, "FMNMX": 35}}
+RING = 8                               # stages of the HBM ring inside the kernel (8 KB boxes)
+RING_WARP = 8                          # the warp that runs it
 LAUNCH_MS = 25.0
 WARM_S = 2.0
 MEASURE_S = 2.5
 
 
-def make(code: str, n: int, rs: bool = False):
+def make(code: str, n: int, rs: bool = False, ring: bool = False):
     """The load kernel for one stream code and wgmma width N (each compiles alone, so a code's
     registers do not depend on the others); rs: the wgmma's A from registers (RS: loaded once
-    from the random shared-memory tile), as the backward's dV and dK and the forward's P V."""
+    from the random shared-memory tile), as the backward's dV and dK and the forward's P V.
+    ring: warp RING_WARP (warpgroup 2's first; so at most one stream warpgroup) keeps a ring of
+    RING TMA box loads from HBM going in the same CTA, at most one box per `box_gap` cycles, until
+    warpgroup 0 is done (or `max_trips` boxes): HBM traffic beside the tensor core on every SM, as
+    attention moves its K/V (a 13th warp would leave wgmma N=256 too few registers). The host
+    then takes the 1 GiB bf16 tensor to load from, each CTA's tile stride and its region mask."""
     op = CODES[code]
+    from . import bench_tma as tma
 
     @cute.kernel
     def kernel(stamps: cute.Tensor, sink: cute.Tensor, do_mma: Int32, nsf: Int32, iters: Int32,
                max_trips: Int32, mma_gap_ns: Int32, burst: Int32, tiled_mma: cute.TiledMma, sA_layout: cute.ComposedLayout,
-               sB_layout: cute.ComposedLayout):
+               sB_layout: cute.ComposedLayout, tma_atom, mT, r_layout, stride: Int32, region: Int32, box_gap: Int32):
         tid = cute.arch.thread_idx()[0]
         bid = cute.arch.block_idx()[0]
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
@@ -99,15 +107,25 @@ def make(code: str, n: int, rs: bool = False):
             sA: cute.struct.Align[cute.struct.MemRange[BFloat16, cute.cosize(sA_layout)], 1024]
             sB: cute.struct.Align[cute.struct.MemRange[BFloat16, cute.cosize(sB_layout)], 1024]
             pbuf: cute.struct.Align[cute.struct.MemRange[Int32, PBUF_WORDS], 128]
+            mbar: cute.struct.MemRange[Int64, RING if ring else 1]
+            sR: cute.struct.Align[cute.struct.MemRange[BFloat16, cute.cosize(r_layout) if ring else 8], 1024]
 
         storage = cutlass.utils.SmemAllocator().allocate(Storage)
         flag_addr = smem_addr(storage.flag.data_ptr())
         base = smem_addr(storage.sA.data_ptr())
         base_b = smem_addr(storage.sB.data_ptr())
+        bars = storage.mbar.data_ptr()
         fill_random_bf16(base, cute.cosize(sA_layout) // 2, base_b,
                          (cute.cosize(sA_layout) + cute.cosize(sB_layout)) // 2, tid, THREADS, bid * 7919)
         if tid == 0:
             sts32(flag_addr, 0)
+        if const_expr(ring):
+            if warp == RING_WARP:
+                cpasync.prefetch_descriptor(tma_atom)
+            if tid == 0:
+                for s in cutlass.range_constexpr(RING):
+                    cute.arch.mbarrier_init(bars + s, 1)
+            cute.arch.mbarrier_init_fence()
         cute.arch.fence_view_async_shared()
         cute.arch.sync_threads()
 
@@ -212,6 +230,11 @@ def make(code: str, n: int, rs: bool = False):
             for j in cutlass.range_constexpr(4):
                 total = total + m[j] + lsum[j]
             total = total + Float32(u)
+        if const_expr(ring):
+            if warp == RING_WARP:
+                if lane == 0:
+                    t0, t1, g0, g1, trips = _hbm_ring(tma_atom, mT, r_layout, storage.sR, bars, flag_addr, bid * stride,
+                                                      region, box_gap, do_mma, max_trips)
         if lane == 0:
             o = (bid * WARPS + warp) * SLOTS
             stamps[o + 0] = t0
@@ -221,25 +244,93 @@ def make(code: str, n: int, rs: bool = False):
             stamps[o + 4] = Int64(trips)
         sink[bid * THREADS + tid] = total
 
-    @cute.jit
-    def host(stamps: cute.Tensor, sink: cute.Tensor, do_mma: Int32, nsf: Int32, iters: Int32,
-             max_trips: Int32, mma_gap_ns: Int32, burst: Int32, ctas: Int32, stream):
-        tiled_mma = _tiled_mma(rs, n)
+    def layouts():
         sA_layout = _smem_layout(BFloat16, 64, KT, 2)
         sB_layout = _smem_layout(BFloat16, n, KT)
         smem = (cute.cosize(sA_layout) + cute.cosize(sB_layout)) * 2 + 3072 + PBUF_WORDS * 4
-        kernel(stamps, sink, do_mma, nsf, iters, max_trips, mma_gap_ns, burst, tiled_mma, sA_layout,
-               sB_layout).launch(grid=[ctas, 1, 1], block=[THREADS, 1, 1], smem=max(smem, SMEM_FLOOR),
-                                 stream=stream)
+        return sA_layout, sB_layout, smem
 
-    return host
+    @cute.jit
+    def host(stamps: cute.Tensor, sink: cute.Tensor, do_mma: Int32, nsf: Int32, iters: Int32,
+             max_trips: Int32, mma_gap_ns: Int32, burst: Int32, ctas: Int32, stream):
+        sA_layout, sB_layout, smem = layouts()
+        kernel(stamps, sink, do_mma, nsf, iters, max_trips, mma_gap_ns, burst, _tiled_mma(rs, n), sA_layout,
+               sB_layout, None, None, None, Int32(0), Int32(0), Int32(0)).launch(
+            grid=[ctas, 1, 1], block=[THREADS, 1, 1], smem=max(smem, SMEM_FLOOR), stream=stream)
+
+    @cute.jit
+    def host_ring(stamps: cute.Tensor, sink: cute.Tensor, do_mma: Int32, nsf: Int32, iters: Int32,
+                  max_trips: Int32, mma_gap_ns: Int32, burst: Int32, ctas: Int32, mG: cute.Tensor, stride: Int32,
+                  region: Int32, box_gap: Int32, stream):
+        sA_layout, sB_layout, smem = layouts()
+        r_layout = tma._smem_layout(RING)
+        tma_atom, tma_T = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileG2SOp(), mG,
+                                                      cute.select(r_layout, mode=[0, 1]), (tma.BOX, tma.BOX), 1)
+        smem = smem + RING * tma.TILE_BYTES + 2048
+        kernel(stamps, sink, do_mma, nsf, iters, max_trips, mma_gap_ns, burst, _tiled_mma(rs, n), sA_layout,
+               sB_layout, tma_atom, tma_T, r_layout, stride, region, box_gap).launch(
+            grid=[ctas, 1, 1], block=[THREADS, 1, 1], smem=max(smem, SMEM_FLOOR), stream=stream)
+
+    return host_ring if ring else host
 
 
-def fake_args(ctas: int = 132):
+@cute.jit
+def _hbm_ring(tma_atom, mT, r_layout, sR_mem, bars, flag_addr, base: Int32, region: Int32, box_gap: Int32,
+              do_mma: Int32, max_trips: Int32):
+    """One thread keeps RING box loads in flight (bench_tma's ring), one box per box_gap cycles at
+    most, tile base + (k & region) for the k-th box, until warpgroup 0 raises the flag (do_mma) or
+    max_trips boxes; then waits for the last. Returns (t0, t1, g0, g1, boxes)."""
+    from . import bench_tma as tma
+
+    sR = sR_mem.get_tensor(r_layout.outer, swizzle=r_layout.inner)
+    gT = cute.local_tile(mT, (tma.BOX, tma.BOX), (None, 0))
+    tTs, tTg = cpasync.tma_partition(tma_atom, 0, cute.make_layout(1), cute.group_modes(sR, 0, 2),
+                                     cute.group_modes(gT, 0, 2))
+    gap = Int64(box_gap)
+    t0 = clk()
+    g0 = gtimer()
+    last = clk()
+    for s in cutlass.range_constexpr(RING):
+        while clk() - last < gap:
+            pass
+        last = clk()
+        cute.arch.mbarrier_arrive_and_expect_tx(bars + s, tma.TILE_BYTES)
+        cute.copy(tma_atom, tTg[None, base + (s & region)], tTs[None, s], tma_bar_ptr=bars + s)
+    rounds = Int32(1)
+    par = Int32(0)
+    go = Int32(1)
+    while go != 0:
+        for s in cutlass.range_constexpr(RING):
+            cute.arch.mbarrier_wait(bars + s, par)
+            while clk() - last < gap:
+                pass
+            last = clk()
+            cute.arch.mbarrier_arrive_and_expect_tx(bars + s, tma.TILE_BYTES)
+            cute.copy(tma_atom, tTg[None, base + ((rounds * RING + s) & region)], tTs[None, s], tma_bar_ptr=bars + s)
+        par = par ^ 1
+        rounds = rounds + 1
+        if do_mma != 0:
+            if lds_volatile(flag_addr) >= 1:
+                go = Int32(0)
+        if rounds * RING >= max_trips:
+            go = Int32(0)
+    for s in cutlass.range_constexpr(RING):
+        cute.arch.mbarrier_wait(bars + s, par)
+    t1 = clk()
+    g1 = gtimer()
+    return t0, t1, g0, g1, rounds * RING
+
+
+def fake_args(ctas: int = 132, ring: bool = False):
+    from . import bench_tma as tma
     from .common import fake_stream, fake_tensor
 
-    return (fake_tensor(Int64, (ctas * WARPS * SLOTS,)), fake_tensor(Float32, (ctas * THREADS,)), Int32(1),
-            Int32(2), Int32(10), Int32(10), Int32(0), Int32(1), Int32(ctas), fake_stream())
+    knobs = (Int32(1), Int32(2), Int32(10), Int32(10), Int32(0), Int32(1), Int32(ctas))
+    if not ring:
+        return (fake_tensor(Int64, (ctas * WARPS * SLOTS,)), fake_tensor(Float32, (ctas * THREADS,)), *knobs,
+                fake_stream())
+    return (fake_tensor(Int64, (ctas * WARPS * SLOTS,)), fake_tensor(Float32, (ctas * THREADS,)), *knobs,
+            fake_tensor(BFloat16, (tma.ROWS, tma.BOX)), Int32(992), Int32(511), Int32(0), fake_stream())
 
 
 # ----------------------------------------------------------------------------- the loads
@@ -291,8 +382,23 @@ LOADS = {
     "tensor256+mix2|tma_l2_half": ("mix", 1, 256, 0, 2, "tensor256+mix2 on half the SMs, tma_l2 on the other half"),
     "tensor256+mix2|tma_hbm_quarter": ("mix", 1, 256, 0, 2, "tensor256+mix2 on three quarters of the SMs, "
                                                             "tma_hbm on a quarter"),
+    # HBM traffic inside the tensor load's own CTAs, every SM (RING_GAPS: one box per that many
+    # cycles at most): a capped tensor core with attention's kind of K/V stream beside it
+    "tensor256+mix1+hbm": ("mix", 1, 256, 0, 1, "wgmma N=256 beside one softmax-like warpgroup and a ring of TMA "
+                                                 "loads from HBM in the same CTA, as fast as it goes"),
+    **{f"tensor256+mix1+hbm_g{g}": ("mix", 1, 256, 0, 1, f"the same, one 8 KB box per {g} cycles at most")
+       for g in (500, 1000, 2000)},
+    "tensor256+hbm_g1000": ("sleep", 1, 256, 0, 0, "wgmma N=256 beside the ring, one box per 1000 cycles at most"),
+    "hbm_ring": ("sleep", 0, 256, 0, 0, "the ring alone (no wgmma), as fast as it goes"),
+    "hbm_ring_g1000": ("sleep", 0, 256, 0, 0, "the ring alone, one box per 1000 cycles at most"),
+    "tensor256+mix1+l2": ("mix", 1, 256, 0, 1, "wgmma N=256 beside one softmax-like warpgroup and the ring, "
+                                                "every CTA loading the same 2 MB (L2 hits)"),
+    "l2_ring": ("sleep", 0, 256, 0, 0, "the L2 ring alone (no wgmma)"),
     "tensor256_again": ("sleep", 1, 256, 0, 0, "tensor256 once more at the end (drift, temperature)"),
 }
+# loads with the TMA ring inside the kernel -> its box gap (cycles; 0: as fast as it goes)
+RING_GAPS = {"tensor256+mix1+hbm": 0, **{f"tensor256+mix1+hbm_g{g}": g for g in (500, 1000, 2000)},
+             "tensor256+hbm_g1000": 1000, "hbm_ring": 0, "hbm_ring_g1000": 1000, "tensor256+mix1+l2": 0, "l2_ring": 0}
 
 
 # share of the SMs a memory load runs on, by its name's suffix
@@ -328,34 +434,46 @@ def smem_bytes_per_wgmma(n, rs=False):
 
 
 # ----------------------------------------------------------------------------- CPU: SASS check
-def check_sass() -> int:
-    """Each code's loop holds its planned instructions and the wgmma loop its 8 HGMMA."""
+def check_build(code: str, n: int, rs: bool = False, ring: bool = False) -> tuple[bool, str]:
+    """(ok, one line): a build's wgmma loop holds its 8 HGMMA, its stream loop the planned
+    instructions, its ring (if any) one UTMALDG per stage, and its registers fit THREADS."""
     from fa4kernel.sass import loop_bodies
 
-    ok = True
+    sass, regs = compile_for_sass(make(code, n, rs, ring), *fake_args(ring=ring), with_registers=True)
+    plan = SASS_PLAN.get(code, {})
+    found_mma = found_code = found_ring = False
+    for _, ops in loop_bodies(sass, operands=True):
+        c = {}
+        for o in ops:
+            key = o.split()[0]
+            key = "MUFU.EX2" if key.startswith("MUFU.EX2") else key.split(".")[0]
+            c[key] = c.get(key, 0) + 1
+        # an RS HGMMA names its A registers (R...) where SS has a descriptor (gdesc)
+        if c.get("HGMMA", 0) == KB and any(f"HGMMA.64x{n}x16" in o and ("gdesc" in o.split(",")[1]) != rs
+                                           for o in ops if o.startswith("HGMMA")):
+            found_mma = True
+        if plan and all(c.get(k, 0) == v for k, v in plan.items()):
+            found_code = True
+        if c.get("UTMALDG", 0) == RING:  # the ring's steady loop: one box load per stage
+            found_ring = True
+    good = (bool(regs) and ((regs + 7) // 8 * 8) * THREADS <= 65536 and found_mma and (found_code or not plan)
+            and found_ring == ring)
+    return good, (f"{'ok' if good else 'BAD'} {code:6s} N={n}{' RS' if rs else ''}{' +HBM ring' if ring else ''} "
+                  f"regs={regs}: wgmma loop {found_mma}, {code} loop {found_code if plan else '(none planned)'}"
+                  + (f", ring loop {found_ring}" if ring else ""))
+
+
+def check_sass() -> int:
+    """Every build: check_build."""
     builds = [(c, 256, False) for c in CODES] + [("sleep", 128, False), ("mix", 128, False), ("ffma", 128, False),
                                                  ("sleep", 64, False), ("mix", 64, False), ("sleep", 128, True),
                                                  ("sleep", 64, True)]
-    for code, n, rs in builds:
-        sass, regs = compile_for_sass(make(code, n, rs), *fake_args(), with_registers=True)
-        plan = SASS_PLAN.get(code, {})
-        found_mma = found_code = False
-        for _, ops in loop_bodies(sass, operands=True):
-            c = {}
-            for o in ops:
-                key = o.split()[0]
-                key = "MUFU.EX2" if key.startswith("MUFU.EX2") else key.split(".")[0]
-                c[key] = c.get(key, 0) + 1
-            # an RS HGMMA names its A registers (R...) where SS has a descriptor (gdesc)
-            if c.get("HGMMA", 0) == KB and any(f"HGMMA.64x{n}x16" in o and ("gdesc" in o.split(",")[1]) != rs
-                                               for o in ops if o.startswith("HGMMA")):
-                found_mma = True
-            if plan and all(c.get(k, 0) == v for k, v in plan.items()):
-                found_code = True
-        good = bool(regs) and ((regs + 7) // 8 * 8) * THREADS <= 65536 and found_mma and (found_code or not plan)
+    builds = [(*b, False) for b in builds] + [("mix", 256, False, True), ("sleep", 256, False, True)]
+    ok = True
+    for build in builds:
+        good, line = check_build(*build)
         ok = ok and good
-        print(f"{'ok' if good else 'BAD'} {code:6s} N={n}{' RS' if rs else ''} regs={regs}: wgmma loop {found_mma}, "
-              f"{code} loop {found_code if plan else '(none planned)'}", flush=True)
+        print(line, flush=True)
     return 0 if ok else 1
 
 
@@ -432,20 +550,33 @@ def kernel_load(dev, nvml, name, spec, nsm, beside=None):
     torch = dev.torch
     own = torch.cuda.current_stream()
     code, do_mma, n, gap, nsf, what, burst, rs = (*spec, *(1, False)[len(spec) - 6:])
-    key = ("power", code, n, rs)
-    fn = make(code, n, rs)
+    box_gap = RING_GAPS.get(name.partition("|")[0])
+    if box_gap is not None and nsf > 1:
+        raise ValueError(f"{name}: the HBM ring takes warpgroup 2's first warp; stream warpgroups must be 0 or 1")
+    key = ("power", code, n, rs, box_gap is not None)
+    fn = make(code, n, rs, box_gap is not None)
     words = nsm * WARPS * SLOTS
     sink = torch.zeros(nsm * THREADS, dtype=torch.float32, device="cuda")
     probe = torch.zeros(words, dtype=torch.int64, device="cuda")
+    ring = []
+    l2_ring = "l2" in name.partition("|")[0]
+    if box_gap is not None:  # as TmaStream: each CTA cycles over its own power-of-two region of 1 GiB
+        from . import bench_tma as tma  # (HBM), or every CTA over the same 2 MB (L2 hits)
+
+        stride = 0 if l2_ring else (tma.ROWS // tma.BOX) // nsm
+        region = 255 if l2_ring else (1 << (stride.bit_length() - 1)) - 1
+        g = torch.randn(tma.ROWS, tma.BOX, device="cuda").to(torch.bfloat16)
+        ring = [g, I32(stride), I32(region), I32(box_gap)]
 
     def args(stamps, iters, trips):
         return [dev.ct(stamps), dev.ct(sink), I32(do_mma), I32(nsf), I32(iters), I32(trips), I32(gap), I32(burst),
-                I32(nsm)]
+                I32(nsm), *([dev.ct(ring[0]), *ring[1:]] if ring else [])]
 
     # size one launch to ~LAUNCH_MS from a short one, then again once the load has run WARM_S
     # seconds (the short one runs while the clock still ramps up from idle, so it sizes short)
     iters0, trips0 = (max(1, 400 // burst), 1 << 30) if do_mma else (0, 4000)
-    dev.call(key, fn, probe, sink, I32(do_mma), I32(nsf), I32(iters0), I32(trips0), I32(gap), I32(burst), I32(nsm))
+    dev.call(key, fn, probe, sink, I32(do_mma), I32(nsf), I32(iters0), I32(trips0), I32(gap), I32(burst), I32(nsm),
+             *ring)
     e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     side = torch.cuda.Stream()
     if beside is not None:  # its launches outlast the warm-up and the window (they only slow down beside us)
@@ -498,6 +629,12 @@ def kernel_load(dev, nvml, name, spec, nsm, beside=None):
     for k, v in BLOCK[code].items():
         act[k] += stream_warp_blocks * v / mean_cta_cycles
     extra = {}
+    if ring:  # the ring warp's boxes, through L2 from HBM
+        boxes = float(tr[:, :, RING_WARP].sum())
+        act["l2_bytes"] = boxes * tma.TILE_BYTES / mean_cta_cycles
+        act["hbm_bytes"] = 0.0 if l2_ring else act["l2_bytes"]
+        span_s = start.elapsed_time(end) / 1e3
+        extra = {"ring_box_gap_cycles": box_gap, "ring_bytes_per_s": boxes * tma.TILE_BYTES / span_s}
     if beside is not None:  # the memory load's bytes per SM clock, at the clock counted in our kernel
         mem = beside.activity(moved, clock_ghz)
         act["l2_bytes"], act["hbm_bytes"] = mem["l2_bytes"], mem["hbm_bytes"]
@@ -531,6 +668,8 @@ def settle(load: dict) -> dict:
     # only warps asleep stop clock64: a load with no warp in nanosleep keeps its in-kernel clock,
     # capped or not (on the H200 it runs ~10 % below NVML's under any tensor load)
     sleeps = (load.get("mma_gap_ns") or 0) > 0 or (load.get("code") == "sleep" and (load.get("stream_warpgroups") or 0) > 0)
+    # the HBM ring alone: its one thread mostly waits on mbarriers, the SM's other warps are gone
+    sleeps = sleeps or (load.get("ring_box_gap_cycles") is not None and not load.get("wgmma_n"))
     use = in_kernel if (load["power_capped"] or not load.get("clock_ghz_nvml") or not sleeps) else load["clock_ghz_nvml"]
     if "activity_per_clk_in_kernel" in load:  # settled before: start again from the kernel's counts
         load["activity_per_clk"] = dict(load["activity_per_clk_in_kernel"])
