@@ -68,7 +68,7 @@ PARAMS: dict[str, tuple[str, str]] = {
                             "tma_bytes_per_clk: the spread comes with the memory traffic at the tile's boundary; "
                             "only a tile table fixed before the launch pays for it; 0 = not modelled"),
     # the power model (fa4sim/power.py): P(f) = static + s (f/fmax) clock_power
-    #   + 1e-3 f (s sum_u e_u r_u + e_l2 b_l2 + e_hbm b_hbm), s = (V(f)/V(fmax))^2
+    #   + 1e-3 f (s sum_u e_u r_u + e_l2 b_l2 + (f/fmax) e_hbm b_hbm), s = (V(f)/V(fmax))^2
     "power_cap_w": ("W", "board power limit the clock is held to; 0 = no power model (the clock stays at clock_ghz)"),
     "clock_min_ghz": ("GHz", "lowest SM clock the power model may choose"),
     "clock_tensor_ghz": ("GHz", "highest SM clock (clock64 over globaltimer) the chip holds while its tensor core "
@@ -89,7 +89,8 @@ PARAMS: dict[str, tuple[str, str]] = {
                                "included (not scaled by the SM voltage)"),
     "energy_dsmem_pj_per_byte": ("pJ/B", "energy per byte sent into a peer CTA's shared memory over the SM-to-SM "
                                  "network, beyond the shared-memory write (not scaled by the SM voltage)"),
-    "energy_hbm_pj_per_byte": ("pJ/B", "energy per byte moved to or from HBM (not scaled by the SM voltage)"),
+    "energy_hbm_pj_per_byte": ("pJ/B", "energy per byte moved to or from HBM at the maximum clock; at SM clock f "
+                               "it is this x f/fmax (HBM traffic beside a tensor core the cap slows)"),
     "tensor_burst_energy_fraction": ("1", "extra tensor-core energy per FLOP when it works in bursts much shorter "
                                      "than tensor_burst_cycles, with idle gaps between (0 = not modelled)"),
     "tensor_burst_cycles": ("cycles", "L0: a burst of L0 cycles pays half the burst energy, h(L) = L0 / (L0 + L)"),

@@ -6,7 +6,7 @@ profile's clock_ghz (the maximum boost), s = (V(f)/V(fmax))^2, V(f)/V(fmax) = 1 
 * (1 - f/fmax), r_u the chip-wide operations of unit u per SM clock and b the chip-wide bytes per
 SM clock,
 
-    P(f) = static + s (f/fmax) clock_power + 1e-3 f (s sum_u e_u r_u + e_l2 b_l2 + e_hbm b_hbm)   [W]
+    P(f) = static + s (f/fmax) clock_power + 1e-3 f (s sum_u e_u r_u + e_l2 b_l2 + (f/fmax) e_hbm b_hbm)   [W]
 
 (e in pJ, f in GHz: 1e-3 f e r is W), with two terms measured on unit loads where the sum of
 the parts falls short (docs/findings/power-and-clock.md, "Bursts and mixed code"):
@@ -18,10 +18,13 @@ the parts falls short (docs/findings/power-and-clock.md, "Bursts and mixed code"
   in single-pipe streams: their energies x (1 + mixed_code_energy_fraction).
  Units u: tensor (FLOPs), mufu (ops), fma and alu
 (lane-ops), smem (bytes through shared memory and, on SM100, TMEM). The memory paths' energies
-do not scale with the SM's voltage (measured at the maximum clock only): l2 (bytes loaded from or
-stored to L2), l2_reduce (bytes of TMA bulk reduce-adds, the L2 adding them: about 2.5 times a
-loaded byte), red (bytes of RED.ADD from registers, their instructions included), dsmem (bytes
-into a peer CTA's shared memory over the SM-to-SM network) and hbm. The predicted clock is the
+do not scale with the SM's voltage: l2 (bytes loaded from or stored to L2), l2_reduce (bytes of
+TMA bulk reduce-adds, the L2 adding them: about 2.5 times a loaded byte), red (bytes of RED.ADD
+from registers, their instructions included), dsmem (bytes into a peer CTA's shared memory over
+the SM-to-SM network). An HBM byte's energy, measured at the maximum clock, scales with f/fmax:
+HBM traffic beside a tensor core the cap slows costs less than alone at the maximum clock, in
+proportion to the clock (bench_power's ring loads, docs/findings/power-and-clock.md, "Memory
+beside the tensor core"); L2 traffic beside it costs what it does alone. The predicted clock is the
 highest f in [clock_min_ghz, clock_ghz] with P(f) <= power_cap_w; P grows with f (the work per
 second and the voltage both do), so a bisection finds it. While the tensor core works, the SM's own clock (clock64 over globaltimer)
 stays at or below clock_tensor_ghz even where the cap leaves room and NVML reports clock_ghz
@@ -55,8 +58,7 @@ from typing import Mapping, NamedTuple
 # parts of the power, W; "static" and "clock" are the chip's own, the others its units'
 PARTS = ("static", "clock", "tensor", "mufu", "fma", "alu", "smem", "l2", "l2_reduce", "red", "dsmem", "hbm")
 SM_UNITS = ("tensor", "mufu", "fma", "alu", "smem")     # energies scale with V^2
-# energies that do not: the memory paths, measured at the maximum clock only
-MEMORY = ("l2", "l2_reduce", "red", "dsmem", "hbm")
+MEMORY = ("l2", "l2_reduce", "red", "dsmem", "hbm")     # energies that do not (hbm's scales with f/fmax)
 ENERGY = {"tensor": "energy_tensor_pj_per_flop", "mufu": "energy_mufu_pj_per_op",
           "fma": "energy_fma_pj_per_lane_op", "alu": "energy_alu_pj_per_lane_op",
           "smem": "energy_smem_pj_per_byte", "l2": "energy_l2_pj_per_byte",
@@ -181,6 +183,12 @@ def voltage(hw, f: float, fmax: float | None = None) -> float:
     return 1.0 - hw.voltage_slope * (1.0 - f / fmax)
 
 
+def energy_scale(unit: str, f: float, fmax: float, s: float) -> float:
+    """Unit's energy per operation at clock f over its value at fmax: s = (V(f)/V(fmax))^2 for
+    the SM's units, f/fmax for an HBM byte, 1 for the other memory paths."""
+    return s if unit in SM_UNITS else f / fmax if unit == "hbm" else 1.0
+
+
 def power_w(hw, act, f: float, fmax: float | None = None) -> tuple[float, dict]:
     """(total W, W by part) at SM clock f (GHz). act: an Activity (rates follow f) or a mapping
     unit -> chip-wide ops per SM clock (a calibration load's, fixed; its optional keys
@@ -197,10 +205,9 @@ def power_w(hw, act, f: float, fmax: float | None = None) -> tuple[float, dict]:
         scale[u] = 1.0 + hw.values.get("mixed_code_energy_fraction", 0.0) * mixed
     s = voltage(hw, f, fmax) ** 2
     parts = {"static": float(hw.static_power_w), "clock": s * (f / fmax) * hw.clock_power_w}
-    for u in SM_UNITS:
-        parts[u] = 1e-3 * f * s * hw.values[ENERGY[u]] * scale.get(u, 1.0) * rates.get(u, 0.0)
-    for u in MEMORY:
-        parts[u] = 1e-3 * f * hw.values.get(ENERGY[u], 0.0) * rates.get(u, 0.0)
+    for u in (*SM_UNITS, *MEMORY):
+        parts[u] = (1e-3 * f * energy_scale(u, f, fmax, s) * hw.values.get(ENERGY[u], 0.0) * scale.get(u, 1.0)
+                    * rates.get(u, 0.0))
     return sum(parts.values()), parts
 
 

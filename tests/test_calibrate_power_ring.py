@@ -1,5 +1,6 @@
 """bench_power's TMA ring inside the wgmma load (HBM or L2 traffic beside a capped tensor core on
-every SM). No GPU: the ring build compiles for sm_90a, and recorded files."""
+every SM) and the power model's HBM term it calibrates: an HBM byte's energy scales with f/fmax.
+No GPU: the ring build compiles for sm_90a, and recorded files."""
 from pathlib import Path
 
 import pytest
@@ -55,3 +56,26 @@ def test_recorded_ring_loads_move_hbm_bytes_beside_a_capped_tensor_core(gpu):
     assert full["rates"]["hbm"] == full["rates"]["l2"] > 4 * slow["rates"]["hbm"] > 0
     assert full["f"] < slow["f"] < by["tensor256+mix1"]["f"] < 1.7  # the more HBM traffic, the lower the clock
     assert by["hbm_ring"]["f"] == pytest.approx(1.98)  # alone, no cap
+
+
+@pytest.mark.parametrize("gpu", ["h100", "h200"])
+def test_hbm_energy_scaled_by_the_clock_predicts_the_ring_loads(gpu):
+    """The profile as it is (its HBM energy from loads at the maximum clock) predicts the clock of
+    every capped HBM ring load within 2 %; with the HBM energy held at its maximum-clock value
+    the full-rate load's clock comes out more than 8 % low."""
+    from benchmarks.calibrate import fit_power
+    from fa4sim import power
+
+    hw, loads = _loads(gpu)
+    rows = fit_power.check(hw, loads)
+    capped = [(ld, r) for ld, r in zip(loads, rows) if "hbm" in ld["name"] and ld["f"] < 1.9]
+    assert len(capped) >= 10
+    for ld, r in capped:
+        assert r["predicted_clock_ghz"] == pytest.approx(ld["f"], rel=0.02), ld["name"]
+    ld, r = next((ld, r) for ld, r in capped if ld["name"] == "tensor256+mix1+hbm")
+    flat = hw.with_values(static_power_w=float(hw.static_power_w) + r["static_offset_w"])
+    rates = fit_power.load_rates(ld, hw.values)
+    f = ld["f"]
+    p_scaled = power.power_w(flat, rates, f)[0]
+    p_flat = p_scaled + power.power_w(flat, rates, f)[1]["hbm"] * (hw.clock_ghz / f - 1.0)
+    assert p_flat > 1.08 * ld["power_w"] and abs(p_scaled / ld["power_w"] - 1) < 0.02

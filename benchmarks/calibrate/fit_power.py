@@ -6,7 +6,7 @@ RESULTS.json is what benchmarks/calibrate/bench_power.py writes (meta.kind "powe
 each with its chip-wide activity per SM clock, the clock it ran at (in the kernel: clock64 over
 globaltimer; else NVML's) and its board power (NVML's energy counter over the run). The model
 
-    P(f) = static + s (f/fmax) clock_power + 1e-3 f (s sum_u e_u r_u + e_l2 b_l2 + e_hbm b_hbm),
+    P(f) = static + s (f/fmax) clock_power + 1e-3 f (s sum_u e_u r_u + e_l2 b_l2 + (f/fmax) e_hbm b_hbm),
     s = (1 - voltage_slope (1 - f/fmax))^2
 
 is linear in static, clock_power and the energies once voltage_slope is fixed. So: for every
@@ -114,7 +114,7 @@ def design(loads: list[dict], fmax: float, slope: float, mixed: float = 0.0, L0:
             k = 1.0 + mixed if (ld.get("mixed") and u in ("mufu", "fma", "alu")) else 1.0
             if u == "tensor" and burst is not None:
                 k = 1.0 + burst * burst_h(ld, L0)
-            row.append(1e-3 * f * (s if u in power.SM_UNITS else 1.0) * k * r.get(u, 0.0))
+            row.append(1e-3 * f * power.energy_scale(u, f, fmax, s) * k * r.get(u, 0.0))
         # e_burst = fraction x e_tensor
         row.append(0.0 if burst is not None else 1e-3 * f * s * burst_h(ld, L0) * r.get("tensor", 0.0))
         for i in range(1, files):  # another host (temperature, board): its own static power, +/-
