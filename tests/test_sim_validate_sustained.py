@@ -306,3 +306,11 @@ def test_cli_validate_sustained_file(tmp_path, capsys):
     assert cli_main(["validate", str(f), "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["kind"] == "sustained" and len(doc["points"]) == 2
+
+
+def test_holdout_points_run_only_when_asked_and_are_new():
+    held = bench.select("holdout", False)
+    assert len(held) == 9 and all(p.group == "holdout" for p in held)
+    known = {p.name for p in bench.all_points()}
+    assert not known & {p.name for p in held}
+    assert not any(p.group == "holdout" for p in bench.select("all", False))
