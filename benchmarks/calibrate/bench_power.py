@@ -22,6 +22,9 @@ Two loads move memory instead, with bench_tma's ring of TMA box loads on every S
 attention's K/V loads take): L2 hits (every CTA reads the same 2 MB) and HBM (disjoint parts of
 1 GiB, through L2); their SM clock is NVML's (no in-kernel stamp). A torch copy is no stand-in:
 its loads and stores through the registers cost the SM about 4 times the energy per byte.
+The ring loads (RING_GAPS) put that ring inside the wgmma load's own CTAs (warp RING_WARP, beside
+at most one stream warpgroup), so every SM runs the tensor core with HBM (or L2) traffic beside
+it at a set rate: how a byte's energy changes where the cap slows the clock.
 
 Each load runs ~4.5 s as back-to-back ~25 ms launches: 2 s for the power cap to settle the
 clock, then a 2.5 s measured window whose power is the slope of NVML's energy counter over the
