@@ -13,6 +13,8 @@ Figures:
   pingpong_timelines_h100.png  H100 hd64 timelines with ping-pong on and off
   rescale_rate_vs_tau.png      how often a warp rescales O, against tau (model and numpy count)
   validation_<gpu>.png         predicted vs measured TFLOP/s, newest benchmark per GPU
+  sustained_<gpu>.png          as a user times it (settled): TFLOP/s and clock predicted with the
+                               model's own clock vs measured, newest settled run per GPU
   knob_deltas_per_sm.png       per-SM knob deltas (one CTA), measured vs predicted, all knob loops
   tile_costs_h100.png          cycles per tile of one persistent CTA by KV blocks and knob, error of the model
   timeline_overlay_<run>.png   simulated vs measured timelines of the trace build (clock64 stamps)
@@ -20,7 +22,7 @@ Figures:
 Every figure has a legend and axis labels with units. A figure of a build that reads clock64
 says so on the figure: the trace build's stamps slow it (by how much, from the run's own
 plain-vs-trace timing), the clock-probe build reads the clock only at a CTA's start and end.
-Measurements come only from benchmarks/results/ (sm90_fwd_*.json, knobs_loop_*.json,
+Measurements come only from benchmarks/results/ (sm90_fwd_*.json, sustained_settled_*.json, knobs_loop_*.json,
 tile_costs_*.json, timeline_*/); nothing is invented.
 """
 from __future__ import annotations
@@ -307,6 +309,27 @@ def fig_validation():
     return ", ".join(f"validation_{t}.png" for t in sorted(newest)) or "(no recorded benchmark: no validation figure)"
 
 
+def fig_sustained():
+    """The newest settled sustained run per GPU against the model's own clock (fa4sim validate
+    FILE --plot): TFLOP/s, and the predicted clock against the clock-probe build's."""
+    from fa4sim import validate
+
+    newest = {}
+    for path in glob.glob(os.path.join(RESULTS, "sustained_settled_*.json")):
+        doc = validate.load(path)
+        device = doc["meta"].get("device", "")
+        tag = "h200" if "H200" in device else "h100" if "H100" in device else os.path.basename(path)[18:-5]
+        if tag not in newest or str(doc["meta"].get("date", "")) > str(newest[tag]["meta"].get("date", "")):
+            newest[tag] = doc
+    for tag, doc in sorted(newest.items()):
+        validate.plot(validate.compare(doc), out(f"sustained_{tag}.png"))
+        add_caption(out(f"sustained_{tag}.png"), "Measured: benchmarks/sustained_sm90.py, each kernel back to back "
+                    "for 2.5 s, then timed for 1 s; the clock: fa4kernel's clock-probe build, clock64 over globaltimer "
+                    "summed over every launch of a window. No measured clock goes into the prediction: the power "
+                    "model sets it.")
+    return ", ".join(f"sustained_{t}.png" for t in sorted(newest)) or "(no settled run: no sustained figure)"
+
+
 # (pattern, head dims taken from it): hd128 and hd64 measured with tau's rescale before the PV
 # GEMM; hd256's loop compiles the same in the files with the rescale after the PV wait
 CURRENT_KNOB_LOOPS = (("knobs_loop_h[12]00_2026-11-22_tau_before_pv.json", None),
@@ -453,7 +476,7 @@ def main(argv=None) -> int:
     doc, where = sm90_for("")
     print(f"recorded SM90 measurement: {where}" if doc else "no recorded SM90 measurement: simulation only")
     jobs = [fig_fa4_timeline, fig_fa3_timeline, fig_graph, fig_feeds, fig_emulation,
-            fig_pingpong, fig_pingpong_timelines, fig_rescale, fig_validation,
+            fig_pingpong, fig_pingpong_timelines, fig_rescale, fig_validation, fig_sustained,
             fig_knob_deltas_per_sm, fig_tile_costs, fig_timeline_overlays]
     t_all = time.time()
     for job in jobs:
