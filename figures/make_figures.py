@@ -293,17 +293,25 @@ def fig_rescale():
     return "rescale_rate_vs_tau.png"
 
 
+def newest_per_gpu(pattern: str) -> dict:
+    """{'h100' / 'h200' (or the file's name): its newest recorded results file matching pattern}."""
+    from fa4sim import validate
+
+    newest = {}
+    for path in glob.glob(os.path.join(RESULTS, pattern)):
+        doc = validate.load(path)
+        device = doc["meta"].get("device", "")
+        tag = "h200" if "H200" in device else "h100" if "H100" in device else os.path.basename(path)[:-5]
+        if tag not in newest or str(doc["meta"].get("date", "")) > str(newest[tag]["meta"].get("date", "")):
+            newest[tag] = doc
+    return newest
+
+
 def fig_validation():
     """Predicted vs measured for every recorded SM90 benchmark (fa4sim validate --plot)."""
     from fa4sim import validate
 
-    newest = {}  # one figure per device: its newest recorded benchmark
-    for path in glob.glob(os.path.join(RESULTS, "sm90_fwd_*.json")):
-        doc = validate.load(path)
-        device = doc["meta"].get("device", "")
-        tag = "h200" if "H200" in device else "h100" if "H100" in device else os.path.basename(path)[9:-5]
-        if tag not in newest or str(doc["meta"].get("date", "")) > str(newest[tag]["meta"].get("date", "")):
-            newest[tag] = doc
+    newest = newest_per_gpu("sm90_fwd_*.json")  # one figure per device: its newest recorded benchmark
     for tag, doc in sorted(newest.items()):
         validate.plot(validate.compare(doc), out(f"validation_{tag}.png"))
     return ", ".join(f"validation_{t}.png" for t in sorted(newest)) or "(no recorded benchmark: no validation figure)"
@@ -314,13 +322,7 @@ def fig_sustained():
     FILE --plot): TFLOP/s, and the predicted clock against the clock-probe build's."""
     from fa4sim import validate
 
-    newest = {}
-    for path in glob.glob(os.path.join(RESULTS, "sustained_settled_*.json")):
-        doc = validate.load(path)
-        device = doc["meta"].get("device", "")
-        tag = "h200" if "H200" in device else "h100" if "H100" in device else os.path.basename(path)[18:-5]
-        if tag not in newest or str(doc["meta"].get("date", "")) > str(newest[tag]["meta"].get("date", "")):
-            newest[tag] = doc
+    newest = newest_per_gpu("sustained_settled_*.json")
     for tag, doc in sorted(newest.items()):
         validate.plot(validate.compare(doc), out(f"sustained_{tag}.png"))
         add_caption(out(f"sustained_{tag}.png"), "Measured: benchmarks/sustained_sm90.py, each kernel back to back "
