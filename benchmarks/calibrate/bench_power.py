@@ -563,11 +563,10 @@ def kernel_load(dev, nvml, name, spec, nsm, beside=None):
     probe = torch.zeros(words, dtype=torch.int64, device="cuda")
     ring = []
     l2_ring = "l2" in name.partition("|")[0]
-    if box_gap is not None:  # as TmaStream: each CTA cycles over its own power-of-two region of 1 GiB
-        from . import bench_tma as tma  # (HBM), or every CTA over the same 2 MB (L2 hits)
+    if box_gap is not None:  # the tiles as TmaStream's
+        from . import bench_tma as tma
 
-        stride = 0 if l2_ring else (tma.ROWS // tma.BOX) // nsm
-        region = 255 if l2_ring else (1 << (stride.bit_length() - 1)) - 1
+        stride, region = tma_tiles(l2_ring, nsm)
         g = torch.randn(tma.ROWS, tma.BOX, device="cuda").to(torch.bfloat16)
         ring = [g, I32(stride), I32(region), I32(box_gap)]
 
@@ -683,6 +682,18 @@ def settle(load: dict) -> dict:
     return load
 
 
+def tma_tiles(l2: bool, ctas: int) -> tuple[int, int]:
+    """(stride, region mask) of bench_tma's ring, CTA b loading tiles b * stride + (k & region):
+    every CTA over the same 2 MB (l2: L2 hits), or each over its own power-of-two region of the
+    1 GiB tensor (every byte from HBM, through L2)."""
+    from . import bench_tma as tma
+
+    if l2:
+        return 0, 255
+    stride = (tma.ROWS // tma.BOX) // ctas
+    return stride, (1 << (stride.bit_length() - 1)) - 1
+
+
 class TmaStream:
     """bench_tma's ring of TMA box loads on `ctas` SMs, one CTA each, sized to ~LAUNCH_MS per
     launch: the L2 -> shared-memory path attention's K/V loads take (no register traffic, unlike
@@ -699,11 +710,7 @@ class TmaStream:
         self.dev, self.name, self.ctas, self.tma = dev, name, ctas, tma
         self.g = torch.randn(tma.ROWS, tma.BOX, device="cuda").to(torch.bfloat16)
         self.stamps = torch.zeros(8192, dtype=torch.int64, device="cuda")
-        if name.startswith("tma_l2"):
-            self.stride, self.region = 0, 255
-        else:
-            self.stride = (tma.ROWS // tma.BOX) // ctas
-            self.region = (1 << (self.stride.bit_length() - 1)) - 1
+        self.stride, self.region = tma_tiles(name.startswith("tma_l2"), ctas)
         n0 = tma.STAGES * 200
         dev.call(("tma", "power"), tma.make(), self.g, self.stamps, I32(1), I32(n0), I32(1), I32(self.stride),
                  I32(self.region), I32(ctas))
