@@ -422,12 +422,15 @@ def build_parser() -> argparse.ArgumentParser:
                                     "tile-jitter term. Backward files: benchmarks/bench_bwd_sm90.py's (the backward "
                                     "alone, fa4kernel and flash-attn-4, at the model's own clock) and "
                                     "benchmarks/bwd_ctas_sm90.py's (fa4kernel's launches in each launch order at "
-                                    "their in-kernel clock, and the gain of one order over another).")
+                                    "their in-kernel clock, and the gain of one order over another). A unit benchmark: "
+                                    "benchmarks/calibrate/bench_contention.py's intra kernel (warpgroups running a "
+                                    "softmax-like mix beside their own wgmma) replayed with the engine's "
+                                    "interference rules.")
     va.add_argument("results", nargs="+", help="benchmark results JSON (benchmarks/results/sm90_fwd_*.json, or "
                                                "ctas_*.json / knobs_loop_*.json: several of those add a scoreboard of "
                                                "their per-SM knob deltas; tile_costs_*.json; idle_wg_*.json; "
                                                "cta_log_2026-11-22/cta_log_*.json; sm90_bwd_*.json, "
-                                               "bwd_ctas_*.json)")
+                                               "bwd_ctas_*.json; contention_*.json)")
     va.add_argument("--hw", default=None, help="profile to predict with (default: from the device name, "
                                                "a measured profile when there is one)")
     va.add_argument("--plot", metavar="FILE.png", help="correlation plot: predicted vs measured with y = x (for "

@@ -3,6 +3,8 @@
 - fa4sim/implementations/fa4kernel-sm90.json, pv_wait_sass: where ptxas puts the PV wait in
   fa4kernel's builds (benchmarks/pv_wait_sass.py wrote the table; a few builds are recompiled here).
 - benchmarks/calibrate/bench_bursts.py: its burst loops hold exactly the instructions it times.
+- benchmarks/calibrate/bench_contention.py: its wgmma loops hold 8 HGMMAs, its softmax loops the
+  planned instructions; the intra kernel's trip stamps sit outside the HGMMAs and the mix.
 
 Run: pytest -m compile tests/test_sass_tables_compile.py
 """
@@ -41,6 +43,27 @@ def test_bench_bursts_loops_hold_their_planned_instructions(capsys):
     from benchmarks.calibrate import bench_bursts
 
     assert bench_bursts.check_sass() == 0, capsys.readouterr().out
+
+
+def test_bench_contention_loops_hold_their_planned_instructions(capsys):
+    from benchmarks.calibrate import bench_contention
+
+    assert bench_contention.check_sass() == 0, capsys.readouterr().out
+
+
+def test_bench_contention_intra_stamps_bracket_the_wgmma_wait():
+    """The trip's stamps: one clock read after the mix, one after the wgmma wait, no wait before
+    the mix (so the mix still overlaps the GEMM)."""
+    from benchmarks.calibrate import bench_contention as bc
+    from benchmarks.calibrate.common import compile_for_sass
+
+    sass = compile_for_sass(bc.make_intra(True), *bc.fake_args_intra())
+    ops = [line.split("*/", 1)[1].strip() for line in sass.splitlines() if "*/" in line]
+    first_hgmma = next(i for i, o in enumerate(ops) if o.startswith("HGMMA"))
+    clocks = [i for i, o in enumerate(ops) if "SR_CLOCKLO" in o and i > first_hgmma]
+    waits = [i for i, o in enumerate(ops) if o.startswith("WARPGROUP.DEPBAR") and i > first_hgmma]
+    assert len(clocks) >= 3 and waits, ops
+    assert clocks[0] < waits[0] < clocks[1]
 
 
 @pytest.mark.parametrize("args,says", [

@@ -355,9 +355,12 @@ def make_intra(rs: bool):
         lsum = [Float32(0.0) for _ in range(4)]
         t0 = Int64(0)
         t1 = Int64(0)
+        in_mix = Int64(0)   # cycles from the trip's start to the mix's end, summed over trips
+        in_wait = Int64(0)  # cycles from the mix's end to the wgmma wait's return, summed
         total = Float32(0.0)
         if wg < nwg:
             t0 = clk()
+            t_trip = t0
             for _ in cutlass.range(iters, unroll=1):
                 if do_mma != 0:
                     warpgroup.fence()
@@ -366,8 +369,13 @@ def make_intra(rs: bool):
                     warpgroup.commit_group()
                 for _b in cutlass.range(nb, unroll=1):
                     x, m, lsum = _mix_block(x, m, lsum, sc, nsc, c)
+                t_mix = clk()
                 if do_mma != 0:
                     warpgroup.wait_group(0)
+                t_end = clk()
+                in_mix = in_mix + (t_mix - t_trip)
+                in_wait = in_wait + (t_end - t_mix)
+                t_trip = t_end
             t1 = clk()
             for i in cutlass.range_constexpr(cute.size(acc)):
                 total = total + acc[i]
@@ -379,6 +387,8 @@ def make_intra(rs: bool):
             o = (bid * MAX_STAMP_WARPS + warp) * SLOTS
             stamps[o + 0] = t0
             stamps[o + 1] = t1
+            stamps[o + 5] = in_mix
+            stamps[o + 6] = in_wait
         sink[bid * threads + tid] = total
 
     @cute.jit
@@ -510,8 +520,9 @@ def _analyse_roles(st, bid, nwg, nsf, kind, iters):
     return r
 
 
-def run(dev, clock_seconds=1.0):
-    """On the GPU: {roles_ss: {...}, roles_rs: {...}, intra_ss: {...}, intra_rs: {...}, clock: {...}}."""
+def run(dev, clock_seconds=1.0, only=None):
+    """On the GPU: {roles_ss: {...}, roles_rs: {...}, intra_ss: {...}, intra_rs: {...}, clock: {...}};
+    only="intra": the intra kernel alone."""
     torch = dev.torch
     stamps = torch.zeros(STAMPS, dtype=torch.int64, device="cuda")
     sink = torch.zeros(SINK, dtype=torch.float32, device="cuda")
@@ -540,8 +551,8 @@ def run(dev, clock_seconds=1.0):
         best[1]["samples"] = samples
         return best[1], best[2]
 
-    for rs in (False, True):
-        name = "rs" if rs else "ss"
+    def run_roles(roles, name, rs):
+        """The roles kernel: wgmma warpgroups beside softmax warpgroups, alone and together."""
         fn = make_roles(rs)
         key = ("contention_roles", rs)
         res = {"alone_mma": {}, "alone_sf": {}, "both": {}}
@@ -570,8 +581,12 @@ def run(dev, clock_seconds=1.0):
                               f"(x{r['sf_rate_vs_alone']:.3f}), lanes/clk "
                               + " ".join(f"{k}:{v:.1f}" for k, v in r["sf_lanes_per_clk"].items()), flush=True)
         res["unit_costs"] = unit_costs(res)
-        out[f"roles_{name}"] = res
+        return res
 
+    for rs in (False, True):
+        name = "rs" if rs else "ss"
+        if only != "intra":
+            out[f"roles_{name}"] = run_roles(roles, name, rs)
         # intra-warpgroup overlap
         fi = make_intra(rs)
         ikey = ("contention_intra", rs)
@@ -579,7 +594,7 @@ def run(dev, clock_seconds=1.0):
         for nwg in (1, 2):
             cfg = {}
             for do_mma, nb in ((1, 0), (1, 1), (1, 2), (1, 3), (1, 4), (0, 1), (0, 2), (0, 3), (0, 4)):
-                cyc = []
+                cyc, phases = [], []
                 for rep in range(REPS):
                     stamps.zero_()
                     sink.zero_()
@@ -588,7 +603,14 @@ def run(dev, clock_seconds=1.0):
                     rows = _rows(st, 0, _mma_warps(nwg))
                     if rep:
                         cyc.append(max(x[1] for x in rows) - min(x[0] for x in rows))
+                        # per warp and trip: start -> mix done, mix done -> wgmma wait returned
+                        warps = [(bid_w * SLOTS) for bid_w in _mma_warps(nwg)]
+                        phases.append((sum(st[o + 5] for o in warps) / len(warps) / ITERS_INTRA,
+                                       sum(st[o + 6] for o in warps) / len(warps) / ITERS_INTRA))
+                best = cyc.index(min(cyc))
                 cfg[f"mma{do_mma}_nb{nb}"] = dict(cycles=min(cyc), cycles_per_trip=min(cyc) / ITERS_INTRA, samples=cyc,
+                                                  mix_cycles_per_trip=phases[best][0],
+                                                  wait_cycles_per_trip=phases[best][1],
                                                   sink_finite=bool(torch.isfinite(sink).all().item()))
             t_mma = cfg["mma1_nb0"]["cycles_per_trip"]
             for nb in (1, 2, 3, 4):
@@ -605,7 +627,8 @@ def run(dev, clock_seconds=1.0):
             ires[f"WG{nwg}"] = cfg
         out[f"intra_{name}"] = ires
 
-    out["clock"] = clock_run(dev, stamps, sink, out, clock_seconds)
+    if only != "intra":
+        out["clock"] = clock_run(dev, stamps, sink, out, clock_seconds)
     return out
 
 
@@ -725,6 +748,8 @@ def main(argv=None):
     ap.add_argument("--out", help="results JSON (GPU run)")
     ap.add_argument("--check-sass", action="store_true", help="CPU: compile for sm_90a and check the SASS")
     ap.add_argument("--clock-seconds", type=float, default=1.0)
+    ap.add_argument("--only", choices=["intra"], help="run only the intra kernel (warpgroups running the mix beside "
+                                                      "their own wgmma, with each trip's mix and wait cycles)")
     args = ap.parse_args(argv)
     if args.check_sass:
         return check_sass()
@@ -737,7 +762,7 @@ def main(argv=None):
     dev = Device()
     res = {"meta": meta("contention"), "scripts": {"contention": "bench_contention.py"}, "benchmarks": {}, "errors": {}}
     try:
-        res["benchmarks"]["contention"] = run(dev, args.clock_seconds)
+        res["benchmarks"]["contention"] = run(dev, args.clock_seconds, args.only)
     except Exception:  # noqa: BLE001
         res["errors"]["contention"] = traceback.format_exc()
         print(res["errors"]["contention"], flush=True)

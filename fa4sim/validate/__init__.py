@@ -13,6 +13,9 @@ compared with has its module:
                                       fa4sim --pass bwd (bench_bwd_sm90.py)
   bwd_ctas             bwd_launches.py  fa4kernel's backward launches by launch order, at their
                                       in-kernel clock (bwd_ctas_sm90.py)
+  contention           contention.py  a unit benchmark, not a kernel: warpgroups that run a softmax-like
+                                      mix beside their own wgmma, replayed with the engine's rules
+                                      (calibrate/bench_contention.py)
 
 common.py holds what they share, among it the one place that turns a kernel's recorded
 configuration into model knobs (model_knobs; each kernel is simulated as its implementation).
@@ -30,14 +33,15 @@ import sys
 from pathlib import Path
 
 from ..errors import InputError
-from . import backward, bwd_launches, idle_wgs, intervals, launches, points, sustained, tile_costs
+from . import backward, bwd_launches, contention, idle_wgs, intervals, launches, points, sustained, tile_costs
 from .common import kernel_knobs, model_knobs, profile_for  # noqa: F401  (the package's public names)
 from .intervals import knob_scoreboard, plot_knob_deltas, report_scoreboard
 from .points import expand  # noqa: F401
 
 MODULES = {"points": points, "knob_points": points, "loop_intervals": intervals, "tile_costs": tile_costs,
            "idle_wgs": idle_wgs, "cta_log": launches, "sustained": sustained,
-           "sm90_bwd": backward, "bwd_ctas": bwd_launches}
+           "sm90_bwd": backward, "bwd_ctas": bwd_launches,
+           "contention": contention}
 PLOTS = {"points", "knob_points", "loop_intervals", "tile_costs", "sustained"}
 
 

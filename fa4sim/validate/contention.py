@@ -1,0 +1,123 @@
+"""The softmax beside its own wgmma (benchmarks/calibrate/bench_contention.py, kind 'contention'):
+the unit benchmark's "intra" kernel replayed through the engine with the profile's rules.
+
+In that kernel each of 1 or 2 warpgroups loops: issue 8 wgmma m64n128k16 (512 tensor cycles),
+run `nb` blocks of the softmax-like mix (32 elements, 180 instructions per warp each), wait for
+its wgmma. Nothing in it is attention, and it is the shape of FA3's intra-warpgroup overlap: the
+warps that issue a GEMM run a softmax beside it. The replay gives each op the units the fa3
+schedule would (MUFU, FMA, ALU lane-ops, SM and per-warpgroup issue slots) and the same
+interference rules (issue_under_mma, warp_issue_under_mma, mufu_under_mma), so it checks those
+rules on the benchmark family they come from, at softmax loads the kernels reach (hd64's loop
+issues about 2.3 mix blocks of instructions per warp beside 512 tensor cycles per warpgroup).
+"""
+from __future__ import annotations
+
+import statistics
+
+from .. import hardware
+from ..engine import Edge, Op, Schedule, simulate
+from ..softmax import warp_issue
+from .common import profile_for
+
+MIX_PIPES = {"FMNMX": "alu", "F2FP": "alu", "FFMA": "fma", "FADD": "fma", "FMUL": "fma", "MUFU.EX2": "mufu"}
+TRIPS, WARMUP = 48, 16  # simulated trips, and those left out of the steady-state mean
+PIECES = 8
+
+
+def schedule(hw, warpgroups: int, blocks: int, with_mma: bool, per_trip: dict, wgmma_per_trip: int,
+             wgmma_cycles: float, rs: bool) -> Schedule:
+    """One CTA of the intra kernel: each warpgroup's trip is [wgmma x wgmma_per_trip], the mix x
+    `blocks`, [wait]. per_trip: SASS instructions of one mix block per thread (one warp)."""
+    lanes = {"alu": hw.alu_lanes_per_clk, "fma": hw.fma_lanes_per_clk, "mufu": hw.mufu_ex2_per_clk}
+    instr = sum(per_trip.values())
+    ops, edges = [], []
+    for w in range(warpgroups):
+        role = f"wg{w}"
+        uses: dict[str, float] = {}
+        for name, count in per_trip.items():
+            pipe = MIX_PIPES[name]
+            uses[pipe] = uses.get(pipe, 0.0) + count * 128 * blocks / lanes[pipe]  # 128 threads
+        uses["issue"] = 4 * instr * blocks / hw.issue_per_clk  # 4 warps' instructions on 4 schedulers
+        uses = warp_issue(hw, uses, role)
+        if with_mma:
+            ops.append(Op(f"MMA{w}", role, (("tensor", wgmma_per_trip * wgmma_cycles),),
+                          hw.mma_latency_rs if rs else hw.mma_latency_ss, "mma", asynchronous=True,
+                          issue_cycles=wgmma_per_trip * hw.mma_issue_cycles, chunks=wgmma_per_trip))
+        ops.append(Op(f"MIX{w}", role, tuple(uses.items()), hw.mufu_latency, "softmax", chunks=PIECES))
+        if with_mma:
+            ops.append(Op(f"WAIT{w}", role, (), 0.0, "sync"))
+            edges.append(Edge(f"MMA{w}", f"WAIT{w}"))
+    roles = [f"wg{w}" for w in range(warpgroups)]
+    units = {"tensor": 1, "mufu": 1, "fma": 1, "alu": 1, "issue": 1, **{f"issue:{r}": 1 for r in roles}}
+    return Schedule("intra", units, roles, ops, edges, marker=ops[0].name,
+                    issue_depth={"tensor": int(hw.mma_queue_depth)},
+                    interference={"mufu": ("tensor", hw.mufu_under_mma), "issue": ("tensor", hw.issue_under_mma),
+                                  **{f"issue:{r}": ("tensor", hw.warp_issue_under_mma) for r in roles}})
+
+
+def cycles_per_trip(s: Schedule) -> float:
+    """Steady-state cycles per trip: the mean spacing of the marker's starts after the warm-up."""
+    starts = simulate(s, [TRIPS]).starts(s.marker)
+    return (starts[-1] - starts[WARMUP]) / (len(starts) - 1 - WARMUP)
+
+
+def compare(doc: dict, hw: str | None = None) -> dict:
+    hw_name = hw or profile_for(doc["meta"].get("device", ""))
+    prof = hardware.load(hw_name)
+    bench = doc["benchmarks"]["contention"]
+    const = bench["constants"]
+    mix = const["per_trip"]["mix"]
+    rows = []
+    for mode in ("intra_ss", "intra_rs"):
+        for wg_key, runs in sorted((bench.get(mode) or {}).items()):
+            wgs = int(wg_key.removeprefix("WG"))
+            for key, run in sorted(runs.items()):
+                if "cycles_per_trip" not in run:
+                    continue
+                with_mma, blocks = key.removeprefix("mma").split("_nb")
+                with_mma, blocks = with_mma == "1", int(blocks)
+                if blocks == 0 and not with_mma:
+                    continue
+                s = schedule(prof, wgs, blocks, with_mma, mix if blocks else {},
+                             int(const["wgmma_per_trip"]), float(const["ideal_wgmma_cycles"]), mode.endswith("rs"))
+                pred = cycles_per_trip(s)
+                meas = float(run["cycles_per_trip"])
+                rows.append({"operand_a": "registers" if mode.endswith("rs") else "smem", "warpgroups": wgs,
+                             "blocks": blocks, "with_mma": with_mma, "measured": meas, "predicted": pred,
+                             "error": pred / meas - 1.0,
+                             # stamped builds: a warp's mean cycles per trip up to the mix's end, then
+                             # in the wgmma wait
+                             "measured_mix": run.get("mix_cycles_per_trip"),
+                             "measured_wait": run.get("wait_cycles_per_trip")})
+
+    def group(pred):
+        errs = [abs(r["error"]) for r in rows if pred(r)]
+        return {"median_abs_error": statistics.median(errs), "max_abs_error": max(errs), "n": len(errs)} if errs else None
+
+    return {"kind": "contention",
+            "summary": {"hw_profile": hw_name, "device": doc["meta"].get("device"),
+                        "date": doc["meta"].get("date_utc") or doc["meta"].get("date"),
+                        "alone": group(lambda r: not r["with_mma"]),
+                        "one_warpgroup_with_mma": group(lambda r: r["with_mma"] and r["warpgroups"] == 1),
+                        "two_warpgroups_with_mma": group(lambda r: r["with_mma"] and r["warpgroups"] == 2)},
+            "cases": rows}
+
+
+def report(result: dict) -> str:
+    s = result["summary"]
+    lines = [f"device {s['device']} ({s['date']}), profile {s['hw_profile']}: bench_contention's intra kernel "
+             "(each warpgroup: 8 wgmma m64n128k16, nb mix blocks, wait), cycles per trip",
+             f"{'A from':>9s} {'WGs':>4s} {'nb':>3s} {'wgmma':>6s} {'measured':>9s} {'predicted':>9s} {'error':>7s}"
+             "   measured per warp: to the mix's end + in the wait"]
+    for r in result["cases"]:
+        phases = (f"   {r['measured_mix']:6.0f} + {r['measured_wait']:4.0f}" if r.get("measured_mix") is not None
+                  else "")
+        lines.append(f"{r['operand_a']:>9s} {r['warpgroups']:4d} {r['blocks']:3d} {'yes' if r['with_mma'] else 'no':>6s} "
+                     f"{r['measured']:9.0f} {r['predicted']:9.0f} {100 * r['error']:+6.1f}%{phases}")
+    for key, what in (("alone", "the mix alone"), ("one_warpgroup_with_mma", "one warpgroup beside its wgmma"),
+                      ("two_warpgroups_with_mma", "two warpgroups beside their wgmmas")):
+        g = s[key]
+        if g:
+            lines.append(f"{what}: median |error| {100 * g['median_abs_error']:.1f}%, "
+                         f"max {100 * g['max_abs_error']:.1f}% over {g['n']} cases")
+    return "\n".join(lines)
