@@ -52,8 +52,8 @@ def test_bench_contention_loops_hold_their_planned_instructions(capsys):
 
 
 def test_bench_contention_intra_stamps_bracket_the_wgmma_wait():
-    """The trip's stamps: one clock read after the mix, one after the wgmma wait, no wait before
-    the mix (so the mix still overlaps the GEMM)."""
+    """The trip's stamps: clock reads after the HGMMAs, after the mix and after the wgmma wait, and
+    no wait before the mix (so the mix still overlaps the GEMM)."""
     from benchmarks.calibrate import bench_contention as bc
     from benchmarks.calibrate.common import compile_for_sass
 
@@ -63,7 +63,7 @@ def test_bench_contention_intra_stamps_bracket_the_wgmma_wait():
     clocks = [i for i, o in enumerate(ops) if "SR_CLOCKLO" in o and i > first_hgmma]
     waits = [i for i, o in enumerate(ops) if o.startswith("WARPGROUP.DEPBAR") and i > first_hgmma]
     assert len(clocks) >= 3 and waits, ops
-    assert clocks[0] < waits[0] < clocks[1]
+    assert clocks[0] < clocks[1] < waits[0] < clocks[2]  # issued, mix done, wait, wait done
 
 
 @pytest.mark.parametrize("args,says", [

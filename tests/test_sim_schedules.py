@@ -474,3 +474,16 @@ def test_sm90_emulation_result_says_what_its_cost_is_known_to_miss():
     off = simulate("h100", "fa3", p, {})
     assert any("exp_emulation on SM90" in n and "mix_fill_slots = 0.2" in n for n in on.notes)
     assert not any("exp_emulation" in n for n in off.notes)
+
+
+def test_fa3_notes_where_a_long_softmax_beside_its_own_gemms_makes_the_time_optimistic():
+    """hd64 on Hopper (16 score elements per tensor cycle and warpgroup, 2-3 warpgroups) is where the
+    model's loop runs short of fa4kernel's; the result says so. hd128 (8) and the B200 what-if do not."""
+    def notes(hw, hdim, **kw):
+        return [n for n in simulate(hw, "fa3", Problem(2, 8, 2048, 2048, hdim, False), kw).notes
+                if "own GEMMs" in n]
+    hd64 = notes("h100", 64)
+    assert len(hd64) == 1 and "16 score elements" in hd64[0] and "3 consumer warpgroups" in hd64[0]
+    assert "2 consumer warpgroups" in notes("h200", 64, tile_m=128)[0]
+    assert notes("h100", 128) == [] and notes("h100", 256) == [] and notes("b200", 64) == []
+    assert notes("h100", 64, tile_m=64) == []  # one warpgroup: the rules hold there

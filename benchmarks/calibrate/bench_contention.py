@@ -361,12 +361,14 @@ def make_intra(rs: bool):
         if wg < nwg:
             t0 = clk()
             t_trip = t0
+            trip = Int32(0)
             for _ in cutlass.range(iters, unroll=1):
                 if do_mma != 0:
                     warpgroup.fence()
                     for k in cutlass.range_constexpr(KB):
                         cute.gemm(atom, acc, tCrA[None, None, k], tCrB[None, None, k], acc)
                     warpgroup.commit_group()
+                t_issued = clk()
                 for _b in cutlass.range(nb, unroll=1):
                     x, m, lsum = _mix_block(x, m, lsum, sc, nsc, c)
                 t_mix = clk()
@@ -375,7 +377,15 @@ def make_intra(rs: bool):
                 t_end = clk()
                 in_mix = in_mix + (t_mix - t_trip)
                 in_wait = in_wait + (t_end - t_mix)
+                # a few trips in full: start, HGMMAs issued, mix done, wait returned
+                if lane == 0 and trip >= TRACE_FROM and trip < TRACE_FROM + TRACE_TRIPS:
+                    o = TRACE_BASE + ((trip - TRACE_FROM) * 8 + warp) * 4
+                    stamps[o + 0] = t_trip
+                    stamps[o + 1] = t_issued
+                    stamps[o + 2] = t_mix
+                    stamps[o + 3] = t_end
                 t_trip = t_end
+                trip = trip + 1
             t1 = clk()
             for i in cutlass.range_constexpr(cute.size(acc)):
                 total = total + acc[i]
@@ -405,6 +415,8 @@ def make_intra(rs: bool):
 
 
 STAMPS = 132 * MAX_STAMP_WARPS * SLOTS
+# the intra kernel's per-trip trace (one CTA: the stamps past its own warps' slots)
+TRACE_FROM, TRACE_TRIPS, TRACE_BASE = 100, 16, 1024
 SINK = 132 * 512
 
 
@@ -608,9 +620,16 @@ def run(dev, clock_seconds=1.0, only=None):
                         phases.append((sum(st[o + 5] for o in warps) / len(warps) / ITERS_INTRA,
                                        sum(st[o + 6] for o in warps) / len(warps) / ITERS_INTRA))
                 best = cyc.index(min(cyc))
+                # the last repetition's trace: per trip, per warp [start, issued, mix done, wait done],
+                # cycles from the first trip's earliest start
+                raw = st[TRACE_BASE:TRACE_BASE + TRACE_TRIPS * 8 * 4]
+                t_ref = min(raw[(w * 4)] for w in _mma_warps(nwg))
+                trace = [[[raw[(t * 8 + w) * 4 + i] - t_ref for i in range(4)] for w in _mma_warps(nwg)]
+                         for t in range(TRACE_TRIPS)]
                 cfg[f"mma{do_mma}_nb{nb}"] = dict(cycles=min(cyc), cycles_per_trip=min(cyc) / ITERS_INTRA, samples=cyc,
                                                   mix_cycles_per_trip=phases[best][0],
                                                   wait_cycles_per_trip=phases[best][1],
+                                                  trace_from_trip=TRACE_FROM, trace=trace,
                                                   sink_finite=bool(torch.isfinite(sink).all().item()))
             t_mma = cfg["mma1_nb0"]["cycles_per_trip"]
             for nb in (1, 2, 3, 4):

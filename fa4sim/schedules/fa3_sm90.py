@@ -136,6 +136,13 @@ EMULATION_NOTE = ("exp_emulation on SM90: an emulated exp2 is its 8 SASS instruc
                   "mix_fill_slots = {fill:g} of a softmax issue slot each (measured 0.2 on H100 and H200 beside a "
                   "wgmma). Per SM that matches fa4kernel's hd128 loop within 3 pp; at hd64 (three consumer "
                   "warpgroups) and hd256 the kernel loses 2-6x more (docs/findings/emulation-cost.md)")
+# what `fa4sim run` says where each warpgroup's softmax is long beside its own GEMMs (hd64)
+LONG_SOFTMAX_NOTE = ("each of the {wgs} consumer warpgroups runs the softmax of {per:.0f} score elements per "
+                     "cycle of its own GEMMs (hd128: 8). Warpgroups with that much softmax beside their own GEMMs "
+                     "are where the rules for issue beside a GEMM run short (bench_contention's intra kernel "
+                     "9-23 %, fa4kernel's hd64 loop 5-6 % with 3 warpgroups, 12.5-14.5 % with 2): this time is "
+                     "likely optimistic (docs/findings/issue-rate-beside-mma.md, 'The hd64 loop')")
+LONG_SOFTMAX = 12.0  # score elements per tensor cycle and warpgroup from which the note is given
 PRODUCER_REGS = {2: 24, 3: 32}  # setmaxnreg of the producer WG (docs/reference/fa4-schedules.md)
 REG_OVERHEAD = 32               # addresses, loop state, row max/sum: an estimate
 # the PV wait's position where a build is not in its implementation's SASS table
@@ -441,6 +448,7 @@ def build(hw, p: Problem, k: dict, n_kv: int, masked_blocks: int, impl, hbm_busy
     else:  # O is staged in Q's buffer: the next Q load waits for this tile's store
         edges.append(Edge("ST", "LQ", 1, per="tile", kind="anti", lag=mbar))
 
+    per_tensor_cycle = elems / (qk.tensor_cycles + pv.tensor_cycles)  # one warpgroup's softmax per its GEMMs
     # each warpgroup's own issue limit, then pieces so two warpgroups on one pipe share it (engine)
     compute_roles = [f"wg{w}" for w in range(W)]
     # (measured on the softmax-like mix, so it binds the softmax phases, not the plain FMUL/F2FP
@@ -459,5 +467,7 @@ def build(hw, p: Problem, k: dict, n_kv: int, masked_blocks: int, impl, hbm_busy
                                   **{f"issue:{r}": ("tensor", hw.warp_issue_under_mma) for r in compute_roles}},
                     meta={"rescale_rate": rate, "flops_per_iter": 2.0 * k["tile_m"] * n * (d + dv),
                           "notes": ([EMULATION_NOTE.format(fill=hw.mix_fill_slots)] if f > 0 else [])
+                          + ([LONG_SOFTMAX_NOTE.format(per=per_tensor_cycle, wgs=W)]
+                             if hw.arch == ARCH and W >= 2 and per_tensor_cycle >= LONG_SOFTMAX else [])
                           + ([NO_TMEM_NOTE.format(hw=hw.name, arch=hw.arch, impl=impl.name if impl else DEFAULT_IMPL)]
                              if hw.arch != ARCH else [])})
