@@ -74,6 +74,14 @@ def warp_issue(hw, part: dict[str, float], role: str, warps: int = 4) -> dict[st
     return {**part, f"issue:{role}": own}
 
 
+def beside_gemm(hw, roles) -> dict:
+    """The engine's interference rules for softmax work beside a running GEMM (unit -> (cause,
+    factor)): the MUFU at mufu_under_mma, the SM's issue slots at issue_under_mma, each role's own
+    issue at warp_issue_under_mma (all measured by bench_contention)."""
+    return {"mufu": ("tensor", hw.mufu_under_mma), "issue": ("tensor", hw.issue_under_mma),
+            **{f"issue:{r}": ("tensor", hw.warp_issue_under_mma) for r in roles}}
+
+
 def add(*parts: dict[str, float]) -> dict[str, float]:
     """Sum unit-cycle dicts (phases that pipeline within one op)."""
     out: dict[str, float] = {}

@@ -41,7 +41,7 @@ from ..errors import InputError
 from ..tile_order import ORDERS
 from ..params import Context, Knob, Problem
 from ..rescale import rescale_rate
-from ..softmax import add, exp2_phase, phase, scaled, warp_issue
+from ..softmax import add, beside_gemm, exp2_phase, phase, scaled, warp_issue
 from ..tensor_core import BYTES, check_shape, mma_cost
 
 NAME = "fa3"
@@ -462,9 +462,7 @@ def build(hw, p: Problem, k: dict, n_kv: int, masked_blocks: int, impl, hbm_busy
     roles = ["load"] + [f"wg{w}" for w in range(W)] + ["epilogue"]
     return Schedule(NAME, units, roles, ops, edges, marker="QK0",
                     issue_depth={"tensor": int(hw.mma_queue_depth)},
-                    interference={"mufu": ("tensor", hw.mufu_under_mma), "issue": ("tensor", hw.issue_under_mma),
-                                  "smem:lsu": ("tensor", lsu_share),
-                                  **{f"issue:{r}": ("tensor", hw.warp_issue_under_mma) for r in compute_roles}},
+                    interference={**beside_gemm(hw, compute_roles), "smem:lsu": ("tensor", lsu_share)},
                     meta={"rescale_rate": rate, "flops_per_iter": 2.0 * k["tile_m"] * n * (d + dv),
                           "notes": ([EMULATION_NOTE.format(fill=hw.mix_fill_slots)] if f > 0 else [])
                           + ([LONG_SOFTMAX_NOTE.format(per=per_tensor_cycle, wgs=W)]

@@ -36,7 +36,7 @@ from dataclasses import replace
 from ..engine import Edge, Op, Schedule
 from ..errors import InputError
 from ..params import Context, Knob, Problem
-from ..softmax import add, exp2_phase, phase, scaled, warp_issue
+from ..softmax import add, beside_gemm, exp2_phase, phase, scaled, warp_issue
 from ..tensor_core import BYTES, check_shape
 from . import kernel_bwd
 from .fa3_sm90 import LSU_SHARE_FLOOR
@@ -570,9 +570,7 @@ def build(hw, p: Problem, k: dict, n_kv: int, masked_blocks: int, impl=None, hbm
     flops = 2.0 * m * n * (3 * d + 2 * dv)
     return Schedule(f"{NAME}-bwd", units, roles, ops, edges, marker="S0",
                     issue_depth={"tensor": int(hw.mma_queue_depth)},
-                    interference={"mufu": ("tensor", hw.mufu_under_mma), "issue": ("tensor", hw.issue_under_mma),
-                                  "smem:lsu": ("tensor", lsu_share),
-                                  **{f"issue:{r}": ("tensor", hw.warp_issue_under_mma) for r in compute_roles}},
+                    interference={**beside_gemm(hw, compute_roles), "smem:lsu": ("tensor", lsu_share)},
                     meta={"flops_per_iter": flops, "dq_hold": dq_hold(hw, p, k) if k["deterministic"] else 0.0,
                           "lsu_share": lsu_share})
 

@@ -22,7 +22,7 @@ from ..engine import Edge, Op, Schedule
 from ..errors import InputError
 from ..params import Context, Knob, Problem
 from ..rescale import rescale_rate
-from ..softmax import add, exp2_phase, phase, scaled, warp_issue
+from ..softmax import add, beside_gemm, exp2_phase, phase, scaled, warp_issue
 from ..tensor_core import BYTES, check_shape, mma_cost
 
 NAME = "fa4"
@@ -266,6 +266,5 @@ def build(hw, p: Problem, k: dict, n_kv: int, masked_blocks: int, impl=None, hbm
     roles = ["load", "mma"] + [f"softmax{s}" for s in range(T)] + ["correction", "epilogue"]
     return Schedule(NAME, units, roles, ops, edges, marker="QK0",
                     issue_depth={"tensor": int(hw.mma_queue_depth)},
-                    interference={"mufu": ("tensor", hw.mufu_under_mma), "issue": ("tensor", hw.issue_under_mma),
-                                  **{f"issue:{r}": ("tensor", hw.warp_issue_under_mma) for r in compute_roles}},
+                    interference=beside_gemm(hw, compute_roles),
                     meta={"rescale_rate": rate, "flops_per_iter": 2.0 * T * m * n * (d + dv)})

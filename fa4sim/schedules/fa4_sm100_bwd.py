@@ -32,7 +32,7 @@ from ..engine import Edge, Op, Schedule
 from ..errors import InputError
 from ..feeds import bwd_gemms
 from ..params import Knob, Problem
-from ..softmax import add, exp2_phase, phase, warp_issue
+from ..softmax import add, beside_gemm, exp2_phase, phase, warp_issue
 from ..tensor_core import BYTES, check_shape
 from . import kernel_bwd
 
@@ -258,6 +258,5 @@ def build(hw, p: Problem, k: dict, n_kv: int, masked_blocks: int, impl=None, hbm
     flops = 2.0 * m * n * (3 * d + 2 * dv)
     return Schedule(f"{NAME}-bwd", units, roles, ops, edges, marker="S",
                     issue_depth={"tensor": int(hw.mma_queue_depth)},
-                    interference={"mufu": ("tensor", hw.mufu_under_mma), "issue": ("tensor", hw.issue_under_mma),
-                                  **{f"issue:{r}": ("tensor", hw.warp_issue_under_mma) for r in compute_roles}},
+                    interference=beside_gemm(hw, compute_roles),
                     meta={"flops_per_iter": flops, "dq_hold": dq_hold(hw, p, k) if det else 0.0})

@@ -6,7 +6,7 @@ run `nb` blocks of the softmax-like mix (32 elements, 180 instructions per warp 
 its wgmma. Nothing in it is attention, and it is the shape of FA3's intra-warpgroup overlap: the
 warps that issue a GEMM run a softmax beside it. The replay gives each op the units the fa3
 schedule would (MUFU, FMA, ALU lane-ops, SM and per-warpgroup issue slots) and the same
-interference rules (issue_under_mma, warp_issue_under_mma, mufu_under_mma), so it checks those
+interference rules (softmax.beside_gemm), so it checks those
 rules on the benchmark family they come from, at softmax loads the kernels reach (hd64's loop
 issues about 2.3 mix blocks of instructions per warp beside 512 tensor cycles per warpgroup).
 """
@@ -16,7 +16,7 @@ import statistics
 
 from .. import hardware
 from ..engine import Edge, Op, Schedule, simulate
-from ..softmax import warp_issue
+from ..softmax import beside_gemm, warp_issue
 from .common import profile_for
 
 MIX_PIPES = {"FMNMX": "alu", "F2FP": "alu", "FFMA": "fma", "FADD": "fma", "FMUL": "fma", "MUFU.EX2": "mufu"}
@@ -51,8 +51,7 @@ def schedule(hw, warpgroups: int, blocks: int, with_mma: bool, per_trip: dict, w
     units = {"tensor": 1, "mufu": 1, "fma": 1, "alu": 1, "issue": 1, **{f"issue:{r}": 1 for r in roles}}
     return Schedule("intra", units, roles, ops, edges, marker=ops[0].name,
                     issue_depth={"tensor": int(hw.mma_queue_depth)},
-                    interference={"mufu": ("tensor", hw.mufu_under_mma), "issue": ("tensor", hw.issue_under_mma),
-                                  **{f"issue:{r}": ("tensor", hw.warp_issue_under_mma) for r in roles}})
+                    interference=beside_gemm(hw, roles))
 
 
 def cycles_per_trip(s: Schedule) -> float:
