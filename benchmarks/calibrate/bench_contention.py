@@ -563,7 +563,7 @@ def run(dev, clock_seconds=1.0, only=None):
         best[1]["samples"] = samples
         return best[1], best[2]
 
-    def run_roles(roles, name, rs):
+    def run_roles(name, rs):
         """The roles kernel: wgmma warpgroups beside softmax warpgroups, alone and together."""
         fn = make_roles(rs)
         key = ("contention_roles", rs)
@@ -598,7 +598,7 @@ def run(dev, clock_seconds=1.0, only=None):
     for rs in (False, True):
         name = "rs" if rs else "ss"
         if only != "intra":
-            out[f"roles_{name}"] = run_roles(roles, name, rs)
+            out[f"roles_{name}"] = run_roles(name, rs)
         # intra-warpgroup overlap
         fi = make_intra(rs)
         ikey = ("contention_intra", rs)
@@ -616,9 +616,9 @@ def run(dev, clock_seconds=1.0, only=None):
                     if rep:
                         cyc.append(max(x[1] for x in rows) - min(x[0] for x in rows))
                         # per warp and trip: start -> mix done, mix done -> wgmma wait returned
-                        warps = [(bid_w * SLOTS) for bid_w in _mma_warps(nwg)]
-                        phases.append((sum(st[o + 5] for o in warps) / len(warps) / ITERS_INTRA,
-                                       sum(st[o + 6] for o in warps) / len(warps) / ITERS_INTRA))
+                        slots = [w * SLOTS for w in _mma_warps(nwg)]  # CTA 0's warps
+                        phases.append((sum(st[o + 5] for o in slots) / len(slots) / ITERS_INTRA,
+                                       sum(st[o + 6] for o in slots) / len(slots) / ITERS_INTRA))
                 best = cyc.index(min(cyc))
                 # the last repetition's trace: per trip, per warp [start, issued, mix done, wait done],
                 # cycles from the first trip's earliest start
