@@ -20,6 +20,8 @@ The engine knows nothing about attention. It is given a `Schedule`:
   as a warp does when the tensor core's instruction queue is full, and two issuers alternate.
   A unit named in `interference` serves a piece at a reduced rate when it starts while another
   unit is busy (measured on Hopper: warps issue and MUFU run slower beside a running wgmma).
+  An op's `duty` on a unit holds the unit longer than its work (`uses`): code whose dependences
+  leave a unit idle at times (a softmax keeps the MUFU 92 % busy on Hopper).
 * **edges**: `src -> dst`: an instance of dst may not issue before the matching instance of src
   has completed (plus `lag` cycles of signalling, e.g. an mbarrier). `distance` d > 0 makes the
   edge loop-carried: iteration g waits for iteration g - d (counted across tiles, as a
@@ -72,11 +74,22 @@ class Op:
     # (unit, factor) pairs: this op's own rate on `unit` while the interfering unit is busy,
     # instead of the schedule's `interference` factor (a dense stream is slowed less than a mix)
     slowed: tuple[tuple[str, float], ...] = ()
+    # (unit, share) pairs: the share of the time this op holds `unit` that it keeps it working (its
+    # dependences leave the rest idle), so the unit is held cycles / share; `uses` stays the work
+    duty: tuple[tuple[str, float], ...] = ()
+
+    @property
+    def held(self) -> tuple[tuple[str, float], ...]:
+        """((unit, cycles), ...): the time each unit is held, its work over its duty share."""
+        if not self.duty:
+            return self.uses
+        duty = dict(self.duty)
+        return tuple((u, c / duty.get(u, 1.0)) for u, c in self.uses)
 
     @property
     def occupancy(self) -> float:
         """Longest part, in cycles: the op's duration with no queueing and no latency."""
-        return max((c for _, c in self.uses), default=0.0)
+        return max((c for _, c in self.held), default=0.0)
 
 
 @dataclass(frozen=True)
@@ -136,6 +149,9 @@ class Schedule:
                     raise InputError("schedule", f"op {o.name} uses unknown unit {unit!r}")
                 if not cycles >= 0:
                     raise InputError("schedule", f"op {o.name}: {cycles} cycles on {unit} (must be >= 0)")
+            for unit, share in o.duty:
+                if unit not in self.units or not 0 < share <= 1:
+                    raise InputError("schedule", f"op {o.name}: duty on {unit!r} must name a unit, share in (0, 1]")
         for e in self.edges:
             for end in (e.src, e.dst):
                 if end not in self._index:
@@ -302,7 +318,7 @@ def simulate(schedule: Schedule, tiles: Sequence[int]) -> Trace:
         """Reserve every unit part (or a share of it) now; return (first part start, last end)."""
         now = env.now
         first, last = float("inf"), now
-        for unit, cycles in op.uses:
+        for unit, cycles in op.held:
             if cycles <= 0:
                 continue
             cycles *= share

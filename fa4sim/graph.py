@@ -129,7 +129,7 @@ def isolated(schedule: Schedule, op: Op, slowed: bool = False) -> tuple[tuple, f
     asynchronous op issues a piece every issue_cycles/chunks, each waiting for room in a unit's
     issue queue, and the pieces of one unit run back to back."""
     rate = _rates(schedule, op, slowed)
-    parts = [(u, c / rate.get(u, 1.0) / op.chunks) for u, c in op.uses if c > 0]
+    parts = [(u, c / rate.get(u, 1.0) / op.chunks) for u, c in op.held if c > 0]
     pieces: list[Piece] = []
     if not op.asynchronous:
         step = max((length for _, length in parts), default=0.0)
@@ -176,7 +176,7 @@ def build(schedule: Schedule, slowed: bool = False) -> LoopGraph:
     nodes = []
     for op in schedule.ops:
         pieces, completion, hold = isolated(schedule, op, slowed)
-        nodes.append(Node(op.name, op.role, {u: c for u, c in op.uses if c > 0}, op.latency, op.asynchronous,
+        nodes.append(Node(op.name, op.role, {u: c for u, c in op.held if c > 0}, op.latency, op.asynchronous,
                           op.skew, op.when, pieces, completion, hold, op.label))
     by_name = {n.name: n for n in nodes}
     deps = [Dep(e.src, e.dst, e.distance, e.kind, e.lag, by_name[e.src].completion + e.lag, e.per,

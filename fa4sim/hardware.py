@@ -35,6 +35,9 @@ PARAMS: dict[str, tuple[str, str]] = {
                                "core executes when the warps that issue the wgmmas issue it between their own HGMMAs "
                                "(the O rescale before the PV GEMM, as compiled)"),
     "mufu_under_mma": ("fraction", "MUFU throughput while the tensor core executes, relative to idle"),
+    "mix_mufu_utilization": ("fraction", "share of the MUFU's rate a softmax-like mix keeps busy with two or more "
+                             "warps of it per scheduler: its dependences leave the MUFU idle at times (one warp "
+                             "alone is held by warp_issue_ipc first)"),
     "mix_fill_slots": ("mix slots", "issue slots one instruction added to a softmax-like mix takes beside a running "
                        "MMA, in units of a mix instruction's own slot: the mix waits on MUFU latency, and added "
                        "independent FMA/ALU instructions (an emulated exp2's polynomial, tau's test) fill its "

@@ -135,6 +135,8 @@ def _hw_value(name: str, value):
         raise InputError(name, f"must be between 0 and 1, got {value!r}")
     if name == "clock_min_ghz" and v <= 0:
         raise InputError(name, f"must be > 0, got {value!r}")
+    if hardware.PARAMS.get(name, ("",))[0] == "fraction" and not 0 < v <= 1:
+        raise InputError(name, f"is a fraction of a rate: must be in (0, 1], got {value!r}")
     positive = {"clock_ghz", "num_sms", "tensor_flops_per_clk", "mufu_ex2_per_clk", "fma_lanes_per_clk",
                 "alu_lanes_per_clk", "issue_per_clk", "smem_bytes_per_clk", "tma_bytes_per_clk",
                 "l2_bandwidth_tbps", "hbm_bandwidth_tbps", "mma_queue_depth"}

@@ -11,6 +11,8 @@ a 2-input FMNMX. Sources: docs/reference/fa4-schedules.md (softmax step), hardwa
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 from .exp2_emulation import ISSUE_PER_ELEMENT as EMU_ISSUE, exp2_costs
 
 # phase -> {pipe: lane-ops per element, "instr": thread-instructions per element}
@@ -65,13 +67,17 @@ def exp2_phase(hw, elements: float, emulated_fraction: float) -> dict[str, float
     return out
 
 
-def warp_issue(hw, part: dict[str, float], role: str, warps: int = 4) -> dict[str, float]:
-    """Add the role's own issue limit: its `warps` warps (one per scheduler) each issue at most
-    warp_issue_ipc instructions per clock, whatever the SM's other warps leave free."""
-    if "issue" not in part:
-        return part
-    own = part["issue"] * hw.issue_per_clk / (warps * hw.warp_issue_ipc)
-    return {**part, f"issue:{role}": own}
+def mix_limits(hw, op, warps: int = 4):
+    """The op as softmax code, with the limits bench_contention's mix measures beyond its pipes'
+    rates: its role's `warps` warps (one per scheduler) each issue at most warp_issue_ipc
+    instructions per clock, whatever the SM's other warps leave free (unit issue:<role>); and its
+    dependences keep the MUFU working only mix_mufu_utilization of the time they hold it (its
+    duty; with one warp per scheduler the issue limit binds first)."""
+    uses = dict(op.uses)
+    if "issue" in uses:
+        uses[f"issue:{op.role}"] = uses["issue"] * hw.issue_per_clk / (warps * hw.warp_issue_ipc)
+    duty = (("mufu", hw.mix_mufu_utilization),) if uses.get("mufu", 0) > 0 and hw.mix_mufu_utilization < 1 else ()
+    return replace(op, uses=tuple(uses.items()), duty=op.duty + duty)
 
 
 def beside_gemm(hw, roles) -> dict:

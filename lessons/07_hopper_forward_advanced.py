@@ -272,14 +272,16 @@ if not traced:
 
 # %% [markdown]
 # The model hides about half of the 1024 cycles; the two warpgroups on the H100 hide about a
-# sixth, less than one warpgroup hides of its own 512. The trace says why: the warpgroup that issues second waits in its HGMMAs for room in the tensor
-# core's queue (7 deep) behind the other's GEMM, then runs its mix, so for part of every trip one
-# mix runs alone on each scheduler, at about three quarters of what two warps get through
-# together. The model keeps no order of warps within a scheduler and settles the two
-# warpgroups half a GEMM apart, side by side. fa4kernel's hd64 loop lives in this regime (512
-# tensor cycles per warpgroup and block beside about 2.3 mix blocks of instructions, 2-3
-# warpgroups), and its loop is 5-14 % longer than the model's: the largest error left in the
-# Hopper forward.
+# sixth, less than one warpgroup hides of its own 512. Part of that is the mix itself: two warps
+# of it per scheduler keep the MUFU working only 92 % of the time (its dependences leave gaps),
+# which the model charges (`mix_mufu_utilization`, measured on the mix alone). The rest the trace
+# shows: the warpgroup that issues second waits in its HGMMAs for room in the tensor core's queue
+# (7 deep) behind the other's GEMM, then runs its mix, so for part of every trip one mix runs
+# alone on each scheduler, at about three quarters of what two warps get through together. The
+# model keeps no order of warps within a scheduler and settles the two warpgroups half a GEMM
+# apart, side by side. fa4kernel's hd64 loop lives in this regime (512 tensor cycles per
+# warpgroup and block beside about 2.3 mix blocks of instructions, 2-3 warpgroups), and its loop
+# is 6-13 % longer than the model's: the largest error left in the Hopper forward.
 #
 # ## 2. Tile turnover
 #

@@ -86,3 +86,18 @@ def test_bench_bursts_options_fail_in_one_line_before_the_gpu(tmp_path, args, sa
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert res.returncode == 2 and "Traceback" not in res.stderr
     assert says in res.stderr.strip().splitlines()[-1]
+
+
+@pytest.mark.parametrize("wgs", ["4", "1,x", ""])
+def test_bench_contention_intra_wgs_fail_in_one_line_before_the_gpu(tmp_path, wgs):
+    """A warpgroup count the intra kernel has no build for is a one-line usage error, no GPU touched."""
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    cmd = [sys.executable, os.path.join(root, "benchmarks", "calibrate", "bench_contention.py"),
+           "--out", str(tmp_path / "x.json"), "--only", "intra", "--intra-wgs", wgs]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2 and "Traceback" not in res.stderr
+    assert "--intra-wgs" in res.stderr.strip().splitlines()[-1] and "allowed: comma-separated 1, 2, 3" in res.stderr

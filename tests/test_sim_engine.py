@@ -113,3 +113,19 @@ def test_interference_slows_a_unit_and_an_op_may_carry_its_own_factor():
     assert run(()).end - run(()).start == pytest.approx(400)            # 100 / 0.25
     assert run((("issue", 0.5),)).end == pytest.approx(200)             # 100 / 0.5
     assert run((("other", 0.5),)).end == pytest.approx(400)             # a unit it does not use: no change
+
+
+def test_duty_holds_a_unit_longer_than_its_work():
+    """An op whose dependences keep a unit working only part of the time it holds it (`duty`):
+    the unit is held work / share, another role queues behind that, and `uses` stays the work
+    (what the power model counts)."""
+    ops = [Op("a", "r", (("mufu", 90), ("issue", 50)), duty=(("mufu", 0.9),)),
+           Op("b", "s", (("mufu", 10),))]
+    s = Schedule("t", {"mufu": 1, "issue": 1}, ["r", "s"], ops, [], marker="a")
+    assert s.op("a").held == (("mufu", pytest.approx(100.0)), ("issue", 50))
+    assert s.op("a").occupancy == pytest.approx(100.0) and dict(s.op("a").uses)["mufu"] == 90
+    trace = simulate(s, [1])
+    a, b = (next(r for r in trace.ops if r.name == n) for n in ("a", "b"))
+    assert a.end == pytest.approx(100.0) and b.start == pytest.approx(100.0)
+    with pytest.raises(InputError, match="duty on 'mufu' must name a unit, share in"):
+        Schedule("t", {"mufu": 1}, ["r"], [Op("a", "r", (("mufu", 1),), duty=(("mufu", 0.0),))], [], marker="a")

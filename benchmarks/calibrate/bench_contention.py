@@ -30,7 +30,8 @@ A from smem (SS) or from registers (RS), compile-time):
   write their trip count. grid = 1 (per-SM numbers) or all SMs for ~1 s (the clock under the
   combined load, clock64 vs %globaltimer).
 
-Kernel "intra" (256 threads = 2 warpgroups; FA3's intra-warpgroup overlap): warpgroups 0 .. nwg-1
+Kernel "intra" (128 x the most warpgroups run: 256 threads for 1-2, 384 for 3, as FA3 at hd64
+  with a 192-row tile; FA3's intra-warpgroup overlap): warpgroups 0 .. nwg-1
   each loop `iters` trips of
         [fence; 8 x wgmma; commit]   (if do_mma)
         nb blocks of the mix above (32 elements each, ~180 instructions)
@@ -303,8 +304,11 @@ def _mix_block(x, m, lsum, sc, nsc, c, emulated=()):
     return xn, m, lsum
 
 
-def make_intra(rs: bool):
-    threads = 256
+def make_intra(rs: bool, warpgroups: int = 2):
+    """The intra kernel built for up to `warpgroups` warpgroups (2: 256 threads, as recorded for
+    one and two; 3: 384 threads, whose register budget is 170 per thread)."""
+    threads = 128 * warpgroups
+    warps = threads // 32
 
     @cute.kernel
     def kernel(stamps: cute.Tensor, sink: cute.Tensor, nwg: Int32, nb: Int32, do_mma: Int32, iters: Int32,
@@ -379,7 +383,7 @@ def make_intra(rs: bool):
                 in_wait = in_wait + (t_end - t_mix)
                 # a few trips in full: start, HGMMAs issued, mix done, wait returned
                 if lane == 0 and trip >= TRACE_FROM and trip < TRACE_FROM + TRACE_TRIPS:
-                    o = TRACE_BASE + ((trip - TRACE_FROM) * 8 + warp) * 4
+                    o = TRACE_BASE + ((trip - TRACE_FROM) * warps + warp) * 4
                     stamps[o + 0] = t_trip
                     stamps[o + 1] = t_issued
                     stamps[o + 2] = t_mix
@@ -427,6 +431,14 @@ def fake_args_roles():
             Int32(10), Int32(10), Int32(1), Int32(1), fake_stream())
 
 
+INTRA_WGS = (1, 2, 3)  # warpgroup counts the intra kernel runs (--intra-wgs)
+
+
+def intra_threads(nwg: int) -> int:
+    """The build a warpgroup count runs on: 256 threads up to two (the recorded files), else 128 each."""
+    return 128 * max(2, nwg)
+
+
 def fake_args_intra():
     from .common import fake_stream, fake_tensor
 
@@ -448,12 +460,13 @@ def check_sass() -> int:
     from .common import sass_count
 
     bad = 0
-    for kname, make, fake, expect in (("roles", make_roles, fake_args_roles, SASS_ROLES),
-                                      ("intra", make_intra, fake_args_intra, SASS_INTRA)):
+    builds = [("roles", lambda rs: make_roles(rs), fake_args_roles, SASS_ROLES, 512)]
+    builds += [(f"intra{'' if t == 256 else f' {t} threads'}", lambda rs, t=t: make_intra(rs, t // 128),
+                fake_args_intra, SASS_INTRA, t) for t in sorted({intra_threads(n) for n in INTRA_WGS})]
+    for kname, make, fake, expect, threads in builds:
         for rs in (False, True):
             t0 = time.time()
             sass, regs = compile_for_sass(make(rs), *fake(), with_registers=True)
-            threads = 512 if kname == "roles" else 256
             counts = {op: sass_count(sass, op) for op in expect}
             ok = all((counts[op] >= n) if n else counts[op] == 0 for op, n in expect.items())
             ok = ok and bool(regs) and ((regs + 7) // 8 * 8) * threads <= 65536
@@ -532,9 +545,9 @@ def _analyse_roles(st, bid, nwg, nsf, kind, iters):
     return r
 
 
-def run(dev, clock_seconds=1.0, only=None):
+def run(dev, clock_seconds=1.0, only=None, intra_wgs=(1, 2)):
     """On the GPU: {roles_ss: {...}, roles_rs: {...}, intra_ss: {...}, intra_rs: {...}, clock: {...}};
-    only="intra": the intra kernel alone."""
+    only="intra": the intra kernel alone, at the warpgroup counts in intra_wgs."""
     torch = dev.torch
     stamps = torch.zeros(STAMPS, dtype=torch.int64, device="cuda")
     sink = torch.zeros(SINK, dtype=torch.float32, device="cuda")
@@ -600,10 +613,12 @@ def run(dev, clock_seconds=1.0, only=None):
         if only != "intra":
             out[f"roles_{name}"] = run_roles(name, rs)
         # intra-warpgroup overlap
-        fi = make_intra(rs)
-        ikey = ("contention_intra", rs)
         ires = {}
-        for nwg in (1, 2):
+        for nwg in intra_wgs:
+            threads = intra_threads(nwg)
+            fi = make_intra(rs, threads // 128)
+            ikey = ("contention_intra", rs, threads)
+            warps = threads // 32
             cfg = {}
             for do_mma, nb in ((1, 0), (1, 1), (1, 2), (1, 3), (1, 4), (0, 1), (0, 2), (0, 3), (0, 4)):
                 cyc, phases = [], []
@@ -622,9 +637,9 @@ def run(dev, clock_seconds=1.0, only=None):
                 best = cyc.index(min(cyc))
                 # the last repetition's trace: per trip, per warp [start, issued, mix done, wait done],
                 # cycles from the first trip's earliest start
-                raw = st[TRACE_BASE:TRACE_BASE + TRACE_TRIPS * 8 * 4]
+                raw = st[TRACE_BASE:TRACE_BASE + TRACE_TRIPS * warps * 4]
                 t_ref = min(raw[(w * 4)] for w in _mma_warps(nwg))
-                trace = [[[raw[(t * 8 + w) * 4 + i] - t_ref for i in range(4)] for w in _mma_warps(nwg)]
+                trace = [[[raw[(t * warps + w) * 4 + i] - t_ref for i in range(4)] for w in _mma_warps(nwg)]
                          for t in range(TRACE_TRIPS)]
                 cfg[f"mma{do_mma}_nb{nb}"] = dict(cycles=min(cyc), cycles_per_trip=min(cyc) / ITERS_INTRA, samples=cyc,
                                                   mix_cycles_per_trip=phases[best][0],
@@ -769,7 +784,16 @@ def main(argv=None):
     ap.add_argument("--clock-seconds", type=float, default=1.0)
     ap.add_argument("--only", choices=["intra"], help="run only the intra kernel (warpgroups running the mix beside "
                                                       "their own wgmma, with each trip's mix and wait cycles)")
+    ap.add_argument("--intra-wgs", default="1,2", metavar="N,N",
+                    help="warpgroup counts of the intra kernel, from 1, 2, 3 (3: a 384-thread build, FA3's hd64 "
+                         "tile of 192 rows); default 1,2")
     args = ap.parse_args(argv)
+    try:
+        intra_wgs = tuple(int(x) for x in args.intra_wgs.split(","))
+    except ValueError:
+        intra_wgs = ()
+    if not intra_wgs or any(n not in INTRA_WGS for n in intra_wgs):
+        ap.error(f"--intra-wgs: {args.intra_wgs!r}; allowed: comma-separated 1, 2, 3")
     if args.check_sass:
         return check_sass()
     if not args.out:
@@ -781,7 +805,7 @@ def main(argv=None):
     dev = Device()
     res = {"meta": meta("contention"), "scripts": {"contention": "bench_contention.py"}, "benchmarks": {}, "errors": {}}
     try:
-        res["benchmarks"]["contention"] = run(dev, args.clock_seconds, args.only)
+        res["benchmarks"]["contention"] = run(dev, args.clock_seconds, args.only, intra_wgs)
     except Exception:  # noqa: BLE001
         res["errors"]["contention"] = traceback.format_exc()
         print(res["errors"]["contention"], flush=True)

@@ -41,7 +41,7 @@ from ..errors import InputError
 from ..tile_order import ORDERS
 from ..params import Context, Knob, Problem
 from ..rescale import rescale_rate
-from ..softmax import add, beside_gemm, exp2_phase, phase, scaled, warp_issue
+from ..softmax import add, beside_gemm, exp2_phase, mix_limits, phase, scaled
 from ..tensor_core import BYTES, check_shape, mma_cost
 
 NAME = "fa3"
@@ -140,7 +140,7 @@ EMULATION_NOTE = ("exp_emulation on SM90: an emulated exp2 is its 8 SASS instruc
 LONG_SOFTMAX_NOTE = ("each of the {wgs} consumer warpgroups runs the softmax of {per:.0f} score elements per "
                      "cycle of its own GEMMs (hd128: 8). Warpgroups with that much softmax beside their own GEMMs "
                      "are where the rules for issue beside a GEMM run short (bench_contention's intra kernel "
-                     "9-23 %, fa4kernel's hd64 loop 5-6 % with 3 warpgroups, 12.5-14.5 % with 2): this time is "
+                     "6-20 % with 2 warpgroups, fa4kernel's hd64 loop 6 % with 3, 11-13 % with 2): this time is "
                      "likely optimistic (docs/findings/issue-rate-beside-mma.md, 'The hd64 loop')")
 LONG_SOFTMAX = 12.0  # score elements per tensor cycle and warpgroup from which the note is given
 PRODUCER_REGS = {2: 24, 3: 32}  # setmaxnreg of the producer WG (docs/reference/fa4-schedules.md)
@@ -454,8 +454,7 @@ def build(hw, p: Problem, k: dict, n_kv: int, masked_blocks: int, impl, hbm_busy
     # (measured on the softmax-like mix, so it binds the softmax phases, not the plain FMUL/F2FP
     # streams of the rescale and convert, which the H100 timeline shows near full issue rate)
     softmax_ops = tuple(f"{n}{w}" for n in ("MASK", "MAX", "EXA", "EXP") for w in range(W))
-    ops = [replace(o, uses=tuple(warp_issue(hw, dict(o.uses), o.role).items())) if o.name in softmax_ops else o
-           for o in ops]
+    ops = [mix_limits(hw, o) if o.name in softmax_ops else o for o in ops]
     ops = [replace(o, chunks=PIECES) if not o.asynchronous and o.uses else o for o in ops]
     units = {"tensor": 1, "smem": 1, "smem:lsu": 1, "mufu": 1, "fma": 1, "alu": 1, "issue": 1, "tma": 1,
              **{f"issue:{r}": 1 for r in compute_roles}}

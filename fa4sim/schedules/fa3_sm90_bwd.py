@@ -36,7 +36,7 @@ from dataclasses import replace
 from ..engine import Edge, Op, Schedule
 from ..errors import InputError
 from ..params import Context, Knob, Problem
-from ..softmax import add, beside_gemm, exp2_phase, phase, scaled, warp_issue
+from ..softmax import add, beside_gemm, exp2_phase, mix_limits, phase, scaled
 from ..tensor_core import BYTES, check_shape
 from . import kernel_bwd
 from .fa3_sm90 import LSU_SHARE_FLOOR
@@ -550,8 +550,7 @@ def build(hw, p: Problem, k: dict, n_kv: int, masked_blocks: int, impl=None, hbm
 
     compute_roles = [f"wg{w}" for w in range(WGS)]
     softmax_ops = tuple(f"{x}{w}" for x in ("MASK", "EXP", "DS") for w in range(WGS))
-    ops = [replace(o, uses=tuple(warp_issue(hw, dict(o.uses), o.role).items())) if o.name in softmax_ops else o
-           for o in ops]
+    ops = [mix_limits(hw, o) if o.name in softmax_ops else o for o in ops]
     ops = [replace(o, chunks=PIECES) if not o.asynchronous and o.uses else o for o in ops]
     # dQ's fp32 stores beside a GEMM get what its fetch leaves (often nothing): in pieces of a
     # few cycles, so the stores after the GEMM has finished run at the full rate

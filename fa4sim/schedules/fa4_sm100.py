@@ -22,7 +22,7 @@ from ..engine import Edge, Op, Schedule
 from ..errors import InputError
 from ..params import Context, Knob, Problem
 from ..rescale import rescale_rate
-from ..softmax import add, beside_gemm, exp2_phase, phase, scaled, warp_issue
+from ..softmax import add, beside_gemm, exp2_phase, mix_limits, phase, scaled
 from ..tensor_core import BYTES, check_shape, mma_cost
 
 NAME = "fa4"
@@ -258,8 +258,7 @@ def build(hw, p: Problem, k: dict, n_kv: int, masked_blocks: int, impl=None, hbm
 
     # each warpgroup's own issue limit, then pieces so two warpgroups on one pipe share it (engine)
     compute_roles = [f"softmax{s}" for s in range(T)] + ["correction"]
-    ops = [replace(o, uses=tuple(warp_issue(hw, dict(o.uses), o.role).items())) if o.role in compute_roles else o
-           for o in ops]
+    ops = [mix_limits(hw, o) if o.role in compute_roles else o for o in ops]
     ops = [replace(o, chunks=PIECES) if not o.asynchronous and o.uses else o for o in ops]
     units = {"tensor": 1, "smem": 1, "tmem": 1, "mufu": 1, "fma": 1, "alu": 1, "issue": 1, "tma": 1,
              **{f"issue:{r}": 1 for r in compute_roles}}

@@ -32,7 +32,7 @@ from ..engine import Edge, Op, Schedule
 from ..errors import InputError
 from ..feeds import bwd_gemms
 from ..params import Knob, Problem
-from ..softmax import add, beside_gemm, exp2_phase, phase, warp_issue
+from ..softmax import add, beside_gemm, exp2_phase, mix_limits, phase
 from ..tensor_core import BYTES, check_shape
 from . import kernel_bwd
 
@@ -249,8 +249,7 @@ def build(hw, p: Problem, k: dict, n_kv: int, masked_blocks: int, impl=None, hbm
         edges += [Edge(f"ADDQ{s}", "SEMR", lag=hw.l2_latency) for s in range(stages)]
 
     compute_roles = {"compute": COMPUTE_WARPS, "reduce": 4}
-    ops = [replace(o, uses=tuple(warp_issue(hw, dict(o.uses), o.role, compute_roles[o.role]).items()))
-           if o.role in compute_roles else o for o in ops]
+    ops = [mix_limits(hw, o, compute_roles[o.role]) if o.role in compute_roles else o for o in ops]
     ops = [replace(o, chunks=PIECES) if not o.asynchronous and o.uses else o for o in ops]
     units = {"tensor": 1, "smem": 1, "tmem": 1, "mufu": 1, "fma": 1, "alu": 1, "issue": 1, "tma": 1,
              **{f"issue:{r}": 1 for r in compute_roles}}

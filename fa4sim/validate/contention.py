@@ -1,12 +1,12 @@
 """The softmax beside its own wgmma (benchmarks/calibrate/bench_contention.py, kind 'contention'):
 the unit benchmark's "intra" kernel replayed through the engine with the profile's rules.
 
-In that kernel each of 1 or 2 warpgroups loops: issue 8 wgmma m64n128k16 (512 tensor cycles),
+In that kernel each of 1, 2 or 3 warpgroups loops: issue 8 wgmma m64n128k16 (512 tensor cycles),
 run `nb` blocks of the softmax-like mix (32 elements, 180 instructions per warp each), wait for
 its wgmma. Nothing in it is attention, and it is the shape of FA3's intra-warpgroup overlap: the
 warps that issue a GEMM run a softmax beside it. The replay gives each op the units the fa3
 schedule would (MUFU, FMA, ALU lane-ops, SM and per-warpgroup issue slots) and the same
-interference rules (softmax.beside_gemm), so it checks those
+interference rules (softmax.beside_gemm) and mix limits (softmax.mix_limits), so it checks those
 rules on the benchmark family they come from, at softmax loads the kernels reach (hd64's loop
 issues about 2.3 mix blocks of instructions per warp beside 512 tensor cycles per warpgroup).
 """
@@ -16,10 +16,11 @@ import statistics
 
 from .. import hardware
 from ..engine import Edge, Op, Schedule, simulate
-from ..softmax import beside_gemm, warp_issue
+from ..softmax import beside_gemm, mix_limits
 from .common import profile_for
 
 MIX_PIPES = {"FMNMX": "alu", "F2FP": "alu", "FFMA": "fma", "FADD": "fma", "FMUL": "fma", "MUFU.EX2": "mufu"}
+COUNT = {1: "one", 2: "two", 3: "three"}  # the warpgroup counts the kernel runs
 TRIPS, WARMUP = 48, 16  # simulated trips, and those left out of the steady-state mean
 PIECES = 8
 
@@ -38,12 +39,11 @@ def schedule(hw, warpgroups: int, blocks: int, with_mma: bool, per_trip: dict, w
             pipe = MIX_PIPES[name]
             uses[pipe] = uses.get(pipe, 0.0) + count * 128 * blocks / lanes[pipe]  # 128 threads
         uses["issue"] = 4 * instr * blocks / hw.issue_per_clk  # 4 warps' instructions on 4 schedulers
-        uses = warp_issue(hw, uses, role)
         if with_mma:
             ops.append(Op(f"MMA{w}", role, (("tensor", wgmma_per_trip * wgmma_cycles),),
                           hw.mma_latency_rs if rs else hw.mma_latency_ss, "mma", asynchronous=True,
                           issue_cycles=wgmma_per_trip * hw.mma_issue_cycles, chunks=wgmma_per_trip))
-        ops.append(Op(f"MIX{w}", role, tuple(uses.items()), hw.mufu_latency, "softmax", chunks=PIECES))
+        ops.append(mix_limits(hw, Op(f"MIX{w}", role, tuple(uses.items()), hw.mufu_latency, "softmax", chunks=PIECES)))
         if with_mma:
             ops.append(Op(f"WAIT{w}", role, (), 0.0, "sync"))
             edges.append(Edge(f"MMA{w}", f"WAIT{w}"))
@@ -97,8 +97,8 @@ def compare(doc: dict, hw: str | None = None) -> dict:
             "summary": {"hw_profile": hw_name, "device": doc["meta"].get("device"),
                         "date": doc["meta"].get("date_utc") or doc["meta"].get("date"),
                         "alone": group(lambda r: not r["with_mma"]),
-                        "one_warpgroup_with_mma": group(lambda r: r["with_mma"] and r["warpgroups"] == 1),
-                        "two_warpgroups_with_mma": group(lambda r: r["with_mma"] and r["warpgroups"] == 2)},
+                        **{f"{COUNT[n]}_warpgroup{'s' if n > 1 else ''}_with_mma":
+                           group(lambda r, n=n: r["with_mma"] and r["warpgroups"] == n) for n in COUNT}},
             "cases": rows}
 
 
@@ -114,8 +114,9 @@ def report(result: dict) -> str:
         lines.append(f"{r['operand_a']:>9s} {r['warpgroups']:4d} {r['blocks']:3d} {'yes' if r['with_mma'] else 'no':>6s} "
                      f"{r['measured']:9.0f} {r['predicted']:9.0f} {100 * r['error']:+6.1f}%{phases}")
     for key, what in (("alone", "the mix alone"), ("one_warpgroup_with_mma", "one warpgroup beside its wgmma"),
-                      ("two_warpgroups_with_mma", "two warpgroups beside their wgmmas")):
-        g = s[key]
+                      ("two_warpgroups_with_mma", "two warpgroups beside their wgmmas"),
+                      ("three_warpgroups_with_mma", "three warpgroups beside their wgmmas")):
+        g = s.get(key)
         if g:
             lines.append(f"{what}: median |error| {100 * g['median_abs_error']:.1f}%, "
                          f"max {100 * g['max_abs_error']:.1f}% over {g['n']} cases")

@@ -2,7 +2,8 @@
 
 tests/test_prediction_grid.py holds the simulator to these numbers (0.1 %), so a change of
 structure cannot move a prediction unnoticed. Regenerate only when a prediction is meant to
-move, and say which and why in the commit. Each point: hw, schedule, impl (None = the
+move, and say which and why in the commit (`--refresh`: recompute the points already in the
+file, keeping their corrected defaults, and print those that move). Each point: hw, schedule, impl (None = the
 schedule's default implementation), problem, overrides (--set pairs) -> TFLOP/s, cycles.
 
 Profiles with a power model (h100, h200, b200) predict their clock from the load; their points
@@ -70,5 +71,26 @@ def main(path: str) -> None:
     print(f"wrote {len(out)} points to {path}")
 
 
+def refresh(path: str) -> None:
+    """Recompute the numbers of the points already in `path`, keeping each point's `corrected`
+    entry (old defaults and why), and print every point that moves by more than 0.1 %."""
+    doc = json.loads(Path(path).read_text())
+    for pt in doc["points"]:
+        problem = Problem(**pt["problem"])
+        fixed = pt.get("corrected")
+        targets = [(pt, {**pt["overrides"], **(fixed or {}).get("old_defaults", {})})]
+        if fixed:
+            targets.append((fixed, pt["overrides"]))
+        for where, ov in targets:
+            r = simulate(pt["hw"], pt["schedule"], problem, ov, impl=pt.get("impl"))
+            if abs(r.tflops / where["tflops"] - 1) > 1e-3:
+                print(f"{pt['hw']} {pt.get('impl') or pt['schedule']} {pt['problem']} {ov}: "
+                      f"{where['tflops']:.1f} -> {r.tflops:.1f} TFLOP/s ({100 * (r.tflops / where['tflops'] - 1):+.1f} %)")
+            where["tflops"], where["cycles"] = round(r.tflops, 4), round(r.cycles, 2)
+    Path(path).write_text(json.dumps(doc, indent=1) + "\n")
+
+
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else str(Path(__file__).with_name("prediction_grid.json")))
+    args = [a for a in sys.argv[1:] if a != "--refresh"]
+    target = args[0] if args else str(Path(__file__).with_name("prediction_grid.json"))
+    refresh(target) if "--refresh" in sys.argv else main(target)
