@@ -158,20 +158,30 @@ def holdout_points() -> list[Point]:
     return pts + [Point(4, 16, 4096, 16384, 128, 128, True, "holdout")]
 
 
+def unseen_points() -> list[Point]:
+    """Problems no run had measured when the softmax's MUFU share entered the model, each predicted
+    before it ran (group "unseen"): hd64 at 3k and 6k tokens, hd128 at 12k, hd256 at 3k causal, and
+    an hd64 chunk of 2k queries on an 8k cache."""
+    shapes = [(6, 32, 3072, 3072, 64), (3, 32, 6144, 6144, 64), (1, 16, 12288, 12288, 128)]
+    pts = [Point(b, h, sq, sk, d, d, causal, "unseen") for b, h, sq, sk, d in shapes for causal in (False, True)]
+    return pts + [Point(4, 8, 3072, 3072, 256, 256, True, "unseen"), Point(4, 32, 2048, 8192, 64, 64, True, "unseen")]
+
+
 def all_points() -> list[Point]:
-    """The default run: the grid and the new points (holdout runs when asked for)."""
+    """The default run: the grid and the new points (holdout and unseen run when asked for)."""
     return grid_points() + new_points()
 
 
 QUICK = ("hd128-4k-b4-h16", "hd128-4k-b4-h16-causal", "hd64-1k-b16-h32-causal", "hd256-16k-b1-h8",
          "hd128-q2k-k8k-b8-h16-causal", "hd192v128-4k-b4-h16")
-GROUPS = ("grid", "new", "holdout", "all")
+GROUPS = ("grid", "new", "holdout", "unseen", "all")
+ASKED_FOR = ("holdout", "unseen")  # groups that run only when named
 
 
 def select(spec: str | None, quick: bool) -> list[Point]:
     """The points of --points (comma-separated: a group grid / new / all, a point name, or a part of
     names such as 'hd128' or 'causal'), or the QUICK ones; ValueError in one line otherwise."""
-    pts = all_points() + holdout_points()
+    pts = all_points() + holdout_points() + unseen_points()
     if quick and not spec:
         return [p for p in pts if p.name in QUICK]
     if not spec:
@@ -179,7 +189,7 @@ def select(spec: str | None, quick: bool) -> list[Point]:
     chosen = []
     for tok in (t.strip() for t in spec.split(",") if t.strip()):
         if tok in GROUPS:
-            hit = [p for p in pts if (tok == "all" and p.group != "holdout") or p.group == tok]
+            hit = [p for p in pts if (tok == "all" and p.group not in ASKED_FOR) or p.group == tok]
         else:
             hit = [p for p in pts if p.name == tok] or [p for p in pts if tok in p.name]
         if not hit:

@@ -314,3 +314,11 @@ def test_holdout_points_run_only_when_asked_and_are_new():
     known = {p.name for p in bench.all_points()}
     assert not known & {p.name for p in held}
     assert not any(p.group == "holdout" for p in bench.select("all", False))
+
+
+def test_unseen_points_run_only_when_asked_and_are_new():
+    unseen = bench.select("unseen", False)
+    assert len(unseen) == 8 and all(p.group == "unseen" for p in unseen)
+    known = {p.name for p in bench.all_points() + bench.holdout_points()}
+    assert not known & {p.name for p in unseen}
+    assert not any(p.group in bench.ASKED_FOR for p in bench.select("all", False) + bench.select(None, False))
