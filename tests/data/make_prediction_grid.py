@@ -3,8 +3,9 @@
 tests/test_prediction_grid.py holds the simulator to these numbers (0.1 %), so a change of
 structure cannot move a prediction unnoticed. Regenerate only when a prediction is meant to
 move, and say which and why in the commit (`--refresh`: recompute the points already in the
-file, keeping their corrected defaults, and print those that move). Each point: hw, schedule, impl (None = the
-schedule's default implementation), problem, overrides (--set pairs) -> TFLOP/s, cycles.
+file, keeping their corrected defaults, and print those that move). Each point: hw, schedule,
+impl (None = the schedule's default implementation), problem, overrides (--set pairs) ->
+TFLOP/s, cycles.
 
 Profiles with a power model (h100, h200, b200) predict their clock from the load; their points
 force the fixed clock they had before the power model (OLD_CLOCK, as a clock_ghz override), so
@@ -93,4 +94,7 @@ def refresh(path: str) -> None:
 if __name__ == "__main__":
     args = [a for a in sys.argv[1:] if a != "--refresh"]
     target = args[0] if args else str(Path(__file__).with_name("prediction_grid.json"))
-    refresh(target) if "--refresh" in sys.argv else main(target)
+    if "--refresh" in sys.argv:
+        refresh(target)
+    else:
+        main(target)
