@@ -73,6 +73,8 @@ PARAMS: dict[str, tuple[str, str]] = {
     # the power model (fa4sim/power.py): P(f) = static + s (f/fmax) clock_power
     #   + 1e-3 f (s sum_u e_u r_u + e_l2 b_l2 + (f/fmax) e_hbm b_hbm), s = (V(f)/V(fmax))^2
     "power_cap_w": ("W", "board power limit the clock is held to; 0 = no power model (the clock stays at clock_ghz)"),
+    "cap_held_fraction": ("fraction", "the board power a load the cap holds draws on average (NVML), over power_cap_w: "
+                          "the cap's controller keeps it a little below the limit; 1 = at the limit"),
     "clock_min_ghz": ("GHz", "lowest SM clock the power model may choose"),
     "clock_tensor_ghz": ("GHz", "highest SM clock (clock64 over globaltimer) the chip holds while its tensor core "
                          "works, where the power cap leaves room and NVML still reports clock_ghz; 0 = none"),
@@ -94,9 +96,11 @@ PARAMS: dict[str, tuple[str, str]] = {
                                  "network, beyond the shared-memory write (not scaled by the SM voltage)"),
     "energy_hbm_pj_per_byte": ("pJ/B", "energy per byte moved to or from HBM at the maximum clock; at SM clock f "
                                "it is this x f/fmax (HBM traffic beside a tensor core the cap slows)"),
-    "tensor_burst_energy_fraction": ("1", "extra tensor-core energy per FLOP when it works in bursts much shorter "
-                                     "than tensor_burst_cycles, with idle gaps between (0 = not modelled)"),
-    "tensor_burst_cycles": ("cycles", "L0: a burst of L0 cycles pays half the burst energy, h(L) = L0 / (L0 + L)"),
+    "tensor_idle_power_fraction": ("1", "share of its busy power the tensor core draws while it idles between "
+                                   "bursts with the SM clocked (a gap much shorter than tensor_idle_gap_cycles); "
+                                   "0 = not modelled"),
+    "tensor_idle_gap_cycles": ("cycles", "L0: an idle gap of g cycles counts g L0 / (L0 + g) (a gap of L0 cycles "
+                               "half: long gaps let the tensor core gate)"),
     "mixed_code_energy_fraction": ("1", "extra energy of MUFU, FMA and ALU work issued as one mixed stream (a "
                                    "softmax) over the same work in single-pipe streams"),
     # the backward's units (benchmarks/calibrate/bench_bwd_units.py)
@@ -118,11 +122,11 @@ PARAMS: dict[str, tuple[str, str]] = {
                           "held until every byte has left"),
 }
 
-POWER_PARAMS = ("power_cap_w", "clock_min_ghz", "clock_tensor_ghz", "static_power_w", "clock_power_w", "voltage_slope",
+POWER_PARAMS = ("power_cap_w", "cap_held_fraction", "clock_min_ghz", "clock_tensor_ghz", "static_power_w", "clock_power_w", "voltage_slope",
                 "energy_tensor_pj_per_flop", "energy_mufu_pj_per_op", "energy_fma_pj_per_lane_op",
                 "energy_alu_pj_per_lane_op", "energy_smem_pj_per_byte", "energy_l2_pj_per_byte",
                 "energy_l2_reduce_pj_per_byte", "energy_red_pj_per_byte", "energy_dsmem_pj_per_byte",
-                "energy_hbm_pj_per_byte", "tensor_burst_energy_fraction", "tensor_burst_cycles",
+                "energy_hbm_pj_per_byte", "tensor_idle_power_fraction", "tensor_idle_gap_cycles",
                 "mixed_code_energy_fraction")
 
 # Parameters that must be whole numbers.

@@ -235,8 +235,8 @@ def simulate(hw="b200", schedule: str | None = None, problem: Problem | None = N
     def usage(at, kt, detailed):
         """The launch's power.Activity on profile `at`."""
         _, _, trace, period = detailed(longest.n_kv, longest.masked)
-        return power.activity(at, kt, power.work_per_block(trace, _window(trace, period)[3]), sm_blocks,
-                              tensor_flops, power.burst_weight(at, power.tensor_bursts(trace)))
+        per_block, idle = _per_block(at, trace, period)
+        return power.activity(at, kt, per_block, sm_blocks, tensor_flops, idle)
 
     forced = "clock_ghz" in (overrides or {})
     fmax = base_clock if forced else profile.clock_ghz
@@ -380,8 +380,8 @@ def simulate_bwd(hw="b200", schedule: str | None = None, problem: Problem | None
         """The main kernel's power.Activity on profile `at`."""
         _, _, trace, period = detailed(at, longest.n_kv, longest.masked)
         flops = visits * (2 if two_cta else 1) * trace.schedule.meta["flops_per_iter"]
-        return power.activity(at, kt, power.work_per_block(trace, _window(trace, period)[3]), sm_blocks, flops,
-                              power.burst_weight(at, power.tensor_bursts(trace)), reduce_bytes,
+        per_block, idle = _per_block(at, trace, period)
+        return power.activity(at, kt, per_block, sm_blocks, flops, idle, reduce_bytes,
                               "red" if knobs.get("dq_reduce") == "red" else "bulk")
 
     def usage(at, kt):
@@ -559,6 +559,15 @@ def _window(trace: Trace, period: Period | None):
         m = len(starts) // 2
         return starts[m], starts[-1], (starts[-1] - starts[m]) / (len(starts) - 1 - m), range(m, len(starts) - 1)
     return 0.0, trace.end, None, None
+
+
+def _per_block(hw, trace: Trace, period: Period | None) -> tuple[dict, float]:
+    """(nominal unit cycles per KV block of the loop's steady part (power.work_per_block; a tile
+    too short for one: the whole trace over all its blocks), the tensor core's weighted idle
+    cycles per KV block over the whole tile, its start and end included (power.idle_cycles))."""
+    iters = _window(trace, period)[3]
+    idle = power.idle_cycles(hw, power.tensor_gaps(trace, None, trace.end)) / max(sum(trace.tiles), 1)
+    return power.work_per_block(trace, iters), idle
 
 
 def _steady_state(trace: Trace, period: Period | None):

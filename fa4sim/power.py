@@ -11,9 +11,13 @@ SM clock,
 (e in pJ, f in GHz: 1e-3 f e r is W), with two terms measured on unit loads where the sum of
 the parts falls short (docs/findings/power-and-clock.md, "Bursts and mixed code"):
 
-- a tensor core that works in bursts draws more per FLOP than one that never idles: its energy
-  per FLOP is e_tensor (1 + tensor_burst_energy_fraction h), h = sum_b L_b L0/(L0 + L_b) /
-  sum_b L_b over its bursts of L_b cycles (L0 = tensor_burst_cycles; h = 0 without idle gaps);
+- a tensor core that idles between bursts, in gaps short against L0 = tensor_idle_gap_cycles,
+  still draws a share of its busy power: the idle part is 1e-3 f s e_tensor
+  tensor_idle_power_fraction r_idle, r_idle its weighted idle cycles per SM clock x
+  tensor_flops_per_clk (a gap of g cycles weighs L0/(L0 + g): long gaps let it gate). Only the
+  cycles of a gap in which warps issue instructions count (the calibration loads' gaps spin, or
+  run softmax-like warps beside; where every warp sleeps the SM stops its clock and they draw
+  nothing);
 - MUFU, FMA and ALU work issued as one mixed stream (a softmax) draws more than the same work
   in single-pipe streams: their energies x (1 + mixed_code_energy_fraction).
  Units u: tensor (FLOPs), mufu (ops), fma and alu
@@ -24,12 +28,13 @@ from registers, their instructions included), dsmem (bytes into a peer CTA's sha
 the SM-to-SM network). An HBM byte's energy, measured at the maximum clock, scales with f/fmax:
 HBM traffic beside a tensor core the cap slows costs less than alone at the maximum clock, in
 proportion to the clock (bench_power's ring loads, docs/findings/power-and-clock.md, "Memory
-beside the tensor core"); L2 traffic beside it costs what it does alone. The predicted clock is the
-highest f in [clock_min_ghz, clock_ghz] with P(f) <= power_cap_w; P grows with f (the work per
-second and the voltage both do), so a bisection finds it. While the tensor core works, the SM's own clock (clock64 over globaltimer)
-stays at or below clock_tensor_ghz even where the cap leaves room and NVML reports clock_ghz
-(docs/findings/power-and-clock.md, "The tensor core's clock ceiling"): a launch with tensor
-work is held there. A profile with power_cap_w = 0 has no power model: the clock stays at
+beside the tensor core"); L2 traffic beside it costs what it does alone. The predicted clock is
+the highest f in [clock_min_ghz, clock_ghz] with P(f) <= the held power, power_cap_w x
+cap_held_fraction (the cap's controller holds a capped load a little below its limit); P grows
+with f (the work per second and the voltage both do), so a bisection finds it. While the tensor
+core works, the SM's own clock (clock64 over globaltimer) stays at or below clock_tensor_ghz
+even where the cap leaves room and NVML reports clock_ghz (docs/findings/power-and-clock.md,
+"The tensor core's clock ceiling"): a launch with tensor work is held there. A profile with power_cap_w = 0 has no power model: the clock stays at
 clock_ghz.
 
 The activity of a launch (`activity`): every unit's work for the whole launch, over the
@@ -37,6 +42,8 @@ launch's cycles at the clock f including the launch gap (a timed loop idles ther
 
 - tensor: the FLOPs the tensor core executes: 2 x rows x tile_n x (hdim + hdim_v) per KV block
   of every tile (masked blocks count whole: the MMA runs on them);
+- tensor_idle: the tensor core's weighted idle cycles per KV block in the same steady state
+  (tensor_gaps, idle_cycles) x the KV blocks all tiles run, in FLOPs it would have done;
 - mufu, fma, alu, smem: the work per KV block per SM, from the ops of the KV iterations in the
   steady state of the longest tile (their nominal unit cycles, so a pipe slowed beside the
   tensor core is not counted twice), x the KV blocks all tiles run (a CTA pair counts both SMs); a tile too
@@ -56,7 +63,8 @@ from dataclasses import dataclass
 from typing import Mapping, NamedTuple
 
 # parts of the power, W; "static" and "clock" are the chip's own, the others its units'
-PARTS = ("static", "clock", "tensor", "mufu", "fma", "alu", "smem", "l2", "l2_reduce", "red", "dsmem", "hbm")
+PARTS = ("static", "clock", "tensor", "tensor_idle", "mufu", "fma", "alu", "smem", "l2", "l2_reduce", "red", "dsmem",
+         "hbm")
 SM_UNITS = ("tensor", "mufu", "fma", "alu", "smem")     # energies scale with V^2
 MEMORY = ("l2", "l2_reduce", "red", "dsmem", "hbm")     # energies that do not (hbm's scales with f/fmax)
 ENERGY = {"tensor": "energy_tensor_pj_per_flop", "mufu": "energy_mufu_pj_per_op",
@@ -68,7 +76,8 @@ ENERGY = {"tensor": "energy_tensor_pj_per_flop", "mufu": "energy_mufu_pj_per_op"
 CALIBRATION_KEYS = {"tensor_flops": "tensor", "mufu_ops": "mufu", "fma_lane_ops": "fma", "alu_lane_ops": "alu",
                     "smem_bytes": "smem", "l2_bytes": "l2", "l2_reduce_bytes": "l2_reduce", "red_bytes": "red",
                     "dsmem_bytes": "dsmem", "hbm_bytes": "hbm"}
-PART_WORDS = {"tensor": "the tensor core", "mufu": "the MUFU (exp2)", "fma": "the FMA pipe", "alu": "the ALU pipe",
+PART_WORDS = {"tensor": "the tensor core", "tensor_idle": "the tensor core idling between bursts",
+              "mufu": "the MUFU (exp2)", "fma": "the FMA pipe", "alu": "the ALU pipe",
               "smem": "shared memory", "l2": "L2 traffic", "l2_reduce": "bulk reduce-adds into L2",
               "red": "RED.ADD from registers", "dsmem": "the SM-to-SM network", "hbm": "HBM traffic"}
 BISECT_GHZ = 1e-5  # bisection stops within this of the answer
@@ -77,7 +86,8 @@ BISECT_GHZ = 1e-5  # bisection stops within this of the answer
 @dataclass(frozen=True)
 class Activity:
     """One launch's work and time. totals: unit -> FLOPs / ops / lane-ops / bytes of the whole
-    launch; loop_cycles: the slowest slot's SM cycles without the cold start; cold_us, l2_us,
+    launch (tensor_idle: the tensor core's weighted idle cycles x tensor_flops_per_clk);
+    loop_cycles: the slowest slot's SM cycles without the cold start; cold_us, l2_us,
     hbm_us, gap_us: the launch's cold start, L2 and HBM times and the gap to the next launch."""
 
     totals: dict
@@ -86,7 +96,6 @@ class Activity:
     l2_us: float = 0.0
     hbm_us: float = 0.0
     gap_us: float = 0.0
-    tensor_burst: float = 0.0   # h of the tensor core's bursts (burst_weight), 0..1
     mixed: float = 1.0          # 1: the softmax pipes run one mixed instruction stream
 
     def time_us(self, f: float) -> float:
@@ -113,41 +122,60 @@ def work_per_block(trace, iters: range | None = None) -> dict:
     return {u: c / max(blocks, 1) for u, c in out.items()}
 
 
-def tensor_bursts(trace, unit: str = "tensor", join_cycles: float = 64.0) -> list[float]:
-    """Lengths (cycles) of the unit's busy stretches in a trace: busy intervals closer than
-    join_cycles merge (an MMA issued right behind another keeps the tensor core busy)."""
-    spans = sorted((b.start, b.end) for b in trace.busy if b.unit == unit and b.end > b.start)
-    out: list[float] = []
-    lo = hi = None
-    for a, b in spans:
-        if hi is not None and a <= hi + join_cycles:
-            hi = max(hi, b)
-            continue
-        if hi is not None:
-            out.append(hi - lo)
-        lo, hi = a, b
-    if hi is not None:
-        out.append(hi - lo)
+# units whose busy time means warps issue instructions (the SM stays clocked)
+ISSUING = ("issue", "mufu", "fma", "alu", "lsu", "smem:lsu")
+
+
+def _merged(spans) -> list[list[float]]:
+    out: list[list[float]] = []
+    for a, b in sorted(spans):
+        if out and a <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], b)
+        else:
+            out.append([a, b])
     return out
 
 
-def burst_weight(hw, bursts: list[float]) -> float:
-    """h in [0, 1]: the share of the tensor core's work done in bursts short against
-    tensor_burst_cycles L0, sum_b L_b L0/(L0 + L_b) / sum_b L_b. One burst over the whole trace
-    (no idle gap) counts as none: 0."""
-    L0 = float(hw.values.get("tensor_burst_cycles", 0.0) or 0.0)
-    total = sum(bursts)
-    if L0 <= 0 or total <= 0 or len(bursts) < 2:
-        return 0.0
-    return sum(b * L0 / (L0 + b) for b in bursts) / total
+def tensor_gaps(trace, t0: float | None = None, t1: float | None = None,
+                unit: str = "tensor") -> list[tuple[float, float]]:
+    """The unit's idle gaps in a trace, each as (its length, the cycles of it some warp issues
+    instructions: a unit of ISSUING, or one named issue:*, is busy), in cycles: within the
+    window [t0, t1] (its edges count), or from the unit's first busy moment to t1 (t0 None; t1
+    None: to its last busy moment). Intervals that touch or overlap merge."""
+    lo = float("-inf") if t0 is None else t0
+    up = float("inf") if t1 is None else t1
+    busy = _merged((max(b.start, lo), min(b.end, up)) for b in trace.busy
+                   if b.unit == unit and min(b.end, up) > max(b.start, lo))
+    if not busy:
+        return []
+    first = busy[0][0] if t0 is None else t0
+    last = busy[-1][1] if t1 is None else t1
+    edges = [first] + [x for span in busy for x in span] + [last]
+    holes = [(a, b) for a, b in zip(edges[0::2], edges[1::2]) if b > a]
+    issuing = _merged((b.start, b.end) for b in trace.busy
+                      if (b.unit in ISSUING or b.unit.startswith("issue:")) and b.end > b.start)
+    out = []
+    for a, b in holes:
+        out.append((b - a, sum(max(0.0, min(b, y) - max(a, x)) for x, y in issuing if y > a and x < b)))
+    return out
 
 
-def activity(hw, kernel, per_block: dict, sm_blocks: float, tensor_flops: float, tensor_burst: float = 0.0,
+def idle_cycles(hw, gaps: list[tuple[float, float]]) -> float:
+    """The weighted idle cycles of gaps (length g, issuing cycles c): sum c L0/(L0 + g), L0 =
+    tensor_idle_gap_cycles (a gap of L0 cycles counts half: long gaps let the tensor core gate;
+    only its cycles with warps issuing count: where every warp waits or sleeps the SM's clock can
+    stop, as it does in the calibration loads' nanosleep gaps); 0 when L0 is 0: not modelled."""
+    L0 = float(hw.values.get("tensor_idle_gap_cycles", 0.0) or 0.0)
+    return 0.0 if L0 <= 0 else sum(c * L0 / (L0 + g) for g, c in gaps)
+
+
+def activity(hw, kernel, per_block: dict, sm_blocks: float, tensor_flops: float, idle_per_block: float = 0.0,
              reduce_bytes: float = 0.0, reduce_by: str = "bulk") -> Activity:
     """A launch's Activity. hw: the profile (unit rates per clock); kernel: its KernelTime at
     hw.clock_ghz; per_block: nominal unit cycles per KV block on one SM (work_per_block);
     sm_blocks: KV blocks run on all SMs together (a CTA pair's block counts on both SMs);
-    tensor_flops: FLOPs the tensor core executes in the launch; reduce_bytes: the fp32 reduce-adds
+    tensor_flops: FLOPs the tensor core executes in the launch; idle_per_block: the tensor core's
+    weighted idle cycles per KV block on one SM (idle_cycles of tensor_gaps); reduce_bytes: the fp32 reduce-adds
     among kernel.l2_bytes, added by TMA bulk reduce-adds (reduce_by "bulk": unit l2_reduce) or
     RED.ADD from registers ("red": unit red) and priced as such, not as loads. Bytes a CTA sends
     into its peer's shared memory (the ops' dsmem cycles) go to unit dsmem."""
@@ -157,6 +185,7 @@ def activity(hw, kernel, per_block: dict, sm_blocks: float, tensor_flops: float,
     reduce_bytes = min(float(reduce_bytes), float(kernel.l2_bytes))
     totals = {
         "tensor": float(tensor_flops),
+        "tensor_idle": float(idle_per_block) * sm_blocks * hw.tensor_flops_per_clk,
         "mufu": busy.get("mufu", 0.0) * hw.mufu_ex2_per_clk,
         "fma": busy.get("fma", 0.0) * hw.fma_lanes_per_clk,
         "alu": busy.get("alu", 0.0) * hw.alu_lanes_per_clk,
@@ -169,7 +198,7 @@ def activity(hw, kernel, per_block: dict, sm_blocks: float, tensor_flops: float,
         "hbm": float(kernel.hbm_bytes),
     }
     loop = kernel.cycles - kernel.cold_start_us * hw.clock_ghz * 1e3
-    return Activity(totals, loop, kernel.cold_start_us, kernel.l2_us, kernel.hbm_us, hw.launch_gap_us, tensor_burst)
+    return Activity(totals, loop, kernel.cold_start_us, kernel.l2_us, kernel.hbm_us, hw.launch_gap_us)
 
 
 def has_model(hw) -> bool:
@@ -191,16 +220,16 @@ def energy_scale(unit: str, f: float, fmax: float, s: float) -> float:
 
 def power_w(hw, act, f: float, fmax: float | None = None) -> tuple[float, dict]:
     """(total W, W by part) at SM clock f (GHz). act: an Activity (rates follow f) or a mapping
-    unit -> chip-wide ops per SM clock (a calibration load's, fixed; its optional keys
-    "tensor_burst" (h) and "mixed" (0 or 1) as an Activity's fields). fmax: the maximum clock
+    unit -> chip-wide ops per SM clock (a calibration load's, fixed; its optional key "mixed"
+    (0 or 1) as an Activity's field; "tensor_idle" its weighted idle FLOPs per clock). fmax: the maximum clock
     (default hw.clock_ghz)."""
     fmax = hw.clock_ghz if fmax is None else fmax
     if isinstance(act, Activity):
         rates: Mapping = act.per_clk(f)
-        h, mixed = act.tensor_burst, act.mixed
+        mixed = act.mixed
     else:
-        rates, h, mixed = act, act.get("tensor_burst", 0.0), act.get("mixed", 0.0)
-    scale = {"tensor": 1.0 + hw.values.get("tensor_burst_energy_fraction", 0.0) * h}
+        rates, mixed = act, act.get("mixed", 0.0)
+    scale = {}
     for u in ("mufu", "fma", "alu"):
         scale[u] = 1.0 + hw.values.get("mixed_code_energy_fraction", 0.0) * mixed
     s = voltage(hw, f, fmax) ** 2
@@ -208,6 +237,8 @@ def power_w(hw, act, f: float, fmax: float | None = None) -> tuple[float, dict]:
     for u in (*SM_UNITS, *MEMORY):
         parts[u] = (1e-3 * f * energy_scale(u, f, fmax, s) * hw.values.get(ENERGY[u], 0.0) * scale.get(u, 1.0)
                     * rates.get(u, 0.0))
+    parts["tensor_idle"] = (1e-3 * f * s * hw.values.get(ENERGY["tensor"], 0.0)
+                            * hw.values.get("tensor_idle_power_fraction", 0.0) * rates.get("tensor_idle", 0.0))
     return sum(parts.values()), parts
 
 
@@ -220,6 +251,11 @@ class ClockPrediction(NamedTuple):
     ceiling: bool = False  # the tensor core's clock ceiling (clock_tensor_ghz) sets it, under the cap
 
 
+def held_power(hw) -> float:
+    """The board power a load the cap holds draws, W: power_cap_w x cap_held_fraction (default 1)."""
+    return float(hw.power_cap_w) * float(hw.values.get("cap_held_fraction", 1.0) or 1.0)
+
+
 def tensor_ceiling(hw, act) -> float:
     """clock_tensor_ghz where the load has tensor work and the profile gives one, else 0 (none)."""
     c = float(hw.values.get("clock_tensor_ghz", 0.0) or 0.0)
@@ -228,12 +264,12 @@ def tensor_ceiling(hw, act) -> float:
 
 
 def predict_clock(hw, act, fmax: float | None = None) -> ClockPrediction:
-    """The highest f in [clock_min_ghz, fmax] with P(f) <= power_cap_w (fmax: default
+    """The highest f in [clock_min_ghz, fmax] with P(f) <= held_power(hw) (fmax: default
     hw.clock_ghz), and no higher than the tensor core's clock ceiling where the load has tensor
     work (tensor_ceiling). At the top when the load stays under the cap there; at clock_min_ghz,
     with a note, when even that exceeds it."""
     fmax = hw.clock_ghz if fmax is None else fmax
-    cap = float(hw.power_cap_w)
+    cap = held_power(hw)
     top = tensor_ceiling(hw, act)
     if top and top < fmax:
         p, parts = power_w(hw, act, top, fmax)
@@ -282,6 +318,7 @@ def describe(clock_ghz: float, source: str, power: float | None, by_part: dict, 
         return f"clock {clock_ghz:.3f} GHz: the profile's fixed clock (no power model)"
     part, watts = dominant(by_part)
     if limited:
-        return (f"clock {clock_ghz:.3f} GHz: the {cap:.0f} W cap, set mostly by {PART_WORDS.get(part, part)} "
+        held = f" (held at {power:.0f} W)" if power is not None and power < cap - 0.5 else ""
+        return (f"clock {clock_ghz:.3f} GHz: the {cap:.0f} W cap{held}, set mostly by {PART_WORDS.get(part, part)} "
                 f"({watts:.0f} W)")
     return f"clock {clock_ghz:.3f} GHz: the maximum; the model's power {power:.0f} W stays under the {cap:.0f} W cap"

@@ -209,7 +209,7 @@ kit.gantt(simulate("h100-datasheet", "fa3", hd64, {"pingpong": False}), iteratio
 # Three measured mechanisms separate the profiles (benchmarks/calibrate/, H100 and H200):
 #
 # - the **clock**: the datasheet profile runs at the rated 1.83 GHz; the measured profile
-#   predicts the clock the 700 W power cap allows under this kernel's load (about 1.53 GHz here;
+#   predicts the clock the 700 W power cap allows under this kernel's load (about 1.52 GHz here;
 #   lesson 08), which is what a sustained run holds;
 # - **contention**: while a wgmma runs, the warps beside it issue at about half their own rate
 #   and the MUFU at 75 % (on Hopper the accumulator lives in the register file the softmax also

@@ -94,19 +94,21 @@ for hd, name in ((64, "hd64-4k-b4-h32"), (256, "hd256-4k-b4-h8")):
 
 # %% [markdown]
 # The order is right, and so is the level: within a few percent of the clock counted inside the
-# kernel. Two terms of the power model make that so; without them it predicts hd64's clock about
-# 6 % too high. Attention's tensor core works in bursts between softmax phases, and a tensor core
-# that idles between bursts draws more per FLOP than one that never idles; and the softmax is one
-# mixed stream of MUFU, FMA and ALU instructions, which draws more than the same work in
-# single-pipe streams. Section 3 shows the unit loads that measure both. Switch them off and
-# see the clock the model would predict:
+# kernel. Two terms of the power model make that so. Attention's tensor core works in bursts
+# between softmax phases, and a tensor core that idles between bursts still draws about a quarter
+# of its busy power (more idle at hd64, whose softmax is twice as long per FLOP); and the softmax
+# is one mixed stream of MUFU, FMA and ALU instructions, which draws more than the same work in
+# single-pipe streams. Section 3 shows the unit loads that measure both. Switch them off and see
+# the clock the model would predict:
 
 # %%
 for hd in (64, 256):
     plain = simulate("h100", problem=hopper(hd), impl="flash-attn-4",
-                     overrides={"tensor_burst_energy_fraction": 0.0, "mixed_code_energy_fraction": 0.0})
-    print(f"hd{hd:<3d} without the burst and mixed-code terms: {plain.clock_ghz:.3f} GHz "
-          f"(with them {h100[hd].clock_ghz:.3f}); the tensor core's burst weight h = {h100[hd].activity.tensor_burst:.2f}")
+                     overrides={"tensor_idle_power_fraction": 0.0, "mixed_code_energy_fraction": 0.0})
+    t = h100[hd].activity.totals
+    print(f"hd{hd:<3d} without the idle and mixed-code terms: {plain.clock_ghz:.3f} GHz "
+          f"(with them {h100[hd].clock_ghz:.3f}); the tensor core's weighted idle cycles per busy one: "
+          f"{t['tensor_idle'] / t['tensor']:.2f}")
 
 # %% [markdown]
 # On a Hopper GPU (`LIVE` is True) you can measure the two points yourself:
@@ -141,11 +143,11 @@ for name in ("sleep", "tensor256", "tensor256+mix1", "tensor256+mix2", "mix"):
 # only ~340 W), but beside the GEMM its watts come out of the tensor core's clock.
 #
 # A second file runs the tensor core at a duty cycle: bursts of 1, 8 or 64 trips (1024 cycles
-# each) with the tensor core idle between them, at 90 %, 75 % and 50 % of the time busy. At
-# equal work per clock the short bursts draw more: the model's `tensor_burst_energy_fraction`
-# and `tensor_burst_cycles` come from these loads. Compare the 90 % loads with the 75 % ones:
-# the closer the duty comes to 100 %, the smaller the extra, which the model's term (a fixed
-# extra per FLOP for short bursts, whatever the gaps) does not follow.
+# each) with the tensor core idle between them, at 90 %, 75 % and 50 % of the time busy. Per
+# FLOP the loads with more idle time draw more: the idle tensor core keeps drawing part of its
+# busy power through its gaps. The model's `tensor_idle_power_fraction` (that part) and
+# `tensor_idle_gap_cycles` (how long a gap must be before it gates) come from these loads.
+# Compare the 50 % loads with the 90 % ones at equal clock.
 
 # %%
 (bpath, bdoc), = kit.recorded("power_bursts_h100_2026-11-27.json")
@@ -219,20 +221,20 @@ for label, r in same_clock.items():
 # What the numbers show:
 #
 # - **Emulation off** (all exp2 on the MUFU): at the same clock it is ~8 % slower (the MUFU
-#   limits) and draws ~85 W less, so the cap lets it run ~5 % faster (1.58 GHz). The net loss
-#   is ~3.7 %: emulation still pays, but the cap takes back more than half of its gain in clock. Of
-#   those ~85 W, the emulation's own FMA and ALU work is ~25 W; the rest is the tensor core and
+#   limits) and draws ~70 W less, so the cap lets it run ~4 % faster (1.59 GHz). The net loss
+#   is ~4.5 %: emulation still pays, but the cap takes back nearly half of its gain in clock. Of
+#   those ~70 W, the emulation's own FMA and ALU work is ~25 W; the rest is the tensor core and
 #   its shared-memory operands doing more work per clock.
 # - **Rescale every block** (`rescale_threshold` 0): at the same clock the throughput does not
 #   change (the correction warpgroup hides the rescales), but the extra O reads and writes draw
 #   ~32 W more, almost all of it shared-memory and TMEM traffic (the model counts them together).
-#   Under the cap that costs ~1.7 % of clock and the same
+#   Under the cap that costs ~1.6 % of clock and the same
 #   in TFLOP/s. In time alone, conditional rescaling buys nothing here; in power it does.
 #
 # ## 5. Exercises
 #
 # ### Exercise 8.1
-# MUFU energy on the H100 profile is ~11.1 pJ per op. At what `energy_mufu_pj_per_op` would the
+# MUFU energy on the H100 profile is ~10.3 pJ per op. At what `energy_mufu_pj_per_op` would the
 # hd64 clock of section 1 drop by 2 %? Predict from `power_by_part` first (how many watts must the
 # MUFU add?), then try values with `overrides={"energy_mufu_pj_per_op": e}`.
 

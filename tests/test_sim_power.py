@@ -43,8 +43,10 @@ def test_predicted_clock_sits_at_the_cap(h100_run):
     hw = hardware.load("h100")
     pred = power.predict_clock(hw, h100_run.activity)
     assert pred.limited and hw.clock_min_ghz <= pred.clock_ghz < hw.clock_ghz
-    assert pred.power_w <= hw.power_cap_w
-    assert power.power_w(hw, h100_run.activity, pred.clock_ghz + 1e-3)[0] > hw.power_cap_w
+    held = power.held_power(hw)  # the cap's controller holds a capped load a little below the limit
+    assert held == pytest.approx(hw.power_cap_w * hw.cap_held_fraction) and held <= hw.power_cap_w
+    assert pred.power_w <= held
+    assert power.power_w(hw, h100_run.activity, pred.clock_ghz + 1e-3)[0] > held
     # simulate() reports that clock, the power there, and the time at it
     r = h100_run
     assert r.clock_source == "power model" and r.power_limited
@@ -156,7 +158,7 @@ def test_cli_json_has_the_clock(capsys):
     assert j["clock_source"] == "power model" and j["power_w"] > 0 and 0 < j["clock_ghz"] <= 1.98
     main(["run", "--hw", "h100", "--seqlen", "8192", "--batch", "2"])
     out = capsys.readouterr().out
-    assert "clock     " in out and "W cap, set mostly by the tensor core" in out and "power     " in out
+    assert "clock     " in out and "W cap" in out and "set mostly by the tensor core" in out and "power     " in out
 
 
 # --- the fit --------------------------------------------------------------------------------
@@ -225,6 +227,21 @@ def test_fit_recovers_the_parameters(tmp_path):
             assert r["loo_clock_ghz"] == pytest.approx(r["clock_ghz"], abs=0.02)
 
 
+def test_cap_held_is_the_median_power_of_the_capped_loads():
+    loads = [{"power_w": 688.0, "capped": True}, {"power_w": 690.0, "capped": True},
+             {"power_w": 692.0, "capped": True}, {"power_w": 300.0, "capped": False}]
+    fraction, n = fit_power.cap_held(loads, 700.0)
+    assert n == 3 and fraction == pytest.approx(690.0 / 700.0)
+    assert fit_power.cap_held(loads[3:], 700.0) == (1.0, 0)  # none held: the limit itself
+
+
+def test_a_lower_held_power_lowers_the_clock(h100_run):
+    hw = hardware.load("h100")
+    at_limit = power.predict_clock(hw.with_values(cap_held_fraction=1.0), h100_run.activity)
+    held = power.predict_clock(hw.with_values(cap_held_fraction=0.98), h100_run.activity)
+    assert held.clock_ghz < at_limit.clock_ghz and held.power_w == pytest.approx(0.98 * hw.power_cap_w, rel=1e-3)
+
+
 def test_fit_writes_the_profile(tmp_path):
     path = tmp_path / "power.json"
     path.write_text(json.dumps(synthetic(noise=0.0)))
@@ -240,7 +257,8 @@ def test_fit_writes_the_profile(tmp_path):
     assert hw.voltage_slope == pytest.approx(TRUE["voltage_slope"], abs=0.006)
     assert hw.energy_tensor_pj_per_flop == pytest.approx(TRUE["energy_tensor_pj_per_flop"], rel=0.01)
     assert hw.clock_min_ghz == 0.345 and hw.confidence["clock_min_ghz"] == "M"
-    assert hw.sources["static_power_w"].startswith("measured on Test GPU 2026-11-23 by benchmarks/calibrate/")
+    assert hw.sources["static_power_w"].startswith("measured on Test GPU 2026-11-23 (power.json) by "
+                                                   "benchmarks/calibrate/")
     assert hw.confidence["energy_hbm_pj_per_byte"] == "M"
     # the B200 follows from the fitted H100 by the stated ratios
     b = hardware.load(str(b200))
@@ -279,60 +297,69 @@ class _Trace:
         self.busy = [_Busy(u, a, b) for u, a, b in spans]
 
 
-def test_tensor_bursts_join_close_intervals():
+def test_tensor_gaps_are_the_idle_stretches_between_busy_ones():
     trace = _Trace([("tensor", 0, 100), ("tensor", 130, 300), ("mufu", 300, 900), ("tensor", 1000, 1500),
-                    ("tensor", 1500, 1600)])
-    # 100 -> 130 is closer than 64 cycles: one burst 0..300; 1000..1600 is another
-    assert power.tensor_bursts(trace) == [300, 600]
-    assert power.tensor_bursts(trace, join_cycles=10) == [100, 170, 600]
+                    ("tensor", 1500, 1600), ("issue:wg0", 1550, 1650)])
+    # touching intervals merge; each gap with the cycles of it some warp issues (the MUFU's 300..900)
+    assert power.tensor_gaps(trace) == [(30, 0), (700, 600)]
+    # a window counts its edges too: 50..1700 has 100 idle cycles after the last burst, 50 issuing
+    assert power.tensor_gaps(trace, 50.0, 1700.0) == [(30, 0), (700, 600), (100, 50)]
+    assert power.tensor_gaps(trace, None, 1700.0) == [(30, 0), (700, 600), (100, 50)]
 
 
-def test_burst_weight_is_the_work_weighted_h():
-    hw = hardware.load("h100").with_values(tensor_burst_cycles=1000.0)
-    assert power.burst_weight(hw, [1000.0, 3000.0]) == pytest.approx((1000 * 0.5 + 3000 * 0.25) / 4000)
-    assert power.burst_weight(hw, [5e6]) == 0.0  # one burst over the whole trace: never idle
-    assert power.burst_weight(hw.with_values(tensor_burst_cycles=0.0), [1000.0, 1000.0]) == 0.0
+def test_idle_cycles_count_issuing_cycles_and_weigh_long_gaps_less():
+    hw = hardware.load("h100").with_values(tensor_idle_gap_cycles=1000.0)
+    assert power.idle_cycles(hw, [(1000.0, 1000.0), (3000.0, 3000.0)]) == pytest.approx(1000 * 0.5 + 3000 * 0.25)
+    assert power.idle_cycles(hw, [(1000.0, 400.0)]) == pytest.approx(400 * 0.5)  # warps wait the rest
+    assert power.idle_cycles(hw.with_values(tensor_idle_gap_cycles=0.0), [(1000.0, 1000.0)]) == 0.0
 
 
-def test_burst_and_mixed_terms_scale_their_units_only():
-    hw = hardware.load("h100").with_values(tensor_burst_energy_fraction=0.2, mixed_code_energy_fraction=0.4)
+def test_idle_and_mixed_terms_price_their_parts_only():
+    hw = hardware.load("h100").with_values(tensor_idle_power_fraction=0.2, mixed_code_energy_fraction=0.4)
     rates = {"tensor": 3e5, "smem": 5e3, "mufu": 2e3, "fma": 6e3, "alu": 3e3, "l2": 0.0, "hbm": 0.0}
     _, plain = power.power_w(hw, rates, 1.6)
-    _, both = power.power_w(hw, {**rates, "tensor_burst": 0.5, "mixed": 1.0}, 1.6)
-    assert both["tensor"] == pytest.approx(plain["tensor"] * 1.1)
+    _, both = power.power_w(hw, {**rates, "tensor_idle": 1.5e5, "mixed": 1.0}, 1.6)
+    assert plain["tensor_idle"] == 0.0
+    # idle at half the busy rate, drawing 0.2 of the busy power: 0.1 of the tensor core's part
+    assert both["tensor_idle"] == pytest.approx(plain["tensor"] * 0.2 * 0.5)
+    assert both["tensor"] == plain["tensor"]
     for u in ("mufu", "fma", "alu"):
         assert both[u] == pytest.approx(plain[u] * 1.4)
     assert both["smem"] == plain["smem"] and both["static"] == plain["static"]
 
 
-def test_attention_pays_for_its_bursts_in_clock():
+def test_attention_pays_for_its_idle_tensor_core_in_clock():
     """The FA3-style loop keeps the tensor core busy in bursts with gaps between them: with the
-    burst and mixed-code energies the power model holds a lower clock than without."""
+    idle and mixed-code terms the power model holds a lower clock than without."""
     with_terms = simulate("h100", "fa3", PROBLEM)
-    without = simulate("h100", "fa3", PROBLEM, {"tensor_burst_energy_fraction": 0.0,
+    without = simulate("h100", "fa3", PROBLEM, {"tensor_idle_power_fraction": 0.0,
                                                  "mixed_code_energy_fraction": 0.0})
-    assert 0.0 < with_terms.activity.tensor_burst <= 1.0
+    idle = with_terms.activity.totals["tensor_idle"]
+    assert 0.0 < idle < with_terms.activity.totals["tensor"]  # the loop's tensor core is busy more than idle
+    assert with_terms.power_by_part["tensor_idle"] > 0.0
     assert with_terms.clock_ghz < without.clock_ghz
 
 
 def synthetic_bursts(noise: float = 0.0) -> dict:
     """Duty-cycled tensor loads of several burst lengths, beside a softmax-like mix or not, made
-    by a model with known burst and mixed-code terms (as bench_power's loads record them)."""
-    truth = {**TRUE, "tensor_burst_energy_fraction": 0.2, "tensor_burst_cycles": 8192.0,
+    by a model with known idle and mixed-code terms (as bench_power's loads record them)."""
+    truth = {**TRUE, "tensor_idle_power_fraction": 0.2, "tensor_idle_gap_cycles": 8192.0,
              "mixed_code_energy_fraction": 0.3}
     hw = hardware.load("h100").with_values(**truth)
     rng = np.random.default_rng(3)
     doc = synthetic(noise=noise)
     n = hw.num_sms
+    peak = hw.tensor_flops_per_clk * n
     for duty in (0.5, 0.75):
         for trips in (1, 8, 64):
             for mix in (False, True):
-                act = {"tensor_flops": duty * 4096 * n, "smem_bytes": duty * 80 * n}
+                act = {"tensor_flops": duty * peak, "smem_bytes": duty * 80 * n}
                 if mix:
                     act.update({"mufu_ops": 10 * n, "fma_lane_ops": 30 * n, "alu_lane_ops": 15 * n})
                 L = trips * 8 * 2 * 64 * 256 * 16 / hw.tensor_flops_per_clk
+                gap = L * (1 - duty) / duty
                 rates = {u: float(act.get(k, 0.0)) for k, u in power.CALIBRATION_KEYS.items()}
-                rates.update(tensor_burst=8192.0 / (8192.0 + L), mixed=1.0 if mix else 0.0)
+                rates.update(tensor_idle=(1 - duty) * peak * 8192.0 / (8192.0 + gap), mixed=1.0 if mix else 0.0)
                 for f in (1.98, 1.5):
                     doc["loads"].append({
                         "name": f"d{duty}_b{trips}{'+mix' if mix else ''}@{f}", "what": "synthetic",
@@ -345,20 +372,28 @@ def synthetic_bursts(noise: float = 0.0) -> dict:
     return doc, truth
 
 
-def test_fit_recovers_the_burst_and_mixed_terms(tmp_path):
+def test_fit_recovers_the_idle_and_mixed_terms(tmp_path):
     doc, truth = synthetic_bursts()
     path = tmp_path / "power.json"
     path.write_text(json.dumps(doc))
     gpu, loads, meta = fit_power.read(str(path))
-    base = hardware.load("h100")
-    for ld in loads:
-        ld["burst_cycles"] = ld["burst_flops"] / base.tensor_flops_per_clk if ld.get("burst_flops") else None
+    fit_power.prepare(loads, hardware.load("h100"))
     values, res = fit_power.fit(loads, 1.98, slopes=[TRUE["voltage_slope"]])
-    assert values["tensor_burst_cycles"] == truth["tensor_burst_cycles"]
+    assert values["tensor_idle_gap_cycles"] == truth["tensor_idle_gap_cycles"]
     assert values["mixed_code_energy_fraction"] == pytest.approx(truth["mixed_code_energy_fraction"])
-    assert values["tensor_burst_energy_fraction"] == pytest.approx(truth["tensor_burst_energy_fraction"], rel=1e-3)
+    assert values["tensor_idle_power_fraction"] == pytest.approx(truth["tensor_idle_power_fraction"], rel=1e-3)
     assert values["energy_tensor_pj_per_flop"] == pytest.approx(TRUE["energy_tensor_pj_per_flop"], rel=1e-3)
     assert res < 1e-6
+
+
+def test_idle_rate_needs_a_clocked_sm_in_the_gaps():
+    """A load whose warps all sleep in its gaps lets the SM stop its clock: no idle draw; the same
+    gaps spun on clock64, or beside awake stream warps, count."""
+    peak = 4096.0 * 132
+    ld = {"rates": {"tensor": 0.5 * peak}, "burst_cycles": 1024.0, "tensor_peak": peak, "clocked_gaps": True}
+    assert fit_power.idle_rate(ld, 1024.0) == pytest.approx(0.5 * peak * 0.5)  # gap = 1024 cycles: half
+    assert fit_power.idle_rate({**ld, "clocked_gaps": False}, 1024.0) == 0.0
+    assert fit_power.idle_rate({**ld, "burst_cycles": None}, 1024.0) == 0.0  # back to back: never idle
 
 
 def test_fit_gives_another_host_its_own_static_power(tmp_path):

@@ -50,9 +50,9 @@ UNIT_OF = {"energy_tensor_pj_per_flop": "tensor", "energy_mufu_pj_per_op": "mufu
            "energy_smem_pj_per_byte": "smem", "energy_l2_pj_per_byte": "l2", "energy_hbm_pj_per_byte": "hbm"}
 SLOPES = np.round(np.arange(0.0, 1.0 + 1e-9, 0.005), 3)
 MIXED = np.round(np.arange(0.0, 1.0 + 1e-9, 0.05), 3)     # mixed_code_energy_fraction grid
-BURST_CYCLES = tuple(2.0 ** k for k in range(10, 19))  # tensor_burst_cycles (L0) grid: 1k .. 256k
+GAP_CYCLES = tuple(2.0 ** k for k in range(10, 19))  # tensor_idle_gap_cycles (L0) grid: 1k .. 256k
 KB_WGMMAS = 8  # wgmma per trip of bench_power's tensor loads
-BURST_AND_MIXED = ("tensor_burst_energy_fraction", "tensor_burst_cycles", "mixed_code_energy_fraction")
+IDLE_AND_MIXED = ("tensor_idle_power_fraction", "tensor_idle_gap_cycles", "mixed_code_energy_fraction")
 
 # The B200's power model from the H100's (docs/reference/hardware.md, "Power"): the same TSMC
 # 4N-class process; dense BF16 energy per FLOP at the rated points, all in, B200 / H100
@@ -92,18 +92,25 @@ def nnls(a: np.ndarray, b: np.ndarray, max_iter: int | None = None) -> np.ndarra
     return x
 
 
-def burst_h(ld: dict, L0: float) -> float:
-    """h of a load's tensor bursts (fa4sim.power.burst_weight): 0 without idle gaps."""
-    L = ld.get("burst_cycles")
-    return 0.0 if not L or L0 <= 0 else L0 / (L0 + L)
+def idle_rate(ld: dict, L0: float) -> float:
+    """A load's weighted idle tensor-core cycles per SM clock x its peak FLOPs per clock (the
+    fa4sim.power "tensor_idle" rate): (peak - its FLOPs per clock) x L0/(L0 + g), g the gap
+    after each burst from its measured duty; 0 for a load without idle gaps, or whose gaps let
+    the SM stop its clock (every warp asleep in nanosleep)."""
+    L, peak = ld.get("burst_cycles"), ld.get("tensor_peak", 0.0)
+    r = ld["rates"].get("tensor", 0.0)
+    if not L or L0 <= 0 or not ld.get("clocked_gaps") or not 0 < r < peak:
+        return 0.0
+    gap = L * (peak - r) / r
+    return (peak - r) * L0 / (L0 + gap)
 
 
 def design(loads: list[dict], fmax: float, slope: float, mixed: float = 0.0, L0: float = 0.0,
-           files: int = 1, burst: float | None = None) -> np.ndarray:
-    """The rows of P = row . (static, clock_power, energies, burst energy, per-file static offsets)
+           files: int = 1, idle: float | None = None) -> np.ndarray:
+    """The rows of P = row . (static, clock_power, energies, idle energy, per-file static offsets)
     for each load at its measured clock; a mixed-code load's MUFU, FMA and ALU columns x (1 + mixed);
-    with `burst` given (a fixed tensor_burst_energy_fraction) the tensor column x (1 + burst h) and
-    the burst-energy column is 0."""
+    with `idle` given (a fixed tensor_idle_power_fraction) the tensor column takes its FLOPs plus
+    idle x its idle rate and the idle-energy column is 0."""
     rows = []
     for ld in loads:
         f, r = ld["f"], ld["rates"]
@@ -112,11 +119,10 @@ def design(loads: list[dict], fmax: float, slope: float, mixed: float = 0.0, L0:
         for name in LINEAR[2:]:
             u = UNIT_OF[name]
             k = 1.0 + mixed if (ld.get("mixed") and u in ("mufu", "fma", "alu")) else 1.0
-            if u == "tensor" and burst is not None:
-                k = 1.0 + burst * burst_h(ld, L0)
-            row.append(1e-3 * f * power.energy_scale(u, f, fmax, s) * k * r.get(u, 0.0))
-        # e_burst = fraction x e_tensor
-        row.append(0.0 if burst is not None else 1e-3 * f * s * burst_h(ld, L0) * r.get("tensor", 0.0))
+            work = r.get(u, 0.0) + (idle * idle_rate(ld, L0) if u == "tensor" and idle is not None else 0.0)
+            row.append(1e-3 * f * power.energy_scale(u, f, fmax, s) * k * work)
+        # e_idle = fraction x e_tensor
+        row.append(0.0 if idle is not None else 1e-3 * f * s * idle_rate(ld, L0))
         for i in range(1, files):  # another host (temperature, board): its own static power, +/-
             on = 1.0 if ld.get("file", 0) == i else 0.0
             row += [on, -on]
@@ -124,23 +130,23 @@ def design(loads: list[dict], fmax: float, slope: float, mixed: float = 0.0, L0:
     return np.array(rows)
 
 
-def fit(loads: list[dict], fmax: float, slopes=SLOPES, mixed_grid=MIXED, cycles_grid=BURST_CYCLES,
-        burst: float | None = None) -> tuple[dict, float]:
+def fit(loads: list[dict], fmax: float, slopes=SLOPES, mixed_grid=MIXED, cycles_grid=GAP_CYCLES,
+        idle: float | None = None) -> tuple[dict, float]:
     """(parameter -> value, rms relative residual) of the best voltage_slope, mixed-code fraction and
-    burst length L0 on their grids (each a non-negative least squares of the linear parameters)."""
+    idle gap length L0 on their grids (each a non-negative least squares of the linear parameters)."""
     p = np.array([ld["power_w"] for ld in loads])
     files = 1 + max((ld.get("file", 0) for ld in loads), default=0)
     slopes = np.asarray(slopes, dtype=float)
     if len(slopes) > 40 and len(mixed_grid) * len(cycles_grid) > 1:  # coarse to fine: every 4th slope first
-        coarse = fit(loads, fmax, slopes[::4], mixed_grid, cycles_grid, burst)[0]
+        coarse = fit(loads, fmax, slopes[::4], mixed_grid, cycles_grid, idle)[0]
         near = np.abs(slopes - coarse["voltage_slope"]) <= 4 * (slopes[1] - slopes[0]) + 1e-9
         return fit(loads, fmax, slopes[near], [coarse["mixed_code_energy_fraction"]],
-                   [coarse["tensor_burst_cycles"] or cycles_grid[0]], burst)
+                   [coarse["tensor_idle_gap_cycles"] or cycles_grid[0]], idle)
     best = None
     for L0 in cycles_grid:
         for mixed in mixed_grid:
             for slope in slopes:
-                a = design(loads, fmax, float(slope), float(mixed), float(L0), files, burst) / p[:, None]
+                a = design(loads, fmax, float(slope), float(mixed), float(L0), files, idle) / p[:, None]
                 x = nnls(a, np.ones(len(loads)))
                 res = float(np.sqrt(np.mean((a @ x - 1.0) ** 2)))
                 if best is None or res < best[4] - 1e-12:
@@ -148,13 +154,21 @@ def fit(loads: list[dict], fmax: float, slopes=SLOPES, mixed_grid=MIXED, cycles_
     x, slope, mixed, L0, res = best
     values = {**dict(zip(LINEAR, map(float, x[:len(LINEAR)]))), "voltage_slope": slope}
     e_t = values["energy_tensor_pj_per_flop"]
-    values["tensor_burst_energy_fraction"] = (burst if burst is not None
-                                              else float(x[len(LINEAR)]) / e_t if e_t > 0 else 0.0)
-    values["tensor_burst_cycles"] = L0 if values["tensor_burst_energy_fraction"] > 0 else 0.0
+    values["tensor_idle_power_fraction"] = (idle if idle is not None
+                                            else float(x[len(LINEAR)]) / e_t if e_t > 0 else 0.0)
+    values["tensor_idle_gap_cycles"] = L0 if values["tensor_idle_power_fraction"] > 0 else 0.0
     values["mixed_code_energy_fraction"] = mixed
     values["file_static_offsets_w"] = [float(x[len(LINEAR) + 1 + 2 * i] - x[len(LINEAR) + 2 + 2 * i])
                                        for i in range(files - 1)]
     return values, res
+
+
+def prepare(loads: list[dict], base) -> None:
+    """Give each load what its idle rate needs from the profile: its burst's cycles (burst FLOPs at
+    the tensor core's rate) and its peak tensor FLOPs per clock (the rate x its SM count)."""
+    for ld in loads:
+        ld["burst_cycles"] = ld["burst_flops"] / base.tensor_flops_per_clk if ld.get("burst_flops") else None
+        ld["tensor_peak"] = base.tensor_flops_per_clk * (ld.get("sms") or base.num_sms)
 
 
 def model_hw(base: hardware.HardwareProfile, values: dict, cap: float, fmax: float, fmin: float):
@@ -164,8 +178,8 @@ def model_hw(base: hardware.HardwareProfile, values: dict, cap: float, fmax: flo
 
 
 def load_rates(ld: dict, values: dict) -> dict:
-    """A load's activity as fa4sim.power.power_w takes it: its rates, burst h and mixed flag."""
-    return {**ld["rates"], "tensor_burst": burst_h(ld, values.get("tensor_burst_cycles", 0.0)),
+    """A load's activity as fa4sim.power.power_w takes it: its rates, idle rate and mixed flag."""
+    return {**ld["rates"], "tensor_idle": idle_rate(ld, values.get("tensor_idle_gap_cycles", 0.0)),
             "mixed": 1.0 if ld.get("mixed") else 0.0}
 
 
@@ -188,10 +202,12 @@ def read_doc(path: str, kind: str, what: str, writer: str) -> dict:
 
 
 def measured_on(meta: dict) -> str:
-    """'measured on DEVICE DATE' of a results file's meta, for a profile parameter's source."""
+    """'measured on DEVICE DATE (FILES)' of a results file's meta (FILES: its "files", the results
+    a fit read, if given), for a profile parameter's source."""
     device = meta.get("device") or meta.get("gpu") or "an unnamed device"
     date = meta.get("date") or str(meta.get("date_utc", ""))[:10] or "an undated run"
-    return f"measured on {device} {date}"
+    files = f" ({', '.join(meta['files'])})" if meta.get("files") else ""
+    return f"measured on {device} {date}{files}"
 
 
 def read(path: str) -> tuple[dict, list[dict], dict]:
@@ -231,22 +247,27 @@ def read(path: str) -> tuple[dict, list[dict], dict]:
         burst_flops = None  # tensor FLOPs per SM of one burst, when idle gaps separate them
         if gap and ld.get("wgmma_n"):
             burst_flops = (ld.get("burst_trips") or 1) * KB_WGMMAS * 2 * 64 * int(ld["wgmma_n"]) * 16
+        awake = ld.get("code") not in (None, "sleep") and (ld.get("stream_warpgroups") or 0) > 0
         loads.append({"name": str(name), "f": float(f), "power_w": float(ld["power_w"]), "rates": rates,
                       "in_kernel": ld.get("clock_ghz") is not None, "burst_flops": burst_flops,
-                      "mixed": ld.get("code") == "mix" and (ld.get("stream_warpgroups") or 0) > 0})
+                      "mixed": ld.get("code") == "mix" and (ld.get("stream_warpgroups") or 0) > 0,
+                      # the SM stays clocked in the tensor core's gaps: they spin, or stream warps run
+                      "clocked_gaps": bool(ld.get("mma_gap_cycles")) or (ld.get("mma_gap_ns") or 0) < 0 or awake,
+                      "capped": bool(ld.get("power_capped")),
+                      "sms": int(doc["meta"].get("num_sms") or 0)})
     if len(loads) < 3:
         raise BadInput(f"loads: {len(loads)} with a power and an activity; the fit needs at least 3")
     return gpu, loads, doc["meta"]
 
 
-def report(base, gpu: dict, loads: list[dict], fmax: float, cycles_grid=BURST_CYCLES, mixed_grid=MIXED,
-           burst: float | None = None) -> tuple[dict, float, list[dict]]:
+def report(base, gpu: dict, loads: list[dict], fmax: float, cycles_grid=GAP_CYCLES, mixed_grid=MIXED,
+           idle: float | None = None) -> tuple[dict, float, list[dict]]:
     """The fit, its residual and a row per load (printed by main). Leave-one-out refits the
     linear parameters with the grid values (slope, mixed fraction, L0) of the full fit."""
-    values, res = fit(loads, fmax, cycles_grid=cycles_grid, mixed_grid=mixed_grid, burst=burst)
+    values, res = fit(loads, fmax, cycles_grid=cycles_grid, mixed_grid=mixed_grid, idle=idle)
     cap, fmin = float(gpu["power_limit_w"]), min(gpu["supported_clocks_mhz"]) / 1e3
     grid = dict(slopes=[values["voltage_slope"]], mixed_grid=[values["mixed_code_energy_fraction"]],
-                cycles_grid=[values["tensor_burst_cycles"] or BURST_CYCLES[0]], burst=burst)
+                cycles_grid=[values["tensor_idle_gap_cycles"] or GAP_CYCLES[0]], idle=idle)
 
     def host_hw(v, ld):  # a load of another host: that host's static power
         offs = v.get("file_static_offsets_w", [])
@@ -290,6 +311,16 @@ def check(base, loads: list[dict]) -> list[dict]:
     return rows
 
 
+def cap_held(loads: list[dict], limit: float) -> tuple[float, int]:
+    """(cap_held_fraction, how many loads it is the median of): the median board power of the
+    loads the cap holds (most of their clock-event samples name the power cap) over the limit;
+    (1.0, 0) when none is held."""
+    held = sorted(ld["power_w"] for ld in loads if ld.get("capped"))
+    if not held:
+        return 1.0, 0
+    return float(np.median(held)) / limit, len(held)
+
+
 CEILING_MIN_TENSOR_SHARE = 0.05  # a load counts for the ceiling with at least this share of the tensor rate
 
 
@@ -330,12 +361,37 @@ def write_ceiling(profile_path: str, value: float, names: list[str], meta: dict)
     Path(profile_path).write_text(json.dumps(doc, indent=1) + "\n")
 
 
+def write_held(profile_path: str, fraction: float, n: int, limit: float, meta: dict) -> None:
+    doc = json.loads(Path(profile_path).read_text())
+    doc["params"]["cap_held_fraction"] = {
+        "value": round(fraction, 4),
+        "source": f"{measured_on(meta)} by benchmarks/calibrate/bench_power.py + fit_power.py: the median NVML board "
+                  f"power of the {n} loads the power cap holds ({fraction * limit:.1f} W) over the {limit:g} W limit",
+        "confidence": "M"}
+    Path(profile_path).write_text(json.dumps(doc, indent=1) + "\n")
+
+
+def write_terms_from(profile_path: str, donor_path: str, own: dict, own_res: float, res: float) -> None:
+    """The three terms taken with --terms-from: their donor's values and sources, and what this
+    file's own loads would have put them at."""
+    doc = json.loads(Path(profile_path).read_text())
+    donor = json.loads(Path(donor_path).read_text())["params"]
+    mine = ", ".join(f"{k} {own[k]:g}" for k in IDLE_AND_MIXED)
+    for k in IDLE_AND_MIXED:
+        doc["params"][k] = {
+            "value": donor[k]["value"], "confidence": donor[k].get("confidence", "M"),
+            "source": f"the value of {Path(donor_path).name} (fit_power.py --terms-from: the same die, whose "
+                      f"duty-cycled loads resolve it); this profile's own loads alone give {mine} (rms "
+                      f"{own_res:.1%} against {res:.1%} with the donor's terms). Donor: {donor[k]['source']}"}
+    Path(profile_path).write_text(json.dumps(doc, indent=1) + "\n")
+
+
 def write(profile_path: str, values: dict, meta: dict, gpu: dict, n: int, res: float, files: int = 1) -> None:
     doc = json.loads(Path(profile_path).read_text())
     hosts = f"; {files} runs on {files} hosts, each with its own static power" if files > 1 else ""
     how = (f"{measured_on(meta)} by benchmarks/calibrate/bench_power.py + fit_power.py "
            f"({n} unit loads{hosts}, non-negative least squares on relative power with voltage_slope on a 0.005 "
-           f"grid, mixed_code_energy_fraction on a 0.05 grid and tensor_burst_cycles on a powers-of-2 grid; "
+           f"grid, mixed_code_energy_fraction on a 0.05 grid and tensor_idle_gap_cycles on a powers-of-2 grid; "
            f"rms residual {res:.1%})")
     for k, v in values.items():
         if k in hardware.PARAMS:
@@ -351,7 +407,7 @@ def derive_b200(h100: dict, how: str) -> dict:
     """The B200 profile's power parameters from the H100's values (parameter -> value):
     tensor energy x TENSOR_RATIO, static and clock power x BOARD_RATIO, the rest as they are."""
     out = {}
-    for k in ("voltage_slope", *LINEAR, *BURST_AND_MIXED):
+    for k in ("voltage_slope", *LINEAR, *IDLE_AND_MIXED):
         if k == "energy_tensor_pj_per_flop":
             v, why = h100[k] * TENSOR_RATIO, (f"x {TENSOR_RATIO}: at the rated point the B200 does 2.25 dense BF16 "
                                               f"PFLOP/s at 1000 W (0.444 pJ/FLOP), the H100 SXM 989 TFLOP/s at 700 W "
@@ -376,14 +432,14 @@ def main(argv=None) -> int:
                     help="with --write: also derive this B200 profile's power parameters from the fitted ones "
                          "(docs/reference/hardware.md, \"Power\"), e.g. fa4sim/profiles/b200.json")
     ap.add_argument("--terms-from", default=None, metavar="PROFILE.json",
-                    help="take tensor_burst_energy_fraction, tensor_burst_cycles and mixed_code_energy_fraction from "
+                    help="take tensor_idle_power_fraction, tensor_idle_gap_cycles and mixed_code_energy_fraction from "
                          "this profile (the same die measured with the burst loads) and fit the rest")
     ap.add_argument("--check", action="store_true",
                     help="fit nothing: each load against --profile as it is (its power at the load's clock, the "
                          "clock it predicts), e.g. new loads against the profile fitted without them")
-    ap.add_argument("--burst-cycles", type=float, default=None, metavar="L0",
-                    help="fix tensor_burst_cycles instead of searching it (a file whose duty-cycled loads all "
-                         "have one burst length cannot tell L0 from the burst energy)")
+    ap.add_argument("--gap-cycles", type=float, default=None, metavar="L0",
+                    help="fix tensor_idle_gap_cycles instead of searching it (a file whose duty-cycled loads all "
+                         "have one burst length cannot tell L0 from the idle power)")
     a = ap.parse_args(argv)
     try:
         gpu, loads, meta = read(a.results[0])
@@ -397,8 +453,7 @@ def main(argv=None) -> int:
     except (BadInput, hardware.InputError) as e:
         print(f"fit_power: error: {e}", file=sys.stderr)
         return 2
-    for ld in loads:  # burst FLOPs -> cycles at the profile's tensor-core rate
-        ld["burst_cycles"] = ld["burst_flops"] / base.tensor_flops_per_clk if ld.get("burst_flops") else None
+    prepare(loads, base)
     fmax = float(gpu["clock_max_mhz"]) / 1e3 if _number(gpu.get("clock_max_mhz")) else base.clock_ghz
     if abs(fmax - base.clock_ghz) > 1e-3:
         print(f"note: the device's maximum clock {fmax} GHz differs from the profile's clock_ghz {base.clock_ghz}")
@@ -417,22 +472,22 @@ def main(argv=None) -> int:
         print("clock: measured (* = NVML's); model: the profile's power at that clock; error: model / measured - 1; "
               "pred.: the clock the profile predicts from the load's activity")
         return 0
-    if a.burst_cycles is not None and not a.burst_cycles > 0:
-        print(f"fit_power: error: --burst-cycles: {a.burst_cycles}; must be > 0 (cycles)", file=sys.stderr)
+    if a.gap_cycles is not None and not a.gap_cycles > 0:
+        print(f"fit_power: error: --gap-cycles: {a.gap_cycles}; must be > 0 (cycles)", file=sys.stderr)
         return 2
-    grids = {"cycles_grid": (a.burst_cycles,) if a.burst_cycles is not None else BURST_CYCLES}
+    grids = {"cycles_grid": (a.gap_cycles,) if a.gap_cycles is not None else GAP_CYCLES}
     if a.terms_from:
         try:
             donor = hardware.load(a.terms_from)
         except hardware.InputError as e:
             print(f"fit_power: error: --terms-from: {e}", file=sys.stderr)
             return 2
-        grids = {"cycles_grid": (donor.tensor_burst_cycles,), "mixed_grid": (donor.mixed_code_energy_fraction,),
-                 "burst": float(donor.tensor_burst_energy_fraction)}
+        grids = {"cycles_grid": (donor.tensor_idle_gap_cycles,), "mixed_grid": (donor.mixed_code_energy_fraction,),
+                 "idle": float(donor.tensor_idle_power_fraction)}
     values, res, rows = report(base, gpu, loads, fmax, **grids)
     print(f"{len(loads)} loads on {meta.get('device', '?')}; fmax {fmax} GHz, cap {gpu['power_limit_w']} W; "
           f"rms relative power residual {res:.2%}")
-    for k in ("voltage_slope", *LINEAR, *BURST_AND_MIXED):
+    for k in ("voltage_slope", *LINEAR, *IDLE_AND_MIXED):
         unit = hardware.PARAMS[k][0]
         print(f"  {k:28s} = {values[k]:10.4f} {unit}")
     for i, off in enumerate(values["file_static_offsets_w"], start=1):
@@ -445,11 +500,20 @@ def main(argv=None) -> int:
               f"{r['model_power_w']:7.1f} {r['predicted_clock_ghz']:7.3f} {loo}")
     print("clock: measured in the kernel (* = NVML's); model: the fit's power at that clock; pred.: the clock the "
           "model predicts from the activity; loo: the same, fitted without that load")
+    fraction, n_held = cap_held(loads, float(gpu["power_limit_w"]))
+    print(f"the cap holds {n_held} loads at a median {fraction * float(gpu['power_limit_w']):.1f} W: "
+          f"cap_held_fraction {fraction:.4f}")
     ceiling, held = tensor_ceiling(a.results, base.tensor_flops_per_clk)
     print(f"tensor clock ceiling: {ceiling:.3f} GHz, the median of {len(held)} loads ({', '.join(held) or 'none'})"
           if held else "tensor clock ceiling: no load qualifies (clock_tensor_ghz stays as it is)")
     if a.write:
+        meta = {**meta, "files": [Path(p).name for p in a.results]}
         write(path, values, meta, gpu, len(loads), res, len(a.results))
+        if n_held:
+            write_held(path, fraction, n_held, float(gpu["power_limit_w"]), meta)
+        if a.terms_from:
+            own, own_res = fit(loads, fmax)
+            write_terms_from(path, a.terms_from, own, own_res, res)
         if held:
             write_ceiling(path, ceiling, held, meta)
         print(f"wrote {path}")

@@ -13,8 +13,8 @@ the grid pins the cycle model, not the power model (tests/test_sim_power.py test
 """
 from __future__ import annotations
 
+import argparse
 import json
-import sys
 from pathlib import Path
 
 from fa4sim import Problem, simulate
@@ -92,9 +92,13 @@ def refresh(path: str) -> None:
 
 
 if __name__ == "__main__":
-    args = [a for a in sys.argv[1:] if a != "--refresh"]
-    target = args[0] if args else str(Path(__file__).with_name("prediction_grid.json"))
-    if "--refresh" in sys.argv:
-        refresh(target)
+    ap = argparse.ArgumentParser(prog="make_prediction_grid", description=__doc__.split("\n\n")[0])
+    ap.add_argument("out", nargs="?", default=str(Path(__file__).with_name("prediction_grid.json")),
+                    help="the grid file to write (default: tests/data/prediction_grid.json)")
+    ap.add_argument("--refresh", action="store_true", help="recompute the points already in the file, keeping "
+                    "their corrected defaults, and print those that move")
+    a = ap.parse_args()
+    if a.refresh:
+        refresh(a.out)
     else:
-        main(target)
+        main(a.out)
