@@ -122,7 +122,8 @@ PARAMS: dict[str, tuple[str, str]] = {
                           "held until every byte has left"),
 }
 
-POWER_PARAMS = ("power_cap_w", "cap_held_fraction", "clock_min_ghz", "clock_tensor_ghz", "static_power_w", "clock_power_w", "voltage_slope",
+POWER_PARAMS = ("power_cap_w", "cap_held_fraction", "clock_min_ghz", "clock_tensor_ghz", "static_power_w",
+                "clock_power_w", "voltage_slope",
                 "energy_tensor_pj_per_flop", "energy_mufu_pj_per_op", "energy_fma_pj_per_lane_op",
                 "energy_alu_pj_per_lane_op", "energy_smem_pj_per_byte", "energy_l2_pj_per_byte",
                 "energy_l2_reduce_pj_per_byte", "energy_red_pj_per_byte", "energy_dsmem_pj_per_byte",

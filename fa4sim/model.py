@@ -564,7 +564,9 @@ def _window(trace: Trace, period: Period | None):
 def _per_block(hw, trace: Trace, period: Period | None) -> tuple[dict, float]:
     """(nominal unit cycles per KV block of the loop's steady part (power.work_per_block; a tile
     too short for one: the whole trace over all its blocks), the tensor core's weighted idle
-    cycles per KV block over the whole tile, its start and end included (power.idle_cycles))."""
+    cycles per KV block from the tile's first MMA to its end: the loop and the epilogue; the
+    start is the cold start, which a persistent CTA overlaps with the previous tile
+    (power.tensor_gaps, power.idle_cycles))."""
     iters = _window(trace, period)[3]
     idle = power.idle_cycles(hw, power.tensor_gaps(trace, None, trace.end)) / max(sum(trace.tiles), 1)
     return power.work_per_block(trace, iters), idle

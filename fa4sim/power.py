@@ -34,16 +34,17 @@ cap_held_fraction (the cap's controller holds a capped load a little below its l
 with f (the work per second and the voltage both do), so a bisection finds it. While the tensor
 core works, the SM's own clock (clock64 over globaltimer) stays at or below clock_tensor_ghz
 even where the cap leaves room and NVML reports clock_ghz (docs/findings/power-and-clock.md,
-"The tensor core's clock ceiling"): a launch with tensor work is held there. A profile with power_cap_w = 0 has no power model: the clock stays at
-clock_ghz.
+"The tensor core's clock ceiling"): a launch with tensor work is held there. A profile with
+power_cap_w = 0 has no power model: the clock stays at clock_ghz.
 
 The activity of a launch (`activity`): every unit's work for the whole launch, over the
 launch's cycles at the clock f including the launch gap (a timed loop idles there):
 
 - tensor: the FLOPs the tensor core executes: 2 x rows x tile_n x (hdim + hdim_v) per KV block
   of every tile (masked blocks count whole: the MMA runs on them);
-- tensor_idle: the tensor core's weighted idle cycles per KV block in the same steady state
-  (tensor_gaps, idle_cycles) x the KV blocks all tiles run, in FLOPs it would have done;
+- tensor_idle: the tensor core's weighted idle cycles per KV block of the longest tile, from its
+  first MMA to its end (tensor_gaps, idle_cycles), x the KV blocks all tiles run, in the FLOPs
+  it would have done in them;
 - mufu, fma, alu, smem: the work per KV block per SM, from the ops of the KV iterations in the
   steady state of the longest tile (their nominal unit cycles, so a pipe slowed beside the
   tensor core is not counted twice), x the KV blocks all tiles run (a CTA pair counts both SMs); a tile too
@@ -175,8 +176,8 @@ def activity(hw, kernel, per_block: dict, sm_blocks: float, tensor_flops: float,
     hw.clock_ghz; per_block: nominal unit cycles per KV block on one SM (work_per_block);
     sm_blocks: KV blocks run on all SMs together (a CTA pair's block counts on both SMs);
     tensor_flops: FLOPs the tensor core executes in the launch; idle_per_block: the tensor core's
-    weighted idle cycles per KV block on one SM (idle_cycles of tensor_gaps); reduce_bytes: the fp32 reduce-adds
-    among kernel.l2_bytes, added by TMA bulk reduce-adds (reduce_by "bulk": unit l2_reduce) or
+    weighted idle cycles per KV block on one SM (idle_cycles of tensor_gaps); reduce_bytes: the
+    fp32 reduce-adds among kernel.l2_bytes, added by TMA bulk reduce-adds (reduce_by "bulk": unit l2_reduce) or
     RED.ADD from registers ("red": unit red) and priced as such, not as loads. Bytes a CTA sends
     into its peer's shared memory (the ops' dsmem cycles) go to unit dsmem."""
     if reduce_by not in ("bulk", "red"):
@@ -221,8 +222,8 @@ def energy_scale(unit: str, f: float, fmax: float, s: float) -> float:
 def power_w(hw, act, f: float, fmax: float | None = None) -> tuple[float, dict]:
     """(total W, W by part) at SM clock f (GHz). act: an Activity (rates follow f) or a mapping
     unit -> chip-wide ops per SM clock (a calibration load's, fixed; its optional key "mixed"
-    (0 or 1) as an Activity's field; "tensor_idle" its weighted idle FLOPs per clock). fmax: the maximum clock
-    (default hw.clock_ghz)."""
+    (0 or 1) as an Activity's field; "tensor_idle" its weighted idle FLOPs per clock). fmax: the
+    maximum clock (default hw.clock_ghz)."""
     fmax = hw.clock_ghz if fmax is None else fmax
     if isinstance(act, Activity):
         rates: Mapping = act.per_clk(f)

@@ -27,7 +27,13 @@ into the profile, each with its source, confidence M. Nothing here looks at an a
 The tensor core's clock ceiling (clock_tensor_ghz, tensor_ceiling below) comes from the same
 files: the median in-kernel clock of the loads whose tensor core works (at least 5 % of its rate)
 while NVML reports the maximum clock and no clock-event reason (neither the power cap nor a
-thermal limit holds them), whose clock is the kernel's own (no warp asleep in nanosleep).
+thermal limit holds them), whose clock is the kernel's own (no warp asleep in nanosleep). The
+held cap (cap_held_fraction, cap_held below) is the median board power of the loads the cap
+holds over the limit: the cap's controller keeps them a little below it.
+
+The idle tensor core's term: a duty-cycled load's gaps draw tensor_idle_power_fraction of the
+tensor core's busy power over its idle cycles, weighted by L0/(L0 + g) for gaps of g cycles
+(idle_rate), where the SM stays clocked (the gaps spin on clock64, or stream warps run beside).
 """
 from __future__ import annotations
 
