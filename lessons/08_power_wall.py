@@ -278,7 +278,7 @@ print(f"cap 2000 W: {free.clock_ghz:.3f} GHz (clock_tensor_ghz {hw.clock_tensor_
 # %% [markdown]
 # ### Exercise 8.2
 # What `power_cap_w` would let hd256 of section 1 reach that ceiling? (Force the clock to it and
-# read the power.)
+# read the power; the cap's controller holds a load at `cap_held_fraction` of the limit.)
 
 # %%
 cap_w = None  # <- your answer, watts
@@ -287,7 +287,7 @@ cap_w = None  # <- your answer, watts
 # SOLUTION (try the exercise first).
 if cap_w is None:
     cap_w = simulate("h100", problem=hopper(256), impl="flash-attn-4",
-                     overrides={"clock_ghz": hw.clock_tensor_ghz}).power_w
+                     overrides={"clock_ghz": hw.clock_tensor_ghz}).power_w / hw.cap_held_fraction
 
 # %%
 def clock_at_cap(w):
