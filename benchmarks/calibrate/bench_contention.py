@@ -38,6 +38,9 @@ Kernel "intra" (128 x the most warpgroups run: 256 threads for 1-2, 384 for 3, a
         [wait_group(0)]              (if do_mma)
   -> cycles per trip with both, with the wgmma alone (nb = 0) and with the softmax alone
      (do_mma = 0): how much of the softmax hides behind its own wgmmas.
+  --pingpong: warpgroup w waits on named barrier PP_BAR + w before its fence and arrives on the
+     next warpgroup's after its commit (warpgroup 0 goes first), so the GEMMs issue in turn, as
+     fa4kernel's consumer warpgroups with pingpong=True.
 
 Results go to a sink (every accumulator and every softmax state summed), so nothing is eliminated.
 CPU check:  CUTE_DSL_ARCH=sm_90a python3 -m benchmarks.calibrate.bench_contention --check-sass
@@ -70,6 +73,7 @@ KT = 128         # K of the smem tile: 8 k16 steps per group
 KB = KT // 16
 E = 32           # softmax elements per trip per thread
 MAX_STAMP_WARPS = 16
+PP_BAR = 2       # the intra kernel's ping-pong barriers: PP_BAR + w, "warpgroup w may issue its GEMM"
 SLOTS = 8  # int64 stamps per warp: t0, t1, globaltimer0, globaltimer1, trips
 LOG2E = 1.4426950408889634
 KINDS = {"ffma": 0, "ex2": 1, "mix": 2}
@@ -311,8 +315,9 @@ def make_intra(rs: bool, warpgroups: int = 2):
     warps = threads // 32
 
     @cute.kernel
-    def kernel(stamps: cute.Tensor, sink: cute.Tensor, nwg: Int32, nb: Int32, do_mma: Int32, iters: Int32,
-               tiled_mma: cute.TiledMma, sA_layout: cute.ComposedLayout, sB_layout: cute.ComposedLayout):
+    def kernel(stamps: cute.Tensor, sink: cute.Tensor, nwg: Int32, nb: Int32, do_mma: Int32, pp: Int32,
+               iters: Int32, tiled_mma: cute.TiledMma, sA_layout: cute.ComposedLayout,
+               sB_layout: cute.ComposedLayout):
         tid = cute.arch.thread_idx()[0]
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         wg = warp // 4
@@ -362,16 +367,32 @@ def make_intra(rs: bool, warpgroups: int = 2):
         in_mix = Int64(0)   # cycles from the trip's start to the mix's end, summed over trips
         in_wait = Int64(0)  # cycles from the mix's end to the wgmma wait's return, summed
         total = Float32(0.0)
+        # ping-pong (pp, with do_mma and 2-3 warpgroups): warpgroup w issues its GEMM only after
+        # w - 1 has issued its own (named barrier PP_BAR + w, 256 threads), as fa4kernel's consumers
+        nxt = wg + 1
+        if nxt >= nwg:
+            nxt = 0
+        ping = pp != 0 and do_mma != 0 and nwg > 1
         if wg < nwg:
+            if ping and wg == 0:  # warpgroup 0 goes first
+                cute.arch.barrier_arrive(barrier_id=PP_BAR, number_of_threads=256)
             t0 = clk()
             t_trip = t0
             trip = Int32(0)
             for _ in cutlass.range(iters, unroll=1):
                 if do_mma != 0:
+                    if ping:
+                        for w in cutlass.range_constexpr(3):
+                            if wg == w:
+                                cute.arch.barrier(barrier_id=PP_BAR + w, number_of_threads=256)
                     warpgroup.fence()
                     for k in cutlass.range_constexpr(KB):
                         cute.gemm(atom, acc, tCrA[None, None, k], tCrB[None, None, k], acc)
                     warpgroup.commit_group()
+                    if ping:
+                        for w in cutlass.range_constexpr(3):
+                            if nxt == w:
+                                cute.arch.barrier_arrive(barrier_id=PP_BAR + w, number_of_threads=256)
                 t_issued = clk()
                 for _b in cutlass.range(nb, unroll=1):
                     x, m, lsum = _mix_block(x, m, lsum, sc, nsc, c)
@@ -391,6 +412,8 @@ def make_intra(rs: bool, warpgroups: int = 2):
                 t_trip = t_end
                 trip = trip + 1
             t1 = clk()
+            if ping and wg == 0:  # the last warpgroup's final hand-off
+                cute.arch.barrier(barrier_id=PP_BAR, number_of_threads=256)
             for i in cutlass.range_constexpr(cute.size(acc)):
                 total = total + acc[i]
             for j in cutlass.range_constexpr(E):
@@ -406,13 +429,13 @@ def make_intra(rs: bool, warpgroups: int = 2):
         sink[bid * threads + tid] = total
 
     @cute.jit
-    def host(stamps: cute.Tensor, sink: cute.Tensor, nwg: Int32, nb: Int32, do_mma: Int32, iters: Int32,
-             stream):
+    def host(stamps: cute.Tensor, sink: cute.Tensor, nwg: Int32, nb: Int32, do_mma: Int32, pp: Int32,
+             iters: Int32, stream):
         tiled_mma = _tiled_mma(rs)
         sA_layout = _smem_layout(BFloat16, 64, KT, 2)
         sB_layout = _smem_layout(BFloat16, N, KT)
         smem = (cute.cosize(sA_layout) + cute.cosize(sB_layout)) * 2 + 2048
-        kernel(stamps, sink, nwg, nb, do_mma, iters, tiled_mma, sA_layout, sB_layout).launch(
+        kernel(stamps, sink, nwg, nb, do_mma, pp, iters, tiled_mma, sA_layout, sB_layout).launch(
             grid=[1, 1, 1], block=[threads, 1, 1], smem=smem, stream=stream)
 
     return host
@@ -443,7 +466,7 @@ def fake_args_intra():
     from .common import fake_stream, fake_tensor
 
     return (fake_tensor(Int64, (STAMPS,)), fake_tensor(Float32, (SINK,)), Int32(1), Int32(1), Int32(1),
-            Int32(10), fake_stream())
+            Int32(1), Int32(10), fake_stream())
 
 
 # ----------------------------------------------------------------------------- CPU: SASS check
@@ -545,16 +568,17 @@ def _analyse_roles(st, bid, nwg, nsf, kind, iters):
     return r
 
 
-def run(dev, clock_seconds=1.0, only=None, intra_wgs=(1, 2)):
+def run(dev, clock_seconds=1.0, only=None, intra_wgs=(1, 2), pingpong=False):
     """On the GPU: {roles_ss: {...}, roles_rs: {...}, intra_ss: {...}, intra_rs: {...}, clock: {...}};
-    only="intra": the intra kernel alone, at the warpgroup counts in intra_wgs."""
+    only="intra": the intra kernel alone, at the warpgroup counts in intra_wgs; pingpong: its
+    warpgroups hand the GEMM issue on in turn (constants.pingpong)."""
     torch = dev.torch
     stamps = torch.zeros(STAMPS, dtype=torch.int64, device="cuda")
     sink = torch.zeros(SINK, dtype=torch.float32, device="cuda")
     out = {"constants": dict(N=N, K_per_trip=KT, wgmma_per_trip=KB, elements_per_trip=E, per_trip=PER_TRIP,
                              loop_body_sass=LOOP_BODY, cap_trips=CAP_TRIPS,
                              iters_mma=ITERS_MMA, alone_trips=ALONE_TRIPS, iters_intra=ITERS_INTRA,
-                             ideal_wgmma_cycles=N / 2)}
+                             ideal_wgmma_cycles=N / 2, pingpong=bool(pingpong))}
 
     def roles(fn, key, nwg, nsf, kind, wait_depth, max_trips, iters=ITERS_MMA, ctas=1):
         best = None
@@ -625,7 +649,8 @@ def run(dev, clock_seconds=1.0, only=None, intra_wgs=(1, 2)):
                 for rep in range(REPS):
                     stamps.zero_()
                     sink.zero_()
-                    dev.call(ikey, fi, stamps, sink, Int32(nwg), Int32(nb), Int32(do_mma), Int32(ITERS_INTRA))
+                    dev.call(ikey, fi, stamps, sink, Int32(nwg), Int32(nb), Int32(do_mma),
+                             Int32(int(pingpong)), Int32(ITERS_INTRA))
                     st = stamps.cpu().tolist()
                     rows = _rows(st, 0, _mma_warps(nwg))
                     if rep:
@@ -787,6 +812,9 @@ def main(argv=None):
     ap.add_argument("--intra-wgs", default="1,2", metavar="N,N",
                     help="warpgroup counts of the intra kernel, from 1, 2, 3 (3: a 384-thread build, FA3's hd64 "
                          "tile of 192 rows); default 1,2")
+    ap.add_argument("--pingpong", action="store_true",
+                    help="intra kernel: warpgroups issue their GEMMs in turn, each after the previous one has "
+                         "issued its own (named barriers, as fa4kernel's consumers with pingpong=True)")
     args = ap.parse_args(argv)
     try:
         intra_wgs = tuple(int(x) for x in args.intra_wgs.split(","))
@@ -805,7 +833,7 @@ def main(argv=None):
     dev = Device()
     res = {"meta": meta("contention"), "scripts": {"contention": "bench_contention.py"}, "benchmarks": {}, "errors": {}}
     try:
-        res["benchmarks"]["contention"] = run(dev, args.clock_seconds, args.only, intra_wgs)
+        res["benchmarks"]["contention"] = run(dev, args.clock_seconds, args.only, intra_wgs, args.pingpong)
     except Exception:  # noqa: BLE001
         res["errors"]["contention"] = traceback.format_exc()
         print(res["errors"]["contention"], flush=True)
