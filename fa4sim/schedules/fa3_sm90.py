@@ -139,9 +139,10 @@ EMULATION_NOTE = ("exp_emulation on SM90: an emulated exp2 is its 8 SASS instruc
 # what `fa4sim run` says where each warpgroup's softmax is long beside its own GEMMs (hd64)
 LONG_SOFTMAX_NOTE = ("each of the {wgs} consumer warpgroups runs the softmax of {per:.0f} score elements per "
                      "cycle of its own GEMMs (hd128: 8). Warpgroups with that much softmax beside their own GEMMs "
-                     "are where the rules for issue beside a GEMM run short (bench_contention's intra kernel "
-                     "6-20 % with 2 warpgroups, fa4kernel's hd64 loop 6 % with 3, 11-13 % with 2): this time is "
-                     "likely optimistic (docs/findings/issue-rate-beside-mma.md, 'The hd64 loop')")
+                     "are where the rules for issue beside a GEMM run short (bench_contention's intra kernel: "
+                     "the GEMMs of 3 warpgroups cost up to 6 % of a trip more than the rules give; fa4kernel's "
+                     "hd64 loop 6 % with 3, 11-13 % with 2): this time is likely optimistic "
+                     "(docs/findings/issue-rate-beside-mma.md, 'The hd64 loop')")
 LONG_SOFTMAX = 12.0  # score elements per tensor cycle and warpgroup from which the note is given
 PRODUCER_REGS = {2: 24, 3: 32}  # setmaxnreg of the producer WG (docs/reference/fa4-schedules.md)
 REG_OVERHEAD = 32               # addresses, loop state, row max/sum: an estimate

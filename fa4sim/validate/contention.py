@@ -22,13 +22,21 @@ from .common import profile_for
 MIX_PIPES = {"FMNMX": "alu", "F2FP": "alu", "FFMA": "fma", "FADD": "fma", "FMUL": "fma", "MUFU.EX2": "mufu"}
 COUNT = {1: "one", 2: "two", 3: "three"}  # the warpgroup counts the kernel runs
 TRIPS, WARMUP = 48, 16  # simulated trips, and those left out of the steady-state mean
-PIECES = 8
+# the mix is served in pieces of about 11 instructions per warp, as fine as the fa3 schedule's
+# softmax (hd64: ~418 instructions per warp and KV block in 5 ops of 8 pieces): a piece runs slowed
+# when it starts while the tensor core is busy, so pieces much longer than a GEMM's share of the
+# trip would run at full rate through it (8 pieces per trip gave the GEMMs' cost 40-70 % low at
+# 3-4 blocks)
+PIECES_PER_BLOCK = 16
 
 
 def schedule(hw, warpgroups: int, blocks: int, with_mma: bool, per_trip: dict, wgmma_per_trip: int,
-             wgmma_cycles: float, rs: bool) -> Schedule:
+             wgmma_cycles: float, rs: bool, pingpong: bool = False) -> Schedule:
     """One CTA of the intra kernel: each warpgroup's trip is [wgmma x wgmma_per_trip], the mix x
-    `blocks`, [wait]. per_trip: SASS instructions of one mix block per thread (one warp)."""
+    `blocks`, [wait]. per_trip: SASS instructions of one mix block per thread (one warp).
+    pingpong: warpgroup w issues its wgmmas after w - 1 has issued its own (a named barrier's
+    hand-off, as the fa3 schedule's PP ops)."""
+    pp = pingpong and with_mma and warpgroups > 1
     lanes = {"alu": hw.alu_lanes_per_clk, "fma": hw.fma_lanes_per_clk, "mufu": hw.mufu_ex2_per_clk}
     instr = sum(per_trip.values())
     ops, edges = [], []
@@ -43,7 +51,12 @@ def schedule(hw, warpgroups: int, blocks: int, with_mma: bool, per_trip: dict, w
             ops.append(Op(f"MMA{w}", role, (("tensor", wgmma_per_trip * wgmma_cycles),),
                           hw.mma_latency_rs if rs else hw.mma_latency_ss, "mma", asynchronous=True,
                           issue_cycles=wgmma_per_trip * hw.mma_issue_cycles, chunks=wgmma_per_trip))
-        ops.append(mix_limits(hw, Op(f"MIX{w}", role, tuple(uses.items()), hw.mufu_latency, "softmax", chunks=PIECES)))
+            if pp:
+                ops.append(Op(f"PP{w}", role, (), hw.named_barrier_latency, "sync"))
+                edges.append(Edge(f"PP{(w - 1) % warpgroups}", f"MMA{w}", distance=0 if w else 1,
+                                  lag=hw.named_barrier_latency))
+        ops.append(mix_limits(hw, Op(f"MIX{w}", role, tuple(uses.items()), hw.mufu_latency, "softmax",
+                                     chunks=max(1, PIECES_PER_BLOCK * blocks))))
         if with_mma:
             ops.append(Op(f"WAIT{w}", role, (), 0.0, "sync"))
             edges.append(Edge(f"MMA{w}", f"WAIT{w}"))
@@ -66,6 +79,7 @@ def compare(doc: dict, hw: str | None = None) -> dict:
     bench = doc["benchmarks"]["contention"]
     const = bench["constants"]
     mix = const["per_trip"]["mix"]
+    pingpong = bool(const.get("pingpong", False))
     rows = []
     for mode in ("intra_ss", "intra_rs"):
         for wg_key, runs in sorted((bench.get(mode) or {}).items()):
@@ -78,7 +92,8 @@ def compare(doc: dict, hw: str | None = None) -> dict:
                 if blocks == 0 and not with_mma:
                     continue
                 s = schedule(prof, wgs, blocks, with_mma, mix if blocks else {},
-                             int(const["wgmma_per_trip"]), float(const["ideal_wgmma_cycles"]), mode.endswith("rs"))
+                             int(const["wgmma_per_trip"]), float(const["ideal_wgmma_cycles"]), mode.endswith("rs"),
+                             pingpong)
                 pred = cycles_per_trip(s)
                 meas = float(run["cycles_per_trip"])
                 rows.append({"operand_a": "registers" if mode.endswith("rs") else "smem", "warpgroups": wgs,
@@ -89,35 +104,56 @@ def compare(doc: dict, hw: str | None = None) -> dict:
                              "measured_mix": run.get("mix_cycles_per_trip"),
                              "measured_wait": run.get("wait_cycles_per_trip")})
 
-    def group(pred):
-        errs = [abs(r["error"]) for r in rows if pred(r)]
+    # what the GEMMs add to a trip: the trip with them less the same mix without (the benchmark's
+    # own per-trip cost, its stamps and loop, cancels), its error as a share of the measured trip
+    alone = {(r["operand_a"], r["warpgroups"], r["blocks"]): r for r in rows if not r["with_mma"]}
+    for r in rows:
+        a = alone.get((r["operand_a"], r["warpgroups"], r["blocks"])) if r["with_mma"] else None
+        if a is not None:
+            r["gemm_cost_measured"] = r["measured"] - a["measured"]
+            r["gemm_cost_predicted"] = r["predicted"] - a["predicted"]
+            r["gemm_cost_error"] = (r["gemm_cost_predicted"] - r["gemm_cost_measured"]) / r["measured"]
+
+    def group(pred, key="error"):
+        errs = [abs(r[key]) for r in rows if pred(r) and key in r]
         return {"median_abs_error": statistics.median(errs), "max_abs_error": max(errs), "n": len(errs)} if errs else None
 
     return {"kind": "contention",
-            "summary": {"hw_profile": hw_name, "device": doc["meta"].get("device"),
+            "summary": {"hw_profile": hw_name, "device": doc["meta"].get("device"), "pingpong": pingpong,
                         "date": doc["meta"].get("date_utc") or doc["meta"].get("date"),
                         "alone": group(lambda r: not r["with_mma"]),
                         **{f"{COUNT[n]}_warpgroup{'s' if n > 1 else ''}_with_mma":
-                           group(lambda r, n=n: r["with_mma"] and r["warpgroups"] == n) for n in COUNT}},
+                           group(lambda r, n=n: r["with_mma"] and r["warpgroups"] == n) for n in COUNT},
+                        **{f"{COUNT[n]}_warpgroup{'s' if n > 1 else ''}_gemm_cost":
+                           group(lambda r, n=n: r["warpgroups"] == n, "gemm_cost_error") for n in COUNT}},
             "cases": rows}
 
 
 def report(result: dict) -> str:
     s = result["summary"]
     lines = [f"device {s['device']} ({s['date']}), profile {s['hw_profile']}: bench_contention's intra kernel "
-             "(each warpgroup: 8 wgmma m64n128k16, nb mix blocks, wait), cycles per trip",
+             "(each warpgroup: " + ("its turn (ping-pong), " if s.get("pingpong") else "")
+             + "8 wgmma m64n128k16, nb mix blocks, wait), cycles per trip",
              f"{'A from':>9s} {'WGs':>4s} {'nb':>3s} {'wgmma':>6s} {'measured':>9s} {'predicted':>9s} {'error':>7s}"
-             "   measured per warp: to the mix's end + in the wait"]
+             "   GEMMs' cost: measured / predicted   measured per warp: to the mix's end + in the wait"]
     for r in result["cases"]:
+        cost = (f"   {r['gemm_cost_measured']:6.0f} / {r['gemm_cost_predicted']:6.0f} ({100 * r['gemm_cost_error']:+5.1f}%)"
+                if "gemm_cost_error" in r else " " * 29)
         phases = (f"   {r['measured_mix']:6.0f} + {r['measured_wait']:4.0f}" if r.get("measured_mix") is not None
                   else "")
         lines.append(f"{r['operand_a']:>9s} {r['warpgroups']:4d} {r['blocks']:3d} {'yes' if r['with_mma'] else 'no':>6s} "
-                     f"{r['measured']:9.0f} {r['predicted']:9.0f} {100 * r['error']:+6.1f}%{phases}")
+                     f"{r['measured']:9.0f} {r['predicted']:9.0f} {100 * r['error']:+6.1f}%{cost}{phases}")
     for key, what in (("alone", "the mix alone"), ("one_warpgroup_with_mma", "one warpgroup beside its wgmma"),
                       ("two_warpgroups_with_mma", "two warpgroups beside their wgmmas"),
                       ("three_warpgroups_with_mma", "three warpgroups beside their wgmmas")):
         g = s.get(key)
         if g:
             lines.append(f"{what}: median |error| {100 * g['median_abs_error']:.1f}%, "
+                         f"max {100 * g['max_abs_error']:.1f}% over {g['n']} cases")
+    for n in COUNT:
+        g = s.get(f"{COUNT[n]}_warpgroup{'s' if n > 1 else ''}_gemm_cost")
+        if g:
+            lines.append(f"the GEMMs' cost (a trip with them less the same mix without), {COUNT[n]} warpgroup"
+                         f"{'s' if n > 1 else ''}: median |error| {100 * g['median_abs_error']:.1f}% of the trip, "
                          f"max {100 * g['max_abs_error']:.1f}% over {g['n']} cases")
     return "\n".join(lines)
