@@ -12,7 +12,8 @@ A from smem (SS) or from registers (RS), compile-time):
      (back to back, one group in flight behind the issue; `wait_depth` 0 -> wait_group(0), the
       FA3 shape where the result is needed at once), then wait_group(0); stamp; red.shared.add
       on a done flag.
-  warpgroups 2 .. 1+F (F = 0, 1, 2): a loop of `kind`
+  warpgroups 2 .. 1+F (F = 0, 1, 2; F = 3 takes warpgroups 1 .. 3, beside at most one wgmma
+  warpgroup: three warps per scheduler): a loop of `kind`
      0 ffma: 32 independent chains x 4 steps of FFMA (128 FFMA per trip)
      1 ex2 : 32 independent chains x 2 steps of MUFU.EX2 of -x (64 MUFU per trip; x -> 2^-x)
      2 mix : FA3-softmax-like, per trip 32 elements x[j]:
@@ -188,6 +189,11 @@ def make_roles(rs: bool):
         g0 = Int64(0)
         g1 = Int64(0)
         trips = Int32(0)
+        # softmax warpgroups: 2 .. 1 + nsf; three of them take warpgroups 1 .. 3 (beside at most one
+        # wgmma warpgroup), so that three warps of the mix share each scheduler
+        sf_first = Int32(2)
+        if nsf > 2:
+            sf_first = 4 - nsf
         if wg < nwg:
             # tensor-core role
             t0 = clk()
@@ -208,8 +214,8 @@ def make_roles(rs: bool):
                 red_add_shared(flag_addr, 1)
             for i in cutlass.range_constexpr(cute.size(acc)):
                 total = total + acc[i]
-        elif wg - 2 < nsf:
-            if wg >= 2:
+        elif wg - sf_first < nsf:
+            if wg >= sf_first:
                 # -------------------------------------------------------- softmax-type role
                 target = cutlass.max(nwg, 1)  # W = 0: the flag never moves, max_trips ends the loop
                 a = Float32(0.999)
@@ -537,7 +543,8 @@ def _mma_warps(nwg):
 
 
 def _sf_warps(nsf):
-    return [w for g in range(2, 2 + nsf) for w in range(4 * g, 4 * g + 4)]
+    first = 2 if nsf <= 2 else 4 - nsf  # as the kernel's sf_first
+    return [w for g in range(first, first + nsf) for w in range(4 * g, 4 * g + 4)]
 
 
 def _analyse_roles(st, bid, nwg, nsf, kind, iters):
@@ -570,6 +577,8 @@ def _analyse_roles(st, bid, nwg, nsf, kind, iters):
 
 def run(dev, clock_seconds=1.0, only=None, intra_wgs=(1, 2), pingpong=False):
     """On the GPU: {roles_ss: {...}, roles_rs: {...}, intra_ss: {...}, intra_rs: {...}, clock: {...}};
+    only="mix3": the roles kernel's mix in two and three warpgroups, alone and beside one wgmma
+    warpgroup ({mix3_ss: ..., mix3_rs: ...});
     only="intra": the intra kernel alone, at the warpgroup counts in intra_wgs; pingpong: its
     warpgroups hand the GEMM issue on in turn (constants.pingpong)."""
     torch = dev.torch
@@ -632,8 +641,28 @@ def run(dev, clock_seconds=1.0, only=None, intra_wgs=(1, 2), pingpong=False):
         res["unit_costs"] = unit_costs(res)
         return res
 
+    def run_mix3(name, rs):
+        """The roles kernel's mix in two and in three warpgroups (two and three warps per
+        scheduler), alone and beside one warpgroup of back-to-back wgmma (wait_group 1)."""
+        fn = make_roles(rs)
+        key = ("contention_roles", rs)
+        res = {"alone_mma": roles(fn, key, 1, 0, "ffma", 1, 0)[0]}
+        for nsf in (2, 3):
+            alone = roles(fn, key, 0, nsf, "mix", 1, ALONE_TRIPS["mix"])[0]
+            both = roles(fn, key, 1, nsf, "mix", 1, CAP_TRIPS)[0]
+            both["wgmma_slowdown"] = both["wgmma_cycles_per_instr"] / res["alone_mma"]["wgmma_cycles_per_instr"]
+            both["sf_rate_vs_alone"] = both["sf_warp_instr_per_clk"] / alone["sf_warp_instr_per_clk"]
+            res[f"F{nsf}_alone"], res[f"F{nsf}_beside_wgmma"] = alone, both
+            print(f"  mix3 {name} F{nsf}: alone {alone['sf_warp_instr_per_clk']:.3f} warp-instr/clk, beside wgmma "
+                  f"{both['sf_warp_instr_per_clk']:.3f} (x{both['sf_rate_vs_alone']:.3f}; of the SM's 4: "
+                  f"{both['sf_warp_instr_per_clk'] / 4:.3f}), wgmma x{both['wgmma_slowdown']:.3f}", flush=True)
+        return res
+
     for rs in (False, True):
         name = "rs" if rs else "ss"
+        if only == "mix3":
+            out[f"mix3_{name}"] = run_mix3(name, rs)
+            continue
         if only != "intra":
             out[f"roles_{name}"] = run_roles(name, rs)
         # intra-warpgroup overlap
@@ -686,7 +715,7 @@ def run(dev, clock_seconds=1.0, only=None, intra_wgs=(1, 2), pingpong=False):
             ires[f"WG{nwg}"] = cfg
         out[f"intra_{name}"] = ires
 
-    if only != "intra":
+    if only is None:
         out["clock"] = clock_run(dev, stamps, sink, out, clock_seconds)
     return out
 
@@ -807,7 +836,9 @@ def main(argv=None):
     ap.add_argument("--out", help="results JSON (GPU run)")
     ap.add_argument("--check-sass", action="store_true", help="CPU: compile for sm_90a and check the SASS")
     ap.add_argument("--clock-seconds", type=float, default=1.0)
-    ap.add_argument("--only", choices=["intra"], help="run only the intra kernel (warpgroups running the mix beside "
+    ap.add_argument("--only", choices=["intra", "mix3"], help="mix3: only the mix in two and three warpgroups, alone "
+                    "and beside one wgmma warpgroup (two and three warps per scheduler); intra: only the intra kernel "
+                    "(warpgroups running the mix beside "
                                                       "their own wgmma, with each trip's mix and wait cycles)")
     ap.add_argument("--intra-wgs", default="1,2", metavar="N,N",
                     help="warpgroup counts of the intra kernel, from 1, 2, 3 (3: a 384-thread build, FA3's hd64 "
