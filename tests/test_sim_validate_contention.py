@@ -169,3 +169,18 @@ def test_stamped_run_reports_each_trips_mix_and_wait():
         assert r["measured_wait"] < 100 < r["measured_mix"]
         assert r["measured_mix"] + r["measured_wait"] == pytest.approx(r["measured"], rel=0.1)
     assert "to the mix's end + in the wait" in contention.report(res)
+
+
+def test_mix3_three_warps_per_scheduler_issue_no_slower_beside_a_gemm():
+    """bench_contention --only mix3: two mix warpgroups beside one wgmma warpgroup reproduce the
+    profile's issue_under_mma within 3 %; three (three warps per scheduler) issue no slower."""
+    path = os.path.join(ROOT, "benchmarks", "results", "contention_mix3_h200_2026-11-28.json")
+    res = validate.compare(validate.load(path))
+    assert res["cases"] == [] and len(res["mix3"]) == 4
+    for mode in ("ss", "rs"):
+        two, three = res["mix3"][f"{mode}_F2"], res["mix3"][f"{mode}_F3"]
+        assert abs(two["vs_profile"]) < 0.03
+        assert three["issue_share_beside_wgmma"] >= two["issue_share_beside_wgmma"]
+        assert three["wgmma_slowdown"] < 1.01
+    text = contention.report(res)
+    assert "issue share beside wgmma" in text and text.count("\n") == 5

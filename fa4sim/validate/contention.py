@@ -118,6 +118,18 @@ def compare(doc: dict, hw: str | None = None) -> dict:
         errs = [abs(r[key]) for r in rows if pred(r) and key in r]
         return {"median_abs_error": statistics.median(errs), "max_abs_error": max(errs), "n": len(errs)} if errs else None
 
+    # bench_contention --only mix3: the mix in two and three warpgroups beside one wgmma warpgroup,
+    # the SM's issue rate there against the profile's issue_under_mma (measured with two)
+    mix3 = {}
+    for mode in ("ss", "rs"):
+        for nsf in (2, 3):
+            run = (bench.get(f"mix3_{mode}") or {}).get(f"F{nsf}_beside_wgmma")
+            if run:
+                share = float(run["sf_warp_instr_per_clk"]) / prof.issue_per_clk
+                mix3[f"{mode}_F{nsf}"] = {"operand_a": "registers" if mode == "rs" else "smem", "warpgroups": nsf,
+                                          "issue_share_beside_wgmma": share,
+                                          "vs_profile": share / prof.issue_under_mma - 1.0,
+                                          "wgmma_slowdown": run.get("wgmma_slowdown")}
     return {"kind": "contention",
             "summary": {"hw_profile": hw_name, "device": doc["meta"].get("device"), "pingpong": pingpong,
                         "date": doc["meta"].get("date_utc") or doc["meta"].get("date"),
@@ -126,11 +138,20 @@ def compare(doc: dict, hw: str | None = None) -> dict:
                            group(lambda r, n=n: r["with_mma"] and r["warpgroups"] == n) for n in COUNT},
                         **{f"{COUNT[n]}_warpgroup{'s' if n > 1 else ''}_gemm_cost":
                            group(lambda r, n=n: r["warpgroups"] == n, "gemm_cost_error") for n in COUNT}},
-            "cases": rows}
+            "cases": rows, "mix3": mix3}
 
 
 def report(result: dict) -> str:
     s = result["summary"]
+    if not result["cases"] and result.get("mix3"):
+        lines = [f"device {s['device']} ({s['date']}), profile {s['hw_profile']}: the mix in 2 and 3 warpgroups "
+                 f"beside one warpgroup of back-to-back wgmma (bench_contention --only mix3)",
+                 f"{'A from':>9s} {'mix WGs':>8s} {'issue share beside wgmma':>25s} {'vs issue_under_mma':>19s} "
+                 f"{'wgmma slowed':>13s}"]
+        for r in result["mix3"].values():
+            lines.append(f"{r['operand_a']:>9s} {r['warpgroups']:8d} {r['issue_share_beside_wgmma']:25.3f} "
+                         f"{100 * r['vs_profile']:+18.1f}% {r['wgmma_slowdown']:12.3f}x")
+        return "\n".join(lines)
     lines = [f"device {s['device']} ({s['date']}), profile {s['hw_profile']}: bench_contention's intra kernel "
              "(each warpgroup: " + ("its turn (ping-pong), " if s.get("pingpong") else "")
              + "8 wgmma m64n128k16, nb mix blocks, wait), cycles per trip",
