@@ -55,23 +55,23 @@ def test_more_mix_costs_more_in_model_and_measurement(result):
                        for x, y in zip(rows, rows[1:]))
 
 
-def test_mix_pieces_as_fine_as_the_fa3_schedules():
+def test_mix_pieces_fine_enough_to_converge():
     """A piece of the mix runs slowed if it starts while the tensor core is busy: a trip's mix in a
     few long pieces ran at full rate through most of the GEMMs (their cost 40-70 % low at 3-4
-    blocks). The replay serves it in pieces of about 11 instructions per warp."""
+    blocks). The replay serves it in pieces of about 3 instructions per warp, where it converges."""
     from fa4sim import hardware
     hw = hardware.load("h200")
     mix = {"FMNMX": 35, "FFMA": 32, "MUFU.EX2": 32, "FADD": 32, "FMUL": 33, "F2FP": 16}
     for blocks in (1, 4):
         s = contention.schedule(hw, 3, blocks, True, mix, 8, 64.0, rs=False)
         assert s.op("MIX0").chunks == contention.PIECES_PER_BLOCK * blocks
-    # with the finer pieces the GEMMs add about as much to a trip of 4 blocks as to one of 2
+    # converged, the GEMMs add as much to a trip of 4 blocks as to one of 2, as measured
     cost = {}
     for blocks in (2, 4):
         with_mma = contention.cycles_per_trip(contention.schedule(hw, 3, blocks, True, mix, 8, 64.0, rs=False))
         alone = contention.cycles_per_trip(contention.schedule(hw, 3, blocks, False, mix, 8, 64.0, rs=False))
         cost[blocks] = with_mma - alone
-    assert cost[4] == pytest.approx(cost[2], rel=0.1)
+    assert cost[4] == pytest.approx(cost[2], rel=0.02)
 
 
 @functools.lru_cache(maxsize=None)
@@ -84,21 +84,23 @@ THREE_WG = [os.path.join(ROOT, "benchmarks", "results", f"contention_intra_{n}_h
 
 
 @pytest.mark.parametrize("path", THREE_WG, ids=["3wg", "pingpong_off", "pingpong"])
-def test_three_warpgroups_gemm_cost_within_9_percent_of_the_trip(path):
+def test_three_warpgroups_gemm_cost_within_6_percent_of_the_trip(path):
     """Three warpgroups, each beside its own GEMMs (FA3's hd64 tile), free-running or handing the
-    GEMM issue on in turn (ping-pong): the GEMMs' cost within 9 % of the trip, low at 2-4 blocks."""
+    GEMM issue on in turn (ping-pong): the GEMMs' cost within 6 % of the trip, never more than
+    2 % high at 2-4 blocks."""
     res = _replayed(path)
     cost = [r for r in res["cases"] if r["warpgroups"] == 3 and "gemm_cost_error" in r]
     assert len(cost) == 8
-    assert max(abs(r["gemm_cost_error"]) for r in cost) < 0.09, cost
-    assert all(r["gemm_cost_error"] < 0 for r in cost if r["blocks"] >= 2)
+    assert max(abs(r["gemm_cost_error"]) for r in cost) < 0.06, cost
+    assert all(r["gemm_cost_error"] < 0.02 for r in cost if r["blocks"] >= 2)
 
 
 @pytest.mark.xfail(strict=True, reason="known gap (docs/findings/issue-rate-beside-mma.md, 'The hd64 loop'): "
-                                        "three warpgroups each running 2-4 mix blocks beside their own wgmma: "
-                                        "the GEMMs add up to a third more to a trip than the engine's rules "
-                                        "give (up to 6 % of the trip, 9 % with ping-pong); hd64's loop lives there")
-@pytest.mark.parametrize("path", THREE_WG, ids=["3wg", "pingpong_off", "pingpong"])
+                                        "three warpgroups each running 2-4 mix blocks beside their own wgmma, "
+                                        "on the build with the ping-pong option: the GEMMs add up to a fifth "
+                                        "more to a trip than the engine's rules give (up to 4 % of the trip, "
+                                        "5 % with ping-pong); hd64's loop lives there")
+@pytest.mark.parametrize("path", THREE_WG[1:], ids=["pingpong_off", "pingpong"])
 def test_three_warpgroups_gemm_cost_within_3_percent_of_the_trip(path):
     res = _replayed(path)
     heavy = [r for r in res["cases"] if r["warpgroups"] == 3 and "gemm_cost_error" in r and r["blocks"] >= 2]
@@ -147,13 +149,14 @@ def test_two_or_more_warpgroups_of_the_mix_alone_are_within_6_percent(result):
 
 def test_three_warpgroups_replayed_with_their_own_summary():
     """The 384-thread build (FA3's hd64 tile of 192 rows: three warps per scheduler): each case is
-    replayed, the mix alone at 2-4 blocks within 3 %, and the report names the three-warpgroup group."""
+    replayed, the mix alone at 2-4 blocks within 4 % (the benchmark's own per-trip cost, 15-50 cycles
+    with three warpgroups, is not replayed), and the report names the three-warpgroup group."""
     path = os.path.join(ROOT, "benchmarks", "results", "contention_intra_3wg_h200_2026-11-28.json")
     res = validate.compare(validate.load(path))
     three = [r for r in res["cases"] if r["warpgroups"] == 3]
     assert len(res["cases"]) == 54 and len(three) == 18
     alone = [r for r in three if not r["with_mma"] and r["blocks"] >= 2]
-    assert max(abs(r["error"]) for r in alone) < 0.03, alone
+    assert max(abs(r["error"]) for r in alone) < 0.04, alone
     assert res["summary"]["three_warpgroups_with_mma"]["n"] == 10
     assert "three warpgroups beside their wgmmas" in contention.report(res)
 

@@ -140,7 +140,7 @@ EMULATION_NOTE = ("exp_emulation on SM90: an emulated exp2 is its 8 SASS instruc
 LONG_SOFTMAX_NOTE = ("each of the {wgs} consumer warpgroups runs the softmax of {per:.0f} score elements per "
                      "cycle of its own GEMMs (hd128: 8). Warpgroups with that much softmax beside their own GEMMs "
                      "are where the rules for issue beside a GEMM run short (bench_contention's intra kernel: "
-                     "the GEMMs of 3 warpgroups cost up to 6 % of a trip more than the rules give; fa4kernel's "
+                     "the GEMMs of 3 warpgroups cost up to 4-5 % of a trip more than the rules give; fa4kernel's "
                      "hd64 loop 6 % with 3, 11-13 % with 2): this time is likely optimistic "
                      "(docs/findings/issue-rate-beside-mma.md, 'The hd64 loop')")
 LONG_SOFTMAX = 12.0  # score elements per tensor cycle and warpgroup from which the note is given

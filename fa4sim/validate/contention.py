@@ -22,12 +22,11 @@ from .common import profile_for
 MIX_PIPES = {"FMNMX": "alu", "F2FP": "alu", "FFMA": "fma", "FADD": "fma", "FMUL": "fma", "MUFU.EX2": "mufu"}
 COUNT = {1: "one", 2: "two", 3: "three"}  # the warpgroup counts the kernel runs
 TRIPS, WARMUP = 48, 16  # simulated trips, and those left out of the steady-state mean
-# the mix is served in pieces of about 11 instructions per warp, as fine as the fa3 schedule's
-# softmax (hd64: ~418 instructions per warp and KV block in 5 ops of 8 pieces): a piece runs slowed
-# when it starts while the tensor core is busy, so pieces much longer than a GEMM's share of the
-# trip would run at full rate through it (8 pieces per trip gave the GEMMs' cost 40-70 % low at
-# 3-4 blocks)
-PIECES_PER_BLOCK = 16
+# the mix is served in pieces of about 3 instructions per warp, where the replay has converged (a
+# piece runs slowed when it starts while the tensor core is busy: 8 pieces per trip ran at full
+# rate through most of the GEMMs and gave their cost 40-70 % low at 3-4 blocks; 16 per block
+# gives three warpgroups' GEMMs 695-764 cycles, 64 and 128 per block 784-793)
+PIECES_PER_BLOCK = 64
 
 
 def schedule(hw, warpgroups: int, blocks: int, with_mma: bool, per_trip: dict, wgmma_per_trip: int,
