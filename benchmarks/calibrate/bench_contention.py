@@ -836,10 +836,10 @@ def main(argv=None):
     ap.add_argument("--out", help="results JSON (GPU run)")
     ap.add_argument("--check-sass", action="store_true", help="CPU: compile for sm_90a and check the SASS")
     ap.add_argument("--clock-seconds", type=float, default=1.0)
-    ap.add_argument("--only", choices=["intra", "mix3"], help="mix3: only the mix in two and three warpgroups, alone "
-                    "and beside one wgmma warpgroup (two and three warps per scheduler); intra: only the intra kernel "
-                    "(warpgroups running the mix beside "
-                                                      "their own wgmma, with each trip's mix and wait cycles)")
+    ap.add_argument("--only", choices=["intra", "mix3"],
+                    help="intra: only the intra kernel (warpgroups running the mix beside their own wgmma, with each "
+                         "trip's mix and wait cycles); mix3: only the mix in two and three warpgroups, alone and "
+                         "beside one wgmma warpgroup (two and three warps per scheduler)")
     ap.add_argument("--intra-wgs", default="1,2", metavar="N,N",
                     help="warpgroup counts of the intra kernel, from 1, 2, 3 (3: a 384-thread build, FA3's hd64 "
                          "tile of 192 rows); default 1,2")

@@ -22,9 +22,9 @@ from .common import profile_for
 MIX_PIPES = {"FMNMX": "alu", "F2FP": "alu", "FFMA": "fma", "FADD": "fma", "FMUL": "fma", "MUFU.EX2": "mufu"}
 COUNT = {1: "one", 2: "two", 3: "three"}  # the warpgroup counts the kernel runs
 TRIPS, WARMUP = 48, 16  # simulated trips, and those left out of the steady-state mean
-# the mix is served in pieces of about 3 instructions per warp, where the replay has converged (a
-# piece runs slowed when it starts while the tensor core is busy: 8 pieces per trip ran at full
-# rate through most of the GEMMs and gave their cost 40-70 % low at 3-4 blocks; 16 per block
+# the mix is served in pieces of about 3 instructions per warp, where the replay converges (a
+# piece runs slowed when it starts while the tensor core is busy: in 8 pieces per trip the mix
+# runs at full rate through most of the GEMMs, their cost 40-70 % low at 3-4 blocks; 16 per block
 # gives three warpgroups' GEMMs 695-764 cycles, 64 and 128 per block 784-793)
 PIECES_PER_BLOCK = 64
 
