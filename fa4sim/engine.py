@@ -216,10 +216,11 @@ class Trace:
 class _Unit:
     """FIFO service with `capacity` servers; reserve() returns (start, end) of a part."""
 
-    __slots__ = ("free", "ends", "gated")
+    __slots__ = ("free", "until", "ends", "gated")
 
     def __init__(self, capacity: int, gated: bool = False):
         self.free = [0.0] * capacity  # a heap of the times each server becomes free
+        self.until = 0.0              # when the last server becomes free (the unit is busy before)
         self.ends: list[float] = []   # end times of reserved pieces (kept only where issue_depth gates)
         self.gated = gated
 
@@ -227,6 +228,8 @@ class _Unit:
         start = max(now, self.free[0])
         end = start + cycles
         heapq.heapreplace(self.free, end)
+        if end > self.until:
+            self.until = end
         if self.gated:
             heapq.heappush(self.ends, end)
         return start, end
@@ -314,30 +317,38 @@ def simulate(schedule: Schedule, tiles: Sequence[int]) -> Trace:
         if ev is not None:
             ev.succeed(env.now)
 
-    def reserve_parts(op, rec, share=1.0):
+    depth = schedule.issue_depth
+    slowdown = {u: v for u, v in schedule.interference.items() if v[1] < 1.0}
+    # per op, its parts as (unit name, unit, held cycles, the unit that slows it or None, factor),
+    # looked up once here: reserve_parts runs for every piece of every op
+    parts = []
+    for o in ops:
+        own = dict(o.slowed)
+        row = []
+        for unit, cycles in o.held:
+            if cycles <= 0:
+                continue
+            slow = slowdown.get(unit)
+            cause, factor = (units[slow[0]], own.get(unit, slow[1])) if slow is not None else (None, 1.0)
+            row.append((unit, units[unit], cycles, cause, factor))
+        parts.append(tuple(row))
+
+    def reserve_parts(op_idx, rec, share=1.0):
         """Reserve every unit part (or a share of it) now; return (first part start, last end)."""
         now = env.now
         first, last = float("inf"), now
-        for unit, cycles in op.held:
-            if cycles <= 0:
-                continue
+        for name, unit, cycles, cause, factor in parts[op_idx]:
             cycles *= share
-            slow = slowdown.get(unit)
-            if slow is not None:  # slowed while the cause unit is busy past this part's start
-                cause, factor = slow
-                if max(units[cause].free) > max(now, units[unit].free[0]):
-                    cycles /= slowed[op.name].get(unit, factor)
-            s, e = units[unit].reserve(now, cycles)
-            busy.append(Busy(unit, s, e, rec))
+            # slowed while the cause unit is busy past this part's start
+            if cause is not None and cause.until > max(now, unit.free[0]):
+                cycles /= factor
+            s, e = unit.reserve(now, cycles)
+            busy.append(Busy(name, s, e, rec))
             if s < first:
                 first = s
             if e > last:
                 last = e
         return (now if first == float("inf") else first), last
-
-    depth = schedule.issue_depth
-    slowdown = {u: v for u, v in schedule.interference.items() if v[1] < 1.0}
-    slowed = {o.name: dict(o.slowed) for o in ops}  # an op's own slowdown factors, looked up per part
 
     def wait_for_room(op):
         """Stall an async issue while a gated unit's queue is full; re-check after waking."""
@@ -374,7 +385,7 @@ def simulate(schedule: Schedule, tiles: Sequence[int]) -> Trace:
             issue = env.now
             yield from wait_for_room(op)
             rec = len(records)
-            first, last = reserve_parts(op, rec, 1.0 / op.chunks)
+            first, last = reserve_parts(idx, rec, 1.0 / op.chunks)
             records.append(OpRecord(op.name, op.role, op.kind, t, it, issue, first, float("nan"), binding))
             if op.asynchronous:
                 step = op.issue_cycles / op.chunks
@@ -382,7 +393,7 @@ def simulate(schedule: Schedule, tiles: Sequence[int]) -> Trace:
                     if step:
                         yield env.timeout(step)
                     yield from wait_for_room(op)
-                    last = max(last, reserve_parts(op, rec, 1.0 / op.chunks)[1])
+                    last = max(last, reserve_parts(idx, rec, 1.0 / op.chunks)[1])
                 end = last + op.latency
                 ev = env.timeout(end - env.now)
                 ev.callbacks.append(lambda _e, key=key, rec=rec: finish(key, rec))
@@ -392,7 +403,7 @@ def simulate(schedule: Schedule, tiles: Sequence[int]) -> Trace:
                 for _ in range(op.chunks - 1):  # piece by piece, so other roles interleave
                     if last > env.now:
                         yield env.timeout(last - env.now)
-                    last = reserve_parts(op, rec, 1.0 / op.chunks)[1]
+                    last = reserve_parts(idx, rec, 1.0 / op.chunks)[1]
                 end = last + op.latency
                 if end > env.now:
                     yield env.timeout(end - env.now)
