@@ -22,6 +22,10 @@ The engine knows nothing about attention. It is given a `Schedule`:
   unit is busy (measured on Hopper: warps issue and MUFU run slower beside a running wgmma).
   An op's `duty` on a unit holds the unit longer than its work (`uses`): code whose dependences
   leave a unit idle at times (a softmax keeps the MUFU 92 % busy on Hopper).
+  An op's `concurrency` (unit, p) serves its pieces on a shared issue unit at 1 - (1 - p)^k of the
+  unit's rate when they start while its interference cause is idle, k the number of roles with
+  work outstanding on that unit (itself included): k warps on a scheduler, each ready to issue in
+  a given cycle with probability p, its rate alone, fill at most that share of the slots.
 * **edges**: `src -> dst`: an instance of dst may not issue before the matching instance of src
   has completed (plus `lag` cycles of signalling, e.g. an mbarrier). `distance` d > 0 makes the
   edge loop-carried: iteration g waits for iteration g - d (counted across tiles, as a
@@ -51,6 +55,12 @@ WHEN = ("all", "first", "last")
 EDGE_KINDS = ("flow", "anti", "output")
 
 
+def shared_rate(p: float, k: int) -> float:
+    """Share of a scheduler's issue slots that k warps fill, each ready to issue in a given cycle
+    with probability p (its rate alone): 1 - (1 - p)^k."""
+    return 1.0 - (1.0 - p) ** k
+
+
 @dataclass(frozen=True)
 class Op:
     """One operation of a role's loop body.
@@ -77,6 +87,9 @@ class Op:
     # (unit, share) pairs: the share of the time this op holds `unit` that it keeps it working (its
     # dependences leave the rest idle), so the unit is held cycles / share; `uses` stays the work
     duty: tuple[tuple[str, float], ...] = ()
+    # (unit, p) pairs: on `unit`, shared by the roles' warps, this op's pieces run at 1 - (1 - p)^k
+    # of its rate (k roles issuing there at once, p one warp's rate alone) unless slowed (module docstring)
+    concurrency: tuple[tuple[str, float], ...] = ()
 
     @property
     def held(self) -> tuple[tuple[str, float], ...]:
@@ -152,6 +165,10 @@ class Schedule:
             for unit, share in o.duty:
                 if unit not in self.units or not 0 < share <= 1:
                     raise InputError("schedule", f"op {o.name}: duty on {unit!r} must name a unit, share in (0, 1]")
+            for unit, p in o.concurrency:
+                if unit not in self.units or not 0 < p <= 1:
+                    raise InputError("schedule", f"op {o.name}: concurrency on {unit!r} must name a unit, "
+                                                 f"p in (0, 1], got {p!r}")
         for e in self.edges:
             for end in (e.src, e.dst):
                 if end not in self._index:
@@ -321,28 +338,36 @@ def simulate(schedule: Schedule, tiles: Sequence[int]) -> Trace:
     slowdown = {u: v for u, v in schedule.interference.items() if v[1] < 1.0}
     # per op, its parts as (unit name, unit, held cycles, the unit that slows it or None, factor),
     # looked up once here: reserve_parts runs for every piece of every op
+    # per unit shared with `concurrency`: role -> end of its last piece there
+    issuers: dict[str, dict[str, float]] = {u: {} for o in ops for u, _ in o.concurrency}
     parts = []
     for o in ops:
-        own = dict(o.slowed)
+        own, conc = dict(o.slowed), dict(o.concurrency)
         row = []
         for unit, cycles in o.held:
             if cycles <= 0:
                 continue
             slow = slowdown.get(unit)
             cause, factor = (units[slow[0]], own.get(unit, slow[1])) if slow is not None else (None, 1.0)
-            row.append((unit, units[unit], cycles, cause, factor))
+            row.append((unit, units[unit], cycles, cause, factor, conc.get(unit), issuers.get(unit)))
         parts.append(tuple(row))
 
     def reserve_parts(op_idx, rec, share=1.0):
         """Reserve every unit part (or a share of it) now; return (first part start, last end)."""
         now = env.now
         first, last = float("inf"), now
-        for name, unit, cycles, cause, factor in parts[op_idx]:
+        role = ops[op_idx].role
+        for name, unit, cycles, cause, factor, p, active in parts[op_idx]:
             cycles *= share
             # slowed while the cause unit is busy past this part's start
             if cause is not None and cause.until > max(now, unit.free[0]):
                 cycles /= factor
+            elif p is not None:  # k roles' warps sharing the unit's issue slots
+                k = 1 + sum(1 for r, e in active.items() if e > now and r != role)
+                cycles /= shared_rate(p, k)
             s, e = unit.reserve(now, cycles)
+            if active is not None:
+                active[role] = e
             busy.append(Busy(name, s, e, rec))
             if s < first:
                 first = s

@@ -70,14 +70,19 @@ def exp2_phase(hw, elements: float, emulated_fraction: float) -> dict[str, float
 def mix_limits(hw, op, warps: int = 4):
     """The op as softmax code, with the limits bench_contention's mix measures beyond its pipes'
     rates: its role's `warps` warps (one per scheduler) each issue at most warp_issue_ipc
-    instructions per clock, whatever the SM's other warps leave free (unit issue:<role>); and its
+    instructions per clock, whatever the SM's other warps leave free (unit issue:<role>); k roles'
+    warps on a scheduler fill at most 1 - (1 - warp_issue_ipc)^k of its slots (the op's
+    concurrency on the SM's issue unit: each warp ready with the probability of its rate alone;
+    bench_bursts' mix with emulated exp2s in 1, 2 and 3 warps per scheduler); and its
     dependences keep the MUFU working only mix_mufu_utilization of the time they hold it (its
     duty; with one warp per scheduler the issue limit binds first)."""
     uses = dict(op.uses)
+    conc = ()
     if "issue" in uses:
         uses[f"issue:{op.role}"] = uses["issue"] * hw.issue_per_clk / (warps * hw.warp_issue_ipc)
+        conc = (("issue", hw.warp_issue_ipc),)
     duty = (("mufu", hw.mix_mufu_utilization),) if uses.get("mufu", 0) > 0 and hw.mix_mufu_utilization < 1 else ()
-    return replace(op, uses=tuple(uses.items()), duty=op.duty + duty)
+    return replace(op, uses=tuple(uses.items()), duty=op.duty + duty, concurrency=op.concurrency + conc)
 
 
 def beside_gemm(hw, roles) -> dict:

@@ -1,7 +1,7 @@
 """The engine on its own: closed forms, invariants, async issue, deadlock, determinism."""
 import pytest
 
-from fa4sim.engine import Edge, Op, Schedule, program, simulate
+from fa4sim.engine import Edge, Op, Schedule, program, shared_rate, simulate
 from fa4sim.errors import DeadlockError, InputError
 
 
@@ -129,3 +129,39 @@ def test_duty_holds_a_unit_longer_than_its_work():
     assert a.end == pytest.approx(100.0) and b.start == pytest.approx(100.0)
     with pytest.raises(InputError, match="duty on 'mufu' must name a unit, share in"):
         Schedule("t", {"mufu": 1}, ["r"], [Op("a", "r", (("mufu", 1),), duty=(("mufu", 0.0),))], [], marker="a")
+
+
+def test_shared_rate_is_one_warp_alone_and_saturates():
+    assert shared_rate(0.4, 1) == pytest.approx(0.4)
+    assert shared_rate(0.4, 2) == pytest.approx(0.64)   # 1 - 0.6^2: less than 2 x 0.4
+    assert shared_rate(0.4, 3) == pytest.approx(0.784)
+    assert shared_rate(1.0, 3) == 1.0
+
+
+@pytest.mark.parametrize("k", [1, 2, 3])
+def test_concurrency_serves_k_roles_at_their_shared_rate(k):
+    """k roles issuing at once on a unit whose ops carry concurrency p get 1 - (1 - p)^k of it
+    together: the unit's work of all of them over that rate, not over 1."""
+    p, work, pieces = 0.5, 100.0, 20
+    ops = [Op(f"x{r}", f"r{r}", (("issue", work),), chunks=pieces, concurrency=(("issue", p),)) for r in range(k)]
+    s = Schedule("t", {"issue": 1}, [f"r{r}" for r in range(k)], ops, [], marker="x0")
+    end = simulate(s, [1]).end
+    # the first piece of each role starts before the others are queued, so allow that one piece
+    assert end == pytest.approx(k * work / shared_rate(p, k), rel=1.0 / pieces)
+    plain = Schedule("t", {"issue": 1}, [f"r{r}" for r in range(k)],
+                     [Op(o.name, o.role, o.uses, chunks=pieces) for o in ops], [], marker="x0")
+    assert simulate(plain, [1]).end == pytest.approx(k * work)
+
+
+def test_concurrency_yields_to_interference():
+    """A piece that starts while the interfering unit is busy takes the interference factor (a rate
+    measured with the warps it has), not the shared rate on top of it."""
+    ops = [Op("mma", "m", (("tensor", 1000),), asynchronous=True, issue_cycles=1),
+           Op("x", "r", (("issue", 100),), concurrency=(("issue", 0.5),))]
+    s = Schedule("t", {"tensor": 1, "issue": 1}, ["m", "r"], ops, [], marker="mma",
+                 interference={"issue": ("tensor", 0.25)})
+    x = next(r for r in simulate(s, [1]).ops if r.name == "x")
+    assert x.end - x.start == pytest.approx(400)  # 100 / 0.25, not / (0.25 x 0.5)
+    with pytest.raises(InputError, match="concurrency on 'issue' must name a unit, p in"):
+        Schedule("t", {"issue": 1}, ["r"], [Op("a", "r", (("issue", 1),), concurrency=(("issue", 0.0),))], [],
+                 marker="a")

@@ -140,8 +140,8 @@ EMULATION_NOTE = ("exp_emulation on SM90: an emulated exp2 is its 8 SASS instruc
 LONG_SOFTMAX_NOTE = ("each of the {wgs} consumer warpgroups runs the softmax of {per:.0f} score elements per "
                      "cycle of its own GEMMs (hd128: 8). Warpgroups with that much softmax beside their own GEMMs "
                      "are where the rules for issue beside a GEMM run short (bench_contention's intra kernel: "
-                     "the GEMMs of 3 warpgroups cost up to 4-5 % of a trip more than the rules give; fa4kernel's "
-                     "hd64 loop 6 % with 3, 11-13 % with 2): this time is likely optimistic "
+                     "the GEMMs of 3 warpgroups cost up to 4-5.5 % of a trip more than the rules give; fa4kernel's "
+                     "hd64 loop 1 % short with 3 warpgroups, 7-8 % with 2): this time may be optimistic "
                      "(docs/findings/issue-rate-beside-mma.md, 'The hd64 loop')")
 LONG_SOFTMAX = 12.0  # score elements per tensor cycle and warpgroup from which the note is given
 PRODUCER_REGS = {2: 24, 3: 32}  # setmaxnreg of the producer WG (docs/reference/fa4-schedules.md)
@@ -333,7 +333,7 @@ def build(hw, p: Problem, k: dict, n_kv: int, masked_blocks: int, impl, hbm_busy
         # GEMM's first k-steps (QKH), the rescale, then its other k-steps (QK)
         ksteps = d // 16
         head = QK_HEAD_KSTEPS if before and ksteps > QK_HEAD_KSTEPS else 0
-        qk_uses = _with_issue((("tensor", qk.tensor_cycles), ("smem", qk.smem_cycles)), per_kstep * d // 16)
+        qk_uses = _with_issue((("tensor", qk.tensor_cycles), ("smem", qk.smem_cycles)), per_kstep * (d // 16))
         qk_part = lambda steps: qk_uses if steps == ksteps else tuple(  # noqa: E731
             (u, c * steps / ksteps) for u, c in qk_uses)
         qk_ops = [Op(f"QKH{w}", r, qk_part(head), qk.latency, "mma", asynchronous=True,
@@ -342,7 +342,7 @@ def build(hw, p: Problem, k: dict, n_kv: int, masked_blocks: int, impl, hbm_busy
         qk_ops.append(Op(f"QK{w}", r, qk_part(ksteps - head), qk.latency, "mma", asynchronous=True,
                          issue_cycles=(ksteps - head) * hw.mma_issue_cycles, chunks=ksteps - head,
                          label=f"S = Q K^T{', the rest' if head else ''} (wgmma SS, WG{w})"))
-        pv_op = Op(f"PV{w}", r, _with_issue((("tensor", pv.tensor_cycles), ("smem", pv.smem_cycles)), per_kstep * n // 16), pv.latency, "mma",
+        pv_op = Op(f"PV{w}", r, _with_issue((("tensor", pv.tensor_cycles), ("smem", pv.smem_cycles)), per_kstep * (n // 16)), pv.latency, "mma",
                    asynchronous=True, issue_cycles=n // 16 * hw.mma_issue_cycles, chunks=n // 16,
                    skew=1 if overlap else 0,
                    label=f"O += P V (wgmma {'RS' if rs else 'SS'}, WG{w})")

@@ -16,6 +16,9 @@ compared with has its module:
   contention           contention.py  a unit benchmark, not a kernel: warpgroups that run a softmax-like
                                       mix beside their own wgmma, replayed with the engine's rules
                                       (calibrate/bench_contention.py)
+  bursts               issue_sharing.py  a unit benchmark: one to three warps per scheduler running one
+                                      code alone, against the rule for warps sharing issue slots
+                                      (calibrate/bench_bursts.py)
 
 common.py holds what they share, among it the one place that turns a kernel's recorded
 configuration into model knobs (model_knobs; each kernel is simulated as its implementation).
@@ -33,7 +36,7 @@ import sys
 from pathlib import Path
 
 from ..errors import InputError
-from . import backward, bwd_launches, contention, idle_wgs, intervals, launches, points, sustained, tile_costs
+from . import backward, bwd_launches, contention, idle_wgs, intervals, issue_sharing, launches, points, sustained, tile_costs
 from .common import kernel_knobs, model_knobs, profile_for  # noqa: F401  (the package's public names)
 from .intervals import knob_scoreboard, plot_knob_deltas, report_scoreboard
 from .points import expand  # noqa: F401
@@ -41,7 +44,7 @@ from .points import expand  # noqa: F401
 MODULES = {"points": points, "knob_points": points, "loop_intervals": intervals, "tile_costs": tile_costs,
            "idle_wgs": idle_wgs, "cta_log": launches, "sustained": sustained,
            "sm90_bwd": backward, "bwd_ctas": bwd_launches,
-           "contention": contention}
+           "contention": contention, "bursts": issue_sharing}
 PLOTS = {"points", "knob_points", "loop_intervals", "tile_costs", "sustained"}
 
 
