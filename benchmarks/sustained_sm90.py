@@ -167,6 +167,15 @@ def unseen_points() -> list[Point]:
     return pts + [Point(4, 8, 3072, 3072, 256, 256, True, "unseen"), Point(4, 32, 2048, 8192, 64, 64, True, "unseen")]
 
 
+def fresh_points() -> list[Point]:
+    """Problems no run had measured when warps sharing a scheduler entered the model, each predicted
+    before it ran (group "fresh"): hd64 at 5k tokens, hd128 at 10k, hd256 at 5k, causal and not, a
+    3k chunk of hd128 queries on a 12k cache and a 1k chunk of hd64 queries on 16k."""
+    shapes = [(2, 32, 5120, 5120, 64), (1, 16, 10240, 10240, 128), (4, 8, 5120, 5120, 256)]
+    pts = [Point(b, h, sq, sk, d, d, causal, "fresh") for b, h, sq, sk, d in shapes for causal in (False, True)]
+    return pts + [Point(4, 16, 3072, 12288, 128, 128, True, "fresh"), Point(8, 32, 1024, 16384, 64, 64, True, "fresh")]
+
+
 def all_points() -> list[Point]:
     """The default run: the grid and the new points (holdout and unseen run when asked for)."""
     return grid_points() + new_points()
@@ -174,14 +183,14 @@ def all_points() -> list[Point]:
 
 QUICK = ("hd128-4k-b4-h16", "hd128-4k-b4-h16-causal", "hd64-1k-b16-h32-causal", "hd256-16k-b1-h8",
          "hd128-q2k-k8k-b8-h16-causal", "hd192v128-4k-b4-h16")
-GROUPS = ("grid", "new", "holdout", "unseen", "all")
-ASKED_FOR = ("holdout", "unseen")  # groups that run only when named
+GROUPS = ("grid", "new", "holdout", "unseen", "fresh", "all")
+ASKED_FOR = ("holdout", "unseen", "fresh")  # groups that run only when named
 
 
 def select(spec: str | None, quick: bool) -> list[Point]:
     """The points of --points (comma-separated: a group grid / new / all, a point name, or a part of
     names such as 'hd128' or 'causal'), or the QUICK ones; ValueError in one line otherwise."""
-    pts = all_points() + holdout_points() + unseen_points()
+    pts = all_points() + holdout_points() + unseen_points() + fresh_points()
     if quick and not spec:
         return [p for p in pts if p.name in QUICK]
     if not spec:
