@@ -215,7 +215,8 @@ kit.gantt(simulate("h100-datasheet", "fa3", hd64, {"pingpong": False}), iteratio
 #   and the MUFU at 75 % (on Hopper the accumulator lives in the register file the softmax also
 #   uses; `issue_under_mma`, `dense_issue_under_mma`, `warp_issue_under_mma`, `mufu_under_mma`);
 # - a **warp's own issue rate** on a softmax-like instruction mix is 0.47 instructions per clock
-#   (`warp_issue_ipc`): one warp per scheduler cannot hide its own dependencies.
+#   (`warp_issue_ipc`): one warp per scheduler cannot hide its own dependencies, and k warps on a
+#   scheduler fill only 1 - (1 - 0.47)^k of its slots (0.72 for two), not k times as many.
 #
 # With contention the softmax no longer hides behind the other warpgroup's GEMMs for free, so
 # intra-warpgroup overlap matters again, and so does every instruction added to the softmax

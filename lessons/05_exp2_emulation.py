@@ -280,10 +280,11 @@ if bursts:
 # (`bench_bursts.py --mma-gaps`) gives 0.2 of a mix slot per added instruction beside a full-rate
 # wgmma, with one or two warps per scheduler, so 1 + 7 x 0.2 = 2.4 slots per emulated exp2. That
 # is the measured profiles' `mix_fill_slots`, and conditional rescaling's test instructions are
-# charged the same way. At hd128 it puts every emulation knob delta within 3 percentage points of
-# the kernel. It is still not one number for every kernel: beside a wider or narrower wgmma the
-# benchmark gives 1.5 to 9 slots, and at hd64 (three consumer warpgroups, three warps per
-# scheduler) and hd256 the kernel loses 2-6x more than 2.4 slots predict
+# charged the same way. At hd128 it puts six of the eight emulation knob deltas on the H100 within
+# 3 percentage points of the kernel (0.125 non-causal is 3.7 off). It is still not one number for
+# every kernel: beside a wider or narrower wgmma the benchmark gives 1.5 to 9 slots, and at hd64
+# (three consumer warpgroups, three warps per scheduler) and hd256 the kernel loses 1.5-5 times
+# more than 2.4 slots predict
 # ([emulation cost](../docs/findings/emulation-cost.md)). Try it: `simulate(..., {"exp_emulation":
 # 0.25, "mix_fill_slots": 1.0})` charges every added instruction like a mix instruction.
 

@@ -66,13 +66,13 @@ def test_bad_results_file(tmp_path):
     ("list", "JSON list"),
     ("not_json", "not JSON"),
     ("no_kind", "no meta.kind"),
-    ("unknown_kind", "'bursts'"),
+    ("unknown_kind", "'power'"),
 ])
 def test_cli_bad_input_is_one_line_and_exit_2(tmp_path, capsys, case, expect):
     """What validate cannot read: exit code 2 and one line on stderr that says why, no traceback."""
     files = {"folder": tmp_path, "missing": tmp_path / "missing.json", "list": "[1, 2]", "not_json": "{oops",
              "no_kind": json.dumps({"meta": {"device": "H100"}, "points": []}),
-             "unknown_kind": json.dumps({"meta": {"kind": "bursts"}})}
+             "unknown_kind": json.dumps({"meta": {"kind": "power"}})}
     target = files[case]
     if isinstance(target, str):
         path = tmp_path / f"{case}.json"
