@@ -336,10 +336,11 @@ def simulate(schedule: Schedule, tiles: Sequence[int]) -> Trace:
 
     depth = schedule.issue_depth
     slowdown = {u: v for u, v in schedule.interference.items() if v[1] < 1.0}
-    # per op, its parts as (unit name, unit, held cycles, the unit that slows it or None, factor),
-    # looked up once here: reserve_parts runs for every piece of every op
-    # per unit shared with `concurrency`: role -> end of its last piece there
+    # per unit some op shares by `concurrency`: role -> end of its last piece there
     issuers: dict[str, dict[str, float]] = {u: {} for o in ops for u, _ in o.concurrency}
+    # per op, its parts as (unit name, unit, held cycles, the unit that slows it or None, factor,
+    # its concurrency p or None, the unit's issuers or None), looked up once here: reserve_parts
+    # runs for every piece of every op
     parts = []
     for o in ops:
         own, conc = dict(o.slowed), dict(o.concurrency)
