@@ -108,8 +108,9 @@ for path, doc in kit.recorded("bursts_per_code_*_2026-11-22.json"):
 # Beside a running wgmma every kind of code issues at about half its own rate, bursts of
 # multiplies as much as the softmax, the ALU-bound FMNMX too: a slowdown, not a cap. Short bursts
 # leave the tensor core alone; long ones starve the warp that feeds it. Measured, one CTA of
-# fa4kernel runs its hd256 loop in 2086 cycles per block (H100); the model, with the burst rate,
-# says about 2280: still about 10 % long. The real kernel issues its loop beside its GEMMs faster
+# fa4kernel runs its hd256 loop in 2086 cycles per block (H100); the model says about 2170, about
+# 4 % long (its rescale issues among the S GEMM's first HGMMAs, at the inline rate, so the burst
+# rate in the cell above does not enter). The real kernel issues its loop beside its GEMMs faster
 # than any code we could benchmark does.
 #
 # ### Exercise 7.2: where the wait for the previous PV GEMM goes
@@ -280,8 +281,10 @@ if not traced:
 # alone on each scheduler, at about three quarters of what two warps get through together. The
 # model keeps no order of warps within a scheduler and settles the two warpgroups half a GEMM
 # apart, side by side. fa4kernel's hd64 loop lives in this regime (512 tensor cycles per
-# warpgroup and block beside about 2.3 mix blocks of instructions, 2-3 warpgroups), and its loop
-# is 6-13 % longer than the model's: the largest error left in the Hopper forward.
+# warpgroup and block beside about 2.3 mix blocks of instructions, 2-3 warpgroups). There the
+# model needs one more rule: while the tensor core idles, k warps of softmax on a scheduler fill
+# only 1 - (1 - p)^k of its slots, p one warp's rate alone (lesson 03). With it the model's loop
+# is within 1 % of the kernel's with three warpgroups; with two it is still 7-8 % short.
 #
 # ## 2. Tile turnover
 #

@@ -59,9 +59,9 @@ for hd, r in h100.items():
     print(f"{'':26s} at a forced 1.98 GHz: {full.tflops:.0f} TFLOP/s, drawing {full.power_w:.0f} W")
 
 # %% [markdown]
-# Both hit the 700 W cap. hd256 runs at the lower clock (~1.44 GHz against ~1.69): its tensor
-# core is busier per clock, and the tensor core is most of the dynamic power (~375 W of ~580).
-# At 1.98 GHz the same kernels would draw ~960 W and ~1290 W. The static part (~120 W) is paid
+# Both hit the 700 W cap. hd256 runs at the lower clock (~1.46 GHz against ~1.70): its tensor
+# core is busier per clock, and the tensor core is most of the dynamic power (~370 W of ~575).
+# At 1.98 GHz the same kernels would draw ~950 W and ~1260 W. The static part (~120 W) is paid
 # whatever the kernel does.
 #
 # ## 2. Measured

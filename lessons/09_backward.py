@@ -590,7 +590,8 @@ for path, doc in POWER[-1:]:
               f"{f:.2f} GHz in the kernel; the model {model_w:4.0f} W there, and predicts {own:.2f} GHz")
 
 # %% [markdown]
-# With its defaults the main kernel's power and clock come out within about 2-3 % at 4k and 16k.
+# With its defaults the main kernel's power comes out within about 5 % and its clock within about
+# 3 % at 4k and 16k (H100).
 # They did not before the memory paths were measured: a byte that a TMA bulk reduce-add adds
 # into L2 costs about 2.5 times a loaded byte, a RED.ADD from registers more still, and the CTA
 # pair's bytes over the SM-to-SM network cost energy too. The model priced every added byte as a

@@ -452,7 +452,7 @@ show_programs(s, FA3["graph"])
 # (the engine slows only pieces that start while the tensor core is busy); the truth lies between
 # the two, and only the simulation says where. Blind to the slowdown, the solver has no reason to
 # prefer the hand order: its program issues S(j) elsewhere among the softmax's ops and runs about
-# 1 % slower than the hand one in the engine.
+# as fast as the hand one in the engine (0.2 % faster).
 #
 # **FA4's backward on B200** (a CTA pair; five MMAs per Q block, lesson 09). The solver charges
 # no slowdown here, but the compute, reduce and MMA warps share shared memory and TMEM.
