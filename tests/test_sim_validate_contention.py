@@ -151,8 +151,7 @@ def test_three_warpgroups_replayed_with_their_own_summary():
     """The 384-thread build (FA3's hd64 tile of 192 rows: three warps per scheduler): each case is
     replayed, the mix alone at 2-4 blocks within 4 % (the benchmark's own per-trip cost, 15-50 cycles
     with three warpgroups, is not replayed), and the report names the three-warpgroup group."""
-    path = os.path.join(ROOT, "benchmarks", "results", "contention_intra_3wg_h200_2026-11-28.json")
-    res = validate.compare(validate.load(path))
+    res = _replayed(THREE_WG[0])  # contention_intra_3wg_h200_2026-11-28.json
     three = [r for r in res["cases"] if r["warpgroups"] == 3]
     assert len(res["cases"]) == 54 and len(three) == 18
     alone = [r for r in three if not r["with_mma"] and r["blocks"] >= 2]

@@ -14,12 +14,12 @@ of MUFU over the profile's mix_mufu_utilization, 4 per clock over alu_lanes_per_
 each code compiles (bench_bursts' docstring and --check-sass)."""
 from __future__ import annotations
 
-import statistics
 from math import comb
 
 from .. import hardware
 from ..engine import shared_rate
 from .common import profile_for
+from .sustained import _stats
 
 # warp instructions per block of each code by pipe (bench_bursts: 128-instruction blocks; the mix
 # is bench_contention's, 180 per block; an emulated exp2 is 8 instructions in place of a MUFU.EX2:
@@ -78,15 +78,12 @@ def compare(doc: dict, hw: str | None = None) -> dict:
                      "shared": shared, "shared_error": shared / meas - 1.0,
                      "additive": added, "additive_error": added / meas - 1.0})
 
-    def group(key):
-        errs = [abs(r[key]) for r in rows]
-        return {"median_abs_error": statistics.median(errs), "max_abs_error": max(errs), "n": len(errs)} if errs else None
-
     return {"kind": "bursts",
             "summary": {"hw_profile": hw_name, "device": doc["meta"].get("device"),
                         "date": doc["meta"].get("date_utc") or doc["meta"].get("date"),
                         "threads": bench.get("constants", {}).get("threads"),
-                        "shared": group("shared_error"), "additive": group("additive_error")},
+                        "shared": _stats([r["shared_error"] for r in rows]),
+                        "additive": _stats([r["additive_error"] for r in rows])},
             "cases": rows}
 
 
@@ -106,5 +103,5 @@ def report(result: dict) -> str:
     for key, what in (("shared", "1 - (1 - p)^k, the engine's rule"), ("additive", "min(k p, 1), added rates")):
         g = s[key]
         lines.append(f"{what}: median |error| {100 * g['median_abs_error']:.1f}%, "
-                     f"max {100 * g['max_abs_error']:.1f}% over {g['n']} cases")
+                     f"max {100 * g['max_abs_error']:.1f}% over {g['count']} cases")
     return "\n".join(lines)
