@@ -176,6 +176,15 @@ def fresh_points() -> list[Point]:
     return pts + [Point(4, 16, 3072, 12288, 128, 128, True, "fresh"), Point(8, 32, 1024, 16384, 64, 64, True, "fresh")]
 
 
+def blind_points() -> list[Point]:
+    """Problems no run had measured when an RS wgmma's register operand entered the power model,
+    each predicted before it ran (group "blind"): hd64 at 7k tokens, hd128 at 6k, hd256 at 12k,
+    causal and not, a 2k chunk of hd128 queries on a 20k cache and a 1k chunk of hd256 queries on 8k."""
+    shapes = [(2, 32, 7168, 7168, 64), (2, 16, 6144, 6144, 128), (1, 8, 12288, 12288, 256)]
+    pts = [Point(b, h, sq, sk, d, d, causal, "blind") for b, h, sq, sk, d in shapes for causal in (False, True)]
+    return pts + [Point(4, 16, 2048, 20480, 128, 128, True, "blind"), Point(8, 8, 1024, 8192, 256, 256, True, "blind")]
+
+
 def all_points() -> list[Point]:
     """The default run: the grid and the new points (holdout and unseen run when asked for)."""
     return grid_points() + new_points()
@@ -183,14 +192,14 @@ def all_points() -> list[Point]:
 
 QUICK = ("hd128-4k-b4-h16", "hd128-4k-b4-h16-causal", "hd64-1k-b16-h32-causal", "hd256-16k-b1-h8",
          "hd128-q2k-k8k-b8-h16-causal", "hd192v128-4k-b4-h16")
-GROUPS = ("grid", "new", "holdout", "unseen", "fresh", "all")
-ASKED_FOR = ("holdout", "unseen", "fresh")  # groups that run only when named
+GROUPS = ("grid", "new", "holdout", "unseen", "fresh", "blind", "all")
+ASKED_FOR = ("holdout", "unseen", "fresh", "blind")  # groups that run only when named
 
 
 def select(spec: str | None, quick: bool) -> list[Point]:
     """The points of --points (comma-separated: a group grid / new / all, a point name, or a part of
     names such as 'hd128' or 'causal'), or the QUICK ones; ValueError in one line otherwise."""
-    pts = all_points() + holdout_points() + unseen_points() + fresh_points()
+    pts = all_points() + holdout_points() + unseen_points() + fresh_points() + blind_points()
     if quick and not spec:
         return [p for p in pts if p.name in QUICK]
     if not spec:

@@ -90,6 +90,9 @@ class Op:
     # (unit, p) pairs: on `unit`, shared by the roles' warps, this op's pieces run at 1 - (1 - p)^k
     # of its rate (k roles issuing there at once, p one warp's rate alone) unless slowed (module docstring)
     concurrency: tuple[tuple[str, float], ...] = ()
+    # (path, cycles) pairs: work on a path that is no unit of the schedule, so nothing waits for
+    # it; the engine ignores it and the power model prices it (fa4sim/power.py, work_per_block)
+    work: tuple[tuple[str, float], ...] = ()
 
     @property
     def held(self) -> tuple[tuple[str, float], ...]:

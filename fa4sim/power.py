@@ -21,7 +21,10 @@ the parts falls short (docs/findings/power-and-clock.md, "Bursts and mixed code"
 - MUFU, FMA and ALU work issued as one mixed stream (a softmax) draws more than the same work
   in single-pipe streams: their energies x (1 + mixed_code_energy_fraction).
  Units u: tensor (FLOPs), mufu (ops), fma and alu
-(lane-ops), smem (bytes through shared memory and, on SM100, TMEM). The memory paths' energies
+(lane-ops), smem (bytes through shared memory and, on SM100, TMEM, and an SM90 RS wgmma's A
+operand from the register file: the ops' work "rf_operand", priced as the same bytes from shared
+memory, as wgmma loads with A from registers draw what those with A from shared memory do;
+docs/findings/power-and-clock.md, "Operands from registers"). The memory paths' energies
 do not scale with the SM's voltage: l2 (bytes loaded from or stored to L2), l2_reduce (bytes of
 TMA bulk reduce-adds, the L2 adding them: about 2.5 times a loaded byte), red (bytes of RED.ADD
 from registers, their instructions included), dsmem (bytes into a peer CTA's shared memory over
@@ -45,7 +48,7 @@ launch's cycles at the clock f including the launch gap (a timed loop idles ther
 - tensor_idle: the tensor core's weighted idle cycles per KV block of the longest tile, from its
   first MMA to its end (tensor_gaps, idle_cycles), x the KV blocks all tiles run, in the FLOPs
   it would have done in them;
-- mufu, fma, alu, smem: the work per KV block per SM, from the ops of the KV iterations in the
+- mufu, fma, alu, smem: the work per KV block per SM (the ops' uses and work), from the ops of the KV iterations in the
   steady state of the longest tile (their nominal unit cycles, so a pipe slowed beside the
   tensor core is not counted twice), x the KV blocks all tiles run (a CTA pair counts both SMs); a tile too
   short for a steady state takes its whole simulated trace per block. The tile prologue and
@@ -110,15 +113,16 @@ class Activity:
 
 
 def work_per_block(trace, iters: range | None = None) -> dict:
-    """Nominal unit cycles per KV block on one SM, from a one-tile trace: the `uses` of every op
-    of the KV iterations `iters` (the loop's steady part) over their number; iters None: every op
-    of the trace over all its blocks (a tile too short for a steady state)."""
+    """Nominal unit cycles per KV block on one SM, from a one-tile trace: the `uses` and `work`
+    of every op of the KV iterations `iters` (the loop's steady part) over their number; iters
+    None: every op of the trace over all its blocks (a tile too short for a steady state)."""
     sched = trace.schedule
     blocks = len(iters) if iters is not None else sum(trace.tiles)
     out: dict[str, float] = {}
     for rec in trace.ops:
         if iters is None or rec.iter in iters:
-            for unit, cycles in sched.op(rec.name).uses:
+            op = sched.op(rec.name)
+            for unit, cycles in (*op.uses, *op.work):
                 out[unit] = out.get(unit, 0.0) + cycles
     return {u: c / max(blocks, 1) for u, c in out.items()}
 
@@ -190,7 +194,7 @@ def activity(hw, kernel, per_block: dict, sm_blocks: float, tensor_flops: float,
         "mufu": busy.get("mufu", 0.0) * hw.mufu_ex2_per_clk,
         "fma": busy.get("fma", 0.0) * hw.fma_lanes_per_clk,
         "alu": busy.get("alu", 0.0) * hw.alu_lanes_per_clk,
-        "smem": (busy.get("smem", 0.0) + busy.get("smem:lsu", 0.0)) * hw.smem_bytes_per_clk
+        "smem": (busy.get("smem", 0.0) + busy.get("smem:lsu", 0.0) + busy.get("rf_operand", 0.0)) * hw.smem_bytes_per_clk
                 + busy.get("tmem", 0.0) * hw.tmem_bytes_per_clk,
         "l2": float(kernel.l2_bytes) - reduce_bytes,
         "l2_reduce": reduce_bytes if reduce_by == "bulk" else 0.0,

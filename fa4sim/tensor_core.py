@@ -4,7 +4,9 @@ SM90 wgmma: a warpgroup issues m64nNk16 instructions; each uses all 4 tensor cor
 N/2 cycles at full rate (4096 FLOP/clk). SM100 tcgen05.mma (UMMA): one thread issues M x N x 16
 for the CTA (M = 64 or 128; a CTA pair: M = 128 or 256 across two SMs); interval = rows per SM
 x N / 256 cycles, a 1-SM M=64 MMA runs at half rate. In both, operands read from shared memory
-cost smem bandwidth: an MMA is also bound by (A + B bytes from smem) / smem_bytes_per_clk.
+cost smem bandwidth: an MMA is also bound by (A + B bytes from smem) / smem_bytes_per_clk. An SM90
+wgmma's A from registers (RS) takes no bandwidth but counts for the power model
+(MmaCost.rf_operand_cycles).
 Sources: docs/reference/hardware.md (wgmma, tcgen05 rows) and the PTX ISA.
 """
 from __future__ import annotations
@@ -24,6 +26,10 @@ class MmaCost:
     tensor_cycles: float  # tensor-core occupancy (issue interval at full rate)
     smem_cycles: float    # shared-memory bandwidth the operands take
     latency: float        # completion latency beyond the occupancy
+    # the A operand's bytes read from the register file (an SM90 RS wgmma), in shared-memory
+    # cycles: they take no shared-memory bandwidth, but draw about the power the same bytes from
+    # shared memory draw (docs/findings/power-and-clock.md, "Operands from registers")
+    rf_operand_cycles: float = 0.0
 
     @property
     def cycles(self) -> float:
@@ -70,4 +76,5 @@ def mma_cost(hw, m: int, n: int, k: int, a_in_smem: bool, b_in_smem: bool = True
         latency = hw.mma_latency_pair
     else:
         latency = hw.mma_latency_ss if a_in_smem else hw.mma_latency_rs
-    return MmaCost(tensor, smem, latency)
+    rf = m * k * BYTES / hw.smem_bytes_per_clk if hw.arch == "sm90" and not a_in_smem else 0.0
+    return MmaCost(tensor, smem, latency, rf)

@@ -65,12 +65,14 @@ def test_a_swapped_gemm_swaps_its_atom_layout_too():
     # flash-attn-4 hd64: S^T = K Q^T, keys on M, the two warpgroups along the keys: each reads its
     # 64 keys (A, 8 KB) and all 128 queries (B, 16 KB) per k-step chain of K = 64
     g = bwd.gemms(H100, Problem(1, 8, 2048, 2048, 64), knobs_of(Problem(1, 8, 2048, 2048, 64), "flash-attn-4"))
-    tensor, smem, _, steps = g["S"]
+    tensor, smem, _, steps, _ = g["S"]
     assert steps == 4
     assert smem * H100.smem_bytes_per_clk == pytest.approx(64 * 64 * 2 + 128 * 64 * 2)
     assert tensor * H100.tensor_flops_per_clk == pytest.approx(2 * 64 * 128 * 64)
     # dK and dV take P and dS from registers: only B (dO^T, Q^T) comes from shared memory
     assert g["dV"][1] * H100.smem_bytes_per_clk == pytest.approx(64 * 128 * 2)
+    # ... and their A bytes (64 keys x 128 queries) reach the power model as register operands
+    assert g["dV"][4] * H100.smem_bytes_per_clk == pytest.approx(64 * 128 * 2) and g["S"][4] == 0.0
 
 
 # ---------------------------------------------------------------- fa4kernel's file against its code

@@ -16,6 +16,15 @@ def test_one_unit_no_overlap_is_the_sum_of_its_ops():
     assert tr.end == 5 * (10 + 7 + 3)
 
 
+def test_work_on_a_path_that_is_no_unit_changes_no_time():
+    """Op.work is for the power model: the engine neither holds it nor waits for it."""
+    plain = simulate(one_unit([Op("a", "r", (("u", 10),)), Op("b", "r", (("u", 7),))]), [5])
+    worked = simulate(one_unit([Op("a", "r", (("u", 10),), work=(("rf_operand", 40.0),)),
+                                Op("b", "r", (("u", 7),))]), [5])
+    assert worked.end == plain.end == 5 * 17
+    assert not any(b.unit == "rf_operand" for b in worked.busy)
+
+
 def test_two_roles_share_a_unit_in_fifo_order():
     s = one_unit([Op("a", "r", (("u", 10),)), Op("b", "q", (("u", 10),))], roles=("r", "q"))
     tr = simulate(s, [4])

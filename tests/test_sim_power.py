@@ -478,3 +478,43 @@ def test_the_backward_reports_its_dq_paths_power():
     # the pair sums two CTAs' dQ before one reduce-add: half the reduce-add bytes per visit
     assert pair.activity.totals["l2_reduce"] == pytest.approx(cta.activity.totals["l2_reduce"] / 2)
     assert red.power_by_part["red"] > 0 and red.power_by_part["l2_reduce"] == 0
+
+
+def test_an_rs_wgmma_operand_from_registers_is_priced_as_shared_memory_bytes():
+    """An SM90 RS wgmma's A bytes take no shared-memory bandwidth but reach the power model's smem part: P from registers adds PV's A bytes to the work per
+    KV block; SM100's A from TMEM adds nothing."""
+    from fa4sim.tensor_core import mma_cost
+
+    h100, b200 = hardware.load("h100"), hardware.load("b200")
+    rs, ss = mma_cost(h100, 64, 128, 128, a_in_smem=False), mma_cost(h100, 64, 128, 128, a_in_smem=True)
+    assert rs.rf_operand_cycles == pytest.approx(64 * 128 * 2 / h100.smem_bytes_per_clk)
+    assert rs.smem_cycles == pytest.approx(ss.smem_cycles - rs.rf_operand_cycles)  # A is not fetched
+    assert ss.rf_operand_cycles == 0.0
+    assert mma_cost(b200, 128, 128, 128, a_in_smem=False).rf_operand_cycles == 0.0
+    # in a schedule: the PV op carries the bytes as work, not as a unit it holds; P staged through shared memory (SS) carries none
+    regs = simulate("h100", "fa3", PROBLEM, {"clock_ghz": 1.5, "p_in_registers": True})
+    pv = regs.trace.schedule.op("PV0")
+    p_bytes = 64 * regs.knobs["tile_n"] * 2  # one warpgroup's P: 64 rows x tile_n keys, bf16
+    assert dict(pv.work)["rf_operand"] == pytest.approx(p_bytes / h100.smem_bytes_per_clk)
+    assert "rf_operand" not in dict(pv.uses)
+    staged = simulate("h100", "fa3", PROBLEM, {"clock_ghz": 1.5, "p_in_registers": False})
+    assert not staged.trace.schedule.op("PV0").work
+    from types import SimpleNamespace
+
+    kt = SimpleNamespace(l2_bytes=0.0, hbm_bytes=0.0, cycles=1e6, cold_start_us=0.0, l2_us=0.0, hbm_us=0.0)
+    act = power.activity(h100, kt, {"smem": 10.0, "rf_operand": 5.0}, 2.0, 0.0)
+    assert act.totals["smem"] == pytest.approx(30.0 * h100.smem_bytes_per_clk)
+
+
+def test_the_rs_calibration_loads_count_their_register_operand():
+    """fit_power reads an RS load's A bytes (1/N byte per FLOP) into its smem rate; with them the
+    H100 profile gives the recorded RS loads' power within 3 %, as the SS loads'."""
+    _, loads, _ = fit_power.read(str(ROOT / "benchmarks/results/power_rs_h100_2026-11-27.json"))
+    by = {ld["name"]: ld for ld in loads}
+    for n in (128, 64):
+        ld = by[f"tensor{n}_rs"]
+        # per m64nNk16 (2 x 64 x N x 16 FLOPs): A 2 KiB from registers, B 32 N bytes from smem
+        assert ld["rates"]["smem"] == pytest.approx(ld["rates"]["tensor"] * (1 / n + 1 / 64), rel=0.01)
+    rows = {r["name"]: r for r in fit_power.check(hardware.load("h100"), loads)}
+    for name in ("tensor128_rs", "tensor64_rs", "tensor128", "tensor64"):
+        assert abs(rows[name]["power_error"]) < 0.03, (name, rows[name]["power_error"])

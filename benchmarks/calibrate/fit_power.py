@@ -249,6 +249,10 @@ def read(path: str) -> tuple[dict, list[dict], dict]:
             if not _number(v) or v < 0:
                 raise BadInput(f"loads[{i}] ({name}).activity_per_clk.{key}: must be a number >= 0 (per SM clock)")
             rates[unit] = float(v)
+        if ld.get("wgmma_rs") and ld.get("wgmma_n"):
+            # an RS wgmma's A operand (2 KiB per m64nNk16, 2 x 64 x N x 16 FLOPs) comes from the
+            # registers; the model prices those bytes as shared memory's (fa4sim/power.py)
+            rates["smem"] += rates["tensor"] / int(ld["wgmma_n"])
         gap = (ld.get("mma_gap_cycles") or 0) or (ld.get("mma_gap_ns") or 0)
         burst_flops = None  # tensor FLOPs per SM of one burst, when idle gaps separate them
         if gap and ld.get("wgmma_n"):

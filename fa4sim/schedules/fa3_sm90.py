@@ -344,7 +344,7 @@ def build(hw, p: Problem, k: dict, n_kv: int, masked_blocks: int, impl, hbm_busy
                          label=f"S = Q K^T{', the rest' if head else ''} (wgmma SS, WG{w})"))
         pv_op = Op(f"PV{w}", r, _with_issue((("tensor", pv.tensor_cycles), ("smem", pv.smem_cycles)), per_kstep * (n // 16)), pv.latency, "mma",
                    asynchronous=True, issue_cycles=n // 16 * hw.mma_issue_cycles, chunks=n // 16,
-                   skew=1 if overlap else 0,
+                   skew=1 if overlap else 0, work=(("rf_operand", pv.rf_operand_cycles),) if rs else (),
                    label=f"O += P V (wgmma {'RS' if rs else 'SS'}, WG{w})")
         # before: iteration j applies block j-1's scale (skew 1), while S(j) runs, ahead of PV(j-1);
         # issued between the warps' own HGMMAs it gets the rate bench_bursts --inline measured for

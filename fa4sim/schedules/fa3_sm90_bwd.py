@@ -158,16 +158,19 @@ def gemm_shapes(p: Problem, k: dict) -> dict:
 
 
 def gemms(hw, p: Problem, k: dict) -> dict:
-    """Per warpgroup: name -> (tensor cycles, smem cycles, latency, k-steps). Each m64 wgmma of a
-    warpgroup reads its A rows (from shared memory unless RS) and the warpgroup's whole B, at
-    smem_bytes_per_clk whatever the operands' swizzle (bench_bwd_units.py); each m64 k-step holds
-    the tensor core at least mma_min_cycles (narrow N)."""
+    """Per warpgroup: name -> (tensor cycles, smem cycles, latency, k-steps, register-operand
+    cycles). Each m64 wgmma of a warpgroup reads its A rows (from shared memory unless RS) and the
+    warpgroup's whole B, at smem_bytes_per_clk whatever the operands' swizzle (bench_bwd_units.py);
+    each m64 k-step holds the tensor core at least mma_min_cycles (narrow N). An RS wgmma's A
+    bytes, in shared-memory cycles, take no bandwidth; the power model prices them
+    (tensor_core.MmaCost.rf_operand_cycles)."""
     out = {}
     for name, (mw, nw, K, a_smem, _) in gemm_shapes(p, k).items():
         instr = max(1, -(-mw // 64))
         tensor = max(2.0 * mw * nw * K / hw.tensor_flops_per_clk, instr * (K // 16) * hw.mma_min_cycles)
         smem = ((mw * K * BYTES if a_smem else 0) + instr * nw * K * BYTES) / hw.smem_bytes_per_clk
-        out[name] = (tensor, smem, hw.mma_latency_ss if a_smem else hw.mma_latency_rs, K // 16)
+        rf = 0.0 if a_smem else mw * K * BYTES / hw.smem_bytes_per_clk
+        out[name] = (tensor, smem, hw.mma_latency_ss if a_smem else hw.mma_latency_rs, K // 16, rf)
     return out
 
 
@@ -346,10 +349,11 @@ def build(hw, p: Problem, k: dict, n_kv: int, masked_blocks: int, impl=None, hbm
     edges: list[Edge] = [Edge("LK", f"S{w}", lag=mbar) for w in range(WGS)]
 
     def wgmma(name, w, label):
-        tensor, sm, lat, steps = g[name]
+        tensor, sm, lat, steps, rf = g[name]
         uses = (("tensor", tensor), ("smem", sm)) + ((("issue", per_kstep * steps),) if per_kstep else ())
         return Op(f"{name}{w}", f"wg{w}", uses, lat, "mma", asynchronous=True,
-                  issue_cycles=steps * hw.mma_issue_cycles, chunks=steps, label=label)
+                  issue_cycles=steps * hw.mma_issue_cycles, chunks=steps, label=label,
+                  work=(("rf_operand", rf),) if rf else ())
 
     # per-element instruction counts of the pointwise phases (per warpgroup, per Q block)
     ds_store = {"smem:lsu": smem(elems * BYTES), **_lsu(elems * BYTES / STSM_BYTES),
