@@ -235,7 +235,7 @@ def cmd_sweep(a) -> int:
 def cmd_validate(a) -> int:
     from . import validate
     check_output("--plot", a.plot)
-    return validate.main(a.results, a.hw, a.plot, a.json, a.at_profile_clock, a.pv_wait)
+    return validate.main(a.results, a.hw, a.plot, a.json, a.at_profile_clock, a.pv_wait, overrides=_set_pairs(a.set))
 
 
 def _loop_schedule(a):
@@ -440,6 +440,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="predict at the profile's clock (the power model's prediction where the profile has one, "
                          "else its clock_ghz) even where the benchmark recorded the in-kernel clock of the point "
                          "(default: at that measured clock, so the error is the cycle model's)")
+    va.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
+                    help="a profile parameter for a sustained file's predictions (repeatable), e.g. the card's own "
+                         "card_power_w, which benchmarks/calibrate/card_power.py gives from the card's capped GEMM "
+                         "loads")
     va.add_argument("--pv-wait", choices=("model", "sass"), default="model",
                     help="where each build waits for the previous block's PV GEMM: 'model' = the whole row max "
                          "before the wait, the exp2s and row sum after (the default, validated); 'sass' = "

@@ -79,6 +79,9 @@ PARAMS: dict[str, tuple[str, str]] = {
     "clock_tensor_ghz": ("GHz", "highest SM clock (clock64 over globaltimer) the chip holds while its tensor core "
                          "works, where the power cap leaves room and NVML still reports clock_ghz; 0 = none"),
     "static_power_w": ("W", "power that does not scale with the SM clock (leakage, board, idle memory)"),
+    "card_power_w": ("W", "power the card draws above the calibration card at the same activity and clock (its "
+                     "leakage, voltage bin, cooling): the median card of those measured, or one card's own "
+                     "(benchmarks/calibrate/card_power.py)"),
     "clock_power_w": ("W", "power of the clocked but idle chip at clock_ghz (scales with f V^2)"),
     "voltage_slope": ("1", "V(f)/V(fmax) = 1 - voltage_slope (1 - f/fmax): how the voltage falls with the clock"),
     "energy_tensor_pj_per_flop": ("pJ/FLOP", "tensor-core energy per dense BF16 FLOP at the maximum clock's voltage"),
@@ -123,7 +126,7 @@ PARAMS: dict[str, tuple[str, str]] = {
 }
 
 POWER_PARAMS = ("power_cap_w", "cap_held_fraction", "clock_min_ghz", "clock_tensor_ghz", "static_power_w",
-                "clock_power_w", "voltage_slope",
+                "card_power_w", "clock_power_w", "voltage_slope",
                 "energy_tensor_pj_per_flop", "energy_mufu_pj_per_op", "energy_fma_pj_per_lane_op",
                 "energy_alu_pj_per_lane_op", "energy_smem_pj_per_byte", "energy_l2_pj_per_byte",
                 "energy_l2_reduce_pj_per_byte", "energy_red_pj_per_byte", "energy_dsmem_pj_per_byte",

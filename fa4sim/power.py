@@ -6,9 +6,10 @@ profile's clock_ghz (the maximum boost), s = (V(f)/V(fmax))^2, V(f)/V(fmax) = 1 
 * (1 - f/fmax), r_u the chip-wide operations of unit u per SM clock and b the chip-wide bytes per
 SM clock,
 
-    P(f) = static + s (f/fmax) clock_power + 1e-3 f (s sum_u e_u r_u + e_l2 b_l2 + (f/fmax) e_hbm b_hbm)   [W]
+    P(f) = static + card + s (f/fmax) clock_power + 1e-3 f (s sum_u e_u r_u + e_l2 b_l2 + (f/fmax) e_hbm b_hbm)   [W]
 
-(e in pJ, f in GHz: 1e-3 f e r is W), with two terms measured on unit loads where the sum of
+(e in pJ, f in GHz: 1e-3 f e r is W; card = card_power_w, what the card draws above the one the
+energies were fitted on: the median card of those measured, or a card's own), with two terms measured on unit loads where the sum of
 the parts falls short (docs/findings/power-and-clock.md, "Bursts and mixed code"):
 
 - a tensor core that idles between bursts, in gaps short against L0 = tensor_idle_gap_cycles,
@@ -238,7 +239,8 @@ def power_w(hw, act, f: float, fmax: float | None = None) -> tuple[float, dict]:
     for u in ("mufu", "fma", "alu"):
         scale[u] = 1.0 + hw.values.get("mixed_code_energy_fraction", 0.0) * mixed
     s = voltage(hw, f, fmax) ** 2
-    parts = {"static": float(hw.static_power_w), "clock": s * (f / fmax) * hw.clock_power_w}
+    parts = {"static": float(hw.static_power_w) + float(hw.values.get("card_power_w", 0.0) or 0.0),
+             "clock": s * (f / fmax) * hw.clock_power_w}
     for u in (*SM_UNITS, *MEMORY):
         parts[u] = (1e-3 * f * energy_scale(u, f, fmax, s) * hw.values.get(ENERGY[u], 0.0) * scale.get(u, 1.0)
                     * rates.get(u, 0.0))

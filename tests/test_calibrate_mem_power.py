@@ -153,7 +153,7 @@ def test_fit_mem_power_writes_the_profile_and_refuses_other_files(tmp_path, caps
 
     prof = tmp_path / "h100.json"
     shutil.copy(Path(hardware.__file__).parent / "profiles" / "h100.json", prof)
-    hw = hardware.load(str(prof))
+    hw = hardware.load(str(prof)).with_values(card_power_w=0.0)  # the loads of the card the fit prices
     true = {"energy_l2_reduce_pj_per_byte": 40.0, "energy_red_pj_per_byte": 50.0, "energy_dsmem_pj_per_byte": 20.0}
     path = _mem_file(tmp_path / "m.json", hw, true)
     assert fit_mem_power.main([str(path), "--profile", str(prof), "--write"]) == 0

@@ -518,3 +518,42 @@ def test_the_rs_calibration_loads_count_their_register_operand():
     rows = {r["name"]: r for r in fit_power.check(hardware.load("h100"), loads)}
     for name in ("tensor128_rs", "tensor64_rs", "tensor128", "tensor64"):
         assert abs(rows[name]["power_error"]) < 0.03, (name, rows[name]["power_error"])
+
+
+def test_a_cards_offset_is_its_capped_gemm_loads_above_the_reference():
+    """card_power: a card whose every load draws 20 W more than the reference's at the same clock
+    is +20 W; the reference itself is 0; the median card counts the reference; with card_power_w
+    the power model adds it to the static power, and the predicted clock falls."""
+    from benchmarks.calibrate import card_power
+
+    hw = hardware.load("h200")
+    ref = fit_power.read(str(ROOT / "benchmarks/results/power_h200_2026-11-27.json"))[1]
+    hotter = [{**ld, "power_w": ld["power_w"] + 20.0} for ld in ref]
+    off, shared = card_power.offset(hw, hotter, ref)
+    assert off == pytest.approx(20.0) and "tensor256" in shared
+    assert card_power.offset(hw, ref, ref)[0] == pytest.approx(0.0)
+    assert card_power.median_card([20.0, 30.0, -5.0]) == pytest.approx(10.0)  # 0 (the reference), 20: the middle
+    with pytest.raises(fit_power.BadInput, match="share no capped load"):
+        card_power.offset(hw, [ld for ld in hotter if not ld.get("capped")], ref)
+    load = gemm_like(1.0, hw)
+    p0 = power.power_w(hw.with_values(card_power_w=0.0), load, 1.6)[1]["static"]
+    assert power.power_w(hw.with_values(card_power_w=20.0), load, 1.6)[1]["static"] == pytest.approx(p0 + 20.0)
+    assert power.predict_clock(hw.with_values(card_power_w=20.0), load).clock_ghz \
+        < power.predict_clock(hw.with_values(card_power_w=0.0), load).clock_ghz
+
+
+def test_the_profiles_card_is_the_median_of_the_recorded_cards():
+    """h200's card_power_w is what card_power gives over the files its source names."""
+    import re
+    from benchmarks.calibrate import card_power
+
+    hw = hardware.load("h200")
+    src = hw.sources["card_power_w"]
+    ref = re.search(r"the card of (\S+\.json)", src).group(1)
+    files = re.findall(r"(power_[\w-]+\.json)( \(and _again\))?", src.split("the files")[1])
+    paths = [f for name, again in files for f in [name] + ([name.replace(".json", "_again.json")] if again else [])]
+    res = ROOT / "benchmarks/results"
+    refs = fit_power.read(str(res / ref))[1]
+    offs = [card_power.offset(hw, fit_power.read(str(res / p))[1], refs)[0] for p in paths]
+    assert len(offs) == 5
+    assert hw.card_power_w == pytest.approx(card_power.median_card(offs), abs=0.01)

@@ -308,6 +308,24 @@ def test_cli_validate_sustained_file(tmp_path, capsys):
     assert doc["kind"] == "sustained" and len(doc["points"]) == 2
 
 
+def test_validate_set_predicts_a_sustained_file_for_one_card(tmp_path, capsys):
+    """--set card_power_w: a card that draws more gets a lower predicted clock on every point,
+    and the report says so; --set on another kind of file is one line."""
+    small = {**SUSTAINED, "points": SUSTAINED["points"][:1]}
+    base = vs.compare(small)
+    hot = vs.compare(small, overrides={"card_power_w": "40"})
+    assert hot["summary"]["overrides"] == {"card_power_w": "40"}
+    assert all(h["predicted_clock_ghz"] < b["predicted_clock_ghz"] for h, b in zip(hot["points"], base["points"]))
+    f = tmp_path / "sustained.json"
+    f.write_text(json.dumps(small))
+    assert cli_main(["validate", str(f), "--set", "card_power_w=40"]) == 0
+    assert "--set card_power_w=40" in capsys.readouterr().out
+    other = tmp_path / "grid.json"
+    other.write_text(json.dumps({"meta": {"kind": "points", "device": "NVIDIA H100 80GB HBM3"}, "points": []}))
+    assert cli_main(["validate", str(other), "--set", "card_power_w=40"]) == 2
+    assert "--set: applies to sustained files" in capsys.readouterr().err
+
+
 def test_holdout_points_run_only_when_asked_and_are_new():
     held = bench.select("holdout", False)
     assert len(held) == 9 and all(p.group == "holdout" for p in held)

@@ -105,7 +105,7 @@ def main(argv=None) -> int:
     try:
         if not Path(args.profile).exists():
             raise BadInput(f"--profile: no such file {args.profile!r}")
-        hw = hardware.load(args.profile)
+        hw = hardware.load(args.profile).with_values(card_power_w=0.0)  # the fitted card, as the energies are
         if not power.has_model(hw):
             raise BadInput(f"--profile: {args.profile} has no power model (power_cap_w 0); use a measured profile")
         meta, loads = read(args.results)

@@ -178,9 +178,10 @@ def prepare(loads: list[dict], base) -> None:
 
 
 def model_hw(base: hardware.HardwareProfile, values: dict, cap: float, fmax: float, fmin: float):
-    """The base profile with the fitted values, the device's cap and clock range."""
+    """The base profile with the fitted values, the device's cap and clock range, and no card term
+    (card_power_w 0: the fit is of the cards its files measured)."""
     values = {k: v for k, v in values.items() if k != "file_static_offsets_w"}
-    return base.with_values(**values, power_cap_w=cap, clock_ghz=fmax, clock_min_ghz=fmin)
+    return base.with_values(**values, power_cap_w=cap, clock_ghz=fmax, clock_min_ghz=fmin, card_power_w=0.0)
 
 
 def load_rates(ld: dict, values: dict) -> dict:

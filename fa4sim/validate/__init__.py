@@ -80,12 +80,17 @@ def load(path: str) -> dict:
     return doc
 
 
-def compare(doc: dict, hw: str | None = None, at_profile_clock: bool = False, pv_wait: str = "model") -> dict:
+def compare(doc: dict, hw: str | None = None, at_profile_clock: bool = False, pv_wait: str = "model",
+            overrides: dict | None = None) -> dict:
     """Predicted vs measured for one loaded file; at_profile_clock and pv_wait concern end-to-end
-    points only (fa4sim/validate/points.py)."""
+    points only (fa4sim/validate/points.py), overrides (--set) sustained files only."""
     k = kind(doc)
+    if overrides and k != "sustained":
+        raise InputError("--set", f"applies to sustained files (benchmarks/sustained_sm90.py) only, not {k!r}")
     if k in ("points", "knob_points"):
         return points.compare(doc, hw, at_profile_clock, pv_wait)
+    if k == "sustained":
+        return MODULES[k].compare(doc, hw, overrides)
     return MODULES[k].compare(doc, hw)
 
 
@@ -101,7 +106,7 @@ def plot(result: dict, path: str) -> str:
 
 
 def main(paths: list[str], hw: str | None = None, plot_path: str | None = None, as_json: bool = False,
-         at_profile_clock: bool = False, pv_wait: str = "model", out=None) -> int:
+         at_profile_clock: bool = False, pv_wait: str = "model", out=None, overrides: dict | None = None) -> int:
     """The whole `fa4sim validate`: every file compared and reported; several loop-interval files
     add a scoreboard of their per-SM knob deltas, and --plot draws them together."""
     out = out or sys.stdout
@@ -118,7 +123,7 @@ def main(paths: list[str], hw: str | None = None, plot_path: str | None = None, 
     for path, doc in docs:
         if len(docs) > 1 and not as_json:
             print(f"== {path}", file=out)
-        result = compare(doc, hw, at_profile_clock, pv_wait)
+        result = compare(doc, hw, at_profile_clock, pv_wait, overrides)
         if result["kind"] == "loop_intervals":
             per_sm.append(result)
         elif plot_path:

@@ -60,8 +60,11 @@ def _stats(values: list[float]) -> dict | None:
     return {"median_abs_error": statistics.median(v), "max_abs_error": max(v), "count": len(v)} if v else None
 
 
-def compare(doc: dict, hw: str | None = None) -> dict:
-    """Predicted (no measured clock given) vs measured, for every point and simulated kernel."""
+def compare(doc: dict, hw: str | None = None, overrides: dict | None = None) -> dict:
+    """Predicted (no measured clock given) vs measured, for every point and simulated kernel;
+    overrides: profile parameters (--set NAME=VALUE) for every prediction, e.g. a card's own
+    card_power_w (benchmarks/calibrate/card_power.py)."""
+    overrides = dict(overrides or {})
     hw_name = hw or profile_for(doc["meta"].get("device", ""))
     rows, wrong = [], []
     pts = doc.get("points") or []
@@ -75,7 +78,7 @@ def compare(doc: dict, hw: str | None = None) -> dict:
             if not (res.get("check") or {}).get("ok", True):
                 wrong.append(f"{p.get('name', '?')}:{kernel}")
                 continue
-            knobs = kernel_knobs(p) if kernel == "fa4kernel" else model_knobs(kernel)
+            knobs = {**(kernel_knobs(p) if kernel == "fa4kernel" else model_knobs(kernel)), **overrides}
             meas = measured_tflops(problem, res)
             probe = p.get("clock_ghz_in_kernel") if kernel == "fa4kernel" else None
             row = {"kernel": kernel, "name": p.get("name"), "group": p.get("group"), "batch": problem.batch,
@@ -98,6 +101,7 @@ def compare(doc: dict, hw: str | None = None) -> dict:
             rows.append(row)
     summary = {"hw_profile": hw_name, "device": doc["meta"].get("device"), "date": doc["meta"].get("date"),
                "clock_sources": sorted({r["clock_source"] for r in rows if r.get("clock_source")}),
+               "overrides": overrides,
                "tflops": _stats([r["error"] for r in rows]),
                "clock": _stats([r["clock_error"] for r in rows]),
                "tflops_at_measured_clock": _stats([r.get("error_at_measured_clock") for r in rows]),
@@ -126,7 +130,8 @@ def _line(label: str, s: dict | None, what: str = "points") -> str:
 def report(result: dict) -> str:
     s = result["summary"]
     lines = [f"device {s['device']} ({s['date']}), profile {s['hw_profile']}, the model's own clock "
-             f"({', '.join(s['clock_sources']) or 'none'}); each kernel run alone, sustained",
+             f"({', '.join(s['clock_sources']) or 'none'}); each kernel run alone, sustained"
+             + "".join(f"; --set {k}={v}" for k, v in (s.get("overrides") or {}).items()),
              f"{'kernel':13s} {'point':30s} {'TFLOP/s meas':>12s} {'pred':>7s} {'error':>7s}  "
              f"{'GHz probe':>9s} {'pred':>6s} {'error':>7s}  {'at probe clock':>14s}  {'W nvml':>6s} {'pred':>5s}"]
     for r in result["points"]:
