@@ -59,10 +59,22 @@ for hd, r in h100.items():
     print(f"{'':26s} at a forced 1.98 GHz: {full.tflops:.0f} TFLOP/s, drawing {full.power_w:.0f} W")
 
 # %% [markdown]
-# Both hit the 700 W cap. hd256 runs at the lower clock (~1.46 GHz against ~1.70): its tensor
-# core is busier per clock, and the tensor core is most of the dynamic power (~370 W of ~575).
-# At 1.98 GHz the same kernels would draw ~950 W and ~1260 W. The static part (~120 W) is paid
+# Both hit the 700 W cap. hd256 runs at the lower clock (~1.46 GHz against ~1.68): its tensor
+# core is busier per clock, and the tensor core is most of the dynamic power (~370 W of ~580).
+# At 1.98 GHz the same kernels would draw ~970 W and ~1270 W. The static part (~120 W) is paid
 # whatever the kernel does.
+#
+# **Cards differ.** Two H200s under the same capped GEMM hold 1.57 and 1.62 GHz: one draws ~40 W
+# more than the other at the same clock (leakage, voltage bin, cooling). The profile carries the
+# median card of those measured (`card_power_w`); a card that draws 40 W more is slower under
+# the cap. Predict by how much before you run the cell.
+
+# %%
+for hd in (64, 256):
+    hot = simulate("h100", problem=hopper(hd), impl="flash-attn-4",
+                   overrides={"card_power_w": hardware.load("h100").card_power_w + 40})
+    print(f"hd{hd:<3d} a card drawing 40 W more: {hot.clock_ghz:.3f} GHz (the median card: "
+          f"{h100[hd].clock_ghz:.3f}), {hot.tflops / h100[hd].tflops - 1:+.1%} in TFLOP/s")
 #
 # ## 2. Measured
 #
