@@ -126,6 +126,14 @@ def _number(name: str, value) -> float:
 
 
 def _hw_value(name: str, value):
+    if name == "card_power_w":  # a card may draw less than the calibration card: any finite W
+        try:
+            v = float(value)
+        except (TypeError, ValueError):
+            raise InputError(name, f"must be a number (W), got {value!r}") from None
+        if not math.isfinite(v):
+            raise InputError(name, f"must be a finite number (W), got {value!r}")
+        return v
     v = _number(name, value)
     if name in hardware.INTEGER:
         if v != int(v):

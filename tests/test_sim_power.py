@@ -557,3 +557,16 @@ def test_the_profiles_card_is_the_median_of_the_recorded_cards():
     offs = [card_power.offset(hw, fit_power.read(str(res / p))[1], refs)[0] for p in paths]
     assert len(offs) == 5
     assert hw.card_power_w == pytest.approx(card_power.median_card(offs), abs=0.01)
+
+
+def test_card_power_may_be_negative_but_not_a_word():
+    """A card may draw less than the calibration card (--set card_power_w=-10 runs faster); a
+    word or NaN is one line naming the parameter."""
+    from fa4sim.errors import InputError
+
+    cool = simulate("h100", "fa3", PROBLEM, {"card_power_w": "-10"})
+    warm = simulate("h100", "fa3", PROBLEM, {"card_power_w": "10"})
+    assert cool.clock_ghz > warm.clock_ghz
+    for bad in ("abc", "nan"):
+        with pytest.raises(InputError, match="card_power_w"):
+            simulate("h100", "fa3", PROBLEM, {"card_power_w": bad})
