@@ -9,8 +9,9 @@ SM clock,
     P(f) = static + card + s (f/fmax) clock_power + 1e-3 f (s sum_u e_u r_u + e_l2 b_l2 + (f/fmax) e_hbm b_hbm)   [W]
 
 (e in pJ, f in GHz: 1e-3 f e r is W; card = card_power_w, what the card draws above the one the
-energies were fitted on: the median card of those measured, or a card's own), with two terms measured on unit loads where the sum of
-the parts falls short (docs/findings/power-and-clock.md, "Bursts and mixed code"):
+energies were fitted on: the median card of those measured, or a card's own), with two terms
+measured on unit loads where the sum of the parts falls short (docs/findings/power-and-clock.md,
+"Bursts and mixed code"):
 
 - a tensor core that idles between bursts, in gaps short against L0 = tensor_idle_gap_cycles,
   still draws a share of its busy power: the idle part is 1e-3 f s e_tensor
@@ -49,8 +50,8 @@ launch's cycles at the clock f including the launch gap (a timed loop idles ther
 - tensor_idle: the tensor core's weighted idle cycles per KV block of the longest tile, from its
   first MMA to its end (tensor_gaps, idle_cycles), x the KV blocks all tiles run, in the FLOPs
   it would have done in them;
-- mufu, fma, alu, smem: the work per KV block per SM (the ops' uses and work), from the ops of the KV iterations in the
-  steady state of the longest tile (their nominal unit cycles, so a pipe slowed beside the
+- mufu, fma, alu, smem: the work per KV block per SM (the ops' uses and work), from the ops of
+  the KV iterations in the steady state of the longest tile (their nominal unit cycles, so a pipe slowed beside the
   tensor core is not counted twice), x the KV blocks all tiles run (a CTA pair counts both SMs); a tile too
   short for a steady state takes its whole simulated trace per block. The tile prologue and
   epilogue (Q load, O store) beyond that are left out;
@@ -195,7 +196,7 @@ def activity(hw, kernel, per_block: dict, sm_blocks: float, tensor_flops: float,
         "mufu": busy.get("mufu", 0.0) * hw.mufu_ex2_per_clk,
         "fma": busy.get("fma", 0.0) * hw.fma_lanes_per_clk,
         "alu": busy.get("alu", 0.0) * hw.alu_lanes_per_clk,
-        "smem": (busy.get("smem", 0.0) + busy.get("smem:lsu", 0.0) + busy.get("rf_operand", 0.0)) * hw.smem_bytes_per_clk
+        "smem": sum(busy.get(u, 0.0) for u in ("smem", "smem:lsu", "rf_operand")) * hw.smem_bytes_per_clk
                 + busy.get("tmem", 0.0) * hw.tmem_bytes_per_clk,
         "l2": float(kernel.l2_bytes) - reduce_bytes,
         "l2_reduce": reduce_bytes if reduce_by == "bulk" else 0.0,

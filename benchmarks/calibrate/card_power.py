@@ -14,7 +14,7 @@ script says where other cards sit against it, each from its own power calibratio
 
 in W: what that card draws above the reference at the same activity and clock. Taking the
 difference of residuals cancels the model's own error on each load. A card runs its loads at
-the clock the cap leaves it, so a card with +30 W runs a capped kernel about 2 % slower.
+the clock the cap leaves it: each 10 W costs a capped attention kernel about 1 % of its clock.
 
 It prints each card's offset, which `--set card_power_w=...` gives fa4sim for that card, and the
 median card: the median offset over the files, the reference counted (offset 0). A profile's
@@ -82,7 +82,8 @@ def main(argv=None) -> int:
     print(f"{'card':44s} {'--set card_power_w=':>19s}  (the median of)")
     for name, off, shared in rows:
         print(f"{name:44s} {off:+17.1f} W  ({', '.join(shared)})")
-    print(f"the median card, over the reference and {len(offsets)} files: card_power_w = {median_card(list(offsets.values())):+.1f} W")
+    m = median_card(list(offsets.values()))
+    print(f"the median card, over the reference and {len(offsets)} files: card_power_w = {m:+.1f} W")
     return 0
 
 
