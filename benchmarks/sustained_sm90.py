@@ -185,6 +185,17 @@ def blind_points() -> list[Point]:
     return pts + [Point(4, 16, 2048, 20480, 128, 128, True, "blind"), Point(8, 8, 1024, 8192, 256, 256, True, "blind")]
 
 
+def untried_points() -> list[Point]:
+    """Problems no run had measured when a tile's live rows entered the power model (a tile whose
+    idle warpgroups skip their work counts only its live rows' work), each predicted before it ran
+    (group "untried"): hd64 at 1280 and 2560 tokens (their last 192-row tile part full), hd128 at
+    3k, hd256 at 6k, causal and not, a 1k chunk of hd64 queries on a 4k cache and a 4k chunk of
+    hd128 queries on 24k."""
+    shapes = [(12, 32, 1280, 1280, 64), (6, 32, 2560, 2560, 64), (5, 16, 3072, 3072, 128), (2, 8, 6144, 6144, 256)]
+    pts = [Point(b, h, sq, sk, d, d, causal, "untried") for b, h, sq, sk, d in shapes for causal in (False, True)]
+    return pts + [Point(8, 32, 1024, 4096, 64, 64, True, "untried"), Point(2, 16, 4096, 24576, 128, 128, True, "untried")]
+
+
 def all_points() -> list[Point]:
     """The default run: the grid and the new points (holdout and unseen run when asked for)."""
     return grid_points() + new_points()
@@ -192,14 +203,14 @@ def all_points() -> list[Point]:
 
 QUICK = ("hd128-4k-b4-h16", "hd128-4k-b4-h16-causal", "hd64-1k-b16-h32-causal", "hd256-16k-b1-h8",
          "hd128-q2k-k8k-b8-h16-causal", "hd192v128-4k-b4-h16")
-GROUPS = ("grid", "new", "holdout", "unseen", "fresh", "blind", "all")
-ASKED_FOR = ("holdout", "unseen", "fresh", "blind")  # groups that run only when named
+GROUPS = ("grid", "new", "holdout", "unseen", "fresh", "blind", "untried", "all")
+ASKED_FOR = ("holdout", "unseen", "fresh", "blind", "untried")  # groups that run only when named
 
 
 def select(spec: str | None, quick: bool) -> list[Point]:
     """The points of --points (comma-separated: a group grid / new / all, a point name, or a part of
     names such as 'hd128' or 'causal'), or the QUICK ones; ValueError in one line otherwise."""
-    pts = all_points() + holdout_points() + unseen_points() + fresh_points() + blind_points()
+    pts = all_points() + holdout_points() + unseen_points() + fresh_points() + blind_points() + untried_points()
     if quick and not spec:
         return [p for p in pts if p.name in QUICK]
     if not spec:

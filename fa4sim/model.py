@@ -236,14 +236,29 @@ def simulate(hw="b200", schedule: str | None = None, problem: Problem | None = N
         return kt, detailed, 0.0
 
     longest = max(units, key=lambda u: (u.n_kv, -u.masked))
-    sm_blocks = sum(u.n_kv for u in units) * problem.batch * problem.heads * (2 if two_cta else 1)
-    tensor_flops = sum(u.n_kv for u in units) * problem.batch * problem.heads * 2.0 * unit_rows * tile_n * (
-        problem.hdim + problem.hdim_v)
+    per_tile = problem.batch * problem.heads * (2 if two_cta else 1)  # SMs' share of one unit x heads
+    sm_blocks = sum(u.n_kv for u in units) * per_tile
+    # a tile that runs with fewer rows (fa3: its idle warpgroups skip their work) does that much
+    # less tensor and softmax work per block: each variant's work comes from its own trace
+    by_variant: dict[int, list[WorkUnit]] = {}
+    for u in units:
+        by_variant.setdefault(variant(u), []).append(u)
+    tensor_flops = sum(u.n_kv * variant(u) for u in units) * (unit_rows / rows) * problem.batch * problem.heads \
+        * 2.0 * tile_n * (problem.hdim + problem.hdim_v)
 
     def usage(at, kt, detailed):
-        """The launch's power.Activity on profile `at`."""
-        _, _, trace, period = detailed(longest.n_kv, longest.masked)
-        per_block, idle = _per_block(at, trace, period)
+        """The launch's power.Activity on profile `at`: the work per block of each variant's longest
+        unit, weighted by the blocks that variant runs."""
+        per_block: dict[str, float] = {}
+        idle = 0.0
+        for v, us in by_variant.items():
+            top = max(us, key=lambda u: (u.n_kv, -u.masked))
+            _, _, trace, period = detailed(top.n_kv, top.masked, v)
+            work, idle_v = _per_block(at, trace, period)
+            share = sum(u.n_kv for u in us) * per_tile / sm_blocks
+            for unit, c in work.items():
+                per_block[unit] = per_block.get(unit, 0.0) + c * share
+            idle += idle_v * share
         return power.activity(at, kt, per_block, sm_blocks, tensor_flops, idle)
 
     forced = "clock_ghz" in (overrides or {})

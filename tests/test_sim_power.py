@@ -570,3 +570,27 @@ def test_card_power_may_be_negative_but_not_a_word():
     for bad in ("abc", "nan"):
         with pytest.raises(InputError, match="card_power_w"):
             simulate("h100", "fa3", PROBLEM, {"card_power_w": bad})
+
+
+def test_a_tile_with_idle_warpgroups_counts_only_its_live_rows_work():
+    """hd64 runs 192-row tiles on three consumer warpgroups; at 1024 tokens a head's last tile
+    holds 64 rows, and with skip_idle_wgs its two idle warpgroups issue no MMA and no softmax.
+    The launch's activity counts the tensor FLOPs of the live rows and the softmax work of that
+    tile's own one-warpgroup trace; with the idle warpgroups running, every tile counts whole."""
+    prob = Problem(2, 4, 1024, 1024, 64)
+    at = {"clock_ghz": 1.6}
+    skip = simulate("h100", "fa3", prob, {**at, "skip_idle_wgs": True})
+    full = simulate("h100", "fa3", prob, {**at, "skip_idle_wgs": False})
+    assert skip.knobs["tile_m"] == 192 and full.knobs["tile_m"] == 192
+    blocks = 1024 // 128
+    per_row_block = 2.0 * 128 * (64 + 64) * prob.batch * prob.heads * blocks
+    # five tiles of 192 rows and one of 64 per head
+    assert skip.activity.totals["tensor"] == pytest.approx((5 * 192 + 64) * per_row_block)
+    assert full.activity.totals["tensor"] == pytest.approx(6 * 192 * per_row_block)
+    # the softmax's exp2s: one per live score, 1024 x 1024 per head where the idle rows skip
+    # (the score tile's MUFU work scales with the rows that run it)
+    ratio = skip.activity.totals["mufu"] / full.activity.totals["mufu"]
+    assert ratio == pytest.approx((5 * 192 + 64) / (6 * 192), rel=0.02)
+    # less work at one clock: less power
+    assert power.power_w(hardware.load("h100"), skip.activity, 1.6)[0] < \
+        power.power_w(hardware.load("h100"), full.activity, 1.6)[0]
