@@ -46,15 +46,18 @@ The activity of a launch (`activity`): every unit's work for the whole launch, o
 launch's cycles at the clock f including the launch gap (a timed loop idles there):
 
 - tensor: the FLOPs the tensor core executes: 2 x rows x tile_n x (hdim + hdim_v) per KV block
-  of every tile (masked blocks count whole: the MMA runs on them);
-- tensor_idle: the tensor core's weighted idle cycles per KV block of the longest tile, from its
-  first MMA to its end (tensor_gaps, idle_cycles), x the KV blocks all tiles run, in the FLOPs
-  it would have done in them;
+  of every tile, rows its live rows (masked blocks count whole: the MMA runs on them; a tile
+  whose idle warpgroups skip their work, as fa3's part-full last tile at hd64, counts only its
+  live warpgroups' rows);
+- tensor_idle: the tensor core's weighted idle cycles per KV block, from its first MMA to the
+  tile's end (tensor_gaps, idle_cycles), x the KV blocks, in the FLOPs it would have done in them;
 - mufu, fma, alu, smem: the work per KV block per SM (the ops' uses and work), from the ops of
-  the KV iterations in the steady state of the longest tile (their nominal unit cycles, so a pipe slowed beside the
-  tensor core is not counted twice), x the KV blocks all tiles run (a CTA pair counts both SMs); a tile too
-  short for a steady state takes its whole simulated trace per block. The tile prologue and
-  epilogue (Q load, O store) beyond that are left out;
+  the KV iterations in the steady state (their nominal unit cycles, so a pipe slowed beside the
+  tensor core is not counted twice), x the KV blocks (a CTA pair counts both SMs); a tile too
+  short for a steady state takes its whole simulated trace per block. Both per-block figures come
+  from the longest tile of each way a tile runs (all its warpgroups, or fewer live ones), weighted
+  by the KV blocks the tiles of that way run. The tile prologue and epilogue (Q load, O store)
+  beyond that are left out;
 - l2, hbm: the launch's bytes (kernel_model.traffic); a backward's fp32 dQ reduce-adds among
   them are l2_reduce or red instead (`activity`'s reduce_bytes), and its CTA pair's bytes over the
   SM-to-SM network are dsmem.

@@ -276,8 +276,16 @@ def test_sustained_predicts_with_the_models_own_clock():
     assert x["clock_error"] == pytest.approx(x["predicted_clock_ghz"] / 1.62 - 1)
     at = simulate("h100", "fa3", problem, {**x["knobs"], "clock_ghz": 1.62}, impl="fa4kernel")
     assert x["error_at_measured_clock"] == pytest.approx(at.tflops / 560.0 - 1)
+    # the power model alone: its clock for the launch's work over the measured time at the probe's clock
+    from fa4sim import hardware, power
+
+    hw = hardware.load("h100")
+    ms = SUSTAINED["points"][0]["results"]["fa4kernel"]["ms"]
+    assert x["clock_at_measured_cycles"] == pytest.approx(vs.clock_at_measured_cycles(hw, at.activity, 1.62, ms * 1e3))
+    assert x["clock_error_at_measured_cycles"] == pytest.approx(x["clock_at_measured_cycles"] / 1.62 - 1)
     ds = rows[("hd192v128-2k-b2-h16", "flash-attn-4")]
     assert ds["hdim_v"] == 128 and ds["measured_clock_ghz"] is None and ds["clock_error"] is None
+    assert "clock_at_measured_cycles" not in ds
     s = r["summary"]
     assert s["clock"]["count"] == 2  # the two points with an in-kernel clock
     assert s["fa4kernel"]["count"] == 2 and s["flash-attn-4"]["count"] == 2
@@ -285,6 +293,24 @@ def test_sustained_predicts_with_the_models_own_clock():
     assert s["tflops"]["max_abs_error"] == pytest.approx(max(errs))
     text = validate.report(r)
     assert "clock vs the probe's in-kernel clock" in text and "hd128-32k-b1-h16" in text
+    assert "clock at the measured cycles (the power model alone)" in text and "of 2 configurations" in text
+
+
+def test_the_power_model_alone_takes_the_measured_cycles():
+    """At the model's own time the clock is the power model's for its own activity; the same work
+    over a longer measured time draws less power per second, so the cap allows a higher clock; a
+    measured time the launch gap takes whole gives none."""
+    from fa4sim import hardware, power
+
+    hw = hardware.load("h100")
+    problem = Problem(4, 16, 4096, 4096, 128, True)
+    at = simulate("h100", "fa3", problem, {"clock_ghz": 1.5}, impl="fa4kernel")
+    own = at.activity.time_us(1.5)
+    same = vs.clock_at_measured_cycles(hw, at.activity, 1.5, own)
+    assert same == pytest.approx(power.predict_clock(hw, at.activity).clock_ghz)
+    slower = vs.clock_at_measured_cycles(hw, at.activity, 1.5, own * 1.05)
+    assert slower > same
+    assert vs.clock_at_measured_cycles(hw, at.activity, 1.5, at.activity.gap_us) is None
 
 
 def test_model_clock_reads_the_power_models_result_fields():

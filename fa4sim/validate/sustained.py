@@ -14,6 +14,10 @@ model"), else the profile's clock_ghz ("profile"). Reported:
   points that have both;
 - the cycle model alone: fa4kernel predicted again at its measured in-kernel clock, so the
   TFLOP/s error splits into the clock's part and the cycles' part;
+- the power model alone: the clock it predicts for fa4kernel's launch given the cycles it
+  measured (the launch's work spread over the measured time at the probe's clock). Under the cap
+  power follows the work per second, so a cycle model x % slow puts the clock about x % high
+  (less power per second at a given clock); this clock leaves that out;
 - board power, predicted (Result.power_w, with a power model) against NVML's.
 
 A candidate whose output failed the benchmark's check (relative error, NaN) is left out and
@@ -22,9 +26,11 @@ named in the summary.
 from __future__ import annotations
 
 import statistics
+from dataclasses import replace
 
+from .. import power as power_model
 from ..errors import InputError
-from ..model import simulate
+from ..model import setup, simulate
 from ..params import Problem
 from .common import SIMULATED, kernel_knobs, model_knobs, profile_for, progress, pyplot, save
 from .points import measured_tflops
@@ -58,6 +64,17 @@ def _rel(pred, meas):
 def _stats(values: list[float]) -> dict | None:
     v = [abs(x) for x in values if x is not None]
     return {"median_abs_error": statistics.median(v), "max_abs_error": max(v), "count": len(v)} if v else None
+
+
+def clock_at_measured_cycles(profile, act, probe_ghz: float, measured_us: float) -> float | None:
+    """The power model's clock (GHz) for a launch whose activity `act` (power.Activity at the probe's
+    clock) took measured_us per call at probe_ghz: its loop cycles scaled to that time. None where
+    the measured time leaves no loop time (the launch gap and cold start take it all)."""
+    loop_us = act.loop_cycles / (probe_ghz * 1e3)
+    left = measured_us - act.gap_us - act.cold_us
+    if loop_us <= 0 or left <= 0:
+        return None
+    return power_model.predict_clock(profile, replace(act, loop_cycles=act.loop_cycles * left / loop_us)).clock_ghz
 
 
 def compare(doc: dict, hw: str | None = None, overrides: dict | None = None) -> dict:
@@ -95,6 +112,10 @@ def compare(doc: dict, hw: str | None = None, overrides: dict | None = None) -> 
                 if probe:  # the cycle model alone: the same simulation at the measured clock
                     at = simulate(hw_name, "fa3", problem, {**knobs, "clock_ghz": probe}, impl=kernel)
                     row.update(tflops_at_measured_clock=at.tflops, error_at_measured_clock=_rel(at.tflops, meas))
+                    if power_model.has_model(r.hw) and res.get("ms"):  # the power model alone: the measured cycles
+                        base = setup(hw_name, "fa3", problem, knobs, kernel)[0]
+                        alone = clock_at_measured_cycles(base, at.activity, probe, float(res["ms"]) * 1e3)
+                        row.update(clock_at_measured_cycles=alone, clock_error_at_measured_cycles=_rel(alone, probe))
             except InputError as e:
                 row.update(predicted_tflops=None, error=None, predicted_clock_ghz=None, clock_source=None,
                            predicted_power_w=None, bottleneck=str(e), clock_error=None, power_error=None)
@@ -105,6 +126,7 @@ def compare(doc: dict, hw: str | None = None, overrides: dict | None = None) -> 
                "tflops": _stats([r["error"] for r in rows]),
                "clock": _stats([r["clock_error"] for r in rows]),
                "tflops_at_measured_clock": _stats([r.get("error_at_measured_clock") for r in rows]),
+               "clock_at_measured_cycles": _stats([r.get("clock_error_at_measured_cycles") for r in rows]),
                "power": _stats([r["power_error"] for r in rows]),
                "wrong_output_left_out": wrong, "skipped_points": doc.get("skipped") or []}
     for kernel in SIMULATED:
@@ -152,6 +174,14 @@ def report(result: dict) -> str:
         lines.append(_line(f"TFLOP/s, {key[len('group '):]} points", s[key]))
     lines.append(_line("clock vs the probe's in-kernel clock", s["clock"], "configurations"))
     lines.append(_line("TFLOP/s at the probe's clock (the cycle model alone)", s["tflops_at_measured_clock"]))
+    if s.get("clock_at_measured_cycles"):
+        alone = [r["clock_error_at_measured_cycles"] for r in result["points"]
+                 if r.get("clock_error_at_measured_cycles") is not None]
+        lines.append(_line("clock at the measured cycles (the power model alone)", s["clock_at_measured_cycles"],
+                           "configurations") + f", {sum(abs(e) <= 0.03 for e in alone)} within 3 %")
+    if s["clock"]:
+        errs = [r["clock_error"] for r in result["points"] if r.get("clock_error") is not None]
+        lines.append(f"clock within 3 % of the probe's: {sum(abs(e) <= 0.03 for e in errs)} of {len(errs)} configurations")
     if s["power"]:
         lines.append(_line("board power vs NVML", s["power"]))
     if s["wrong_output_left_out"]:
