@@ -236,7 +236,7 @@ def simulate(hw="b200", schedule: str | None = None, problem: Problem | None = N
         return kt, detailed, 0.0
 
     longest = max(units, key=lambda u: (u.n_kv, -u.masked))
-    per_tile = problem.batch * problem.heads * (2 if two_cta else 1)  # SMs' share of one unit x heads
+    per_tile = problem.batch * problem.heads * (2 if two_cta else 1)  # each unit runs on every (batch, head); a CTA pair on 2 SMs
     sm_blocks = sum(u.n_kv for u in units) * per_tile
     # a tile that runs with fewer rows (fa3: its idle warpgroups skip their work) does that much
     # less tensor and softmax work per block: each variant's work comes from its own trace

@@ -280,8 +280,14 @@ def test_sustained_predicts_with_the_models_own_clock():
     from fa4sim import hardware, power
 
     hw = hardware.load("h100")
-    ms = SUSTAINED["points"][0]["results"]["fa4kernel"]["ms"]
+    # the probe build's own time (its clock's windows), not the default build's
+    ms = SUSTAINED["points"][0]["results"]["fa4kernel[clock probe]"]["ms"]
+    assert ms != SUSTAINED["points"][0]["results"]["fa4kernel"]["ms"]
     assert x["clock_at_measured_cycles"] == pytest.approx(vs.clock_at_measured_cycles(hw, at.activity, 1.62, ms * 1e3))
+    assert x["error_at_probe_run"] == pytest.approx(at.tflops / 562.0 - 1)
+    # a point without a probe build's result falls back to the default build's time
+    q = rows[("hd128-q1k-k4k-b4-h16-causal", "fa4kernel")]
+    assert "error_at_probe_run" not in q and q["clock_at_measured_cycles"] is not None
     assert x["clock_error_at_measured_cycles"] == pytest.approx(x["clock_at_measured_cycles"] / 1.62 - 1)
     ds = rows[("hd192v128-2k-b2-h16", "flash-attn-4")]
     assert ds["hdim_v"] == 128 and ds["measured_clock_ghz"] is None and ds["clock_error"] is None
@@ -294,6 +300,7 @@ def test_sustained_predicts_with_the_models_own_clock():
     text = validate.report(r)
     assert "clock vs the probe's in-kernel clock" in text and "hd128-32k-b1-h16" in text
     assert "clock at the measured cycles (the power model alone)" in text and "of 2 configurations" in text
+    assert "the same against the probe build's own time" in text
 
 
 def test_the_power_model_alone_takes_the_measured_cycles():

@@ -13,10 +13,12 @@ model"), else the profile's clock_ghz ("profile"). Reported:
   inside the timed windows; the probe build is fa4kernel's own SASS plus four stamps), over the
   points that have both;
 - the cycle model alone: fa4kernel predicted again at its measured in-kernel clock, so the
-  TFLOP/s error splits into the clock's part and the cycles' part;
-- the power model alone: the clock it predicts for fa4kernel's launch given the cycles it
-  measured (the launch's work spread over the measured time at the probe's clock). Under the cap
-  power follows the work per second, so a cycle model x % slow puts the clock about x % high
+  TFLOP/s error splits into the clock's part and the cycles' part; against the default build's
+  time, and against the probe build's own (the same timed windows as its clock: the two builds'
+  runs differ by about 2 % in time);
+- the power model alone: the clock it predicts for fa4kernel's launch given the cycles the probe
+  build measured (the launch's work spread over the probe build's time at its clock). Under the
+  cap power follows the work per second, so a cycle model x % slow puts the clock about x % high
   (less power per second at a given clock); this clock leaves that out;
 - board power, predicted (Result.power_w, with a power model) against NVML's.
 
@@ -77,6 +79,9 @@ def clock_at_measured_cycles(profile, act, probe_ghz: float, measured_us: float)
     return power_model.predict_clock(profile, replace(act, loop_cycles=act.loop_cycles * left / loop_us)).clock_ghz
 
 
+PROBE = "fa4kernel[clock probe]"  # the clock-probe build's result: its clock and its own time
+
+
 def compare(doc: dict, hw: str | None = None, overrides: dict | None = None) -> dict:
     """Predicted (no measured clock given) vs measured, for every point and simulated kernel;
     overrides: profile parameters (--set NAME=VALUE) for every prediction, e.g. a card's own
@@ -112,9 +117,15 @@ def compare(doc: dict, hw: str | None = None, overrides: dict | None = None) -> 
                 if probe:  # the cycle model alone: the same simulation at the measured clock
                     at = simulate(hw_name, "fa3", problem, {**knobs, "clock_ghz": probe}, impl=kernel)
                     row.update(tflops_at_measured_clock=at.tflops, error_at_measured_clock=_rel(at.tflops, meas))
-                    if power_model.has_model(r.hw) and res.get("ms"):  # the power model alone: the measured cycles
+                    # the probe build's own time: the same windows as its clock (else the default build's)
+                    own = (p.get("results") or {}).get(PROBE) or {}
+                    own_ms = float(own.get("ms") or res.get("ms") or 0.0)
+                    if own.get("ms"):
+                        row.update(probe_tflops=measured_tflops(problem, own),
+                                   error_at_probe_run=_rel(at.tflops, measured_tflops(problem, own)))
+                    if power_model.has_model(r.hw) and own_ms:  # the power model alone: the measured cycles
                         base = setup(hw_name, "fa3", problem, knobs, kernel)[0]
-                        alone = clock_at_measured_cycles(base, at.activity, probe, float(res["ms"]) * 1e3)
+                        alone = clock_at_measured_cycles(base, at.activity, probe, own_ms * 1e3)
                         row.update(clock_at_measured_cycles=alone, clock_error_at_measured_cycles=_rel(alone, probe))
             except InputError as e:
                 row.update(predicted_tflops=None, error=None, predicted_clock_ghz=None, clock_source=None,
@@ -126,6 +137,7 @@ def compare(doc: dict, hw: str | None = None, overrides: dict | None = None) -> 
                "tflops": _stats([r["error"] for r in rows]),
                "clock": _stats([r["clock_error"] for r in rows]),
                "tflops_at_measured_clock": _stats([r.get("error_at_measured_clock") for r in rows]),
+               "tflops_at_probe_run": _stats([r.get("error_at_probe_run") for r in rows]),
                "clock_at_measured_cycles": _stats([r.get("clock_error_at_measured_cycles") for r in rows]),
                "power": _stats([r["power_error"] for r in rows]),
                "wrong_output_left_out": wrong, "skipped_points": doc.get("skipped") or []}
@@ -174,6 +186,8 @@ def report(result: dict) -> str:
         lines.append(_line(f"TFLOP/s, {key[len('group '):]} points", s[key]))
     lines.append(_line("clock vs the probe's in-kernel clock", s["clock"], "configurations"))
     lines.append(_line("TFLOP/s at the probe's clock (the cycle model alone)", s["tflops_at_measured_clock"]))
+    if s.get("tflops_at_probe_run"):
+        lines.append(_line("the same against the probe build's own time", s["tflops_at_probe_run"]))
     if s.get("clock_at_measured_cycles"):
         alone = [r["clock_error_at_measured_cycles"] for r in result["points"]
                  if r.get("clock_error_at_measured_cycles") is not None]
