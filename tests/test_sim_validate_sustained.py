@@ -277,7 +277,7 @@ def test_sustained_predicts_with_the_models_own_clock():
     at = simulate("h100", "fa3", problem, {**x["knobs"], "clock_ghz": 1.62}, impl="fa4kernel")
     assert x["error_at_measured_clock"] == pytest.approx(at.tflops / 560.0 - 1)
     # the power model alone: its clock for the launch's work over the measured time at the probe's clock
-    from fa4sim import hardware, power
+    from fa4sim import hardware
 
     hw = hardware.load("h100")
     # the probe build's own time (its clock's windows), not the default build's
