@@ -196,6 +196,17 @@ def untried_points() -> list[Point]:
     return pts + [Point(8, 32, 1024, 4096, 64, 64, True, "untried"), Point(2, 16, 4096, 24576, 128, 128, True, "untried")]
 
 
+def novel_points() -> list[Point]:
+    """Problems no run had measured when P's conversion moved among the exp2s (the O rescale the
+    last work before a warpgroup's next GEMMs), each predicted before it ran (group "novel"): hd64
+    at 4608 tokens, hd128 at 7k, hd256 at 10k, causal and not, a 1k chunk of hd128 queries on a 32k
+    cache, a 2k chunk of hd256 queries on 16k and a 3k chunk of hd64 queries on 12k."""
+    shapes = [(3, 32, 4608, 4608, 64), (2, 16, 7168, 7168, 128), (1, 8, 10240, 10240, 256)]
+    pts = [Point(b, h, sq, sk, d, d, causal, "novel") for b, h, sq, sk, d in shapes for causal in (False, True)]
+    return pts + [Point(4, 16, 1024, 32768, 128, 128, True, "novel"), Point(4, 8, 2048, 16384, 256, 256, True, "novel"),
+                  Point(4, 32, 3072, 12288, 64, 64, True, "novel")]
+
+
 def all_points() -> list[Point]:
     """The default run: the grid and the new points (holdout and unseen run when asked for)."""
     return grid_points() + new_points()
@@ -203,14 +214,14 @@ def all_points() -> list[Point]:
 
 QUICK = ("hd128-4k-b4-h16", "hd128-4k-b4-h16-causal", "hd64-1k-b16-h32-causal", "hd256-16k-b1-h8",
          "hd128-q2k-k8k-b8-h16-causal", "hd192v128-4k-b4-h16")
-GROUPS = ("grid", "new", "holdout", "unseen", "fresh", "blind", "untried", "all")
-ASKED_FOR = ("holdout", "unseen", "fresh", "blind", "untried")  # groups that run only when named
+GROUPS = ("grid", "new", "holdout", "unseen", "fresh", "blind", "untried", "novel", "all")
+ASKED_FOR = ("holdout", "unseen", "fresh", "blind", "untried", "novel")  # groups that run only when named
 
 
 def select(spec: str | None, quick: bool) -> list[Point]:
     """The points of --points (comma-separated: a group grid / new / all, a point name, or a part of
     names such as 'hd128' or 'causal'), or the QUICK ones; ValueError in one line otherwise."""
-    pts = all_points() + holdout_points() + unseen_points() + fresh_points() + blind_points() + untried_points()
+    pts = all_points() + holdout_points() + unseen_points() + fresh_points() + blind_points() + untried_points() + novel_points()
     if quick and not spec:
         return [p for p in pts if p.name in QUICK]
     if not spec:

@@ -8,7 +8,9 @@ Warp roles:
 
 Per KV block j, consumer w (intra-warpgroup overlap on): issue S(j) = Q K(j)^T, issue
 O += P(j-1) V(j-1), wait S(j), softmax(j) while PV(j-1) runs on the tensor core, wait PV(j-1),
-rescale O, convert P(j). With rescale_before_pv, O is rescaled by block j-1's scale between
+rescale O. P(j)'s conversion to bf16 issues among the exp2s (as compiled: the F2FPs interleave
+with the MUFU.EX2s), so the rescale is the last work before the next GEMMs. With
+rescale_before_pv, O is rescaled by block j-1's scale between
 issuing S(j) and PV(j-1) instead (FA4's RescaleOBeforeGemm). Where the consumer waits for
 PV(j-1) is knob pv_wait: as compiled (ptxas, CUDA 13.0) the wait sits after the row max, so only
 the max overlaps PV(j-1) and the exp2s and the row sum wait for it (docs/findings/pv-wait-placement.md;
@@ -388,16 +390,26 @@ def build(hw, p: Problem, k: dict, n_kv: int, masked_blocks: int, impl, hbm_busy
         p_in_exp = bool(p_store) and overlap and not before
         if p_in_exp:
             exp = add(exp, p_store)
+        # P's conversion to bf16 (overlap on): both kernels' sources convert P after the softmax
+        # and before the O rescale, and ptxas interleaves the F2FPs with the MUFU.EX2s and the row
+        # sum's FADDs (fa4kernel, hd 64 / 128 / 256, causal and not, P in registers or smem); the
+        # rescale's FMULs (after the PV wait) follow the last of them. So the conversion is code of
+        # the exp2 phase, whose mix bench_contention measured with it (one F2FP per two elements),
+        # and the rescale is the warpgroup's last work before its next GEMMs
+        cvt = phase(hw, "convert", elems)
+        if overlap:
+            exp, cvt = add(exp, cvt), {}
         ops.append(Op(f"EXP{w}", r, tuple(exp.items()), hw.mufu_latency, "exp", label="exp2, row sum"
-                      + (", P -> smem" if p_in_exp else "")))
+                      + (", P -> bf16" if overlap else "") + (", P -> smem" if p_in_exp else "")))
         if not before:
             ops.append(resc)
-        cvt = phase(hw, "convert", elems)
         if not p_in_exp:
             cvt = add(cvt, p_store)
         hand_off = 0.0 if rs else nbar if p_in_exp else hw.smem_latency + nbar
-        ops.append(Op(f"CVT{w}", r, tuple(cvt.items()), hand_off, "softmax",
-                      label="P -> bf16" + ("" if rs else ", barrier" if p_in_exp else " -> smem, fence, barrier")))
+        if cvt or hand_off:  # with overlap and P in registers nothing is left after the rescale
+            what = ([] if overlap else ["P -> bf16"]) + ([] if rs or p_in_exp else ["P -> smem, fence"])
+            ops.append(Op(f"CVT{w}", r, tuple(cvt.items()), hand_off, "softmax",
+                          label=", ".join(what + ([] if rs else ["barrier"]))))
         if not overlap:
             ops.append(pv_op)
         ops.append(Op(f"FIN{w}", r, tuple(phase(hw, "normalize", rows * dv).items()), 0.0, "correction",
@@ -420,7 +432,8 @@ def build(hw, p: Problem, k: dict, n_kv: int, masked_blocks: int, impl, hbm_busy
     S = k["kv_stages"]
     for w in range(W):
         # where consumer w hands Q back: after the tile's last QK GEMM, or after its last block
-        q_free = f"QK{w}" if k["early_q_release"] else f"CVT{w}" if before else f"RESC{w}" if overlap else f"PV{w}"
+        last = f"CVT{w}" if any(o.name == f"CVT{w}" for o in ops) else f"EXP{w}"  # a block's last softmax op
+        q_free = f"QK{w}" if k["early_q_release"] else last if before else f"RESC{w}" if overlap else f"PV{w}"
         qk_first = f"QKH{w}" if any(o.name == f"QKH{w}" for o in ops) else f"QK{w}"  # its first HGMMA
         edges += [Edge("LQ", qk_first, lag=mbar), Edge("LK", qk_first, lag=mbar), Edge("LV", f"PV{w}", lag=mbar),
                   Edge(f"QK{w}", f"MAX{w}"),       # wgmma wait (S complete)
