@@ -10,6 +10,13 @@ and prints, per pipe, the share of the block's softmax instructions issued befor
 rows of the implementation's `pv_wait_sass` table (fa4sim/implementations/fa4kernel-sm90.json;
 --write puts them there). With --cubin it reads cubins that flash-attn-4 compiled (its JIT with
 --keep-cubin, for sm_90a with fake tensors) instead, for flash-attn-4-sm90.json.
+
+With --rescale it prints, per build that rescales O after the PV wait, the share of the rescale's
+FMULs that lie among the exp2s, not after the last MUFU.EX2 (docs/findings/pv-wait-placement.md,
+"Where the O rescale lies"; the fa3 schedule keeps the rescale after the exp2s).
+
+    CUTE_DSL_ARCH=sm_90a python3 benchmarks/pv_wait_sass.py --rescale                # fa4kernel's builds
+    python3 benchmarks/pv_wait_sass.py --rescale --cubin DIR --hdim H                 # flash-attn-4 cubins
 """
 from __future__ import annotations
 
@@ -32,7 +39,7 @@ VARIANTS = [{}, {"exp_emulation": 0.125}, {"exp_emulation": 0.25}, {"rescale_thr
             {"exp_emulation": 0.125, "rescale_threshold": 8.0, "rescale_before_pv": False}]
 
 
-def split(sass: str) -> dict:
+def split(sass: str, dv: int = 0) -> dict:
     """{'max', 'fma', 'mufu'}: the fraction of each pipe's softmax instructions before the PV wait."""
     from fa4kernel.sass import around_pv_wait, kv_loop
 
@@ -46,10 +53,25 @@ def split(sass: str) -> dict:
     return out
 
 
-def fa4kernel_rows() -> list[tuple[dict, dict]]:
+def rescale_share(sass: str, dv: int) -> float | None:
+    """The share of the O rescale's FMULs (dv / 2 per thread) that lie among the exp2s: 1 - the
+    FMULs after the block's last MUFU.EX2 over dv / 2 (the softmax's own few FMULs sit before
+    it). None where fewer than dv / 2 FMULs follow the PV wait: the rescale is before the PV GEMM."""
+    from fa4kernel.sass import around_pv_wait, kv_loop
+
+    _, after = around_pv_wait(kv_loop(sass))
+    fmul = [i for i, o in enumerate(after) if o.split(".")[0] == "FMUL"]
+    if len(fmul) < dv // 2:
+        return None
+    last_ex2 = max(i for i, o in enumerate(after) if o.startswith("MUFU.EX2"))
+    return round(1.0 - min(1.0, sum(i > last_ex2 for i in fmul) / (dv // 2)), 3)
+
+
+def fa4kernel_rows(measure=None) -> list[tuple[dict, object]]:
     import fa4kernel
     from fa4kernel import make_config
 
+    measure = measure or split
     variants, defaults = [], []
     for hd in (64, 128, 256):
         for causal in (False, True):
@@ -61,11 +83,11 @@ def fa4kernel_rows() -> list[tuple[dict, dict]]:
                 elif "rescale_threshold" in knobs:  # tau moves the rescale before the PV GEMM (auto)
                     build.update(rescale_before_pv=cfg.rescale_before_pv)
                 print(f"# {build}", file=sys.stderr, flush=True)
-                (variants if knobs else defaults).append((build, split(fa4kernel.compile_sass(cfg, arch="sm_90a"))))
+                (variants if knobs else defaults).append((build, measure(fa4kernel.compile_sass(cfg, arch="sm_90a"), hd)))
     return variants + defaults  # the first matching row wins: variants before their default
 
 
-def cubin_rows(dirs: list[str], hdim: int, causal: bool | None = None) -> list[tuple[dict, dict]]:
+def cubin_rows(dirs: list[str], hdim: int, causal: bool | None = None, measure=None) -> list[tuple[dict, object]]:
     from cutlass.base_dsl.env_manager import _find_nvdisasm_binary
 
     rows = []
@@ -74,7 +96,7 @@ def cubin_rows(dirs: list[str], hdim: int, causal: bool | None = None) -> list[t
             sass = subprocess.run([_find_nvdisasm_binary(), "-c", cub], capture_output=True, text=True,
                                   check=True).stdout
             build = {"hdim": hdim} if causal is None else {"hdim": hdim, "causal": causal}
-            rows.append((build, split(sass)))
+            rows.append((build, (measure or split)(sass, hdim)))
     return rows
 
 
@@ -85,12 +107,19 @@ def main(argv=None) -> int:
     ap.add_argument("--hdim", type=int, help="the head dim of those cubins")
     ap.add_argument("--causal", action="store_true", help="those cubins are causal builds (the row says so)")
     ap.add_argument("--write", action="store_true", help="write fa4kernel's rows into its implementation file")
+    ap.add_argument("--rescale", action="store_true",
+                    help="instead: per build, the share of the O rescale's FMULs that lie among the exp2s "
+                         "(builds that rescale before the PV GEMM are left out)")
     args = ap.parse_args(argv)
-    if args.write and args.cubin:
-        ap.error("--write takes fa4kernel's builds, not --cubin")
+    if args.write and (args.cubin or args.rescale):
+        ap.error("--write takes fa4kernel's pv_wait rows, not --cubin or --rescale")
+    if args.cubin and args.hdim is None:
+        ap.error("--cubin needs --hdim (the rows are keyed by head dim)")
     os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
-    rows = cubin_rows(args.cubin, args.hdim, True if args.causal else None) if args.cubin else fa4kernel_rows()
-    table = [{"build": build, "before": frac} for build, frac in rows]
+    measure, key = (rescale_share, "among") if args.rescale else (split, "before")
+    rows = (cubin_rows(args.cubin, args.hdim, True if args.causal else None, measure) if args.cubin
+            else fa4kernel_rows(measure))
+    table = [{"build": build, key: v} for build, v in rows if v is not None]
     print(json.dumps(table, indent=1))
     if args.write:
         path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),

@@ -1,7 +1,8 @@
 """CPU-only: the SASS facts fa4sim keeps as data still match what the compiler makes.
 
 - fa4sim/implementations/fa4kernel-sm90.json, pv_wait_sass: where ptxas puts the PV wait in
-  fa4kernel's builds (benchmarks/pv_wait_sass.py wrote the table; a few builds are recompiled here).
+  fa4kernel's builds (benchmarks/pv_wait_sass.py wrote the table; a few builds are recompiled here),
+  and where their O rescale lies (pv_wait_sass.py --rescale).
 - benchmarks/calibrate/bench_bursts.py: its burst loops hold exactly the instructions it times.
 - benchmarks/calibrate/bench_contention.py: its wgmma loops hold 8 HGMMAs, its softmax loops the
   planned instructions; the intra kernel's trip stamps sit outside the HGMMAs and the mix.
@@ -37,6 +38,18 @@ def test_pv_wait_table_matches_fresh_sass(build):
     cfg = make_config("bfloat16", build["hdim"], build["causal"], False, knobs)
     got = split(fa4kernel.compile_sass(cfg, arch="sm_90a"))
     assert got == pytest.approx(row, abs=1e-3), (build, got, row)
+
+
+@pytest.mark.parametrize("hdim, causal, among", [(128, False, 0.0), (64, False, 0.0), (64, True, 1.0), (256, False, None)])
+def test_where_the_o_rescale_lies(hdim, causal, among):
+    """The fa3 schedule issues the O rescale after the exp2s, as fa4kernel's hd128 and hd64 builds
+    do; ptxas puts hd64 causal's among them (as flash-attn-4's at hd 64 and 128), and hd256
+    rescales before the PV GEMM (docs/findings/pv-wait-placement.md, "Where the O rescale lies")."""
+    from benchmarks.pv_wait_sass import rescale_share
+
+    cfg = make_config("bfloat16", hdim, causal, False, {})
+    got = rescale_share(fa4kernel.compile_sass(cfg, arch="sm_90a"), hdim)
+    assert got == (None if among is None else pytest.approx(among, abs=0.05))
 
 
 def test_bench_bursts_loops_hold_their_planned_instructions(capsys):
