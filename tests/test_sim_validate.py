@@ -234,15 +234,15 @@ def test_several_knob_loop_files_give_a_scoreboard_and_a_plot(tmp_path, capsys):
             p["causal"] = causal
         return {"meta": INTERVAL_META, "points": pts}
     files = []
-    # non-causal: 3 % slower without overlap (as the model says); causal: 10 % *faster* (it does not)
-    for i, (causal, cycles) in enumerate(((False, 2400 / 0.97), (True, 2400 / 1.10))):
+    # non-causal: 7 % slower without overlap (as the model says); causal: 10 % *faster* (it does not)
+    for i, (causal, cycles) in enumerate(((False, 2400 / 0.93), (True, 2400 / 1.10))):
         f = tmp_path / f"k{i}.json"
         f.write_text(json.dumps(doc(causal, cycles)))
         files.append(str(f))
     results = [validate.intervals.compare(validate.load(f), "h100") for f in files]
     deltas = [d for r in results for d in r["knob_deltas"]]
     assert [d["causal"] for d in deltas] == [False, True]
-    assert all(-0.06 < d["predicted_delta"] < -0.01 for d in deltas)  # the model: overlap off costs a few %
+    assert all(-0.09 < d["predicted_delta"] < -0.05 for d in deltas)  # the model: overlap off costs about 7 %
     board = validate.knob_scoreboard(results)
     assert board == {"all": {"deltas": 2, "same_sign": 1, "within_3pp": 1},
                      "hd128": {"deltas": 1, "same_sign": 1, "within_3pp": 1},

@@ -392,10 +392,12 @@ def build(hw, p: Problem, k: dict, n_kv: int, masked_blocks: int, impl, hbm_busy
             exp = add(exp, p_store)
         # P's conversion to bf16 (overlap on): both kernels' sources convert P after the softmax
         # and before the O rescale, and ptxas interleaves the F2FPs with the MUFU.EX2s and the row
-        # sum's FADDs (fa4kernel, hd 64 / 128 / 256, causal and not, P in registers or smem); the
-        # rescale's FMULs (after the PV wait) follow the last of them. So the conversion is code of
+        # sum's FADDs (every build of both, hd 64 / 128 / 256, P in registers or smem); fa4kernel's
+        # rescale FMULs (after the PV wait) follow the last of them. So the conversion is code of
         # the exp2 phase, whose mix bench_contention measured with it (one F2FP per two elements),
-        # and the rescale is the warpgroup's last work before its next GEMMs
+        # and the rescale is the warpgroup's last work before its next GEMMs (flash-attn-4's and
+        # fa4kernel's hd64 causal rescale lie among the exp2s: not taken, see
+        # docs/findings/pv-wait-placement.md)
         cvt = phase(hw, "convert", elems)
         if overlap:
             exp, cvt = add(exp, cvt), {}
