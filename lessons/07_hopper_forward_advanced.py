@@ -214,10 +214,13 @@ for path, doc in kit.recorded("rescale_branch_h100_2026-11-22/rescale_before_pv.
               f"before the PV GEMM {rows['default'] / after['rescale_threshold=8+rescale_before_pv=True'] - 1:+.1%}")
 
 # %% [markdown]
-# Before the PV GEMM the model is close (about +6 % against +7 %). After the PV wait it still
-# predicts a gain the kernel does not have: the model has no cost for a branch, only for
-# instructions, and what the branch does to ptxas's schedule of the softmax is not in its units.
-# The measurement found the faster kernel; the model says which order to keep.
+# Before the PV GEMM the model gives tau 8 too little (about +2 % against +7 %): with P's
+# conversion in the exp2 phase, as compiled, its loop with the rescale skipped stays long
+# ([where the PV wait goes](../docs/findings/pv-wait-placement.md)). After the PV wait it
+# predicts a gain the kernel does not have (about +3 %): the model has no cost for a branch, only
+# for instructions, and what the branch does to ptxas's schedule of the softmax is not in its
+# units. The measurement found the faster kernel; the model alone would have kept the other
+# order.
 #
 # ### Exercise 7.4: two warpgroups, each beside its own GEMM
 #
@@ -284,7 +287,7 @@ if not traced:
 # warpgroup and block beside about 2.3 mix blocks of instructions, 2-3 warpgroups). There the
 # model needs one more rule: while the tensor core idles, k warps of softmax on a scheduler fill
 # only 1 - (1 - p)^k of its slots, p one warp's rate alone (lesson 03). With it the model's loop
-# is within 1 % of the kernel's with three warpgroups; with two it is still 7-8 % short.
+# is within about 2 % of the kernel's with three warpgroups; with two it is still 6-8 % short.
 #
 # ## 2. Tile turnover
 #
@@ -385,8 +388,8 @@ for path, doc in kit.recorded("tile_costs_knobs_*.json")[:1]:
               f"({m_on - m_off:+4.0f})")
 
 # %% [markdown]
-# The model's 2-block tiles come out a few percent short, and it gives ping-pong almost nothing
-# of its per-tile cost. The kernel's own
+# The model's 2-block tiles come out a few percent short, and it gives ping-pong about half of
+# its per-tile cost. The kernel's own
 # stamps of that walk (`timeline_sm90.py --max-ctas 1`, a trace build) show why. Warpgroup 0's
 # first warp issues the tile's O store (about 230 cycles), so the two warpgroups do not reach the
 # next tile together. Which warpgroup issues the first S GEMM of a tile in the kernel? Answer

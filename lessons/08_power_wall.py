@@ -59,9 +59,9 @@ for hd, r in h100.items():
     print(f"{'':26s} at a forced 1.98 GHz: {full.tflops:.0f} TFLOP/s, drawing {full.power_w:.0f} W")
 
 # %% [markdown]
-# Both hit the 700 W cap. hd256 runs at the lower clock (~1.46 GHz against ~1.68): its tensor
+# Both hit the 700 W cap. hd256 runs at the lower clock (~1.46 GHz against ~1.67): its tensor
 # core is busier per clock, and the tensor core is most of the dynamic power (~370 W of ~580).
-# At 1.98 GHz the same kernels would draw ~970 W and ~1270 W. The static part (~120 W) is paid
+# At 1.98 GHz the same kernels would draw ~980 W and ~1270 W. The static part (~120 W) is paid
 # whatever the kernel does.
 #
 # **Cards differ.** Two H200s under the same capped GEMM hold 1.57 and 1.62 GHz: one draws ~40 W
