@@ -13,7 +13,7 @@ rows of the implementation's `pv_wait_sass` table (fa4sim/implementations/fa4ker
 
 With --rescale it prints, per build that rescales O after the PV wait, the share of the rescale's
 FMULs that lie among the exp2s, not after the last MUFU.EX2 (docs/findings/pv-wait-placement.md,
-"Where the O rescale lies"; the fa3 schedule keeps the rescale after the exp2s).
+"The O rescale's position"; the fa3 schedule keeps the rescale after the exp2s).
 
     CUTE_DSL_ARCH=sm_90a python3 benchmarks/pv_wait_sass.py --rescale                # fa4kernel's builds
     python3 benchmarks/pv_wait_sass.py --rescale --cubin DIR --hdim H                 # flash-attn-4 cubins

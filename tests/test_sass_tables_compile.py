@@ -44,7 +44,7 @@ def test_pv_wait_table_matches_fresh_sass(build):
 def test_where_the_o_rescale_lies(hdim, causal, among):
     """The fa3 schedule issues the O rescale after the exp2s, as fa4kernel's hd128 and hd64 builds
     do; ptxas puts hd64 causal's among them (as flash-attn-4's at hd 64 and 128), and hd256
-    rescales before the PV GEMM (docs/findings/pv-wait-placement.md, "Where the O rescale lies")."""
+    rescales before the PV GEMM (docs/findings/pv-wait-placement.md, "The O rescale's position")."""
     from benchmarks.pv_wait_sass import rescale_share
 
     cfg = make_config("bfloat16", hdim, causal, False, {})
