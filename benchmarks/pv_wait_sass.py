@@ -90,13 +90,14 @@ def fa4kernel_rows(measure=None) -> list[tuple[dict, object]]:
 def cubin_rows(dirs: list[str], hdim: int, causal: bool | None = None, measure=None) -> list[tuple[dict, object]]:
     from cutlass.base_dsl.env_manager import _find_nvdisasm_binary
 
+    measure = measure or split
     rows = []
     for d in dirs:
         for cub in sorted(glob.glob(os.path.join(d, "*.cubin"))):
             sass = subprocess.run([_find_nvdisasm_binary(), "-c", cub], capture_output=True, text=True,
                                   check=True).stdout
             build = {"hdim": hdim} if causal is None else {"hdim": hdim, "causal": causal}
-            rows.append((build, (measure or split)(sass, hdim)))
+            rows.append((build, measure(sass, hdim)))
     return rows
 
 

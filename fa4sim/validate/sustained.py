@@ -79,6 +79,12 @@ def clock_at_measured_cycles(profile, act, probe_ghz: float, measured_us: float)
     return power_model.predict_clock(profile, replace(act, loop_cycles=act.loop_cycles * left / loop_us)).clock_ghz
 
 
+def _within_3pct(rows: list[dict], key: str) -> tuple[int, int]:
+    """(how many of the rows' `key` errors lie within 3 %, how many rows have one)."""
+    errs = [r[key] for r in rows if r.get(key) is not None]
+    return sum(abs(e) <= 0.03 for e in errs), len(errs)
+
+
 PROBE = "fa4kernel[clock probe]"  # the clock-probe build's result: its clock and its own time
 
 
@@ -189,13 +195,12 @@ def report(result: dict) -> str:
     if s.get("tflops_at_probe_run"):
         lines.append(_line("the same against the probe build's own time", s["tflops_at_probe_run"]))
     if s.get("clock_at_measured_cycles"):
-        alone = [r["clock_error_at_measured_cycles"] for r in result["points"]
-                 if r.get("clock_error_at_measured_cycles") is not None]
+        alone, _ = _within_3pct(result["points"], "clock_error_at_measured_cycles")
         lines.append(_line("clock at the measured cycles (the power model alone)", s["clock_at_measured_cycles"],
-                           "configurations") + f", {sum(abs(e) <= 0.03 for e in alone)} within 3 %")
+                           "configurations") + f", {alone} within 3 %")
     if s["clock"]:
-        errs = [r["clock_error"] for r in result["points"] if r.get("clock_error") is not None]
-        lines.append(f"clock within 3 % of the probe's: {sum(abs(e) <= 0.03 for e in errs)} of {len(errs)} configurations")
+        hits, n = _within_3pct(result["points"], "clock_error")
+        lines.append(f"clock within 3 % of the probe's: {hits} of {n} configurations")
     if s["power"]:
         lines.append(_line("board power vs NVML", s["power"]))
     if s["wrong_output_left_out"]:
