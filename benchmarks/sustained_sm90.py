@@ -29,13 +29,17 @@ Points: the 18-point grid of docs/accuracy.md (hd 64 / 128 / 256 x 1k / 4k / 16k
 and not; b * s = 16384 tokens, heads * hdim = 2048) and points never measured before (group
 "new"): 32k tokens of one sequence, hd64 8k, hd256 2k, chunked prefill (causal, seqlen_q <
 seqlen_k), DeepSeek's hd192 / 128 (flash-attn-4 only: fa4kernel has hdim_v = hdim), and heads *
-hdim = 4096. TFLOP/s count the visible (query, key) pairs exactly (fa4sim/flops.py).
+hdim = 4096. Named groups of problems measured once to test a prediction made before they ran
+(holdout, unseen, fresh, blind, untried, novel) run only when asked for, and --problem adds any
+problem of your own (group "asked"). TFLOP/s count the visible (query, key) pairs exactly
+(fa4sim/flops.py).
 
 Usage (device, from the repository root):
     source .gpu/setup-device.sh && python3 benchmarks/sustained_sm90.py --out $OUT/sustained_h100.json
     python3 benchmarks/sustained_sm90.py --dry-run                 # the points and the plan, no GPU
     python3 benchmarks/sustained_sm90.py --quick --out ...         # 6 points
     python3 benchmarks/sustained_sm90.py --points new,hd128-4k-b4-h16 --out ...
+    python3 benchmarks/sustained_sm90.py --problem b=5,h=16,sq=3000,d=128,causal --out ...   # your own
 The whole default run takes about 7 minutes on an H100 or H200 (compiles included); --budget-s stops
 starting new points past that many seconds, and the file is rewritten after every point.
 """
@@ -205,6 +209,39 @@ def novel_points() -> list[Point]:
     pts = [Point(b, h, sq, sk, d, d, causal, "novel") for b, h, sq, sk, d in shapes for causal in (False, True)]
     return pts + [Point(4, 16, 1024, 32768, 128, 128, True, "novel"), Point(4, 8, 2048, 16384, 256, 256, True, "novel"),
                   Point(4, 32, 3072, 12288, 64, 64, True, "novel")]
+
+
+PROBLEM_KEYS = {"b": "batch", "h": "heads", "sq": "seqlen_q", "sk": "seqlen_k", "d": "hdim", "dv": "hdim_v"}
+
+
+def parse_problem(spec: str) -> Point:
+    """A user's own problem (group "asked"): 'b=5,h=16,sq=3000,d=128' with optional sk= (seqlen_k,
+    default sq), dv= (hdim_v, default d) and the flag causal; ValueError in one line otherwise."""
+    vals, causal = {}, False
+    for tok in (t.strip() for t in spec.split(",") if t.strip()):
+        if tok == "causal":
+            causal = True
+            continue
+        key, eq, val = tok.partition("=")
+        if not eq or key not in PROBLEM_KEYS:
+            raise ValueError(f"--problem {spec!r}: {tok!r} is not one of {', '.join(k + '=N' for k in PROBLEM_KEYS)} "
+                             "or causal")
+        try:
+            vals[key] = int(val)
+        except ValueError:
+            raise ValueError(f"--problem {spec!r}: {key}={val!r} is not a whole number") from None
+        if vals[key] <= 0:
+            raise ValueError(f"--problem {spec!r}: {key}={val} must be positive")
+    missing = [k for k in ("b", "h", "sq", "d") if k not in vals]
+    if missing:
+        raise ValueError(f"--problem {spec!r}: give {', '.join(k + '=N' for k in missing)} "
+                         "(b batch, h heads, sq seqlen_q, d head dim)")
+    d = vals["d"]
+    dv = vals.get("dv", d)
+    if d % 8 or dv % 8 or not 8 <= d <= 256 or not 8 <= dv <= 256:
+        raise ValueError(f"--problem {spec!r}: head dims d={d}, dv={dv}: allowed 8-256 in steps of 8 "
+                         "(flash-attn-4's SM90 path; fa4kernel runs d = dv in 64, 96, 128, 192, 256)")
+    return Point(vals["b"], vals["h"], vals["sq"], vals.get("sk", vals["sq"]), d, dv, causal, "asked")
 
 
 def all_points() -> list[Point]:
@@ -549,6 +586,9 @@ def parse_args(argv=None):
     ap.add_argument("--dry-run", action="store_true", help="list the points and the plan; no GPU, no torch")
     ap.add_argument("--points", default=None,
                     help="comma-separated: grid, new, all, point names, or parts of names (hd128, causal)")
+    ap.add_argument("--problem", action="append", default=[], metavar="b=B,h=H,sq=SQ,d=D[,sk=SK][,dv=DV][,causal]",
+                    help="your own problem (repeatable; group 'asked'), after the --points ones: batch, heads, "
+                         "seqlen_q, head dim, optionally seqlen_k, hdim_v and a bottom-right causal mask")
     ap.add_argument("--quick", action="store_true", help=f"{len(QUICK)} points (without --points)")
     ap.add_argument("--warm-s", type=float, default=2.5,
                     help="seconds back to back before timing (>= 1.0; the cap's controller settles in 1-2 s)")
@@ -574,7 +614,9 @@ def parse_args(argv=None):
     if args.budget_s <= 0:
         ap.error(f"--budget-s {args.budget_s}: must be > 0")
     try:
-        args.selected = select(args.points, args.quick)
+        asked = [parse_problem(spec) for spec in args.problem]
+        chosen = select(args.points, args.quick) if args.points or args.quick or not asked else []
+        args.selected = chosen + [p for p in dict.fromkeys(asked) if p not in chosen]
     except ValueError as e:
         ap.error(str(e))
     return args

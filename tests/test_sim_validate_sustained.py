@@ -3,6 +3,7 @@ options, fp32 reference and warm-up / timing loop on a fake GPU) and `fa4sim val
 synthetic file of kind "sustained" (fa4sim/validate/sustained.py). No GPU needed."""
 import json
 import os
+import re
 import subprocess
 import sys
 import types
@@ -53,6 +54,28 @@ def test_select_points():
     assert {p.name for p in bench.select(None, True)} == set(bench.QUICK)
     with pytest.raises(ValueError, match="--points: 'hd100' names no point"):
         bench.select("hd100", False)
+
+
+def test_a_users_own_problem():
+    p = bench.parse_problem("b=4,h=16,sq=1500,sk=10000,d=128,causal")
+    assert (p.batch, p.heads, p.seqlen_q, p.seqlen_k, p.hdim, p.hdim_v, p.causal) == (4, 16, 1500, 10000, 128, 128, True)
+    assert p.group == "asked" and p.name == "hd128-q1500-k10000-b4-h16-causal"
+    assert bench.parse_problem("b=2,h=16,sq=4096,d=192,dv=128").candidates() == (bench.PEER,)
+    args = bench.parse_args(["--problem", "b=5,h=16,sq=3000,d=96", "--points", "hd128-4k-b4-h16"])
+    assert [p.name for p in args.selected] == ["hd128-4k-b4-h16", "hd96-3000-b5-h16"]
+    assert [p.name for p in bench.parse_args(["--problem", "b=5,h=16,sq=3000,d=96"]).selected] == ["hd96-3000-b5-h16"]
+
+
+@pytest.mark.parametrize("spec,says", [
+    ("b=4,h=16,sq=1500", "give d=N"),
+    ("b=4,h=16,sq=1500,d=100", "d=100, dv=100: allowed 8-256 in steps of 8"),
+    ("b=4,h=16,sq=15k,d=128", "sq='15k' is not a whole number"),
+    ("b=4,h=16,sq=0,d=128", "sq=0 must be positive"),
+    ("b=4,heads=16,sq=1500,d=128", "'heads=16' is not one of b=N, h=N"),
+])
+def test_bad_problem_fails_in_one_line(spec, says):
+    with pytest.raises(ValueError, match=re.escape(says)):
+        bench.parse_problem(spec)
 
 
 def test_default_plan_fits_the_time_budget():
