@@ -135,7 +135,8 @@ def parse_variant(label: str, option: str = "--tile-knobs") -> dict:
 
 def tile_costs(hd, blocks, tiles=(1, 9), reps=5, knobs=None):
     """One persistent CTA (interface.MAX_CTAS = 1) walking T tiles of `blocks` KV blocks each:
-    cycles per tile = (cycles(T2) - cycles(T1)) / (T2 - T1), no clock conversion."""
+    cycles per tile = (cycles(T2) - cycles(T1)) / (T2 - T1), no clock conversion. None where the
+    build is not persistent (hd96 and hd192 by default): its tiles run as CTAs of their own."""
     import torch
 
     from fa4kernel import interface
@@ -143,6 +144,8 @@ def tile_costs(hd, blocks, tiles=(1, 9), reps=5, knobs=None):
 
     knobs = dict(knobs or {})
     cfg = make_config("bfloat16", hd, False, False, knobs)
+    if not cfg.separate_o:  # O staged in Q's buffer: one CTA per tile, so no CTA walks tiles
+        return None
     sk = blocks * cfg.tile_n
     cyc = {}
     interface.MAX_CTAS = 1
@@ -391,6 +394,10 @@ def main():
                 knobs = parse_variant(label)
                 for blocks in (int(x) for x in args.tile_blocks.split(",")):
                     t = tile_costs(hd, blocks, knobs=knobs)
+                    if t is None:
+                        print(f"tiles hd{hd} {label}: skipped, not persistent (O has no shared-memory buffer of its "
+                              "own, so each tile is its own CTA)", flush=True)
+                        break
                     res["tile_costs"].append(t)
                     print(f"tiles hd{hd} {label} {blocks:3d} KV blocks: {t['cycles_per_tile']:.0f} cycles "
                           f"per tile ({t['cycles_by_tiles']})", flush=True)

@@ -303,3 +303,20 @@ def test_tile_cost_file(tmp_path, capsys):
     assert main(["validate", str(path), str(path), "--plot", str(tmp_path / "q.png")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--plot" in err[0]
+
+
+def test_tiles_of_a_build_that_is_not_persistent_are_left_out(tmp_path, capsys):
+    """A build whose tiles each run as their own CTA (hd96, hd192: O staged in Q's buffer) has no
+    walk of tiles to compare: its records are left out, and a file of only those is refused in
+    one line."""
+    walk = {"hdim": 128, "kv_blocks": 2, "tile_m": 128, "tile_n": 128, "persistent": True,
+            "cycles_by_tiles": {"1": 0.0, "9": 0.0}, "cycles_per_tile": 7300.0}
+    own = {**walk, "hdim": 192, "tile_n": 112, "persistent": False, "cycles_per_tile": -79.0}
+    doc = {"meta": {"kind": "tile_costs", "device": "NVIDIA H200", "date": "2026-11-29"}, "points": [],
+           "tile_costs": [walk, own]}
+    assert [r["hdim"] for r in validate.tile_costs.compare(doc, "h200")["tiles"]] == [128]
+    path = tmp_path / "own.json"
+    path.write_text(json.dumps({**doc, "tile_costs": [own]}))
+    assert main(["validate", str(path)]) != 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert "Traceback" not in "\n".join(err) and "no walk of tiles on one persistent CTA" in err[-1]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import statistics
 
 from .. import hardware
+from ..errors import InputError
 from ..engine import simulate as engine_simulate
 from ..model import build_cta
 from ..params import Problem
@@ -23,9 +24,13 @@ def compare(doc: dict, hw: str | None = None) -> dict:
     hw_name = hw or profile_for(doc["meta"].get("device", ""))
     base = hardware.load(hw_name)
     profile = base.with_values(hbm_latency=base.l2_latency)
+    walks = [t for t in doc["tile_costs"] if t.get("persistent", True)]
+    if not walks:
+        raise InputError("results", "no walk of tiles on one persistent CTA in this file (its builds run one CTA "
+                                    "per tile); measure head dims 64, 128 or 256")
     rows = []
-    for i, t in enumerate(doc["tile_costs"], 1):
-        progress(i, len(doc["tile_costs"]), "tile")
+    for i, t in enumerate(walks, 1):
+        progress(i, len(walks), "tile")
         hd, blocks = int(t["hdim"]), int(t["kv_blocks"])
         knobs = model_knobs("fa4kernel", {"tile_m": int(t["tile_m"]), "tile_n": int(t["tile_n"]), **(t.get("knobs") or {})})
         walks = sorted(int(n) for n in t["cycles_by_tiles"])
