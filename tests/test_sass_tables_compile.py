@@ -4,6 +4,7 @@
   fa4kernel's builds (benchmarks/pv_wait_sass.py wrote the table; a few builds are recompiled here),
   and where their O rescale lies (pv_wait_sass.py --rescale).
 - benchmarks/calibrate/bench_bursts.py: its burst loops hold exactly the instructions it times.
+- benchmarks/calibrate/bench_wgmma.py and bench_power.py at the N of odd tiles (112, 192).
 - benchmarks/calibrate/bench_contention.py: its wgmma loops hold 8 HGMMAs, its softmax loops the
   planned instructions; the intra kernel's trip stamps sit outside the HGMMAs and the mix.
 
@@ -50,6 +51,20 @@ def test_where_the_o_rescale_lies(hdim, causal, among):
     cfg = make_config("bfloat16", hdim, causal, False, {})
     got = rescale_share(fa4kernel.compile_sass(cfg, arch="sm_90a"), hdim)
     assert got == (None if among is None else pytest.approx(among, abs=0.05))
+
+
+@pytest.mark.parametrize("n", [112, 192])
+def test_wgmma_at_the_n_of_odd_tiles_compiles_to_that_hgmma(n):
+    """bench_wgmma's run at the N of hd96 / hd192 tiles (ODD_NS) times HGMMA.64xNx16 itself,
+    without spills; bench_power's capped load at that N keeps its wgmma loop."""
+    from benchmarks.calibrate import bench_power, bench_wgmma
+    from benchmarks.calibrate.common import run_sass_checks
+
+    assert n in bench_wgmma.ODD_NS
+    case = (f"wgmma_ss_n{n}", lambda: (bench_wgmma.make(n, False), bench_wgmma.fake_args()),
+            {f"HGMMA.64x{n}x16.F32.BF16": bench_wgmma.KB + sum(bench_wgmma.NKS), "STL": 0})
+    assert run_sass_checks([case]) == 0
+    assert bench_power.LOADS[f"tensor{n}"][2] == n and bench_power.check_build("sleep", n, False, False)[0]
 
 
 def test_bench_bursts_loops_hold_their_planned_instructions(capsys):

@@ -350,6 +350,12 @@ LOADS = {
     "tensor64": ("sleep", 1, 64, 0, 0, "wgmma m64n64k16 SS back to back (1.6x tensor256's smem bytes per FLOP: "
                                        "the backward's narrow GEMMs)"),
     "tensor64+mix2": ("mix", 1, 64, 0, 2, "wgmma N=64 back to back beside two softmax-like warpgroups"),
+    # the N of attention tiles that are not a power of two (QK's tile_n, PV's hdim): hd96 144 / 96,
+    # hd192 112 / 192 (checks of the fitted model, not fitted)
+    "tensor96": ("sleep", 1, 96, 0, 0, "wgmma m64n96k16 SS back to back"),
+    "tensor112": ("sleep", 1, 112, 0, 0, "wgmma m64n112k16 SS back to back"),
+    "tensor144": ("sleep", 1, 144, 0, 0, "wgmma m64n144k16 SS back to back"),
+    "tensor192": ("sleep", 1, 192, 0, 0, "wgmma m64n192k16 SS back to back"),
     "tensor128_rs": ("sleep", 1, 128, 0, 0, "wgmma m64n128k16 RS back to back (A from registers)", 1, True),
     "tensor64_rs": ("sleep", 1, 64, 0, 0, "wgmma m64n64k16 RS back to back (A from registers)", 1, True),
     "ffma": ("ffma", 0, 256, 0, 2, "FFMA from 8 warps per SM (2 per scheduler)"),
@@ -470,7 +476,7 @@ def check_sass() -> int:
     """Every build: check_build."""
     builds = [(c, 256, False) for c in CODES] + [("sleep", 128, False), ("mix", 128, False), ("ffma", 128, False),
                                                  ("sleep", 64, False), ("mix", 64, False), ("sleep", 128, True),
-                                                 ("sleep", 64, True)]
+                                                 ("sleep", 64, True)] + [("sleep", n, False) for n in (96, 112, 144, 192)]
     builds = [(*b, False) for b in builds] + [("mix", 256, False, True), ("sleep", 256, False, True)]
     ok = True
     for build in builds:

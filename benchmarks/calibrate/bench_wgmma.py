@@ -27,6 +27,10 @@ from .common import clk, fill_random_bf16, gtimer, smem_addr
 KT = 128  # K of one smem tile (8 k16 steps)
 KB = KT // 16
 NKS = (1, 2, 3, 4, 5, 6, 8, 12, 16)  # chained instructions per latency sample (k step = nk mod 8)
+NS = (64, 128, 256)  # the profile's shapes
+# the N of attention tiles that are not a power of two (QK: tile_n; PV: hdim), with 128 as the
+# same run's reference: hd96 (144 / 96), hd192 (112 / 192), hd256 with tile_n 80 (80 / 256)
+ODD_NS = (80, 96, 112, 128, 144, 192)
 MAX_LAT_SAMPLES = 64
 
 
@@ -168,10 +172,12 @@ def _throughput(dev, fn, key, N, nwg, iters, ctas=1):
     return rows, secs, finite
 
 
-def run(dev, iters_thr=2000, iters_lat=32):
+def run(dev, iters_thr=2000, iters_lat=32, ns=NS, sources=(False, True)):
+    """Per N in ns and A source (False: SS, True: RS): throughput with 1..max_wg warpgroups
+    issuing, and the issue / completion latency of chained instructions."""
     out = {}
-    for N in (64, 128, 256):
-        for rs in (False, True):
+    for N in ns:
+        for rs in sources:
             name = f"{'rs' if rs else 'ss'}_n{N}"
             fn = make(N, rs)
             key = ("wgmma", N, rs)
@@ -207,6 +213,12 @@ def run(dev, iters_thr=2000, iters_lat=32):
             res["latency"] = lat
             out[name] = res
     return out
+
+
+def run_odd_n(dev):
+    """SS wgmma at the N of attention tiles that are not a power of two (ODD_NS): does the tensor
+    core keep its rate per FLOP there?"""
+    return run(dev, ns=ODD_NS, sources=(False,))
 
 
 def clock_run(dev, seconds=2.0, N=256):

@@ -18,9 +18,10 @@ def cases():
                    {opcode: cfg["chains"] * cfg["unroll"]})
     yield ("smem_bw", lambda: (bench_smem.make_bw(), bench_smem.fake_args()), {"LDS.128": bench_smem.UNROLL})
     yield ("smem_chase", lambda: (bench_smem.make_chase(), bench_smem.fake_args()), {"LDS": bench_smem.CHASE_STEPS})
-    for n in (64, 128, 256):
-        for rs in (False, True):
-            yield (f"wgmma_{'rs' if rs else 'ss'}_n{n}", lambda n=n, rs=rs: (bench_wgmma.make(n, rs), bench_wgmma.fake_args()),
+    shapes = [(n, rs) for n in bench_wgmma.NS for rs in (False, True)]
+    shapes += [(n, False) for n in bench_wgmma.ODD_NS if n not in bench_wgmma.NS]
+    for n, rs in shapes:
+        yield (f"wgmma_{'rs' if rs else 'ss'}_n{n}", lambda n=n, rs=rs: (bench_wgmma.make(n, rs), bench_wgmma.fake_args()),
                    {f"HGMMA.64x{n}x16.F32.BF16": bench_wgmma.KB + sum(bench_wgmma.NKS), "STL": 0})
     yield ("tma", lambda: (bench_tma.make(), bench_tma.fake_args()), {"UTMALDG.2D": 8 + 2 * 24, "SYNCS.ARRIVE.TRANS64": 2})
     yield ("sync", lambda: (bench_sync.make(), bench_sync.fake_args()), {"BAR.ARV": 2, "SYNCS.ARRIVE": 4})

@@ -82,6 +82,7 @@ def _contention(dev):
 
 OPTIONAL = [
     ("contention", "bench_contention.py", _contention),
+    ("wgmma_odd_n", "bench_wgmma.py", bench_wgmma.run_odd_n),  # wgmma at N = 80 ... 192
 ]
 
 
@@ -95,7 +96,7 @@ def summary(res):
     lines.append(f"smem B/clk {g('smem', 'bytes_per_clk')}  latency {g('smem', 'latency_cycles')}")
     for k in ("named_pingpong", "bar_sync_all", "mbarrier_pingpong_trywait", "mbarrier_pingpong_testwait"):
         lines.append(f"{k:28s} cycles/handoff {g('sync', k, 'cycles_per_handoff')}")
-    for name, r in (b.get("wgmma") or {}).items():
+    for name, r in [*(b.get("wgmma") or {}).items(), *(b.get("wgmma_odd_n") or {}).items()]:
         if not isinstance(r, dict) or "throughput" not in r:
             continue
         thr = " ".join(f"{w}WG:{v['cycles_per_instr']:.1f}c/{v['flops_per_clk']:.0f}F" for w, v in r["throughput"].items())
