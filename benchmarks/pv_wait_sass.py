@@ -3,7 +3,7 @@
     CUTE_DSL_ARCH=sm_90a python3 benchmarks/pv_wait_sass.py [--write]   # fa4kernel's builds (~1 min, CPU)
     python3 benchmarks/pv_wait_sass.py --cubin DIR [DIR ...] --hdim H [--causal]  # flash-attn-4 cubins
 
-For every fa4kernel build the benchmark and the validation use (the defaults of hd 64 / 128 / 256,
+For every fa4kernel build the benchmark and the validation use (the defaults of hd 64 / 96 / 128 / 192 / 256,
 causal and not, and the hd128 knob variants), compiles the kernel for sm_90a with fake tensors,
 splits its KV loop at the wait for the previous block's PV GEMM (fa4kernel.sass.around_pv_wait)
 and prints, per pipe, the share of the block's softmax instructions issued before that wait: the
@@ -73,7 +73,7 @@ def fa4kernel_rows(measure=None) -> list[tuple[dict, object]]:
 
     measure = measure or split
     variants, defaults = [], []
-    for hd in (64, 128, 256):
+    for hd in (64, 96, 128, 192, 256):  # every head dim fa4kernel builds
         for causal in (False, True):
             for knobs in VARIANTS if hd == 128 else [{}]:
                 cfg = make_config("bfloat16", hd, causal, False, dict(knobs))

@@ -28,6 +28,7 @@ pytestmark = pytest.mark.compile
     {"hdim": 128, "causal": True},
     {"hdim": 128, "causal": True, "exp_emulation": 0.125},
     {"hdim": 256, "causal": False},
+    {"hdim": 192, "causal": True},
 ])
 def test_pv_wait_table_matches_fresh_sass(build):
     """If a compiler or kernel change moves the PV wait, this fails: rerun benchmarks/pv_wait_sass.py."""
