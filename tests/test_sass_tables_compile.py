@@ -4,7 +4,8 @@
   fa4kernel's builds (benchmarks/pv_wait_sass.py wrote the table; a few builds are recompiled here),
   and where their O rescale lies (pv_wait_sass.py --rescale).
 - benchmarks/calibrate/bench_bursts.py: its burst loops hold exactly the instructions it times.
-- benchmarks/calibrate/bench_wgmma.py and bench_power.py at the N of odd tiles (112, 192).
+- benchmarks/calibrate/bench_wgmma.py and bench_power.py at the N of odd tiles (112, 192), and
+  bench_wgmma's fenced chains.
 - benchmarks/calibrate/bench_contention.py: its wgmma loops hold 8 HGMMAs, its softmax loops the
   planned instructions; the intra kernel's trip stamps sit outside the HGMMAs and the mix.
 
@@ -66,6 +67,33 @@ def test_wgmma_at_the_n_of_odd_tiles_compiles_to_that_hgmma(n):
             {f"HGMMA.64x{n}x16.F32.BF16": bench_wgmma.KB + sum(bench_wgmma.NKS), "STL": 0})
     assert run_sass_checks([case]) == 0
     assert bench_power.LOADS[f"tensor{n}"][2] == n and bench_power.check_build("sleep", n, False, False)[0]
+
+
+@pytest.mark.parametrize("hdim, fences", [(128, 2), (192, 8)])
+def test_hd192_fences_p_before_each_pv_hgmma(hdim, fences):
+    """fa4kernel's KV loop fences the wgmma registers once per GEMM, except at hd192, where P's
+    registers are rebuilt and fenced before each of the P V GEMM's 7 HGMMAs
+    (docs/findings/fenced-rs-wgmma.md)."""
+    from fa4kernel.sass import kv_loop
+
+    loop = kv_loop(fa4kernel.compile_sass(make_config("bfloat16", hdim, False, False, {}), arch="sm_90a"))
+    assert sum(op == "WARPGROUP.ARRIVE" for op in loop) == fences
+
+
+@pytest.mark.parametrize("fence, arrives, converts", [("group", 10, 0), ("each_write", 17, 32), ("mixed", 25, 32)])
+def test_fenced_wgmma_chains_compile_as_planned(fence, arrives, converts):
+    """bench_wgmma's fence variants (findings/fenced-rs-wgmma.md): a WARPGROUP.ARRIVE before each of a
+    trip's instructions where asked (+ one per latency sample), the A registers rewritten (F2FP)
+    where asked, the same HGMMAs, no spills."""
+    from benchmarks.calibrate import bench_wgmma
+    from benchmarks.calibrate.common import run_sass_checks
+
+    case = (f"wgmma_rs_n192_{fence}", lambda: (bench_wgmma.make(192, True, fence), bench_wgmma.fake_args()),
+            {"HGMMA.64x192x16.F32.BF16": bench_wgmma.KB + sum(bench_wgmma.NKS), "WARPGROUP.ARRIVE": arrives,
+             "F2FP.BF16.F32.PACK_AB": converts, "STL": 0})
+    assert run_sass_checks([case]) == 0
+    with pytest.raises(ValueError, match="each_write and mixed need rs"):
+        bench_wgmma.make(192, False, "mixed")
 
 
 def test_bench_bursts_loops_hold_their_planned_instructions(capsys):

@@ -31,6 +31,7 @@ NS = (64, 128, 256)  # the profile's shapes
 # the N of attention tiles that are not a power of two (QK: tile_n; PV: hdim), with 128 as the
 # same run's reference: hd96 (144 / 96), hd192 (112 / 192), hd256 with tile_n 80 (80 / 256)
 ODD_NS = (80, 96, 112, 128, 144, 192)
+FENCES = ("group", "each", "each_write", "mixed")
 MAX_LAT_SAMPLES = 64
 
 
@@ -46,7 +47,15 @@ def _smem_layout(dtype, rows, cols, stages=None):
     return cute.tile_to_shape(atom, shape, order=order)
 
 
-def make(N: int, rs: bool):
+def make(N: int, rs: bool, fence: str = "group", drain: bool = False):
+    """fence (throughput mode): "group", one wgmma fence per 8 instructions (the CUTLASS mainloop);
+    "each", a fence before every instruction; "each_write" (RS), the instruction's A registers
+    rewritten and then fenced before it, as ptxas compiles fa4kernel's hd192 P V GEMM (PRMTs and a
+    WARPGROUP.ARRIVE before each of its HGMMAs); "mixed" (RS), warpgroup 0 as "each_write" and the
+    others as "group": does a fenced instruction wait behind another warpgroup's queued ones? drain: wait for each trip's group before the next
+    (wait_group 0), so no instruction in flight still reads the registers a trip rewrites."""
+    if fence not in FENCES or (fence in ("each_write", "mixed") and not rs):
+        raise ValueError(f"fence={fence!r}: one of {', '.join(FENCES)} (each_write and mixed need rs)")
     nwg_max = max_wg(N)
     threads = 128 * nwg_max
 
@@ -97,12 +106,28 @@ def make(N: int, rs: bool):
             if wg < nwg:
                 t0 = clk()
                 g0 = gtimer()
+                one = Float32(nwg) / Float32(nwg)  # 1.0, which the compiler cannot fold
+
+                # "mixed": warpgroup 0 rewrites and fences before every instruction, the others do not
+                fenced = wg == 0 if const_expr(fence == "mixed") else fence in ("each", "each_write")
+                rewrite = wg == 0 if const_expr(fence == "mixed") else fence == "each_write"
                 for _ in cutlass.range(iters, unroll=1):
                     warpgroup.fence()
                     for k in cutlass.range_constexpr(KB):
+                        if const_expr(rs):  # (SS: A is a shared-memory descriptor)
+                            if rewrite:
+                                frag = tCrA[None, None, k]
+                                for i in cutlass.range_constexpr(cute.size(frag)):
+                                    frag[i] = BFloat16(Float32(frag[i]) * one)
+                        if const_expr(k > 0):
+                            if fenced:
+                                warpgroup.fence()
                         cute.gemm(atom, acc, tCrA[None, None, k], tCrB[None, None, k], acc)
                     warpgroup.commit_group()
-                    warpgroup.wait_group(1)
+                    if const_expr(drain):
+                        warpgroup.wait_group(0)
+                    else:
+                        warpgroup.wait_group(1)
                 warpgroup.wait_group(0)
                 t1 = clk()
                 g1 = gtimer()
@@ -219,6 +244,34 @@ def run_odd_n(dev):
     """SS wgmma at the N of attention tiles that are not a power of two (ODD_NS): does the tensor
     core keep its rate per FLOP there?"""
     return run(dev, ns=ODD_NS, sources=(False,))
+
+
+def run_fences(dev, iters_thr=2000, ns=(128, 192)):
+    """RS (and SS) wgmma chains with a fence before every instruction, with and without the A
+    registers rewritten before it, against one fence per 8 (FENCES), each also drained (no group in
+    flight across trips): the cycles per instruction with 1 and 2 warpgroups issuing."""
+    out = {}
+    for N in ns:
+        for rs, fence, drain in ((False, "group", False), (False, "each", False), (True, "group", False),
+                                 (True, "each", False), (True, "each_write", False), (True, "group", True),
+                                 (True, "each_write", True), (True, "mixed", False)):
+            fn = make(N, rs, fence, drain)
+            key = ("wgmma", N, rs, fence, drain)
+            res = {"N": N, "a_source": "RS" if rs else "SS", "fence": fence, "drain": drain, "throughput": {}}
+            for nwg in ((2,) if fence == "mixed" else (1, 2)):
+                best, per_wg = None, None
+                for rep in range(3):
+                    rows, secs, finite = _throughput(dev, fn, key, N, nwg, iters_thr)
+                    cyc = max(r[1] for r in rows) - min(r[0] for r in rows)
+                    if rep and (best is None or cyc < best):
+                        best, per_wg = cyc, [r[1] - r[0] for r in rows]
+                n_instr = nwg * iters_thr * KB
+                res["throughput"][str(nwg)] = dict(cycles=best, instructions=n_instr, cycles_per_instr=best / n_instr,
+                                                   flops_per_clk=flops_per_instr(N) * n_instr / best,
+                                                   ideal_cycles_per_instr=N / 2, sink_finite=finite,
+                                                   per_wg_cycles_per_instr=[c / (iters_thr * KB) for c in per_wg])
+            out[f"{'rs' if rs else 'ss'}_n{N}_{fence}" + ("_drained" if drain else "")] = res
+    return out
 
 
 def clock_run(dev, seconds=2.0, N=256):

@@ -23,6 +23,10 @@ def cases():
     for n, rs in shapes:
         yield (f"wgmma_{'rs' if rs else 'ss'}_n{n}", lambda n=n, rs=rs: (bench_wgmma.make(n, rs), bench_wgmma.fake_args()),
                    {f"HGMMA.64x{n}x16.F32.BF16": bench_wgmma.KB + sum(bench_wgmma.NKS), "STL": 0})
+    for fence, arrives, f2fp in (("each", 17, 0), ("each_write", 17, 32), ("mixed", 25, 32)):  # + 9 latency samples
+        yield (f"wgmma_rs_n192_{fence}", lambda fence=fence: (bench_wgmma.make(192, True, fence), bench_wgmma.fake_args()),
+               {"HGMMA.64x192x16.F32.BF16": bench_wgmma.KB + sum(bench_wgmma.NKS), "WARPGROUP.ARRIVE": arrives,
+                "F2FP.BF16.F32.PACK_AB": f2fp, "STL": 0})
     yield ("tma", lambda: (bench_tma.make(), bench_tma.fake_args()), {"UTMALDG.2D": 8 + 2 * 24, "SYNCS.ARRIVE.TRANS64": 2})
     yield ("sync", lambda: (bench_sync.make(), bench_sync.fake_args()), {"BAR.ARV": 2, "SYNCS.ARRIVE": 4})
     yield ("launch", lambda: (bench_launch.make(), bench_launch.fake_args()), {})

@@ -83,6 +83,7 @@ def _contention(dev):
 OPTIONAL = [
     ("contention", "bench_contention.py", _contention),
     ("wgmma_odd_n", "bench_wgmma.py", bench_wgmma.run_odd_n),  # wgmma at N = 80 ... 192
+    ("wgmma_fences", "bench_wgmma.py", bench_wgmma.run_fences),  # a fence before every wgmma
 ]
 
 
@@ -96,11 +97,14 @@ def summary(res):
     lines.append(f"smem B/clk {g('smem', 'bytes_per_clk')}  latency {g('smem', 'latency_cycles')}")
     for k in ("named_pingpong", "bar_sync_all", "mbarrier_pingpong_trywait", "mbarrier_pingpong_testwait"):
         lines.append(f"{k:28s} cycles/handoff {g('sync', k, 'cycles_per_handoff')}")
-    for name, r in [*(b.get("wgmma") or {}).items(), *(b.get("wgmma_odd_n") or {}).items()]:
+    for name, r in [*(b.get("wgmma") or {}).items(), *(b.get("wgmma_odd_n") or {}).items(),
+                    *(b.get("wgmma_fences") or {}).items()]:
         if not isinstance(r, dict) or "throughput" not in r:
             continue
-        thr = " ".join(f"{w}WG:{v['cycles_per_instr']:.1f}c/{v['flops_per_clk']:.0f}F" for w, v in r["throughput"].items())
-        lat = " ".join(f"nk{k}:{v['issue_median']}/{v['complete_median']}" for k, v in r["latency"].items())
+        thr = " ".join(f"{w}WG:{v['cycles_per_instr']:.1f}c/{v['flops_per_clk']:.0f}F"
+                       + (f" (each WG {'/'.join(f'{c:.0f}' for c in v['per_wg_cycles_per_instr'])}c)"
+                          if "per_wg_cycles_per_instr" in v else "") for w, v in r["throughput"].items())
+        lat = " ".join(f"nk{k}:{v['issue_median']}/{v['complete_median']}" for k, v in (r.get("latency") or {}).items())
         lines.append(f"wgmma {name:8s} {thr} | issue/complete {lat}")
     t = b.get("tma") or {}
     for k, v in (t.get("latency") or {}).items():
