@@ -96,6 +96,20 @@ def test_fenced_wgmma_chains_compile_as_planned(fence, arrives, converts):
         bench_wgmma.make(192, False, "mixed")
 
 
+def test_best_throughput_takes_the_fastest_timed_launch(monkeypatch):
+    """bench_wgmma's timing of a chain: the first launch warms up, the faster of the next two counts;
+    per warpgroup its own span (stamps t0, t1 per warpgroup)."""
+    from benchmarks.calibrate import bench_wgmma
+
+    spans = iter([[[0, 9000, 0, 0], [0, 9000, 0, 0]], [[0, 4096, 0, 0], [10, 3000, 0, 0]],
+                  [[0, 5000, 0, 0], [0, 5000, 0, 0]]])
+    monkeypatch.setattr(bench_wgmma, "_throughput", lambda *a: (next(spans), 0.0, True))
+    got = bench_wgmma._best_throughput(None, None, None, 128, 2, iters=2)
+    assert got["cycles"] == 4096 and got["instructions"] == 2 * 2 * bench_wgmma.KB
+    assert got["cycles_per_instr"] == 4096 / 32 and got["per_wg_cycles_per_instr"] == [4096 / 16, 2990 / 16]
+    assert got["flops_per_clk"] == pytest.approx(2 * 64 * 128 * 16 * 32 / 4096)
+
+
 def test_bench_bursts_loops_hold_their_planned_instructions(capsys):
     from benchmarks.calibrate import bench_bursts
 

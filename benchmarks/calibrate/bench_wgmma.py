@@ -52,8 +52,9 @@ def make(N: int, rs: bool, fence: str = "group", drain: bool = False):
     "each", a fence before every instruction; "each_write" (RS), the instruction's A registers
     rewritten and then fenced before it, as ptxas compiles fa4kernel's hd192 P V GEMM (PRMTs and a
     WARPGROUP.ARRIVE before each of its HGMMAs); "mixed" (RS), warpgroup 0 as "each_write" and the
-    others as "group": does a fenced instruction wait behind another warpgroup's queued ones? drain: wait for each trip's group before the next
-    (wait_group 0), so no instruction in flight still reads the registers a trip rewrites."""
+    others as "group": does a fenced instruction wait behind another warpgroup's queued ones?
+    drain: wait for each trip's group before the next (wait_group 0), so no instruction in flight
+    still reads the registers a trip rewrites."""
     if fence not in FENCES or (fence in ("each_write", "mixed") and not rs):
         raise ValueError(f"fence={fence!r}: one of {', '.join(FENCES)} (each_write and mixed need rs)")
     nwg_max = max_wg(N)
@@ -197,6 +198,21 @@ def _throughput(dev, fn, key, N, nwg, iters, ctas=1):
     return rows, secs, finite
 
 
+def _best_throughput(dev, fn, key, N, nwg, iters):
+    """The fastest of two timed launches (after a warm-up) of `nwg` warpgroups' chains: cycles
+    per instruction over all of them and each warpgroup's own."""
+    best, per_wg, finite = None, None, True
+    for rep in range(3):
+        rows, secs, finite = _throughput(dev, fn, key, N, nwg, iters)
+        cyc = max(r[1] for r in rows) - min(r[0] for r in rows)
+        if rep and (best is None or cyc < best):
+            best, per_wg = cyc, [r[1] - r[0] for r in rows]
+    n_instr = nwg * iters * KB
+    return dict(cycles=best, instructions=n_instr, cycles_per_instr=best / n_instr,
+                flops_per_clk=flops_per_instr(N) * n_instr / best, ideal_cycles_per_instr=N / 2,
+                sink_finite=finite, per_wg_cycles_per_instr=[c / (iters * KB) for c in per_wg])
+
+
 def run(dev, iters_thr=2000, iters_lat=32, ns=NS, sources=(False, True)):
     """Per N in ns and A source (False: SS, True: RS): throughput with 1..max_wg warpgroups
     issuing, and the issue / completion latency of chained instructions."""
@@ -208,18 +224,7 @@ def run(dev, iters_thr=2000, iters_lat=32, ns=NS, sources=(False, True)):
             key = ("wgmma", N, rs)
             res = {"N": N, "a_source": "RS" if rs else "SS", "throughput": {}}
             for nwg in range(1, max_wg(N) + 1):
-                best = None
-                for rep in range(3):
-                    rows, secs, finite = _throughput(dev, fn, key, N, nwg, iters_thr)
-                    cyc = max(r[1] for r in rows) - min(r[0] for r in rows)
-                    if rep and (best is None or cyc < best):
-                        best = cyc
-                n_instr = nwg * iters_thr * KB
-                res["throughput"][str(nwg)] = dict(
-                    cycles=best, instructions=n_instr,
-                    cycles_per_instr=best / n_instr,
-                    flops_per_clk=flops_per_instr(N) * n_instr / best,
-                    ideal_cycles_per_instr=N / 2, sink_finite=finite)
+                res["throughput"][str(nwg)] = _best_throughput(dev, fn, key, N, nwg, iters_thr)
             # latency / issue
             torch = dev.torch
             stamps = torch.zeros(8192, dtype=torch.int64, device="cuda")
@@ -259,17 +264,7 @@ def run_fences(dev, iters_thr=2000, ns=(128, 192)):
             key = ("wgmma", N, rs, fence, drain)
             res = {"N": N, "a_source": "RS" if rs else "SS", "fence": fence, "drain": drain, "throughput": {}}
             for nwg in ((2,) if fence == "mixed" else (1, 2)):
-                best, per_wg = None, None
-                for rep in range(3):
-                    rows, secs, finite = _throughput(dev, fn, key, N, nwg, iters_thr)
-                    cyc = max(r[1] for r in rows) - min(r[0] for r in rows)
-                    if rep and (best is None or cyc < best):
-                        best, per_wg = cyc, [r[1] - r[0] for r in rows]
-                n_instr = nwg * iters_thr * KB
-                res["throughput"][str(nwg)] = dict(cycles=best, instructions=n_instr, cycles_per_instr=best / n_instr,
-                                                   flops_per_clk=flops_per_instr(N) * n_instr / best,
-                                                   ideal_cycles_per_instr=N / 2, sink_finite=finite,
-                                                   per_wg_cycles_per_instr=[c / (iters_thr * KB) for c in per_wg])
+                res["throughput"][str(nwg)] = _best_throughput(dev, fn, key, N, nwg, iters_thr)
             out[f"{'rs' if rs else 'ss'}_n{N}_{fence}" + ("_drained" if drain else "")] = res
     return out
 
