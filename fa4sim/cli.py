@@ -1,7 +1,8 @@
 """fa4sim command line: run one simulation, list parameters, sweep a grid, validate, and look at a
 schedule as a dependency graph (graph) or find one from its constraints (solve).
 
-Exit codes: 0 ok, 2 bad input (one line naming the parameter), 3 deadlock (the ops involved).
+Exit codes: 0 ok, 2 bad input (one line naming the parameter), 3 deadlock (the ops involved),
+130 interrupted (Ctrl-C; a sweep keeps the points it finished).
 """
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import sys
 
 from . import hardware, implementation, power
 from .errors import DeadlockError, InputError
-from .params import Context, Problem, resolve
+from .params import Context, Problem
 from .schedules import SCHEDULES
 
 EPILOG_RUN = """\
@@ -31,7 +32,7 @@ examples:
 
 EPILOG_SWEEP = """\
 examples:
-  fa4sim sweep --hw b200 --grid exp_emulation=0,0.125,0.25,0.5 --grid seqlen=1024,4096,16384 --out sweeps/emu
+  fa4sim sweep --hw b200 --grid exp_emulation=0,0.125,0.25,0.5 --grid seqlen=1024,4096,16384 --out emu
       12 points, one per combination, in worker processes on this machine
   fa4sim sweep --hw h100 --grid hdim=64,128,256 --grid kv_stages=2,3,4 --backend ray
       the same kind of grid as tasks on a Ray cluster started here for the sweep (--jobs CPUs)
@@ -40,7 +41,11 @@ examples:
                --backend ray --ray-address HEAD:6379
       a large grid spread over every CPU of every node (run it on a node; or set RAY_ADDRESS)
 
-grid names: seqlen, seqlen_k, hdim, hdim_v, batch, heads, causal, hw, impl, or any --set name.
+grid names: seqlen, seqlen_k, hdim, hdim_v, batch, heads, causal, hw, impl, or any schedule knob or
+hardware parameter (`fa4sim params`). Every value is checked, and every point set up, before the
+first simulation: a bad value, a name given twice or a grid of invalid points only is an error; a
+point whose combination alone is invalid (a head dim the implementation does not run) is kept in
+the output with its error. Ctrl-C writes the points that finished.
 
 Every point is one simulation (a fraction of a second), independent of the others, so a sweep
 parallelises almost perfectly: its time is about points x seconds per point / CPUs. --backend
@@ -65,9 +70,11 @@ class _Parser(argparse.ArgumentParser):
 def _set_pairs(items: list[str]) -> dict[str, str]:
     out = {}
     for item in items or []:
-        if "=" not in item:
+        name, _, value = item.partition("=")
+        if not _ or not name.strip():
             raise InputError("--set", f"expected NAME=VALUE, got {item!r}")
-        name, value = item.split("=", 1)
+        if name.strip() in out:
+            raise InputError("--set", f"{name.strip()} given twice; give each name once")
         out[name.strip()] = value.strip()
     return out
 
@@ -83,26 +90,41 @@ def _problem(a) -> Problem:
                    hdim_v=a.hdim_v)
 
 
-# what an output file's name may end in, by option (matplotlib writes these; Perfetto reads JSON)
+# what an output file's name may end in, by option (matplotlib writes these; Perfetto reads JSON);
+# sweep's --out is a prefix it adds .csv, .json and .png to
 OUTPUT_FORMATS = {"--gantt": (".png", ".svg", ".pdf"), "--trace": (".json",), "--plot": (".png", ".svg", ".pdf"),
-                  "--dot": (".dot", ".gv")}
+                  "--dot": (".dot", ".gv"), "--out": None}
+SWEEP_OUTPUTS = (".csv", ".json", ".png")
+GANTT_ITERS = (1, 64)  # KV iterations a Gantt chart shows: past a few dozen its bars are too thin to read
+GANTT_DEFAULT = 6
+TIME_LIMIT_S = 0.7     # solve's default time limit
+MAX_TIME_LIMIT_S = 3600.0
 
 
 def check_output(option: str, path: str | None) -> None:
-    """An output path's folder must exist and its format be one we write: checked before any work."""
-    if not path:
+    """An output path's folder must exist (nothing creates it), the path name a file, not a folder,
+    and its format be one we write: checked before any work."""
+    if path is None:
         return
+    if not os.path.basename(path) or os.path.isdir(path):
+        raise InputError(option, f"{path!r} is {'a folder' if path else 'empty'}: give a file name"
+                                 + (" prefix, e.g. sweeps/emu" if option == "--out" else ""))
     folder = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(folder):
         raise InputError(option, f"folder {os.path.dirname(path) or '.'!r} does not exist (create it first)")
     formats = OUTPUT_FORMATS[option]
-    if not path.lower().endswith(formats):
+    if formats and not path.lower().endswith(formats):
         raise InputError(option, f"{path!r}: allowed formats {', '.join(formats)}")
+    if option == "--out" and path.lower().endswith(SWEEP_OUTPUTS):
+        raise InputError(option, f"a prefix: sweep writes PREFIX{', PREFIX'.join(SWEEP_OUTPUTS)}; give "
+                                 f"{os.path.splitext(path)[0]!r}, not {path!r}")
 
 
 def add_problem_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--hw", default="b200", help=f"hardware profile: {', '.join(hardware.available())}, or a "
-                                               f"profile .json (default b200; *-measured: our microbenchmarks)")
+                                               f"profile .json (default b200). h100, h200: calibrated by our "
+                                               f"microbenchmarks on those GPUs; b200: public facts and "
+                                               f"placeholders; *-datasheet: datasheet numbers only")
     p.add_argument("--impl", default=None, help="whose choices to simulate (tile per head dim, launch, measured "
                                                 "constants): fa4kernel or flash-attn-4, for the arch of --hw "
                                                 "(default: fa4kernel on sm90, flash-attn-4 on sm100); see "
@@ -126,11 +148,17 @@ def cmd_run(a) -> int:
     from .model import simulate
     check_output("--gantt", a.gantt)
     check_output("--trace", a.trace)
+    if a.gantt_iters is not None:
+        lo, hi = GANTT_ITERS
+        if not a.gantt:
+            raise InputError("--gantt-iters", "only with --gantt")
+        if not lo <= a.gantt_iters <= hi:
+            raise InputError("--gantt-iters", f"must be in {lo}..{hi}, got {a.gantt_iters}")
     r = simulate(a.hw, a.schedule, _problem(a), _set_pairs(a.set), impl=a.impl, pass_=a.pass_)
     schedule = r.schedule
     if a.gantt:
         from .gantt import draw
-        draw(r.trace, a.gantt, title=_title(r), iterations=a.gantt_iters)
+        draw(r.trace, a.gantt, title=_title(r), iterations=a.gantt_iters or GANTT_DEFAULT)
     if a.trace:
         from .perfetto import write
         write(r.trace, a.trace, {"summary": r.to_json()["problem"], "schedule": schedule, "hw": r.hw.name})
@@ -195,14 +223,11 @@ def _summary(r) -> str:
 
 
 def cmd_params(a) -> int:
-    hw = hardware.load(a.hw)
-    schedule = a.schedule or _default_schedule(a.hw)
-    module = SCHEDULES[schedule]
-    impl = implementation.load(a.impl or module.DEFAULT_IMPL, module.ARCH)
+    from .model import setup
     problem = Problem(1, 1, 8192, 8192, a.hdim, a.causal, hdim_v=a.hdim_v)
-    impl.check(problem)
+    # resolved and checked as a run of this problem is (the schedule runs on --hw, --impl on it)
+    hw, schedule, module, impl, defaults = setup(a.hw, a.schedule, problem, {}, a.impl)
     ctx = Context(problem, hw, impl)
-    defaults = resolve(module.KNOBS, ctx, {})  # in order: a default may depend on earlier knobs
     if a.json:
         print(json.dumps({"schedule": {k.name: {"default": defaults[k.name], "unit": k.unit, "allowed": k.describe(),
                                                 "doc": k.doc} for k in module.KNOBS},
@@ -221,13 +246,15 @@ def cmd_params(a) -> int:
         shown = impl.value(n, ctx, defaults) if not isinstance(v, list) else f"a table of {len(v)} builds"
         print(f"  {n:24s} = {shown!s:10s} [{entry['confidence']}] source: {entry['source']}")
     print(f"\nhardware parameters of {hw.name} ({hw.description}); confidence H/M/L:")
-    for n, (unit, doc) in hardware.PARAMS.items():
-        print(f"  {n:22s} = {hw.values[n]!s:10s} {unit:18s} [{hw.confidence[n]}] {doc}\n{'':28s}source: {hw.sources[n]}")
+    for n, p in hardware.PARAMS.items():
+        print(f"  {n:22s} = {hw.values[n]!s:10s} {p.unit:18s} [{hw.confidence[n]}] {p.meaning}\n{'':28s}"
+              f"allowed: {p.allowed()}; source: {hw.sources[n]}")
     return 0
 
 
 def cmd_sweep(a) -> int:
     from .sweep import run_sweep
+    check_output("--out", a.out)
     schedule = a.schedule or _default_schedule(a.hw)
     return run_sweep(a, schedule, _problem(a), _set_pairs(a.set))
 
@@ -296,12 +323,20 @@ def cmd_graph(a) -> int:
 def cmd_solve(a) -> int:
     import time
     from . import graph, modulo
-    if not a.time_limit > 0:
-        raise InputError("--time-limit", f"must be > 0 seconds, got {a.time_limit}")
+    if not 0 < a.time_limit <= MAX_TIME_LIMIT_S:
+        raise InputError("--time-limit", f"must be in (0, {MAX_TIME_LIMIT_S:g}] seconds, got {a.time_limit}")
     t0 = time.perf_counter()
     schedule, n = _loop_schedule(a)
     g = graph.build(schedule)
-    sol = modulo.solve(g, order=a.order, time_limit_s=a.time_limit)
+    try:
+        sol = modulo.solve(g, order=a.order, time_limit_s=a.time_limit)
+    except InputError as e:
+        if e.param != "solve" or "no schedule found within" not in str(e):
+            raise
+        # 3 x (at least the default): the h100 backward needs 1.2 to 2 s
+        more = min(MAX_TIME_LIMIT_S, float(f"{3 * max(a.time_limit, TIME_LIMIT_S):.2g}"))
+        raise InputError("--time-limit", f"{str(e).removeprefix('solve: ')}: give it more time, e.g. --time-limit "
+                                         f"{more:g} (default {TIME_LIMIT_S:g})") from None
     t1 = time.perf_counter()
     solved = modulo.schedule_from(schedule, sol.programs)
     replayed = modulo.replayed_interval(solved, n)
@@ -359,15 +394,15 @@ def _add_loop_args(p) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     top = _Parser(prog="fa4sim", formatter_class=argparse.RawDescriptionHelpFormatter,
-                  description="A cycle-level model of one GPU SM running FlashAttention forward schedules: "
-                              "FA4 on Blackwell (b200) and the FA3-style kernel on Hopper (h100, h200). "
+                  description="A cycle-level model of one GPU SM running FlashAttention schedules, forward and "
+                              "backward: FA4 on Blackwell (b200) and the FA3-style kernel on Hopper (h100, h200). "
                               "It replays the schedule's warp roles on the SM's units (tensor core, MUFU, FMA and "
                               "ALU pipes, TMEM, shared memory, TMA) and tells you the time, the TFLOP/s, how busy "
                               "each unit is and why.",
                   epilog=EPILOG_RUN)
     sub = top.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
     run = sub.add_parser("run", help="simulate one problem", formatter_class=argparse.RawDescriptionHelpFormatter,
-                         epilog=EPILOG_RUN, description="Simulate one attention forward and explain the result.")
+                         epilog=EPILOG_RUN, description="Simulate one attention forward (or backward: --pass bwd) and explain the result.")
     add_problem_args(run)
     run.add_argument("--pass", dest="pass_", default="fwd", choices=("fwd", "bwd"),
                      help="fwd (the forward, default) or bwd (the backward: preprocess, main kernel, postprocess; "
@@ -376,13 +411,16 @@ def build_parser() -> argparse.ArgumentParser:
                                                          "clock_source, power_w, utilization, bottleneck, ...)")
     run.add_argument("--compact", action="store_true", help="with --json: on one line")
     run.add_argument("--gantt", metavar="FILE.png", help="draw one CTA's timeline (rows: units and warp roles)")
-    run.add_argument("--gantt-iters", type=int, default=6, help="KV iterations shown in the Gantt chart (default 6)")
+    run.add_argument("--gantt-iters", type=int, default=None,
+                     help=f"with --gantt: KV iterations the chart shows, {GANTT_ITERS[0]}..{GANTT_ITERS[1]} "
+                          f"(default {GANTT_DEFAULT})")
     run.add_argument("--trace", metavar="FILE.json", help="write a Perfetto/Chrome trace (1 cycle = 1 ns)")
     run.set_defaults(func=cmd_run)
 
     par = sub.add_parser("params", help="list every knob, the implementations' choices and every hardware "
                                         "parameter, with defaults, units and sources")
-    par.add_argument("--hw", default="b200", help="hardware profile (default b200)")
+    par.add_argument("--hw", default="b200", help=f"hardware profile: {', '.join(hardware.available())}, or a "
+                                                 f"profile .json (default b200)")
     par.add_argument("--impl", default=None, help="implementation whose choices to show (default: the schedule's)")
     par.add_argument("--schedule", choices=sorted(SCHEDULES))
     par.add_argument("--hdim", type=int, default=128)
@@ -398,8 +436,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_problem_args(sw)
     sw.add_argument("--grid", action="append", default=[], metavar="NAME=V1,V2,...", help="a swept dimension (repeatable)")
     sw.add_argument("--out", default="sweep", help="output prefix: writes PREFIX.csv, PREFIX.json, PREFIX.png")
-    sw.add_argument("--jobs", type=int, default=0, help="worker processes (default: all cores); with --backend ray "
-                                                        "and no cluster address, the CPUs of the local Ray cluster")
+    sw.add_argument("--jobs", type=int, default=None, help="worker processes (default: one per core); with --backend "
+                                                           "ray and no cluster address, the CPUs of the local Ray cluster")
     sw.add_argument("--backend", choices=("process", "ray"), default="process",
                     help="where the points run: 'process' = a pool of worker processes on this machine (default); "
                          "'ray' = one Ray task per point, on a Ray cluster (needs `pip install ray`)")
@@ -425,27 +463,33 @@ def build_parser() -> argparse.ArgumentParser:
                                     "their in-kernel clock, and the gain of one order over another). A unit benchmark: "
                                     "benchmarks/calibrate/bench_contention.py's intra kernel (warpgroups running a "
                                     "softmax-like mix beside their own wgmma) replayed with the engine's "
-                                    "interference rules.")
+                                    "interference rules; benchmarks/calibrate/bench_bursts.py's (warps sharing a scheduler) "
+                                    "against the engine's issue-sharing rule. Sustained timings: "
+                                    "benchmarks/sustained_sm90.py's (each kernel back to back until the power cap "
+                                    "settles its clock) against the model predicting the clock itself.")
     va.add_argument("results", nargs="+", help="benchmark results JSON (benchmarks/results/sm90_fwd_*.json, or "
                                                "ctas_*.json / knobs_loop_*.json: several of those add a scoreboard of "
                                                "their per-SM knob deltas; tile_costs_*.json; idle_wg_*.json; "
                                                "cta_log_2026-11-22/cta_log_*.json; sm90_bwd_*.json, "
-                                               "bwd_ctas_*.json; contention_*.json)")
-    va.add_argument("--hw", default=None, help="profile to predict with (default: from the device name, "
-                                               "a measured profile when there is one)")
+                                               "bwd_ctas_*.json; contention_*.json; bursts_*.json; sustained_*.json)")
+    va.add_argument("--hw", default=None, help="profile to predict with (default: from the file's device name: h100 or h200, "
+                                               "the profiles our microbenchmarks calibrated, or b200)")
     va.add_argument("--plot", metavar="FILE.png", help="correlation plot: predicted vs measured with y = x (for "
                                                       "ctas_sm90.py files: their per-SM knob deltas, +-3 pp band; "
                                                       "for a tile-cost file: the error against the tile's blocks)")
     va.add_argument("--at-profile-clock", action="store_true",
-                    help="predict at the profile's clock (the power model's prediction where the profile has one, "
+                    help="end-to-end points files (bench_fwd_sm90.py's) only: predict at the profile's clock (the power "
+                         "model's prediction where the profile has one, "
                          "else its clock_ghz) even where the benchmark recorded the in-kernel clock of the point "
                          "(default: at that measured clock, so the error is the cycle model's)")
     va.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
-                    help="a profile parameter for a sustained file's predictions (repeatable), e.g. the card's own "
+                    help="sustained files only: a what-if for their predictions, a hardware parameter, schedule knob or "
+                         "measured constant (repeatable), e.g. the card's own "
                          "card_power_w, which benchmarks/calibrate/card_power.py gives from the card's capped GEMM "
                          "loads")
     va.add_argument("--pv-wait", choices=("model", "sass"), default="model",
-                    help="where each build waits for the previous block's PV GEMM: 'model' = the whole row max "
+                    help="end-to-end points files only: where each build waits for the previous block's PV GEMM: "
+                         "'model' = the whole row max "
                          "before the wait, the exp2s and row sum after (the default, validated); 'sass' = "
                          "where ptxas put it in that build (the implementation's pv_wait_sass table), a what-if")
     va.add_argument("--json", action="store_true")
@@ -458,7 +502,7 @@ def build_parser() -> argparse.ArgumentParser:
                                     "kind, delay), the resource bound (busiest unit or role) and the "
                                     "recurrence bound (critical cycle), without and with the roles' program "
                                     "order (docs/schedules-from-constraints.md).",
-                        epilog="example:\n  fa4sim graph --hw b200 --schedule fa4 --plot figures/graph_fa4_sm100.png "
+                        epilog="example:\n  fa4sim graph --hw b200 --schedule fa4 --plot graph.png "
                                "--dot fa4.dot")
     _add_loop_args(gr)
     gr.add_argument("--dot", metavar="FILE.dot", help="write the graph as Graphviz text")
@@ -481,16 +525,19 @@ def build_parser() -> argparse.ArgumentParser:
                     help="which program order the solver keeps: code (default: each role's MMA issue order "
                          "and its compute ops' order), hand (all of it), compute (the compute ops' order only), "
                          "free (none: a bound; its programs may break hazards the hand order expresses)")
-    so.add_argument("--time-limit", type=float, default=0.7, metavar="S",
-                    help="CP-SAT time limit in seconds (default 0.7; loading OR-Tools is not counted)")
+    so.add_argument("--time-limit", type=float, default=TIME_LIMIT_S, metavar="S",
+                    help=f"the solver's time limit in seconds, list scheduling and CP-SAT together (default "
+                         f"{TIME_LIMIT_S:g}, at most {MAX_TIME_LIMIT_S:g}; loading OR-Tools is not counted)")
     so.set_defaults(func=cmd_solve)
     return top
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    a = parser.parse_args(argv)
     try:
+        parser = build_parser()
+        a = parser.parse_args(argv)
+        if getattr(a, "compact", False) and not a.json:
+            raise InputError("--compact", "only with --json")
         return a.func(a)
     except InputError as e:
         sys.stderr.write(f"fa4sim: error: {e}\n")
@@ -501,6 +548,15 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # output piped into `head` and closed early: not an error
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    except KeyboardInterrupt as e:  # Ctrl-C: one line (saying what a sweep kept), not a traceback
+        kept = f": {e}" if str(e) else ""
+        sys.stderr.write(("\n" if sys.stderr.isatty() else "") + f"fa4sim: interrupted{kept}\n")
+        return 130
+    except OSError as e:  # an output the OS refused to write (/proc/x.png, a full disk)
+        if e.filename is None:
+            raise
+        sys.stderr.write(f"fa4sim: error: {e.filename}: {e.strerror}\n")
+        return 2
 
 
 if __name__ == "__main__":

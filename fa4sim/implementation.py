@@ -24,12 +24,17 @@ constants are those, for the schedule's backward (schedules.BWD_SCHEDULES).
 from __future__ import annotations
 
 import json
+import math
+import numbers
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from .errors import InputError
 
 IMPL_DIR = Path(__file__).parent / "implementations"
+# a what-if may set a measured cost (cycles, instructions) from 0 to CONSTANT_SCALE times what was
+# measured, a rate down to 1/CONSTANT_SCALE of it: a kernel two orders of magnitude off is another one
+CONSTANT_SCALE = 100.0
 _OPS = {"_gt": lambda a, b: a > b, "_ge": lambda a, b: a >= b, "_lt": lambda a, b: a < b,
         "_le": lambda a, b: a <= b, "_ne": lambda a, b: a != b}
 
@@ -61,8 +66,8 @@ class Implementation:
     def check(self, problem) -> None:
         if (problem.hdim, problem.hdim_v) not in self.head_dims:
             dims = _describe(self.head_dims)
-            raise InputError("hdim", f"{self.name} runs head dims {dims} (hdim/hdim_v); got "
-                                     f"{problem.hdim}/{problem.hdim_v}")
+            raise InputError("hdim", f"{self.name} runs head dims {dims} (one number: hdim = hdim_v; "
+                                     f"else hdim/hdim_v); got {problem.hdim}/{problem.hdim_v}")
 
     def choose(self, knob: str, ctx, so_far: dict) -> tuple[bool, object]:
         """(True, value) where this implementation chooses `knob`, else (False, None)."""
@@ -76,13 +81,38 @@ class Implementation:
             raise InputError("impl", f"{self.name} has no parameter {name!r}")
         return _evaluate(self.params[name]["value"], ctx, knobs, f"{self.name}: {name}")
 
+    def check_value(self, name: str, value, origin: str = "--set"):
+        """A what-if value for one of its measured constants (a number, or a --set string), of the
+        kind its own value is: true or false for a flag; else a number (a whole one for bytes) from
+        0 to CONSTANT_SCALE times what was measured, or for a rate (..._per_clk, a divisor) at
+        least 1/CONSTANT_SCALE of it, as fast as wanted (1e9: free)."""
+        if name not in self.params or isinstance(self.params[name]["value"], list):
+            known = [n for n, e in self.params.items() if not isinstance(e["value"], list)]
+            raise InputError(name, f"unknown parameter of {self.name}; known: {', '.join(known)}")
+        measured = list(_leaves(self.params[name]["value"]))
+        if all(isinstance(m, bool) for m in measured):
+            text = str(value).strip().lower()
+            if isinstance(value, bool) or text in ("true", "false"):
+                return value if isinstance(value, bool) else text == "true"
+            raise InputError(name, f"got {value!r} from {origin}; allowed: true or false")
+        most = max(abs(m) for m in measured)
+        lo, hi = (most / CONSTANT_SCALE, math.inf) if name.endswith("_per_clk") else (0, most * CONSTANT_SCALE)
+        integer = name.endswith("_bytes")
+        try:
+            v = float(value) if isinstance(value, str) else value
+        except ValueError:
+            v = None
+        if (isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(v) or not lo <= v <= hi
+                or (integer and v != int(v))):
+            span = f">= {_num(lo)}" if hi == math.inf else f"{_num(lo)}..{_num(hi)}"
+            raise InputError(name, f"got {value!r} from {origin}; allowed: {'an integer in ' if integer else ''}{span} "
+                                   f"(measured on {self.name}: {_num(most)}{' at most' if len(measured) > 1 else ''})")
+        return int(v) if integer else v
+
     def with_values(self, **values) -> "Implementation":
         """A copy with some measured constants changed (a what-if); their source becomes 'user override'."""
-        for k in values:
-            if k not in self.params:
-                raise InputError(k, f"unknown parameter of {self.name}; known: {', '.join(self.params)}")
-        params = {**self.params, **{k: {"value": v, "source": "user override (--set)", "confidence": "-"}
-                                    for k, v in values.items()}}
+        params = {**self.params, **{k: {"value": self.check_value(k, v), "source": "user override (--set)",
+                                        "confidence": "-"} for k, v in values.items()}}
         return replace(self, params=params)
 
     def to_json(self) -> dict:
@@ -92,6 +122,24 @@ class Implementation:
         if self.pass_ != "fwd":
             out["pass"] = self.pass_
         return out
+
+
+def _num(x) -> str:
+    """A number as a person writes it: 22937600 rather than 2.29376e+07."""
+    return str(int(x)) if float(x).is_integer() and abs(x) < 1e15 else f"{x:g}"
+
+
+def _leaves(spec):
+    """The values a constant's form (a value, by_hdim, rules) can give."""
+    if isinstance(spec, dict) and ("by_hdim" in spec or "by_hdim_upto" in spec):
+        for v in spec.get("by_hdim", spec.get("by_hdim_upto")).values():
+            yield from _leaves(v)
+    elif isinstance(spec, dict) and "rules" in spec:
+        for rule in spec["rules"]:
+            yield from _leaves(rule["value"])
+        yield from _leaves(spec["else"])
+    else:
+        yield spec
 
 
 def _describe(pairs: tuple) -> str:
@@ -182,9 +230,12 @@ def load(name: str, arch: str | None = None) -> Implementation:
     """An implementation by its full name (fa4kernel-sm90) or its kernel's name (fa4kernel,
     flash-attn-4) with the architecture of the hardware it runs on."""
     names = available()
+    kernels = sorted({n.rsplit("-", 1)[0] for n in names})
+    if not isinstance(name, str):
+        raise InputError("impl", f"a kernel name ({', '.join(kernels)}), an implementation ({', '.join(names)}) "
+                                 f"or an Implementation, got {name!r} ({type(name).__name__})")
     full = name if name in names else f"{name}-{arch}" if arch else name
     if full not in names:
-        kernels = sorted({n.rsplit("-", 1)[0] for n in names})
         here = f" on {arch}" if arch else ""
         raise InputError("impl", f"unknown implementation {name!r}{here}; allowed: {', '.join(kernels)} "
                                  f"(with the arch of --hw) or {', '.join(names)}")

@@ -6,6 +6,7 @@ Parsing and checking live here so every bad value gets the same one-line error.
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,6 +19,9 @@ from .flops import attention_flops
 # waves of tiles per SM the TFLOP/s hardly change, so fewer heads or a smaller batch answer the same
 MAX_SEQLEN = 1 << 20
 MAX_TILES = 1 << 17
+# the most an integer knob without a maximum of its own counts (kv_stages: stages of a shared-memory
+# ring, hundreds at most before they overflow any SM's shared memory; the fit check walks them all)
+MAX_COUNT = 1 << 12
 
 
 @dataclass(frozen=True)
@@ -38,14 +42,17 @@ class Problem:
             object.__setattr__(self, "hdim_v", self.hdim)
         for name in ("batch", "heads", "seqlen_q", "seqlen_k", "hdim", "hdim_v"):
             v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            if not isinstance(v, numbers.Integral) or isinstance(v, bool) or v < 1:
                 raise InputError(name, f"must be a positive integer, got {v!r}")
+            object.__setattr__(self, name, int(v))  # numpy's integers too
         for name in ("seqlen_q", "seqlen_k"):
             if getattr(self, name) > MAX_SEQLEN:
                 raise InputError(name, f"at most {MAX_SEQLEN} tokens per sequence (a longer one has millions of "
                                        f"tiles to simulate), got {getattr(self, name)}")
-        if not isinstance(self.causal, bool):
-            raise InputError("causal", f"must be true or false, got {self.causal!r}")
+        if not isinstance(self.causal, bool):  # numpy's bool (a 0-d bool) is one too
+            if getattr(getattr(self.causal, "dtype", None), "kind", None) != "b" or getattr(self.causal, "shape", ()) != ():
+                raise InputError("causal", f"must be true or false, got {self.causal!r}")
+            object.__setattr__(self, "causal", bool(self.causal))
 
     @property
     def flops(self) -> float:
@@ -90,18 +97,13 @@ class Knob:
         if self.kind in ("choice", "text"):
             return self.check(t)
         if self.kind == "bool":
-            low = t.lower()
-            if low in ("1", "true", "yes", "on"):
-                return True
-            if low in ("0", "false", "no", "off"):
-                return False
-            raise InputError(self.name, f"must be true or false, got {text!r}")
+            return parse_bool(self.name, t)
         if self.kind == "float_or_none" and t.lower() in ("none", "off", "always"):
             return None
         try:
             v = float(t)
         except ValueError:
-            allowed = "a number" + (" or 'none'" if self.kind == "float_or_none" else "")
+            allowed = f"a {self.describe()}" if self.kind == "float_or_none" else f"a number ({self.describe()})"
             raise InputError(self.name, f"must be {allowed}, got {text!r}") from None
         return self.check(v)
 
@@ -122,22 +124,24 @@ class Knob:
         if v is None:
             if self.kind == "float_or_none":
                 return None
-            raise InputError(self.name, "must be a number, got None")
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-            raise InputError(self.name, f"must be a finite number, got {v!r}")
+            raise InputError(self.name, f"must be a number ({self.describe()}), got None")
+        if isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(v):
+            raise InputError(self.name, f"must be a finite number ({self.describe()}), got {v!r}")
         if self.kind == "int":
             if v != int(v):
-                raise InputError(self.name, f"must be an integer, got {v}")
+                raise InputError(self.name, f"must be an integer ({self.describe()}), got {v}")
             v = int(v)
         lo, hi = self.minimum, self.maximum
         if self.kind == "fraction":
             lo, hi = 0.0, 1.0
+        if self.kind == "int" and hi is None:
+            hi = MAX_COUNT
         if (lo is not None and v < lo) or (hi is not None and v > hi):
             if hi is None:
-                raise InputError(self.name, f"must be >= {lo:g}, got {v:g}")
+                raise InputError(self.name, f"must be >= {lo:g}, got {_num(v)}")
             if lo is None:
-                raise InputError(self.name, f"must be <= {hi:g}, got {v:g}")
-            raise InputError(self.name, f"must be in {lo:g}..{hi:g}, got {v:g}")
+                raise InputError(self.name, f"must be <= {hi:g}, got {_num(v)}")
+            raise InputError(self.name, f"must be in {lo:g}..{hi:g}, got {_num(v)}")
         if self.choices and v not in self.choices:
             raise InputError(self.name, f"must be one of {list(self.choices)}, got {v}")
         return v
@@ -151,8 +155,25 @@ class Knob:
             return "|".join(str(c) for c in self.choices)
         if self.kind == "text":
             return "text"
-        lo = "" if self.minimum is None else f">= {self.minimum:g}"
-        return ("number or none " if self.kind == "float_or_none" else f"{self.kind} ") + lo
+        hi = MAX_COUNT if self.kind == "int" and self.maximum is None else self.maximum
+        span = ("" if self.minimum is None and hi is None else f"<= {hi:g}" if self.minimum is None
+                else f">= {self.minimum:g}" if hi is None else f"{self.minimum:g}..{hi:g}")
+        return ("number or none " if self.kind == "float_or_none" else f"{self.kind} ") + span
+
+
+def _num(x) -> str:
+    """A number as given: 1000000000 rather than 1e+09."""
+    return str(int(x)) if float(x).is_integer() and abs(x) < 1e15 else f"{x:g}"
+
+
+def parse_bool(name: str, text: str) -> bool:
+    """A true/false written on the command line (--set, --grid)."""
+    low = str(text).strip().lower()
+    if low in ("1", "true", "yes", "on"):
+        return True
+    if low in ("0", "false", "no", "off"):
+        return False
+    raise InputError(name, f"must be true or false, got {text!r}")
 
 
 def resolve(knobs: list[Knob], ctx: Context, given: dict[str, Any]) -> dict[str, Any]:

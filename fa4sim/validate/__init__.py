@@ -35,9 +35,10 @@ import json
 import sys
 from pathlib import Path
 
+from .. import hardware, implementation
 from ..errors import InputError
 from . import backward, bwd_launches, contention, idle_wgs, intervals, issue_sharing, launches, points, sustained, tile_costs
-from .common import kernel_knobs, model_knobs, profile_for  # noqa: F401  (the package's public names)
+from .common import SIMULATED, kernel_knobs, model_knobs, profile_for  # noqa: F401  (the package's public names)
 from .intervals import knob_scoreboard, plot_knob_deltas, report_scoreboard
 from .points import expand  # noqa: F401
 
@@ -45,6 +46,7 @@ MODULES = {"points": points, "knob_points": points, "loop_intervals": intervals,
            "idle_wgs": idle_wgs, "cta_log": launches, "sustained": sustained,
            "sm90_bwd": backward, "bwd_ctas": bwd_launches,
            "contention": contention, "bursts": issue_sharing}
+POINTS = ("points", "knob_points")  # end-to-end points (fa4sim/validate/points.py)
 PLOTS = {"points", "knob_points", "loop_intervals", "tile_costs", "sustained"}
 
 
@@ -55,6 +57,8 @@ def kind(doc: dict) -> str:
 
 def load(path: str) -> dict:
     """A result file (.json or .json.gz) whose meta.kind validate can compare; one-line InputError otherwise."""
+    if not path:
+        raise InputError("results", "'' is empty: give a result file")
     p = Path(path)
     if p.is_dir():
         raise InputError("results", f"{path} is a folder; give result files (e.g. {path.rstrip('/')}/*.json)")
@@ -66,15 +70,18 @@ def load(path: str) -> dict:
         raise InputError("results", f"cannot read {path} ({e.strerror})") from None
     try:
         doc = json.loads(gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw)
-    except (ValueError, OSError) as e:
+    except (ValueError, OSError, EOFError) as e:
         raise InputError("results", f"{path} is not JSON ({getattr(e, 'msg', e)})") from None
+    except RecursionError:
+        raise InputError("results", f"{path} is not JSON this reads (nested too deeply)") from None
     if not isinstance(doc, dict):
-        raise InputError("results", f"{path} holds a JSON {type(doc).__name__}, not a result file "
+        what = {list: "list", str: "string", bool: "true or false", type(None): "null"}.get(type(doc), "number")
+        raise InputError("results", f"{path} holds a JSON {what}, not a result file "
                                     "(an object with meta.kind)")
     k = (doc.get("meta") or {}).get("kind") if isinstance(doc.get("meta"), dict) else None
     if k is None:
         raise InputError("results", f"{path} has no meta.kind; validate reads kinds {', '.join(MODULES)}")
-    if k not in MODULES:
+    if not isinstance(k, str) or k not in MODULES:
         raise InputError("results", f"{path} is of kind {k!r}, which validate does not compare; "
                                     f"it reads kinds {', '.join(MODULES)}")
     return doc
@@ -90,8 +97,39 @@ def compare(doc: dict, hw: str | None = None, at_profile_clock: bool = False, pv
     if k in ("points", "knob_points"):
         return points.compare(doc, hw, at_profile_clock, pv_wait)
     if k == "sustained":
+        _check_overrides(overrides or {})
         return MODULES[k].compare(doc, hw, overrides)
     return MODULES[k].compare(doc, hw)
+
+
+def _check_overrides(overrides: dict) -> None:
+    """--set names and values as each simulated kernel takes them (every point would refuse a bad
+    one: said once, before any work)."""
+    from ..model import split_overrides
+    from ..schedules import SCHEDULES
+    module = SCHEDULES["fa3"]
+    knobs = {k.name: k for k in module.KNOBS}
+    for kernel in SIMULATED:
+        _, knob_over, _ = split_overrides(module, implementation.load(kernel, module.ARCH), overrides)
+        for name, v in knob_over.items():
+            if isinstance(v, str):
+                knobs[name].parse(v)
+            else:
+                knobs[name].check(v)
+
+
+def _guarded(path: str, doc: dict, work):
+    """work() (comparing, reporting or plotting `doc`, read from `path`), with a file of a known
+    kind that lacks a field or holds one of another type (an edited or truncated file) refused in
+    one line."""
+    try:
+        return work()
+    except InputError:
+        raise
+    except (KeyError, IndexError, TypeError, AttributeError, ValueError, ZeroDivisionError) as e:
+        why = f"no field {e.args[0]!r}" if isinstance(e, KeyError) else f"{type(e).__name__}: {e}"
+        raise InputError("results", f"{path} is not a complete {kind(doc)} file ({why}); validate reads "
+                                    f"what its benchmark writes") from None
 
 
 def report(result: dict) -> str:
@@ -110,8 +148,20 @@ def main(paths: list[str], hw: str | None = None, plot_path: str | None = None, 
     """The whole `fa4sim validate`: every file compared and reported; several loop-interval files
     add a scoreboard of their per-SM knob deltas, and --plot draws them together."""
     out = out or sys.stdout
+    if hw is not None:  # every point would be refused: say so once, before any work
+        try:
+            hardware.load(hw)
+        except InputError as e:
+            raise InputError("--hw", str(e).removeprefix("hw: ")) from None
     docs = [(path, load(path)) for path in paths]
     kinds = [kind(doc) for _, doc in docs]
+    # options that concern one kind of file only: refused for another, before any work (else ignored)
+    for option, given, concern in (("--set", bool(overrides), ("sustained",)),
+                                   ("--at-profile-clock", at_profile_clock, POINTS),
+                                   ("--pv-wait", pv_wait != "model", POINTS)):
+        other = sorted({k for k in kinds if k not in concern})
+        if given and other:
+            raise InputError(option, f"applies to {' and '.join(concern)} files only, not {', '.join(other)}")
     if plot_path:
         if any(k not in PLOTS for k in kinds):
             raise InputError("plot", f"--plot draws kinds {', '.join(sorted(PLOTS))}; "
@@ -123,21 +173,22 @@ def main(paths: list[str], hw: str | None = None, plot_path: str | None = None, 
     for path, doc in docs:
         if len(docs) > 1 and not as_json:
             print(f"== {path}", file=out)
-        result = compare(doc, hw, at_profile_clock, pv_wait, overrides)
+        result = _guarded(path, doc, lambda: compare(doc, hw, at_profile_clock, pv_wait, overrides))
         if result["kind"] == "loop_intervals":
             per_sm.append(result)
         elif plot_path:
-            plot(result, plot_path)
+            _guarded(path, doc, lambda: plot(result, plot_path))
         results.append(result)
         if not as_json:
-            print(report(result), file=out)
+            print(_guarded(path, doc, lambda: report(result)), file=out)
+    several = (", ".join(paths), {"meta": {"kind": "loop_intervals"}})  # what the per-SM deltas come from
     if plot_path and per_sm:
-        plot_knob_deltas(per_sm, plot_path)
+        _guarded(*several, lambda: plot_knob_deltas(per_sm, plot_path))
     if as_json:
         print(json.dumps(results[0] if len(results) == 1 else results, indent=1), file=out)
         return 0
     if len(per_sm) > 1:
-        print(report_scoreboard(knob_scoreboard(per_sm), len(per_sm)), file=out)
+        print(_guarded(*several, lambda: report_scoreboard(knob_scoreboard(per_sm), len(per_sm))), file=out)
     if plot_path:
         print(f"wrote {plot_path}", file=out)
     return 0

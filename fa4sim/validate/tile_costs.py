@@ -33,8 +33,8 @@ def compare(doc: dict, hw: str | None = None) -> dict:
         progress(i, len(walks), "tile")
         hd, blocks = int(t["hdim"]), int(t["kv_blocks"])
         knobs = model_knobs("fa4kernel", {"tile_m": int(t["tile_m"]), "tile_n": int(t["tile_n"]), **(t.get("knobs") or {})})
-        walks = sorted(int(n) for n in t["cycles_by_tiles"])
-        t1, t2 = walks[0], walks[-1]
+        counts = sorted(int(n) for n in t["cycles_by_tiles"])  # the tile counts the walk was timed at
+        t1, t2 = counts[0], counts[-1]
         problem = Problem(1, 1, knobs["tile_m"] * t2, blocks * knobs["tile_n"], hd, False)
         schedule = build_cta(profile, problem, knobs, blocks, 0, schedule="fa3")
         ends = {n: engine_simulate(schedule, [blocks] * n).end for n in (t1, t2)}
