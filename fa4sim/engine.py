@@ -43,7 +43,10 @@ instead of one per request and release: that is what keeps a whole simulation un
 from __future__ import annotations
 
 import bisect
+import functools
+import gc
 import heapq
+import operator
 from dataclasses import dataclass, field
 from typing import NamedTuple, Sequence
 
@@ -52,6 +55,7 @@ import simpy
 from .errors import DeadlockError, InputError
 
 WHEN = ("all", "first", "last")
+INF = float("inf")
 EDGE_KINDS = ("flow", "anti", "output")
 
 
@@ -223,44 +227,74 @@ class Trace:
         rows = sorted((r.iter, r.start) for r in self.ops if r.name == op and r.tile == tile)
         return [s for _, s in rows]
 
+    @property
+    def busy_rows(self) -> list[tuple]:
+        """busy as tuples of Busy's fields (unit, start, end, rec), maybe not Busy themselves: what
+        a loop over every piece of a long trace reads (simulate's traces make their Busy rows
+        only when busy is read)."""
+        return self.busy
+
     def utilization(self, t0: float = 0.0, t1: float | None = None) -> dict[str, float]:
         """Fraction of [t0, t1] each unit was busy (divided by its capacity)."""
         t1 = self.end if t1 is None else t1
         span = max(t1 - t0, 1e-12)
         out = {u: 0.0 for u in self.schedule.units}
-        for b in self.busy:
-            out[b.unit] += max(0.0, min(b.end, t1) - max(b.start, t0))
+        for unit, start, end, _ in self.busy_rows:
+            if end > t0 and start < t1:  # the others add nothing
+                v = (end if end < t1 else t1) - (start if start > t0 else t0)
+                if v > 0.0:
+                    out[unit] += v
         return {u: v / (span * self.schedule.units[u]) for u, v in out.items()}
 
 
+class _Recorded(Trace):
+    """The Trace simulate returns: its ops and busy become OpRecord and Busy rows when first
+    read (most traces are only asked for their end and their marker's starts)."""
+
+    def __init__(self, schedule: Schedule, tiles: tuple[int, ...], ops: list, busy: list, end: float):
+        self.schedule, self.tiles, self.end = schedule, tiles, end
+        self._ops, self._busy = ops, busy  # rows of the fields, turned into named tuples on first read
+        self._named = [False, False]
+
+    @property
+    def ops(self) -> list[OpRecord]:
+        if not self._named[0]:
+            self._ops, self._named[0] = [tuple.__new__(OpRecord, r) for r in self._ops], True
+        return self._ops
+
+    @ops.setter
+    def ops(self, value):
+        self._ops, self._named[0] = value, False
+
+    @property
+    def busy(self) -> list[Busy]:
+        if not self._named[1]:
+            self._busy, self._named[1] = [tuple.__new__(Busy, b) for b in self._busy], True
+        return self._busy
+
+    @busy.setter
+    def busy(self, value):
+        self._busy, self._named[1] = value, False
+
+    @property
+    def busy_rows(self) -> list[tuple]:
+        return self._busy
+
+    def starts(self, op: str, tile: int = 0) -> list[float]:
+        rows = sorted((r[4], r[6]) for r in self._ops if r[0] == op and r[3] == tile)
+        return [s for _, s in rows]
+
+
 class _Unit:
-    """FIFO service with `capacity` servers; reserve() returns (start, end) of a part."""
+    """FIFO service with `capacity` servers (simulate's reserve takes them)."""
 
     __slots__ = ("free", "until", "ends", "gated")
 
     def __init__(self, capacity: int, gated: bool = False):
         self.free = [0.0] * capacity  # a heap of the times each server becomes free
         self.until = 0.0              # when the last server becomes free (the unit is busy before)
-        self.ends: list[float] = []   # end times of reserved pieces (kept only where issue_depth gates)
+        self.ends: list[float] = []   # end times of reserved pieces, sorted (kept only where issue_depth gates)
         self.gated = gated
-
-    def reserve(self, now: float, cycles: float) -> tuple[float, float]:
-        start = max(now, self.free[0])
-        end = start + cycles
-        heapq.heapreplace(self.free, end)
-        if end > self.until:
-            self.until = end
-        if self.gated:
-            heapq.heappush(self.ends, end)
-        return start, end
-
-    def room_at(self, now: float, depth: int) -> float:
-        """Earliest time >= now at which fewer than `depth` pieces are outstanding."""
-        while self.ends and self.ends[0] <= now:
-            heapq.heappop(self.ends)
-        if len(self.ends) < depth:
-            return now
-        return heapq.nsmallest(len(self.ends) - depth + 1, self.ends)[-1]
 
 
 def program(schedule: Schedule, role: str, tiles: Sequence[int]):
@@ -311,40 +345,67 @@ class _Resolver:
         return (t - 1, self.tiles[t - 1] - 1) if t > 0 else None
 
 
+def gc_paused(fn):
+    """fn with Python's cyclic garbage collector paused while it runs (restored after, also on
+    an error). A simulation allocates hundreds of thousands of small objects (events, records)
+    that live until it ends, and the collector's passes over them cost 15-30 % of a run; it
+    frees nothing meanwhile: what holds cycles (SimPy's environment) is dropped at the end."""
+    @functools.wraps(fn)
+    def paused(*args, **kwargs):
+        if not gc.isenabled():
+            return fn(*args, **kwargs)
+        gc.disable()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            gc.enable()
+    return paused
+
+
+@gc_paused
 def simulate(schedule: Schedule, tiles: Sequence[int]) -> Trace:
     """Run `schedule` for one CTA that processes tiles with the given numbers of KV blocks."""
     tiles = tuple(int(n) for n in tiles)
     if not tiles or min(tiles) < 1:
         raise InputError("tiles", "each tile needs at least one KV block")
     env = simpy.Environment()
+    timeout = env.timeout
     units = {u: _Unit(c, u in schedule.issue_depth) for u, c in schedule.units.items()}
     resolver = _Resolver(schedule, tiles)
     ops = schedule.ops
     incoming: list[list[tuple[int, Edge]]] = [[] for _ in ops]
     for e in schedule.edges:
         incoming[schedule._index[e.dst]].append((schedule._index[e.src], e))
+    # per op, its incoming edges as (src op, edge, lag, whether the src instance is always the dst's
+    # own (tile, iteration): an edge within an iteration from an op that runs in all of them)
+    deps = [[(i, e, e.lag, e.distance == 0 and e.per == "iter" and not e.skip_first and ops[i].when == "all")
+             for i, e in inc] for inc in incoming]
 
     done: dict[tuple[int, int, int], float] = {}
-    waiting: dict[tuple[int, int, int], simpy.Event] = {}
-    records: list = []  # OpRecord per instance, in issue order; end filled in at completion
-    busy: list[Busy] = []
+    waiting: dict[tuple[int, int, int], list[simpy.Event]] = {}
+    # per instance, in issue order: OpRecord's fields as a list, end filled in at completion
+    records: list[list] = []
+    busy: list[tuple] = []  # per unit piece: Busy's fields
     position: dict[str, tuple[int, int, int] | None] = {}
+    add_busy, heapreplace, insort = busy.append, heapq.heapreplace, bisect.insort  # looked up once
 
     def finish(key, rec):
         done[key] = env.now
-        records[rec] = records[rec]._replace(end=env.now)
-        ev = waiting.pop(key, None)
-        if ev is not None:
-            ev.succeed(env.now)
+        records[rec][7] = env.now
+        evs = waiting.pop(key, None)
+        if evs is not None:
+            for ev in evs:
+                ev.succeed(env._now)
 
     depth = schedule.issue_depth
     slowdown = {u: v for u, v in schedule.interference.items() if v[1] < 1.0}
     # per unit some op shares by `concurrency`: role -> end of its last piece there
     issuers: dict[str, dict[str, float]] = {u: {} for o in ops for u, _ in o.concurrency}
-    # per op, its parts as (unit name, unit, held cycles, the unit that slows it or None, factor,
-    # its concurrency p or None, the unit's issuers or None), looked up once here: reserve_parts
-    # runs for every piece of every op
-    parts = []
+    # per op, one piece of each part as (unit name, unit, its server heap, held cycles / chunks,
+    # the unit that slows it or None, factor, shared_rate(p, k) by k for its concurrency p or
+    # None, the unit's issuers or None), looked up once here: reserve runs for every piece
+    # of every op; and the units whose issue_depth gates its asynchronous pieces
+    parts, gates, plain = [], [], []
     for o in ops:
         own, conc = dict(o.slowed), dict(o.concurrency)
         row = []
@@ -353,90 +414,185 @@ def simulate(schedule: Schedule, tiles: Sequence[int]) -> Trace:
                 continue
             slow = slowdown.get(unit)
             cause, factor = (units[slow[0]], own.get(unit, slow[1])) if slow is not None else (None, 1.0)
-            row.append((unit, units[unit], cycles, cause, factor, conc.get(unit), issuers.get(unit)))
+            p = conc.get(unit)
+            rates = None if p is None else [shared_rate(p, k) for k in range(len(schedule.roles) + 1)]
+            u = units[unit]
+            # a unit of one server needs no heap: its server is free when the unit is (`until`)
+            row.append((unit, u, u.free if len(u.free) > 1 else None, cycles * (1.0 / o.chunks), cause, factor,
+                        rates, issuers.get(unit), u.ends if u.gated else None))
         parts.append(tuple(row))
+        # an op whose parts are all on units of one server, none gated, and none it shares by its
+        # own concurrency reserves by reserve_plain: (unit name, unit, cycles, the unit that slows
+        # it or None, factor, the unit's issuers or None)
+        plain.append(tuple((p_[0], p_[1], p_[3], p_[4], p_[5], p_[7]) for p_ in row)
+                     if all(p_[2] is None and p_[6] is None and p_[8] is None for p_ in row) else None)
+        # (a gated unit's sorted end times, its issue_depth)
+        gates.append(tuple((units[u].ends, depth[u]) for u, c in o.uses if c > 0 and u in depth)
+                     if o.asynchronous else ())
+    heads = [(o.name, o.role, o.kind) for o in ops]  # an OpRecord's first fields
+    start_of = operator.itemgetter(1)  # of a Busy's fields
+    bisect_right = bisect.bisect_right
 
-    def reserve_parts(op_idx, rec, share=1.0):
-        """Reserve every unit part (or a share of it) now; return (first part start, last end)."""
-        now = env.now
-        first, last = float("inf"), now
-        role = ops[op_idx].role
-        for name, unit, cycles, cause, factor, p, active in parts[op_idx]:
-            cycles *= share
+    def reserve(row, role, rec, last):
+        """Reserve one piece of every unit part of an op (its `parts` row) now, each from when its
+        unit is free; return the latest of `last` and their ends."""
+        now = env._now
+        for name, unit, free, cycles, cause, factor, rates, active, ends in row:
+            if free is None:
+                start = unit.until
+                if start <= now:  # now itself where equal, as below (0 stays an int at the start)
+                    start = now
+            else:
+                start = free[0] if free[0] > now else now
             # slowed while the cause unit is busy past this part's start
-            if cause is not None and cause.until > max(now, unit.free[0]):
+            if cause is not None and cause.until > start:
                 cycles /= factor
-            elif p is not None:  # k roles' warps sharing the unit's issue slots
-                k = 1 + sum(1 for r, e in active.items() if e > now and r != role)
-                cycles /= shared_rate(p, k)
-            s, e = unit.reserve(now, cycles)
+            elif rates is not None:  # k roles' warps sharing the unit's issue slots
+                k = 1
+                for r, e in active.items():
+                    if e > now and r != role:
+                        k += 1
+                cycles /= rates[k]
+            end = start + cycles
+            if free is None:
+                unit.until = end  # >= until: it starts no earlier
+            else:
+                heapreplace(free, end)
+                if end > unit.until:
+                    unit.until = end
+            if ends is not None:
+                insort(ends, end)
             if active is not None:
-                active[role] = e
-            busy.append(Busy(name, s, e, rec))
-            if s < first:
-                first = s
-            if e > last:
-                last = e
-        return (now if first == float("inf") else first), last
+                active[role] = end
+            add_busy((name, start, end, rec))  # a Busy's fields
+            if end > last:
+                last = end
+        return last
 
-    def wait_for_room(op):
-        """Stall an async issue while a gated unit's queue is full; re-check after waking."""
-        if not op.asynchronous:
-            return
-        for u, cycles in op.uses:
-            if cycles > 0 and u in depth:
-                while (t_room := units[u].room_at(env.now, depth[u])) > env.now:
-                    yield env.timeout(t_room - env.now)
+    def reserve_plain(row, role, rec, last):
+        """reserve for an op of plain parts (its `plain` row): the same, with nothing to skip."""
+        now = env._now
+        for name, unit, cycles, cause, factor, active in row:
+            start = unit.until
+            if start <= now:
+                start = now
+            if cause is not None and cause.until > start:
+                cycles /= factor
+            end = start + cycles
+            unit.until = end
+            if active is not None:
+                active[role] = end
+            add_busy((name, start, end, rec))
+            if end > last:
+                last = end
+        return last
+
+    # per op, how it reserves a piece: (reserve or reserve_plain, its row)
+    reservers = [(reserve, row) if p_ is None else (reserve_plain, p_) for row, p_ in zip(parts, plain)]
+
+    # A role that waits `d` cycles yields timeout(d), which SimPy schedules at now + d. When no
+    # other event is due by then (the queue's next is later), that timeout would be the very next
+    # event: SimPy would pop it, set its clock to now + d and resume this role at once. The role
+    # does just that itself (moves the clock, no event), with the same arithmetic, so every other
+    # event and the order they run in stay as they were (ties: an event already due at now + d
+    # runs first, so the role yields then).
+    queue = env._queue
+    nan = float("nan")
 
     def role_process(role):
         for idx, t, it in program(schedule, role, tiles):
-            key = (idx, t, it)
-            position[role] = key
-            arrived = ready = env.now
+            ready = env._now
             binding = ""
-            for src_idx, e in incoming[idx]:
-                inst = resolver.src_instance(e, t, it)
-                if inst is None:
-                    continue
-                skey = (src_idx, inst[0], inst[1])
+            for src_idx, e, lag, own in deps[idx]:
+                if own:
+                    skey = (src_idx, t, it)
+                else:
+                    inst = resolver.src_instance(e, t, it)
+                    if inst is None:
+                        continue
+                    skey = (src_idx, inst[0], inst[1])
                 if skey not in done:
-                    ev = waiting.get(skey)
-                    if ev is None:
-                        ev = waiting[skey] = env.event()
+                    # an event per waiting role: a role a shared event resumed could not see the
+                    # others it resumes, which are no events in the queue (see below)
+                    ev = env.event()
+                    evs = waiting.get(skey)
+                    if evs is None:
+                        waiting[skey] = [ev]
+                    else:
+                        evs.append(ev)
+                    position[role] = (idx, t, it)  # where a deadlock leaves it
                     yield ev
-                if done[skey] + e.lag > ready:
-                    ready, binding = done[skey] + e.lag, ops[src_idx].name
-            if ready <= arrived:
-                binding = ""
-            if ready > env.now:
-                yield env.timeout(ready - env.now)
+                if done[skey] + lag > ready:
+                    ready, binding = done[skey] + lag, ops[src_idx].name
+            if ready > env._now:
+                d = ready - env._now
+                if queue and queue[0][0] <= env._now + d:
+                    yield timeout(d)
+                else:
+                    env._now += d
             op = ops[idx]
-            issue = env.now
-            yield from wait_for_room(op)
+            reserve_, row = reservers[idx]
+            issue = env._now
+            gate = gates[idx]
+            for ends, dep in gate:  # stall an async issue while a gated unit's queue is full
+                while True:  # until fewer than dep of its pieces are outstanding (those ending after now)
+                    del ends[:bisect_right(ends, env._now)]
+                    if len(ends) < dep:
+                        break
+                    d = ends[len(ends) - dep] - env._now  # when the one that makes room ends
+                    if queue and queue[0][0] <= env._now + d:
+                        yield timeout(d)
+                    else:
+                        env._now += d
             rec = len(records)
-            first, last = reserve_parts(idx, rec, 1.0 / op.chunks)
-            records.append(OpRecord(op.name, op.role, op.kind, t, it, issue, first, float("nan"), binding))
+            n0 = len(busy)
+            last = reserve_(row, role, rec, env._now)
+            first = min(map(start_of, busy[n0:]), default=env._now)  # its first piece's start
+            records.append([*heads[idx], t, it, issue, first, nan, binding])
             if op.asynchronous:
                 step = op.issue_cycles / op.chunks
                 for _ in range(op.chunks - 1):  # issue the remaining instructions
                     if step:
-                        yield env.timeout(step)
-                    yield from wait_for_room(op)
-                    last = max(last, reserve_parts(idx, rec, 1.0 / op.chunks)[1])
+                        if queue and queue[0][0] <= env._now + step:
+                            yield timeout(step)
+                        else:
+                            env._now += step
+                    for ends, dep in gate:
+                        while True:
+                            del ends[:bisect_right(ends, env._now)]
+                            if len(ends) < dep:
+                                break
+                            d = ends[len(ends) - dep] - env._now
+                            if queue and queue[0][0] <= env._now + d:
+                                yield timeout(d)
+                            else:
+                                env._now += d
+                    last = reserve_(row, role, rec, last if last > env._now else env._now)
                 end = last + op.latency
-                ev = env.timeout(end - env.now)
-                ev.callbacks.append(lambda _e, key=key, rec=rec: finish(key, rec))
+                ev = timeout(end - env._now)
+                ev.callbacks.append(lambda _e, key=(idx, t, it), rec=rec: finish(key, rec))
                 if step:
-                    yield env.timeout(step)
+                    if queue and queue[0][0] <= env._now + step:
+                        yield timeout(step)
+                    else:
+                        env._now += step
             else:
                 for _ in range(op.chunks - 1):  # piece by piece, so other roles interleave
-                    if last > env.now:
-                        yield env.timeout(last - env.now)
-                    last = reserve_parts(idx, rec, 1.0 / op.chunks)[1]
+                    if last > env._now:
+                        d = last - env._now
+                        if queue and queue[0][0] <= env._now + d:
+                            yield timeout(d)
+                        else:
+                            env._now += d
+                    last = reserve_(row, role, rec, env._now)
                 end = last + op.latency
-                if end > env.now:
-                    yield env.timeout(end - env.now)
-                finish(key, rec)
+                if end > env._now:
+                    d = end - env._now
+                    if queue and queue[0][0] <= env._now + d:
+                        yield timeout(d)
+                    else:
+                        env._now += d
+                finish((idx, t, it), rec)
         position[role] = None
 
     for role in schedule.roles:
@@ -457,5 +613,5 @@ def simulate(schedule: Schedule, tiles: Sequence[int]) -> Trace:
             blocked.append(f"{r}: {ops[idx].name}[tile {t}, iter {it}] waits for {', '.join(missing) or '?'}")
         raise DeadlockError(blocked)
 
-    end = max((r.end for r in records), default=0.0)
-    return Trace(schedule, tiles, records, busy, end)
+    end = max((r[7] for r in records), default=0.0)
+    return _Recorded(schedule, tiles, records, busy, end)

@@ -16,8 +16,6 @@ element costs 1/16 cycle of the SM's MUFU; an emulated one 6/128 cycle of its FM
 """
 from __future__ import annotations
 
-import numpy as np
-
 COEFFS = (1.0, 0.6951461434, 0.2275643945, 0.0771190897)  # c0..c3, fa4-schedules.md
 FMA_OPS_PER_ELEMENT = 6.0     # 6 packed instructions per pair = 6 lane-ops per element
 ALU_OPS_PER_ELEMENT = 2.0     # FMNMX clamp + LEA (shift+add) per element
@@ -27,20 +25,22 @@ ALU_OPS_PER_ELEMENT = 2.0     # FMNMX clamp + LEA (shift+add) per element
 # thread's 64 MUFU.EX2 per KV block into +48 FADD, +48 FFMA, +16 FMNMX, +13 LEA and a few moves:
 # +113 instructions net, 8.1 per emulated element (benchmarks/calibrate/README.md).
 ISSUE_PER_ELEMENT = {"sm100": 3.0 + 2.0, "sm90": 6.0 + 2.0}
-ROUND = np.float32(2.0**23 + 2.0**22)
+ROUND = 2.0**23 + 2.0**22  # exact in float32: x + ROUND leaves floor(x) in the low mantissa bits
 
 
 def exp2_emulated(x) -> np.ndarray:
     """exp2 of float32 x, computed the way the emulation does, bit for bit in float32."""
+    import numpy as np  # here, not at the top: the simulator's costs need none of it (importing it takes long)
+    rnd = np.float32(ROUND)
     x = np.maximum(np.asarray(x, dtype=np.float32), np.float32(-127.0))
-    xr = (x + ROUND).astype(np.float32)  # float32 round-to-nearest, like FADD.RN
+    xr = (x + rnd).astype(np.float32)  # float32 round-to-nearest, like FADD.RN
     # FA4 rounds toward -inf (FADD.RM); emulate by stepping down where nearest rounded up.
-    xr = np.where((xr - ROUND) > x, (xr - np.float32(1.0)).astype(np.float32), xr)
-    frac = (x - (xr - ROUND)).astype(np.float32)
+    xr = np.where((xr - rnd) > x, (xr - np.float32(1.0)).astype(np.float32), xr)
+    frac = (x - (xr - rnd)).astype(np.float32)
     c0, c1, c2, c3 = (np.float32(c) for c in COEFFS)
     p = ((c3 * frac + c2) * frac + c1) * frac + c0
     p = p.astype(np.float32)
-    ipart = xr.view(np.int32) - ROUND.view(np.int32)  # floor(x) as an integer
+    ipart = xr.view(np.int32) - rnd.view(np.int32)  # floor(x) as an integer
     return (p.view(np.int32) + (ipart << 23)).astype(np.int32).view(np.float32)
 
 
@@ -53,6 +53,7 @@ def emulated_columns(cols: int, fraction: float, n_fragments: int = 4) -> np.nda
     round(fraction * cols) emulated columns evenly over the eligible fragments; a fraction above
     what they hold spills into the first and last fragments.
     """
+    import numpy as np  # see exp2_emulated
     if not 0.0 <= fraction <= 1.0:
         raise ValueError("fraction must be in [0, 1]")
     n_emu = int(round(fraction * cols))

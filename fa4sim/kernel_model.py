@@ -24,8 +24,6 @@ import heapq
 import math
 from dataclasses import dataclass
 
-import numpy as np
-
 from .params import Problem
 from .tile_order import host_estimate, host_table, tile_order
 
@@ -75,6 +73,7 @@ class KernelTime:
 
 def _erf(x):
     """erf of a numpy array (Abramowitz & Stegun 7.1.26, |error| < 1.5e-7)."""
+    import numpy as np  # here, not at the top: only a host-fixed tile table needs it (importing it takes long)
     z = np.abs(x)
     t = 1.0 / (1.0 + 0.3275911 * z)
     poly = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027 + t * 1.061405429))))
@@ -85,6 +84,7 @@ def expected_max(loads: list[float], sigmas: list[float], points: int = 512) -> 
     """E[max_c (loads[c] + sigmas[c] * Z_c)], Z_c independent standard normals: when the
     slowest of several CTAs finishes if each one's time varies independently around its load.
     Deterministic: the integral of 1 - prod_c Phi((x - load_c) / sigma_c) on a grid (cycles)."""
+    import numpy as np  # see _erf
     mu = np.asarray(loads, dtype=float)
     sd = np.asarray(sigmas, dtype=float)
     if not sd.any():

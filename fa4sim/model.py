@@ -16,15 +16,17 @@ in the block count there) and close below it.
 from __future__ import annotations
 
 import math
+import numbers
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 from . import hardware, implementation, power
-from .engine import Trace
+from .engine import Trace, gc_paused
 from .errors import InputError
 from .kernel_model import KernelTime, WorkUnit, kernel_time, work_units
-from .params import MAX_TILES, Context, Problem, resolve
+from .params import MAX_SEQLEN, MAX_TILES, Context, Problem, resolve
 from .schedules import BWD_SCHEDULES, SCHEDULES, kernel_bwd
-from .steady_state import CAP, Period, tile_times
+from .steady_state import CAP, Period, Runs, tile_times
 
 LADDER = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, CAP)
 PASSES = ("fwd", "bwd")
@@ -105,9 +107,9 @@ def split_overrides(module, impl, overrides: dict) -> tuple[dict, dict, dict]:
         if name in knob_names:
             knob_over[name] = value
         elif name in hardware.PARAMS:
-            hw_over[name] = _hw_value(name, value)
+            hw_over[name] = hardware.check_value(name, value, "--set")
         elif name in impl.params and not isinstance(impl.params[name]["value"], list):
-            impl_over[name] = _number(name, value)
+            impl_over[name] = impl.check_value(name, value, "--set")
         else:
             raise InputError(name, f"unknown parameter; schedule knobs: {', '.join(sorted(knob_names))}; "
                                    f"hardware: {', '.join(hardware.PARAMS)}; {impl.name}: "
@@ -115,44 +117,7 @@ def split_overrides(module, impl, overrides: dict) -> tuple[dict, dict, dict]:
     return hw_over, knob_over, impl_over
 
 
-def _number(name: str, value) -> float:
-    try:
-        v = float(value)
-    except (TypeError, ValueError):
-        raise InputError(name, f"must be a number, got {value!r}") from None
-    if not math.isfinite(v) or v < 0:
-        raise InputError(name, f"must be a finite number >= 0, got {value!r}")
-    return v
-
-
-def _hw_value(name: str, value):
-    if name == "card_power_w":  # a card may draw less than the calibration card: any finite W
-        try:
-            v = float(value)
-        except (TypeError, ValueError):
-            raise InputError(name, f"must be a number (W), got {value!r}") from None
-        if not math.isfinite(v):
-            raise InputError(name, f"must be a finite number (W), got {value!r}")
-        return v
-    v = _number(name, value)
-    if name in hardware.INTEGER:
-        if v != int(v):
-            raise InputError(name, f"must be an integer, got {value!r}")
-        v = int(v)
-    if name == "voltage_slope" and v > 1:
-        raise InputError(name, f"must be between 0 and 1, got {value!r}")
-    if name == "clock_min_ghz" and v <= 0:
-        raise InputError(name, f"must be > 0, got {value!r}")
-    if hardware.PARAMS.get(name, ("",))[0] == "fraction" and not 0 < v <= 1:
-        raise InputError(name, f"is a fraction of a rate: must be in (0, 1], got {value!r}")
-    positive = {"clock_ghz", "num_sms", "tensor_flops_per_clk", "mufu_ex2_per_clk", "fma_lanes_per_clk",
-                "alu_lanes_per_clk", "issue_per_clk", "smem_bytes_per_clk", "tma_bytes_per_clk",
-                "l2_bandwidth_tbps", "hbm_bandwidth_tbps", "mma_queue_depth"}
-    if name in positive and v <= 0:
-        raise InputError(name, f"must be > 0, got {value!r}")
-    return v
-
-
+@gc_paused
 def simulate(hw="b200", schedule: str | None = None, problem: Problem | None = None, overrides: dict | None = None,
              impl: str | implementation.Implementation | None = None, pass_: str = "fwd") -> Result:
     """Predict one forward pass (pass_ "fwd") or one backward pass ("bwd": simulate_bwd).
@@ -194,6 +159,9 @@ def simulate(hw="b200", schedule: str | None = None, problem: Problem | None = N
     # per-shape costs in cycles: the schedules do not depend on the clock, so one cache serves
     # every clock the power model tries (keyed by the Q loads' HBM share, which does)
     cache: dict[tuple, tuple] = {}
+    persistent = bool(knobs.get("persistent", True))  # else one CTA per tile: no further-tile cost (T2)
+    runs = Runs()
+    per_trace: dict = {}  # _per_block's memo
 
     def launch(at, hbm_busy: float):
         """The launch on profile `at` (its clock) with the Q loads' HBM share hbm_busy."""
@@ -203,21 +171,20 @@ def simulate(hw="b200", schedule: str | None = None, problem: Problem | None = N
             if key not in cache:
                 k = knobs if unit_rows == rows else unit_knobs(knobs, unit_rows)
                 sched = module.build(profile, problem, k, n, masked, impl, hbm_busy)
-                cache[key] = tile_times(sched, n)
+                cache[key] = tile_times(sched, n, pair=persistent, run=runs)
             return cache[key]
 
-        def cost_of(u: WorkUnit) -> tuple[float, float]:
+        def cost_of(u: WorkUnit) -> tuple[float, float | None]:
             v = variant(u)
             ns = by_shape[(u.masked, v)]
             if len(set(ns)) <= 4:
-                t1, t2, _, _ = detailed(u.n_kv, u.masked, v)
-                return t1 + prologue, t2 - t1
-            t1, extra = _interpolated(u, max(ns), lambda n, m: detailed(n, m, v))
+                t1, extra = _further(*detailed(u.n_kv, u.masked, v)[:2])
+            else:
+                t1, extra = _interpolated(u, max(ns), lambda n, m: detailed(n, m, v))
             return t1 + prologue, extra
 
         kt = kernel_time(problem, at, units, cost_of, tile_n, two_cta,
-                         persistent=bool(knobs.get("persistent", True)), order=knobs.get("tile_order", "lpt"),
-                         rows=unit_rows)
+                         persistent=persistent, order=knobs.get("tile_order", "lpt"), rows=unit_rows)
         return kt, detailed
 
     def at_clock(at, refine: bool = True):
@@ -254,7 +221,7 @@ def simulate(hw="b200", schedule: str | None = None, problem: Problem | None = N
         for v, us in by_variant.items():
             top = max(us, key=lambda u: (u.n_kv, -u.masked))
             _, _, trace, period = detailed(top.n_kv, top.masked, v)
-            work, idle_v = _per_block(at, trace, period)
+            work, idle_v = _per_block(at, trace, period, per_trace)
             share = sum(u.n_kv for u in us) * per_tile / sm_blocks
             for unit, c in work.items():
                 per_block[unit] = per_block.get(unit, 0.0) + c * share
@@ -316,6 +283,7 @@ def simulate(hw="b200", schedule: str | None = None, problem: Problem | None = N
     return result
 
 
+@gc_paused
 def simulate_bwd(hw="b200", schedule: str | None = None, problem: Problem | None = None,
                  overrides: dict | None = None, impl=None, pass_: str = "bwd") -> Result:
     """Predict one backward pass: the preprocess, the main kernel (one CTA, or CTA pair, per KV
@@ -343,6 +311,8 @@ def simulate_bwd(hw="b200", schedule: str | None = None, problem: Problem | None
     for u in units:
         by_shape.setdefault(min(u.masked, MASKED_SIM), []).append(u.n_kv)
     cache: dict[tuple, tuple] = {}
+    runs = Runs()
+    per_trace: dict = {}  # _per_block's memo
     rows_t = kernel_bwd.transposed(problem)
 
     # per-shape costs in cycles on profile `at`: they depend on its clock, since an SM's share of
@@ -351,13 +321,19 @@ def simulate_bwd(hw="b200", schedule: str | None = None, problem: Problem | None
     # last small steps)
     builds: dict[float, hardware.HardwareProfile] = {}
 
-    def detailed(at, n: int, masked: int):
+    def detailed(at, n: int, masked: int, whole: bool = False):
+        """tile_times of n blocks with `masked` masked Q blocks on `at`; whole: its own trace too
+        (otherwise a shape whose tiles reach past CAP gives a shorter tile from its probe)."""
         near = [g for g in builds if abs(g - at.clock_ghz) <= BUILD_CLOCK_TOL * at.clock_ghz]
         ghz = min(near, key=lambda g: abs(g - at.clock_ghz)) if near else at.clock_ghz
         on = builds.setdefault(ghz, at)
-        if (ghz, n, masked) not in cache:
-            cache[(ghz, n, masked)] = tile_times(module.build(on, problem, knobs, n, masked, impl), n)
-        return cache[(ghz, n, masked)]
+        shorter = not whole and max(by_shape.get(masked, [0])) > CAP
+        key = (ghz, n, masked, shorter)
+        if key not in cache:
+            # one CTA per KV tile (kernel_time's persistent=False): a further tile's cost is never used
+            cache[key] = tile_times(module.build(on, problem, knobs, n, masked, impl), n, pair=False, run=runs,
+                                    shorter=shorter)
+        return cache[key]
 
     many = [u.n_kv for u in units if u.masked > MASKED_SIM]
     n_ref = min(max(many), 8) if many else 0
@@ -367,11 +343,10 @@ def simulate_bwd(hw="b200", schedule: str | None = None, problem: Problem | None
         per_masked = max(0.0, detailed(at, n_ref, MASKED_SIM)[0]
                          - detailed(at, n_ref, MASKED_SIM - 1)[0]) if many else 0.0
 
-        def cost_of(u) -> tuple[float, float]:
+        def cost_of(u) -> tuple[float, None]:
             m = min(u.masked, MASKED_SIM)
             if len(set(by_shape[m])) <= 4:
-                t1, t2, _, _ = detailed(at, u.n_kv, m)
-                t1, extra = t1, t2 - t1
+                t1, extra = detailed(at, u.n_kv, m)[0], None
             else:
                 t1, extra = _interpolated(replace(u, masked=m), max(by_shape[m]),
                                           lambda n, mk: detailed(at, n, mk))
@@ -401,9 +376,9 @@ def simulate_bwd(hw="b200", schedule: str | None = None, problem: Problem | None
 
     def main_usage(at, kt):
         """The main kernel's power.Activity on profile `at`."""
-        _, _, trace, period = detailed(at, longest.n_kv, longest.masked)
+        _, _, trace, period = detailed(at, longest.n_kv, longest.masked, whole=True)
         flops = visits * (2 if two_cta else 1) * trace.schedule.meta["flops_per_iter"]
-        per_block, idle = _per_block(at, trace, period)
+        per_block, idle = _per_block(at, trace, period, per_trace)
         return power.activity(at, kt, per_block, sm_blocks, flops, idle, reduce_bytes,
                               "red" if knobs.get("dq_reduce") == "red" else "bulk")
 
@@ -450,7 +425,7 @@ def simulate_bwd(hw="b200", schedule: str | None = None, problem: Problem | None
 
     pre_us, post_us = kernel_bwd.pre_post_us(problem, at, knobs)
     total_us = pre_us + kt.time_us + post_us
-    _, _, trace, period = detailed(at, longest.n_kv, longest.masked)
+    _, _, trace, period = detailed(at, longest.n_kv, longest.masked, whole=True)
     util, waits, interval = _steady_state(trace, period)
     tflops = 2.5 * problem.flops / (total_us * 1e-6) / 1e12
     result = Result(at, schedule, impl, problem, knobs, tflops, total_us, kt.cycles, util, "", interval, waits, kt,
@@ -502,14 +477,18 @@ def setup(hw, schedule: str | None, problem: Problem | None, overrides: dict | N
     """Resolve what simulate() runs: (profile, schedule name, schedule module, implementation,
     knobs), with the overrides applied and the configuration checked; pass_ "bwd" resolves the
     schedule's backward and the implementation's backward choices."""
-    if pass_ not in PASSES:
+    if not isinstance(pass_, str) or pass_ not in PASSES:
         raise InputError("pass", f"unknown pass {pass_!r}; allowed: {', '.join(PASSES)}")
-    if problem is None:
-        raise InputError("problem", "a Problem(batch, heads, seqlen_q, seqlen_k, hdim, causal) is required")
+    if not isinstance(problem, Problem):
+        raise InputError("problem", f"a Problem(batch, heads, seqlen_q, seqlen_k, hdim, causal) is required, got "
+                                    f"{type(problem).__name__}")
+    if overrides is not None and not isinstance(overrides, Mapping):
+        raise InputError("overrides", f"a dict of NAME: value (the --set what-ifs), got {type(overrides).__name__}")
+    overrides = dict(overrides or {})
     profile = hw if isinstance(hw, hardware.HardwareProfile) else hardware.load(hw)
     if schedule is None:
         schedule = impl.schedule if isinstance(impl, implementation.Implementation) else default_schedule(profile.arch)
-    if schedule not in SCHEDULES:
+    if not isinstance(schedule, str) or schedule not in SCHEDULES:
         raise InputError("schedule", f"unknown schedule {schedule!r}; allowed: {', '.join(SCHEDULES)}")
     module = SCHEDULES[schedule]
     if pass_ == "bwd":
@@ -523,7 +502,7 @@ def setup(hw, schedule: str | None, problem: Problem | None, overrides: dict | N
         raise InputError("schedule", f"{schedule} is an {module.ARCH} schedule but hw {profile.name} is {profile.arch}; use {', '.join(other)}")
     if not isinstance(impl, implementation.Implementation):
         # the schedule's arch: a schedule run on another arch (fa3 on sm100, no TMEM) keeps its kernel's choices
-        impl = implementation.load(impl or module.DEFAULT_IMPL, module.ARCH)
+        impl = implementation.load(module.DEFAULT_IMPL if impl is None else impl, module.ARCH)
     if impl.schedule != schedule:
         raise InputError("impl", f"{impl.name} is modelled by the {impl.schedule} schedule, not {schedule}")
     impl = impl.for_pass(pass_)
@@ -542,8 +521,11 @@ def build_cta(hw, problem: Problem, overrides: dict | None = None, n_kv: int = 1
               impl=None, schedule: str | None = None, pass_: str = "fwd"):
     """One CTA's schedule (an engine.Schedule) for tiles of n_kv KV blocks (backward: Q blocks),
     `masked` of them masked, resolved as simulate() resolves it: for timelines, tests and lessons."""
+    for name, v, lo, hi in (("n_kv", n_kv, 1, MAX_SEQLEN), ("masked", masked, 0, n_kv)):
+        if isinstance(v, bool) or not isinstance(v, numbers.Integral) or not lo <= v <= hi:
+            raise InputError(name, f"must be an integer in {lo}..{hi}{' (n_kv)' if name == 'masked' else ''}, got {v!r}")
     profile, _, module, impl, knobs = setup(hw, schedule, problem, overrides, impl, pass_)
-    return module.build(profile, problem, knobs, n_kv, masked, impl)
+    return module.build(profile, problem, knobs, int(n_kv), int(masked), impl)
 
 
 def default_schedule(arch: str) -> str:
@@ -554,18 +536,25 @@ def default_schedule(arch: str) -> str:
     raise InputError("hw", f"no schedule for arch {arch!r}; allowed: {', '.join(m.ARCH for m in SCHEDULES.values())}")
 
 
-def _interpolated(u: WorkUnit, n_max: int, detailed) -> tuple[float, float]:
-    """T1 and the further-tile cost for n blocks from simulated neighbours (affine in n)."""
+def _further(t1: float, t2: float | None) -> tuple[float, float | None]:
+    """(T1, the further-tile cost T2 - T1) in cycles; None where T2 was not simulated."""
+    return t1, None if t2 is None else t2 - t1
+
+
+def _interpolated(u: WorkUnit, n_max: int, detailed) -> tuple[float, float | None]:
+    """T1 and the further-tile cost (None where T2 was not simulated) for n blocks from
+    simulated neighbours (affine in n)."""
     ladder = sorted({n for n in LADDER if n < n_max} | {n_max})
     n = u.n_kv
     if n in ladder:
-        t1, t2, _, _ = detailed(n, u.masked)
-        return t1, t2 - t1
+        return _further(*detailed(n, u.masked)[:2])
     lo = max(x for x in ladder if x < n)
     hi = min(x for x in ladder if x > n)
     a, b = detailed(lo, u.masked), detailed(hi, u.masked)
     w = (n - lo) / (hi - lo)
     t1 = a[0] + w * (b[0] - a[0])
+    if a[1] is None:
+        return t1, None
     extra = (a[1] - a[0]) + w * ((b[1] - b[0]) - (a[1] - a[0]))
     return t1, extra
 
@@ -584,15 +573,22 @@ def _window(trace: Trace, period: Period | None):
     return 0.0, trace.end, None, None
 
 
-def _per_block(hw, trace: Trace, period: Period | None) -> tuple[dict, float]:
+def _per_block(hw, trace: Trace, period: Period | None, memo: dict | None = None) -> tuple[dict, float]:
     """(nominal unit cycles per KV block of the loop's steady part (power.work_per_block; a tile
     too short for one: the whole trace over all its blocks), the tensor core's weighted idle
     cycles per KV block from the tile's first MMA to its end: the loop and the epilogue; the
     start is the cold start, which a persistent CTA overlaps with the previous tile
-    (power.tensor_gaps, power.idle_cycles))."""
-    iters = _window(trace, period)[3]
-    idle = power.idle_cycles(hw, power.tensor_gaps(trace, None, trace.end)) / max(sum(trace.tiles), 1)
-    return power.work_per_block(trace, iters), idle
+    (power.tensor_gaps, power.idle_cycles)). memo: a dict kept over one prediction, where the
+    same trace's work and gaps are asked for again at each clock the power model tries."""
+    key = (id(trace), period)
+    if memo is None or key not in memo:
+        iters = _window(trace, period)[3]
+        got = (trace, power.work_per_block(trace, iters), power.tensor_gaps(trace, None, trace.end))
+        if memo is None:
+            memo = {}
+        memo[key] = got  # the trace itself too: it keeps its id its own while the memo lives
+    _, work, gaps = memo[key]
+    return dict(work), power.idle_cycles(hw, gaps) / max(sum(trace.tiles), 1)
 
 
 def _steady_state(trace: Trace, period: Period | None):
@@ -601,16 +597,16 @@ def _steady_state(trace: Trace, period: Period | None):
     util = trace.utilization(t0, t1)
     waits: dict[str, float] = {}
     span = max(t1 - t0, 1e-9)
-    pieces = sorted((b for b in trace.busy if b.unit == "tensor" and b.end > t0 and b.start < t1),
-                    key=lambda b: b.start)
+    # Busy's fields (unit, start, end, rec): engine.Trace.busy_rows
+    pieces = sorted((b for b in trace.busy_rows if b[0] == "tensor" and b[2] > t0 and b[1] < t1), key=lambda b: b[1])
     prev_end = t0
-    for b in pieces:
-        gap = min(b.start, t1) - max(prev_end, t0)
+    for _, start, end, rec_i in pieces:
+        gap = min(start, t1) - max(prev_end, t0)
         if gap > 1e-9:
-            rec = trace.ops[b.rec]
+            rec = trace.ops[rec_i]
             cause = rec.waited_for or f"{rec.role} issue order"
             waits[cause] = waits.get(cause, 0.0) + gap / span
-        prev_end = max(prev_end, b.end)
+        prev_end = max(prev_end, end)
     waits = dict(sorted(waits.items(), key=lambda kv: -kv[1]))
     return util, waits, interval
 

@@ -67,7 +67,9 @@ HBM time if longer, plus the launch gap; so the rates per SM clock follow f.
 """
 from __future__ import annotations
 
+import bisect
 import math
+import operator
 from dataclasses import dataclass
 from typing import Mapping, NamedTuple
 
@@ -136,14 +138,30 @@ def work_per_block(trace, iters: range | None = None) -> dict:
 ISSUING = ("issue", "mufu", "fma", "alu", "lsu", "smem:lsu")
 
 
-def _merged(spans) -> list[list[float]]:
-    out: list[list[float]] = []
-    for a, b in sorted(spans):
-        if out and a <= out[-1][1]:
-            out[-1][1] = max(out[-1][1], b)
+def _union(spans: list[tuple[float, float]]) -> tuple[list[float], list[float]]:
+    """The union of (start, end) spans as disjoint spans in order: (their starts, their ends);
+    spans that touch or overlap merge. Sorted by start alone: spans of one start merge into one
+    whatever their order. (A trace has tens of thousands: the loop keeps the open span in locals.)"""
+    if not spans:
+        return [], []
+    spans.sort(key=_FIRST)
+    starts, ends = [], []
+    it = iter(spans)
+    s0, e0 = next(it)
+    for a, b in it:
+        if a <= e0:
+            if b > e0:
+                e0 = b
         else:
-            out.append([a, b])
-    return out
+            starts.append(s0)
+            ends.append(e0)
+            s0, e0 = a, b
+    starts.append(s0)
+    ends.append(e0)
+    return starts, ends
+
+
+_FIRST = operator.itemgetter(0)
 
 
 def tensor_gaps(trace, t0: float | None = None, t1: float | None = None,
@@ -154,19 +172,23 @@ def tensor_gaps(trace, t0: float | None = None, t1: float | None = None,
     None: to its last busy moment). Intervals that touch or overlap merge."""
     lo = float("-inf") if t0 is None else t0
     up = float("inf") if t1 is None else t1
-    busy = _merged((max(b.start, lo), min(b.end, up)) for b in trace.busy
-                   if b.unit == unit and min(b.end, up) > max(b.start, lo))
-    if not busy:
+    rows = getattr(trace, "busy_rows", None)  # engine.Trace's: (unit, start, end, rec) tuples
+    if rows is None:
+        rows = [(x.unit, x.start, x.end) for x in trace.busy]
+    busy_s, busy_e = _union([(a, b) for a, b in ((max(x[1], lo), min(x[2], up)) for x in rows if x[0] == unit)
+                             if b > a])
+    if not busy_s:
         return []
-    first = busy[0][0] if t0 is None else t0
-    last = busy[-1][1] if t1 is None else t1
-    edges = [first] + [x for span in busy for x in span] + [last]
-    holes = [(a, b) for a, b in zip(edges[0::2], edges[1::2]) if b > a]
-    issuing = _merged((b.start, b.end) for b in trace.busy
-                      if (b.unit in ISSUING or b.unit.startswith("issue:")) and b.end > b.start)
+    first = busy_s[0] if t0 is None else t0
+    last = busy_e[-1] if t1 is None else t1
+    holes = [(a, b) for a, b in zip([first, *busy_e], [*busy_s, last]) if b > a]
+    names = {u for u in set(map(_FIRST, rows)) if u in ISSUING or u.startswith("issue:")}
+    starts, ends = _union([(x[1], x[2]) for x in rows if x[0] in names and x[2] > x[1]])
+    # the merged spans are disjoint and sorted: those that overlap a hole are consecutive
     out = []
     for a, b in holes:
-        out.append((b - a, sum(max(0.0, min(b, y) - max(a, x)) for x, y in issuing if y > a and x < b)))
+        i, j = bisect.bisect_right(ends, a), bisect.bisect_left(starts, b)
+        out.append((b - a, sum(max(0.0, min(b, y) - max(a, x)) for x, y in zip(starts[i:j], ends[i:j]))))
     return out
 
 

@@ -47,26 +47,56 @@ def detect(starts: Sequence[float], max_period: int = MAX_PERIOD) -> Period | No
     return None
 
 
-def tile_times(schedule: Schedule, n: int, cap: int = CAP) -> tuple[float, float, Trace, Period | None]:
+class Runs:
+    """engine.simulate remembered over one prediction: equal schedules run the same tiles alike
+    (a backward's schedule is the same for every tile length, so its long tiles' probe is its
+    CAP-block tile; so is a forward's without a rescale threshold)."""
+
+    def __init__(self):
+        self.seen: list[tuple[Schedule, tuple[int, ...], Trace]] = []
+
+    def __call__(self, schedule: Schedule, tiles: Sequence[int]) -> Trace:
+        tiles = tuple(tiles)
+        for s, t, trace in self.seen:
+            if t == tiles and s == schedule:
+                return trace
+        trace = simulate(schedule, tiles)
+        self.seen.append((schedule, tiles, trace))
+        return trace
+
+
+def tile_times(schedule: Schedule, n: int, cap: int = CAP, pair: bool = True,
+               run=simulate, shorter: bool = False) -> tuple[float, float | None, Trace, Period | None]:
     """(T1, T2, trace, period): one tile of n blocks alone, and two such tiles back to back.
 
     T2 - T1 is what a further tile costs a persistent CTA (its prologue overlaps the previous
-    tile's epilogue). Long tiles are simulated for n' < n blocks and extrapolated.
+    tile's epilogue); pair False leaves T2 None, unsimulated (a launch of one CTA per tile never
+    pays it). Long tiles are simulated for n' < n blocks and extrapolated. run: engine.simulate
+    or a Runs. shorter: the schedule is the same at every tile length (a backward's) and its
+    cap-block probe is run anyway, so a tile of n < cap blocks past the transient is that probe
+    less (cap - n) blocks (the same periodicity, exact to rounding); the trace returned is then
+    the probe's, not n blocks'.
     """
-    if n <= cap:
-        one = simulate(schedule, [n])
-        two = simulate(schedule, [n, n])
-        return one.end, two.end, one, detect(one.starts(schedule.marker))
-    probe = simulate(schedule, [cap])
+    if n <= cap and not (shorter and n < cap):
+        one = run(schedule, [n])
+        return one.end, _two(run, schedule, n, pair), one, detect(one.starts(schedule.marker))
+    probe = run(schedule, [cap])
     per = detect(probe.starts(schedule.marker))
     if per is None:  # no periodic regime within cap blocks: simulate in full
-        one = simulate(schedule, [n])
-        return one.end, simulate(schedule, [n, n]).end, one, detect(one.starts(schedule.marker))
+        one = run(schedule, [n])
+        return one.end, _two(run, schedule, n, pair), one, detect(one.starts(schedule.marker))
     n_sim = cap - ((cap - n) % per.period)  # n_sim = n (mod p), n_sim <= cap
-    if n_sim < per.first + 2 * per.period:
-        one = simulate(schedule, [n])
-        return one.end, simulate(schedule, [n, n]).end, one, per
-    one = probe if n_sim == cap else simulate(schedule, [n_sim])
-    two = simulate(schedule, [n_sim, n_sim])
+    if min(n, n_sim) < per.first + 2 * per.period or (n < cap and n_sim != cap):
+        # within the transient; or shorter than cap, where a run of n_sim != cap blocks would
+        # cost more than a run of its own
+        one = run(schedule, [n])
+        return one.end, _two(run, schedule, n, pair), one, per
+    one = probe if n_sim == cap else run(schedule, [n_sim])
+    two = _two(run, schedule, n_sim, pair)
     extra = (n - n_sim) / per.period * per.span
-    return one.end + extra, two.end + 2 * extra, one, per
+    return one.end + extra, None if two is None else two + 2 * extra, one, per
+
+
+def _two(run, schedule: Schedule, n: int, pair: bool) -> float | None:
+    """Cycles of two tiles of n blocks back to back (None unless pair)."""
+    return run(schedule, [n, n]).end if pair else None

@@ -19,6 +19,16 @@ def _doc(fa4_tflops=500.0, ok=True):
 
 
 P = Problem(1, 16, 4096, 4096, 128, False)
+_SIMULATED = {}
+
+
+def simulate_bwd(hw, problem, knobs, impl):
+    """The reference prediction: simulate(..., pass_="bwd") directly, not through validate;
+    tests that ask for the same one share it (one simulation each)."""
+    key = (hw, problem, tuple(sorted(knobs.items())), impl)
+    if key not in _SIMULATED:
+        _SIMULATED[key] = simulate(hw, None, problem, knobs, impl=impl, pass_="bwd")
+    return _SIMULATED[key]
 
 
 def test_flash_attn_4_and_fa4kernel_are_predicted_with_the_backward_model():
@@ -27,7 +37,7 @@ def test_flash_attn_4_and_fa4kernel_are_predicted_with_the_backward_model():
     for kernel, impl, knobs in (("flash-attn-4", "flash-attn-4", {}), ("fa4kernel", "fa4kernel", {}),
                                 ("fa4kernel[dq_reduce=red]", "fa4kernel", {"dq_reduce": "red"}),
                                 ("fa4kernel[deterministic]", "fa4kernel", {"deterministic": True})):
-        want = simulate("h100", None, P, knobs, impl=impl, pass_="bwd")
+        want = simulate_bwd("h100", P, knobs, impl)
         assert rows[kernel]["predicted_tflops"] == pytest.approx(want.tflops), kernel
         assert rows[kernel]["error"] == pytest.approx(want.tflops / rows[kernel]["measured_tflops"] - 1.0)
     # the dQ path is in the schedule: the RED variant is predicted differently from the bulk default
@@ -45,13 +55,12 @@ def test_the_file_says_which_build_the_plain_row_timed():
     doc = _doc()
     doc["meta"]["fa4kernel_bwd_knobs"] = {"dq_reduce": "red", "stats": "thread"}
     rows = {r["kernel"]: r for r in compare(doc)["points"]}
-    old = simulate("h100", None, P, {"dq_reduce": "red", "stats": "thread"}, impl="fa4kernel", pass_="bwd")
+    old = simulate_bwd("h100", P, {"dq_reduce": "red", "stats": "thread"}, "fa4kernel")
     assert rows["fa4kernel"]["predicted_tflops"] == pytest.approx(old.tflops)
-    det = simulate("h100", None, P, {"dq_reduce": "red", "stats": "thread", "deterministic": True},
-                   impl="fa4kernel", pass_="bwd")
+    det = simulate_bwd("h100", P, {"dq_reduce": "red", "stats": "thread", "deterministic": True}, "fa4kernel")
     assert rows["fa4kernel[deterministic]"]["predicted_tflops"] == pytest.approx(det.tflops)
     assert rows["flash-attn-4"]["predicted_tflops"] == pytest.approx(
-        simulate("h100", None, P, {}, impl="flash-attn-4", pass_="bwd").tflops)
+        simulate_bwd("h100", P, {}, "flash-attn-4").tflops)
 
 
 def test_a_result_that_failed_its_gradient_check_is_left_out():
@@ -87,10 +96,10 @@ def test_the_clock_probe_row_is_fa4kernel_and_its_clock_is_compared():
     point["clock_ghz_in_kernel"] = 1.7
     res = compare(doc)
     rows = {r["kernel"]: r for r in res["points"]}
-    plain = simulate("h100", None, P, {}, impl="fa4kernel", pass_="bwd")
+    plain = simulate_bwd("h100", P, {}, "fa4kernel")
     assert rows["fa4kernel[clock probe]"]["predicted_tflops"] == pytest.approx(plain.tflops)
     assert rows["fa4kernel"]["clock_error"] == pytest.approx(plain.clock_ghz / 1.7 - 1.0)
-    at = simulate("h100", None, P, {"clock_ghz": 1.7}, impl="fa4kernel", pass_="bwd")
+    at = simulate_bwd("h100", P, {"clock_ghz": 1.7}, "fa4kernel")
     assert rows["fa4kernel"]["error_at_measured_clock"] == pytest.approx(at.tflops / 300.0 - 1.0)
     assert rows["flash-attn-4"]["clock_error"] is None  # no probe of flash-attn-4's kernel
     assert res["summary"]["clock"]["count"] == 1
@@ -117,7 +126,7 @@ def test_a_backward_launch_is_the_main_kernel_in_its_order_at_its_own_clock():
     rows = {r["order"]: r for r in res["points"]}
     p = Problem(4, 8, 4096, 4096, 256, True)
     for order in ("heads_outer", "tail_lpt"):
-        want = simulate("h200", None, p, {"grid_order": order, "clock_ghz": 1.79}, impl="fa4kernel", pass_="bwd")
+        want = simulate_bwd("h200", p, {"grid_order": order, "clock_ghz": 1.79}, "fa4kernel")
         assert rows[order]["predicted_us"] == pytest.approx(want.main_us - want.hw.launch_gap_us)
     assert rows["heads_outer"]["measured_gain"] is None
     assert rows["tail_lpt"]["measured_gain"] == pytest.approx(1800.0 / 1700.0 - 1.0)

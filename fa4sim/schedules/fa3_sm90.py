@@ -42,7 +42,6 @@ from ..engine import Edge, Op, Schedule
 from ..errors import InputError
 from ..tile_order import ORDERS
 from ..params import Context, Knob, Problem
-from ..rescale import rescale_rate
 from ..softmax import add, beside_gemm, exp2_phase, mix_limits, phase, scaled
 from ..tensor_core import BYTES, check_shape, mma_cost
 
@@ -286,6 +285,7 @@ def build(hw, p: Problem, k: dict, n_kv: int, masked_blocks: int, impl, hbm_busy
     f = k["exp_emulation"]
     rate = k["rescale_rate"]
     if rate is None:
+        from ..rescale import rescale_rate  # here: it imports numpy, which only a derived rate needs
         rate = rescale_rate(n_kv, k["rescale_threshold"], k["score_std"], cols=n, rows=16)  # 16 rows per warp
 
     qk = mma_cost(hw, 64, n, d, a_in_smem=True)

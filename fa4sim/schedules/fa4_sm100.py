@@ -21,7 +21,6 @@ from dataclasses import replace
 from ..engine import Edge, Op, Schedule
 from ..errors import InputError
 from ..params import Context, Knob, Problem
-from ..rescale import rescale_rate
 from ..softmax import add, beside_gemm, exp2_phase, mix_limits, phase, scaled
 from ..tensor_core import BYTES, check_shape, mma_cost
 
@@ -152,6 +151,7 @@ def build(hw, p: Problem, k: dict, n_kv: int, masked_blocks: int, impl=None, hbm
 
     rate = k["rescale_rate"]
     if rate is None:
+        from ..rescale import rescale_rate  # here: it imports numpy, which only a derived rate needs
         rate = rescale_rate(n_kv, k["rescale_threshold"], k["score_std"], cols=n, rows=32)
 
     ops: list[Op] = []

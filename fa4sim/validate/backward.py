@@ -21,9 +21,8 @@ error = predicted / measured - 1.
 from __future__ import annotations
 
 from ..errors import InputError
-from ..model import simulate
 from ..params import Problem
-from .common import profile_for, progress
+from .common import predict, profile_for, progress
 from .sustained import _stats
 
 MODELLED = ("fa4kernel", "flash-attn-4")
@@ -46,13 +45,19 @@ def variant(kernel: str) -> tuple[str, dict]:
     return name, knobs
 
 
-def compare(doc: dict, hw: str | None = None) -> dict:
+def compare(doc: dict, hw: str | None = None, kernels=None) -> dict:
+    """Every timed row of the file against the model. kernels: only the rows of these kernels
+    (names as the file has them, e.g. ("flash-attn-4",)); None: all of them. Each distinct
+    simulation (profile, problem, knobs, implementation) runs once: a file's fa4kernel and
+    fa4kernel[clock probe] rows are the same build (common.predict)."""
     hw_name = hw or profile_for(doc["meta"].get("device", ""))
     rows, pts = [], doc.get("points") or []
     for i, p in enumerate(pts, 1):
         progress(i, len(pts))
         problem = problem_of(p)
         for kernel, res in (p.get("results") or {}).items():
+            if kernels is not None and kernel not in kernels:
+                continue
             if not isinstance(res, dict) or not res.get("tflops") or not (res.get("check") or {}).get("ok"):
                 continue
             impl, knobs = ("fa4kernel", {}) if kernel == PROBE else variant(kernel)
@@ -65,11 +70,11 @@ def compare(doc: dict, hw: str | None = None) -> dict:
                    "clock_error": None, "error_at_measured_clock": None}
             if impl in MODELLED:
                 try:
-                    r = simulate(hw_name, None, problem, knobs, impl=impl, pass_="bwd")
+                    r = predict(hw_name, None, problem, knobs, impl, "bwd")
                     row.update(predicted_tflops=r.tflops, error=r.tflops / res["tflops"] - 1.0,
                                clock_ghz=r.clock_ghz, bottleneck=r.bottleneck)
                     if probe and kernel == "fa4kernel":  # the cycle model alone, at the probe's clock
-                        at = simulate(hw_name, None, problem, {**knobs, "clock_ghz": probe}, impl=impl, pass_="bwd")
+                        at = predict(hw_name, None, problem, {**knobs, "clock_ghz": probe}, impl, "bwd")
                         row.update(clock_error=r.clock_ghz / probe - 1.0,
                                    error_at_measured_clock=at.tflops / res["tflops"] - 1.0)
                 except InputError as e:

@@ -7,6 +7,7 @@ import sys
 
 from .. import hardware
 from ..errors import InputError
+from ..model import simulate
 
 # the kernels a result file names, each simulated as its implementation (fa4sim/implementations/:
 # flash-attn-4's one CTA per tile, its LPT order and its SASS's bookkeeping counts are data there)
@@ -20,6 +21,36 @@ KNOB_NAMES = {"tile_m", "tile_n", "kv_stages", "pingpong", "intra_wg_overlap", "
 ABLATION_KNOBS = {"max": {"ablate": "max"}, "exp": {"ablate": "exp"}, "sum": {"ablate": "sum"},
                   "rescale": {"rescale_rate": 0.0}}
 PV_WAIT = ("model", "sass")
+
+
+_PREDICTED: dict = {}  # predict's memo: (hw, schedule, problem, knobs, impl, pass) -> Result or InputError
+PREDICTED_MAX = 4096
+
+
+def predict(hw, schedule, problem, knobs: dict, impl=None, pass_: str = "fwd"):
+    """simulate(hw, schedule, problem, knobs, impl=impl, pass_=pass_), remembered over the process:
+    the recorded files repeat their problems (two runs of one grid per GPU, a probe row beside its
+    plain row), and a prediction depends on nothing else. Only for a built-in profile name (a .json
+    path may change on disk, a HardwareProfile is the caller's); a knob value that does not hash is
+    simulated each time. An InputError is remembered and raised again."""
+    try:
+        key = (hw, schedule, problem, tuple(sorted(knobs.items())), impl, pass_)
+        hash(key)
+    except TypeError:
+        key = None
+    if key is None or not isinstance(hw, str) or hw not in hardware.available():
+        return simulate(hw, schedule, problem, knobs, impl=impl, pass_=pass_)
+    if key not in _PREDICTED:
+        if len(_PREDICTED) >= PREDICTED_MAX:
+            _PREDICTED.clear()
+        try:
+            _PREDICTED[key] = simulate(hw, schedule, problem, knobs, impl=impl, pass_=pass_)
+        except InputError as e:
+            _PREDICTED[key] = e
+    got = _PREDICTED[key]
+    if isinstance(got, InputError):
+        raise got
+    return got
 
 
 def profile_for(device: str) -> str:

@@ -66,10 +66,21 @@ def schedule(hw, warpgroups: int, blocks: int, with_mma: bool, per_trip: dict, w
                     interference=beside_gemm(hw, roles))
 
 
+_REPLAYED: dict = {}  # (repr of the schedule, TRIPS, WARMUP) -> cycles per trip
+
+
 def cycles_per_trip(s: Schedule) -> float:
-    """Steady-state cycles per trip: the mean spacing of the marker's starts after the warm-up."""
-    starts = simulate(s, [TRIPS]).starts(s.marker)
-    return (starts[-1] - starts[WARMUP]) / (len(starts) - 1 - WARMUP)
+    """Steady-state cycles per trip: the mean spacing of the marker's starts after the warm-up.
+    Each distinct schedule is replayed once per process (the recorded files repeat the same
+    cases: their mix and wgmma constants are the benchmark's), keyed by its whole value (repr:
+    every op, edge, unit and rule)."""
+    key = (repr(s), TRIPS, WARMUP)
+    if key not in _REPLAYED:
+        starts = simulate(s, [TRIPS]).starts(s.marker)
+        if len(_REPLAYED) >= 4096:
+            _REPLAYED.clear()
+        _REPLAYED[key] = (starts[-1] - starts[WARMUP]) / (len(starts) - 1 - WARMUP)
+    return _REPLAYED[key]
 
 
 def compare(doc: dict, hw: str | None = None) -> dict:

@@ -25,10 +25,9 @@ from __future__ import annotations
 import statistics
 
 from ..errors import InputError
-from ..model import simulate
 from ..params import Problem
-from .common import (COMPILED_PV_WAIT, PV_WAIT, SIMULATED, kernel_knobs, model_knobs, profile_for, progress, pyplot,
-                     save, verdict)
+from .common import (COMPILED_PV_WAIT, PV_WAIT, SIMULATED, kernel_knobs, model_knobs, predict, profile_for,
+                     progress, pyplot, save, verdict)
 
 # variants bench_fwd_sm90.py records beside a point's default run, and what they change
 VARIANT_CONFIG = {"1 tile/CTA": {"persistent": False}, "persistent=True": {"persistent": True}}
@@ -94,7 +93,7 @@ def compare(doc: dict, hw: str | None = None, at_profile_clock: bool = False, pv
                 knobs.update(COMPILED_PV_WAIT)
             meas = measured_tflops(problem, res)
             try:
-                r = simulate(hw, "fa3", problem, {**knobs, **({"clock_ghz": clock} if clock else {})}, impl=impl)
+                r = predict(hw, "fa3", problem, {**knobs, **({"clock_ghz": clock} if clock else {})}, impl)
                 sim, err = r.tflops, (r.tflops - meas) / meas
                 why = r.bottleneck
             except InputError as e:

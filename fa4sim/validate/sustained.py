@@ -32,9 +32,9 @@ from dataclasses import replace
 
 from .. import power as power_model
 from ..errors import InputError
-from ..model import setup, simulate
+from ..model import setup
 from ..params import Problem
-from .common import SIMULATED, kernel_knobs, model_knobs, profile_for, progress, pyplot, save
+from .common import SIMULATED, kernel_knobs, model_knobs, predict, profile_for, progress, pyplot, save
 from .points import measured_tflops
 
 
@@ -115,13 +115,13 @@ def compare(doc: dict, hw: str | None = None, overrides: dict | None = None) -> 
                    "measured_tflops": meas, "measured_clock_ghz": probe,
                    "nvml_sm_mhz": res.get("sm_mhz"), "measured_power_w": _board_power(res)}
             try:
-                r = simulate(hw_name, "fa3", problem, knobs, impl=kernel)
+                r = predict(hw_name, "fa3", problem, knobs, kernel)
                 clock, source, power = model_clock(r)
                 row.update(predicted_tflops=r.tflops, error=_rel(r.tflops, meas), predicted_clock_ghz=clock,
                            clock_source=source, predicted_power_w=power, bottleneck=r.bottleneck,
                            clock_error=_rel(clock, probe), power_error=_rel(power, row["measured_power_w"]))
                 if probe:  # the cycle model alone: the same simulation at the measured clock
-                    at = simulate(hw_name, "fa3", problem, {**knobs, "clock_ghz": probe}, impl=kernel)
+                    at = predict(hw_name, "fa3", problem, {**knobs, "clock_ghz": probe}, kernel)
                     row.update(tflops_at_measured_clock=at.tflops, error_at_measured_clock=_rel(at.tflops, meas))
                     # the probe build's own time: the same windows as its clock (else the default build's)
                     own = (p.get("results") or {}).get(PROBE) or {}
