@@ -104,6 +104,9 @@ def compile_sass(cfg=None, arch: str = "sm_90a", *, dtype: str = "bfloat16", hea
     dynamic batch, sequence lengths and heads: the SASS is the one every launch of that build runs.
     diagnostics: an SM90 diagnostic build (diagnostics.trace_build(), probe_build(...)).
     dump_dir: keep the compiler's files (cubin, PTX) there instead of a temporary directory.
+    The SASS is kept in an on-disk cache keyed by the configuration, fa4kernel's sources and the
+    toolchain (fa4kernel/compile_cache.py: FA4LAB_CACHE=off turns it off, `python -m
+    fa4kernel.compile_cache --clear` empties it); with dump_dir the compile always runs.
 
         sass = fa4kernel.compile_sass(head_dim=64, causal=True)             # SM90 defaults
         sass = fa4kernel.compile_sass(arch="sm_100a", exp_emulation=0.25)    # SM100, hd128
@@ -128,9 +131,11 @@ def compile_sass(cfg=None, arch: str = "sm_90a", *, dtype: str = "bfloat16", hea
         elif not isinstance(cfg, Sm100Config):
             raise ValueError(f"cfg={type(cfg).__name__} is not the SM100 kernel's; allowed with arch='sm_100a': "
                              f"None or an Sm100Config (fa4kernel.sm100.make_sm100_config)")
+        from .compile_cache import cached
         from .sm100.fwd import compile_sm100_config
 
-        return compile_sm100_config(cfg, dump_dir)
+        # the on-disk SASS cache (compile_cache.py); with dump_dir the compile runs (its files are wanted)
+        return cached("sm100_fwd", arch, cfg, lambda: compile_sm100_config(cfg, dump_dir), refresh=dump_dir is not None)
     raise ValueError(f"arch={arch!r} not supported; allowed: 'sm_90a' (SM90 forward) or 'sm_100a' (SM100 forward)")
 
 
@@ -152,7 +157,8 @@ def compile_bwd_sass(cfg: Optional[BwdConfig] = None, *, dtype: str = "bfloat16"
 
         compile_bwd(cfg, options, clock_probe=bool(clock_probe))
 
-    return sass_for(build, "sm_90a", dump_dir)
+    kind = "sm90_bwd_probe" if clock_probe else "sm90_bwd"
+    return sass_for(build, "sm_90a", dump_dir, cache=(kind, cfg))
 
 
 def _compile_sm90_sass(cfg: KernelConfig, diag: Diagnostics, dump_dir: Optional[str]) -> str:
@@ -168,7 +174,7 @@ def _compile_sm90_sass(cfg: KernelConfig, diag: Diagnostics, dump_dir: Optional[
         cute.compile(make_kernel(cfg, diag), q, k, v, o, lse, _fake_sched(cfg), Float32(1.0), *extra, stream,
                      options=options)
 
-    return sass_for(build, "sm_90a", dump_dir)
+    return sass_for(build, "sm_90a", dump_dir, cache=("sm90_fwd", (cfg, diag)))
 
 
 def _to_cute(t, leading_dim: int, align: int = 16):

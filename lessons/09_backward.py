@@ -401,7 +401,8 @@ for dev, (path, doc) in GRID.items():
 
     path, doc = SETTLED.get(dev, (path, doc))  # the settled run where there is one: the clock the model predicts
     with contextlib.redirect_stderr(io.StringIO()):  # its progress lines
-        fa4_rows = [row for row in backward.compare(doc)["points"] if row["kernel"] == "flash-attn-4"]
+        fa4_rows = [row for row in backward.compare(doc, kernels=("flash-attn-4",))["points"]
+                    if row["kernel"] == "flash-attn-4"]
     print(f"{short[dev]}: the model of flash-attn-4's backward, |error| median / max: " + ", ".join(
         f"hd{hd} {statistics.median(e):.0%} / {max(e):.0%}"
         for hd in (64, 128, 256) if (e := [abs(r["error"]) for r in fa4_rows if r["hdim"] == hd])))

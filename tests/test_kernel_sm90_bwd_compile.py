@@ -143,6 +143,28 @@ def test_bwd_query_block_loop(hd, causal):
     assert n("STSM") == 4  # dS^T: 64 x 64 x 2 bytes per warpgroup
 
 
+_DQ_COORDS = {}  # BwdConfig -> per dQ thread, the (row, col) of each of its dQ accumulator elements
+
+
+def dq_coords(cfg, dq):
+    """Called while a probe traces: per dQ thread t (128 x dq_wgs of them), the tile coordinates
+    of its dQ accumulator elements, in element order, from the kernel's own dQ tiled MMA `dq`
+    (its wgmma C partition of a tile_m x head_dim identity tensor). Each read traces DSL ops (what
+    these probes cost), so they are read once per build and shared by the probes that check them
+    (the thread layouts' and the bulk fragment order's: under pytest-xdist one worker runs them,
+    tests/conftest.py); the values are plain Python ints."""
+    if cfg not in _DQ_COORDS:
+        import cutlass.cute as cute
+
+        cQ = cute.make_identity_tensor((cfg.tile_m, cfg.head_dim))
+        coords = []
+        for t in range(128 * cfg.dq_wgs):  # plain Python: this function is not traced as a kernel
+            tq = dq.get_slice(t).partition_C(cQ)
+            coords.append([tq[i] for i in range(cute.size(tq))])
+        _DQ_COORDS[cfg] = coords
+    return _DQ_COORDS[cfg]
+
+
 @pytest.mark.parametrize("hd,tile_m", [(64, 64), (96, 64), (128, 64), (64, 128)])
 def test_bwd_thread_layouts_cover_the_tiles(hd, tile_m):
     """What the kernel assumes of its wgmma thread layouts, checked on the host with the kernel's
@@ -161,25 +183,34 @@ def test_bwd_thread_layouts_cover_the_tiles(hd, tile_m):
 
     @cute.jit
     def probe():
+        # each element's coordinate is read from the DSL once (a read traces ops: the cost of
+        # this test), then compared as Python values
         sdp, _, dq = make_bwd_kernel(cfg).tiled_mmas()
         cS = cute.make_identity_tensor((cfg.tile_n, cfg.tile_m))
         t0 = _mn_view(sdp.get_slice(0).partition_C(cS))
+        t0_row = []
+        for c in cutlass.range_constexpr(cute.size(t0, mode=[1])):
+            t0_row.append(t0[0, c])
         seen, bad = set(), 0
         for t in cutlass.range_constexpr(128 * cfg.num_consumer_wgs):
             ts = _mn_view(sdp.get_slice(t).partition_C(cS))
+            el = []
             for r in cutlass.range_constexpr(cute.size(ts, mode=[0])):
+                el.append([])
                 for c in cutlass.range_constexpr(cute.size(ts, mode=[1])):
-                    seen.add((ts[r, c][0], ts[r, c][1]))
-                    bad += int(ts[r, c][1] != ts[0, 0][1] + t0[0, c][1]) + int(ts[r, c][0] != ts[r, 0][0])
+                    el[r].append(ts[r, c])
+            for r in cutlass.range_constexpr(len(el)):
+                for c in cutlass.range_constexpr(len(el[r])):
+                    seen.add((el[r][c][0], el[r][c][1]))
+                    bad += int(el[r][c][1] != el[0][0][1] + t0_row[c][1]) + int(el[r][c][0] != el[r][0][0])
         found["sdp"] = (len(seen), bad)
-        cQ = cute.make_identity_tensor((cfg.tile_m, hd))
         seen, bad = set(), 0
         for t in cutlass.range_constexpr(128 * cfg.dq_wgs):
-            tq = dq.get_slice(t).partition_C(cQ)
-            for i in cutlass.range_constexpr(cute.size(tq)):
-                seen.add((tq[i][0], tq[i][1]))
-            for i in cutlass.range_constexpr(cute.size(tq) // 2):
-                a, b = tq[2 * i], tq[2 * i + 1]
+            el = dq_coords(cfg, dq)[t]  # the dQ partition of thread t
+            for i in cutlass.range_constexpr(len(el)):
+                seen.add((el[i][0], el[i][1]))
+            for i in cutlass.range_constexpr(len(el) // 2):
+                a, b = el[2 * i], el[2 * i + 1]
                 bad += int(not (a[0] == b[0] and b[1] == a[1] + 1 and a[1] % 2 == 0))
         found["dq"] = (len(seen), bad)
 
@@ -281,7 +312,6 @@ def test_bwd_bulk_fragment_order(hd, tile_m):
     @cute.jit
     def probe():
         _, _, dq = make_bwd_kernel(cfg).tiled_mmas()
-        cQ = cute.make_identity_tensor((cfg.tile_m, hd))
         chunk = cfg.tile_m * hd // cfg.dq_wgs
         copy = cute.make_tiled_copy_tv(
             cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), cutlass.Float32, num_bits_per_copy=128),
@@ -289,14 +319,14 @@ def test_bwd_bulk_fragment_order(hd, tile_m):
         cS = cute.make_identity_tensor((chunk, cfg.dq_wgs))
         seen, bad = set(), 0
         for t in cutlass.range_constexpr(128 * cfg.dq_wgs):
-            tq = dq.get_slice(t).partition_C(cQ)
+            tq = dq_coords(cfg, dq)[t]  # thread t's dQ elements: their coordinates in the wgmma C partition
             ts = copy.get_slice(t).partition_D(cS)
-            assert cute.size(ts) == cute.size(tq)
-            for i in cutlass.range_constexpr(cute.size(tq)):
-                pos = ts[cute.idx2crd(i, ts.shape)]
+            assert cute.size(ts) == len(tq)
+            for i in cutlass.range_constexpr(len(tq)):
+                pos, q = ts[cute.idx2crd(i, ts.shape)], tq[i]  # pos: read from the DSL once
                 off = pos[0] + chunk * pos[1]
                 seen.add(off)
-                bad += int(off != dq_bulk_offset(tq[i][0], tq[i][1], hd, cfg.dq_wgs, split))
+                bad += int(off != dq_bulk_offset(q[0], q[1], hd, cfg.dq_wgs, split))
         found["v"] = (len(seen), bad)
 
     cute.compile(probe, options="--gpu-arch sm_90a")
@@ -435,7 +465,7 @@ def test_bwd_preprocess_kernel_compiles(hd):
     from fa4kernel.sm90.bwd import compile_preprocess
 
     cfg = make_bwd_config("bfloat16", hd, False, preprocess="kernel")
-    text = sass_for(lambda opts: compile_preprocess(cfg, opts), "sm_90a")
+    text = sass_for(lambda opts: compile_preprocess(cfg, opts), "sm_90a", cache=("sm90_bwd_pre", cfg))
     ops = collections.Counter(re.findall(r"\s((?:LDG|STG|SHFL|LDL|STL)[\.\w]*)\s", text))
     assert ops["LDG.E.128"] == 2 * hd // 32
     assert ops["SHFL.BFLY"] == 2 and ops["STG.E"] == 2 and ops["LDG.E"] == 1
@@ -482,7 +512,7 @@ def test_bwd_postprocess_kernel_compiles(hd, tile_m, dtype):
     from fa4kernel.sm90.bwd import compile_postprocess
 
     cfg = make_bwd_config(dtype, hd, False, tile_m=tile_m, postprocess="kernel")
-    text = sass_for(lambda opts: compile_postprocess(cfg, opts), "sm_90a")
+    text = sass_for(lambda opts: compile_postprocess(cfg, opts), "sm_90a", cache=("sm90_bwd_post", cfg))
     ops = collections.Counter(re.findall(r"\s((?:LDG|STG|LDS|STS|BAR|F2FP|LDL|STL)[\.\w]*)\s", text))
     cvt = "F2FP.BF16.F32.PACK_AB" if dtype == "bfloat16" else "F2FP.F16.F32.PACK_AB"
     assert ops == {"LDG.E.128": 4, cvt: 8, "STG.E.128": 2}, ops
@@ -777,7 +807,7 @@ def test_bwd_dq_zero_preprocess_stores_zeros(hd):
 
     def ops(dq_zero):
         cfg = make_bwd_config("bfloat16", hd, False, dq_zero=dq_zero)
-        text = sass_for(lambda opts: compile_preprocess(cfg, opts), "sm_90a")
+        text = sass_for(lambda opts: compile_preprocess(cfg, opts), "sm_90a", cache=("sm90_bwd_pre", cfg))
         return collections.Counter(re.findall(r"\s((?:LDG|STG|SHFL|LDL|STL)[\.\w]*)\s", text))
 
     base, zero = ops("torch"), ops("preprocess")
