@@ -383,6 +383,9 @@ def main():
                          "cap settles (what fa4sim's power model predicts); default: short round-robin batches")
     ap.add_argument("--skip", default="", help="candidates to leave out, comma-separated (e.g. sdpa-cudnn,fa2)")
     args = ap.parse_args()
+    from benchmarks.hopper import require_hopper
+
+    require_hopper("bench_bwd_sm90.py")
     for text in args.variants or []:
         parse_variant(text)  # bad knob: one line, exit before the GPU work
     try:

@@ -377,6 +377,9 @@ def main():
     ap.add_argument("--only-knobs", action="store_true",
                     help="the hd128 8k knob groups only (causal and not), without the main grid")
     args = ap.parse_args()
+    from benchmarks.hopper import require_hopper
+
+    require_hopper("bench_fwd_sm90.py")
 
     global SAMPLER
     SAMPLER = ClockSampler(torch.cuda.current_device())

@@ -98,6 +98,9 @@ def main() -> int:
     ap.add_argument("--out", required=True, help="result JSON")
     ap.add_argument("--orders", default="heads_outer,tail_lpt", help="grid_order values, comma-separated")
     args = ap.parse_args()
+    from benchmarks.hopper import require_hopper
+
+    require_hopper("bwd_ctas_sm90.py")
     from fa4kernel.sm90.bwd_config import GRID_ORDERS
 
     orders = args.orders.split(",")

@@ -39,6 +39,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True, help="result JSON")
     args = ap.parse_args()
+    from benchmarks.hopper import require_hopper
+
+    require_hopper("bwd_launches_sm90.py")
     import torch
 
     import fa4kernel

@@ -57,6 +57,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True, help="result JSON")
     args = ap.parse_args()
+    from benchmarks.hopper import require_hopper
+
+    require_hopper("bwd_loop_sm90.py")
     import torch
 
     from benchmarks.bench_fwd_sm90 import _version

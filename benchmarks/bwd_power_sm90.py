@@ -303,6 +303,9 @@ def main():
     if args.report:
         report(args.report, args.hw)
     else:
+        from benchmarks.hopper import require_hopper
+
+        require_hopper("bwd_power_sm90.py", "--report FILE compares a recorded file on the CPU")
         measure_long(args.out)
 
 

@@ -210,6 +210,9 @@ def main():
     ap.add_argument("--only-sweep", action="store_true",
                     help="only step 4 (persistent vs not, 1k..16k) and the hd64 knob check")
     args = ap.parse_args()
+    from benchmarks.hopper import require_hopper
+
+    require_hopper("causal_sm90.py")
 
     import torch
 

@@ -147,6 +147,9 @@ def main():
     ap.add_argument("--only", help="comma-separated indices into POINTS (e.g. 3,8: hd128 1k causal, persistent "
                                    "and one CTA per tile)")
     a = ap.parse_args()
+    from benchmarks.hopper import require_hopper
+
+    require_hopper("cta_log_sm90.py")
     import torch
 
     import cutlass

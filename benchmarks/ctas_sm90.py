@@ -307,7 +307,9 @@ def main():
                 parse_variant(label, opt)  # a malformed variant stops here, before the GPU
             except SystemExit as e:
                 ap.error(str(e.code))
+    from benchmarks.hopper import require_hopper
 
+    require_hopper("ctas_sm90.py")  # after the options: a wrong one says so on any machine
     import torch
 
     from fa4kernel import make_config

@@ -148,6 +148,9 @@ def main(argv=None) -> int:
         return 0
     if not args.out:
         ap.error("--out FILE.json (GPU) or --report FILE.json (CPU)")
+    from benchmarks.hopper import require_hopper
+
+    require_hopper("dram_bytes_sm90.py", "--report FILE compares a recorded file on the CPU")
     res = measure(names)
     with open(args.out, "w") as f:
         json.dump(res, f, indent=1)

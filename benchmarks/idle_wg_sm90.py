@@ -31,6 +31,9 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--reps", type=int, default=7)
     args = ap.parse_args()
+    from benchmarks.hopper import require_hopper
+
+    require_hopper("idle_wg_sm90.py")
 
     import torch
 

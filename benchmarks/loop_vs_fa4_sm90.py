@@ -84,6 +84,9 @@ def main():
     ap.add_argument("--ctas", default="1,132", help="CTAs (Q tiles of one head, one tile each)")
     ap.add_argument("--reps", type=int, default=11)
     a = ap.parse_args()
+    from benchmarks.hopper import require_hopper
+
+    require_hopper("loop_vs_fa4_sm90.py")
     rows = run([int(x) for x in a.hdims.split(",")], [int(x) for x in a.lengths.split(",")],
                [int(x) for x in a.ctas.split(",")], a.reps)
     from benchmarks.provenance import stamp

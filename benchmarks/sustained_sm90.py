@@ -625,6 +625,10 @@ def parse_args(argv=None):
 def main(argv=None) -> int:
     args = parse_args(argv)
     points = args.selected
+    if not args.dry_run:
+        from benchmarks.hopper import require_hopper
+
+        require_hopper("sustained_sm90.py", "--dry-run prints the plan without one")
     print(plan_text(points, args.warm_s, args.timed_s, args.window_ms, args.launch), flush=True)
     if args.dry_run:
         return 0

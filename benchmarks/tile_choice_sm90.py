@@ -59,6 +59,9 @@ def main():
     ap.add_argument("--hdim", type=int, action="append", help="only these head dims (repeatable)")
     ap.add_argument("--seqlen", type=int, action="append", help="only these sequence lengths (repeatable)")
     args = ap.parse_args()
+    from benchmarks.hopper import require_hopper
+
+    require_hopper("tile_choice_sm90.py")
     cases, seqlens = SETS["pingpong" if args.pingpong else args.set]
 
     import torch

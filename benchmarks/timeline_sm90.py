@@ -209,11 +209,12 @@ def main(argv=None):
     ap.add_argument("--only", default=None, help="comma-separated labels (default: all but the short-tile "
                     "ones: " + ", ".join(SHORT) + ")")
     args = ap.parse_args(argv)
+    from benchmarks.hopper import require_hopper
+
+    require_hopper("timeline_sm90.py")
 
     import torch
 
-    if not torch.cuda.is_available():
-        sys.exit("timeline_sm90: needs a CUDA GPU (Hopper)")
     os.makedirs(args.out, exist_ok=True)
     if args.max_ctas is not None:
         if args.max_ctas < 1:

@@ -664,10 +664,8 @@ def main(argv=None) -> int:
         return check_sass(args.quick)
     if not args.out:
         ap.error("--out FILE.json (GPU) or --check-sass (CPU)")
-    from .common import Device, hopper_missing
+    from .common import Device
 
-    if hopper_missing("bench_bwd_units.py"):
-        return 2
     from .run_all import meta
 
     t0 = time.perf_counter()

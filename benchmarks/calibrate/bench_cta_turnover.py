@@ -118,7 +118,8 @@ def main(argv=None):
     from benchmarks.calibrate.common import Device
     from benchmarks.calibrate.run_all import meta
 
-    doc = {"meta": meta(), "cta_turnover": run(Device())}
+    dev = Device()
+    doc = {"meta": meta(), "cta_turnover": run(dev)}
     if a.out:
         with open(a.out, "w") as f:
             json.dump(doc, f, indent=1)

@@ -349,10 +349,6 @@ def main(argv=None) -> int:
         return check_sass()
     if not args.out:
         ap.error("--out FILE.json (GPU) or --check-sass (CPU)")
-    from .common import hopper_missing
-
-    if hopper_missing("bench_mem_power.py"):
-        return 2
     t0 = time.perf_counter()
     res = run(only, args.out)
     res["seconds"] = round(time.perf_counter() - t0, 1)

@@ -233,6 +233,11 @@ class Device:
     def __init__(self):
         import torch
 
+        from benchmarks.hopper import require_hopper
+
+        require_hopper(os.path.basename(sys.argv[0]) or "calibrate",
+                       "on the CPU, python -m benchmarks.calibrate.check_sass checks the benchmarks' SASS")
+
         self.torch = torch
         self.cache = {}
         self.compile_s = {}
@@ -277,12 +282,3 @@ def only_loads(ap, text: str, loads) -> tuple:
         ap.error(f"--only: unknown load(s) {', '.join(sorted(set(only) - set(loads)))}; allowed: {', '.join(loads)}")
     return only
 
-
-def hopper_missing(script: str) -> bool:
-    """True, after one line on stderr, where `script --out` has no Hopper GPU (sm_90) to run on."""
-    import torch
-
-    if torch.cuda.is_available() and torch.cuda.get_device_capability(0)[0] == 9:
-        return False
-    print(f"{script} --out: needs a Hopper GPU (sm_90); none here (use --check-sass on the CPU)", file=sys.stderr)
-    return True

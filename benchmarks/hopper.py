@@ -1,0 +1,23 @@
+"""The GPU benchmarks run on a Hopper GPU: where there is none, one line and exit code 2."""
+from __future__ import annotations
+
+import sys
+
+
+def require_hopper(script: str, hint: str = "") -> None:
+    """Return if a Hopper GPU (compute capability 9.x) is here; else exit 2 with one line on stderr
+    saying what was found. hint: what the script can do without a GPU."""
+    try:
+        import torch
+    except ImportError:
+        found = "torch is not installed"
+    else:
+        if torch.cuda.is_available():
+            major, minor = torch.cuda.get_device_capability(0)
+            if major == 9:
+                return
+            found = f"the GPU here is {torch.cuda.get_device_name(0)} (sm_{major}{minor})"
+        else:
+            found = "no CUDA GPU here" + ("" if torch.version.cuda else " (this torch is a CPU build)")
+    sys.stderr.write(f"{script}: needs a Hopper GPU (H100 or H200, sm_90); {found}{'; ' + hint if hint else ''}\n")
+    sys.exit(2)
