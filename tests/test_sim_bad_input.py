@@ -202,7 +202,8 @@ def test_ctrl_c_stops_the_points_running_now(tmp_path):
         def forever(x):
             with open(os.path.join(sys.argv[1], f"{os.getpid()}.pid"), "w"):
                 pass
-            while True:
+            parent = os.getppid()
+            while os.getppid() == parent:  # until stopped; should the test fail, until its script is gone
                 pass
         if __name__ == "__main__":
             here, running = sys.argv[1], int(sys.argv[2])
