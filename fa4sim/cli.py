@@ -98,6 +98,7 @@ SWEEP_OUTPUTS = (".csv", ".json", ".png")
 GANTT_ITERS = (1, 64)  # KV iterations a Gantt chart shows: past a few dozen its bars are too thin to read
 GANTT_DEFAULT = 6
 TIME_LIMIT_S = 0.7     # solve's default time limit
+DOMINANT_SHOWN = 6     # --uncertainty: the parameters the text lists
 MAX_TIME_LIMIT_S = 3600.0
 
 
@@ -154,7 +155,21 @@ def cmd_run(a) -> int:
             raise InputError("--gantt-iters", "only with --gantt")
         if not lo <= a.gantt_iters <= hi:
             raise InputError("--gantt-iters", f"must be in {lo}..{hi}, got {a.gantt_iters}")
-    r = simulate(a.hw, a.schedule, _problem(a), _set_pairs(a.set), impl=a.impl, pass_=a.pass_)
+    if a.jobs is not None and not a.uncertainty:
+        raise InputError("--jobs", "only with --uncertainty")
+    if a.jobs is not None:
+        from .sweep import check_backend
+        check_backend("process", a.jobs, None)
+    overrides = _set_pairs(a.set)
+    if a.uncertainty:
+        from . import steady_state, uncertainty
+        with steady_state.shared():  # the band's predictions reuse the nominal one's engine runs
+            r = simulate(a.hw, a.schedule, _problem(a), overrides, impl=a.impl, pass_=a.pass_)
+            band = uncertainty.band(a.hw, a.schedule, r.problem, overrides, r.impl.name, a.pass_, jobs=a.jobs,
+                                    progress=not a.json and sys.stderr.isatty(), nominal=r)
+    else:
+        r = simulate(a.hw, a.schedule, _problem(a), overrides, impl=a.impl, pass_=a.pass_)
+        band = None
     schedule = r.schedule
     if a.gantt:
         from .gantt import draw
@@ -163,13 +178,36 @@ def cmd_run(a) -> int:
         from .perfetto import write
         write(r.trace, a.trace, {"summary": r.to_json()["problem"], "schedule": schedule, "hw": r.hw.name})
     if a.json:
-        print(json.dumps(r.to_json(), indent=None if a.compact else 1))
+        out = r.to_json()
+        if band:
+            b = band.to_json()
+            out.update({k: b[k] for k in ("tflops_low", "tflops_high", "dominant_params")}, uncertainty=b)
+        print(json.dumps(out, indent=None if a.compact else 1))
     else:
         print(_summary(r))
+        if band:
+            print(_band_lines(band))
         for path in (a.gantt, a.trace):
             if path:
                 print(f"wrote {path}")
     return 0
+
+
+def _band_lines(b) -> str:
+    """The band in two lines, and the parameters that dominate it."""
+    n = len(b.deviations)
+    lines = [f"band      {b.tflops_low:.0f}..{b.tflops_high:.0f} TFLOP/s ({b.time_low_us:.1f}..{b.time_high_us:.1f} us), "
+             f"clock {b.clock_low_ghz:.3f}..{b.clock_high_ghz:.3f} GHz: {n} hardware parameters, each at either end of "
+             f"its range (first order, combined as independent errors; {len(b.exact)} exact)"]
+    for d in b.deviations[:DOMINANT_SHOWN]:
+        if not (d.slower or d.faster):
+            break
+        lines.append(f"  {d.name:28s} {_g(d.lo)}..{_g(d.hi)} ({d.why}): time {d.time_at_lo:+.1%} .. {d.time_at_hi:+.1%}")
+    return "\n".join(lines)
+
+
+def _g(x) -> str:
+    return f"{x:.4g}"
 
 
 def _title(r) -> str:
@@ -262,7 +300,13 @@ def cmd_sweep(a) -> int:
 def cmd_validate(a) -> int:
     from . import validate
     check_output("--plot", a.plot)
-    return validate.main(a.results, a.hw, a.plot, a.json, a.at_profile_clock, a.pv_wait, overrides=_set_pairs(a.set))
+    if a.jobs is not None:
+        from .sweep import check_backend
+        check_backend("process", a.jobs, None)
+        if not a.uncertainty:
+            raise InputError("--jobs", "only with --uncertainty")
+    return validate.main(a.results, a.hw, a.plot, a.json, a.at_profile_clock, a.pv_wait, overrides=_set_pairs(a.set),
+                         uncertainty=a.uncertainty, jobs=a.jobs)
 
 
 def _loop_schedule(a):
@@ -415,6 +459,12 @@ def build_parser() -> argparse.ArgumentParser:
                      help=f"with --gantt: KV iterations the chart shows, {GANTT_ITERS[0]}..{GANTT_ITERS[1]} "
                           f"(default {GANTT_DEFAULT})")
     run.add_argument("--trace", metavar="FILE.json", help="write a Perfetto/Chrome trace (1 cycle = 1 ns)")
+    run.add_argument("--uncertainty", action="store_true",
+                     help="also the band each hardware parameter's range puts on time, TFLOP/s and clock, and the "
+                          "parameters that dominate it (each at either end of its range, the others at their "
+                          "values; a few seconds on worker processes); JSON: tflops_low, tflops_high, "
+                          "dominant_params")
+    run.add_argument("--jobs", type=int, default=None, help="with --uncertainty: worker processes (default: one per core)")
     run.set_defaults(func=cmd_run)
 
     par = sub.add_parser("params", help="list every knob, the implementations' choices and every hardware "
@@ -466,7 +516,9 @@ def build_parser() -> argparse.ArgumentParser:
                                     "interference rules; benchmarks/calibrate/bench_bursts.py's (warps sharing a scheduler) "
                                     "against the engine's issue-sharing rule. Sustained timings: "
                                     "benchmarks/sustained_sm90.py's (each kernel back to back until the power cap "
-                                    "settles its clock) against the model predicting the clock itself.")
+                                    "settles its clock) against the model predicting the clock itself. Published "
+                                    "figures (benchmarks/results/published_b200.json): every B200 figure found in "
+                                    "papers and pull requests, predicted as typed (--uncertainty: with each one's band).")
     va.add_argument("results", nargs="+", help="benchmark results JSON (benchmarks/results/sm90_fwd_*.json, or "
                                                "ctas_*.json / knobs_loop_*.json: several of those add a scoreboard of "
                                                "their per-SM knob deltas; tile_costs_*.json; idle_wg_*.json; "
@@ -492,6 +544,10 @@ def build_parser() -> argparse.ArgumentParser:
                          "'model' = the whole row max "
                          "before the wait, the exp2s and row sum after (the default, validated); 'sass' = "
                          "where ptxas put it in that build (the implementation's pv_wait_sass table), a what-if")
+    va.add_argument("--uncertainty", action="store_true",
+                    help="published files only: each point's band from the hardware parameters' ranges (as `run "
+                         "--uncertainty`) and whether the published figure falls inside it (seconds per point)")
+    va.add_argument("--jobs", type=int, default=None, help="with --uncertainty: worker processes (default: one per core)")
     va.add_argument("--json", action="store_true")
     va.set_defaults(func=cmd_validate)
 

@@ -1,8 +1,10 @@
 """Hardware profiles: per-SM unit facts as data, every value with its source.
 
 Profiles live in fa4sim/profiles/<name>.json: {"name", "arch", "description", "params": {param:
-{"value", "source", "confidence"}}}. Confidence: H = vendor doc or several agreeing measurements,
-M = one good measurement, L = inference or guess (docs/reference/hardware.md).
+{"value", "source", "confidence"[, "range"]}}}. Confidence: H = vendor doc or several agreeing
+measurements, M = one good measurement, L = inference or guess (docs/reference/hardware.md).
+"range": [lo, hi], the span the value plausibly lies in, where the profile states one (an assumed
+value, sources that disagree); without it the confidence sets it (fa4sim/uncertainty.py).
 `PARAMS` below says what each parameter means, in which unit, and the span of values it may take;
 a profile must give them all (TMEM ones are 0 on SM90), and a value outside its span is refused
 wherever it comes from (a profile file, --set, with_values). A measured profile
@@ -15,7 +17,7 @@ import json
 import math
 import numbers
 import os
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import NamedTuple
 
@@ -245,6 +247,7 @@ class HardwareProfile:
     values: dict
     sources: dict
     confidence: dict
+    ranges: dict = field(default_factory=dict)  # param -> (lo, hi): the spans the profile states
 
     def __getattr__(self, key):
         values = self.__dict__.get("values", {})
@@ -266,12 +269,14 @@ class HardwareProfile:
         check_profile(values, "--set")
         sources = {**self.sources, **{k: "user override (--set)" for k in overrides}}
         conf = {**self.confidence, **{k: "-" for k in overrides}}
-        return replace(self, values=values, sources=sources, confidence=conf)
+        ranges = {k: r for k, r in self.ranges.items() if k not in overrides}
+        return replace(self, values=values, sources=sources, confidence=conf, ranges=ranges)
 
     def to_json(self) -> dict:
         return {"name": self.name, "arch": self.arch, "description": self.description,
                 "params": {k: {"value": self.values[k], "source": self.sources[k],
-                               "confidence": self.confidence[k]} for k in PARAMS}}
+                               "confidence": self.confidence[k],
+                               **({"range": list(self.ranges[k])} if k in self.ranges else {})} for k in PARAMS}}
 
 
 def available() -> list[str]:
@@ -305,10 +310,23 @@ def from_json(data: dict, origin: str = "profile") -> HardwareProfile:
         raise InputError("hw", f"{origin} lacks parameters {missing}")
     values = {k: check_value(k, params[k]["value"], origin, text=False) for k in PARAMS}
     check_profile(values, origin)
+    ranges = {k: _range(k, params[k]["range"], values[k], origin) for k in PARAMS if "range" in params[k]}
     return HardwareProfile(
         name=data["name"], arch=data["arch"], description=data.get("description", ""), values=values,
         sources={k: params[k]["source"] for k in PARAMS},
-        confidence={k: params[k].get("confidence", "?") for k in PARAMS})
+        confidence={k: params[k].get("confidence", "?") for k in PARAMS}, ranges=ranges)
+
+
+def _range(name: str, given, value, origin: str) -> tuple:
+    """A stated range [lo, hi]: both in the parameter's span, lo <= value <= hi."""
+    if not (isinstance(given, list) and len(given) == 2):
+        raise InputError(name, f"range {_shown(given) if not isinstance(given, list) else given} from {origin}; "
+                               f"allowed: [lo, hi], two numbers in {PARAMS[name].allowed()}")
+    lo, hi = (check_value(name, v, f"{origin} (range)", text=False) for v in given)
+    if not lo <= value <= hi:
+        raise InputError(name, f"range [{_num(lo)}, {_num(hi)}] from {origin} does not hold its value "
+                               f"{_num(value)}; allowed: lo <= value <= hi")
+    return lo, hi
 
 
 def load(name: str | os.PathLike) -> HardwareProfile:

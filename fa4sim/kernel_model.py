@@ -144,14 +144,14 @@ def traffic(p: Problem, hw, units: list[WorkUnit], tile_n: int, two_cta: bool,
     them in L2 (kv_hbm_reads).
     """
     bh = p.batch * p.heads
-    d = p.hdim
-    kv_per_unit = sum(u.n_kv for u in units) * tile_n * d * elem_bytes * 2 / (2 if two_cta else 1)
-    l2 = bh * (p.seqlen_q * d * elem_bytes + kv_per_unit)
+    kv_block = tile_n * (p.hdim + p.hdim_v) * elem_bytes  # one K and one V block
+    # a unit is one CTA's tile, or one CTA pair's (its rows span both SMs): it loads its blocks once
+    kv_per_unit = sum(u.n_kv for u in units) * kv_block
+    l2 = bh * (p.seqlen_q * p.hdim * elem_bytes + kv_per_unit)
     if tiles is None:  # blockIdx order, one CTA per SM
         tiles = [(hb, m) for hb in range(bh) for m in range(len(units))]
-    kv_block = tile_n * d * elem_bytes * 2  # one K and one V block
     kv = kv_hbm_reads(tiles, [u.n_kv for u in units], kv_block, hw.l2_bytes, slots or hw.num_sms)
-    return l2, bh * p.seqlen_q * d * elem_bytes * 2 + kv
+    return l2, bh * p.seqlen_q * (p.hdim + p.hdim_v) * elem_bytes + kv
 
 
 def kv_hbm_reads(tiles: list[tuple[int, int]], n_kv: list[int], kv_block: float, l2_bytes: float,
@@ -193,7 +193,7 @@ def kernel_time(p: Problem, hw, units: list[WorkUnit], cost_of, tile_n: int,
     """
     n_hb = p.batch * p.heads
     costs = [cost_of(u) for u in units]
-    kv_head = 2 * p.seqlen_k * p.hdim * 2
+    kv_head = p.seqlen_k * (p.hdim + p.hdim_v) * 2  # one head's K and V, bf16
     slots = hw.num_sms // (2 if two_cta else 1)
     tiles = tile_order(order, n_hb, [c[0] for c in costs], kv_head, hw.l2_bytes, slots,
                        sorted_launch=persistent or p.causal, cluster=cluster)

@@ -26,7 +26,7 @@ from .errors import InputError
 from .kernel_model import KernelTime, WorkUnit, kernel_time, work_units
 from .params import MAX_SEQLEN, MAX_TILES, Context, Problem, resolve
 from .schedules import BWD_SCHEDULES, SCHEDULES, kernel_bwd
-from .steady_state import CAP, Period, Runs, tile_times
+from .steady_state import CAP, Period, runs as new_runs, tile_times
 
 LADDER = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, CAP)
 PASSES = ("fwd", "bwd")
@@ -160,7 +160,7 @@ def simulate(hw="b200", schedule: str | None = None, problem: Problem | None = N
     # every clock the power model tries (keyed by the Q loads' HBM share, which does)
     cache: dict[tuple, tuple] = {}
     persistent = bool(knobs.get("persistent", True))  # else one CTA per tile: no further-tile cost (T2)
-    runs = Runs()
+    runs = new_runs()
     per_trace: dict = {}  # _per_block's memo
 
     def launch(at, hbm_busy: float):
@@ -311,7 +311,7 @@ def simulate_bwd(hw="b200", schedule: str | None = None, problem: Problem | None
     for u in units:
         by_shape.setdefault(min(u.masked, MASKED_SIM), []).append(u.n_kv)
     cache: dict[tuple, tuple] = {}
-    runs = Runs()
+    runs = new_runs()
     per_trace: dict = {}  # _per_block's memo
     rows_t = kernel_bwd.transposed(problem)
 

@@ -22,7 +22,9 @@ PER_ELEMENT = {
         "scale": {"fma": 1.0, "instr": 0.5},    # FFMA2: x*scale_log2 - max*scale_log2
         "convert": {"alu": 0.5, "instr": 0.5},  # F2FP.BF16.F32.PACK_AB: one per pair
         "sum": {"fma": 1.0, "instr": 0.5},      # FADD2 row sum
-        "mask": {"alu": 2.0, "instr": 2.0},     # compare + select per element (diagonal blocks)
+        # flash-attn-4's R2P mask (mask.py): per 32 columns a bit mask (about 3 integer ops), about 5
+        # R2P and 32 FSEL: 1.25 per element, on the masked blocks only
+        "mask": {"alu": 1.25, "instr": 1.25},
         "rescale": {"fma": 1.0, "instr": 0.5},  # FMUL2 of O by acc_scale (correction warpgroup)
         "normalize": {"fma": 1.0, "alu": 0.5, "instr": 1.0},  # O * 1/row_sum, convert
     },

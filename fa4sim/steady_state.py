@@ -9,6 +9,7 @@ checks this against a full simulation.
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -53,16 +54,38 @@ class Runs:
     CAP-block tile; so is a forward's without a rescale threshold)."""
 
     def __init__(self):
-        self.seen: list[tuple[Schedule, tuple[int, ...], Trace]] = []
+        self.seen: dict[tuple, list[tuple[Schedule, Trace]]] = {}
 
     def __call__(self, schedule: Schedule, tiles: Sequence[int]) -> Trace:
-        tiles = tuple(tiles)
-        for s, t, trace in self.seen:
-            if t == tiles and s == schedule:
+        key = (schedule.name, tuple(tiles), len(schedule.ops))
+        same = self.seen.setdefault(key, [])
+        for s, trace in same:
+            if s == schedule:
                 return trace
-        trace = simulate(schedule, tiles)
-        self.seen.append((schedule, tiles, trace))
+        trace = simulate(schedule, key[1])
+        same.append((schedule, trace))
         return trace
+
+
+_shared: Runs | None = None
+
+
+def runs() -> Runs:
+    """A prediction's Runs: its own, or the one `shared()` holds over many predictions."""
+    return _shared or Runs()
+
+
+@contextlib.contextmanager
+def shared():
+    """Within it, every prediction remembers engine runs in one Runs: predictions that differ in
+    what does not change a schedule (the power model's parameters, the memory rates) simulate
+    no tile again (fa4sim.uncertainty)."""
+    global _shared
+    outer, _shared = _shared, _shared or Runs()
+    try:
+        yield _shared
+    finally:
+        _shared = outer
 
 
 def tile_times(schedule: Schedule, n: int, cap: int = CAP, pair: bool = True,

@@ -74,6 +74,11 @@ KNOBS = [
     Knob("rescale_threshold", 8.0, "log2 units", "conditional rescaling threshold tau; none = always rescale (no threshold)", kind="float_or_none", minimum=0.0),
     Knob("rescale_rate", None, "fraction", "override: fraction of (warp, KV block) pairs that rescale (none = derive from score_std and tau)", kind="float_or_none", minimum=0.0, maximum=1.0),
     Knob("score_std", 1.0, "nats", "std of softmax_scale*q.k for the rescale-rate model (randn inputs: 1)", kind="float", minimum=1e-3),
+    Knob("persistent", True, "", "one CTA per SM looping over tiles (else one CTA per tile, each paying its own "
+         "start, Q load and epilogue)", kind="bool"),
+    Knob("tile_order", "lpt", "", "the order the launch hands out its Q tiles (fa4sim/tile_order.py): "
+         "flash-attn-4's LPT scheduler (2^k-head L2 sections, longest first, heads inner), an ideal costliest-first "
+         "order (lpt), or blockIdx order (index)", kind="choice", choices=("flash-attn-4", "lpt", "index")),
 ]
 
 

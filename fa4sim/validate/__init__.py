@@ -19,11 +19,14 @@ compared with has its module:
   bursts               issue_sharing.py  a unit benchmark: one to three warps per scheduler running one
                                       code alone, against the rule for warps sharing issue slots
                                       (calibrate/bench_bursts.py)
+  published            published.py   figures papers and pull requests print for a GPU we do not
+                                      have (B200), each predicted as typed; with --uncertainty, each
+                                      one's band and whether the figure falls inside it
 
 common.py holds what they share, among it the one place that turns a kernel's recorded
 configuration into model knobs (model_knobs; each kernel is simulated as its implementation).
 
-    fa4sim validate FILE [FILE ...] [--hw PROFILE] [--plot PNG] [--json]
+    fa4sim validate FILE [FILE ...] [--hw PROFILE] [--plot PNG] [--json] [--uncertainty]
 
 load(path) -> doc, compare(doc, hw) -> result, report(result) -> text, plot(result, path) and
 main(paths, ...) (the whole command) dispatch on the kind.
@@ -37,7 +40,8 @@ from pathlib import Path
 
 from .. import hardware, implementation
 from ..errors import InputError
-from . import backward, bwd_launches, contention, idle_wgs, intervals, issue_sharing, launches, points, sustained, tile_costs
+from . import (backward, bwd_launches, contention, idle_wgs, intervals, issue_sharing, launches, points, published,
+               sustained, tile_costs)
 from .common import SIMULATED, kernel_knobs, model_knobs, profile_for  # noqa: F401  (the package's public names)
 from .intervals import knob_scoreboard, plot_knob_deltas, report_scoreboard
 from .points import expand  # noqa: F401
@@ -45,7 +49,7 @@ from .points import expand  # noqa: F401
 MODULES = {"points": points, "knob_points": points, "loop_intervals": intervals, "tile_costs": tile_costs,
            "idle_wgs": idle_wgs, "cta_log": launches, "sustained": sustained,
            "sm90_bwd": backward, "bwd_ctas": bwd_launches,
-           "contention": contention, "bursts": issue_sharing}
+           "contention": contention, "bursts": issue_sharing, "published": published}
 POINTS = ("points", "knob_points")  # end-to-end points (fa4sim/validate/points.py)
 PLOTS = {"points", "knob_points", "loop_intervals", "tile_costs", "sustained"}
 
@@ -88,10 +92,13 @@ def load(path: str) -> dict:
 
 
 def compare(doc: dict, hw: str | None = None, at_profile_clock: bool = False, pv_wait: str = "model",
-            overrides: dict | None = None) -> dict:
+            overrides: dict | None = None, uncertainty: bool = False, jobs: int | None = None) -> dict:
     """Predicted vs measured for one loaded file; at_profile_clock and pv_wait concern end-to-end
-    points only (fa4sim/validate/points.py), overrides (--set) sustained files only."""
+    points only (fa4sim/validate/points.py), overrides (--set) sustained files only, uncertainty
+    (each point's band) and jobs (its worker processes) published files only."""
     k = kind(doc)
+    if k == "published":
+        return published.compare(doc, hw, uncertainty, jobs)
     if overrides and k != "sustained":
         raise InputError("--set", f"applies to sustained files (benchmarks/sustained_sm90.py) only, not {k!r}")
     if k in ("points", "knob_points"):
@@ -144,7 +151,8 @@ def plot(result: dict, path: str) -> str:
 
 
 def main(paths: list[str], hw: str | None = None, plot_path: str | None = None, as_json: bool = False,
-         at_profile_clock: bool = False, pv_wait: str = "model", out=None, overrides: dict | None = None) -> int:
+         at_profile_clock: bool = False, pv_wait: str = "model", out=None, overrides: dict | None = None,
+         uncertainty: bool = False, jobs: int | None = None) -> int:
     """The whole `fa4sim validate`: every file compared and reported; several loop-interval files
     add a scoreboard of their per-SM knob deltas, and --plot draws them together."""
     out = out or sys.stdout
@@ -158,7 +166,9 @@ def main(paths: list[str], hw: str | None = None, plot_path: str | None = None, 
     # options that concern one kind of file only: refused for another, before any work (else ignored)
     for option, given, concern in (("--set", bool(overrides), ("sustained",)),
                                    ("--at-profile-clock", at_profile_clock, POINTS),
-                                   ("--pv-wait", pv_wait != "model", POINTS)):
+                                   ("--pv-wait", pv_wait != "model", POINTS),
+                                   ("--uncertainty", uncertainty, ("published",)),
+                                   ("--jobs", jobs is not None, ("published",))):
         other = sorted({k for k in kinds if k not in concern})
         if given and other:
             raise InputError(option, f"applies to {' and '.join(concern)} files only, not {', '.join(other)}")
@@ -173,7 +183,7 @@ def main(paths: list[str], hw: str | None = None, plot_path: str | None = None, 
     for path, doc in docs:
         if len(docs) > 1 and not as_json:
             print(f"== {path}", file=out)
-        result = _guarded(path, doc, lambda: compare(doc, hw, at_profile_clock, pv_wait, overrides))
+        result = _guarded(path, doc, lambda: compare(doc, hw, at_profile_clock, pv_wait, overrides, uncertainty, jobs))
         if result["kind"] == "loop_intervals":
             per_sm.append(result)
         elif plot_path:
