@@ -155,11 +155,7 @@ def cmd_run(a) -> int:
             raise InputError("--gantt-iters", "only with --gantt")
         if not lo <= a.gantt_iters <= hi:
             raise InputError("--gantt-iters", f"must be in {lo}..{hi}, got {a.gantt_iters}")
-    if a.jobs is not None and not a.uncertainty:
-        raise InputError("--jobs", "only with --uncertainty")
-    if a.jobs is not None:
-        from .sweep import check_backend
-        check_backend("process", a.jobs, None)
+    _check_jobs(a)
     overrides = _set_pairs(a.set)
     if a.uncertainty:
         from . import steady_state, uncertainty
@@ -191,6 +187,16 @@ def cmd_run(a) -> int:
             if path:
                 print(f"wrote {path}")
     return 0
+
+
+def _check_jobs(a) -> None:
+    """--jobs: worker processes of --uncertainty, checked before any work."""
+    if a.jobs is None:
+        return
+    if not a.uncertainty:
+        raise InputError("--jobs", "only with --uncertainty")
+    from .sweep import check_backend
+    check_backend("process", a.jobs, None)
 
 
 def _band_lines(b) -> str:
@@ -300,11 +306,7 @@ def cmd_sweep(a) -> int:
 def cmd_validate(a) -> int:
     from . import validate
     check_output("--plot", a.plot)
-    if a.jobs is not None:
-        from .sweep import check_backend
-        check_backend("process", a.jobs, None)
-        if not a.uncertainty:
-            raise InputError("--jobs", "only with --uncertainty")
+    _check_jobs(a)
     return validate.main(a.results, a.hw, a.plot, a.json, a.at_profile_clock, a.pv_wait, overrides=_set_pairs(a.set),
                          uncertainty=a.uncertainty, jobs=a.jobs)
 

@@ -139,12 +139,12 @@ def _setup_error(args, profiles: dict) -> str:
     return ""
 
 
-def _progress(done: int, total: int, t0: float) -> None:
+def _progress(done: int, total: int, t0: float, what: str = "points") -> None:
     width = 30
     fill = int(width * done / total)
     rate = done / max(time.time() - t0, 1e-9)
     eta = (total - done) / rate if rate else 0
-    sys.stderr.write(f"\r[{'#' * fill}{'.' * (width - fill)}] {done}/{total} points, {rate:.1f}/s, eta {eta:.0f}s ")
+    sys.stderr.write(f"\r[{'#' * fill}{'.' * (width - fill)}] {done}/{total} {what}, {rate:.1f}/s, eta {eta:.0f}s ")
     if done == total:
         sys.stderr.write("\n")
     sys.stderr.flush()
@@ -323,13 +323,13 @@ def _map_ray(worker, items, jobs, done, address=None) -> list:
 
 
 def map_points(worker: Callable[[Any], Any], items: Sequence, backend: str = "process", jobs: int | None = None,
-               progress: bool = True, ray_address: str | None = None) -> list:
+               progress: bool = True, ray_address: str | None = None, what: str = "points") -> list:
     """[worker(item) for item in items], run in parallel; the results keep the items' order.
 
     backend "process": a pool of `jobs` worker processes on this machine (None: one per core; 1: in
     this process). backend "ray": one Ray task per item, on the cluster at `ray_address` (or
     RAY_ADDRESS), else on a local cluster of `jobs` CPUs started here and shut down after.
-    Both give the same results; `progress` draws a bar on stderr as items complete. Ctrl-C
+    Both give the same results; `progress` draws a bar on stderr as items complete (counting `what`). Ctrl-C
     raises Interrupted with the results that finished.
     """
     check_backend(backend, jobs, ray_address)
@@ -340,7 +340,7 @@ def map_points(worker: Callable[[Any], Any], items: Sequence, backend: str = "pr
         if n == 0:
             t0[0] = time.time()
         elif progress:
-            _progress(n, len(items), t0[0])
+            _progress(n, len(items), t0[0], what)
 
     if not items:
         return []

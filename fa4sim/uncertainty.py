@@ -141,7 +141,7 @@ def band(hw, schedule=None, problem=None, overrides: dict | None = None, impl=No
         tasks = [(profile.with_values(**{n: end}), schedule, problem, overrides, impl_name, pass_)
                  for n, lo, hi, _ in spans for end in (lo, hi)]
         try:
-            out = map_points(_predict, tasks, jobs=jobs, progress=progress)
+            out = map_points(_predict, tasks, jobs=jobs, progress=progress, what="predictions")
         except InputError as e:  # a parameter at an end of its range that the model refuses
             raise InputError(e.param, f"{str(e).split(': ', 1)[-1]} (at an end of its range, in --uncertainty)") from None
     t0, f0 = nominal.time_us, nominal.clock_ghz

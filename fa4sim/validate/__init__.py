@@ -97,10 +97,10 @@ def compare(doc: dict, hw: str | None = None, at_profile_clock: bool = False, pv
     points only (fa4sim/validate/points.py), overrides (--set) sustained files only, uncertainty
     (each point's band) and jobs (its worker processes) published files only."""
     k = kind(doc)
-    if k == "published":
-        return published.compare(doc, hw, uncertainty, jobs)
     if overrides and k != "sustained":
         raise InputError("--set", f"applies to sustained files (benchmarks/sustained_sm90.py) only, not {k!r}")
+    if k == "published":
+        return published.compare(doc, hw, uncertainty, jobs)
     if k in ("points", "knob_points"):
         return points.compare(doc, hw, at_profile_clock, pv_wait)
     if k == "sustained":

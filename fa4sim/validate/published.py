@@ -49,8 +49,7 @@ def check_point(p: dict, i: int) -> None:
         raise InputError("results", f"point {p['id']}: tflops must be a number > 0, got {p['tflops']!r}")
 
 
-def compare(doc: dict, hw: str | None = None, uncertainty: bool = False, jobs: int | None = None,
-            overrides: dict | None = None) -> dict:
+def compare(doc: dict, hw: str | None = None, uncertainty: bool = False, jobs: int | None = None) -> dict:
     hw = hw or profile_for(doc["meta"].get("device", ""))
     rows, context = [], []
     todo = [p for p in doc["points"] if p.get("predict", True)]
@@ -59,7 +58,7 @@ def compare(doc: dict, hw: str | None = None, uncertainty: bool = False, jobs: i
     for i, p in enumerate(todo, 1):
         progress(i, len(todo))
         problem = problem_of(p)
-        knobs = {**(p.get("knobs") or {}), **(overrides or {})}
+        knobs = dict(p.get("knobs") or {})
         seconds = source_flops(p) / (p["tflops"] * 1e12)
         row = {k: p.get(k) for k in ("id", "source", "pass", "batch", "heads", "seqlen", "hdim", "hdim_v", "causal",
                                      "quality", "tflops")}
