@@ -547,8 +547,9 @@ def build_parser() -> argparse.ArgumentParser:
                          "before the wait, the exp2s and row sum after (the default, validated); 'sass' = "
                          "where ptxas put it in that build (the implementation's pv_wait_sass table), a what-if")
     va.add_argument("--uncertainty", action="store_true",
-                    help="published files only: each point's band from the hardware parameters' ranges (as `run "
-                         "--uncertainty`) and whether the published figure falls inside it (seconds per point)")
+                    help="published and sustained files only: each point's band from the hardware parameters' "
+                         "ranges (as `run --uncertainty`) and whether the measured or published figure falls "
+                         "inside it (seconds per point)")
     va.add_argument("--jobs", type=int, default=None, help="with --uncertainty: worker processes (default: one per core)")
     va.add_argument("--json", action="store_true")
     va.set_defaults(func=cmd_validate)

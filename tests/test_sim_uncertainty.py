@@ -117,3 +117,30 @@ def test_cli_bad_jobs(args, words, capsys):
     assert main(["run", "--seqlen", "1024", "--batch", "1", *args]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and words in err[0]
+
+
+def test_sustained_points_get_their_bands(tmp_path, capsys):
+    """validate --uncertainty on a settled file: each kernel-point's band holds its prediction, and
+    `covered` says whether the measured TFLOP/s fall inside it."""
+    from pathlib import Path
+    src = Path(__file__).resolve().parents[1] / "benchmarks/results/sustained_asked_h200_2026-11-29.json"
+    doc = json.loads(src.read_text())
+    doc["points"] = doc["points"][:1]
+    path = tmp_path / "one.json"
+    path.write_text(json.dumps(doc))
+    assert main(["validate", str(path), "--uncertainty", "--jobs", "1", "--json"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    rows = [r for r in res["points"] if r["predicted_tflops"] is not None]
+    assert rows and res["summary"]["band"]["banded"] == len(rows)
+    for r in rows:
+        assert r["tflops_low"] < r["predicted_tflops"] < r["tflops_high"]
+        assert r["covered"] == (r["tflops_low"] <= r["measured_tflops"] <= r["tflops_high"])
+    assert main(["validate", str(path), "--uncertainty", "--jobs", "1"]) == 0
+    assert "inside their bands (--uncertainty):" in capsys.readouterr().out
+
+
+def test_card_power_ranges_are_the_cards_measured():
+    for name in ("h100", "h200"):
+        hw = hardware.load(name)
+        lo, hi = hw.ranges["card_power_w"]
+        assert lo <= hw.card_power_w <= hi and hi - lo > 20  # the measured cards span tens of watts

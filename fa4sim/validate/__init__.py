@@ -51,6 +51,7 @@ MODULES = {"points": points, "knob_points": points, "loop_intervals": intervals,
            "sm90_bwd": backward, "bwd_ctas": bwd_launches,
            "contention": contention, "bursts": issue_sharing, "published": published}
 POINTS = ("points", "knob_points")  # end-to-end points (fa4sim/validate/points.py)
+UNCERTAIN = ("published", "sustained")  # kinds whose predictions --uncertainty gives a band
 PLOTS = {"points", "knob_points", "loop_intervals", "tile_costs", "sustained"}
 
 
@@ -95,7 +96,7 @@ def compare(doc: dict, hw: str | None = None, at_profile_clock: bool = False, pv
             overrides: dict | None = None, uncertainty: bool = False, jobs: int | None = None) -> dict:
     """Predicted vs measured for one loaded file; at_profile_clock and pv_wait concern end-to-end
     points only (fa4sim/validate/points.py), overrides (--set) sustained files only, uncertainty
-    (each point's band) and jobs (its worker processes) published files only."""
+    (each point's band) and jobs (its worker processes) published and sustained files only."""
     k = kind(doc)
     if overrides and k != "sustained":
         raise InputError("--set", f"applies to sustained files (benchmarks/sustained_sm90.py) only, not {k!r}")
@@ -105,7 +106,7 @@ def compare(doc: dict, hw: str | None = None, at_profile_clock: bool = False, pv
         return points.compare(doc, hw, at_profile_clock, pv_wait)
     if k == "sustained":
         _check_overrides(overrides or {})
-        return MODULES[k].compare(doc, hw, overrides)
+        return MODULES[k].compare(doc, hw, overrides, uncertainty, jobs)
     return MODULES[k].compare(doc, hw)
 
 
@@ -167,8 +168,8 @@ def main(paths: list[str], hw: str | None = None, plot_path: str | None = None, 
     for option, given, concern in (("--set", bool(overrides), ("sustained",)),
                                    ("--at-profile-clock", at_profile_clock, POINTS),
                                    ("--pv-wait", pv_wait != "model", POINTS),
-                                   ("--uncertainty", uncertainty, ("published",)),
-                                   ("--jobs", jobs is not None, ("published",))):
+                                   ("--uncertainty", uncertainty, UNCERTAIN),
+                                   ("--jobs", jobs is not None, UNCERTAIN)):
         other = sorted({k for k in kinds if k not in concern})
         if given and other:
             raise InputError(option, f"applies to {' and '.join(concern)} files only, not {', '.join(other)}")

@@ -88,10 +88,12 @@ def _within_3pct(rows: list[dict], key: str) -> tuple[int, int]:
 PROBE = "fa4kernel[clock probe]"  # the clock-probe build's result: its clock and its own time
 
 
-def compare(doc: dict, hw: str | None = None, overrides: dict | None = None) -> dict:
+def compare(doc: dict, hw: str | None = None, overrides: dict | None = None, uncertainty: bool = False,
+            jobs: int | None = None) -> dict:
     """Predicted (no measured clock given) vs measured, for every point and simulated kernel;
     overrides: profile parameters (--set NAME=VALUE) for every prediction, e.g. a card's own
-    card_power_w (benchmarks/calibrate/card_power.py)."""
+    card_power_w (benchmarks/calibrate/card_power.py); uncertainty: each prediction's band
+    (fa4sim/uncertainty.py) and whether the measured TFLOP/s fall inside it."""
     overrides = dict(overrides or {})
     hw_name = hw or profile_for(doc["meta"].get("device", ""))
     rows, wrong = [], []
@@ -120,6 +122,12 @@ def compare(doc: dict, hw: str | None = None, overrides: dict | None = None) -> 
                 row.update(predicted_tflops=r.tflops, error=_rel(r.tflops, meas), predicted_clock_ghz=clock,
                            clock_source=source, predicted_power_w=power, bottleneck=r.bottleneck,
                            clock_error=_rel(clock, probe), power_error=_rel(power, row["measured_power_w"]))
+                if uncertainty:
+                    from ..uncertainty import band
+                    bd = band(hw_name, "fa3", problem, knobs, kernel, jobs=jobs, nominal=r)
+                    row.update(tflops_low=bd.tflops_low, tflops_high=bd.tflops_high,
+                               covered=bd.tflops_low <= meas <= bd.tflops_high,
+                               dominant_params=[n for n, _ in bd.dominant[:3]])
                 if probe:  # the cycle model alone: the same simulation at the measured clock
                     at = predict(hw_name, "fa3", problem, {**knobs, "clock_ghz": probe}, kernel)
                     row.update(tflops_at_measured_clock=at.tflops, error_at_measured_clock=_rel(at.tflops, meas))
@@ -147,6 +155,9 @@ def compare(doc: dict, hw: str | None = None, overrides: dict | None = None) -> 
                "clock_at_measured_cycles": _stats([r.get("clock_error_at_measured_cycles") for r in rows]),
                "power": _stats([r["power_error"] for r in rows]),
                "wrong_output_left_out": wrong, "skipped_points": doc.get("skipped") or []}
+    banded = [r for r in rows if "covered" in r]
+    if banded:
+        summary["band"] = {"covered": sum(r["covered"] for r in banded), "banded": len(banded)}
     for kernel in SIMULATED:
         s = _stats([r["error"] for r in rows if r["kernel"] == kernel])
         if s:
@@ -185,6 +196,9 @@ def report(result: dict) -> str:
                      f"{_pct(r['error']):>7s}  {probe:>9s} {pclock:>6s} {_pct(r['clock_error']):>7s}  {at:>14s}  "
                      f"{w:>6s} {pw:>5s}")
     lines.append(_line("TFLOP/s, all kernels", s["tflops"]))
+    if s.get("band"):
+        lines.append(f"inside their bands (--uncertainty): {s['band']['covered']} of {s['band']['banded']} "
+                     f"kernel-points")
     for kernel in SIMULATED:
         if s.get(kernel):
             lines.append(_line(f"TFLOP/s, {kernel}", s[kernel]))
