@@ -124,8 +124,8 @@ def check_output(option: str, path: str | None) -> None:
 def add_problem_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--hw", default="b200", help=f"hardware profile: {', '.join(hardware.available())}, or a "
                                                f"profile .json (default b200). h100, h200: calibrated by our "
-                                               f"microbenchmarks on those GPUs; b200: public facts and "
-                                               f"placeholders; *-datasheet: datasheet numbers only")
+                                               f"microbenchmarks on those GPUs; b200, b300: public "
+                                               f"facts and ranged assumptions; *-datasheet: datasheet numbers only")
     p.add_argument("--impl", default=None, help="whose choices to simulate (tile per head dim, launch, measured "
                                                 "constants): fa4kernel or flash-attn-4, for the arch of --hw "
                                                 "(default: fa4kernel on sm90, flash-attn-4 on sm100); see "

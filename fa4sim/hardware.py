@@ -25,6 +25,10 @@ from .errors import InputError
 
 PROFILE_DIR = Path(__file__).parent / "profiles"
 ARCHS = ("sm90", "sm100")
+# the compute capabilities of each arch a profile may name ("compute_capability"; default the first):
+# SM100's family holds B200 (10.0) and B300 (10.3), which share the schedule but not every choice
+# a kernel makes (flash-attn-4 emulates no exp2 on 10.3)
+CAPABILITIES = {"sm90": ("9.0",), "sm100": ("10.0", "10.3")}
 
 
 class Param(NamedTuple):
@@ -248,12 +252,18 @@ class HardwareProfile:
     sources: dict
     confidence: dict
     ranges: dict = field(default_factory=dict)  # param -> (lo, hi): the spans the profile states
+    compute_capability: str = ""  # "10.3" on B300; "" = the arch's first (CAPABILITIES)
 
     def __getattr__(self, key):
         values = self.__dict__.get("values", {})
         if key in values:
             return values[key]
         raise AttributeError(key)
+
+    @property
+    def capability(self) -> str:
+        """The compute capability, "9.0", "10.0" or "10.3": what a kernel's choices may test."""
+        return self.compute_capability or CAPABILITIES[self.arch][0]
 
     @property
     def peak_tflops(self) -> float:
@@ -274,6 +284,7 @@ class HardwareProfile:
 
     def to_json(self) -> dict:
         return {"name": self.name, "arch": self.arch, "description": self.description,
+                **({"compute_capability": self.compute_capability} if self.compute_capability else {}),
                 "params": {k: {"value": self.values[k], "source": self.sources[k],
                                "confidence": self.confidence[k],
                                **({"range": list(self.ranges[k])} if k in self.ranges else {})} for k in PARAMS}}
@@ -294,6 +305,10 @@ def from_json(data: dict, origin: str = "profile") -> HardwareProfile:
             raise InputError("hw", f"{origin}: {key} must be a string, got {_shown(data[key])}")
     if data["arch"] not in ARCHS or not isinstance(data["params"], dict):
         raise InputError("hw", f"{origin}: arch must be {' or '.join(ARCHS)} and params an object")
+    cc = data.get("compute_capability", "")
+    if "compute_capability" in data and cc not in CAPABILITIES[data["arch"]]:
+        raise InputError("hw", f"{origin}: compute_capability {_shown(cc)} for arch {data['arch']}; allowed: "
+                               f"{', '.join(CAPABILITIES[data['arch']])}")
     params = data["params"]
     unknown = [str(k) for k in params if k not in PARAMS]
     if unknown:
@@ -314,7 +329,7 @@ def from_json(data: dict, origin: str = "profile") -> HardwareProfile:
     return HardwareProfile(
         name=data["name"], arch=data["arch"], description=data.get("description", ""), values=values,
         sources={k: params[k]["source"] for k in PARAMS},
-        confidence={k: params[k].get("confidence", "?") for k in PARAMS}, ranges=ranges)
+        confidence={k: params[k].get("confidence", "?") for k in PARAMS}, ranges=ranges, compute_capability=cc)
 
 
 def _range(name: str, given, value, origin: str) -> tuple:

@@ -45,24 +45,29 @@ def show(label, r):
 show("B200 FA4 default", base)
 
 # %% [markdown]
-# ## 1. A faster MUFU (a B300-like chip)
+# ## 1. A faster MUFU: the B300
 #
-# Blackwell Ultra (B300, SM103) doubles the MUFU's exp2 rate to 32 per clock, and FA4 turns the
-# emulation off there. On paper: exp2 per tile drops from 1024 to 512 cycles, half the MMA time,
+# Blackwell Ultra (B300, SM103) doubles the MUFU's exp2 rate to 32 per clock. The `b300` profile
+# is the B200's SM with that MUFU, its own clock (2032 MHz) and board limit (1100 W), each from a
+# public source (`fa4sim params --hw b300`). flash-attn-4 turns the exp2 emulation off there: its
+# implementation file says so for compute capability 10.3, so `simulate("b300")` runs FA4 as it
+# ships on that chip. On paper: exp2 per tile drops from 1024 to 512 cycles, half the MMA time,
 # like on Hopper. So the tensor core should become the bottleneck.
 #
-# The command line equivalent is `fa4sim run --hw b200 --set mufu_ex2_per_clk=32 --set exp_emulation=0`.
+# The command line equivalent is `fa4sim run --hw b300 --hdim 128 --seqlen 32768 --batch 1 --heads 16`;
+# `--set exp_emulation=0.1875` keeps the B200's split (the what-if).
 
 # %%
-fast = simulate("b200", "fa4", PROBLEM, {"mufu_ex2_per_clk": 32, "exp_emulation": 0.0})
-fast_emu = simulate("b200", "fa4", PROBLEM, {"mufu_ex2_per_clk": 32})
-show("MUFU 32/clk, no emulation", fast)
-show("MUFU 32/clk, default emulation 18.75%", fast_emu)
-print("bottleneck:", fast.bottleneck)
+b300 = simulate("b300", "fa4", PROBLEM)
+b300_emu = simulate("b300", "fa4", PROBLEM, {"exp_emulation": base.knobs["exp_emulation"]})
+show("B300, FA4 as it ships (no emulation)", b300)
+show(f"B300, B200's emulation {base.knobs['exp_emulation']:.2%}", b300_emu)
+print("bottleneck:", b300.bottleneck)
+print(f"clock: B200 {base.clock_ghz:.3f} GHz, B300 {b300.clock_ghz:.3f} GHz (its cap is {b300.hw.power_cap_w:.0f} W)")
 
 # %% [markdown]
 # ### Exercise 6.1
-# With the faster MUFU and no emulation, which unit is the busiest now?
+# On the B300, with no emulation, which unit is the busiest now?
 
 # %%
 busiest_fast_mufu = None  # <- a unit name
@@ -73,13 +78,17 @@ if busiest_fast_mufu is None:
     busiest_fast_mufu = "tensor"
 
 # %%
-kit.check(busiest_fast_mufu == max(fast.utilization, key=fast.utilization.get), "read fast.utilization")
+kit.check(busiest_fast_mufu == max(b300.utilization, key=b300.utilization.get), "read b300.utilization")
 
 # %% [markdown]
-# **Explain:** the prediction holds: the tensor core is now the limiter (~92 % busy), and the
-# throughput gain (~9 %) is what the MUFU was costing. Note that the model still gains from
-# emulation on the fast MUFU (it shortens each softmax's latency), while FA4 turns it off on
-# B300; register pressure and instruction latency, which the model lacks, are the likely reason.
+# **Explain:** the prediction holds: the tensor core is now the limiter. Part of the B300's gain
+# over the B200 is the MUFU (the tensor core no longer waits for exp2), part its higher clock
+# and larger power budget: compare `b300` with `simulate("b200", "fa4", PROBLEM,
+# {"mufu_ex2_per_clk": 32, "exp_emulation": 0})` to separate them. Note that the model still
+# gains a little from emulation on the fast MUFU (it shortens each softmax's latency), while FA4
+# turns it off on B300; register pressure and instruction latency, which the model lacks, are the
+# likely reason. `fa4sim run --hw b300 --uncertainty` says how much of this rests on what is not
+# measured.
 #
 # ## 2. More (or fewer) K/V stages
 #

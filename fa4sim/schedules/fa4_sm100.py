@@ -50,7 +50,7 @@ def stages_that_fit(ctx: Context, k: dict, budget: int | None = None) -> int:
 
 def facts(ctx: Context, k: dict) -> dict:
     """What an implementation's rules may test or take besides the problem and the knobs."""
-    out = {}
+    out = {"compute_capability": ctx.hw.capability}  # B200 10.0, B300 10.3
     if all(n in k for n in ("tile_m", "tile_n", "q_tiles", "two_cta")):
         budget = ctx.impl.value("kv_smem_budget_bytes", ctx, k) if ctx.impl is not None else None
         out["kv_stages_in_budget"] = stages_that_fit(ctx, k, budget)
