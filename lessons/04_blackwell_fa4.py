@@ -47,7 +47,7 @@ import lessonkit as kit
 from fa4sim import InputError, Problem, simulate
 from fa4sim.schedules import fa4_sm100
 
-LIVE = kit.live()  # unused: only our SM90 kernel has ever run; the SM100 one only compiles here
+LIVE = kit.live()  # unused: section 5 asks kit.blackwell() (a B200) instead; our SM100 kernel only compiles here
 PROBLEM = Problem(batch=1, heads=16, seqlen_q=32768, seqlen_k=32768, hdim=128)
 
 # %% [markdown]
@@ -326,45 +326,70 @@ else:
     print("(checked against fa4sim's emulation pattern only: no compiled kernel here)")
 
 # %% [markdown]
-# ## 5. What will be compared (no SM100 measurement exists yet)
+# ## 5. Against measurements: everyone's, and yours on a B200
 #
-# Our SM100 kernel has never run. When a B200 is available, its correctness will be checked
-# against a reference and its benchmark recorded in `benchmarks/results/` like the SM90 one; this
-# section will then put it beside the predictions. Until then we show the predictions alone, and
-# the one published number we have: the FA4 paper's own kernel on a B200 (**their**
-# measurement, not ours).
+# No B200 has run here. What others published has: `benchmarks/results/published_b200.json`
+# holds every B200 figure found for flash-attn-4 (the FA4 paper, pull requests, issues), each
+# with its source, and `fa4sim validate` predicts them as typed. Their measurements, not ours.
 
 # %%
-recorded_sm100 = kit.recorded("sm100_fwd_*.json")
-if recorded_sm100:
-    for path, doc in recorded_sm100:
-        print("recorded:", path.name, kit.describe(doc))
+from fa4sim import validate
+
+published = validate.compare(validate.load(str(kit.repo_root() / "benchmarks/results/published_b200.json")))
+for row in published["points"][:6] + published["points"][6:12]:  # the paper's hd128 forward
+    print(f"{row['id']:36s} published {row['measured_tflops']:5.0f}  predicted {row['predicted_tflops']:5.0f}  "
+          f"({row['error']:+.1%})")
+s = published["summary"]["all"]
+print(f"all {s['points']} predicted figures: median |error| {s['median_abs_error']:.1%}, max {s['max_abs_error']:.1%}")
+
+# %% [markdown]
+# **On a B200** (`kit.blackwell()`: a GPU of compute capability 10.x), the next cell times
+# flash-attn-4 itself at two points, after checking its output against an fp32 reference, and
+# puts the prediction beside it. A short burst runs above the clock the 1000 W cap settles at;
+# the settled check, forward and backward, is one command:
+# `python3 benchmarks/sustained_sm100.py --quick --out b200.json && fa4sim validate b200.json`.
+
+# %%
+if kit.blackwell():
+    import torch
+    from flash_attn.cute.interface import flash_attn_func
+
+    for s_len, causal in ((8192, False), (8192, True)):
+        prob = Problem(batch=32768 // s_len, heads=16, seqlen_q=s_len, seqlen_k=s_len, hdim=128, causal=causal)
+        q, k, v = (torch.randn(prob.batch, s_len, 16, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+
+        def run():
+            out = flash_attn_func(q, k, v, causal=causal)
+            return out[0] if isinstance(out, tuple) else out
+
+        got = run()[:1, :, :1].float()  # one (batch, head) slice against fp32
+        ref = torch.nn.functional.scaled_dot_product_attention(
+            *(x[:1, :, :1].float().transpose(1, 2) for x in (q, k, v)), is_causal=causal).transpose(1, 2)
+        rel = float((got - ref).norm() / ref.norm())
+        kit.check(torch.isfinite(got).all().item() and rel < 1e-2, f"flash-attn-4's output is off by {rel:.2e}")
+        ms = kit.time_cuda(run, reps=20)
+        print(f"hd128 {s_len} {'causal' if causal else 'non-causal'}: measured {prob.flops / ms / 1e9:.0f} TFLOP/s "
+              f"(a short burst), predicted {simulate('b200', 'fa4', prob).tflops:.0f}")
 else:
-    print("No SM100 measurement is recorded (our SM100 kernel has never run: no B200 here): predictions only.")
-
-PUBLISHED = 1613  # FA4 paper (arXiv 2603.05451): BF16, hd128, 32k, non-causal, their kernel on B200
-print(f"\n{'problem':34s} {'predicted':>10s} {'measured (ours)':>16s}")
-for d in (64, 128):
-    for s in (4096, 32768):
-        for causal in (False, True):
-            prob = Problem(batch=max(1, 32768 // s), heads=2048 // d, seqlen_q=s, seqlen_k=s, hdim=d, causal=causal)
-            pred = simulate("b200", "fa4", prob).tflops
-            print(f"hd{d:<3d} seqlen {s:5d} {'causal    ' if causal else 'non-causal'}      {pred:10.0f} {'none':>16s}")
-print(f"\nmain job (hd128, 32k, 16 heads): predicted {r.tflops:.0f}; published by the FA4 authors: {PUBLISHED}")
+    print("No B200 here: the published figures above are the comparison.")
 
 # %% [markdown]
-# The prediction assumes the rated 1.86 GHz; under FA4's sustained load the B200 runs at about
-# 1.6-1.75 GHz (FA4 paper and blog, in [the hardware reference](../docs/reference/hardware.md)).
-# Predicted time scales with the clock:
+# The clock is predicted too: the power model puts the main job at the 1000 W cap (its clock is
+# printed below), which no public B200 measurement gives. How much the prediction rests on
+# such parameters is `fa4sim run --uncertainty`: each parameter over its range (the b200
+# profile states one for each assumed value), and the band that puts on TFLOP/s:
 
 # %%
-for ghz in (1.6, 1.75, 1.86):
-    print(f"at {ghz:.2f} GHz: {simulate('b200', 'fa4', PROBLEM, {'clock_ghz': ghz}).tflops:5.0f} TFLOP/s")
+from fa4sim import uncertainty
+
+band = uncertainty.band("b200", "fa4", PROBLEM, nominal=r)
+print(f"main job: {r.tflops:.0f} TFLOP/s at {r.clock_ghz:.2f} GHz, band {band.tflops_low:.0f}..{band.tflops_high:.0f}; "
+      f"dominated by {', '.join(n for n, _ in band.dominant[:3])}")
 
 # %% [markdown]
-# Do not tune the clock until the prediction matches the published number: that would be fitting,
-# and the simulator would stop predicting. The clock is a parameter to *measure* (our Hopper
-# microbenchmarks do this for SM90; nobody here can do it for a B200 yet).
+# Do not tune a parameter until the prediction matches a published number: that would be
+# fitting, and the simulator would stop predicting. A parameter is *measured* (our Hopper
+# microbenchmarks do this for SM90; on a B200, `benchmarks/calibrate/` would).
 #
 # ## What to remember
 #
@@ -375,8 +400,8 @@ for ghz in (1.6, 1.75, 1.86):
 # - Our SM100 kernel compiles, and its SASS holds what the schedule predicts: 32 `tcgen05.mma`
 #   per KV block (64 in the binary: first block + loop body + tail), and per 16 emulated
 #   elements of a row -16 `MUFU.EX2`, +24 `FFMA2`, +24 `FADD2`.
-# - It has never run: its speed and its correctness on a B200 are unknown, and the simulator's
-#   B200 predictions are not checked against any measurement of ours. The lesson says so instead
-#   of inventing one.
+# - It has never run: its speed and its correctness on a B200 are unknown. The simulator's B200
+#   predictions are checked against every published figure, each with its band, and on a B200
+#   against your own run (`benchmarks/sustained_sm100.py`).
 #
 # Next: lesson 05, the exp2 emulation in detail.

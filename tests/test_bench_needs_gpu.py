@@ -48,10 +48,11 @@ def _gpu_scripts():
 
 
 @pytest.mark.parametrize("path", list(_gpu_scripts()), ids=lambda p: p.name)
-def test_every_gpu_script_checks_for_hopper(path):
-    """Each one calls require_hopper, or runs on calibrate.common.Device, which does."""
+def test_every_gpu_script_checks_for_its_gpu(path):
+    """Each one calls require_hopper (the Blackwell check: require_blackwell), or runs on
+    calibrate.common.Device, which does."""
     text = path.read_text()
-    assert "require_hopper(" in text or re.search(r"\bDevice\(\)", text), path.name
+    assert "require_hopper(" in text or "require_blackwell(" in text or re.search(r"\bDevice\(\)", text), path.name
 
 
 def test_sustained_problem_without_gpu():
@@ -63,3 +64,15 @@ def test_sustained_problem_without_gpu():
     assert r.returncode == 2
     assert r.stdout == "" and r.stderr.count("\n") == 1 and "needs a Hopper GPU" in r.stderr
     assert not (ROOT / "unused.json").exists()
+
+
+def test_the_blackwell_check_wants_sm100(monkeypatch, capsys):
+    from benchmarks.hopper import require_blackwell
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda i=0: (10, 0))
+    assert require_blackwell("x.py") is None
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda i=0: (9, 0))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda i=0: "NVIDIA H200")
+    with pytest.raises(SystemExit) as e:
+        require_blackwell("x.py")
+    assert e.value.code == 2 and "NVIDIA H200 (sm_90)" in capsys.readouterr().err

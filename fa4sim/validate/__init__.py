@@ -8,7 +8,8 @@ compared with has its module:
   idle_wgs             idle_wgs.py    tiles with idle warpgroups (idle_wg_sm90.py)
   cta_log              launches.py    whole launches replayed with mean tile costs (cta_log_sm90.py)
   sustained            sustained.py   each kernel alone under its power-capped clock, predicted with the
-                                      model's own clock (sustained_sm90.py)
+                                      model's own clock (sustained_sm90.py; on a B200,
+                                      sustained_sm100.py: flash-attn-4's forward and backward)
   sm90_bwd             backward.py    the backward alone, flash-attn-4 and fa4kernel against
                                       fa4sim --pass bwd (bench_bwd_sm90.py)
   bwd_ctas             bwd_launches.py  fa4kernel's backward launches by launch order, at their

@@ -1,6 +1,7 @@
-"""Sustained timings (benchmarks/sustained_sm90.py, kind 'sustained'): each kernel run alone, back
-to back until the power cap has settled its clock, against the model predicting it with no
-measured clock at all.
+"""Sustained timings (benchmarks/sustained_sm90.py, and on a B200 benchmarks/sustained_sm100.py;
+kind 'sustained'): each kernel run alone, back to back until the power cap has settled its clock,
+against the model predicting it with no measured clock at all. What each result is simulated as
+depends on the profile's arch (KERNELS): on SM100, flash-attn-4's forward and its backward.
 
 Every point is simulated for each kernel (fa4kernel as it ran, from its recorded configuration;
 flash-attn-4 as its implementation) on the device's calibrated profile (h100, h200). The clock is
@@ -30,12 +31,15 @@ from __future__ import annotations
 import statistics
 from dataclasses import replace
 
-from .. import power as power_model
+from .. import hardware, power as power_model
 from ..errors import InputError
 from ..model import setup
 from ..params import Problem
 from .common import SIMULATED, kernel_knobs, model_knobs, predict, profile_for, progress, pyplot, save
 from .points import measured_tflops
+
+
+BWD_FLOPS = 2.5  # a backward's TFLOP/s count 2.5 forwards (as fa4sim's do)
 
 
 def problem_of(p: dict) -> Problem:
@@ -86,6 +90,12 @@ def _within_3pct(rows: list[dict], key: str) -> tuple[int, int]:
 
 
 PROBE = "fa4kernel[clock probe]"  # the clock-probe build's result: its clock and its own time
+# what a file's results are simulated as, by the profile's arch: result name -> (schedule, pass,
+# implementation). SM100 (benchmarks/sustained_sm100.py): flash-attn-4's forward and its backward
+# alone (fa4kernel's SM100 forward is timed beside them; no implementation file describes it).
+BWD = "flash-attn-4 backward"
+KERNELS = {"sm90": {k: ("fa3", "fwd", k) for k in SIMULATED},
+           "sm100": {"flash-attn-4": (None, "fwd", "flash-attn-4"), BWD: (None, "bwd", "flash-attn-4")}}
 
 
 def compare(doc: dict, hw: str | None = None, overrides: dict | None = None, uncertainty: bool = False,
@@ -96,20 +106,21 @@ def compare(doc: dict, hw: str | None = None, overrides: dict | None = None, unc
     (fa4sim/uncertainty.py) and whether the measured TFLOP/s fall inside it."""
     overrides = dict(overrides or {})
     hw_name = hw or profile_for(doc["meta"].get("device", ""))
+    arch = hardware.load(hw_name).arch
     rows, wrong = [], []
     pts = doc.get("points") or []
     for i, p in enumerate(pts, 1):
         progress(i, len(pts))
         problem = problem_of(p)
-        for kernel in SIMULATED:
+        for kernel, (schedule, pass_, impl) in KERNELS[arch].items():
             res = (p.get("results") or {}).get(kernel) or {}
             if "ms" not in res and "tflops" not in res:
                 continue
             if not (res.get("check") or {}).get("ok", True):
                 wrong.append(f"{p.get('name', '?')}:{kernel}")
                 continue
-            knobs = {**(kernel_knobs(p) if kernel == "fa4kernel" else model_knobs(kernel)), **overrides}
-            meas = measured_tflops(problem, res)
+            knobs = {**(kernel_knobs(p) if kernel == "fa4kernel" else model_knobs(impl)), **overrides}
+            meas = measured_tflops(problem, res) * (BWD_FLOPS if pass_ == "bwd" and "ms" in res else 1.0)
             probe = p.get("clock_ghz_in_kernel") if kernel == "fa4kernel" else None
             row = {"kernel": kernel, "name": p.get("name"), "group": p.get("group"), "batch": problem.batch,
                    "heads": problem.heads, "seqlen_q": problem.seqlen_q, "seqlen_k": problem.seqlen_k,
@@ -117,14 +128,14 @@ def compare(doc: dict, hw: str | None = None, overrides: dict | None = None, unc
                    "measured_tflops": meas, "measured_clock_ghz": probe,
                    "nvml_sm_mhz": res.get("sm_mhz"), "measured_power_w": _board_power(res)}
             try:
-                r = predict(hw_name, "fa3", problem, knobs, kernel)
+                r = predict(hw_name, schedule, problem, knobs, impl, pass_)
                 clock, source, power = model_clock(r)
                 row.update(predicted_tflops=r.tflops, error=_rel(r.tflops, meas), predicted_clock_ghz=clock,
                            clock_source=source, predicted_power_w=power, bottleneck=r.bottleneck,
                            clock_error=_rel(clock, probe), power_error=_rel(power, row["measured_power_w"]))
                 if uncertainty:
                     from ..uncertainty import band
-                    bd = band(hw_name, "fa3", problem, knobs, kernel, jobs=jobs, nominal=r)
+                    bd = band(hw_name, schedule, problem, knobs, impl, pass_, jobs=jobs, nominal=r)
                     row.update(tflops_low=bd.tflops_low, tflops_high=bd.tflops_high,
                                covered=bd.tflops_low <= meas <= bd.tflops_high,
                                dominant_params=[n for n, _ in bd.dominant[:3]])
@@ -158,7 +169,7 @@ def compare(doc: dict, hw: str | None = None, overrides: dict | None = None, unc
     banded = [r for r in rows if "covered" in r]
     if banded:
         summary["band"] = {"covered": sum(r["covered"] for r in banded), "banded": len(banded)}
-    for kernel in SIMULATED:
+    for kernel in KERNELS[arch]:
         s = _stats([r["error"] for r in rows if r["kernel"] == kernel])
         if s:
             summary[kernel] = s
@@ -199,7 +210,7 @@ def report(result: dict) -> str:
     if s.get("band"):
         lines.append(f"inside their bands (--uncertainty): {s['band']['covered']} of {s['band']['banded']} "
                      f"kernel-points")
-    for kernel in SIMULATED:
+    for kernel in dict.fromkeys(k for ks in KERNELS.values() for k in ks):
         if s.get(kernel):
             lines.append(_line(f"TFLOP/s, {kernel}", s[kernel]))
     for key in sorted(k for k in s if k.startswith("group ")):
@@ -231,12 +242,12 @@ def plot(result: dict, path: str) -> str:
     fig, (ax, axc) = plt.subplots(1, 2, figsize=(11, 5.2))
     pts = [r for r in result["points"] if r["predicted_tflops"] is not None]
     hi = max([r["measured_tflops"] for r in pts] + [r["predicted_tflops"] for r in pts] + [1.0]) * 1.1
-    for kernel, marker in (("fa4kernel", "o"), ("flash-attn-4", "s")):
+    for kernel, marker in (("fa4kernel", "o"), ("flash-attn-4", "s"), (BWD, "^")):
         for causal, color in ((False, "#4C72B0"), (True, "#DD8452")):
             sel = [r for r in pts if r["kernel"] == kernel and r["causal"] == causal]
             if sel:
                 ax.scatter([r["measured_tflops"] for r in sel], [r["predicted_tflops"] for r in sel], marker=marker,
-                           color=color, alpha=0.8, label=f"{SIMULATED[kernel]}{', causal' if causal else ''}")
+                           color=color, alpha=0.8, label=f"{SIMULATED.get(kernel, kernel)}{', causal' if causal else ''}")
     ax.plot([0, hi], [0, hi], "k--", linewidth=0.8, label="y = x")
     ax.set_xlim(0, hi)
     ax.set_ylim(0, hi)

@@ -42,6 +42,15 @@ def live() -> bool:
     return bool(torch.cuda.is_available())
 
 
+def blackwell() -> bool:
+    """live() and the GPU is of compute capability 10.x (B200, GB200): the lessons' B200 cells run."""
+    if not live():
+        return False
+    import torch
+
+    return torch.cuda.get_device_capability(0)[0] == 10
+
+
 def recorded(pattern: str) -> list[tuple[Path, dict]]:
     """Recorded result files matching `pattern` in benchmarks/results/, newest first (.json or
     gzipped .json.gz, like the kernel's traces)."""
