@@ -93,3 +93,21 @@ def test_uncertainty_only_for_files_with_bands(capsys):
     assert len(err) == 1 and "--uncertainty" in err[0]
     assert main(["validate", str(FILE), "--jobs", "2"]) == 2
     assert "only with --uncertainty" in capsys.readouterr().err
+
+
+def test_disagreeing_sources_set_a_floor():
+    """Figures of one launch from two sources bound the max error any prediction can reach; a
+    knob the source names that the implementation would choose anyway is the same launch."""
+    meta = {"kind": "published", "device": "NVIDIA B200", "sources": {"a": {"url": "https://a"}, "b": {"url": "https://b"}}}
+    pts = [{**GOOD, "id": "a1", "source": "a", "tflops": 100.0, "quality": "A"},
+           {**GOOD, "id": "b1", "source": "b", "tflops": 150.0, "quality": "A", "knobs": {"two_cta": False}},
+           {**GOOD, "id": "b2", "source": "b", "tflops": 120.0, "quality": "A", "seqlen": 2048}]
+    res = validate.compare({"meta": meta, "points": pts})
+    (c,) = res["disagreements"]  # b2 is another problem; a1 and b1 one launch
+    assert set(c["ids"]) == {"a1", "b1"} and c["floor"] == pytest.approx(50 / 250)
+    assert res["summary"]["floor_max_abs_error"] == pytest.approx(0.2)
+    # no prediction beats the floor: the harmonic mean of the two figures is off by exactly it
+    best = 2 / (1 / 100 + 1 / 150)
+    assert max(abs(best / 100 - 1), abs(best / 150 - 1)) == pytest.approx(c["floor"])
+    assert "floor 20.0%" in validate.report(res)
+    assert all("_same" not in r for r in res["points"])

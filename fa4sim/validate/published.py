@@ -23,6 +23,7 @@ from ..params import Problem
 from .common import predict, profile_for, progress
 
 PASSES = ("fwd", "bwd")
+FLOOR_SHOWN = 0.025  # the report lists launches whose figures lie 5 % or more apart
 
 
 def problem_of(p: dict) -> Problem:
@@ -78,11 +79,38 @@ def compare(doc: dict, hw: str | None = None, uncertainty: bool = False, jobs: i
                        covered=b.tflops_low <= measured <= b.tflops_high,
                        dominant_params=[n for n, _ in b.dominant[:3]])
         rows.append(row)
+        row["_same"] = (p["pass"], problem, tuple(sorted(r.knobs.items())))
     for p in doc["points"]:
         if not p.get("predict", True):
             context.append({k: p.get(k) for k in ("id", "source", "kernel", "pass", "tflops", "not_predicted")})
-    return {"kind": "published", "summary": summarize(rows, hw, doc), "points": rows, "context": context,
-            "sources": doc["meta"].get("sources", {})}
+    conflicts = disagreements(rows)
+    for r in rows:
+        r.pop("_same", None)
+    summary = summarize(rows, hw, doc)
+    summary["floor_max_abs_error"] = max((c["floor"] for c in conflicts), default=0.0)
+    return {"kind": "published", "summary": summary, "points": rows, "disagreements": conflicts,
+            "context": context, "sources": doc["meta"].get("sources", {})}
+
+
+def disagreements(rows: list[dict]) -> list[dict]:
+    """Figures of one launch (the same pass, problem and resolved knobs) from more than one source.
+
+    `floor` is the least max |error| any single prediction can have against all of them: with the
+    error predicted / published - 1, the best prediction is the harmonic mean of the lowest and
+    highest figure, and its error against each is (high - low) / (high + low)."""
+    groups: dict = {}
+    for r in rows:
+        if r.get("error") is not None:
+            groups.setdefault(r["_same"], []).append(r)
+    out = []
+    for same in groups.values():
+        if len({r["source"] for r in same}) < 2:
+            continue
+        t = [r["measured_tflops"] for r in same]
+        lo, hi = min(t), max(t)
+        out.append({"ids": [r["id"] for r in same], "sources": [r["source"] for r in same],
+                    "tflops": [r["tflops"] for r in same], "floor": (hi - lo) / (hi + lo)})
+    return sorted(out, key=lambda c: -c["floor"])
 
 
 def _stats(rows: list[dict]) -> dict | None:
@@ -123,10 +151,20 @@ def report(res: dict) -> str:
         if "covered" in r:
             line += f"  {r['tflops_low']:5.0f}..{r['tflops_high']:<5.0f}  {'yes' if r['covered'] else 'NO'}"
         lines.append(line)
+    conflicts = [c for c in res.get("disagreements", []) if c["floor"] >= FLOOR_SHOWN]
+    if conflicts:
+        lines.append(f"sources that disagree on one launch by {2 * FLOOR_SHOWN:.0%} or more (floor: the least max "
+                     f"|error| one prediction can have against all of its figures):")
+        for c in conflicts:
+            figs = ", ".join(f"{i} {t:.0f}" for i, t in zip(c["ids"], c["tflops"]))
+            lines.append(f"  floor {c['floor']:5.1%}: {figs}")
     for key in ("all", "fwd", "bwd", "causal", "non_causal"):
         st = s.get(key)
         if st:
             cov = f", {st['covered']} of {st['banded']} inside their bands" if "covered" in st else ""
             lines.append(f"{key:10s} {st['points']:3d} points: median |error| {st['median_abs_error']:.1%}, max "
                          f"{st['max_abs_error']:.1%}, mean {st['mean_error']:+.1%}{cov}")
+    if s.get("floor_max_abs_error"):
+        lines.append(f"no single model can have a max |error| below {s['floor_max_abs_error']:.1%} on this file: "
+                     f"its sources disagree that much on one launch")
     return "\n".join(lines)
