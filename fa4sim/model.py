@@ -26,7 +26,7 @@ from .errors import InputError
 from .kernel_model import KernelTime, WorkUnit, kernel_time, work_units
 from .params import MAX_SEQLEN, MAX_TILES, Context, Problem, resolve
 from .schedules import BWD_SCHEDULES, SCHEDULES, kernel_bwd
-from .steady_state import CAP, Period, runs as new_runs, tile_times
+from .steady_state import CAP, Period, runs as new_runs, tile_times, window
 
 LADDER = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, CAP)
 PASSES = ("fwd", "bwd")
@@ -559,20 +559,6 @@ def _interpolated(u: WorkUnit, n_max: int, detailed) -> tuple[float, float | Non
     return t1, extra
 
 
-def _window(trace: Trace, period: Period | None):
-    """The loop's steady part of a one-tile trace: (t0, t1, cycles per KV block or None, the
-    KV iterations it spans as a range; None where the tile is too short for one)."""
-    starts = trace.starts(trace.schedule.marker)
-    if period is not None and len(starts) - period.first >= 2:
-        return starts[period.first], starts[-1], period.interval, range(period.first, len(starts) - 1)
-    if len(starts) >= 16:
-        # no exact period within the simulated blocks (three warpgroups' pieces can interleave
-        # without repeating): the mean interval over the second half of the tile instead
-        m = len(starts) // 2
-        return starts[m], starts[-1], (starts[-1] - starts[m]) / (len(starts) - 1 - m), range(m, len(starts) - 1)
-    return 0.0, trace.end, None, None
-
-
 def _per_block(hw, trace: Trace, period: Period | None, memo: dict | None = None) -> tuple[dict, float]:
     """(nominal unit cycles per KV block of the loop's steady part (power.work_per_block; a tile
     too short for one: the whole trace over all its blocks), the tensor core's weighted idle
@@ -582,7 +568,7 @@ def _per_block(hw, trace: Trace, period: Period | None, memo: dict | None = None
     same trace's work and gaps are asked for again at each clock the power model tries."""
     key = (id(trace), period)
     if memo is None or key not in memo:
-        iters = _window(trace, period)[3]
+        iters = window(trace, period)[3]
         got = (trace, power.work_per_block(trace, iters), power.tensor_gaps(trace, None, trace.end))
         if memo is None:
             memo = {}
@@ -593,7 +579,7 @@ def _per_block(hw, trace: Trace, period: Period | None, memo: dict | None = None
 
 def _steady_state(trace: Trace, period: Period | None):
     """Unit utilisation and tensor-core idle causes over the periodic part of the loop."""
-    t0, t1, interval, _ = _window(trace, period)
+    t0, t1, interval, _ = window(trace, period)
     util = trace.utilization(t0, t1)
     waits: dict[str, float] = {}
     span = max(t1 - t0, 1e-9)
