@@ -451,7 +451,7 @@ def backward(run: Run) -> Pass:
 
     # the backward always has tensor work, so its clock starts at the tensor core's ceiling:
     # where that holds it, the first launch is the last (each clock is a launch of its own)
-    top = float(profile.values.get("clock_tensor_ghz", 0.0) or 0.0)
+    top = float(profile.clock_tensor_ghz)
     start = _at(profile, top) if 0 < top < profile.clock_ghz else profile
     return Pass(start, launch, usage, finish)
 
