@@ -14,8 +14,8 @@ resolved so far:
   {"rules": [{"when": {FACT: X, ...}, "value": V}, ...], "else": V}   the first rule that holds
   {"fact": NAME}                                     a fact the schedule derives (below)
 FACT is a problem field (hdim, hdim_v, causal, seqlen_q, seqlen_k), a knob resolved before this
-one, or a fact the schedule derives (its `facts()`: o_fits, consumer_wgs); a suffix compares
-instead of testing equality: _gt, _ge, _lt, _le, _ne.
+one, or a fact the schedule derives (its `facts()`, which schedules/__init__.py registers here:
+o_fits, consumer_wgs); a suffix compares instead of testing equality: _gt, _ge, _lt, _le, _ne.
 
 The backward's choices sit in the file's "bwd" section, in the same form ("head_dims", "knobs",
 "params", a "source"); `Implementation.for_pass("bwd")` gives an implementation whose knobs and

@@ -11,6 +11,13 @@ from . import fa3_sm90, fa3_sm90_bwd, fa4_sm100, fa4_sm100_bwd
 
 SCHEDULES = {m.NAME: m for m in (fa4_sm100, fa3_sm90)}
 BWD_SCHEDULES = {m.NAME: m for m in (fa4_sm100_bwd, fa3_sm90_bwd)}
-for _pass, _table in (("fwd", SCHEDULES), ("bwd", BWD_SCHEDULES)):
-    for _name, _module in _table.items():
-        implementation.register_facts(_name, _pass, _module.facts)
+
+
+def _register_facts() -> None:
+    """Let the implementations' rules test what each schedule derives (its facts())."""
+    for pass_, table in (("fwd", SCHEDULES), ("bwd", BWD_SCHEDULES)):
+        for name, module in table.items():
+            implementation.register_facts(name, pass_, module.facts)
+
+
+_register_facts()
