@@ -150,3 +150,9 @@ def test_no_private_attribute_of_another_module():
                     and aliases[node.value.id] != m):
                 bad.append(f"{m}:{node.lineno} uses {aliases[node.value.id]}.{node.attr}")
     assert not bad, "\n".join(bad)
+
+
+def test_the_solver_needs_no_driver():
+    # modulo (CP-SAT) replays its programs in the engine and measures them as steady_state does
+    edges, _ = _graph()
+    assert not {t for t in edges["fa4sim.modulo"] if t in ("fa4sim.model", "fa4sim.cli", "fa4sim.sweep")}
