@@ -251,7 +251,7 @@ def _summary(r) -> str:
         f" L2 {k.l2_us:.1f} us, HBM {k.hbm_us:.1f} us, compute {k.compute_us:.1f} us",
     ]
     clock = power.describe(r.clock_ghz, r.clock_source, r.power_w, r.power_by_part, r.power_limited,
-                           float(r.hw.values.get("power_cap_w") or 0), r.clock_ceiling)
+                           float(r.hw.power_cap_w), r.clock_ceiling)
     lines.append("clock     " + clock.removeprefix("clock "))
     if r.power_w is not None:
         parts = sorted(r.power_by_part.items(), key=lambda kv: -kv[1])

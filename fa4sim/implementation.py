@@ -14,8 +14,8 @@ resolved so far:
   {"rules": [{"when": {FACT: X, ...}, "value": V}, ...], "else": V}   the first rule that holds
   {"fact": NAME}                                     a fact the schedule derives (below)
 FACT is a problem field (hdim, hdim_v, causal, seqlen_q, seqlen_k), a knob resolved before this
-one, or a fact the schedule derives (its `facts()`: o_fits, consumer_wgs); a suffix compares
-instead of testing equality: _gt, _ge, _lt, _le, _ne.
+one, or a fact the schedule derives (its `facts()`, which schedules/__init__.py registers here:
+o_fits, consumer_wgs); a suffix compares instead of testing equality: _gt, _ge, _lt, _le, _ne.
 
 The backward's choices sit in the file's "bwd" section, in the same form ("head_dims", "knobs",
 "params", a "source"); `Implementation.for_pass("bwd")` gives an implementation whose knobs and
@@ -35,6 +35,9 @@ IMPL_DIR = Path(__file__).parent / "implementations"
 # a what-if may set a measured cost (cycles, instructions) from 0 to CONSTANT_SCALE times what was
 # measured, a rate down to 1/CONSTANT_SCALE of it: a kernel two orders of magnitude off is another one
 CONSTANT_SCALE = 100.0
+# (schedule, pass) -> facts(ctx, knobs): what that schedule derives for an implementation's rules
+# to test. Each schedule registers its own (schedules/__init__.py): data never imports a schedule.
+FACTS: dict = {}
 _OPS = {"_gt": lambda a, b: a > b, "_ge": lambda a, b: a >= b, "_lt": lambda a, b: a < b,
         "_le": lambda a, b: a <= b, "_ne": lambda a, b: a != b}
 
@@ -194,14 +197,19 @@ def _fact(name: str, ctx, knobs: dict):
         return knobs[name]
     if hasattr(ctx.problem, name):
         return getattr(ctx.problem, name)
-    from .schedules import BWD_SCHEDULES, SCHEDULES  # the schedule derives the rest (o_fits, consumer_wgs)
-    table = BWD_SCHEDULES if ctx.impl.pass_ == "bwd" else SCHEDULES
-    facts = table[ctx.impl.schedule].facts(ctx, knobs)
+    derive = FACTS.get((ctx.impl.schedule, ctx.impl.pass_))  # the schedule derives the rest (o_fits, consumer_wgs)
+    facts = derive(ctx, knobs) if derive is not None else {}
     if name not in facts:
         raise InputError("impl", f"{ctx.impl.name}: a rule tests {name!r}, which is neither a problem field, "
                                  f"a knob resolved before it, nor a fact of the {ctx.impl.schedule} schedule "
                                  f"({', '.join(facts)})")
     return facts[name]
+
+
+def register_facts(schedule: str, pass_: str, facts) -> None:
+    """Let the rules of implementations of `schedule` (pass_ "fwd" | "bwd") test what its
+    facts(ctx, knobs) -> dict derives."""
+    FACTS[(schedule, pass_)] = facts
 
 
 def available() -> list[str]:

@@ -1,4 +1,4 @@
-"""Simulate one attention forward: hardware + schedule + problem -> time, TFLOP/s and why.
+"""Simulate one attention pass: hardware + schedule + problem -> time, TFLOP/s and why.
 
     from fa4sim import simulate, Problem
     r = simulate("b200", "fa4", Problem(batch=1, heads=16, seqlen_q=32768, seqlen_k=32768, hdim=128))
@@ -12,12 +12,16 @@ periodic steady state extrapolated (steady_state.py); the kernel model spreads t
 the SMs. Causal problems have a shape per Q tile: shapes are simulated at a geometric ladder of
 block counts and the others interpolated, which is exact past the loop's transient (T is affine
 in the block count there) and close below it.
+
+One path serves both passes: setup() resolves a Run, forward() or backward() gives the pass's
+part (its launch, its power activity, its Result), and settle_clock() finds the clock the power
+model holds that launch to (once, for both).
 """
 from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 
 from . import hardware, implementation, power
@@ -26,7 +30,7 @@ from .errors import InputError
 from .kernel_model import KernelTime, WorkUnit, kernel_time, work_units
 from .params import MAX_SEQLEN, MAX_TILES, Context, Problem, resolve
 from .schedules import BWD_SCHEDULES, SCHEDULES, kernel_bwd
-from .steady_state import CAP, Period, runs as new_runs, tile_times
+from .steady_state import CAP, Period, runs as new_runs, tile_times, window
 
 LADDER = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, CAP)
 PASSES = ("fwd", "bwd")
@@ -117,20 +121,102 @@ def split_overrides(module, impl, overrides: dict) -> tuple[dict, dict, dict]:
     return hw_over, knob_over, impl_over
 
 
+@dataclass(frozen=True)
+class Run:
+    """What one prediction runs, as setup() resolves it."""
+    profile: hardware.HardwareProfile   # with the what-ifs applied
+    base: hardware.HardwareProfile      # as given, before them: its clock is the maximum a --set clock is taken from
+    schedule: str
+    module: object                      # the schedule module (schedules.SCHEDULES / BWD_SCHEDULES)
+    impl: implementation.Implementation
+    knobs: dict
+    problem: Problem
+    pass_: str                          # "fwd" | "bwd"
+    forced: bool                        # the clock is a what-if (--set clock_ghz), not the power model's
+
+
+@dataclass(frozen=True)
+class Pass:
+    """One pass's part of a prediction, as functions of the profile `at` (its clock); settle_clock
+    finds the clock, the rest is the same for both passes."""
+    start: hardware.HardwareProfile  # where the power model's clock search starts
+    launch: Callable                 # (at, first) -> the launch's state on `at`; first: the search's first
+    usage: Callable                  # (at, state) -> its power.Activity
+    finish: Callable                 # (at, state) -> the Result without its clock fields
+
+
 @gc_paused
 def simulate(hw="b200", schedule: str | None = None, problem: Problem | None = None, overrides: dict | None = None,
              impl: str | implementation.Implementation | None = None, pass_: str = "fwd") -> Result:
-    """Predict one forward pass (pass_ "fwd") or one backward pass ("bwd": simulate_bwd).
+    """Predict one forward pass (pass_ "fwd") or one backward pass ("bwd").
     `hw` is a profile name, a profile path or a HardwareProfile; `schedule` the pipeline
     (default: the one for the hardware's architecture); `impl` whose choices to simulate
     (fa4kernel, flash-attn-4; default: the schedule's DEFAULT_IMPL); `overrides` the what-ifs:
-    schedule knobs and hardware parameters by name."""
-    if pass_ != "fwd":
-        return simulate_bwd(hw, schedule, problem, overrides, impl, pass_)
-    profile, schedule, module, impl, knobs = setup(hw, schedule, problem, overrides, impl)
-    unset = hw if isinstance(hw, hardware.HardwareProfile) else hardware.load(hw)
-    base_clock, base_sources = unset.clock_ghz, unset.sources
+    schedule knobs and hardware parameters by name.
 
+    The backward is the preprocess, the main kernel (one CTA, or CTA pair, per KV tile;
+    schedules.BWD_SCHEDULES) and the postprocess. Its TFLOP/s count 2.5 x the forward's FLOPs
+    (flash-attn's convention) over the three launches; its clock is the power model's for the
+    whole call's average power (result.activity; the main kernel's own: result.main_activity)."""
+    run = resolve_run(hw, schedule, problem, overrides, impl, pass_)
+    part = (forward if run.pass_ == "fwd" else backward)(run)
+    at, state, act, clock, source = settle_clock(run, part)
+    result = part.finish(at, state)
+    result.clock_ghz, result.clock_source = at.clock_ghz, source
+    result.power_w, result.power_by_part = clock.power_w, dict(clock.by_part)
+    result.power_limited, result.clock_ceiling = bool(clock.limited), bool(clock.ceiling)
+    result.activity = act
+    result.bottleneck = _bottleneck(result)
+    result.notes.append(_clock_note(result, run.profile, run.base.sources))
+    if clock.note:
+        result.notes.append(clock.note)
+    return result
+
+
+def simulate_bwd(hw="b200", schedule: str | None = None, problem: Problem | None = None,
+                 overrides: dict | None = None, impl=None, pass_: str = "bwd") -> Result:
+    """simulate(..., pass_="bwd")."""
+    return simulate(hw, schedule, problem, overrides, impl, pass_)
+
+
+def settle_clock(run: Run, part: Pass):
+    """(the profile at the clock the time is computed at, the launch's state there, its
+    power.Activity, the power.ClockPrediction, the clock's source). With a power model the clock
+    is its fixed point: the activity at `part.start` sets a first clock, then the launch at that
+    clock, and once more if the clock still moved by more than 0.1 %. Else the profile's clock
+    (or the --set one, with its power where the profile has a power model)."""
+    profile = run.profile
+    if power.has_model(profile) and not run.forced:
+        if not 0 < profile.clock_min_ghz <= profile.clock_ghz:
+            raise InputError("clock_min_ghz", f"{profile.clock_min_ghz} GHz; with a power model (power_cap_w > 0) "
+                                              f"it must be > 0 and at most clock_ghz {profile.clock_ghz} GHz")
+        state = part.launch(part.start, True)
+        pred = power.predict_clock(profile, part.usage(part.start, state))
+        for _ in range(2):
+            at = _at(profile, pred.clock_ghz)
+            state = part.launch(at, False)
+            again = power.predict_clock(profile, part.usage(at, state))
+            if abs(again.clock_ghz - pred.clock_ghz) <= 1e-3 * pred.clock_ghz:
+                break
+            pred = again
+        act = part.usage(at, state)
+        watts, parts = power.power_w(profile, act, at.clock_ghz)
+        return at, state, act, power.ClockPrediction(at.clock_ghz, watts, parts, pred.limited, pred.note,
+                                                     pred.ceiling), "power model"
+    state = part.launch(profile, False)
+    act = part.usage(profile, state)
+    if power.has_model(profile):  # a forced clock on a profile with a power model: its power there
+        watts, parts = power.power_w(profile, act, profile.clock_ghz, run.base.clock_ghz)
+        clock = power.ClockPrediction(profile.clock_ghz, watts, parts, False)
+    else:
+        clock = power.ClockPrediction(profile.clock_ghz, None, {}, False)
+    return profile, state, act, clock, "--set" if run.forced else "profile"
+
+
+def forward(run: Run) -> Pass:
+    """The forward's part: Q tiles (work units) over the SMs, each distinct shape simulated for
+    one CTA; its state on a profile is (KernelTime, detailed, the Q loads' HBM share)."""
+    profile, module, impl, knobs, problem = run.profile, run.module, run.impl, run.knobs, run.problem
     rows = module.rows_per_cta(knobs)
     two_cta = bool(knobs.get("two_cta", False))
     unit_rows = rows * (2 if two_cta else 1)
@@ -187,10 +273,11 @@ def simulate(hw="b200", schedule: str | None = None, problem: Problem | None = N
                          persistent=persistent, order=knobs.get("tile_order", "lpt"), rows=unit_rows)
         return kt, detailed
 
-    def at_clock(at, refine: bool = True):
-        """(KernelTime, detailed, hbm_busy) on profile `at`."""
+    def at_clock(at, first: bool):
+        """(KernelTime, detailed, hbm_busy) on profile `at`; the clock search's first launch
+        skips the HBM refinement."""
         kt, detailed = launch(at, 0.0)
-        if refine and getattr(module, "Q_FROM_HBM", False):
+        if not first and getattr(module, "Q_FROM_HBM", False):
             # Q loads share HBM with the rest of the launch: once more with the HBM share this
             # launch's bytes take of its time (one refinement; its own change is second order).
             # Skipped where even fully exposed the slower Q loads would add < 0.5 % (long
@@ -213,9 +300,10 @@ def simulate(hw="b200", schedule: str | None = None, problem: Problem | None = N
     tensor_flops = sum(u.n_kv * variant(u) for u in units) * (unit_rows / rows) * problem.batch * problem.heads \
         * 2.0 * tile_n * (problem.hdim + problem.hdim_v)
 
-    def usage(at, kt, detailed):
+    def usage(at, state):
         """The launch's power.Activity on profile `at`: the work per block of each variant's longest
         unit, weighted by the blocks that variant runs."""
+        kt, detailed, _ = state
         per_block: dict[str, float] = {}
         idle = 0.0
         for v, us in by_variant.items():
@@ -228,71 +316,24 @@ def simulate(hw="b200", schedule: str | None = None, problem: Problem | None = N
             idle += idle_v * share
         return power.activity(at, kt, per_block, sm_blocks, tensor_flops, idle)
 
-    forced = "clock_ghz" in (overrides or {})
-    fmax = base_clock if forced else profile.clock_ghz
-    modelled = power.has_model(profile)
-    if modelled and not forced:
-        if not 0 < profile.clock_min_ghz <= profile.clock_ghz:
-            raise InputError("clock_min_ghz", f"{profile.clock_min_ghz} GHz; with a power model (power_cap_w > 0) "
-                                              f"it must be > 0 and at most clock_ghz {profile.clock_ghz} GHz")
-        # the activity at the maximum clock sets a first clock; then the launch at that clock,
-        # and once more if the clock still moved by more than 0.1 %
-        kt, detailed, hbm_busy = at_clock(profile, refine=False)
-        pred = power.predict_clock(profile, usage(profile, kt, detailed))
-        at = profile
-        for _ in range(2):
-            at = _at(profile, pred.clock_ghz)
-            kt, detailed, hbm_busy = at_clock(at)
-            again = power.predict_clock(profile, usage(at, kt, detailed))
-            moved = abs(again.clock_ghz - pred.clock_ghz) > 1e-3 * pred.clock_ghz
-            if not moved:
-                break
-            pred = again
-        act = usage(at, kt, detailed)
-        watts, parts = power.power_w(profile, act, at.clock_ghz)
-        clock = power.ClockPrediction(at.clock_ghz, watts, parts, pred.limited, pred.note, pred.ceiling)
-        source = "power model"
-    else:
-        at = profile
-        kt, detailed, hbm_busy = at_clock(profile)
-        act = usage(at, kt, detailed)
-        source = "--set" if forced else "profile"
-        if modelled:  # a forced clock on a profile with a power model: its power there
-            watts, parts = power.power_w(profile, act, at.clock_ghz, fmax)
-            clock = power.ClockPrediction(at.clock_ghz, watts, parts, False)
-        else:
-            clock = power.ClockPrediction(at.clock_ghz, None, {}, False)
+    def finish(at, state) -> Result:
+        kt, detailed, hbm_busy = state
+        _, _, trace, period = detailed(longest.n_kv, longest.masked)
+        util, waits, interval = _steady_state(trace, period)
+        tflops = problem.flops / (kt.time_us * 1e-6) / 1e12
+        result = Result(at, run.schedule, impl, problem, knobs, tflops, kt.time_us, kt.cycles, util, "",
+                        interval, waits, kt, trace, period)
+        result.hbm_busy = hbm_busy
+        result.notes.extend(trace.schedule.meta.get("notes", ()))
+        return result
 
-    t1, t2, trace, period = detailed(longest.n_kv, longest.masked)
-    util, waits, interval = _steady_state(trace, period)
-    tflops = problem.flops / (kt.time_us * 1e-6) / 1e12
-    result = Result(at, schedule, impl, problem, knobs, tflops, kt.time_us, kt.cycles, util, "",
-                    interval, waits, kt, trace, period)
-    result.hbm_busy = hbm_busy
-    result.clock_ghz, result.clock_source = at.clock_ghz, source
-    result.power_w = clock.power_w
-    result.power_by_part = dict(clock.by_part)
-    result.power_limited = bool(clock.limited)
-    result.clock_ceiling = bool(clock.ceiling)
-    result.activity = act
-    result.bottleneck = _bottleneck(result)
-    result.notes.extend(trace.schedule.meta.get("notes", ()))
-    result.notes.append(_clock_note(result, profile, base_sources))
-    if clock.note:
-        result.notes.append(clock.note)
-    return result
+    return Pass(profile, at_clock, usage, finish)
 
 
-@gc_paused
-def simulate_bwd(hw="b200", schedule: str | None = None, problem: Problem | None = None,
-                 overrides: dict | None = None, impl=None, pass_: str = "bwd") -> Result:
-    """Predict one backward pass: the preprocess, the main kernel (one CTA, or CTA pair, per KV
-    tile; schedules.BWD_SCHEDULES) and the postprocess. TFLOP/s count 2.5 x the forward's FLOPs
-    (flash-attn's convention) over the three launches; the clock is the power model's for the
-    whole call's average power (result.activity; the main kernel's own: result.main_activity)."""
-    profile, schedule, module, impl, knobs = setup(hw, schedule, problem, overrides, impl, pass_)
-    unset = hw if isinstance(hw, hardware.HardwareProfile) else hardware.load(hw)
-    base_clock, base_sources = unset.clock_ghz, unset.sources
+def backward(run: Run) -> Pass:
+    """The backward's part: KV tiles (one CTA, or CTA pair, each) over the SMs, and the launches
+    around the main kernel; its state on a profile is the main kernel's KernelTime."""
+    profile, module, impl, knobs, problem = run.profile, run.module, run.impl, run.knobs, run.problem
     two_cta = bool(knobs.get("two_cta", False))
     tile_m = knobs["tile_m"]
     keys = module.rows_per_cta(knobs) * (2 if two_cta else 1)
@@ -353,7 +394,8 @@ def simulate_bwd(hw="b200", schedule: str | None = None, problem: Problem | None
             return t1 + (u.masked - m) * per_masked, extra
         return cost_of
 
-    def launch(at):
+    def launch(at, first: bool = False):
+        """The main kernel's KernelTime on `at` (each clock is a launch of its own: `first` changes nothing)."""
         cost_of = costs(at)
         kt = kernel_time(rows_t, at, units, cost_of, tile_m, two_cta, persistent=False, order=order, rows=keys,
                          cluster=cluster)
@@ -390,62 +432,28 @@ def simulate_bwd(hw="b200", schedule: str | None = None, problem: Problem | None
         pre, post = kernel_bwd.pre_post_us(problem, at, knobs)
         return replace(act, totals={**act.totals, "hbm": act.totals["hbm"] + around}, gap_us=act.gap_us + pre + post)
 
-    forced = "clock_ghz" in (overrides or {})
-    if power.has_model(profile) and not forced:
-        if not 0 < profile.clock_min_ghz <= profile.clock_ghz:
-            raise InputError("clock_min_ghz", f"{profile.clock_min_ghz} GHz; with a power model (power_cap_w > 0) "
-                                              f"it must be > 0 and at most clock_ghz {profile.clock_ghz} GHz")
-        # the backward always has tensor work, so its clock starts at the tensor core's ceiling:
-        # where that holds it, the first launch is the last (each clock is a launch of its own)
-        top = float(profile.values.get("clock_tensor_ghz", 0.0) or 0.0)
-        start = _at(profile, top) if 0 < top < profile.clock_ghz else profile
-        kt = launch(start)
-        pred = power.predict_clock(profile, usage(start, kt))
-        for _ in range(2):
-            at = _at(profile, pred.clock_ghz)
-            kt = launch(at)
-            again = power.predict_clock(profile, usage(at, kt))
-            if abs(again.clock_ghz - pred.clock_ghz) <= 1e-3 * pred.clock_ghz:
-                break
-            pred = again
-        act = usage(at, kt)
-        watts, parts = power.power_w(profile, act, at.clock_ghz)
-        clock = power.ClockPrediction(at.clock_ghz, watts, parts, pred.limited, pred.note, pred.ceiling)
-        source = "power model"
-    else:
-        at = profile
-        kt = launch(profile)
-        act = usage(at, kt)
-        source = "--set" if forced else "profile"
-        if power.has_model(profile):
-            watts, parts = power.power_w(profile, act, at.clock_ghz, base_clock if forced else profile.clock_ghz)
-            clock = power.ClockPrediction(at.clock_ghz, watts, parts, False)
-        else:
-            clock = power.ClockPrediction(at.clock_ghz, None, {}, False)
+    def finish(at, kt) -> Result:
+        pre_us, post_us = kernel_bwd.pre_post_us(problem, at, knobs)
+        total_us = pre_us + kt.time_us + post_us
+        _, _, trace, period = detailed(at, longest.n_kv, longest.masked, whole=True)
+        util, waits, interval = _steady_state(trace, period)
+        tflops = 2.5 * problem.flops / (total_us * 1e-6) / 1e12
+        result = Result(at, run.schedule, impl, problem, knobs, tflops, total_us, kt.cycles, util, "", interval,
+                        waits, kt, trace, period)
+        result.pass_, result.pre_us, result.post_us, result.main_us = "bwd", pre_us, post_us, kt.time_us
+        result.main_activity = main_usage(at, kt)
+        result.notes.append(f"backward: preprocess {pre_us:.1f} us + main kernel {kt.time_us:.1f} us + postprocess "
+                            f"{post_us:.1f} us; TFLOP/s count 2.5 x the forward's FLOPs over all three")
+        if knobs.get("deterministic"):
+            result.notes.append(f"deterministic: each CTA holds a Q block's dQ order for "
+                                f"{module.dq_hold(at, problem, knobs):.0f} cycles; a CTA waits for those before it")
+        return result
 
-    pre_us, post_us = kernel_bwd.pre_post_us(problem, at, knobs)
-    total_us = pre_us + kt.time_us + post_us
-    _, _, trace, period = detailed(at, longest.n_kv, longest.masked, whole=True)
-    util, waits, interval = _steady_state(trace, period)
-    tflops = 2.5 * problem.flops / (total_us * 1e-6) / 1e12
-    result = Result(at, schedule, impl, problem, knobs, tflops, total_us, kt.cycles, util, "", interval, waits, kt,
-                    trace, period)
-    result.pass_, result.pre_us, result.post_us, result.main_us = "bwd", pre_us, post_us, kt.time_us
-    result.clock_ghz, result.clock_source = at.clock_ghz, source
-    result.power_w, result.power_by_part, result.power_limited = clock.power_w, dict(clock.by_part), bool(clock.limited)
-    result.clock_ceiling = bool(clock.ceiling)
-    result.activity = act
-    result.main_activity = main_usage(at, kt)
-    result.bottleneck = _bottleneck(result)
-    result.notes.append(f"backward: preprocess {pre_us:.1f} us + main kernel {kt.time_us:.1f} us + postprocess "
-                        f"{post_us:.1f} us; TFLOP/s count 2.5 x the forward's FLOPs over all three")
-    if knobs.get("deterministic"):
-        result.notes.append(f"deterministic: each CTA holds a Q block's dQ order for "
-                            f"{module.dq_hold(at, problem, knobs):.0f} cycles; a CTA waits for those before it")
-    result.notes.append(_clock_note(result, profile, base_sources))
-    if clock.note:
-        result.notes.append(clock.note)
-    return result
+    # the backward always has tensor work, so its clock starts at the tensor core's ceiling:
+    # where that holds it, the first launch is the last (each clock is a launch of its own)
+    top = float(profile.clock_tensor_ghz)
+    start = _at(profile, top) if 0 < top < profile.clock_ghz else profile
+    return Pass(start, launch, usage, finish)
 
 
 def _at(profile: hardware.HardwareProfile, ghz: float) -> hardware.HardwareProfile:
@@ -477,6 +485,13 @@ def setup(hw, schedule: str | None, problem: Problem | None, overrides: dict | N
     """Resolve what simulate() runs: (profile, schedule name, schedule module, implementation,
     knobs), with the overrides applied and the configuration checked; pass_ "bwd" resolves the
     schedule's backward and the implementation's backward choices."""
+    r = resolve_run(hw, schedule, problem, overrides, impl, pass_)
+    return r.profile, r.schedule, r.module, r.impl, r.knobs
+
+
+def resolve_run(hw, schedule: str | None, problem: Problem | None, overrides: dict | None, impl,
+                pass_: str = "fwd") -> Run:
+    """setup()'s resolution as a Run, with the profile as given (before the what-ifs) beside it."""
     if not isinstance(pass_, str) or pass_ not in PASSES:
         raise InputError("pass", f"unknown pass {pass_!r}; allowed: {', '.join(PASSES)}")
     if not isinstance(problem, Problem):
@@ -485,7 +500,7 @@ def setup(hw, schedule: str | None, problem: Problem | None, overrides: dict | N
     if overrides is not None and not isinstance(overrides, Mapping):
         raise InputError("overrides", f"a dict of NAME: value (the --set what-ifs), got {type(overrides).__name__}")
     overrides = dict(overrides or {})
-    profile = hw if isinstance(hw, hardware.HardwareProfile) else hardware.load(hw)
+    profile = base = hw if isinstance(hw, hardware.HardwareProfile) else hardware.load(hw)
     if schedule is None:
         schedule = impl.schedule if isinstance(impl, implementation.Implementation) else default_schedule(profile.arch)
     if not isinstance(schedule, str) or schedule not in SCHEDULES:
@@ -514,7 +529,7 @@ def setup(hw, schedule: str | None, problem: Problem | None, overrides: dict | N
     impl.check(problem)
     knobs = resolve(module.KNOBS, Context(problem, profile, impl), knob_over)
     module.check(profile, problem, knobs, impl)
-    return profile, schedule, module, impl, knobs
+    return Run(profile, base, schedule, module, impl, knobs, problem, pass_, "clock_ghz" in overrides)
 
 
 def build_cta(hw, problem: Problem, overrides: dict | None = None, n_kv: int = 12, masked: int = 0,
@@ -559,20 +574,6 @@ def _interpolated(u: WorkUnit, n_max: int, detailed) -> tuple[float, float | Non
     return t1, extra
 
 
-def _window(trace: Trace, period: Period | None):
-    """The loop's steady part of a one-tile trace: (t0, t1, cycles per KV block or None, the
-    KV iterations it spans as a range; None where the tile is too short for one)."""
-    starts = trace.starts(trace.schedule.marker)
-    if period is not None and len(starts) - period.first >= 2:
-        return starts[period.first], starts[-1], period.interval, range(period.first, len(starts) - 1)
-    if len(starts) >= 16:
-        # no exact period within the simulated blocks (three warpgroups' pieces can interleave
-        # without repeating): the mean interval over the second half of the tile instead
-        m = len(starts) // 2
-        return starts[m], starts[-1], (starts[-1] - starts[m]) / (len(starts) - 1 - m), range(m, len(starts) - 1)
-    return 0.0, trace.end, None, None
-
-
 def _per_block(hw, trace: Trace, period: Period | None, memo: dict | None = None) -> tuple[dict, float]:
     """(nominal unit cycles per KV block of the loop's steady part (power.work_per_block; a tile
     too short for one: the whole trace over all its blocks), the tensor core's weighted idle
@@ -582,7 +583,7 @@ def _per_block(hw, trace: Trace, period: Period | None, memo: dict | None = None
     same trace's work and gaps are asked for again at each clock the power model tries."""
     key = (id(trace), period)
     if memo is None or key not in memo:
-        iters = _window(trace, period)[3]
+        iters = window(trace, period)[3]
         got = (trace, power.work_per_block(trace, iters), power.tensor_gaps(trace, None, trace.end))
         if memo is None:
             memo = {}
@@ -593,7 +594,7 @@ def _per_block(hw, trace: Trace, period: Period | None, memo: dict | None = None
 
 def _steady_state(trace: Trace, period: Period | None):
     """Unit utilisation and tensor-core idle causes over the periodic part of the loop."""
-    t0, t1, interval, _ = _window(trace, period)
+    t0, t1, interval, _ = window(trace, period)
     util = trace.utilization(t0, t1)
     waits: dict[str, float] = {}
     span = max(t1 - t0, 1e-9)

@@ -378,11 +378,10 @@ def replayed_interval(schedule: Schedule, n: int) -> float | None:
     """Steady-state cycles per iteration of `schedule` on one tile of n iterations (at most
     steady_state.CAP simulated), as simulate() measures it: the marker op's period."""
     from .engine import simulate
-    from .model import _window
-    from .steady_state import CAP, detect
+    from .steady_state import CAP, detect, window
 
     trace = simulate(schedule, [min(n, CAP)])
-    return _window(trace, detect(trace.starts(schedule.marker)))[2]
+    return window(trace, detect(trace.starts(schedule.marker)))[2]
 
 
 def program_text(programs: dict, graph: LoopGraph) -> dict:

@@ -197,7 +197,7 @@ def idle_cycles(hw, gaps: list[tuple[float, float]]) -> float:
     tensor_idle_gap_cycles (a gap of L0 cycles counts half: long gaps let the tensor core gate;
     only its cycles with warps issuing count: where every warp waits or sleeps the SM's clock can
     stop, as it does in the calibration loads' nanosleep gaps); 0 when L0 is 0: not modelled."""
-    L0 = float(hw.values.get("tensor_idle_gap_cycles", 0.0) or 0.0)
+    L0 = float(hw.tensor_idle_gap_cycles)
     return 0.0 if L0 <= 0 else sum(c * L0 / (L0 + g) for g, c in gaps)
 
 
@@ -226,7 +226,7 @@ def activity(hw, kernel, per_block: dict, sm_blocks: float, tensor_flops: float,
         "l2": float(kernel.l2_bytes) - reduce_bytes,
         "l2_reduce": reduce_bytes if reduce_by == "bulk" else 0.0,
         "red": reduce_bytes if reduce_by == "red" else 0.0,
-        "dsmem": busy.get("dsmem", 0.0) * hw.values.get("dsmem_bytes_per_clk", 0.0),
+        "dsmem": busy.get("dsmem", 0.0) * hw.dsmem_bytes_per_clk,
         "hbm": float(kernel.hbm_bytes),
     }
     loop = kernel.cycles - kernel.cold_start_us * hw.clock_ghz * 1e3
@@ -235,7 +235,7 @@ def activity(hw, kernel, per_block: dict, sm_blocks: float, tensor_flops: float,
 
 def has_model(hw) -> bool:
     """Whether the profile has a power model (power_cap_w > 0)."""
-    return float(hw.values.get("power_cap_w", 0) or 0) > 0
+    return float(hw.power_cap_w) > 0
 
 
 def voltage(hw, f: float, fmax: float | None = None) -> float:
@@ -263,15 +263,15 @@ def power_w(hw, act, f: float, fmax: float | None = None) -> tuple[float, dict]:
         rates, mixed = act, act.get("mixed", 0.0)
     scale = {}
     for u in ("mufu", "fma", "alu"):
-        scale[u] = 1.0 + hw.values.get("mixed_code_energy_fraction", 0.0) * mixed
+        scale[u] = 1.0 + hw.mixed_code_energy_fraction * mixed
     s = voltage(hw, f, fmax) ** 2
-    parts = {"static": float(hw.static_power_w) + float(hw.values.get("card_power_w", 0.0) or 0.0),
+    parts = {"static": float(hw.static_power_w) + float(hw.card_power_w),
              "clock": s * (f / fmax) * hw.clock_power_w}
     for u in (*SM_UNITS, *MEMORY):
-        parts[u] = (1e-3 * f * energy_scale(u, f, fmax, s) * hw.values.get(ENERGY[u], 0.0) * scale.get(u, 1.0)
+        parts[u] = (1e-3 * f * energy_scale(u, f, fmax, s) * hw.values[ENERGY[u]] * scale.get(u, 1.0)
                     * rates.get(u, 0.0))
-    parts["tensor_idle"] = (1e-3 * f * s * hw.values.get(ENERGY["tensor"], 0.0)
-                            * hw.values.get("tensor_idle_power_fraction", 0.0) * rates.get("tensor_idle", 0.0))
+    parts["tensor_idle"] = (1e-3 * f * s * hw.values[ENERGY["tensor"]]
+                            * hw.tensor_idle_power_fraction * rates.get("tensor_idle", 0.0))
     return sum(parts.values()), parts
 
 
@@ -285,13 +285,13 @@ class ClockPrediction(NamedTuple):
 
 
 def held_power(hw) -> float:
-    """The board power a load the cap holds draws, W: power_cap_w x cap_held_fraction (default 1)."""
-    return float(hw.power_cap_w) * float(hw.values.get("cap_held_fraction", 1.0) or 1.0)
+    """The board power a load the cap holds draws, W: power_cap_w x cap_held_fraction."""
+    return float(hw.power_cap_w) * float(hw.cap_held_fraction)
 
 
 def tensor_ceiling(hw, act) -> float:
     """clock_tensor_ghz where the load has tensor work and the profile gives one, else 0 (none)."""
-    c = float(hw.values.get("clock_tensor_ghz", 0.0) or 0.0)
+    c = float(hw.clock_tensor_ghz)
     rates = act.totals if isinstance(act, Activity) else act
     return c if c > 0 and rates.get("tensor", 0.0) > 0 else 0.0
 

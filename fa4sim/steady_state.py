@@ -123,3 +123,18 @@ def tile_times(schedule: Schedule, n: int, cap: int = CAP, pair: bool = True,
 def _two(run, schedule: Schedule, n: int, pair: bool) -> float | None:
     """Cycles of two tiles of n blocks back to back (None unless pair)."""
     return run(schedule, [n, n]).end if pair else None
+
+
+def window(trace: Trace, period: Period | None):
+    """The loop's steady part of a one-tile trace: (t0, t1, cycles per KV block or None, the
+    KV iterations it spans as a range; None where the tile is too short for one). What
+    simulate() reports and the solver's replay (modulo.replayed_interval) measures."""
+    starts = trace.starts(trace.schedule.marker)
+    if period is not None and len(starts) - period.first >= 2:
+        return starts[period.first], starts[-1], period.interval, range(period.first, len(starts) - 1)
+    if len(starts) >= 16:
+        # no exact period within the simulated blocks (three warpgroups' pieces can interleave
+        # without repeating): the mean interval over the second half of the tile instead
+        m = len(starts) // 2
+        return starts[m], starts[-1], (starts[-1] - starts[m]) / (len(starts) - 1 - m), range(m, len(starts) - 1)
+    return 0.0, trace.end, None, None

@@ -114,8 +114,7 @@ def with_traffic(kt: KernelTime, p: Problem, hw, units: list[KvUnit], tile_m: in
     # the L2 serves the fp32 dQ reduce-adds at its reduce-add rate, the rest at its load rate,
     # the two together in l2_mixed_time_fraction of their times alone
     red_b = reduce_add_bytes(p, units, tile_m, knobs)
-    red_tbps = getattr(hw, "l2_reduce_bandwidth_tbps", 0.0) or hw.l2_bandwidth_tbps
-    l2_us = ((l2_b - red_b) / (hw.l2_bandwidth_tbps * 1e6) + red_b / (red_tbps * 1e6)) * (
+    l2_us = ((l2_b - red_b) / (hw.l2_bandwidth_tbps * 1e6) + red_b / (hw.l2_reduce_bandwidth_tbps * 1e6)) * (
         hw.l2_mixed_time_fraction if red_b > 0 else 1.0)
     hbm_us = hbm_b / (hw.hbm_bandwidth_tbps * 1e6)
     body = max(compute_us, l2_us, hbm_us)

@@ -22,8 +22,7 @@ from __future__ import annotations
 
 from ..errors import InputError
 from ..params import Problem
-from .common import predict, profile_for, progress
-from .sustained import _stats
+from .common import error_stats, predict, profile_for, progress
 
 MODELLED = ("fa4kernel", "flash-attn-4")
 PROBE = "fa4kernel[clock probe]"  # fa4kernel's default build plus four stamps per CTA
@@ -85,10 +84,10 @@ def compare(doc: dict, hw: str | None = None, kernels=None) -> dict:
         if r["error"] is not None:
             by_kernel.setdefault(r["kernel"], []).append(r["error"])
     summary = {"hw_profile": hw_name, "device": doc["meta"].get("device"), "date": doc["meta"].get("date"),
-               "tflops": _stats([r["error"] for r in rows if r["kernel"] != PROBE]),
-               "by_kernel": {k: _stats(v) for k, v in by_kernel.items()},
-               "clock": _stats([r["clock_error"] for r in rows]),
-               "tflops_at_measured_clock": _stats([r["error_at_measured_clock"] for r in rows])}
+               "tflops": error_stats([r["error"] for r in rows if r["kernel"] != PROBE]),
+               "by_kernel": {k: error_stats(v) for k, v in by_kernel.items()},
+               "clock": error_stats([r["clock_error"] for r in rows]),
+               "tflops_at_measured_clock": error_stats([r["error_at_measured_clock"] for r in rows])}
     return {"kind": "sm90_bwd", "summary": summary, "points": rows}
 
 

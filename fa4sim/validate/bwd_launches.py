@@ -11,8 +11,7 @@ from __future__ import annotations
 
 from ..model import simulate
 from ..params import Problem
-from .common import profile_for, progress
-from .sustained import _line, _stats
+from .common import error_line, error_stats, profile_for, progress
 
 
 def compare(doc: dict, hw: str | None = None) -> dict:
@@ -40,8 +39,8 @@ def compare(doc: dict, hw: str | None = None) -> dict:
             rows.append(row)
     gains = [r for r in rows if r["measured_gain"] is not None]
     summary = {"hw_profile": hw_name, "device": doc["meta"].get("device"), "date": doc["meta"].get("date"),
-               "launch": _stats([r["error"] for r in rows]),
-               "gain_error_pp": _stats([100 * (r["predicted_gain"] - r["measured_gain"]) for r in gains])}
+               "launch": error_stats([r["error"] for r in rows]),
+               "gain_error_pp": error_stats([100 * (r["predicted_gain"] - r["measured_gain"]) for r in gains])}
     return {"kind": "bwd_ctas", "summary": summary, "points": rows}
 
 
@@ -57,7 +56,7 @@ def report(result: dict) -> str:
                 else f"{'':>11s}{'':>7s}")
         out.append(f"{point:22s}{r['order']:13s}{r['clock_ghz']:6.3f}{r['measured_us']:8.0f}us{r['predicted_us']:8.0f}us"
                    f"{r['error']:+8.1%}{r['busy']:6.3f}{r['tail_us']:5.0f}us{gain}")
-    out.append(_line("launch", s["launch"], "launches"))
+    out.append(error_line("launch", s["launch"], "launches"))
     if s["gain_error_pp"]:
         out.append(f"the order's gain, predicted - measured: median {s['gain_error_pp']['median_abs_error']:.1f} pp, "
                    f"max {s['gain_error_pp']['max_abs_error']:.1f} pp over {s['gain_error_pp']['count']} points")

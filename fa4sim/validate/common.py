@@ -3,6 +3,7 @@ ran (the one place that knows fa4kernel's and flash-attn-4's knob names), progre
 the plots' common finish."""
 from __future__ import annotations
 
+import statistics
 import sys
 
 from .. import hardware
@@ -142,3 +143,15 @@ def save(fig, ax, path: str, **legend) -> str:
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
+
+
+def error_stats(values: list[float]) -> dict | None:
+    """The median and largest |relative error| of the values given (None skipped; none: None)."""
+    v = [abs(x) for x in values if x is not None]
+    return {"median_abs_error": statistics.median(v), "max_abs_error": max(v), "count": len(v)} if v else None
+
+
+def error_line(label: str, s: dict | None, what: str = "points") -> str:
+    """One report line for error_stats' summary."""
+    return (f"{label}: median |error| {s['median_abs_error']:.1%}, max {s['max_abs_error']:.1%} over {s['count']} "
+            f"{what}" if s else f"{label}: none")

@@ -18,8 +18,7 @@ from math import comb
 
 from .. import hardware
 from ..engine import shared_rate
-from .common import profile_for
-from .sustained import _stats
+from .common import error_stats, profile_for
 
 # warp instructions per block of each code by pipe (bench_bursts: 128-instruction blocks; the mix
 # is bench_contention's, 180 per block; an emulated exp2 is 8 instructions in place of a MUFU.EX2:
@@ -82,8 +81,8 @@ def compare(doc: dict, hw: str | None = None) -> dict:
             "summary": {"hw_profile": hw_name, "device": doc["meta"].get("device"),
                         "date": doc["meta"].get("date_utc") or doc["meta"].get("date"),
                         "threads": bench.get("constants", {}).get("threads"),
-                        "shared": _stats([r["shared_error"] for r in rows]),
-                        "additive": _stats([r["additive_error"] for r in rows])},
+                        "shared": error_stats([r["shared_error"] for r in rows]),
+                        "additive": error_stats([r["additive_error"] for r in rows])},
             "cases": rows}
 
 

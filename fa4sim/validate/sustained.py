@@ -28,14 +28,14 @@ named in the summary.
 """
 from __future__ import annotations
 
-import statistics
 from dataclasses import replace
 
 from .. import hardware, power as power_model
 from ..errors import InputError
 from ..model import setup
 from ..params import Problem
-from .common import SIMULATED, kernel_knobs, model_knobs, predict, profile_for, progress, pyplot, save
+from .common import (SIMULATED, error_line, error_stats, kernel_knobs, model_knobs, predict, profile_for, progress,
+                     pyplot, save)
 from .points import measured_tflops
 
 
@@ -65,11 +65,6 @@ def model_clock(r) -> tuple[float, str, float | None]:
 
 def _rel(pred, meas):
     return None if pred is None or not meas else (pred - meas) / meas
-
-
-def _stats(values: list[float]) -> dict | None:
-    v = [abs(x) for x in values if x is not None]
-    return {"median_abs_error": statistics.median(v), "max_abs_error": max(v), "count": len(v)} if v else None
 
 
 def clock_at_measured_cycles(profile, act, probe_ghz: float, measured_us: float) -> float | None:
@@ -159,22 +154,22 @@ def compare(doc: dict, hw: str | None = None, overrides: dict | None = None, unc
     summary = {"hw_profile": hw_name, "device": doc["meta"].get("device"), "date": doc["meta"].get("date"),
                "clock_sources": sorted({r["clock_source"] for r in rows if r.get("clock_source")}),
                "overrides": overrides,
-               "tflops": _stats([r["error"] for r in rows]),
-               "clock": _stats([r["clock_error"] for r in rows]),
-               "tflops_at_measured_clock": _stats([r.get("error_at_measured_clock") for r in rows]),
-               "tflops_at_probe_run": _stats([r.get("error_at_probe_run") for r in rows]),
-               "clock_at_measured_cycles": _stats([r.get("clock_error_at_measured_cycles") for r in rows]),
-               "power": _stats([r["power_error"] for r in rows]),
+               "tflops": error_stats([r["error"] for r in rows]),
+               "clock": error_stats([r["clock_error"] for r in rows]),
+               "tflops_at_measured_clock": error_stats([r.get("error_at_measured_clock") for r in rows]),
+               "tflops_at_probe_run": error_stats([r.get("error_at_probe_run") for r in rows]),
+               "clock_at_measured_cycles": error_stats([r.get("clock_error_at_measured_cycles") for r in rows]),
+               "power": error_stats([r["power_error"] for r in rows]),
                "wrong_output_left_out": wrong, "skipped_points": doc.get("skipped") or []}
     banded = [r for r in rows if "covered" in r]
     if banded:
         summary["band"] = {"covered": sum(r["covered"] for r in banded), "banded": len(banded)}
     for kernel in KERNELS[arch]:
-        s = _stats([r["error"] for r in rows if r["kernel"] == kernel])
+        s = error_stats([r["error"] for r in rows if r["kernel"] == kernel])
         if s:
             summary[kernel] = s
     for group in sorted({r["group"] for r in rows if r.get("group")}):
-        s = _stats([r["error"] for r in rows if r["group"] == group])
+        s = error_stats([r["error"] for r in rows if r["group"] == group])
         if s:
             summary[f"group {group}"] = s
     return {"kind": "sustained", "summary": summary, "points": rows}
@@ -182,11 +177,6 @@ def compare(doc: dict, hw: str | None = None, overrides: dict | None = None, unc
 
 def _pct(x) -> str:
     return "-" if x is None else f"{x:+.1%}"
-
-
-def _line(label: str, s: dict | None, what: str = "points") -> str:
-    return (f"{label}: median |error| {s['median_abs_error']:.1%}, max {s['max_abs_error']:.1%} over {s['count']} "
-            f"{what}" if s else f"{label}: none")
 
 
 def report(result: dict) -> str:
@@ -206,28 +196,28 @@ def report(result: dict) -> str:
         lines.append(f"{r['kernel']:13s} {r['name'] or '?':30s} {r['measured_tflops']:12.1f} {pred:>7s} "
                      f"{_pct(r['error']):>7s}  {probe:>9s} {pclock:>6s} {_pct(r['clock_error']):>7s}  {at:>14s}  "
                      f"{w:>6s} {pw:>5s}")
-    lines.append(_line("TFLOP/s, all kernels", s["tflops"]))
+    lines.append(error_line("TFLOP/s, all kernels", s["tflops"]))
     if s.get("band"):
         lines.append(f"inside their bands (--uncertainty): {s['band']['covered']} of {s['band']['banded']} "
                      f"kernel-points")
     for kernel in dict.fromkeys(k for ks in KERNELS.values() for k in ks):
         if s.get(kernel):
-            lines.append(_line(f"TFLOP/s, {kernel}", s[kernel]))
+            lines.append(error_line(f"TFLOP/s, {kernel}", s[kernel]))
     for key in sorted(k for k in s if k.startswith("group ")):
-        lines.append(_line(f"TFLOP/s, {key[len('group '):]} points", s[key]))
-    lines.append(_line("clock vs the probe's in-kernel clock", s["clock"], "configurations"))
-    lines.append(_line("TFLOP/s at the probe's clock (the cycle model alone)", s["tflops_at_measured_clock"]))
+        lines.append(error_line(f"TFLOP/s, {key[len('group '):]} points", s[key]))
+    lines.append(error_line("clock vs the probe's in-kernel clock", s["clock"], "configurations"))
+    lines.append(error_line("TFLOP/s at the probe's clock (the cycle model alone)", s["tflops_at_measured_clock"]))
     if s.get("tflops_at_probe_run"):
-        lines.append(_line("the same against the probe build's own time", s["tflops_at_probe_run"]))
+        lines.append(error_line("the same against the probe build's own time", s["tflops_at_probe_run"]))
     if s.get("clock_at_measured_cycles"):
         alone, _ = _within_3pct(result["points"], "clock_error_at_measured_cycles")
-        lines.append(_line("clock at the measured cycles (the power model alone)", s["clock_at_measured_cycles"],
+        lines.append(error_line("clock at the measured cycles (the power model alone)", s["clock_at_measured_cycles"],
                            "configurations") + f", {alone} within 3 %")
     if s["clock"]:
         hits, n = _within_3pct(result["points"], "clock_error")
         lines.append(f"clock within 3 % of the probe's: {hits} of {n} configurations")
     if s["power"]:
-        lines.append(_line("board power vs NVML", s["power"]))
+        lines.append(error_line("board power vs NVML", s["power"]))
     if s["wrong_output_left_out"]:
         lines.append(f"left out (output failed the check): {', '.join(s['wrong_output_left_out'])}")
     if s["skipped_points"]:
