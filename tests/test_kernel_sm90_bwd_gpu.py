@@ -272,7 +272,7 @@ def test_bwd_postprocess_kernel_equals_the_torch_copy(hd, tile_m, dtype):
     """postprocess="kernel" (BwdPostprocess) on a random accumulator gives the bits of the torch
     copy_ (both round to nearest even), at lengths that are and are not multiples of the block;
     NaN and inf in the accumulator land where the torch copy puts them."""
-    from fa4kernel.interface import _tvm_ffi_available
+    from fa4kernel.interop import tvm_ffi_available
     from fa4kernel.sm90.bwd import _postprocess_kernel, dq_bulk_offset, dq_postprocess
     from fa4kernel.sm90.bwd_config import make_bwd_config
 
@@ -288,7 +288,7 @@ def test_bwd_postprocess_kernel_equals_the_torch_copy(hd, tile_m, dtype):
         for sq in sorted({sqp, sqp - 1, sqp - 63, sqp // 2 + 1}):
             want = dq_postprocess(acc, cfg, sq, dtype)
             assert want.isnan().sum() == 1 and want.isinf().sum() == 1
-            for tvm_ffi in (False, True) if _tvm_ffi_available() else (False,):
+            for tvm_ffi in (False, True) if tvm_ffi_available() else (False,):
                 got = _postprocess_kernel(cfg, acc, sq, dtype, tvm_ffi)
                 assert got.shape == want.shape == (b, sq, h, hd) and got.dtype == dtype
                 assert torch.equal(got.isnan(), want.isnan()), (b, h, sqp, sq, tvm_ffi)

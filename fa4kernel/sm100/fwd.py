@@ -911,10 +911,9 @@ def attention_sm100(q, k, v, causal: bool = False, softmax_scale: Optional[float
     natural log, if return_lse). Needs seqlen_k >= 1.
     """
     import torch
-    import cuda.bindings.driver as cuda
 
     from ..inputs import validate_tensors
-    from ..interface import _to_cute
+    from ..interop import to_cute, torch_stream
 
     b, sq, sk, h, d, dtype = validate_tensors(q, k, v, causal, softmax_scale, return_lse,
                                               head_dims=SUPPORTED_HEAD_DIMS)
@@ -925,9 +924,9 @@ def attention_sm100(q, k, v, causal: bool = False, softmax_scale: Optional[float
         softmax_scale = 1.0 / math.sqrt(d)
     out = torch.empty_like(q)
     lse = torch.empty((b, h, sq), dtype=torch.float32, device=q.device) if return_lse else None
-    args = [_to_cute(t, 3) for t in (q, k, v, out)]
-    lse_c = _to_cute(lse, 2, align=4) if lse is not None else None
-    stream = cuda.CUstream(torch.cuda.current_stream(q.device).cuda_stream)
+    args = [to_cute(t, 3) for t in (q, k, v, out)]
+    lse_c = to_cute(lse, 2, align=4) if lse is not None else None
+    stream = torch_stream(q.device)
     scale_log2 = Float32(softmax_scale * math.log2(math.e))
     sms = Int32(torch.cuda.get_device_properties(q.device).multi_processor_count)
     fn = _RUN_CACHE.get(cfg)

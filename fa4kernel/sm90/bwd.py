@@ -63,6 +63,7 @@ from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.cutlass_dsl import dsl_user_op
 from cutlass.tensor_utils import LayoutEnum
 
+from ..interop import compile_fake, to_cute, torch_stream, tvm_ffi_enabled
 from ..trace_layout import PROBE_SUM_WORDS
 from .bwd_config import TAIL_SLOTS, TAIL_WAVES, BwdConfig
 from .fwd import FlashFwdSm90, _acc_as_operand_a, _mn_view, _select, _smem_layout, _transpose_view
@@ -1206,22 +1207,9 @@ def fake_preprocess_args(cfg: BwdConfig):
     return fake((b, sq, h, cfg.head_dim)), fake((b, sq, h, cfg.head_dim)), stats(sq), stats(sqp), stats(sqp), dq
 
 
-def _compile_fake(kernel, args, options=None, tvm_ffi: bool = False):
-    """cute.compile of `kernel` on fake `args` and a fake stream (no GPU needed); tvm_ffi adds
-    --enable-tvm-ffi to the options and takes the environment's stream."""
-    stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True) if tvm_ffi \
-        else cute.runtime.make_fake_stream()
-    opts = options
-    if tvm_ffi:
-        opts = "--enable-tvm-ffi" if options is None else f"{options} --enable-tvm-ffi"
-    if opts is None:
-        return cute.compile(kernel, *args, stream)
-    return cute.compile(kernel, *args, stream, options=opts)
-
-
 def compile_preprocess(cfg: BwdConfig, options=None, tvm_ffi: bool = False):
     """cute.compile of the preprocess kernel against fake tensors (no GPU needed)."""
-    return _compile_fake(BwdPreprocess(cfg), fake_preprocess_args(cfg), options, tvm_ffi)
+    return compile_fake(BwdPreprocess(cfg), fake_preprocess_args(cfg), options, tvm_ffi)
 
 
 def dq_post_coords(g, head_dim: int, dq_wgs: int, rows_split: bool = False):
@@ -1309,7 +1297,7 @@ def fake_postprocess_args(cfg: BwdConfig):
 
 def compile_postprocess(cfg: BwdConfig, options=None, tvm_ffi: bool = False):
     """cute.compile of the postprocess kernel against fake tensors (no GPU needed)."""
-    return _compile_fake(BwdPostprocess(cfg), fake_postprocess_args(cfg), options, tvm_ffi)
+    return compile_fake(BwdPostprocess(cfg), fake_postprocess_args(cfg), options, tvm_ffi)
 
 
 # ---------------------------------------------------------------------- host side (launch)
@@ -1349,7 +1337,7 @@ def compile_bwd(cfg: BwdConfig, options=None, tvm_ffi: bool = False, clock_probe
     """cute.compile of one backward build against fake tensors (no GPU needed); clock_probe:
     the FlashBwdSm90Probe build, which takes the stamps buffer after the scales."""
     extra = (fake_stamps(),) if clock_probe else ()
-    return _compile_fake(make_bwd_kernel(cfg, clock_probe),
+    return compile_fake(make_bwd_kernel(cfg, clock_probe),
                          (*fake_bwd_args(cfg), Float32(1.0), Float32(1.0), *extra), options, tvm_ffi)
 
 
@@ -1385,13 +1373,9 @@ def _prepare_kernel(cfg: BwdConfig, dout, out, lse, seqlen_q_pad: int, use_tvm_f
             fn = _PRE_CACHE[key] = compile_preprocess(cfg, tvm_ffi=True)
         fn(out, dout, lse, dpsum, lse_log2, dq_accum)
     else:
-        import cuda.bindings.driver as cuda
-
-        from ..interface import _to_cute
-
-        args = [_to_cute(out, 3), _to_cute(dout, 3)] + [_to_cute(t, 2, align=4) for t in (lse, dpsum, lse_log2)] \
-            + [_to_cute(dq_accum, 4)]
-        stream = cuda.CUstream(torch.cuda.current_stream(dout.device).cuda_stream)
+        args = [to_cute(out, 3), to_cute(dout, 3)] + [to_cute(t, 2, align=4) for t in (lse, dpsum, lse_log2)] \
+            + [to_cute(dq_accum, 4)]
+        stream = torch_stream(dout.device)
         if fn is None:
             fn = _PRE_CACHE[key] = cute.compile(BwdPreprocess(cfg), *args, stream)
         fn(*args, stream)
@@ -1445,7 +1429,6 @@ def prepare_bwd(cfg: BwdConfig, dout, q, k, v, out, lse, softmax_scale: float, s
     measurement of that kernel on its own, whose dQ accumulator then holds the sum of the calls),
     finish() runs the postprocess and returns (dq, dk, dv). run_bwd calls each once."""
     global _USE_TVM_FFI
-    import os
     import time
 
     import torch
@@ -1462,9 +1445,7 @@ def prepare_bwd(cfg: BwdConfig, dout, q, k, v, out, lse, softmax_scale: float, s
     if dout.data_ptr() % 16:
         dout = dout.clone()  # TMA needs 16-byte aligned rows
     if _USE_TVM_FFI is None:
-        from ..interface import _tvm_ffi_available
-
-        _USE_TVM_FFI = _tvm_ffi_available() and os.environ.get("FA4KERNEL_NO_TVM_FFI") != "1"
+        _USE_TVM_FFI = tvm_ffi_enabled()
     nb = dq_slices(cfg, sk)
     # dq_zero="preprocess": the preprocess kernel zeroes it (no memset launch)
     alloc = torch.empty if cfg.dq_zero == "preprocess" else torch.zeros
@@ -1490,16 +1471,12 @@ def prepare_bwd(cfg: BwdConfig, dout, q, k, v, out, lse, softmax_scale: float, s
             fn(q, k, v, dout, lse_log2, dpsum, dq_accum, dk, dv, scale_log2, float(softmax_scale),
                *((stamps,) if probe else ()))
     else:
-        import cuda.bindings.driver as cuda
-
-        from ..interface import _to_cute
-
-        args = [_to_cute(t, 3) for t in (q, k, v, dout)]
-        stats = [_to_cute(t, 2, align=4) for t in (lse_log2, dpsum)]
-        dq_c = _to_cute(dq_accum, 4)
-        dkv = [_to_cute(t, 3) for t in (dk, dv)]
-        extra = (_to_cute(stamps, 0, align=16),) if probe else ()
-        stream = cuda.CUstream(torch.cuda.current_stream(q.device).cuda_stream)
+        args = [to_cute(t, 3) for t in (q, k, v, dout)]
+        stats = [to_cute(t, 2, align=4) for t in (lse_log2, dpsum)]
+        dq_c = to_cute(dq_accum, 4)
+        dkv = [to_cute(t, 3) for t in (dk, dv)]
+        extra = (to_cute(stamps, 0, align=16),) if probe else ()
+        stream = torch_stream(q.device)
         if fn is None:
             t0 = time.perf_counter()
             fn = cute.compile(make_bwd_kernel(kcfg, probe), *args, *stats, dq_c, *dkv, Float32(scale_log2),
@@ -1537,12 +1514,8 @@ def _postprocess_kernel(cfg: BwdConfig, acc, seqlen_q: int, dtype, use_tvm_ffi: 
             fn = _POST_CACHE[key] = compile_postprocess(cfg, tvm_ffi=True)
         fn(flat, dq)
     else:
-        import cuda.bindings.driver as cuda
-
-        from ..interface import _to_cute
-
-        args = [_to_cute(flat, 2), _to_cute(dq, 3)]
-        stream = cuda.CUstream(torch.cuda.current_stream(acc.device).cuda_stream)
+        args = [to_cute(flat, 2), to_cute(dq, 3)]
+        stream = torch_stream(acc.device)
         if fn is None:
             fn = _POST_CACHE[key] = cute.compile(BwdPostprocess(cfg), *args, stream)
         fn(*args, stream)
