@@ -176,7 +176,7 @@ def test_bwd_thread_layouts_cover_the_tiles(hd, tile_m):
     import cutlass.cute as cute
 
     from fa4kernel.sm90.bwd import make_bwd_kernel
-    from fa4kernel.sm90.fwd import _mn_view
+    from fa4kernel.sm90.gemm import mn_view
 
     cfg = make_bwd_config("bfloat16", hd, False, tile_m=tile_m)
     found = {}
@@ -187,13 +187,13 @@ def test_bwd_thread_layouts_cover_the_tiles(hd, tile_m):
         # this test), then compared as Python values
         sdp, _, dq = make_bwd_kernel(cfg).tiled_mmas()
         cS = cute.make_identity_tensor((cfg.tile_n, cfg.tile_m))
-        t0 = _mn_view(sdp.get_slice(0).partition_C(cS))
+        t0 = mn_view(sdp.get_slice(0).partition_C(cS))
         t0_row = []
         for c in cutlass.range_constexpr(cute.size(t0, mode=[1])):
             t0_row.append(t0[0, c])
         seen, bad = set(), 0
         for t in cutlass.range_constexpr(128 * cfg.num_consumer_wgs):
-            ts = _mn_view(sdp.get_slice(t).partition_C(cS))
+            ts = mn_view(sdp.get_slice(t).partition_C(cS))
             el = []
             for r in cutlass.range_constexpr(cute.size(ts, mode=[0])):
                 el.append([])

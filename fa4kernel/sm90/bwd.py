@@ -61,12 +61,11 @@ from cutlass._mlir import ir
 from cutlass._mlir.dialects import llvm, vector
 from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.cutlass_dsl import dsl_user_op
-from cutlass.tensor_utils import LayoutEnum
 
 from ..interop import compile_fake, to_cute, torch_stream, tvm_ffi_enabled
 from ..trace_layout import PROBE_SUM_WORDS
 from .bwd_config import TAIL_SLOTS, TAIL_WAVES, BwdConfig
-from .fwd import FlashFwdSm90, _acc_as_operand_a, _mn_view, _select, _smem_layout, _transpose_view
+from .gemm import acc_as_operand_a, gemm, mn_view, select, smem_layout, smem_layout_narrow, transpose_view
 
 LOG2_E = math.log2(math.e)
 
@@ -175,15 +174,6 @@ def dq_bulk_to_rows(acc, head_dim: int, dq_wgs: int, rows_split: bool = False):
     return x.reshape(*lead, sqp, d)
 
 
-def _smem_layout_narrow(dtype, rows: int, cols: int, stages=None):
-    """As fwd._smem_layout, with 32-column (64-byte swizzle) atoms for 16-bit types."""
-    atom = warpgroup.make_smem_layout_atom(
-        sm90_helpers.get_smem_layout_atom(LayoutEnum.ROW_MAJOR, dtype, 32), dtype)
-    shape = (rows, cols) if stages is None else (rows, cols, stages)
-    order = (0, 1) if stages is None else (0, 1, 2)
-    return cute.tile_to_shape(atom, shape, order=order)
-
-
 class FlashBwdSm90:
     """One compiled variant per BwdConfig."""
 
@@ -273,21 +263,21 @@ class FlashBwdSm90:
               mStamps):
         dtype = self.dtype
         # (s, d, h, b): the TMA box walks seqlen x head_dim of one (head, batch)
-        mQ, mK, mV, mdO, mdK, mdV = [_select(t, [1, 3, 2, 0]) for t in (mQ, mK, mV, mdO, mdK, mdV)]
-        mLSE, mD = [_select(t, [2, 1, 0]) for t in (mLSE, mD)]  # (s, h, b)
-        mdQaccum = _select(mdQaccum, [3, 4, 2, 1, 0])  # (s, d, h, b, nb)
+        mQ, mK, mV, mdO, mdK, mdV = [select(t, [1, 3, 2, 0]) for t in (mQ, mK, mV, mdO, mdK, mdV)]
+        mLSE, mD = [select(t, [2, 1, 0]) for t in (mLSE, mD)]  # (s, h, b)
+        mdQaccum = select(mdQaccum, [3, 4, 2, 1, 0])  # (s, d, h, b, nb)
 
         tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq = self.tiled_mmas()
 
         if const_expr(self.kv_split and (self.hd // self.num_wg) % 64 != 0):
             # head_dim 192: each warpgroup's 96 columns of Q^T, dO^T, K^T (MN-major B operands)
             # must be whole swizzle atoms: 32 columns (64-byte swizzle) instead of 64
-            sQ_layout = _smem_layout_narrow(dtype, self.tile_m, self.hd, self.stages)
-            sK_layout = _smem_layout_narrow(dtype, self.tile_n, self.hd)
+            sQ_layout = smem_layout_narrow(dtype, self.tile_m, self.hd, self.stages)
+            sK_layout = smem_layout_narrow(dtype, self.tile_n, self.hd)
         else:
-            sQ_layout = _smem_layout(dtype, self.tile_m, self.hd, self.stages)
-            sK_layout = _smem_layout(dtype, self.tile_n, self.hd)
-        sdS_layout = _smem_layout(dtype, self.tile_n, self.tile_m, 2)  # dS^T: keys x queries, 2 buffers
+            sQ_layout = smem_layout(dtype, self.tile_m, self.hd, self.stages)
+            sK_layout = smem_layout(dtype, self.tile_n, self.hd)
+        sdS_layout = smem_layout(dtype, self.tile_n, self.tile_m, 2)  # dS^T: keys x queries, 2 buffers
         if const_expr(self.dq_qdo):
             # a warpgroup's head_dim columns of a stage must be one contiguous half of it (the
             # swizzle atoms tile the rows first), stages one after the other
@@ -786,10 +776,6 @@ class FlashBwdSm90:
         src = cute.make_tensor(both[None, half].iterator, cute.make_layout(tD.shape))
         cute.copy(copy, src, tD)
 
-    # one warpgroup's wgmma chain over the k-steps (wait >= 0: wait_group(wait) after the commit),
-    # the forward's own
-    _gemm = FlashFwdSm90._gemm
-
     @cute.jit
     def consumer(
         self, tma_atom_dK, mdK, tma_atom_dV, mdV, mLSE, mD, mdQaccum,
@@ -817,10 +803,10 @@ class FlashBwdSm90:
         tSrQ = wg_mma_sdp.make_fragment_B(wg_mma_sdp.partition_B(sQ))
         tdPrV = wg_mma_sdp.make_fragment_A(wg_mma_sdp.partition_A(sV))
         tdPrdO = wg_mma_sdp.make_fragment_B(wg_mma_sdp.partition_B(sdO))
-        tdVrdOt = wg_mma_dkv.make_fragment_B(wg_mma_dkv.partition_B(_transpose_view(sdO)))
-        tdKrQt = wg_mma_dkv.make_fragment_B(wg_mma_dkv.partition_B(_transpose_view(sQ)))
-        tdQrdS = wg_mma_dq.make_fragment_A(wg_mma_dq.partition_A(_transpose_view(sdS)))  # (.., buffer)
-        tdQrKt = wg_mma_dq.make_fragment_B(wg_mma_dq.partition_B(_transpose_view(sK)))
+        tdVrdOt = wg_mma_dkv.make_fragment_B(wg_mma_dkv.partition_B(transpose_view(sdO)))
+        tdKrQt = wg_mma_dkv.make_fragment_B(wg_mma_dkv.partition_B(transpose_view(sQ)))
+        tdQrdS = wg_mma_dq.make_fragment_A(wg_mma_dq.partition_A(transpose_view(sdS)))  # (.., buffer)
+        tdQrKt = wg_mma_dq.make_fragment_B(wg_mma_dq.partition_B(transpose_view(sK)))
 
         # registers
         s_shape = wg_mma_sdp.partition_shape_C((self.tile_n, self.tile_m))
@@ -846,8 +832,8 @@ class FlashBwdSm90:
 
         # (key, query) coordinates of this thread's S^T elements, in (rows, cols) order
         cS = cute.make_identity_tensor((self.tile_n, self.tile_m))
-        tScS = _mn_view(thr_mma_sdp.partition_C(cS))
-        t0ScS = _mn_view(tiled_mma_sdp.get_slice(0).partition_C(cS))  # thread 0's: constants
+        tScS = mn_view(thr_mma_sdp.partition_C(cS))
+        t0ScS = mn_view(tiled_mma_sdp.get_slice(0).partition_C(cS))  # thread 0's: constants
         n_rows = cute.size(tScS, mode=[0])
         n_cols = cute.size(tScS, mode=[1])
         lse_c = cute.make_rmem_tensor(n_cols, Float32)
@@ -876,17 +862,17 @@ class FlashBwdSm90:
 
             pipe_q.consumer_wait(state)
             acc_S = cute.make_rmem_tensor(s_shape, Float32)
-            self._gemm(tiled_mma_sdp, acc_S, tSrK, tSrQ[None, None, None, state.index], True, -1)
+            gemm(tiled_mma_sdp, acc_S, tSrK, tSrQ[None, None, None, state.index], True, -1)
             if const_expr(self.stats_tma and not at_use):
                 for c in cutlass.range_constexpr(n_cols):  # landed with Q (same mbarrier)
                     lse_c[c] = sLSE[tScS[0, c][1], state.index]
             pipe_do.consumer_wait(state)
             acc_dP = cute.make_rmem_tensor(s_shape, Float32)
-            self._gemm(tiled_mma_sdp, acc_dP, tdPrV, tdPrdO[None, None, None, state.index], True, 1)
+            gemm(tiled_mma_sdp, acc_dP, tdPrV, tdPrdO[None, None, None, state.index], True, 1)
 
             # P^T = exp2(S^T * scale_log2 - LSE_log2); then 0 past seqlen_k and above the
             # diagonal, in the blocks that have such keys
-            s = _mn_view(acc_S)
+            s = mn_view(acc_S)
             if const_expr(at_use):
                 # a column's LSE_log2 read where it is used: no register holds all of them
                 for c in cutlass.range_constexpr(n_cols):
@@ -907,12 +893,12 @@ class FlashBwdSm90:
                     d_c[c] = sD[tScS[0, c][1], state.index]
             if const_expr(dv_early):
                 # dV += P^T dO now: the tensor core runs it under the dS math below
-                tdVrP.store(_acc_as_operand_a(acc_S).load().to(self.dtype))
-                self._gemm(tiled_mma_dkv, acc_dV, tdVrP, tdVrdOt[None, None, None, state.index], False, 1)
+                tdVrP.store(acc_as_operand_a(acc_S).load().to(self.dtype))
+                gemm(tiled_mma_dkv, acc_dV, tdVrP, tdVrdOt[None, None, None, state.index], False, 1)
             else:
                 warpgroup.wait_group(0)
             # dS^T = P^T * (dP^T - D)
-            dp = _mn_view(acc_dP)
+            dp = mn_view(acc_dP)
             if const_expr(at_use):
                 for c in cutlass.range_constexpr(n_cols):
                     d = sD[tScS[0, c][1], state.index]
@@ -937,11 +923,11 @@ class FlashBwdSm90:
                 aP, adS = tdVrP[None, None, None, ds_buf], tdKrdS[None, None, None, ds_buf]
                 cute.arch.fence_view_async_shared()  # generic-proxy writes -> wgmma (async proxy)
                 cute.arch.barrier(barrier_id=BAR_DS, number_of_threads=self.num_consumer_threads)
-                self._gemm(tiled_mma_dkv, acc_dV, aP, tdVrdOt[None, None, None, state.index], False, -1)
+                gemm(tiled_mma_dkv, acc_dV, aP, tdVrdOt[None, None, None, state.index], False, -1)
             else:
                 if const_expr(not dv_early):
-                    tdVrP.store(_acc_as_operand_a(acc_S).load().to(self.dtype))
-                tdKrdS.store(_acc_as_operand_a(acc_dP).load().to(self.dtype))
+                    tdVrP.store(acc_as_operand_a(acc_S).load().to(self.dtype))
+                tdKrdS.store(acc_as_operand_a(acc_dP).load().to(self.dtype))
 
                 # dS^T -> smem buffer it % 2, before the RS GEMMs below, which read tdKrdS
                 # asynchronously (no register access until their wait). The dQ GEMM that last read
@@ -950,14 +936,14 @@ class FlashBwdSm90:
                 cute.copy(smem_thr_copy_dS, smem_thr_copy_dS.retile(tdKrdS), tdSsdS[None, None, None, ds_buf])
                 if const_expr(self.mma_order == "dv_dq_dk"):
                     # dV += P^T dO (P^T from registers) runs under the fence and the barrier
-                    self._gemm(tiled_mma_dkv, acc_dV, tdVrP, tdVrdOt[None, None, None, state.index], False, -1)
+                    gemm(tiled_mma_dkv, acc_dV, tdVrP, tdVrdOt[None, None, None, state.index], False, -1)
                 cute.arch.fence_view_async_shared()  # generic-proxy writes -> wgmma (async proxy)
                 cute.arch.barrier(barrier_id=BAR_DS, number_of_threads=self.num_consumer_threads)
 
                 if const_expr(self.mma_order == "dv_dk_dq"):
-                    self._gemm(tiled_mma_dkv, acc_dV, tdVrP, tdVrdOt[None, None, None, state.index], False, -1)
+                    gemm(tiled_mma_dkv, acc_dV, tdVrP, tdVrdOt[None, None, None, state.index], False, -1)
             if const_expr(self.mma_order == "dv_dk_dq"):
-                self._gemm(tiled_mma_dkv, acc_dK, adS, tdKrQt[None, None, None, state.index], False, -1)
+                gemm(tiled_mma_dkv, acc_dK, adS, tdKrQt[None, None, None, state.index], False, -1)
             # the rest of the block's GEMMs; the dQ warpgroups (all at head_dim 128 and with
             # kv_split, warpgroup 0 alone at 64 and 96) also write dQ out
             tail = (tiled_mma_dkv, tiled_mma_dq, acc_dV, acc_dK, acc_dQ, aP, adS,
@@ -988,7 +974,7 @@ class FlashBwdSm90:
         qdo = const_expr(self.dq_qdo)  # dQ goes into this stage: producer warp 1 releases it
         if const_expr(self.mma_order == "dv_dk_dq"):
             if const_expr(emit is not None):
-                self._gemm(tiled_mma_dq, acc_dQ, tdQrdS, tdQrKt, True, 0)  # and dV, dK
+                gemm(tiled_mma_dq, acc_dQ, tdQrdS, tdQrKt, True, 0)  # and dV, dK
             else:
                 warpgroup.wait_group(0)
             if const_expr(not qdo):
@@ -1000,14 +986,14 @@ class FlashBwdSm90:
             # dV is in flight (issued before the barrier); dQ first, then dK: dQ leaves (smem
             # or RED) while dK runs on the tensor core
             if const_expr(emit is not None):
-                self._gemm(tiled_mma_dq, acc_dQ, tdQrdS, tdQrKt, True, 1)  # dV done
+                gemm(tiled_mma_dq, acc_dQ, tdQrdS, tdQrKt, True, 1)  # dV done
                 if const_expr(not qdo):
                     pipe_do.consumer_release(state)
-                self._gemm(tiled_mma_dkv, acc_dK, tdKrdS, tdKrQt, False, 1)  # dQ done
+                gemm(tiled_mma_dkv, acc_dK, tdKrdS, tdKrQt, False, 1)  # dQ done
                 # qdo: the dO half of dQ now, the Q half once dK (its reader) is done
                 self._emit_dq(acc_dQ, *emit, state, True)
             else:
-                self._gemm(tiled_mma_dkv, acc_dK, tdKrdS, tdKrQt, False, 1)  # dV done
+                gemm(tiled_mma_dkv, acc_dK, tdKrdS, tdKrQt, False, 1)  # dV done
                 pipe_do.consumer_release(state)
             warpgroup.wait_group(0)
             if const_expr(not qdo):
