@@ -36,12 +36,13 @@ Head dims 192 and 256 (kv_split, bwd_config.py): tile_n = 64 keys shared by both
 warpgroups; S^T and dP^T are split by queries (64 keys x 32 queries each), P^T and dS^T go to
 smem (2 buffers each), and dV, dK (SS, from those buffers) and dQ are split by head_dim.
 
-Inputs prepared before the kernel (preprocess="kernel": BwdPreprocess below; "torch": torch ops):
-LSE_log2 = LSE * log2(e) with rows that see no key (LSE = -inf) and the padding rows set to +inf
-(so their P is 0), D = rowsum(dO * O) in fp32 (padding 0); both padded to a multiple of tile_m,
-as is the dQ accumulator. Causal masking is bottom-right aligned (block_info.py's convention):
-key j is visible to query i iff j <= i + seqlen_k - seqlen_q; the key blocks before a CTA's first
-visible query block are skipped.
+Inputs prepared before the kernel (bwd_preprocess.py; preprocess="kernel": BwdPreprocess, "torch":
+torch ops): LSE_log2 = LSE * log2(e) with rows that see no key (LSE = -inf) and the padding rows
+set to +inf (so their P is 0), D = rowsum(dO * O) in fp32 (padding 0); both padded to a multiple
+of tile_m, as is the dQ accumulator (bwd_postprocess.py turns it into dQ after the kernel).
+Causal masking is bottom-right aligned (block_info.py's convention): key j is visible to query i
+iff j <= i + seqlen_k - seqlen_q; the key blocks before a CTA's first visible query block are
+skipped.
 Deterministic builds reduce into the slice of their key block of a [key blocks, ...] accumulator
 (each element written once, in a fixed order), summed on the host in a fixed order.
 """
@@ -65,6 +66,8 @@ from cutlass.cutlass_dsl import dsl_user_op
 from ..interop import compile_fake, to_cute, torch_stream, tvm_ffi_enabled
 from ..trace_layout import PROBE_SUM_WORDS
 from .bwd_config import TAIL_SLOTS, TAIL_WAVES, BwdConfig
+from .bwd_postprocess import dq_postprocess, postprocess_kernel
+from .bwd_preprocess import preprocess_kernel, preprocess_torch
 from .gemm import acc_as_operand_a, gemm, mn_view, select, smem_layout, smem_layout_narrow, transpose_view
 
 LOG2_E = math.log2(math.e)
@@ -1105,187 +1108,6 @@ def make_bwd_kernel(cfg: BwdConfig, clock_probe: bool = False) -> FlashBwdSm90:
     return FlashBwdSm90Probe(cfg) if clock_probe else FlashBwdSm90(cfg)
 
 
-class BwdPreprocess:
-    """preprocess="kernel": D = rowsum(dO * O) in fp32 and LSE_log2 = LSE * log2(e) (+inf where
-    LSE = -inf: rows that see no key) for every query row, padding rows (s_q <= row < s_q_pad)
-    D = 0 and LSE_log2 = +inf; reads dO and O once (the torch preprocess makes fp32 copies).
-
-    4 threads per row (a quad reads 64 contiguous bytes per 128-bit load; d / 32 loads each),
-    reduced with 2 butterfly shuffles; a CTA of 128 threads covers 32 rows of one (head, batch).
-    With dq_zero="preprocess" it also zeroes those 32 rows of the dQ accumulator (every slice;
-    hd / 16 STG.128 per thread per slice), so no memset runs before the backward."""
-
-    ROWS = 32
-
-    def __init__(self, cfg: BwdConfig):
-        self.dtype = cutlass.BFloat16 if cfg.dtype == "bfloat16" else cutlass.Float16
-        self.hd = cfg.head_dim
-        self.zero_dq = cfg.dq_zero == "preprocess"
-
-    @cute.jit
-    def __call__(self, mO: cute.Tensor, mdO: cute.Tensor, mLSE: cute.Tensor, mD: cute.Tensor,
-                 mLSE2: cute.Tensor, mdQaccum: cute.Tensor, stream):
-        # mO, mdO (b, s_q, h, d); mLSE (b, h, s_q) natural log; mD, mLSE2 (b, h, s_q_pad);
-        # mdQaccum (slices, b, h, s_q_pad, d) fp32 (touched only with dq_zero="preprocess")
-        grid = (cute.ceil_div(mD.shape[2], self.ROWS), cute.size(mD.shape[1]), cute.size(mD.shape[0]))
-        self.kernel(mO, mdO, mLSE, mD, mLSE2, mdQaccum).launch(grid=grid, block=[4 * self.ROWS, 1, 1],
-                                                              stream=stream)
-
-    @cute.kernel
-    def kernel(self, mO: cute.Tensor, mdO: cute.Tensor, mLSE: cute.Tensor, mD: cute.Tensor, mLSE2: cute.Tensor,
-               mdQaccum: cute.Tensor):
-        tidx = cute.arch.thread_idx()[0]
-        bx, head, batch = cute.arch.block_idx()
-        row = bx * self.ROWS + tidx // 4
-        part = tidx % 4
-        if const_expr(self.zero_dq):
-            # the CTA's 32 rows (all below s_q_pad) of every slice; a quad writes 64 contiguous bytes
-            zero = cute.make_rmem_tensor((4,), Float32)
-            zero.fill(0.0)
-            for sl in cutlass.range(mdQaccum.shape[0]):
-                gdQ = mdQaccum[sl, batch, head, row, None]
-                for k in cutlass.range_constexpr(self.hd // 16):
-                    cute.autovec_copy(zero, cute.local_tile(gdQ, (4,), (part + 4 * k,)))
-        seqlen_q = mO.shape[1]
-        total = Float32(0.0)
-        if row < seqlen_q:
-            gO = mO[batch, row, head, None]
-            gdO = mdO[batch, row, head, None]
-            for k in cutlass.range_constexpr(self.hd // 32):
-                # 8-element vector part + 4 k: the quad's 4 loads are 64 contiguous bytes
-                rO = cute.make_rmem_tensor((8,), self.dtype)
-                rdO = cute.make_rmem_tensor((8,), self.dtype)
-                cute.autovec_copy(cute.local_tile(gO, (8,), (part + 4 * k,)), rO)
-                cute.autovec_copy(cute.local_tile(gdO, (8,), (part + 4 * k,)), rdO)
-                prod = rO.load().to(Float32) * rdO.load().to(Float32)
-                total = total + prod.reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
-        total = total + cute.arch.shuffle_sync_bfly(total, offset=1)
-        total = total + cute.arch.shuffle_sync_bfly(total, offset=2)
-        if part == 0 and row < mD.shape[2]:
-            lse2 = Float32(math.inf)
-            if row < seqlen_q:
-                lse = mLSE[batch, head, row]
-                if lse != -Float32(math.inf):
-                    lse2 = lse * LOG2_E
-            mD[batch, head, row] = total
-            mLSE2[batch, head, row] = lse2
-
-
-def fake_preprocess_args(cfg: BwdConfig):
-    """Fake tensors of the preprocess (dynamic batch, lengths, heads, strides)."""
-    from cutlass.cute.runtime import make_fake_tensor
-
-    dt = cutlass.BFloat16 if cfg.dtype == "bfloat16" else cutlass.Float16
-    div = 128 // dt.width
-    b, sq, h, sqp = (cute.sym_int() for _ in range(4))
-
-    def fake(shape):
-        stride = tuple(cute.sym_int64(divisibility=div) for _ in range(3)) + (1,)
-        return make_fake_tensor(dt, shape, stride=stride, assumed_align=16)
-
-    def stats(n):
-        return make_fake_tensor(cutlass.Float32, (b, h, n), stride=(cute.sym_int64(), cute.sym_int64(), 1),
-                                assumed_align=4)
-
-    nb = cute.sym_int()
-    dq = make_fake_tensor(cutlass.Float32, (nb, b, h, sqp, cfg.head_dim),
-                          stride=tuple(cute.sym_int64(divisibility=4) for _ in range(4)) + (1,), assumed_align=16)
-    return fake((b, sq, h, cfg.head_dim)), fake((b, sq, h, cfg.head_dim)), stats(sq), stats(sqp), stats(sqp), dq
-
-
-def compile_preprocess(cfg: BwdConfig, options=None, tvm_ffi: bool = False):
-    """cute.compile of the preprocess kernel against fake tensors (no GPU needed)."""
-    return compile_fake(BwdPreprocess(cfg), fake_preprocess_args(cfg), options, tvm_ffi)
-
-
-def dq_post_coords(g, head_dim: int, dq_wgs: int, rows_split: bool = False):
-    """postprocess="kernel": (row0, col0, chunk) of thread g of BwdPostprocess (Python ints on
-    the CPU, DSL integers in the kernel). The thread reads floats 16 chunk .. 16 chunk + 15 of its
-    block (64 contiguous bytes); float 4 lane4 + 2 vr + vc of them is element (row0 + 8 vr,
-    col0 + 2 lane4 + vc) (dq_bulk_offset's order: chunk = (w, j, warp, lane8), the 4 threads
-    lane4 = 0..3 of one row pair). Consecutive threads take consecutive 8-column pieces of one
-    row, so a warp stores whole rows (coalesced); each of its 64-byte reads is two whole sectors."""
-    n = head_dim if rows_split else head_dim // dq_wgs  # columns of one warpgroup's tile
-    per_row = head_dim // 8  # 8-column pieces of one row
-    piece = g % per_row
-    row_key = g // per_row
-    lane8 = row_key % 8
-    if rows_split:
-        w, j, warp = row_key // 32, piece, (row_key // 8) % 4
-        row0, col0 = 64 * w + 16 * warp + lane8, 8 * j
-    else:
-        w, j, warp = piece // (n // 8), piece % (n // 8), row_key // 8
-        row0, col0 = 16 * warp + lane8, n * w + 8 * j
-    chunk = ((w * (n // 8) + j) * 4 + warp) * 8 + lane8
-    return row0, col0, chunk
-
-
-class BwdPostprocess:
-    """postprocess="kernel": the dQ accumulator of dq_reduce="bulk" (b, h, s_q_pad * d) fp32, each
-    query block in the order of dq_bulk_offset, -> dQ (b, s_q, h, d) in 16 bit, row order.
-
-    One CTA per query block of one (head, batch), one thread per 16 floats of the block: a thread
-    holds the 4 floats of each of the 4 wgmma threads (lane4 = 0..3) that share rows r and r + 8
-    and columns 8 j .. 8 j + 7 (a chunk (w, j, warp, lane8) of the block), so it loads 64
-    contiguous bytes (4 LDG.128: two whole 32-byte sectors), converts, and stores 8 columns of
-    row r and of r + 8 (2 STG.128). The threads of a warp take the pieces of a row in order
-    (dq_post_coords), so each store instruction writes whole rows; rows past s_q are not
-    stored. No shared memory, no barrier."""
-
-    def __init__(self, cfg: BwdConfig):
-        self.dtype = cutlass.BFloat16 if cfg.dtype == "bfloat16" else cutlass.Float16
-        self.hd = cfg.head_dim
-        self.wgs = cfg.dq_wgs
-        self.rows_split = cfg.dq_rows_split
-        self.rows = 64 * cfg.dq_wgs if cfg.dq_rows_split else 64  # rows of one accumulator block
-        self.threads = self.rows * self.hd // 16
-
-    @cute.jit
-    def __call__(self, mAcc: cute.Tensor, mdQ: cute.Tensor, stream):
-        # mAcc (b, h, s_q_pad * d) fp32; mdQ (b, s_q, h, d)
-        grid = (cute.ceil_div(mAcc.shape[2], self.rows * self.hd), cute.size(mAcc.shape[1]),
-                cute.size(mAcc.shape[0]))
-        self.kernel(mAcc, mdQ).launch(grid=grid, block=[self.threads, 1, 1], stream=stream)
-
-    @cute.kernel
-    def kernel(self, mAcc: cute.Tensor, mdQ: cute.Tensor):
-        g = cute.arch.thread_idx()[0]
-        m_block, head, batch = cute.arch.block_idx()
-        row0, col0, chunk = dq_post_coords(g, self.hd, self.wgs, self.rows_split)
-        rAcc = cute.make_rmem_tensor((16,), Float32)
-        cute.autovec_copy(cute.local_tile(mAcc[batch, head, None], (16,), (m_block * self.threads + chunk,)), rAcc)
-        seqlen_q = mdQ.shape[1]
-        for vr in cutlass.range_constexpr(2):
-            row = m_block * self.rows + row0 + 8 * vr
-            if row < seqlen_q:
-                rF = cute.make_rmem_tensor((8,), Float32)
-                for k in cutlass.range_constexpr(8):
-                    # column 2 lane4 + vc of the 8 = float 4 lane4 + 2 vr + vc of the 16
-                    rF[k] = rAcc[4 * (k // 2) + 2 * vr + k % 2]
-                rO = cute.make_rmem_tensor((8,), self.dtype)
-                rO.store(rF.load().to(self.dtype))
-                cute.autovec_copy(rO, cute.local_tile(mdQ[batch, row, head, None], (8,), (col0 // 8,)))
-
-
-def fake_postprocess_args(cfg: BwdConfig):
-    """Fake tensors of the postprocess (dynamic batch, lengths, heads, strides)."""
-    from cutlass.cute.runtime import make_fake_tensor
-
-    dt = cutlass.BFloat16 if cfg.dtype == "bfloat16" else cutlass.Float16
-    div = 128 // dt.width
-    b, sq, h, n = (cute.sym_int() for _ in range(4))
-    acc = make_fake_tensor(Float32, (b, h, n), assumed_align=16,
-                           stride=(cute.sym_int64(divisibility=4), cute.sym_int64(divisibility=4), 1))
-    dq = make_fake_tensor(dt, (b, sq, h, cfg.head_dim),
-                          stride=tuple(cute.sym_int64(divisibility=div) for _ in range(3)) + (1,), assumed_align=16)
-    return acc, dq
-
-
-def compile_postprocess(cfg: BwdConfig, options=None, tvm_ffi: bool = False):
-    """cute.compile of the postprocess kernel against fake tensors (no GPU needed)."""
-    return compile_fake(BwdPostprocess(cfg), fake_postprocess_args(cfg), options, tvm_ffi)
-
-
 # ---------------------------------------------------------------------- host side (launch)
 
 
@@ -1335,50 +1157,9 @@ def kernel_config(cfg: BwdConfig) -> BwdConfig:
     """cfg with the knobs that only change the host side or the other launches (postprocess,
     dq_zero) at their defaults: builds that differ only there share one compiled kernel."""
     return dataclasses.replace(cfg, postprocess=BwdConfig.postprocess, dq_zero=BwdConfig.dq_zero)
+
+
 _USE_TVM_FFI = None
-
-
-_PRE_CACHE: dict = {}  # (dtype, head_dim, dq_zero, tvm_ffi) -> compiled preprocess
-
-
-def _prepare_kernel(cfg: BwdConfig, dout, out, lse, seqlen_q_pad: int, use_tvm_ffi: bool, dq_accum):
-    """preprocess="kernel": D and LSE_log2 as _prepare, by BwdPreprocess (one launch; with
-    dq_zero="preprocess" it also zeroes dq_accum)."""
-    import torch
-
-    b, sq, h, _ = dout.shape
-    dpsum = torch.empty((b, h, seqlen_q_pad), dtype=torch.float32, device=dout.device)
-    lse_log2 = torch.empty((b, h, seqlen_q_pad), dtype=torch.float32, device=dout.device)
-    if not out.is_contiguous() or out.data_ptr() % 16:
-        out = out.clone(memory_format=torch.contiguous_format)  # 16-byte aligned rows
-    lse = lse.contiguous()
-    key = (cfg.dtype, cfg.head_dim, cfg.dq_zero, use_tvm_ffi)
-    fn = _PRE_CACHE.get(key)
-    if use_tvm_ffi:
-        if fn is None:
-            fn = _PRE_CACHE[key] = compile_preprocess(cfg, tvm_ffi=True)
-        fn(out, dout, lse, dpsum, lse_log2, dq_accum)
-    else:
-        args = [to_cute(out, 3), to_cute(dout, 3)] + [to_cute(t, 2, align=4) for t in (lse, dpsum, lse_log2)] \
-            + [to_cute(dq_accum, 4)]
-        stream = torch_stream(dout.device)
-        if fn is None:
-            fn = _PRE_CACHE[key] = cute.compile(BwdPreprocess(cfg), *args, stream)
-        fn(*args, stream)
-    return dpsum, lse_log2
-
-
-def _prepare(cfg: BwdConfig, dout, out, lse, seqlen_q_pad: int):
-    """The preprocess, in torch: D = rowsum(dO * O) in fp32 and LSE_log2 = LSE * log2(e), rows
-    that see no key (LSE = -inf) and the padding rows at +inf (P = 0 there), both (b, h, s_q_pad)."""
-    import torch
-
-    b, sq, h, _ = dout.shape
-    dpsum = torch.zeros((b, h, seqlen_q_pad), dtype=torch.float32, device=dout.device)
-    dpsum[:, :, :sq] = (dout.float() * out.float()).sum(-1).transpose(1, 2)
-    lse_log2 = torch.full((b, h, seqlen_q_pad), math.inf, dtype=torch.float32, device=dout.device)
-    lse_log2[:, :, :sq] = torch.where(lse == -math.inf, math.inf, lse.float() * LOG2_E)
-    return dpsum, lse_log2
 
 
 def dq_slices(cfg: BwdConfig, seqlen_k: int) -> int:
@@ -1437,9 +1218,9 @@ def prepare_bwd(cfg: BwdConfig, dout, q, k, v, out, lse, softmax_scale: float, s
     alloc = torch.empty if cfg.dq_zero == "preprocess" else torch.zeros
     dq_accum = alloc((nb, b, h, sqp, d), dtype=torch.float32, device=q.device)
     if cfg.preprocess == "kernel":
-        dpsum, lse_log2 = _prepare_kernel(cfg, dout, out, lse, sqp, _USE_TVM_FFI, dq_accum)
+        dpsum, lse_log2 = preprocess_kernel(cfg, dout, out, lse, sqp, _USE_TVM_FFI, dq_accum)
     else:
-        dpsum, lse_log2 = _prepare(cfg, dout, out, lse, sqp)
+        dpsum, lse_log2 = preprocess_torch(cfg, dout, out, lse, sqp)
     dk = torch.empty((b, sk, hkv, d), dtype=k.dtype, device=k.device)
     dv = torch.empty((b, sk, hkv, d), dtype=v.dtype, device=v.device)
     scale_log2 = float(softmax_scale * LOG2_E)
@@ -1476,59 +1257,7 @@ def prepare_bwd(cfg: BwdConfig, dout, q, k, v, out, lse, softmax_scale: float, s
     def finish():
         acc = dq_accum.sum(0) if cfg.deterministic else dq_accum[0]  # fixed order: torch's sum
         if cfg.postprocess == "kernel":
-            return _postprocess_kernel(cfg, acc, sq, q.dtype, _USE_TVM_FFI), dk, dv
+            return postprocess_kernel(cfg, acc, sq, q.dtype, _USE_TVM_FFI), dk, dv
         return dq_postprocess(acc, cfg, sq, q.dtype), dk, dv
 
     return main, finish
-
-
-_POST_CACHE: dict = {}  # (dtype, head_dim, dq_wgs, rows_split, tvm_ffi) -> compiled postprocess
-
-
-def _postprocess_kernel(cfg: BwdConfig, acc, seqlen_q: int, dtype, use_tvm_ffi: bool):
-    """postprocess="kernel": dQ (b, s_q, h, d) in 16 bit from the contiguous accumulator
-    (b, h, s_q_pad, d) of dq_reduce="bulk", by BwdPostprocess (one launch)."""
-    import torch
-
-    b, h, sqp, d = acc.shape
-    flat = acc.contiguous().view(b, h, sqp * d)
-    dq = torch.empty((b, seqlen_q, h, d), dtype=dtype, device=acc.device)
-    key = (cfg.dtype, cfg.head_dim, cfg.dq_wgs, cfg.dq_rows_split, use_tvm_ffi)
-    fn = _POST_CACHE.get(key)
-    if use_tvm_ffi:
-        if fn is None:
-            fn = _POST_CACHE[key] = compile_postprocess(cfg, tvm_ffi=True)
-        fn(flat, dq)
-    else:
-        args = [to_cute(flat, 2), to_cute(dq, 3)]
-        stream = torch_stream(acc.device)
-        if fn is None:
-            fn = _POST_CACHE[key] = cute.compile(BwdPostprocess(cfg), *args, stream)
-        fn(*args, stream)
-    return dq
-
-
-def dq_postprocess(acc, cfg: BwdConfig, seqlen_q: int, dtype):
-    """The dQ accumulator (b, h, s_q_pad, d) fp32, already scaled by softmax_scale in the
-    kernel -> dq (b, s_q, h, d) in 16 bit: one torch copy_ (reorder and convert in one pass)."""
-    import torch
-
-    b, h, sqp, d = acc.shape
-    if cfg.dq_reduce == "red":
-        dq = torch.empty((b, seqlen_q, h, d), dtype=dtype, device=acc.device)
-        dq.copy_(acc[:, :, :seqlen_q].permute(0, 2, 1, 3))
-        return dq
-    # bulk: within a query block, element (row, col) sits at dq_bulk_offset; the accumulator
-    # block is (w, j, warp, lane8, lane4, vr, vc): rows (warp, vr, lane8), cols (w, j, lane4, vc),
-    # or rows (w, warp, vr, lane8), cols (j, lane4, vc) when dQ is split by query rows
-    w = cfg.dq_wgs
-    if cfg.dq_rows_split:
-        src = acc.view(b, h, sqp // (64 * w), w, d // 8, 4, 8, 4, 2, 2).permute(0, 2, 3, 5, 8, 6, 1, 4, 7, 9)
-        out = torch.empty((b, sqp, h, d), dtype=dtype, device=acc.device)
-        out.view(b, sqp // (64 * w), w, 4, 2, 8, h, d // 8, 4, 2).copy_(src)
-    else:
-        n = d // w
-        src = acc.view(b, h, sqp // 64, w, n // 8, 4, 8, 4, 2, 2).permute(0, 2, 5, 8, 6, 1, 3, 4, 7, 9)
-        out = torch.empty((b, sqp, h, d), dtype=dtype, device=acc.device)
-        out.view(b, sqp // 64, 4, 2, 8, h, w, n // 8, 4, 2).copy_(src)
-    return out if sqp == seqlen_q else out[:, :seqlen_q].contiguous()
