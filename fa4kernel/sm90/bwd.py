@@ -69,15 +69,9 @@ from .bwd_config import TAIL_SLOTS, TAIL_WAVES, BwdConfig
 from .bwd_postprocess import dq_postprocess, postprocess_kernel
 from .bwd_preprocess import preprocess_kernel, preprocess_torch
 from .gemm import acc_as_operand_a, gemm, mn_view, select, smem_layout, smem_layout_narrow, transpose_view
+from .named_barrier import NamedBarrierBwd
 
 LOG2_E = math.log2(math.e)
-
-# Named barrier ids (0 is __syncthreads); all among the 256 consumer threads.
-BAR_DS = 1  # dS^T of this query block written to smem (2 buffers)
-BAR_EPILOGUE = 2  # K and V buffers free for dK / dV; dK / dV in smem
-# dq_reduce="bulk": dQ warpgroup w and producer warp 1 (128 + 32 threads)
-BAR_DQ_EMPTY = 3  # + w: the smem dQ buffer of warpgroup w has been read by the last bulk reduce
-BAR_DQ_FULL = 5  # + w: warpgroup w's dQ is in smem
 
 
 @dsl_user_op
@@ -654,7 +648,7 @@ class FlashBwdSm90:
                 gdQ = cute.local_tile(mdQaccum[None, None, head, batch, nbi], (self.tile_m, self.hd), (m_block, 0))
                 if const_expr(self.dq_pair):
                     # the pair's sum of this CTA's columns (warpgroup pair_rank's), nothing else
-                    cute.arch.barrier(barrier_id=BAR_DQ_FULL, number_of_threads=sync_threads)
+                    cute.arch.barrier(barrier_id=NamedBarrierBwd.DQ_FULL, number_of_threads=sync_threads)
                     with cute.arch.elect_one():
                         bulk_reduce_add_f32(gdQ.iterator + pair_rank * chunk,
                                             sdQ_dO[None, pair_rank, state.index].iterator, half * 4)
@@ -662,7 +656,7 @@ class FlashBwdSm90:
                                             sdQ_Q[None, pair_rank, state.index].iterator, half * 4)
                 else:
                     for w in cutlass.range_constexpr(self.dq_wgs):
-                        cute.arch.barrier(barrier_id=BAR_DQ_FULL + w, number_of_threads=sync_threads)
+                        cute.arch.barrier(barrier_id=NamedBarrierBwd.DQ_FULL + w, number_of_threads=sync_threads)
                         with cute.arch.elect_one():
                             bulk_reduce_add_f32(gdQ.iterator + w * chunk, sdQ_dO[None, w, state.index].iterator,
                                                 half * 4)
@@ -679,9 +673,9 @@ class FlashBwdSm90:
                 gdQ = cute.local_tile(mdQaccum[None, None, head, batch, nbi], (self.tile_m, self.hd), (m_block, 0))
                 for w in cutlass.range_constexpr(self.dq_wgs):
                     cute.arch.cp_async_bulk_wait_group(self.dq_wgs - 1 - w, read=True)
-                    cute.arch.barrier_arrive(barrier_id=BAR_DQ_EMPTY + w, number_of_threads=sync_threads)
+                    cute.arch.barrier_arrive(barrier_id=NamedBarrierBwd.DQ_EMPTY + w, number_of_threads=sync_threads)
                 for w in cutlass.range_constexpr(self.dq_wgs):
-                    cute.arch.barrier(barrier_id=BAR_DQ_FULL + w, number_of_threads=sync_threads)
+                    cute.arch.barrier(barrier_id=NamedBarrierBwd.DQ_FULL + w, number_of_threads=sync_threads)
                     with cute.arch.elect_one():
                         bulk_reduce_add_f32(gdQ.iterator + w * chunk, sdQ[None, w].iterator, chunk * 4)
                     cute.arch.cp_async_bulk_commit_group()
@@ -698,10 +692,10 @@ class FlashBwdSm90:
             cute.make_layout((128, self.dq_wgs)), cute.make_layout(4))
         tdQsdQ = copy.get_slice(dq_tidx).partition_D(sdQ)
         src = cute.make_tensor(acc_dQ.iterator, cute.make_layout(tdQsdQ.shape))
-        cute.arch.barrier(barrier_id=BAR_DQ_EMPTY + w, number_of_threads=128 + 32)
+        cute.arch.barrier(barrier_id=NamedBarrierBwd.DQ_EMPTY + w, number_of_threads=128 + 32)
         cute.copy(copy, src, tdQsdQ)
         cute.arch.fence_view_async_shared()  # generic-proxy writes -> the bulk copy (async proxy)
-        cute.arch.barrier_arrive(barrier_id=BAR_DQ_FULL + w, number_of_threads=128 + 32)
+        cute.arch.barrier_arrive(barrier_id=NamedBarrierBwd.DQ_FULL + w, number_of_threads=128 + 32)
 
     @cute.jit
     def _pair_dq(self, acc_dQ, sdQ, dq_tidx, pair, state, dk_in_flight: cutlass.Constexpr):
@@ -730,7 +724,7 @@ class FlashBwdSm90:
                 warpgroup.wait_group(0)
             self._dq_half_to_smem(acc_dQ, sdQ[1][None, w, stage], t, 1)
             cute.arch.fence_view_async_shared()  # generic-proxy writes -> the bulk copy (async proxy)
-            cute.arch.barrier_arrive(barrier_id=BAR_DQ_FULL, number_of_threads=128 + 32)
+            cute.arch.barrier_arrive(barrier_id=NamedBarrierBwd.DQ_FULL, number_of_threads=128 + 32)
         else:
             if const_expr(dk_in_flight):
                 warpgroup.wait_group(0)  # dV and dK done: region w is dead here
@@ -925,7 +919,7 @@ class FlashBwdSm90:
                 cute.copy(smem_thr_copy_dS, smem_thr_copy_dS.retile(rdS), tdSsdS[None, None, None, ds_buf])
                 aP, adS = tdVrP[None, None, None, ds_buf], tdKrdS[None, None, None, ds_buf]
                 cute.arch.fence_view_async_shared()  # generic-proxy writes -> wgmma (async proxy)
-                cute.arch.barrier(barrier_id=BAR_DS, number_of_threads=self.num_consumer_threads)
+                cute.arch.barrier(barrier_id=NamedBarrierBwd.DS, number_of_threads=self.num_consumer_threads)
                 gemm(tiled_mma_dkv, acc_dV, aP, tdVrdOt[None, None, None, state.index], False, -1)
             else:
                 if const_expr(not dv_early):
@@ -941,7 +935,7 @@ class FlashBwdSm90:
                     # dV += P^T dO (P^T from registers) runs under the fence and the barrier
                     gemm(tiled_mma_dkv, acc_dV, tdVrP, tdVrdOt[None, None, None, state.index], False, -1)
                 cute.arch.fence_view_async_shared()  # generic-proxy writes -> wgmma (async proxy)
-                cute.arch.barrier(barrier_id=BAR_DS, number_of_threads=self.num_consumer_threads)
+                cute.arch.barrier(barrier_id=NamedBarrierBwd.DS, number_of_threads=self.num_consumer_threads)
 
                 if const_expr(self.mma_order == "dv_dk_dq"):
                     gemm(tiled_mma_dkv, acc_dV, tdVrP, tdVrdOt[None, None, None, state.index], False, -1)
@@ -1037,7 +1031,7 @@ class FlashBwdSm90:
                 warpgroup.wait_group(0)
             self._dq_half_to_smem(acc_dQ, sdQ[1][None, w, stage], dq_tidx % 128, 1)
             cute.arch.fence_view_async_shared()  # generic-proxy writes -> the bulk copy (async proxy)
-            cute.arch.barrier_arrive(barrier_id=BAR_DQ_FULL + w, number_of_threads=128 + 32)
+            cute.arch.barrier_arrive(barrier_id=NamedBarrierBwd.DQ_FULL + w, number_of_threads=128 + 32)
         elif const_expr(self.dq_bulk):
             self._dq_to_smem(acc_dQ, sdQ, dq_tidx)
         else:
@@ -1063,14 +1057,14 @@ class FlashBwdSm90:
         rdK.store((acc_dK.load() * softmax_scale).to(self.dtype))
         rdV.store(acc_dV.load().to(self.dtype))
         # every consumer's GEMMs (which read sK, sV) are done
-        cute.arch.barrier(barrier_id=BAR_EPILOGUE, number_of_threads=self.num_consumer_threads)
+        cute.arch.barrier(barrier_id=NamedBarrierBwd.EPILOGUE, number_of_threads=self.num_consumer_threads)
         stmatrix = cute.make_copy_atom(
             cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4), self.dtype)
         smem_thr_copy = cute.make_tiled_copy_C(stmatrix, tiled_mma_dkv).get_slice(tidx)
         cute.copy(smem_thr_copy, smem_thr_copy.retile(rdK), smem_thr_copy.partition_D(sK))
         cute.copy(smem_thr_copy, smem_thr_copy.retile(rdV), smem_thr_copy.partition_D(sV))
         cute.arch.fence_view_async_shared()
-        cute.arch.barrier(barrier_id=BAR_EPILOGUE, number_of_threads=self.num_consumer_threads)
+        cute.arch.barrier(barrier_id=NamedBarrierBwd.EPILOGUE, number_of_threads=self.num_consumer_threads)
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         if warp_idx == 4:
             gdK = cute.local_tile(mdK[None, None, kv_head, batch], (self.tile_n, self.hd), (n_block, 0))

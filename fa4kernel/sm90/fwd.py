@@ -43,15 +43,10 @@ from ..trace_layout import (
 )
 from .config import KernelConfig
 from .gemm import acc_as_operand_a, gemm, mn_view, opaque_desc, select, smem_layout, transpose_view
+from .named_barrier import NamedBarrierFwd
 
 LOG2_E = math.log2(math.e)
 LN_2 = math.log(2.0)
-
-# Named barrier ids (0 is __syncthreads).
-BAR_EPILOGUE = 1
-BAR_PINGPONG_BASE = 2  # 2, 3, 4: "consumer WG i may issue its GEMMs"
-BAR_P_SMEM_BASE = 5  # 5, 6, 7: P written to smem by all threads of WG i
-BAR_CONSUMERS = 8  # all consumer threads (epilogue hand-offs between persistent tiles)
 
 
 class FlashFwdSm90:
@@ -393,7 +388,7 @@ class FlashFwdSm90:
     @cute.jit
     def _pp_sync(self, wg_idx):
         if const_expr(self.pingpong):
-            cute.arch.barrier(barrier_id=BAR_PINGPONG_BASE + wg_idx, number_of_threads=256)
+            cute.arch.barrier(barrier_id=NamedBarrierFwd.PINGPONG + wg_idx, number_of_threads=256)
 
     @cute.jit
     def _pp_arrive(self, wg_idx):
@@ -403,7 +398,7 @@ class FlashFwdSm90:
                 nxt = 1 - wg_idx
             else:
                 nxt = nxt if nxt < self.num_wg else 0
-            cute.arch.barrier_arrive(barrier_id=BAR_PINGPONG_BASE + nxt, number_of_threads=256)
+            cute.arch.barrier_arrive(barrier_id=NamedBarrierFwd.PINGPONG + nxt, number_of_threads=256)
 
     @cute.jit
     def _apply_mask(self, acc_S, tScS, t0ScS, m_block, n_block, seqlen_q, seqlen_k,
@@ -546,7 +541,7 @@ class FlashFwdSm90:
             cute.copy(smem_thr_copy_P, smem_thr_copy_P.retile(rP), tPsP)
             # generic-proxy smem writes must be visible to the wgmma (async proxy) of the WG
             cute.arch.fence_view_async_shared()
-            cute.arch.barrier(barrier_id=BAR_P_SMEM_BASE + wg_idx, number_of_threads=128)
+            cute.arch.barrier(barrier_id=NamedBarrierFwd.P_SMEM + wg_idx, number_of_threads=128)
 
     @cute.jit
     def consumer(
@@ -593,7 +588,7 @@ class FlashFwdSm90:
         if const_expr(self.pingpong):
             # WG 0 goes first: pre-arrive on its own barrier.
             if wg_idx == 0:
-                cute.arch.barrier_arrive(barrier_id=BAR_PINGPONG_BASE, number_of_threads=256)
+                cute.arch.barrier_arrive(barrier_id=NamedBarrierFwd.PINGPONG, number_of_threads=256)
 
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
         q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
@@ -686,7 +681,7 @@ class FlashFwdSm90:
         self.ins.stamp(tr, T_FIN, n_block_max - 1, 1)
         if const_expr(self.persistent and not self.separate_o):
             # O went out through Q's buffer: hand it back only once the TMA store has read it
-            cute.arch.barrier(barrier_id=BAR_CONSUMERS, number_of_threads=self.num_consumer_threads)
+            cute.arch.barrier(barrier_id=NamedBarrierFwd.CONSUMERS, number_of_threads=self.num_consumer_threads)
             pipe_q.consumer_release(q_state)
         q_state.advance()
         if const_expr(next_tile is not None):
@@ -960,15 +955,15 @@ class FlashFwdSm90:
                 cute.arch.cp_async_bulk_wait_group(0, read=True)
         # every consumer WG is in this tile's epilogue, and the previous tile's O store has
         # finished reading sO
-        cute.arch.barrier(barrier_id=BAR_CONSUMERS, number_of_threads=self.num_consumer_threads)
+        cute.arch.barrier(barrier_id=NamedBarrierFwd.CONSUMERS, number_of_threads=self.num_consumer_threads)
         stmatrix = cute.make_copy_atom(
             cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4), self.dtype)
         smem_thr_copy_O = cute.make_tiled_copy_C(stmatrix, tiled_mma_pv).get_slice(tidx)
         cute.copy(smem_thr_copy_O, smem_thr_copy_O.retile(rO), smem_thr_copy_O.partition_D(sO))
         cute.arch.fence_view_async_shared()
-        cute.arch.barrier_arrive(barrier_id=BAR_EPILOGUE, number_of_threads=self.num_consumer_threads + 32)
+        cute.arch.barrier_arrive(barrier_id=NamedBarrierFwd.EPILOGUE, number_of_threads=self.num_consumer_threads + 32)
         if warp_idx == 4:
-            cute.arch.barrier(barrier_id=BAR_EPILOGUE, number_of_threads=self.num_consumer_threads + 32)
+            cute.arch.barrier(barrier_id=NamedBarrierFwd.EPILOGUE, number_of_threads=self.num_consumer_threads + 32)
             self.ins.stamp(tr, T_ST, it, 0)
             gO = cute.local_tile(mO[None, None, head, batch], (self.tile_m, self.hd), (m_block, 0))
             tOsO, tOgO = cpasync.tma_partition(
