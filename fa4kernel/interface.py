@@ -14,6 +14,7 @@ from typing import Optional
 
 from .diagnostics import NONE, Diagnostics, probe_build, trace_build
 from .inputs import validate_device, validate_tensors
+from .interop import to_cute, torch_stream, tvm_ffi_enabled
 from .sass import sass_for
 from .sm90.bwd_config import BWD_KNOB_NAMES, BwdConfig, bwd_config_from_knobs, check_bwd_knob_names
 from .sm90.config import SUPPORTED_HEAD_DIMS, KernelConfig, make_config
@@ -175,12 +176,6 @@ def _compile_sm90_sass(cfg: KernelConfig, diag: Diagnostics, dump_dir: Optional[
                      options=options)
 
     return sass_for(build, "sm_90a", dump_dir, cache=("sm90_fwd", (cfg, diag)))
-
-
-def _to_cute(t, leading_dim: int, align: int = 16):
-    from cutlass.cute.runtime import from_dlpack
-
-    return from_dlpack(t.detach(), assumed_align=align).mark_layout_dynamic(leading_dim=leading_dim)
 
 
 _PROPS: dict = {}  # device index -> torch.cuda device properties
@@ -350,15 +345,6 @@ def attention_probed(q, k, v, causal: bool = False, softmax_scale: Optional[floa
     return out, stamps
 
 
-def _tvm_ffi_available() -> bool:
-    try:
-        import tvm_ffi  # noqa: F401
-
-        return True
-    except Exception:
-        return False
-
-
 _USE_TVM_FFI = None
 # Grid cap: one persistent CTA per SM. FA4KERNEL_PERSISTENT=0 (or setting this to False)
 # launches one CTA per tile instead; read at every call, no recompile needed.
@@ -434,7 +420,7 @@ def _run(cfg: KernelConfig, q, k, v, out, lse, softmax_scale, trace=None, diag: 
         softmax_scale = 1.0 / math.sqrt(q.shape[-1])
     scale_log2 = float(softmax_scale * math.log2(math.e))
     if _USE_TVM_FFI is None:
-        _USE_TVM_FFI = _tvm_ffi_available() and os.environ.get("FA4KERNEL_NO_TVM_FFI") != "1"
+        _USE_TVM_FFI = tvm_ffi_enabled()
     key = _build_key(cfg, diag)
     fn = _CACHE.get(key)
     buffered = diag.buffered
@@ -466,14 +452,11 @@ def _run(cfg: KernelConfig, q, k, v, out, lse, softmax_scale, trace=None, diag: 
             fn(q, k, v, out, lse, sched, scale_log2)
         return
 
-    import torch
-    import cuda.bindings.driver as cuda
-
-    args = [_to_cute(t, 3) for t in (q, k, v, out)]
-    lse_c = _to_cute(lse, 2, align=4) if lse is not None else None
-    stream = cuda.CUstream(torch.cuda.current_stream(q.device).cuda_stream)
-    extra = (_to_cute(trace, 0, align=16),) if buffered else ()
-    sched = _to_cute(_schedule(cfg, q, k), 1, align=4) if _scheduled(cfg) else None
+    args = [to_cute(t, 3) for t in (q, k, v, out)]
+    lse_c = to_cute(lse, 2, align=4) if lse is not None else None
+    stream = torch_stream(q.device)
+    extra = (to_cute(trace, 0, align=16),) if buffered else ()
+    sched = to_cute(_schedule(cfg, q, k), 1, align=4) if _scheduled(cfg) else None
     if fn is None:
         from .sm90.fwd import make_kernel
 

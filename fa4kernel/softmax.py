@@ -33,8 +33,8 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32
 
-# Degree-3 minimax coefficients for 2^f on [0, 1) (c0..c3), max rel. error ~8.8e-5.
-POLY_EX2_DEG3 = (1.0, 0.6951461434, 0.2275643945, 0.0771190897)
+from .exp2_poly import COEFFS as POLY_EX2_DEG3  # 2^f on [0, 1), c0..c3 (exp2_poly.py)
+
 ROUND_MAGIC = float(2**23 + 2**22)
 
 

@@ -16,7 +16,7 @@ element costs 1/16 cycle of the SM's MUFU; an emulated one 6/128 cycle of its FM
 """
 from __future__ import annotations
 
-COEFFS = (1.0, 0.6951461434, 0.2275643945, 0.0771190897)  # c0..c3, fa4-schedules.md
+from fa4kernel.exp2_poly import COEFFS  # c0..c3: the kernels' copy (fa4kernel/exp2_poly.py)
 FMA_OPS_PER_ELEMENT = 6.0     # 6 packed instructions per pair = 6 lane-ops per element
 ALU_OPS_PER_ELEMENT = 2.0     # FMNMX clamp + LEA (shift+add) per element
 # Instructions issued per emulated element. SM100 packs two elements per FMA-pipe instruction

@@ -216,7 +216,7 @@ def test_a_real_compile_is_read_back(cache, monkeypatch):
     pytest.importorskip("cutlass")
     monkeypatch.setattr(cc, "_TOOLCHAIN", None)  # the real toolchain's versions
     from fa4kernel import sass as sass_mod
-    from fa4kernel.sm90.bwd import compile_preprocess
+    from fa4kernel.sm90.bwd_preprocess import compile_preprocess
 
     calls = []
     real = sass_mod._compile_and_disassemble

@@ -176,7 +176,7 @@ def test_bwd_thread_layouts_cover_the_tiles(hd, tile_m):
     import cutlass.cute as cute
 
     from fa4kernel.sm90.bwd import make_bwd_kernel
-    from fa4kernel.sm90.fwd import _mn_view
+    from fa4kernel.sm90.gemm import mn_view
 
     cfg = make_bwd_config("bfloat16", hd, False, tile_m=tile_m)
     found = {}
@@ -187,13 +187,13 @@ def test_bwd_thread_layouts_cover_the_tiles(hd, tile_m):
         # this test), then compared as Python values
         sdp, _, dq = make_bwd_kernel(cfg).tiled_mmas()
         cS = cute.make_identity_tensor((cfg.tile_n, cfg.tile_m))
-        t0 = _mn_view(sdp.get_slice(0).partition_C(cS))
+        t0 = mn_view(sdp.get_slice(0).partition_C(cS))
         t0_row = []
         for c in cutlass.range_constexpr(cute.size(t0, mode=[1])):
             t0_row.append(t0[0, c])
         seen, bad = set(), 0
         for t in cutlass.range_constexpr(128 * cfg.num_consumer_wgs):
-            ts = _mn_view(sdp.get_slice(t).partition_C(cS))
+            ts = mn_view(sdp.get_slice(t).partition_C(cS))
             el = []
             for r in cutlass.range_constexpr(cute.size(ts, mode=[0])):
                 el.append([])
@@ -462,7 +462,7 @@ def test_bwd_preprocess_kernel_compiles(hd):
     import collections
 
     from fa4kernel.sass import sass_for
-    from fa4kernel.sm90.bwd import compile_preprocess
+    from fa4kernel.sm90.bwd_preprocess import compile_preprocess
 
     cfg = make_bwd_config("bfloat16", hd, False, preprocess="kernel")
     text = sass_for(lambda opts: compile_preprocess(cfg, opts), "sm_90a", cache=("sm90_bwd_pre", cfg))
@@ -477,7 +477,8 @@ def test_bwd_postprocess_coords_invert_the_fragment_map(hd, tile_m):
     """postprocess="kernel": thread g's 16 floats (16 chunk .. 16 chunk + 15 of a block) are the
     elements dq_post_coords names, by dq_bulk_offset; the threads cover the block once, and the
     32 threads of a warp store whole rows (their pieces of a row are contiguous)."""
-    from fa4kernel.sm90.bwd import dq_bulk_offset, dq_post_coords
+    from fa4kernel.sm90.bwd import dq_bulk_offset
+    from fa4kernel.sm90.bwd_postprocess import dq_post_coords
 
     cfg = make_bwd_config("bfloat16", hd, False, tile_m=tile_m, postprocess="kernel")
     rows = 64 * cfg.dq_wgs if cfg.dq_rows_split else 64
@@ -509,7 +510,7 @@ def test_bwd_postprocess_kernel_compiles(hd, tile_m, dtype):
     import collections
 
     from fa4kernel.sass import sass_for
-    from fa4kernel.sm90.bwd import compile_postprocess
+    from fa4kernel.sm90.bwd_postprocess import compile_postprocess
 
     cfg = make_bwd_config(dtype, hd, False, tile_m=tile_m, postprocess="kernel")
     text = sass_for(lambda opts: compile_postprocess(cfg, opts), "sm_90a", cache=("sm90_bwd_post", cfg))
@@ -542,7 +543,8 @@ def test_bwd_dq_postprocess_reorders_like_the_fragment_map():
     """dq_postprocess (one torch copy_) = dq_bulk_to_rows (bulk) or the transpose (red), then
     the first s_q rows, (b, s_q, h, d)."""
     torch = pytest.importorskip("torch")
-    from fa4kernel.sm90.bwd import dq_bulk_to_rows, dq_postprocess
+    from fa4kernel.sm90.bwd import dq_bulk_to_rows
+    from fa4kernel.sm90.bwd_postprocess import dq_postprocess
 
     for hd, tile_m in ((64, 64), (96, 64), (128, 64), (64, 128)):
         acc = torch.randn(2, 3, 256, hd)
@@ -803,7 +805,7 @@ def test_bwd_dq_zero_preprocess_stores_zeros(hd):
     import collections
 
     from fa4kernel.sass import sass_for
-    from fa4kernel.sm90.bwd import compile_preprocess
+    from fa4kernel.sm90.bwd_preprocess import compile_preprocess
 
     def ops(dq_zero):
         cfg = make_bwd_config("bfloat16", hd, False, dq_zero=dq_zero)

@@ -272,8 +272,9 @@ def test_bwd_postprocess_kernel_equals_the_torch_copy(hd, tile_m, dtype):
     """postprocess="kernel" (BwdPostprocess) on a random accumulator gives the bits of the torch
     copy_ (both round to nearest even), at lengths that are and are not multiples of the block;
     NaN and inf in the accumulator land where the torch copy puts them."""
-    from fa4kernel.interface import _tvm_ffi_available
-    from fa4kernel.sm90.bwd import _postprocess_kernel, dq_bulk_offset, dq_postprocess
+    from fa4kernel.interop import tvm_ffi_available
+    from fa4kernel.sm90.bwd import dq_bulk_offset
+    from fa4kernel.sm90.bwd_postprocess import dq_postprocess, postprocess_kernel
     from fa4kernel.sm90.bwd_config import make_bwd_config
 
     name = {torch.bfloat16: "bfloat16", torch.float16: "float16"}[dtype]
@@ -288,8 +289,8 @@ def test_bwd_postprocess_kernel_equals_the_torch_copy(hd, tile_m, dtype):
         for sq in sorted({sqp, sqp - 1, sqp - 63, sqp // 2 + 1}):
             want = dq_postprocess(acc, cfg, sq, dtype)
             assert want.isnan().sum() == 1 and want.isinf().sum() == 1
-            for tvm_ffi in (False, True) if _tvm_ffi_available() else (False,):
-                got = _postprocess_kernel(cfg, acc, sq, dtype, tvm_ffi)
+            for tvm_ffi in (False, True) if tvm_ffi_available() else (False,):
+                got = postprocess_kernel(cfg, acc, sq, dtype, tvm_ffi)
                 assert got.shape == want.shape == (b, sq, h, hd) and got.dtype == dtype
                 assert torch.equal(got.isnan(), want.isnan()), (b, h, sqp, sq, tvm_ffi)
                 assert torch.equal(torch.nan_to_num(got), torch.nan_to_num(want)), (b, h, sqp, sq, tvm_ffi)

@@ -47,13 +47,10 @@ from .config import (  # noqa: F401  (re-exported: the SM100 kernel's public nam
     REGS, SMEM_LIMIT_BYTES, SUPPORTED_DTYPES, SUPPORTED_HEAD_DIMS, TILE_M, TILE_N, Sm100Config, emulated_mask,
     make_sm100_config, smem_bytes,
 )
+from .named_barrier import NamedBarrierFwdSm100
 
 LN_2 = math.log(2.0)
 L2_SECTION_BYTES = 48 * 1024 * 1024  # causal tile order: (batch, head) groups whose K/V fit L2
-
-# Named barrier ids (0 is __syncthreads)
-BAR_TMEM = 1  # MMA + softmax + correction warps: TMEM pointer handoff and dealloc
-BAR_SM_STATS = 2  # 2..9: softmax warp w of WG s <-> correction warp w (s * 4 + w)
 
 
 class Sm100Barriers(NamedTuple):
@@ -334,7 +331,7 @@ class FlashFwdSm100:
         sO = storage.sO.get_tensor(sO_layout.outer, swizzle=sO_layout.inner)
         sScale = storage.sScale.get_tensor(cute.make_layout(Q_STAGES * self.scale_slots * TILE_M))
 
-        tmem_barrier = pipeline.NamedBarrier(barrier_id=BAR_TMEM, num_threads=32 * 13)
+        tmem_barrier = pipeline.NamedBarrier(barrier_id=NamedBarrierFwdSm100.TMEM, num_threads=32 * 13)
         tmem = cutlass_memory.TmemAllocator(
             storage.tmem_holding_buf.ptr, barrier_for_retrieve=tmem_barrier,
             allocator_warp_id=12)
@@ -685,7 +682,7 @@ class FlashFwdSm100:
 
         seqlen_q, seqlen_k = mQ.shape[0], mK.shape[0]
         num_heads, num_batch = mQ.shape[2], mQ.shape[3]
-        stats_bar = BAR_SM_STATS + stage * 4 + warp
+        stats_bar = NamedBarrierFwdSm100.SM_STATS + stage * 4 + warp
         slot = stage * self.scale_slots * TILE_M + tidx
         ncol = TILE_N
         blk = Int32(0)  # KV blocks of earlier tiles (s_p_o_full phase)
@@ -754,7 +751,7 @@ class FlashFwdSm100:
         for i in cutlass.range(n_block_max - 1, unroll=1):
             for s in cutlass.range_constexpr(Q_STAGES):
                 # acc_scale of the next block (S_s full there implies the previous PV_s done)
-                cute.arch.barrier(barrier_id=BAR_SM_STATS + s * 4 + warp, number_of_threads=64)
+                cute.arch.barrier(barrier_id=NamedBarrierFwdSm100.SM_STATS + s * 4 + warp, number_of_threads=64)
                 scale = sScale[s * self.scale_slots * TILE_M + tidx]
                 cute.arch.mbarrier_arrive(bars.sm_stats_empty + s)
                 # warp-uniform: touch O only if some row of this warp moved its max
@@ -763,7 +760,7 @@ class FlashFwdSm100:
                     cute.arch.fence_view_async_tmem_store()
                 cute.arch.mbarrier_arrive(bars.s_p_o_empty + s)
         for s in cutlass.range_constexpr(Q_STAGES):
-            cute.arch.barrier(barrier_id=BAR_SM_STATS + s * 4 + warp, number_of_threads=64)
+            cute.arch.barrier(barrier_id=NamedBarrierFwdSm100.SM_STATS + s * 4 + warp, number_of_threads=64)
             row_sum = sScale[s * self.scale_slots * TILE_M + tidx]
             row_max = Float32(0.0)
             if const_expr(self.has_lse):
@@ -911,10 +908,9 @@ def attention_sm100(q, k, v, causal: bool = False, softmax_scale: Optional[float
     natural log, if return_lse). Needs seqlen_k >= 1.
     """
     import torch
-    import cuda.bindings.driver as cuda
 
     from ..inputs import validate_tensors
-    from ..interface import _to_cute
+    from ..interop import to_cute, torch_stream
 
     b, sq, sk, h, d, dtype = validate_tensors(q, k, v, causal, softmax_scale, return_lse,
                                               head_dims=SUPPORTED_HEAD_DIMS)
@@ -925,9 +921,9 @@ def attention_sm100(q, k, v, causal: bool = False, softmax_scale: Optional[float
         softmax_scale = 1.0 / math.sqrt(d)
     out = torch.empty_like(q)
     lse = torch.empty((b, h, sq), dtype=torch.float32, device=q.device) if return_lse else None
-    args = [_to_cute(t, 3) for t in (q, k, v, out)]
-    lse_c = _to_cute(lse, 2, align=4) if lse is not None else None
-    stream = cuda.CUstream(torch.cuda.current_stream(q.device).cuda_stream)
+    args = [to_cute(t, 3) for t in (q, k, v, out)]
+    lse_c = to_cute(lse, 2, align=4) if lse is not None else None
+    stream = torch_stream(q.device)
     scale_log2 = Float32(softmax_scale * math.log2(math.e))
     sms = Int32(torch.cuda.get_device_properties(q.device).multi_processor_count)
     fn = _RUN_CACHE.get(cfg)

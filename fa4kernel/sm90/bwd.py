@@ -36,12 +36,13 @@ Head dims 192 and 256 (kv_split, bwd_config.py): tile_n = 64 keys shared by both
 warpgroups; S^T and dP^T are split by queries (64 keys x 32 queries each), P^T and dS^T go to
 smem (2 buffers each), and dV, dK (SS, from those buffers) and dQ are split by head_dim.
 
-Inputs prepared before the kernel (preprocess="kernel": BwdPreprocess below; "torch": torch ops):
-LSE_log2 = LSE * log2(e) with rows that see no key (LSE = -inf) and the padding rows set to +inf
-(so their P is 0), D = rowsum(dO * O) in fp32 (padding 0); both padded to a multiple of tile_m,
-as is the dQ accumulator. Causal masking is bottom-right aligned (block_info.py's convention):
-key j is visible to query i iff j <= i + seqlen_k - seqlen_q; the key blocks before a CTA's first
-visible query block are skipped.
+Inputs prepared before the kernel (bwd_preprocess.py; preprocess="kernel": BwdPreprocess, "torch":
+torch ops): LSE_log2 = LSE * log2(e) with rows that see no key (LSE = -inf) and the padding rows
+set to +inf (so their P is 0), D = rowsum(dO * O) in fp32 (padding 0); both padded to a multiple
+of tile_m, as is the dQ accumulator (bwd_postprocess.py turns it into dQ after the kernel).
+Causal masking is bottom-right aligned (block_info.py's convention): key j is visible to query i
+iff j <= i + seqlen_k - seqlen_q; the key blocks before a CTA's first visible query block are
+skipped.
 Deterministic builds reduce into the slice of their key block of a [key blocks, ...] accumulator
 (each element written once, in a fixed order), summed on the host in a fixed order.
 """
@@ -61,20 +62,16 @@ from cutlass._mlir import ir
 from cutlass._mlir.dialects import llvm, vector
 from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.cutlass_dsl import dsl_user_op
-from cutlass.tensor_utils import LayoutEnum
 
+from ..interop import compile_fake, to_cute, torch_stream, tvm_ffi_enabled
 from ..trace_layout import PROBE_SUM_WORDS
 from .bwd_config import TAIL_SLOTS, TAIL_WAVES, BwdConfig
-from .fwd import FlashFwdSm90, _acc_as_operand_a, _mn_view, _select, _smem_layout, _transpose_view
+from .bwd_postprocess import dq_postprocess, postprocess_kernel
+from .bwd_preprocess import preprocess_kernel, preprocess_torch
+from .gemm import acc_as_operand_a, gemm, mn_view, select, smem_layout, smem_layout_narrow, transpose_view
+from .named_barrier import NamedBarrierBwd
 
 LOG2_E = math.log2(math.e)
-
-# Named barrier ids (0 is __syncthreads); all among the 256 consumer threads.
-BAR_DS = 1  # dS^T of this query block written to smem (2 buffers)
-BAR_EPILOGUE = 2  # K and V buffers free for dK / dV; dK / dV in smem
-# dq_reduce="bulk": dQ warpgroup w and producer warp 1 (128 + 32 threads)
-BAR_DQ_EMPTY = 3  # + w: the smem dQ buffer of warpgroup w has been read by the last bulk reduce
-BAR_DQ_FULL = 5  # + w: warpgroup w's dQ is in smem
 
 
 @dsl_user_op
@@ -174,15 +171,6 @@ def dq_bulk_to_rows(acc, head_dim: int, dq_wgs: int, rows_split: bool = False):
     return x.reshape(*lead, sqp, d)
 
 
-def _smem_layout_narrow(dtype, rows: int, cols: int, stages=None):
-    """As fwd._smem_layout, with 32-column (64-byte swizzle) atoms for 16-bit types."""
-    atom = warpgroup.make_smem_layout_atom(
-        sm90_helpers.get_smem_layout_atom(LayoutEnum.ROW_MAJOR, dtype, 32), dtype)
-    shape = (rows, cols) if stages is None else (rows, cols, stages)
-    order = (0, 1) if stages is None else (0, 1, 2)
-    return cute.tile_to_shape(atom, shape, order=order)
-
-
 class FlashBwdSm90:
     """One compiled variant per BwdConfig."""
 
@@ -272,21 +260,21 @@ class FlashBwdSm90:
               mStamps):
         dtype = self.dtype
         # (s, d, h, b): the TMA box walks seqlen x head_dim of one (head, batch)
-        mQ, mK, mV, mdO, mdK, mdV = [_select(t, [1, 3, 2, 0]) for t in (mQ, mK, mV, mdO, mdK, mdV)]
-        mLSE, mD = [_select(t, [2, 1, 0]) for t in (mLSE, mD)]  # (s, h, b)
-        mdQaccum = _select(mdQaccum, [3, 4, 2, 1, 0])  # (s, d, h, b, nb)
+        mQ, mK, mV, mdO, mdK, mdV = [select(t, [1, 3, 2, 0]) for t in (mQ, mK, mV, mdO, mdK, mdV)]
+        mLSE, mD = [select(t, [2, 1, 0]) for t in (mLSE, mD)]  # (s, h, b)
+        mdQaccum = select(mdQaccum, [3, 4, 2, 1, 0])  # (s, d, h, b, nb)
 
         tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq = self.tiled_mmas()
 
         if const_expr(self.kv_split and (self.hd // self.num_wg) % 64 != 0):
             # head_dim 192: each warpgroup's 96 columns of Q^T, dO^T, K^T (MN-major B operands)
             # must be whole swizzle atoms: 32 columns (64-byte swizzle) instead of 64
-            sQ_layout = _smem_layout_narrow(dtype, self.tile_m, self.hd, self.stages)
-            sK_layout = _smem_layout_narrow(dtype, self.tile_n, self.hd)
+            sQ_layout = smem_layout_narrow(dtype, self.tile_m, self.hd, self.stages)
+            sK_layout = smem_layout_narrow(dtype, self.tile_n, self.hd)
         else:
-            sQ_layout = _smem_layout(dtype, self.tile_m, self.hd, self.stages)
-            sK_layout = _smem_layout(dtype, self.tile_n, self.hd)
-        sdS_layout = _smem_layout(dtype, self.tile_n, self.tile_m, 2)  # dS^T: keys x queries, 2 buffers
+            sQ_layout = smem_layout(dtype, self.tile_m, self.hd, self.stages)
+            sK_layout = smem_layout(dtype, self.tile_n, self.hd)
+        sdS_layout = smem_layout(dtype, self.tile_n, self.tile_m, 2)  # dS^T: keys x queries, 2 buffers
         if const_expr(self.dq_qdo):
             # a warpgroup's head_dim columns of a stage must be one contiguous half of it (the
             # swizzle atoms tile the rows first), stages one after the other
@@ -660,7 +648,7 @@ class FlashBwdSm90:
                 gdQ = cute.local_tile(mdQaccum[None, None, head, batch, nbi], (self.tile_m, self.hd), (m_block, 0))
                 if const_expr(self.dq_pair):
                     # the pair's sum of this CTA's columns (warpgroup pair_rank's), nothing else
-                    cute.arch.barrier(barrier_id=BAR_DQ_FULL, number_of_threads=sync_threads)
+                    cute.arch.barrier(barrier_id=NamedBarrierBwd.DQ_FULL, number_of_threads=sync_threads)
                     with cute.arch.elect_one():
                         bulk_reduce_add_f32(gdQ.iterator + pair_rank * chunk,
                                             sdQ_dO[None, pair_rank, state.index].iterator, half * 4)
@@ -668,7 +656,7 @@ class FlashBwdSm90:
                                             sdQ_Q[None, pair_rank, state.index].iterator, half * 4)
                 else:
                     for w in cutlass.range_constexpr(self.dq_wgs):
-                        cute.arch.barrier(barrier_id=BAR_DQ_FULL + w, number_of_threads=sync_threads)
+                        cute.arch.barrier(barrier_id=NamedBarrierBwd.DQ_FULL + w, number_of_threads=sync_threads)
                         with cute.arch.elect_one():
                             bulk_reduce_add_f32(gdQ.iterator + w * chunk, sdQ_dO[None, w, state.index].iterator,
                                                 half * 4)
@@ -685,9 +673,9 @@ class FlashBwdSm90:
                 gdQ = cute.local_tile(mdQaccum[None, None, head, batch, nbi], (self.tile_m, self.hd), (m_block, 0))
                 for w in cutlass.range_constexpr(self.dq_wgs):
                     cute.arch.cp_async_bulk_wait_group(self.dq_wgs - 1 - w, read=True)
-                    cute.arch.barrier_arrive(barrier_id=BAR_DQ_EMPTY + w, number_of_threads=sync_threads)
+                    cute.arch.barrier_arrive(barrier_id=NamedBarrierBwd.DQ_EMPTY + w, number_of_threads=sync_threads)
                 for w in cutlass.range_constexpr(self.dq_wgs):
-                    cute.arch.barrier(barrier_id=BAR_DQ_FULL + w, number_of_threads=sync_threads)
+                    cute.arch.barrier(barrier_id=NamedBarrierBwd.DQ_FULL + w, number_of_threads=sync_threads)
                     with cute.arch.elect_one():
                         bulk_reduce_add_f32(gdQ.iterator + w * chunk, sdQ[None, w].iterator, chunk * 4)
                     cute.arch.cp_async_bulk_commit_group()
@@ -704,10 +692,10 @@ class FlashBwdSm90:
             cute.make_layout((128, self.dq_wgs)), cute.make_layout(4))
         tdQsdQ = copy.get_slice(dq_tidx).partition_D(sdQ)
         src = cute.make_tensor(acc_dQ.iterator, cute.make_layout(tdQsdQ.shape))
-        cute.arch.barrier(barrier_id=BAR_DQ_EMPTY + w, number_of_threads=128 + 32)
+        cute.arch.barrier(barrier_id=NamedBarrierBwd.DQ_EMPTY + w, number_of_threads=128 + 32)
         cute.copy(copy, src, tdQsdQ)
         cute.arch.fence_view_async_shared()  # generic-proxy writes -> the bulk copy (async proxy)
-        cute.arch.barrier_arrive(barrier_id=BAR_DQ_FULL + w, number_of_threads=128 + 32)
+        cute.arch.barrier_arrive(barrier_id=NamedBarrierBwd.DQ_FULL + w, number_of_threads=128 + 32)
 
     @cute.jit
     def _pair_dq(self, acc_dQ, sdQ, dq_tidx, pair, state, dk_in_flight: cutlass.Constexpr):
@@ -736,7 +724,7 @@ class FlashBwdSm90:
                 warpgroup.wait_group(0)
             self._dq_half_to_smem(acc_dQ, sdQ[1][None, w, stage], t, 1)
             cute.arch.fence_view_async_shared()  # generic-proxy writes -> the bulk copy (async proxy)
-            cute.arch.barrier_arrive(barrier_id=BAR_DQ_FULL, number_of_threads=128 + 32)
+            cute.arch.barrier_arrive(barrier_id=NamedBarrierBwd.DQ_FULL, number_of_threads=128 + 32)
         else:
             if const_expr(dk_in_flight):
                 warpgroup.wait_group(0)  # dV and dK done: region w is dead here
@@ -785,10 +773,6 @@ class FlashBwdSm90:
         src = cute.make_tensor(both[None, half].iterator, cute.make_layout(tD.shape))
         cute.copy(copy, src, tD)
 
-    # one warpgroup's wgmma chain over the k-steps (wait >= 0: wait_group(wait) after the commit),
-    # the forward's own
-    _gemm = FlashFwdSm90._gemm
-
     @cute.jit
     def consumer(
         self, tma_atom_dK, mdK, tma_atom_dV, mdV, mLSE, mD, mdQaccum,
@@ -816,10 +800,10 @@ class FlashBwdSm90:
         tSrQ = wg_mma_sdp.make_fragment_B(wg_mma_sdp.partition_B(sQ))
         tdPrV = wg_mma_sdp.make_fragment_A(wg_mma_sdp.partition_A(sV))
         tdPrdO = wg_mma_sdp.make_fragment_B(wg_mma_sdp.partition_B(sdO))
-        tdVrdOt = wg_mma_dkv.make_fragment_B(wg_mma_dkv.partition_B(_transpose_view(sdO)))
-        tdKrQt = wg_mma_dkv.make_fragment_B(wg_mma_dkv.partition_B(_transpose_view(sQ)))
-        tdQrdS = wg_mma_dq.make_fragment_A(wg_mma_dq.partition_A(_transpose_view(sdS)))  # (.., buffer)
-        tdQrKt = wg_mma_dq.make_fragment_B(wg_mma_dq.partition_B(_transpose_view(sK)))
+        tdVrdOt = wg_mma_dkv.make_fragment_B(wg_mma_dkv.partition_B(transpose_view(sdO)))
+        tdKrQt = wg_mma_dkv.make_fragment_B(wg_mma_dkv.partition_B(transpose_view(sQ)))
+        tdQrdS = wg_mma_dq.make_fragment_A(wg_mma_dq.partition_A(transpose_view(sdS)))  # (.., buffer)
+        tdQrKt = wg_mma_dq.make_fragment_B(wg_mma_dq.partition_B(transpose_view(sK)))
 
         # registers
         s_shape = wg_mma_sdp.partition_shape_C((self.tile_n, self.tile_m))
@@ -845,8 +829,8 @@ class FlashBwdSm90:
 
         # (key, query) coordinates of this thread's S^T elements, in (rows, cols) order
         cS = cute.make_identity_tensor((self.tile_n, self.tile_m))
-        tScS = _mn_view(thr_mma_sdp.partition_C(cS))
-        t0ScS = _mn_view(tiled_mma_sdp.get_slice(0).partition_C(cS))  # thread 0's: constants
+        tScS = mn_view(thr_mma_sdp.partition_C(cS))
+        t0ScS = mn_view(tiled_mma_sdp.get_slice(0).partition_C(cS))  # thread 0's: constants
         n_rows = cute.size(tScS, mode=[0])
         n_cols = cute.size(tScS, mode=[1])
         lse_c = cute.make_rmem_tensor(n_cols, Float32)
@@ -875,17 +859,17 @@ class FlashBwdSm90:
 
             pipe_q.consumer_wait(state)
             acc_S = cute.make_rmem_tensor(s_shape, Float32)
-            self._gemm(tiled_mma_sdp, acc_S, tSrK, tSrQ[None, None, None, state.index], True, -1)
+            gemm(tiled_mma_sdp, acc_S, tSrK, tSrQ[None, None, None, state.index], True, -1)
             if const_expr(self.stats_tma and not at_use):
                 for c in cutlass.range_constexpr(n_cols):  # landed with Q (same mbarrier)
                     lse_c[c] = sLSE[tScS[0, c][1], state.index]
             pipe_do.consumer_wait(state)
             acc_dP = cute.make_rmem_tensor(s_shape, Float32)
-            self._gemm(tiled_mma_sdp, acc_dP, tdPrV, tdPrdO[None, None, None, state.index], True, 1)
+            gemm(tiled_mma_sdp, acc_dP, tdPrV, tdPrdO[None, None, None, state.index], True, 1)
 
             # P^T = exp2(S^T * scale_log2 - LSE_log2); then 0 past seqlen_k and above the
             # diagonal, in the blocks that have such keys
-            s = _mn_view(acc_S)
+            s = mn_view(acc_S)
             if const_expr(at_use):
                 # a column's LSE_log2 read where it is used: no register holds all of them
                 for c in cutlass.range_constexpr(n_cols):
@@ -906,12 +890,12 @@ class FlashBwdSm90:
                     d_c[c] = sD[tScS[0, c][1], state.index]
             if const_expr(dv_early):
                 # dV += P^T dO now: the tensor core runs it under the dS math below
-                tdVrP.store(_acc_as_operand_a(acc_S).load().to(self.dtype))
-                self._gemm(tiled_mma_dkv, acc_dV, tdVrP, tdVrdOt[None, None, None, state.index], False, 1)
+                tdVrP.store(acc_as_operand_a(acc_S).load().to(self.dtype))
+                gemm(tiled_mma_dkv, acc_dV, tdVrP, tdVrdOt[None, None, None, state.index], False, 1)
             else:
                 warpgroup.wait_group(0)
             # dS^T = P^T * (dP^T - D)
-            dp = _mn_view(acc_dP)
+            dp = mn_view(acc_dP)
             if const_expr(at_use):
                 for c in cutlass.range_constexpr(n_cols):
                     d = sD[tScS[0, c][1], state.index]
@@ -935,12 +919,12 @@ class FlashBwdSm90:
                 cute.copy(smem_thr_copy_dS, smem_thr_copy_dS.retile(rdS), tdSsdS[None, None, None, ds_buf])
                 aP, adS = tdVrP[None, None, None, ds_buf], tdKrdS[None, None, None, ds_buf]
                 cute.arch.fence_view_async_shared()  # generic-proxy writes -> wgmma (async proxy)
-                cute.arch.barrier(barrier_id=BAR_DS, number_of_threads=self.num_consumer_threads)
-                self._gemm(tiled_mma_dkv, acc_dV, aP, tdVrdOt[None, None, None, state.index], False, -1)
+                cute.arch.barrier(barrier_id=NamedBarrierBwd.DS, number_of_threads=self.num_consumer_threads)
+                gemm(tiled_mma_dkv, acc_dV, aP, tdVrdOt[None, None, None, state.index], False, -1)
             else:
                 if const_expr(not dv_early):
-                    tdVrP.store(_acc_as_operand_a(acc_S).load().to(self.dtype))
-                tdKrdS.store(_acc_as_operand_a(acc_dP).load().to(self.dtype))
+                    tdVrP.store(acc_as_operand_a(acc_S).load().to(self.dtype))
+                tdKrdS.store(acc_as_operand_a(acc_dP).load().to(self.dtype))
 
                 # dS^T -> smem buffer it % 2, before the RS GEMMs below, which read tdKrdS
                 # asynchronously (no register access until their wait). The dQ GEMM that last read
@@ -949,14 +933,14 @@ class FlashBwdSm90:
                 cute.copy(smem_thr_copy_dS, smem_thr_copy_dS.retile(tdKrdS), tdSsdS[None, None, None, ds_buf])
                 if const_expr(self.mma_order == "dv_dq_dk"):
                     # dV += P^T dO (P^T from registers) runs under the fence and the barrier
-                    self._gemm(tiled_mma_dkv, acc_dV, tdVrP, tdVrdOt[None, None, None, state.index], False, -1)
+                    gemm(tiled_mma_dkv, acc_dV, tdVrP, tdVrdOt[None, None, None, state.index], False, -1)
                 cute.arch.fence_view_async_shared()  # generic-proxy writes -> wgmma (async proxy)
-                cute.arch.barrier(barrier_id=BAR_DS, number_of_threads=self.num_consumer_threads)
+                cute.arch.barrier(barrier_id=NamedBarrierBwd.DS, number_of_threads=self.num_consumer_threads)
 
                 if const_expr(self.mma_order == "dv_dk_dq"):
-                    self._gemm(tiled_mma_dkv, acc_dV, tdVrP, tdVrdOt[None, None, None, state.index], False, -1)
+                    gemm(tiled_mma_dkv, acc_dV, tdVrP, tdVrdOt[None, None, None, state.index], False, -1)
             if const_expr(self.mma_order == "dv_dk_dq"):
-                self._gemm(tiled_mma_dkv, acc_dK, adS, tdKrQt[None, None, None, state.index], False, -1)
+                gemm(tiled_mma_dkv, acc_dK, adS, tdKrQt[None, None, None, state.index], False, -1)
             # the rest of the block's GEMMs; the dQ warpgroups (all at head_dim 128 and with
             # kv_split, warpgroup 0 alone at 64 and 96) also write dQ out
             tail = (tiled_mma_dkv, tiled_mma_dq, acc_dV, acc_dK, acc_dQ, aP, adS,
@@ -987,7 +971,7 @@ class FlashBwdSm90:
         qdo = const_expr(self.dq_qdo)  # dQ goes into this stage: producer warp 1 releases it
         if const_expr(self.mma_order == "dv_dk_dq"):
             if const_expr(emit is not None):
-                self._gemm(tiled_mma_dq, acc_dQ, tdQrdS, tdQrKt, True, 0)  # and dV, dK
+                gemm(tiled_mma_dq, acc_dQ, tdQrdS, tdQrKt, True, 0)  # and dV, dK
             else:
                 warpgroup.wait_group(0)
             if const_expr(not qdo):
@@ -999,14 +983,14 @@ class FlashBwdSm90:
             # dV is in flight (issued before the barrier); dQ first, then dK: dQ leaves (smem
             # or RED) while dK runs on the tensor core
             if const_expr(emit is not None):
-                self._gemm(tiled_mma_dq, acc_dQ, tdQrdS, tdQrKt, True, 1)  # dV done
+                gemm(tiled_mma_dq, acc_dQ, tdQrdS, tdQrKt, True, 1)  # dV done
                 if const_expr(not qdo):
                     pipe_do.consumer_release(state)
-                self._gemm(tiled_mma_dkv, acc_dK, tdKrdS, tdKrQt, False, 1)  # dQ done
+                gemm(tiled_mma_dkv, acc_dK, tdKrdS, tdKrQt, False, 1)  # dQ done
                 # qdo: the dO half of dQ now, the Q half once dK (its reader) is done
                 self._emit_dq(acc_dQ, *emit, state, True)
             else:
-                self._gemm(tiled_mma_dkv, acc_dK, tdKrdS, tdKrQt, False, 1)  # dV done
+                gemm(tiled_mma_dkv, acc_dK, tdKrdS, tdKrQt, False, 1)  # dV done
                 pipe_do.consumer_release(state)
             warpgroup.wait_group(0)
             if const_expr(not qdo):
@@ -1047,7 +1031,7 @@ class FlashBwdSm90:
                 warpgroup.wait_group(0)
             self._dq_half_to_smem(acc_dQ, sdQ[1][None, w, stage], dq_tidx % 128, 1)
             cute.arch.fence_view_async_shared()  # generic-proxy writes -> the bulk copy (async proxy)
-            cute.arch.barrier_arrive(barrier_id=BAR_DQ_FULL + w, number_of_threads=128 + 32)
+            cute.arch.barrier_arrive(barrier_id=NamedBarrierBwd.DQ_FULL + w, number_of_threads=128 + 32)
         elif const_expr(self.dq_bulk):
             self._dq_to_smem(acc_dQ, sdQ, dq_tidx)
         else:
@@ -1073,14 +1057,14 @@ class FlashBwdSm90:
         rdK.store((acc_dK.load() * softmax_scale).to(self.dtype))
         rdV.store(acc_dV.load().to(self.dtype))
         # every consumer's GEMMs (which read sK, sV) are done
-        cute.arch.barrier(barrier_id=BAR_EPILOGUE, number_of_threads=self.num_consumer_threads)
+        cute.arch.barrier(barrier_id=NamedBarrierBwd.EPILOGUE, number_of_threads=self.num_consumer_threads)
         stmatrix = cute.make_copy_atom(
             cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4), self.dtype)
         smem_thr_copy = cute.make_tiled_copy_C(stmatrix, tiled_mma_dkv).get_slice(tidx)
         cute.copy(smem_thr_copy, smem_thr_copy.retile(rdK), smem_thr_copy.partition_D(sK))
         cute.copy(smem_thr_copy, smem_thr_copy.retile(rdV), smem_thr_copy.partition_D(sV))
         cute.arch.fence_view_async_shared()
-        cute.arch.barrier(barrier_id=BAR_EPILOGUE, number_of_threads=self.num_consumer_threads)
+        cute.arch.barrier(barrier_id=NamedBarrierBwd.EPILOGUE, number_of_threads=self.num_consumer_threads)
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         if warp_idx == 4:
             gdK = cute.local_tile(mdK[None, None, kv_head, batch], (self.tile_n, self.hd), (n_block, 0))
@@ -1116,200 +1100,6 @@ class FlashBwdSm90Probe(FlashBwdSm90):
 def make_bwd_kernel(cfg: BwdConfig, clock_probe: bool = False) -> FlashBwdSm90:
     """The kernel object of a build; the clock probe takes its stamps buffer as one more argument."""
     return FlashBwdSm90Probe(cfg) if clock_probe else FlashBwdSm90(cfg)
-
-
-class BwdPreprocess:
-    """preprocess="kernel": D = rowsum(dO * O) in fp32 and LSE_log2 = LSE * log2(e) (+inf where
-    LSE = -inf: rows that see no key) for every query row, padding rows (s_q <= row < s_q_pad)
-    D = 0 and LSE_log2 = +inf; reads dO and O once (the torch preprocess makes fp32 copies).
-
-    4 threads per row (a quad reads 64 contiguous bytes per 128-bit load; d / 32 loads each),
-    reduced with 2 butterfly shuffles; a CTA of 128 threads covers 32 rows of one (head, batch).
-    With dq_zero="preprocess" it also zeroes those 32 rows of the dQ accumulator (every slice;
-    hd / 16 STG.128 per thread per slice), so no memset runs before the backward."""
-
-    ROWS = 32
-
-    def __init__(self, cfg: BwdConfig):
-        self.dtype = cutlass.BFloat16 if cfg.dtype == "bfloat16" else cutlass.Float16
-        self.hd = cfg.head_dim
-        self.zero_dq = cfg.dq_zero == "preprocess"
-
-    @cute.jit
-    def __call__(self, mO: cute.Tensor, mdO: cute.Tensor, mLSE: cute.Tensor, mD: cute.Tensor,
-                 mLSE2: cute.Tensor, mdQaccum: cute.Tensor, stream):
-        # mO, mdO (b, s_q, h, d); mLSE (b, h, s_q) natural log; mD, mLSE2 (b, h, s_q_pad);
-        # mdQaccum (slices, b, h, s_q_pad, d) fp32 (touched only with dq_zero="preprocess")
-        grid = (cute.ceil_div(mD.shape[2], self.ROWS), cute.size(mD.shape[1]), cute.size(mD.shape[0]))
-        self.kernel(mO, mdO, mLSE, mD, mLSE2, mdQaccum).launch(grid=grid, block=[4 * self.ROWS, 1, 1],
-                                                              stream=stream)
-
-    @cute.kernel
-    def kernel(self, mO: cute.Tensor, mdO: cute.Tensor, mLSE: cute.Tensor, mD: cute.Tensor, mLSE2: cute.Tensor,
-               mdQaccum: cute.Tensor):
-        tidx = cute.arch.thread_idx()[0]
-        bx, head, batch = cute.arch.block_idx()
-        row = bx * self.ROWS + tidx // 4
-        part = tidx % 4
-        if const_expr(self.zero_dq):
-            # the CTA's 32 rows (all below s_q_pad) of every slice; a quad writes 64 contiguous bytes
-            zero = cute.make_rmem_tensor((4,), Float32)
-            zero.fill(0.0)
-            for sl in cutlass.range(mdQaccum.shape[0]):
-                gdQ = mdQaccum[sl, batch, head, row, None]
-                for k in cutlass.range_constexpr(self.hd // 16):
-                    cute.autovec_copy(zero, cute.local_tile(gdQ, (4,), (part + 4 * k,)))
-        seqlen_q = mO.shape[1]
-        total = Float32(0.0)
-        if row < seqlen_q:
-            gO = mO[batch, row, head, None]
-            gdO = mdO[batch, row, head, None]
-            for k in cutlass.range_constexpr(self.hd // 32):
-                # 8-element vector part + 4 k: the quad's 4 loads are 64 contiguous bytes
-                rO = cute.make_rmem_tensor((8,), self.dtype)
-                rdO = cute.make_rmem_tensor((8,), self.dtype)
-                cute.autovec_copy(cute.local_tile(gO, (8,), (part + 4 * k,)), rO)
-                cute.autovec_copy(cute.local_tile(gdO, (8,), (part + 4 * k,)), rdO)
-                prod = rO.load().to(Float32) * rdO.load().to(Float32)
-                total = total + prod.reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
-        total = total + cute.arch.shuffle_sync_bfly(total, offset=1)
-        total = total + cute.arch.shuffle_sync_bfly(total, offset=2)
-        if part == 0 and row < mD.shape[2]:
-            lse2 = Float32(math.inf)
-            if row < seqlen_q:
-                lse = mLSE[batch, head, row]
-                if lse != -Float32(math.inf):
-                    lse2 = lse * LOG2_E
-            mD[batch, head, row] = total
-            mLSE2[batch, head, row] = lse2
-
-
-def fake_preprocess_args(cfg: BwdConfig):
-    """Fake tensors of the preprocess (dynamic batch, lengths, heads, strides)."""
-    from cutlass.cute.runtime import make_fake_tensor
-
-    dt = cutlass.BFloat16 if cfg.dtype == "bfloat16" else cutlass.Float16
-    div = 128 // dt.width
-    b, sq, h, sqp = (cute.sym_int() for _ in range(4))
-
-    def fake(shape):
-        stride = tuple(cute.sym_int64(divisibility=div) for _ in range(3)) + (1,)
-        return make_fake_tensor(dt, shape, stride=stride, assumed_align=16)
-
-    def stats(n):
-        return make_fake_tensor(cutlass.Float32, (b, h, n), stride=(cute.sym_int64(), cute.sym_int64(), 1),
-                                assumed_align=4)
-
-    nb = cute.sym_int()
-    dq = make_fake_tensor(cutlass.Float32, (nb, b, h, sqp, cfg.head_dim),
-                          stride=tuple(cute.sym_int64(divisibility=4) for _ in range(4)) + (1,), assumed_align=16)
-    return fake((b, sq, h, cfg.head_dim)), fake((b, sq, h, cfg.head_dim)), stats(sq), stats(sqp), stats(sqp), dq
-
-
-def _compile_fake(kernel, args, options=None, tvm_ffi: bool = False):
-    """cute.compile of `kernel` on fake `args` and a fake stream (no GPU needed); tvm_ffi adds
-    --enable-tvm-ffi to the options and takes the environment's stream."""
-    stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True) if tvm_ffi \
-        else cute.runtime.make_fake_stream()
-    opts = options
-    if tvm_ffi:
-        opts = "--enable-tvm-ffi" if options is None else f"{options} --enable-tvm-ffi"
-    if opts is None:
-        return cute.compile(kernel, *args, stream)
-    return cute.compile(kernel, *args, stream, options=opts)
-
-
-def compile_preprocess(cfg: BwdConfig, options=None, tvm_ffi: bool = False):
-    """cute.compile of the preprocess kernel against fake tensors (no GPU needed)."""
-    return _compile_fake(BwdPreprocess(cfg), fake_preprocess_args(cfg), options, tvm_ffi)
-
-
-def dq_post_coords(g, head_dim: int, dq_wgs: int, rows_split: bool = False):
-    """postprocess="kernel": (row0, col0, chunk) of thread g of BwdPostprocess (Python ints on
-    the CPU, DSL integers in the kernel). The thread reads floats 16 chunk .. 16 chunk + 15 of its
-    block (64 contiguous bytes); float 4 lane4 + 2 vr + vc of them is element (row0 + 8 vr,
-    col0 + 2 lane4 + vc) (dq_bulk_offset's order: chunk = (w, j, warp, lane8), the 4 threads
-    lane4 = 0..3 of one row pair). Consecutive threads take consecutive 8-column pieces of one
-    row, so a warp stores whole rows (coalesced); each of its 64-byte reads is two whole sectors."""
-    n = head_dim if rows_split else head_dim // dq_wgs  # columns of one warpgroup's tile
-    per_row = head_dim // 8  # 8-column pieces of one row
-    piece = g % per_row
-    row_key = g // per_row
-    lane8 = row_key % 8
-    if rows_split:
-        w, j, warp = row_key // 32, piece, (row_key // 8) % 4
-        row0, col0 = 64 * w + 16 * warp + lane8, 8 * j
-    else:
-        w, j, warp = piece // (n // 8), piece % (n // 8), row_key // 8
-        row0, col0 = 16 * warp + lane8, n * w + 8 * j
-    chunk = ((w * (n // 8) + j) * 4 + warp) * 8 + lane8
-    return row0, col0, chunk
-
-
-class BwdPostprocess:
-    """postprocess="kernel": the dQ accumulator of dq_reduce="bulk" (b, h, s_q_pad * d) fp32, each
-    query block in the order of dq_bulk_offset, -> dQ (b, s_q, h, d) in 16 bit, row order.
-
-    One CTA per query block of one (head, batch), one thread per 16 floats of the block: a thread
-    holds the 4 floats of each of the 4 wgmma threads (lane4 = 0..3) that share rows r and r + 8
-    and columns 8 j .. 8 j + 7 (a chunk (w, j, warp, lane8) of the block), so it loads 64
-    contiguous bytes (4 LDG.128: two whole 32-byte sectors), converts, and stores 8 columns of
-    row r and of r + 8 (2 STG.128). The threads of a warp take the pieces of a row in order
-    (dq_post_coords), so each store instruction writes whole rows; rows past s_q are not
-    stored. No shared memory, no barrier."""
-
-    def __init__(self, cfg: BwdConfig):
-        self.dtype = cutlass.BFloat16 if cfg.dtype == "bfloat16" else cutlass.Float16
-        self.hd = cfg.head_dim
-        self.wgs = cfg.dq_wgs
-        self.rows_split = cfg.dq_rows_split
-        self.rows = 64 * cfg.dq_wgs if cfg.dq_rows_split else 64  # rows of one accumulator block
-        self.threads = self.rows * self.hd // 16
-
-    @cute.jit
-    def __call__(self, mAcc: cute.Tensor, mdQ: cute.Tensor, stream):
-        # mAcc (b, h, s_q_pad * d) fp32; mdQ (b, s_q, h, d)
-        grid = (cute.ceil_div(mAcc.shape[2], self.rows * self.hd), cute.size(mAcc.shape[1]),
-                cute.size(mAcc.shape[0]))
-        self.kernel(mAcc, mdQ).launch(grid=grid, block=[self.threads, 1, 1], stream=stream)
-
-    @cute.kernel
-    def kernel(self, mAcc: cute.Tensor, mdQ: cute.Tensor):
-        g = cute.arch.thread_idx()[0]
-        m_block, head, batch = cute.arch.block_idx()
-        row0, col0, chunk = dq_post_coords(g, self.hd, self.wgs, self.rows_split)
-        rAcc = cute.make_rmem_tensor((16,), Float32)
-        cute.autovec_copy(cute.local_tile(mAcc[batch, head, None], (16,), (m_block * self.threads + chunk,)), rAcc)
-        seqlen_q = mdQ.shape[1]
-        for vr in cutlass.range_constexpr(2):
-            row = m_block * self.rows + row0 + 8 * vr
-            if row < seqlen_q:
-                rF = cute.make_rmem_tensor((8,), Float32)
-                for k in cutlass.range_constexpr(8):
-                    # column 2 lane4 + vc of the 8 = float 4 lane4 + 2 vr + vc of the 16
-                    rF[k] = rAcc[4 * (k // 2) + 2 * vr + k % 2]
-                rO = cute.make_rmem_tensor((8,), self.dtype)
-                rO.store(rF.load().to(self.dtype))
-                cute.autovec_copy(rO, cute.local_tile(mdQ[batch, row, head, None], (8,), (col0 // 8,)))
-
-
-def fake_postprocess_args(cfg: BwdConfig):
-    """Fake tensors of the postprocess (dynamic batch, lengths, heads, strides)."""
-    from cutlass.cute.runtime import make_fake_tensor
-
-    dt = cutlass.BFloat16 if cfg.dtype == "bfloat16" else cutlass.Float16
-    div = 128 // dt.width
-    b, sq, h, n = (cute.sym_int() for _ in range(4))
-    acc = make_fake_tensor(Float32, (b, h, n), assumed_align=16,
-                           stride=(cute.sym_int64(divisibility=4), cute.sym_int64(divisibility=4), 1))
-    dq = make_fake_tensor(dt, (b, sq, h, cfg.head_dim),
-                          stride=tuple(cute.sym_int64(divisibility=div) for _ in range(3)) + (1,), assumed_align=16)
-    return acc, dq
-
-
-def compile_postprocess(cfg: BwdConfig, options=None, tvm_ffi: bool = False):
-    """cute.compile of the postprocess kernel against fake tensors (no GPU needed)."""
-    return _compile_fake(BwdPostprocess(cfg), fake_postprocess_args(cfg), options, tvm_ffi)
 
 
 # ---------------------------------------------------------------------- host side (launch)
@@ -1349,7 +1139,7 @@ def compile_bwd(cfg: BwdConfig, options=None, tvm_ffi: bool = False, clock_probe
     """cute.compile of one backward build against fake tensors (no GPU needed); clock_probe:
     the FlashBwdSm90Probe build, which takes the stamps buffer after the scales."""
     extra = (fake_stamps(),) if clock_probe else ()
-    return _compile_fake(make_bwd_kernel(cfg, clock_probe),
+    return compile_fake(make_bwd_kernel(cfg, clock_probe),
                          (*fake_bwd_args(cfg), Float32(1.0), Float32(1.0), *extra), options, tvm_ffi)
 
 
@@ -1361,54 +1151,9 @@ def kernel_config(cfg: BwdConfig) -> BwdConfig:
     """cfg with the knobs that only change the host side or the other launches (postprocess,
     dq_zero) at their defaults: builds that differ only there share one compiled kernel."""
     return dataclasses.replace(cfg, postprocess=BwdConfig.postprocess, dq_zero=BwdConfig.dq_zero)
+
+
 _USE_TVM_FFI = None
-
-
-_PRE_CACHE: dict = {}  # (dtype, head_dim, dq_zero, tvm_ffi) -> compiled preprocess
-
-
-def _prepare_kernel(cfg: BwdConfig, dout, out, lse, seqlen_q_pad: int, use_tvm_ffi: bool, dq_accum):
-    """preprocess="kernel": D and LSE_log2 as _prepare, by BwdPreprocess (one launch; with
-    dq_zero="preprocess" it also zeroes dq_accum)."""
-    import torch
-
-    b, sq, h, _ = dout.shape
-    dpsum = torch.empty((b, h, seqlen_q_pad), dtype=torch.float32, device=dout.device)
-    lse_log2 = torch.empty((b, h, seqlen_q_pad), dtype=torch.float32, device=dout.device)
-    if not out.is_contiguous() or out.data_ptr() % 16:
-        out = out.clone(memory_format=torch.contiguous_format)  # 16-byte aligned rows
-    lse = lse.contiguous()
-    key = (cfg.dtype, cfg.head_dim, cfg.dq_zero, use_tvm_ffi)
-    fn = _PRE_CACHE.get(key)
-    if use_tvm_ffi:
-        if fn is None:
-            fn = _PRE_CACHE[key] = compile_preprocess(cfg, tvm_ffi=True)
-        fn(out, dout, lse, dpsum, lse_log2, dq_accum)
-    else:
-        import cuda.bindings.driver as cuda
-
-        from ..interface import _to_cute
-
-        args = [_to_cute(out, 3), _to_cute(dout, 3)] + [_to_cute(t, 2, align=4) for t in (lse, dpsum, lse_log2)] \
-            + [_to_cute(dq_accum, 4)]
-        stream = cuda.CUstream(torch.cuda.current_stream(dout.device).cuda_stream)
-        if fn is None:
-            fn = _PRE_CACHE[key] = cute.compile(BwdPreprocess(cfg), *args, stream)
-        fn(*args, stream)
-    return dpsum, lse_log2
-
-
-def _prepare(cfg: BwdConfig, dout, out, lse, seqlen_q_pad: int):
-    """The preprocess, in torch: D = rowsum(dO * O) in fp32 and LSE_log2 = LSE * log2(e), rows
-    that see no key (LSE = -inf) and the padding rows at +inf (P = 0 there), both (b, h, s_q_pad)."""
-    import torch
-
-    b, sq, h, _ = dout.shape
-    dpsum = torch.zeros((b, h, seqlen_q_pad), dtype=torch.float32, device=dout.device)
-    dpsum[:, :, :sq] = (dout.float() * out.float()).sum(-1).transpose(1, 2)
-    lse_log2 = torch.full((b, h, seqlen_q_pad), math.inf, dtype=torch.float32, device=dout.device)
-    lse_log2[:, :, :sq] = torch.where(lse == -math.inf, math.inf, lse.float() * LOG2_E)
-    return dpsum, lse_log2
 
 
 def dq_slices(cfg: BwdConfig, seqlen_k: int) -> int:
@@ -1445,7 +1190,6 @@ def prepare_bwd(cfg: BwdConfig, dout, q, k, v, out, lse, softmax_scale: float, s
     measurement of that kernel on its own, whose dQ accumulator then holds the sum of the calls),
     finish() runs the postprocess and returns (dq, dk, dv). run_bwd calls each once."""
     global _USE_TVM_FFI
-    import os
     import time
 
     import torch
@@ -1462,17 +1206,15 @@ def prepare_bwd(cfg: BwdConfig, dout, q, k, v, out, lse, softmax_scale: float, s
     if dout.data_ptr() % 16:
         dout = dout.clone()  # TMA needs 16-byte aligned rows
     if _USE_TVM_FFI is None:
-        from ..interface import _tvm_ffi_available
-
-        _USE_TVM_FFI = _tvm_ffi_available() and os.environ.get("FA4KERNEL_NO_TVM_FFI") != "1"
+        _USE_TVM_FFI = tvm_ffi_enabled()
     nb = dq_slices(cfg, sk)
     # dq_zero="preprocess": the preprocess kernel zeroes it (no memset launch)
     alloc = torch.empty if cfg.dq_zero == "preprocess" else torch.zeros
     dq_accum = alloc((nb, b, h, sqp, d), dtype=torch.float32, device=q.device)
     if cfg.preprocess == "kernel":
-        dpsum, lse_log2 = _prepare_kernel(cfg, dout, out, lse, sqp, _USE_TVM_FFI, dq_accum)
+        dpsum, lse_log2 = preprocess_kernel(cfg, dout, out, lse, sqp, _USE_TVM_FFI, dq_accum)
     else:
-        dpsum, lse_log2 = _prepare(cfg, dout, out, lse, sqp)
+        dpsum, lse_log2 = preprocess_torch(cfg, dout, out, lse, sqp)
     dk = torch.empty((b, sk, hkv, d), dtype=k.dtype, device=k.device)
     dv = torch.empty((b, sk, hkv, d), dtype=v.dtype, device=v.device)
     scale_log2 = float(softmax_scale * LOG2_E)
@@ -1490,16 +1232,12 @@ def prepare_bwd(cfg: BwdConfig, dout, q, k, v, out, lse, softmax_scale: float, s
             fn(q, k, v, dout, lse_log2, dpsum, dq_accum, dk, dv, scale_log2, float(softmax_scale),
                *((stamps,) if probe else ()))
     else:
-        import cuda.bindings.driver as cuda
-
-        from ..interface import _to_cute
-
-        args = [_to_cute(t, 3) for t in (q, k, v, dout)]
-        stats = [_to_cute(t, 2, align=4) for t in (lse_log2, dpsum)]
-        dq_c = _to_cute(dq_accum, 4)
-        dkv = [_to_cute(t, 3) for t in (dk, dv)]
-        extra = (_to_cute(stamps, 0, align=16),) if probe else ()
-        stream = cuda.CUstream(torch.cuda.current_stream(q.device).cuda_stream)
+        args = [to_cute(t, 3) for t in (q, k, v, dout)]
+        stats = [to_cute(t, 2, align=4) for t in (lse_log2, dpsum)]
+        dq_c = to_cute(dq_accum, 4)
+        dkv = [to_cute(t, 3) for t in (dk, dv)]
+        extra = (to_cute(stamps, 0, align=16),) if probe else ()
+        stream = torch_stream(q.device)
         if fn is None:
             t0 = time.perf_counter()
             fn = cute.compile(make_bwd_kernel(kcfg, probe), *args, *stats, dq_c, *dkv, Float32(scale_log2),
@@ -1513,63 +1251,7 @@ def prepare_bwd(cfg: BwdConfig, dout, q, k, v, out, lse, softmax_scale: float, s
     def finish():
         acc = dq_accum.sum(0) if cfg.deterministic else dq_accum[0]  # fixed order: torch's sum
         if cfg.postprocess == "kernel":
-            return _postprocess_kernel(cfg, acc, sq, q.dtype, _USE_TVM_FFI), dk, dv
+            return postprocess_kernel(cfg, acc, sq, q.dtype, _USE_TVM_FFI), dk, dv
         return dq_postprocess(acc, cfg, sq, q.dtype), dk, dv
 
     return main, finish
-
-
-_POST_CACHE: dict = {}  # (dtype, head_dim, dq_wgs, rows_split, tvm_ffi) -> compiled postprocess
-
-
-def _postprocess_kernel(cfg: BwdConfig, acc, seqlen_q: int, dtype, use_tvm_ffi: bool):
-    """postprocess="kernel": dQ (b, s_q, h, d) in 16 bit from the contiguous accumulator
-    (b, h, s_q_pad, d) of dq_reduce="bulk", by BwdPostprocess (one launch)."""
-    import torch
-
-    b, h, sqp, d = acc.shape
-    flat = acc.contiguous().view(b, h, sqp * d)
-    dq = torch.empty((b, seqlen_q, h, d), dtype=dtype, device=acc.device)
-    key = (cfg.dtype, cfg.head_dim, cfg.dq_wgs, cfg.dq_rows_split, use_tvm_ffi)
-    fn = _POST_CACHE.get(key)
-    if use_tvm_ffi:
-        if fn is None:
-            fn = _POST_CACHE[key] = compile_postprocess(cfg, tvm_ffi=True)
-        fn(flat, dq)
-    else:
-        import cuda.bindings.driver as cuda
-
-        from ..interface import _to_cute
-
-        args = [_to_cute(flat, 2), _to_cute(dq, 3)]
-        stream = cuda.CUstream(torch.cuda.current_stream(acc.device).cuda_stream)
-        if fn is None:
-            fn = _POST_CACHE[key] = cute.compile(BwdPostprocess(cfg), *args, stream)
-        fn(*args, stream)
-    return dq
-
-
-def dq_postprocess(acc, cfg: BwdConfig, seqlen_q: int, dtype):
-    """The dQ accumulator (b, h, s_q_pad, d) fp32, already scaled by softmax_scale in the
-    kernel -> dq (b, s_q, h, d) in 16 bit: one torch copy_ (reorder and convert in one pass)."""
-    import torch
-
-    b, h, sqp, d = acc.shape
-    if cfg.dq_reduce == "red":
-        dq = torch.empty((b, seqlen_q, h, d), dtype=dtype, device=acc.device)
-        dq.copy_(acc[:, :, :seqlen_q].permute(0, 2, 1, 3))
-        return dq
-    # bulk: within a query block, element (row, col) sits at dq_bulk_offset; the accumulator
-    # block is (w, j, warp, lane8, lane4, vr, vc): rows (warp, vr, lane8), cols (w, j, lane4, vc),
-    # or rows (w, warp, vr, lane8), cols (j, lane4, vc) when dQ is split by query rows
-    w = cfg.dq_wgs
-    if cfg.dq_rows_split:
-        src = acc.view(b, h, sqp // (64 * w), w, d // 8, 4, 8, 4, 2, 2).permute(0, 2, 3, 5, 8, 6, 1, 4, 7, 9)
-        out = torch.empty((b, sqp, h, d), dtype=dtype, device=acc.device)
-        out.view(b, sqp // (64 * w), w, 4, 2, 8, h, d // 8, 4, 2).copy_(src)
-    else:
-        n = d // w
-        src = acc.view(b, h, sqp // 64, w, n // 8, 4, 8, 4, 2, 2).permute(0, 2, 5, 8, 6, 1, 3, 4, 7, 9)
-        out = torch.empty((b, sqp, h, d), dtype=dtype, device=acc.device)
-        out.view(b, sqp // 64, 4, 2, 8, h, w, n // 8, 4, 2).copy_(src)
-    return out if sqp == seqlen_q else out[:, :seqlen_q].contiguous()

@@ -116,13 +116,13 @@ class BwdConfig:
     # "dv_dq_dk" but dV is issued as soon as P^T is in registers, so it runs under the dS math
     mma_order: str = "dv_dq_dk"
     # D = rowsum(dO * O) and LSE_log2: "torch" = torch ops on the host stream; "kernel" = one
-    # CuTe DSL kernel (sm90/bwd.py, BwdPreprocess) reading dO and O once
+    # CuTe DSL kernel (sm90/bwd_preprocess.py, BwdPreprocess) reading dO and O once
     preprocess: str = "kernel"
     # the dQ accumulator (fp32, each query block in the wgmma fragment order of dq_reduce="bulk")
     # -> dQ in row order and 16 bit: "torch" = one torch copy_ through a 10-axis permuted view
     # (plus a copy where s_q is not a multiple of the block); "kernel" = one CuTe DSL kernel
-    # (sm90/bwd.py, BwdPostprocess): 128-bit loads of the accumulator in its own order, 128-bit
-    # stores of 8 columns of a row, the first s_q rows only (flash-attn-4's postprocess)
+    # (sm90/bwd_postprocess.py, BwdPostprocess): 128-bit loads of the accumulator in its own
+    # order, 128-bit stores of 8 columns of a row, the first s_q rows only (flash-attn-4's postprocess)
     postprocess: str = "kernel"
     # the order the CTAs launch in: "heads_outer" = grid (key blocks, k/v heads, batch), the key
     # blocks of one (batch, k/v head) in a row (they read the same Q and dO: L2 reuse); "blocks_outer"

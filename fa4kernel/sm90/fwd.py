@@ -31,8 +31,7 @@ import cutlass.pipeline as pipeline
 import cutlass.memory as cutlass_memory
 import cutlass.utils.hopper_helpers as sm90_helpers
 from cutlass import Float32, Int32, const_expr
-from cutlass.cute.nvgpu import cpasync, tcgen05, warpgroup
-from cutlass.tensor_utils import LayoutEnum
+from cutlass.cute.nvgpu import cpasync, warpgroup
 
 from .. import block_info
 from ..diagnostics import NONE, Diagnostics
@@ -43,80 +42,11 @@ from ..trace_layout import (
     T_WAIT_K, T_WAIT_PP, T_WAIT_V,
 )
 from .config import KernelConfig
+from .gemm import acc_as_operand_a, gemm, mn_view, opaque_desc, select, smem_layout, transpose_view
+from .named_barrier import NamedBarrierFwd
 
 LOG2_E = math.log2(math.e)
 LN_2 = math.log(2.0)
-
-# Named barrier ids (0 is __syncthreads).
-BAR_EPILOGUE = 1
-BAR_PINGPONG_BASE = 2  # 2, 3, 4: "consumer WG i may issue its GEMMs"
-BAR_P_SMEM_BASE = 5  # 5, 6, 7: P written to smem by all threads of WG i
-BAR_CONSUMERS = 8  # all consumer threads (epilogue hand-offs between persistent tiles)
-
-
-def _select(t: cute.Tensor, modes) -> cute.Tensor:
-    return cute.make_tensor(t.iterator, cute.select(t.layout, mode=modes))
-
-
-def _smem_layout(dtype, rows: int, cols: int, stages=None):
-    """Row-major (cols contiguous) swizzled smem tile, optionally with a trailing stage mode."""
-    atom = warpgroup.make_smem_layout_atom(
-        sm90_helpers.get_smem_layout_atom(LayoutEnum.ROW_MAJOR, dtype, cols), dtype
-    )
-    shape = (rows, cols) if stages is None else (rows, cols, stages)
-    order = (0, 1) if stages is None else (0, 1, 2)
-    return cute.tile_to_shape(atom, shape, order=order)
-
-
-def _opaque_desc(frag: cute.Tensor) -> cute.Tensor:
-    """The same wgmma smem-descriptor fragment (same layout, same 64-bit base descriptor), its
-    base materialised here, once, before the tile and KV loops: each GEMM then only adds its
-    stage and k-step offsets. Built straight from the smem pointer (make_fragment), the base
-    (address >> 4, masked, OR'd with the layout bits) was rebuilt in every KV iteration.
-    The low word goes through make_warp_uniform (a shfl from lane 0), which the compilers
-    cannot re-derive from the pointer; it returns the value unchanged: the descriptor is the
-    same in every lane of a warp (K, V: the whole CTA; Q: the warpgroup's rows)."""
-    desc = tcgen05.smem_descriptor_to_int(frag.iterator)
-    lo = cute.arch.make_warp_uniform(Int32(desc & 0xFFFFFFFF))
-    desc = (desc & ~0xFFFFFFFF) | (cutlass.Int64(lo) & 0xFFFFFFFF)
-    return cute.make_tensor(tcgen05.int_to_smem_descriptor(desc), frag.layout)
-
-
-def _transpose_view(t: cute.Tensor) -> cute.Tensor:
-    """(rows, cols, stages) smem tensor seen as (cols, rows, stages): V as the B operand of PV."""
-    shape = (t.shape[1], t.shape[0], *t.shape[2:])
-    order = (1, 0, *range(2, cute.rank(t)))
-    return cute.composition(t, cute.make_ordered_layout(shape, order=order))
-
-
-def _acc_mn_layout(acc_layout: cute.Layout) -> cute.Layout:
-    """wgmma accumulator ((2, 2, N/8), MMA_M, MMA_N) viewed as (rows, cols) of this thread:
-    ((2, MMA_M), (2, N/8, MMA_N)). Row r = one query row; a row's 4 owners form a quad."""
-    lc = cute.make_layout(acc_layout.shape)
-    shape = ((lc.shape[0][1], lc.shape[1]), (lc.shape[0][0], lc.shape[0][2], lc.shape[2]))
-    stride = ((lc.stride[0][1], lc.stride[1]), (lc.stride[0][0], lc.stride[0][2], lc.stride[2]))
-    return cute.composition(acc_layout, cute.make_layout(shape, stride=stride))
-
-
-def _mn_view(acc: cute.Tensor) -> cute.Tensor:
-    return cute.make_tensor(acc.iterator, _acc_mn_layout(acc.layout))
-
-
-def _acc_as_operand_a(acc: cute.Tensor) -> cute.Tensor:
-    """The S accumulator ((2, 2, N/8), M, N') regrouped as the A operand of the PV wgmma
-    ((2, 2, 2), M, (N/16, N')): one k-step of 16 keys = two 8-column accumulator chunks."""
-    layout = acc.layout
-    div = 2 if const_expr(layout.shape[0][2] % 2 == 0) else 1
-    l = cute.logical_divide(layout, ((None, None, div), None, None))
-    a_layout = cute.make_layout(
-        ((l.shape[0][0], l.shape[0][1], l.shape[0][2][0]), l.shape[1], (l.shape[0][2][1], l.shape[2])),
-        stride=(
-            (l.stride[0][0], l.stride[0][1], l.stride[0][2][0]),
-            l.stride[1],
-            (l.stride[0][2][1], l.stride[2]),
-        ),
-    )
-    return cute.make_tensor(acc.iterator, a_layout)
 
 
 class FlashFwdSm90:
@@ -181,9 +111,9 @@ class FlashFwdSm90:
     def _host(self, mQ, mK, mV, mO, mLSE, mSched, softmax_scale_log2, stream, mTrace):
         dtype = self.dtype
         # (s, d, h, b): the TMA box walks seqlen x head_dim of one (head, batch)
-        mQ, mK, mV, mO = [_select(t, [1, 3, 2, 0]) for t in (mQ, mK, mV, mO)]
+        mQ, mK, mV, mO = [select(t, [1, 3, 2, 0]) for t in (mQ, mK, mV, mO)]
         if const_expr(mLSE is not None):
-            mLSE = _select(mLSE, [2, 1, 0])  # (s, h, b)
+            mLSE = select(mLSE, [2, 1, 0])  # (s, h, b)
 
         tiled_mma_qk = sm90_helpers.make_trivial_tiled_mma(
             dtype, dtype, cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.K, Float32,
@@ -195,12 +125,12 @@ class FlashFwdSm90:
             a_source=warpgroup.OperandSource.RMEM if const_expr(self.p_rs) else warpgroup.OperandSource.SMEM,
         )
 
-        sQ_layout = _smem_layout(dtype, self.tile_m, self.hd)
-        sK_layout = _smem_layout(dtype, self.tile_n, self.hd, self.stages)
-        sV_layout = _smem_layout(dtype, self.tile_n, self.hd, self.stages)
+        sQ_layout = smem_layout(dtype, self.tile_m, self.hd)
+        sK_layout = smem_layout(dtype, self.tile_n, self.hd, self.stages)
+        sV_layout = smem_layout(dtype, self.tile_n, self.hd, self.stages)
         sP_layout = None
         if const_expr(not self.p_rs):
-            sP_layout = _smem_layout(dtype, self.tile_m, self.tile_n)
+            sP_layout = smem_layout(dtype, self.tile_m, self.tile_n)
 
         tma_load = cpasync.CopyBulkTensorTileG2SOp()
         tma_atom_Q, tma_Q = cpasync.make_tiled_tma_atom(tma_load, mQ, sQ_layout, (self.tile_m, self.hd))
@@ -458,7 +388,7 @@ class FlashFwdSm90:
     @cute.jit
     def _pp_sync(self, wg_idx):
         if const_expr(self.pingpong):
-            cute.arch.barrier(barrier_id=BAR_PINGPONG_BASE + wg_idx, number_of_threads=256)
+            cute.arch.barrier(barrier_id=NamedBarrierFwd.PINGPONG + wg_idx, number_of_threads=256)
 
     @cute.jit
     def _pp_arrive(self, wg_idx):
@@ -468,26 +398,14 @@ class FlashFwdSm90:
                 nxt = 1 - wg_idx
             else:
                 nxt = nxt if nxt < self.num_wg else 0
-            cute.arch.barrier_arrive(barrier_id=BAR_PINGPONG_BASE + nxt, number_of_threads=256)
-
-    @cute.jit
-    def _gemm(self, tiled_mma, acc, tA, tB, zero_init: cutlass.Constexpr, wait: cutlass.Constexpr):
-        warpgroup.fence()
-        atom = cute.make_mma_atom(tiled_mma.op)
-        atom.set(warpgroup.Field.ACCUMULATE, not zero_init)
-        for k in cutlass.range_constexpr(cute.size(tA.shape[2])):
-            cute.gemm(atom, acc, tA[None, None, k], tB[None, None, k], acc)
-            atom.set(warpgroup.Field.ACCUMULATE, True)
-        warpgroup.commit_group()
-        if const_expr(wait >= 0):
-            warpgroup.wait_group(wait)
+            cute.arch.barrier_arrive(barrier_id=NamedBarrierFwd.PINGPONG + nxt, number_of_threads=256)
 
     @cute.jit
     def _apply_mask(self, acc_S, tScS, t0ScS, m_block, n_block, seqlen_q, seqlen_k,
                     mask_seqlen: cutlass.Constexpr, mask_causal: cutlass.Constexpr):
         """-inf outside [0, seqlen_k) and above the causal diagonal. Coordinates are compared as
         thread-0 constants against per-thread limits, so the inner loop is compare + select."""
-        s = _mn_view(acc_S)
+        s = mn_view(acc_S)
         row0 = tScS[0][0]
         col0 = tScS[0][1]
         col_limit = block_info.seqlen_col_limit(n_block, self.tile_n, seqlen_k, col0)
@@ -515,7 +433,7 @@ class FlashFwdSm90:
         after the P exp2s and one FADD chain in exp2 order, from which ptxas issues one exp2 per
         FADD and fills the MUFU's gaps with the O rescale (fa4kernel/README.md, "Softmax order").
         Trace build: all rows' max first, a stamp (MAX end / EXP start), then all rows' exp2."""
-        s = _mn_view(acc_S)
+        s = mn_view(acc_S)
         row_scale = cute.make_rmem_tensor_like(row_max, Float32)
         max_scaled = cute.make_rmem_tensor_like(row_max, Float32)
         log2_scale = cute.make_rmem_tensor_like(row_max, Float32)
@@ -594,7 +512,7 @@ class FlashFwdSm90:
 
     @cute.jit
     def _rescale_o(self, acc_O, row_scale):
-        o = _mn_view(acc_O)
+        o = mn_view(acc_O)
         if const_expr("rescale" in self.ablate):
             pass
         elif const_expr(self.tau > 0.0):
@@ -614,7 +532,7 @@ class FlashFwdSm90:
     @cute.jit
     def _store_p(self, acc_S, tOrP, smem_thr_copy_P, tPsP, wg_idx):
         """P (fp32, S's registers) -> 16-bit A operand: registers (RS) or smem (SS)."""
-        p_view = _acc_as_operand_a(acc_S)
+        p_view = acc_as_operand_a(acc_S)
         if const_expr(self.p_rs):
             tOrP.store(p_view.load().to(self.dtype))
         else:
@@ -623,7 +541,7 @@ class FlashFwdSm90:
             cute.copy(smem_thr_copy_P, smem_thr_copy_P.retile(rP), tPsP)
             # generic-proxy smem writes must be visible to the wgmma (async proxy) of the WG
             cute.arch.fence_view_async_shared()
-            cute.arch.barrier(barrier_id=BAR_P_SMEM_BASE + wg_idx, number_of_threads=128)
+            cute.arch.barrier(barrier_id=NamedBarrierFwd.P_SMEM + wg_idx, number_of_threads=128)
 
     @cute.jit
     def consumer(
@@ -641,9 +559,9 @@ class FlashFwdSm90:
 
         tSrQ = wg_mma_qk.make_fragment_A(wg_mma_qk.partition_A(sQ))
         tSrK = wg_mma_qk.make_fragment_B(wg_mma_qk.partition_B(sK))
-        sVt = _transpose_view(sV)
+        sVt = transpose_view(sV)
         tOrVt = wg_mma_pv.make_fragment_B(wg_mma_pv.partition_B(sVt))
-        tSrQ, tSrK, tOrVt = [_opaque_desc(t) for t in (tSrQ, tSrK, tOrVt)]
+        tSrQ, tSrK, tOrVt = [opaque_desc(t) for t in (tSrQ, tSrK, tOrVt)]
         s_shape = wg_mma_qk.partition_shape_C((self.tile_m, self.tile_n))
         acc_O = cute.make_rmem_tensor(wg_mma_pv.partition_shape_C((self.tile_m, self.hd)), Float32)
 
@@ -660,17 +578,17 @@ class FlashFwdSm90:
             tPsP = smem_thr_copy_P.partition_D(sP)
 
         cS = cute.make_identity_tensor((self.tile_m, self.tile_n))
-        tScS = _mn_view(thr_mma_qk.partition_C(cS))
-        t0ScS = _mn_view(tiled_mma_qk.get_slice(0).partition_C(cS))
+        tScS = mn_view(thr_mma_qk.partition_C(cS))
+        t0ScS = mn_view(tiled_mma_qk.get_slice(0).partition_C(cS))
 
-        rows = cute.size(_mn_view(cute.make_rmem_tensor(s_shape, Float32)), mode=[0])
+        rows = cute.size(mn_view(cute.make_rmem_tensor(s_shape, Float32)), mode=[0])
         row_max = cute.make_rmem_tensor(rows, Float32)
         row_sum = cute.make_rmem_tensor(rows, Float32)
 
         if const_expr(self.pingpong):
             # WG 0 goes first: pre-arrive on its own barrier.
             if wg_idx == 0:
-                cute.arch.barrier_arrive(barrier_id=BAR_PINGPONG_BASE, number_of_threads=256)
+                cute.arch.barrier_arrive(barrier_id=NamedBarrierFwd.PINGPONG, number_of_threads=256)
 
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
         q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
@@ -744,7 +662,7 @@ class FlashFwdSm90:
             nxt = next_tile[0][next_tile[1], next_tile[2]]
         # ---- finalize: O /= row_sum, LSE
         self.ins.stamp(tr, T_FIN, n_block_max - 1, 0)
-        o = _mn_view(acc_O)
+        o = mn_view(acc_O)
         lse = cute.make_rmem_tensor(rows, Float32)
         for r in cutlass.range_constexpr(rows):
             total = row_sum[r]
@@ -763,7 +681,7 @@ class FlashFwdSm90:
         self.ins.stamp(tr, T_FIN, n_block_max - 1, 1)
         if const_expr(self.persistent and not self.separate_o):
             # O went out through Q's buffer: hand it back only once the TMA store has read it
-            cute.arch.barrier(barrier_id=BAR_CONSUMERS, number_of_threads=self.num_consumer_threads)
+            cute.arch.barrier(barrier_id=NamedBarrierFwd.CONSUMERS, number_of_threads=self.num_consumer_threads)
             pipe_q.consumer_release(q_state)
         q_state.advance()
         if const_expr(next_tile is not None):
@@ -782,7 +700,7 @@ class FlashFwdSm90:
         self.ins.stamp(tr, T_WAIT_K, Int32(0), 1)
         acc_S = cute.make_rmem_tensor(s_shape, Float32)
         self.ins.stamp(tr, T_QK, Int32(0), 0)
-        self._gemm(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, kv_state.index], True, 0)
+        gemm(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, kv_state.index], True, 0)
         self.ins.stamp(tr, T_QK, Int32(0), 1)
         pipe_k.consumer_release(kv_state)
         if const_expr(self.early_q_release):
@@ -835,7 +753,7 @@ class FlashFwdSm90:
         pipe_v.consumer_wait(kv_state)
         self.ins.stamp(tr, T_WAIT_V, n_block_max - 1, 1)
         self.ins.stamp(tr, T_PV, n_block_max - 1, 0)
-        self._gemm(tiled_mma_pv, acc_O, tOrP, tOrVt[None, None, None, kv_state.index], False, 0)
+        gemm(tiled_mma_pv, acc_O, tOrP, tOrVt[None, None, None, kv_state.index], False, 0)
         self.ins.stamp(tr, T_PV, n_block_max - 1, 1)
         pipe_v.consumer_release(kv_state)
         kv_state.advance()
@@ -913,7 +831,7 @@ class FlashFwdSm90:
         self.ins.stamp(tr, T_WAIT_PP, it, 1)
         acc_S = cute.make_rmem_tensor(s_shape, Float32)
         self.ins.stamp(tr, T_QK, it, 0)
-        self._gemm(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, kv_state.index], True, -1)
+        gemm(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, kv_state.index], True, -1)
         if const_expr(self.rescale_before_pv and not self.skip_softmax):
             # the previous block's O scale, applied while S(j) runs and before PV(j-1) adds to O
             self.ins.stamp(tr, T_RESC, it_pv, 0)
@@ -923,7 +841,7 @@ class FlashFwdSm90:
         pipe_v.consumer_wait(v_state)
         self.ins.stamp(tr, T_WAIT_V, it_pv, 1)
         self.ins.stamp(tr, T_PV, it_pv, 0)
-        self._gemm(tiled_mma_pv, acc_O, tOrP, tOrVt[None, None, None, v_state.index], False, -1)
+        gemm(tiled_mma_pv, acc_O, tOrP, tOrVt[None, None, None, v_state.index], False, -1)
         self.ins.stamp(tr, T_PP, it, 0)
         self._pp_arrive(wg_idx)
         self.ins.stamp(tr, T_PP, it, 1)
@@ -970,7 +888,7 @@ class FlashFwdSm90:
         self.ins.stamp(tr, T_WAIT_K, it, 1)
         acc_S = cute.make_rmem_tensor(s_shape, Float32)
         self.ins.stamp(tr, T_QK, it, 0)
-        self._gemm(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, kv_state.index], True, -1)
+        gemm(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, kv_state.index], True, -1)
         self.ins.stamp(tr, T_PP, it, 0)
         self._pp_arrive(wg_idx)
         self.ins.stamp(tr, T_PP, it, 1)
@@ -1001,7 +919,7 @@ class FlashFwdSm90:
         self._pp_sync(wg_idx)
         self.ins.stamp(tr, T_WAIT_PP, it, 1)
         self.ins.stamp(tr, T_PV, it, 0)
-        self._gemm(tiled_mma_pv, acc_O, tOrP, tOrVt[None, None, None, kv_state.index], False, 0)
+        gemm(tiled_mma_pv, acc_O, tOrP, tOrVt[None, None, None, kv_state.index], False, 0)
         self.ins.stamp(tr, T_PV, it, 1)
         pipe_v.consumer_release(kv_state)
         kv_state.advance()
@@ -1016,9 +934,9 @@ class FlashFwdSm90:
             gLSE = cute.local_tile(mLSE[None, head, batch], (self.tile_m,), (m_block,))
             gLSE_2d = cute.make_tensor(
                 gLSE.iterator, cute.append(gLSE.layout, cute.make_layout((self.hd,), stride=(0,))))
-            tOgLSE = _mn_view(thr_mma_pv.partition_C(gLSE_2d))
+            tOgLSE = mn_view(thr_mma_pv.partition_C(gLSE_2d))
             cO = cute.make_identity_tensor((self.tile_m, self.hd))
-            tOcO = _mn_view(thr_mma_pv.partition_C(cO))
+            tOcO = mn_view(thr_mma_pv.partition_C(cO))
             if tOcO[0][1] == 0:
                 for r in cutlass.range_constexpr(cute.size(tOgLSE, mode=[0])):
                     if tOcO[r, 0][0] < seqlen_q - m_block * self.tile_m:
@@ -1037,15 +955,15 @@ class FlashFwdSm90:
                 cute.arch.cp_async_bulk_wait_group(0, read=True)
         # every consumer WG is in this tile's epilogue, and the previous tile's O store has
         # finished reading sO
-        cute.arch.barrier(barrier_id=BAR_CONSUMERS, number_of_threads=self.num_consumer_threads)
+        cute.arch.barrier(barrier_id=NamedBarrierFwd.CONSUMERS, number_of_threads=self.num_consumer_threads)
         stmatrix = cute.make_copy_atom(
             cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4), self.dtype)
         smem_thr_copy_O = cute.make_tiled_copy_C(stmatrix, tiled_mma_pv).get_slice(tidx)
         cute.copy(smem_thr_copy_O, smem_thr_copy_O.retile(rO), smem_thr_copy_O.partition_D(sO))
         cute.arch.fence_view_async_shared()
-        cute.arch.barrier_arrive(barrier_id=BAR_EPILOGUE, number_of_threads=self.num_consumer_threads + 32)
+        cute.arch.barrier_arrive(barrier_id=NamedBarrierFwd.EPILOGUE, number_of_threads=self.num_consumer_threads + 32)
         if warp_idx == 4:
-            cute.arch.barrier(barrier_id=BAR_EPILOGUE, number_of_threads=self.num_consumer_threads + 32)
+            cute.arch.barrier(barrier_id=NamedBarrierFwd.EPILOGUE, number_of_threads=self.num_consumer_threads + 32)
             self.ins.stamp(tr, T_ST, it, 0)
             gO = cute.local_tile(mO[None, None, head, batch], (self.tile_m, self.hd), (m_block, 0))
             tOsO, tOgO = cpasync.tma_partition(

@@ -1,0 +1,156 @@
+"""The SM90 backward's preprocess (sm90/bwd.py runs it before the main kernel): D = rowsum(dO * O)
+in fp32 and LSE_log2 = LSE * log2(e), both (b, h, s_q_pad), rows that see no key (LSE = -inf) and
+the padding rows at LSE_log2 = +inf (their P is 0), D = 0 on the padding rows.
+
+preprocess="kernel": BwdPreprocess, a CuTe DSL kernel (with dq_zero="preprocess" it also zeroes
+the dQ accumulator), launched by preprocess_kernel; preprocess="torch": preprocess_torch.
+"""
+
+from __future__ import annotations
+
+import math
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, const_expr
+
+from ..interop import compile_fake, to_cute, torch_stream
+from .bwd_config import BwdConfig
+
+LOG2_E = math.log2(math.e)
+
+
+class BwdPreprocess:
+    """preprocess="kernel": D = rowsum(dO * O) in fp32 and LSE_log2 = LSE * log2(e) (+inf where
+    LSE = -inf: rows that see no key) for every query row, padding rows (s_q <= row < s_q_pad)
+    D = 0 and LSE_log2 = +inf; reads dO and O once (the torch preprocess makes fp32 copies).
+
+    4 threads per row (a quad reads 64 contiguous bytes per 128-bit load; d / 32 loads each),
+    reduced with 2 butterfly shuffles; a CTA of 128 threads covers 32 rows of one (head, batch).
+    With dq_zero="preprocess" it also zeroes those 32 rows of the dQ accumulator (every slice;
+    hd / 16 STG.128 per thread per slice), so no memset runs before the backward."""
+
+    ROWS = 32
+
+    def __init__(self, cfg: BwdConfig):
+        self.dtype = cutlass.BFloat16 if cfg.dtype == "bfloat16" else cutlass.Float16
+        self.hd = cfg.head_dim
+        self.zero_dq = cfg.dq_zero == "preprocess"
+
+    @cute.jit
+    def __call__(self, mO: cute.Tensor, mdO: cute.Tensor, mLSE: cute.Tensor, mD: cute.Tensor,
+                 mLSE2: cute.Tensor, mdQaccum: cute.Tensor, stream):
+        # mO, mdO (b, s_q, h, d); mLSE (b, h, s_q) natural log; mD, mLSE2 (b, h, s_q_pad);
+        # mdQaccum (slices, b, h, s_q_pad, d) fp32 (touched only with dq_zero="preprocess")
+        grid = (cute.ceil_div(mD.shape[2], self.ROWS), cute.size(mD.shape[1]), cute.size(mD.shape[0]))
+        self.kernel(mO, mdO, mLSE, mD, mLSE2, mdQaccum).launch(grid=grid, block=[4 * self.ROWS, 1, 1],
+                                                              stream=stream)
+
+    @cute.kernel
+    def kernel(self, mO: cute.Tensor, mdO: cute.Tensor, mLSE: cute.Tensor, mD: cute.Tensor, mLSE2: cute.Tensor,
+               mdQaccum: cute.Tensor):
+        tidx = cute.arch.thread_idx()[0]
+        bx, head, batch = cute.arch.block_idx()
+        row = bx * self.ROWS + tidx // 4
+        part = tidx % 4
+        if const_expr(self.zero_dq):
+            # the CTA's 32 rows (all below s_q_pad) of every slice; a quad writes 64 contiguous bytes
+            zero = cute.make_rmem_tensor((4,), Float32)
+            zero.fill(0.0)
+            for sl in cutlass.range(mdQaccum.shape[0]):
+                gdQ = mdQaccum[sl, batch, head, row, None]
+                for k in cutlass.range_constexpr(self.hd // 16):
+                    cute.autovec_copy(zero, cute.local_tile(gdQ, (4,), (part + 4 * k,)))
+        seqlen_q = mO.shape[1]
+        total = Float32(0.0)
+        if row < seqlen_q:
+            gO = mO[batch, row, head, None]
+            gdO = mdO[batch, row, head, None]
+            for k in cutlass.range_constexpr(self.hd // 32):
+                # 8-element vector part + 4 k: the quad's 4 loads are 64 contiguous bytes
+                rO = cute.make_rmem_tensor((8,), self.dtype)
+                rdO = cute.make_rmem_tensor((8,), self.dtype)
+                cute.autovec_copy(cute.local_tile(gO, (8,), (part + 4 * k,)), rO)
+                cute.autovec_copy(cute.local_tile(gdO, (8,), (part + 4 * k,)), rdO)
+                prod = rO.load().to(Float32) * rdO.load().to(Float32)
+                total = total + prod.reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
+        total = total + cute.arch.shuffle_sync_bfly(total, offset=1)
+        total = total + cute.arch.shuffle_sync_bfly(total, offset=2)
+        if part == 0 and row < mD.shape[2]:
+            lse2 = Float32(math.inf)
+            if row < seqlen_q:
+                lse = mLSE[batch, head, row]
+                if lse != -Float32(math.inf):
+                    lse2 = lse * LOG2_E
+            mD[batch, head, row] = total
+            mLSE2[batch, head, row] = lse2
+
+
+def fake_preprocess_args(cfg: BwdConfig):
+    """Fake tensors of the preprocess (dynamic batch, lengths, heads, strides)."""
+    from cutlass.cute.runtime import make_fake_tensor
+
+    dt = cutlass.BFloat16 if cfg.dtype == "bfloat16" else cutlass.Float16
+    div = 128 // dt.width
+    b, sq, h, sqp = (cute.sym_int() for _ in range(4))
+
+    def fake(shape):
+        stride = tuple(cute.sym_int64(divisibility=div) for _ in range(3)) + (1,)
+        return make_fake_tensor(dt, shape, stride=stride, assumed_align=16)
+
+    def stats(n):
+        return make_fake_tensor(cutlass.Float32, (b, h, n), stride=(cute.sym_int64(), cute.sym_int64(), 1),
+                                assumed_align=4)
+
+    nb = cute.sym_int()
+    dq = make_fake_tensor(cutlass.Float32, (nb, b, h, sqp, cfg.head_dim),
+                          stride=tuple(cute.sym_int64(divisibility=4) for _ in range(4)) + (1,), assumed_align=16)
+    return fake((b, sq, h, cfg.head_dim)), fake((b, sq, h, cfg.head_dim)), stats(sq), stats(sqp), stats(sqp), dq
+
+
+def compile_preprocess(cfg: BwdConfig, options=None, tvm_ffi: bool = False):
+    """cute.compile of the preprocess kernel against fake tensors (no GPU needed)."""
+    return compile_fake(BwdPreprocess(cfg), fake_preprocess_args(cfg), options, tvm_ffi)
+
+
+_PRE_CACHE: dict = {}  # (dtype, head_dim, dq_zero, tvm_ffi) -> compiled preprocess
+
+
+def preprocess_kernel(cfg: BwdConfig, dout, out, lse, seqlen_q_pad: int, use_tvm_ffi: bool, dq_accum):
+    """preprocess="kernel": D and LSE_log2 as preprocess_torch, by BwdPreprocess (one launch; with
+    dq_zero="preprocess" it also zeroes dq_accum)."""
+    import torch
+
+    b, sq, h, _ = dout.shape
+    dpsum = torch.empty((b, h, seqlen_q_pad), dtype=torch.float32, device=dout.device)
+    lse_log2 = torch.empty((b, h, seqlen_q_pad), dtype=torch.float32, device=dout.device)
+    if not out.is_contiguous() or out.data_ptr() % 16:
+        out = out.clone(memory_format=torch.contiguous_format)  # 16-byte aligned rows
+    lse = lse.contiguous()
+    key = (cfg.dtype, cfg.head_dim, cfg.dq_zero, use_tvm_ffi)
+    fn = _PRE_CACHE.get(key)
+    if use_tvm_ffi:
+        if fn is None:
+            fn = _PRE_CACHE[key] = compile_preprocess(cfg, tvm_ffi=True)
+        fn(out, dout, lse, dpsum, lse_log2, dq_accum)
+    else:
+        args = [to_cute(out, 3), to_cute(dout, 3)] + [to_cute(t, 2, align=4) for t in (lse, dpsum, lse_log2)] \
+            + [to_cute(dq_accum, 4)]
+        stream = torch_stream(dout.device)
+        if fn is None:
+            fn = _PRE_CACHE[key] = cute.compile(BwdPreprocess(cfg), *args, stream)
+        fn(*args, stream)
+    return dpsum, lse_log2
+
+
+def preprocess_torch(cfg: BwdConfig, dout, out, lse, seqlen_q_pad: int):
+    """The preprocess, in torch: D = rowsum(dO * O) in fp32 and LSE_log2 = LSE * log2(e), rows
+    that see no key (LSE = -inf) and the padding rows at +inf (P = 0 there), both (b, h, s_q_pad)."""
+    import torch
+
+    b, sq, h, _ = dout.shape
+    dpsum = torch.zeros((b, h, seqlen_q_pad), dtype=torch.float32, device=dout.device)
+    dpsum[:, :, :sq] = (dout.float() * out.float()).sum(-1).transpose(1, 2)
+    lse_log2 = torch.full((b, h, seqlen_q_pad), math.inf, dtype=torch.float32, device=dout.device)
+    lse_log2[:, :, :sq] = torch.where(lse == -math.inf, math.inf, lse.float() * LOG2_E)
+    return dpsum, lse_log2

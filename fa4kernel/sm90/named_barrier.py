@@ -1,0 +1,24 @@
+"""Named barrier ids of the SM90 kernels (bar.sync / bar.arrive; 16 per CTA, 0 is
+__syncthreads), one enum per kernel. A member with a range takes an offset (id = member + i).
+Plain Python: no DSL imports."""
+
+from enum import IntEnum
+
+
+class NamedBarrierFwd(IntEnum):
+    """sm90/fwd.py, FlashFwdSm90."""
+
+    EPILOGUE = 1  # consumers + the store warp (warp 4): O in smem, the TMA store may read it
+    PINGPONG = 2  # 2, 3, 4 (+ WG i): "consumer WG i may issue its GEMMs"
+    P_SMEM = 5  # 5, 6, 7 (+ WG i): P written to smem by all threads of WG i
+    CONSUMERS = 8  # all consumer threads (epilogue hand-offs between persistent tiles)
+
+
+class NamedBarrierBwd(IntEnum):
+    """sm90/bwd.py, FlashBwdSm90: DS and EPILOGUE among the 256 consumer threads; DQ_EMPTY and
+    DQ_FULL (dq_reduce="bulk") between dQ warpgroup w and producer warp 1 (128 + 32 threads)."""
+
+    DS = 1  # dS^T of this query block written to smem (2 buffers)
+    EPILOGUE = 2  # K and V buffers free for dK / dV; dK / dV in smem
+    DQ_EMPTY = 3  # 3, 4 (+ w): the smem dQ buffer of warpgroup w has been read by the last bulk reduce
+    DQ_FULL = 5  # 5, 6 (+ w): warpgroup w's dQ is in smem
