@@ -165,7 +165,8 @@ def deterministic_cycles(units: list[KvUnit], costs: list[tuple[float, float]], 
     return end, busiest
 
 
-# fa4kernel's launches around its main kernel (sm90/bwd.py run_bwd, bwd_preprocess.py preprocess_torch, bwd_postprocess.py dq_postprocess):
+# fa4kernel's launches around its main kernel (sm90/bwd.py run_bwd, bwd_preprocess.py preprocess_torch,
+# bwd_postprocess.py dq_postprocess):
 # eager torch operations, one kernel each, as (what, bytes read and written per row of one head,
 # as a constant + per head-dim element + per head-dim element and dQ slice). Rows are seqlen_q
 # rows of each (batch, head) (the padding to tile_m is left out); d = head dim; slices = the
