@@ -198,9 +198,12 @@ def test_kernel_table():
     says(f"| H200 | {cell('sm90_fwd_h200_2026-11-22.json', 'flash-attn-4')} | "
          f"{cell('sm90_fwd_h200_2026-11-22.json', 'sdpa-cudnn')} | "
          f"{cell('sm90_bwd_settled_h200_2026-11-28.json', 'flash-attn-4')} | |")
-    for name in ("sm90_fwd_h100_2026-11-22.json", "sm90_bwd_tail_h100_2026-11-27.json",
-                 "sm90_bwd_settled_h200_2026-11-28.json"):
-        says(f"`{name}`")
+    for name, campaign in (("sm90_fwd_h100_2026-11-22.json", "kernel-sm90-forward"),
+                           ("sm90_fwd_h200_2026-11-22.json", "kernel-sm90-forward"),
+                           ("sm90_bwd_tail_h100_2026-11-27.json", "kernel-sm90-backward"),
+                           ("sm90_bwd_settled_h200_2026-11-28.json", "kernel-sm90-backward")):
+        says(f"(lab/campaigns/{campaign}/README.md)")  # the README links the campaign that names the file
+        assert f"`{name}`" in (ROOT / "lab" / "campaigns" / campaign / "README.md").read_text()
         assert "4.0.0b36" == json.loads((RESULTS / name).read_text())["meta"]["versions"]["flash_attn_4"]
 
 
