@@ -177,7 +177,8 @@ def _sustained_stat(key, within_key=None):
     def stat(row, files, spec):
         items = [x for _, x in _rows({"files": files}, "points")]
         vals = [x.get(key) for x in items if x.get(key) is not None]
-        out = {"all": _abs_stats(vals)}
+        out = {"all": _abs_stats(vals),
+               "problems": len({x["name"] for _, x in _rows({"files": files}, "points")})}
         if within_key:
             out["within"] = _within(vals, 0.03)
         if key == "error":
@@ -303,7 +304,7 @@ def _span(lo: float, hi: float) -> str:
 def describe(name: str, v: dict, spec: dict) -> str:
     label = spec.get("label")
     if name in ("tflops", "sustained_tflops"):
-        what = "points" if name == "tflops" else "kernel-points"
+        what = "points" if name == "tflops" else f"kernel-points, {v['problems']} problems"
         text = f"{_ms(v['all'])} ({v['all']['count']} {what}; fa4kernel {_pct(v['fa4kernel']['median'])} / " \
                f"{_pct(v['fa4kernel']['max'])}, flash-attn-4 {_pct(v['flash-attn-4']['median'])} / " \
                f"{_pct(v['flash-attn-4']['max'])})"
@@ -358,7 +359,7 @@ def describe(name: str, v: dict, spec: dict) -> str:
 def headline(name: str, v: dict) -> str:
     """The short form of a statistic for the README block."""
     if name in ("tflops", "sustained_tflops", "bwd_tflops", "published", "tiles"):
-        return f"{_pct(v['all']['median'])} / {_pct(v['all']['max'])}"
+        return f"{_pct(v['all']['median'])} / {_pct(v['all']['max'])} ({v['all']['count']})"
     if name in ("sustained_clock", "bwd_clock", "power_model_alone", "cycle_model_alone"):
         return f"clock {_pct(v['all']['median'])} / {_pct(v['all']['max'])}"
     return describe(name, v, {})
@@ -449,11 +450,11 @@ def table_block(rows: list[dict]) -> str:
         if r["sample"] != "in-sample":
             continue
         why = list(r.get("decided") or []) + ([r["reason"]] if r.get("reason") else [])
-        lines.append(f"- `{r['id']}`: " + "; ".join(why) + ".")
+        lines.append(f"- `{r['id']}`: " + "; ".join(w.rstrip(".") for w in why) + ".")
     lines += ["", "Out-of-sample rows, why:", ""]
     for r in _ordered(rows):
         if r["sample"] == "out-of-sample":
-            lines.append(f"- `{r['id']}`: {r['reason']}.")
+            lines.append(f"- `{r['id']}`: {r['reason'].rstrip('.')}.")
     lines += ["", f"Software of the recordings (their files' meta): {versions(rows)}.", "",
               "Per file (the row's first statistic over that file alone):", "",
               "| row | file | result |", "|---|---|---|"]
