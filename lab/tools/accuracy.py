@@ -91,8 +91,11 @@ def loaded(path: str) -> dict:
 def compared(path: str) -> dict:
     """fa4sim.validate.compare(load(path)) on the file's own profile, once per process."""
     if path not in _RESULTS:
+        import contextlib
+        import io
         from fa4sim import validate
-        _RESULTS[path] = validate.compare(loaded(path))
+        with contextlib.redirect_stderr(io.StringIO()):  # the validators' per-point progress lines
+            _RESULTS[path] = validate.compare(loaded(path))
     return _RESULTS[path]
 
 
@@ -322,7 +325,8 @@ def describe(name: str, v: dict, spec: dict) -> str:
         for hd, errs in v["by_hdim"].items():
             lo, hi = min(errs), max(errs)
             parts.append(f"hd{hd} {_span(lo, hi)}")
-        return f"{', '.join(parts)}; max {_pct(v['all']['max'])} ({v['all']['count']} loops)"
+        n = v["all"]["count"]
+        return f"{', '.join(parts)}; max {_pct(v['all']['max'])} ({n} loop{'s' if n > 1 else ''})"
     if name == "tiles":
         return f"{_ms(v['all'])} ({v['all']['count']} tiles, {_span(v['low'], v['high'])})"
     if name == "idle_ratio":
@@ -367,11 +371,13 @@ def headline(name: str, v: dict) -> str:
 
 # ---- computing the rows -------------------------------------------------------------------------
 
-def compute(rows: list[dict]) -> list[dict]:
+def compute(rows: list[dict], progress: bool = False) -> list[dict]:
     """Each row with its statistics computed: row["computed"] = [(stat spec, value, text, verdict)]
     and row["per_file"] = {path: [text of the row's first statistic for that file alone]}."""
     out = []
-    for row in rows:
+    for i, row in enumerate(rows, 1):
+        if progress:
+            print(f"accuracy: row {i}/{len(rows)} {row['id']}", file=sys.stderr, flush=True)
         comp = []
         for spec in row["statistics"]:
             v = STATS[spec["stat"]](row, row["files"], spec)
@@ -501,7 +507,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--print", dest="print_only", action="store_true", help="print the blocks, write nothing")
     a = ap.parse_args(argv)
     t0 = time.time()
-    rows = compute(load_registry())
+    rows = compute(load_registry(), progress=True)
     blocks = [(DOC, table_block(rows), TABLE_MARKERS, True), (README, readme_block(rows), README_MARKERS, False)]
     if a.print_only:
         for _, block, _, _ in blocks:
