@@ -164,16 +164,18 @@ def stat_idle_ratio(row, files, spec):
     return {"max": max(abs(x["difference"]) for x in items), "count": len(items)}
 
 
+def _range(items: list[dict], key: str):
+    return (min(x[key] for x in items), max(x[key] for x in items)) if items else None
+
+
 def stat_jitter(row, files, spec):
     items = [x for _, x in _rows({"files": files}, "launches")]
     pers = [x for x in items if x["launch"] == "persistent"]
     one = [x for x in items if x["launch"] != "persistent"]
     gaps = [100 * (x["predicted_later"] - x["measured_later"]) for x in pers]
     return {"persistent": len(pers), "max_pp": max(abs(g) for g in gaps) if gaps else None,
-            "measured": (min(x["measured_later"] for x in pers), max(x["measured_later"] for x in pers)) if pers else None,
-            "predicted": (min(x["predicted_later"] for x in pers), max(x["predicted_later"] for x in pers)) if pers else None,
-            "one_cta": len(one),
-            "one_cta_measured": (min(x["measured_later"] for x in one), max(x["measured_later"] for x in one)) if one else None}
+            "measured": _range(pers, "measured_later"), "predicted": _range(pers, "predicted_later"),
+            "one_cta": len(one), "one_cta_measured": _range(one, "measured_later")}
 
 
 def _sustained_stat(key, within_key=None):
@@ -191,19 +193,22 @@ def _sustained_stat(key, within_key=None):
     return stat
 
 
+def _problem_key(p: dict, seqlen_q: int) -> tuple:
+    return (p["kernel"], p["hdim"], seqlen_q, p["seqlen_k"], p["batch"], p["heads"], bool(p["causal"]))
+
+
 def stat_committed(row, files, spec):
     """Today's predictions against those committed before the run (spec["predictions"]): the
     largest relative difference in TFLOP/s, over the kernel-points both have."""
-    committed = json.loads((ROOT / spec["predictions"]).read_text())["predictions"]
-    key = lambda p, sq: (p["kernel"], p["hdim"], sq, p["seqlen_k"], p["batch"], p["heads"], bool(p["causal"]))  # noqa: E731
-    table = {key(p, p["seqlen"]): p["tflops"] for p in committed}
+    doc = json.loads((ROOT / spec["predictions"]).read_text())
+    table = {_problem_key(p, p["seqlen"]): p["tflops"] for p in doc["predictions"]}
     diffs = []
     for _, x in _rows({"files": files}, "points"):
-        k = key(x, x["seqlen_q"])
+        k = _problem_key(x, x["seqlen_q"])
         if k in table and x.get("predicted_tflops"):
             diffs.append(x["predicted_tflops"] / table[k] - 1)
     return {"count": len(diffs), "max": max(abs(d) for d in diffs) if diffs else None,
-            "committed": len(committed), "model_commit": json.loads((ROOT / spec["predictions"]).read_text())["meta"].get("model_commit")}
+            "committed": len(doc["predictions"]), "model_commit": doc["meta"].get("model_commit")}
 
 
 def stat_bwd_tflops(row, files, spec):
@@ -290,8 +295,9 @@ def verdict(t: dict | None, value: dict) -> str | None:
 
 
 # the short name of a statistic where a row has several
-STAT_LABELS = {"tflops": "TFLOP/s", "sustained_tflops": "TFLOP/s", "bwd_tflops": "TFLOP/s", "sustained_clock": "clock",
-               "bwd_clock": "clock", "power_model_alone": "the power model alone", "cycle_model_alone": "the cycle model alone"}
+STAT_LABELS = {"tflops": "TFLOP/s", "sustained_tflops": "TFLOP/s", "bwd_tflops": "TFLOP/s",
+               "sustained_clock": "clock", "bwd_clock": "clock", "power_model_alone": "the power model alone",
+               "cycle_model_alone": "the cycle model alone"}
 
 
 # ---- text of one statistic ----------------------------------------------------------------------
@@ -446,7 +452,8 @@ def table_block(rows: list[dict]) -> str:
     for r in _ordered(rows):
         results = "; ".join(c["text"] for c in r["computed"])
         targeted = [c for c in r["computed"] if c["spec"].get("target")]
-        label = (lambda c: STAT_LABELS.get(c["spec"]["stat"], c["spec"]["stat"]) + ": ") if len(targeted) > 1 else (lambda c: "")
+        def label(c, several=len(targeted) > 1):
+            return STAT_LABELS.get(c["spec"]["stat"], c["spec"]["stat"]) + ": " if several else ""
         targets = "; ".join(label(c) + target_text(c["spec"]["target"]) for c in targeted)
         verdicts = "; ".join(label(c) + c["verdict"] for c in targeted)
         lines.append(f"| `{r['id']}` | {_cell(r['compares'])} ({_cell(recorded(r))}) | {r['sample']} | "
