@@ -478,15 +478,21 @@ def table_block(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def _gpu(device: str) -> str:
+    """'H100' from 'NVIDIA H100 80GB HBM3'."""
+    return device.removeprefix("NVIDIA ").split()[0]
+
+
 def readme_block(rows: list[dict]) -> str:
     chosen = [r for r in _ordered(rows) if r.get("readme")][:README_ROWS]
-    lines = [README_MARKERS[0], "", "| sample | what | median / max error | target |", "|---|---|---|---|"]
+    lines = [README_MARKERS[0], "", "| sample | GPU | what | median / max error | target |", "|---|---|---|---|---|"]
     for r in chosen:
-        c = r["computed"]
-        got = "; ".join(headline(x["spec"]["stat"], x["value"]) for x in c if x["spec"].get("readme", True))
-        tgt = target_text(c[0]["spec"].get("target"))
-        lines.append(f"| {r['sample']} | {_cell(r['readme_text'] if r.get('readme_text') else r['compares'])} | "
-                     f"{_cell(got)} | {tgt} |")
+        shown = [x for x in r["computed"] if x["spec"].get("readme", True)]
+        got = "; ".join(headline(x["spec"]["stat"], x["value"]) for x in shown)
+        tgt = "; ".join((STAT_LABELS.get(x["spec"]["stat"], "") + " " if i else "") + target_text(x["spec"]["target"])
+                        for i, x in enumerate(s for s in shown if s["spec"].get("target")))
+        lines.append(f"| {r['sample']} | {_gpu(r['device'])} | {_cell(r.get('readme_text') or r['compares'])} | "
+                     f"{_cell(got)} | {tgt or '(none set)'} |")
     lines += ["", README_MARKERS[1]]
     return "\n".join(lines)
 
