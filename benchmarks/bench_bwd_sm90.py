@@ -244,7 +244,7 @@ def check_probe(d, s, causal, **bwd_knobs) -> dict:
 
 # --sustained: each candidate runs back to back, with no idle kernel between calls, for
 # SUSTAINED_WARM_S (the power cap's controller takes more than a second to bring the clock down
-# from its maximum: docs/findings/power-and-clock.md), then windows of about SUSTAINED_WINDOW_MS
+# from its maximum: lab/findings/power-and-clock.md), then windows of about SUSTAINED_WINDOW_MS
 # are timed until SUSTAINED_TIMED_S of GPU time (benchmarks/sustained_sm90.py's Sustained, eager
 # launches: the forward's method)
 SUSTAINED_WARM_S, SUSTAINED_TIMED_S, SUSTAINED_WINDOW_MS = 2.5, 1.0, 50.0

@@ -10,7 +10,7 @@ SM clock,
 
 (e in pJ, f in GHz: 1e-3 f e r is W; card = card_power_w, what the card draws above the one the
 energies were fitted on: the median card of those measured, or a card's own), with two terms
-measured on unit loads where the sum of the parts falls short (docs/findings/power-and-clock.md,
+measured on unit loads where the sum of the parts falls short (lab/findings/power-and-clock.md,
 "Bursts and mixed code"):
 
 - a tensor core that idles between bursts, in gaps short against L0 = tensor_idle_gap_cycles,
@@ -26,19 +26,19 @@ measured on unit loads where the sum of the parts falls short (docs/findings/pow
 (lane-ops), smem (bytes through shared memory and, on SM100, TMEM, and an SM90 RS wgmma's A
 operand from the register file: the ops' work "rf_operand", priced as the same bytes from shared
 memory, as wgmma loads with A from registers draw what those with A from shared memory do;
-docs/findings/power-and-clock.md, "Operands from registers"). The memory paths' energies
+lab/findings/power-cards.md, "Operands from registers"). The memory paths' energies
 do not scale with the SM's voltage: l2 (bytes loaded from or stored to L2), l2_reduce (bytes of
 TMA bulk reduce-adds, the L2 adding them: about 2.5 times a loaded byte), red (bytes of RED.ADD
 from registers, their instructions included), dsmem (bytes into a peer CTA's shared memory over
 the SM-to-SM network). An HBM byte's energy, measured at the maximum clock, scales with f/fmax:
 HBM traffic beside a tensor core the cap slows costs less than alone at the maximum clock, in
-proportion to the clock (bench_power's ring loads, docs/findings/power-and-clock.md, "Memory
+proportion to the clock (bench_power's ring loads, lab/findings/power-and-clock.md, "Memory
 beside the tensor core"); L2 traffic beside it costs what it does alone. The predicted clock is
 the highest f in [clock_min_ghz, clock_ghz] with P(f) <= the held power, power_cap_w x
 cap_held_fraction (the cap's controller holds a capped load a little below its limit); P grows
 with f (the work per second and the voltage both do), so a bisection finds it. While the tensor
 core works, the SM's own clock (clock64 over globaltimer) stays at or below clock_tensor_ghz
-even where the cap leaves room and NVML reports clock_ghz (docs/findings/power-and-clock.md,
+even where the cap leaves room and NVML reports clock_ghz (lab/findings/power-and-clock.md,
 "The tensor core's clock ceiling"): a launch with tensor work is held there. A profile with
 power_cap_w = 0 has no power model: the clock stays at clock_ghz.
 

@@ -28,7 +28,7 @@ class MmaCost:
     latency: float        # completion latency beyond the occupancy
     # the A operand's bytes read from the register file (an SM90 RS wgmma), in shared-memory
     # cycles: they take no shared-memory bandwidth, but draw about the power the same bytes from
-    # shared memory draw (docs/findings/power-and-clock.md, "Operands from registers")
+    # shared memory draw (lab/findings/power-cards.md, "Operands from registers")
     rf_operand_cycles: float = 0.0
 
     @property

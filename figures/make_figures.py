@@ -396,7 +396,7 @@ def fig_timeline_overlays():
     for path in sorted(glob.glob(os.path.join(RESULTS, "timeline_*", "timeline_*.json*"))):  # .json or .json.gz
         if "_walk" in os.path.basename(path):
             # one CTA walking every tile (timeline_sm90.py --max-ctas 1): tile-boundary stamps,
-            # read in lesson 07 and docs/findings/tile-turnover.md; no launch to simulate beside it
+            # read in lesson 07 and lab/findings/tile-turnover.md; no launch to simulate beside it
             continue
         doc = timeline.load_stamps(path)
         meta = doc.get("meta", {})

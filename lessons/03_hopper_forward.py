@@ -392,7 +392,7 @@ else:
 # though it overestimates the lead at 1k non-causal. At 16k
 # the two are within a few percent, and at hd128 non-causal flash-attn-4 measures *faster*,
 # which the model does not predict: its loop issues faster beside its GEMMs than ours
-# ([loop bookkeeping](../docs/findings/loop-bookkeeping.md)). Lesson 07 takes the tile boundary
+# ([loop bookkeeping](../lab/findings/loop-bookkeeping.md)). Lesson 07 takes the tile boundary
 # apart.
 #
 # The same recorded grid, predicted against measured for both kernels:
@@ -463,7 +463,7 @@ for prof in PROFILES[1:]:
 # clock: the kernel has stalls the datasheet model does not know about (section 3 named them).
 # The in-kernel clock itself moves with the power cap from run to run, so the benchmark records
 # it at every point with a clock-probe build of our kernel, and `fa4sim validate` predicts each
-# point at its own measured clock ([the clock, and how we measure](../docs/findings/clock-and-measurement.md)).
+# point at its own measured clock ([the clock, and how we measure](../lab/findings/clock-and-measurement.md)).
 #
 # ## What to remember
 #

@@ -285,7 +285,7 @@ if bursts:
 # every kernel: beside a wider or narrower wgmma the benchmark gives 1.5 to 9 slots, and at hd64
 # (three consumer warpgroups, three warps per scheduler) and hd256 the kernel loses 1.5-5 times
 # more than 2.4 slots predict
-# ([emulation cost](../docs/findings/emulation-cost.md)). Try it: `simulate(..., {"exp_emulation":
+# ([emulation cost](../lab/findings/emulation-cost.md)). Try it: `simulate(..., {"exp_emulation":
 # 0.25, "mix_fill_slots": 1.0})` charges every added instruction like a mix instruction.
 
 # %% [markdown]

@@ -17,7 +17,7 @@
 # Lesson 03 predicted and measured the Hopper forward kernel knob by knob. This lesson goes where
 # the model was built: each section is one question we asked of the kernel, answered with a
 # recorded measurement from `benchmarks/results/` and set against fa4sim. Each links the page of
-# `docs/findings/` that holds the whole answer, its evidence and what is still open.
+# `lab/findings/` that holds the whole answer, its evidence and what is still open.
 #
 # 1. **Inside the KV loop:** a burst of multiplies beside a GEMM, where the wait for the previous
 #    PV GEMM goes, where the conditional rescale's branch goes, two warpgroups each beside its own
@@ -58,7 +58,7 @@ def per_tile(blocks, **knobs):
 # warpgroup's wgmma runs on the tensor core. On Hopper both use the register file. Does a burst
 # of 128 independent FMULs from another warpgroup slow a running wgmma by more than 5 %?
 # `benchmarks/calibrate/bench_bursts.py` measured exactly that (one CTA, H100 and H200). Answer
-# True or False. ([issue rate beside the MMA](../docs/findings/issue-rate-beside-mma.md))
+# True or False. ([issue rate beside the MMA](../lab/findings/issue-rate-beside-mma.md))
 
 # %%
 slows_it = None  # <- your answer: True or False
@@ -120,7 +120,7 @@ for path, doc in kit.recorded("bursts_per_code_*_2026-11-22.json"):
 # row max: most of the exp2s come after it. A build with a never-taken branch keeps the exp2s
 # ahead of the wait, as the source has them (the SASS was checked). One CTA, exact cycles per KV
 # block, H100. Is the loop faster or slower with the exp2s forced before the PV wait? Answer
-# `"faster"` or `"slower"`. ([where the PV wait goes](../docs/findings/pv-wait-placement.md))
+# `"faster"` or `"slower"`. ([where the PV wait goes](../lab/findings/pv-wait-placement.md))
 
 # %%
 forced_exp2s = None  # <- "faster" or "slower"
@@ -166,7 +166,7 @@ else:
 # wait. The recorded ablations (`benchmarks/ctas_sm90.py --only-ablations`, one CTA, hd128,
 # exact cycles per KV block) time each build with its rescale code compiled out, with the rescale
 # after the PV wait. How many more cycles per KV block does tau's test-and-branch cost than the
-# 64 FMULs it skips? ([emulation cost and the rescale branch](../docs/findings/emulation-cost.md))
+# 64 FMULs it skips? ([emulation cost and the rescale branch](../lab/findings/emulation-cost.md))
 
 # %%
 branch_minus_fmuls = None  # <- cycles per KV block
@@ -216,7 +216,7 @@ for path, doc in kit.recorded("rescale_branch_h100_2026-11-22/rescale_before_pv.
 # %% [markdown]
 # Before the PV GEMM the model gives tau 8 too little (about +2 % against +7 %): with P's
 # conversion in the exp2 phase, as compiled, its loop with the rescale skipped stays long
-# ([where the PV wait goes](../docs/findings/pv-wait-placement.md)). After the PV wait it
+# ([where the PV wait goes](../lab/findings/pv-wait-placement.md)). After the PV wait it
 # predicts a gain the kernel does not have (about +3 %): the model has no cost for a branch, only
 # for instructions, and what the branch does to ptxas's schedule of the softmax is not in its
 # units. The measurement found the faster kernel; the model alone would have kept the other
@@ -231,7 +231,7 @@ for path, doc in kit.recorded("rescale_branch_h100_2026-11-22/rescale_before_pv.
 # trip and the mixes share the schedulers. At nb = 3, how many of the GEMMs' 1024 cycles does a
 # trip hide behind the mixes (the mix alone plus 1024, minus the trip with both)? Replay it with
 # the model's own rules (`fa4sim.validate.contention`, A from registers), then compare with the
-# measurement. ([issue rate beside the MMA](../docs/findings/issue-rate-beside-mma.md), "The hd64
+# measurement. ([issue rate beside the MMA](../lab/findings/issue-rate-beside-mma.md), "The hd64
 # loop")
 
 # %%
@@ -294,7 +294,7 @@ if not traced:
 # A persistent CTA walks many tiles, and each costs more than its KV blocks: the next tile's Q
 # must load, O must be stored, a short last tile has idle warpgroups. At 1k tokens, with 8 KV
 # blocks per tile, that is a large share of the time
-# ([tile turnover](../docs/findings/tile-turnover.md)).
+# ([tile turnover](../lab/findings/tile-turnover.md)).
 #
 # ### Exercise 7.5: a tile with idle warpgroups
 #
@@ -398,7 +398,7 @@ for path, doc in kit.recorded("tile_costs_knobs_*.json")[:1]:
 # A trace build is not the plain kernel: its clock64 stamps cost issue slots. Six stamps per
 # warpgroup and KV block slow the hd128 loop by 20 % (2953 against 2462 cycles per block), a
 # full trace build by about 45 %. Read a trace for the order of events and for tile boundaries,
-# never for cycles inside the loop ([the clock, and how we measure](../docs/findings/clock-and-measurement.md)).
+# never for cycles inside the loop ([the clock, and how we measure](../lab/findings/clock-and-measurement.md)).
 
 # %%
 first_at_tile_start = None  # <- "wg0" or "wg1"
@@ -443,7 +443,7 @@ else:
 # H200? Answer `"more"`, `"fewer"` or `"same"`, then let the model answer (its cold start: the
 # first wave's bytes at the HBM bandwidth) and compare with the CTA log, which records every
 # CTA's SM, start and end (benchmarks/cta_log_sm90.py).
-# ([the launch and tile order](../docs/findings/launch-and-tile-order.md))
+# ([the launch and tile order](../lab/findings/launch-and-tile-order.md))
 
 # %%
 my_answer = None  # <- "more", "fewer" or "same"
@@ -501,7 +501,7 @@ if not logs:
 # (benchmarks/cta_log_sm90.py). Give every tile the mean cycles of its kind (same KV blocks, same
 # rows) and add them up along the table: that is each CTA's load if no tile varied. Does the
 # slowest CTA really end at the slowest such load, or later, and by how many percent? hd256, 1k
-# tokens, causal, 7-8 tiles per CTA. ([tile jitter](../docs/findings/tile-jitter.md))
+# tokens, causal, 7-8 tiles per CTA. ([tile jitter](../lab/findings/tile-jitter.md))
 
 # %%
 later_by_percent = None  # <- your guess: 0 if the slowest CTA ends at the slowest load
@@ -552,8 +552,8 @@ for prof in ("h100", "h200"):
 # ## 4. How it was measured
 #
 # Every number above comes from one of three kinds of measurement
-# ([the clock, and how we measure](../docs/findings/clock-and-measurement.md),
-# [unit calibration](../docs/findings/unit-calibration.md)):
+# ([the clock, and how we measure](../lab/findings/clock-and-measurement.md),
+# [unit calibration](../lab/findings/unit-calibration.md)):
 #
 # - **TFLOP/s of whole launches** (`benchmarks/bench_fwd_sm90.py`), each point with the clock
 #   read inside the kernel by a clock-probe build (a few clock64 and globaltimer reads at one

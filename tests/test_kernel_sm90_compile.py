@@ -145,7 +145,7 @@ def test_rescale_before_pv_moves_the_o_rescale(hd, before):
 @pytest.mark.parametrize("hd,knobs,chained", [(64, {}, False), (64, {"chained_row_sum": True}, True),
                                               (128, {}, False), (128, {"chained_row_sum": True}, True)])
 def test_chained_row_sum_interleaves_the_o_rescale(hd, knobs, chained):
-    """What the knob is for (fa4kernel/README.md, "Softmax order"): with the O-scale exp2 after
+    """What the knob is for (lab/findings/kernel-design-sm90.md, "Softmax order"): with the O-scale exp2 after
     the P exp2s and one row-sum chain, ptxas issues the O rescale (head_dim / 2 FMULs per thread)
     between the block's exp2s after the PV wait; with the O-scale exp2 first and four partial
     sums, after the last of them. If a compiler update changes this, the measured A/B behind the

@@ -47,7 +47,7 @@ def test_pv_wait_table_matches_fresh_sass(build):
 def test_where_the_o_rescale_lies(hdim, causal, among):
     """The fa3 schedule issues the O rescale after the exp2s, as fa4kernel's hd128 and hd64 builds
     do; ptxas puts hd64 causal's among them (as flash-attn-4's at hd 64 and 128), and hd256
-    rescales before the PV GEMM (docs/findings/pv-wait-placement.md, "The O rescale's position")."""
+    rescales before the PV GEMM (lab/findings/pv-wait-placement.md, "The O rescale's position")."""
     from benchmarks.pv_wait_sass import rescale_share
 
     cfg = make_config("bfloat16", hdim, causal, False, {})
@@ -73,7 +73,7 @@ def test_wgmma_at_the_n_of_odd_tiles_compiles_to_that_hgmma(n):
 def test_hd192_fences_p_before_each_pv_hgmma(hdim, fences):
     """fa4kernel's KV loop fences the wgmma registers once per GEMM, except at hd192, where P's
     registers are rebuilt and fenced before each of the P V GEMM's 7 HGMMAs
-    (docs/findings/fenced-rs-wgmma.md)."""
+    (lab/findings/fenced-rs-wgmma.md)."""
     from fa4kernel.sass import kv_loop
 
     loop = kv_loop(fa4kernel.compile_sass(make_config("bfloat16", hdim, False, False, {}), arch="sm_90a"))

@@ -95,7 +95,7 @@ def test_three_warpgroups_gemm_cost_within_6_percent_of_the_trip(path):
     assert all(r["gemm_cost_error"] < 0.02 for r in cost if r["blocks"] >= 2)
 
 
-@pytest.mark.xfail(strict=True, reason="known gap (docs/findings/issue-rate-beside-mma.md, 'The hd64 loop'): "
+@pytest.mark.xfail(strict=True, reason="known gap (lab/findings/issue-rate-hd64-loop.md, 'The hd64 loop'): "
                                         "three warpgroups each running 2-4 mix blocks beside their own wgmma, "
                                         "on the build with the ping-pong option: the GEMMs add up to a fifth "
                                         "more to a trip than the engine's rules give (up to 4 % of the trip, "

@@ -6,7 +6,7 @@ from shared memory into L2 (the default `bulk` build), RED.ADD.F32x2 from regist
 into the peer's shared memory first. This benchmark measures each path alone, kept busy on every
 SM for seconds, so that fit_mem_power.py can price a byte of each (fa4sim/power.py's l2_reduce,
 red and dsmem) beside bench_power's unit loads; a reduce-added byte costs about 2.5 times a
-loaded one (docs/findings/power-and-clock.md, "The backward's power"). No attention kernel runs
+loaded one (lab/findings/power-backward.md, "The backward's power"). No attention kernel runs
 here.
 
 The loads reuse the kernels that measured these paths' rates (bench_bwd_units.py, bench_dsmem.py):
@@ -322,7 +322,7 @@ def _epilog() -> str:
     lines += ["",
               "What for: fa4sim's power model (fa4sim/power.py) charges a reduce-add, bulk or RED, as L2 bytes",
               "only and the SM-to-SM network nothing; these loads give each dQ path of the backward its own",
-              "energy per byte (docs/findings/power-and-clock.md, \"The backward's power\"). tma_l2 is the control:",
+              "energy per byte (lab/findings/power-backward.md, \"The backward's power\"). tma_l2 is the control:",
               "the same kernel as bulk_reduce, loading, whose L2 energy fit_power already fits from bench_power.",
               "",
               "The file has bench_power's shape (meta.kind \"mem_power\"): per load power_w, clock_ghz and",

@@ -19,7 +19,7 @@ the clock the cap leaves it: each 10 W costs a capped attention kernel about 1 %
 It prints each card's offset, which `--set card_power_w=...` gives fa4sim for that card, and the
 median card: the median offset over the files, the reference counted (offset 0). A profile's
 card_power_w is the median card, for a user who is lent a card nobody measured
-(docs/findings/power-and-clock.md, "Cards"). Nothing here looks at an attention timing.
+(lab/findings/power-cards.md, "Cards"). Nothing here looks at an attention timing.
 """
 from __future__ import annotations
 

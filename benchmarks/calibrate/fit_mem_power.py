@@ -90,7 +90,7 @@ def write(profile_path: str, values: dict, meta: dict, hw) -> None:
             "source": f"{measured_on(meta)} by benchmarks/calibrate/bench_mem_power.py + fit_mem_power.py "
                       f"(its load alone on every SM for 2.5 s, random data; the power above what the profile's other "
                       f"parameters give that load, static {hw.static_power_w:.1f} W, over its bytes); "
-                      f"docs/findings/power-and-clock.md"}
+                      f"lab/findings/power-and-clock.md"}
     Path(profile_path).write_text(json.dumps(doc, indent=1) + "\n")
 
 

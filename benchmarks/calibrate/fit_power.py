@@ -368,7 +368,7 @@ def write_ceiling(profile_path: str, value: float, names: list[str], meta: dict)
         "source": f"{measured_on(meta)} by benchmarks/calibrate/bench_power.py + fit_power.py: the median "
                   f"in-kernel clock (clock64 / globaltimer) of the {len(names)} loads whose tensor core works while "
                   f"NVML reports the maximum clock with no clock-event reason ({', '.join(names)}); "
-                  f"docs/findings/power-and-clock.md"}
+                  f"lab/findings/power-and-clock.md"}
     Path(profile_path).write_text(json.dumps(doc, indent=1) + "\n")
 
 

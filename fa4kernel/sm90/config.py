@@ -92,7 +92,7 @@ class KernelConfig:
     defer_o_store_wait: bool = False
     # the softmax's instruction order (same arithmetic up to fp32 summation order): each row's
     # O-scale exp2 after its P exp2s and its sum as one FADD chain, so ptxas interleaves the O
-    # rescale with the exp2s (fa4kernel/README.md, "Softmax order"). Auto: causal head_dim 64 (measured)
+    # rescale with the exp2s (lab/findings/kernel-design-sm90.md, "Softmax order"). Auto: causal head_dim 64 (measured)
     chained_row_sum: bool = False
 
     @property
@@ -235,7 +235,7 @@ def resolve_knobs(head_dim: int, causal: bool, knobs: dict) -> dict:
     before = out["rescale_before_pv"]
     if before is None:  # auto: FA4's rule, where O (head_dim / 2 fp32 per thread) is large, and with
         # conditional rescaling, whose branch after the PV wait costs as much as the FMULs it skips
-        # (measured on H100, fa4kernel/README.md "Where the conditional rescale goes")
+        # (measured on H100, lab/findings/kernel-design-sm90.md "Where the conditional rescale goes")
         before = (head_dim > 128 or out["rescale_threshold"] > 0.0) and out["intra_wg_overlap"]
     if not _is_bool(before):
         raise ValueError(f"rescale_before_pv={before!r} not supported; allowed: None (auto), True or False")
@@ -262,7 +262,7 @@ def resolve_knobs(head_dim: int, causal: bool, knobs: dict) -> dict:
                          "which goes back to the producer right after the store); allowed: False or None")
     out["defer_o_store_wait"] = bool(defer)
     chained = out["chained_row_sum"]
-    if chained is None:  # auto: measured on H100 (fa4kernel/README.md, "Softmax order"): +1.3..4.5 %
+    if chained is None:  # auto: measured on H100 (lab/findings/kernel-design-sm90.md, "Softmax order"): +1.3..4.5 %
         chained = head_dim == 64 and causal  # at hd64 causal, -1 % non-causal, -1..4 % at hd128/256
     if not _is_bool(chained):
         raise ValueError(f"chained_row_sum={chained!r} not supported; allowed: None (auto), True or False")

@@ -431,7 +431,7 @@ class FlashFwdSm90:
         exp2 goes and how the sum is added up is a scheduling choice (knob chained_row_sum):
         False: the O-scale exp2 right after the max, four partial sums; True: the O-scale exp2
         after the P exp2s and one FADD chain in exp2 order, from which ptxas issues one exp2 per
-        FADD and fills the MUFU's gaps with the O rescale (fa4kernel/README.md, "Softmax order").
+        FADD and fills the MUFU's gaps with the O rescale (lab/findings/kernel-design-sm90.md, "Softmax order").
         Trace build: all rows' max first, a stamp (MAX end / EXP start), then all rows' exp2."""
         s = mn_view(acc_S)
         row_scale = cute.make_rmem_tensor_like(row_max, Float32)
@@ -861,7 +861,7 @@ class FlashFwdSm90:
             row_scale = self._softmax(acc_S, row_max, row_sum, scale_log2, False, tr, it)
         self.ins.stamp(tr, T_EXP, it, 1)
         # (ptxas hoists this wait above the exp2s: in SASS only the row max overlaps the PV GEMM;
-        # forcing the exp2s ahead of it measured slower, fa4kernel/README.md "Where the PV wait sits")
+        # forcing the exp2s ahead of it measured slower, lab/findings/kernel-design-sm90.md "Where the PV wait sits")
         warpgroup.wait_group(0)  # PV done: O and the P buffer are free
         self.ins.stamp(tr, T_PV, it_pv, 1)
         pipe_v.consumer_release(v_state)
