@@ -97,7 +97,7 @@ BWD_BUILDS = (
     + [(64, c, {"mma_order": "dv_dk_dq"}) for c in (False, True)]
     + [(64, True, {**_HO}), (64, True, {"mma_order": "dv_dk_dq", **_HO}), (64, True, {"tile_m": 64})]
     + [(64, c, {"tile_m": 64, **v, **_HO}) for c in (False, True) for v in _THREE]
-    + [(96, True, {})]
+    + [(96, c, {}) for c in (False, True)]
     + [(96, c, {"dq_reduce": r, "stats": "thread", "mma_order": "dv_dk_dq", **_HO}) for c in (False, True)
        for r in ("bulk", "red")]
     + [(128, True, {})] + [(128, c, {**v, **_HO}) for c in (False, True) for v in _THREE]
