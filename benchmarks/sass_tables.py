@@ -1,12 +1,15 @@
 """fa4kernel's measured SASS tables, from its compiled builds: fa4sim/implementations/fa4kernel-sm90.sass.json.
 
-    CUTE_DSL_ARCH=sm_90a python3 benchmarks/sass_tables.py [--write] [--only pv_wait_sass|loop_instr_sass]
+    CUTE_DSL_ARCH=sm_90a python3 benchmarks/sass_tables.py [--write] [--only TABLE]
 
 Compiles every build the tables hold for sm_90a on the CPU (fa4kernel.compile_sass,
 compile_bwd_sass; the compile cache makes a rerun quick) and counts in its SASS:
   pv_wait_sass     the forward's KV loop split at the wait for the previous block's PV GEMM: per
                    pipe the share of the block's softmax instructions issued before it
                    (benchmarks/pv_wait_sass.py split), for fa4sim's pv_wait=compiled
+  tau_test_sass    the forward's KV loop with conditional rescaling (rescale_threshold 8) less the
+                   same build rescaling always (both rescale before the PV GEMM): the instructions
+                   its test adds per warp and block, for tau_test_instr, per head dim's default
   loop_instr_sass  the backward's Q-block loop per consumer thread (loop_counts): per_kstep =
                    (HGMMA + uniform datapath) / HGMMA, fixed = the rest less the pointwise
                    instructions fa4sim counts itself (loop_fixed), for loop_instr_per_kstep and
@@ -69,6 +72,25 @@ def pv_wait_rows(builds=FWD_BUILDS) -> list[dict]:
         cfg = make_config("bfloat16", hd, causal, False, dict(knobs))
         rows.append({"build": fwd_build(cfg), **({} if knobs else {"default": True}), "compiled_from": call,
                      "before": split(fa4kernel.compile_sass(cfg, arch="sm_90a"))})
+    return rows
+
+
+def tau_test_rows() -> list[dict]:
+    import fa4kernel
+    from fa4kernel import make_config
+    from fa4kernel.sass import kv_loop
+
+    rows = []
+    for hd in (64, 96, 128, 192, 256):
+        for causal in (False, True):
+            calls = [f"make_config('bfloat16', {hd}, {causal}, False, {k!r})"
+                     for k in ({"rescale_threshold": 8.0}, {"rescale_before_pv": True})]
+            print(f"# {calls[0]} less {calls[1]}", file=sys.stderr, flush=True)
+            tau, plain = (len(kv_loop(fa4kernel.compile_sass(make_config("bfloat16", hd, causal, False, k),
+                                                             arch="sm_90a")))
+                          for k in ({"rescale_threshold": 8.0}, {"rescale_before_pv": True}))
+            rows.append({"build": {"hdim": hd, "causal": causal}, "compiled_from": " less ".join(calls),
+                         "instr": tau - plain})
     return rows
 
 
@@ -173,6 +195,10 @@ SOURCES = {
                     "softmax instructions between the S wait and the PV wait (max: FMNMX, fma: FFMA+FADD, mufu: "
                     "MUFU.EX2; benchmarks/pv_wait_sass.py split); a variant not compiled takes its head dim's "
                     "default build (same tile_n, rescale_before_pv), else the model's order",
+    "tau_test_sass": "fa4kernel's forward builds " + TOOLCHAIN + ": the KV loop's instructions with "
+                     "rescale_threshold 8 less those of the same build rescaling always before the PV GEMM (the "
+                     "compares, vote, branch and the scale's select and FMUL / FADD the test adds), per warp and "
+                     "block, of each head dim's default build; its other builds take their head dim's",
     "loop_instr_sass": "fa4kernel's backward builds " + TOOLCHAIN + ", the consumers' innermost Q-block loop, "
                        "per thread, counted statically (where both warpgroups' branches are in the loop, both): "
                        "per_kstep (HGMMA + uniform datapath) / HGMMA, fixed the rest less the pointwise "
@@ -184,6 +210,9 @@ SOURCES = {
 def table(name: str) -> dict:
     if name == "pv_wait_sass":
         return {"source": SOURCES[name], "keys": list(FWD_KEYS), "rows": pv_wait_rows()}
+    if name == "tau_test_sass":
+        return {"source": SOURCES[name], "columns": {"tau_test_instr": "instr"}, "keys": ["hdim", "causal"],
+                "rows": tau_test_rows()}
     return {"source": SOURCES[name], "columns": {"loop_instr_per_kstep": "per_kstep", "loop_instr_fixed": "fixed"},
             "keys": list(BWD_KEYS), "fallbacks": BWD_FALLBACKS, "rows": loop_instr_rows()}
 
@@ -192,8 +221,8 @@ def document(only=None, old=None) -> dict:
     """The generated file: tables not in `only` kept from `old`."""
     old = old or {}
     doc = {"generated": GENERATED}
-    for pass_, name in (("fwd", "pv_wait_sass"), ("bwd", "loop_instr_sass")):
-        doc[pass_] = {name: table(name) if only in (None, name) else old[pass_][name]}
+    for pass_, names in (("fwd", ("pv_wait_sass", "tau_test_sass")), ("bwd", ("loop_instr_sass",))):
+        doc[pass_] = {name: table(name) if only in (None, name) else old[pass_][name] for name in names}
     return doc
 
 
@@ -222,7 +251,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--write", action="store_true", help=f"write {os.path.relpath(PATH, ROOT)}")
-    ap.add_argument("--only", choices=("pv_wait_sass", "loop_instr_sass"), help="recompile one table, keep the other")
+    ap.add_argument("--only", choices=("pv_wait_sass", "tau_test_sass", "loop_instr_sass"),
+                    help="recompile one table, keep the others")
     args = ap.parse_args(argv)
     os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
     old = json.load(open(PATH)) if args.only and os.path.exists(PATH) else None

@@ -15,7 +15,7 @@ from fa4sim.model import setup
 from fa4sim.params import Context
 
 DOC = json.loads((implementation.IMPL_DIR / "fa4kernel-sm90.sass.json").read_text())
-TABLES = {"pv_wait_sass": DOC["fwd"]["pv_wait_sass"], "loop_instr_sass": DOC["bwd"]["loop_instr_sass"]}
+TABLES = {**DOC["fwd"], **DOC["bwd"]}  # pv_wait_sass, tau_test_sass; loop_instr_sass
 HEAD_DIMS = (64, 96, 128, 192, 256)
 
 
@@ -46,6 +46,8 @@ def test_the_file_holds_the_builds_the_command_compiles():
            for hd, c, k in sass_tables.BWD_BUILDS]
     assert [r["compiled_from"] for r in TABLES["pv_wait_sass"]["rows"]] == fwd
     assert [r["compiled_from"] for r in TABLES["loop_instr_sass"]["rows"]] == bwd
+    assert [r["build"] for r in TABLES["tau_test_sass"]["rows"]] == [{"hdim": hd, "causal": c} for hd in HEAD_DIMS
+                                                                      for c in (False, True)]
     assert TABLES["loop_instr_sass"]["fallbacks"] == sass_tables.BWD_FALLBACKS
 
 
@@ -76,6 +78,9 @@ def test_every_forward_build_fa4kernel_chooses_has_its_own_row(hdim, causal, seq
         key = _fwd_key(p, k)
         assert key in builds, key
         assert compiled_pv_wait(impl, p, k) == TABLES["pv_wait_sass"]["rows"][builds.index(key)]["before"]
+    tau = next(r["instr"] for r in TABLES["tau_test_sass"]["rows"] if r["build"] == {"hdim": hdim, "causal": causal})
+    k = setup("h100-datasheet", "fa3", p, {"rescale_threshold": 8.0}, "fa4kernel")[4]
+    assert impl.value("tau_test_instr", Context(p, None, impl), k) == tau
 
 
 # the backward builds lessons/09_backward.py simulates with --impl fa4kernel: the launch orders at
@@ -141,3 +146,11 @@ def test_loop_instr_rows_match_fresh_sass(build):
 
     (fresh,) = sass_tables.loop_instr_rows([build])
     assert fresh in TABLES["loop_instr_sass"]["rows"], fresh
+
+
+@pytest.mark.compile
+def test_tau_test_rows_match_fresh_sass():
+    pytest.importorskip("cutlass")
+    from benchmarks import sass_tables
+
+    assert sass_tables.tau_test_rows() == TABLES["tau_test_sass"]["rows"]
