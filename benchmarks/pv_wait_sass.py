@@ -1,15 +1,17 @@
 """Where ptxas puts the PV wait in each build: the SASS table behind fa4sim's pv_wait=compiled.
 
-    CUTE_DSL_ARCH=sm_90a python3 benchmarks/pv_wait_sass.py [--write]   # fa4kernel's builds (~1 min, CPU)
+    CUTE_DSL_ARCH=sm_90a python3 benchmarks/pv_wait_sass.py            # fa4kernel's builds (~1 min, CPU)
     python3 benchmarks/pv_wait_sass.py --cubin DIR [DIR ...] --hdim H [--causal]  # flash-attn-4 cubins
 
-For every fa4kernel build the benchmark and the validation use (the defaults of hd 64 / 96 / 128 / 192 / 256,
-causal and not, and the hd128 knob variants), compiles the kernel for sm_90a with fake tensors,
-splits its KV loop at the wait for the previous block's PV GEMM (fa4kernel.sass.around_pv_wait)
-and prints, per pipe, the share of the block's softmax instructions issued before that wait: the
-rows of the implementation's `pv_wait_sass` table (fa4sim/implementations/fa4kernel-sm90.json;
---write puts them there). With --cubin it reads cubins that flash-attn-4 compiled (its JIT with
---keep-cubin, for sm_90a with fake tensors) instead, for flash-attn-4-sm90.json.
+For every fa4kernel build the benchmark and the validation use (benchmarks/sass_tables.py
+FWD_BUILDS: the defaults of hd 64 / 96 / 128 / 192 / 256, causal and not, and the hd128 knob
+variants), compiles the kernel for sm_90a with fake tensors, splits its KV loop at the wait for
+the previous block's PV GEMM (fa4kernel.sass.around_pv_wait) and prints, per pipe, the share of
+the block's softmax instructions issued before that wait: the rows of fa4kernel's generated
+`pv_wait_sass` table (fa4sim/implementations/fa4kernel-sm90.sass.json, which
+benchmarks/sass_tables.py --write writes). With --cubin it reads cubins that flash-attn-4
+compiled (its JIT with --keep-cubin, for sm_90a with fake tensors) instead, for the hand-kept
+table of flash-attn-4-sm90.json.
 
 With --rescale it prints, per build that rescales O after the PV wait, the share of the rescale's
 FMULs that lie among the exp2s, not after the last MUFU.EX2 (docs/findings/pv-wait-placement.md,
@@ -31,12 +33,6 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 PIPES = {"max": ("FMNMX",), "fma": ("FFMA", "FADD"), "mufu": ("MUFU",)}
-VARIANTS = [{}, {"exp_emulation": 0.125}, {"exp_emulation": 0.25}, {"rescale_threshold": 8.0},
-            {"exp_emulation": 0.125, "rescale_threshold": 8.0}, {"pingpong": False},
-            {"p_in_registers": False}, {"kv_stages": 3},
-            # conditional rescaling after the PV wait (the kernel's default before rescale_before_pv)
-            {"rescale_threshold": 8.0, "rescale_before_pv": False},
-            {"exp_emulation": 0.125, "rescale_threshold": 8.0, "rescale_before_pv": False}]
 
 
 def split(sass: str, dv: int = 0) -> dict:
@@ -68,23 +64,19 @@ def rescale_share(sass: str, dv: int) -> float | None:
 
 
 def fa4kernel_rows(measure=None) -> list[tuple[dict, object]]:
+    """(build, measure(sass, hdim)) for each of fa4kernel's builds in the generated table."""
     import fa4kernel
     from fa4kernel import make_config
 
+    from benchmarks.sass_tables import FWD_BUILDS
+
     measure = measure or split
-    variants, defaults = [], []
-    for hd in (64, 96, 128, 192, 256):  # every head dim fa4kernel builds
-        for causal in (False, True):
-            for knobs in VARIANTS if hd == 128 else [{}]:
-                cfg = make_config("bfloat16", hd, causal, False, dict(knobs))
-                build = {"hdim": hd, "causal": causal, **knobs}
-                if not knobs:  # the head dim's default also fixes its tile and rescale order
-                    build.update(tile_n=cfg.tile_n, rescale_before_pv=cfg.rescale_before_pv)
-                elif "rescale_threshold" in knobs:  # tau moves the rescale before the PV GEMM (auto)
-                    build.update(rescale_before_pv=cfg.rescale_before_pv)
-                print(f"# {build}", file=sys.stderr, flush=True)
-                (variants if knobs else defaults).append((build, measure(fa4kernel.compile_sass(cfg, arch="sm_90a"), hd)))
-    return variants + defaults  # the first matching row wins: variants before their default
+    rows = []
+    for hd, causal, knobs in FWD_BUILDS:
+        print(f"# {({'hdim': hd, 'causal': causal, **knobs})}", file=sys.stderr, flush=True)
+        cfg = make_config("bfloat16", hd, causal, False, dict(knobs))
+        rows.append(({"hdim": hd, "causal": causal, **knobs}, measure(fa4kernel.compile_sass(cfg, arch="sm_90a"), hd)))
+    return rows
 
 
 def cubin_rows(dirs: list[str], hdim: int, causal: bool | None = None, measure=None) -> list[tuple[dict, object]]:
@@ -107,13 +99,10 @@ def main(argv=None) -> int:
     ap.add_argument("--cubin", nargs="*", help="directories of flash-attn-4 cubins (one head dim)")
     ap.add_argument("--hdim", type=int, help="the head dim of those cubins")
     ap.add_argument("--causal", action="store_true", help="those cubins are causal builds (the row says so)")
-    ap.add_argument("--write", action="store_true", help="write fa4kernel's rows into its implementation file")
     ap.add_argument("--rescale", action="store_true",
                     help="instead: per build, the share of the O rescale's FMULs that lie among the exp2s "
                          "(builds that rescale before the PV GEMM are left out)")
     args = ap.parse_args(argv)
-    if args.write and (args.cubin or args.rescale):
-        ap.error("--write takes fa4kernel's pv_wait rows, not --cubin or --rescale")
     if args.cubin and args.hdim is None:
         ap.error("--cubin needs --hdim (the rows are keyed by head dim)")
     os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
@@ -122,15 +111,6 @@ def main(argv=None) -> int:
             else fa4kernel_rows(measure))
     table = [{"build": build, key: v} for build, v in rows if v is not None]
     print(json.dumps(table, indent=1))
-    if args.write:
-        path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                            "fa4sim", "implementations", "fa4kernel-sm90.json")
-        with open(path) as f:
-            impl = json.load(f)
-        impl["params"]["pv_wait_sass"]["value"] = table
-        with open(path, "w") as f:
-            f.write(json.dumps(impl, indent=1) + "\n")
-        print(f"wrote {len(table)} rows to {path}", file=sys.stderr)
     return 0
 
 

@@ -15,7 +15,16 @@ resolved so far:
   {"fact": NAME}                                     a fact the schedule derives (below)
 FACT is a problem field (hdim, hdim_v, causal, seqlen_q, seqlen_k), a knob resolved before this
 one, or a fact the schedule derives (its `facts()`, which schedules/__init__.py registers here:
-o_fits, consumer_wgs); a suffix compares instead of testing equality: _gt, _ge, _lt, _le, _ne.
+o_fits, consumer_wgs); a suffix compares instead of testing equality: _gt, _ge, _le, _ne.
+
+Tables measured on a kernel's compiled builds (SASS instruction counts, where ptxas put a wait)
+are not written by hand: <name>.sass.json beside the implementation is generated from the
+compiled kernels (its "generated" says by which command) and `load` merges it into the constants
+of its pass. A table with "columns" gives one constant per column, as the form
+  {"compiled": {"keys": [...], "fallbacks": [...], "rows": [...]}, "column": C}
+the column of the row whose "build" equals the problem's and knobs' values of every key exactly
+(a float written %g), else of the first fallback (knob values substituted) that names a row;
+a table without gives its rows as the constant (the schedule matches them: pv_wait_sass).
 
 The backward's choices sit in the file's "bwd" section, in the same form ("head_dims", "knobs",
 "params", a "source"); `Implementation.for_pass("bwd")` gives an implementation whose knobs and
@@ -38,8 +47,9 @@ CONSTANT_SCALE = 100.0
 # (schedule, pass) -> facts(ctx, knobs): what that schedule derives for an implementation's rules
 # to test. Each schedule registers its own (schedules/__init__.py): data never imports a schedule.
 FACTS: dict = {}
-_OPS = {"_gt": lambda a, b: a > b, "_ge": lambda a, b: a >= b, "_lt": lambda a, b: a < b,
-        "_le": lambda a, b: a <= b, "_ne": lambda a, b: a != b}
+_OPS = {"_gt": lambda a, b: a > b, "_ge": lambda a, b: a >= b, "_le": lambda a, b: a <= b,
+        "_ne": lambda a, b: a != b}
+GENERATED_SUFFIX = ".sass.json"  # <name>.sass.json: the tables generated from <name>'s compiled builds
 
 
 @dataclass(frozen=True)
@@ -137,6 +147,9 @@ def _leaves(spec):
     if isinstance(spec, dict) and ("by_hdim" in spec or "by_hdim_upto" in spec):
         for v in spec.get("by_hdim", spec.get("by_hdim_upto")).values():
             yield from _leaves(v)
+    elif isinstance(spec, dict) and "compiled" in spec:
+        for row in spec["compiled"]["rows"]:
+            yield row[spec["column"]]
     elif isinstance(spec, dict) and "rules" in spec:
         for rule in spec["rules"]:
             yield from _leaves(rule["value"])
@@ -177,12 +190,34 @@ def _evaluate(spec, ctx, knobs: dict, where: str):
         return _evaluate(table[bound], ctx, knobs, where)
     if "fact" in spec:
         return _fact(spec["fact"], ctx, knobs)
+    if "compiled" in spec:
+        return compiled_row(spec["compiled"], ctx, knobs, where)[spec["column"]]
     if "rules" in spec:
         for rule in spec["rules"]:
             if all(_holds(fact, want, ctx, knobs) for fact, want in rule["when"].items()):
                 return _evaluate(rule["value"], ctx, knobs, where)
         return _evaluate(spec["else"], ctx, knobs, where)
     return spec  # a plain mapping is a value (e.g. a table the schedule reads)
+
+
+def discrete(value):
+    """A value as the generated tables key it: a float (exp_emulation, rescale_threshold) written %g."""
+    return format(value, "g") if isinstance(value, float) else value
+
+
+def compiled_row(table: dict, ctx, knobs: dict, where: str) -> dict:
+    """The row of a generated table for this problem and these knobs: the one whose build has
+    their value of every key, else the first of the table's fallbacks (knob values substituted)
+    that names a row."""
+    want = {key: discrete(_fact(key, ctx, knobs)) for key in table["keys"]}
+    for swap in [{}, *table.get("fallbacks", [])]:
+        probe = {**want, **swap}
+        row = next((r for r in table["rows"] if r["build"] == probe), None)
+        if row is not None:
+            return row
+    shown = ", ".join(f"{k}={v}" for k, v in want.items())
+    raise InputError("impl", f"{where}: no compiled build has {shown} (nor a fallback of it); the builds are "
+                             f"those its generated SASS table lists")
 
 
 def _holds(fact: str, want, ctx, knobs: dict) -> bool:
@@ -213,7 +248,33 @@ def register_facts(schedule: str, pass_: str, facts) -> None:
 
 
 def available() -> list[str]:
-    return sorted(p.stem for p in IMPL_DIR.glob("*.json"))
+    return sorted(p.stem for p in IMPL_DIR.glob("*.json") if not p.name.endswith(GENERATED_SUFFIX))
+
+
+def _merge_generated(data: dict, path: Path) -> dict:
+    """The implementation's data with its generated tables (<name>.sass.json) among the constants
+    of their pass: a table with "columns" as one "compiled" constant per column, else its rows."""
+    if not path.exists():
+        return data
+    gen = json.loads(path.read_text())
+    data = {**data, "params": dict(data.get("params", {}))}
+    if "bwd" in data:
+        data["bwd"] = {**data["bwd"], "params": dict(data["bwd"].get("params", {}))}
+    for pass_, tables in gen.items():
+        if pass_ == "generated":
+            continue
+        params = data["params"] if pass_ == "fwd" else data["bwd"]["params"]
+        for name, table in tables.items():
+            source = f"{path.name} ({gen['generated']}): {table['source']}"
+            lookup = {k: table[k] for k in ("keys", "fallbacks", "rows") if k in table}
+            entries = ({param: {"value": {"compiled": lookup, "column": column}, "source": source, "confidence": "H"}
+                        for param, column in table["columns"].items()} if "columns" in table
+                       else {name: {"value": table["rows"], "source": source, "confidence": "H"}})
+            clash = sorted(set(entries) & set(params))
+            if clash:
+                raise InputError("impl", f"{data['name']}: {', '.join(clash)} both in its file and in {path.name}")
+            params.update(entries)
+    return data
 
 
 def _head_dims(entries: list) -> tuple:
@@ -247,7 +308,8 @@ def load(name: str, arch: str | None = None) -> Implementation:
         here = f" on {arch}" if arch else ""
         raise InputError("impl", f"unknown implementation {name!r}{here}; allowed: {', '.join(kernels)} "
                                  f"(with the arch of --hw) or {', '.join(names)}")
-    impl = _from_json(json.loads((IMPL_DIR / f"{full}.json").read_text()))
+    impl = _from_json(_merge_generated(json.loads((IMPL_DIR / f"{full}.json").read_text()),
+                                       IMPL_DIR / f"{full}{GENERATED_SUFFIX}"))
     if arch and impl.arch != arch:
         raise InputError("impl", f"{full} is an {impl.arch} kernel but the hardware is {arch}")
     return impl

@@ -40,6 +40,7 @@ from dataclasses import replace
 
 from ..engine import Edge, Op, Schedule
 from ..errors import InputError
+from ..implementation import discrete
 from ..tile_order import ORDERS
 from ..params import Context, Knob, Problem
 from ..softmax import add, beside_gemm, exp2_phase, mix_limits, phase, scaled
@@ -160,18 +161,29 @@ def pv_wait_fractions(impl, p: Problem, k: dict) -> dict | None:
     if where == "after_max":
         return dict(PV_WAIT_FALLBACK)
     if where == "compiled":
-        cfg = {"hdim": p.hdim, "causal": p.causal, **k}
-        for row in impl.params.get("pv_wait_sass", {}).get("value", []):
-            if all(_same(cfg.get(key), v) for key, v in row["build"].items()):
-                return dict(row["before"])
-        return dict(PV_WAIT_FALLBACK)
+        return dict(compiled_pv_wait(impl, p, k) or PV_WAIT_FALLBACK)
     return {part: float(v) for part, v in (item.split("=") for item in where.split(","))}
 
 
-def _same(a, b) -> bool:
-    if isinstance(b, float) or isinstance(a, float):
-        return a is not None and b is not None and abs(float(a) - float(b)) < 1e-9
-    return a == b
+def compiled_pv_wait(impl, p: Problem, k: dict) -> dict | None:
+    """The `before` of the implementation's pv_wait_sass row for this build: the first whose build
+    has these values of all its keys, compared exactly (floats as the table writes them, %g; the
+    model's rescale_threshold None is the kernel's 0: always rescale); else, for a variant not
+    compiled, its head dim's default build (a row marked "default") of the same tile_n and
+    rescale order; None: neither."""
+    cfg = {"hdim": p.hdim, "causal": p.causal, **k}
+    for name in ("exp_emulation", "rescale_threshold"):
+        if name in cfg:
+            cfg[name] = float(cfg[name] or 0.0)
+    rows = impl.params.get("pv_wait_sass", {}).get("value", [])
+    same = lambda row, keys: all(key in cfg and discrete(cfg[key]) == row["build"][key] for key in keys)  # noqa: E731
+    row = next((r for r in rows if same(r, r["build"])), None)
+    row = row or next((r for r in rows if r.get("default") and same(r, DEFAULT_BUILD_KEYS)), None)
+    return row["before"] if row else None
+
+
+# what a variant not compiled shares with its head dim's default build
+DEFAULT_BUILD_KEYS = ("hdim", "causal", "tile_n", "rescale_before_pv")
 
 
 def facts(ctx: Context, k: dict) -> dict:
