@@ -14,7 +14,7 @@ compiled (its JIT with --keep-cubin, for sm_90a with fake tensors) instead, for 
 table of flash-attn-4-sm90.json.
 
 With --rescale it prints, per build that rescales O after the PV wait, the share of the rescale's
-FMULs that lie among the exp2s, not after the last MUFU.EX2 (docs/findings/pv-wait-placement.md,
+FMULs that lie among the exp2s, not after the last MUFU.EX2 (lab/findings/pv-wait-placement.md,
 "The O rescale's position"; the fa3 schedule keeps the rescale after the exp2s).
 
     CUTE_DSL_ARCH=sm_90a python3 benchmarks/pv_wait_sass.py --rescale                # fa4kernel's builds

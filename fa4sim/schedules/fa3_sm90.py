@@ -13,7 +13,7 @@ with the MUFU.EX2s), so the rescale is the last work before the next GEMMs. With
 rescale_before_pv, O is rescaled by block j-1's scale between
 issuing S(j) and PV(j-1) instead (FA4's RescaleOBeforeGemm). Where the consumer waits for
 PV(j-1) is knob pv_wait: as compiled (ptxas, CUDA 13.0) the wait sits after the row max, so only
-the max overlaps PV(j-1) and the exp2s and the row sum wait for it (docs/findings/pv-wait-placement.md;
+the max overlaps PV(j-1) and the exp2s and the row sum wait for it (lab/findings/pv-wait-placement.md;
 each build's compiled position is in its implementation's pv_wait_sass table).
 Issue slots: beside a running GEMM the softmax phases get the softmax mix's share of the SM's
 issue rate (issue_under_mma), the O rescale, a burst of independent FMULs, the share measured
@@ -137,14 +137,14 @@ LSU_SHARE_FLOOR = 0.024
 EMULATION_NOTE = ("exp_emulation on SM90: an emulated exp2 is its 8 SASS instructions, the 7 added ones at "
                   "mix_fill_slots = {fill:g} of a softmax issue slot each (measured 0.2 on H100 and H200 beside a "
                   "wgmma). Per SM that matches fa4kernel's hd128 loop within 3 pp; at hd64 (three consumer "
-                  "warpgroups) and hd256 the kernel loses 2-6x more (docs/findings/emulation-cost.md)")
+                  "warpgroups) and hd256 the kernel loses 2-6x more (lab/findings/emulation-cost.md)")
 # what `fa4sim run` says where each warpgroup's softmax is long beside its own GEMMs (hd64)
 LONG_SOFTMAX_NOTE = ("each of the {wgs} consumer warpgroups runs the softmax of {per:.0f} score elements per "
                      "cycle of its own GEMMs (hd128: 8). Warpgroups with that much softmax beside their own GEMMs "
                      "are where the rules for issue beside a GEMM run short (bench_contention's intra kernel: "
                      "the GEMMs of 3 warpgroups cost up to 4-5.5 % of a trip more than the rules give; fa4kernel's "
                      "hd64 loop 1 % short with 3 warpgroups, 7-8 % with 2): this time may be optimistic "
-                     "(docs/findings/issue-rate-beside-mma.md, 'The hd64 loop')")
+                     "(lab/findings/issue-rate-hd64-loop.md, 'The hd64 loop')")
 LONG_SOFTMAX = 12.0  # score elements per tensor cycle and warpgroup from which the note is given
 PRODUCER_REGS = {2: 24, 3: 32}  # setmaxnreg of the producer WG (docs/reference/fa4-schedules.md)
 REG_OVERHEAD = 32               # addresses, loop state, row max/sum: an estimate
@@ -409,7 +409,7 @@ def build(hw, p: Problem, k: dict, n_kv: int, masked_blocks: int, impl, hbm_busy
         # the exp2 phase, whose mix bench_contention measured with it (one F2FP per two elements),
         # and the rescale is the warpgroup's last work before its next GEMMs (flash-attn-4's and
         # fa4kernel's hd64 causal rescale lie among the exp2s: not taken, see
-        # docs/findings/pv-wait-placement.md)
+        # lab/findings/pv-wait-placement.md)
         cvt = phase(hw, "convert", elems)
         if overlap:
             exp, cvt = add(exp, cvt), {}
