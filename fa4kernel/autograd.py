@@ -39,13 +39,11 @@ def _function():
         """out, lse = attention(q, k, v) saving q, k, v, out, lse; backward -> dq, dk, dv."""
 
         @staticmethod
-        def forward(ctx, q, k, v, cfg, softmax_scale, deterministic, bwd_knobs):
-            from .interface import _run
-
+        def forward(ctx, run, q, k, v, cfg, softmax_scale, deterministic, bwd_knobs):
             b, sq, h, d = q.shape
             out = torch.empty((b, sq, h, d), dtype=q.dtype, device=q.device)
             lse = torch.empty((b, h, sq), dtype=torch.float32, device=q.device)
-            _run(cfg, q.detach(), k.detach(), v.detach(), out, lse, softmax_scale)  # (DLPack refuses grad)
+            run(cfg, q.detach(), k.detach(), v.detach(), out, lse, softmax_scale)  # (DLPack refuses grad)
             ctx.save_for_backward(q, k, v, out, lse)
             ctx.causal = cfg.causal
             ctx.softmax_scale = softmax_scale
@@ -63,7 +61,7 @@ def _function():
             bcfg = bwd_config_from_knobs(dtype, q.shape[-1], ctx.causal, ctx.deterministic, ctx.bwd_knobs)
             scale = ctx.softmax_scale if ctx.softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
             dq, dk, dv = run_bwd(bcfg, dout, q, k, v, out, lse, scale)
-            return dq, dk, dv, None, None, None, None
+            return None, dq, dk, dv, None, None, None, None
 
     return FlashAttnFuncSm90
 
@@ -71,31 +69,15 @@ def _function():
 _FUNC = None
 
 
-def attention_with_grad(q, k, v, cfg, softmax_scale: Optional[float], deterministic: bool, **bwd_knobs):
+def attention_with_grad(run, q, k, v, cfg, softmax_scale: Optional[float], deterministic: bool, **bwd_knobs):
     """(out, lse) of the SM90 forward built with an LSE (cfg.has_lse), recorded for autograd;
+    run: the forward's launch (interface's), so this module stays below the host API;
     bwd_knobs: the backward's knobs (sm90/bwd_config.py: dq_reduce, dq_smem, dq_sum, stats, mma_order,
     preprocess, postprocess, regs, tile_m, grid_order, dq_zero; left out: their defaults)."""
     global _FUNC
     if _FUNC is None:
         _FUNC = _function()
-    return _FUNC.apply(q, k, v, cfg, softmax_scale, deterministic, tuple(sorted(bwd_knobs.items())))
-
-
-def attention_trainable(q, k, v, causal: bool = False, softmax_scale: Optional[float] = None,
-                        deterministic: bool = False, **bwd_knobs):
-    """attention(q, k, v, causal) with a grad_fn whose backward is built with any backward knob
-    (sm90/bwd_config.py), e.g. stats="thread", mma_order="dv_dk_dq"; the forward takes its
-    default knobs. Same as attention(..., bwd_knobs=dict(...)); kept for the benchmark's
-    variants (benchmarks/bench_bwd_sm90.py)."""
-    from .inputs import validate_device, validate_tensors
-    from .interface import resolve_config
-
-    validate_tensors(q, k, v, causal, softmax_scale, False, head_dims=BWD_HEAD_DIMS, gqa=True)
-    check_backward_supported(q, k, v, causal, deterministic, **bwd_knobs)
-    cfg = resolve_config(q, k, v, causal, True)
-    validate_device(q, k, v)
-    out, _ = attention_with_grad(q, k, v, cfg, softmax_scale, deterministic, **bwd_knobs)
-    return out
+    return _FUNC.apply(run, q, k, v, cfg, softmax_scale, deterministic, tuple(sorted(bwd_knobs.items())))
 
 
 def attention_backward(dout, q, k, v, out, lse, causal: bool = False, softmax_scale: Optional[float] = None,
@@ -140,9 +122,9 @@ def _backward(dout, q, k, v, out, lse, causal, softmax_scale, deterministic, sta
             got = f"{tuple(t.shape)} {t.dtype}" if isinstance(t, torch.Tensor) else type(t).__name__
             raise ValueError(f"{name}: {got}; allowed: a {dt} tensor of shape {shape}")
     validate_device(q, k, v)
-    from .interface import _capability
+    from .inputs import capability
 
-    cap = _capability(q)
+    cap = capability(q)
     if cap != (9, 0):
         raise ValueError(f"q is on an sm_{cap[0]}{cap[1]} GPU; the backward runs on sm_90 (H100, H200)")
     from .sm90.bwd import run_bwd

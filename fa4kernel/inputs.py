@@ -86,3 +86,26 @@ def validate_device(q, k, v):
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.data_ptr() % 16 != 0:
             raise ValueError(f"{name}.data_ptr() is not 16-byte aligned; allowed: 16-byte aligned")
+
+
+_PROPS: dict = {}  # device index -> torch.cuda device properties
+
+
+def device_props(device):
+    """The device's properties (capability, SM count, L2 size), asked once per device: a driver
+    query per call costs host time that shows on short problems."""
+    key = device.index if device.index is not None else 0
+    if key not in _PROPS:
+        import torch
+
+        _PROPS[key] = torch.cuda.get_device_properties(device)
+    return _PROPS[key]
+
+
+def capability(q):
+    """(major, minor) of the CUDA device q is on, or None (not a CUDA tensor, or no CUDA)."""
+    dev = getattr(q, "device", None)
+    if getattr(dev, "type", None) != "cuda":
+        return None
+    p = device_props(dev)
+    return p.major, p.minor

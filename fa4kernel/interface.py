@@ -13,7 +13,7 @@ import time
 from typing import Optional
 
 from .diagnostics import NONE, Diagnostics, probe_build, trace_build
-from .inputs import validate_device, validate_tensors
+from .inputs import capability, device_props, validate_device, validate_tensors
 from .interop import to_cute, torch_stream, tvm_ffi_enabled
 from .sass import sass_for
 from .sm90.bwd_config import BWD_KNOB_NAMES, BwdConfig, bwd_config_from_knobs, check_bwd_knob_names
@@ -178,7 +178,6 @@ def _compile_sm90_sass(cfg: KernelConfig, diag: Diagnostics, dump_dir: Optional[
     return sass_for(build, "sm_90a", dump_dir, cache=("sm90_fwd", (cfg, diag)))
 
 
-_PROPS: dict = {}  # device index -> torch.cuda device properties
 # Short causal launches take smaller tiles: the diagonal wastes more of a big tile. Measured
 # (H200, 16k tokens, one run, benchmarks/results/tile_choice_h200_2026-11-22.json): hd64 tile_m
 # 128 instead of 192: 1k causal 334 vs 299 TFLOP/s, 2k 395 vs 420 (so <= 1k only; non-causal 1k
@@ -186,17 +185,6 @@ _PROPS: dict = {}  # device index -> torch.cuda device properties
 # 1k causal 327 vs 312, 2k 397 vs 427. (hd256 took tile_n 64 here too; it is now its default.)
 SHORT_CAUSAL_MAX_SEQLEN_Q = 1024
 SHORT_CAUSAL_TILES = {64: {"tile_m": 128, "tile_n": 128}}
-
-
-def _props(device):
-    """The device's properties (capability, SM count, L2 size), asked once per device: a driver
-    query per call costs host time that shows on short problems."""
-    key = device.index if device.index is not None else 0
-    if key not in _PROPS:
-        import torch
-
-        _PROPS[key] = torch.cuda.get_device_properties(device)
-    return _PROPS[key]
 
 
 def resolve_config(q, k, v, causal: bool = False, return_lse: bool = False, **knobs) -> KernelConfig:
@@ -208,15 +196,6 @@ def resolve_config(q, k, v, causal: bool = False, return_lse: bool = False, **kn
             and knobs.get("tile_m") is None and knobs.get("tile_n") is None:
         knobs = {**SHORT_CAUSAL_TILES[d], **knobs}
     return make_config(dtype, d, causal, return_lse, knobs)
-
-
-def _capability(q):
-    """(major, minor) of the CUDA device q is on, or None (not a CUDA tensor, or no CUDA)."""
-    dev = getattr(q, "device", None)
-    if getattr(dev, "type", None) != "cuda":
-        return None
-    p = _props(dev)
-    return p.major, p.minor
 
 
 def _backward_knobs(dq_reduce, bwd_knobs) -> dict:
@@ -259,7 +238,7 @@ def attention(q, k, v, causal: bool = False, softmax_scale: Optional[float] = No
     if not isinstance(deterministic, bool):
         raise ValueError(f"deterministic={deterministic!r}; allowed: True or False")
     bwd_knobs = _backward_knobs(dq_reduce, bwd_knobs)
-    cap = _capability(q)
+    cap = capability(q)
     if cap is not None and cap not in ARCHS:
         raise ValueError(f"q is on an sm_{cap[0]}{cap[1]} GPU; fa4kernel has kernels for {_SUPPORTED}")
     if cap == (10, 0):
@@ -286,7 +265,7 @@ def attention(q, k, v, causal: bool = False, softmax_scale: Optional[float] = No
     if grad:
         from .autograd import attention_with_grad
 
-        out, lse = attention_with_grad(q, k, v, cfg, softmax_scale, deterministic, **bwd_knobs)
+        out, lse = attention_with_grad(_run, q, k, v, cfg, softmax_scale, deterministic, **bwd_knobs)
         return (out, lse) if return_lse else out
 
     import torch
@@ -295,6 +274,23 @@ def attention(q, k, v, causal: bool = False, softmax_scale: Optional[float] = No
     lse = torch.empty((b, h, sq), dtype=torch.float32, device=q.device) if return_lse else None
     _run(cfg, q, k, v, out, lse, softmax_scale)
     return (out, lse) if return_lse else out
+
+
+def attention_trainable(q, k, v, causal: bool = False, softmax_scale: Optional[float] = None,
+                        deterministic: bool = False, **bwd_knobs):
+    """attention(q, k, v, causal) with a grad_fn whose backward is built with any backward knob
+    (sm90/bwd_config.py), e.g. stats="thread", mma_order="dv_dk_dq"; the forward takes its
+    default knobs. Same as attention(..., bwd_knobs=dict(...)); kept for the benchmark's
+    variants (benchmarks/bench_bwd_sm90.py)."""
+    from .autograd import attention_with_grad, check_backward_supported
+    from .sm90.bwd_config import BWD_HEAD_DIMS
+
+    validate_tensors(q, k, v, causal, softmax_scale, False, head_dims=BWD_HEAD_DIMS, gqa=True)
+    check_backward_supported(q, k, v, causal, deterministic, **bwd_knobs)
+    cfg = resolve_config(q, k, v, causal, True)
+    validate_device(q, k, v)
+    out, _ = attention_with_grad(_run, q, k, v, cfg, softmax_scale, deterministic, **bwd_knobs)
+    return out
 
 
 def attention_traced(q, k, v, causal: bool = False, softmax_scale: Optional[float] = None,
@@ -355,7 +351,7 @@ MAX_CTAS = None
 
 
 def _sm_count(device) -> int:
-    return _props(device).multi_processor_count
+    return device_props(device).multi_processor_count
 
 
 def _max_ctas(device) -> int:
@@ -377,7 +373,7 @@ def _section_bytes(device) -> int:
         return int(L2_SECTION_BYTES)
     from .tile_schedule import SECTION_FRACTION_OF_L2
 
-    return int(_props(device).L2_cache_size) // SECTION_FRACTION_OF_L2
+    return int(device_props(device).L2_cache_size) // SECTION_FRACTION_OF_L2
 
 
 def _schedule(cfg: KernelConfig, q, k):

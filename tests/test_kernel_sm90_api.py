@@ -273,7 +273,7 @@ def test_attention_on_an_unsupported_gpu_is_one_line(monkeypatch, cap):
     one-line error naming the architecture and the supported ones (no compile, no launch)."""
     from fa4kernel import interface
 
-    monkeypatch.setattr(interface, "_capability", lambda q: cap)
+    monkeypatch.setattr(interface, "capability", lambda q: cap)
     msg = raises(f"sm_{cap[0]}{cap[1]} GPU", *qkv())
     assert "sm_90" in msg and "sm_100" in msg
 
@@ -340,7 +340,7 @@ def test_backward_deterministic_argument():
 def test_backward_on_sm100_is_one_line(monkeypatch):
     from fa4kernel import interface
 
-    monkeypatch.setattr(interface, "_capability", lambda q: (10, 0))
+    monkeypatch.setattr(interface, "capability", lambda q: (10, 0))
     msg = raises("requires grad on sm_100", *qkv_grad())
     assert "sm_90" in msg
 

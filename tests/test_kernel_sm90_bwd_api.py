@@ -64,7 +64,7 @@ def test_forward_knobs_stay_the_forwards():
 
 
 def test_attention_backward_and_trainable_take_the_knobs():
-    from fa4kernel.autograd import attention_trainable
+    from fa4kernel.interface import attention_trainable
 
     q, k, v = qkv_grad(64)
     raises("CUDA device", attention_trainable, q, k, v, tile_m=128)

@@ -4,6 +4,7 @@ lab's or the benchmarks' code, and no module takes another module's private (_na
 
 The import graph is read with ast, so nothing here is imported or run."""
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -97,9 +98,19 @@ def test_the_graph_sees_function_level_imports():
     assert "fa4sim.schedules.fa3_sm90" in edges["fa4sim.schedules"]
 
 
-def test_no_import_cycle_in_fa4sim():
-    cycle = _cycle(_graph()[0])
+@pytest.mark.parametrize("package", PACKAGES)
+def test_no_import_cycle(package):
+    cycle = _cycle(_graph(package)[0])
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_kernels_never_import_the_api_layer():
+    # the kernels and their configs sit below fa4kernel's host API (interface, autograd, the package)
+    edges, _ = _graph("fa4kernel")
+    api = {"fa4kernel", "fa4kernel.interface", "fa4kernel.autograd"}
+    for m, targets in edges.items():
+        if m.startswith(("fa4kernel.sm90", "fa4kernel.sm100")):
+            assert not targets & api, f"{m} imports {sorted(targets & api)}"
 
 
 @pytest.mark.parametrize("package", PACKAGES)
@@ -118,8 +129,9 @@ def test_data_never_imports_schedules_or_the_model():
         assert not bad, f"{data} imports {sorted(bad)}"
 
 
-def test_no_private_name_taken_across_modules():
-    edges, taken = _graph()
+@pytest.mark.parametrize("package", PACKAGES)
+def test_no_private_name_taken_across_modules(package):
+    edges, taken = _graph(package)
     known = set(edges)
     bad = []
     for m, imports in taken.items():
@@ -156,3 +168,21 @@ def test_the_solver_needs_no_driver():
     # modulo (CP-SAT) replays its programs in the engine and measures them as steady_state does
     edges, _ = _graph()
     assert not {t for t in edges["fa4sim.modulo"] if t in ("fa4sim.model", "fa4sim.cli", "fa4sim.sweep")}
+
+
+# A user's pages speak in the present tense: no dates, no names of measurement campaigns (those
+# live in lab/campaigns). Result-file paths in commands are not prose: a path is left out first.
+PAGES = ("README.md", "fa4kernel/README.md", "docs/model.md")
+DATE = re.compile(r"\b20\d\d-[01]\d-[0-3]\d\b")
+CAMPAIGN_WORDS = re.compile(r"\b(holdout|unseen|untried|blind|novel)\b", re.I)
+PATH = re.compile(r"[\w./*-]+\.(json|gz|md|py|png)\b|[\w-]+/[\w./*-]+")
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_user_pages_carry_no_dates_or_campaigns(page):
+    bad = []
+    for n, line in enumerate((ROOT / page).read_text().splitlines(), 1):
+        prose = PATH.sub("", line)
+        if DATE.search(prose) or CAMPAIGN_WORDS.search(prose):
+            bad.append(f"{page}:{n}: {line.strip()[:100]}")
+    assert not bad, "\n".join(bad)
