@@ -26,7 +26,7 @@
 #    and the O store, what ping-pong costs a short tile.
 # 3. **The launch:** the first wave from a cold L2, and the jitter a table fixed before the
 #    launch pays.
-# 4. **How it was measured:** the clock, exact cycles, and what stamps disturb.
+# 4. **How it is measured:** the clock, exact cycles, and what stamps disturb.
 #
 # Everything runs on a CPU from recorded measurements; a cell with nothing recorded says so.
 # Do lesson 03 first.
@@ -118,7 +118,7 @@ for path, doc in kit.recorded("bursts_per_code_*_2026-11-22.json"):
 # With intra-warpgroup overlap, the source lets block j's whole softmax run while `PV(j-1)` is on
 # the tensor core. In the compiled SASS, ptxas hoists the wait for `PV(j-1)` to just after the
 # row max: most of the exp2s come after it. A build with a never-taken branch keeps the exp2s
-# ahead of the wait, as the source has them (the SASS was checked). One CTA, exact cycles per KV
+# ahead of the wait, as the source has them (their SASS shows it). One CTA, exact cycles per KV
 # block, H100. Is the loop faster or slower with the exp2s forced before the PV wait? Answer
 # `"faster"` or `"slower"`. ([where the PV wait goes](../lab/findings/pv-wait-placement.md))
 
@@ -155,7 +155,7 @@ else:
 # knob `pv_wait` places the wait: `after_max` (the default, the order the model is validated
 # with), `after_softmax` (the source order) or `compiled` (each build's measured position, from
 # its SASS). The model charges the two orders alike, so the compiled order stays the default for
-# a reason it cannot yet give: a microbenchmark of a warpgroup's exp2s beside its own RS wgmma
+# a reason it cannot give: a microbenchmark of a warpgroup's exp2s beside its own RS wgmma
 # would isolate it.
 #
 # ### Exercise 7.3: where conditional rescaling's branch goes
@@ -550,7 +550,7 @@ for prof in ("h100", "h200"):
           f"({100 * r.kernel.jitter_cycles / (r.kernel.cycles - r.kernel.jitter_cycles):+.1f} %)")
 
 # %% [markdown]
-# ## 4. How it was measured
+# ## 4. How it is measured
 #
 # Every number above comes from one of three kinds of measurement
 # ([the clock, and how we measure](../lab/findings/clock-and-measurement.md),
