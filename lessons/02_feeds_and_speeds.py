@@ -162,7 +162,7 @@ for d in (64, 128, 256):
 #
 # The rates above come from vendor documents and papers. Our own Hopper microbenchmarks
 # (`benchmarks/calibrate/`) record what the chip actually does in
-# `benchmarks/results/calibrate_<device>_<date>.json`. When they exist, this cell puts each
+# `benchmarks/results/calibrate_*.json`. When they exist, this cell puts each
 # measured per-clock rate beside the datasheet value and recomputes the H100 tile costs with it.
 
 # %%
@@ -195,7 +195,7 @@ for path, doc in calib:
         print(f"   -> per 128x128 tile at hd128 with the measured rates: MMA {mma:.0f} cycles, exp2 {exp:.0f} cycles")
 
 # %% [markdown]
-# Per clock, Hopper delivers its datasheet rates almost exactly. What the microbenchmarks did
+# Per clock, Hopper delivers its datasheet rates almost exactly. What the microbenchmarks do
 # change is the **clock** (about 1.61 GHz under a full wgmma load instead of the rated 1.83 GHz)
 # and several latencies: cycles per tile stay, seconds per tile grow. Lesson 03 uses the measured
 # profiles (`h100`, `h200`) built from these files.

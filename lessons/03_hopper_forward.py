@@ -142,7 +142,7 @@ print(f"\nh100 (datasheet), default: loop {r.interval:.0f} cycles per KV block, 
       + ", ".join(f"{u} {v:.0%}" for u, v in sorted(r.utilization.items(), key=lambda kv: -kv[1])[:4]))
 
 # %% [markdown]
-# The measured profiles predict less across the board: they add what our microbenchmarks found
+# The measured profiles predict less across the board: they add what our microbenchmarks measure
 # (section 3 explains it). Keep that in mind: the **datasheet predictions are upper bounds**.
 #
 # ### Exercise 3.1: which knob hurts most?
@@ -264,7 +264,7 @@ kit.check(biggest == max(gains, key=gains.get), "undo each mechanism and see whi
 #
 # With a GPU (`LIVE`), the next cell runs `fa4kernel.attention` for each variant (the first call
 # of each variant compiles it, which takes a while). Without one, it reads the newest recorded
-# benchmark, `benchmarks/results/sm90_fwd_<device>_<date>.json`.
+# benchmark, `benchmarks/results/sm90_fwd_*.json`.
 
 # %%
 measured, source, device = {}, None, None
@@ -343,7 +343,7 @@ else:
 # ### Exercise 3.3: where the two implementations part
 #
 # The recorded benchmark also times flash-attn-4 on a grid of problems (hd 64/128/256, seqlen
-# 1k/4k/16k, causal and not), in the same run as fa4kernel. The two kernels share their loop and
+# 1k/4k/16k, causal and not), point by point beside fa4kernel. The two kernels share their loop and
 # differ at the tile boundary (section 1). At which sequence length should fa4kernel lead
 # flash-attn-4 the most: 1024, 4096 or 16384 tokens? Answer, then let the check ask the
 # simulator (fa4kernel's predicted lead, each implementation simulated as itself, at hd128) and
@@ -476,8 +476,8 @@ for prof in PROFILES[1:]:
 #   (`simulate(..., impl="flash-attn-4")`, `fa4sim params --impl`). Two kernels with one loop
 #   part at the tile boundary, where short sequences spend their time.
 # - Datasheet predictions are upper bounds; the measured profiles are our best model. Compare
-#   *differences* between variants with the measurements, and state the device and date of every
-#   measurement.
+#   *differences* between variants with the measurements, and state the device and the build of
+#   every measurement.
 #
 # Next: lesson 04, the same questions on Blackwell, where exp2 costs as much as the MMA. The
 # research questions behind this lesson's numbers (what a tile costs beyond its blocks, where the

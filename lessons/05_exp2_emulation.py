@@ -155,7 +155,7 @@ fig.tight_layout()
 # - **B200**: a real gain, because the exp2 on the critical path gets shorter. The model's optimum
 #   sits higher (around 37.5 %) than FA4's choice (12.5 % and 18.75 %); the model has no register
 #   pressure and no cost for the extra instructions' latency, so treat the right half of the curve
-#   as optimistic. That is a question the SM100 kernel's measurements will settle.
+#   as optimistic. Measurements of the SM100 kernel on a B200 would settle it; it has not run.
 #
 # ### Exercise 5.2
 # From the sweep, what fraction gives the simulator's best B200 throughput?

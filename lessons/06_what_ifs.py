@@ -244,7 +244,7 @@ for label, r in (("hd64, 2 Q tiles, tile_n 128", two64), ("hd64, 3 Q tiles, tile
 
 # %% [markdown]
 # The model predicts about +27 % for hd64 with a third Q tile: the MUFU goes from ~67 % to ~87 %
-# busy. A prediction worth testing once an SM100 kernel exists.
+# busy. A prediction worth testing once the SM100 kernel runs on a B200.
 #
 # ## Your turn
 #

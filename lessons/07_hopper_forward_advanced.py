@@ -14,8 +14,8 @@
 # %% [markdown]
 # # Lesson 07: the Hopper forward kernel, advanced (research exercises, about an hour)
 #
-# Lesson 03 predicted and measured the Hopper forward kernel knob by knob. This lesson goes where
-# the model was built: each section is one question we asked of the kernel, answered with a
+# Lesson 03 predicts and measures the Hopper forward kernel knob by knob. This lesson goes where
+# the model comes from: each section is one question about the kernel, answered with a
 # recorded measurement from `benchmarks/results/` and set against fa4sim. Each links the page of
 # `lab/findings/` that holds the whole answer, its evidence and what is still open.
 #
@@ -26,7 +26,7 @@
 #    and the O store, what ping-pong costs a short tile.
 # 3. **The launch:** the first wave from a cold L2, and the jitter a table fixed before the
 #    launch pays.
-# 4. **How it was measured:** the clock, exact cycles, and what stamps disturb.
+# 4. **How it is measured:** the clock, exact cycles, and what stamps disturb.
 #
 # Everything runs on a CPU from recorded measurements; a cell with nothing recorded says so.
 # Do lesson 03 first.
@@ -118,7 +118,7 @@ for path, doc in kit.recorded("bursts_per_code_*_2026-11-22.json"):
 # With intra-warpgroup overlap, the source lets block j's whole softmax run while `PV(j-1)` is on
 # the tensor core. In the compiled SASS, ptxas hoists the wait for `PV(j-1)` to just after the
 # row max: most of the exp2s come after it. A build with a never-taken branch keeps the exp2s
-# ahead of the wait, as the source has them (the SASS was checked). One CTA, exact cycles per KV
+# ahead of the wait, as the source has them (their SASS shows it). One CTA, exact cycles per KV
 # block, H100. Is the loop faster or slower with the exp2s forced before the PV wait? Answer
 # `"faster"` or `"slower"`. ([where the PV wait goes](../lab/findings/pv-wait-placement.md))
 
@@ -155,7 +155,7 @@ else:
 # knob `pv_wait` places the wait: `after_max` (the default, the order the model is validated
 # with), `after_softmax` (the source order) or `compiled` (each build's measured position, from
 # its SASS). The model charges the two orders alike, so the compiled order stays the default for
-# a reason it cannot yet give: a microbenchmark of a warpgroup's exp2s beside its own RS wgmma
+# a reason it cannot give: a microbenchmark of a warpgroup's exp2s beside its own RS wgmma
 # would isolate it.
 #
 # ### Exercise 7.3: where conditional rescaling's branch goes
@@ -219,7 +219,7 @@ for path, doc in kit.recorded("rescale_branch_h100_2026-11-22/rescale_before_pv.
 # ([where the PV wait goes](../lab/findings/pv-wait-placement.md)). After the PV wait it
 # predicts a gain the kernel does not have (about +3 %): the model has no cost for a branch, only
 # for instructions, and what the branch does to ptxas's schedule of the softmax is not in its
-# units. The measurement found the faster kernel; the model alone would have kept the other
+# units. The measurement picks the faster kernel; the model alone would pick the other
 # order.
 #
 # ### Exercise 7.4: two warpgroups, each beside its own GEMM
@@ -362,13 +362,14 @@ print(f"model, cycles per tile of 8 blocks: {base:.0f}; saved by early_q_release
 kit.check(my_answer == max(saved, key=saved.get), f"the model says {max(saved, key=saved.get)!r}")
 
 # %% [markdown]
-# Now the measurements (H100, same-run A/B tests, benchmarks/results/ab_early_q_release_h100_2026-11-22/):
-# deferring the store's wait **alone changes nothing**; releasing Q early gains +1.7 % at hd128
+# Now the recorded H100 A/B tests (each pair of builds timed side by side;
+# [tile turnover](../lab/findings/tile-turnover.md)): deferring the store's wait **alone changes nothing**; releasing Q early gains +1.7 % at hd128
 # 1k causal (+3.1 % at hd64); and *then* deferring the store's wait gains another +1.9 %. The
 # model ranks them the other way round and says the early release adds nothing once the wait is
 # deferred. Explain the difference: in the kernel, which of the two waits on the other? (A hint:
 # in the traces, timeline_hd128_1k_late_q.json.gz, the next tile's first S GEMM issues about
-# 1900 cycles after the Q load is issued.) This is a prediction that failed, written down as one.
+# 1900 cycles after the Q load is issued.) The model's ranking is wrong here, and the lesson keeps
+# it as a wrong prediction.
 #
 # ### Exercise 7.7: what ping-pong costs a short tile
 #
@@ -429,7 +430,7 @@ else:
 # block, so warpgroup 1 waits. The model starts a tile's first S GEMMs without the hand-off and
 # has no O-store issue on warpgroup 0. Put there (a what-if tried on the model), the store's
 # issue reproduces ping-pong's per-tile cost (+276 cycles against +321) but not the tiles'
-# lengths: another cost of about 300 cycles per tile is still missing, so the model does not
+# lengths: another cost of about 300 cycles per tile is missing, so the model does not
 # carry it. A mechanism can be right while the model around it still balances on a missing piece.
 #
 # ## 3. The launch
@@ -549,7 +550,7 @@ for prof in ("h100", "h200"):
           f"({100 * r.kernel.jitter_cycles / (r.kernel.cycles - r.kernel.jitter_cycles):+.1f} %)")
 
 # %% [markdown]
-# ## 4. How it was measured
+# ## 4. How it is measured
 #
 # Every number above comes from one of three kinds of measurement
 # ([the clock, and how we measure](../lab/findings/clock-and-measurement.md),
@@ -584,4 +585,4 @@ for path, doc in kit.recorded("sm90_fwd_*.json"):
 #   a few hundred cycles per tile.
 # - A launch pays a cold first wave and, with a table fixed before it, the jitter of its tiles.
 # - A measurement disturbs what it measures: stamps slow the loop they stamp. State the build,
-#   the device and the date with every number.
+#   the device and the build with every number, and where it is recorded.

@@ -75,14 +75,15 @@ for hd in (64, 256):
                    overrides={"card_power_w": hardware.load("h100").card_power_w + 40})
     print(f"hd{hd:<3d} a card drawing 40 W more: {hot.clock_ghz:.3f} GHz (the median card: "
           f"{h100[hd].clock_ghz:.3f}), {hot.tflops / h100[hd].tflops - 1:+.1%} in TFLOP/s")
-#
+
+# %% [markdown]
 # ## 2. Measured
 #
 # The sustained benchmark runs each point back to back for seconds, so the GPU reaches its
 # steady clock. It records TFLOP/s, NVML's clock and power over the timed windows, and, for a
 # clock-probe build of fa4kernel, the clock counted inside the kernel (`clock64` against
 # `globaltimer`, summed over every launch of a window: the cap's controller moves the clock by
-# several percent from one window to the next, and one launch's sample read about 4 % low). Look
+# several percent from one window to the next, and one launch's sample reads about 4 % low). Look
 # at the file's shape first:
 
 # %%
@@ -201,10 +202,11 @@ for l in rdoc["loads"]:
           f"HBM {hbm_w:3.0f} W ({hbm_w * h100_hw.clock_ghz / f:3.0f} W at the maximum clock's price), "
           f"clock {pred.clock_ghz:.3f} GHz")
     kit.check(abs(pred.clock_ghz / f - 1) < 0.03, f"{l['name']}: predicted {pred.clock_ghz:.3f} GHz, measured {f:.3f}")
-#
+
+# %% [markdown]
 # ## 4. FA4's asymmetry as a power argument
 #
-# On B200 the tensor core's rate per SM doubled, the MUFU's did not. Lesson 02 read this as a
+# On B200 the tensor core's rate per SM doubled, the MUFU's did not. Lesson 02 reads this as a
 # time argument: exp2 becomes the bottleneck, so FA4 emulates part of it on the FMA pipes and
 # skips most O rescales. The cap adds a second one: every non-tensor operation spends watts, and
 # under a 1000 W cap those watts lower the clock of everything. Two what-ifs on the FA4 main job

@@ -207,10 +207,11 @@ show("H100 flash-attn-4", h)
 # `fa4kernel.attention` on tensors that require grad returns an output whose `backward()` runs
 # our SM90 backward (`fa4kernel/README.md`, "Backward"). It has section 3's structure (a CTA per
 # 128-key tile, a producer warpgroup and two MMA warpgroups, the same five wgmmas) with 64-row Q
-# blocks. Its first design ran at about half of flash-attn-4's speed. Four knobs
-# (`attention(..., bwd_knobs={...})`) took it from there; the defaults are the right column:
+# blocks. Four knobs (`attention(..., bwd_knobs={...})`) set how it spends the stretch between Q
+# blocks and how it preprocesses; with all four at the left column's value (the baseline build)
+# it runs at about half of flash-attn-4's speed. The defaults are the right column:
 #
-# | knob | the first design | the default |
+# | knob | the baseline | the default |
 # |---|---|---|
 # | `dq_reduce` | `"red"`: after the Q block's GEMMs, every consumer thread adds its part of dQ into global memory with `RED` atomics | `"bulk"`: dQ goes to an fp32 shared-memory buffer; one thread of producer warp 1 adds it with one bulk reduce-add per warpgroup |
 # | `stats` | `"thread"`: every consumer thread loads LSE and D from global memory at the top of each Q block | `"tma"`: producer warp 0 bulk-copies them with Q and dO; the consumers read shared memory |
@@ -227,7 +228,7 @@ guess_step = {"16k": None,  # <- "dq_reduce", "stats", "mma_order" or "preproces
               "1k": None}
 
 # %% [markdown]
-# With a Hopper GPU the next cell times the default and the first design at hd128, 4 x 4096
+# With a Hopper GPU the next cell times the default and the baseline at hd128, 4 x 4096
 # tokens, and flash-attn-4's backward where it is installed; otherwise it says why it skips.
 
 # %%
@@ -247,7 +248,7 @@ else:
             import fa4kernel
 
             impls["fa4kernel (defaults)"] = lambda q, k, v: fa4kernel.attention(q, k, v)
-            impls["fa4kernel, first design"] = lambda q, k, v: fa4kernel.attention(q, k, v, bwd_knobs=FIRST)
+            impls["fa4kernel, baseline"] = lambda q, k, v: fa4kernel.attention(q, k, v, bwd_knobs=FIRST)
         except Exception as e:  # the kernel package or the CuTe DSL is missing
             print("cannot import fa4kernel, skipping it:", repr(e)[:300])
         try:
@@ -280,13 +281,13 @@ else:
 # gradients checked against an fp32 reference first. Compare within a run: the power cap moves
 # absolute numbers between runs.
 #
-# **The ladder.** One H100 run timed each step beside the others (in that run `fa4kernel`
-# without knobs is the first design). The cell prints the first design's TFLOP/s, then what
-# each step adds on top of the one before. That run timed the preprocess kernel only on top of a
-# third order, `dv_early` (dV issued as soon as P is in registers), so its column is that pair.
+# **The ladder.** The recorded H100 ladder times each step beside the others (its `fa4kernel`
+# column, without knobs, is the baseline build). The cell prints the baseline's TFLOP/s, then
+# what each step adds on top of the one before. The ladder times the preprocess kernel only on top
+# of a third order, `dv_early` (dV issued as soon as P is in registers), so its column is that pair.
 
 # %%
-STEPS = {  # step: (before, after), columns of the same run
+STEPS = {  # step: (before, after), columns timed side by side
     "dq_reduce": ("fa4kernel", "fa4kernel[dq_reduce=bulk]"),
     "stats": ("fa4kernel[dq_reduce=bulk]", "fa4kernel[dq_reduce=bulk,stats=tma]"),
     "mma_order": ("fa4kernel[dq_reduce=bulk,stats=tma]", "fa4kernel[dq_reduce=bulk,stats=tma,mma_order=dv_dq_dk]"),
@@ -298,8 +299,8 @@ if ladder is None:
     print("No recorded run with every step (benchmarks/results/sm90_bwd_*.json): the ladder is skipped.")
 else:
     path, doc = ladder
-    print(f"{path.name} ({', '.join(kit.describe(doc))}): first design in TFLOP/s, then each step's gain")
-    print(f"{'point':19s}{'first':>7s}" + "".join(f"{s:>12s}" for s in STEPS) + f"{'FA4':>7s}{'cuDNN':>7s}")
+    print(f"{path.name} ({', '.join(kit.describe(doc))}): baseline in TFLOP/s, then each step's gain")
+    print(f"{'point':19s}{'base':>7s}" + "".join(f"{s:>12s}" for s in STEPS) + f"{'FA4':>7s}{'cuDNN':>7s}")
     gains = {s: {"1k": [], "16k": []} for s in STEPS}
     for p in doc["points"]:
         t = {c: r.get("tflops") for c, r in p["results"].items()}
@@ -314,30 +315,30 @@ else:
         g = {s: statistics.geometric_mean(v[size]) for s, v in gains.items()}
         best[size] = max(g, key=g.get)
         print(f"{'geomean ' + size:26s}" + "".join(f"{g[s] - 1:+12.0%}" for s in STEPS))
-    print(f"first design / flash-attn-4 (geomean of this run): {doc['summary']['geomean_fa4kernel_over_flash-attn-4']:.2f}")
+    print(f"baseline / flash-attn-4 (geomean over the ladder): {doc['summary']['geomean_fa4kernel_over_flash-attn-4']:.2f}")
     print(f"the largest step: {best}; your guess: {guess_step}")
 
 # %% [markdown]
-# - **Long sequences**: the bulk reduce-add is the largest step; the first design's thousands of
-#   atomics per CTA and Q block sat between one block's GEMMs and the next. LSE and D by TMA and
+# - **Long sequences**: the bulk reduce-add is the largest step; the baseline's thousands of
+#   atomics per CTA and Q block sit between one block's GEMMs and the next. LSE and D by TMA and
 #   the dV-dQ-dK order each add about another eighth: both take work off that stretch.
 # - **Short sequences**: the three steps inside the main kernel give little, and the preprocess
 #   kernel gives about half again. The preprocess reads dO and O, work that grows with the tokens,
 #   while the main kernel's work grows with tokens times sequence length: at 1k it weighs sixteen
 #   times more beside the main kernel than at 16k.
 #
-# **Where it stands.** The newest run of the whole grid (head dims 64, 128, 256; 1k, 4k, 16k;
-# causal or not) per GPU, with the defaults, flash-attn-4 and cuDNN; first the summary of every
-# grid run (the H100's oldest is the first design; the oldest runs have no hd256 for ours). Two
-# runs time hd256's current default, the CTA pair, as a variant row beside the build before it:
-# "ours" takes the pair's row there. The newest runs are timed alone after 1 s back to back
-# (`--sustained`'s first method: the clock had not quite settled; the settled runs below time
-# ours and flash-attn-4 only).
+# **Where it stands.** The whole grid (head dims 64, 128, 256; 1k, 4k, 16k; causal or not), with
+# the defaults, flash-attn-4 and cuDNN. The cell prints one summary line for every recorded grid
+# run, older builds of ours among them (the baseline; builds without hd256), then the newest run
+# per GPU in full. Where a run times hd256's default, the CTA pair, as a variant row beside the
+# build without it, "ours" takes the pair's row. These grid runs time each point alone after 1 s
+# back to back, which leaves the clock not quite settled; the settled runs below time ours and
+# flash-attn-4 only.
 
 # %%
 GRID, short = {}, {}  # GPU -> the newest grid run: ours, ours deterministic, FA4, cuDNN (and the pair)
-PAIR = "fa4kernel[dq_smem=qdo,dq_sum=pair]"  # hd256's default since the pair runs
-BEFORE = "fa4kernel[tile_m=64,postprocess=torch,dq_zero=torch]"  # the build before the launch fixes
+PAIR = "fa4kernel[dq_smem=qdo,dq_sum=pair]"  # hd256's default: the CTA pair
+BEFORE = "fa4kernel[tile_m=64,postprocess=torch,dq_zero=torch]"  # the build without the launch fixes (below)
 for path, doc in sorted(kit.recorded("sm90_bwd_*.json"), key=lambda pd: kit.describe(pd[1])[0]):
     cols = doc["points"][0]["results"]
     if any(c.startswith("fa4kernel[") and c not in ("fa4kernel[deterministic]", PAIR, BEFORE) for c in cols):
@@ -422,7 +423,8 @@ for hd, heads in ((64, 32), (128, 16)):
 # enough to read it: at 1k the launches around the main kernel are about a fifth of
 # flash-attn-4's time (a fiftieth at 16k), and the 64-row Q block costs its schedule under a
 # tenth, most at hd64 16k. At hd64 flash-attn-4 runs 128-row Q blocks. Ours can too
-# (`tile_m=128`); one more H100 run timed it, and two other knobs, beside the default:
+# (`tile_m=128`); a recorded H100 run times it, and two other knobs, beside the default of an
+# older build:
 
 # %%
 knobs_run = next((pd for pd in kit.recorded("sm90_bwd_*.json")
@@ -443,30 +445,31 @@ else:
               + f"{t['flash-attn-4']:6.0f}")
 
 # %% [markdown]
-# None of them gained more than a percent or two anywhere in that run, and most lost: the
-# 128-row tile was slower with the default order. Two measurements found why, and both were
-# fixed; the newest grid above times the fixed build (and the build before it, as a variant row):
+# In that build none of them gains more than a percent or two anywhere, and most lose: the
+# 128-row tile is slower with the default order. Two mechanisms explain it, and the current
+# defaults avoid both; the newest grid above times the current build (and the build without
+# these two changes, as a variant row):
 #
-# - **The 128-row build was serialized by ptxas.** Compiled on its own, ptxas says "wgmma.mma_async
-#   instructions are serialized due to insufficient register resources": it gave every wgmma its
-#   own arrive and wait (32 per loop trip instead of one batch per GEMM, 5). What held the
-#   registers: LSE and D of all 32 query columns a thread touches, read from smem into 64
-#   registers before the exp2 and dS loops. Reading each column's value where it is used
-#   (column by column) frees them, the wgmmas stay asynchronous, and the 128-row tile gains 1 to
-#   11 % over 64 rows; it is now hd64's default. A CPU test counts the arrives in every default
-#   build's loop, so a serialized build cannot land again.
-# - **The postprocess was a slow copy.** `benchmarks/bwd_launches_sm90.py` times every launch of
-#   one backward call with torch.profiler: at 1k the torch `copy_` that put dQ's rows back in
-#   order took 157 us, flash-attn-4's postprocess kernel 67 us (the bytes at the memory's
-#   bandwidth). Ours had a postprocess kernel too, but its warps stored 16 bytes into each of 32
-#   rows; with the threads of a warp taking consecutive pieces of one row it takes 68 us and is
-#   now the default, with the dQ accumulator zeroed by the preprocess (one launch fewer).
+# - **ptxas serializes a 128-row build short of registers.** When LSE and D of all 32 query
+#   columns a thread touches are read from smem into 64 registers before the exp2 and dS loops,
+#   ptxas says "wgmma.mma_async instructions are serialized due to insufficient register
+#   resources" and gives every wgmma its own arrive and wait (32 per loop trip instead of one
+#   batch per GEMM, 5). Reading each column's value where it is used (column by column) frees
+#   those registers, the wgmmas stay asynchronous, and the 128-row tile gains 1 to 11 % over 64
+#   rows; it is hd64's default. A CPU test counts the arrives in every default build's loop, so
+#   a serialized build fails the tests.
+# - **The postprocess must run at the memory's bandwidth.** `benchmarks/bwd_launches_sm90.py`
+#   times every launch of one backward call with torch.profiler: at 1k a torch `copy_` that puts
+#   dQ's rows back in order takes 157 us, flash-attn-4's postprocess kernel 67 us (the bytes at
+#   the memory's bandwidth). A postprocess kernel whose warps store 16 bytes into each of 32
+#   rows is slow too; ours lets the threads of a warp take consecutive pieces of one row and
+#   takes 68 us, and the preprocess zeroes the dQ accumulator (one launch fewer).
 #
-# Together they lift hd64 and hd128 by 11 to 25 % at 1k, 0 to 18 % at 4k and 2 to 14 % at 16k
-# (hd256, where only the postprocess changed: 7 to 14 % at 1k), and the model of our
-# kernel, which always assumed a postprocess at bandwidth and 128-row blocks where they hold,
-# now agrees with it within a few percent at hd64. That left hd256 with a causal mask, where
-# cuDNN led by 2 to 4 % at 1k and 4k (timed sustained).
+# Together the two are worth 11 to 25 % at hd64 and hd128 at 1k, 0 to 18 % at 4k and 2 to 14 %
+# at 16k (at hd256, where only the postprocess differs: 7 to 14 % at 1k), and the model of our
+# kernel, which assumes a postprocess at bandwidth and 128-row blocks where they hold, agrees
+# with it within a few percent at hd64. What they leave is hd256 with a causal mask, where,
+# with the CTAs launched head by head, cuDNN leads by 2 to 4 % at 1k and 4k (timed sustained).
 #
 # **The launch order.** With a causal mask a CTA walks only the Q blocks below its KV tile's
 # diagonal: at 4k and hd256 the first KV tile of a head walks 64 of them, the last one 1. The CTAs
@@ -485,8 +488,8 @@ for causal in (True, False):
           f"{t['tail_lpt']:.0f} us tail_lpt ({t['heads_outer'] / t['tail_lpt'] - 1:+.1%})")
 
 # %% [markdown]
-# The kernel got the knob after that prediction, and `tail_lpt` is its causal default. Measured
-# sustained, the `heads_outer` build timed as a row beside the default in the same run:
+# `tail_lpt` is the kernel's causal default. Measured sustained, with the `heads_outer` build
+# timed as a row beside the default:
 
 # %%
 tail_run = next((pd for pd in kit.recorded("sm90_bwd_tail_*.json")
@@ -522,7 +525,7 @@ SASS = {}
 try:
     import fa4kernel
 
-    for label, knobs in (("default", {}), ("red", {"dq_reduce": "red"}), ("first design", FIRST)):
+    for label, knobs in (("default", {}), ("red", {"dq_reduce": "red"}), ("baseline", FIRST)):
         SASS[label] = fa4kernel.compile_bwd_sass(head_dim=128, **knobs)
 except Exception as e:  # no CuTe DSL, no nvdisasm
     print(f"cannot compile the backward here ({str(e).splitlines()[0][:200]}): skipping the SASS counts.")
@@ -537,10 +540,10 @@ for label, sass in SASS.items():
 # to 4k) and bandwidth: the `det` column, and the share of the default's speed it keeps, printed
 # with each GPU's summary above.
 #
-# **Where the model stands, and where it is still wrong.** Two unit facts moved the model's
-# flash-attn-4 backward most. At hd256 its loop is bound by the L2: each Q block loads Q and dO
-# and reduce-adds 64 KB of dQ. `bench_bwd_units.py` ran bulk loads beside bulk reduce-adds from
-# every SM, about as many bytes of each: together they took 0.91 (H100) and 0.885 (H200) of the sum
+# **Where the model stands, and where it is wrong.** Two unit facts weigh most in the model's
+# flash-attn-4 backward. At hd256 its loop is bound by the L2: each Q block loads Q and dO
+# and reduce-adds 64 KB of dQ. `bench_bwd_units.py` runs bulk loads beside bulk reduce-adds from
+# every SM, about as many bytes of each: together they take 0.91 (H100) and 0.885 (H200) of the sum
 # of their times alone (`l2_mixed_time_fraction`). Predict flash-attn-4 at hd256 with the times
 # simply added (1.0) and with the measured overlap, then read the recorded measurement:
 
@@ -564,11 +567,11 @@ for dev, (path, doc) in PROBE_RUNS.items():
 # %% [markdown]
 # The overlap takes a tenth off the L2's time, and the L2-bound hd256 loop follows it. One
 # measured mix stands for every moment of the loop; when flash-attn-4's loads and adds meet in the
-# L2, and how much, is not measured. The other fact is the clock, and measuring it taught a lesson
-# of its own. Timed in short batches, each after an idle GPU-side sleep, the backward seemed to run
-# at 1.70-1.80 GHz below the cap. Launched back to back for seconds (`bwd_power_sm90.py`), its main
-# kernel holds the 700 W cap at 1.45-1.67 GHz. That is the clock a training step settles at. At the
-# clock measured, what power does the model give the main kernel, and what clock does it predict?
+# L2, and how much, is not measured. The other fact is the clock, and how it is measured matters.
+# Timed in short batches, each after an idle GPU-side sleep, the backward appears to run at
+# 1.70-1.80 GHz, below the cap. Launched back to back for seconds (`bwd_power_sm90.py`), its main
+# kernel holds the 700 W cap at 1.45-1.67 GHz: the clock a training step settles at
+# ([the backward's power](../lab/findings/power-backward.md)). At the clock measured, what power does the model give the main kernel, and what clock does it predict?
 
 # %%
 POWER = sorted(kit.recorded("bwd_power_long_h*.json"), key=lambda pd: kit.describe(pd[1])[1])
@@ -592,13 +595,13 @@ for path, doc in POWER[-1:]:
 
 # %% [markdown]
 # With its defaults the main kernel's power comes out within about 5 % and its clock within about
-# 3 % at 4k and 16k (H100).
-# They did not before the memory paths were measured: a byte that a TMA bulk reduce-add adds
-# into L2 costs about 2.5 times a loaded byte, a RED.ADD from registers more still, and the CTA
-# pair's bytes over the SM-to-SM network cost energy too. The model priced every added byte as a
-# load and the network as free (`bench_mem_power.py`, `fit_mem_power.py`). What is still off:
+# 3 % at 4k and 16k (H100). That rests on the measured memory paths (`bench_mem_power.py`,
+# `fit_mem_power.py`): a byte that a TMA bulk reduce-add adds into L2 costs about 2.5 times a
+# loaded byte, a RED.ADD from registers more still, and the CTA pair's bytes over the SM-to-SM
+# network cost energy too; priced as loads, with the network free, the main kernel's power comes
+# out too low. What is off:
 # the `red` build (RED.ADD from registers) draws more than its bytes priced alone, and on the
-# H200 the CTA pair at hd256 draws 8 % more than the model gives it. A last twist is the data: with
+# H200 the CTA pair at hd256 draws 8 % more than the model gives it. The data matters too: with
 # q = k = 0 the same kernel draws 90 W less at a higher clock. The energies are for random bits,
 # and a tensor core that multiplies zeros flips fewer of them.
 #
@@ -716,8 +719,8 @@ print(f"{reds_per_thread} per thread, {reds_per_thread * 256} per CTA per Q bloc
 #   mode puts L2 round trips on that path.
 # - Without TMEM the accumulators take registers (smaller Q blocks) and 64-row wgmmas re-read
 #   their operands: flash-attn-4's Hopper backward is shared-memory-bound.
-# - Our SM90 backward has flash-attn-4's structure. What took it from half of flash-attn-4's
-#   speed to level with cuDNN: on long sequences, keeping the stretch between Q blocks short
+# - Our SM90 backward has flash-attn-4's structure. What puts it level with cuDNN, at about
+#   twice the speed of its baseline build: on long sequences, keeping the stretch between Q blocks short
 #   (bulk reduce-adds for dQ, LSE and D by TMA, dQ's store under the dK GEMM); on short ones, a
 #   preprocess that reads dO and O once. The gap left to flash-attn-4 is at short sequences and
-#   hd64, and what it is made of is not yet measured.
+#   hd64, and what it is made of is not measured.

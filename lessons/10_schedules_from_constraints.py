@@ -450,7 +450,7 @@ show_programs(s, FA3["graph"])
 # program run about a fifth slower in the engine: the softmax's instructions issue at a third to
 # a half of their rate beside the wgmma. The bound with every piece slowed is not a bound either
 # (the engine slows only pieces that start while the tensor core is busy); the truth lies between
-# the two, and only the simulation says where. Blind to the slowdown, the solver finds no better
+# the two, and only the simulation says where. Without the slowdown, the solver finds no better
 # order either: P's conversion issues among the exp2s (as compiled), so the O rescale is a
 # warpgroup's last op before its next S GEMM, and the solver, keeping that order, returns the hand
 # program.
