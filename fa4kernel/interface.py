@@ -179,7 +179,7 @@ def _compile_sm90_sass(cfg: KernelConfig, diag: Diagnostics, dump_dir: Optional[
 
 
 # Short causal launches take smaller tiles: the diagonal wastes more of a big tile. Measured
-# (H200, 16k tokens, one run, benchmarks/results/tile_choice_h200_2026-11-22.json): hd64 tile_m
+# (H200, 16k tokens, one run, lab/campaigns/kernel-sm90-forward/tile_choice_h200_2026-11-22.json): hd64 tile_m
 # 128 instead of 192: 1k causal 334 vs 299 TFLOP/s, 2k 395 vs 420 (so <= 1k only; non-causal 1k
 # 413 vs 438). Again once idle warpgroups skip their work (H100, tile_choice_idle_h100_2026-11-22.json):
 # 1k causal 327 vs 312, 2k 397 vs 427. (hd256 took tile_n 64 here too; it is now its default.)
@@ -281,7 +281,7 @@ def attention_trainable(q, k, v, causal: bool = False, softmax_scale: Optional[f
     """attention(q, k, v, causal) with a grad_fn whose backward is built with any backward knob
     (sm90/bwd_config.py), e.g. stats="thread", mma_order="dv_dk_dq"; the forward takes its
     default knobs. Same as attention(..., bwd_knobs=dict(...)); kept for the benchmark's
-    variants (benchmarks/bench_bwd_sm90.py)."""
+    variants (lab/tools/bench_bwd_sm90.py)."""
     from .autograd import attention_with_grad, check_backward_supported
     from .sm90.bwd_config import BWD_HEAD_DIMS
 
@@ -364,7 +364,7 @@ def _max_ctas(device) -> int:
 
 _SCHEDULES: dict = {}  # (shape, tiles, grid, section, device) -> int32 CUDA tensor
 # tile order: K/V bytes per section of (batch, head) pairs; None = L2 size / 8
-# (tile_schedule.SECTION_FRACTION_OF_L2). A diagnostic override (benchmarks/causal_sm90.py).
+# (tile_schedule.SECTION_FRACTION_OF_L2). A diagnostic override (lab/tools/causal_sm90.py).
 L2_SECTION_BYTES = None
 
 

@@ -501,27 +501,27 @@ def build_parser() -> argparse.ArgumentParser:
     sw.set_defaults(func=cmd_sweep)
 
     va = sub.add_parser("validate", help="predicted vs measured for every point of a recorded GPU benchmark",
-                        description="Simulate every point of a benchmark results JSON (benchmarks/bench_fwd_sm90.py) "
+                        description="Simulate every point of a benchmark results JSON (lab/tools/bench_fwd_sm90.py) "
                                     "and report per-point error, median and max |error|, and the knob deltas. "
-                                    "Given a benchmarks/ctas_sm90.py file instead, compare exact steady-state "
+                                    "Given a lab/tools/ctas_sm90.py file instead, compare exact steady-state "
                                     "cycles per KV block (no clock involved) and the per-SM knob deltas; given its "
                                     "--only-tiles output, exact cycles per tile of one persistent CTA, split into "
-                                    "per-block and per-tile parts; given benchmarks/idle_wg_sm90.py's, tiles with "
-                                    "idle warpgroups; given benchmarks/cta_log_sm90.py's, each whole launch against a "
+                                    "per-block and per-tile parts; given lab/tools/idle_wg_sm90.py's, tiles with "
+                                    "idle warpgroups; given lab/tools/cta_log_sm90.py's, each whole launch against a "
                                     "replay of its own mean tile costs (what tile jitter cost it) and the model's "
-                                    "tile-jitter term. Backward files: benchmarks/bench_bwd_sm90.py's (the backward "
+                                    "tile-jitter term. Backward files: lab/tools/bench_bwd_sm90.py's (the backward "
                                     "alone, fa4kernel and flash-attn-4, at the model's own clock) and "
-                                    "benchmarks/bwd_ctas_sm90.py's (fa4kernel's launches in each launch order at "
+                                    "lab/tools/bwd_ctas_sm90.py's (fa4kernel's launches in each launch order at "
                                     "their in-kernel clock, and the gain of one order over another). A unit benchmark: "
-                                    "benchmarks/calibrate/bench_contention.py's intra kernel (warpgroups running a "
+                                    "lab/tools/calibrate/bench_contention.py's intra kernel (warpgroups running a "
                                     "softmax-like mix beside their own wgmma) replayed with the engine's "
-                                    "interference rules; benchmarks/calibrate/bench_bursts.py's (warps sharing a scheduler) "
+                                    "interference rules; lab/tools/calibrate/bench_bursts.py's (warps sharing a scheduler) "
                                     "against the engine's issue-sharing rule. Sustained timings: "
-                                    "benchmarks/sustained_sm90.py's (each kernel back to back until the power cap "
+                                    "lab/tools/sustained_sm90.py's (each kernel back to back until the power cap "
                                     "settles its clock) against the model predicting the clock itself. Published "
-                                    "figures (benchmarks/results/published_b200.json): every B200 figure found in "
+                                    "figures (lab/campaigns/published-b200/published_b200.json): every B200 figure found in "
                                     "papers and pull requests, predicted as typed (--uncertainty: with each one's band).")
-    va.add_argument("results", nargs="+", help="benchmark results JSON (benchmarks/results/sm90_fwd_*.json, or "
+    va.add_argument("results", nargs="+", help="benchmark results JSON (lab/campaigns/kernel-sm90-forward/sm90_fwd_*.json, or "
                                                "ctas_*.json / knobs_loop_*.json: several of those add a scoreboard of "
                                                "their per-SM knob deltas; tile_costs_*.json; idle_wg_*.json; "
                                                "cta_log_2026-11-22/cta_log_*.json; sm90_bwd_*.json, "
@@ -539,7 +539,7 @@ def build_parser() -> argparse.ArgumentParser:
     va.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                     help="sustained files only: a what-if for their predictions, a hardware parameter, schedule knob or "
                          "measured constant (repeatable), e.g. the card's own "
-                         "card_power_w, which benchmarks/calibrate/card_power.py gives from the card's capped GEMM "
+                         "card_power_w, which lab/tools/calibrate/card_power.py gives from the card's capped GEMM "
                          "loads")
     va.add_argument("--pv-wait", choices=("model", "sass"), default="model",
                     help="end-to-end points files only: where each build waits for the previous block's PV GEMM: "

@@ -23,7 +23,7 @@ ALU_OPS_PER_ELEMENT = 2.0     # FMNMX clamp + LEA (shift+add) per element
 # (3 packed FMA-pipe + 2 ALU); SM90 has no packed FP32 ops: 6 + 2. Checked in the SASS of our
 # SM90 kernel (fa4kernel, hd128, sm_90a, cutlass-dsl 4.8.1): exp_emulation=0.25 turns 16 of a
 # thread's 64 MUFU.EX2 per KV block into +48 FADD, +48 FFMA, +16 FMNMX, +13 LEA and a few moves:
-# +113 instructions net, 8.1 per emulated element (benchmarks/calibrate/README.md).
+# +113 instructions net, 8.1 per emulated element (lab/tools/calibrate/README.md).
 ISSUE_PER_ELEMENT = {"sm100": 3.0 + 2.0, "sm90": 6.0 + 2.0}
 ROUND = 2.0**23 + 2.0**22  # exact in float32: x + ROUND leaves floor(x) in the low mantissa bits
 

@@ -13,7 +13,7 @@ seqlen^2 / 2 is 1 / seqlen smaller (0.1 % at 1k tokens). Half the rectangle is w
 seqlen_q != seqlen_k by up to 2x (seqlen_q << seqlen_k sees almost the whole rectangle).
 
 Plain Python without imports: GPU scripts that lack fa4sim's dependencies (simpy) load this file
-by its path (benchmarks/bench_fwd_sm90.py, load_flops) and count the same way.
+by its path (lab/tools/bench_fwd_sm90.py, load_flops) and count the same way.
 """
 
 

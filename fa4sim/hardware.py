@@ -8,7 +8,7 @@ value, sources that disagree); without it the confidence sets it (fa4sim/uncerta
 `PARAMS` below says what each parameter means, in which unit, and the span of values it may take;
 a profile must give them all (TMEM ones are 0 on SM90), and a value outside its span is refused
 wherever it comes from (a profile file, --set, with_values). A measured profile
-(benchmarks/calibrate/make_profile.py) is the same format.
+(lab/tools/calibrate/make_profile.py) is the same format.
 """
 from __future__ import annotations
 
@@ -142,7 +142,7 @@ PARAMS: dict[str, Param] = {
     # a card may draw less than the calibration card: -4 to +41 W measured, and no card of the same model is 500 W off
     "card_power_w": Param("W", "power the card draws above the calibration card at the same activity and clock (its "
                           "leakage, voltage bin, cooling): the median card of those measured, or one card's own "
-                          "(benchmarks/calibrate/card_power.py)", -500, 500),
+                          "(lab/tools/calibrate/card_power.py)", -500, 500),
     "clock_power_w": Param("W", "power of the clocked but idle chip at clock_ghz (scales with f V^2)", *WATTS),
     # V(f) / V(fmax) stays within 0..1 for every f in 0..fmax
     "voltage_slope": Param("1", "V(f)/V(fmax) = 1 - voltage_slope (1 - f/fmax): how the voltage falls with the clock", 0, 1),
@@ -170,7 +170,7 @@ PARAMS: dict[str, Param] = {
     # 0.45 fitted
     "mixed_code_energy_fraction": Param("1", "extra energy of MUFU, FMA and ALU work issued as one mixed stream (a "
                                         "softmax) over the same work in single-pipe streams", 0, 10),
-    # the backward's units (benchmarks/calibrate/bench_bwd_units.py)
+    # the backward's units (lab/tools/calibrate/bench_bwd_units.py)
     "mma_min_cycles": Param("cycles", "fewest cycles one m64 wgmma k-step (m64nNk16) holds the tensor core whatever its "
                             "N: narrow instructions take at least this; 0 = none (N / 2 x 4096 / tensor_flops_per_clk "
                             "only)", *CYCLES),

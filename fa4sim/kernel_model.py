@@ -189,7 +189,7 @@ def kernel_time(p: Problem, hw, units: list[WorkUnit], cost_of, tile_n: int,
     The launch starts cold: the first wave's Q tiles and first K/V blocks all come from HBM at
     once (measured per CTA with fa4kernel's CTA log: the first CTA on every SM takes 3-13k cycles
     longer than the same tile later, in proportion to 1 / HBM bandwidth between H100 and H200;
-    benchmarks/results/cta_log_*), so every slot starts after cold_start_bytes / HBM bandwidth.
+    lab/campaigns/launch-jitter/cta_log_*), so every slot starts after cold_start_bytes / HBM bandwidth.
     """
     n_hb = p.batch * p.heads
     costs = [cost_of(u) for u in units]

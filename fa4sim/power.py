@@ -83,7 +83,7 @@ ENERGY = {"tensor": "energy_tensor_pj_per_flop", "mufu": "energy_mufu_pj_per_op"
           "smem": "energy_smem_pj_per_byte", "l2": "energy_l2_pj_per_byte",
           "l2_reduce": "energy_l2_reduce_pj_per_byte", "red": "energy_red_pj_per_byte",
           "dsmem": "energy_dsmem_pj_per_byte", "hbm": "energy_hbm_pj_per_byte"}
-# activity keys of the calibration files (benchmarks/calibrate/bench_power.py, bench_mem_power.py) -> our units
+# activity keys of the calibration files (lab/tools/calibrate/bench_power.py, bench_mem_power.py) -> our units
 CALIBRATION_KEYS = {"tensor_flops": "tensor", "mufu_ops": "mufu", "fma_lane_ops": "fma", "alu_lane_ops": "alu",
                     "smem_bytes": "smem", "l2_bytes": "l2", "l2_reduce_bytes": "l2_reduce", "red_bytes": "red",
                     "dsmem_bytes": "dsmem", "hbm_bytes": "hbm"}

@@ -22,7 +22,7 @@ from .errors import InputError
 
 
 def load_stamps(path: str) -> dict:
-    """A stamps JSON (fa4kernel's instrumented build, benchmarks/timeline_sm90.py), plain or .gz."""
+    """A stamps JSON (fa4kernel's instrumented build, lab/tools/timeline_sm90.py), plain or .gz."""
     try:
         raw = Path(path).read_bytes()
         doc = json.loads(gzip.decompress(raw) if str(path).endswith(".gz") else raw)

@@ -22,7 +22,7 @@ Figures:
 Every figure has a legend and axis labels with units. A figure of a build that reads clock64
 says so on the figure: the trace build's stamps slow it (by how much, from the run's own
 plain-vs-trace timing), the clock-probe build reads the clock only at a CTA's start and end.
-Measurements come only from benchmarks/results/ (sm90_fwd_*.json, sustained_settled_*.json, knobs_loop_*.json,
+Measurements come only from lab/campaigns/ (sm90_fwd_*.json, sustained_settled_*.json, knobs_loop_*.json,
 tile_costs_*.json, timeline_*/); nothing is invented.
 """
 from __future__ import annotations
@@ -50,7 +50,7 @@ from fa4sim.rescale import rescale_rate  # noqa: E402
 
 FIG = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(FIG)
-RESULTS = os.environ.get("FA4LAB_RESULTS") or os.path.join(ROOT, "benchmarks", "results")
+RESULTS = os.environ.get("FA4LAB_RESULTS") or os.path.join(ROOT, "lab", "campaigns")
 README_CMD = ["run", "--hw", "b200", "--schedule", "fa4", "--hdim", "128", "--seqlen", "32768", "--batch", "1",
               "--heads", "16", "--gantt"]
 
@@ -63,7 +63,7 @@ def sm90_for(device: str):
     """(doc, 'device, date') of the newest recorded SM90 benchmark on a device ("H100", "H200";
     "" for any), or (None, None)."""
     docs = []
-    for path in glob.glob(os.path.join(RESULTS, "sm90_fwd_*.json")):
+    for path in glob.glob(os.path.join(RESULTS, "*", "sm90_fwd_*.json")):
         try:
             with open(path) as fh:
                 doc = json.load(fh)
@@ -97,7 +97,7 @@ def add_caption(path: str, text: str) -> None:
     plt.close(fig)
 
 
-PROBE_CAPTION = ("Measured: one CTA of fa4kernel's clock-probe build (benchmarks/ctas_sm90.py). It reads "
+PROBE_CAPTION = ("Measured: one CTA of fa4kernel's clock-probe build (lab/tools/ctas_sm90.py). It reads "
                  "clock64 only at the CTA's start and end; its loop's SASS is the plain kernel's, so its "
                  "cycles are the plain kernel's (exact cycles as the difference of two K lengths).")
 
@@ -298,7 +298,7 @@ def newest_per_gpu(pattern: str) -> dict:
     from fa4sim import validate
 
     newest = {}
-    for path in glob.glob(os.path.join(RESULTS, pattern)):
+    for path in glob.glob(os.path.join(RESULTS, "*", pattern)):
         doc = validate.load(path)
         device = doc["meta"].get("device", "")
         tag = "h200" if "H200" in device else "h100" if "H100" in device else os.path.basename(path)[:-5]
@@ -325,7 +325,7 @@ def fig_sustained():
     newest = newest_per_gpu("sustained_settled_*.json")
     for tag, doc in sorted(newest.items()):
         validate.plot(validate.compare(doc), out(f"sustained_{tag}.png"))
-        add_caption(out(f"sustained_{tag}.png"), "Measured: benchmarks/sustained_sm90.py, each kernel back to back "
+        add_caption(out(f"sustained_{tag}.png"), "Measured: lab/tools/sustained_sm90.py, each kernel back to back "
                     "for 2.5 s, then timed for 1 s; the clock: fa4kernel's clock-probe build, clock64 over globaltimer "
                     "summed over every launch of a window. No measured clock goes into the prediction: the power "
                     "model sets it.")
@@ -362,7 +362,7 @@ def current_knob_loops() -> list:
 
     results = []
     for pat, hdims in CURRENT_KNOB_LOOPS:
-        for path in sorted(glob.glob(os.path.join(RESULTS, pat))):
+        for path in sorted(glob.glob(os.path.join(RESULTS, "*", pat))):
             r = validate.compare(validate.load(path))
             if hdims is not None:
                 r["knob_deltas"] = [d for d in r["knob_deltas"] if d["hdim"] in hdims]
@@ -375,7 +375,7 @@ def fig_tile_costs():
     variant (fa4sim validate tile_costs_knobs_h100_*.json --plot)."""
     from fa4sim import validate
 
-    paths = sorted(glob.glob(os.path.join(RESULTS, "tile_costs_knobs_h100_*.json")))
+    paths = sorted(glob.glob(os.path.join(RESULTS, "*", "tile_costs_knobs_h100_*.json")))
     if not paths:
         return "(no recorded tile costs by knob: no tile-cost figure)"
     validate.plot(validate.compare(validate.load(paths[-1])), out("tile_costs_h100.png"))
@@ -387,13 +387,13 @@ def fig_tile_costs():
 def fig_timeline_overlays():
     """Simulated vs measured per-warp timelines for every recorded trace-build run, with a legend
     of op kinds and a caption that says how much the stamps slow the traced build."""
-    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    sys.path.insert(0, os.path.join(ROOT, "lab", "tools"))
     import timeline_compare as tc
 
     from fa4sim import timeline
 
     names = []
-    for path in sorted(glob.glob(os.path.join(RESULTS, "timeline_*", "timeline_*.json*"))):  # .json or .json.gz
+    for path in sorted(glob.glob(os.path.join(RESULTS, "*", "timeline_*", "timeline_*.json*"))):  # .json or .json.gz
         if "_walk" in os.path.basename(path):
             # one CTA walking every tile (timeline_sm90.py --max-ctas 1): tile-boundary stamps,
             # read in lesson 07 and lab/findings/tile-turnover.md; no launch to simulate beside it

@@ -161,8 +161,8 @@ for d in (64, 128, 256):
 # ## 3. Are the rates right? Recorded microbenchmarks
 #
 # The rates above come from vendor documents and papers. Our own Hopper microbenchmarks
-# (`benchmarks/calibrate/`) record what the chip actually does in
-# `benchmarks/results/calibrate_*.json`. When they exist, this cell puts each
+# (`lab/tools/calibrate/`) record what the chip actually does in
+# `lab/campaigns/unit-calibration/calibrate_*.json`. When they exist, this cell puts each
 # measured per-clock rate beside the datasheet value and recomputes the H100 tile costs with it.
 
 # %%
@@ -175,7 +175,7 @@ WANTED = {  # the rate, where the calibration file keeps it, the datasheet profi
 }
 calib = kit.recorded("calibrate_*.json")
 if not calib:
-    print("No calibration measurement is recorded yet (benchmarks/results/calibrate_*.json): "
+    print("No calibration measurement is recorded yet (lab/campaigns/unit-calibration/calibrate_*.json): "
           "nothing to compare; the rates above are datasheet values.")
 for path, doc in calib:
     device, date = kit.describe(doc)

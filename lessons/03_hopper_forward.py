@@ -106,13 +106,13 @@ for d, seq, causal in ((128, 8192, False), (128, 1024, True)):
 # %% [markdown]
 # ## 2. The knobs, predicted
 #
-# The benchmark `benchmarks/bench_fwd_sm90.py` measures fa4kernel with each knob changed on one
+# The benchmark `lab/tools/bench_fwd_sm90.py` measures fa4kernel with each knob changed on one
 # problem: hd128, seqlen 8192, batch 2, 16 heads (16k tokens), non-causal. We simulate exactly
 # the same.
 #
 # There are two kinds of Hopper profile: `h100-datasheet` holds datasheet and literature values (the rated
 # 1.83 GHz clock, some latencies that are guesses), `h100` and `h200` replace
-# them with our own microbenchmarks (`benchmarks/calibrate/`). Here is what the microbenchmarks
+# them with our own microbenchmarks (`lab/tools/calibrate/`). Here is what the microbenchmarks
 # changed:
 
 # %%
@@ -211,7 +211,7 @@ kit.gantt(simulate("h100-datasheet", "fa3", hd64, {"pingpong": False}), iteratio
 # %% [markdown]
 # ## 3. Why the measured profile predicts less
 #
-# Three measured mechanisms separate the profiles (benchmarks/calibrate/, H100 and H200):
+# Three measured mechanisms separate the profiles (lab/tools/calibrate/, H100 and H200):
 #
 # - the **clock**: the datasheet profile runs at the rated 1.83 GHz; the measured profile
 #   predicts the clock the 700 W power cap allows under this kernel's load (about 1.52 GHz here;
@@ -258,13 +258,13 @@ kit.check(biggest == max(gains, key=gains.get), "undo each mechanism and see whi
 #
 # So what a schedule trick is worth in the model depends on how the units behave beside each
 # other: measure that before trusting the prediction, which is what the calibration
-# microbenchmarks (benchmarks/calibrate/) are for.
+# microbenchmarks (lab/tools/calibrate/) are for.
 #
 # ## 4. Measured: our SM90 kernel with the same knobs
 #
 # With a GPU (`LIVE`), the next cell runs `fa4kernel.attention` for each variant (the first call
 # of each variant compiles it, which takes a while). Without one, it reads the newest recorded
-# benchmark, `benchmarks/results/sm90_fwd_*.json`.
+# benchmark, `lab/campaigns/kernel-sm90-forward/sm90_fwd_*.json`.
 
 # %%
 measured, source, device = {}, None, None
@@ -301,7 +301,7 @@ else:
             if label in VARIANTS:
                 measured[label] = point["results"]["fa4kernel"]["tflops"]
     else:
-        print("No measurement is recorded yet (no benchmarks/results/sm90_fwd_*.json), and no GPU here: "
+        print("No measurement is recorded yet (no lab/campaigns/kernel-sm90-forward/sm90_fwd_*.json), and no GPU here: "
               "the comparison below is skipped. Predictions only.")
 if measured:
     print(source, {k: round(v) for k, v in measured.items()})
@@ -382,7 +382,7 @@ if runs:
               f"{res['fa4kernel']['tflops'] / res['flash-attn-4']['tflops']:36.2f} "
               f"{r['fa4kernel'].tflops / r['flash-attn-4'].tflops:10.2f}")
 else:
-    print("No recorded benchmark (benchmarks/results/sm90_fwd_*.json): predictions only.")
+    print("No recorded benchmark (lab/campaigns/kernel-sm90-forward/sm90_fwd_*.json): predictions only.")
 
 # %% [markdown]
 # At 1k tokens a tile has only 8 KV blocks, and what a tile costs beyond them is a large share of
@@ -425,7 +425,7 @@ if pairs:
     print(f"{path.name}: {len(pairs)} points; measured/predicted from {ratios[0]:.2f} to {ratios[-1]:.2f}")
     print(f"the same from the command line: fa4sim validate {os.path.relpath(path, kit.repo_root())} --plot validate.png")
 else:
-    print("No recorded grid measurement (benchmarks/results/sm90_fwd_*.json) to compare against.")
+    print("No recorded grid measurement (lab/campaigns/kernel-sm90-forward/sm90_fwd_*.json) to compare against.")
 
 # %% [markdown]
 # ### Exercise 3.4: what clock would explain the gap?

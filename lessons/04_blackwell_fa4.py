@@ -328,14 +328,14 @@ else:
 # %% [markdown]
 # ## 5. Against measurements: everyone's, and yours on a B200
 #
-# No B200 has run here. What others published has: `benchmarks/results/published_b200.json`
+# No B200 has run here. What others published has: `lab/campaigns/published-b200/published_b200.json`
 # holds every B200 figure found for flash-attn-4 (the FA4 paper, pull requests, issues), each
 # with its source, and `fa4sim validate` predicts them as typed. Their measurements, not ours.
 
 # %%
 from fa4sim import validate
 
-published = validate.compare(validate.load(str(kit.repo_root() / "benchmarks/results/published_b200.json")))
+published = validate.compare(validate.load(str(kit.repo_root() / "lab/campaigns/published-b200/published_b200.json")))
 for row in published["points"][:6] + published["points"][6:12]:  # the paper's hd128 forward
     print(f"{row['id']:36s} published {row['measured_tflops']:5.0f}  predicted {row['predicted_tflops']:5.0f}  "
           f"({row['error']:+.1%})")
@@ -347,7 +347,7 @@ print(f"all {s['points']} predicted figures: median |error| {s['median_abs_error
 # flash-attn-4 itself at two points, after checking its output against an fp32 reference, and
 # puts the prediction beside it. A short burst runs above the clock the 1000 W cap settles at;
 # the settled check, forward and backward, is one command:
-# `python3 benchmarks/sustained_sm100.py --quick --out b200.json && fa4sim validate b200.json`.
+# `python3 lab/tools/sustained_sm100.py --quick --out b200.json && fa4sim validate b200.json`.
 
 # %%
 if kit.blackwell():
@@ -389,7 +389,7 @@ print(f"main job: {r.tflops:.0f} TFLOP/s at {r.clock_ghz:.2f} GHz, band {band.tf
 # %% [markdown]
 # Do not tune a parameter until the prediction matches a published number: that would be
 # fitting, and the simulator would stop predicting. A parameter is *measured* (our Hopper
-# microbenchmarks do this for SM90; on a B200, `benchmarks/calibrate/` would).
+# microbenchmarks do this for SM90; on a B200, `lab/tools/calibrate/` would).
 #
 # ## What to remember
 #
@@ -402,6 +402,6 @@ print(f"main job: {r.tflops:.0f} TFLOP/s at {r.clock_ghz:.2f} GHz, band {band.tf
 #   elements of a row -16 `MUFU.EX2`, +24 `FFMA2`, +24 `FADD2`.
 # - It has never run: its speed and its correctness on a B200 are unknown. The simulator's B200
 #   predictions are checked against every published figure, each with its band, and on a B200
-#   against your own run (`benchmarks/sustained_sm100.py`).
+#   against your own run (`lab/tools/sustained_sm100.py`).
 #
 # Next: lesson 05, the exp2 emulation in detail.

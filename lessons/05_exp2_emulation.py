@@ -224,14 +224,14 @@ if measured:
         meas = f"{measured[label]:.0f}" if label in measured else "(none)"
         print(f"  {label:20s} predicted {pred:5.0f}   measured {meas:>6s}")
 else:
-    print("No measurement is recorded yet (no benchmarks/results/sm90_fwd_*.json) and no GPU here: "
+    print("No measurement is recorded yet (no lab/campaigns/kernel-sm90-forward/sm90_fwd_*.json) and no GPU here: "
           "the predicted-vs-measured comparison is skipped.")
 
 # %% [markdown]
 # **Explain.** Charged as 8 full instructions (FMNMX, 3 FADD, 3 FFMA, LEA instead of one
 # MUFU.EX2) at the issue rate the softmax mix gets beside a running wgmma (`mix_fill_slots` = 1),
 # emulation 0.25 costs ~10 %. The kernel pays 3-4 %. A unit
-# benchmark shows why: `benchmarks/calibrate/bench_bursts.py` runs the softmax-like mix (180
+# benchmark shows why: `lab/tools/calibrate/bench_bursts.py` runs the softmax-like mix (180
 # instructions over 32 elements) with 0, 4 or 8 of its exp2s emulated, one warp per scheduler,
 # beside a wgmma that never stops.
 #

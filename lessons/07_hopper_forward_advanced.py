@@ -16,7 +16,7 @@
 #
 # Lesson 03 predicts and measures the Hopper forward kernel knob by knob. This lesson goes where
 # the model comes from: each section is one question about the kernel, answered with a
-# recorded measurement from `benchmarks/results/` and set against fa4sim. Each links the page of
+# recorded measurement from `lab/campaigns/` and set against fa4sim. Each links the page of
 # `lab/findings/` that holds the whole answer, its evidence and what is still open.
 #
 # 1. **Inside the KV loop:** a burst of multiplies beside a GEMM, where the wait for the previous
@@ -57,7 +57,7 @@ def per_tile(blocks, **knobs):
 # At hd256 each warp rescales its O accumulator, 128 FMULs per thread, while the other
 # warpgroup's wgmma runs on the tensor core. On Hopper both use the register file. Does a burst
 # of 128 independent FMULs from another warpgroup slow a running wgmma by more than 5 %?
-# `benchmarks/calibrate/bench_bursts.py` measured exactly that (one CTA, H100 and H200). Answer
+# `lab/tools/calibrate/bench_bursts.py` measured exactly that (one CTA, H100 and H200). Answer
 # True or False. ([issue rate beside the MMA](../lab/findings/issue-rate-beside-mma.md))
 
 # %%
@@ -80,7 +80,7 @@ for path, doc in bursts:
               f"per scheduler (alone: {b['fmul_alone_F2']['stream_rate_per_smsp']:.3f})")
     kit.check(slows_it == (b["fmul_F2_b1_gap0"]["wgmma_slowdown"] > 1.05), "read the 128-FMUL row above")
 if not bursts:
-    print("No recorded bench_bursts results (benchmarks/results/bursts_*.json): nothing to compare against.")
+    print("No recorded bench_bursts results (lab/campaigns/issue-rate/bursts_*.json): nothing to compare against.")
 
 # What the model takes from it: the rescale's issue rate beside a GEMM (dense_issue_under_mma);
 # with the softmax mix's rate instead (issue_under_mma), the hd256 loop gets longer.
@@ -147,7 +147,7 @@ if pins:
     got = "slower" if cyc["default+exp_before_pv_wait"] > cyc["default"] else "faster"
     kit.check(forced_exp2s == got, f"measured, the forced order is {got}")
 else:
-    print("No recorded pinned builds (benchmarks/results/pv_wait_pin_h100_2026-11-22/): nothing to compare against.")
+    print("No recorded pinned builds (lab/campaigns/kernel-sm90-forward/pv_wait_pin_h100_2026-11-22/): nothing to compare against.")
 
 # %% [markdown]
 # Slower, by about 200 cycles per block with ping-pong, less without it: running a warpgroup's
@@ -163,7 +163,7 @@ else:
 # FA4's conditional rescaling (lesson 01) multiplies O only when some row's max moved by more
 # than tau, so on most KV blocks a warp votes, branches and skips its 64 FMULs. The model charges
 # instructions, not branches: it predicts a small gain for tau = 8 with the rescale after the PV
-# wait. The recorded ablations (`benchmarks/ctas_sm90.py --only-ablations`, one CTA, hd128,
+# wait. The recorded ablations (`lab/tools/ctas_sm90.py --only-ablations`, one CTA, hd128,
 # exact cycles per KV block) time each build with its rescale code compiled out, with the rescale
 # after the PV wait. How many more cycles per KV block does tau's test-and-branch cost than the
 # 64 FMULs it skips? ([emulation cost and the rescale branch](../lab/findings/emulation-cost.md))
@@ -303,7 +303,7 @@ if not traced:
 # their GEMMs and softmax. What does that tile cost, as a fraction of a full tile? A third (the
 # work is a third)? Or more? Write down a number, then let the model answer (fa3 with
 # `skip_idle_wgs`, one SM walking 16 such tiles of 32 KV blocks) and compare with the measurement
-# (benchmarks/idle_wg_sm90.py, if recorded).
+# (lab/tools/idle_wg_sm90.py, if recorded).
 
 # %%
 my_guess = None  # <- a fraction of a full tile, e.g. 0.5
@@ -374,7 +374,7 @@ kit.check(my_answer == max(saved, key=saved.get), f"the model says {max(saved, k
 # ### Exercise 7.7: what ping-pong costs a short tile
 #
 # One persistent CTA walking tiles of only 2 KV blocks (hd128) is where the tile boundary shows
-# most. Measured exactly (clock-probe build, `benchmarks/ctas_sm90.py --only-tiles --tile-knobs`),
+# most. Measured exactly (clock-probe build, `lab/tools/ctas_sm90.py --only-tiles --tile-knobs`),
 # ping-pong makes such a tile about 320 cycles *longer*. First the model against that measurement:
 
 # %%
@@ -443,7 +443,7 @@ else:
 # same. Does the first CTA on every SM lose **more**, **fewer** or the **same** cycles on the
 # H200? Answer `"more"`, `"fewer"` or `"same"`, then let the model answer (its cold start: the
 # first wave's bytes at the HBM bandwidth) and compare with the CTA log, which records every
-# CTA's SM, start and end (benchmarks/cta_log_sm90.py).
+# CTA's SM, start and end (lab/tools/cta_log_sm90.py).
 # ([the launch and tile order](../lab/findings/launch-and-tile-order.md))
 
 # %%
@@ -486,7 +486,7 @@ for path, doc in logs:
             print(f"measured, {doc['meta']['device']} ({path.name}): the first CTA on an SM takes "
                   f"{first_wave_extra(p):.0f} cycles longer than the same tile later")
 if not logs:
-    print("No recorded CTA log (benchmarks/results/cta_log_*/): nothing to compare against.")
+    print("No recorded CTA log (lab/campaigns/launch-jitter/cta_log_*/): nothing to compare against.")
 
 # %% [markdown]
 # The model gets the direction and the size (about 10 200 cycles on the H100 and 7 300 on the
@@ -499,7 +499,7 @@ if not logs:
 # A persistent fa4kernel launch runs one CTA per SM, and the host decides before the launch which
 # CTA runs which tiles (fa4kernel/tile_schedule.py), balancing by its own estimate. The CTA log
 # of a persistent launch has a tile log: every CTA stamps the start of each of its tiles
-# (benchmarks/cta_log_sm90.py). Give every tile the mean cycles of its kind (same KV blocks, same
+# (lab/tools/cta_log_sm90.py). Give every tile the mean cycles of its kind (same KV blocks, same
 # rows) and add them up along the table: that is each CTA's load if no tile varied. Does the
 # slowest CTA really end at the slowest such load, or later, and by how many percent? hd256, 1k
 # tokens, causal, 7-8 tiles per CTA. ([tile jitter](../lab/findings/tile-jitter.md))
@@ -520,7 +520,7 @@ for path, doc in kit.recorded("cta_log_2026-11-22/cta_log_tiles_*.json"):
             print(f"measured, {device} ({kit.describe(doc)[1][:10]}): slowest load {load:.0f} cycles, "
                   f"slowest CTA {end:.0f} ({measured_later[device]:+.1f} %)")
 if not measured_later:
-    print("No recorded tile log (benchmarks/results/cta_log_2026-11-22/cta_log_tiles_*.json): nothing to compare against.")
+    print("No recorded tile log (lab/campaigns/launch-jitter/cta_log_2026-11-22/cta_log_tiles_*.json): nothing to compare against.")
 
 # %%
 # SOLUTION (try the exercise first).
@@ -540,7 +540,7 @@ if measured_later:
 # tile does not pay this: the hardware hands the next tile to whichever SM frees up first
 # (replayed the same way, it ends within 0.9 % of the measurement; `fa4sim validate` on these
 # files prints every launch). fa4sim models it from the measured spread (profile parameter
-# `tile_jitter_q_loads`, from benchmarks/calibrate/tile_jitter.py): the expected slowest CTA,
+# `tile_jitter_q_loads`, from lab/tools/calibrate/tile_jitter.py): the expected slowest CTA,
 # E[max] over CTAs of load + jitter, only for tables fixed before the launch.
 
 # %%
@@ -556,11 +556,11 @@ for prof in ("h100", "h200"):
 # ([the clock, and how we measure](../lab/findings/clock-and-measurement.md),
 # [unit calibration](../lab/findings/unit-calibration.md)):
 #
-# - **TFLOP/s of whole launches** (`benchmarks/bench_fwd_sm90.py`), each point with the clock
+# - **TFLOP/s of whole launches** (`lab/tools/bench_fwd_sm90.py`), each point with the clock
 #   read inside the kernel by a clock-probe build (a few clock64 and globaltimer reads at one
 #   CTA's start and end): the power cap moves the clock from point to point, and `fa4sim
 #   validate` predicts each point at its own clock.
-# - **Exact cycles of one CTA** (`benchmarks/ctas_sm90.py`): cycles per KV block as the
+# - **Exact cycles of one CTA** (`lab/tools/ctas_sm90.py`): cycles per KV block as the
 #   difference of two K lengths, so prologue and epilogue cancel; no clock needed.
 # - **Stamps** (trace builds, the tile log, the CTA log): the order of events and the tile
 #   boundaries, at a cost to the loop they stamp.

@@ -126,11 +126,11 @@ for hd in (64, 256):
 # %% [markdown]
 # On a Hopper GPU (`LIVE` is True) you can measure the two points yourself:
 #
-#     python benchmarks/sustained_sm90.py --points hd64-4k-b4-h32,hd256-4k-b4-h8 --out sustained.json
+#     python lab/tools/sustained_sm90.py --points hd64-4k-b4-h32,hd256-4k-b4-h8 --out sustained.json
 #
 # or any problem of your own (repeat `--problem`), and then compare with the prediction:
 #
-#     python benchmarks/sustained_sm90.py --problem b=2,h=16,sq=5000,d=192,causal --out mine.json
+#     python lab/tools/sustained_sm90.py --problem b=2,h=16,sq=5000,d=192,causal --out mine.json
 #     fa4sim validate mine.json
 
 # %%

@@ -276,7 +276,7 @@ else:
               {k: f"{v:.0f} TFLOP/s" for k, v in live.items()})
 
 # %% [markdown]
-# The recorded measurements: `benchmarks/bench_bwd_sm90.py` times the backward alone (after one
+# The recorded measurements: `lab/tools/bench_bwd_sm90.py` times the backward alone (after one
 # forward outside the timed region) of every implementation round-robin in one run, each one's
 # gradients checked against an fp32 reference first. Compare within a run: the power cap moves
 # absolute numbers between runs.
@@ -296,7 +296,7 @@ STEPS = {  # step: (before, after), columns timed side by side
 ladder = next((pd for pd in kit.recorded("sm90_bwd_*.json")
                if all(c in pd[1]["points"][0]["results"] for pair in STEPS.values() for c in pair)), None)
 if ladder is None:
-    print("No recorded run with every step (benchmarks/results/sm90_bwd_*.json): the ladder is skipped.")
+    print("No recorded run with every step (lab/campaigns/kernel-sm90-backward/sm90_bwd_*.json): the ladder is skipped.")
 else:
     path, doc = ladder
     print(f"{path.name} ({', '.join(kit.describe(doc))}): baseline in TFLOP/s, then each step's gain")
@@ -350,7 +350,7 @@ for path, doc in sorted(kit.recorded("sm90_bwd_*.json"), key=lambda pd: kit.desc
     if dev not in GRID or kit.describe(doc)[1] > kit.describe(GRID[dev][1])[1]:
         GRID[dev], short[dev] = (path, doc), (kit.profile_for(dev) or dev).upper()
 if not GRID:
-    print("No recorded backward grid (benchmarks/results/sm90_bwd_*.json): the comparison is skipped.")
+    print("No recorded backward grid (lab/campaigns/kernel-sm90-backward/sm90_bwd_*.json): the comparison is skipped.")
 else:
     print("\nTFLOP/s, the newest run per GPU:")
     print(f"{'point':19s}" + "".join(f"| {short[d]:5s} ours  FA4 cuDNN ours/FA4  det " for d in GRID))
@@ -430,7 +430,7 @@ for hd, heads in ((64, 32), (128, 16)):
 knobs_run = next((pd for pd in kit.recorded("sm90_bwd_*.json")
                   if "fa4kernel[tile_m=128]" in pd[1]["points"][0]["results"]), None)
 if knobs_run is None:
-    print("No recorded run of the tile_m=128 variant (benchmarks/results/sm90_bwd_*.json): skipped.")
+    print("No recorded run of the tile_m=128 variant (lab/campaigns/kernel-sm90-backward/sm90_bwd_*.json): skipped.")
 else:
     path, doc = knobs_run
     variants = [c for c in doc["points"][0]["results"] if c.startswith("fa4kernel[")]
@@ -458,7 +458,7 @@ else:
 #   those registers, the wgmmas stay asynchronous, and the 128-row tile gains 1 to 11 % over 64
 #   rows; it is hd64's default. A CPU test counts the arrives in every default build's loop, so
 #   a serialized build fails the tests.
-# - **The postprocess must run at the memory's bandwidth.** `benchmarks/bwd_launches_sm90.py`
+# - **The postprocess must run at the memory's bandwidth.** `lab/tools/bwd_launches_sm90.py`
 #   times every launch of one backward call with torch.profiler: at 1k a torch `copy_` that puts
 #   dQ's rows back in order takes 157 us, flash-attn-4's postprocess kernel 67 us (the bytes at
 #   the memory's bandwidth). A postprocess kernel whose warps store 16 bytes into each of 32
@@ -495,7 +495,7 @@ for causal in (True, False):
 tail_run = next((pd for pd in kit.recorded("sm90_bwd_tail_*.json")
                  if "fa4kernel[grid_order=heads_outer]" in pd[1]["points"][0]["results"]), None)
 if tail_run is None:
-    print("No recorded run of the two launch orders (benchmarks/results/sm90_bwd_tail_*.json): skipped.")
+    print("No recorded run of the two launch orders (lab/campaigns/kernel-sm90-backward/sm90_bwd_tail_*.json): skipped.")
 else:
     path, doc = tail_run
     print(f"{path.name} ({', '.join(kit.describe(doc))}), TFLOP/s, causal points")
@@ -552,7 +552,7 @@ PROBE_RUNS = {}  # GPU -> the settled run with our clock probe
 for path, doc in sorted(kit.recorded("sm90_bwd_settled_*.json"), key=lambda pd: kit.describe(pd[1])[1]):
     PROBE_RUNS[kit.describe(doc)[0]] = (path, doc)
 if not PROBE_RUNS:
-    print("No recorded settled run with the clock probe (benchmarks/results/sm90_bwd_settled_*.json).")
+    print("No recorded settled run with the clock probe (lab/campaigns/kernel-sm90-backward/sm90_bwd_settled_*.json).")
 for dev, (path, doc) in PROBE_RUNS.items():
     hw = kit.profile_for(dev)
     for pt in doc["points"]:
@@ -576,7 +576,7 @@ for dev, (path, doc) in PROBE_RUNS.items():
 # %%
 POWER = sorted(kit.recorded("bwd_power_long_h*.json"), key=lambda pd: kit.describe(pd[1])[1])
 if not POWER:
-    print("No recorded settled run of the main kernel (benchmarks/results/bwd_power_long_*.json): skipped.")
+    print("No recorded settled run of the main kernel (lab/campaigns/backward-power/bwd_power_long_*.json): skipped.")
 for path, doc in POWER[-1:]:
     prof = kit.profile_for(kit.describe(doc)[0])
     print(f"{path.name} ({', '.join(kit.describe(doc))}): the main kernel alone, launched back to back")

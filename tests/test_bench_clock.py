@@ -1,4 +1,4 @@
-"""benchmarks/nvml_clock.py: NVML SM-clock sampling beside timed GPU work; benchmarks/ctas_sm90.py's options (no GPU needed here)."""
+"""lab/tools/nvml_clock.py: NVML SM-clock sampling beside timed GPU work; lab/tools/ctas_sm90.py's options (no GPU needed here)."""
 import os
 import sys
 
@@ -7,7 +7,7 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from benchmarks.nvml_clock import ClockSampler  # noqa: E402
+from lab.tools.nvml_clock import ClockSampler  # noqa: E402
 
 
 def test_without_nvml_windows_report_nothing():
@@ -39,11 +39,11 @@ def test_window_statistics_from_samples():
     (["--ablate-knobs", "default,tau8"], "--ablate-knobs: 'tau8' is not k=v"),
 ])
 def test_ctas_knob_options_fail_in_one_line_before_the_gpu(tmp_path, args, says):
-    """benchmarks/ctas_sm90.py --only-knobs picks variants and head dims by name; a wrong one is a
+    """lab/tools/ctas_sm90.py --only-knobs picks variants and head dims by name; a wrong one is a
     one-line usage error before torch or the GPU is touched (so it says the same on this CPU box)."""
     import subprocess
 
-    cmd = [sys.executable, os.path.join(ROOT, "benchmarks", "ctas_sm90.py"), "--out", str(tmp_path / "x.json"),
+    cmd = [sys.executable, os.path.join(ROOT, "lab", "tools", "ctas_sm90.py"), "--out", str(tmp_path / "x.json"),
            "--only-knobs", *args]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     assert res.returncode == 2 and "Traceback" not in res.stderr

@@ -1,5 +1,5 @@
 """The GPU benchmarks, run where there is no Hopper GPU, stop with one line and exit code 2
-(benchmarks/hopper.py), before any CUDA call can raise."""
+(lab/tools/hopper.py), before any CUDA call can raise."""
 import re
 import subprocess
 import sys
@@ -9,7 +9,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from benchmarks.hopper import require_hopper  # noqa: E402
+from lab.tools.hopper import require_hopper  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -41,7 +41,7 @@ def test_a_hopper_gpu_passes(monkeypatch):
 
 def _gpu_scripts():
     """Benchmark scripts with a main() that touch CUDA."""
-    for p in sorted([*ROOT.glob("benchmarks/*.py"), *ROOT.glob("benchmarks/calibrate/*.py")]):
+    for p in sorted([*ROOT.glob("lab/tools/*.py"), *ROOT.glob("lab/tools/calibrate/*.py")]):
         text = p.read_text()
         if re.search(r"^def main\(", text, re.M) and "torch.cuda" in text:
             yield p
@@ -59,7 +59,7 @@ def test_sustained_problem_without_gpu():
     """The README's `sustained_sm90.py --problem` on a machine without CUDA: one line, exit 2."""
     if torch.cuda.is_available():
         pytest.skip("a CUDA GPU is here: the script would run")
-    r = subprocess.run([sys.executable, "benchmarks/sustained_sm90.py", "--problem", "b=5,h=16,sq=3000,d=128,causal",
+    r = subprocess.run([sys.executable, "lab/tools/sustained_sm90.py", "--problem", "b=5,h=16,sq=3000,d=128,causal",
                         "--out", "unused.json"], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert r.returncode == 2
     assert r.stdout == "" and r.stderr.count("\n") == 1 and "needs a Hopper GPU" in r.stderr
@@ -67,7 +67,7 @@ def test_sustained_problem_without_gpu():
 
 
 def test_the_blackwell_check_wants_sm100(monkeypatch, capsys):
-    from benchmarks.hopper import require_blackwell
+    from lab.tools.hopper import require_blackwell
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda i=0: (10, 0))
     assert require_blackwell("x.py") is None

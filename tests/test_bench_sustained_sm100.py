@@ -1,4 +1,4 @@
-"""The Blackwell check (benchmarks/sustained_sm100.py) on the CPU: its plan, its refusal without a
+"""The Blackwell check (lab/tools/sustained_sm100.py) on the CPU: its plan, its refusal without a
 B200 (one line, exit 2), and `fa4sim validate` on a recorded file shaped like a B200 run."""
 import json
 import subprocess
@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import sustained_sm100 as b
+from lab.tools import sustained_sm100 as b
 from fa4sim import Problem, simulate, validate
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "benchmarks/sustained_sm100.py"
+SCRIPT = ROOT / "lab/tools/sustained_sm100.py"
 
 
 def test_the_points_are_the_papers_grid():

@@ -12,7 +12,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 @pytest.mark.compile
 def test_inline_bursts_sit_between_the_first_and_second_hgmma(capsys):
     pytest.importorskip("cutlass")
-    from benchmarks.calibrate import bench_bursts
+    from lab.tools.calibrate import bench_bursts
 
     assert bench_bursts.check_sass_inline() == 0, capsys.readouterr().out
 
@@ -22,7 +22,7 @@ def test_inline_bursts_sit_between_the_first_and_second_hgmma(capsys):
     (["--inline", "64,x"], "--inline: '64,x'; allowed: comma-separated from 64, 128, 256"),
 ])
 def test_inline_options_fail_in_one_line_before_the_gpu(tmp_path, args, says):
-    cmd = [sys.executable, os.path.join(ROOT, "benchmarks", "calibrate", "bench_bursts.py"),
+    cmd = [sys.executable, os.path.join(ROOT, "lab", "tools", "calibrate", "bench_bursts.py"),
            "--out", str(tmp_path / "x.json"), *args]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert res.returncode == 2 and "Traceback" not in res.stderr

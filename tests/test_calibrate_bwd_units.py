@@ -1,4 +1,4 @@
-"""benchmarks/calibrate/bench_bwd_units.py: every kernel compiles for sm_90a on the CPU and its SASS
+"""lab/tools/calibrate/bench_bwd_units.py: every kernel compiles for sm_90a on the CPU and its SASS
 holds the instruction it times (the HGMMA of the intended N and operand source, the bulk
 reduce-add UBLKRED, REDG.E.ADD.F32 / F32x2); on a Hopper GPU, a short run writes the JSON the
 profiles take their backward unit facts from.
@@ -13,8 +13,8 @@ from hopper import has_hopper
 
 pytest.importorskip("cutlass")
 
-from benchmarks.calibrate import bench_bwd_units as bu  # noqa: E402
-from benchmarks.calibrate.common import compile_for_sass, sass_count  # noqa: E402
+from lab.tools.calibrate import bench_bwd_units as bu  # noqa: E402
+from lab.tools.calibrate.common import compile_for_sass, sass_count  # noqa: E402
 
 
 def _hgmma_lines(sass):

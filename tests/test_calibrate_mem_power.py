@@ -1,4 +1,4 @@
-"""benchmarks/calibrate/bench_mem_power.py: every load's kernel compiles for sm_90a on the CPU with
+"""lab/tools/calibrate/bench_mem_power.py: every load's kernel compiles for sm_90a on the CPU with
 the instruction it loads with (UBLKRED, REDG.E.ADD.F32x2, STAS, UBLKCP); its stamps turn into
 chip-wide bytes per SM clock as bench_power's loads do; its file has bench_power's shape.
 
@@ -12,9 +12,9 @@ from hopper import has_hopper
 
 pytest.importorskip("cutlass")
 
-from benchmarks.calibrate import bench_bwd_units as bu  # noqa: E402
-from benchmarks.calibrate import bench_mem_power as mp  # noqa: E402
-from benchmarks.calibrate.common import compile_for_sass, sass_count  # noqa: E402
+from lab.tools.calibrate import bench_bwd_units as bu  # noqa: E402
+from lab.tools.calibrate import bench_mem_power as mp  # noqa: E402
+from lab.tools.calibrate.common import compile_for_sass, sass_count  # noqa: E402
 
 CASES = {name: (build, expect) for name, build, expect in mp.sass_cases()}
 
@@ -133,7 +133,7 @@ def _mem_file(path, hw, energies: dict, kind: str = "mem_power"):
 
 
 def test_fit_mem_power_recovers_the_energies_it_was_made_with(tmp_path):
-    from benchmarks.calibrate import fit_mem_power
+    from lab.tools.calibrate import fit_mem_power
     from fa4sim import hardware
 
     hw = hardware.load("h100")
@@ -148,7 +148,7 @@ def test_fit_mem_power_recovers_the_energies_it_was_made_with(tmp_path):
 def test_fit_mem_power_writes_the_profile_and_refuses_other_files(tmp_path, capsys):
     import shutil
 
-    from benchmarks.calibrate import fit_mem_power
+    from lab.tools.calibrate import fit_mem_power
     from fa4sim import hardware
 
     prof = tmp_path / "h100.json"

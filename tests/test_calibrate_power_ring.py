@@ -6,16 +6,17 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "benchmarks" / "results"
-RING = {"h100": [RESULTS / "power_ring_h100_2026-11-28.json", RESULTS / "power_ring_h100_2026-11-28_again.json"],
-        "h200": [RESULTS / "power_ring_h200_2026-11-28.json", RESULTS / "power_ring_h200_2026-11-28_again.json",
-                 RESULTS / "power_ring_l2_h200_2026-11-28.json"]}
+from lab.tools.index import path_of  # noqa: E402
+RESULTS = ROOT / "lab" / "campaigns"
+RING = {"h100": [path_of("power_ring_h100_2026-11-28.json"), path_of("power_ring_h100_2026-11-28_again.json")],
+        "h200": [path_of("power_ring_h200_2026-11-28.json"), path_of("power_ring_h200_2026-11-28_again.json"),
+                 path_of("power_ring_l2_h200_2026-11-28.json")]}
 
 
 @pytest.fixture(scope="module")
 def bp():
     pytest.importorskip("cutlass")
-    from benchmarks.calibrate import bench_power
+    from lab.tools.calibrate import bench_power
 
     return bench_power
 
@@ -37,7 +38,7 @@ def test_ring_build_keeps_its_wgmma_loop_and_loads_one_box_per_stage(bp, code):
 
 
 def _loads(gpu):
-    from benchmarks.calibrate import fit_power
+    from lab.tools.calibrate import fit_power
     from fa4sim import hardware
 
     loads = []
@@ -63,7 +64,7 @@ def test_hbm_energy_scaled_by_the_clock_predicts_the_ring_loads(gpu):
     """The profile as it is (its HBM energy from loads at the maximum clock) predicts the clock of
     every capped HBM ring load within 2 %; with the HBM energy held at its maximum-clock value
     the full-rate load's clock comes out more than 8 % low."""
-    from benchmarks.calibrate import fit_power
+    from lab.tools.calibrate import fit_power
     from fa4sim import power
 
     hw, loads = _loads(gpu)

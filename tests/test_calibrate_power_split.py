@@ -9,16 +9,17 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "benchmarks" / "results"
-SPLIT_H100 = RESULTS / "power_split_h100_2026-11-28.json"
-SPLIT_H200 = [RESULTS / "power_split_h200_2026-11-28.json", RESULTS / "power_split_h200_2026-11-28_again.json"]
-DRAM = RESULTS / "dram_bytes_h200_2026-11-28.json"
+from lab.tools.index import path_of  # noqa: E402
+RESULTS = ROOT / "lab" / "campaigns"
+SPLIT_H100 = path_of("power_split_h100_2026-11-28.json")
+SPLIT_H200 = [path_of("power_split_h200_2026-11-28.json"), path_of("power_split_h200_2026-11-28_again.json")]
+DRAM = path_of("dram_bytes_h200_2026-11-28.json")
 
 
 @pytest.fixture(scope="module")
 def bp():
     pytest.importorskip("cutlass")
-    from benchmarks.calibrate import bench_power
+    from lab.tools.calibrate import bench_power
 
     return bench_power
 
@@ -70,7 +71,7 @@ def test_tma_activity_puts_hbm_bytes_through_l2(bp):
 
 
 def test_recorded_split_loads_hold_tensor_and_memory_activity():
-    from benchmarks.calibrate import fit_power
+    from lab.tools.calibrate import fit_power
 
     for path in [SPLIT_H100, *SPLIT_H200]:
         _, loads, meta = fit_power.read(str(path))
@@ -83,7 +84,7 @@ def test_recorded_split_loads_hold_tensor_and_memory_activity():
 
 
 def test_check_reports_every_load_against_the_profile_as_it_is():
-    from benchmarks.calibrate import fit_power
+    from lab.tools.calibrate import fit_power
     from fa4sim import hardware
 
     base = hardware.load("h100")
@@ -97,7 +98,7 @@ def test_check_reports_every_load_against_the_profile_as_it_is():
 
 
 def test_check_cli_prints_one_row_per_load():
-    out = subprocess.run([sys.executable, "-m", "benchmarks.calibrate.fit_power", *map(str, SPLIT_H200), "--check",
+    out = subprocess.run([sys.executable, "-m", "lab.tools.calibrate.fit_power", *map(str, SPLIT_H200), "--check",
                           "--profile", str(ROOT / "fa4sim" / "profiles" / "h200.json")],
                          capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert out.returncode == 0, out.stderr
@@ -122,7 +123,7 @@ def _csv(launches_per_problem: int, problems: int) -> str:
 
 
 def test_dram_parse_keeps_each_problems_launches_and_drops_the_first():
-    from benchmarks import dram_bytes_sm90 as db
+    from lab.tools import dram_bytes_sm90 as db
 
     names = list(db.PROBLEMS)[:2]
     pts = db.parse(_csv(db.LAUNCHES, 2), names)
@@ -139,7 +140,7 @@ def test_dram_parse_keeps_each_problems_launches_and_drops_the_first():
 def test_recorded_hbm_bytes_at_1k_are_the_models():
     """ncu on the H200, back to back: at 1k tokens every launch moves exactly q, k, v and o
     through HBM (L2 keeps nothing from the previous launch), as fa4sim counts."""
-    from benchmarks import dram_bytes_sm90 as db
+    from lab.tools import dram_bytes_sm90 as db
 
     rows = {r["name"]: r for r in db.compare(json.loads(DRAM.read_text()))}
     for name, r in rows.items():
@@ -149,10 +150,10 @@ def test_recorded_hbm_bytes_at_1k_are_the_models():
 
 
 def test_dram_report_cli_and_bad_only():
-    out = subprocess.run([sys.executable, "benchmarks/dram_bytes_sm90.py", "--report", str(DRAM)],
+    out = subprocess.run([sys.executable, "lab/tools/dram_bytes_sm90.py", "--report", str(DRAM)],
                          capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert out.returncode == 0, out.stderr
     assert "hd128-1k-b16-h16" in out.stdout and "ncu MB" in out.stdout
-    bad = subprocess.run([sys.executable, "benchmarks/dram_bytes_sm90.py", "--only", "nope", "--report", str(DRAM)],
+    bad = subprocess.run([sys.executable, "lab/tools/dram_bytes_sm90.py", "--only", "nope", "--report", str(DRAM)],
                          capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert bad.returncode == 2 and "unknown problem(s) nope; allowed:" in bad.stderr.strip().splitlines()[-1]

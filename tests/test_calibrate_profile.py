@@ -1,5 +1,5 @@
-"""CPU tests of benchmarks/calibrate/make_profile.py on a small synthetic results JSON, and of
-benchmarks/calibrate/tile_jitter.py on a synthetic tile log."""
+"""CPU tests of lab/tools/calibrate/make_profile.py on a small synthetic results JSON, and of
+lab/tools/calibrate/tile_jitter.py on a synthetic tile log."""
 import json
 import subprocess
 import sys
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.calibrate.make_profile import build_profile, derive
+from lab.tools.calibrate.make_profile import build_profile, derive
 from fa4sim.hardware import PARAMS, from_json
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -97,7 +97,7 @@ def test_values_provenance_and_all_params(tmp_path):
     assert v["launch_gap_us"] == 2.1
     assert v["num_sms"] == 132 and isinstance(v["num_sms"], int)
     for k in ("clock_ghz", "mma_latency_ss", "l2_latency", "launch_gap_us"):
-        assert hw.sources[k].startswith("measured on NVIDIA H100 80GB HBM3 2026-11-22 by benchmarks/calibrate/")
+        assert hw.sources[k].startswith("measured on NVIDIA H100 80GB HBM3 2026-11-22 by lab/tools/calibrate/")
         assert hw.confidence[k] == "M"
     assert "bench_wgmma.py" in hw.sources["mma_latency_ss"] and "bench_tma.py" in hw.sources["l2_latency"]
     # unmeasured parameters keep the base profile's value and source
@@ -123,30 +123,30 @@ def test_cli(tmp_path):
     r = tmp_path / "r.json"
     r.write_text(json.dumps(synthetic()))
     out = tmp_path / "p.json"
-    subprocess.run([sys.executable, "-m", "benchmarks.calibrate.make_profile", str(r), "--base", "h100-datasheet",
+    subprocess.run([sys.executable, "-m", "lab.tools.calibrate.make_profile", str(r), "--base", "h100-datasheet",
                     "--out", str(out)], check=True, cwd=ROOT)
     prof = json.loads(out.read_text())
     from_json(prof)
     assert prof["params"]["smem_bytes_per_clk"]["value"] == 126.0
     out2 = tmp_path / "p2.json"
     base = json.loads((ROOT / "fa4sim/profiles/h100-datasheet.json").read_text())
-    subprocess.run([sys.executable, "-m", "benchmarks.calibrate.make_profile", str(r), "--base", "h100-datasheet",
+    subprocess.run([sys.executable, "-m", "lab.tools.calibrate.make_profile", str(r), "--base", "h100-datasheet",
                     "--out", str(out2), "--skip", "tma_bytes_per_clk,l2_bandwidth_tbps"], check=True, cwd=ROOT)
     prof2 = json.loads(out2.read_text())
     assert prof2["params"]["tma_bytes_per_clk"] == base["params"]["tma_bytes_per_clk"]
     assert prof2["params"]["l2_bandwidth_tbps"] == base["params"]["l2_bandwidth_tbps"]
     assert prof2["params"]["smem_bytes_per_clk"]["confidence"] == "M"
     # the module imports nothing GPU-related
-    code = ("import sys, benchmarks.calibrate.make_profile; "
+    code = ("import sys, lab.tools.calibrate.make_profile; "
             "bad = [m for m in ('torch', 'cutlass', 'cuda', 'triton') if m in sys.modules]; "
             "assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
 
 
 def test_tile_jitter_from_a_tile_log(tmp_path):
-    """benchmarks/calibrate/tile_jitter.py: middle tiles only (not a CTA's first or last), each
+    """lab/tools/calibrate/tile_jitter.py: middle tiles only (not a CTA's first or last), each
     against the median of its kind, in units of the tile's Q load; --write puts it into a profile."""
-    from benchmarks.calibrate.tile_jitter import main, tile_jitter
+    from lab.tools.calibrate.tile_jitter import main, tile_jitter
 
     # 12 CTAs of 3 non-causal tiles (one kind: 8 KV blocks of 128 x 128); middle tiles alternate
     # 1000 +- 30 cycles, first and last tiles are far off and must not count

@@ -70,7 +70,7 @@ def test_non_causal_and_hdim_v():
 def test_benchmarks_count_with_the_same_definition():
     """bench_fwd_sm90.flops loads fa4sim/flops.py by its path (no simpy on the device) and agrees."""
     pytest.importorskip("torch")
-    spec = importlib.util.spec_from_file_location("bench_fwd_sm90_flops", ROOT / "benchmarks" / "bench_fwd_sm90.py")
+    spec = importlib.util.spec_from_file_location("bench_fwd_sm90_flops", ROOT / "lab" / "tools" / "bench_fwd_sm90.py")
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
     for args in ((16, 16, 1024, 1024, 128, True), (8, 16, 2048, 8192, 128, True), (1, 16, 32768, 32768, 64, False)):

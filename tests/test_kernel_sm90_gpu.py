@@ -280,7 +280,7 @@ def test_causal_schedule_variants_match(max_ctas, section_bytes):
 
 @pytest.mark.parametrize("causal", [False, True])
 def test_cta_log_build_logs_every_cta_and_still_computes_attention(causal):
-    """The CTA-log diagnostic build (benchmarks/cta_log_sm90.py): every CTA of a one-CTA-per-tile
+    """The CTA-log diagnostic build (lab/tools/cta_log_sm90.py): every CTA of a one-CTA-per-tile
     launch writes its record, on a real SM, with end after start; the output is still attention."""
     from fa4kernel.interface import attention_probed
     from fa4kernel.trace import cta_log

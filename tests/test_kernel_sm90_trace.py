@@ -4,8 +4,8 @@ simulated timeline tooling.
 - the trace build compiles for sm_90a and reads the SM clock (CS2R Rx, SR_CLOCKLO: clock64)
   and the global timer; the default build reads neither (its code path is untouched)
 - `trace` is not a user knob
-- stamps buffer -> fa4kernel.trace.decode -> stamps JSON (benchmarks/timeline_sm90.build_doc)
-  -> benchmarks/timeline_compare.compare (measured vs simulated interval, overlay figure)
+- stamps buffer -> fa4kernel.trace.decode -> stamps JSON (lab/tools/timeline_sm90.build_doc)
+  -> lab/tools/timeline_compare.compare (measured vs simulated interval, overlay figure)
 """
 import json
 import os
@@ -19,7 +19,7 @@ from fa4kernel import make_config
 from fa4kernel.diagnostics import NONE, trace_build
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+sys.path.insert(0, os.path.join(ROOT, "lab", "tools"))
 
 CLOCK_READ = re.compile(r"\b(?:CS2R|S2R|S2UR)\s+U?R\w+,\s+SR_CLOCK(?:LO|HI)?\b")
 TIMER_READ = re.compile(r"\b(?:CS2R|S2R|S2UR)\s+U?R\w+,\s+SR_GLOBALTIMER(?:LO|HI)?\b")

@@ -14,7 +14,8 @@ from fa4sim import Problem, cli, hardware, simulate, validate
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
 TEXT = " ".join(README.split())  # prose wraps anywhere: compare with single spaces
-RESULTS = ROOT / "benchmarks" / "results"
+from lab.tools.index import path_of  # noqa: E402
+RESULTS = ROOT / "lab" / "campaigns"
 
 
 def says(text: str) -> None:
@@ -54,7 +55,7 @@ def test_main_job(capsys):
 
 
 def test_accuracy_b200():
-    res = validate.compare(validate.load(str(RESULTS / "published_b200.json")))
+    res = validate.compare(validate.load(str(path_of("published_b200.json"))))
     paper = [r for r in res["points"] if r["source"] == "paper" and "-det-" not in r["id"]]
     e = sorted(abs(r["error"]) for r in paper)
     import statistics
@@ -115,7 +116,7 @@ _SUMMARIES: dict = {}
 def _summary(name: str) -> dict:
     """`fa4sim validate FILE`'s summary (once per file: two tests quote the same one)."""
     if name not in _SUMMARIES:
-        _SUMMARIES[name] = validate.compare(validate.load(str(RESULTS / name)))["summary"]
+        _SUMMARIES[name] = validate.compare(validate.load(str(path_of(name))))["summary"]
     return _SUMMARIES[name]
 
 
@@ -126,7 +127,7 @@ def test_validate_example():
 
 
 def _ratios(name: str, peer: str) -> tuple[float, float]:
-    doc = json.loads((RESULTS / name).read_text())
+    doc = json.loads(path_of(name).read_text())
     xs = [p["results"]["fa4kernel"]["tflops"] / p["results"][peer]["tflops"]
           for p in doc["points"] if p.get("label", "main") == "main"]
     assert len(xs) == 18
@@ -151,12 +152,12 @@ def test_kernel_table():
                            ("sm90_bwd_settled_h200_2026-11-28.json", "kernel-sm90-backward")):
         says(f"(lab/campaigns/{campaign}/README.md)")  # the README links the campaign that names the file
         assert f"`{name}`" in (ROOT / "lab" / "campaigns" / campaign / "README.md").read_text()
-        assert "4.0.0b36" == json.loads((RESULTS / name).read_text())["meta"]["versions"]["flash_attn_4"]
+        assert "4.0.0b36" == json.loads(path_of(name).read_text())["meta"]["versions"]["flash_attn_4"]
 
 
 def test_speed_numbers():
-    """The newest benchmarks/bench_sim_speed.py record (speed is a benchmark, not a test)."""
-    files = sorted(RESULTS.glob("sim_speed_*.json"), key=lambda p: json.loads(p.read_text())["meta"]["date"])
+    """The newest lab/tools/bench_sim_speed.py record (speed is a benchmark, not a test)."""
+    files = sorted(RESULTS.glob("*/sim_speed_*.json"), key=lambda p: json.loads(p.read_text())["meta"]["date"])
     s = json.loads(files[-1].read_text())
     says(f"median of {s['repeat']}): the main job {s['run_median_s']:.2f} s, a backward (hd128 16k causal on h200) "
          f"{s['bwd_median_s']:.2f} s, `fa4sim solve` {s['solve_median_s']:.2f} s of CP-SAT, a 200-point sweep "

@@ -1,11 +1,11 @@
 """CPU-only: the SASS facts fa4sim keeps as data still match what the compiler makes.
 
-- where the O rescale of fa4kernel's builds lies (benchmarks/pv_wait_sass.py --rescale); the
+- where the O rescale of fa4kernel's builds lies (lab/tools/pv_wait_sass.py --rescale); the
   generated tables of fa4kernel-sm90.sass.json are tests/test_sass_tables_generated.py's.
-- benchmarks/calibrate/bench_bursts.py: its burst loops hold exactly the instructions it times.
-- benchmarks/calibrate/bench_wgmma.py and bench_power.py at the N of odd tiles (112, 192), and
+- lab/tools/calibrate/bench_bursts.py: its burst loops hold exactly the instructions it times.
+- lab/tools/calibrate/bench_wgmma.py and bench_power.py at the N of odd tiles (112, 192), and
   bench_wgmma's fenced chains.
-- benchmarks/calibrate/bench_contention.py: its wgmma loops hold 8 HGMMAs, its softmax loops the
+- lab/tools/calibrate/bench_contention.py: its wgmma loops hold 8 HGMMAs, its softmax loops the
   planned instructions; the intra kernel's trip stamps sit outside the HGMMAs and the mix.
 
 Run: pytest -m compile tests/test_sass_tables_compile.py
@@ -25,7 +25,7 @@ def test_where_the_o_rescale_lies(hdim, causal, among):
     """The fa3 schedule issues the O rescale after the exp2s, as fa4kernel's hd128 and hd64 builds
     do; ptxas puts hd64 causal's among them (as flash-attn-4's at hd 64 and 128), and hd256
     rescales before the PV GEMM (lab/findings/pv-wait-placement.md, "The O rescale's position")."""
-    from benchmarks.pv_wait_sass import rescale_share
+    from lab.tools.pv_wait_sass import rescale_share
 
     cfg = make_config("bfloat16", hdim, causal, False, {})
     got = rescale_share(fa4kernel.compile_sass(cfg, arch="sm_90a"), hdim)
@@ -36,8 +36,8 @@ def test_where_the_o_rescale_lies(hdim, causal, among):
 def test_wgmma_at_the_n_of_odd_tiles_compiles_to_that_hgmma(n):
     """bench_wgmma's run at the N of hd96 / hd192 tiles (ODD_NS) times HGMMA.64xNx16 itself,
     without spills; bench_power's capped load at that N keeps its wgmma loop."""
-    from benchmarks.calibrate import bench_power, bench_wgmma
-    from benchmarks.calibrate.common import run_sass_checks
+    from lab.tools.calibrate import bench_power, bench_wgmma
+    from lab.tools.calibrate.common import run_sass_checks
 
     assert n in bench_wgmma.ODD_NS
     case = (f"wgmma_ss_n{n}", lambda: (bench_wgmma.make(n, False), bench_wgmma.fake_args()),
@@ -62,8 +62,8 @@ def test_fenced_wgmma_chains_compile_as_planned(fence, arrives, converts):
     """bench_wgmma's fence variants (findings/fenced-rs-wgmma.md): a WARPGROUP.ARRIVE before each of a
     trip's instructions where asked (+ one per latency sample), the A registers rewritten (F2FP)
     where asked, the same HGMMAs, no spills."""
-    from benchmarks.calibrate import bench_wgmma
-    from benchmarks.calibrate.common import run_sass_checks
+    from lab.tools.calibrate import bench_wgmma
+    from lab.tools.calibrate.common import run_sass_checks
 
     case = (f"wgmma_rs_n192_{fence}", lambda: (bench_wgmma.make(192, True, fence), bench_wgmma.fake_args()),
             {"HGMMA.64x192x16.F32.BF16": bench_wgmma.KB + sum(bench_wgmma.NKS), "WARPGROUP.ARRIVE": arrives,
@@ -76,7 +76,7 @@ def test_fenced_wgmma_chains_compile_as_planned(fence, arrives, converts):
 def test_best_throughput_takes_the_fastest_timed_launch(monkeypatch):
     """bench_wgmma's timing of a chain: the first launch warms up, the faster of the next two counts;
     per warpgroup its own span (stamps t0, t1 per warpgroup)."""
-    from benchmarks.calibrate import bench_wgmma
+    from lab.tools.calibrate import bench_wgmma
 
     spans = iter([[[0, 9000, 0, 0], [0, 9000, 0, 0]], [[0, 4096, 0, 0], [10, 3000, 0, 0]],
                   [[0, 5000, 0, 0], [0, 5000, 0, 0]]])
@@ -88,13 +88,13 @@ def test_best_throughput_takes_the_fastest_timed_launch(monkeypatch):
 
 
 def test_bench_bursts_loops_hold_their_planned_instructions(capsys):
-    from benchmarks.calibrate import bench_bursts
+    from lab.tools.calibrate import bench_bursts
 
     assert bench_bursts.check_sass() == 0, capsys.readouterr().out
 
 
 def test_bench_contention_loops_hold_their_planned_instructions(capsys):
-    from benchmarks.calibrate import bench_contention
+    from lab.tools.calibrate import bench_contention
 
     assert bench_contention.check_sass() == 0, capsys.readouterr().out
 
@@ -102,8 +102,8 @@ def test_bench_contention_loops_hold_their_planned_instructions(capsys):
 def test_bench_contention_intra_stamps_bracket_the_wgmma_wait():
     """The trip's stamps: clock reads after the HGMMAs, after the mix and after the wgmma wait, and
     no wait before the mix (so the mix still overlaps the GEMM)."""
-    from benchmarks.calibrate import bench_contention as bc
-    from benchmarks.calibrate.common import compile_for_sass
+    from lab.tools.calibrate import bench_contention as bc
+    from lab.tools.calibrate.common import compile_for_sass
 
     sass = compile_for_sass(bc.make_intra(True), *bc.fake_args_intra())
     ops = [line.split("*/", 1)[1].strip() for line in sass.splitlines() if "*/" in line]
@@ -129,7 +129,7 @@ def test_bench_bursts_options_fail_in_one_line_before_the_gpu(tmp_path, args, sa
     import sys
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    cmd = [sys.executable, os.path.join(root, "benchmarks", "calibrate", "bench_bursts.py"),
+    cmd = [sys.executable, os.path.join(root, "lab", "tools", "calibrate", "bench_bursts.py"),
            "--out", str(tmp_path / "x.json"), *args]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert res.returncode == 2 and "Traceback" not in res.stderr
@@ -144,7 +144,7 @@ def test_bench_contention_intra_wgs_fail_in_one_line_before_the_gpu(tmp_path, wg
     import sys
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    cmd = [sys.executable, os.path.join(root, "benchmarks", "calibrate", "bench_contention.py"),
+    cmd = [sys.executable, os.path.join(root, "lab", "tools", "calibrate", "bench_contention.py"),
            "--out", str(tmp_path / "x.json"), "--only", "intra", "--intra-wgs", wgs]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert res.returncode == 2 and "Traceback" not in res.stderr

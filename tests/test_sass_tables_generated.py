@@ -1,10 +1,10 @@
 """fa4sim/implementations/fa4kernel-sm90.sass.json, the SASS tables generated from fa4kernel's
-compiled builds (benchmarks/sass_tables.py --write): marked generated, keyed exactly, complete for
+compiled builds (lab/tools/sass_tables.py --write): marked generated, keyed exactly, complete for
 every build fa4kernel-sm90.json chooses and lessons/09_backward.py simulates, and (compile) its rows
 for a few builds are what the compiler makes of them now.
 
 If a compile test here fails, a compiler or kernel change moved a count or the PV wait: rerun
-CUTE_DSL_ARCH=sm_90a python3 benchmarks/sass_tables.py --write and commit the file."""
+CUTE_DSL_ARCH=sm_90a python3 lab/tools/sass_tables.py --write and commit the file."""
 import json
 
 import pytest
@@ -21,7 +21,7 @@ HEAD_DIMS = (64, 96, 128, 192, 256)
 
 def test_the_file_says_it_is_generated_and_by_which_command():
     assert next(iter(DOC)) == "generated"
-    assert DOC["generated"].startswith("by python3 benchmarks/sass_tables.py --write")
+    assert DOC["generated"].startswith("by python3 lab/tools/sass_tables.py --write")
     assert DOC["generated"].endswith("do not edit")
 
 
@@ -39,7 +39,7 @@ def test_each_row_names_its_build_by_every_key_once(name):
 
 
 def test_the_file_holds_the_builds_the_command_compiles():
-    from benchmarks import sass_tables
+    from lab.tools import sass_tables
 
     fwd = [f"make_config('bfloat16', {hd}, {c}, False, {k!r})" for hd, c, k in sass_tables.FWD_BUILDS]
     bwd = [f"make_bwd_config('bfloat16', {hd}, {c}{''.join(f', {n}={v!r}' for n, v in k.items())})"
@@ -84,7 +84,7 @@ def test_every_forward_build_fa4kernel_chooses_has_its_own_row(hdim, causal, seq
 
 
 # the backward builds lessons/09_backward.py simulates with --impl fa4kernel: the launch orders at
-# hd256, and the settled-power runs' knobs (benchmarks/results/bwd_power_long_*.json)
+# hd256, and the settled-power runs' knobs (lab/campaigns/backward-power/bwd_power_long_*.json)
 LESSON_BWD = ([(256, c, {"grid_order": g}) for c in (False, True) for g in ("heads_outer", "tail_lpt")]
               + [(128, False, {}), (128, False, {"dq_reduce": "red"}), (256, False, {"dq_sum": "cta"}),
                  (64, False, {}), (256, False, {})])
@@ -132,7 +132,7 @@ BWD_RECOMPILED = [(128, True, {}), (64, False, {}), (64, True, {"tile_m": 64, "d
 @pytest.mark.parametrize("build", FWD_RECOMPILED)
 def test_pv_wait_rows_match_fresh_sass(build):
     pytest.importorskip("cutlass")
-    from benchmarks import sass_tables
+    from lab.tools import sass_tables
 
     (fresh,) = sass_tables.pv_wait_rows([build])
     assert fresh in TABLES["pv_wait_sass"]["rows"], fresh
@@ -142,7 +142,7 @@ def test_pv_wait_rows_match_fresh_sass(build):
 @pytest.mark.parametrize("build", BWD_RECOMPILED)
 def test_loop_instr_rows_match_fresh_sass(build):
     pytest.importorskip("cutlass")
-    from benchmarks import sass_tables
+    from lab.tools import sass_tables
 
     (fresh,) = sass_tables.loop_instr_rows([build])
     assert fresh in TABLES["loop_instr_sass"]["rows"], fresh
@@ -151,6 +151,6 @@ def test_loop_instr_rows_match_fresh_sass(build):
 @pytest.mark.compile
 def test_tau_test_rows_match_fresh_sass():
     pytest.importorskip("cutlass")
-    from benchmarks import sass_tables
+    from lab.tools import sass_tables
 
     assert sass_tables.tau_test_rows() == TABLES["tau_test_sass"]["rows"]

@@ -22,7 +22,8 @@ from fa4sim.model import build_cta, setup, simulate
 from fa4sim.params import Problem
 
 ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "benchmarks/results"
+from lab.tools.index import path_of  # noqa: E402
+RESULTS = ROOT / "lab/campaigns"
 SMALL = ["--seqlen", "1024", "--batch", "1", "--heads", "1"]
 P = Problem(1, 1, 1024, 1024, 128)
 
@@ -229,7 +230,7 @@ def test_ctrl_c_stops_the_points_running_now(tmp_path):
 
 
 def test_ctrl_c_in_validate_is_one_line_exit_130(tmp_path):
-    code, err = interrupt(["validate", str(RESULTS / "sm90_fwd_h100_2026-11-22.json")], r"point 1/51", tmp_path)
+    code, err = interrupt(["validate", str(path_of("sm90_fwd_h100_2026-11-22.json"))], r"point 1/51", tmp_path)
     assert code == 130 and err.strip().splitlines()[-1] == "fa4sim: interrupted" and "Traceback" not in err
     assert "point 51/51" not in err  # it stopped
 
@@ -273,7 +274,7 @@ def test_sweep_jobs_out_of_range(tmp_path, capsys, jobs):
 
 @pytest.mark.parametrize("args,option", [
     (["sweep", "--grid", "seqlen=1024", "--out", "{missing}/sw"], "--out"),
-    (["validate", str(RESULTS / "tile_costs_h200_2026-11-22.json"), "--plot", "{missing}/p.png"], "--plot"),
+    (["validate", str(path_of("tile_costs_h200_2026-11-22.json")), "--plot", "{missing}/p.png"], "--plot"),
     (["run", "--gantt", "{missing}/g.png"], "--gantt"), (["run", "--trace", "{missing}/t.json"], "--trace"),
     (["graph", "--dot", "{missing}/g.dot"], "--dot"), (["graph", "--plot", "{missing}/g.png"], "--plot"),
 ])
@@ -304,9 +305,9 @@ def test_an_output_the_os_refuses_is_one_line(capsys):
 # ---- 5. options of validate and run -------------------------------------------------------------
 
 @pytest.mark.parametrize("args,words", [
-    (["validate", "--hw", "bogus", str(RESULTS / "tile_costs_h200_2026-11-22.json")], ("--hw: unknown hardware 'bogus'",)),
-    (["validate", str(RESULTS / "sustained_blind_h200_2026-11-28.json"), "--set", "bogus=1"], ("bogus: unknown parameter",)),
-    (["validate", str(RESULTS / "sustained_blind_h200_2026-11-28.json"), "--set", "card_power_w=-1e9"], ("card_power_w",)),
+    (["validate", "--hw", "bogus", str(path_of("tile_costs_h200_2026-11-22.json"))], ("--hw: unknown hardware 'bogus'",)),
+    (["validate", str(path_of("sustained_blind_h200_2026-11-28.json")), "--set", "bogus=1"], ("bogus: unknown parameter",)),
+    (["validate", str(path_of("sustained_blind_h200_2026-11-28.json")), "--set", "card_power_w=-1e9"], ("card_power_w",)),
     (["run", "--gantt-iters", "0"], ("--gantt-iters: only with --gantt",)),
     (["run", "--gantt", "x.png", "--gantt-iters", "0"], ("--gantt-iters: must be in 1..64, got 0",)),
     (["run", "--gantt", "x.png", "--gantt-iters", "-1"], ("--gantt-iters: must be in 1..64",)),
@@ -318,10 +319,10 @@ def test_an_output_the_os_refuses_is_one_line(capsys):
     (["solve", "--time-limit", "0"], ("--time-limit",)), (["solve", "--time-limit", "nan"], ("--time-limit",)),
     (["solve", "--time-limit", "1e9"], ("--time-limit: must be in (0, 3600]",)),
     # options of one kind of results file, given with another: refused, not ignored
-    (["validate", str(RESULTS / "tile_costs_h200_2026-11-22.json"), "--at-profile-clock"],
+    (["validate", str(path_of("tile_costs_h200_2026-11-22.json")), "--at-profile-clock"],
      ("--at-profile-clock: applies to points and knob_points files only, not tile_costs",)),
-    (["validate", str(RESULTS / "tile_costs_h200_2026-11-22.json"), "--pv-wait", "sass"], ("--pv-wait: applies to",)),
-    (["validate", str(RESULTS / "tile_costs_h200_2026-11-22.json"), "--set", "card_power_w=1"],
+    (["validate", str(path_of("tile_costs_h200_2026-11-22.json")), "--pv-wait", "sass"], ("--pv-wait: applies to",)),
+    (["validate", str(path_of("tile_costs_h200_2026-11-22.json")), "--set", "card_power_w=1"],
      ("--set: applies to sustained files only, not tile_costs",)),
 ])
 def test_option_values_are_checked(tmp_path, capsys, monkeypatch, args, words):
@@ -448,7 +449,7 @@ def test_help_describes_the_profiles_there_are(capsys):
 
 
 def test_validate_progress_never_passes_its_total(capsys):
-    assert main(["validate", str(RESULTS / "tile_costs_h200_2026-11-22.json")]) == 0
+    assert main(["validate", str(path_of("tile_costs_h200_2026-11-22.json"))]) == 0
     counts = [tuple(map(int, m)) for m in re.findall(r"tile (\d+)/(\d+)", capsys.readouterr().err)]
     assert counts and all(i <= n for i, n in counts) and counts[-1][0] == counts[-1][1]
 

@@ -1,4 +1,4 @@
-"""The backward's unit facts (benchmarks/calibrate/bench_bwd_units.py) in the SM90 backward model:
+"""The backward's unit facts (lab/tools/calibrate/bench_bwd_units.py) in the SM90 backward model:
 the L2's shared time for loads and fp32 reduce-adds (together in l2_mixed_time_fraction of their
 times alone), one SM's reduce-add rate, and the wgmma's
 fewest cycles per k-step. Each parameter moves the prediction the way, and by the amount, the

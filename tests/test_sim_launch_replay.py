@@ -11,7 +11,7 @@ from fa4sim.validate.launches import compare as compare_launches
 from fa4sim.validate.launches import replay_one_cta_per_tile, replay_persistent
 
 COLUMNS = ["cta", "sm", "start_ns", "end_ns", "cycles", "m_block", "n_kv", "tiles_in_cta"]
-RECORDED = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "cta_log_2026-11-22"
+RECORDED = Path(__file__).resolve().parents[1] / "lab" / "campaigns" / "launch-jitter" / "cta_log_2026-11-22"
 
 
 def _point(**kw):
@@ -50,7 +50,7 @@ def test_recorded_persistent_launches_end_later_and_the_model_says_by_how_much()
     measured excess, and a causal launch of one CTA per tile within 1 % of its replay."""
     files = sorted(RECORDED.glob("cta_log_tiles_*.json"))
     if not files:
-        pytest.skip("no recorded tile logs in benchmarks/results/cta_log_2026-11-22/")
+        pytest.skip("no recorded tile logs in lab/campaigns/launch-jitter/cta_log_2026-11-22/")
     for path in files:
         doc = validate.load(str(path))
         assert validate.kind(doc) == "cta_log"

@@ -1,5 +1,5 @@
 """The power model (fa4sim/power.py): power -> clock, its use in simulate(), and its fit
-(benchmarks/calibrate/fit_power.py). No GPU."""
+(lab/tools/calibrate/fit_power.py). No GPU."""
 import json
 import subprocess
 import sys
@@ -10,7 +10,7 @@ import pytest
 
 from fa4sim import Problem, hardware, power, simulate
 from fa4sim.cli import main
-from benchmarks.calibrate import fit_power
+from lab.tools.calibrate import fit_power
 
 ROOT = Path(__file__).resolve().parents[1]
 PROBLEM = Problem(2, 16, 8192, 8192, 128)
@@ -249,7 +249,7 @@ def test_fit_writes_the_profile(tmp_path):
     prof.write_text((ROOT / "fa4sim/profiles/h100.json").read_text())
     b200 = tmp_path / "b200.json"
     b200.write_text((ROOT / "fa4sim/profiles/b200.json").read_text())
-    out = subprocess.run([sys.executable, "-m", "benchmarks.calibrate.fit_power", str(path), "--profile", str(prof),
+    out = subprocess.run([sys.executable, "-m", "lab.tools.calibrate.fit_power", str(path), "--profile", str(prof),
                           "--write", "--b200", str(b200)], capture_output=True, text=True, cwd=ROOT)
     assert out.returncode == 0, out.stderr
     assert "load0" in out.stdout and "voltage_slope" in out.stdout
@@ -258,7 +258,7 @@ def test_fit_writes_the_profile(tmp_path):
     assert hw.energy_tensor_pj_per_flop == pytest.approx(TRUE["energy_tensor_pj_per_flop"], rel=0.01)
     assert hw.clock_min_ghz == 0.345 and hw.confidence["clock_min_ghz"] == "M"
     assert hw.sources["static_power_w"].startswith("measured on Test GPU 2026-11-23 (power.json) by "
-                                                   "benchmarks/calibrate/")
+                                                   "lab/tools/calibrate/")
     assert hw.confidence["energy_hbm_pj_per_byte"] == "M"
     # the B200 follows from the fitted H100 by the stated ratios
     b = hardware.load(str(b200))
@@ -279,7 +279,7 @@ def test_fit_writes_the_profile(tmp_path):
 def test_fit_refuses_bad_input_in_one_line(tmp_path, doc, what):
     path = tmp_path / "bad.json"
     path.write_text(doc)
-    out = subprocess.run([sys.executable, "-m", "benchmarks.calibrate.fit_power", str(path)], capture_output=True,
+    out = subprocess.run([sys.executable, "-m", "lab.tools.calibrate.fit_power", str(path)], capture_output=True,
                          text=True, cwd=ROOT)
     assert out.returncode == 2 and out.stdout == ""
     lines = out.stderr.strip().splitlines()
@@ -404,7 +404,7 @@ def test_fit_gives_another_host_its_own_static_power(tmp_path):
     a, b = tmp_path / "a.json", tmp_path / "b.json"
     a.write_text(json.dumps(doc))
     b.write_text(json.dumps(hot))
-    out = subprocess.run([sys.executable, "-m", "benchmarks.calibrate.fit_power", str(a), str(b)],
+    out = subprocess.run([sys.executable, "-m", "lab.tools.calibrate.fit_power", str(a), str(b)],
                          capture_output=True, text=True, cwd=ROOT)
     assert out.returncode == 0, out.stderr
     line = next(x for x in out.stdout.splitlines() if "static power of" in x)
@@ -509,7 +509,7 @@ def test_an_rs_wgmma_operand_from_registers_is_priced_as_shared_memory_bytes():
 def test_the_rs_calibration_loads_count_their_register_operand():
     """fit_power reads an RS load's A bytes (1/N byte per FLOP) into its smem rate; with them the
     H100 profile gives the recorded RS loads' power within 3 %, as the SS loads'."""
-    _, loads, _ = fit_power.read(str(ROOT / "benchmarks/results/power_rs_h100_2026-11-27.json"))
+    _, loads, _ = fit_power.read(str(ROOT / "lab/campaigns/power-calibration/power_rs_h100_2026-11-27.json"))
     by = {ld["name"]: ld for ld in loads}
     for n in (128, 64):
         ld = by[f"tensor{n}_rs"]
@@ -524,10 +524,10 @@ def test_a_cards_offset_is_its_capped_gemm_loads_above_the_reference():
     """card_power: a card whose every load draws 20 W more than the reference's at the same clock
     is +20 W; the reference itself is 0; the median card counts the reference; with card_power_w
     the power model adds it to the static power, and the predicted clock falls."""
-    from benchmarks.calibrate import card_power
+    from lab.tools.calibrate import card_power
 
     hw = hardware.load("h200")
-    ref = fit_power.read(str(ROOT / "benchmarks/results/power_h200_2026-11-27.json"))[1]
+    ref = fit_power.read(str(ROOT / "lab/campaigns/power-calibration/power_h200_2026-11-27.json"))[1]
     hotter = [{**ld, "power_w": ld["power_w"] + 20.0} for ld in ref]
     off, shared = card_power.offset(hw, hotter, ref)
     assert off == pytest.approx(20.0) and "tensor256" in shared
@@ -545,16 +545,17 @@ def test_a_cards_offset_is_its_capped_gemm_loads_above_the_reference():
 def test_the_profiles_card_is_the_median_of_the_recorded_cards():
     """h200's card_power_w is what card_power gives over the files its source names."""
     import re
-    from benchmarks.calibrate import card_power
+    from lab.tools.calibrate import card_power
 
     hw = hardware.load("h200")
     src = hw.sources["card_power_w"]
     ref = re.search(r"the card of (\S+\.json)", src).group(1)
     files = re.findall(r"(power_[\w-]+\.json)( \(and _again\))?", src.split("the files")[1])
     paths = [f for name, again in files for f in [name] + ([name.replace(".json", "_again.json")] if again else [])]
-    res = ROOT / "benchmarks/results"
-    refs = fit_power.read(str(res / ref))[1]
-    offs = [card_power.offset(hw, fit_power.read(str(res / p))[1], refs)[0] for p in paths]
+    from lab.tools.index import path_of  # noqa: E402
+    res = ROOT / "lab/campaigns"
+    refs = fit_power.read(str(path_of(ref)))[1]
+    offs = [card_power.offset(hw, fit_power.read(str(path_of(p)))[1], refs)[0] for p in paths]
     assert len(offs) == 7
     assert hw.card_power_w == pytest.approx(card_power.median_card(offs), abs=0.01)
 

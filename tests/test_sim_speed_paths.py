@@ -1,7 +1,7 @@
 """The simulator's fast paths give what the plain ones give: tile_times without the two-tile run,
 the Runs memo, the engine's clock moves without an event, its lazily named trace rows, the paused
 garbage collector, and tensor_gaps / utilization against their definitions. No timings here
-(benchmarks/bench_sim_speed.py measures speed)."""
+(lab/tools/bench_sim_speed.py measures speed)."""
 import gc
 
 import pytest

@@ -210,7 +210,7 @@ def test_bwd_tail_lpt_ends_on_the_shortest_ctas():
     """Causal hd256 4k on the H200: heads_outer ends on the last head's CTAs, whose longest (64
     query blocks) starts 64 CTAs before the end; tail_lpt ends on every tail head's shortest,
     and the model's main kernel is faster by the tail it saves (4 % here; the probe build measured
-    4.6 %: benchmarks/results/bwd_ctas_h200_2026-11-27.json). Without the mask every CTA costs
+    4.6 %: lab/campaigns/kernel-sm90-backward/bwd_ctas_h200_2026-11-27.json). Without the mask every CTA costs
     the same and the order changes nothing."""
     p = Problem(4, 8, 4096, 4096, 256, True)
     run = lambda go, causal=True: simulate("h200", "fa3", replace(p, causal=causal), impl="fa4kernel",  # noqa: E731

@@ -40,7 +40,7 @@ def test_bad_stamps(tmp_path):
 
 
 def test_stamps_load_gzipped(tmp_path):
-    """Recorded timelines are kept gzipped (benchmarks/results/timeline_*/*.json.gz): same doc."""
+    """Recorded timelines are kept gzipped (lab/campaigns/timelines/timeline_*/*.json.gz): same doc."""
     import gzip
 
     doc = {"meta": {"device": "test"}, "events": [{"role": "wg0", "op": "QK0", "iter": 0, "start": 0, "end": 5}]}

@@ -123,7 +123,7 @@ def test_sustained_points_get_their_bands(tmp_path, capsys):
     """validate --uncertainty on a settled file: each kernel-point's band holds its prediction, and
     `covered` says whether the measured TFLOP/s fall inside it."""
     from pathlib import Path
-    src = Path(__file__).resolve().parents[1] / "benchmarks/results/sustained_asked_h200_2026-11-29.json"
+    src = Path(__file__).resolve().parents[1] / "lab/campaigns/sustained-settled/sustained_asked_h200_2026-11-29.json"
     doc = json.loads(src.read_text())
     doc["points"] = doc["points"][:1]
     path = tmp_path / "one.json"

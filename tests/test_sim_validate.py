@@ -119,7 +119,7 @@ INTERVAL_META = {"kind": "loop_intervals", "device": "NVIDIA H100 80GB HBM3", "d
 
 
 def test_compare_intervals(capsys, tmp_path):
-    """benchmarks/ctas_sm90.py files: cycles per KV block against the simulated steady state, and
+    """lab/tools/ctas_sm90.py files: cycles per KV block against the simulated steady state, and
     the per-SM knob deltas against 'default' at the same CTA count."""
     doc = {"meta": INTERVAL_META,
            "points": [interval_point("default", {}, 1, 2400.0), interval_point("skip_softmax", {}, 1, 2048.0),
@@ -138,7 +138,7 @@ def test_compare_intervals(capsys, tmp_path):
 
 
 def test_idle_warpgroup_file(tmp_path, capsys):
-    """benchmarks/idle_wg_sm90.py's file: a tile with idle warpgroups vs a full one, measured and
+    """lab/tools/idle_wg_sm90.py's file: a tile with idle warpgroups vs a full one, measured and
     simulated (skip_idle_wgs); fewer live warpgroups cost less, never less than in proportion."""
     doc = {"meta": {"kind": "idle_wgs", "device": "NVIDIA H100 80GB HBM3", "date": "2026-11-22", "heads": 4,
                     "seqlen_k": 1024},
@@ -262,7 +262,7 @@ def test_plot_of_several_files_needs_knob_loops(tmp_path, capsys):
 
 
 def test_tile_cost_file(tmp_path, capsys):
-    """benchmarks/ctas_sm90.py --only-tiles: cycles per tile of one persistent CTA, measured vs the
+    """lab/tools/ctas_sm90.py --only-tiles: cycles per tile of one persistent CTA, measured vs the
     fa3 schedule walking the same tiles; two tile lengths split a tile into per-block and per-tile
     parts, and a tile without knob variants reads as the default build; Q
     comes from L2 there (the launches repeat on the same tensors)."""

@@ -15,7 +15,7 @@ from fa4sim import validate  # noqa: E402
 from fa4sim.cli import main  # noqa: E402
 from fa4sim.validate import contention  # noqa: E402
 
-FILES = [os.path.join(ROOT, "benchmarks", "results", f"contention_{g}_2026-11-22.json") for g in ("h100", "h200")]
+FILES = [os.path.join(ROOT, "lab", "campaigns", "issue-rate", f"contention_{g}_2026-11-22.json") for g in ("h100", "h200")]
 
 
 @pytest.fixture(scope="module", params=FILES, ids=["h100", "h200"])
@@ -79,7 +79,7 @@ def _replayed(path):
     return validate.compare(validate.load(path))
 
 
-THREE_WG = [os.path.join(ROOT, "benchmarks", "results", f"contention_intra_{n}_h200_2026-11-28.json")
+THREE_WG = [os.path.join(ROOT, "lab", "campaigns", "issue-rate", f"contention_intra_{n}_h200_2026-11-28.json")
             for n in ("3wg", "pingpong_off", "pingpong")]
 
 
@@ -163,7 +163,7 @@ def test_three_warpgroups_replayed_with_their_own_summary():
 def test_stamped_run_reports_each_trips_mix_and_wait():
     """bench_contention --only intra stamps each trip: the GEMMs are done when the mix ends (the
     wait after it is short) wherever a mix runs, and the report shows both parts."""
-    path = os.path.join(ROOT, "benchmarks", "results", "contention_intra_h100_2026-11-28.json")
+    path = os.path.join(ROOT, "lab", "campaigns", "issue-rate", "contention_intra_h100_2026-11-28.json")
     res = validate.compare(validate.load(path))
     with_mix = [r for r in res["cases"] if r["with_mma"] and r["blocks"] > 0]
     assert len(with_mix) == 16
@@ -176,7 +176,7 @@ def test_stamped_run_reports_each_trips_mix_and_wait():
 def test_mix3_three_warps_per_scheduler_issue_no_slower_beside_a_gemm():
     """bench_contention --only mix3: two mix warpgroups beside one wgmma warpgroup reproduce the
     profile's issue_under_mma within 3 %; three (three warps per scheduler) issue no slower."""
-    path = os.path.join(ROOT, "benchmarks", "results", "contention_mix3_h200_2026-11-28.json")
+    path = os.path.join(ROOT, "lab", "campaigns", "issue-rate", "contention_mix3_h200_2026-11-28.json")
     res = validate.compare(validate.load(path))
     assert res["cases"] == [] and len(res["mix3"]) == 4
     for mode in ("ss", "rs"):

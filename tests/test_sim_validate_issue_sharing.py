@@ -14,8 +14,10 @@ from fa4sim import hardware, validate  # noqa: E402
 from fa4sim.cli import main  # noqa: E402
 from fa4sim.validate import issue_sharing  # noqa: E402
 
-RESULTS = os.path.join(ROOT, "benchmarks", "results")
-THREE_WARPS = os.path.join(RESULTS, "bursts_duty3_h100_2026-11-22.json")
+from lab.tools.index import path_of  # noqa: E402
+
+RESULTS = os.path.join(ROOT, "lab", "campaigns")
+THREE_WARPS = str(path_of("bursts_duty3_h100_2026-11-22.json"))
 
 
 def cases(path):
@@ -37,7 +39,7 @@ def test_the_shared_rule_is_closer_wherever_the_two_rules_differ():
     """Over every recorded alone run: where the rules differ by more than 5 % of the measurement,
     the shared one is closer in most cases (the emulated mixes); a lone integer chain, latency
     bound at p = 0.2, overlaps better than independent warps would."""
-    rows = [r for f in sorted(glob.glob(os.path.join(RESULTS, "bursts*.json"))) for r in cases(f)]
+    rows = [r for f in sorted(glob.glob(os.path.join(RESULTS, "*", "bursts*.json"))) for r in cases(f)]
     assert len(rows) >= 40
     differ = [r for r in rows if abs(r["shared"] - r["additive"]) > 0.05 * r["measured"]]
     closer = [r for r in differ if abs(r["shared_error"]) < abs(r["additive_error"])]
@@ -49,10 +51,10 @@ def test_pipe_caps_bind_the_half_rate_codes():
     """FMNMX and F2FP run on the ALU pipe at half the FP32 rate: two warps share its 0.5 per clock."""
     cap = issue_sharing.pipe_cap(hardware.load("h100"), "fmnmx")
     assert cap == pytest.approx(0.496, abs=0.002)
-    rows = {r["code"]: r for r in cases(os.path.join(RESULTS, "bursts_per_code_h100_2026-11-22.json"))}
+    rows = {r["code"]: r for r in cases(str(path_of("bursts_per_code_h100_2026-11-22.json")))}
     assert abs(rows["fmnmx"]["shared_error"]) < 0.05 and abs(rows["f2fp"]["shared_error"]) < 0.05
 
 
 def test_a_file_without_alone_runs_says_so(capsys):
-    assert main(["validate", os.path.join(RESULTS, "bursts_inline_h100_2026-11-24.json")]) == 0
+    assert main(["validate", str(path_of("bursts_inline_h100_2026-11-24.json"))]) == 0
     assert "nothing to compare" in capsys.readouterr().out

@@ -1,4 +1,4 @@
-"""Published B200 figures (benchmarks/results/published_b200.json, kind 'published'): the file's
+"""Published B200 figures (lab/campaigns/published-b200/published_b200.json, kind 'published'): the file's
 points are well formed and sourced, each predicted point is compared as typed, and --uncertainty
 gives each point its band."""
 import json
@@ -12,7 +12,7 @@ from fa4sim.errors import InputError
 from fa4sim.validate import published
 
 ROOT = Path(__file__).resolve().parents[1]
-FILE = ROOT / "benchmarks/results/published_b200.json"
+FILE = ROOT / "lab/campaigns/published-b200/published_b200.json"
 
 
 @pytest.fixture(scope="module")
@@ -87,7 +87,7 @@ def test_bad_points_one_line(point, words):
 
 
 def test_uncertainty_only_for_files_with_bands(capsys):
-    other = ROOT / "benchmarks/results/sm90_fwd_h100_2026-11-22.json"  # points at the in-kernel clock: no band
+    other = ROOT / "lab/campaigns/kernel-sm90-forward/sm90_fwd_h100_2026-11-22.json"  # points at the in-kernel clock: no band
     assert main(["validate", str(other), "--uncertainty"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--uncertainty" in err[0]

@@ -1,4 +1,4 @@
-"""Sustained timings: the benchmark's CPU side (benchmarks/sustained_sm90.py: its points, plan,
+"""Sustained timings: the benchmark's CPU side (lab/tools/sustained_sm90.py: its points, plan,
 options, fp32 reference and warm-up / timing loop on a fake GPU) and `fa4sim validate` of a small
 synthetic file of kind "sustained" (fa4sim/validate/sustained.py). No GPU needed."""
 import json
@@ -13,8 +13,8 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from benchmarks import sustained_sm90 as bench  # noqa: E402
-from benchmarks.nvml_clock import ClockSampler, reason_names  # noqa: E402
+from lab.tools import sustained_sm90 as bench  # noqa: E402
+from lab.tools.nvml_clock import ClockSampler, reason_names  # noqa: E402
 
 # ---------------------------------------------------------------------------------------------
 # the benchmark
@@ -87,7 +87,7 @@ def test_default_plan_fits_the_time_budget():
 
 
 def test_dry_run_lists_points_without_a_gpu():
-    res = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "sustained_sm90.py"), "--dry-run"],
+    res = subprocess.run([sys.executable, os.path.join(ROOT, "lab", "tools", "sustained_sm90.py"), "--dry-run"],
                          capture_output=True, text=True, timeout=60)
     assert res.returncode == 0, res.stderr
     for p in bench.all_points():
@@ -102,7 +102,7 @@ def test_dry_run_lists_points_without_a_gpu():
     (["--window-ms", "5"], "--window-ms 5.0: allowed 10-1000"),
 ])
 def test_bad_options_fail_in_one_line(args, says):
-    res = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "sustained_sm90.py"), "--dry-run", *args],
+    res = subprocess.run([sys.executable, os.path.join(ROOT, "lab", "tools", "sustained_sm90.py"), "--dry-run", *args],
                          capture_output=True, text=True, timeout=60)
     assert res.returncode == 2 and "Traceback" not in res.stderr
     assert says in res.stderr.strip().splitlines()[-1]

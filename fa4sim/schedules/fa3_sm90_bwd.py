@@ -53,7 +53,7 @@ WGS = 2
 # The LSU pipe takes one warp instruction per clock per SM: shuffles, shared-memory and global
 # loads and stores, reductions (docs/model.md, "The backward pass": NVIDIA's description of the
 # MIO -> LSU issue, and the CUDA C++ Programming Guide's 32 warp-shuffle results per clock per SM
-# on compute capability 9.0). Not measured by our microbenchmarks (benchmarks/calibrate).
+# on compute capability 9.0). Not measured by our microbenchmarks (lab/tools/calibrate).
 LSU_WARP_INSTR_PER_CLK = 1.0
 STSM_BYTES = 512   # one stmatrix .x4 warp instruction: 4 8x8 bf16 matrices
 STS128_BYTES = 512  # one 128-bit store per thread of a warp

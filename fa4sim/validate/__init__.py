@@ -1,4 +1,4 @@
-"""Predicted vs measured: recorded GPU evidence (benchmarks/results/) replayed through the
+"""Predicted vs measured: recorded GPU evidence (lab/campaigns/) replayed through the
 simulator. Every result file says what it holds in `meta.kind`; each kind the model can be
 compared with has its module:
 
@@ -100,7 +100,7 @@ def compare(doc: dict, hw: str | None = None, at_profile_clock: bool = False, pv
     (each point's band) and jobs (its worker processes) published and sustained files only."""
     k = kind(doc)
     if overrides and k != "sustained":
-        raise InputError("--set", f"applies to sustained files (benchmarks/sustained_sm90.py) only, not {k!r}")
+        raise InputError("--set", f"applies to sustained files (lab/tools/sustained_sm90.py) only, not {k!r}")
     if k == "published":
         return published.compare(doc, hw, uncertainty, jobs)
     if k in ("points", "knob_points"):

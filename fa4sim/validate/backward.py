@@ -1,4 +1,4 @@
-"""Backward timings (benchmarks/bench_bwd_sm90.py, kind 'sm90_bwd'): the backward alone (dQ, dK,
+"""Backward timings (lab/tools/bench_bwd_sm90.py, kind 'sm90_bwd'): the backward alone (dQ, dK,
 dV from a recorded forward), timed side by side for fa4kernel, flash-attn-4 and cuDNN, against
 fa4sim's backward (`simulate(..., pass_="bwd")`) at the model's own clock.
 

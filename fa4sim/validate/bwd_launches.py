@@ -1,4 +1,4 @@
-"""Whole backward launches, CTA by CTA (benchmarks/bwd_ctas_sm90.py, kind 'bwd_ctas'): fa4kernel's
+"""Whole backward launches, CTA by CTA (lab/tools/bwd_ctas_sm90.py, kind 'bwd_ctas'): fa4kernel's
 SM90 backward in each launch order (grid_order), timed by its clock-probe build's per-CTA stamps,
 against fa4sim's backward main kernel in the same order at the launch's own in-kernel clock.
 

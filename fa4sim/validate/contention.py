@@ -1,4 +1,4 @@
-"""The softmax beside its own wgmma (benchmarks/calibrate/bench_contention.py, kind 'contention'):
+"""The softmax beside its own wgmma (lab/tools/calibrate/bench_contention.py, kind 'contention'):
 the unit benchmark's "intra" kernel replayed through the engine with the profile's rules.
 
 In that kernel each of 1, 2 or 3 warpgroups loops: issue 8 wgmma m64n128k16 (512 tensor cycles),

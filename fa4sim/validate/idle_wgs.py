@@ -1,4 +1,4 @@
-"""Idle warpgroups (benchmarks/idle_wg_sm90.py, kind 'idle_wgs'): what a tile costs when only some
+"""Idle warpgroups (lab/tools/idle_wg_sm90.py, kind 'idle_wgs'): what a tile costs when only some
 of its consumer warpgroups hold rows, relative to a full tile, measured vs the fa3 schedule."""
 from __future__ import annotations
 

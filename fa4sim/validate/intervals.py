@@ -1,4 +1,4 @@
-"""Loop intervals (benchmarks/ctas_sm90.py, kind 'loop_intervals'): exact steady-state cycles per
+"""Loop intervals (lab/tools/ctas_sm90.py, kind 'loop_intervals'): exact steady-state cycles per
 KV block of our kernel's builds, measured vs simulated, and each knob variant's per-SM change
 against the default build; several files together give a scoreboard of those changes."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Warps sharing a scheduler (benchmarks/calibrate/bench_bursts.py, kind 'bursts'): a unit
+"""Warps sharing a scheduler (lab/tools/calibrate/bench_bursts.py, kind 'bursts'): a unit
 benchmark, not a kernel. One to three warps per scheduler run bursts of one code alone (no
 wgmma); each warp's rate inside its bursts against the engine's rule for issuers that share the
 SM's issue slots (engine.shared_rate, a softmax op's `concurrency`): k warps, each ready to issue

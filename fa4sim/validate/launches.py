@@ -1,4 +1,4 @@
-"""Launches (benchmarks/cta_log_sm90.py, kind 'cta_log'): a whole launch, CTA by CTA, against
+"""Launches (lab/tools/cta_log_sm90.py, kind 'cta_log'): a whole launch, CTA by CTA, against
 fa4kernel's CTA log: does the
 kernel model's picture of a launch hold, and what does tile jitter cost a table fixed on the host?
 

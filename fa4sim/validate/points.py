@@ -1,4 +1,4 @@
-"""End-to-end points (benchmarks/bench_fwd_sm90.py, kinds 'points' and 'knob_points'): every point
+"""End-to-end points (lab/tools/bench_fwd_sm90.py, kinds 'points' and 'knob_points'): every point
 replayed through the simulator, and each knob variant's change against its baseline.
 
 The benchmark JSON holds, per point, the problem, our kernel's recorded configuration and the

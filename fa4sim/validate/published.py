@@ -1,5 +1,5 @@
 """Published figures (kind 'published'): TFLOP/s that papers, pull requests and issues print for a
-GPU we do not have (benchmarks/results/published_b200.json), each predicted as a user types it.
+GPU we do not have (lab/campaigns/published-b200/published_b200.json), each predicted as a user types it.
 
 A point holds its source, its problem (batch, heads, seqlen, seqlen_k, hdim, hdim_v, causal), the
 pass (fwd or bwd, deterministic or not), any choice the source names (`knobs`: a CTA pair or not)

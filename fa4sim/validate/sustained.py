@@ -1,4 +1,4 @@
-"""Sustained timings (benchmarks/sustained_sm90.py, and on a B200 benchmarks/sustained_sm100.py;
+"""Sustained timings (lab/tools/sustained_sm90.py, and on a B200 lab/tools/sustained_sm100.py;
 kind 'sustained'): each kernel run alone, back to back until the power cap has settled its clock,
 against the model predicting it with no measured clock at all. What each result is simulated as
 depends on the profile's arch (KERNELS): on SM100, flash-attn-4's forward and its backward.
@@ -86,7 +86,7 @@ def _within_3pct(rows: list[dict], key: str) -> tuple[int, int]:
 
 PROBE = "fa4kernel[clock probe]"  # the clock-probe build's result: its clock and its own time
 # what a file's results are simulated as, by the profile's arch: result name -> (schedule, pass,
-# implementation). SM100 (benchmarks/sustained_sm100.py): flash-attn-4's forward and its backward
+# implementation). SM100 (lab/tools/sustained_sm100.py): flash-attn-4's forward and its backward
 # alone (fa4kernel's SM100 forward is timed beside them; no implementation file describes it).
 BWD = "flash-attn-4 backward"
 KERNELS = {"sm90": {k: ("fa3", "fwd", k) for k in SIMULATED},
@@ -97,7 +97,7 @@ def compare(doc: dict, hw: str | None = None, overrides: dict | None = None, unc
             jobs: int | None = None) -> dict:
     """Predicted (no measured clock given) vs measured, for every point and simulated kernel;
     overrides: profile parameters (--set NAME=VALUE) for every prediction, e.g. a card's own
-    card_power_w (benchmarks/calibrate/card_power.py); uncertainty: each prediction's band
+    card_power_w (lab/tools/calibrate/card_power.py); uncertainty: each prediction's band
     (fa4sim/uncertainty.py) and whether the measured TFLOP/s fall inside it."""
     overrides = dict(overrides or {})
     hw_name = hw or profile_for(doc["meta"].get("device", ""))

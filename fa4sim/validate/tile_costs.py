@@ -1,4 +1,4 @@
-"""Tile costs (benchmarks/ctas_sm90.py --only-tiles, kind 'tile_costs'): what a whole tile costs
+"""Tile costs (lab/tools/ctas_sm90.py --only-tiles, kind 'tile_costs'): what a whole tile costs
 one persistent CTA, measured vs the fa3 schedule walking the same tiles, split into a per-block
 and a per-tile part."""
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Small helpers shared by the fa4lab lessons (kept here so each notebook stays about ideas).
 
 - `live()`: True when a CUDA GPU is present (guarded torch import); the lessons' LIVE flag.
-- `recorded(pattern)`: recorded measurements in benchmarks/results/ (newest first), never invented.
+- `recorded(pattern)`: recorded measurements in lab/campaigns/ (newest first), never invented.
 - `gantt(result)`: draw one CTA's timeline with fa4sim.gantt.draw and show it inline.
 - `check(cond, msg)`: an exercise check with a readable message.
 - `time_cuda(fn)`: median milliseconds of a CUDA callable (live runs only).
@@ -28,7 +28,7 @@ def repo_root() -> Path:
 
 
 # recorded measurements; FA4LAB_RESULTS points the lessons elsewhere (e.g. a copy from another run)
-RESULTS = Path(os.environ.get("FA4LAB_RESULTS") or repo_root() / "benchmarks" / "results")
+RESULTS = Path(os.environ.get("FA4LAB_RESULTS") or repo_root() / "lab" / "campaigns")
 
 
 def live() -> bool:
@@ -52,10 +52,10 @@ def blackwell() -> bool:
 
 
 def recorded(pattern: str) -> list[tuple[Path, dict]]:
-    """Recorded result files matching `pattern` in benchmarks/results/, newest first (.json or
+    """Recorded result files matching `pattern` in lab/campaigns/, newest first (.json or
     gzipped .json.gz, like the kernel's traces)."""
     out = []
-    for path in glob.glob(str(RESULTS / pattern)):
+    for path in [*glob.glob(str(RESULTS / "*" / pattern)), *glob.glob(os.path.join(str(RESULTS), pattern))]:
         try:
             with (gzip.open(path, "rt") if path.endswith(".gz") else open(path)) as fh:
                 doc = json.load(fh)
