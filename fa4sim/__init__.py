@@ -14,7 +14,7 @@ Layout (one idea per module):
   steady_state.py     periodic steady state detection and exact extrapolation
   tile_order.py       the order a kernel hands out its Q tiles, and fa4kernel's host table
   kernel_model.py     tiles over SMs: persistent / longest-first scheduling, waves, tile jitter, L2/HBM
-  model.py            simulate(): everything together -> Result
+  model.py            simulate(): everything together -> Result (a backward: BwdResult)
   power.py            power -> clock: unit activity, board power, the clock under the cap
   graph.py            one loop iteration as a dependency graph, and its II bounds (ResMII, RecMII)
   modulo.py           a modulo schedule by CP-SAT: offsets, stages, role programs, replayed
@@ -23,7 +23,7 @@ Layout (one idea per module):
 """
 from . import implementation
 from .errors import DeadlockError, InputError
-from .model import Result, simulate
+from .model import BwdResult, Result, simulate
 from .params import Problem
 
-__all__ = ["simulate", "Problem", "Result", "InputError", "DeadlockError"]
+__all__ = ["simulate", "Problem", "Result", "BwdResult", "InputError", "DeadlockError"]

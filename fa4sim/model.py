@@ -23,6 +23,7 @@ import math
 import numbers
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
+from typing import ClassVar
 
 from . import hardware, implementation, power
 from .engine import Trace, gc_paused
@@ -40,6 +41,7 @@ BUILD_CLOCK_TOL = 0.005  # backward: a clock this close to a built one reuses it
 
 @dataclass
 class Result:
+    """One forward prediction (and what a backward's shares with it: BwdResult)."""
     hw: hardware.HardwareProfile
     schedule: str
     impl: implementation.Implementation
@@ -64,11 +66,7 @@ class Result:
     power_limited: bool = False    # the power cap sets the clock (below the maximum)
     clock_ceiling: bool = False    # the tensor core's clock ceiling sets it (clock_tensor_ghz), under the cap
     activity: object = None        # power.Activity: the launch's work per unit (a backward: the whole call's)
-    main_activity: object = None   # a backward's main kernel alone (power.Activity)
-    pass_: str = "fwd"             # "fwd" | "bwd"
-    pre_us: float = 0.0            # backward: the preprocess launch (dPsum, LSE, dQ accumulator zeroed), us
-    post_us: float = 0.0           # backward: the postprocess launch (dQ fp32 -> bf16), us
-    main_us: float = 0.0           # backward: the main kernel alone, us (time_us = pre + main + post)
+    pass_: ClassVar[str] = "fwd"   # "fwd" | "bwd"
 
     def to_json(self) -> dict:
         k = self.kernel
@@ -97,9 +95,22 @@ class Result:
                        "limiter": k.limiter, "launch_gap_us": self.hw.launch_gap_us,
                        "hbm_busy": round(self.hbm_busy, 4)},
             "notes": self.notes,
-            **({"pass": "bwd", "pre_us": round(self.pre_us, 3), "main_us": round(self.main_us, 3),
-                "post_us": round(self.post_us, 3)} if self.pass_ == "bwd" else {}),
         }
+
+
+@dataclass
+class BwdResult(Result):
+    """One backward prediction: the preprocess, the main kernel and the postprocess launch
+    (time_us = pre_us + main_us + post_us; its TFLOP/s count 2.5 x the forward's FLOPs)."""
+    pre_us: float = 0.0            # the preprocess launch (dPsum, LSE, dQ accumulator zeroed), us
+    post_us: float = 0.0           # the postprocess launch (dQ fp32 -> bf16), us
+    main_us: float = 0.0           # the main kernel alone, us
+    main_activity: object = None   # the main kernel alone (power.Activity; `activity` is the whole call's)
+    pass_: ClassVar[str] = "bwd"
+
+    def to_json(self) -> dict:
+        return {**super().to_json(), "pass": "bwd", "pre_us": round(self.pre_us, 3),
+                "main_us": round(self.main_us, 3), "post_us": round(self.post_us, 3)}
 
 
 def split_overrides(module, impl, overrides: dict) -> tuple[dict, dict, dict]:
@@ -147,7 +158,7 @@ class Pass:
 
 @gc_paused
 def simulate(hw="b200", schedule: str | None = None, problem: Problem | None = None, overrides: dict | None = None,
-             impl: str | implementation.Implementation | None = None, pass_: str = "fwd") -> Result:
+             impl: str | implementation.Implementation | None = None, pass_: str = "fwd") -> Result | BwdResult:
     """Predict one forward pass (pass_ "fwd") or one backward pass ("bwd").
     `hw` is a profile name, a profile path or a HardwareProfile; `schedule` the pipeline
     (default: the one for the hardware's architecture); `impl` whose choices to simulate
@@ -171,12 +182,6 @@ def simulate(hw="b200", schedule: str | None = None, problem: Problem | None = N
     if clock.note:
         result.notes.append(clock.note)
     return result
-
-
-def simulate_bwd(hw="b200", schedule: str | None = None, problem: Problem | None = None,
-                 overrides: dict | None = None, impl=None, pass_: str = "bwd") -> Result:
-    """simulate(..., pass_="bwd")."""
-    return simulate(hw, schedule, problem, overrides, impl, pass_)
 
 
 def settle_clock(run: Run, part: Pass):
@@ -432,16 +437,15 @@ def backward(run: Run) -> Pass:
         pre, post = kernel_bwd.pre_post_us(problem, at, knobs)
         return replace(act, totals={**act.totals, "hbm": act.totals["hbm"] + around}, gap_us=act.gap_us + pre + post)
 
-    def finish(at, kt) -> Result:
+    def finish(at, kt) -> BwdResult:
         pre_us, post_us = kernel_bwd.pre_post_us(problem, at, knobs)
         total_us = pre_us + kt.time_us + post_us
         _, _, trace, period = detailed(at, longest.n_kv, longest.masked, whole=True)
         util, waits, interval = _steady_state(trace, period)
         tflops = 2.5 * problem.flops / (total_us * 1e-6) / 1e12
-        result = Result(at, run.schedule, impl, problem, knobs, tflops, total_us, kt.cycles, util, "", interval,
-                        waits, kt, trace, period)
-        result.pass_, result.pre_us, result.post_us, result.main_us = "bwd", pre_us, post_us, kt.time_us
-        result.main_activity = main_usage(at, kt)
+        result = BwdResult(at, run.schedule, impl, problem, knobs, tflops, total_us, kt.cycles, util, "", interval,
+                           waits, kt, trace, period, pre_us=pre_us, post_us=post_us, main_us=kt.time_us,
+                           main_activity=main_usage(at, kt))
         result.notes.append(f"backward: preprocess {pre_us:.1f} us + main kernel {kt.time_us:.1f} us + postprocess "
                             f"{post_us:.1f} us; TFLOP/s count 2.5 x the forward's FLOPs over all three")
         if knobs.get("deterministic"):
