@@ -35,8 +35,12 @@ def test_grid_is_docs_accuracy_grid_and_names_are_unique():
 
 def test_candidates_follow_what_each_kernel_runs():
     ds = next(p for p in bench.new_points() if p.hdim == 192)
-    assert ds.candidates() == (bench.PEER,)  # fa4kernel has hdim_v = hdim only
-    assert bench.grid_points()[0].candidates() == (bench.OURS, bench.PROBE, bench.PEER)
+    assert ds.candidates() == (bench.FA3, bench.PEER, bench.CUDNN)  # fa4kernel has hdim_v = hdim only
+    assert bench.grid_points()[0].candidates() == (bench.OURS, bench.PROBE, bench.FA3, bench.PEER, bench.CUDNN)
+    hd96 = bench.parse_problem("b=2,h=16,sq=4096,d=96")  # FlashAttention-3's package has no hd96
+    assert bench.FA3 not in hd96.candidates() and bench.OURS in hd96.candidates()
+    chunk = bench.parse_problem("b=4,h=16,sq=1500,sk=10000,d=128,causal")  # cuDNN's causal is top-left
+    assert bench.CUDNN not in chunk.candidates() and bench.FA3 in chunk.candidates()
 
 
 def test_points_count_flops_as_the_model_does():
@@ -60,7 +64,7 @@ def test_a_users_own_problem():
     p = bench.parse_problem("b=4,h=16,sq=1500,sk=10000,d=128,causal")
     assert (p.batch, p.heads, p.seqlen_q, p.seqlen_k, p.hdim, p.hdim_v, p.causal) == (4, 16, 1500, 10000, 128, 128, True)
     assert p.group == "asked" and p.name == "hd128-q1500-k10000-b4-h16-causal"
-    assert bench.parse_problem("b=2,h=16,sq=4096,d=192,dv=128").candidates() == (bench.PEER,)
+    assert bench.OURS not in bench.parse_problem("b=2,h=16,sq=4096,d=192,dv=128").candidates()
     args = bench.parse_args(["--problem", "b=5,h=16,sq=3000,d=96", "--points", "hd128-4k-b4-h16"])
     assert [p.name for p in args.selected] == ["hd128-4k-b4-h16", "hd96-3000-b5-h16"]
     assert [p.name for p in bench.parse_args(["--problem", "b=5,h=16,sq=3000,d=96"]).selected] == ["hd96-3000-b5-h16"]

@@ -1,4 +1,4 @@
-"""SM90 forward attention benchmark: fa4kernel vs flash-attn-4 (SM90) vs torch SDPA (cuDNN, flash).
+"""SM90 forward attention benchmark: fa4kernel vs FlashAttention-3 vs flash-attn-4 (SM90) vs torch SDPA (cuDNN, flash).
 
 All implementations see the same bf16 inputs in one run. Time = median over repetitions of
 CUDA-event time for a batch of back-to-back calls (so host launch overhead is amortised the
@@ -31,6 +31,8 @@ from lab.tools.provenance import stamp  # noqa: E402
 # NVML's SM clock, sampled during every timed batch: the power cap moves it by 10-20 % between
 # runs, so cycles (what fa4sim predicts) = time x the clock of that very batch.
 SAMPLER = None
+FA3 = "flash-attn-3"  # FlashAttention-3's forward: the tokenspeed-fa3 package's flash_attn_interface
+FA3_HEAD_DIMS = (64, 128, 192, 256)  # the head dims its package is built for (hdim_v = hdim)
 
 
 def _version(pkg):
@@ -145,6 +147,13 @@ class Impls:
         except Exception as e:  # keep the run going without the peer
             self.fa4 = None
             self.errors["flash-attn-4"] = repr(e)
+        try:  # FlashAttention-3, the C++/CUTLASS kernel (tokenspeed-fa3: hd 64, 128, 192, 256)
+            from flash_attn_interface import flash_attn_func as fa3
+
+            self.fa3 = fa3
+        except Exception as e:
+            self.fa3 = None
+            self.errors[FA3] = repr(e)
 
     def ours(self, q, k, v, causal, **knobs):
         return lambda: fa4kernel.attention(q, k, v, causal=causal, **knobs)
@@ -205,6 +214,15 @@ class Impls:
     def flash_attn_4(self, q, k, v, causal):
         f = self.fa4
         return lambda: f(q, k, v, causal=causal)
+
+    def flash_attn_3(self, q, k, v, causal):
+        f = self.fa3
+
+        def run():
+            out = f(q, k, v, causal=causal)
+            return out[0] if isinstance(out, tuple) else out  # (out, lse) in some versions
+
+        return run
 
     def sdpa(self, q, k, v, causal, backend):
         from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -312,6 +330,8 @@ def bench_point(impls, b, s, h, d, causal, results, quick, knobs=None, label=Non
         fn, variant_reads["persistent=True"] = impls.ours_clock_probe(q, k, v, causal, **kn)
         cands.append((variant_probe("persistent=True"), fn))
     if peers:
+        if impls.fa3 is not None and d in FA3_HEAD_DIMS:
+            cands.append((FA3, impls.flash_attn_3(q, k, v, causal)))
         if impls.fa4 is not None:
             cands.append(("flash-attn-4", impls.flash_attn_4(q, k, v, causal)))
         cands += [("sdpa-cudnn", impls.sdpa(q, k, v, causal, "cudnn")),
@@ -353,6 +373,8 @@ def bench_knobs(impls, b, s, h, d, causal, variants, results, quick):
         point["configs"][label] = as_ran(fa4kernel.interface.resolve_config(q, k, v, causal, **kn))
         if kn:  # the default's clock is the plain probe's
             fns[variant_probe(label)], variant_reads[label] = impls.ours_clock_probe(q, k, v, causal, **kn)
+    if impls.fa3 is not None and d in FA3_HEAD_DIMS:
+        fns[FA3] = impls.flash_attn_3(q, k, v, causal)
     if impls.fa4 is not None:
         fns["flash-attn-4"] = impls.flash_attn_4(q, k, v, causal)
     fns["sdpa-cudnn"] = impls.sdpa(q, k, v, causal, "cudnn")
@@ -391,7 +413,7 @@ def main():
         clocks_before=nvidia_smi("clocks.sm,clocks.max.sm,clocks.mem,power.draw,power.limit,temperature.gpu"),
         versions=dict(torch=torch.__version__, cuda=torch.version.cuda,
                       cutlass_dsl=_version("nvidia-cutlass-dsl"), flash_attn_4=_version("flash-attn-4"),
-                      cudnn=torch.backends.cudnn.version(), python=platform.python_version()),
+                      flash_attn_3=_version("tokenspeed-fa3"), cudnn=torch.backends.cudnn.version(), python=platform.python_version()),
         method="median over reps of CUDA-event time of back-to-back call batches, each enqueued behind "
                "a GPU spin long enough for the host to queue the whole batch (host launch time excluded); bf16; "
                "TFLOP/s = 2*b*h*(d+dv)*visible pairs/t (fa4sim/flops.py; causal: bottom-right mask, "
@@ -458,18 +480,28 @@ def main():
 
 
 def summarize(results) -> dict:
-    """Ours vs the peers on the main grid: geomean over flash-attn-4, points at or above cuDNN."""
-    ratios_fa4, vs_cudnn = [], []
+    """Ours vs the peers on the main grid: geomean over FlashAttention-3 and flash-attn-4 (and
+    the points at or above each), points at or above cuDNN."""
+    ratios_fa4, ratios_fa3, vs_cudnn = [], [], []
     for p in (p for p in results if p["label"] == "main"):
         r = p["results"]
         if "tflops" in r.get("fa4kernel", {}):
             if "tflops" in r.get("flash-attn-4", {}):
                 ratios_fa4.append(r["fa4kernel"]["tflops"] / r["flash-attn-4"]["tflops"])
+            if "tflops" in r.get(FA3, {}):
+                ratios_fa3.append(r["fa4kernel"]["tflops"] / r[FA3]["tflops"])
             if "tflops" in r.get("sdpa-cudnn", {}):
                 vs_cudnn.append(r["fa4kernel"]["tflops"] / r["sdpa-cudnn"]["tflops"])
     summary = {}
     if ratios_fa4:
         summary["geomean_fa4kernel_over_flash_attn_4"] = math.exp(sum(map(math.log, ratios_fa4)) / len(ratios_fa4))
+    if ratios_fa3:
+        summary["geomean_fa4kernel_over_flash_attn_3"] = math.exp(sum(map(math.log, ratios_fa3)) / len(ratios_fa3))
+        summary["min_fa4kernel_over_flash_attn_3"] = min(ratios_fa3)
+        summary["points_fa4kernel_ge_flash_attn_3"] = f"{sum(x >= 1.0 for x in ratios_fa3)}/{len(ratios_fa3)}"
+    if ratios_fa4:
+        summary["min_fa4kernel_over_flash_attn_4"] = min(ratios_fa4)
+        summary["points_fa4kernel_ge_flash_attn_4"] = f"{sum(x >= 1.0 for x in ratios_fa4)}/{len(ratios_fa4)}"
     if vs_cudnn:
         summary["min_fa4kernel_over_cudnn"] = min(vs_cudnn)
         summary["points_fa4kernel_ge_cudnn"] = f"{sum(x >= 1.0 for x in vs_cudnn)}/{len(vs_cudnn)}"

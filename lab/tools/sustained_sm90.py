@@ -22,7 +22,9 @@ Candidates: fa4kernel (its default build), fa4kernel's clock-probe build (the sa
 clock64 / globaltimer at CTA 0's start and end, summed over every launch: per window, the mean SM
 clock of all its launches, not one launch's sample, since the cap's controller moves the clock by
 several percent from one window to the next; a persistent launch's CTA 0 spans the launch, a
-launch of one CTA per tile uses the CTA-log build, where every CTA adds its span) and flash-attn-4's SM90 forward (flash_attn.cute). Their order
+launch of one CTA per tile uses the CTA-log build, where every CTA adds its span), FlashAttention-3
+(the C++/CUTLASS kernel, tokenspeed-fa3's flash_attn_interface), flash-attn-4's SM90 forward
+(flash_attn.cute) and torch SDPA's cuDNN backend. Their order
 rotates from point to point, so none always follows the same one.
 
 Points: the 18-point grid of docs/accuracy.md (hd 64 / 128 / 256 x 1k / 4k / 16k tokens x causal
@@ -66,7 +68,10 @@ if ROOT not in sys.path:
 OURS = "fa4kernel"
 PROBE = "fa4kernel[clock probe]"
 PEER = "flash-attn-4"
-CANDIDATES = (OURS, PROBE, PEER)
+FA3 = "flash-attn-3"  # FlashAttention-3's forward (bench_fwd_sm90.FA3)
+CUDNN = "sdpa-cudnn"  # torch SDPA's cuDNN backend
+CANDIDATES = (OURS, PROBE, FA3, PEER, CUDNN)
+FA3_PAIRS = ((64, 64), (128, 128), (192, 192), (256, 256), (192, 128))  # (hdim, hdim_v) its package holds
 # fa4kernel's SM90 head dims (fa4kernel/sm90/config.py), with hdim_v = hdim
 OURS_HEAD_DIMS = (64, 96, 128, 192, 256)
 REL_ERROR_LIMIT = 1e-2  # against the fp32 reference: bf16 output rounding alone is about 3e-3
@@ -121,9 +126,13 @@ class Point:
 
     def candidates(self) -> tuple:
         """Who runs this problem: fa4kernel (and its probe) where it has the head dim and hdim_v =
-        hdim; flash-attn-4 everywhere (its SM90 path takes head dims 8-256 in steps of 8)."""
+        hdim; FlashAttention-3 at the head dims it is built for; flash-attn-4 everywhere (its SM90
+        path takes head dims 8-256 in steps of 8); cuDNN where its causal mask (top-left) is ours
+        (bottom-right): seqlen_q = seqlen_k or no mask."""
         ours = self.hdim == self.hdim_v and self.hdim in OURS_HEAD_DIMS
-        return (OURS, PROBE, PEER) if ours else (PEER,)
+        fa3 = (self.hdim, self.hdim_v) in FA3_PAIRS
+        cudnn = self.seqlen_q == self.seqlen_k or not self.causal
+        return tuple(c for c, on in ((OURS, ours), (PROBE, ours), (FA3, fa3), (PEER, True), (CUDNN, cudnn)) if on)
 
     def record(self) -> dict:
         """The problem as the result file holds it (seqlen = seqlen_q, as in bench_fwd_sm90.py)."""
@@ -284,7 +293,7 @@ def estimate_s(points: list[Point], warm_s: float, timed_s: float) -> dict:
     for p in points:
         for c in p.candidates():
             short = p.causal and p.seqlen_q <= 1024 and p.hdim == 64
-            builds.add((c, p.hdim, p.hdim_v, p.causal, short if c != PEER else False))
+            builds.add((c, p.hdim, p.hdim_v, p.causal, short if c in (OURS, PROBE) else False))
     run = sum(len(p.candidates()) * (warm_s + timed_s + CANDIDATE_OVERHEAD_S) + POINT_OVERHEAD_S for p in points)
     return {"points": len(points), "candidate_runs": sum(len(p.candidates()) for p in points),
             "builds": len(builds), "compile_s": COMPILE_S * len(builds), "run_s": run,
@@ -480,6 +489,10 @@ def make_candidates(point: Point, impls, q, k, v) -> dict:
             out[name] = impls.ours_clock_probe(q, k, v, point.causal)
         elif name == PEER and impls.fa4 is not None:
             out[name] = (impls.flash_attn_4(q, k, v, point.causal), None)
+        elif name == FA3 and impls.fa3 is not None:
+            out[name] = (impls.flash_attn_3(q, k, v, point.causal), None)
+        elif name == CUDNN:
+            out[name] = (impls.sdpa(q, k, v, point.causal, "cudnn"), None)
     return out
 
 
@@ -497,8 +510,9 @@ def bench_point(point: Point, index: int, impls, sustained: Sustained) -> dict:
     slices = sorted({(0, 0), (point.batch // 2, point.heads // 2), (point.batch - 1, point.heads - 1)})
     ref = reference_check(q, k, v, point.causal, slices)
     cands = make_candidates(point, impls, q, k, v)
-    if PEER in point.candidates() and PEER not in cands:
-        rec["results"][PEER] = {"error": impls.errors.get(PEER, "flash-attn-4 not importable")}
+    for peer in (PEER, FA3):
+        if peer in point.candidates() and peer not in cands:
+            rec["results"][peer] = {"error": impls.errors.get(peer, f"{peer} not importable")}
     if OURS in cands:
         cfg = fa4kernel.interface.resolve_config(q, k, v, point.causal)
         rec["fa4kernel_config"] = as_ran(cfg)
@@ -539,7 +553,7 @@ def progress_line(i: int, n: int, rec: dict, elapsed: float) -> str:
         r = rec["results"].get(name)
         if r is None:
             continue
-        short = {OURS: "ours", PROBE: "probe", PEER: "fa4"}[name]
+        short = {OURS: "ours", PROBE: "probe", FA3: "fa3", PEER: "fa4", CUDNN: "cudnn"}[name]
         if "tflops" not in r:
             parts.append(f"{short} ERR")
             continue
@@ -566,6 +580,7 @@ def device_meta(torch, sampler) -> dict:
         "clocks_before": nvidia_smi("clocks.sm,clocks.max.sm,clocks.mem,power.draw,power.limit,temperature.gpu"),
         "versions": {"torch": torch.__version__, "cuda": torch.version.cuda,
                      "cutlass_dsl": _version("nvidia-cutlass-dsl"), "flash_attn_4": _version("flash-attn-4"),
+                     "flash_attn_3": _version("tokenspeed-fa3"), "cudnn": torch.backends.cudnn.version(),
                      "python": platform.python_version()},
         "nvml": {"ok": sampler.ok, "error": sampler.error},
     }
