@@ -16,7 +16,7 @@ from .sm90.bwd_config import BWD_HEAD_DIMS, bwd_config_from_knobs
 
 def check_backward_supported(q, k, v, causal: bool, deterministic, **bwd_knobs) -> None:
     """One-line ValueError unless the SM90 backward supports these (already validated) inputs
-    and knobs (sm90/bwd_config.py: dq_reduce, dq_smem, dq_sum, stats, mma_order, preprocess, postprocess, regs,
+    and knobs (sm90/bwd_config.py: dq_reduce, dq_smem, dq_sum, stats, mma_order, preprocess, postprocess,
     tile_m, grid_order, dq_zero)."""
     d = q.shape[-1]
     if d not in BWD_HEAD_DIMS:
@@ -73,7 +73,7 @@ def attention_with_grad(run, q, k, v, cfg, softmax_scale: Optional[float], deter
     """(out, lse) of the SM90 forward built with an LSE (cfg.has_lse), recorded for autograd;
     run: the forward's launch (interface's), so this module stays below the host API;
     bwd_knobs: the backward's knobs (sm90/bwd_config.py: dq_reduce, dq_smem, dq_sum, stats, mma_order,
-    preprocess, postprocess, regs, tile_m, grid_order, dq_zero; left out: their defaults)."""
+    preprocess, postprocess, tile_m, grid_order, dq_zero; left out: their defaults)."""
     global _FUNC
     if _FUNC is None:
         _FUNC = _function()
@@ -85,7 +85,7 @@ def attention_backward(dout, q, k, v, out, lse, causal: bool = False, softmax_sc
     """dq, dk, dv of attention(q, k, v) from its out and lse (natural log, (batch, heads,
     seqlen_q) fp32, as attention(..., return_lse=True) returns them) and dout; the SM90 backward
     built with bwd_knobs (sm90/bwd_config.py: dq_reduce, dq_smem, dq_sum, stats, mma_order, preprocess,
-    postprocess, regs, tile_m, grid_order, dq_zero; left out: their defaults)."""
+    postprocess, tile_m, grid_order, dq_zero; left out: their defaults)."""
     return _backward(dout, q, k, v, out, lse, causal, softmax_scale, deterministic, None, bwd_knobs)
 
 

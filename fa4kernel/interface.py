@@ -145,7 +145,7 @@ def compile_bwd_sass(cfg: Optional[BwdConfig] = None, *, dtype: str = "bfloat16"
                      clock_probe: bool = False, **bwd_knobs) -> str:
     """Compile the SM90 backward (sm90/bwd.py) for sm_90a on this machine, no GPU needed, and
     return its SASS. Pass a BwdConfig (sm90.bwd_config.make_bwd_config) or the arguments and
-    backward knobs (dq_reduce, dq_smem, dq_sum, stats, mma_order, preprocess, regs, tile_m; checked first:
+    backward knobs (dq_reduce, dq_smem, dq_sum, stats, mma_order, preprocess, tile_m; checked first:
     one-line ValueError). Fake tensors with dynamic batch, lengths and heads, as compile_sass.
     clock_probe: the clock-probe build (FlashBwdSm90Probe) instead of the normal one."""
     if cfg is None:
@@ -230,7 +230,7 @@ def attention(q, k, v, causal: bool = False, softmax_scale: Optional[float] = No
     With grad mode on and q, k or v requiring grad (SM90), out has a grad_fn: the SM90 backward
     (sm90/bwd.py) fills their .grad; deterministic=True makes its dQ reduction run in a fixed
     order (fa4kernel/README.md, "Backward"). bwd_knobs: a dict of the backward's knobs
-    (sm90/bwd_config.py: dq_reduce, dq_smem, dq_sum, stats, mma_order, preprocess, regs, tile_m; left out: their
+    (sm90/bwd_config.py: dq_reduce, dq_smem, dq_sum, stats, mma_order, preprocess, tile_m; left out: their
     defaults), e.g. bwd_knobs={"tile_m": 128} at head_dim 64; dq_reduce= is the same as
     bwd_knobs={"dq_reduce": ...}. **knobs apply to the forward only. Arguments the backward does
     not support raise here.

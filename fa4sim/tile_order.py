@@ -19,7 +19,6 @@ Orders (the fa3 schedule's knob `tile_order`):
                 but the last heads, at least TAIL_WAVES waves of clusters, go unit by unit across
                 them (m ascending: the longest causal KV tile first), the `cluster` units of one
                 cluster together; otherwise blockIdx order
-  blocks_outer  fa4kernel's SM90 backward's grid_order "blocks_outer": m ascending over all heads
 
 A persistent fa4kernel launch also fixes, before it starts, which CTA runs which tiles: list
 scheduling in that order by the host's own cost estimate (host_table), not by what the tiles
@@ -31,7 +30,7 @@ from __future__ import annotations
 
 import heapq
 
-ORDERS = ("fa4kernel", "flash-attn-4", "lpt", "index", "tail_lpt", "blocks_outer")
+ORDERS = ("fa4kernel", "flash-attn-4", "lpt", "index", "tail_lpt")
 SECTION_FRACTION_OF_L2 = 16   # fa4kernel: section = L2 / 16 of K + V
 TAIL_WAVES = 2                # fa4kernel: the last section holds >= 2 waves of tiles (the
                               # backward's tail_lpt: its last heads >= 2 waves of clusters)
@@ -81,8 +80,6 @@ def tile_order(kind: str, n_hb: int, cost: list[float], kv_bytes_per_head: float
     if kind not in ORDERS:
         raise ValueError(f"tile_order={kind!r}; allowed: {', '.join(ORDERS)}")
     num_m = len(cost)
-    if kind == "blocks_outer":
-        return [(hb, m) for m in range(num_m) for hb in range(n_hb)]
     if kind == "index" or not sorted_launch:
         return [(hb, m) for hb in range(n_hb) for m in range(num_m)]
     if kind == "tail_lpt":

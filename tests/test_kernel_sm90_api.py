@@ -323,13 +323,13 @@ def test_backward_supported_arguments_reach_the_device_check(d, h, hkv):
 
 def test_backward_only_when_grad_is_needed():
     """Backward knobs are checked only when q, k or v requires grad."""
-    refused = {"regs": "split"}  # one dQ warpgroup only: refused at head_dim 256
+    refused = {"tile_m": 128}  # 128-row blocks at head_dim 64 only: refused at head_dim 256
     q, k, v = qkv_grad(d=256)
     with torch.no_grad():
         raises("CUDA device", q, k, v, bwd_knobs=refused)
     raises("CUDA device", *qkv(d=256), bwd_knobs=refused)  # nothing requires grad
     q, k, v = qkv(d=256)
-    raises("regs='split'", q, k.requires_grad_(), v, bwd_knobs=refused)  # any of q, k, v
+    raises("tile_m=128 not supported", q, k.requires_grad_(), v, bwd_knobs=refused)  # any of q, k, v
 
 
 def test_backward_deterministic_argument():

@@ -24,8 +24,8 @@ def raises(match, fn, *args, **kwargs):
 
 def test_attention_takes_backward_knobs():
     """Valid knobs pass every backward check; the device's check comes next (CPU tensors)."""
-    for knobs in ({"tile_m": 128}, {"regs": "split"}, {"dq_reduce": "red", "stats": "thread",
-                                                        "mma_order": "dv_dk_dq", "preprocess": "torch"}):
+    for knobs in ({"tile_m": 128}, {"grid_order": "tail_lpt"}, {"dq_reduce": "red", "stats": "thread",
+                                                                "mma_order": "dv_dk_dq", "preprocess": "torch"}):
         raises("CUDA device", fa4kernel.attention, *qkv_grad(64), bwd_knobs=knobs)
     raises("CUDA device", fa4kernel.attention, *qkv_grad(64), dq_reduce="red", bwd_knobs={"stats": "thread"})
 
@@ -38,12 +38,15 @@ def test_attention_rejects_an_unknown_backward_knob():
     # checked without grad too: a typo never passes silently
     with torch.no_grad():
         raises("bwd_knobs: 'tilem' unknown", fa4kernel.attention, *qkv_grad(), bwd_knobs={"tilem": 128})
+    # one register budget: regs is no knob
+    raises("bwd_knobs: 'regs' unknown; allowed: ", fa4kernel.attention, *qkv_grad(64), bwd_knobs={"regs": "split"})
     raises("bwd_knobs=list; allowed: None or a dict", fa4kernel.attention, *qkv_grad(), bwd_knobs=["tile_m"])
 
 
 @pytest.mark.parametrize("d,knobs,says", [
     (128, {"tile_m": 128}, "tile_m=128 not supported at head_dim 128; allowed: 64"),
-    (128, {"regs": "split"}, "regs='split' needs one dQ warpgroup"),
+    (128, {"mma_order": "dv_early"}, "mma_order='dv_early' not supported; allowed: dv_dq_dk, dv_dk_dq"),
+    (128, {"grid_order": "blocks_outer"}, "grid_order='blocks_outer' not supported; allowed: heads_outer, tail_lpt"),
     (128, {"stats": "smem"}, "stats='smem' not supported; allowed: tma, thread"),
     (64, {"tile_m": 128, "dq_reduce": "red"}, "tile_m=128 with dq_reduce='red' not supported"),
 ])
@@ -71,8 +74,8 @@ def test_attention_backward_and_trainable_take_the_knobs():
     raises("backward knob 'foo' unknown", attention_trainable, q, k, v, foo=1)
     out = torch.randn_like(q)
     lse = torch.randn(q.shape[0], q.shape[2], q.shape[1])
-    raises("CUDA device", fa4kernel.attention_backward, out, q, k, v, out, lse, tile_m=128, regs="even")
-    raises("regs='split' needs one dQ warpgroup", fa4kernel.attention_backward, out, q, k, v, out, lse,
+    raises("CUDA device", fa4kernel.attention_backward, out, q, k, v, out, lse, tile_m=128, grid_order="tail_lpt")
+    raises("backward knob 'regs' unknown", fa4kernel.attention_backward, out, q, k, v, out, lse,
            tile_m=128, regs="split")
 
 
@@ -83,5 +86,5 @@ def test_compile_bwd_sass_checks_knobs_before_compiling():
 
 def test_make_bwd_config_defaults():
     cfg = make_bwd_config("bfloat16", 64, True)
-    assert (cfg.dq_reduce, cfg.stats, cfg.mma_order, cfg.preprocess, cfg.postprocess, cfg.dq_zero, cfg.regs,
-            cfg.tile_m) == ("bulk", "tma", "dv_dq_dk", "kernel", "kernel", "preprocess", "even", 128)
+    assert (cfg.dq_reduce, cfg.stats, cfg.mma_order, cfg.preprocess, cfg.postprocess, cfg.dq_zero,
+            cfg.tile_m) == ("bulk", "tma", "dv_dq_dk", "kernel", "kernel", "preprocess", 128)

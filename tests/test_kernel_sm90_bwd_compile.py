@@ -421,23 +421,19 @@ def test_bwd_mma_order_dv_dk_dq_issues_dv_dk_after_the_barrier():
     assert min(p["sts"]) > max(p["dq"])  # dQ leaves after all GEMMs
 
 
-@pytest.mark.parametrize("order", ["dv_dq_dk", "dv_early"])
 @pytest.mark.parametrize("dq_reduce", ["red", "bulk"])
-def test_bwd_mma_order_overlaps(order, dq_reduce):
-    """hd128: dV (4 RS k-steps) is issued before the dS^T barrier ("dv_early": before dS^T is
-    even computed and stored), dQ (8 SS k-steps) right after the barrier, then dK (4 RS); dQ
-    leaves (STS.128 or RED) after dK is issued and before the loop's last full wait."""
-    text = knob_sass(128, dq_reduce=dq_reduce, mma_order=order, stats="thread")
+def test_bwd_mma_order_overlaps(dq_reduce):
+    """hd128: dV (4 RS k-steps) is issued before the dS^T barrier, after dS^T is stored, dQ (8 SS
+    k-steps) right after the barrier, then dK (4 RS); dQ leaves (STS.128 or RED) after dK is
+    issued and before the loop's last full wait."""
+    text = knob_sass(128, dq_reduce=dq_reduce, mma_order="dv_dq_dk", stats="thread")
     body = loop_instructions(text)
     p = _positions(body)
     bar = p["bar_ds"][0]
     dv, dk = p["rs"][:4], p["rs"][4:]
     assert len(p["rs"]) == 8 and len(p["dq"]) == 8
     assert max(dv) < bar < min(p["dq"]) and max(p["dq"]) < min(dk)
-    if order == "dv_early":
-        assert max(dv) < min(p["stsm"])
-    else:
-        assert max(dv) > max(p["stsm"])
+    assert max(dv) > max(p["stsm"])
     out = p["sts"] if dq_reduce == "bulk" else [i for i, o in enumerate(body) if o.startswith("REDG")]
     assert out and min(out) > max(dk) and max(out) < p["wait0"][-1]
     assert count(text, "LDL") == 0 and count(text, "STL") == 0
@@ -445,14 +441,13 @@ def test_bwd_mma_order_overlaps(order, dq_reduce):
 
 @pytest.mark.parametrize("hd", [64, 96])
 def test_bwd_mma_order_single_dq_warpgroup(hd):
-    """At 64 and 96 warpgroup 0 alone runs dQ: the new orders compile without spills, one dS^T
-    barrier per query block, the same GEMM shapes."""
-    for order in ("dv_dq_dk", "dv_early"):
-        text = knob_sass(hd, True, dq_reduce="bulk", stats="tma", mma_order=order, tile_m=64)
-        ops = [o.split()[0] for o in loop_instructions(text)]
-        assert sum(o.startswith("BAR.SYNC") for o in ops) == 2  # dS^T, dQ buffer
-        assert hgmma_shapes(text) == hgmma_shapes(bwd_sass(hd))
-        assert count(text, "LDL") == 0 and count(text, "STL") == 0
+    """At 64 and 96 warpgroup 0 alone runs dQ: the dv_dq_dk order compiles without spills, one
+    dS^T barrier per query block, the same GEMM shapes."""
+    text = knob_sass(hd, True, dq_reduce="bulk", stats="tma", mma_order="dv_dq_dk", tile_m=64)
+    ops = [o.split()[0] for o in loop_instructions(text)]
+    assert sum(o.startswith("BAR.SYNC") for o in ops) == 2  # dS^T, dQ buffer
+    assert hgmma_shapes(text) == hgmma_shapes(bwd_sass(hd))
+    assert count(text, "LDL") == 0 and count(text, "STL") == 0
 
 
 @pytest.mark.parametrize("hd", fa4kernel.BWD_HEAD_DIMS)
@@ -528,10 +523,11 @@ def test_bwd_postprocess_kernel_needs_bulk():
 
 @pytest.mark.parametrize("name,val,allowed", [
     ("stats", "smem", "tma, thread"),
-    ("mma_order", "dq_first", "dv_dq_dk, dv_dk_dq, dv_early"),
+    ("mma_order", "dq_first", "dv_dq_dk, dv_dk_dq"),
+    ("mma_order", "dv_early", "dv_dq_dk, dv_dk_dq"),
     ("preprocess", "cuda", "kernel, torch"),
     ("postprocess", "cuda", "torch, kernel"),
-    ("regs", "256", "even, split"),
+    ("grid_order", "blocks_outer", "heads_outer, tail_lpt"),
 ])
 def test_bwd_rejects_bad_knob_values(name, val, allowed):
     with pytest.raises(ValueError) as ei:
@@ -565,7 +561,7 @@ def test_bwd_smem_with_stats_fits():
         assert bwd_smem_bytes(cfg) <= 227 * 1024, hd
 
 
-# ---- the defaults, regs="split", tile_m=128
+# ---- the defaults, tile_m=128
 
 
 def test_bwd_defaults_are_the_measured_winners():
@@ -573,11 +569,10 @@ def test_bwd_defaults_are_the_measured_winners():
     the dQ accumulator), the postprocess kernel, 240 registers per consumer warpgroup, 64-row
     query blocks, 128 at head dim 64 (falling back to 64 where 128 does not hold)."""
     cfg = make_bwd_config("bfloat16", 128, False)
-    assert (cfg.dq_reduce, cfg.stats, cfg.mma_order, cfg.preprocess, cfg.postprocess, cfg.dq_zero, cfg.regs,
-            cfg.tile_m) == ("bulk", "tma", "dv_dq_dk", "kernel", "kernel", "preprocess", "even", 64)
-    assert cfg.consumer_regs == (240, 240)
+    assert (cfg.dq_reduce, cfg.stats, cfg.mma_order, cfg.preprocess, cfg.postprocess, cfg.dq_zero,
+            cfg.tile_m) == ("bulk", "tma", "dv_dq_dk", "kernel", "kernel", "preprocess", 64)
     assert make_bwd_config("bfloat16", 64, True).tile_m == 128
-    for knobs in (dict(stats="thread"), dict(dq_reduce="red"), dict(mma_order="dv_early"), dict(regs="split")):
+    for knobs in (dict(stats="thread"), dict(dq_reduce="red")):
         assert make_bwd_config("bfloat16", 64, False, **knobs).tile_m == 64, knobs
     cfg = make_bwd_config("bfloat16", 128, False, dq_reduce="red", preprocess="torch")
     assert (cfg.postprocess, cfg.dq_zero) == ("torch", "torch")
@@ -616,37 +611,23 @@ def _setmaxreg(text):
 
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("hd", [64, 96])
-def test_bwd_regs_split(hd, causal):
-    """regs="split" where warpgroup 1 alone runs dQ: setmaxnreg 256 for it, 224 for the other
-    (the default build: one setmaxnreg 240), each with its own query-block loop: the dQ
-    warpgroup's with the dQ GEMM (8 more k-steps), its smem stores of dQ and the wait for the
-    dQ buffer, the other's without; no spills."""
-    text = knob_sass(hd, causal, regs="split")
-    assert sorted(_setmaxreg(text)) == [224, 256]
-    assert _setmaxreg(knob_sass(hd, causal)) == [240]
+def test_bwd_one_setmaxnreg_for_both_consumers(hd, causal):
+    """setmaxnreg 240 for both consumer warpgroups, also where warpgroup 0 alone runs dQ (64-row
+    blocks): one query-block loop for both, no spills."""
+    text = knob_sass(hd, causal, tile_m=64)
+    assert _setmaxreg(text) == [240]
     assert count(text, "LDL") == 0 and count(text, "STL") == 0
-    from fa4kernel.sass import loop_bodies
-
-    loops = {}
-    for _, body in loop_bodies(text):
-        ops = [o.split()[0] for o in body]
-        if any(o.startswith("HGMMA") for o in ops) and any(o.startswith("MUFU.EX2") for o in ops):
-            n = sum(o.startswith("HGMMA") for o in ops)
-            loops.setdefault(n, ops)
-    dq_k_steps = 8  # dQ = dS K: 128 keys / 16
-    other = {64: 16, 96: 20}[hd]  # S^T, dP^T (hd / 16 each), dV, dK (64 queries / 16 each)
-    assert set(loops) >= {other, other + dq_k_steps}
-    assert sum(o.startswith("STS.128") for o in loops[other + dq_k_steps]) == 64 * hd // 128 // 4
-    assert not any(o.startswith("STS.128") for o in loops[other])
-    assert sum(o.startswith("BAR.SYNC") for o in loops[other]) == 1  # dS^T only
 
 
-def test_bwd_regs_split_only_with_one_dq_warpgroup():
+def test_bwd_regs_is_not_a_knob():
+    """One register budget: `regs` is no backward knob (one-line ValueError naming the knobs)."""
+    from fa4kernel.sm90.bwd_config import BWD_KNOB_NAMES, bwd_config_from_knobs
+
     with pytest.raises(ValueError) as ei:
-        make_bwd_config("bfloat16", 128, False, regs="split")
-    assert "regs='split' needs one dQ warpgroup" in str(ei.value) and "allowed there: regs='even'" in str(ei.value)
-    with pytest.raises(ValueError, match="needs one dQ warpgroup"):
-        make_bwd_config("bfloat16", 64, False, regs="split", tile_m=128)
+        bwd_config_from_knobs("bfloat16", 64, False, False, {"regs": "split"})
+    allowed = ", ".join(n for n in BWD_KNOB_NAMES if n != "deterministic")
+    assert str(ei.value) == f"backward knob 'regs' unknown; allowed: {allowed}"
+    assert "regs" not in BWD_KNOB_NAMES
 
 
 @pytest.mark.parametrize("kwargs", [dict(causal=False), dict(causal=True), dict(causal=False, deterministic=True),
@@ -685,7 +666,6 @@ def test_bwd_tile_m_128_smem_fits():
     (dict(head_dim=64, tile_m=96), "tile_m=96 not supported at head_dim 64; allowed: 64, 128"),
     (dict(head_dim=64, tile_m=128, dq_reduce="red"), "tile_m=128 with dq_reduce='red' not supported"),
     (dict(head_dim=64, tile_m=128, stats="thread"), "tile_m=128 with stats='thread' spills registers"),
-    (dict(head_dim=64, tile_m=128, mma_order="dv_early"), "tile_m=128 with mma_order='dv_early' serializes"),
 ])
 def test_bwd_tile_m_rejects_what_does_not_fit(knobs, says):
     knobs = dict(knobs)
@@ -695,8 +675,7 @@ def test_bwd_tile_m_rejects_what_does_not_fit(knobs, says):
     assert says in str(ei.value) and "\n" not in str(ei.value)
 
 
-@pytest.mark.parametrize("hd,knobs", [(64, dict(tile_m=128, stats="thread")),
-                                      (128, dict(dq_reduce="red", mma_order="dv_early"))])
+@pytest.mark.parametrize("hd,knobs", [(64, dict(tile_m=128, stats="thread"))])
 def test_bwd_rejected_combinations_spill(hd, knobs):
     """Why make_bwd_config rejects them: built anyway, ptxas spills (LDL / STL). (Every allowed
     combination of the knobs at every head dim, causal or not, compiles without spills: 124
@@ -710,32 +689,7 @@ def test_bwd_rejected_combinations_spill(hd, knobs):
     assert count(text, "LDL") + count(text, "STL") > 0
 
 
-def test_bwd_tile_m_128_dv_early_serializes_the_wgmmas():
-    """Why make_bwd_config rejects tile_m=128 with dv_early: built anyway, ptxas gives every wgmma
-    its own arrive and wait (32 per loop trip, against 5 in the default build)."""
-    from fa4kernel.sm90.bwd_config import BwdConfig
-
-    with pytest.raises(ValueError, match="serializes the wgmmas"):
-        make_bwd_config("bfloat16", 64, True, tile_m=128, mma_order="dv_early")
-    cfg = BwdConfig(dtype="bfloat16", head_dim=64, causal=True, tile_m=128, mma_order="dv_early")
-    ops = [o.split()[0] for o in loop_instructions(fa4kernel.compile_bwd_sass(cfg))]
-    assert sum(o.startswith("WARPGROUP.ARRIVE") for o in ops) == sum(o.startswith("HGMMA") for o in ops) == 32
-
-
 # ---- grid_order
-
-
-@pytest.mark.parametrize("hd,causal", [(64, True), (128, True), (128, False)])
-def test_bwd_grid_order_blocks_outer_changes_only_the_block_index(hd, causal):
-    """grid_order="blocks_outer": another build (the block index is read in another order) whose
-    consumers' query-block loop is the same instructions as the default build's; no spills."""
-    text = knob_sass(hd, causal, grid_order="blocks_outer")
-    heads_outer = knob_sass(hd, causal, grid_order="heads_outer")
-    assert count(text, "LDL") == 0 and count(text, "STL") == 0
-    ops = lambda body: sorted(o.split()[0] for o in body)  # noqa: E731
-    assert ops(loop_instructions(text)) == ops(loop_instructions(heads_outer))
-    assert hgmma_shapes(text) == hgmma_shapes(heads_outer)
-    assert text != heads_outer
 
 
 @pytest.mark.parametrize("hd", fa4kernel.BWD_HEAD_DIMS)
@@ -791,7 +745,7 @@ def test_bwd_tail_heads_cover_two_waves():
 def test_bwd_grid_order_rejects_a_bad_value():
     with pytest.raises(ValueError) as ei:
         make_bwd_config("bfloat16", 128, True, grid_order="longest")
-    assert str(ei.value) == "grid_order='longest' not supported; allowed: heads_outer, blocks_outer, tail_lpt"
+    assert str(ei.value) == "grid_order='longest' not supported; allowed: heads_outer, tail_lpt"
 
 
 # ---- dq_zero
@@ -834,8 +788,8 @@ def test_bwd_host_side_knobs_share_one_kernel_build():
     base = make_bwd_config("bfloat16", 64, True)
     host = make_bwd_config("bfloat16", 64, True, postprocess="torch", dq_zero="torch")
     assert host != base and kernel_config(host) == kernel_config(base) == base
-    grid = make_bwd_config("bfloat16", 64, True, postprocess="torch", grid_order="blocks_outer")
-    assert kernel_config(grid) == make_bwd_config("bfloat16", 64, True, grid_order="blocks_outer") != base
+    grid = make_bwd_config("bfloat16", 64, True, postprocess="torch", grid_order="heads_outer")
+    assert kernel_config(grid) == make_bwd_config("bfloat16", 64, True, grid_order="heads_outer") != base
 
 
 # ---- head dims 192 and 256: kv_split (64 x 64 tiles, dK / dV / dQ split by head_dim)
@@ -863,8 +817,7 @@ def test_bwd_kv_split_config():
 
 @pytest.mark.parametrize("hd", KV_SPLIT_HEAD_DIMS)
 @pytest.mark.parametrize("knobs,says", [
-    (dict(mma_order="dv_early"), "mma_order='dv_early' not supported at head_dim {hd}"),
-    (dict(regs="split"), "regs='split' needs one dQ warpgroup"),
+    (dict(mma_order="dv_early"), "mma_order='dv_early' not supported; allowed: dv_dq_dk, dv_dk_dq"),
     (dict(tile_m=128), "tile_m=128 not supported at head_dim {hd}; allowed: 64"),
     (dict(dq_reduce="red", dq_smem="qdo"), "dq_smem='qdo' needs head_dim 192 or 256 (both warpgroups split "
                                             "head_dim) and dq_reduce='bulk', not head_dim={hd}, dq_reduce='red'"),
@@ -944,8 +897,8 @@ def test_bwd_dq_smem_rejected_below_kv_split():
 
 @pytest.mark.parametrize("knobs,says", [
     (dict(dq_sum="pair", dq_smem="own"), "dq_sum='pair' needs dq_smem='qdo'"),
-    (dict(dq_sum="pair", grid_order="blocks_outer"), "dq_sum='pair' needs dq_smem='qdo' (head_dim 192 or 256, "
-                                                     "dq_reduce='bulk') and grid_order='heads_outer'"),
+    (dict(dq_sum="pair", dq_reduce="red"), "dq_sum='pair' needs dq_smem='qdo' (head_dim 192 or 256, "
+                                           "dq_reduce='bulk'), not dq_smem='own'; allowed there: dq_sum='cta'"),
     (dict(dq_sum="pair", mma_order="dv_dk_dq"), "dq_sum='pair' with mma_order='dv_dk_dq' spills registers"),
     (dict(dq_sum="trio"), "dq_sum='trio' not supported; allowed: cta, pair"),
 ])
@@ -957,10 +910,9 @@ def test_bwd_dq_sum_rejects_what_does_not_apply(knobs, says):
 
 def test_bwd_dq_sum_pair_default_only_where_it_applies():
     """dq_sum defaults to "pair" at 256 and falls back to "cta" where the pair does not apply
-    (another dq_smem, grid order or GEMM order), so those knobs keep working alone."""
+    (another dq_smem or GEMM order), so those knobs keep working alone."""
     assert make_bwd_config("bfloat16", 256, True).dq_sum == "pair"
-    for knobs in (dict(dq_smem="own"), dict(dq_reduce="red"), dict(grid_order="blocks_outer"),
-                  dict(mma_order="dv_dk_dq")):
+    for knobs in (dict(dq_smem="own"), dict(dq_reduce="red"), dict(mma_order="dv_dk_dq")):
         assert make_bwd_config("bfloat16", 256, False, **knobs).dq_sum == "cta", knobs
     assert make_bwd_config("bfloat16", 192, False, dq_smem="qdo").dq_sum == "cta"
 

@@ -153,20 +153,15 @@ VARIANTS = [
     dict(dq_reduce="red"),
     dict(stats="thread"),
     dict(mma_order="dv_dk_dq"),
-    dict(mma_order="dv_early"),
     dict(preprocess="torch"),
-    dict(regs="split"),
-    dict(regs="split", mma_order="dv_dk_dq"),
     dict(tile_m=128),
     dict(tile_m=128, mma_order="dv_dk_dq"),
     dict(tile_m=128, preprocess="torch"),
     dict(postprocess="kernel"),
     dict(postprocess="kernel", tile_m=128),
-    dict(grid_order="blocks_outer"),
-    dict(grid_order="blocks_outer", tile_m=128, postprocess="kernel"),
     dict(dq_zero="preprocess"),
     dict(dq_zero="preprocess", postprocess="kernel", tile_m=128),
-    dict(dq_zero="preprocess", postprocess="kernel", grid_order="blocks_outer"),
+    dict(dq_zero="preprocess", postprocess="kernel", grid_order="heads_outer"),
     dict(grid_order="tail_lpt"),
     dict(grid_order="tail_lpt", tile_m=128),
 ]
@@ -187,13 +182,13 @@ def _applies(hd, knobs):
                          ids=lambda x: ",".join(f"{a}={b}" for a, b in x.items()) if isinstance(x, dict) else str(x))
 def test_bwd_variants(hd, causal, knobs):
     """The backward knobs of sm90/bwd_config.py (dq_reduce, stats, mma_order, preprocess,
-    postprocess, regs, tile_m, grid_order, dq_zero) where they apply: the same gradients, at odd lengths
+    postprocess, tile_m, grid_order, dq_zero) where they apply: the same gradients, at odd lengths
     in both orders (rows that see no key: LSE = -inf), with GQA, fp16 and deterministic once."""
     check(2, 1000, 1000, 3, 3, hd, causal, **knobs)
     check(1, 1000, 333, 2, 2, hd, causal, **knobs)
     check(2, 77, 1000, 8, 2, hd, causal, **knobs)
     # (fp16 and deterministic of postprocess and dq_zero at every head dim: their own tests below)
-    if hd == 128 or knobs.get("tile_m") == 128 or knobs.get("regs") == "split":
+    if hd == 128 or knobs.get("tile_m") == 128:
         check(2, 333, 333, 2, 2, hd, causal, torch.float16, **knobs)
         check(2, 333, 333, 4, 2, hd, causal, deterministic=True, **knobs)
 
@@ -234,7 +229,7 @@ KV_SPLIT_VARIANTS = [
     dict(mma_order="dv_dk_dq"),
     # the dq_reduce that is not the default ("red"; at 256 with 2-stage Q / dO rings)
     "other_dq_reduce",
-    dict(dq_reduce="bulk", postprocess="kernel", dq_zero="preprocess", grid_order="blocks_outer"),
+    dict(dq_reduce="bulk", postprocess="kernel", dq_zero="preprocess", grid_order="heads_outer"),
     # where dQ is staged that is not the default: its own smem buffer (one Q / dO stage at 256) or
     # the consumed Q / dO stage (at 192), in both GEMM orders
     "other_dq_smem",

@@ -105,15 +105,15 @@ def test_every_backward_build_chosen_or_simulated_has_its_own_row(hdim, causal, 
 
 def test_a_combination_not_compiled_takes_its_fallback():
     """hd128 causal with the first design's knobs launches tail_lpt, compiled only heads_outer; hd96 with
-    mma_order dv_early takes the head dim's stand-in (dq_reduce red, stats thread, dv_dk_dq)."""
+    stats thread alone takes the head dim's stand-in (dq_reduce red, stats thread, dv_dk_dq)."""
     p128, p96 = Problem(1, 8, 2048, 2048, 128, True), Problem(1, 8, 2048, 2048, 96, False)
     first = {"dq_reduce": "red", "stats": "thread", "mma_order": "dv_dk_dq"}
     rows = {json.dumps(r["build"]): r for r in TABLES["loop_instr_sass"]["rows"]}
     for p, knobs, stand_in in [
         (p128, first, {**_bwd_key(p128, setup("h100", None, p128, first, "fa4kernel", "bwd")[4]),
                        "grid_order": "heads_outer"}),
-        (p96, {"mma_order": "dv_early"}, {"hdim": 96, "causal": False, "tile_m": 64, "grid_order": "heads_outer",
-                                          **first, "dq_smem": "own", "dq_sum": "cta"})]:
+        (p96, {"stats": "thread"}, {"hdim": 96, "causal": False, "tile_m": 64, "grid_order": "heads_outer",
+                                    **first, "dq_smem": "own", "dq_sum": "cta"})]:
         impl, k = (lambda s: (s[3], s[4]))(setup("h100", None, p, knobs, "fa4kernel", "bwd"))
         assert json.dumps(_bwd_key(p, k)) not in rows
         assert impl.value("loop_instr_fixed", Context(p, None, impl), k) == rows[json.dumps(stand_in)]["fixed"]

@@ -185,7 +185,7 @@ def test_chunked_prefill_reads_k_and_v_once_in_head_order():
 
 @pytest.mark.parametrize("hd,seqlen,heads,batch", [(256, 1024, 8, 16), (256, 999, 12, 2), (128, 4096, 16, 4),
                                                    (64, 1000, 16, 4), (128, 333, 2, 1)])
-@pytest.mark.parametrize("grid_order", ["heads_outer", "tail_lpt", "blocks_outer"])
+@pytest.mark.parametrize("grid_order", ["heads_outer", "tail_lpt"])
 def test_bwd_launch_orders_are_fa4kernels(hd, seqlen, heads, batch, grid_order):
     """tile_order's backward orders give fa4kernel's own launch order (bwd_config.launch_order,
     the kernel's block-index decode in plain Python), pairs included, on 132 SMs."""
@@ -194,9 +194,8 @@ def test_bwd_launch_orders_are_fa4kernels(hd, seqlen, heads, batch, grid_order):
     from fa4sim.tile_order import TAIL_WAVES as SIM_WAVES
 
     assert (cfgmod.TAIL_WAVES, cfgmod.TAIL_SLOTS) == (SIM_WAVES, 132)
-    knobs = {} if grid_order == "blocks_outer" else {"grid_order": grid_order}
     cfg = cfgmod.make_bwd_config("bfloat16", hd, True, grid_order=grid_order)
-    kind, cluster = sim_order({"grid_order": grid_order, "dq_sum": cfg.dq_sum, **knobs})
+    kind, cluster = sim_order({"grid_order": grid_order, "dq_sum": cfg.dq_sum})
     c = cfgmod.cluster_ctas(cfg)
     assert cluster == c
     n_units = -(-seqlen // (cfg.tile_n * c)) * c
@@ -220,3 +219,22 @@ def test_bwd_tail_lpt_ends_on_the_shortest_ctas():
     assert tl.main_us < 0.98 * ho.main_us
     same = {"loop_instr_per_kstep": 4.84, "loop_instr_fixed": 211}
     assert run("heads_outer", False, **same).main_us == run("tail_lpt", False, **same).main_us
+
+
+def test_bwd_launch_orders_are_the_kernels_two():
+    """grid_order takes the kernel's two launch orders (bwd_config.GRID_ORDERS), no other: the
+    simulator's knob, the kernel's config and tile_order each say what is allowed in one line."""
+    cfgmod = pytest.importorskip("fa4kernel.sm90.bwd_config")
+    from fa4sim.schedules import fa3_sm90_bwd
+
+    knob = next(k for k in fa3_sm90_bwd.KNOBS if k.name == "grid_order")
+    assert set(knob.choices) == set(cfgmod.GRID_ORDERS) == {"heads_outer", "tail_lpt"}
+    p = Problem(1, 8, 2048, 2048, 128, True)
+    with pytest.raises(InputError) as ei:
+        simulate("h100", "fa3", p, {"grid_order": "blocks_outer"}, impl="fa4kernel", pass_="bwd")
+    assert str(ei.value) == "grid_order: must be one of heads_outer, tail_lpt, got 'blocks_outer'"
+    with pytest.raises(ValueError) as ei:
+        cfgmod.make_bwd_config("bfloat16", 128, True, grid_order="blocks_outer")
+    assert str(ei.value) == "grid_order='blocks_outer' not supported; allowed: heads_outer, tail_lpt"
+    with pytest.raises(ValueError, match="tile_order='blocks_outer'; allowed: "):
+        tile_order("blocks_outer", 4, [1.0] * 4, 0, 50 * 1024 * 1024, 132, sorted_launch=True)

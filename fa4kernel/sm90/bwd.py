@@ -4,10 +4,10 @@ From q, k, v, dO and the forward's row statistics it computes dQ, dK, dV (FA2/FA
 scheme: P is recomputed from S and the LSE, never stored).
 
 One CTA = one block of tile_n keys of one (batch, k/v head) (grid: key blocks x k/v heads x
-batch; grid_order="blocks_outer": k/v heads x batch x key blocks; "tail_lpt": one axis, heads
-outer but the last heads longest first, bwd_config.launch_order). Its K and V stay in shared
-memory while it walks the query blocks (tile_m rows) that see
-those keys, for every q head of its GQA group, so dK and dV of a group are summed in registers.
+batch; grid_order="tail_lpt": one axis, heads outer but the last heads longest first,
+bwd_config.launch_order). Its K and V stay in shared memory while it walks the query blocks
+(tile_m rows) that see those keys, for every q head of its GQA group, so dK and dV of a group
+are summed in registers.
 
 Warp roles (3 warpgroups):
   warpgroup 0        producer; warp 0 issues every load: K and V once, then Q and dO of each
@@ -28,8 +28,8 @@ Warp roles (3 warpgroups):
                        thread into the accumulator instead. mma_order picks the GEMMs' order.
                      dQ's GEMM is split over both warpgroups along head_dim at head_dim 128, by
                      query rows with tile_m=128 (head_dim 64), done by warpgroup 1 alone at 64
-                     and 96 otherwise (bwd_config.BwdConfig.dq_wgs); regs="split" then gives it
-                     256 registers and the other 224, each with its own copy of the loop.
+                     and 96 otherwise (bwd_config.BwdConfig.dq_wgs). setmaxnreg: 240 per consumer
+                     thread, 24 per producer thread.
   epilogue           dK * softmax_scale and dV -> 16 bit -> shared memory (K's and V's buffers)
                      -> one TMA store each, clipped at seqlen_k.
 Head dims 192 and 256 (kv_split, bwd_config.py): tile_n = 64 keys shared by both consumer
@@ -186,7 +186,6 @@ class FlashBwdSm90:
         self.num_threads = cfg.num_threads
         self.dq_wgs = cfg.dq_wgs
         self.causal = cfg.causal
-        self.blocks_outer = cfg.grid_order == "blocks_outer"
         self.tail_lpt = cfg.grid_order == "tail_lpt"
         self.deterministic = cfg.deterministic
         self.dq_bulk = cfg.dq_reduce == "bulk"
@@ -196,7 +195,7 @@ class FlashBwdSm90:
         self.mma_order = cfg.mma_order
         self.dq_rows_split = cfg.dq_rows_split
         self.kv_split = cfg.kv_split
-        self.consumer_regs, self.producer_regs = cfg.consumer_regs, 24
+        self.consumer_regs, self.producer_regs = 240, 24  # 24 + 240 + 240 of 512 per lane
 
     def tiled_mmas(self):
         """(S^T / dP^T, dK / dV, dQ) tiled MMAs (call inside @cute.jit code)."""
@@ -311,8 +310,6 @@ class FlashBwdSm90:
             # key blocks in pairs (an odd count gets a CTA past seqlen_k: zero K and V, no output)
             grid = (cute.ceil_div(mK.shape[0], 2 * self.tile_n) * 2, grid[1], grid[2])
             cluster = (2, 1, 1)
-        if const_expr(self.blocks_outer):
-            grid = (cute.size(mK.shape[2]), cute.size(mK.shape[3]), cute.ceil_div(mK.shape[0], self.tile_n))
         order_divs = None
         if const_expr(self.tail_lpt):
             grid = (grid[0] * grid[1] * grid[2], 1, 1)  # one axis: _tail_lpt_block decodes it
@@ -492,19 +489,8 @@ class FlashBwdSm90:
                 n_block, kv_head, batch, group, m_block_min, n_m, n_iter, seqlen_q, seqlen_k, sP,
                 (pair_rank, mbar_pair),
             )
-            regs_dq, regs_other = self.consumer_regs
-            if const_expr(regs_dq == regs_other):
-                cute.arch.setmaxregister_increase(regs_dq)
-                self.consumer(*args, None)
-            else:
-                # one warpgroup runs dQ: each gets its own copy of the loop, compiled for its
-                # own register budget (the dQ warpgroup's holds the dQ accumulator)
-                if warp_idx < 8:
-                    cute.arch.setmaxregister_increase(regs_dq)
-                    self.consumer(*args, True)
-                else:
-                    cute.arch.setmaxregister_increase(regs_other)
-                    self.consumer(*args, False)
+            cute.arch.setmaxregister_increase(self.consumer_regs)
+            self.consumer(*args)
             if const_expr(mStamps is not None):
                 self._stamp(mStamps, 2)  # after the epilogue's dK / dV stores: this CTA's end
 
@@ -512,9 +498,7 @@ class FlashBwdSm90:
     def _cta_work(self, mQ, mK, group, order_divs):
         """This CTA's (key block, k/v head, batch, pair rank, first query block, query blocks,
         (q head, query block) iterations), from its block index in the grid_order's grid."""
-        if const_expr(self.blocks_outer):
-            kv_head, batch, n_block = cute.arch.block_idx()
-        elif const_expr(self.tail_lpt):
+        if const_expr(self.tail_lpt):
             n_block, kv_head, batch = self._tail_lpt_block(mK, order_divs)
         else:
             n_block, kv_head, batch = cute.arch.block_idx()
@@ -779,11 +763,9 @@ class FlashBwdSm90:
         scale_log2, softmax_scale, tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq,
         sQ, sdO, sK, sV, sdS, sdQ, sLSE, sD, pipe_kv, pipe_q, pipe_do,
         n_block, kv_head, batch, group, m_block_min, n_m, n_iter, seqlen_q, seqlen_k, sP, pair,
-        dq_role: cutlass.Constexpr,
     ):
-        """dq_role: None = every consumer warpgroup runs this code (which of them runs dQ is
-        decided at run time when only one does); True / False = the code of the warpgroup that
-        runs dQ / of the one that does not (regs="split")."""
+        """Every consumer warpgroup runs this code; which of them runs dQ is decided at run time
+        when only one does."""
         tidx = cute.arch.thread_idx()[0] - 128
         wg_idx = cute.arch.make_warp_uniform(tidx // 128)
         wg_slice = wg_idx * 128
@@ -843,7 +825,6 @@ class FlashBwdSm90:
         causal_offset = seqlen_k - seqlen_q
         # the dQ accumulator's slice (a pair's: both CTAs add into one)
         nbi = n_block // (2 if const_expr(self.dq_pair) else 1) if const_expr(self.deterministic) else 0
-        dv_early = const_expr(self.mma_order == "dv_early")
         at_use = const_expr(self.stats_tma and self.dq_rows_split)
 
         m_block, head = m_block_min, kv_head * group
@@ -888,12 +869,7 @@ class FlashBwdSm90:
             if const_expr(self.stats_tma and not at_use):
                 for c in cutlass.range_constexpr(n_cols):  # landed with dO
                     d_c[c] = sD[tScS[0, c][1], state.index]
-            if const_expr(dv_early):
-                # dV += P^T dO now: the tensor core runs it under the dS math below
-                tdVrP.store(acc_as_operand_a(acc_S).load().to(self.dtype))
-                gemm(tiled_mma_dkv, acc_dV, tdVrP, tdVrdOt[None, None, None, state.index], False, 1)
-            else:
-                warpgroup.wait_group(0)
+            warpgroup.wait_group(0)
             # dS^T = P^T * (dP^T - D)
             dp = mn_view(acc_dP)
             if const_expr(at_use):
@@ -922,8 +898,7 @@ class FlashBwdSm90:
                 cute.arch.barrier(barrier_id=NamedBarrierBwd.DS, number_of_threads=self.num_consumer_threads)
                 gemm(tiled_mma_dkv, acc_dV, aP, tdVrdOt[None, None, None, state.index], False, -1)
             else:
-                if const_expr(not dv_early):
-                    tdVrP.store(acc_as_operand_a(acc_S).load().to(self.dtype))
+                tdVrP.store(acc_as_operand_a(acc_S).load().to(self.dtype))
                 tdKrdS.store(acc_as_operand_a(acc_dP).load().to(self.dtype))
 
                 # dS^T -> smem buffer it % 2, before the RS GEMMs below, which read tdKrdS
@@ -947,10 +922,8 @@ class FlashBwdSm90:
                     tdVrdOt[None, None, None, state.index], tdKrQt[None, None, None, state.index],
                     tdQrdS[None, None, None, ds_buf], tdQrKt, pipe_q, pipe_do, state)
             emit = (thr_mma_dq, mdQaccum, sdQ, dq_tidx, m_block, head, batch, nbi, softmax_scale, pair)
-            if const_expr(self.dq_wgs == self.num_wg or dq_role is True):
+            if const_expr(self.dq_wgs == self.num_wg):
                 self._block_gemms(*tail, emit)
-            elif const_expr(dq_role is False):
-                self._block_gemms(*tail, None)
             else:
                 if wg_idx == 0:
                     self._block_gemms(*tail, emit)

@@ -24,17 +24,17 @@ from dataclasses import asdict, dataclass
 
 BWD_HEAD_DIMS = (64, 96, 128, 192, 256)
 BWD_DTYPES = ("bfloat16", "float16")
-BWD_KNOB_NAMES = ("deterministic", "dq_reduce", "dq_smem", "dq_sum", "stats", "mma_order", "preprocess", "postprocess", "regs",
+BWD_KNOB_NAMES = ("deterministic", "dq_reduce", "dq_smem", "dq_sum", "stats", "mma_order", "preprocess", "postprocess",
                   "tile_m", "grid_order", "dq_zero")
 # each knob's values, the default first (measured on the H100: fa4kernel/README.md, "Backward")
 DQ_REDUCE_MODES = ("bulk", "red")
 DQ_SMEM_MODES = ("own", "qdo")
 DQ_SUM_MODES = ("cta", "pair")
 STATS_MODES = ("tma", "thread")
-MMA_ORDERS = ("dv_dq_dk", "dv_dk_dq", "dv_early")
+MMA_ORDERS = ("dv_dq_dk", "dv_dk_dq")
 PREPROCESS_MODES = ("kernel", "torch")
 POSTPROCESS_MODES = ("torch", "kernel")
-GRID_ORDERS = ("heads_outer", "blocks_outer", "tail_lpt")
+GRID_ORDERS = ("heads_outer", "tail_lpt")
 # grid_order="tail_lpt": the last (batch, k/v head)s, at least TAIL_WAVES waves of CTAs on
 # TAIL_SLOTS SMs (H100 SXM and H200; on another SM count the tail is a little longer or shorter
 # than two waves, the gradients the same), launch longest first
@@ -45,7 +45,6 @@ TAIL_SLOTS = 132
 # sustained: fa4kernel/README.md, "Backward"); without one every CTA walks as many query blocks
 GRID_ORDER_DEFAULT = {False: "heads_outer", True: "tail_lpt"}
 DQ_ZERO_MODES = ("torch", "preprocess")
-REGS_MODES = ("even", "split")
 # query rows per block by head dim: 128 only at 64, where dQ is split by query rows over both
 # warpgroups (flash-attn-4's hd64 tile)
 TILE_M_BY_HEAD_DIM = {64: (64, 128), 96: (64,), 128: (64,), 192: (64,), 256: (64,)}
@@ -112,8 +111,7 @@ class BwdConfig:
     # issue order of the three GEMMs after P^T and dS^T: "dv_dk_dq" = dS^T barrier, dV, dK, dQ,
     # wait for all three, then dQ leaves (the tensor core idles while dQ is written out);
     # "dv_dq_dk" = dV issued before the dS^T barrier (it runs under the fence and the barrier),
-    # then dQ, then dK: dQ leaves while dK runs (flash-attn-4's order); "dv_early" = as
-    # "dv_dq_dk" but dV is issued as soon as P^T is in registers, so it runs under the dS math
+    # then dQ, then dK: dQ leaves while dK runs (flash-attn-4's order)
     mma_order: str = "dv_dq_dk"
     # D = rowsum(dO * O) and LSE_log2: "torch" = torch ops on the host stream; "kernel" = one
     # CuTe DSL kernel (sm90/bwd_preprocess.py, BwdPreprocess) reading dO and O once
@@ -125,10 +123,7 @@ class BwdConfig:
     # order, 128-bit stores of 8 columns of a row, the first s_q rows only (flash-attn-4's postprocess)
     postprocess: str = "kernel"
     # the order the CTAs launch in: "heads_outer" = grid (key blocks, k/v heads, batch), the key
-    # blocks of one (batch, k/v head) in a row (they read the same Q and dO: L2 reuse); "blocks_outer"
-    # = grid (k/v heads, batch, key blocks): key block 0 of every (batch, k/v head) first, so with a
-    # causal mask the CTAs with the most query blocks start first and the last wave holds the
-    # shortest (longest-first; the readers of one Q / dO are a wave apart); "tail_lpt" = a
+    # blocks of one (batch, k/v head) in a row (they read the same Q and dO: L2 reuse); "tail_lpt" = a
     # one-dimensional grid in heads_outer order, except that the last (batch, k/v head)s, at least
     # two waves of CTAs (tail_heads), go key block by key block across them: with a causal mask
     # the launch ends on their shortest CTAs instead of on the last head's longest ones, and only
@@ -138,11 +133,6 @@ class BwdConfig:
     # launch); "preprocess" = the preprocess kernel, for the 32 rows of each of its CTAs (one
     # launch fewer, the same bytes; flash-attn-4's preprocess). Needs preprocess="kernel"
     dq_zero: str = "preprocess"
-    # setmaxnreg of the two consumer warpgroups: "even" = 240 each; "split" = 256 for the one
-    # that runs dQ and 224 for the other, each with its own copy of the loop; only where one
-    # warpgroup runs dQ (dq_wgs == 1: head dims 64 and 96 with 64-row blocks; flash-attn-4's
-    # split there)
-    regs: str = "even"
     # query rows per block: 64, or 128 at head dim 64 (TILE_M_BY_HEAD_DIM; dQ split by rows)
     tile_m: int = TILE_M
     tile_n: int = TILE_N
@@ -177,22 +167,13 @@ class BwdConfig:
             return self.num_consumer_wgs
         return 1
 
-    @property
-    def consumer_regs(self) -> tuple:
-        """setmaxnreg of consumer warpgroups 1 and 2 (registers per thread); the producer keeps 24.
-        The three warpgroups share 65536 registers = 128 lanes x 512: 24 + 240 + 240 = 504 and
-        24 + 256 + 224 = 504."""
-        if self.regs == "split":
-            return (256, 224)
-        return (240, 240)
-
     def as_dict(self):
         return asdict(self)
 
 
 def make_bwd_config(dtype: str, head_dim: int, causal: bool, deterministic: bool = False,
                     dq_reduce: str = None, dq_smem: str = None, dq_sum: str = None, stats: str = "tma", mma_order: str = "dv_dq_dk",
-                    preprocess: str = "kernel", regs: str = "even", tile_m: int = None,
+                    preprocess: str = "kernel", tile_m: int = None,
                     postprocess: str = None, grid_order: str = None,
                     dq_zero: str = None) -> BwdConfig:
     """The backward build for these arguments; one-line ValueError naming what is allowed.
@@ -221,14 +202,13 @@ def make_bwd_config(dtype: str, head_dim: int, causal: bool, deterministic: bool
     if dq_smem not in DQ_SMEM_MODES:
         raise ValueError(f"dq_smem={dq_smem!r} not supported; allowed: {', '.join(DQ_SMEM_MODES)}")
     if dq_sum is None:
-        applies = dq_smem == "qdo" and grid_order != "blocks_outer" and mma_order == "dv_dq_dk"
+        applies = dq_smem == "qdo" and mma_order == "dv_dq_dk"
         dq_sum = DQ_SUM_DEFAULT.get(head_dim, "cta") if applies else "cta"
     if dq_sum not in DQ_SUM_MODES:
         raise ValueError(f"dq_sum={dq_sum!r} not supported; allowed: {', '.join(DQ_SUM_MODES)}")
-    if dq_sum == "pair" and (dq_smem != "qdo" or grid_order == "blocks_outer"):
-        raise ValueError(f"dq_sum='pair' needs dq_smem='qdo' (head_dim 192 or 256, dq_reduce='bulk') and "
-                         f"grid_order='heads_outer' or 'tail_lpt', not dq_smem={dq_smem!r}, grid_order={grid_order!r}; "
-                         f"allowed there: dq_sum='cta'")
+    if dq_sum == "pair" and dq_smem != "qdo":
+        raise ValueError(f"dq_sum='pair' needs dq_smem='qdo' (head_dim 192 or 256, dq_reduce='bulk'), not "
+                         f"dq_smem={dq_smem!r}; allowed there: dq_sum='cta'")
     if dq_sum == "pair" and mma_order == "dv_dk_dq":
         raise ValueError("dq_sum='pair' with mma_order='dv_dk_dq' spills registers; allowed with dq_sum='pair': "
                          "mma_order='dv_dq_dk'")
@@ -241,11 +221,11 @@ def make_bwd_config(dtype: str, head_dim: int, causal: bool, deterministic: bool
     if dq_zero is None:
         dq_zero = "preprocess" if preprocess == "kernel" else "torch"
     if tile_m is None:
-        fits = (dq_reduce, stats, regs) == ("bulk", "tma", "even") and mma_order != "dv_early"
+        fits = (dq_reduce, stats) == ("bulk", "tma")
         tile_m = TILE_M_DEFAULT.get(head_dim, TILE_M) if fits else TILE_M
     for name, val, allowed in (("stats", stats, STATS_MODES), ("mma_order", mma_order, MMA_ORDERS),
                                ("preprocess", preprocess, PREPROCESS_MODES),
-                               ("postprocess", postprocess, POSTPROCESS_MODES), ("regs", regs, REGS_MODES),
+                               ("postprocess", postprocess, POSTPROCESS_MODES),
                                ("grid_order", grid_order, GRID_ORDERS), ("dq_zero", dq_zero, DQ_ZERO_MODES)):
         if val not in allowed:
             raise ValueError(f"{name}={val!r} not supported; allowed: {', '.join(allowed)}")
@@ -269,25 +249,13 @@ def make_bwd_config(dtype: str, head_dim: int, causal: bool, deterministic: bool
         if stats != "tma":
             raise ValueError(f"tile_m=128 with stats={stats!r} spills registers; allowed with tile_m=128: "
                              f"stats='tma'")
-        if mma_order == "dv_early":
-            raise ValueError("tile_m=128 with mma_order='dv_early' serializes the wgmmas (too few registers); "
-                             "allowed with tile_m=128: mma_order='dv_dq_dk' or 'dv_dk_dq'")
-    if head_dim == 128 and (dq_reduce, stats, mma_order) == ("red", "tma", "dv_early"):
-        raise ValueError("dq_reduce='red' with stats='tma' and mma_order='dv_early' spills registers at head_dim "
-                         "128; allowed there: dq_reduce='bulk', stats='thread' or another mma_order")
-    if head_dim > 128 and mma_order == "dv_early":
-        raise ValueError(f"mma_order='dv_early' not supported at head_dim {head_dim} (P^T reaches dV through "
-                         f"shared memory); allowed there: mma_order='dv_dq_dk' or 'dv_dk_dq'")
     cfg = BwdConfig(dtype=dtype, head_dim=head_dim, causal=causal, deterministic=deterministic,
                     dq_reduce=dq_reduce, dq_smem=dq_smem, dq_sum=dq_sum, stats=stats, mma_order=mma_order, preprocess=preprocess,
-                    postprocess=postprocess, regs=regs, tile_m=tile_m, grid_order=grid_order,
+                    postprocess=postprocess, tile_m=tile_m, grid_order=grid_order,
                     dq_zero=dq_zero, tile_n=TILE_N_BY_HEAD_DIM[head_dim])
     if bwd_smem_bytes(cfg) > SMEM_LIMIT_BYTES:
         # single-stage Q / dO rings (head_dim 256 with dq_reduce="bulk": the 64 KiB dQ buffer)
         cfg = dataclasses.replace(cfg, q_stages=1)
-    if regs == "split" and cfg.dq_wgs != 1:
-        raise ValueError(f"regs='split' needs one dQ warpgroup (head_dim 64 or 96 with tile_m=64); at head_dim "
-                         f"{head_dim} with tile_m={tile_m} both run dQ; allowed there: regs='even'")
     return cfg
 
 
@@ -340,12 +308,6 @@ def launch_order(cfg: BwdConfig, seqlen_k: int, heads_kv: int, batch: int) -> li
     nb = units * c
     g_all = heads_kv * batch
     out = []
-    if cfg.grid_order == "blocks_outer":
-        for n in range(nb):
-            for bi in range(batch):
-                for h in range(heads_kv):
-                    out.append((n, h, bi))
-        return out
     if cfg.grid_order == "heads_outer":
         for bi in range(batch):
             for h in range(heads_kv):

@@ -15,7 +15,6 @@ one CTA per KV tile. Roles:
               - dPsum), dS -> shared memory (and P, where dV takes it from there), then
               mma_order "dv_dq_dk" (flash-attn-4): dV += P^T dO, a barrier of both warpgroups,
                 dQ = dS K, dK += dS^T Q; dQ leaves while dK runs; a wait for dK
-              mma_order "dv_early": the same, with dV issued before the dS math
               mma_order "dv_dk_dq" (fa4kernel's default): a barrier, dV, dK, dQ, a wait for all
                 three, then dQ leaves
             dQ leaves to fp32 shared memory for the dq_store warp (dq_reduce "bulk") or by
@@ -86,8 +85,7 @@ KNOBS = [
     Knob("dq_single_wg", False, "", "only warpgroup 0 computes dQ", kind="bool"),
     Knob("mma_order", "dv_dq_dk", "", "the three GEMMs after dS: dv_dk_dq = the dS barrier, then dV, dK, dQ, a wait for "
          "all three, then dQ leaves; dv_dq_dk = dV issued before the dS barrier, then dQ, then dK, dQ leaves while "
-         "dK runs (flash-attn-4); dv_early = as dv_dq_dk, but dV issued as soon as P is in registers, under the "
-         "dS math", kind="choice", choices=("dv_dk_dq", "dv_dq_dk", "dv_early")),
+         "dK runs (flash-attn-4)", kind="choice", choices=("dv_dk_dq", "dv_dq_dk")),
     Knob("dq_sum", "cta", "", "who bulk-adds a Q block's dQ: cta = each CTA its own; pair (dq_smem qdo, dQ leaving "
          "while dK runs) = the CTAs of a 2-CTA cluster on adjacent KV tiles, walking the same Q blocks, first sum "
          "it through distributed shared memory: warpgroup 0 owns its head-dim half here (warpgroup 1 in the peer), "
@@ -95,9 +93,8 @@ KNOBS = [
          "the sum (half the reduce-add bytes into L2)", kind="choice", choices=("cta", "pair")),  # after dq_smem, mma_order
     Knob("grid_order", "heads_outer", "", "the order the KV-tile CTAs launch in: heads_outer = the KV tiles of one "
          "(batch, head) after another (blockIdx order); tail_lpt (fa4kernel, causal) = the same, but the last heads, "
-         "at least two waves of clusters, go KV tile by KV tile across them, longest first; blocks_outer = KV tile "
-         "0 of every head first (L2 reuse of Q and dO across a wave is not modelled)", kind="choice",
-         choices=("heads_outer", "tail_lpt", "blocks_outer")),
+         "at least two waves of clusters, go KV tile by KV tile across them, longest first", kind="choice",
+         choices=("heads_outer", "tail_lpt")),
     Knob("stats", "tma", "", "how LSE and dPsum of a Q block reach the MMA warpgroups: tma = with Q and dO into shared "
          "memory (read with LDS); thread = each thread loads its Q columns' from global memory (LDG)",
          kind="choice", choices=("tma", "thread")),
@@ -312,7 +309,6 @@ def build(hw, p: Problem, k: dict, n_kv: int, masked_blocks: int, impl=None, hbm
     per_thread = elems / 128.0
     det = k["deterministic"] and k["deterministic_by"] == "semaphore"
     fa3_order = k["mma_order"] != "dv_dk_dq"  # dV before the dS barrier
-    dv_early = k["mma_order"] == "dv_early"
     red = k["dq_reduce"] == "red"
     # dQ staged over the Q/dO stage (dq_smem "qdo"): the dq_store warp, not the MMA warpgroups,
     # releases the stage, once its bulk reduce-adds have read it
@@ -396,16 +392,12 @@ def build(hw, p: Problem, k: dict, n_kv: int, masked_blocks: int, impl=None, hbm
                   lse_get, stat_lds, p_store, scaled(fixed, 0.5), every)
         ops.append(Op(f"EXP{w}", r, tuple(exp.items()), hw.mufu_latency, "exp",
                       label="P = exp2(S scale - LSE), to bf16" + ("" if (rs or p_late) else ", P -> smem")))
-        dv_op = wgmma("dV", w, "dV += P^T dO" + (" (P in registers)" if rs else ""))
-        if dv_early:  # dV issued as soon as P is in registers: it runs under the dS math
-            ops.append(dv_op)
         # dS = P (dP - dPsum): a subtract and a multiply per element ("rescale" = one FMUL each)
         ds = add(phase(hw, "rescale", 2 * elems), phase(hw, "convert", elems), lse_get, stat_lds,
                  ds_store, ds_store if p_late else {}, scaled(fixed, 0.5))
         ops.append(Op(f"DS{w}", r, tuple(ds.items()), 0.0, "softmax",
                       label="dS = P (dP - dPsum), " + ("P and dS -> smem" if p_late else "dS -> smem")))
-        if not dv_early:
-            ops.append(dv_op)
+        ops.append(wgmma("dV", w, "dV += P^T dO" + (" (P in registers)" if rs else "")))
         if fa3_order:
             if w < nq:
                 ops.append(wgmma("dQ", w, "dQ = dS K (its part)"))

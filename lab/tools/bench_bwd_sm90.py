@@ -20,11 +20,10 @@ default knobs; the deterministic backward (fa4kernel[deterministic]) is timed at
 dQ buffer holds one fp32 slice per key block: at 16k 128 slices of the whole dQ, 256 at hd256).
 
 Backward variants side by side: --variants takes knob sets of the backward (sm90/bwd_config.py:
-dq_reduce, dq_smem, dq_sum, stats, mma_order, preprocess, postprocess, regs, tile_m, grid_order, dq_zero), each
+dq_reduce, dq_smem, dq_sum, stats, mma_order, preprocess, postprocess, tile_m, grid_order, dq_zero), each
 timed as its own row `fa4kernel[KNOBS]` in the same round-robin as the peers; a set that does not apply at a point
-(tile_m=128 outside head dim 64, regs=split where both warpgroups run dQ) is recorded there as
-unsupported; --hdims, --seqlens, --causal narrow the grid; --no-deterministic drops the
-deterministic row.
+(tile_m=128 outside head dim 64) is recorded there as unsupported; --hdims, --seqlens, --causal narrow the
+grid; --no-deterministic drops the deterministic row.
 
 --sustained times each candidate alone after 2.5 s back to back with no idle kernel between
 calls (the clock the power cap settles, which fa4sim's power model predicts; sustained_sm90.py's
@@ -34,7 +33,7 @@ its timed windows is the point's clock_ghz_in_kernel. --skip leaves candidates o
 
 Usage (device): python3 lab/tools/bench_bwd_sm90.py --out $OUT/sm90_bwd.json [--quick] [--sustained]
     python3 lab/tools/bench_bwd_sm90.py --hdims 64,128 --seqlens 1024,16384 --no-deterministic \
-        --variants tile_m=128 regs=split dq_reduce=red,stats=thread,mma_order=dv_dk_dq,preprocess=torch \
+        --variants tile_m=128 grid_order=heads_outer dq_reduce=red,stats=thread,mma_order=dv_dk_dq,preprocess=torch \
         --out $OUT/v.json
 """
 
@@ -372,8 +371,8 @@ def main():
     ap.add_argument("--quick", action="store_true", help="2 points (hd128 1k, causal and not): a smoke run")
     ap.add_argument("--variants", nargs="*", default=None,
                     help="backward knob sets, each a row fa4kernel[KNOBS] beside the default fa4kernel row, "
-                         "e.g. tile_m=128 regs=split dq_reduce=red,stats=thread (default: none); a set that does "
-                         "not apply at a point's head dim is recorded as unsupported there")
+                         "e.g. tile_m=128 mma_order=dv_dk_dq dq_reduce=red,stats=thread (default: none); a set "
+                         "that does not apply at a point's head dim is recorded as unsupported there")
     ap.add_argument("--hdims", default="64,128,256", help="head dims, comma-separated (default 64,128,256)")
     ap.add_argument("--seqlens", default="1024,4096,16384", help="sequence lengths (default 1024,4096,16384)")
     ap.add_argument("--causal", default="both", choices=("both", "0", "1"), help="causal points (default both)")

@@ -109,7 +109,7 @@ BWD_FALLBACKS = [{"grid_order": "heads_outer"}, {"grid_order": "heads_outer", **
 _HO = {"grid_order": "heads_outer"}
 _THREE = [{"dq_reduce": r, "stats": s, "mma_order": m} for r, s, m in (
     ("bulk", "thread", "dv_dk_dq"), ("bulk", "thread", "dv_dq_dk"), ("bulk", "tma", "dv_dk_dq"),
-    ("bulk", "tma", "dv_dq_dk"), ("bulk", "tma", "dv_early"), ("red", "thread", "dv_dk_dq"))]
+    ("bulk", "tma", "dv_dq_dk"), ("red", "thread", "dv_dk_dq"))]
 _KV_SPLIT = [{"dq_reduce": r, "dq_smem": "own", "dq_sum": "cta"} for r in ("bulk", "red")]
 # (head dim, causal, make_bwd_config's knobs): each head dim's default build (causal: tail_lpt),
 # the variants measured, and the builds lessons/09_backward.py simulates (hd128 dq_reduce red,
