@@ -86,6 +86,17 @@ def recorded(kind: str | None = None, device: str | None = None, kernel: str | N
     return sorted(out, key=lambda r: (r["date"], r["path"]), reverse=True)
 
 
+def campaign_of(path: str | Path, default: str) -> str:
+    """'lab/campaigns/NAME/' of a result file inside a campaign folder, else of campaign `default`
+    (where such results go): what a profile parameter's source cites instead of a dated file
+    (fa4sim carries no dates, tests/test_layout.py; the campaign's README keeps the dated record)."""
+    try:
+        name = Path(path).resolve().relative_to(CAMPAIGNS).parts[0]
+    except (ValueError, IndexError):
+        name = default
+    return f"lab/campaigns/{name}/"
+
+
 def path_of(name: str) -> Path:
     """A recorded file or folder by its name (or folder/name), wherever its campaign keeps it; a
     path under lab/campaigns/unsorted/ (absent) when none does."""
