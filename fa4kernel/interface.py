@@ -179,10 +179,11 @@ def _compile_sm90_sass(cfg: KernelConfig, diag: Diagnostics, dump_dir: Optional[
 
 
 # Short causal launches take smaller tiles: the diagonal wastes more of a big tile. Measured
-# (H200, 16k tokens, one run, lab/campaigns/kernel-sm90-forward/tile_choice_h200_2026-11-22.json): hd64 tile_m
-# 128 instead of 192: 1k causal 334 vs 299 TFLOP/s, 2k 395 vs 420 (so <= 1k only; non-causal 1k
-# 413 vs 438). Again once idle warpgroups skip their work (H100, tile_choice_idle_h100_2026-11-22.json):
-# 1k causal 327 vs 312, 2k 397 vs 427. (hd256 took tile_n 64 here too; it is now its default.)
+# (H200, 16k tokens, one run of lab/tools/tile_choice_sm90.py): hd64 tile_m 128 instead of 192:
+# 1k causal 334 vs 299 TFLOP/s, 2k 395 vs 420 (so <= 1k only; non-causal 1k 413 vs 438). Again
+# once idle warpgroups skip their work (H100): 1k causal 327 vs 312, 2k 397 vs 427. (hd256 took
+# tile_n 64 here too; it is now its default.) The runs: lab/campaigns/kernel-sm90-forward/ (tile
+# choice); lab/findings/kernel-tiles-sm90.md.
 SHORT_CAUSAL_MAX_SEQLEN_Q = 1024
 SHORT_CAUSAL_TILES = {64: {"tile_m": 128, "tile_n": 128}}
 

@@ -13,7 +13,8 @@ short launch (1k tokens) has only ~16-24 tiles per SM, so the order matters twic
   tile streams its K/V from HBM again.
 Measured (H100, 50 MiB L2, 16 x 1k tokens, causal, one CTA per SM; TFLOP/s of hd 128 / 64 / 256):
 longest-first over all heads 286 / 274 / 277; sections of 48 MiB of K/V 417 / 289 / 377, of
-12.5 MiB 475 / 301 / 432, of 6 MiB 477 / 297 / 442 (lab/campaigns/kernel-sm90-forward/causal_h100_2026-11-22.json).
+12.5 MiB 475 / 301 / 432, of 6 MiB 477 / 297 / 442 (lab/tools/causal_sm90.py:
+lab/campaigns/kernel-sm90-forward/, lab/findings/kernel-tiles-sm90.md).
 
 The order here: (batch, head) pairs grouped into sections whose K + V take at most
 `section_bytes` (default a sixteenth of L2: the section's K/V stays resident beside the Q and O
@@ -34,20 +35,21 @@ from .block_info import kv_block_range
 
 # A tile's fixed cost in KV-block units: start-up, first block without overlap, epilogue.
 # Measured on H100 (hd128, one CTA walking tiles): ~1925 cycles beyond its blocks vs 2462 cycles
-# per KV block (lab/campaigns/tile-costs/tiles_h100_2026-11-22.json); only the ordering uses it.
+# per KV block (lab/campaigns/tile-costs/); only the ordering uses it.
 TILE_OVERHEAD_BLOCKS = 0.8
 # (consumer warpgroups, warpgroups with rows) -> a tile's cost relative to a full one. The idle
 # warpgroups skip their GEMMs and softmax, but a lone warpgroup has no ping-pong partner to hide
 # its softmax behind, so the saving is far from proportional. Measured on H100 (one CTA walking
-# 16 tiles of 32 KV blocks; lab/campaigns/kernel-sm90-forward/idle_wg_h100_2026-11-22.json): 1 of 3 live 0.59
+# 16 tiles of 32 KV blocks; lab/tools/idle_wg_sm90.py, lab/campaigns/kernel-sm90-forward/): 1 of 3 live 0.59
 # (hd64) / 0.61 (hd96), 2 of 3 0.85 / 0.79, 1 of 2 0.80 (hd128) / 0.71 (hd64); the means here.
 LIVE_WG_COST = {(3, 1): 0.60, (3, 2): 0.82, (2, 1): 0.75}
 # section_bytes = L2 size / 16, and the last section holds at least 2 waves of tiles. Measured
-# (H100, same-run A/B over the benchmark's scheduled launches, lab/campaigns/
-# ab_tile_table_h100_2026-11-22/): against the earlier L2 / 8 and 3 waves, hd256 1k causal +3.7 %,
-# hd128 1k causal +2.7 %, hd256 4k causal +0.7 %, the others within -0.7..+0.1 %; longer last
-# sections (5, 8 waves) lost 4-40 % (their heads' K/V no longer stay in L2). Without a merged last
-# section the tail is unbalanced (predicted 12 % at hd256 with 132 CTAs).
+# (H100, same-run A/B over the benchmark's scheduled launches: the tile-table A/B of
+# lab/campaigns/kernel-sm90-forward/, lab/findings/kernel-tiles-sm90.md): against the earlier
+# L2 / 8 and 3 waves, hd256 1k causal +3.7 %, hd128 1k causal +2.7 %, hd256 4k causal +0.7 %,
+# the others within -0.7..+0.1 %; longer last sections (5, 8 waves) lost 4-40 % (their heads'
+# K/V no longer stay in L2). Without a merged last section the tail is unbalanced (predicted 12 %
+# at hd256 with 132 CTAs).
 SECTION_FRACTION_OF_L2 = 16
 TAIL_WAVES = 2
 
@@ -84,7 +86,7 @@ def tile_order(num_m: int, num_hb: int, kv_bytes_per_head: int, section_bytes: i
     cost = cost or (lambda m: m + 1)
     # equal costs: one head's tiles together (the CTAs running at once then read the same K/V
     # blocks at about the same time: non-causal hd128 1k measured 620 vs 604 TFLOP/s with the
-    # rows of tiles spread over the section's heads instead; H100, 2026-11-22)
+    # rows of tiles spread over the section's heads instead; H100, lab/findings/kernel-tiles-sm90.md)
     return [m + num_m * hb for hbs in sections
             for m, hb in sorted(((m, hb) for hb in hbs for m in range(num_m)), key=lambda t: (-cost(t[0]), t[1], -t[0]))]
 

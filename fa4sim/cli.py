@@ -521,11 +521,12 @@ def build_parser() -> argparse.ArgumentParser:
                                     "settles its clock) against the model predicting the clock itself. Published "
                                     "figures (lab/campaigns/published-b200/published_b200.json): every B200 figure found in "
                                     "papers and pull requests, predicted as typed (--uncertainty: with each one's band).")
-    va.add_argument("results", nargs="+", help="benchmark results JSON (lab/campaigns/kernel-sm90-forward/sm90_fwd_*.json, or "
-                                               "ctas_*.json / knobs_loop_*.json: several of those add a scoreboard of "
-                                               "their per-SM knob deltas; tile_costs_*.json; idle_wg_*.json; "
-                                               "cta_log_2026-11-22/cta_log_*.json; sm90_bwd_*.json, "
-                                               "bwd_ctas_*.json; contention_*.json; bursts_*.json; sustained_*.json)")
+    va.add_argument("results", nargs="+", help="result files (.json or .json.gz) of a kind validate compares (meta.kind: "
+                                               "points, knob_points, loop_intervals (several of those add a scoreboard "
+                                               "of their per-SM knob deltas), tile_costs, idle_wgs, cta_log, sm90_bwd, "
+                                               "bwd_ctas, contention, bursts, sustained, published); the recorded ones "
+                                               "are listed in lab/results.json by kind, device and campaign "
+                                               "(python -m lab.tools.index)")
     va.add_argument("--hw", default=None, help="profile to predict with (default: from the file's device name: h100 or h200, "
                                                "the profiles our microbenchmarks calibrated, or b200)")
     va.add_argument("--plot", metavar="FILE.png", help="correlation plot: predicted vs measured with y = x (for "

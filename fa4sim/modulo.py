@@ -30,7 +30,7 @@ iteration).
 
 The search: II = the lower bound max(ResMII, RecMII of the kept edges) first, then larger IIs
 (doubling steps, then bisection), each a CP-SAT feasibility problem at a fixed II (linear, so
-fast to prove or refute), then the untried IIs below the best while time is left. The status is
+fast to prove or refute), then the IIs below the best not yet tried while time is left. The status is
 OPTIMAL when every smaller II is proven infeasible (or the bound is reached), else FEASIBLE;
 proofs hold for schedules of up to `q_max` + 1 stages (the stages an as-soon-as-possible
 schedule at twice the bound spans, plus 3).

@@ -22,13 +22,14 @@ Figures:
 Every figure has a legend and axis labels with units. A figure of a build that reads clock64
 says so on the figure: the trace build's stamps slow it (by how much, from the run's own
 plain-vs-trace timing), the clock-probe build reads the clock only at a CTA's start and end.
-Measurements come only from lab/campaigns/ (sm90_fwd_*.json, sustained_settled_*.json, knobs_loop_*.json,
-tile_costs_*.json, timeline_*/); nothing is invented.
+Measurements come only from lab/campaigns/, found through the lab's index lab/results.json (by
+meta.kind: points, sustained, loop_intervals, tile_costs, timeline; `python -m lab.tools.index`
+lists them); nothing is invented.
 """
 from __future__ import annotations
 
 import argparse
-import glob
+import gzip
 import json
 import os
 import sys
@@ -50,7 +51,12 @@ from fa4sim.rescale import rescale_rate  # noqa: E402
 
 FIG = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(FIG)
-RESULTS = os.environ.get("FA4LAB_RESULTS") or os.path.join(ROOT, "lab", "campaigns")
+sys.path.insert(0, ROOT)
+from lab.tools import index as lab_index  # noqa: E402  (the lab's index of recorded results)
+
+# FA4LAB_INDEX: another checkout's lab/results.json (its rows' paths are read from that checkout)
+INDEX = os.environ.get("FA4LAB_INDEX")
+INDEX_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(INDEX))) if INDEX else ROOT
 README_CMD = ["run", "--hw", "b200", "--schedule", "fa4", "--hdim", "128", "--seqlen", "32768", "--batch", "1",
               "--heads", "16", "--gantt"]
 
@@ -59,22 +65,36 @@ def out(name: str) -> str:
     return os.path.join(FIG, name)
 
 
-def sm90_for(device: str):
-    """(doc, 'device, date') of the newest recorded SM90 benchmark on a device ("H100", "H200";
-    "" for any), or (None, None)."""
-    docs = []
-    for path in glob.glob(os.path.join(RESULTS, "*", "sm90_fwd_*.json")):
+def recorded(kind: str, where=None, **keys) -> list:
+    """(path, doc) of every recorded result file of that kind in the lab's index (keys: device,
+    kernel, campaign; lab.tools.index.recorded), sorted by path; with `where`, the files whose
+    loaded document where(doc) accepts (one lacking a field it asks for is left out)."""
+    out = []
+    for row in lab_index.recorded(kind=kind, index=INDEX, **keys):
+        path = os.path.join(INDEX_ROOT, row["path"])
         try:
-            with open(path) as fh:
+            with (gzip.open(path, "rt") if path.endswith(".gz") else open(path)) as fh:
                 doc = json.load(fh)
         except (OSError, ValueError):
             continue
-        meta = doc.get("meta", {})
-        if device in str(meta.get("device", "")):
-            docs.append((str(meta.get("date", "")), path, doc))
+        try:
+            if where is not None and not where(doc):
+                continue
+        except (KeyError, IndexError, TypeError):
+            continue
+        out.append((path, doc))
+    return sorted(out, key=lambda pd: pd[0])
+
+
+def sm90_for(device: str):
+    """(doc, 'device, date') of the newest recorded SM90 benchmark (lab/tools/bench_fwd_sm90.py,
+    kind "points") on a device ("H100", "H200"; "" for any), or (None, None)."""
+    docs = [(str(doc.get("meta", {}).get("date", "")), path, doc)
+            for path, doc in recorded("points", campaign="kernel-sm90-forward")
+            if device in str(doc.get("meta", {}).get("device", ""))]
     if not docs:
         return None, None
-    _, _, doc = max(docs)
+    _, _, doc = max(docs, key=lambda d: d[:2])
     meta = doc["meta"]
     return doc, f"{meta.get('device', '?')}, {str(meta.get('date', '?'))[:10]}"
 
@@ -293,12 +313,13 @@ def fig_rescale():
     return "rescale_rate_vs_tau.png"
 
 
-def newest_per_gpu(pattern: str) -> dict:
-    """{'h100' / 'h200' (or the file's name): its newest recorded results file matching pattern}."""
+def newest_per_gpu(kind: str, where=None, **keys) -> dict:
+    """{'h100' / 'h200' (or the file's name): its newest recorded results file of that kind (and
+    keys, where: as recorded())}."""
     from fa4sim import validate
 
     newest = {}
-    for path in glob.glob(os.path.join(RESULTS, "*", pattern)):
+    for path, _ in recorded(kind, where, **keys):
         doc = validate.load(path)
         device = doc["meta"].get("device", "")
         tag = "h200" if "H200" in device else "h100" if "H100" in device else os.path.basename(path)[:-5]
@@ -311,7 +332,8 @@ def fig_validation():
     """Predicted vs measured for every recorded SM90 benchmark (fa4sim validate --plot)."""
     from fa4sim import validate
 
-    newest = newest_per_gpu("sm90_fwd_*.json")  # one figure per device: its newest recorded benchmark
+    # one figure per device: its newest recorded benchmark (lab/tools/bench_fwd_sm90.py)
+    newest = newest_per_gpu("points", campaign="kernel-sm90-forward")
     for tag, doc in sorted(newest.items()):
         validate.plot(validate.compare(doc), out(f"validation_{tag}.png"))
     return ", ".join(f"validation_{t}.png" for t in sorted(newest)) or "(no recorded benchmark: no validation figure)"
@@ -322,7 +344,7 @@ def fig_sustained():
     FILE --plot): TFLOP/s, and the predicted clock against the clock-probe build's."""
     from fa4sim import validate
 
-    newest = newest_per_gpu("sustained_settled_*.json")
+    newest = newest_per_gpu("sustained", where=settled_grid)
     for tag, doc in sorted(newest.items()):
         validate.plot(validate.compare(doc), out(f"sustained_{tag}.png"))
         add_caption(out(f"sustained_{tag}.png"), "Measured: lab/tools/sustained_sm90.py, each kernel back to back "
@@ -332,13 +354,18 @@ def fig_sustained():
     return ", ".join(f"sustained_{t}.png" for t in sorted(newest)) or "(no settled run: no sustained figure)"
 
 
-# (pattern, head dims taken from it): hd128 and hd64 measured with tau's rescale before the PV
-# GEMM; hd256's loop compiles the same in the files with the rescale after the PV wait
-CURRENT_KNOB_LOOPS = (("knobs_loop_h[12]00_2026-11-22_tau_before_pv.json", None),
-                      ("knobs_loop_causal_h[12]00_2026-11-22_tau_before_pv.json", None),
-                      ("knobs_loop_hd64_causal_h[12]00_2026-11-22.json", None),
-                      ("knobs_loop_hd64_h[12]00_2026-11-22.json", None),
-                      ("knobs_loop_hd64_256*_2026-11-22.json", {256}))
+def settled_grid(doc) -> bool:
+    """lab/tools/sustained_sm90.py's default run (its grid and new points), settled: each kernel
+    2.5 s back to back before it is timed."""
+    return ({p["group"] for p in doc["points"]} <= {"grid", "new"}
+            and doc["meta"]["settings"]["warm_s"] >= 2.5)
+
+
+# The one-CTA knob loops (lab/tools/ctas_sm90.py, kind "loop_intervals", lab/campaigns/one-sm-loop/)
+# of the builds whose loop is the kernel's today, as (the build's commit, head dims taken from its
+# files): hd128 and hd64 measured with tau's rescale before the PV GEMM; hd256's loop compiles the
+# same in the build before it (the rescale after the PV wait)
+CURRENT_KNOB_LOOPS = (("162f99a", None), ("cacc3d6", {256}))
 
 
 def fig_knob_deltas_per_sm():
@@ -361,8 +388,8 @@ def current_knob_loops() -> list:
     from fa4sim import validate
 
     results = []
-    for pat, hdims in CURRENT_KNOB_LOOPS:
-        for path in sorted(glob.glob(os.path.join(RESULTS, "*", pat))):
+    for kernel, hdims in CURRENT_KNOB_LOOPS:
+        for path, _ in recorded("loop_intervals", campaign="one-sm-loop", kernel=kernel):
             r = validate.compare(validate.load(path))
             if hdims is not None:
                 r["knob_deltas"] = [d for d in r["knob_deltas"] if d["hdim"] in hdims]
@@ -372,13 +399,14 @@ def current_knob_loops() -> list:
 
 def fig_tile_costs():
     """The model's error on whole tiles of one persistent CTA, by blocks per tile and knob
-    variant (fa4sim validate tile_costs_knobs_h100_*.json --plot)."""
+    variant (fa4sim validate FILE --plot, FILE the newest H100 run of lab/tools/ctas_sm90.py
+    --only-tiles with knob variants)."""
     from fa4sim import validate
 
-    paths = sorted(glob.glob(os.path.join(RESULTS, "*", "tile_costs_knobs_h100_*.json")))
-    if not paths:
+    runs = newest_per_gpu("tile_costs", where=lambda d: any(t.get("knobs") for t in d["tile_costs"]), device="h100")
+    if "h100" not in runs:
         return "(no recorded tile costs by knob: no tile-cost figure)"
-    validate.plot(validate.compare(validate.load(paths[-1])), out("tile_costs_h100.png"))
+    validate.plot(validate.compare(runs["h100"]), out("tile_costs_h100.png"))
     add_caption(out("tile_costs_h100.png"), PROBE_CAPTION.replace("one CTA", "one persistent CTA") +
                 " A tile's cycles: the difference of walks over 9 tiles and over 1, divided by 8.")
     return "tile_costs_h100.png"
@@ -393,11 +421,10 @@ def fig_timeline_overlays():
     from fa4sim import timeline
 
     names = []
-    for path in sorted(glob.glob(os.path.join(RESULTS, "*", "timeline_*", "timeline_*.json*"))):  # .json or .json.gz
-        if "_walk" in os.path.basename(path):
-            # one CTA walking every tile (timeline_sm90.py --max-ctas 1): tile-boundary stamps,
-            # read in lesson 07 and lab/findings/tile-turnover.md; no launch to simulate beside it
-            continue
+    # the first CTA of a whole launch; not a walk of one CTA over every tile (timeline_sm90.py
+    # --max-ctas 1: a grid of 1, tile-boundary stamps read in lesson 07 and
+    # lab/findings/tile-turnover.md, no launch to simulate beside it) nor a later CTA's tiles
+    for path, _ in recorded("timeline", where=lambda d: d["meta"]["cta"] == 0 and d["meta"]["trace_header"]["grid"] > 1):
         doc = timeline.load_stamps(path)
         meta = doc.get("meta", {})
         label = meta.get("label") or os.path.basename(path).split(".")[0][len("timeline_"):]
@@ -461,7 +488,7 @@ def draw_overlay(res, measured, meta: dict, source: str, path: str, iterations: 
     fig.text(0.01, 0.01, "The measured panel is a trace build: clock64 stamps around every op, one thread per "
              f"role. The stamps cost issue slots, so it runs slower than the plain kernel: {cost}; "
              "six stamps per warpgroup and KV block alone slow the hd128 loop by 20 % (2953 against 2462 cycles, "
-             "light_traces_h100_2026-11-22.json). Read it for the order of ops and tile boundaries, "
+             "lab/campaigns/tile-costs/, the light traces). Read it for the order of ops and tile boundaries, "
              "not for cycles inside the loop.", fontsize=8, wrap=True, va="bottom")
     fig.tight_layout(rect=(0, 0.08, 1, 0.95))
     fig.savefig(path, dpi=120)

@@ -161,9 +161,10 @@ for d in (64, 128, 256):
 # ## 3. Are the rates right? Recorded microbenchmarks
 #
 # The rates above come from vendor documents and papers. Our own Hopper microbenchmarks
-# (`lab/tools/calibrate/`) record what the chip actually does in
-# `lab/campaigns/unit-calibration/calibrate_*.json`. When they exist, this cell puts each
-# measured per-clock rate beside the datasheet value and recomputes the H100 tile costs with it.
+# (`lab/tools/calibrate/run_all.py`) record what the chip actually does (campaign
+# `lab/campaigns/unit-calibration/`, kind "calibration" in `lab/results.json`). When they exist,
+# this cell puts each measured per-clock rate beside the datasheet value and recomputes the H100
+# tile costs with it.
 
 # %%
 WANTED = {  # the rate, where the calibration file keeps it, the datasheet profile's parameter
@@ -173,9 +174,10 @@ WANTED = {  # the rate, where the calibration file keeps it, the datasheet profi
     "shared memory B per clk": ("smem.bytes_per_clk", "smem_bytes_per_clk"),
     "wgmma FLOP per clk (best)": ("flops_per_clk", "tensor_flops_per_clk"),
 }
-calib = kit.recorded("calibrate_*.json")
+# run_all.py's full runs: the pipes, shared memory, sync, TMA and wgmma benchmarks
+calib = kit.recorded(kind="calibration", campaign="unit-calibration", where=lambda d: "pipes" in d["benchmarks"])
 if not calib:
-    print("No calibration measurement is recorded yet (lab/campaigns/unit-calibration/calibrate_*.json): "
+    print("No calibration measurement is recorded yet (lab/campaigns/unit-calibration/): "
           "nothing to compare; the rates above are datasheet values.")
 for path, doc in calib:
     device, date = kit.describe(doc)

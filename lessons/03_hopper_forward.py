@@ -264,7 +264,8 @@ kit.check(biggest == max(gains, key=gains.get), "undo each mechanism and see whi
 #
 # With a GPU (`LIVE`), the next cell runs `fa4kernel.attention` for each variant (the first call
 # of each variant compiles it, which takes a while). Without one, it reads the newest recorded
-# benchmark, `lab/campaigns/kernel-sm90-forward/sm90_fwd_*.json`.
+# benchmark (`lab/tools/bench_fwd_sm90.py`, kind "points" in `lab/results.json`,
+# campaign `lab/campaigns/kernel-sm90-forward/`).
 
 # %%
 measured, source, device = {}, None, None
@@ -292,7 +293,7 @@ if LIVE:
                 except Exception as e:
                     print(f"{label}: the kernel failed: {repr(e)[:300]}")
 else:
-    runs = kit.recorded("sm90_fwd_*.json")
+    runs = kit.recorded(kind="points", campaign="kernel-sm90-forward")
     if runs:
         path, doc = runs[0]
         device, date = kit.describe(doc)
@@ -301,7 +302,7 @@ else:
             if label in VARIANTS:
                 measured[label] = point["results"]["fa4kernel"]["tflops"]
     else:
-        print("No measurement is recorded yet (no lab/campaigns/kernel-sm90-forward/sm90_fwd_*.json), and no GPU here: "
+        print("No measurement is recorded yet (no bench_fwd_sm90.py run in lab/campaigns/kernel-sm90-forward/), and no GPU here: "
               "the comparison below is skipped. Predictions only.")
 if measured:
     print(source, {k: round(v) for k, v in measured.items()})
@@ -365,7 +366,7 @@ for seq in (1024, 4096, 16384):
 print("model, hd128 causal, fa4kernel / flash-attn-4:", {s: round(x, 2) for s, x in lead.items()})
 kit.check(longest_lead_at == max(lead, key=lead.get), f"the model says {max(lead, key=lead.get)}")
 
-runs = kit.recorded("sm90_fwd_*.json")
+runs = kit.recorded(kind="points", campaign="kernel-sm90-forward")
 if runs:
     path, doc = runs[0]
     rec_device, rec_date = kit.describe(doc)
@@ -382,7 +383,7 @@ if runs:
               f"{res['fa4kernel']['tflops'] / res['flash-attn-4']['tflops']:36.2f} "
               f"{r['fa4kernel'].tflops / r['flash-attn-4'].tflops:10.2f}")
 else:
-    print("No recorded benchmark (lab/campaigns/kernel-sm90-forward/sm90_fwd_*.json): predictions only.")
+    print("No recorded benchmark (lab/campaigns/kernel-sm90-forward/): predictions only.")
 
 # %% [markdown]
 # At 1k tokens a tile has only 8 KV blocks, and what a tile costs beyond them is a large share of
@@ -425,7 +426,7 @@ if pairs:
     print(f"{path.name}: {len(pairs)} points; measured/predicted from {ratios[0]:.2f} to {ratios[-1]:.2f}")
     print(f"the same from the command line: fa4sim validate {os.path.relpath(path, kit.repo_root())} --plot validate.png")
 else:
-    print("No recorded grid measurement (lab/campaigns/kernel-sm90-forward/sm90_fwd_*.json) to compare against.")
+    print("No recorded grid measurement (lab/campaigns/kernel-sm90-forward/) to compare against.")
 
 # %% [markdown]
 # ### Exercise 3.4: what clock would explain the gap?

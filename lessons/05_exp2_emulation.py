@@ -205,7 +205,7 @@ if LIVE:
         except Exception as e:
             print("live run failed:", repr(e)[:300])
 else:
-    runs = kit.recorded("sm90_fwd_*.json")
+    runs = kit.recorded(kind="points", campaign="kernel-sm90-forward")
     if runs:
         path, doc = runs[0]
         device, date = kit.describe(doc)
@@ -224,7 +224,7 @@ if measured:
         meas = f"{measured[label]:.0f}" if label in measured else "(none)"
         print(f"  {label:20s} predicted {pred:5.0f}   measured {meas:>6s}")
 else:
-    print("No measurement is recorded yet (no lab/campaigns/kernel-sm90-forward/sm90_fwd_*.json) and no GPU here: "
+    print("No measurement is recorded yet (no bench_fwd_sm90.py run in lab/campaigns/kernel-sm90-forward/) and no GPU here: "
           "the predicted-vs-measured comparison is skipped.")
 
 # %% [markdown]
@@ -242,7 +242,9 @@ else:
 
 # %%
 bursts = {}
-for path, doc in kit.recorded("bursts_pair_emu_*_2026-11-22.json"):
+# the newest bench_bursts.py run of the mix with 0, 4 and 8 of its exp2s emulated
+for path, doc in kit.recorded(kind="bursts", where=lambda d: {"mix_alone_F1", "mix_emu12_alone_F1", "mix_emu25_alone_F1"}
+                              <= set(d["benchmarks"]["bursts"])):
     b = doc["benchmarks"]["bursts"]
     bursts = {code: (b[f"{code}_alone_F1"]["cycles_per_block"], b[f"{code}_F1_b1_gap0"]["cycles_per_block"])
               for code in ("mix", "mix_emu12", "mix_emu25")}

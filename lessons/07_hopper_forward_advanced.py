@@ -69,8 +69,16 @@ if slows_it is None:
     slows_it = False  # 128-long bursts cost the tensor core almost nothing; 512-long ones do
 
 # %%
-# the in-place FMUL bursts, all codes in one kernel (bursts_h*) and one kernel per code (bursts_per_code_*)
-bursts = kit.recorded("bursts_h*_2026-11-22.json") + kit.recorded("bursts_per_code_*_2026-11-22.json")
+# the in-place FMUL bursts (lab/tools/calibrate/bench_bursts.py, kind "bursts"): the run of four codes
+# (FMUL, FFMA, integer, the softmax mix), then the run that adds FMNMX and F2FP, one kernel per code
+def codes(doc):
+    """The codes a bench_bursts.py run timed (each has its '<code>_alone_F<n>' entry)."""
+    return {k.split("_alone_")[0] for k in doc["benchmarks"]["bursts"] if "_alone_" in k}
+
+
+PER_CODE = {"fmul", "ffma", "fmnmx", "f2fp", "mix", "int"}
+bursts = (kit.recorded(kind="bursts", where=lambda d: codes(d) == {"fmul", "ffma", "int", "mix"})
+          + kit.recorded(kind="bursts", where=lambda d: PER_CODE <= codes(d)))
 for path, doc in bursts:
     b = doc["benchmarks"]["bursts"]
     for key in ("fmul_F2_b1_gap0", "fmul_F2_b4_gap1000"):
@@ -80,7 +88,7 @@ for path, doc in bursts:
               f"per scheduler (alone: {b['fmul_alone_F2']['stream_rate_per_smsp']:.3f})")
     kit.check(slows_it == (b["fmul_F2_b1_gap0"]["wgmma_slowdown"] > 1.05), "read the 128-FMUL row above")
 if not bursts:
-    print("No recorded bench_bursts results (lab/campaigns/issue-rate/bursts_*.json): nothing to compare against.")
+    print("No recorded bench_bursts results (lab/campaigns/issue-rate/): nothing to compare against.")
 
 # What the model takes from it: the rescale's issue rate beside a GEMM (dense_issue_under_mma);
 # with the softmax mix's rate instead (issue_under_mma), the hd256 loop gets longer.
@@ -97,7 +105,7 @@ for label, over in (("measured burst rate", {}), ("the mix's rate", {"dense_issu
 # cap, would barely slow) or a slowdown of everything?
 
 # %%
-for path, doc in kit.recorded("bursts_per_code_*_2026-11-22.json"):
+for path, doc in kit.recorded(kind="bursts", where=lambda d: PER_CODE <= codes(d)):
     b = doc["benchmarks"]["bursts"]
     print(doc["meta"]["device"])
     for code in ("fmul", "ffma", "fmnmx", "f2fp", "mix", "int"):
@@ -131,7 +139,13 @@ if forced_exp2s is None:
     forced_exp2s = "slower"  # a warpgroup's exp2s beside its own in-flight wgmma cost more
 
 # %%
-pins = kit.recorded("pv_wait_pin_h100_2026-11-22/pin_rs_ss_pingpong_h100.json")
+def variants(doc, hdim=128, causal=False):
+    """The build variants a ctas_sm90.py file (kind "loop_intervals") timed at that head dim."""
+    return {p["variant"] for p in doc["points"] if p["hdim"] == hdim and bool(p["causal"]) == causal}
+
+
+# the builds pinned with the exp2s before the PV wait (lab/campaigns/kernel-sm90-forward/)
+pins = kit.recorded(kind="loop_intervals", where=lambda d: "default+exp_before_pv_wait" in variants(d))
 PROBE = Problem(1, 1, 128, 16384, 128, False)  # one CTA, one Q tile, 128 KV blocks
 if pins:
     path, doc = pins[0]
@@ -147,7 +161,7 @@ if pins:
     got = "slower" if cyc["default+exp_before_pv_wait"] > cyc["default"] else "faster"
     kit.check(forced_exp2s == got, f"measured, the forced order is {got}")
 else:
-    print("No recorded pinned builds (lab/campaigns/kernel-sm90-forward/pv_wait_pin_h100_2026-11-22/): nothing to compare against.")
+    print("No recorded pinned builds (lab/campaigns/kernel-sm90-forward/): nothing to compare against.")
 
 # %% [markdown]
 # Slower, by about 200 cycles per block with ping-pong, less without it: running a warpgroup's
@@ -173,7 +187,8 @@ branch_minus_fmuls = None  # <- cycles per KV block
 
 # %%
 rows = {}
-for path, doc in kit.recorded("rescale_branch_h100_2026-11-22/ablate_by_knob.json")[:1]:
+ABLATED = {"default", "default ablate=rescale", "rescale_threshold=8", "rescale_threshold=8 ablate=rescale"}
+for path, doc in kit.recorded(kind="loop_intervals", where=lambda d: ABLATED <= variants(d))[:1]:
     rows = {p["variant"]: p["cycles_per_kv_block"] for p in doc["points"]}
     print(f"recorded in {path.name} ({kit.describe(doc)[0]}), cycles per KV block:")
     for v in ("default", "default ablate=rescale", "rescale_threshold=8", "rescale_threshold=8 ablate=rescale"):
@@ -207,7 +222,8 @@ for before in (False, True):
     t = simulate(one_sm, "fa3", PROBE, {"persistent": True, "rescale_threshold": 8.0, "rescale_before_pv": before}).interval
     print(f"model: tau 8 with the rescale {'before the PV GEMM' if before else 'after the PV wait '}: "
           f"{base / t - 1:+.1%} throughput per KV block")
-for path, doc in kit.recorded("rescale_branch_h100_2026-11-22/rescale_before_pv.json")[:1]:
+for path, doc in kit.recorded(kind="loop_intervals",
+                              where=lambda d: "rescale_threshold=8+rescale_before_pv=True" in variants(d))[:1]:
     after = {p["variant"]: p["cycles_per_kv_block"] for p in doc["points"]}
     if rows and "rescale_threshold=8+rescale_before_pv=True" in after:
         print(f"measured ({kit.describe(doc)[0]}): after the PV wait {rows['default'] / rows['rescale_threshold=8'] - 1:+.1%}, "
@@ -257,13 +273,16 @@ if hidden_in_model is None:
 kit.check(abs(hidden_in_model - (intra_trip(2, 3, False) + intra_trip(2, 0, True) - intra_trip(2, 3, True))) < 1,
           "replay the mix alone, the GEMMs alone and both, with two warpgroups")
 print(f"model: two warpgroups hide {hidden_in_model:.0f} of the GEMMs' 1024 cycles per trip at nb = 3")
-for path, doc in kit.recorded("contention_h100_2026-11-22.json"):
+# bench_contention.py's full run on an H100 (its roles kernels and the intra kernel)
+for path, doc in kit.recorded(kind="contention", gpu="h100", where=lambda d: "roles_rs" in d["benchmarks"]["contention"]):
     m = doc["benchmarks"]["contention"]["intra_rs"]
     for wg, gemm in (("WG1", 512), ("WG2", 1024)):
         hid = m[wg]["mma0_nb3"]["cycles_per_trip"] + m[wg]["mma1_nb0"]["cycles_per_trip"] - m[wg]["mma1_nb3"]["cycles_per_trip"]
         print(f"measured ({kit.describe(doc)[0]}), {wg[-1]} warpgroup(s): the trip hides {hid:.0f} of the GEMMs' "
               f"{gemm} cycles")
-traced = kit.recorded("contention_intra_trace_h100_2026-11-28.json")
+# the intra kernel's run on an H100 with each trip stamped
+traced = kit.recorded(kind="contention", gpu="h100",
+                      where=lambda d: d["benchmarks"]["contention"]["intra_rs"]["WG2"]["mma1_nb3"]["trace"])
 for path, doc in traced:
     tr = doc["benchmarks"]["contention"]["intra_rs"]["WG2"]["mma1_nb3"]["trace"]
     trip = tr[5]  # one trip, warp 0 of each warpgroup: [start, HGMMAs issued, mix done, wait returned]
@@ -272,7 +291,7 @@ for path, doc in traced:
         print(f"  traced trip, {name}: starts at {s0}, its 8 HGMMAs take {issued - s0} cycles to issue, "
               f"its mix {mixed - issued}, its wait {done - mixed}")
 if not traced:
-    print("No traced intra run recorded (contention_intra_trace_*.json): the per-trip view is skipped.")
+    print("No traced intra run recorded (lab/campaigns/issue-rate/): the per-trip view is skipped.")
 
 # %% [markdown]
 # The model hides about half of the 1024 cycles; the two warpgroups on the H100 hide about a
@@ -321,7 +340,7 @@ def walk(rows):
 
 model_share = walk(64) / walk(192)
 print(f"model: a tile with 1 of 3 warpgroups live costs {model_share:.2f} of a full tile")
-for path, doc in kit.recorded("idle_wg_*.json")[:1]:
+for path, doc in kit.recorded(kind="idle_wgs")[:1]:
     case = next(c for c in doc["cases"] if c["head_dim"] == 64 and c["tile_m"] == 192)
     print(f"measured ({path.name}, {doc['meta']['device']}): {case['ratio_to_full']['1']:.2f}")
 kit.check(abs(my_guess - model_share) < 0.1,
@@ -380,7 +399,8 @@ kit.check(my_answer == max(saved, key=saved.get), f"the model says {max(saved, k
 # %%
 on, off = per_tile(2, pingpong=True), per_tile(2, pingpong=False)
 print(f"model: 2-block tile {on:5.0f} cycles with ping-pong, {off:5.0f} without ({on - off:+4.0f})")
-for path, doc in kit.recorded("tile_costs_knobs_*.json")[:1]:
+# the newest tile-cost run with knob variants (lab/tools/ctas_sm90.py --only-tiles)
+for path, doc in kit.recorded(kind="tile_costs", where=lambda d: any(t.get("knobs") for t in d["tile_costs"]))[:1]:
     meas = {tuple(sorted((t.get("knobs") or {}).items())): t["cycles_per_tile"] for t in doc["tile_costs"]
             if t["hdim"] == 128 and t["kv_blocks"] == 2}
     m_on, m_off = meas.get(()), meas.get((("pingpong", False),))
@@ -410,7 +430,9 @@ if first_at_tile_start is None:
     first_at_tile_start = "wg1"  # warpgroup 0 is still issuing the previous tile's O store
 
 # %%
-walks = kit.recorded("timeline_h100_2026-11-22/timeline_hd128_walk_2blocks.json.gz")
+# the stamped walk: one CTA over every tile of hd128, 256 tokens (2 KV blocks per tile), default knobs
+walks = kit.recorded(kind="timeline", where=lambda d: (d["meta"]["problem"]["hdim"], d["meta"]["problem"]["seqlen_k"])
+                     == (128, 256) and not d["meta"]["knobs_given"])
 if walks:
     path, walk_doc = walks[0]
     firsts = []
@@ -479,14 +501,14 @@ def first_wave_extra(point):
                              if first[r[1]] == r[0] and r[6] in later)
 
 
-logs = kit.recorded("cta_log_2026-11-22/cta_log_*.json")
+logs = kit.recorded(kind="cta_log")
 for path, doc in logs:
     for p in doc["points"]:
         if (p["head_dim"], p["seqlen"], p["causal"], p["persistent"]) == (256, 1024, True, False):
             print(f"measured, {doc['meta']['device']} ({path.name}): the first CTA on an SM takes "
                   f"{first_wave_extra(p):.0f} cycles longer than the same tile later")
 if not logs:
-    print("No recorded CTA log (lab/campaigns/launch-jitter/cta_log_*/): nothing to compare against.")
+    print("No recorded CTA log (lab/campaigns/launch-jitter/): nothing to compare against.")
 
 # %% [markdown]
 # The model gets the direction and the size (about 10 200 cycles on the H100 and 7 300 on the
@@ -511,7 +533,7 @@ later_by_percent = None  # <- your guess: 0 if the slowest CTA ends at the slowe
 from fa4sim.validate.launches import replay_persistent
 
 measured_later = {}
-for path, doc in kit.recorded("cta_log_2026-11-22/cta_log_tiles_*.json"):
+for path, doc in kit.recorded(kind="cta_log", where=lambda d: any("tile_logs" in p for p in d["points"])):
     for p in doc["points"]:
         if "tile_logs" in p and (p["head_dim"], p["seqlen"], p["causal"]) == (256, 1024, True):
             load, end = replay_persistent(p)  # cycles: slowest replayed load, measured slowest CTA
@@ -520,7 +542,7 @@ for path, doc in kit.recorded("cta_log_2026-11-22/cta_log_tiles_*.json"):
             print(f"measured, {device} ({kit.describe(doc)[1][:10]}): slowest load {load:.0f} cycles, "
                   f"slowest CTA {end:.0f} ({measured_later[device]:+.1f} %)")
 if not measured_later:
-    print("No recorded tile log (lab/campaigns/launch-jitter/cta_log_2026-11-22/cta_log_tiles_*.json): nothing to compare against.")
+    print("No recorded tile log (lab/campaigns/launch-jitter/): nothing to compare against.")
 
 # %%
 # SOLUTION (try the exercise first).
@@ -565,10 +587,14 @@ for prof in ("h100", "h200"):
 # - **Stamps** (trace builds, the tile log, the CTA log): the order of events and the tile
 #   boundaries, at a cost to the loop they stamp.
 #
-# The clock each point of the recorded benchmark ran at:
+# The clock each point of the newest recorded benchmark of each device ran at:
 
 # %%
-for path, doc in kit.recorded("sm90_fwd_*.json"):
+devices = set()
+for path, doc in kit.recorded(kind="points", campaign="kernel-sm90-forward"):
+    if kit.describe(doc)[0] in devices:
+        continue  # the newest benchmark of each device only
+    devices.add(kit.describe(doc)[0])
     clocks = sorted(c for c in kit.find_keys(doc, "clock_ghz_in_kernel").values())
     if clocks:
         print(f"{path.name} ({kit.describe(doc)[0]}): {len(clocks)} points, in-kernel clock "

@@ -87,7 +87,10 @@ for hd in (64, 256):
 # at the file's shape first:
 
 # %%
-(path, doc), = kit.recorded("sustained_settled_h100_*.json")[:1]
+# the newest settled run on an H100 (lab/tools/sustained_sm90.py, kind "sustained") with the two
+# points below and the clock probe's in-kernel clock
+(path, doc), = kit.recorded(kind="sustained", gpu="h100", where=lambda d: {"hd64-4k-b4-h32", "hd256-4k-b4-h8"}
+                            <= {p["name"] for p in d["points"] if "clock_ghz_in_kernel" in p})[:1]
 print(path.name, "|", *kit.describe(doc), "| kind:", doc["meta"]["kind"])
 point = doc["points"][0]
 print("a point:", {k: v for k, v in point.items() if k not in ("results", "fa4kernel_config", "order")})
@@ -145,7 +148,13 @@ print("LIVE:", LIVE, "(the command above takes a few minutes; run it in a termin
 # warpgroups (MUFU, FMA and ALU work).
 
 # %%
-(ppath, pdoc), = kit.recorded("power_h100_*.json")[:1]
+def load_names(doc):
+    return {load["name"] for load in doc["loads"]}
+
+
+# the unit loads on an H100 (lab/tools/calibrate/bench_power.py, kind "power")
+UNIT_LOADS = {"sleep", "tensor256", "tensor256+mix1", "tensor256+mix2", "mix"}
+(ppath, pdoc), = kit.recorded(kind="power", gpu="h100", where=lambda d: UNIT_LOADS <= load_names(d))[:1]
 print(ppath.name, "|", *kit.describe(pdoc))
 loads = {l["name"]: l for l in pdoc["loads"]}
 for name in ("sleep", "tensor256", "tensor256+mix1", "tensor256+mix2", "mix"):
@@ -168,7 +177,9 @@ for name in ("sleep", "tensor256", "tensor256+mix1", "tensor256+mix2", "mix"):
 # Compare the 50 % loads with the 90 % ones at equal clock.
 
 # %%
-(bpath, bdoc), = kit.recorded("power_bursts_h100_2026-11-27.json")
+# the first H100 run with the 90 % duty loads (a second, the same card two minutes later, agrees
+# within about 2 % in power)
+(bpath, bdoc) = kit.recorded(kind="power", gpu="h100", where=lambda d: "tensor256_d90_b1" in load_names(d))[-1]
 print(bpath.name, "|", *kit.describe(bdoc))
 for l in bdoc["loads"]:
     if l["name"].startswith("tensor256_d"):
@@ -188,7 +199,8 @@ for l in bdoc["loads"]:
 # %%
 from fa4sim import power
 
-(rpath, rdoc), = kit.recorded("power_ring_h100_2026-11-28.json")
+# the first H100 run of the TMA ring beside the tensor core (a second followed on the same card)
+(rpath, rdoc) = kit.recorded(kind="power", gpu="h100", where=lambda d: "tensor256+mix1+hbm_g500" in load_names(d))[-1]
 print(rpath.name, "|", *kit.describe(rdoc))
 h100_hw = hardware.load("h100")
 for l in rdoc["loads"]:

@@ -293,10 +293,10 @@ STEPS = {  # step: (before, after), columns timed side by side
     "mma_order": ("fa4kernel[dq_reduce=bulk,stats=tma]", "fa4kernel[dq_reduce=bulk,stats=tma,mma_order=dv_dq_dk]"),
     "preprocess": ("fa4kernel[dq_reduce=bulk,stats=tma,mma_order=dv_early]",
                    "fa4kernel[dq_reduce=bulk,stats=tma,mma_order=dv_early,preprocess=kernel]")}
-ladder = next((pd for pd in kit.recorded("sm90_bwd_*.json")
+ladder = next((pd for pd in kit.recorded(kind="sm90_bwd")
                if all(c in pd[1]["points"][0]["results"] for pair in STEPS.values() for c in pair)), None)
 if ladder is None:
-    print("No recorded run with every step (lab/campaigns/kernel-sm90-backward/sm90_bwd_*.json): the ladder is skipped.")
+    print("No recorded run with every step (lab/campaigns/kernel-sm90-backward/): the ladder is skipped.")
 else:
     path, doc = ladder
     print(f"{path.name} ({', '.join(kit.describe(doc))}): baseline in TFLOP/s, then each step's gain")
@@ -339,7 +339,7 @@ else:
 GRID, short = {}, {}  # GPU -> the newest grid run: ours, ours deterministic, FA4, cuDNN (and the pair)
 PAIR = "fa4kernel[dq_smem=qdo,dq_sum=pair]"  # hd256's default: the CTA pair
 BEFORE = "fa4kernel[tile_m=64,postprocess=torch,dq_zero=torch]"  # the build without the launch fixes (below)
-for path, doc in sorted(kit.recorded("sm90_bwd_*.json"), key=lambda pd: kit.describe(pd[1])[0]):
+for path, doc in sorted(kit.recorded(kind="sm90_bwd"), key=lambda pd: kit.describe(pd[1])[0]):
     cols = doc["points"][0]["results"]
     if any(c.startswith("fa4kernel[") and c not in ("fa4kernel[deterministic]", PAIR, BEFORE) for c in cols):
         continue  # a run of knob variants
@@ -350,7 +350,7 @@ for path, doc in sorted(kit.recorded("sm90_bwd_*.json"), key=lambda pd: kit.desc
     if dev not in GRID or kit.describe(doc)[1] > kit.describe(GRID[dev][1])[1]:
         GRID[dev], short[dev] = (path, doc), (kit.profile_for(dev) or dev).upper()
 if not GRID:
-    print("No recorded backward grid (lab/campaigns/kernel-sm90-backward/sm90_bwd_*.json): the comparison is skipped.")
+    print("No recorded backward grid (lab/campaigns/kernel-sm90-backward/): the comparison is skipped.")
 else:
     print("\nTFLOP/s, the newest run per GPU:")
     print(f"{'point':19s}" + "".join(f"| {short[d]:5s} ours  FA4 cuDNN ours/FA4  det " for d in GRID))
@@ -396,7 +396,13 @@ else:
 # would cost its schedule.
 
 # %%
-SETTLED = {kit.describe(doc)[0]: (path, doc) for path, doc in kit.recorded("sm90_bwd_settled_*.json")}
+def settled(doc):
+    """A settled run (each candidate 2.5 s back to back, then timed in windows, as
+    lab/tools/sustained_sm90.py times): its timings carry their windows."""
+    return "windows" in doc["points"][0]["results"]["fa4kernel"]
+
+
+SETTLED = {kit.describe(doc)[0]: (path, doc) for path, doc in kit.recorded(kind="sm90_bwd", where=settled)}
 for dev, (path, doc) in GRID.items():
     from fa4sim.validate import backward
 
@@ -427,10 +433,10 @@ for hd, heads in ((64, 32), (128, 16)):
 # older build:
 
 # %%
-knobs_run = next((pd for pd in kit.recorded("sm90_bwd_*.json")
+knobs_run = next((pd for pd in kit.recorded(kind="sm90_bwd")
                   if "fa4kernel[tile_m=128]" in pd[1]["points"][0]["results"]), None)
 if knobs_run is None:
-    print("No recorded run of the tile_m=128 variant (lab/campaigns/kernel-sm90-backward/sm90_bwd_*.json): skipped.")
+    print("No recorded run of the tile_m=128 variant (lab/campaigns/kernel-sm90-backward/): skipped.")
 else:
     path, doc = knobs_run
     variants = [c for c in doc["points"][0]["results"] if c.startswith("fa4kernel[")]
@@ -492,10 +498,10 @@ for causal in (True, False):
 # timed as a row beside the default:
 
 # %%
-tail_run = next((pd for pd in kit.recorded("sm90_bwd_tail_*.json")
+tail_run = next((pd for pd in kit.recorded(kind="sm90_bwd")
                  if "fa4kernel[grid_order=heads_outer]" in pd[1]["points"][0]["results"]), None)
 if tail_run is None:
-    print("No recorded run of the two launch orders (lab/campaigns/kernel-sm90-backward/sm90_bwd_tail_*.json): skipped.")
+    print("No recorded run of the two launch orders (lab/campaigns/kernel-sm90-backward/): skipped.")
 else:
     path, doc = tail_run
     print(f"{path.name} ({', '.join(kit.describe(doc))}), TFLOP/s, causal points")
@@ -549,10 +555,10 @@ for label, sass in SASS.items():
 
 # %%
 PROBE_RUNS = {}  # GPU -> the settled run with our clock probe
-for path, doc in sorted(kit.recorded("sm90_bwd_settled_*.json"), key=lambda pd: kit.describe(pd[1])[1]):
+for path, doc in sorted(kit.recorded(kind="sm90_bwd", where=settled), key=lambda pd: kit.describe(pd[1])[1]):
     PROBE_RUNS[kit.describe(doc)[0]] = (path, doc)
 if not PROBE_RUNS:
-    print("No recorded settled run with the clock probe (lab/campaigns/kernel-sm90-backward/sm90_bwd_settled_*.json).")
+    print("No recorded settled run with the clock probe (lab/campaigns/kernel-sm90-backward/).")
 for dev, (path, doc) in PROBE_RUNS.items():
     hw = kit.profile_for(dev)
     for pt in doc["points"]:
@@ -574,9 +580,10 @@ for dev, (path, doc) in PROBE_RUNS.items():
 # ([the backward's power](../lab/findings/power-backward.md)). At the clock measured, what power does the model give the main kernel, and what clock does it predict?
 
 # %%
-POWER = sorted(kit.recorded("bwd_power_long_h*.json"), key=lambda pd: kit.describe(pd[1])[1])
+# bwd_power_sm90.py --long: the main kernel alone, launched back to back
+POWER = sorted(kit.recorded(kind="bwd_power", where=lambda d: d["meta"]["mode"] == "long"), key=lambda pd: kit.describe(pd[1])[1])
 if not POWER:
-    print("No recorded settled run of the main kernel (lab/campaigns/backward-power/bwd_power_long_*.json): skipped.")
+    print("No recorded settled run of the main kernel (lab/campaigns/backward-power/): skipped.")
 for path, doc in POWER[-1:]:
     prof = kit.profile_for(kit.describe(doc)[0])
     print(f"{path.name} ({', '.join(kit.describe(doc))}): the main kernel alone, launched back to back")

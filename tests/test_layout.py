@@ -186,3 +186,59 @@ def test_user_pages_carry_no_dates_or_campaigns(page):
         if DATE.search(prose) or CAMPAIGN_WORDS.search(prose):
             bad.append(f"{page}:{n}: {line.strip()[:100]}")
     assert not bad, "\n".join(bad)
+
+
+# The product and the teaching carry no dated record: fa4sim, fa4kernel, the lessons (their
+# notebooks too), the figures' script, docs/model.md and the two READMEs name no date and no
+# measurement campaign, not even inside a path. Dated records live in lab/ (lab/campaigns/<topic>/
+# and lab/findings/); code and lessons find recorded results through lab/results.json by kind,
+# device and campaign (lab/tools/index.py, lessons/lessonkit), and cite evidence by campaign folder
+# or findings page.
+UNDATED_TREES = ("fa4sim", "fa4kernel", "lessons", "figures")
+UNDATED_FILES = ("docs/model.md", "README.md", "fa4kernel/README.md")
+ANY_DATE = re.compile(r"20\d\d-\d\d-\d\d")
+# as a name (after "_", before "_", "." or a word's end) and the three words at all
+CAMPAIGN_NAMES = re.compile(r"_(holdout|unseen|asked|again|fresh|novel|untried|blind)(?![a-z])"
+                            r"|(?<![a-z])(holdout|unseen|untried)(?![a-z])", re.I)
+
+
+def _tracked(*paths: str) -> list[Path]:
+    """The tracked files under `paths` (git ls-files; without git, every file but caches)."""
+    import subprocess
+
+    try:
+        out = subprocess.run(["git", "ls-files", "-z", "--", *paths], cwd=ROOT, capture_output=True, check=True)
+        files = [ROOT / f for f in out.stdout.decode().split("\0") if f]
+    except (OSError, subprocess.CalledProcessError):
+        files = [f for p in paths for f in ((ROOT / p).rglob("*") if (ROOT / p).is_dir() else [ROOT / p])]
+    return [f for f in files if f.is_file() and "__pycache__" not in f.parts]
+
+
+def _text(path: Path) -> str | None:
+    raw = path.read_bytes()
+    if b"\0" in raw[:8192]:
+        return None  # a binary file (a figure)
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+
+
+def test_the_undated_trees_carry_no_dates_or_campaign_names():
+    files = _tracked(*UNDATED_TREES, *UNDATED_FILES)
+    assert any(f.suffix == ".ipynb" for f in files) and any(f.name == "h100.json" for f in files)
+    bad = []
+    for f in files:
+        text = _text(f)
+        for n, line in enumerate((text or "").splitlines(), 1):
+            m = ANY_DATE.search(line) or CAMPAIGN_NAMES.search(line)
+            if m:
+                bad.append(f"{f.relative_to(ROOT)}:{n}: {m.group(0)!r} in {line.strip()[:100]}")
+    assert not bad, "dated records belong in lab/ (cite the campaign folder or findings page):\n" + "\n".join(bad)
+
+
+def test_the_date_check_sees_a_date_and_a_campaign_name():
+    # a guard on the guard
+    assert ANY_DATE.search("lab/campaigns/x/power_h100_2026-11-24.json")
+    assert CAMPAIGN_NAMES.search("sustained_holdout_h100.json") and CAMPAIGN_NAMES.search("the _again run")
+    assert CAMPAIGN_NAMES.search("an untried problem") and not CAMPAIGN_NAMES.search("a fresh atom, asked once")

@@ -257,8 +257,9 @@ def test_fit_writes_the_profile(tmp_path):
     assert hw.voltage_slope == pytest.approx(TRUE["voltage_slope"], abs=0.006)
     assert hw.energy_tensor_pj_per_flop == pytest.approx(TRUE["energy_tensor_pj_per_flop"], rel=0.01)
     assert hw.clock_min_ghz == 0.345 and hw.confidence["clock_min_ghz"] == "M"
-    assert hw.sources["static_power_w"].startswith("measured on Test GPU 2026-11-23 (power.json) by "
-                                                   "lab/tools/calibrate/")
+    assert hw.sources["static_power_w"].startswith("measured on Test GPU by lab/tools/calibrate/")
+    assert "2026" not in hw.sources["static_power_w"] and "power.json" not in hw.sources["static_power_w"]
+    assert hw.sources["static_power_w"].endswith("; lab/campaigns/power-calibration/)")
     assert hw.confidence["energy_hbm_pj_per_byte"] == "M"
     # the B200 follows from the fitted H100 by the stated ratios
     b = hardware.load(str(b200))
@@ -543,17 +544,19 @@ def test_a_cards_offset_is_its_capped_gemm_loads_above_the_reference():
 
 
 def test_the_profiles_card_is_the_median_of_the_recorded_cards():
-    """h200's card_power_w is what card_power gives over the files its source names."""
+    """h200's card_power_w is what card_power gives over the runs its source points to: those the
+    power-calibration campaign's README lists for the profile ("Profiles")."""
     import re
     from lab.tools.calibrate import card_power
 
     hw = hardware.load("h200")
-    src = hw.sources["card_power_w"]
-    ref = re.search(r"the card of (\S+\.json)", src).group(1)
-    files = re.findall(r"(power_[\w-]+\.json)( \(and _again\))?", src.split("the files")[1])
+    assert "lab/campaigns/power-calibration/README.md lists for this profile" in hw.sources["card_power_w"]
+    readme = (ROOT / "lab/campaigns/power-calibration/README.md").read_text()
+    h200 = readme.split("## Profiles")[1].split("- **h200**")[1].split("- **b200")[0]
+    ref = re.search(r"over\s+`(power_h200_[\w-]+\.json)`", h200).group(1)
+    files = re.findall(r"`(power_[\w-]+\.json)`( and its `_again`)?", h200.split("the cards of")[1])
     paths = [f for name, again in files for f in [name] + ([name.replace(".json", "_again.json")] if again else [])]
     from lab.tools.index import path_of  # noqa: E402
-    res = ROOT / "lab/campaigns"
     refs = fit_power.read(str(path_of(ref)))[1]
     offs = [card_power.offset(hw, fit_power.read(str(path_of(p)))[1], refs)[0] for p in paths]
     assert len(offs) == 7

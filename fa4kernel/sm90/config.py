@@ -46,9 +46,10 @@ DEFAULT_RESCALE_THRESHOLD = 8.0  # tau in log2 units (a factor of 256), FA4's va
 # (tile_m, tile_n, p_in_registers, pingpong). Deviations: hd192 uses tile_n = 112 because
 # 128 x 128 with 2 K and 2 V stages needs 240 KB of smem (> 227 KB); FA4's own
 # _tile_size_fwd_sm90 picks 112 for head_dim_v = 192 too. hd256 uses tile_n = 64, not 80:
-# measured side by side on H100 (2026-11-22, lab/campaigns/kernel-sm90-forward/tile_choice_idle_h100_2026-11-22.json),
-# non-causal 1k / 4k / 16k 647 / 766 / 768 TFLOP/s vs 628 / 744 / 751 with 80 (no partial last
-# block at power-of-two lengths, fewer S registers); causal 458 / 693 / 756 vs 457 / 685 / 760.
+# measured side by side on H100 (lab/tools/tile_choice_sm90.py with idle warpgroups skipping their
+# work: lab/campaigns/kernel-sm90-forward/, lab/findings/kernel-design-sm90.md), non-causal
+# 1k / 4k / 16k 647 / 766 / 768 TFLOP/s vs 628 / 744 / 751 with 80 (no partial last block at
+# power-of-two lengths, fewer S registers); causal 458 / 693 / 756 vs 457 / 685 / 760.
 _DEFAULTS = {
     64: (192, 128, True, True),
     96: (192, 144, False, True),

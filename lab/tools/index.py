@@ -3,9 +3,10 @@
     python -m lab.tools.index --write     # rewrite lab/results.json from lab/campaigns/
     python -m lab.tools.index --check     # exit 1 when lab/results.json is stale
 
-Readers: `recorded(kind=..., device=..., kernel=...)` (rows of the index, newest first) and
-`path_of(name)` (a result file or folder by its name, in whichever campaign keeps it). fa4sim
-never imports this (tests/test_layout.py); it takes result files by path.
+Readers: `recorded(kind=..., device=..., kernel=..., campaign=...)` (rows of the index, newest
+first; figures/make_figures.py) and `path_of(name)` (a result file or folder by its name, in
+whichever campaign keeps it). The lessons read the same file (lessons/lessonkit, `recorded`).
+fa4sim never imports this (tests/test_layout.py); it takes result files by path.
 """
 from __future__ import annotations
 
@@ -65,17 +66,35 @@ def text(rows: list[dict]) -> str:
                        "files": rows}, indent=1) + "\n"
 
 
-def load() -> list[dict]:
+def load(index: Path | None = None) -> list[dict]:
+    """The index's rows: lab/results.json (built from lab/campaigns/ when it is missing), or the
+    rows of another checkout's index file (their paths are relative to that checkout)."""
+    if index is not None:
+        return json.loads(Path(index).read_text())["files"]
     return json.loads(INDEX.read_text())["files"] if INDEX.is_file() else build()
 
 
-def recorded(kind: str | None = None, device: str | None = None, kernel: str | None = None) -> list[dict]:
-    """Index rows of that kind / device (short name or meta.device) / kernel, newest first."""
-    out = [r for r in load()
+def recorded(kind: str | None = None, device: str | None = None, kernel: str | None = None,
+             campaign: str | None = None, index: Path | None = None) -> list[dict]:
+    """Index rows of that kind / device (short name or meta.device) / kernel / campaign (its
+    folder under lab/campaigns/), newest first; `index`: another checkout's lab/results.json."""
+    out = [r for r in load(index)
            if (kind is None or r["kind"] == kind)
            and (device is None or device.lower() in (r["gpu"], r["device"].lower()))
-           and (kernel is None or kernel in r["kernel"].split(","))]
+           and (kernel is None or kernel in r["kernel"].split(","))
+           and (campaign is None or r["campaign"] == campaign)]
     return sorted(out, key=lambda r: (r["date"], r["path"]), reverse=True)
+
+
+def campaign_of(path: str | Path, default: str) -> str:
+    """'lab/campaigns/NAME/' of a result file inside a campaign folder, else of campaign `default`
+    (where such results go): what a profile parameter's source cites instead of a dated file
+    (fa4sim carries no dates, tests/test_layout.py; the campaign's README keeps the dated record)."""
+    try:
+        name = Path(path).resolve().relative_to(CAMPAIGNS).parts[0]
+    except (ValueError, IndexError):
+        name = default
+    return f"lab/campaigns/{name}/"
 
 
 def path_of(name: str) -> Path:

@@ -1,7 +1,8 @@
 """Small helpers shared by the fa4lab lessons (kept here so each notebook stays about ideas).
 
 - `live()`: True when a CUDA GPU is present (guarded torch import); the lessons' LIVE flag.
-- `recorded(pattern)`: recorded measurements in lab/campaigns/ (newest first), never invented.
+- `recorded(kind=..., gpu=..., campaign=..., where=...)`: recorded measurements, found through the
+  lab's one index (lab/results.json), newest first; never invented.
 - `gantt(result)`: draw one CTA's timeline with fa4sim.gantt.draw and show it inline.
 - `check(cond, msg)`: an exercise check with a readable message.
 - `time_cuda(fn)`: median milliseconds of a CUDA callable (live runs only).
@@ -10,7 +11,6 @@
 """
 from __future__ import annotations
 
-import glob
 import gzip
 import json
 import os
@@ -27,8 +27,9 @@ def repo_root() -> Path:
     return Path(__file__).resolve().parents[2]
 
 
-# recorded measurements; FA4LAB_RESULTS points the lessons elsewhere (e.g. a copy from another run)
-RESULTS = Path(os.environ.get("FA4LAB_RESULTS") or repo_root() / "lab" / "campaigns")
+# the index of the recorded measurements (`python -m lab.tools.index --write` keeps it); FA4LAB_INDEX
+# points the lessons at another checkout's lab/results.json (its paths are read from that checkout)
+INDEX = Path(os.environ.get("FA4LAB_INDEX") or repo_root() / "lab" / "results.json")
 
 
 def live() -> bool:
@@ -51,18 +52,42 @@ def blackwell() -> bool:
     return torch.cuda.get_device_capability(0)[0] == 10
 
 
-def recorded(pattern: str) -> list[tuple[Path, dict]]:
-    """Recorded result files matching `pattern` in lab/campaigns/, newest first (.json or
-    gzipped .json.gz, like the kernel's traces)."""
+def recorded(kind: str | None = None, gpu: str | None = None, device: str | None = None,
+             kernel: str | None = None, campaign: str | None = None, where=None) -> list[tuple[Path, dict]]:
+    """Recorded result files, as (path, doc), newest first, found through the lab's index
+    (lab/results.json, one row per file: its meta.kind, the device, the kernel commit, the
+    campaign under lab/campaigns/). Each argument given narrows the rows: `kind` (meta.kind),
+    `gpu` (the short name: "h100", "h200", "b200", "cpu"), `device` (a part of meta.device),
+    `kernel` (a commit), `campaign` (its folder name); `where(doc)`, when given, keeps the
+    files whose content holds what the caller reads (a file that lacks a field it asks for,
+    a KeyError, IndexError or TypeError, is left out). Files are .json or gzipped .json.gz."""
+    try:
+        rows = json.loads(INDEX.read_text())["files"]
+    except (OSError, ValueError, KeyError) as e:
+        print(f"no readable index of recorded results ({INDEX}: {e}); run `python -m lab.tools.index --write`")
+        return []
+    root = INDEX.parent.parent
     out = []
-    for path in [*glob.glob(str(RESULTS / "*" / pattern)), *glob.glob(os.path.join(str(RESULTS), pattern))]:
+    for r in rows:
+        if ((kind is not None and r["kind"] != kind) or (gpu is not None and r["gpu"] != gpu.lower())
+                or (device is not None and device.lower() not in r["device"].lower())
+                or (kernel is not None and kernel not in r["kernel"].split(","))
+                or (campaign is not None and r["campaign"] != campaign)):
+            continue
+        path = root / r["path"]
         try:
-            with (gzip.open(path, "rt") if path.endswith(".gz") else open(path)) as fh:
+            with (gzip.open(path, "rt") if path.name.endswith(".gz") else open(path)) as fh:
                 doc = json.load(fh)
         except (OSError, ValueError) as e:
             print(f"skipping unreadable {path}: {e}")
             continue
-        out.append((Path(path), doc))
+        if where is not None:
+            try:
+                if not where(doc):
+                    continue
+            except (KeyError, IndexError, TypeError):
+                continue
+        out.append((path, doc))
     out.sort(key=lambda pd: (str(describe(pd[1])[1]), pd[0].name), reverse=True)
     return out
 

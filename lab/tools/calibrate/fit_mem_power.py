@@ -31,7 +31,7 @@ from pathlib import Path
 
 from fa4sim import hardware, power
 
-from .fit_power import BadInput, measured_on, read_doc
+from .fit_power import BadInput, campaign, measured_on, read_doc
 
 # load name -> (the profile parameter it measures, its unit in fa4sim/power.py)
 PATHS = {"bulk_reduce": ("energy_l2_reduce_pj_per_byte", "l2_reduce"),
@@ -89,7 +89,8 @@ def write(profile_path: str, values: dict, meta: dict, hw) -> None:
             "value": round(v, 2), "confidence": "M",
             "source": f"{measured_on(meta)} by lab/tools/calibrate/bench_mem_power.py + fit_mem_power.py "
                       f"(its load alone on every SM for 2.5 s, random data; the power above what the profile's other "
-                      f"parameters give that load, static {hw.static_power_w:.1f} W, over its bytes); "
+                      f"parameters give that load, static {hw.static_power_w:.1f} W, over its bytes; "
+                      f"{campaign(meta)}); "
                       f"lab/findings/power-and-clock.md"}
     Path(profile_path).write_text(json.dumps(doc, indent=1) + "\n")
 
@@ -121,7 +122,7 @@ def main(argv=None) -> int:
                                                    f"pJ/B: {100 * (rest / w - 1):+.1f} %)"
         print(f"{name:12s} {f:6.3f} {w:7.1f} {rest:7.1f} {b:9.2f} {tail}")
     if args.write:
-        write(args.profile, values, meta, hw)
+        write(args.profile, values, {**meta, "files": [args.results]}, hw)
         print("wrote", ", ".join(values), "into", args.profile)
     return 0
 

@@ -209,12 +209,19 @@ def read_doc(path: str, kind: str, what: str, writer: str) -> dict:
 
 
 def measured_on(meta: dict) -> str:
-    """'measured on DEVICE DATE (FILES)' of a results file's meta (FILES: its "files", the results
-    a fit read, if given), for a profile parameter's source."""
+    """'measured on DEVICE' of a results file's meta, for a profile parameter's source: no date and
+    no file name (fa4sim carries neither); campaign(meta) says where the files lie."""
     device = meta.get("device") or meta.get("gpu") or "an unnamed device"
-    date = meta.get("date") or str(meta.get("date_utc", ""))[:10] or "an undated run"
-    files = f" ({', '.join(meta['files'])})" if meta.get("files") else ""
-    return f"measured on {device} {date}{files}"
+    return f"measured on {device}"
+
+
+def campaign(meta: dict) -> str:
+    """The campaign folder of the results a fit read (meta "files": their paths), by default
+    lab/campaigns/power-calibration/; its README keeps the runs' dates and names."""
+    from lab.tools.index import campaign_of
+
+    files = meta.get("files") or [""]
+    return campaign_of(files[0], "power-calibration") if files[0] else "lab/campaigns/power-calibration/"
 
 
 def read(path: str) -> tuple[dict, list[dict], dict]:
@@ -368,7 +375,7 @@ def write_ceiling(profile_path: str, value: float, names: list[str], meta: dict)
         "source": f"{measured_on(meta)} by lab/tools/calibrate/bench_power.py + fit_power.py: the median "
                   f"in-kernel clock (clock64 / globaltimer) of the {len(names)} loads whose tensor core works while "
                   f"NVML reports the maximum clock with no clock-event reason ({', '.join(names)}); "
-                  f"lab/findings/power-and-clock.md"}
+                  f"lab/findings/power-and-clock.md; {campaign(meta)}"}
     Path(profile_path).write_text(json.dumps(doc, indent=1) + "\n")
 
 
@@ -377,7 +384,8 @@ def write_held(profile_path: str, fraction: float, n: int, limit: float, meta: d
     doc["params"]["cap_held_fraction"] = {
         "value": round(fraction, 4),
         "source": f"{measured_on(meta)} by lab/tools/calibrate/bench_power.py + fit_power.py: the median NVML board "
-                  f"power of the {n} loads the power cap holds ({fraction * limit:.1f} W) over the {limit:g} W limit",
+                  f"power of the {n} loads the power cap holds ({fraction * limit:.1f} W) over the {limit:g} W "
+                  f"limit; {campaign(meta)}",
         "confidence": "M"}
     Path(profile_path).write_text(json.dumps(doc, indent=1) + "\n")
 
@@ -403,13 +411,14 @@ def write(profile_path: str, values: dict, meta: dict, gpu: dict, n: int, res: f
     how = (f"{measured_on(meta)} by lab/tools/calibrate/bench_power.py + fit_power.py "
            f"({n} unit loads{hosts}, non-negative least squares on relative power with voltage_slope on a 0.005 "
            f"grid, mixed_code_energy_fraction on a 0.05 grid and tensor_idle_gap_cycles on a powers-of-2 grid; "
-           f"rms residual {res:.1%})")
+           f"rms residual {res:.1%}; {campaign(meta)})")
     for k, v in values.items():
         if k in hardware.PARAMS:
             doc["params"][k] = {"value": round(v, 4), "source": how, "confidence": "M"}
     fmin = min(gpu["supported_clocks_mhz"]) / 1e3
     doc["params"]["clock_min_ghz"] = {"value": fmin, "source": f"{measured_on(meta)}: the lowest of the "
-                                      f"driver's supported SM clocks (lab/tools/calibrate/bench_power.py)",
+                                      f"driver's supported SM clocks (lab/tools/calibrate/bench_power.py; "
+                                      f"{campaign(meta)})",
                                       "confidence": "M"}
     Path(profile_path).write_text(json.dumps(doc, indent=1) + "\n")
 
@@ -518,7 +527,7 @@ def main(argv=None) -> int:
     print(f"tensor clock ceiling: {ceiling:.3f} GHz, the median of {len(held)} loads ({', '.join(held) or 'none'})"
           if held else "tensor clock ceiling: no load qualifies (clock_tensor_ghz stays as it is)")
     if a.write:
-        meta = {**meta, "files": [Path(p).name for p in a.results]}
+        meta = {**meta, "files": [str(p) for p in a.results]}
         write(path, values, meta, gpu, len(loads), res, len(a.results))
         if n_held:
             write_held(path, fraction, n_held, float(gpu["power_limit_w"]), meta)
@@ -531,7 +540,8 @@ def main(argv=None) -> int:
         if a.b200:
             doc = json.loads(Path(a.b200).read_text())
             doc["params"].update(derive_b200(values, f"{measured_on(meta)} by "
-                                                     f"lab/tools/calibrate/bench_power.py + fit_power.py"))
+                                                     f"lab/tools/calibrate/bench_power.py + fit_power.py "
+                                                     f"({campaign(meta)})"))
             Path(a.b200).write_text(json.dumps(doc, indent=1) + "\n")
             print(f"wrote {a.b200}")
     return 0

@@ -2,9 +2,10 @@
 
     python3 -m lab.tools.calibrate.make_profile RESULTS.json --base h100 --out fa4sim/profiles/h100.json
 
-Measured parameters get the value, source "measured on <device> <date> by
-lab/tools/calibrate/<script> (<details>)" and confidence "M"; every other parameter keeps the
-base profile's value, source and confidence. CPU only: imports nothing GPU-related.
+Measured parameters get the value, source "measured on <device> by lab/tools/calibrate/<script>
+(<details>; lab/campaigns/<campaign>/)" (no date: the campaign's README keeps it) and confidence
+"M"; every other parameter keeps the base profile's value, source and confidence. CPU only:
+imports nothing GPU-related.
 """
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ import json
 import math
 import sys
 from pathlib import Path
+
+from lab.tools.index import campaign_of
 
 PROFILE_DIR = Path(__file__).resolve().parents[3] / "fa4sim" / "profiles"
 
@@ -235,10 +238,13 @@ def derive(results: dict) -> dict:
     return out
 
 
-def build_profile(results: dict, base: dict, name: str | None = None, skip=()) -> dict:
+def build_profile(results: dict, base: dict, name: str | None = None, skip=(),
+                  campaign: str = "lab/campaigns/unit-calibration/") -> dict:
+    """The profile: `base` with every parameter the results measure. Sources and description name
+    the device, the tool and the campaign folder (lab.tools.index.campaign_of), no date or driver:
+    fa4sim carries none (tests/test_layout.py); the campaign's README keeps them."""
     meta = results.get("meta", {})
     device = meta.get("device", "unknown device")
-    date = (meta.get("date_utc") or "unknown date")[:10]
     params = {k: dict(v) for k, v in base["params"].items()}
     # with a power model, clock_ghz is the maximum clock and the model predicts the one a kernel
     # holds: the clock measured under one load does not replace it
@@ -248,15 +254,14 @@ def build_profile(results: dict, base: dict, name: str | None = None, skip=()) -
             continue
         params[param] = {
             "value": value,
-            "source": f"measured on {device} {date} by lab/tools/calibrate/{script} ({details})",
+            "source": f"measured on {device} by lab/tools/calibrate/{script} ({details}; {campaign})",
             "confidence": "M",
         }
     return {
         "name": name or base["name"].removesuffix("-datasheet"),
         "arch": base["arch"],
-        "description": f"{base.get('description', '')}; unit parameters measured on {device} {date} "
-                       f"(driver {meta.get('driver')}, CUDA {meta.get('cuda')}, cutlass-dsl {meta.get('cutlass_dsl')}) "
-                       f"by lab/tools/calibrate, the rest from the {base['name']} profile",
+        "description": f"{base.get('description', '')}; unit parameters measured on {device} by lab/tools/calibrate "
+                       f"({campaign}: the dates, driver and versions), the rest from the {base['name']} profile",
         "params": params,
     }
 
@@ -277,7 +282,7 @@ def main(argv=None) -> int:
     base_path = Path(args.base) if args.base.endswith(".json") else PROFILE_DIR / f"{args.base}.json"
     base = json.loads(base_path.read_text())
     results = json.loads(Path(args.results).read_text())
-    prof = build_profile(results, base, args.name, skip)
+    prof = build_profile(results, base, args.name, skip, campaign_of(args.results, "unit-calibration"))
     Path(args.out).write_text(json.dumps(prof, indent=1) + "\n")
     n = sum(1 for v in prof["params"].values() if v["source"].startswith("measured on"))
     print(f"wrote {args.out}: {n} of {len(prof['params'])} parameters measured")

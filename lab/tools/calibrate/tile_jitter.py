@@ -33,6 +33,7 @@ from pathlib import Path
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))))
 
 from fa4sim.validate.launches import tile_kinds  # noqa: E402  (a tile's kind: KV blocks, rows)
+from lab.tools.index import campaign_of  # noqa: E402
 
 
 def point_residuals(p: dict) -> tuple[list[float], list[float]]:
@@ -94,8 +95,8 @@ def main(argv=None) -> int:
     if a.write:
         prof["params"]["tile_jitter_q_loads"] = {
             "value": round(value, 3),
-            "source": f"measured on {doc['meta'].get('device', '?')} {str(doc['meta'].get('date', '?'))[:10]} by "
-                      f"lab/tools/cta_log_sm90.py's tile log ({Path(a.cta_log).name}), "
+            "source": f"measured on {doc['meta'].get('device', '?')} by lab/tools/cta_log_sm90.py's tile log "
+                      f"({Path(a.cta_log).name}, {campaign_of(a.cta_log, 'launch-jitter')}), "
                       f"lab/tools/calibrate/tile_jitter.py: a tile's cycles against the mean of its kind "
                       f"(KV blocks, rows), sqrt(sum residual^2 / sum q_load^2), q_load = tile_m x head_dim x 2 B / "
                       f"tma_bytes_per_clk; {details}",
