@@ -35,6 +35,7 @@ import os
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 import matplotlib
 
@@ -87,16 +88,15 @@ def recorded(kind: str, where=None, **keys) -> list:
 
 
 def sm90_for(device: str):
-    """(doc, 'device, date') of the newest recorded SM90 benchmark (lab/tools/bench_fwd_sm90.py,
+    """(doc, 'device, campaign') of the newest recorded SM90 benchmark (lab/tools/bench_fwd_sm90.py,
     kind "points") on a device ("H100", "H200"; "" for any), or (None, None)."""
     docs = [(str(doc.get("meta", {}).get("date", "")), path, doc)
             for path, doc in recorded("points", campaign="kernel-sm90-forward")
             if device in str(doc.get("meta", {}).get("device", ""))]
     if not docs:
         return None, None
-    _, _, doc = max(docs, key=lambda d: d[:2])
-    meta = doc["meta"]
-    return doc, f"{meta.get('device', '?')}, {str(meta.get('date', '?'))[:10]}"
+    _, path, doc = max(docs, key=lambda d: d[:2])
+    return doc, f"{doc['meta'].get('device', '?')}, lab/campaigns/{Path(path).parent.name}"
 
 
 def add_caption(path: str, text: str) -> None:
@@ -472,7 +472,7 @@ def draw_overlay(res, measured, meta: dict, source: str, path: str, iterations: 
     span = max(panel(axes[0], res.trace, f"simulated: fa3 schedule, {res.impl.name} on {res.hw.name} "
                                          f"({per_block(s_int)})"),
                panel(axes[1], measured, f"measured: fa4kernel's trace build, {meta.get('device', '?')}, "
-                                        f"{str(meta.get('date', '?'))[:10]}, CTA {meta.get('cta', '?')} tile 0 "
+                                        f"CTA {meta.get('cta', '?')} tile 0 "
                                         f"({per_block(m_int)})"))
     axes[1].set_xlim(0, span)
     axes[1].set_xlabel("cycles from the start of the third KV iteration")
