@@ -96,7 +96,13 @@ def sm90_for(device: str):
     if not docs:
         return None, None
     _, path, doc = max(docs, key=lambda d: d[:2])
-    return doc, f"{doc['meta'].get('device', '?')}, lab/campaigns/{Path(path).parent.name}"
+    return doc, f"{doc['meta'].get('device', '?')}, {campaign_dir(path)}"
+
+
+def campaign_dir(path) -> str:
+    """'lab/campaigns/<campaign>/' of a recorded file: where a figure says its data come from."""
+    parts = Path(path).parts
+    return f"lab/campaigns/{parts[parts.index('campaigns') + 1]}/" if "campaigns" in parts[:-1] else str(path)
 
 
 def add_caption(path: str, text: str) -> None:
@@ -483,7 +489,7 @@ def draw_overlay(res, measured, meta: dict, source: str, path: str, iterations: 
                  f"timelines (recorded run {meta.get('label', '?')!r})", fontsize=10, x=0.01, ha="left")
     normal, traced = meta.get("ms_normal_build"), meta.get("ms_trace_build")
     cost = (f"on this launch the trace build ran {traced / normal - 1:.0%} slower than the plain kernel "
-            f"({traced:.3f} against {normal:.3f} ms, recorded with the stamps in {source})"
+            f"({traced:.3f} against {normal:.3f} ms, recorded with the stamps in {campaign_dir(source)})"
             if normal and traced else "this file does not record by how much on this launch")
     fig.text(0.01, 0.01, "The measured panel is a trace build: clock64 stamps around every op, one thread per "
              f"role. The stamps cost issue slots, so it runs slower than the plain kernel: {cost}; "

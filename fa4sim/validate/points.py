@@ -156,7 +156,7 @@ def plot(result: dict, path: str) -> str:
     ax.set_ylim(0, hi)
     s = result["summary"]
     med = s["median_abs_error"]
-    ax.set_title(f"predicted vs measured on {s['device']} ({(s['date'] or '')[:10]})\n"
+    ax.set_title(f"predicted vs measured on {s['device']}\n"
                  f"profile {s['hw_profile']}, clock {s.get('clock', '')}; median |err| {med:.1%}"
                  if med is not None else "no points", fontsize=8)
     ax.set_xlabel("measured TFLOP/s")

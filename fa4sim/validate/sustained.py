@@ -243,7 +243,7 @@ def plot(result: dict, path: str) -> str:
     ax.set_ylim(0, hi)
     s = result["summary"]
     med = (s["tflops"] or {}).get("median_abs_error")
-    ax.set_title(f"sustained, predicted at the model's clock vs measured\n{s['device']} ({(s['date'] or '')[:10]}), "
+    ax.set_title(f"sustained, predicted at the model's clock vs measured\n{s['device']}, "
                  f"profile {s['hw_profile']}" + (f"; median |err| {med:.1%}" if med is not None else ""), fontsize=8)
     ax.set_xlabel("measured TFLOP/s")
     ax.set_ylabel("predicted TFLOP/s")
