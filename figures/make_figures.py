@@ -1,7 +1,9 @@
-"""Regenerate every figure in figures/ from the simulator (and recorded measurements where they exist).
+"""Draw every figure from the simulator (and recorded measurements where they exist).
 
-    python figures/make_figures.py            # all figures, about half a minute on a laptop CPU
-    python figures/make_figures.py --list     # what it writes
+    python figures/make_figures.py --out DIR       # all figures into DIR (default build/figures),
+                                                   # about half a minute on a laptop CPU
+    python figures/make_figures.py --out figures   # refresh the committed ones (a maintainer's step)
+    python figures/make_figures.py --list          # what it writes
 
 Figures:
   fa4_b200_timeline.png        FA4 forward on B200, one CTA (the README's figure; same command)
@@ -50,8 +52,8 @@ from fa4sim.feeds import tile_costs  # noqa: E402
 from fa4sim.gantt import draw  # noqa: E402
 from fa4sim.rescale import rescale_rate  # noqa: E402
 
-FIG = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(FIG)
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FIG = os.path.join(ROOT, "build", "figures")  # where the figures go: --out
 sys.path.insert(0, ROOT)
 from lab.tools import index as lab_index  # noqa: E402  (the lab's index of recorded results)
 
@@ -60,6 +62,13 @@ INDEX = os.environ.get("FA4LAB_INDEX")
 INDEX_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(INDEX))) if INDEX else ROOT
 README_CMD = ["run", "--hw", "b200", "--schedule", "fa4", "--hdim", "128", "--seqlen", "32768", "--batch", "1",
               "--heads", "16", "--gantt"]
+
+
+def set_out(folder: str) -> None:
+    """Draw into `folder` (made if missing)."""
+    global FIG
+    FIG = os.path.abspath(folder)
+    os.makedirs(FIG, exist_ok=True)
 
 
 def out(name: str) -> str:
@@ -504,10 +513,14 @@ def draw_overlay(res, measured, meta: dict, source: str, path: str, iterations: 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--list", action="store_true", help="list the figures and exit")
+    ap.add_argument("--out", default=FIG, metavar="DIR",
+                    help="the folder to draw into (default build/figures; figures/ holds the committed ones)")
     a = ap.parse_args(argv)
     if a.list:
         print(__doc__)
         return 0
+    set_out(a.out)
+    print(f"drawing into {FIG}")
     doc, where = sm90_for("")
     print(f"recorded SM90 measurement: {where}" if doc else "no recorded SM90 measurement: simulation only")
     jobs = [fig_fa4_timeline, fig_fa3_timeline, fig_graph, fig_feeds, fig_emulation,
@@ -517,7 +530,7 @@ def main(argv=None) -> int:
     for job in jobs:
         t = time.time()
         name = job()
-        print(f"wrote figures/{name} ({time.time() - t:.1f} s)")
+        print(f"wrote {name} ({time.time() - t:.1f} s)")
     print(f"done in {time.time() - t_all:.1f} s")
     return 0
 
