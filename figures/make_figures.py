@@ -31,7 +31,6 @@ lists them); nothing is invented.
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import os
 import sys
@@ -79,20 +78,8 @@ def recorded(kind: str, where=None, **keys) -> list:
     """(path, doc) of every recorded result file of that kind in the lab's index (keys: device,
     kernel, campaign; lab.tools.index.recorded), sorted by path; with `where`, the files whose
     loaded document where(doc) accepts (one lacking a field it asks for is left out)."""
-    out = []
-    for row in lab_index.recorded(kind=kind, index=INDEX, **keys):
-        path = os.path.join(INDEX_ROOT, row["path"])
-        try:
-            with (gzip.open(path, "rt") if path.endswith(".gz") else open(path)) as fh:
-                doc = json.load(fh)
-        except (OSError, ValueError):
-            continue
-        try:
-            if where is not None and not where(doc):
-                continue
-        except (KeyError, IndexError, TypeError):
-            continue
-        out.append((path, doc))
+    out = [(str(path), doc) for path, doc in
+           lab_index.documents(lab_index.recorded(kind=kind, index=INDEX, **keys), INDEX_ROOT, where)]
     return sorted(out, key=lambda pd: pd[0])
 
 

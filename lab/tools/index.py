@@ -86,6 +86,27 @@ def recorded(kind: str | None = None, device: str | None = None, kernel: str | N
     return sorted(out, key=lambda r: (r["date"], r["path"]), reverse=True)
 
 
+def documents(rows: list[dict], root: Path = ROOT, where=None) -> list[tuple[Path, dict]]:
+    """(path, loaded doc) of index rows, in their order (.json or gzipped .json.gz; an unreadable
+    file is left out); with `where`, the docs where(doc) accepts (one lacking a field it asks
+    for, a KeyError, IndexError or TypeError, is left out). `root`: the checkout the rows are in."""
+    out = []
+    for r in rows:
+        path = Path(root) / r["path"]
+        try:
+            with (gzip.open(path, "rt") if path.name.endswith(".gz") else open(path)) as fh:
+                doc = json.load(fh)
+        except (OSError, ValueError):
+            continue
+        try:
+            if where is not None and not where(doc):
+                continue
+        except (KeyError, IndexError, TypeError):
+            continue
+        out.append((path, doc))
+    return out
+
+
 def campaign_of(path: str | Path, default: str) -> str:
     """'lab/campaigns/NAME/' of a result file inside a campaign folder, else of campaign `default`
     (where such results go): what a profile parameter's source cites instead of a dated file
