@@ -413,3 +413,64 @@ def test_later_point_groups_are_new_to_every_earlier_run(group, before):
     known = {p.name for g in before for p in bench.select(g, False)}
     assert not known & {p.name for p in pts}
     assert group in bench.ASKED_FOR
+
+
+def test_variants_parse_and_run_where_fa4kernel_runs_their_head_dim():
+    label, knobs, hdim = bench.parse_variant("hd256:tile_n=80,persistent=False,exp_emulation=0.25")
+    assert (label, knobs, hdim) == ("tile_n=80,persistent=False,exp_emulation=0.25",
+                                    {"tile_n": 80, "persistent": False, "exp_emulation": 0.25}, 256)
+    every = bench.parse_variant("tile_n=160")
+    assert every[2] is None
+    pts = {p.name: p for p in bench.all_points()}
+    v = [every, (label, knobs, hdim)]
+    assert bench.variants_at(pts["hd256-16k-b1-h8"], v) == [("tile_n=160", {"tile_n": 160}), (label, knobs)]
+    assert bench.variants_at(pts["hd128-16k-b1-h16"], v) == [("tile_n=160", {"tile_n": 160})]
+    assert bench.variants_at(pts["hd192v128-4k-b4-h16"], v) == []  # fa4kernel does not run hdim_v != hdim
+    # each variant is one more run (and build) at the points it runs
+    base = bench.estimate_s([pts["hd256-16k-b1-h8"]], 1.0, 0.5)
+    more = bench.estimate_s([pts["hd256-16k-b1-h8"]], 1.0, 0.5, variants=v)
+    assert more["candidate_runs"] == base["candidate_runs"] + 2 and more["builds"] == base["builds"] + 2
+    only = bench.estimate_s([pts["hd256-16k-b1-h8"]], 1.0, 0.5, only=(bench.OURS, bench.FA3))
+    assert only["candidate_runs"] == 2
+
+
+@pytest.mark.parametrize("spec,says", [
+    ("tile_q=3", "'tile_q=3' is not KNOB=VALUE"),
+    ("tile_n", "'tile_n' is not KNOB=VALUE"),
+    ("tile_n=big", "tile_n='big' is not a number"),
+    ("h256:tile_n=80", "'h256' before ':' must name a head dim"),
+    ("hd128:", "give at least one KNOB=VALUE"),
+])
+def test_bad_variant_fails_in_one_line(spec, says):
+    with pytest.raises(ValueError, match=re.escape(says)):
+        bench.parse_variant(spec)
+
+
+def test_dry_run_plans_variants_and_a_subset_of_candidates():
+    res = subprocess.run([sys.executable, os.path.join(ROOT, "lab", "tools", "sustained_sm90.py"), "--dry-run",
+                          "--points", "hd256-16k-b1-h8,hd128-16k-b1-h16", "--candidates", "ours,fa3",
+                          "--variant", "hd256:tile_n=80"], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    lines = {ln.split()[0]: ln for ln in res.stdout.splitlines() if ln.startswith("hd")}
+    assert lines["hd256-16k-b1-h8"].endswith("fa4kernel, flash-attn-3, fa4kernel[tile_n=80]")
+    assert lines["hd128-16k-b1-h16"].endswith("fa4kernel, flash-attn-3")
+    bad = subprocess.run([sys.executable, os.path.join(ROOT, "lab", "tools", "sustained_sm90.py"), "--dry-run",
+                          "--candidates", "ours,fa5"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr
+    assert "--candidates 'ours,fa5': allowed a comma-separated subset of ours, probe, fa3, fa4, cudnn" in bad.stderr
+
+
+def test_a_variant_is_predicted_from_its_own_recorded_configuration():
+    """A variant row (sustained_sm90.py --variant) is simulated as fa4kernel with the configuration
+    that build resolved to (configs[label]), not the default build's."""
+    p = sustained_point("hd256-16k-b1-h8", 1, 8, 16384, 16384, 256, False,
+                        {"fa4kernel": (700.0, True), "fa4kernel[tile_n=80]": (720.0, True)},
+                        config={"tile_m": 128, "tile_n": 64, "persistent": False, "skip_idle_wgs": True})
+    p["configs"] = {"tile_n=80": {"tile_m": 128, "tile_n": 80, "persistent": False, "skip_idle_wgs": True}}
+    r = validate.compare({"meta": {"kind": "sustained", "device": "NVIDIA H200"}, "points": [p]})
+    rows = {x["kernel"]: x for x in r["points"]}
+    assert rows["fa4kernel[tile_n=80]"]["knobs"]["tile_n"] == 80 and rows["fa4kernel"]["knobs"]["tile_n"] == 64
+    want = simulate("h200", "fa3", Problem(1, 8, 16384, 16384, 256, False), rows["fa4kernel[tile_n=80]"]["knobs"],
+                    impl="fa4kernel")
+    assert rows["fa4kernel[tile_n=80]"]["predicted_tflops"] == pytest.approx(want.tflops)
+    assert rows["fa4kernel[tile_n=80]"]["predicted_tflops"] != pytest.approx(rows["fa4kernel"]["predicted_tflops"])

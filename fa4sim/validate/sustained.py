@@ -93,6 +93,24 @@ KERNELS = {"sm90": {k: ("fa3", "fwd", k) for k in SIMULATED},
            "sm100": {"flash-attn-4": (None, "fwd", "flash-attn-4"), BWD: (None, "bwd", "flash-attn-4")}}
 
 
+def kernels_of(point: dict, arch: str) -> list[tuple[str, tuple]]:
+    """(result name, (schedule, pass, implementation)) for a point: KERNELS[arch], and on SM90 each
+    fa4kernel variant the file timed ('fa4kernel[tile_n=160]': sustained_sm90.py --variant)."""
+    out = list(KERNELS[arch].items())
+    if arch == "sm90":
+        out += [(name, ("fa3", "fwd", "fa4kernel")) for name in (point.get("results") or {})
+                if name.startswith("fa4kernel[") and name != PROBE]
+    return out
+
+
+def point_knobs(point: dict, kernel: str, impl: str) -> dict:
+    """The model knobs of one result: fa4kernel as it ran (its recorded configuration), a variant
+    from its own recorded configuration (configs[label]), flash-attn-4 its implementation's."""
+    if kernel.startswith("fa4kernel["):
+        return model_knobs("fa4kernel", (point.get("configs") or {}).get(kernel[len("fa4kernel["):-1]) or {})
+    return kernel_knobs(point) if kernel == "fa4kernel" else model_knobs(impl)
+
+
 def compare(doc: dict, hw: str | None = None, overrides: dict | None = None, uncertainty: bool = False,
             jobs: int | None = None) -> dict:
     """Predicted (no measured clock given) vs measured, for every point and simulated kernel;
@@ -107,14 +125,14 @@ def compare(doc: dict, hw: str | None = None, overrides: dict | None = None, unc
     for i, p in enumerate(pts, 1):
         progress(i, len(pts))
         problem = problem_of(p)
-        for kernel, (schedule, pass_, impl) in KERNELS[arch].items():
+        for kernel, (schedule, pass_, impl) in kernels_of(p, arch):
             res = (p.get("results") or {}).get(kernel) or {}
             if "ms" not in res and "tflops" not in res:
                 continue
             if not (res.get("check") or {}).get("ok", True):
                 wrong.append(f"{p.get('name', '?')}:{kernel}")
                 continue
-            knobs = {**(kernel_knobs(p) if kernel == "fa4kernel" else model_knobs(impl)), **overrides}
+            knobs = {**point_knobs(p, kernel, impl), **overrides}
             meas = measured_tflops(problem, res) * (BWD_FLOPS if pass_ == "bwd" and "ms" in res else 1.0)
             probe = p.get("clock_ghz_in_kernel") if kernel == "fa4kernel" else None
             row = {"kernel": kernel, "name": p.get("name"), "group": p.get("group"), "batch": problem.batch,

@@ -71,6 +71,7 @@ PEER = "flash-attn-4"
 FA3 = "flash-attn-3"  # FlashAttention-3's forward (bench_fwd_sm90.FA3)
 CUDNN = "sdpa-cudnn"  # torch SDPA's cuDNN backend
 CANDIDATES = (OURS, PROBE, FA3, PEER, CUDNN)
+SHORT = {OURS: "ours", PROBE: "probe", FA3: "fa3", PEER: "fa4", CUDNN: "cudnn"}  # --candidates' names
 FA3_PAIRS = ((64, 64), (128, 128), (192, 192), (256, 256), (192, 128))  # (hdim, hdim_v) its package holds
 # fa4kernel's SM90 head dims (fa4kernel/sm90/config.py), with hdim_v = hdim
 OURS_HEAD_DIMS = (64, 96, 128, 192, 256)
@@ -253,6 +254,48 @@ def parse_problem(spec: str) -> Point:
     return Point(vals["b"], vals["h"], vals["sq"], vals.get("sk", vals["sq"]), d, dv, causal, "asked")
 
 
+def parse_variant(spec: str) -> tuple[str, dict, int | None]:
+    """A build of fa4kernel with other knobs, timed beside the candidates as 'fa4kernel[LABEL]':
+    'tile_n=160' or 'tile_n=176,persistent=True' (values: whole numbers, decimals, True, False,
+    None), optionally for one head dim only: 'hd256:tile_n=80'. Returns (label, knobs, head dim or
+    None). Knob names are checked here (one-line ValueError), values when the build resolves at a
+    point (a value a point cannot take is recorded as that candidate's error)."""
+    from fa4kernel.sm90.config import KNOB_NAMES
+
+    knobs, hdim, body = {}, None, spec
+    head, colon, rest = spec.partition(":")
+    if colon:
+        if not (head.startswith("hd") and head[2:].isdigit()):
+            raise ValueError(f"--variant {spec!r}: {head!r} before ':' must name a head dim, e.g. hd256")
+        hdim, body = int(head[2:]), rest
+    for tok in (t.strip() for t in body.split(",") if t.strip()):
+        key, eq, val = tok.partition("=")
+        if not eq or key not in KNOB_NAMES:
+            raise ValueError(f"--variant {spec!r}: {tok!r} is not KNOB=VALUE with KNOB one of {', '.join(KNOB_NAMES)}")
+        lit = {"True": True, "False": False, "None": None}
+        if val in lit:
+            knobs[key] = lit[val]
+        else:
+            try:
+                knobs[key] = int(val)
+            except ValueError:
+                try:
+                    knobs[key] = float(val)
+                except ValueError:
+                    raise ValueError(f"--variant {spec!r}: {key}={val!r} is not a number, True, False or None") from None
+    if not knobs:
+        raise ValueError(f"--variant {spec!r}: give at least one KNOB=VALUE (e.g. tile_n=160)")
+    return ",".join(f"{k}={v}" for k, v in knobs.items()), knobs, hdim
+
+
+def variants_at(point: Point, variants) -> list[tuple[str, dict]]:
+    """The (label, knobs) of the --variant builds that run at this point: where fa4kernel runs it,
+    and at their head dim if they name one."""
+    if OURS not in point.candidates():
+        return []
+    return [(label, knobs) for label, knobs, hdim in variants if hdim in (None, point.hdim)]
+
+
 def all_points() -> list[Point]:
     """The default run: the grid and the new points (holdout and unseen run when asked for)."""
     return grid_points() + new_points()
@@ -285,26 +328,34 @@ def select(spec: str | None, quick: bool) -> list[Point]:
     return [p for p in pts if p in chosen]  # in the plan's order
 
 
-def estimate_s(points: list[Point], warm_s: float, timed_s: float) -> dict:
-    """A rough plan of the run's seconds: warm-up and timing per candidate, compiles (one per build:
-    fa4kernel's default and probe per head dim and causal, flash-attn-4's per head dims and causal;
-    the 1k causal hd64 tile of fa4kernel is a build of its own), and the host's work."""
-    builds = set()
+def estimate_s(points: list[Point], warm_s: float, timed_s: float, only=CANDIDATES, variants=()) -> dict:
+    """A rough plan of the run's seconds: warm-up and timing per candidate (those in `only`, and
+    the --variant builds of fa4kernel where they run), compiles (one per build: fa4kernel's default and
+    probe per head dim and causal, flash-attn-4's per head dims and causal; the 1k causal hd64 tile
+    of fa4kernel is a build of its own), and the host's work. variants: parse_variant's triples."""
+    builds, runs = set(), 0
     for p in points:
-        for c in p.candidates():
+        cands = [c for c in p.candidates() if c in only]
+        extra = len(variants_at(p, variants))
+        runs += len(cands) + extra
+        for c in cands:
             short = p.causal and p.seqlen_q <= 1024 and p.hdim == 64
             builds.add((c, p.hdim, p.hdim_v, p.causal, short if c in (OURS, PROBE) else False))
-    run = sum(len(p.candidates()) * (warm_s + timed_s + CANDIDATE_OVERHEAD_S) + POINT_OVERHEAD_S for p in points)
-    return {"points": len(points), "candidate_runs": sum(len(p.candidates()) for p in points),
+        builds.update(("variant", j, p.hdim, p.causal) for j in range(extra))
+    run = runs * (warm_s + timed_s + CANDIDATE_OVERHEAD_S) + POINT_OVERHEAD_S * len(points)
+    return {"points": len(points), "candidate_runs": runs,
             "builds": len(builds), "compile_s": COMPILE_S * len(builds), "run_s": run,
             "total_s": run + COMPILE_S * len(builds)}
 
 
-def plan_text(points: list[Point], warm_s: float, timed_s: float, window_ms: float, launch: str) -> str:
-    e = estimate_s(points, warm_s, timed_s)
+def plan_text(points: list[Point], warm_s: float, timed_s: float, window_ms: float, launch: str,
+              only=CANDIDATES, variants=()) -> str:
+    e = estimate_s(points, warm_s, timed_s, only, variants)
     lines = [f"{'point':34s} {'group':5s} {'GFLOP':>9s}  candidates"]
     for p in points:
-        lines.append(f"{p.name:34s} {p.group:5s} {p.flops / 1e9:9.1f}  {', '.join(p.candidates())}")
+        names = [c for c in p.candidates() if c in only]
+        names += [f"{OURS}[{label}]" for label, _ in variants_at(p, variants)]
+        lines.append(f"{p.name:34s} {p.group:5s} {p.flops / 1e9:9.1f}  {', '.join(names)}")
     lines.append(f"per candidate: compile + check, {warm_s:.1f} s back to back, then >= {timed_s:.1f} s timed in "
                  f"~{window_ms:.0f} ms windows (launch: {launch})")
     lines.append(f"plan: {e['points']} points, {e['candidate_runs']} candidate runs, ~{e['builds']} builds; "
@@ -477,12 +528,14 @@ class Sustained:
         return rec
 
 
-def make_candidates(point: Point, impls, q, k, v) -> dict:
-    """name -> (fn, read or None) for the point's candidates (bench_fwd_sm90.Impls' calls)."""
+def make_candidates(point: Point, impls, q, k, v, only=CANDIDATES) -> dict:
+    """name -> (fn, read or None) for the point's candidates among `only` (bench_fwd_sm90.Impls' calls)."""
     import fa4kernel
 
     out = {}
     for name in point.candidates():
+        if name not in only:
+            continue
         if name == OURS:
             out[name] = (lambda: fa4kernel.attention(q, k, v, causal=point.causal), None)
         elif name == PROBE:
@@ -496,8 +549,29 @@ def make_candidates(point: Point, impls, q, k, v) -> dict:
     return out
 
 
-def bench_point(point: Point, index: int, impls, sustained: Sustained) -> dict:
-    """Every candidate of one point, compiled, checked and timed in turn (order rotated by index)."""
+def variant_candidates(point: Point, variants, q, k, v, rec: dict) -> dict:
+    """'fa4kernel[LABEL]' -> (fn, None) for each --variant where fa4kernel runs the point; each
+    build's resolved configuration goes to rec["configs"][LABEL] (fa4sim validate simulates it),
+    a knob value the point cannot take to that candidate's error."""
+    import fa4kernel
+    from lab.tools.bench_fwd_sm90 import as_ran
+
+    out = {}
+    for label, knobs in variants_at(point, variants):
+        name = f"{OURS}[{label}]"
+        try:
+            rec.setdefault("configs", {})[label] = as_ran(
+                fa4kernel.interface.resolve_config(q, k, v, point.causal, **knobs))
+        except ValueError as e:
+            rec["results"][name] = {"error": str(e)}
+            continue
+        out[name] = ((lambda kn=knobs: fa4kernel.attention(q, k, v, causal=point.causal, **kn)), None)
+    return out
+
+
+def bench_point(point: Point, index: int, impls, sustained: Sustained, only=CANDIDATES, variants=()) -> dict:
+    """Every candidate of one point (those in `only`, and the --variant builds), compiled, checked
+    and timed in turn (order rotated by index)."""
     torch = _torch()
     import fa4kernel
     from lab.tools.bench_fwd_sm90 import as_ran, first_call_seconds
@@ -509,11 +583,12 @@ def bench_point(point: Point, index: int, impls, sustained: Sustained) -> dict:
     rec = {**point.record(), "results": {}}
     slices = sorted({(0, 0), (point.batch // 2, point.heads // 2), (point.batch - 1, point.heads - 1)})
     ref = reference_check(q, k, v, point.causal, slices)
-    cands = make_candidates(point, impls, q, k, v)
+    cands = make_candidates(point, impls, q, k, v, only)
+    cands.update(variant_candidates(point, variants, q, k, v, rec))
     for peer in (PEER, FA3):
-        if peer in point.candidates() and peer not in cands:
+        if peer in point.candidates() and peer in only and peer not in cands:
             rec["results"][peer] = {"error": impls.errors.get(peer, f"{peer} not importable")}
-    if OURS in cands:
+    if OURS in point.candidates():
         cfg = fa4kernel.interface.resolve_config(q, k, v, point.causal)
         rec["fa4kernel_config"] = as_ran(cfg)
     names = list(cands)
@@ -549,11 +624,10 @@ def bench_point(point: Point, index: int, impls, sustained: Sustained) -> dict:
 
 def progress_line(i: int, n: int, rec: dict, elapsed: float) -> str:
     parts = []
-    for name in CANDIDATES:
-        r = rec["results"].get(name)
-        if r is None:
-            continue
-        short = {OURS: "ours", PROBE: "probe", FA3: "fa3", PEER: "fa4", CUDNN: "cudnn"}[name]
+    names = [n for n in CANDIDATES if n in rec["results"]] + [n for n in rec["results"] if n not in CANDIDATES]
+    for name in names:
+        r = rec["results"][name]
+        short = SHORT.get(name) or name[len(OURS):]
         if "tflops" not in r:
             parts.append(f"{short} ERR")
             continue
@@ -614,6 +688,11 @@ def parse_args(argv=None):
                     help="graph: replay a CUDA graph of calls (eagerly where one cannot be captured)")
     ap.add_argument("--budget-s", type=float, default=420.0,
                     help="start no new point after this many seconds (the file keeps what ran)")
+    ap.add_argument("--candidates", default=None, metavar="LIST",
+                    help=f"only these (comma-separated: {', '.join(SHORT.values())}); default all five")
+    ap.add_argument("--variant", action="append", default=[], metavar="[hdN:]KNOB=VALUE[,KNOB=VALUE]",
+                    help="also time fa4kernel built with these knobs, as 'fa4kernel[KNOB=VALUE]' (repeatable; "
+                         "e.g. tile_n=160, or hd256:tile_n=80 for one head dim; fa4kernel/README.md lists the knobs)")
     ap.add_argument("--short-ok", action="store_true",
                     help="allow --warm-s below 1.0 and --timed-s below 0.5 (smoke tests only)")
     args = ap.parse_args(argv)
@@ -628,7 +707,13 @@ def parse_args(argv=None):
         ap.error(f"--window-ms {args.window_ms}: allowed 10-1000")
     if args.budget_s <= 0:
         ap.error(f"--budget-s {args.budget_s}: must be > 0")
+    names = [c.strip() for c in (args.candidates or ",".join(SHORT.values())).split(",") if c.strip()]
+    unknown = [c for c in names if c not in SHORT.values()]
+    if unknown or not names:
+        ap.error(f"--candidates {args.candidates!r}: allowed a comma-separated subset of {', '.join(SHORT.values())}")
+    args.only = tuple(c for c in CANDIDATES if SHORT[c] in names)
     try:
+        args.variants = [parse_variant(spec) for spec in args.variant]
         asked = [parse_problem(spec) for spec in args.problem]
         chosen = select(args.points, args.quick) if args.points or args.quick or not asked else []
         args.selected = chosen + [p for p in dict.fromkeys(asked) if p not in chosen]
@@ -644,7 +729,8 @@ def main(argv=None) -> int:
         from lab.tools.hopper import require_hopper
 
         require_hopper("sustained_sm90.py", "--dry-run prints the plan without one")
-    print(plan_text(points, args.warm_s, args.timed_s, args.window_ms, args.launch), flush=True)
+    print(plan_text(points, args.warm_s, args.timed_s, args.window_ms, args.launch, args.only, args.variants),
+          flush=True)
     if args.dry_run:
         return 0
     torch = _torch()
@@ -662,7 +748,9 @@ def main(argv=None) -> int:
                 "clock_ghz_in_kernel: the clock-probe build's clock64/globaltimer summed over every launch of a window "
                 "(CTA 0 of a persistent launch, every CTA of one CTA per tile), the median over windows"),
         settings={"warm_s": args.warm_s, "timed_s": args.timed_s, "window_ms": args.window_ms, "launch": args.launch,
-                  "rel_error_limit": REL_ERROR_LIMIT, "points": [p.name for p in points]})
+                  "rel_error_limit": REL_ERROR_LIMIT, "points": [p.name for p in points],
+                  "candidates": list(args.only),
+                  "variants": {label: {"knobs": kn, "hdim": hd} for label, kn, hd in args.variants}})
     impls = Impls()
     meta["peer_import_errors"] = impls.errors
     out = args.out or default_out(meta["device"])
@@ -683,7 +771,7 @@ def main(argv=None) -> int:
             skipped.append(p.name)
             print(f"[{i}/{len(points)}] {p.name}: skipped (past --budget-s {args.budget_s:.0f} s)", flush=True)
             continue
-        rec = bench_point(p, i, impls, sustained)
+        rec = bench_point(p, i, impls, sustained, args.only, args.variants)
         results.append(rec)
         print(progress_line(i, len(points), rec, time.perf_counter() - start), flush=True)
         write()
