@@ -63,6 +63,7 @@ from cutlass._mlir.dialects import llvm, vector
 from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.cutlass_dsl import dsl_user_op
 
+from ..convert import to_16bit
 from ..interop import compile_fake, to_cute, torch_stream, tvm_ffi_enabled
 from ..trace_layout import PROBE_SUM_WORDS
 from .bwd_config import TAIL_SLOTS, TAIL_WAVES, BwdConfig
@@ -889,8 +890,8 @@ class FlashBwdSm90:
                 # it - 2, are done: as for dS^T below); then dV, after the barrier
                 rP = cute.make_rmem_tensor_like(acc_S, self.dtype)
                 rdS = cute.make_rmem_tensor_like(acc_dP, self.dtype)
-                rP.store(acc_S.load().to(self.dtype))
-                rdS.store(acc_dP.load().to(self.dtype))
+                to_16bit(acc_S, rP)
+                to_16bit(acc_dP, rdS)
                 cute.copy(smem_thr_copy_dS, smem_thr_copy_dS.retile(rP), tPsP[None, None, None, ds_buf])
                 cute.copy(smem_thr_copy_dS, smem_thr_copy_dS.retile(rdS), tdSsdS[None, None, None, ds_buf])
                 aP, adS = tdVrP[None, None, None, ds_buf], tdKrdS[None, None, None, ds_buf]
@@ -898,8 +899,8 @@ class FlashBwdSm90:
                 cute.arch.barrier(barrier_id=NamedBarrierBwd.DS, number_of_threads=self.num_consumer_threads)
                 gemm(tiled_mma_dkv, acc_dV, aP, tdVrdOt[None, None, None, state.index], False, -1)
             else:
-                tdVrP.store(acc_as_operand_a(acc_S).load().to(self.dtype))
-                tdKrdS.store(acc_as_operand_a(acc_dP).load().to(self.dtype))
+                to_16bit(acc_as_operand_a(acc_S), tdVrP)
+                to_16bit(acc_as_operand_a(acc_dP), tdKrdS)
 
                 # dS^T -> smem buffer it % 2, before the RS GEMMs below, which read tdKrdS
                 # asynchronously (no register access until their wait). The dQ GEMM that last read

@@ -34,6 +34,7 @@ from cutlass import Float32, Int32, const_expr
 from cutlass.cute.nvgpu import cpasync, warpgroup
 
 from .. import block_info
+from ..convert import to_16bit
 from ..diagnostics import NONE, Diagnostics
 from ..instrument import Instrument
 from ..softmax import emulated_columns, exp2, max4, update_row_max_log2
@@ -534,10 +535,10 @@ class FlashFwdSm90:
         """P (fp32, S's registers) -> 16-bit A operand: registers (RS) or smem (SS)."""
         p_view = acc_as_operand_a(acc_S)
         if const_expr(self.p_rs):
-            tOrP.store(p_view.load().to(self.dtype))
+            to_16bit(p_view, tOrP)
         else:
             rP = cute.make_rmem_tensor_like(p_view, self.dtype)
-            rP.store(p_view.load().to(self.dtype))
+            to_16bit(p_view, rP)
             cute.copy(smem_thr_copy_P, smem_thr_copy_P.retile(rP), tPsP)
             # generic-proxy smem writes must be visible to the wgmma (async proxy) of the WG
             cute.arch.fence_view_async_shared()

@@ -381,7 +381,16 @@ def main():
                     help=f"time each candidate alone after {SUSTAINED_WARM_S} s back to back, at the clock the 700 W "
                          "cap settles (what fa4sim's power model predicts); default: short round-robin batches")
     ap.add_argument("--skip", default="", help="candidates to leave out, comma-separated (e.g. sdpa-cudnn,fa2)")
+    ap.add_argument("--tree", action="append", default=[], metavar="LABEL=DIR",
+                    help="also time the fa4kernel package in DIR (another checkout, e.g. HEAD~1's) with its "
+                         "defaults, as 'fa4kernel@LABEL': an A/B of kernel sources in one run (repeatable)")
     args = ap.parse_args()
+    trees = []
+    for spec in args.tree:
+        label, eq, path = spec.partition("=")
+        if not eq or not label.isidentifier() or not os.path.isfile(os.path.join(path, "fa4kernel", "__init__.py")):
+            _bad_input(f"--tree {spec!r}: want LABEL=DIR, LABEL a name and DIR holding a fa4kernel package")
+        trees.append((label, path))
     from lab.tools.hopper import require_hopper
 
     require_hopper("bench_bwd_sm90.py")
@@ -401,6 +410,11 @@ def main():
     # time_interleaved records each candidate's mean NVML SM clock while a sampler is set
     fwd_bench.SAMPLER = ClockSampler(torch.cuda.current_device())
     impls, absent = implementations()
+    from lab.tools.sustained_sm90 import load_tree
+
+    for label, path in trees:
+        module = load_tree(label, path)
+        impls[f"fa4kernel@{label}"] = (lambda m: lambda q, k, v, causal: m.attention(q, k, v, causal=causal))(module)
     for name in filter(None, args.skip.split(",")):
         if impls.pop(name, None) is not None:
             absent[name] = "left out (--skip)"

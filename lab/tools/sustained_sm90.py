@@ -569,7 +569,33 @@ def variant_candidates(point: Point, variants, q, k, v, rec: dict) -> dict:
     return out
 
 
-def bench_point(point: Point, index: int, impls, sustained: Sustained, only=CANDIDATES, variants=()) -> dict:
+def load_tree(label: str, path: str):
+    """The fa4kernel package of another checkout (path/fa4kernel, e.g. `git archive HEAD~1 fa4kernel
+    | tar -x -C path`) as module 'fa4kernel_<label>': its relative imports stay inside it, so an A/B
+    of two kernel sources runs in one process. ValueError in one line if path has no package."""
+    import importlib.util
+
+    init = os.path.join(path, "fa4kernel", "__init__.py")
+    if not os.path.isfile(init):
+        raise ValueError(f"--tree {label}={path}: no fa4kernel package there (want {init})")
+    name = f"fa4kernel_{label}"
+    spec = importlib.util.spec_from_file_location(name, init, submodule_search_locations=[os.path.dirname(init)])
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def tree_candidates(point: Point, trees, q, k, v) -> dict:
+    """'fa4kernel@LABEL' -> (fn, None): another checkout's fa4kernel with its default knobs."""
+    if OURS not in point.candidates():
+        return {}
+    return {f"{OURS}@{label}": ((lambda m=module: m.attention(q, k, v, causal=point.causal)), None)
+            for label, module in trees}
+
+
+def bench_point(point: Point, index: int, impls, sustained: Sustained, only=CANDIDATES, variants=(),
+                trees=()) -> dict:
     """Every candidate of one point (those in `only`, and the --variant builds), compiled, checked
     and timed in turn (order rotated by index)."""
     torch = _torch()
@@ -585,6 +611,7 @@ def bench_point(point: Point, index: int, impls, sustained: Sustained, only=CAND
     ref = reference_check(q, k, v, point.causal, slices)
     cands = make_candidates(point, impls, q, k, v, only)
     cands.update(variant_candidates(point, variants, q, k, v, rec))
+    cands.update(tree_candidates(point, trees, q, k, v))
     for peer in (PEER, FA3):
         if peer in point.candidates() and peer in only and peer not in cands:
             rec["results"][peer] = {"error": impls.errors.get(peer, f"{peer} not importable")}
@@ -693,6 +720,9 @@ def parse_args(argv=None):
     ap.add_argument("--variant", action="append", default=[], metavar="[hdN:]KNOB=VALUE[,KNOB=VALUE]",
                     help="also time fa4kernel built with these knobs, as 'fa4kernel[KNOB=VALUE]' (repeatable; "
                          "e.g. tile_n=160, or hd256:tile_n=80 for one head dim; fa4kernel/README.md lists the knobs)")
+    ap.add_argument("--tree", action="append", default=[], metavar="LABEL=DIR",
+                    help="also time the fa4kernel package in DIR (another checkout, e.g. HEAD~1's), as "
+                         "'fa4kernel@LABEL': an A/B of kernel sources in one run (repeatable)")
     ap.add_argument("--short-ok", action="store_true",
                     help="allow --warm-s below 1.0 and --timed-s below 0.5 (smoke tests only)")
     args = ap.parse_args(argv)
@@ -714,6 +744,12 @@ def parse_args(argv=None):
     args.only = tuple(c for c in CANDIDATES if SHORT[c] in names)
     try:
         args.variants = [parse_variant(spec) for spec in args.variant]
+        args.trees = []
+        for spec in args.tree:
+            label, eq, path = spec.partition("=")
+            if not eq or not label.isidentifier() or not os.path.isfile(os.path.join(path, "fa4kernel", "__init__.py")):
+                raise ValueError(f"--tree {spec!r}: want LABEL=DIR, LABEL a name and DIR holding a fa4kernel package")
+            args.trees.append((label, path))
         asked = [parse_problem(spec) for spec in args.problem]
         chosen = select(args.points, args.quick) if args.points or args.quick or not asked else []
         args.selected = chosen + [p for p in dict.fromkeys(asked) if p not in chosen]
@@ -756,6 +792,8 @@ def main(argv=None) -> int:
     out = args.out or default_out(meta["device"])
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     sustained = Sustained(sampler, args.warm_s, args.timed_s, args.window_ms, args.launch)
+    trees = [(label, load_tree(label, path)) for label, path in args.trees]
+    meta["settings"]["trees"] = {label: path for label, path in args.trees}
     results, skipped = [], []
 
     def write(final=False):
@@ -771,7 +809,7 @@ def main(argv=None) -> int:
             skipped.append(p.name)
             print(f"[{i}/{len(points)}] {p.name}: skipped (past --budget-s {args.budget_s:.0f} s)", flush=True)
             continue
-        rec = bench_point(p, i, impls, sustained, args.only, args.variants)
+        rec = bench_point(p, i, impls, sustained, args.only, args.variants, trees)
         results.append(rec)
         print(progress_line(i, len(points), rec, time.perf_counter() - start), flush=True)
         write()
