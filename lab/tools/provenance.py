@@ -48,6 +48,8 @@ KINDS = {
                  "call, in short batches)",
     "dram_bytes": "HBM and L2 bytes per launch of fa4kernel's forward counted by Nsight Compute, back to back "
                   "(dram_bytes_sm90.py)",
+    "loop_sass": "static SASS counts of the SM90 forward KV loop per KV block: fa4kernel, flash-attn-4 and "
+                 "FlashAttention-3 side by side, compiled or extracted on the CPU (loop_sass_peers.py)",
     "mem_power": "board power and clock under sustained memory-path loads: TMA bulk reduce-adds, RED.ADD from "
                  "registers, the SM-to-SM network, TMA loads (calibrate/bench_mem_power.py)",
 }
