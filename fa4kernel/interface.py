@@ -188,14 +188,33 @@ SHORT_CAUSAL_MAX_SEQLEN_Q = 1024
 SHORT_CAUSAL_TILES = {64: {"tile_m": 128, "tile_n": 128}}
 
 
+# Long launches without a mask at hd256 take 80 keys per KV block (FlashAttention-3's and
+# flash-attn-4's tile), once P converts one cvt per pair at that shape (convert.py). Measured
+# side by side on an H200, settled (lab/campaigns/kernel-sm90-peers/, 20 problems): no mask,
+# seqlen_k 2k-16k +0.7..+4.3 % over 64 keys, 1k -1.7 %; causal 64 keys stay (80 loses up to 3 %
+# at 2k-8k: a 128-row tile's diagonal crosses more, partly masked, 80-key blocks).
+LONG_MIN_SEQLEN_K = 2048
+LONG_TILES = {256: {"tile_n": 80}}
+
+
+def tile_rule(d: int, causal: bool, sq: int, sk: int) -> dict:
+    """The tile shape a launch takes where it departs from its head dim's default (a dict of
+    tile_m / tile_n, or {}): SHORT_CAUSAL_TILES for short causal launches, LONG_TILES for long
+    launches without a mask."""
+    if causal and sq <= SHORT_CAUSAL_MAX_SEQLEN_Q:
+        return SHORT_CAUSAL_TILES.get(d, {})
+    if not causal and sk >= LONG_MIN_SEQLEN_K:
+        return LONG_TILES.get(d, {})
+    return {}
+
+
 def resolve_config(q, k, v, causal: bool = False, return_lse: bool = False, **knobs) -> KernelConfig:
     """The KernelConfig attention() runs for these tensors and knobs (knob defaults resolved,
-    including the short-causal tile shapes, SHORT_CAUSAL_TILES)."""
+    including the tile shapes of short causal and long unmasked launches, tile_rule)."""
     b, sq, sk, h, d, dtype = validate_tensors(q, k, v, causal, None, return_lse, head_dims=SUPPORTED_HEAD_DIMS,
                                               gqa=True)
-    if causal and sq <= SHORT_CAUSAL_MAX_SEQLEN_Q and d in SHORT_CAUSAL_TILES \
-            and knobs.get("tile_m") is None and knobs.get("tile_n") is None:
-        knobs = {**SHORT_CAUSAL_TILES[d], **knobs}
+    if knobs.get("tile_m") is None and knobs.get("tile_n") is None:
+        knobs = {**tile_rule(d, causal, sq, sk), **knobs}
     return make_config(dtype, d, causal, return_lse, knobs)
 
 

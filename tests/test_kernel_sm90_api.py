@@ -199,6 +199,9 @@ def test_persistent_default_where_o_has_its_own_buffer():
     # short causal launches take smaller tiles (interface.SHORT_CAUSAL_TILES); knobs win
     assert (cfg(1024, 64, True).tile_m, cfg(2048, 64, True).tile_m, cfg(1024, 64, False).tile_m) == (128, 192, 192)
     assert (cfg(1000, 256, True).tile_n, cfg(4096, 256, True).tile_n, cfg(1000, 256, True, tile_n=80).tile_n) == (64, 64, 80)
+    # long launches without a mask at hd256 take 80 keys (interface.LONG_TILES) from 2048 keys; knobs win
+    assert (cfg(2047, 256, False).tile_n, cfg(2048, 256, False).tile_n, cfg(16384, 256, False, tile_n=64).tile_n) == (64, 80, 64)
+    assert cfg(16384, 128, False).tile_n == 128 and cfg(16384, 256, False, tile_m=128).tile_n == 64
     assert cfg(1024, 64, True, tile_m=192).tile_m == 192 and cfg(1024, 64, True, tile_n=64).tile_m == 192
     assert cfg(16384, 128, True).persistent
     assert not cfg(1024, 256, True).persistent and not cfg(1024, 256, False).persistent  # O in Q's buffer

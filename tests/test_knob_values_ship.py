@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from fa4kernel.interface import SHORT_CAUSAL_TILES
+from fa4kernel.interface import LONG_TILES, SHORT_CAUSAL_TILES
 from fa4kernel.sm90 import bwd_config as bc
 from fa4kernel.sm90 import config as fc
 from fa4sim import Problem, implementation
@@ -165,7 +165,8 @@ def fwd_shipped() -> dict:
     shipped = {name: set() for name in FWD_VALUES}
     for knobs in [{}] + lesson_settings(fc.KNOB_NAMES):
         for hd, causal, lse in itertools.product(fc.SUPPORTED_HEAD_DIMS, (False, True), (False, True)):
-            for short in ([{}, SHORT_CAUSAL_TILES[hd]] if causal and hd in SHORT_CAUSAL_TILES else [{}]):
+            rule = SHORT_CAUSAL_TILES if causal else LONG_TILES
+            for short in ([{}, rule[hd]] if hd in rule else [{}]):
                 try:
                     cfg = fc.make_config("bfloat16", hd, causal, lse, {**short, **knobs})
                 except ValueError:

@@ -46,7 +46,8 @@ FWD_VARIANTS = [{"exp_emulation": 0.125}, {"exp_emulation": 0.25}, {"rescale_thr
                 {"rescale_threshold": 8.0, "rescale_before_pv": False},
                 {"exp_emulation": 0.125, "rescale_threshold": 8.0, "rescale_before_pv": False}]
 FWD_BUILDS = ([(128, causal, v) for causal in (False, True) for v in FWD_VARIANTS]
-              + [(hd, causal, {}) for hd in (64, 96, 128, 192, 256) for causal in (False, True)])
+              + [(hd, causal, {}) for hd in (64, 96, 128, 192, 256) for causal in (False, True)]
+              + [(256, False, {"tile_n": 80})])  # long launches without a mask (interface.LONG_TILES)
 
 
 def fwd_build(cfg) -> dict:
