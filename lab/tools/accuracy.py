@@ -201,14 +201,19 @@ def stat_committed(row, files, spec):
     """Today's predictions against those committed before the run (spec["predictions"]): the
     largest relative difference in TFLOP/s, over the kernel-points both have."""
     doc = json.loads((ROOT / spec["predictions"]).read_text())
-    table = {_problem_key(p, p["seqlen"]): p["tflops"] for p in doc["predictions"]}
+    if "rows" in doc:  # predictions by point name and kernel (sustained_sm90.py's point names)
+        table = {(p["kernel"], p["point"]): p["tflops"] for p in doc["rows"]}
+        key = lambda x: (x["kernel"], x.get("name"))  # noqa: E731
+    else:
+        table = {_problem_key(p, p["seqlen"]): p["tflops"] for p in doc["predictions"]}
+        key = lambda x: _problem_key(x, x["seqlen_q"])  # noqa: E731
     diffs = []
     for _, x in _rows({"files": files}, "points"):
-        k = _problem_key(x, x["seqlen_q"])
+        k = key(x)
         if k in table and x.get("predicted_tflops"):
             diffs.append(x["predicted_tflops"] / table[k] - 1)
     return {"count": len(diffs), "max": max(abs(d) for d in diffs) if diffs else None,
-            "committed": len(doc["predictions"]), "model_commit": doc["meta"].get("model_commit")}
+            "committed": len(table), "model_commit": doc["meta"].get("model_commit")}
 
 
 def stat_bwd_tflops(row, files, spec):

@@ -49,8 +49,10 @@ def block(files: dict = FILES, root: Path = ROOT) -> str:
         v = dict(meta.get("versions") or {})
         if isinstance(v.get("cudnn"), int):  # torch reports 91900 for 9.19.0
             v["cudnn"] = f"{v['cudnn'] // 10000}.{v['cudnn'] // 100 % 100}.{v['cudnn'] % 100}"
-        lines += [f"{device}, `{rel}` (torch {v.get('torch')}, flash-attn-4 {v.get('flash_attn_4')}, "
-                  f"FlashAttention-3 {v.get('flash_attn_3')}, cuDNN {v.get('cudnn')}): TFLOP/s, settled", "",
+        campaign = str(Path(rel).parent)  # the product names the campaign folder, not the dated file
+        lines += [f"{device} (`{campaign}/`, its grid file; torch {v.get('torch')}, flash-attn-4 "
+                  f"{v.get('flash_attn_4')}, FlashAttention-3 {v.get('flash_attn_3')}, cuDNN {v.get('cudnn')}): "
+                  "TFLOP/s, settled", "",
                   "| head dim | tokens | causal | fa4kernel | " + " | ".join(n for _, n in PEERS) + " |",
                   "|---|---|---|---|" + "---|" * len(PEERS)]
         for p in sorted(points, key=lambda p: (p["hdim"], p["seqlen"], p["causal"])):
