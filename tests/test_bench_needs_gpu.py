@@ -76,3 +76,17 @@ def test_the_blackwell_check_wants_sm100(monkeypatch, capsys):
     with pytest.raises(SystemExit) as e:
         require_blackwell("x.py")
     assert e.value.code == 2 and "NVIDIA H200 (sm_90)" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("spec,says", [
+    ("b=8,h=16,kv=3,s=2048,d=64", "kv=3 must divide h=16"),
+    ("b=8,h=16,s=2048", "give b=, h=, s= and d="),
+    ("b=8,h=16,s=2048,d=100", "d=100; allowed: 64, 96, 128, 192, 256"),
+    ("b=8,h=16,s=2048,d=64,window", "'window'; allowed: b=, h=, kv=, s=, d="),
+])
+def test_bwd_bench_problem_fails_in_one_line(spec, says):
+    """bench_bwd_sm90.py --problem (GQA / MQA shapes) checks its problem before anything needs a GPU."""
+    r = subprocess.run([sys.executable, "lab/tools/bench_bwd_sm90.py", "--out", "/tmp/never.json", "--problem", spec],
+                       capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert says in r.stderr.strip().splitlines()[-1]

@@ -123,6 +123,27 @@ def parse_variant(text):
     _bad_input(f"--variants {text!r}: {'; '.join(errors)}")
 
 
+def parse_problem(spec: str):
+    """'b=8,h=16,kv=1,s=2048,d=64,causal' -> (d, s, causal, (b, h, kv)); one line and exit 2 otherwise."""
+    vals, causal = {}, False
+    for tok in filter(None, (t.strip() for t in spec.split(","))):
+        if tok == "causal":
+            causal = True
+            continue
+        key, eq, val = tok.partition("=")
+        if not eq or key not in ("b", "h", "kv", "s", "d") or not val.isdigit() or int(val) <= 0:
+            _bad_input(f"--problem {spec!r}: {tok!r}; allowed: b=, h=, kv=, s=, d= positive integers and causal")
+        vals[key] = int(val)
+    if any(k not in vals for k in ("b", "h", "s", "d")):
+        _bad_input(f"--problem {spec!r}: give b=, h=, s= and d= (kv= defaults to h)")
+    kv = vals.get("kv", vals["h"])
+    if vals["h"] % kv:
+        _bad_input(f"--problem {spec!r}: kv={kv} must divide h={vals['h']}")
+    if vals["d"] not in fa4kernel.SUPPORTED_HEAD_DIMS:
+        _bad_input(f"--problem {spec!r}: d={vals['d']}; allowed: {', '.join(map(str, fa4kernel.SUPPORTED_HEAD_DIMS))}")
+    return vals["d"], vals["s"], causal, (vals["b"], vals["h"], kv)
+
+
 def _flash_attn_4():
     from flash_attn.cute.interface import flash_attn_func
 
@@ -138,8 +159,9 @@ def _cudnn():
 
     def fwd(q, k, v, causal):
         qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
+        gqa = {"enable_gqa": True} if k.shape[2] != q.shape[2] else {}
         with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-            o = torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
+            o = torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, is_causal=causal, **gqa)
         return o.transpose(1, 2)
 
     return fwd
@@ -166,23 +188,28 @@ def implementations():
 
 
 def reference_grads(q, k, v, dout, causal):
+    """fp32 autograd; k, v may have fewer heads (GQA: q head i reads k/v head i // group)."""
     d = q.shape[-1]
     qf, kf, vf = (t.detach().float().requires_grad_() for t in (q, k, v))
-    s = torch.einsum("bqhd,bkhd->bhqk", qf, kf) / math.sqrt(d)
+    g = q.shape[2] // k.shape[2]
+    ke, ve = (t.repeat_interleave(g, dim=2) for t in (kf, vf))
+    s = torch.einsum("bqhd,bkhd->bhqk", qf, ke) / math.sqrt(d)
     if causal:
         sq, sk = q.shape[1], k.shape[1]
         i = torch.arange(sq, device=q.device)[:, None]
         j = torch.arange(sk, device=q.device)[None, :]
         s = s.masked_fill(j > i + (sk - sq), float("-inf"))
-    o = torch.einsum("bhqk,bkhd->bqhd", torch.softmax(s, dim=-1), vf)
+    o = torch.einsum("bhqk,bkhd->bqhd", torch.softmax(s, dim=-1), ve)
     return torch.autograd.grad(o, (qf, kf, vf), dout.float())
 
 
-def check_grads(fwd, d, s, causal) -> dict:
-    """rel errors of dq, dk, dv against the fp32 reference on a small problem (finite asserted)."""
+def check_grads(fwd, d, s, causal, heads=(2, 2)) -> dict:
+    """rel errors of dq, dk, dv against the fp32 reference on a small problem (finite asserted):
+    batch 1, min(s, 2048) tokens, heads = (q heads, k/v heads)."""
     torch.manual_seed(99 + d + s)
     s = min(s, 2048)
-    q, k, v, dout = (torch.randn(1, s, 2, d, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+    q, dout = (torch.randn(1, s, heads[0], d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    k, v = (torch.randn(1, s, heads[1], d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
     q, k, v = (t.requires_grad_() for t in (q, k, v))
     got = torch.autograd.grad(fwd(q, k, v, causal), (q, k, v), dout)
     return grad_errors(got, reference_grads(q, k, v, dout, causal))
@@ -231,12 +258,13 @@ def probe_candidate(q, k, v, dout, causal, **bwd_knobs):
     return run, read
 
 
-def check_probe(d, s, causal, **bwd_knobs) -> dict:
+def check_probe(d, s, causal, heads=(2, 2), **bwd_knobs) -> dict:
     """check_grads for the clock-probe build (with bwd_knobs; left out: the defaults): dq, dk, dv
     on the small problem against the fp32 reference."""
     torch.manual_seed(99 + d + s)
     s = min(s, 2048)
-    q, k, v, dout = (torch.randn(1, s, 2, d, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+    q, dout = (torch.randn(1, s, heads[0], d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    k, v = (torch.randn(1, s, heads[1], d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
     run, _ = probe_candidate(q, k, v, dout, causal, **bwd_knobs)
     return grad_errors(run(), reference_grads(q, k, v, dout, causal))
 
@@ -249,10 +277,13 @@ def check_probe(d, s, causal, **bwd_knobs) -> dict:
 SUSTAINED_WARM_S, SUSTAINED_TIMED_S, SUSTAINED_WINDOW_MS = 2.5, 1.0, 50.0
 
 
-def bench_point(impls, d, s, causal, quick, points, variants=None, deterministic=True, sustained=False):
-    b, h = 16384 // s, 2048 // d
-    point = dict(batch=b, seqlen=s, heads=h, hdim=d, causal=causal,
+def bench_point(impls, d, s, causal, quick, points, variants=None, deterministic=True, sustained=False, shape=None):
+    """One problem, every candidate: the grid's (batch x seqlen = 16k tokens, heads x hdim = 2048)
+    or shape = (batch, heads, heads_kv) of a --problem."""
+    b, h, hkv = shape or (16384 // s, 2048 // d, 2048 // d)
+    point = dict(batch=b, seqlen=s, heads=h, heads_kv=hkv, hdim=d, causal=causal,
                  flops=bwd_flops(b, h, s, s, d, causal), results={})
+    small = (2, 2) if hkv == h else (h // hkv * min(hkv, 2), min(hkv, 2))  # the check's (q, k/v) heads
     cands = dict(impls)
     skip = {}
     for text in variants or []:
@@ -264,12 +295,13 @@ def bench_point(impls, d, s, causal, quick, points, variants=None, deterministic
     if deterministic and d in fa4kernel.BWD_HEAD_DIMS and s <= DETERMINISTIC_MAX_SEQLEN:
         cands["fa4kernel[deterministic]"] = _ours(deterministic=True)
     torch.manual_seed(1234 + s + d)
-    q, k, v, dout = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+    q, dout = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    k, v = (torch.randn(b, s, hkv, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
     q, k, v = (t.requires_grad_() for t in (q, k, v))
     timed, probe_read = {}, None
     if sustained and d in fa4kernel.BWD_HEAD_DIMS:  # the in-kernel clock of fa4kernel's default build
         try:
-            check = check_probe(d, s, causal)
+            check = check_probe(d, s, causal, heads=small)
             point["results"][PROBE] = dict(check=check)
             if check["ok"]:
                 run, probe_read = probe_candidate(q, k, v, dout, causal)
@@ -288,7 +320,7 @@ def bench_point(impls, d, s, causal, quick, points, variants=None, deterministic
             point["results"][name] = dict(unsupported=skip[name])
             continue
         try:
-            check = check_grads(fwd, d, s, causal)
+            check = check_grads(fwd, d, s, causal, small)
             out = fwd(q, k, v, causal)  # forward outside the timed region
 
             def run(out=out):
@@ -339,7 +371,7 @@ def bench_point(impls, d, s, causal, quick, points, variants=None, deterministic
     points.append(point)
     r = point["results"]
     line = " ".join(f"{n}={r[n]['tflops']:.0f}" if "tflops" in r[n] else f"{n}=--" for n in r)
-    print(f"bwd hd{d:<3} s{s:<6} b{b:<3} h{h:<3} causal={int(causal)} {line}", flush=True)
+    print(f"bwd hd{d:<3} s{s:<6} b{b:<3} h{h:<3}{'' if hkv == h else f' kv{hkv}'} causal={int(causal)} {line}", flush=True)
     del q, k, v, dout
     torch.cuda.empty_cache()
 
@@ -381,10 +413,15 @@ def main():
                     help=f"time each candidate alone after {SUSTAINED_WARM_S} s back to back, at the clock the 700 W "
                          "cap settles (what fa4sim's power model predicts); default: short round-robin batches")
     ap.add_argument("--skip", default="", help="candidates to leave out, comma-separated (e.g. sdpa-cudnn,fa2)")
+    ap.add_argument("--problem", action="append", default=[], metavar="b=B,h=H,kv=KV,s=S,d=D[,causal]",
+                    help="a problem of your own (repeatable): batch, q heads, k/v heads (GQA / MQA: kv divides h), "
+                         "sequence length, head dim; with any --problem the grid runs only with --grid")
+    ap.add_argument("--grid", action="store_true", help="with --problem: run the grid too")
     ap.add_argument("--tree", action="append", default=[], metavar="LABEL=DIR",
                     help="also time the fa4kernel package in DIR (another checkout, e.g. HEAD~1's) with its "
                          "defaults, as 'fa4kernel@LABEL': an A/B of kernel sources in one run (repeatable)")
     args = ap.parse_args()
+    problems = [parse_problem(spec) for spec in args.problem]
     trees = []
     for spec in args.tree:
         label, eq, path = spec.partition("=")
@@ -460,8 +497,12 @@ def main():
     grid = [(d, s, c) for d in hdims for s in seqlens for c in causals]
     if args.quick:
         grid = [(128, 1024, False), (128, 1024, True)]
-    for d, s, causal in grid:
-        bench_point(impls, d, s, causal, args.quick, points, args.variants, not args.no_deterministic, args.sustained)
+    if problems and not args.grid:
+        grid = []
+    runs = [(d, s, c, None) for d, s, c in grid] + problems
+    for d, s, causal, shape in runs:
+        bench_point(impls, d, s, causal, args.quick, points, args.variants, not args.no_deterministic, args.sustained,
+                    shape)
         write()
     doc = write(final=True)
     print(json.dumps(doc["summary"], indent=1))
