@@ -9,9 +9,12 @@ sys.path.insert(0, ROOT)
 from lab.tools import speed_table as st  # noqa: E402
 
 
-def test_readme_block_is_the_files():
+def test_readme_blocks_are_the_files():
     text = st.README.read_text()
     assert st.splice(text, st.block()) == text, "run python -m lab.tools.speed_table"
+    top = st.TOP_README.read_text()
+    assert st.splice(top, st.readme_block(), st.README_MARKERS) == top, "run python -m lab.tools.speed_table"
+    assert st.main(["--check"]) == 0
 
 
 def test_every_grid_point_and_peer_is_in_the_table():
