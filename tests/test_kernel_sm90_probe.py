@@ -37,7 +37,15 @@ def test_clock_probe_build_adds_only_the_header_stamps():
 def test_skip_softmax_build_drops_the_softmax():
     cfg = make_config("bfloat16", 128, False, False, {})
     plain, skip = sass(cfg), sass(cfg, probe_build(skip_softmax=True))
-    assert count(skip, "HGMMA") == count(plain, "HGMMA")
+    # the GEMMs stay: per KV block (its P: 32 F2FP at 128 keys) the steady loop issues the same 16
+    # HGMMA; ptxas unrolls the skip build's short loop over two blocks
+    from fa4kernel.sass import kv_loop, loop_bodies
+
+    def per_block(ops):
+        return sum(x.startswith("HGMMA") for x in ops) / (sum(x.startswith("F2FP") for x in ops) / 32)
+
+    steady = min((o for _, o in loop_bodies(skip) if any(x.startswith("HGMMA") for x in o)), key=len)
+    assert per_block(steady) == per_block(kv_loop(plain)) == 16
     assert count(skip, "FMNMX") == 0 < count(plain, "FMNMX")
     assert count(skip, "MUFU") < count(plain, "MUFU") // 10
 

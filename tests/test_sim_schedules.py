@@ -439,7 +439,7 @@ def test_fa3_softmax_split_at_the_pv_wait_keeps_its_work():
 
 @pytest.mark.parametrize("kernel,hd,causal,knobs,want", [
     ("fa4kernel", 128, False, {"tile_n": 128, "rescale_before_pv": False, "exp_emulation": 0.0}, (1.0, 0.435, 0.152)),
-    ("fa4kernel", 128, True, {"tile_n": 128, "rescale_before_pv": False, "exp_emulation": 0.0}, (1.0, 0.442, 0.152)),
+    ("fa4kernel", 128, True, {"tile_n": 128, "rescale_before_pv": False, "exp_emulation": 0.0}, (1.0, 0.428, 0.152)),
     ("fa4kernel", 128, True, {"tile_n": 128, "exp_emulation": 0.125}, (0.961, 0.263, 0.103)),
     ("fa4kernel", 128, False, {"tile_n": 64, "rescale_before_pv": False}, (1.0, 0.0, 0.0)),   # not compiled
     ("flash-attn-4", 256, True, {}, (1.0, 0.585, 0.333)),
