@@ -7,10 +7,11 @@
     fa4kernel.attention_backward_probed(...)   # the same through the clock-probe build, + stamps
     fa4kernel.compile_sass(cfg=None, arch="sm_90a" | "sm_100a", ...)   # no GPU needed
     fa4kernel.compile_bwd_sass(head_dim=128, causal=False, ...)         # the SM90 backward
+    fa4kernel.attention_op(q, k, v, causal=False, ...)   # the torch custom op (torch.compile, CUDA graphs)
 
 Layout and knobs: fa4kernel/README.md. Importing this package imports neither torch nor the
 CuTe DSL: make_config and default_knobs are plain Python (fa4sim reads the kernel's choices
-through them).
+through them). attention_op loads fa4kernel/ops.py (torch, the op's registration) on first use.
 """
 
 from .interface import COMPILE_TIMES, attention, compile_bwd_sass, compile_sass
@@ -35,4 +36,14 @@ __all__ = [
     "SUPPORTED_HEAD_DIMS",
     "Diagnostics",
     "COMPILE_TIMES",
+    "attention_op",
 ]
+
+
+def __getattr__(name):
+    # attention_op registers torch custom ops: loaded on first use, so `import fa4kernel` stays torch-free
+    if name == "attention_op":
+        from .ops import attention_op
+
+        return attention_op
+    raise AttributeError(f"module 'fa4kernel' has no attribute {name!r}")

@@ -18,7 +18,7 @@ def check_backward_supported(q, k, v, causal: bool, deterministic, **bwd_knobs) 
     """One-line ValueError unless the SM90 backward supports these (already validated) inputs
     and knobs (sm90/bwd_config.py: dq_reduce, dq_smem, dq_sum, stats, mma_order, preprocess, postprocess,
     tile_m, grid_order, dq_zero)."""
-    d = q.shape[-1]
+    d = int(q.shape[-1])  # static under torch.compile's dynamic shapes too: it picks the kernel
     if d not in BWD_HEAD_DIMS:
         raise ValueError(f"head_dim={d} has no backward (q, k or v requires grad); allowed with grad: "
                          f"{', '.join(map(str, BWD_HEAD_DIMS))} (or call under torch.no_grad())")
@@ -109,10 +109,13 @@ def attention_backward_probed(dout, q, k, v, out, lse, causal: bool = False, sof
     return (*_backward(dout, q, k, v, out, lse, causal, softmax_scale, deterministic, stamps, bwd_knobs), stamps)
 
 
-def _backward(dout, q, k, v, out, lse, causal, softmax_scale, deterministic, stamps, bwd_knobs):
+def check_backward_args(dout, q, k, v, out, lse, causal: bool, softmax_scale, deterministic, **bwd_knobs) -> None:
+    """The backward's checks that need no GPU (one-line ValueError): q, k, v as the forward
+    takes them, the backward's head dims and knobs, out and dout shaped like q, lse (batch,
+    heads, seqlen_q) fp32. Fake tensors pass through (fa4kernel/ops.py's fake backward)."""
     import torch
 
-    from .inputs import validate_device, validate_tensors
+    from .inputs import validate_tensors
 
     validate_tensors(q, k, v, causal, softmax_scale, False, head_dims=BWD_HEAD_DIMS, gqa=True)
     check_backward_supported(q, k, v, causal, deterministic, **bwd_knobs)
@@ -121,6 +124,14 @@ def _backward(dout, q, k, v, out, lse, causal, softmax_scale, deterministic, sta
         if not isinstance(t, torch.Tensor) or tuple(t.shape) != shape or t.dtype != dt:
             got = f"{tuple(t.shape)} {t.dtype}" if isinstance(t, torch.Tensor) else type(t).__name__
             raise ValueError(f"{name}: {got}; allowed: a {dt} tensor of shape {shape}")
+
+
+def _backward(dout, q, k, v, out, lse, causal, softmax_scale, deterministic, stamps, bwd_knobs):
+    import torch
+
+    from .inputs import validate_device
+
+    check_backward_args(dout, q, k, v, out, lse, causal, softmax_scale, deterministic, **bwd_knobs)
     validate_device(q, k, v)
     from .inputs import capability
 

@@ -410,6 +410,10 @@ def _schedule(cfg: KernelConfig, q, k):
 
         from .tile_schedule import as_table, make_schedule
 
+        if torch.cuda.is_current_stream_capturing():  # the upload below is a blocking copy
+            raise ValueError(f"CUDA graph capture of a shape not run before (q {tuple(q.shape)}, k {tuple(k.shape)}); "
+                             "allowed: run it once before capture (its tile schedule is uploaded then)")
+
         rows = make_schedule(b, h, sq, sk, d, cfg.tile_m, cfg.tile_n, grid, section, cfg.causal,
                              _sm_count(q.device))
         table = torch.tensor(as_table(rows), dtype=torch.int32, device=q.device)
