@@ -87,7 +87,7 @@ def _default_schedule(hw_name: str) -> str:
 def _problem(a) -> Problem:
     return Problem(batch=a.batch, heads=a.heads, seqlen_q=a.seqlen,
                    seqlen_k=a.seqlen_k if a.seqlen_k is not None else a.seqlen, hdim=a.hdim, causal=a.causal,
-                   hdim_v=a.hdim_v)
+                   hdim_v=a.hdim_v, heads_kv=getattr(a, "heads_kv", None))
 
 
 # what an output file's name may end in, by option (matplotlib writes these; Perfetto reads JSON);
@@ -139,6 +139,8 @@ def add_problem_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seqlen-k", type=int, default=None, help="key sequence length (default: --seqlen)")
     p.add_argument("--batch", type=int, default=2, help="batch size (default 2)")
     p.add_argument("--heads", type=int, default=16, help="attention heads (default 16)")
+    p.add_argument("--heads-kv", type=int, default=None, help="K/V heads, a divisor of --heads (default: --heads); "
+                                                              "fewer: grouped-query attention (GQA), 1: MQA")
     p.add_argument("--causal", action="store_true", help="causal mask (bottom-right aligned)")
     p.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                    help="a what-if: a schedule knob, a hardware parameter or a constant measured on the "
@@ -220,10 +222,15 @@ def _title(r) -> str:
     p = r.problem
     if r.pass_ == "bwd":
         return (f"{r.impl.name} backward on {r.hw.name}: hd{_hd(p)}, seqlen {p.seqlen_q}, batch {p.batch}, heads "
-                f"{p.heads}{', causal' if p.causal else ''} -> {r.tflops:.0f} TFLOP/s (one CTA, first "
+                f"{p.heads}{_kv(p)}{', causal' if p.causal else ''} -> {r.tflops:.0f} TFLOP/s (one CTA, first "
                 f"{r.trace.tiles[0]} Q blocks simulated)")
     return (f"{r.impl.name} on {r.hw.name}: hd{_hd(p)}, seqlen {p.seqlen_q}, batch {p.batch}, heads {p.heads}"
-            f"{', causal' if p.causal else ''} -> {r.tflops:.0f} TFLOP/s (one CTA, first {r.trace.tiles[0]} KV blocks simulated)")
+            f"{_kv(p)}{', causal' if p.causal else ''} -> {r.tflops:.0f} TFLOP/s (one CTA, first {r.trace.tiles[0]} KV blocks simulated)")
+
+
+def _kv(p) -> str:
+    """' over N K/V heads' where they are grouped (GQA / MQA), else nothing."""
+    return f" over {p.heads_kv} K/V heads" if p.heads_kv != p.heads else ""
 
 
 def _hd(p) -> str:
@@ -235,7 +242,7 @@ def _summary(r) -> str:
     bwd = r.pass_ == "bwd"
     lines = [
         f"{r.impl.name} ({r.schedule} schedule{', backward' if bwd else ''}) on {r.hw.name} ({r.hw.description})",
-        f"problem   batch {p.batch} x heads {p.heads}, seqlen_q {p.seqlen_q}, seqlen_k {p.seqlen_k}, hdim {_hd(p)}"
+        f"problem   batch {p.batch} x heads {p.heads}{_kv(p)}, seqlen_q {p.seqlen_q}, seqlen_k {p.seqlen_k}, hdim {_hd(p)}"
         f"{', causal' if p.causal else ''}",
         "knobs     " + ", ".join(f"{n}={v}" for n, v in r.knobs.items()),
         f"result    {r.tflops:.1f} TFLOP/s  ({r.tflops / r.hw.peak_tflops:.1%} of {r.hw.peak_tflops:.0f} peak at "

@@ -35,22 +35,35 @@ class WorkUnit:
     rows: int = 0        # query rows with data (the last tile of a length may be partial); 0 = all
 
 
-def work_units(p: Problem, rows: int, tile_n: int) -> list[WorkUnit]:
-    """One (batch, head)'s Q tiles; the caller multiplies by batch*heads."""
+def work_units(p: Problem, rows: int, tile_n: int, pack: int = 1) -> list[WorkUnit]:
+    """One (batch, head)'s Q tiles; the caller multiplies by batch*heads.
+
+    pack > 1 (flash-attn-4's pack_gqa, pack = the q heads per K/V head): one (batch, K/V head)'s
+    tiles, whose rows are the group's q heads of each token in turn (row r: token r // pack, q
+    head r % pack), so a tile of `rows` rows holds rows / pack tokens of every q head of the
+    group; the caller multiplies by batch*heads_kv. Its KV blocks are those of its tokens."""
     out = []
     offset = p.seqlen_k - p.seqlen_q  # causal is bottom-right aligned (flash_attn convention)
-    for m0 in range(0, p.seqlen_q, rows):
-        r_first, r_last = m0, min(m0 + rows, p.seqlen_q) - 1
+    for m0 in range(0, p.seqlen_q * pack, rows):
+        r_first, r_last = m0, min(m0 + rows, p.seqlen_q * pack) - 1
+        t_first, t_last = r_first // pack, r_last // pack  # the tokens of its first and last rows
         if p.causal:
-            keys = min(p.seqlen_k, r_last + 1 + offset)
+            keys = min(p.seqlen_k, t_last + 1 + offset)
             n_kv = max(1, math.ceil(keys / tile_n))
-            full = max(0, min(p.seqlen_k, r_first + 1 + offset)) // tile_n  # blocks no row masks
+            full = max(0, min(p.seqlen_k, t_first + 1 + offset)) // tile_n  # blocks no row masks
             masked = max(1, n_kv - full) if keys > 0 else 1
         else:
             n_kv = math.ceil(p.seqlen_k / tile_n)
             masked = 1 if p.seqlen_k % tile_n else 0
         out.append(WorkUnit(n_kv, masked, r_last - r_first + 1))
     return out
+
+
+def launch_heads(p: Problem, pack: int = 1) -> tuple[int, int]:
+    """(the launch's (batch, head) pairs, how many of them share one K/V head): one pair per q
+    head, pack-many q heads sharing each; with pack (= heads_per_kv, packed GQA) one per K/V
+    head. The pairs of one K/V head are adjacent: hb // share is its (batch, K/V head)."""
+    return p.batch * p.heads // pack, p.heads_per_kv // pack
 
 
 @dataclass
@@ -124,39 +137,44 @@ def assign(costs: list[tuple[float, float]], slots: int, persistent: bool = True
 
 
 def cold_start_bytes(p: Problem, first_wave: list[tuple[int, WorkUnit]], rows: int, tile_n: int,
-                     elem_bytes: int = 2) -> float:
+                     elem_bytes: int = 2, share: int = 1) -> float:
     """Bytes the first wave needs from HBM before any tile can start its loop: every tile's Q
     and the first K and V block it reads (the kernel walks a tile's KV blocks from its last, the
-    causal diagonal, down), each (head, block) once. Nothing is in L2 yet when the launch starts."""
+    causal diagonal, down), each (K/V head, block) once (share: launch heads per K/V head).
+    Nothing is in L2 yet when the launch starts."""
     d = p.hdim
     q = sum((u.rows or rows) for _, u in first_wave) * d * elem_bytes
-    kv = len({(hb, u.n_kv - 1) for hb, u in first_wave}) * 2 * tile_n * d * elem_bytes
+    kv = len({(hb // share, u.n_kv - 1) for hb, u in first_wave}) * 2 * tile_n * d * elem_bytes
     return q + kv
 
 
 def traffic(p: Problem, hw, units: list[WorkUnit], tile_n: int, two_cta: bool,
             tiles: list[tuple[int, int]] | None = None, slots: int = 0,
-            elem_bytes: int = 2) -> tuple[float, float]:
+            elem_bytes: int = 2, pack: int = 1) -> tuple[float, float]:
     """(bytes from L2 into SMs, bytes from HBM) for the whole problem.
 
     Every tile loads its Q and its KV blocks from L2 (a CTA pair loads each K/V block once for
     both SMs). HBM sees Q and O once, and K/V once per wave that needs them and does not find
-    them in L2 (kv_hbm_reads).
+    them in L2 (kv_hbm_reads), by K/V head: the tiles of q heads sharing a K/V head (GQA) that
+    run in one wave read its blocks once. pack: launch_heads.
     """
-    bh = p.batch * p.heads
+    bh, share = launch_heads(p, pack)
     kv_block = tile_n * (p.hdim + p.hdim_v) * elem_bytes  # one K and one V block
     # a unit is one CTA's tile, or one CTA pair's (its rows span both SMs): it loads its blocks once
     kv_per_unit = sum(u.n_kv for u in units) * kv_block
-    l2 = bh * (p.seqlen_q * p.hdim * elem_bytes + kv_per_unit)
+    l2 = bh * (p.seqlen_q * pack * p.hdim * elem_bytes + kv_per_unit)
     if tiles is None:  # blockIdx order, one CTA per SM
         tiles = [(hb, m) for hb in range(bh) for m in range(len(units))]
+    if share > 1:
+        tiles = [(hb // share, m) for hb, m in tiles]
     kv = kv_hbm_reads(tiles, [u.n_kv for u in units], kv_block, hw.l2_bytes, slots or hw.num_sms)
-    return l2, bh * p.seqlen_q * (p.hdim + p.hdim_v) * elem_bytes + kv
+    return l2, p.batch * p.heads * p.seqlen_q * (p.hdim + p.hdim_v) * elem_bytes + kv
 
 
 def kv_hbm_reads(tiles: list[tuple[int, int]], n_kv: list[int], kv_block: float, l2_bytes: float,
                  slots: int) -> float:
-    """Bytes of K/V read from HBM when `tiles` (hb, m) run `slots` at a time, in that order.
+    """Bytes of K/V read from HBM when `tiles` (hb, m) run `slots` at a time, in that order; hb
+    names the K/V head a tile reads (GQA: its q head's).
 
     The tiles of one head that run together walk its K/V blocks in the same order within a few
     blocks of each other, so a wave reads each of its heads' blocks from HBM once, however many
@@ -181,17 +199,18 @@ def kv_hbm_reads(tiles: list[tuple[int, int]], n_kv: list[int], kv_block: float,
 
 def kernel_time(p: Problem, hw, units: list[WorkUnit], cost_of, tile_n: int,
                 two_cta: bool, persistent: bool = True, order: str = "lpt", rows: int = 0,
-                cluster: int = 1) -> KernelTime:
+                cluster: int = 1, pack: int = 1) -> KernelTime:
     """cost_of(WorkUnit) -> (T1, T2 - T1) in cycles; order: tile_order.ORDERS; rows: a full
     unit's query rows (for the cold start's Q bytes); cluster: units launched together (a
-    backward's 2-CTA clusters: tile_order's tail_lpt keeps them side by side).
+    backward's 2-CTA clusters: tile_order's tail_lpt keeps them side by side); pack: the q heads
+    one tile packs (launch_heads; the units are then one (batch, K/V head)'s).
 
     The launch starts cold: the first wave's Q tiles and first K/V blocks all come from HBM at
     once (measured per CTA with fa4kernel's CTA log: the first CTA on every SM takes 3-13k cycles
     longer than the same tile later, in proportion to 1 / HBM bandwidth between H100 and H200;
     lab/campaigns/launch-jitter/cta_log_*), so every slot starts after cold_start_bytes / HBM bandwidth.
     """
-    n_hb = p.batch * p.heads
+    n_hb, share = launch_heads(p, pack)
     costs = [cost_of(u) for u in units]
     kv_head = p.seqlen_k * (p.hdim + p.hdim_v) * 2  # one head's K and V, bf16
     slots = hw.num_sms // (2 if two_cta else 1)
@@ -199,7 +218,7 @@ def kernel_time(p: Problem, hw, units: list[WorkUnit], cost_of, tile_n: int,
                        sorted_launch=persistent or p.causal, cluster=cluster)
     rows = rows or max(u.rows for u in units)
     wave = [(hb, units[m]) for hb, m in tiles[:slots]]
-    cold_cycles = cold_start_bytes(p, wave, rows, tile_n) / (hw.hbm_bandwidth_tbps * 1e12) * hw.clock_ghz * 1e9
+    cold_cycles = cold_start_bytes(p, wave, rows, tile_n, share=share) / (hw.hbm_bandwidth_tbps * 1e12) * hw.clock_ghz * 1e9
     if persistent and order == "fa4kernel":
         # the host fixed each CTA's tiles before the launch, by its own estimate
         wgs = max(1, rows // 64)
@@ -216,7 +235,7 @@ def kernel_time(p: Problem, hw, units: list[WorkUnit], cost_of, tile_n: int,
         cycles, n_tiles = assign([costs[m] for _, m in tiles], slots, persistent, hw.cta_launch_cycles, cold_cycles)
         jitter = 0.0
     compute_us = cycles / (hw.clock_ghz * 1e3)
-    l2_b, hbm_b = traffic(p, hw, units, tile_n, two_cta, [(hb, m) for hb, m in tiles], slots)
+    l2_b, hbm_b = traffic(p, hw, units, tile_n, two_cta, [(hb, m) for hb, m in tiles], slots, pack=pack)
     l2_us = l2_b / (hw.l2_bandwidth_tbps * 1e6)
     hbm_us = hbm_b / (hw.hbm_bandwidth_tbps * 1e6)
     body = max(compute_us, l2_us, hbm_us)

@@ -28,7 +28,7 @@ from typing import ClassVar
 from . import hardware, implementation, power
 from .engine import Trace, gc_paused
 from .errors import InputError
-from .kernel_model import KernelTime, WorkUnit, kernel_time, work_units
+from .kernel_model import KernelTime, WorkUnit, kernel_time, launch_heads, work_units
 from .params import MAX_SEQLEN, MAX_TILES, Context, Problem, resolve
 from .schedules import BWD_SCHEDULES, SCHEDULES, kernel_bwd
 from .steady_state import CAP, Period, runs as new_runs, tile_times, window
@@ -226,10 +226,13 @@ def forward(run: Run) -> Pass:
     two_cta = bool(knobs.get("two_cta", False))
     unit_rows = rows * (2 if two_cta else 1)
     tile_n = knobs["tile_n"]
-    units = work_units(problem, unit_rows, tile_n)
-    if len(units) * problem.batch * problem.heads > MAX_TILES:
-        raise InputError("batch", f"{problem.batch} x {problem.heads} heads x {len(units)} Q tiles = "
-                                  f"{len(units) * problem.batch * problem.heads} tiles; fa4sim simulates at most "
+    # packed GQA (knob pack_gqa): one tile holds the rows of every q head of a K/V head
+    pack = problem.heads_per_kv if knobs.get("pack_gqa") else 1
+    units = work_units(problem, unit_rows, tile_n, pack)
+    n_hb = launch_heads(problem, pack)[0]
+    if len(units) * n_hb > MAX_TILES:
+        raise InputError("batch", f"{problem.batch} x {n_hb // problem.batch} heads x {len(units)} Q tiles = "
+                                  f"{len(units) * n_hb} tiles; fa4sim simulates at most "
                                   f"{MAX_TILES} per launch (past a few waves TFLOP/s hardly change): lower --batch or --heads")
 
     # a CTA's own start-up (barrier init, descriptor prefetch, register reallocation, tile math)
@@ -275,7 +278,7 @@ def forward(run: Run) -> Pass:
             return t1 + prologue, extra
 
         kt = kernel_time(problem, at, units, cost_of, tile_n, two_cta,
-                         persistent=persistent, order=knobs.get("tile_order", "lpt"), rows=unit_rows)
+                         persistent=persistent, order=knobs.get("tile_order", "lpt"), rows=unit_rows, pack=pack)
         return kt, detailed
 
     def at_clock(at, first: bool):
@@ -295,14 +298,14 @@ def forward(run: Run) -> Pass:
         return kt, detailed, 0.0
 
     longest = max(units, key=lambda u: (u.n_kv, -u.masked))
-    per_tile = problem.batch * problem.heads * (2 if two_cta else 1)  # each unit runs on every (batch, head); a CTA pair on 2 SMs
+    per_tile = n_hb * (2 if two_cta else 1)  # each unit runs on every (batch, head); a CTA pair on 2 SMs
     sm_blocks = sum(u.n_kv for u in units) * per_tile
     # a tile that runs with fewer rows (fa3: its idle warpgroups skip their work) does that much
     # less tensor and softmax work per block: each variant's work comes from its own trace
     by_variant: dict[int, list[WorkUnit]] = {}
     for u in units:
         by_variant.setdefault(variant(u), []).append(u)
-    tensor_flops = sum(u.n_kv * variant(u) for u in units) * (unit_rows / rows) * problem.batch * problem.heads \
+    tensor_flops = sum(u.n_kv * variant(u) for u in units) * (unit_rows / rows) * n_hb \
         * 2.0 * tile_n * (problem.hdim + problem.hdim_v)
 
     def usage(at, state):
@@ -344,10 +347,12 @@ def backward(run: Run) -> Pass:
     keys = module.rows_per_cta(knobs) * (2 if two_cta else 1)
     # a schedule may launch its KV tiles otherwise (fa3's dq_sum "pair": 2-CTA clusters)
     units = getattr(module, "units", lambda p, n, m, k: kernel_bwd.kv_units(p, n, m))(problem, keys, tile_m, knobs)
+    # grouped K/V heads with gqa_dkv "loop": one CTA per KV tile of a K/V head walks its group's q heads
+    units = kernel_bwd.grouped(units, kernel_bwd.loops_group(problem, knobs))
     order, cluster = getattr(module, "launch_order", lambda k: ("index", 1))(knobs)
-    n_hb = problem.batch * problem.heads
+    n_hb = kernel_bwd.launch_heads(problem, knobs)
     if len(units) * n_hb > MAX_TILES:
-        raise InputError("batch", f"{problem.batch} x {problem.heads} heads x {len(units)} KV tiles = "
+        raise InputError("batch", f"{problem.batch} x {n_hb // problem.batch} heads x {len(units)} KV tiles = "
                                   f"{len(units) * n_hb} CTAs; fa4sim simulates at most {MAX_TILES} per launch: "
                                   f"lower --batch or --heads")
     # a causal launch has many counts of masked Q blocks; their mask work is one op at the
@@ -359,7 +364,7 @@ def backward(run: Run) -> Pass:
     cache: dict[tuple, tuple] = {}
     runs = new_runs()
     per_trace: dict = {}  # _per_block's memo
-    rows_t = kernel_bwd.transposed(problem)
+    rows_t = kernel_bwd.transposed(problem, knobs)
 
     # per-shape costs in cycles on profile `at`: they depend on its clock, since an SM's share of
     # the chip's L2 rates, in bytes per SM clock, falls as the clock rises (fa3_sm90_bwd.l2_shares);
@@ -389,6 +394,8 @@ def backward(run: Run) -> Pass:
         per_masked = max(0.0, detailed(at, n_ref, MASKED_SIM)[0]
                          - detailed(at, n_ref, MASKED_SIM - 1)[0]) if many else 0.0
 
+        epilogue = kernel_bwd.dkv_reduce_cycles(at, problem, knobs)  # dK, dV as fp32 reduce-adds (GQA)
+
         def cost_of(u) -> tuple[float, None]:
             m = min(u.masked, MASKED_SIM)
             if len(set(by_shape[m])) <= 4:
@@ -396,7 +403,7 @@ def backward(run: Run) -> Pass:
             else:
                 t1, extra = _interpolated(replace(u, masked=m), max(by_shape[m]),
                                           lambda n, mk: detailed(at, n, mk))
-            return t1 + (u.masked - m) * per_masked, extra
+            return t1 + (u.masked - m) * per_masked + epilogue, extra
         return cost_of
 
     def launch(at, first: bool = False):

@@ -26,8 +26,10 @@ MAX_COUNT = 1 << 12
 
 @dataclass(frozen=True)
 class Problem:
-    """Attention forward: q (batch, seqlen_q, heads, hdim), k (batch, seqlen_k, heads, hdim) and
-    v (batch, seqlen_k, heads, hdim_v); hdim_v defaults to hdim (it differs in DeepSeek's 192/128)."""
+    """Attention forward: q (batch, seqlen_q, heads, hdim), k (batch, seqlen_k, heads_kv, hdim) and
+    v (batch, seqlen_k, heads_kv, hdim_v); hdim_v defaults to hdim (it differs in DeepSeek's 192/128),
+    heads_kv to heads (fewer: grouped K/V heads, GQA; 1: MQA). heads_kv divides heads: q head h
+    reads K/V head h // (heads // heads_kv)."""
 
     batch: int
     heads: int
@@ -36,15 +38,21 @@ class Problem:
     hdim: int
     causal: bool = False
     hdim_v: int | None = None
+    heads_kv: int | None = None
 
     def __post_init__(self):
         if self.hdim_v is None:
             object.__setattr__(self, "hdim_v", self.hdim)
-        for name in ("batch", "heads", "seqlen_q", "seqlen_k", "hdim", "hdim_v"):
+        if self.heads_kv is None:
+            object.__setattr__(self, "heads_kv", self.heads)
+        for name in ("batch", "heads", "seqlen_q", "seqlen_k", "hdim", "hdim_v", "heads_kv"):
             v = getattr(self, name)
             if not isinstance(v, numbers.Integral) or isinstance(v, bool) or v < 1:
                 raise InputError(name, f"must be a positive integer, got {v!r}")
             object.__setattr__(self, name, int(v))  # numpy's integers too
+        if self.heads % self.heads_kv:
+            raise InputError("heads_kv", f"must divide heads ({self.heads}): one of "
+                                         f"{', '.join(str(d) for d in _divisors(self.heads))}; got {self.heads_kv}")
         for name in ("seqlen_q", "seqlen_k"):
             if getattr(self, name) > MAX_SEQLEN:
                 raise InputError(name, f"at most {MAX_SEQLEN} tokens per sequence (a longer one has millions of "
@@ -53,6 +61,11 @@ class Problem:
             if getattr(getattr(self.causal, "dtype", None), "kind", None) != "b" or getattr(self.causal, "shape", ()) != ():
                 raise InputError("causal", f"must be true or false, got {self.causal!r}")
             object.__setattr__(self, "causal", bool(self.causal))
+
+    @property
+    def heads_per_kv(self) -> int:
+        """Q heads sharing one K/V head (1: MHA; heads: MQA)."""
+        return self.heads // self.heads_kv
 
     @property
     def flops(self) -> float:
@@ -159,6 +172,13 @@ class Knob:
         span = ("" if self.minimum is None and hi is None else f"<= {hi:g}" if self.minimum is None
                 else f">= {self.minimum:g}" if hi is None else f"{self.minimum:g}..{hi:g}")
         return ("number or none " if self.kind == "float_or_none" else f"{self.kind} ") + span
+
+
+def _divisors(n: int, most: int = 12) -> list:
+    """n's divisors, the first and last few where it has many (an error message's list)."""
+    ds = [d for d in range(1, int(math.isqrt(n)) + 1) if n % d == 0]
+    ds = sorted(set(ds) | {n // d for d in ds})
+    return ds if len(ds) <= most else ds[:most // 2] + ["..."] + ds[-(most // 2):]
 
 
 def _num(x) -> str:

@@ -36,7 +36,7 @@ from .params import Problem, parse_bool
 from .schedules import SCHEDULES
 
 PROBLEM_DIMS = {"seqlen": "seqlen_q", "seqlen_q": "seqlen_q", "seqlen_k": "seqlen_k", "hdim": "hdim", "hdim_v": "hdim_v",
-                "batch": "batch", "heads": "heads", "causal": "causal"}
+                "batch": "batch", "heads": "heads", "heads_kv": "heads_kv", "causal": "causal"}
 
 
 def parse_grid(items: list[str], schedule: str, problem: Problem) -> list[tuple[str, list[str]]]:
@@ -86,9 +86,9 @@ def _check_value(name: str, value: str, schedule: str, knobs: dict, problem: Pro
 
 def _problem_at(problem: Problem, point: dict) -> Problem:
     """The problem at a point of the grid: its problem dimensions over the problem given (a seqlen
-    sets seqlen_k too, an hdim hdim_v too, where the problem has them equal and the grid does not
-    sweep them itself)."""
-    prob = problem
+    sets seqlen_k too, an hdim hdim_v too, heads heads_kv too, where the problem has them equal and
+    the grid does not sweep them itself)."""
+    fields: dict = {}
     for name, value in point.items():
         if name not in PROBLEM_DIMS:
             continue
@@ -100,12 +100,12 @@ def _problem_at(problem: Problem, point: dict) -> Problem:
                 v = int(value)
             except ValueError:
                 raise InputError(name, f"must be an integer, got {value!r}") from None
-        prob = replace(prob, **{field: v})
-        if field == "seqlen_q" and "seqlen_k" not in point and problem.seqlen_k == problem.seqlen_q:
-            prob = replace(prob, seqlen_k=v)
-        if field == "hdim" and "hdim_v" not in point and problem.hdim_v == problem.hdim:
-            prob = replace(prob, hdim_v=v)
-    return prob
+        fields[field] = v
+    for field, pair, named in (("seqlen_q", "seqlen_k", "seqlen_k"), ("hdim", "hdim_v", "hdim_v"),
+                               ("heads", "heads_kv", "heads_kv")):
+        if field in fields and named not in point and getattr(problem, pair) == getattr(problem, field):
+            fields.setdefault(pair, fields[field])
+    return replace(problem, **fields) if fields else problem
 
 
 def _point_args(hw, schedule: str, impl, problem: Problem, overrides: dict, point: dict):

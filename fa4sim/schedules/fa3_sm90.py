@@ -103,6 +103,10 @@ KNOBS = [
          "fa4kernel's host table (L2 sections of heads, costliest first), flash-attn-4's LPT scheduler (2^k-head "
          "sections, longest first), an ideal costliest-first order (lpt), or blockIdx order (index)",
          kind="choice", choices=ORDERS),
+    Knob("pack_gqa", False, "", "grouped K/V heads (heads_kv < heads): one tile packs the rows of every q head of "
+         "a K/V head, token by token (flash-attn-4's pack_gqa: tile_m rows = tile_m / group tokens x the group's "
+         "heads, one launch head per K/V head); false: one q head per tile, the group's tiles reading the same "
+         "K/V (no effect without grouped heads)", kind="bool"),
     Knob("early_q_release", False, "", "the next tile's Q load waits only for this tile's last QK GEMM (each "
          "consumer hands Q back right after it); false: for the whole last KV block (softmax, P convert, O "
          "rescale)", kind="bool"),

@@ -106,6 +106,11 @@ KNOBS = [
     Knob("deterministic_by", "semaphore", "", "semaphore: the dQ reduce-adds of a Q block in a fixed KV-tile order, "
          "held by a semaphore per Q block (flash-attn-4); slices: each KV tile adds into its own fp32 slice of dQ, "
          "summed on the host afterwards (fa4kernel)", kind="choice", choices=("semaphore", "slices")),
+    Knob("gqa_dkv", "reduce", "", "grouped K/V heads (heads_kv < heads): reduce = one CTA per KV tile of each q "
+         "head, dK and dV reduce-added in fp32 into per-K/V-head accumulators (zeroed before, converted to 16 bit "
+         "after: flash-attn-4); loop = one CTA per KV tile of each K/V head walking the Q blocks of every q head "
+         "of its group, dK and dV summed in registers (fa4kernel); no effect without grouped heads",
+         kind="choice", choices=("reduce", "loop")),
     Knob("preprocess", "kernel", "", "dPsum and LSE in log2 units before the main kernel: kernel = one kernel reading O, "
          "dO and LSE (and zeroing the dQ accumulator); torch = fa4kernel's eager torch operations "
          "(kernel_bwd.TORCH_PRE)", kind="choice", choices=("kernel", "torch")),

@@ -50,7 +50,8 @@ def stages_that_fit(ctx: Context, k: dict, budget: int | None = None) -> int:
 
 def facts(ctx: Context, k: dict) -> dict:
     """What an implementation's rules may test or take besides the problem and the knobs."""
-    out = {"compute_capability": ctx.hw.capability}  # B200 10.0, B300 10.3
+    out = {"compute_capability": ctx.hw.capability,  # B200 10.0, B300 10.3
+           "heads_per_kv_divides_128": 128 % ctx.problem.heads_per_kv == 0}  # flash-attn-4's pack_gqa rule at hd256
     if all(n in k for n in ("tile_m", "tile_n", "q_tiles", "two_cta")):
         budget = ctx.impl.value("kv_smem_budget_bytes", ctx, k) if ctx.impl is not None else None
         out["kv_stages_in_budget"] = stages_that_fit(ctx, k, budget)
@@ -79,6 +80,10 @@ KNOBS = [
     Knob("tile_order", "lpt", "", "the order the launch hands out its Q tiles (fa4sim/tile_order.py): "
          "flash-attn-4's LPT scheduler (2^k-head L2 sections, longest first, heads inner), an ideal costliest-first "
          "order (lpt), or blockIdx order (index)", kind="choice", choices=("flash-attn-4", "lpt", "index")),
+    Knob("pack_gqa", False, "", "grouped K/V heads (heads_kv < heads): one tile packs the rows of every q head of "
+         "a K/V head, token by token (flash-attn-4's pack_gqa: tile_m rows = tile_m / group tokens x the group's "
+         "heads, one launch head per K/V head); false: one q head per tile, the group's tiles reading the same "
+         "K/V (no effect without grouped heads)", kind="bool"),
 ]
 
 

@@ -59,6 +59,11 @@ KNOBS = [
          "dQ columns per TMA reduce-add stage", choices=(8, 16, 24, 32)),
     Knob("dq_stages", lambda c, k: (2 if k["deterministic"] else 4) if k["two_cta"] else 64 // k["dq_reduce_cols"],
          "slots", "fp32 dQ staging slots in shared memory (sdQaccum_stage)", minimum=1, maximum=8),
+    Knob("gqa_dkv", "reduce", "", "grouped K/V heads (heads_kv < heads): reduce = one CTA per KV tile of each q "
+         "head, dK and dV reduce-added in fp32 into per-K/V-head accumulators (zeroed before, converted to 16 bit "
+         "after: flash-attn-4); loop = one CTA per KV tile of each K/V head walking the Q blocks of every q head "
+         "of its group, dK and dV summed in registers (fa4kernel); no effect without grouped heads",
+         kind="choice", choices=("reduce", "loop")),
 ]
 
 

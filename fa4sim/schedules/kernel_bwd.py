@@ -28,9 +28,48 @@ class KvUnit(WorkUnit):
     rank: int = 0
 
 
-def transposed(p: Problem) -> Problem:
-    """The problem seen from the keys: the kernel model's rows are keys, its blocks Q blocks."""
-    return Problem(p.batch, p.heads, p.seqlen_k, p.seqlen_q, p.hdim, p.causal, p.hdim_v)
+def transposed(p: Problem, knobs: dict | None = None) -> Problem:
+    """The problem seen from the keys: the kernel model's rows are keys, its blocks Q blocks, its
+    heads the launch's (batch, head) pairs per batch (launch_heads)."""
+    return Problem(p.batch, launch_heads(p, knobs) // p.batch, p.seqlen_k, p.seqlen_q, p.hdim, p.causal, p.hdim_v)
+
+
+def loops_group(p: Problem, knobs: dict | None) -> int:
+    """Q heads one CTA walks: the group (heads_per_kv) with grouped K/V heads and knob gqa_dkv
+    "loop" (fa4kernel: one CTA per KV tile of a K/V head), else 1."""
+    return p.heads_per_kv if p.heads_per_kv > 1 and (knobs or {}).get("gqa_dkv") == "loop" else 1
+
+
+def reduces_dkv(p: Problem, knobs: dict | None) -> bool:
+    """dK and dV reduce-added in fp32 by every q head's CTAs (grouped K/V heads, gqa_dkv "reduce")."""
+    return p.heads_per_kv > 1 and loops_group(p, knobs) == 1
+
+
+def launch_heads(p: Problem, knobs: dict | None = None) -> int:
+    """The launch's (batch, head) pairs, each with one set of KV-tile units: q heads, or K/V heads
+    where a CTA walks its group's q heads (loops_group)."""
+    return p.batch * p.heads // loops_group(p, knobs)
+
+
+def grouped(units: list, group: int) -> list:
+    """A K/V head's units when each CTA walks the Q blocks of `group` q heads in turn (fa4kernel's
+    sm90/bwd.py: query blocks fastest, then the q heads of the group): group x the blocks, group x
+    the masked ones (each q head's pass crosses the same diagonal)."""
+    if group == 1:
+        return units
+    return [replace(u, n_kv=u.n_kv * group, masked=u.masked * group) for u in units]
+
+
+def dkv_reduce_cycles(hw, p: Problem, k: dict) -> float:
+    """Cycles a CTA's epilogue adds where its dK and dV go out as fp32 bulk reduce-adds
+    (reduces_dkv): tile_n x (hdim + hdim_v) x 4 bytes at reduce_bytes_per_clk, in place of the
+    16-bit TMA stores the schedule's epilogue models; the CTA ends once they have read its shared
+    memory (flash_bwd_sm90.py, flash_bwd_sm100.py: cp_async_bulk_wait_group(0, read=True) between
+    dK and dV, which share V's buffer)."""
+    if not reduces_dkv(p, k):
+        return 0.0
+    n = k["tile_n"]
+    return n * (p.hdim + p.hdim_v) * (4 / hw.reduce_bytes_per_clk - 2 / hw.tma_bytes_per_clk)
 
 
 def kv_units(p: Problem, keys: int, tile_m: int, pair: bool = False) -> list[KvUnit]:
@@ -69,24 +108,38 @@ def traffic(p: Problem, hw, units: list[KvUnit], tile_m: int, two_cta: bool,
 
     Per visit of a Q block a CTA loads Q, dO (a CTA pair once for both SMs), LSE and dPsum, and
     reduce-adds its dQ in fp32 (a pair: one tile for both); per unit K and V come in once and
-    dK, dV go out once. HBM sees Q, K, V, O-sized dO, dK, dV, LSE, dPsum once and the fp32 dQ
+    dK, dV go out once (grouped K/V heads, reduces_dkv: K and V in per q head, dK and dV
+    reduce-added in fp32 per q head). HBM sees Q, K, V, O-sized dO, dK, dV, LSE, dPsum once and the fp32 dQ
     accumulator once, plus the Q-side re-reads when the Q, dO and dQ accumulator of the heads
     in flight do not fit in L2. Deterministic by slices (knobs deterministic_by "slices"): every
     visit adds into its own fp32 slice, zeroed beforehand in HBM and too large for L2, so each
     visit's dQ lines come from HBM and go back."""
-    bh = p.batch * p.heads
+    bh = launch_heads(p, knobs)                    # (batch, head) pairs with one set of units
+    q_per = loops_group(p, knobs)                  # q heads one of them walks
+    bkv = p.batch * p.heads_kv
     d, dv = p.hdim, p.hdim_v
     visits = sum(u.n_kv for u in units)
     per_visit = tile_m * ((d + dv) * 2 + 8)       # Q + dO, LSE + dPsum
     dq_add = tile_m * d * 4 / _adders(knobs)       # the fp32 reduce-add (a pair: one for both)
-    kv = p.seqlen_k * (d + dv) * 2 * 2             # K, V in; dK, dV out
+    kv = p.seqlen_k * (d + dv) * 2 * 2             # K, V in; dK, dV out, per unit set
+    bq = p.batch * p.heads
+    kv_unique = kv                                 # per q head: each K/V head's once
+    if reduces_dkv(p, knobs):                      # K, V in per q head; dK, dV reduce-added in fp32
+        kv = p.seqlen_k * (d + dv) * (2 + 4)
+        kv_unique = p.seqlen_k * (d + dv) * (2 + 4 + 4)  # K, V; the accumulators in and out
+    if bkv != bq:
+        kv_unique = kv_unique * bkv / bq
     l2 = bh * (visits * (per_visit + dq_add) + kv)
     slices = bool(knobs and knobs.get("deterministic") and knobs.get("deterministic_by") == "slices")
     acc = 0 if slices else d * 4                   # the shared accumulator, per row
-    unique = bh * (p.seqlen_q * ((d + dv) * 2 + 8 + acc) + kv)
+    unique = bq * (p.seqlen_q * ((d + dv) * 2 + 8 + acc) + kv_unique)
     slots = hw.num_sms // (2 if two_cta else 1)
     heads_in_flight = min(bh, math.ceil(slots / max(1, len(units))) + 1)
-    working_set = heads_in_flight * p.seqlen_q * ((d + dv) * 2 + 8 + acc)
+    # a CTA walking its group's q heads (loops_group): the CTAs of a K/V head walk them in step
+    # without a mask (one q head's Q side in flight), with a causal mask they drift apart (a KV
+    # tile near the end sees fewer Q blocks per head and reaches the next head sooner): the group's
+    walking = q_per if p.causal else 1
+    working_set = heads_in_flight * walking * p.seqlen_q * ((d + dv) * 2 + 8 + acc)
     hit = min(1.0, hw.l2_bytes / max(working_set, 1.0))
     hbm = unique + max(0.0, l2 - unique - (bh * visits * dq_add if slices else 0.0)) * (1.0 - hit)
     if slices:
@@ -100,9 +153,11 @@ def _adders(knobs: dict | None) -> int:
 
 
 def reduce_add_bytes(p: Problem, units: list[KvUnit], tile_m: int, knobs: dict | None = None) -> float:
-    """Bytes of the launch's fp32 dQ reduce-adds (part of traffic's L2 bytes): tile_m x head dim
-    x 4 per visit of a Q block (half that with dq_sum "pair")."""
-    return float(p.batch * p.heads * sum(u.n_kv for u in units) * tile_m * p.hdim * 4 / _adders(knobs))
+    """Bytes of the launch's fp32 reduce-adds (part of traffic's L2 bytes): tile_m x head dim
+    x 4 per visit of a Q block (half that with dq_sum "pair"); with reduces_dkv also every q
+    head's dK and dV, seqlen_k x (hdim + hdim_v) x 4."""
+    dkv = p.batch * p.heads * p.seqlen_k * (p.hdim + p.hdim_v) * 4 if reduces_dkv(p, knobs) else 0
+    return float(launch_heads(p, knobs) * sum(u.n_kv for u in units) * tile_m * p.hdim * 4 / _adders(knobs) + dkv)
 
 
 def with_traffic(kt: KernelTime, p: Problem, hw, units: list[KvUnit], tile_m: int, two_cta: bool,
@@ -208,6 +263,10 @@ def passes(p: Problem, knobs: dict | None = None) -> tuple[tuple, tuple]:
     else:
         pre = (("preprocess kernel", rows * (2 * p.hdim_v * 2 + 4 + 8 + p.hdim * 4 * slices)),)
     post = each((POST_SLICES if slices > 1 else ()) + POST)
+    if reduces_dkv(p, knobs):  # flash-attn-4's per-K/V-head fp32 accumulators (interface.py _flash_attn_bwd)
+        kv_rows = p.batch * p.heads_kv * p.seqlen_k
+        pre += tuple((f"{w}_accum = zeros (fp32)", kv_rows * n * 4) for w, n in (("dk", p.hdim), ("dv", p.hdim_v)))
+        post += tuple((f"{w} fp32 -> 16 bit", kv_rows * n * (4 + 2)) for w, n in (("dK", p.hdim), ("dV", p.hdim_v)))
     return pre, post
 
 

@@ -29,8 +29,10 @@ PROBE = "fa4kernel[clock probe]"  # fa4kernel's default build plus four stamps p
 
 
 def problem_of(p: dict) -> Problem:
+    """A backward point's problem (seqlen_k and heads_kv default to seqlen and heads)."""
     sk = int(p.get("seqlen_k") or p["seqlen"])
-    return Problem(int(p["batch"]), int(p["heads"]), int(p["seqlen"]), sk, int(p["hdim"]), bool(p["causal"]))
+    return Problem(int(p["batch"]), int(p["heads"]), int(p["seqlen"]), sk, int(p["hdim"]), bool(p["causal"]),
+                   heads_kv=int(p.get("heads_kv") or p["heads"]))
 
 
 def variant(kernel: str) -> tuple[str, dict]:
@@ -64,7 +66,8 @@ def compare(doc: dict, hw: str | None = None, kernels=None) -> dict:
                 knobs = {**(doc["meta"].get("fa4kernel_bwd_knobs") or {}), **knobs}
             probe = p.get("clock_ghz_in_kernel") if kernel in ("fa4kernel", PROBE) else None
             row = {"kernel": kernel, "hdim": problem.hdim, "seqlen": problem.seqlen_q, "batch": problem.batch,
-                   "heads": problem.heads, "causal": problem.causal, "measured_tflops": res["tflops"],
+                   "heads": problem.heads, "heads_kv": problem.heads_kv, "causal": problem.causal,
+                   "measured_tflops": res["tflops"],
                    "predicted_tflops": None, "error": None, "clock_ghz": None, "measured_clock_ghz": probe,
                    "clock_error": None, "error_at_measured_clock": None}
             if impl in MODELLED:

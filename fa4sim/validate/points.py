@@ -84,7 +84,7 @@ def compare(doc: dict, hw: str | None = None, at_profile_clock: bool = False, pv
         progress(i, len(points))
         clock = None if at_profile_clock else p.get("clock_ghz_in_kernel")
         problem = Problem(int(p["batch"]), int(p["heads"]), int(p["seqlen"]), int(p.get("seqlen_k", p["seqlen"])),
-                          int(p["hdim"]), bool(p["causal"]))
+                          int(p["hdim"]), bool(p["causal"]), heads_kv=int(p.get("heads_kv") or p["heads"]))
         for impl, res in p.get("results", {}).items():
             if impl not in SIMULATED or "tflops" not in res:
                 continue

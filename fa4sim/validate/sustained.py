@@ -43,9 +43,11 @@ BWD_FLOPS = 2.5  # a backward's TFLOP/s count 2.5 forwards (as fa4sim's do)
 
 
 def problem_of(p: dict) -> Problem:
-    """A sustained point's problem (seqlen = seqlen_q; seqlen_k and hdim_v default to them)."""
+    """A sustained point's problem (seqlen = seqlen_q; seqlen_k, hdim_v and heads_kv default to
+    seqlen, hdim and heads)."""
     return Problem(int(p["batch"]), int(p["heads"]), int(p["seqlen"]), int(p.get("seqlen_k") or p["seqlen"]),
-                   int(p["hdim"]), bool(p["causal"]), int(p.get("hdim_v") or p["hdim"]))
+                   int(p["hdim"]), bool(p["causal"]), int(p.get("hdim_v") or p["hdim"]),
+                   int(p.get("heads_kv") or p["heads"]))
 
 
 def _board_power(res: dict):
@@ -136,7 +138,7 @@ def compare(doc: dict, hw: str | None = None, overrides: dict | None = None, unc
             meas = measured_tflops(problem, res) * (BWD_FLOPS if pass_ == "bwd" and "ms" in res else 1.0)
             probe = p.get("clock_ghz_in_kernel") if kernel == "fa4kernel" else None
             row = {"kernel": kernel, "name": p.get("name"), "group": p.get("group"), "batch": problem.batch,
-                   "heads": problem.heads, "seqlen_q": problem.seqlen_q, "seqlen_k": problem.seqlen_k,
+                   "heads": problem.heads, "heads_kv": problem.heads_kv, "seqlen_q": problem.seqlen_q, "seqlen_k": problem.seqlen_k,
                    "hdim": problem.hdim, "hdim_v": problem.hdim_v, "causal": problem.causal, "knobs": knobs,
                    "measured_tflops": meas, "measured_clock_ghz": probe,
                    "nvml_sm_mhz": res.get("sm_mhz"), "measured_power_w": _board_power(res)}

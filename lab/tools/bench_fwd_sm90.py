@@ -224,7 +224,8 @@ class Impls:
 
         return run
 
-    def sdpa(self, q, k, v, causal, backend):
+    def sdpa(self, q, k, v, causal, backend, **gqa):
+        """torch SDPA on one backend; gqa: {"enable_gqa": True} where k and v have fewer heads."""
         from torch.nn.attention import SDPBackend, sdpa_kernel
 
         be = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION}[backend]
@@ -232,7 +233,7 @@ class Impls:
 
         def run():
             with sdpa_kernel(be):  # noqa: SIM117
-                o = torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
+                o = torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, is_causal=causal, **gqa)
             return o.transpose(1, 2)  # back to (b, s, h, d): a view, no copy
 
         return run

@@ -42,6 +42,7 @@ Usage (device, from the repository root):
     python3 lab/tools/sustained_sm90.py --quick --out ...         # 6 points
     python3 lab/tools/sustained_sm90.py --points new,hd128-4k-b4-h16 --out ...
     python3 lab/tools/sustained_sm90.py --problem b=5,h=16,sq=3000,d=128,causal --out ...   # your own
+    python3 lab/tools/sustained_sm90.py --problem b=8,h=16,kv=1,sq=2048,d=64,causal --out ...  # MQA
 The whole default run takes about 7 minutes on an H100 or H200 (compiles included); --budget-s stops
 starting new points past that many seconds, and the file is rewritten after every point.
 """
@@ -98,9 +99,10 @@ FLOPS = load_flops()
 
 @dataclass(frozen=True)
 class Point:
-    """One attention forward: q (batch, seqlen_q, heads, hdim), k (batch, seqlen_k, heads, hdim),
-    v (batch, seqlen_k, heads, hdim_v); causal is bottom-right aligned. group: "grid" (the 18 points
-    of docs/accuracy.md) or "new"."""
+    """One attention forward: q (batch, seqlen_q, heads, hdim), k (batch, seqlen_k, heads_kv, hdim),
+    v (batch, seqlen_k, heads_kv, hdim_v); causal is bottom-right aligned; heads_kv (0: heads) divides
+    heads: grouped K/V heads (GQA; 1: MQA), q head h reading K/V head h // (heads // heads_kv).
+    group: "grid" (the 18 points of docs/accuracy.md) or "new"."""
 
     batch: int
     heads: int
@@ -110,6 +112,13 @@ class Point:
     hdim_v: int
     causal: bool
     group: str
+    heads_kv: int = 0
+
+    def __post_init__(self):
+        if not self.heads_kv:
+            object.__setattr__(self, "heads_kv", self.heads)
+        if self.heads % self.heads_kv:
+            raise ValueError(f"heads_kv={self.heads_kv} must divide heads={self.heads}")
 
     @property
     def name(self) -> str:
@@ -118,10 +127,12 @@ class Point:
 
         dims = f"hd{self.hdim}" + (f"v{self.hdim_v}" if self.hdim_v != self.hdim else "")
         lens = k(self.seqlen_q) if self.seqlen_q == self.seqlen_k else f"q{k(self.seqlen_q)}-k{k(self.seqlen_k)}"
-        return f"{dims}-{lens}-b{self.batch}-h{self.heads}" + ("-causal" if self.causal else "")
+        kv = f"-kv{self.heads_kv}" if self.heads_kv != self.heads else ""
+        return f"{dims}-{lens}-b{self.batch}-h{self.heads}{kv}" + ("-causal" if self.causal else "")
 
     @property
     def flops(self) -> float:
+        """The visible (query, key) pairs' FLOPs: the same for any heads_kv (every q head does its own)."""
         return FLOPS.attention_flops(self.batch, self.heads, self.seqlen_q, self.seqlen_k, self.hdim, self.hdim_v,
                                      self.causal)
 
@@ -129,7 +140,9 @@ class Point:
         """Who runs this problem: fa4kernel (and its probe) where it has the head dim and hdim_v =
         hdim; FlashAttention-3 at the head dims it is built for; flash-attn-4 everywhere (its SM90
         path takes head dims 8-256 in steps of 8); cuDNN where its causal mask (top-left) is ours
-        (bottom-right): seqlen_q = seqlen_k or no mask."""
+        (bottom-right): seqlen_q = seqlen_k or no mask. Grouped K/V heads: all of them take k and v with
+        heads_kv heads (fa4kernel's SM90 forward, flash-attn-4, flash_attn_interface; cuDNN through SDPA's
+        enable_gqa, which its cuDNN backend accepts with any heads_kv dividing heads)."""
         ours = self.hdim == self.hdim_v and self.hdim in OURS_HEAD_DIMS
         fa3 = (self.hdim, self.hdim_v) in FA3_PAIRS
         cudnn = self.seqlen_q == self.seqlen_k or not self.causal
@@ -138,7 +151,7 @@ class Point:
     def record(self) -> dict:
         """The problem as the result file holds it (seqlen = seqlen_q, as in bench_fwd_sm90.py)."""
         return {"name": self.name, "group": self.group, "batch": self.batch, "heads": self.heads,
-                "seqlen": self.seqlen_q, "seqlen_k": self.seqlen_k, "hdim": self.hdim, "hdim_v": self.hdim_v,
+                "heads_kv": self.heads_kv, "seqlen": self.seqlen_q, "seqlen_k": self.seqlen_k, "hdim": self.hdim, "hdim_v": self.hdim_v,
                 "causal": self.causal, "flops": self.flops}
 
 
@@ -221,12 +234,14 @@ def novel_points() -> list[Point]:
                   Point(4, 32, 3072, 12288, 64, 64, True, "novel")]
 
 
-PROBLEM_KEYS = {"b": "batch", "h": "heads", "sq": "seqlen_q", "sk": "seqlen_k", "d": "hdim", "dv": "hdim_v"}
+PROBLEM_KEYS = {"b": "batch", "h": "heads", "kv": "heads_kv", "sq": "seqlen_q", "sk": "seqlen_k", "d": "hdim",
+                "dv": "hdim_v"}
 
 
 def parse_problem(spec: str) -> Point:
     """A user's own problem (group "asked"): 'b=5,h=16,sq=3000,d=128' with optional sk= (seqlen_k,
-    default sq), dv= (hdim_v, default d) and the flag causal; ValueError in one line otherwise."""
+    default sq), dv= (hdim_v, default d), kv= (heads_kv, K/V heads, a divisor of h; default h) and
+    the flag causal; ValueError in one line otherwise."""
     vals, causal = {}, False
     for tok in (t.strip() for t in spec.split(",") if t.strip()):
         if tok == "causal":
@@ -251,7 +266,10 @@ def parse_problem(spec: str) -> Point:
     if d % 8 or dv % 8 or not 8 <= d <= 256 or not 8 <= dv <= 256:
         raise ValueError(f"--problem {spec!r}: head dims d={d}, dv={dv}: allowed 8-256 in steps of 8 "
                          "(flash-attn-4's SM90 path; fa4kernel runs d = dv in 64, 96, 128, 192, 256)")
-    return Point(vals["b"], vals["h"], vals["sq"], vals.get("sk", vals["sq"]), d, dv, causal, "asked")
+    kv = vals.get("kv", vals["h"])
+    if vals["h"] % kv:
+        raise ValueError(f"--problem {spec!r}: kv={kv} must divide h={vals['h']} (K/V heads shared by h / kv q heads)")
+    return Point(vals["b"], vals["h"], vals["sq"], vals.get("sk", vals["sq"]), d, dv, causal, "asked", kv)
 
 
 def parse_variant(spec: str) -> tuple[str, dict, int | None]:
@@ -375,16 +393,19 @@ def _torch():
 
 def reference_check(q, k, v, causal: bool, slices: list[tuple[int, int]]):
     """fp32 attention of a few (batch, head) slices, bottom-right causal (rows that see no key
-    give 0, as the kernels write), in row chunks so a 32k sequence fits: {slice: (seqlen_q, dv)}."""
+    give 0, as the kernels write), in row chunks so a 32k sequence fits: {slice: (seqlen_q, dv)};
+    q head h reads K/V head h // (heads // heads_kv)."""
     torch = _torch()
     sq, sk, d = q.shape[1], k.shape[1], q.shape[3]
+    group = q.shape[2] // k.shape[2]
     scale = 1.0 / math.sqrt(d)
     out = {}
     prev = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = False  # a true fp32 reference
     try:
         for b, h in slices:
-            qs, ks, vs = (x[b, :, h, :].float() for x in (q, k, v))
+            qs = q[b, :, h, :].float()
+            ks, vs = (x[b, :, h // group, :].float() for x in (k, v))
             rows = []
             step = max(1, (1 << 27) // (4 * sk))  # about 128 MB of fp32 scores per chunk
             for r0 in range(0, sq, step):
@@ -545,7 +566,8 @@ def make_candidates(point: Point, impls, q, k, v, only=CANDIDATES) -> dict:
         elif name == FA3 and impls.fa3 is not None:
             out[name] = (impls.flash_attn_3(q, k, v, point.causal), None)
         elif name == CUDNN:
-            out[name] = (impls.sdpa(q, k, v, point.causal, "cudnn"), None)
+            gqa = {"enable_gqa": True} if point.heads_kv != point.heads else {}
+            out[name] = (impls.sdpa(q, k, v, point.causal, "cudnn", **gqa), None)
     return out
 
 
@@ -604,8 +626,8 @@ def bench_point(point: Point, index: int, impls, sustained: Sustained, only=CAND
 
     torch.manual_seed(20261122 + index)
     q = torch.randn(point.batch, point.seqlen_q, point.heads, point.hdim, device="cuda", dtype=torch.bfloat16)
-    k = torch.randn(point.batch, point.seqlen_k, point.heads, point.hdim, device="cuda", dtype=torch.bfloat16)
-    v = torch.randn(point.batch, point.seqlen_k, point.heads, point.hdim_v, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(point.batch, point.seqlen_k, point.heads_kv, point.hdim, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn(point.batch, point.seqlen_k, point.heads_kv, point.hdim_v, device="cuda", dtype=torch.bfloat16)
     rec = {**point.record(), "results": {}}
     slices = sorted({(0, 0), (point.batch // 2, point.heads // 2), (point.batch - 1, point.heads - 1)})
     ref = reference_check(q, k, v, point.causal, slices)
@@ -702,9 +724,11 @@ def parse_args(argv=None):
     ap.add_argument("--dry-run", action="store_true", help="list the points and the plan; no GPU, no torch")
     ap.add_argument("--points", default=None,
                     help="comma-separated: grid, new, all, point names, or parts of names (hd128, causal)")
-    ap.add_argument("--problem", action="append", default=[], metavar="b=B,h=H,sq=SQ,d=D[,sk=SK][,dv=DV][,causal]",
+    ap.add_argument("--problem", action="append", default=[],
+                    metavar="b=B,h=H,sq=SQ,d=D[,kv=KV][,sk=SK][,dv=DV][,causal]",
                     help="your own problem (repeatable; group 'asked'), after the --points ones: batch, heads, "
-                         "seqlen_q, head dim, optionally seqlen_k, hdim_v and a bottom-right causal mask")
+                         "seqlen_q, head dim, optionally K/V heads (kv, a divisor of h: GQA / MQA), seqlen_k, "
+                         "hdim_v and a bottom-right causal mask")
     ap.add_argument("--quick", action="store_true", help=f"{len(QUICK)} points (without --points)")
     ap.add_argument("--warm-s", type=float, default=2.5,
                     help="seconds back to back before timing (>= 1.0; the cap's controller settles in 1-2 s)")
