@@ -50,6 +50,8 @@ KINDS = {
                   "(dram_bytes_sm90.py)",
     "loop_sass": "static SASS counts of the SM90 forward KV loop per KV block: fa4kernel, flash-attn-4 and "
                  "FlashAttention-3 side by side, compiled or extracted on the CPU (loop_sass_peers.py)",
+    "training": "a small GPT trained from one seed with each attention backend: losses, step times, "
+                "tokens/s, the attention's share and a deterministic repeat (train_gpt_sm90.py)",
     "mem_power": "board power and clock under sustained memory-path loads: TMA bulk reduce-adds, RED.ADD from "
                  "registers, the SM-to-SM network, TMA loads (calibrate/bench_mem_power.py)",
 }
