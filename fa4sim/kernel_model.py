@@ -205,6 +205,20 @@ def kv_hbm_reads(tiles: list[tuple[int, int]], n_kv: list[int], kv_block: float,
     return hbm
 
 
+def _kernel_time(hw, cycles: float, slots: int, n_units: int, n_tiles, cold_cycles: float, l2_b: float,
+                 hbm_b: float, jitter: float) -> "KernelTime":
+    """A launch's time from its compute cycles and its L2 and HBM bytes: the slowest of the three
+    (each at its bandwidth), plus the launch gap."""
+    compute_us = cycles / (hw.clock_ghz * 1e3)
+    l2_us = l2_b / (hw.l2_bandwidth_tbps * 1e6)
+    hbm_us = hbm_b / (hw.hbm_bandwidth_tbps * 1e6)
+    body = max(compute_us, l2_us, hbm_us)
+    limiter = "compute" if body == compute_us else ("L2" if body == l2_us else "HBM")
+    return KernelTime(cycles, min(slots, n_units), n_units, n_units / slots, n_tiles,
+                      cold_cycles / (hw.clock_ghz * 1e3), compute_us, l2_us, hbm_us, l2_b, hbm_b,
+                      body + hw.launch_gap_us, limiter, jitter)
+
+
 def kernel_time(p: Problem, hw, units: list[WorkUnit], cost_of, tile_n: int,
                 two_cta: bool, persistent: bool = True, order: str = "lpt", rows: int = 0,
                 cluster: int = 1, pack: int = 1) -> KernelTime:
@@ -242,16 +256,8 @@ def kernel_time(p: Problem, hw, units: list[WorkUnit], cost_of, tile_n: int,
     else:
         cycles, n_tiles = assign([costs[m] for _, m in tiles], slots, persistent, hw.cta_launch_cycles, cold_cycles)
         jitter = 0.0
-    compute_us = cycles / (hw.clock_ghz * 1e3)
     l2_b, hbm_b = traffic(p, hw, units, tile_n, two_cta, [(hb, m) for hb, m in tiles], slots, pack=pack)
-    l2_us = l2_b / (hw.l2_bandwidth_tbps * 1e6)
-    hbm_us = hbm_b / (hw.hbm_bandwidth_tbps * 1e6)
-    body = max(compute_us, l2_us, hbm_us)
-    limiter = "compute" if body == compute_us else ("L2" if body == l2_us else "HBM")
-    n_units = len(tiles)
-    return KernelTime(cycles, min(slots, n_units), n_units, n_units / slots, n_tiles,
-                      cold_cycles / (hw.clock_ghz * 1e3), compute_us, l2_us, hbm_us, l2_b, hbm_b,
-                      body + hw.launch_gap_us, limiter, jitter)
+    return _kernel_time(hw, cycles, slots, len(tiles), n_tiles, cold_cycles, l2_b, hbm_b, jitter)
 
 
 # ---- split-KV and varlen: launches whose tiles differ by sequence or KV chunk --------------------
@@ -332,17 +338,9 @@ def kernel_time_tiles(p: Problem, hw, units: list[WorkUnit], tiles: list[tuple[i
     cold_bytes = sum((units[m].rows or rows) for _, m in wave) * d * 2 + len(first) * kv_block
     cold_cycles = cold_bytes / (hw.hbm_bandwidth_tbps * 1e12) * hw.clock_ghz * 1e9
     cycles, n_tiles = assign([costs[m] for _, m in tiles], slots, persistent, hw.cta_launch_cycles, cold_cycles)
-    compute_us = cycles / (hw.clock_ghz * 1e3)
     l2_b = sum((units[m].rows or rows) * d * 2 + units[m].n_kv * kv_block for _, m in tiles)
     keyed = [((g // share, units[m].split), m) for g, m in tiles]  # g already carries the sequence
     kv = kv_hbm_reads(keyed, [u.n_kv for u in units], kv_block, hw.l2_bytes, slots)
     q_o = sum(q for q, _ in p.sequences) * p.heads * (p.hdim + p.hdim_v) * 2
     hbm_b = q_o + kv + extra_hbm
-    l2_us = l2_b / (hw.l2_bandwidth_tbps * 1e6)
-    hbm_us = hbm_b / (hw.hbm_bandwidth_tbps * 1e6)
-    body = max(compute_us, l2_us, hbm_us)
-    limiter = "compute" if body == compute_us else ("L2" if body == l2_us else "HBM")
-    n_units = len(tiles)
-    return KernelTime(cycles, min(slots, n_units), n_units, n_units / slots, n_tiles,
-                      cold_cycles / (hw.clock_ghz * 1e3), compute_us, l2_us, hbm_us, l2_b, hbm_b,
-                      body + hw.launch_gap_us, limiter, 0.0)
+    return _kernel_time(hw, cycles, slots, len(tiles), n_tiles, cold_cycles, l2_b, hbm_b, 0.0)
