@@ -84,7 +84,27 @@ def _default_schedule(hw_name: str) -> str:
     return default_schedule(hardware.load(hw_name).arch)
 
 
+def _lengths(option: str, text: str) -> list:
+    """--seqlens 512,3000,...: one length per sequence."""
+    parts = [t.strip() for t in str(text).split(",")]
+    if not text.strip() or any(not t for t in parts):
+        raise InputError(option, f"a comma list of lengths, one per sequence (e.g. 512,3000,100), got {text!r}")
+    out = []
+    for t in parts:
+        try:
+            out.append(int(t))
+        except ValueError:
+            raise InputError(option, f"{t!r} is not a whole number; a comma list of lengths, e.g. 512,3000,100") from None
+    return out
+
+
 def _problem(a) -> Problem:
+    if getattr(a, "seqlens", None) is not None:
+        ks = _lengths("--seqlens-k", a.seqlens_k) if a.seqlens_k is not None else None
+        return Problem.varlen(a.heads, a.hdim, _lengths("--seqlens", a.seqlens), ks, causal=a.causal,
+                              hdim_v=a.hdim_v, heads_kv=getattr(a, "heads_kv", None))
+    if getattr(a, "seqlens_k", None) is not None:
+        raise InputError("--seqlens-k", "only with --seqlens")
     return Problem(batch=a.batch, heads=a.heads, seqlen_q=a.seqlen,
                    seqlen_k=a.seqlen_k if a.seqlen_k is not None else a.seqlen, hdim=a.hdim, causal=a.causal,
                    hdim_v=a.hdim_v, heads_kv=getattr(a, "heads_kv", None))
@@ -138,6 +158,11 @@ def add_problem_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seqlen", type=int, default=8192, help="query sequence length (default 8192)")
     p.add_argument("--seqlen-k", type=int, default=None, help="key sequence length (default: --seqlen)")
     p.add_argument("--batch", type=int, default=2, help="batch size (default 2)")
+    p.add_argument("--seqlens", default=None, metavar="L1,L2,...",
+                   help="a packed batch of unequal lengths (varlen): one query length per sequence; replaces "
+                        "--batch, --seqlen and --seqlen-k")
+    p.add_argument("--seqlens-k", default=None, metavar="K1,K2,...",
+                   help="with --seqlens: the key lengths, one per sequence (default: the query lengths)")
     p.add_argument("--heads", type=int, default=16, help="attention heads (default 16)")
     p.add_argument("--heads-kv", type=int, default=None, help="K/V heads, a divisor of --heads (default: --heads); "
                                                               "fewer: grouped-query attention (GQA), 1: MQA")
@@ -243,7 +268,10 @@ def _summary(r) -> str:
     lines = [
         f"{r.impl.name} ({r.schedule} schedule{', backward' if bwd else ''}) on {r.hw.name} ({r.hw.description})",
         f"problem   batch {p.batch} x heads {p.heads}{_kv(p)}, seqlen_q {p.seqlen_q}, seqlen_k {p.seqlen_k}, hdim {_hd(p)}"
-        f"{', causal' if p.causal else ''}",
+        f"{', causal' if p.causal else ''}"
+        + (f" (varlen: {p.batch} sequences, q {','.join(str(q) for q, _ in p.seqlens)}"
+           + ("" if all(q == k for q, k in p.seqlens) else f"; k {','.join(str(k) for _, k in p.seqlens)}") + ")"
+           if p.seqlens else ""),
         "knobs     " + ", ".join(f"{n}={v}" for n, v in r.knobs.items()),
         f"result    {r.tflops:.1f} TFLOP/s  ({r.tflops / r.hw.peak_tflops:.1%} of {r.hw.peak_tflops:.0f} peak at "
         f"{r.hw.clock_ghz:.4g} GHz),  {r.time_us:.1f} us,  {r.cycles:.0f} cycles"
@@ -257,6 +285,11 @@ def _summary(r) -> str:
         + (f" (+{k.jitter_cycles:.0f} cycles: tile jitter on a table fixed before the launch)" if k.jitter_cycles else "") + ";"
         f" L2 {k.l2_us:.1f} us, HBM {k.hbm_us:.1f} us, compute {k.compute_us:.1f} us",
     ]
+    if not bwd:
+        lines.append(f"memory    K/V {p.kv_bytes / 1e9:.3g} GB read at {r.kv_read_gbps:.0f} GB/s over the whole time "
+                     f"(HBM {r.hw.hbm_bandwidth_tbps * 1e3:.0f} GB/s)"
+                     + (f"; split-KV {r.knobs.get('num_splits')} chunks: main kernel {k.time_us:.1f} us + combine "
+                        f"{r.combine_us:.1f} us" if r.combine_us else ""))
     clock = power.describe(r.clock_ghz, r.clock_source, r.power_w, r.power_by_part, r.power_limited,
                            float(r.hw.power_cap_w), r.clock_ceiling)
     lines.append("clock     " + clock.removeprefix("clock "))

@@ -63,6 +63,7 @@ class Implementation:
     knobs: dict        # knob -> {"value", "source", "confidence"}: its choice of each what-if
     params: dict       # constant -> {"value", "source", "confidence"}: measured on it
     bwd: dict | None = None  # its backward's section ("head_dims", "knobs", "params"), if it has one
+    varlen: bool = True      # it runs packed batches of unequal lengths (cu_seqlens)
     pass_: str = "fwd"       # the pass these knobs and constants are for: fwd | bwd
 
     def for_pass(self, pass_: str) -> "Implementation":
@@ -292,7 +293,8 @@ def _head_dims(entries: list) -> tuple:
 def _from_json(data: dict) -> Implementation:
     return Implementation(name=data["name"], kernel=data["kernel"], arch=data["arch"], schedule=data["schedule"],
                           description=data.get("description", ""), head_dims=_head_dims(data["head_dims"]),
-                          knobs=data.get("knobs", {}), params=data.get("params", {}), bwd=data.get("bwd"))
+                          knobs=data.get("knobs", {}), params=data.get("params", {}), bwd=data.get("bwd"),
+                          varlen=bool(data.get("varlen", {"value": True})["value"]))
 
 
 def load(name: str, arch: str | None = None) -> Implementation:

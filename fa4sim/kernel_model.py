@@ -35,6 +35,14 @@ class WorkUnit:
     rows: int = 0        # query rows with data (the last tile of a length may be partial); 0 = all
 
 
+@dataclass(frozen=True)
+class SeqUnit(WorkUnit):
+    """A work unit of a varlen or split-KV launch: which sequence of the packed batch, and which
+    chunk of its Q tile's KV blocks (0: the only one without splits)."""
+    split: int = 0
+    seq: int = 0
+
+
 def work_units(p: Problem, rows: int, tile_n: int, pack: int = 1) -> list[WorkUnit]:
     """One (batch, head)'s Q tiles; the caller multiplies by batch*heads.
 
@@ -197,6 +205,20 @@ def kv_hbm_reads(tiles: list[tuple[int, int]], n_kv: list[int], kv_block: float,
     return hbm
 
 
+def _kernel_time(hw, cycles: float, slots: int, n_units: int, n_tiles, cold_cycles: float, l2_b: float,
+                 hbm_b: float, jitter: float) -> "KernelTime":
+    """A launch's time from its compute cycles and its L2 and HBM bytes: the slowest of the three
+    (each at its bandwidth), plus the launch gap."""
+    compute_us = cycles / (hw.clock_ghz * 1e3)
+    l2_us = l2_b / (hw.l2_bandwidth_tbps * 1e6)
+    hbm_us = hbm_b / (hw.hbm_bandwidth_tbps * 1e6)
+    body = max(compute_us, l2_us, hbm_us)
+    limiter = "compute" if body == compute_us else ("L2" if body == l2_us else "HBM")
+    return KernelTime(cycles, min(slots, n_units), n_units, n_units / slots, n_tiles,
+                      cold_cycles / (hw.clock_ghz * 1e3), compute_us, l2_us, hbm_us, l2_b, hbm_b,
+                      body + hw.launch_gap_us, limiter, jitter)
+
+
 def kernel_time(p: Problem, hw, units: list[WorkUnit], cost_of, tile_n: int,
                 two_cta: bool, persistent: bool = True, order: str = "lpt", rows: int = 0,
                 cluster: int = 1, pack: int = 1) -> KernelTime:
@@ -234,13 +256,91 @@ def kernel_time(p: Problem, hw, units: list[WorkUnit], cost_of, tile_n: int,
     else:
         cycles, n_tiles = assign([costs[m] for _, m in tiles], slots, persistent, hw.cta_launch_cycles, cold_cycles)
         jitter = 0.0
-    compute_us = cycles / (hw.clock_ghz * 1e3)
     l2_b, hbm_b = traffic(p, hw, units, tile_n, two_cta, [(hb, m) for hb, m in tiles], slots, pack=pack)
-    l2_us = l2_b / (hw.l2_bandwidth_tbps * 1e6)
-    hbm_us = hbm_b / (hw.hbm_bandwidth_tbps * 1e6)
-    body = max(compute_us, l2_us, hbm_us)
-    limiter = "compute" if body == compute_us else ("L2" if body == l2_us else "HBM")
-    n_units = len(tiles)
-    return KernelTime(cycles, min(slots, n_units), n_units, n_units / slots, n_tiles,
-                      cold_cycles / (hw.clock_ghz * 1e3), compute_us, l2_us, hbm_us, l2_b, hbm_b,
-                      body + hw.launch_gap_us, limiter, jitter)
+    return _kernel_time(hw, cycles, slots, len(tiles), n_tiles, cold_cycles, l2_b, hbm_b, jitter)
+
+
+# ---- split-KV and varlen: launches whose tiles differ by sequence or KV chunk --------------------
+
+def split_units(units: list[WorkUnit], num_splits: int) -> list[SeqUnit]:
+    """Each Q tile's KV blocks in num_splits chunks, as FlashAttention's split-KV divides them
+    (BlockInfo.get_n_block_min_max: ceil(blocks / num_splits) per chunk, chunk i from the first
+    block up); the masked blocks (the causal diagonal, a partial last block) are the last ones, in
+    the last chunks. A chunk with no block is no work unit (its CTA exits at once)."""
+    if num_splits <= 1:
+        return [u if isinstance(u, SeqUnit) else SeqUnit(u.n_kv, u.masked, u.rows) for u in units]
+    out = []
+    for u in units:
+        per = -(-u.n_kv // num_splits)
+        for i in range(num_splits):
+            lo, hi = i * per, min((i + 1) * per, u.n_kv)
+            if hi <= lo:
+                continue
+            masked = max(0, min(hi, u.n_kv) - max(lo, u.n_kv - u.masked))
+            out.append(SeqUnit(hi - lo, masked, u.rows, i, getattr(u, "seq", 0)))
+    return out
+
+
+def varlen_units(p: Problem, rows: int, tile_n: int, pack: int = 1, num_splits: int = 1) -> list[SeqUnit]:
+    """Every sequence's Q tiles (each sequence its own causal diagonal), then split-KV chunks; the
+    caller multiplies by the launch heads of one sequence (heads / pack)."""
+    out = []
+    for s, (q, k) in enumerate(p.sequences):
+        one = Problem(1, p.heads, q, k, p.hdim, p.causal, p.hdim_v, p.heads_kv)
+        out += [SeqUnit(u.n_kv, u.masked, u.rows, 0, s) for u in work_units(one, rows, tile_n, pack)]
+    return split_units(out, num_splits)
+
+
+def decoder_order(units: list[WorkUnit], n_h: int, lpt: bool, kv_block: float, tile_m: int, tile_n: int,
+                  pack: int = 1) -> list[tuple[int, int]]:
+    """(g, m) tiles of a varlen or split launch in flash-attn-4's VarlenDecoder order
+    (tile_scheduler.py, ported from FlashAttention-3's varlen scheduler), g = seq * n_h + launch head:
+    sequences in the given order; within one, without a causal mask heads outer, each head's splits,
+    Q tiles ascending; with one (lpt) sections of 16/8/4/2/1 heads whose KV blocks (estimated from
+    the query length, as its code does) fit in 50 MiB, Q tiles from the last (longest) down, heads
+    inner."""
+    by_seq: dict[int, list[int]] = {}
+    for m, u in enumerate(units):
+        by_seq.setdefault(u.seq, []).append(m)
+    max_blocks = (50 * 1024 * 1024) // max(1, int(kv_block))
+    out = []
+    for s in sorted(by_seq):
+        ms = by_seq[s]
+        if not lpt:
+            out += [(s * n_h + h, m) for h in range(n_h) for m in sorted(ms, key=lambda m: (units[m].split, m))]
+            continue
+        tile_of, t = {}, -1
+        for m in ms:  # a sequence's units: its Q tiles in turn, each tile's chunks together
+            t += units[m].split == 0
+            tile_of[m] = t
+        n_blocks = (t + 1) * tile_m // max(1, pack) // tile_n
+        per = min(next((c for c in (16, 8, 4, 2) if n_blocks * c <= max_blocks), 1), n_h)
+        order = sorted(ms, key=lambda m: (-tile_of[m], units[m].split))  # Q tiles from the last down
+        for h0 in range(0, n_h, per):
+            out += [(s * n_h + h, m) for m in order for h in range(h0, min(h0 + per, n_h))]
+    return out
+
+
+def kernel_time_tiles(p: Problem, hw, units: list[WorkUnit], tiles: list[tuple[int, int]], cost_of, tile_n: int,
+                      two_cta: bool, persistent: bool, rows: int, share: int, extra_hbm: float = 0.0) -> KernelTime:
+    """kernel_time for a launch given as its tiles in launch order: (g, m), g a launch head of
+    one sequence (g // share its K/V head), m an index into `units` (varlen: every sequence's Q
+    tiles; split-KV: every chunk). A persistent launch hands each tile to the CTA predicted free
+    first (a dynamic scheduler does the same), else one CTA per tile. K/V come from HBM once per
+    (sequence, K/V head, chunk) per wave that does not find them in L2 (kv_hbm_reads); Q and O
+    once (extra_hbm: what else the launch writes, split-KV's fp32 partial O and LSE)."""
+    costs = [cost_of(u) for u in units]
+    slots = hw.num_sms // (2 if two_cta else 1)
+    d = p.hdim
+    kv_block = tile_n * (p.hdim + p.hdim_v) * 2
+    wave = tiles[:slots]
+    first = {(g // share, units[m].split, units[m].seq) for g, m in wave}
+    cold_bytes = sum((units[m].rows or rows) for _, m in wave) * d * 2 + len(first) * kv_block
+    cold_cycles = cold_bytes / (hw.hbm_bandwidth_tbps * 1e12) * hw.clock_ghz * 1e9
+    cycles, n_tiles = assign([costs[m] for _, m in tiles], slots, persistent, hw.cta_launch_cycles, cold_cycles)
+    l2_b = sum((units[m].rows or rows) * d * 2 + units[m].n_kv * kv_block for _, m in tiles)
+    keyed = [((g // share, units[m].split), m) for g, m in tiles]  # g already carries the sequence
+    kv = kv_hbm_reads(keyed, [u.n_kv for u in units], kv_block, hw.l2_bytes, slots)
+    q_o = sum(q for q, _ in p.sequences) * p.heads * (p.hdim + p.hdim_v) * 2
+    hbm_b = q_o + kv + extra_hbm
+    return _kernel_time(hw, cycles, slots, len(tiles), n_tiles, cold_cycles, l2_b, hbm_b, 0.0)

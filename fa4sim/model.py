@@ -28,7 +28,9 @@ from typing import ClassVar
 from . import hardware, implementation, power
 from .engine import Trace, gc_paused
 from .errors import InputError
-from .kernel_model import KernelTime, WorkUnit, kernel_time, launch_heads, work_units
+from . import split_kv
+from .kernel_model import (KernelTime, WorkUnit, decoder_order, kernel_time, kernel_time_tiles, launch_heads,
+                           varlen_units, work_units)
 from .params import MAX_SEQLEN, MAX_TILES, Context, Problem, resolve
 from .schedules import BWD_SCHEDULES, SCHEDULES, kernel_bwd
 from .steady_state import CAP, Period, runs as new_runs, tile_times, window
@@ -66,7 +68,13 @@ class Result:
     power_limited: bool = False    # the power cap sets the clock (below the maximum)
     clock_ceiling: bool = False    # the tensor core's clock ceiling sets it (clock_tensor_ghz), under the cap
     activity: object = None        # power.Activity: the launch's work per unit (a backward: the whole call's)
+    combine_us: float = 0.0        # split-KV: the combine launch (partial O and LSE -> O), us; in time_us
     pass_: ClassVar[str] = "fwd"   # "fwd" | "bwd"
+
+    @property
+    def kv_read_gbps(self) -> float:
+        """K and V of the whole problem (each byte once) over the time: GB/s of KV cache read."""
+        return self.problem.kv_bytes / (self.time_us * 1e-6) / 1e9 if self.time_us else 0.0
 
     def to_json(self) -> dict:
         k = self.kernel
@@ -94,6 +102,8 @@ class Result:
                        "l2_gbytes": round(k.l2_bytes / 1e9, 4), "hbm_gbytes": round(k.hbm_bytes / 1e9, 4),
                        "limiter": k.limiter, "launch_gap_us": self.hw.launch_gap_us,
                        "hbm_busy": round(self.hbm_busy, 4)},
+            **({"combine_us": round(self.combine_us, 3)} if self.combine_us else {}),
+            "kv_read_gbps": round(self.kv_read_gbps, 1),
             "notes": self.notes,
         }
 
@@ -228,8 +238,16 @@ def forward(run: Run) -> Pass:
     tile_n = knobs["tile_n"]
     # packed GQA (knob pack_gqa): one tile holds the rows of every q head of a K/V head
     pack = problem.heads_per_kv if knobs.get("pack_gqa") else 1
-    units = work_units(problem, unit_rows, tile_n, pack)
-    n_hb = launch_heads(problem, pack)[0]
+    splits = int(knobs.get("num_splits", 1))
+    # a varlen batch or split-KV: the launch's tiles differ by sequence or KV chunk; every unit
+    # (each sequence's Q tiles and chunks) runs on every launch head of its sequence
+    general = problem.is_varlen or splits > 1
+    if general:
+        units = varlen_units(problem, unit_rows, tile_n, pack, splits)
+        n_hb = problem.heads // pack
+    else:
+        units = work_units(problem, unit_rows, tile_n, pack)
+        n_hb = launch_heads(problem, pack)[0]
     if len(units) * n_hb > MAX_TILES:
         raise InputError("batch", f"{problem.batch} x {n_hb // problem.batch} heads x {len(units)} Q tiles = "
                                   f"{len(units) * n_hb} tiles; fa4sim simulates at most "
@@ -254,6 +272,10 @@ def forward(run: Run) -> Pass:
     # every clock the power model tries (keyed by the Q loads' HBM share, which does)
     cache: dict[tuple, tuple] = {}
     persistent = bool(knobs.get("persistent", True))  # else one CTA per tile: no further-tile cost (T2)
+    if general:  # the launch order of every (launch head, unit) tile: fa4sim/kernel_model.decoder_order
+        lpt = problem.causal and knobs.get("tile_order", "lpt") != "index"
+        order = decoder_order(units, n_hb, lpt, tile_n * (problem.hdim + problem.hdim_v) * 2, unit_rows, tile_n,
+                              pack)
     runs = new_runs()
     per_trace: dict = {}  # _per_block's memo
 
@@ -277,8 +299,12 @@ def forward(run: Run) -> Pass:
                 t1, extra = _interpolated(u, max(ns), lambda n, m: detailed(n, m, v))
             return t1 + prologue, extra
 
-        kt = kernel_time(problem, at, units, cost_of, tile_n, two_cta,
-                         persistent=persistent, order=knobs.get("tile_order", "lpt"), rows=unit_rows, pack=pack)
+        if general:
+            kt = kernel_time_tiles(problem, at, units, order, cost_of, tile_n, two_cta, persistent, unit_rows,
+                                   problem.heads_per_kv // pack, split_kv.partial_bytes(problem, splits) if splits > 1 else 0.0)
+        else:
+            kt = kernel_time(problem, at, units, cost_of, tile_n, two_cta,
+                             persistent=persistent, order=knobs.get("tile_order", "lpt"), rows=unit_rows, pack=pack)
         return kt, detailed
 
     def at_clock(at, first: bool):
@@ -322,17 +348,34 @@ def forward(run: Run) -> Pass:
             for unit, c in work.items():
                 per_block[unit] = per_block.get(unit, 0.0) + c * share
             idle += idle_v * share
-        return power.activity(at, kt, per_block, sm_blocks, tensor_flops, idle)
+        act = power.activity(at, kt, per_block, sm_blocks, tensor_flops, idle)
+        if splits > 1:  # the combine launch: memory-bound, the same time at any clock, drawing little
+            act = replace(act, totals={**act.totals, "hbm": act.totals["hbm"] + split_kv.combine_bytes(problem, splits)},
+                          gap_us=act.gap_us + split_kv.combine_us(problem, at, splits))
+        return act
 
     def finish(at, state) -> Result:
         kt, detailed, hbm_busy = state
         _, _, trace, period = detailed(longest.n_kv, longest.masked)
         util, waits, interval = _steady_state(trace, period)
-        tflops = problem.flops / (kt.time_us * 1e-6) / 1e12
-        result = Result(at, run.schedule, impl, problem, knobs, tflops, kt.time_us, kt.cycles, util, "",
-                        interval, waits, kt, trace, period)
+        combine = split_kv.combine_us(problem, at, splits)
+        total_us = kt.time_us + combine
+        tflops = problem.flops / (total_us * 1e-6) / 1e12
+        result = Result(at, run.schedule, impl, problem, knobs, tflops, total_us, kt.cycles, util, "",
+                        interval, waits, kt, trace, period, combine_us=combine)
         result.hbm_busy = hbm_busy
         result.notes.extend(trace.schedule.meta.get("notes", ()))
+        if splits > 1:
+            result.notes.append(f"split-KV: {splits} chunks per Q tile ({kt.units} work units), main kernel "
+                                f"{kt.time_us:.1f} us + combine launch {combine:.1f} us "
+                                f"({split_kv.combine_bytes(problem, splits) / 1e6:.2f} MB of partial O and LSE)")
+        if problem.is_varlen:
+            result.notes.append(f"varlen: {problem.batch} sequences, {sum(q for q, _ in problem.sequences)} query "
+                                f"and {sum(k for _, k in problem.sequences)} key tokens in all; seqlen_q / seqlen_k "
+                                f"shown are the longest")
+        if problem.causal and any(q > k for q, k in problem.sequences):
+            result.notes.append("causal with fewer keys than queries (bottom-right aligned): the first "
+                                "seqlen_q - seqlen_k rows of such a sequence see no key and are written as zeros")
         return result
 
     return Pass(profile, at_clock, usage, finish)
@@ -531,6 +574,12 @@ def resolve_run(hw, schedule: str | None, problem: Problem | None, overrides: di
         impl = implementation.load(module.DEFAULT_IMPL if impl is None else impl, module.ARCH)
     if impl.schedule != schedule:
         raise InputError("impl", f"{impl.name} is modelled by the {impl.schedule} schedule, not {schedule}")
+    if problem.is_varlen and pass_ == "bwd":
+        raise InputError("pass", "fa4sim models no varlen backward; a varlen batch runs with --pass fwd")
+    if problem.is_varlen and not impl.varlen:
+        ok = [n for n in implementation.available() if n.endswith(profile_arch_suffix(impl.arch))
+              and implementation.load(n).varlen]
+        raise InputError("impl", f"{impl.kernel} has no varlen forward; allowed impls: {', '.join(ok) or 'none'}")
     impl = impl.for_pass(pass_)
     hw_over, knob_over, impl_over = split_overrides(module, impl, overrides or {})
     if hw_over:
@@ -541,6 +590,11 @@ def resolve_run(hw, schedule: str | None, problem: Problem | None, overrides: di
     knobs = resolve(module.KNOBS, Context(problem, profile, impl), knob_over)
     module.check(profile, problem, knobs, impl)
     return Run(profile, base, schedule, module, impl, knobs, problem, pass_, "clock_ghz" in overrides)
+
+
+def profile_arch_suffix(arch: str) -> str:
+    """The suffix of the implementations of an architecture's names (fa4kernel-sm90: -sm90)."""
+    return f"-{arch}"
 
 
 def build_cta(hw, problem: Problem, overrides: dict | None = None, n_kv: int = 12, masked: int = 0,
@@ -628,12 +682,38 @@ UNIT_WORDS = {"tensor": "tensor core", "mufu": "MUFU (exp2)", "fma": "FMA pipe",
               "tmem": "TMEM bandwidth", "tma": "TMA", "issue": "instruction issue"}
 
 
+LAUNCH_BOUND_SHARE = 0.5  # the launch's fixed costs above this share of the time: "launch-bound"
+
+
+def _fixed_costs(r: Result) -> str:
+    """The launch's fixed costs (gap, cold start, the combine launch) where they are a tenth of the
+    time or more, and "launch-bound" where they are most of it."""
+    k = r.kernel
+    gap = r.hw.launch_gap_us if r.pass_ == "fwd" else 0.0
+    fixed = gap + r.combine_us + (k.cold_start_us if k.limiter == "compute" else 0.0)
+    share = fixed / r.time_us if r.time_us else 0.0
+    if share < 0.1:
+        return ""
+    what = f"launch gap {gap:.1f} us" + (f", cold start {k.cold_start_us:.1f} us" if k.limiter == "compute" else "") \
+        + (f", combine launch {r.combine_us:.1f} us" if r.combine_us else "")
+    head = "launch-bound: " if share > LAUNCH_BOUND_SHARE else ""
+    return f"{head}the launch's fixed costs ({what}) are {share:.0%} of the time"
+
+
 def _bottleneck(r: Result) -> str:
     k = r.kernel
+    fixed = _fixed_costs(r)
+    if fixed.startswith("launch-bound"):
+        return fixed
     if k.limiter != "compute":
         moved = k.hbm_bytes if k.limiter == "HBM" else k.l2_bytes
-        return (f"{k.limiter}-bound: moving {moved / 1e9:.2f} GB takes {max(k.l2_us, k.hbm_us):.1f} us, "
+        what = "HBM bandwidth" if k.limiter == "HBM" else "L2 bandwidth"
+        text = (f"{k.limiter}-bound: moving {moved / 1e9:.2f} GB takes {max(k.l2_us, k.hbm_us):.1f} us, "
                 f"more than the {k.compute_us:.1f} us of compute")
+        if r.pass_ == "fwd" and (r.combine_us or r.problem.seqlen_q * r.problem.heads_per_kv <= 128):
+            text += (f" ({what}: K/V {r.problem.kv_bytes / 1e9:.3g} GB at {r.kv_read_gbps:.0f} GB/s over the whole "
+                     f"time{', with the combine launch' if r.combine_us else ''})")
+        return text + (f"; {fixed}" if fixed else "")
     top, frac = max(r.utilization.items(), key=lambda kv: kv[1])
     parts = []
     if frac >= 0.9:
@@ -646,4 +726,10 @@ def _bottleneck(r: Result) -> str:
     tail = k.units / (math.ceil(k.waves) * k.slots) if k.units else 1.0
     if not r.problem.causal and tail < 0.9:
         parts.append(f"wave quantisation: {k.units} tiles on {k.slots} slots ({k.waves:.2f} waves, last wave {tail:.0%} full)")
+    if r.pass_ == "fwd" and (r.problem.is_varlen or r.knobs.get("num_splits", 1) > 1 or k.waves < 0.5) \
+            and k.units < r.hw.num_sms // 2:
+        parts.append(f"occupancy: {k.units} work units keep {k.units} of {r.hw.num_sms} SMs busy "
+                     f"({k.tiles_on_slowest} tile{'s' if k.tiles_on_slowest > 1 else ''} on the slowest)")
+    if fixed:
+        parts.append(fixed)
     return "; ".join(parts)

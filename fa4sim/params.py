@@ -39,8 +39,19 @@ class Problem:
     causal: bool = False
     hdim_v: int | None = None
     heads_kv: int | None = None
+    # a packed batch of unequal lengths (varlen): one (seqlen_q, seqlen_k) pair per sequence; batch
+    # is then their count and seqlen_q, seqlen_k the longest (Problem.varlen builds it)
+    seqlens: tuple | None = None
 
     def __post_init__(self):
+        if self.seqlens is not None:
+            object.__setattr__(self, "seqlens", check_seqlens(self.seqlens))
+            want = {"batch": len(self.seqlens), "seqlen_q": max(q for q, _ in self.seqlens),
+                    "seqlen_k": max(k for _, k in self.seqlens)}
+            for name, v in want.items():
+                if getattr(self, name) != v:
+                    raise InputError(name, f"with seqlens it is {v} (the sequences' {'count' if name == 'batch' else 'longest'}), "
+                                           f"got {getattr(self, name)!r}; Problem.varlen sets it")
         if self.hdim_v is None:
             object.__setattr__(self, "hdim_v", self.hdim)
         if self.heads_kv is None:
@@ -62,6 +73,25 @@ class Problem:
                 raise InputError("causal", f"must be true or false, got {self.causal!r}")
             object.__setattr__(self, "causal", bool(self.causal))
 
+    @classmethod
+    def varlen(cls, heads: int, hdim: int, seqlens, seqlens_k=None, causal: bool = False, hdim_v: int | None = None,
+               heads_kv: int | None = None) -> "Problem":
+        """A packed batch of unequal lengths: seqlens the per-sequence query lengths (or (seqlen_q,
+        seqlen_k) pairs), seqlens_k the key lengths (default: the query lengths)."""
+        pairs = pair_seqlens(seqlens, seqlens_k)
+        return cls(len(pairs), heads, max(q for q, _ in pairs), max(k for _, k in pairs), hdim, causal, hdim_v,
+                   heads_kv, pairs)
+
+    @property
+    def is_varlen(self) -> bool:
+        """A packed batch of unequal lengths (seqlens given)."""
+        return self.seqlens is not None
+
+    @property
+    def sequences(self) -> tuple:
+        """(seqlen_q, seqlen_k) per sequence: the varlen pairs, or batch equal ones."""
+        return self.seqlens if self.seqlens is not None else ((self.seqlen_q, self.seqlen_k),) * self.batch
+
     @property
     def heads_per_kv(self) -> int:
         """Q heads sharing one K/V head (1: MHA; heads: MQA)."""
@@ -71,8 +101,60 @@ class Problem:
     def flops(self) -> float:
         """2 * b * h * (d + dv) * the (query, key) pairs the mask leaves visible (the two GEMMs;
         causal: bottom-right aligned as in flash_attn and fa4kernel, counted exactly: fa4sim/flops.py)."""
+        if self.seqlens is not None:
+            return sum(attention_flops(1, self.heads, q, k, self.hdim, self.hdim_v, self.causal) for q, k in self.seqlens)
         return attention_flops(self.batch, self.heads, self.seqlen_q, self.seqlen_k, self.hdim, self.hdim_v,
                                self.causal)
+
+    @property
+    def kv_bytes(self) -> int:
+        """K and V of every sequence in bf16: sum of seqlen_k x heads_kv x (hdim + hdim_v) x 2 bytes."""
+        return sum(k for _, k in self.sequences) * self.heads_kv * (self.hdim + self.hdim_v) * 2
+
+
+def _length(name: str, i: int, v) -> int:
+    if isinstance(v, bool) or not isinstance(v, numbers.Integral):
+        raise InputError(name, f"sequence {i}: a length must be a positive integer, got {v!r}")
+    if v < 1:
+        raise InputError(name, f"sequence {i}: a length must be >= 1 token, got {v}")
+    if v > MAX_SEQLEN:
+        raise InputError(name, f"sequence {i}: at most {MAX_SEQLEN} tokens, got {v}")
+    return int(v)
+
+
+def check_seqlens(seqlens) -> tuple:
+    """A varlen batch's (seqlen_q, seqlen_k) pairs, checked: at least one sequence, each length
+    a positive integer."""
+    if isinstance(seqlens, (str, bytes)) or not hasattr(seqlens, "__iter__"):
+        raise InputError("seqlens", f"a list of (seqlen_q, seqlen_k) pairs, got {seqlens!r}")
+    pairs = list(seqlens)
+    if not pairs:
+        raise InputError("seqlens", "empty: a varlen batch needs at least one sequence")
+    out = []
+    for i, pr in enumerate(pairs):
+        if not isinstance(pr, (tuple, list)) or len(pr) != 2:
+            raise InputError("seqlens", f"sequence {i}: a (seqlen_q, seqlen_k) pair, got {pr!r}")
+        out.append((_length("seqlens", i, pr[0]), _length("seqlens_k", i, pr[1])))
+    return tuple(out)
+
+
+def pair_seqlens(seqlens, seqlens_k=None) -> tuple:
+    """Query lengths (or pairs) and optional key lengths -> checked (seqlen_q, seqlen_k) pairs."""
+    if isinstance(seqlens, (str, bytes)) or not hasattr(seqlens, "__iter__"):
+        raise InputError("seqlens", f"a list of lengths, got {seqlens!r}")
+    qs = list(seqlens)
+    if qs and all(isinstance(x, (tuple, list)) for x in qs):
+        if seqlens_k is not None:
+            raise InputError("seqlens_k", "given twice: the pairs in seqlens already hold the key lengths")
+        return check_seqlens(qs)
+    if seqlens_k is None:
+        return check_seqlens([(q, q) for q in qs])
+    if isinstance(seqlens_k, (str, bytes)) or not hasattr(seqlens_k, "__iter__"):
+        raise InputError("seqlens_k", f"a list of lengths, got {seqlens_k!r}")
+    ks = list(seqlens_k)
+    if len(ks) != len(qs):
+        raise InputError("seqlens_k", f"{len(ks)} key lengths for {len(qs)} sequences: give one per sequence")
+    return check_seqlens(list(zip(qs, ks)))
 
 
 @dataclass(frozen=True)

@@ -174,7 +174,7 @@ SMALL = ["--seqlen", "2048", "--batch", "1", "--heads", "8"]
 FWD_KEYS = {"hw", "arch", "schedule", "impl", "problem", "knobs", "hw_params", "tflops", "time_us", "cycles",
             "clock_ghz", "clock_source", "power_w", "power_by_part", "power_limited", "clock_ceiling", "peak_tflops",
             "mma_utilization", "utilization", "bottleneck", "steady_state_cycles_per_kv_block", "tensor_idle",
-            "kernel", "notes"}
+            "kernel", "kv_read_gbps", "notes"}
 
 
 @pytest.mark.parametrize("hw", ["b200", "h100"])

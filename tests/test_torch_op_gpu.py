@@ -5,8 +5,6 @@ against eager, and a CUDA graph of forward + backward replayed against eager.
 Run on the device: pytest -m gpu tests/test_torch_op_gpu.py
 """
 
-import math
-
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -18,6 +16,7 @@ pytestmark = [
     pytest.mark.skipif(not has_hopper(), reason="needs a CUDA GPU (Hopper sm_90); none here"),
 ]
 
+import cpu_attention_kernels as cpu  # noqa: E402
 import fa4kernel  # noqa: E402
 from fa4kernel import ops  # noqa: E402
 
@@ -32,17 +31,8 @@ def inputs(b, sq, sk, h, hkv, d, seed=0, dtype=torch.bfloat16):
 
 
 def reference(q, k, v, causal, scale=None):
-    """fp32; GQA by repeating k/v heads; causal bottom-right aligned."""
-    scale = scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])
-    group = q.shape[2] // k.shape[2]
-    kf, vf = k.float().repeat_interleave(group, 2), v.float().repeat_interleave(group, 2)
-    s = torch.einsum("bqhd,bkhd->bhqk", q.float(), kf) * scale
-    sq, sk = q.shape[1], k.shape[1]
-    if causal:
-        i = torch.arange(sq, device=q.device)[:, None]
-        j = torch.arange(sk, device=q.device)[None, :]
-        s = s.masked_fill(j > i + (sk - sq), float("-inf"))
-    return torch.einsum("bhqk,bkhd->bqhd", torch.softmax(s, -1).nan_to_num(0.0), vf)
+    """fp32 out; GQA by repeating k/v heads; causal bottom-right aligned (the CPU tests' reference)."""
+    return cpu.reference(q, k, v, causal, scale)[0]
 
 
 def rel(a, b):

@@ -43,6 +43,7 @@ from ..errors import InputError
 from ..implementation import discrete
 from ..tile_order import ORDERS
 from ..params import Context, Knob, Problem
+from .. import split_kv
 from ..softmax import add, beside_gemm, exp2_phase, mix_limits, phase, scaled
 from ..tensor_core import BYTES, check_shape, mma_cost
 
@@ -131,6 +132,9 @@ KNOBS = [
          "P = scaled S), sum (row sum); fa4kernel's ablation builds of the same names", kind="text",
          convert=parse_ablate),
     Knob("score_std", 1.0, "nats", "std of softmax_scale*q.k for the rescale-rate model (randn inputs: 1)", kind="float", minimum=1e-3),
+    Knob("num_splits", 1, "chunks", "split-KV (FlashDecoding): each Q tile's KV blocks in this many work units, "
+         "each writing a partial O and LSE in fp32, merged by a second launch (the combine); 1: none",
+         minimum=1, maximum=128),
 ]
 
 # rescale before PV: the S GEMM's k-steps issued ahead of the rescale's FMULs (as compiled)
@@ -193,6 +197,12 @@ DEFAULT_BUILD_KEYS = ("hdim", "causal", "tile_n", "rescale_before_pv")
 def facts(ctx: Context, k: dict) -> dict:
     """What an implementation's rules may test besides the problem and the knobs."""
     out = {"consumer_wgs": k["tile_m"] // 64} if "tile_m" in k else {}
+    if "tile_m" in k and "tile_n" in k:  # FlashAttention-3's split-KV and pack-GQA rules (fa4sim/split_kv.py)
+        splits = k["num_splits"] if "num_splits" in k else split_kv.fa3_num_splits(ctx.problem, ctx.hw.num_sms,
+                                                                                   k["tile_m"], k["tile_n"])
+        out["fa3_num_splits"] = splits
+        out["fa3_pack_gqa"] = split_kv.fa3_pack_gqa(ctx.problem, k["tile_m"], splits)
+    out["q_rows_packed"] = ctx.problem.seqlen_q * ctx.problem.heads_per_kv
     if all(n in k for n in ("tile_m", "tile_n", "kv_stages", "p_in_registers")):
         out["o_fits"] = o_fits(ctx.hw, ctx.problem, k)
     return out

@@ -84,6 +84,9 @@ KNOBS = [
          "a K/V head, token by token (flash-attn-4's pack_gqa: tile_m rows = tile_m / group tokens x the group's "
          "heads, one launch head per K/V head); false: one q head per tile, the group's tiles reading the same "
          "K/V (no effect without grouped heads)", kind="bool"),
+    Knob("num_splits", 1, "chunks", "split-KV (FlashDecoding): each Q tile's KV blocks in this many work units, "
+         "each writing a partial O and LSE in fp32, merged by a second launch (the combine); 1: none",
+         minimum=1, maximum=128),
 ]
 
 

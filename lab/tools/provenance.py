@@ -53,6 +53,8 @@ KINDS = {
     "decode": "decode over a KV cache (1-16 new tokens, long caches): us and KV-read GB/s of "
               "fa4kernel.attention_with_kvcache (split counts), fa4kernel.attention, FlashAttention-3, "
               "flash-attn-4 and torch SDPA, checked against fp32 (bench_decode_sm90.py)",
+    "training": "a small GPT trained from one seed with each attention backend: losses, step times, "
+                "tokens/s, the attention's share and a deterministic repeat (train_gpt_sm90.py)",
     "mem_power": "board power and clock under sustained memory-path loads: TMA bulk reduce-adds, RED.ADD from "
                  "registers, the SM-to-SM network, TMA loads (calibrate/bench_mem_power.py)",
 }

@@ -1,0 +1,191 @@
+"""Varlen batches and decode in fa4sim: the packed batch's launch, split-KV and its combine, the
+memory-bound regime, FlashAttention-3's implementation file, and the bad input they refuse."""
+import math
+
+import pytest
+
+from fa4sim import simulate
+from fa4sim.cli import main
+from fa4sim.errors import InputError
+from fa4sim.hardware import load as load_hw
+from fa4sim.model import setup
+from fa4sim.params import Problem
+from fa4sim import split_kv
+
+H200 = "h200"
+
+
+def test_varlen_of_equal_sequences_is_the_batched_problem():
+    # non-causal: the same tiles, K/V and order (heads outer), so the same launch exactly
+    for impl in ("flash-attn-3", "flash-attn-4"):
+        a = simulate(H200, None, Problem(4, 16, 2048, 2048, 128), impl=impl)
+        b = simulate(H200, None, Problem.varlen(16, 128, [2048] * 4), impl=impl)
+        assert b.time_us == pytest.approx(a.time_us, rel=1e-9)
+        assert b.problem.flops == a.problem.flops
+    # causal: within 1 %; the varlen scheduler orders the tiles sequence by sequence (each its own
+    # L2 sections of heads, longest tile first), the batched LPT order over all batch x heads
+    a = simulate(H200, None, Problem(4, 16, 2048, 2048, 128, True), impl="flash-attn-4")
+    b = simulate(H200, None, Problem.varlen(16, 128, [2048] * 4, causal=True), impl="flash-attn-4")
+    assert b.time_us == pytest.approx(a.time_us, rel=0.01)
+
+
+def test_varlen_batch_counts_each_sequence():
+    lens = [100, 3000, 800]
+    p = Problem.varlen(8, 128, lens, causal=True)
+    assert (p.batch, p.seqlen_q, p.seqlen_k) == (3, 3000, 3000)
+    assert p.flops == sum(Problem(1, 8, n, n, 128, True).flops for n in lens)
+    r = simulate(H200, None, p, impl="flash-attn-4")
+    # flash-attn-4's 128-row Q tiles of each sequence, per head: 1 + 24 + 7
+    assert r.kernel.units == 8 * (1 + 24 + 7)
+    assert any("varlen" in n for n in r.notes)
+
+
+def test_fa4kernel_varlen_is_refused_in_one_line():
+    with pytest.raises(InputError) as e:
+        simulate(H200, None, Problem.varlen(8, 128, [100, 200]), impl="fa4kernel")
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith("impl: fa4kernel has no varlen forward; allowed impls: ")
+    assert "flash-attn-3-sm90" in msg and "flash-attn-4-sm90" in msg
+    with pytest.raises(InputError, match="varlen backward"):
+        simulate(H200, None, Problem.varlen(8, 128, [100, 200]), impl="flash-attn-4", pass_="bwd")
+
+
+def _decode(seqlen_k, impl="flash-attn-3", batch=1, heads=32, kv=8, **over):
+    return simulate(H200, None, Problem(batch, heads, 1, seqlen_k, 128, heads_kv=kv), over or None, impl=impl)
+
+
+def test_decode_scales_with_cache_bytes_and_approaches_hbm_bandwidth():
+    hw = load_hw(H200)
+    times = {n: _decode(n) for n in (16384, 65536, 262144)}
+    for n, r in times.items():
+        floor = r.problem.kv_bytes / (hw.hbm_bandwidth_tbps * 1e6)  # us
+        assert r.time_us >= floor
+    big = times[262144]
+    assert big.kernel.limiter == "HBM" and big.bottleneck.startswith("HBM-bound")
+    assert "HBM bandwidth" in big.bottleneck
+    floor = big.problem.kv_bytes / (hw.hbm_bandwidth_tbps * 1e6)
+    assert big.time_us / floor < 1.06          # K/V at the HBM bandwidth, plus the fixed costs
+    assert big.kv_read_gbps > 0.94 * hw.hbm_bandwidth_tbps * 1e3
+    # 4x the cache, about 4x the time (the fixed costs are a smaller share)
+    ratio = times[262144].time_us / times[65536].time_us
+    assert 3.6 < ratio < 4.05
+
+
+def test_split_kv_helps_a_batch_one_long_cache_and_its_combine_shows():
+    auto = _decode(131072)
+    one = _decode(131072, num_splits=1)
+    hw = load_hw(H200)
+    assert auto.knobs["num_splits"] == 15  # heuristics.h: 8 Q tiles x 15 = 120 CTAs, wave efficiency 0.91
+    assert auto.kernel.units == 120 and one.kernel.units == 8 < hw.num_sms
+    assert auto.time_us < one.time_us / 5
+    assert auto.combine_us > hw.launch_gap_us
+    assert auto.time_us == pytest.approx(auto.kernel.time_us + auto.combine_us)
+    assert any("combine launch" in n for n in auto.notes)
+    # the combine's bytes: 15 partial O (fp32) and LSE per q head, O written
+    assert split_kv.combine_bytes(auto.problem, 15) == 32 * (15 * (128 * 4 + 4) + 128 * 2)
+
+
+def test_the_launch_fixed_costs_show_in_a_short_decode():
+    r = _decode(256, batch=1, heads=8, kv=8)  # 2 KV blocks: no split, the gap a fifth of the time
+    assert "the launch's fixed costs (launch gap" in r.bottleneck
+    r = _decode(2048, batch=1, heads=8, kv=8)  # split: the combine launch among them
+    assert r.knobs["num_splits"] > 1 and "combine launch" in r.bottleneck
+
+
+def test_fa3_split_and_pack_heuristics():
+    p = Problem(1, 32, 1, 131072, 128, heads_kv=8)
+    assert split_kv.fa3_num_splits(p, 132, 64, 176) == 15
+    assert split_kv.fa3_num_splits(Problem(64, 64, 1, 4096, 128, heads_kv=8), 132, 64, 176) == 1  # 512 tiles
+    assert split_kv.fa3_num_splits(Problem(1, 32, 1, 512, 128, heads_kv=8), 132, 64, 176) == 1   # 3 KV blocks
+    assert split_kv.fa3_pack_gqa(Problem(2, 32, 4096, 4096, 128, heads_kv=8), 128, 1) is False
+    assert split_kv.fa3_pack_gqa(Problem(2, 32, 3, 4096, 128, heads_kv=8), 128, 1) is True
+    assert split_kv.fa3_pack_gqa(Problem(2, 32, 3, 4096, 128), 128, 1) is False   # no grouped heads
+    assert split_kv.fa4_num_splits(p, 148, 128, 128, True) == 18
+
+
+def test_flash_attn_4_sm90_has_no_split_kv():
+    r = _decode(131072, impl="flash-attn-4")
+    assert r.knobs["num_splits"] == 1 and r.kernel.units == 8 and r.combine_us == 0
+    assert "occupancy: 8 work units" in r.bottleneck
+
+
+def test_decode_power_under_the_cap_runs_at_the_ceiling():
+    hw = load_hw(H200)
+    r = _decode(131072, impl="flash-attn-4")  # 8 CTAs: little power
+    assert r.power_w < 0.5 * hw.power_cap_w and not r.power_limited
+    assert r.clock_ceiling and r.clock_ghz == pytest.approx(hw.clock_tensor_ghz)
+    # an HBM-bound launch's time hardly follows the clock: K/V take their bytes at the HBM rate
+    a = _decode(262144)
+    b = _decode(262144, clock_ghz=hw.clock_tensor_ghz)
+    assert b.time_us == pytest.approx(a.time_us, rel=0.01)
+    assert a.power_by_part["hbm"] > 100  # the memory-bound load is in the power model
+
+
+FA3_TILES = {  # hopper/tile_size.h: (hdim, hdim_v, causal) -> (tile_m, tile_n, P in registers)
+    (64, 64, False): (192, 192, False), (64, 64, True): (192, 128, True),
+    (96, 96, False): (192, 144, False), (96, 96, True): (192, 144, False),
+    (128, 128, False): (128, 176, True), (128, 128, True): (128, 128, True),
+    (192, 192, False): (128, 112, True), (192, 128, False): (128, 128, True),
+    (256, 256, False): (128, 80, True), (256, 256, True): (128, 80, True),
+}
+
+
+@pytest.mark.parametrize("shape", sorted(FA3_TILES))
+def test_fa3_implementation_loads_with_its_tiles(shape):
+    d, dv, causal = shape
+    _, schedule, _, impl, knobs = setup(H200, None, Problem(2, 16, 4096, 4096, d, causal, dv), None, "flash-attn-3")
+    assert impl.name == "flash-attn-3-sm90" and schedule == "fa3"
+    assert (knobs["tile_m"], knobs["tile_n"], knobs["p_in_registers"]) == FA3_TILES[shape]
+    assert knobs["persistent"] and knobs["intra_wg_overlap"] and knobs["num_splits"] == 1
+    for name, entry in impl.knobs.items():
+        assert entry["source"] and entry["confidence"] in ("H", "M", "L")
+
+
+def test_fa3_decode_tile_is_one_mma_warpgroup():
+    _, _, _, _, k = setup(H200, None, Problem(1, 32, 1, 131072, 128, heads_kv=8), None, "flash-attn-3")
+    assert (k["tile_m"], k["tile_n"], k["pack_gqa"], k["persistent"]) == (64, 176, True, False)
+
+
+def test_bad_lengths_are_refused_in_one_line():
+    for bad, match in (([], "empty"), ([100, -3], "sequence 1: a length must be >= 1"), ([100, 0], ">= 1"),
+                       ([100, 2.5], "positive integer"), ("100", "a list of lengths")):
+        with pytest.raises(InputError, match=match) as e:
+            Problem.varlen(8, 128, bad)
+        assert "\n" not in str(e.value)
+    with pytest.raises(InputError, match="seqlens_k"):
+        Problem.varlen(8, 128, [100, 200], [100])
+    with pytest.raises(InputError, match="seqlen_k"):
+        Problem(1, 8, 1, -5, 128)
+    with pytest.raises(InputError, match="batch"):
+        Problem(3, 8, 100, 100, 128, seqlens=((100, 100),))
+
+
+def test_causal_cache_shorter_than_the_new_tokens_runs():
+    # bottom-right aligned: the first seqlen_q - seqlen_k rows see no key (zeros); possible, so allowed
+    r = simulate(H200, None, Problem(1, 8, 256, 64, 128, True), impl="flash-attn-4")
+    assert r.time_us > 0 and any("see no key" in n for n in r.notes)
+
+
+@pytest.mark.parametrize("args, text", [
+    (["--seqlens", "512,abc"], "'abc' is not a whole number"),
+    (["--seqlens", ""], "a comma list of lengths"),
+    (["--seqlens", "512,-3", "--impl", "flash-attn-4"], ">= 1 token"),
+    (["--seqlens", "512,300"], "fa4kernel has no varlen forward"),
+    (["--seqlens-k", "512"], "only with --seqlens"),
+    (["--seqlens", "512,300", "--seqlens-k", "512", "--impl", "flash-attn-4"], "one per sequence"),
+])
+def test_cli_bad_varlen_input_exits_2(args, text, capsys):
+    assert main(["run", "--hw", H200, *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert text in err and len(err.splitlines()) == 1
+
+
+def test_cli_varlen_and_decode_run(capsys):
+    assert main(["run", "--hw", H200, "--impl", "flash-attn-4", "--seqlens", "512,3000,100", "--causal",
+                 "--heads", "8"]) == 0
+    out = capsys.readouterr().out
+    assert "varlen: 3 sequences" in out
+    assert main(["run", "--hw", H200, "--impl", "flash-attn-3", "--seqlen", "1", "--seqlen-k", "131072",
+                 "--batch", "1", "--heads", "32", "--heads-kv", "8"]) == 0
+    out = capsys.readouterr().out
+    assert "split-KV 15 chunks" in out and "HBM-bound" in out
