@@ -135,6 +135,21 @@ def split_heuristic(batch: int, heads_kv: int, rows: int, keys: int, tile_m: int
     return min(whole or good)
 
 
+def plan_runs(body: list, num_splits: int, period: Optional[int]) -> list:
+    """The launches of the packed body: [(first row, end row, pieces)] for the rows' body lengths
+    (keys each new token sees before the tail) in about num_splits chunks (plan_body per run of
+    equal lengths; a run with no strided view goes row by row up to MAX_ROWS_ONE_BY_ONE rows, else
+    unsplit)."""
+    runs = []
+    for r0, r1, P in _runs(body):
+        plan = plan_body(P, num_splits, r1 - r0, period)
+        if plan is None and r1 - r0 <= MAX_ROWS_ONE_BY_ONE:
+            runs += [(r, r + 1, plan_body(P, num_splits, 1, period)) for r in range(r0, r1)]
+        else:
+            runs.append((r0, r1, plan if plan is not None else plan_body(P, 1, r1 - r0, period)))
+    return runs
+
+
 def _check(q, k_cache, v_cache, cache_seqlens, causal, softmax_scale, num_splits, return_lse):
     """One-line ValueErrors; returns (b, sq, sk, h, hkv, d)."""
     import torch
@@ -286,13 +301,7 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=None, causal: bool
 
     periods = (_period(k_cache), _period(v_cache))
     period = periods[0] if periods[0] == periods[1] else None
-    runs = []
-    for r0, r1, P in _runs(body):
-        plan = plan_body(P, num_splits, r1 - r0, period)
-        if plan is None and r1 - r0 <= MAX_ROWS_ONE_BY_ONE:
-            runs += [(r, r + 1, plan_body(P, num_splits, 1, period)) for r in range(r0, r1)]
-        else:
-            runs.append((r0, r1, plan if plan is not None else plan_body(P, 1, r1 - r0, period)))
+    runs = plan_runs(body, num_splits, period)
 
     results = []
     for r0, r1, plan in runs:

@@ -26,6 +26,15 @@ Usage (device, from the repository root):
     python3 lab/tools/bench_decode_sm90.py --out $OUT/decode_h200.json
     python3 lab/tools/bench_decode_sm90.py --rows b8-q1-k32768-h32-kv8 --splits 2,4 --out ...
     python3 lab/tools/bench_decode_sm90.py --dry-run        # the rows and candidates, no GPU
+    python3 lab/tools/bench_decode_sm90.py --predict FILE   # fa4sim's predictions, no GPU
+
+--predict FILE writes fa4sim's predictions (profile h200, the power model's clock) for every
+selected row, kind "predictions": flash-attn-3 (its implementation data: its num_splits heuristic
+and pack-GQA rule), flash-attn-4 (its SM90 forward: no split-KV) and fa4kernel.kvcache[auto] (the
+plan attention_with_kvcache picks at DEFAULT_SMS SMs: kvcache.split_heuristic, kvcache.plan_runs;
+pack-GQA, its chunks as fa4sim's num_splits; a row's "note" says what fa4sim cannot express of
+it). Each prediction row's "point" and "kernel" are the measured file's row "point" and candidate
+name, so the two files join on (point, kernel).
 """
 from __future__ import annotations
 
@@ -87,6 +96,100 @@ def parse_problem(spec: str) -> Row:
     if vals["h"] % vals["kv"]:
         raise ValueError(f"--problem {spec!r}: kv={vals['kv']} must divide h={vals['h']}")
     return Row(vals["b"], vals["sq"], vals["sk"], vals["h"], vals["kv"], vals.get("d", 128), causal)
+
+
+def auto_splits(row: Row, sms: int) -> int:
+    """The num_splits attention_with_kvcache picks for `row` (bf16, full caches) on `sms` SMs."""
+    from fa4kernel import kvcache
+    from fa4kernel.sm90.config import make_config
+
+    tile_m = make_config("bfloat16", row.hdim, False, True, {}).tile_m
+    rows = row.seqlen_q * (row.heads // row.heads_kv)
+    body = row.seqlen_cache - (row.seqlen_q if row.causal and row.seqlen_q > 1 else 0)
+    return kvcache.split_heuristic(row.batch, row.heads_kv, rows, body, tile_m, sms,
+                                   row.seqlen_cache if row.batch > 1 else None)
+
+
+def kvcache_plan(row: Row, sms: int) -> dict:
+    """attention_with_kvcache's launches for `row` (full caches, contiguous K and V): num_splits
+    asked, the body's runs of pieces (kvcache.plan_runs), whether a causal tail launch runs."""
+    from fa4kernel import kvcache
+
+    n = auto_splits(row, sms)
+    tail = row.causal and row.seqlen_q > 1
+    body = row.seqlen_cache - (row.seqlen_q if tail else 0)
+    runs = kvcache.plan_runs([body] * row.batch, n, row.seqlen_cache)
+    return {"num_splits": n, "body": body, "tail": tail, "runs": runs}
+
+
+def predict_rows(rows, sms: int = None) -> list:
+    """fa4sim's predictions (h200) for each row: flash-attn-3, flash-attn-4, fa4kernel.kvcache[auto]."""
+    from fa4kernel import kvcache
+    from fa4sim import Problem, simulate
+
+    sms = sms or kvcache.DEFAULT_SMS
+    out = []
+    for row in rows:
+        def rec(kernel, res, note=None):
+            r = {"point": row.name, "kernel": kernel, "us": res.time_us, "kv_read_gbps": res.kv_read_gbps,
+                 "num_splits": res.knobs.get("num_splits", 1), "pack_gqa": bool(res.knobs.get("pack_gqa")),
+                 "clock_ghz": res.clock_ghz, "bottleneck": res.bottleneck}
+            if note:
+                r["note"] = note
+            return r
+
+        full = Problem(batch=row.batch, heads=row.heads, seqlen_q=row.seqlen_q, seqlen_k=row.seqlen_cache,
+                       hdim=row.hdim, causal=row.causal, heads_kv=row.heads_kv)
+        out.append(rec("flash-attn-3", simulate("h200", problem=full, impl="flash-attn-3")))
+        out.append(rec("flash-attn-4", simulate("h200", problem=full, impl="flash-attn-4")))
+        plan = kvcache_plan(row, sms)
+        pieces = [(r1 - r0, pc) for r0, r1, plan_ in plan["runs"] for pc in plan_]
+        main = max(pieces, key=lambda x: x[0] * x[1].count * x[1].length)
+        notes = []
+        if len(plan["runs"]) > 1:
+            notes.append(f"{len(plan['runs'])} runs of rows, each its own launches; modelled as one launch")
+        if main[1].count > main[1].used:
+            notes.append(f"{main[1].count - main[1].used} of {main[1].count} chunks per row launched past the "
+                         "row's keys (the view tiles the cache): not modelled")
+        extra = [pc for _, pc in pieces if pc is not main[1]]
+        if extra:
+            notes.append("besides the main piece (" + ", ".join(f"{pc.count} chunks of {pc.length} keys"
+                                                               for pc in extra)
+                         + "): one more launch each and their partials in the combine, not modelled")
+        if plan["tail"]:
+            notes.append(f"the causal tail launch (unpacked, {row.seqlen_q} x {row.seqlen_q} keys per q head, "
+                         "before the body) is not modelled")
+        if main[1].count > 1 or plan["tail"]:
+            notes.append("the torch combine (several launches) is modelled as fa4sim's one combine launch; "
+                         "q's repeat per chunk and the packing copy are not modelled")
+        # fa4sim splits the body's keys in num_splits chunks: the main piece's used chunks
+        used = main[1].used
+        body = Problem(batch=row.batch, heads=row.heads, seqlen_q=row.seqlen_q, seqlen_k=plan["body"],
+                       hdim=row.hdim, causal=False, heads_kv=row.heads_kv)
+        res = simulate("h200", problem=body, impl="fa4kernel", overrides={"num_splits": used, "pack_gqa": True})
+        r = rec("fa4kernel.kvcache[auto]", res, "; ".join(notes) or None)
+        r["num_splits"] = plan["num_splits"]
+        r["chunks"] = used
+        out.append(r)
+    return out
+
+
+def write_predictions(path: str, rows, argv) -> dict:
+    import subprocess
+
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    meta = {"kind": "predictions", "device": "NVIDIA H200", "profile": "h200",
+            "model_commit": head.stdout.strip() or "unknown",
+            "what": "fa4sim's decode predictions per row: flash-attn-3 (its num_splits heuristic and pack-GQA "
+                    "rule), flash-attn-4 (SM90: no split-KV), fa4kernel.kvcache[auto] (attention_with_kvcache's "
+                    "plan at 132 SMs: pack-GQA, its chunks as num_splits); us at the power model's clock; "
+                    "kv_read_gbps = K/V bytes over the whole time",
+            "command": "python3 lab/tools/bench_decode_sm90.py " + " ".join(argv)}
+    doc = {"meta": meta, "rows": predict_rows(rows)}
+    with open(path, "w") as fh:
+        json.dump(doc, fh, indent=1)
+        fh.write("\n")
+    return doc
 
 
 def candidates(torch, row: Row, q, k, v, splits, errors: dict) -> dict:
@@ -181,19 +284,12 @@ def run_row(torch, row: Row, args, errors: dict) -> dict:
                     generator=gen)
     v = torch.randn_like(k)
     ref = reference(torch, q, k, v, row.causal)
-    rec = {"name": row.name, "batch": row.batch, "seqlen_q": row.seqlen_q, "seqlen_cache": row.seqlen_cache,
+    rec = {"name": row.name, "point": row.name, "batch": row.batch, "seqlen_q": row.seqlen_q, "seqlen_cache": row.seqlen_cache,
            "heads": row.heads, "heads_kv": row.heads_kv, "hdim": row.hdim, "causal": row.causal,
            "kv_bytes": row.kv_bytes, "results": {}}
-    from fa4kernel import kvcache
     from fa4kernel.inputs import device_props
-    from fa4kernel.sm90.config import make_config
 
-    tile_m = make_config("bfloat16", row.hdim, False, True, {}).tile_m
-    rows = row.seqlen_q * (row.heads // row.heads_kv)
-    body = row.seqlen_cache - (row.seqlen_q if row.causal and row.seqlen_q > 1 else 0)
-    rec["auto_splits"] = kvcache.split_heuristic(row.batch, row.heads_kv, rows, body, tile_m,
-                                                 device_props(q.device).multi_processor_count,
-                                                 row.seqlen_cache if row.batch > 1 else None)
+    rec["auto_splits"] = auto_splits(row, device_props(q.device).multi_processor_count)
     for name, fn in candidates(torch, row, q, k, v, args.splits, errors).items():
         r = {}
         try:
@@ -220,6 +316,8 @@ def parse_args(argv=None):
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     ap.add_argument("--out", default=None, help="the JSON to write (default: print only)")
     ap.add_argument("--dry-run", action="store_true", help="list the rows and candidates; no GPU")
+    ap.add_argument("--predict", default=None, metavar="FILE",
+                    help="write fa4sim's predictions for the selected rows to FILE; no GPU")
     ap.add_argument("--rows", default=None, help="comma-separated row names (default: all five)")
     ap.add_argument("--problem", action="append", default=[], metavar="b=B,sq=SQ,sk=SK,h=H,kv=KV[,d=D][,causal]",
                     help="your own row (repeatable), after the --rows ones")
@@ -251,6 +349,12 @@ def parse_args(argv=None):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.predict:
+        doc = write_predictions(args.predict, args.selected, sys.argv[1:] if argv is None else list(argv))
+        for r in doc["rows"]:
+            print(f"{r['point']:32s} {r['kernel']:24s} {r['us']:8.1f} us {r['kv_read_gbps']:6.0f} GB/s "
+                  f"splits {r['num_splits']}", flush=True)
+        return 0
     for row in args.selected:
         print(f"{row.name}: {row.kv_bytes / 1e9:.3f} GB of K and V", flush=True)
     if args.dry_run:
