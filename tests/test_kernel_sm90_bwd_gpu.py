@@ -14,12 +14,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from hopper import has_hopper  # noqa: E402
+from hopper import gpu_marks  # noqa: E402
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not has_hopper(), reason="needs a CUDA GPU (Hopper sm_90); none here"),
-]
+pytestmark = gpu_marks()
 
 import fa4kernel  # noqa: E402
 

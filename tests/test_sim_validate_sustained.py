@@ -405,14 +405,49 @@ def test_unseen_points_run_only_when_asked_and_are_new():
 @pytest.mark.parametrize("group, before", [("fresh", ("all", "holdout", "unseen")),
                                            ("blind", ("all", "holdout", "unseen", "fresh")),
                                            ("untried", ("all", "holdout", "unseen", "fresh", "blind")),
-                                           ("novel", ("all", "holdout", "unseen", "fresh", "blind", "untried"))])
+                                           ("novel", ("all", "holdout", "unseen", "fresh", "blind", "untried")),
+                                           ("paired", ("all", "holdout", "unseen", "fresh", "blind", "untried",
+                                                       "novel"))])
 def test_later_point_groups_are_new_to_every_earlier_run(group, before):
     """Each later group holds problems no earlier group measured, and runs only when named."""
     pts = bench.select(group, False)
-    assert len(pts) == {"untried": 10, "novel": 9}.get(group, 8) and all(p.group == group for p in pts)
+    assert len(pts) == {"untried": 10, "novel": 9, "paired": 10}.get(group, 8) and all(p.group == group for p in pts)
     known = {p.name for g in before for p in bench.select(g, False)}
     assert not known & {p.name for p in pts}
     assert group in bench.ASKED_FOR
+
+
+def test_paired_points_are_new_to_every_recorded_run():
+    """No settled results file in the lab holds a problem of the group "paired" (the ten problems
+    predicted before the run that first measured them), other than that run's own."""
+    import glob
+
+    names = {p.name for p in bench.select("paired", False)}
+    assert any(p.heads_kv < p.heads for p in bench.select("paired", False))  # GQA and MQA among them
+    for path in glob.glob(os.path.join(ROOT, "lab", "campaigns", "*", "*.json")):
+        if os.path.basename(path).startswith("predicted_"):
+            continue
+        try:
+            doc = json.load(open(path))
+        except ValueError:
+            continue
+        pts = doc.get("points") if isinstance(doc, dict) else None
+        if isinstance(pts, list) and (doc.get("meta") or {}).get("kind") == "sustained":
+            # the run that first measured them records them as group "paired"
+            assert not names & {p.get("name") for p in pts if isinstance(p, dict) and p.get("group") != "paired"}, path
+
+
+def test_predict_writes_each_modelled_candidate_without_a_gpu(tmp_path):
+    out = tmp_path / "pred.json"
+    assert bench.main(["--problem", "b=2,h=16,kv=4,sq=1000,d=128,causal", "--problem", "b=2,h=8,sq=900,d=96",
+                       "--predict", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["meta"]["kind"] == "predictions" and doc["meta"]["model_commit"]
+    got = {(r["point"], r["kernel"]) for r in doc["rows"]}
+    # FlashAttention-3 has no hd96 build: it is not predicted there
+    assert got == {("hd128-1000-b2-h16-kv4-causal", k) for k in ("fa4kernel", "flash-attn-3", "flash-attn-4")} | {
+        ("hd96-900-b2-h8", k) for k in ("fa4kernel", "flash-attn-4")}
+    assert all(r["tflops"] > 0 and 0.5 < r["clock_ghz"] < 2.5 for r in doc["rows"])
 
 
 def test_variants_parse_and_run_where_fa4kernel_runs_their_head_dim():

@@ -9,12 +9,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from hopper import has_hopper  # noqa: E402
+from hopper import gpu_marks  # noqa: E402
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not has_hopper(), reason="needs a CUDA GPU (Hopper sm_90); none here"),
-]
+pytestmark = gpu_marks()
 
 import cpu_attention_kernels as cpu  # noqa: E402
 import fa4kernel  # noqa: E402

@@ -9,12 +9,9 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers", reason="transformers is not installed (pip install transformers)")
 
-from hopper import has_hopper  # noqa: E402
+from hopper import gpu_marks  # noqa: E402
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not has_hopper(), reason="needs a CUDA GPU (Hopper sm_90); none here"),
-]
+pytestmark = gpu_marks()
 
 from fa4kernel.integrations import register_transformers  # noqa: E402
 

@@ -32,7 +32,7 @@ and not; b * s = 16384 tokens, heads * hdim = 2048) and points never measured be
 "new"): 32k tokens of one sequence, hd64 8k, hd256 2k, chunked prefill (causal, seqlen_q <
 seqlen_k), DeepSeek's hd192 / 128 (flash-attn-4 only: fa4kernel has hdim_v = hdim), and heads *
 hdim = 4096. Named groups of problems measured once to test a prediction made before they ran
-(holdout, unseen, fresh, blind, untried, novel) run only when asked for, and --problem adds any
+(holdout, unseen, fresh, blind, untried, novel, paired) run only when asked for, and --problem adds any
 problem of your own (group "asked"). TFLOP/s count the visible (query, key) pairs exactly
 (fa4sim/flops.py).
 
@@ -234,6 +234,19 @@ def novel_points() -> list[Point]:
                   Point(4, 32, 3072, 12288, 64, 64, True, "novel")]
 
 
+def paired_points() -> list[Point]:
+    """Problems no run had measured when P's conversion to 16 bit became one cvt per pair, each
+    predicted before it ran (group "paired"): odd lengths at hd64, hd96, hd128, hd192 and hd256,
+    grouped K/V heads (32 / 8 and 64 / 8 q / k-v heads, MQA 16 / 1), a chunk of GQA queries on a
+    longer cache and a short hd64 chunk."""
+    P = Point
+    return [P(3, 32, 3333, 3333, 64, 64, False, "paired"), P(2, 16, 5555, 5555, 128, 128, True, "paired"),
+            P(2, 32, 6000, 6000, 128, 128, True, "paired", 8), P(2, 64, 2500, 2500, 128, 128, False, "paired", 8),
+            P(4, 16, 4500, 4500, 64, 64, True, "paired", 1), P(3, 20, 4321, 4321, 96, 96, False, "paired"),
+            P(2, 16, 5000, 5000, 192, 192, True, "paired"), P(3, 8, 3700, 3700, 256, 256, False, "paired"),
+            P(2, 32, 1500, 9000, 128, 128, True, "paired", 8), P(4, 32, 777, 5000, 64, 64, True, "paired")]
+
+
 PROBLEM_KEYS = {"b": "batch", "h": "heads", "kv": "heads_kv", "sq": "seqlen_q", "sk": "seqlen_k", "d": "hdim",
                 "dv": "hdim_v"}
 
@@ -321,14 +334,15 @@ def all_points() -> list[Point]:
 
 QUICK = ("hd128-4k-b4-h16", "hd128-4k-b4-h16-causal", "hd64-1k-b16-h32-causal", "hd256-16k-b1-h8",
          "hd128-q2k-k8k-b8-h16-causal", "hd192v128-4k-b4-h16")
-GROUPS = ("grid", "new", "holdout", "unseen", "fresh", "blind", "untried", "novel", "all")
-ASKED_FOR = ("holdout", "unseen", "fresh", "blind", "untried", "novel")  # groups that run only when named
+GROUPS = ("grid", "new", "holdout", "unseen", "fresh", "blind", "untried", "novel", "paired", "all")
+ASKED_FOR = ("holdout", "unseen", "fresh", "blind", "untried", "novel", "paired")  # groups that run only when named
 
 
 def select(spec: str | None, quick: bool) -> list[Point]:
     """The points of --points (comma-separated: a group grid / new / all, a point name, or a part of
     names such as 'hd128' or 'causal'), or the QUICK ones; ValueError in one line otherwise."""
     pts = all_points() + holdout_points() + unseen_points() + fresh_points() + blind_points() + untried_points() + novel_points()
+    pts += paired_points()
     if quick and not spec:
         return [p for p in pts if p.name in QUICK]
     if not spec:
@@ -379,6 +393,45 @@ def plan_text(points: list[Point], warm_s: float, timed_s: float, window_ms: flo
     lines.append(f"plan: {e['points']} points, {e['candidate_runs']} candidate runs, ~{e['builds']} builds; "
                  f"about {e['total_s'] / 60:.1f} min ({e['run_s']:.0f} s running, {e['compile_s']:.0f} s compiling)")
     return "\n".join(lines)
+
+
+# fa4sim's implementation of each candidate it models (fa4kernel as it ships: its tile rule)
+MODELLED = {OURS: "fa4kernel", FA3: "flash-attn-3", PEER: "flash-attn-4"}
+
+
+def predictions(points: list[Point], only=CANDIDATES, hw: str = "h200") -> list[dict]:
+    """fa4sim's prediction of every (point, modelled candidate), each at its own clock (the power
+    model's where the profile has one): the rows a --predict file holds, to commit before the run."""
+    from fa4sim.params import Problem
+    from fa4sim.validate.common import predict
+
+    rows = []
+    for p in points:
+        problem = Problem(p.batch, p.heads, p.seqlen_q, p.seqlen_k, p.hdim, p.causal, p.hdim_v, p.heads_kv)
+        for name in (c for c in p.candidates() if c in only and c in MODELLED):
+            r = predict(hw, "fa3", problem, {}, impl=MODELLED[name])
+            rows.append({"point": p.name, "kernel": name, "tile_n": (r.knobs or {}).get("tile_n"),
+                         "tflops": round(r.tflops, 1), "time_us": round(r.time_us, 2),
+                         "clock_ghz": round(r.clock_ghz, 3), "bottleneck": r.bottleneck})
+    return rows
+
+
+def write_predictions(path: str, points: list[Point], only, argv) -> str:
+    """--predict: the predictions file (kind "predictions"), stamped with the model's commit."""
+    import subprocess
+
+    commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True).stdout.strip() or None
+    doc = {"meta": {"kind": "predictions", "device": "NVIDIA H200", "profile": "h200", "model_commit": commit,
+                    "date": dt.date.today().isoformat(),
+                    "what": "fa4sim's TFLOP/s for each modelled candidate at each point, each at its own "
+                            "predicted clock (power model), written before the run",
+                    "command": "sustained_sm90.py " + " ".join(argv)},
+           "rows": predictions(points, only)}
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as fh:
+        json.dump(doc, fh, indent=1)
+    return path
 
 
 # ---------------------------------------------------------------------------------------------
@@ -722,6 +775,9 @@ def parse_args(argv=None):
     ap.add_argument("--out", default=None,
                     help="the JSON to write (default lab/campaigns/sustained-settled/sustained_<gpu>_<date>.json)")
     ap.add_argument("--dry-run", action="store_true", help="list the points and the plan; no GPU, no torch")
+    ap.add_argument("--predict", metavar="FILE.json", default=None,
+                    help="no GPU: write fa4sim's predictions for the points (fa4kernel, FlashAttention-3, "
+                         "flash-attn-4 at H200's predicted clock), to commit before the run")
     ap.add_argument("--points", default=None,
                     help="comma-separated: grid, new, all, point names, or parts of names (hd128, causal)")
     ap.add_argument("--problem", action="append", default=[],
@@ -785,6 +841,10 @@ def parse_args(argv=None):
 def main(argv=None) -> int:
     args = parse_args(argv)
     points = args.selected
+    if args.predict:
+        argv = sys.argv[1:] if argv is None else list(argv)
+        print(f"wrote {write_predictions(args.predict, points, args.only, argv)} ({len(points)} points)")
+        return 0
     if not args.dry_run:
         from lab.tools.hopper import require_hopper
 
