@@ -10,12 +10,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from hopper import has_hopper  # noqa: E402
+from hopper import gpu_marks  # noqa: E402
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not has_hopper(), reason="needs a CUDA GPU (Hopper sm_90); none here"),
-]
+pytestmark = gpu_marks()
 
 import fa4kernel  # noqa: E402
 
@@ -32,11 +29,14 @@ def _inputs(b, sq, sk, hkv, g, d=128, dtype=torch.bfloat16, seed=0):
 
 
 def reference(q, k, v, lens, causal):
-    """fp32: token t of row b sees keys [0, L_b) (causal: j <= L_b - sq + t); no key: 0, -inf."""
+    """fp32: token t of row b sees keys [0, L_b) (causal: j <= L_b - sq + t); no key: 0, -inf.
+    The keys past a row's length (NaN in check's cache, for the kernel) are zeros here: a masked
+    key has p = 0, and 0 * NaN would be NaN in the reference's own sum."""
     b, sq, h, d = q.shape
     sk, g = k.shape[1], h // k.shape[2]
-    kf = k.float().repeat_interleave(g, dim=2)
-    vf = v.float().repeat_interleave(g, dim=2)
+    past = (torch.arange(sk, device=q.device)[None, :] >= torch.tensor(lens, device=q.device)[:, None])
+    kf = k.float().masked_fill(past[:, :, None, None], 0.0).repeat_interleave(g, dim=2)
+    vf = v.float().masked_fill(past[:, :, None, None], 0.0).repeat_interleave(g, dim=2)
     s = torch.einsum("bqhd,bkhd->bhqk", q.float(), kf) / math.sqrt(d)
     L = torch.tensor(lens, device=q.device)[:, None, None, None]
     j = torch.arange(sk, device=q.device)
