@@ -32,7 +32,8 @@ Usage (device, from the repository root):
 selected row, kind "predictions": flash-attn-3 (its implementation data: its num_splits heuristic
 and pack-GQA rule), flash-attn-4 (its SM90 forward: no split-KV) and fa4kernel.kvcache[auto] (the
 plan attention_with_kvcache picks at DEFAULT_SMS SMs: kvcache.decode_plan; pack-GQA, its splits
-as fa4sim's num_splits; a row's "note" says what fa4sim cannot express of it). Each prediction row's "point" and "kernel" are the measured file's row "point" and candidate
+as fa4sim's num_splits; a row's "note" says what fa4sim cannot express of it). Each prediction
+row's "point" and "kernel" are the measured file's row "point" and candidate
 name, so the two files join on (point, kernel).
 """
 from __future__ import annotations
