@@ -21,6 +21,7 @@ it splits the keys or packs rows that are no view of `out`, one launch of the co
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Optional
 
@@ -68,13 +69,16 @@ def split_heuristic(batch: int, heads_kv: int, rows: int, blocks: int, tile_m: i
     return min(n for n in eff if eff[n] >= WAVE_EFFICIENCY * best)
 
 
+@functools.lru_cache(maxsize=256)  # host time per call: the plan of a shape is made once
 def decode_plan(batch: int, seqlen_q: int, seqlen_cache: int, heads: int, heads_kv: int, head_dim: int,
                 dtype: str, causal: bool, num_splits: Optional[int], sms: int) -> dict:
     """What a call runs: the forward's config (cfg), num_splits (the heuristic's where None; at
     most one per KV block of seqlen_cache), rows (packed rows per k/v head), packed_view (q and
-    out pack by a view: one new token or group 1), combine (whether the combine runs)."""
+    out pack by a view: one new token or group 1), combine (whether the combine runs). Cached:
+    do not change the dict."""
     group = heads // heads_kv
     rows = seqlen_q * group
+    causal = causal and seqlen_q > 1  # one new token sees the whole row either way: no mask to build
     cfg = make_decode_config(dtype, head_dim, causal, False)
     blocks = max(1, -(-seqlen_cache // cfg.tile_n))
     if num_splits is None:
