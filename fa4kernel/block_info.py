@@ -85,7 +85,7 @@ def decode_block_range(m_block, split, num_splits, tile_m: int, tile_n: int, row
     return n_min, ops.max(n_blocks, 1), (seqlen_k - base) * live, seqlen_k - base - tokens
 
 
-def decode_unmasked(m_block, n_block_min, tile_m: int, tile_n: int, group, causal_offset, ops=PY_OPS):
+def decode_unmasked(m_block, tile_m: int, tile_n: int, group, causal_offset, ops=PY_OPS):
     """Local blocks >= this one hold a key above some row's causal limit (decode_block_range's
     offset; the tile's first row has the smallest limit)."""
     first_token = (m_block * tile_m) // group

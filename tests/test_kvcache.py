@@ -16,7 +16,7 @@ torch = pytest.importorskip("torch")
 
 import fa4kernel  # noqa: E402
 from fa4kernel import kvcache  # noqa: E402
-from fa4kernel.block_info import decode_block_range  # noqa: E402
+from fa4kernel.block_info import decode_block_range, decode_unmasked  # noqa: E402
 
 LAUNCHES = []
 REAL_LAUNCH = kvcache.launch_decode
@@ -233,6 +233,30 @@ def test_heuristic():
                 tokens = rows // g
                 end = L if not causal else L - tokens + min(((m + 1) * 128 - 1) // g, tokens - 1) + 1
                 assert sorted(got)[:end] == list(range(end)) and len(set(got)) == len(got), (n, L, causal)
+
+
+def test_the_blocks_the_kernel_leaves_unmasked_are_visible_to_every_row():
+    """decode_unmasked: in a causal tile, the local blocks below it (but the first one the kernel
+    runs, which it always masks) take no mask, so each of their keys must be visible to every
+    packed row of the tile, within the row's length."""
+    rnd = random.Random(5)
+    for _ in range(400):
+        g, sq = rnd.choice([1, 2, 4, 8, 16]), rnd.choice([1, 2, 3, 5, 16])
+        rows, tile_n = sq * g, rnd.choice([64, 112, 128])
+        L = rnd.randint(sq, 3000)
+        n = rnd.choice([1, 2, 3, 7])
+        for m in range(-(-rows // 128)):
+            for s in range(n):
+                lo, nb, limit, offset = decode_block_range(m, s, n, 128, tile_n, rows, g, L, 4096, True)
+                # the kernel masks its first block (local nb - 1) always
+                unmasked = min(decode_unmasked(m, 128, tile_n, g, offset), nb - 1)
+                last_key = unmasked * tile_n - 1  # the last key of the unmasked blocks
+                if unmasked:
+                    first_token = (m * 128) // g
+                    assert last_key <= offset + first_token and last_key < limit, (g, sq, L, n, m, s)
+                # without causal only the first block is masked: the others lie within the length
+                lo, nb, limit, _ = decode_block_range(m, s, n, 128, tile_n, rows, g, L, 4096, False)
+                assert (nb - 1) * tile_n < max(limit, 1), (g, sq, L, n, m, s)
 
 
 def _bad(**kw):

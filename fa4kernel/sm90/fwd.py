@@ -737,7 +737,7 @@ class FlashFwdSm90:
             mask_q, mask_k = (dec[1], rng[3]), rng[2]
             n_unmasked = n_block_max
             if const_expr(self.causal):
-                n_unmasked = block_info.decode_unmasked(m_block, rng[0], self.tile_m, self.tile_n, dec[1], rng[3],
+                n_unmasked = block_info.decode_unmasked(m_block, self.tile_m, self.tile_n, dec[1], rng[3],
                                                         block_info.dsl_ops())
             out_batch = batch
             if const_expr(self.split_kv):
