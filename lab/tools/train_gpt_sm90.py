@@ -74,6 +74,10 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 BACKENDS = ("fa4kernel", "sdpa", "flash-attn-4")
+# the GPU's sleep (torch.cuda._sleep cycles, ~0.2 s at 1.98 GHz) before calls timed on the GPU
+# alone: longer than the host takes to queue them (20 attention forward + backward calls of up to
+# ~5 ms of host time each), so no call waits for the host
+SLEEP_CYCLES = 400_000_000
 GPU_ONLY = ("fa4kernel", "flash-attn-4")
 FA4KERNEL_HEAD_DIMS = (64, 96, 128, 192, 256)
 SKIP_DIRS = {"site-packages", "dist-packages", "test", "tests", "idle_test", "__pycache__"}
@@ -242,8 +246,8 @@ def time_attention(attn, args, device, iters: int = 20) -> float:
     dout = torch.randn(shape(heads), device=device, dtype=torch.bfloat16, generator=g)
     timer = Timer(device)
     for i in range(3 + iters):
-        if i == 3:  # the GPU spins ~10 ms while the host queues the timed calls: GPU time, not launch time
-            torch.cuda._sleep(20_000_000)
+        if i == 3:  # the GPU sleeps while the host queues the timed calls: GPU time, not launch time
+            torch.cuda._sleep(SLEEP_CYCLES)
             timer.mark()
         torch.autograd.grad(attn(q, k, v), (q, k, v), dout)
     timer.mark()
