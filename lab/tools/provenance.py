@@ -50,6 +50,9 @@ KINDS = {
                   "(dram_bytes_sm90.py)",
     "loop_sass": "static SASS counts of the SM90 forward KV loop per KV block: fa4kernel, flash-attn-4 and "
                  "FlashAttention-3 side by side, compiled or extracted on the CPU (loop_sass_peers.py)",
+    "decode": "decode over a KV cache (1-16 new tokens, long caches): us and KV-read GB/s of "
+              "fa4kernel.attention_with_kvcache (split counts), fa4kernel.attention, FlashAttention-3, "
+              "flash-attn-4 and torch SDPA, checked against fp32 (bench_decode_sm90.py)",
     "training": "a small GPT trained from one seed with each attention backend: losses, step times, "
                 "tokens/s, the attention's share and a deterministic repeat (train_gpt_sm90.py)",
     "attn_host": "host time against GPU time of one attention call (forward, forward + backward) at a training "
