@@ -55,3 +55,38 @@ def causal_col_limit(row, n_block, tile_n: int, seqlen_q, seqlen_k, col0=None):
     if col0 is None:
         return row + (seqlen_k - seqlen_q) + 1 - n_block * tile_n
     return row + (seqlen_k - seqlen_q) - n_block * tile_n - col0 + 1
+
+
+def decode_block_range(m_block, split, num_splits, tile_m: int, tile_n: int, rows, group, seqlen_k,
+                       seqlen_cache, causal: bool, ops=PY_OPS):
+    """The decode build's KV range of one CTA: Q tile m_block of a row's `rows` packed rows (row r
+    = new token r // group of q head kv_head * group + r % group; rows // group new tokens), split
+    `split` of num_splits, the row holding seqlen_k keys (clamped to [0, seqlen_cache]).
+
+    Returns (n_block_min, n_blocks, key_limit, causal_offset), local to the split: the CTA visits
+    absolute blocks [n_block_min, n_block_min + n_blocks); local key j (absolute n_block_min *
+    tile_n + j) counts iff j < key_limit and, with causal, j <= causal_offset + token. The tile's
+    blocks (up to the last key its last token sees) go to the splits in equal runs of
+    ceil(blocks / num_splits); a split past them is empty: one block, key_limit 0 (every key
+    masked: out 0, lse -inf), so no CTA needs a loop of zero trips."""
+    seqlen_k = ops.min(ops.max(seqlen_k, 0), seqlen_cache)
+    end = seqlen_k
+    tokens = rows // group
+    if causal:
+        last_token = ops.min(((m_block + 1) * tile_m - 1) // group, tokens - 1)
+        end = ops.max(seqlen_k - tokens + last_token + 1, 0)
+    blocks = ops.ceil_div(end, tile_n)
+    per = ops.ceil_div(blocks, num_splits)
+    n_min = split * per
+    n_blocks = ops.min(blocks - n_min, per)
+    live = ops.min(ops.max(n_blocks, 0), 1)  # 0 for an empty split
+    n_min = n_min * live
+    base = n_min * tile_n
+    return n_min, ops.max(n_blocks, 1), (seqlen_k - base) * live, seqlen_k - base - tokens
+
+
+def decode_unmasked(m_block, tile_m: int, tile_n: int, group, causal_offset, ops=PY_OPS):
+    """Local blocks >= this one hold a key above some row's causal limit (decode_block_range's
+    offset; the tile's first row has the smallest limit)."""
+    first_token = (m_block * tile_m) // group
+    return ops.max(causal_offset + first_token + 1, 0) // tile_n

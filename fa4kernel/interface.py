@@ -64,6 +64,122 @@ def _fake_args(cfg: KernelConfig):
     return q, k, v, o, lse
 
 
+def _fake_decode_args(cfg: KernelConfig):
+    """The decode build's fake tensors (FlashFwdSm90Decode): packed q, the cache, out (q's dtype,
+    or fp32 partials with split_kv: their batch is num_splits x b), lse, the per-row key counts."""
+    import cutlass
+    import cutlass.cute as cute
+    from cutlass.cute.runtime import make_fake_tensor
+
+    dt = _cutlass_dtype(cfg.dtype)
+    b, b_out, rows, sk, hkv = (cute.sym_int() for _ in range(5))
+
+    def fake(dtype, shape_syms, div):
+        stride = tuple(cute.sym_int64(divisibility=div) for _ in range(len(shape_syms) - 1)) + (1,)
+        return make_fake_tensor(dtype, shape_syms, stride=stride, assumed_align=16 if div > 1 else 4)
+
+    div = 128 // dt.width  # 16-byte aligned rows (TMA)
+    q = fake(dt, (b, rows, hkv, cfg.head_dim), div)
+    k = fake(dt, (b, sk, hkv, cfg.head_dim), div)
+    v = fake(dt, (b, sk, hkv, cfg.head_dim), div)
+    if cfg.split_kv:
+        o = fake(cutlass.Float32, (b_out, rows, hkv, cfg.head_dim), 4)
+    else:
+        o = fake(dt, (b_out, rows, hkv, cfg.head_dim), div)
+    lse = fake(cutlass.Float32, (b_out, hkv, rows), 1)
+    seqused = make_fake_tensor(cutlass.Int32, (b,), stride=(1,), assumed_align=4)
+    return q, k, v, o, lse, seqused
+
+
+def _compile_decode(cfg: KernelConfig, options=None):
+    import cutlass.cute as cute
+    from cutlass import Float32, Int32
+
+    from .sm90.fwd import make_kernel
+
+    stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=options == "--enable-tvm-ffi")
+    q, k, v, o, lse, seqused = _fake_decode_args(cfg)
+    return cute.compile(make_kernel(cfg), q, k, v, o, lse, seqused, Int32(1), Int32(1), Float32(1.0), stream,
+                        options=options)
+
+
+def run_decode(cfg: KernelConfig, q, k, v, out, lse, seqused_k, group: int, num_splits: int, softmax_scale):
+    """Launch the decode build (FlashFwdSm90Decode) on torch tensors: q packed (b, rows, heads_kv,
+    d), out / lse as the build writes them, seqused_k (b,) int32 on q's device. Compiled once per
+    config (TVM-FFI when installed, else DLPack per call)."""
+    global _USE_TVM_FFI
+    from cutlass import Float32, Int32
+
+    if softmax_scale is None:
+        softmax_scale = 1.0 / math.sqrt(q.shape[-1])
+    scale_log2 = float(softmax_scale * math.log2(math.e))
+    if _USE_TVM_FFI is None:
+        _USE_TVM_FFI = tvm_ffi_enabled()
+    fn = _CACHE.get(cfg)
+    if fn is None:
+        t0 = time.perf_counter()
+        fn = _compile_decode(cfg, "--enable-tvm-ffi" if _USE_TVM_FFI else None)
+        COMPILE_TIMES[cfg] = time.perf_counter() - t0
+        _CACHE[cfg] = fn
+    if _USE_TVM_FFI:
+        fn(q, k, v, out, lse, seqused_k, group, num_splits, scale_log2)
+        return
+    args = [to_cute(t, 3) for t in (q, k, v)] + [to_cute(out, 3, align=16 if out.element_size() == 2 else 4)]
+    fn(*args, to_cute(lse, 2, align=4), to_cute(seqused_k, 0, align=4), Int32(group), Int32(num_splits),
+       Float32(scale_log2), torch_stream(q.device))
+
+
+def _compile_combine(dtype: str, head_dim: int, options=None):
+    """The split-KV combine (sm90/combine.py) against fake tensors with dynamic shapes and strides."""
+    import cutlass
+    import cutlass.cute as cute
+    from cutlass import Int32
+    from cutlass.cute.runtime import make_fake_tensor
+
+    from .sm90.combine import CombineSm90
+
+    def fake(dt, rank, d=None):
+        shape = tuple(cute.sym_int() for _ in range(rank - 1)) + ((d,) if d else (cute.sym_int(),))
+        stride = tuple(cute.sym_int64() for _ in range(rank - 1)) + (1,)
+        return make_fake_tensor(dt, shape, stride=stride, assumed_align=4 if dt.width == 32 else 2)
+
+    f32 = cutlass.Float32
+    stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=options == "--enable-tvm-ffi")
+    return cute.compile(CombineSm90(dtype, head_dim), fake(f32, 4, head_dim), fake(f32, 3),
+                        fake(_cutlass_dtype(dtype), 4, head_dim), fake(f32, 3), Int32(1), Int32(1), stream,
+                        options=options)
+
+
+def compile_combine_sass(dtype: str = "bfloat16", head_dim: int = 128) -> str:
+    """The split-KV combine's SASS for sm_90a, compiled on this machine (no GPU needed)."""
+    return sass_for(lambda options: _compile_combine(dtype, head_dim, options), "sm_90a",
+                    cache=("sm90_combine", (dtype, head_dim)))
+
+
+def run_combine(out_accum, lse_accum, out, lse, group: int, num_splits: int):
+    """Launch the split-KV combine (sm90/combine.py): out_accum (num_splits * b, rows, heads_kv, d)
+    and lse_accum (num_splits * b, heads_kv, rows) fp32 -> out (b, seqlen_q, heads, d) in its
+    dtype and lse (b, heads, seqlen_q) fp32."""
+    global _USE_TVM_FFI
+    from cutlass import Int32
+
+    if _USE_TVM_FFI is None:
+        _USE_TVM_FFI = tvm_ffi_enabled()
+    dtype = "bfloat16" if out.dtype == __import__("torch").bfloat16 else "float16"
+    key = ("combine", dtype, out.shape[-1])
+    fn = _CACHE.get(key)
+    if fn is None:
+        t0 = time.perf_counter()
+        fn = _compile_combine(dtype, out.shape[-1], "--enable-tvm-ffi" if _USE_TVM_FFI else None)
+        COMPILE_TIMES[key] = time.perf_counter() - t0
+        _CACHE[key] = fn
+    if _USE_TVM_FFI:
+        fn(out_accum, lse_accum, out, lse, group, num_splits)
+        return
+    fn(to_cute(out_accum, 3, align=4), to_cute(lse_accum, 2, align=4), to_cute(out, 3, align=2),
+       to_cute(lse, 2, align=4), Int32(group), Int32(num_splits), torch_stream(out.device))
+
+
 def _scheduled(cfg: KernelConfig) -> bool:
     """Persistent and causal launches take the host's tile table (tile_schedule.py); a
     non-persistent non-causal launch runs one CTA per tile in index order."""
@@ -167,6 +283,12 @@ def _compile_sm90_sass(cfg: KernelConfig, diag: Diagnostics, dump_dir: Optional[
     from cutlass import Float32
 
     from .sm90.fwd import make_kernel
+
+    if cfg.decode:
+        if diag != NONE:
+            raise ValueError("diagnostics: the decode build has none; allowed: the default")
+        return sass_for(lambda options: _compile_decode(cfg, options), "sm_90a", dump_dir,
+                        cache=("sm90_fwd", (cfg, diag)))
 
     def build(options):
         q, k, v, o, lse = _fake_args(cfg)

@@ -1,4 +1,4 @@
-"""Decode over a KV cache on the SM90 forward, host side only (docs/decode.md):
+"""Decode over a KV cache on the SM90 forward (docs/decode.md):
 
     out = attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=None, causal=True,
                                  softmax_scale=None, num_splits=None, return_lse=False)
@@ -8,146 +8,88 @@ heads_kv dividing heads; cache_seqlens (batch,) int32 or None (every row holds s
 keys). The new tokens' keys are the last seqlen_q of a row's cache_seqlens keys: with causal,
 new token t of row b sees keys j <= cache_seqlens[b] - seqlen_q + t (bottom-right).
 
-How it runs on a kernel that knows one seqlen_k per launch and no per-row mask:
-
-- pack-GQA: the `heads // heads_kv` q heads of a k/v head and the seqlen_q tokens become the rows
-  of one query block (token-major), launched with heads = heads_kv and no mask, so each K/V block
-  is read once per k/v head instead of once per q head;
-- causal with seqlen_q > 1: a packed row's key limit would depend on its place in the block, not
-  on its token, so the packed launches cover each row's "body" (the keys every new token sees,
-  [0, L - seqlen_q)) and the last seqlen_q keys (the "tail") run unpacked with the causal mask
-  (seqlen_q x seqlen_q); the two combine like splits;
-- split-KV: the body in chunks, one launch over all chunks (the chunks are a strided view of the
-  cache: `Piece`), q repeated per chunk, then the fp32 combine of (out, lse) in torch;
-- cache_seqlens: rows of equal length that are neighbours in the batch form a run; each run is
-  planned alone (a sync reads the lengths; ragged batches cost launches per run).
-
-Every launch goes through `launch` (one function: the CPU tests replace interface.attention).
+A call is one launch of the forward's decode build (sm90/fwd.py, FlashFwdSm90Decode) and, where
+it splits the keys or packs rows that are no view of `out`, one launch of the combine
+(sm90/combine.py):
+- pack-GQA: the forward runs heads_kv heads of seqlen_q x group packed rows (row r = token
+  r // group of q head kv_head * group + r % group), causal per row's token; q packed is a view
+  of q for one new token (or group 1), else a copy;
+- the rows' key counts come from cache_seqlens on the device (no host sync);
+- split-KV: the grid runs num_splits chunks of every row's KV blocks; each writes fp32 partials,
+  the combine adds them up and writes out / lse in q's layout.
 """
 
 from __future__ import annotations
 
+import functools
 import math
-from dataclasses import dataclass
 from typing import Optional
 
 from . import interface
-from .inputs import device_props, validate_tensors
-from .sm90.config import SUPPORTED_HEAD_DIMS, make_config
+from .inputs import device_props, validate_device, validate_tensors
+from .sm90.config import SUPPORTED_HEAD_DIMS, make_decode_config
 
-# num_splits=None (split_heuristic): a first guess, to be measured. Enough (batch x kv head x
-# Q tile x split) tiles for about one wave of the SMs, at least MIN_SPLIT_KEYS keys per chunk.
+# num_splits=None (split_heuristic), FlashAttention-3's rule for a kernel bound by reading the
+# cache: the (batch x heads_kv x Q tile) CTAs of an unsplit launch rarely fill the SMs in decode,
+# and one CTA per SM cannot pull an SM's share of HBM bandwidth from a fraction of the SMs, so the
+# KV blocks split until the CTAs make about one full wave; more waves only add partials and
+# start-ups. One CTA fits per SM (the K/V stages take most of its shared memory).
 DEFAULT_SMS = 132          # the SM count where q is not on a CUDA device (H100 SXM, H200)
-FILL_FRACTION = 0.8        # this many tiles per SM already: no split
+FILL_FRACTION = 0.8        # this many CTAs per SM already unsplit: no split
 WAVE_EFFICIENCY = 0.85     # the smallest split count within this share of the best wave efficiency
-MIN_SPLIT_KEYS = 512       # 4 KV blocks of 128 keys
+MIN_SPLIT_BLOCKS = 4       # KV blocks per split at least: a CTA's start-up and epilogue stay small
 MAX_SPLITS = 128
-# Batch > 1: chunks tile the cache's allocation (the only strided view); a plan that would run
-# more than this share of its used chunks again as chunks past the rows' lengths is not taken.
-MAX_WASTE = 0.25
-# ... then a run of at most this many rows is planned row by row (one set of launches each);
-# a longer one runs unsplit.
-MAX_ROWS_ONE_BY_ONE = 4
 
 
-def launch(q, k, v, causal: bool, softmax_scale):
-    """One forward launch: (out, lse) of fa4kernel's attention (every launch of this module)."""
-    return interface.attention(q, k, v, causal=causal, softmax_scale=softmax_scale, return_lse=True)
+def launch_decode(cfg, q, k, v, out, lse, seqused_k, group: int, num_splits: int, softmax_scale):
+    """The forward's decode build (interface.run_decode); the CPU tests replace this function."""
+    validate_device(q, k, v)
+    interface.run_decode(cfg, q, k, v, out, lse, seqused_k, group, num_splits, softmax_scale)
 
 
-@dataclass(frozen=True)
-class Piece:
-    """One launch over `count` chunks per row: chunk s holds the row's keys [start + s * stride,
-    start + s * stride + length); the first `used` chunks count, the others (past the row's
-    length, launched because the view must tile the cache's allocation) are dropped."""
-
-    start: int
-    length: int
-    stride: int
-    count: int
-    used: int
+def launch_combine(out_accum, lse_accum, out, lse, group: int, num_splits: int):
+    """The split-KV combine (interface.run_combine); the CPU tests replace this function."""
+    interface.run_combine(out_accum, lse_accum, out, lse, group, num_splits)
 
 
-def _divisors(n: int) -> list:
-    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
-    return sorted(set(small + [n // d for d in small]))
-
-
-def _chunked(P: int, C: int, count: int, tiled: bool) -> list:
-    """Pieces covering keys [0, P) with chunks of period C (m = ceil(P / C) of them used, count
-    launched): the first piece takes C - delta keys of each period, delta = m * C - P, so its
-    last chunk ends at P; a second one takes the other delta keys of the periods before the last.
-    tiled: the view tiles the rows (batch > 1), so every piece launches all `count` chunks."""
-    m = -(-P // C)
-    delta = m * C - P
-    pieces = [Piece(0, C - delta, C, count, m)]
-    if delta and m > 1:
-        pieces.append(Piece(C - delta, delta, C, count if tiled else m - 1, m - 1))
-    return pieces
-
-
-def plan_body(P: int, n: int, rows: int, period: Optional[int]) -> Optional[list]:
-    """The pieces of keys [0, P) of a run of `rows` rows in about n chunks, or None where no
-    strided view fits (batch > 1 and the cache's rows not `period` keys apart, or too much waste).
-    period: keys from one row to the next (None: not a whole number of keys)."""
-    if P == 0:
-        return []
-    n = max(1, min(n, P))
-    if n == 1:
-        return [Piece(0, P, 0, 1, 1)]
-    if rows == 1:  # any chunk length: the view's batch stride is the chunk's
-        C = -(-P // n)
-        return _chunked(P, C, -(-P // C), False)
-    if period is None:
-        return None
-    best = None
-    for C in _divisors(period):
-        m, count = -(-P // C), period // C
-        if count - m > MAX_WASTE * m:
-            continue
-        key = (abs(m - n), m * C != P, -C)
-        if best is None or key < best[0]:
-            best = (key, C, count)
-    if best is None:
-        return None
-    return _chunked(P, best[1], best[2], True)
-
-
-def split_heuristic(batch: int, heads_kv: int, rows: int, keys: int, tile_m: int, sms: int,
-                    tiling: Optional[int] = None) -> int:
-    """num_splits=None: the smallest split count whose tiles (batch x heads_kv x Q tiles of the
-    packed rows x splits) fill the SMs' waves within WAVE_EFFICIENCY of the best count's
-    efficiency (FlashAttention's rule), a divisor of `tiling` (default keys) first: chunks that
-    tile it exactly need no second launch; 1 where the tiles already fill FILL_FRACTION of the
-    SMs; chunks of at least MIN_SPLIT_KEYS of the `keys` keys."""
+def split_heuristic(batch: int, heads_kv: int, rows: int, blocks: int, tile_m: int, sms: int) -> int:
+    """num_splits=None: 1 where the unsplit CTAs (batch x heads_kv x Q tiles of the `rows` packed
+    rows) fill FILL_FRACTION of the `sms` SMs; else the smallest split count whose CTAs fill
+    their waves within WAVE_EFFICIENCY of the best count's efficiency (FlashAttention's rule),
+    at most MAX_SPLITS and at least MIN_SPLIT_BLOCKS of a row's `blocks` KV blocks per split."""
     tiles = batch * heads_kv * -(-rows // tile_m)
     if tiles >= FILL_FRACTION * sms:
         return 1
-    seqlen = tiling or keys
-    top = max(1, min(MAX_SPLITS, keys // MIN_SPLIT_KEYS))
+    top = max(1, min(MAX_SPLITS, blocks // MIN_SPLIT_BLOCKS))
     eff = {}
     for n in range(1, top + 1):
         waves = tiles * n / sms
         eff[n] = waves / math.ceil(waves)
     best = max(eff.values())
-    good = [n for n in eff if eff[n] >= WAVE_EFFICIENCY * best]
-    whole = [n for n in good if seqlen % n == 0]
-    return min(whole or good)
+    return min(n for n in eff if eff[n] >= WAVE_EFFICIENCY * best)
 
 
-def plan_runs(body: list, num_splits: int, period: Optional[int]) -> list:
-    """The launches of the packed body: [(first row, end row, pieces)] for the rows' body lengths
-    (keys each new token sees before the tail) in about num_splits chunks (plan_body per run of
-    equal lengths; a run with no strided view goes row by row up to MAX_ROWS_ONE_BY_ONE rows, else
-    unsplit)."""
-    runs = []
-    for r0, r1, P in _runs(body):
-        plan = plan_body(P, num_splits, r1 - r0, period)
-        if plan is None and r1 - r0 <= MAX_ROWS_ONE_BY_ONE:
-            runs += [(r, r + 1, plan_body(P, num_splits, 1, period)) for r in range(r0, r1)]
-        else:
-            runs.append((r0, r1, plan if plan is not None else plan_body(P, 1, r1 - r0, period)))
-    return runs
+@functools.lru_cache(maxsize=256)  # host time per call: the plan of a shape is made once
+def decode_plan(batch: int, seqlen_q: int, seqlen_cache: int, heads: int, heads_kv: int, head_dim: int,
+                dtype: str, causal: bool, num_splits: Optional[int], sms: int) -> dict:
+    """What a call runs: the forward's config (cfg), num_splits (the heuristic's where None; at
+    most one per KV block of seqlen_cache), rows (packed rows per k/v head), packed_view (q and
+    out pack by a view: one new token or group 1), combine (whether the combine runs). Cached:
+    do not change the dict."""
+    group = heads // heads_kv
+    rows = seqlen_q * group
+    causal = causal and seqlen_q > 1  # one new token sees the whole row either way: no mask to build
+    cfg = make_decode_config(dtype, head_dim, causal, False)
+    blocks = max(1, -(-seqlen_cache // cfg.tile_n))
+    if num_splits is None:
+        num_splits = split_heuristic(batch, heads_kv, rows, blocks, cfg.tile_m, sms)
+    num_splits = max(1, min(num_splits, blocks))
+    packed_view = seqlen_q == 1 or group == 1
+    combine = num_splits > 1 or not packed_view
+    if combine:
+        cfg = make_decode_config(dtype, head_dim, causal, True)
+    return {"cfg": cfg, "num_splits": num_splits, "rows": rows, "group": group, "packed_view": packed_view,
+            "combine": combine}
 
 
 def _check(q, k_cache, v_cache, cache_seqlens, causal, softmax_scale, num_splits, return_lse):
@@ -211,55 +153,28 @@ def _lengths(cache_seqlens, b: int, sq: int, sk: int, causal: bool) -> list:
     return lens
 
 
-def _runs(values: list) -> list:
-    """Maximal runs of equal neighbours: [(first row, end row, value)]."""
-    out = []
-    for i, x in enumerate(values):
-        if out and out[-1][2] == x:
-            out[-1] = (out[-1][0], i + 1, x)
-        else:
-            out.append((i, i + 1, x))
-    return out
+_FULL_LENGTHS: dict = {}  # (batch, seqlen_cache, device) -> int32 tensor of seqlen_cache
 
 
-def _period(t) -> Optional[int]:
-    """Keys from one batch row of t to the next, where that is a whole number that tiles its rows."""
-    sb, ss = t.stride(0), t.stride(1)
-    if t.shape[0] == 1:
-        return t.shape[1]
-    if sb % ss or sb // ss != t.shape[1]:
-        return None
-    return t.shape[1]
-
-
-def _view(t, r0: int, r1: int, piece: Piece):
-    """Rows [r0, r1) of t, chunked as `piece`: (rows * count, length, heads_kv, d), a view."""
-    if piece.count == 1:
-        return t[r0:r1, piece.start:piece.start + piece.length]
-    rows = r1 - r0
-    sb, ss, sh, sd = t.stride()
-    return t.as_strided((rows * piece.count, piece.length, t.shape[2], t.shape[3]),
-                        (piece.stride * ss, ss, sh, sd),
-                        t.storage_offset() + r0 * sb + piece.start * ss)
-
-
-def combine(outs: list, lses: list, dtype):
-    """Partials (rows, n_i, sq, h, d) and their lse (rows, n_i, h, sq) fp32 -> out (rows, sq, h, d)
-    in dtype and lse (rows, h, sq): out = sum_s exp(lse_s - lse) out_s, lse = logsumexp_s lse_s,
-    in fp32. Rows whose every lse is -inf (no key) give out 0, lse -inf."""
+def _full_lengths(b: int, sk: int, device):
+    """cache_seqlens=None: every row holds seqlen_cache keys (one small tensor per shape, kept)."""
     import torch
 
-    if len(outs) == 1 and outs[0].shape[1] == 1:
-        return outs[0][:, 0].to(dtype), lses[0][:, 0]
-    o = outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
-    lse = lses[0] if len(lses) == 1 else torch.cat(lses, dim=1)
-    m = lse.amax(dim=1, keepdim=True).clamp_min(torch.finfo(torch.float32).min)  # -inf -> finite: no NaN
-    w = torch.exp(lse - m)                     # 0 for empty partials
-    denom = w.sum(dim=1)                       # 0 where no partial saw a key, else >= 1
-    lse_out = m[:, 0] + torch.log(denom)       # -inf there
-    w = w / denom.clamp_min(1.0)[:, None]
-    out = torch.einsum("bnhs,bnshd->bshd", w, o.float())
-    return out.to(dtype), lse_out
+    key = (b, sk, str(device))
+    t = _FULL_LENGTHS.get(key)
+    if t is None:
+        if len(_FULL_LENGTHS) >= 64:
+            _FULL_LENGTHS.pop(next(iter(_FULL_LENGTHS)))
+        t = _FULL_LENGTHS[key] = torch.full((b,), sk, dtype=torch.int32, device=device)
+    return t
+
+
+def pack(t, heads_kv: int):
+    """(b, seqlen_q, heads, d) -> packed rows (b, seqlen_q * group, heads_kv, d), row t * group + j
+    = token t of head kv_head * group + j: a view for one token or group 1, else a copy."""
+    b, sq, h, d = t.shape
+    g = h // heads_kv
+    return t.view(b, sq, heads_kv, g, d).permute(0, 1, 3, 2, 4).reshape(b, sq * g, heads_kv, d)
 
 
 def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=None, causal: bool = True,
@@ -269,63 +184,35 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=None, causal: bool
     names): q (batch, seqlen_q, heads, d), k_cache / v_cache (batch, seqlen_cache, heads_kv, d),
     cache_seqlens (batch,) int32 or None (full cache); causal: bottom-right (new token t of row b
     sees keys j <= cache_seqlens[b] - seqlen_q + t). num_splits: KV chunks per row (None: a
-    heuristic, split_heuristic; with batch > 1 the chunks tile seqlen_cache, so the count is the
-    nearest that does). Returns out (batch, seqlen_q, heads, d) in q's dtype, and lse (batch,
-    heads, seqlen_q) fp32 (natural log) if return_lse. A row that sees no key (cache length 0,
-    not causal) gives out 0, lse -inf. Bad input: a one-line ValueError. No backward."""
+    heuristic, split_heuristic; at most one chunk per KV block). Returns out (batch, seqlen_q,
+    heads, d) in q's dtype, and lse (batch, heads, seqlen_q) fp32 (natural log) if return_lse. A
+    row that sees no key (cache length 0, not causal) gives out 0, lse -inf. Bad input: a one-line
+    ValueError (cache_seqlens' values are checked where they are on the CPU; on a GPU they are not
+    read on the host, and the kernel clamps them to [0, seqlen_cache]). No backward."""
     import torch
 
     b, sq, sk, h, hkv, d = _check(q, k_cache, v_cache, cache_seqlens, causal, softmax_scale, num_splits,
                                   return_lse)
-    lens = _lengths(cache_seqlens, b, sq, sk, causal)
-    g = h // hkv
-    rows = sq * g
-    tail = causal and sq > 1  # sq == 1: causal bottom-right sees the whole cache
-    body = [x - sq if tail else x for x in lens]
-    if num_splits is None:
-        sms = device_props(q.device).multi_processor_count if q.device.type == "cuda" else DEFAULT_SMS
-        tile_m = make_config("bfloat16" if q.dtype == torch.bfloat16 else "float16", d, False, True, {}).tile_m
-        num_splits = split_heuristic(b, hkv, rows, max(body), tile_m, sms, sk if b > 1 else None)
-    # packed q: (b, sq * g, hkv, d), row t * g + j = token t of q head kvh * g + j
-    qp = q.view(b, sq, hkv, g, d).permute(0, 1, 3, 2, 4).reshape(b, rows, hkv, d)
-
-    tail_out = tail_lse = None
-    if tail:
-        if cache_seqlens is None:
-            kt, vt = k_cache[:, sk - sq:], v_cache[:, sk - sq:]
-        else:
-            pos = (cache_seqlens.long() - sq)[:, None] + torch.arange(sq, device=q.device)
-            bi = torch.arange(b, device=q.device)[:, None]
-            kt, vt = k_cache[bi, pos], v_cache[bi, pos]
-        tail_out, tail_lse = launch(q, kt, vt, True, softmax_scale)  # (b, sq, h, d), (b, h, sq)
-
-    periods = (_period(k_cache), _period(v_cache))
-    period = periods[0] if periods[0] == periods[1] else None
-    runs = plan_runs(body, num_splits, period)
-
-    results = []
-    for r0, r1, plan in runs:
-        nb = r1 - r0
-        outs, lses = [], []
-        for piece in plan:
-            qv = qp[r0:r1] if piece.count == 1 else qp[r0:r1].repeat_interleave(piece.count, dim=0)
-            o, lse = launch(qv, _view(k_cache, r0, r1, piece), _view(v_cache, r0, r1, piece), False, softmax_scale)
-            # unpack to (nb, used, sq, h, d) and (nb, used, h, sq)
-            o = o.view(nb, piece.count, sq, g, hkv, d)[:, :piece.used].permute(0, 1, 2, 4, 3, 5)
-            outs.append(o.reshape(nb, piece.used, sq, h, d))
-            lse = lse.view(nb, piece.count, hkv, sq, g)[:, :piece.used].permute(0, 1, 2, 4, 3)
-            lses.append(lse.reshape(nb, piece.used, h, sq))
-        if tail:
-            outs.append(tail_out[r0:r1, None])
-            lses.append(tail_lse[r0:r1, None])
-        results.append((r0, r1, combine(outs, lses, q.dtype) if outs else None))
-
-    if len(results) == 1 and results[0][2] is not None:
-        out, lse = results[0][2]
+    if cache_seqlens is not None and cache_seqlens.device.type == "cpu":
+        _lengths(cache_seqlens, b, sq, sk, causal)
+    sms = device_props(q.device).multi_processor_count if q.device.type == "cuda" else DEFAULT_SMS
+    dtype = "bfloat16" if q.dtype == torch.bfloat16 else "float16"
+    plan = decode_plan(b, sq, sk, h, hkv, d, dtype, causal, num_splits, sms)
+    g, ns, rows = plan["group"], plan["num_splits"], plan["rows"]
+    seqused = cache_seqlens.contiguous() if cache_seqlens is not None else _full_lengths(b, sk, q.device)
+    qp = pack(q, hkv)
+    if not plan["combine"]:  # out and lse are written in place through their packed views
+        out = torch.empty_like(q, memory_format=torch.contiguous_format)
+        lse = torch.empty((b, h, sq), dtype=torch.float32, device=q.device)
+        out_p = pack(out, hkv)
+        assert out_p.data_ptr() == out.data_ptr() and out_p._base is not None, "packed out must be a view"
+        launch_decode(plan["cfg"], qp, k_cache, v_cache, out_p, lse.view(b, hkv, rows), seqused, g, 1,
+                      softmax_scale)
     else:
-        out = torch.zeros((b, sq, h, d), dtype=q.dtype, device=q.device)
-        lse = torch.full((b, h, sq), float("-inf"), dtype=torch.float32, device=q.device)
-        for r0, r1, res in results:
-            if res is not None:
-                out[r0:r1], lse[r0:r1] = res
+        out_accum = torch.empty((ns * b, rows, hkv, d), dtype=torch.float32, device=q.device)
+        lse_accum = torch.empty((ns * b, hkv, rows), dtype=torch.float32, device=q.device)
+        launch_decode(plan["cfg"], qp, k_cache, v_cache, out_accum, lse_accum, seqused, g, ns, softmax_scale)
+        out = torch.empty_like(q, memory_format=torch.contiguous_format)
+        lse = torch.empty((b, h, sq), dtype=torch.float32, device=q.device)
+        launch_combine(out_accum, lse_accum, out, lse, g, ns)
     return (out, lse) if return_lse else out

@@ -3,7 +3,6 @@ fa4kernel's split count taken from fa4kernel.kvcache's own plan."""
 import json
 
 from fa4kernel import kvcache
-from fa4kernel.sm90.config import make_config
 from lab.tools import bench_decode_sm90 as bench
 
 FIELDS = {"point", "kernel", "us", "kv_read_gbps", "num_splits", "pack_gqa", "clock_ghz", "bottleneck"}
@@ -26,16 +25,11 @@ def test_predict_writes_rows_for_each_kernel(tmp_path):
         assert r["us"] > 0 and r["kv_read_gbps"] > 0 and r["clock_ghz"] > 0 and r["bottleneck"]
     for row in rows:
         ours = next(r for r in doc["rows"] if r["point"] == row.name and r["kernel"] == KERNELS[2])
-        tail = row.causal and row.seqlen_q > 1
-        body = row.seqlen_cache - (row.seqlen_q if tail else 0)
-        tile_m = make_config("bfloat16", row.hdim, False, True, {}).tile_m
-        want = kvcache.split_heuristic(row.batch, row.heads_kv, row.seqlen_q * (row.heads // row.heads_kv), body,
-                                       tile_m, kvcache.DEFAULT_SMS, row.seqlen_cache if row.batch > 1 else None)
-        assert ours["num_splits"] == want
+        plan = kvcache.decode_plan(row.batch, row.seqlen_q, row.seqlen_cache, row.heads, row.heads_kv, row.hdim,
+                                   "bfloat16", row.causal, None, kvcache.DEFAULT_SMS)
+        assert ours["num_splits"] == plan["num_splits"] == bench.auto_splits(row, kvcache.DEFAULT_SMS)
         assert ours["pack_gqa"] is True
-        runs = kvcache.plan_runs([body] * row.batch, want, row.seqlen_cache)
-        assert ours["chunks"] == max(pc.used for _, _, plan in runs for pc in plan)
-        assert ("tail" in ours.get("note", "")) == tail
+        assert ("combine" in ours.get("note", "")) == plan["combine"]
 
 
 def test_measured_rows_carry_the_point_name():

@@ -1,10 +1,12 @@
-"""fa4kernel.attention_with_kvcache on the CPU: its host side (pack-GQA, the causal tail, split-KV
-views, ragged cache lengths, the combine) against a direct fp64 reference of decode attention.
+"""fa4kernel.attention_with_kvcache on the CPU: its host side (the plan, pack-GQA views and
+copies, the split count, the launches' arguments) against a direct fp64 reference of decode
+attention.
 
-The kernel cannot run here: every launch goes through fa4kernel.interface.attention, which the
-fixture replaces with STAND_IN, a torch fp64 stand-in of exactly its contract (the same input
-checks, bottom-right causal, GQA, out in q's dtype, lse fp32 natural log, out 0 and lse -inf for
-rows that see no key). tests/test_kvcache_gpu.py runs the real kernel."""
+The kernels cannot run here: the fixture replaces kvcache.launch_decode and launch_combine with
+fp64 torch stand-ins of their contracts (not the kernels): DECODE_STAND_IN runs every (Q tile,
+split, k/v head, batch row) CTA of the forward's decode build over the KV range the kernel takes
+(block_info.decode_block_range, the kernel's own arithmetic), COMBINE_STAND_IN adds the partials
+up as sm90/combine.py does. tests/test_kvcache_gpu.py runs the real kernels."""
 import math
 import random
 
@@ -13,38 +15,70 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import fa4kernel  # noqa: E402
-from fa4kernel import interface, kvcache  # noqa: E402
-from fa4kernel.inputs import validate_tensors  # noqa: E402
-from fa4kernel.sm90.config import SUPPORTED_HEAD_DIMS  # noqa: E402
+from fa4kernel import kvcache  # noqa: E402
+from fa4kernel.block_info import decode_block_range, decode_unmasked  # noqa: E402
 
 LAUNCHES = []
-REAL_ATTENTION = interface.attention
+REAL_LAUNCH = kvcache.launch_decode
 
 
-def STAND_IN(q, k, v, causal=False, softmax_scale=None, return_lse=False, **knobs):
-    """A stand-in for the kernel (not the kernel): fa4kernel.attention's contract in fp64."""
-    validate_tensors(q, k, v, causal, softmax_scale, return_lse, head_dims=SUPPORTED_HEAD_DIMS, gqa=True)
-    assert not knobs
-    LAUNCHES.append((tuple(q.shape), tuple(k.shape), causal))
-    b, sq, h, d = q.shape
-    sk, hkv = k.shape[1], k.shape[2]
+def DECODE_STAND_IN(cfg, q, k, v, out, lse, seqused_k, group, num_splits, softmax_scale):
+    """The decode build's contract in fp64 (FlashFwdSm90Decode's docstring)."""
+    b, rows, hkv, d = q.shape
+    sk = k.shape[1]
+    assert k.shape == (b, sk, hkv, d) and seqused_k.dtype == torch.int32 and seqused_k.shape == (b,)
+    assert out.shape == ((num_splits * b if cfg.split_kv else b), rows, hkv, d)
+    assert out.dtype == (torch.float32 if cfg.split_kv else q.dtype) and lse.shape == (out.shape[0], hkv, rows)
+    assert cfg.split_kv or num_splits == 1
+    LAUNCHES.append(("decode", tuple(q.shape), num_splits, cfg.split_kv, cfg.causal))
     scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(d)
-    kf = k.double().repeat_interleave(h // hkv, dim=2)
-    vf = v.double().repeat_interleave(h // hkv, dim=2)
-    s = torch.einsum("bqhd,bkhd->bhqk", q.double(), kf) * scale
-    if causal:
-        i = torch.arange(sq)[:, None]
-        j = torch.arange(sk)[None, :]
-        s = s.masked_fill(j > i + (sk - sq), float("-inf"))
-    lse = torch.logsumexp(s, dim=-1)
-    p = torch.exp(s - lse[..., None]).nan_to_num(0.0)
-    o = torch.einsum("bhqk,bkhd->bqhd", p, vf).to(q.dtype)
-    return (o, lse.float()) if return_lse else o
+    tokens = torch.arange(rows) // group
+    for bi in range(b):
+        L = int(seqused_k[bi])
+        for split in range(num_splits):
+            ob = split * b + bi if cfg.split_kv else bi
+            for m in range(-(-rows // cfg.tile_m)):
+                n_min, n_blocks, limit, offset = decode_block_range(
+                    m, split, num_splits, cfg.tile_m, cfg.tile_n, rows, group, L, sk, cfg.causal)
+                r = slice(m * cfg.tile_m, min(rows, (m + 1) * cfg.tile_m))
+                j = torch.arange(n_blocks * cfg.tile_n)
+                absj = n_min * cfg.tile_n + j
+                see = (j[None, :] < limit) & (absj[None, :] < sk)
+                if cfg.causal:
+                    see = see & (j[None, :] <= offset + tokens[r][:, None])
+                kk = k[bi, absj.clamp_max(sk - 1)].double()  # (keys, hkv, d)
+                vv = v[bi, absj.clamp_max(sk - 1)].double()
+                s = torch.einsum("rhd,khd->hrk", q[bi, r].double(), kk) * scale
+                s = s.masked_fill(~see[None], float("-inf"))
+                ls = torch.logsumexp(s, dim=-1)  # (hkv, rows)
+                p = torch.exp(s - ls[..., None]).nan_to_num(0.0)
+                o = torch.einsum("hrk,khd->rhd", p, vv.masked_fill(~see.any(0)[:, None, None], 0.0))
+                out[ob, r] = o.to(out.dtype)
+                lse[ob, :, r] = ls.float()
+
+
+def COMBINE_STAND_IN(out_accum, lse_accum, out, lse, group, num_splits):
+    """sm90/combine.py's contract in fp64."""
+    b, sq, h, d = out.shape
+    hkv, rows = h // group, sq * group
+    assert out_accum.shape == (num_splits * b, rows, hkv, d) and lse_accum.shape == (num_splits * b, hkv, rows)
+    LAUNCHES.append(("combine", num_splits))
+    o = out_accum.double().view(num_splits, b, rows, hkv, d)
+    ls = lse_accum.double().view(num_splits, b, hkv, rows)
+    top = ls.amax(0).clamp_min(torch.finfo(torch.float64).min)
+    w = torch.exp(ls - top)
+    total = w.sum(0)
+    lse_p = torch.where(total > 0, top + torch.log(total), float("-inf"))  # (b, hkv, rows)
+    w = w / total.clamp_min(1e-300)
+    o = torch.einsum("sbhr,sbrhd->brhd", w, o)  # (b, rows, hkv, d)
+    out.copy_(o.view(b, sq, group, hkv, d).permute(0, 1, 3, 2, 4).reshape(b, sq, h, d).to(out.dtype))
+    lse.copy_(lse_p.view(b, hkv, sq, group).permute(0, 1, 3, 2).reshape(b, h, sq).float())
 
 
 @pytest.fixture(autouse=True)
 def stand_in(monkeypatch):
-    monkeypatch.setattr(interface, "attention", STAND_IN)
+    monkeypatch.setattr(kvcache, "launch_decode", DECODE_STAND_IN)
+    monkeypatch.setattr(kvcache, "launch_combine", COMBINE_STAND_IN)
     LAUNCHES.clear()
     yield
 
@@ -155,34 +189,74 @@ def test_bf16_and_a_scale():
     assert ((out.double() - ref).norm() / ref.norm()).item() < 1e-2
 
 
-def test_one_new_token_packs_and_splits_in_one_launch():
+def test_one_new_token_packs_by_a_view_and_splits_in_the_grid():
     q, k, v = _inputs(2, 1, 4096, 8, 4, seed=3)
     fa4kernel.attention_with_kvcache(q, k, v, num_splits=4)
-    assert LAUNCHES == [((8, 4, 8, 64), (8, 1024, 8, 64), False)]  # 2 rows x 4 chunks, 4 packed rows, heads_kv
+    # 4 packed rows per k/v head; causal with one new token builds no mask
+    assert LAUNCHES == [("decode", (2, 4, 8, 64), 4, True, False), ("combine", 4)]
+    LAUNCHES.clear()
+    out = fa4kernel.attention_with_kvcache(q, k, v, num_splits=1)
+    assert LAUNCHES == [("decode", (2, 4, 8, 64), 1, False, False)]  # out written in place: no combine
+    ref, _ = reference(q, k, v, [4096, 4096], True)
+    assert ((out.double() - ref).norm() / ref.norm()).item() < 2e-3
 
 
-def test_causal_tokens_run_body_gaps_and_tail():
+def test_causal_tokens_run_packed_in_one_launch():
     q, k, v = _inputs(2, 4, 4096, 2, 4, seed=3)
-    check(q, k, v, [4096, 4096], True, 4, garbage=False)
-    assert LAUNCHES == [((2, 4, 8, 64), (2, 4, 2, 64), True),        # the tail: unpacked, causal
-                        ((8, 16, 2, 64), (8, 1020, 2, 64), False),   # the body's chunks
-                        ((8, 16, 2, 64), (8, 4, 2, 64), False)]      # the keys between them
+    check(q, k, v, [4096, 4000], True, 1, garbage=False)
+    # 4 tokens x group 4 packed rows, no view of out: the combine unpacks them
+    assert LAUNCHES == [("decode", (2, 16, 2, 64), 1, True, True), ("combine", 1)]
+
+
+def test_more_splits_than_blocks_take_one_per_block():
+    q, k, v = _inputs(1, 1, 300, 1, 8, seed=4)
+    check(q, k, v, [300], False, 64)
+    assert LAUNCHES[0][2] == 3  # 300 keys: 3 blocks of 128
 
 
 def test_heuristic():
     sms = 132
-    assert kvcache.split_heuristic(1, 8, 4, 131072, 128, sms) == 16
-    assert kvcache.split_heuristic(8, 8, 4, 32768, 128, sms) == 2
-    assert kvcache.split_heuristic(64, 8, 8, 4096, 128, sms) == 1
-    assert kvcache.split_heuristic(4, 1, 8, 65536, 128, sms) == 32
-    assert kvcache.split_heuristic(1, 1, 1, 300, 128, sms) == 1  # chunks of at least MIN_SPLIT_KEYS
-    for n in (1, 2, 3, 7):  # plans cover [0, P) exactly once
-        for P, rows, period in ((1001, 1, None), (1001, 2, 1001), (4092, 3, 4096), (5, 2, 300), (300, 4, 300)):
-            plan = kvcache.plan_body(P, n, rows, period)
-            keys = sorted(p.start + s * p.stride + j for p in plan for s in range(p.used) for j in range(p.length))
-            assert keys == list(range(P)), (P, n, rows, period)
-            if rows > 1:
-                assert all(p.count == 1 or p.count * p.stride == period for p in plan)
+    # the decode rows (hd128: 128 x 128 tiles): CTAs for about one wave
+    assert kvcache.split_heuristic(1, 8, 4, 1024, 128, sms) == 15
+    assert kvcache.split_heuristic(8, 8, 4, 256, 128, sms) == 2
+    assert kvcache.split_heuristic(64, 8, 8, 32, 128, sms) == 1  # 512 CTAs fill the SMs unsplit
+    assert kvcache.split_heuristic(4, 1, 8, 512, 128, sms) == 29
+    assert kvcache.split_heuristic(8, 8, 16, 256, 128, sms) == 2
+    assert kvcache.split_heuristic(1, 1, 1, 3, 128, sms) == 1  # splits of at least MIN_SPLIT_BLOCKS
+    for n in (1, 2, 3, 7):  # the splits of a row cover its blocks exactly once
+        for L, causal, rows, g in ((1001, False, 4, 4), (1001, True, 12, 4), (0, False, 1, 1), (129, True, 16, 1)):
+            for m in range(-(-rows // 128)):
+                got = []
+                for s in range(n):
+                    lo, nb, limit, _ = decode_block_range(m, s, n, 128, 128, rows, g, L, 2048, causal)
+                    got += [lo * 128 + j for j in range(min(nb * 128, max(limit, 0)))]
+                tokens = rows // g
+                end = L if not causal else L - tokens + min(((m + 1) * 128 - 1) // g, tokens - 1) + 1
+                assert sorted(got)[:end] == list(range(end)) and len(set(got)) == len(got), (n, L, causal)
+
+
+def test_the_blocks_the_kernel_leaves_unmasked_are_visible_to_every_row():
+    """decode_unmasked: in a causal tile, the local blocks below it (but the first one the kernel
+    runs, which it always masks) take no mask, so each of their keys must be visible to every
+    packed row of the tile, within the row's length."""
+    rnd = random.Random(5)
+    for _ in range(400):
+        g, sq = rnd.choice([1, 2, 4, 8, 16]), rnd.choice([1, 2, 3, 5, 16])
+        rows, tile_n = sq * g, rnd.choice([64, 112, 128])
+        L = rnd.randint(sq, 3000)
+        n = rnd.choice([1, 2, 3, 7])
+        for m in range(-(-rows // 128)):
+            for s in range(n):
+                lo, nb, limit, offset = decode_block_range(m, s, n, 128, tile_n, rows, g, L, 4096, True)
+                # the kernel masks its first block (local nb - 1) always
+                unmasked = min(decode_unmasked(m, 128, tile_n, g, offset), nb - 1)
+                last_key = unmasked * tile_n - 1  # the last key of the unmasked blocks
+                if unmasked:
+                    first_token = (m * 128) // g
+                    assert last_key <= offset + first_token and last_key < limit, (g, sq, L, n, m, s)
+                # without causal only the first block is masked: the others lie within the length
+                lo, nb, limit, _ = decode_block_range(m, s, n, 128, tile_n, rows, g, L, 4096, False)
+                assert (nb - 1) * tile_n < max(limit, 1), (g, sq, L, n, m, s)
 
 
 def _bad(**kw):
@@ -221,7 +295,7 @@ def test_bad_inputs():
 
 
 def test_the_real_launch_refuses_the_cpu(monkeypatch):
-    monkeypatch.setattr(interface, "attention", REAL_ATTENTION)
+    monkeypatch.setattr(kvcache, "launch_decode", REAL_LAUNCH)
     q, k, v = _inputs(1, 1, 32, 1, 1)
     with pytest.raises(ValueError, match="CUDA device"):
         fa4kernel.attention_with_kvcache(q, k, v)

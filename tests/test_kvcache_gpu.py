@@ -1,7 +1,8 @@
 """GPU correctness of fa4kernel.attention_with_kvcache (decode over a KV cache on the SM90
 forward) against an fp32 torch reference.
 
-Run on the device: pytest -m gpu tests/test_kvcache_gpu.py
+Run on the device: python3 -m pytest -c /dev/null --rootdir . -p no:cacheprovider -p no:xdist -q -rfE \
+    tests/test_kvcache_gpu.py
 """
 
 import math
@@ -102,3 +103,50 @@ def test_fp16_and_the_decode_shapes():
     check(*_inputs(2, 1, 8192, 1, 8, dtype=torch.float16, seed=1), [8192, 8192], False, None)
     check(*_inputs(1, 1, 131072, 8, 4, seed=2), [131072], True, None)
     check(*_inputs(8, 4, 32768, 8, 4, seed=3), [32768] * 8, True, None)
+
+
+@pytest.mark.parametrize("d", [64, 128, 256])
+def test_combine_alone(d):
+    """sm90/combine.py against torch: partials with empty splits (-inf) and a row with none."""
+    from fa4kernel import interface
+
+    b, sq, hkv, g, ns = 3, 2, 2, 4, 5
+    rows, h = sq * g, hkv * g
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(d)
+    o_acc = torch.randn(ns * b, rows, hkv, d, device="cuda", generator=gen)
+    l_acc = torch.randn(ns * b, hkv, rows, device="cuda", generator=gen) * 4
+    l_acc[1::2] = float("-inf")  # every other (split, batch) saw no key
+    l_acc[:, 1, 3] = float("-inf")  # packed row 3 of k/v head 1: no key in any split
+    out = torch.empty(b, sq, h, d, device="cuda", dtype=torch.bfloat16)
+    lse = torch.empty(b, h, sq, device="cuda")
+    interface.run_combine(o_acc, l_acc, out, lse, g, ns)
+    ls = l_acc.view(ns, b, hkv, rows)
+    ref_lse = torch.logsumexp(ls, dim=0)
+    w = torch.exp(ls - ref_lse).nan_to_num(0.0)
+    ref = torch.einsum("sbhr,sbrhd->brhd", w, o_acc.view(ns, b, rows, hkv, d))
+    ref = ref.view(b, sq, g, hkv, d).permute(0, 1, 3, 2, 4).reshape(b, sq, h, d)
+    ref_lse = ref_lse.view(b, hkv, sq, g).permute(0, 1, 3, 2).reshape(b, h, sq)
+    assert not torch.isnan(out).any() and not torch.isnan(lse).any()
+    assert torch.equal(torch.isneginf(lse), torch.isneginf(ref_lse))
+    fin = torch.isfinite(ref_lse)
+    assert (lse[fin] - ref_lse[fin]).abs().max().item() < 1e-4
+    assert ((out.float() - ref).norm() / ref.norm()).item() < 1e-2
+
+
+def test_lengths_stay_on_the_device_under_graph_capture():
+    """No host read of cache_seqlens: a captured call follows new lengths on replay."""
+    q, k, v = _inputs(4, 1, 4096, 2, 8, seed=21)
+    seqlens = torch.tensor([4096, 1000, 1, 2049], dtype=torch.int32, device="cuda")
+    fa4kernel.attention_with_kvcache(q, k, v, cache_seqlens=seqlens, causal=False)  # compile, warm up
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fa4kernel.attention_with_kvcache(q, k, v, cache_seqlens=seqlens, causal=False)
+    for lens in ([4096, 1000, 1, 2049], [17, 4096, 300, 0]):
+        seqlens.copy_(torch.tensor(lens, dtype=torch.int32))
+        graph.replay()
+        torch.cuda.synchronize()
+        ref, _ = reference(q, k, v, lens, False)
+        err = ((out.float() - ref).norm() / ref.norm()).item()
+        assert err < TOL, f"rel err {err:.2e} for {lens}"

@@ -95,6 +95,12 @@ class KernelConfig:
     # O-scale exp2 after its P exp2s and its sum as one FADD chain, so ptxas interleaves the O
     # rescale with the exp2s (lab/findings/kernel-design-sm90.md, "Softmax order"). Auto: causal head_dim 64 (measured)
     chained_row_sum: bool = False
+    # the decode build (kvcache.py, docs/decode.md): per-row key counts from a device tensor
+    # (seqused_k), pack-GQA rows (a CTA of one k/v head runs its group's q heads' rows, token-major,
+    # causal per row's token), split-KV in the grid; one CTA per tile, no tile table
+    decode: bool = False
+    # decode with num_splits > 1: fp32 partial O and lse per split (combine.py adds them up)
+    split_kv: bool = False
 
     @property
     def num_consumer_wgs(self) -> int:
@@ -282,3 +288,20 @@ def make_config(dtype: str, head_dim: int, causal: bool, has_lse: bool, knobs: d
         raise ValueError(f"causal={causal!r} not supported; allowed: True or False")
     k = resolve_knobs(head_dim, causal, knobs)
     return KernelConfig(dtype=dtype, head_dim=head_dim, causal=causal, has_lse=bool(has_lse), **k)
+
+
+# The decode build's knobs: 128-row tiles (2 consumer warpgroups: a packed tile of decode holds
+# seqlen_q x group rows, mostly <= 64, and a third warpgroup would idle too), one CTA per tile
+# (the grid is tiles x splits; no tile table), the overlapped KV loop (the only one it has).
+DECODE_KNOBS = {"tile_m": 128, "persistent": False, "intra_wg_overlap": True}
+
+
+def make_decode_config(dtype: str, head_dim: int, causal: bool, split_kv: bool) -> KernelConfig:
+    """The decode build of the forward (KernelConfig.decode) for these problem options."""
+    from dataclasses import replace
+
+    knobs = dict(DECODE_KNOBS)
+    if head_dim in (64, 96):  # their default tile_n assumes 3 warpgroups' registers; FA3's decode tile
+        knobs["tile_n"] = 128
+    cfg = make_config(dtype, head_dim, causal, True, knobs)
+    return replace(cfg, decode=True, split_kv=bool(split_kv))

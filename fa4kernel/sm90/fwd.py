@@ -80,7 +80,12 @@ class FlashFwdSm90:
         self.persistent = bool(cfg.persistent)
         # Which tiles a CTA runs comes from the host's table (tile_schedule.py) for persistent
         # and causal launches; a non-persistent non-causal CTA runs tile blockIdx.x.
-        self.scheduled = self.persistent or self.causal
+        # The decode build (KernelConfig.decode, FlashFwdSm90Decode): one CTA per (Q tile of
+        # packed rows, split, k/v head, batch row), its KV range from the row's key count.
+        self.decode = bool(cfg.decode)
+        self.split_kv = bool(cfg.split_kv)
+        assert not self.decode or (self.overlap and not self.persistent), "decode: overlap, one CTA per tile"
+        self.scheduled = (self.persistent or self.causal) and not self.decode
         # O *= scale of the previous block while this block's S GEMM runs, before the PV GEMM
         # (FA4's RescaleOBeforeGemm for head dims > 128) instead of after the PV wait
         self.rescale_before_pv = bool(cfg.rescale_before_pv) and self.overlap
@@ -109,7 +114,7 @@ class FlashFwdSm90:
         self._host(mQ, mK, mV, mO, mLSE, mSched, softmax_scale_log2, stream, None)
 
     @cute.jit
-    def _host(self, mQ, mK, mV, mO, mLSE, mSched, softmax_scale_log2, stream, mTrace):
+    def _host(self, mQ, mK, mV, mO, mLSE, mSched, softmax_scale_log2, stream, mTrace, dec=None):
         dtype = self.dtype
         # (s, d, h, b): the TMA box walks seqlen x head_dim of one (head, batch)
         mQ, mK, mV, mO = [select(t, [1, 3, 2, 0]) for t in (mQ, mK, mV, mO)]
@@ -140,8 +145,11 @@ class FlashFwdSm90:
         tma_atom_V, tma_V = cpasync.make_tiled_tma_atom(
             tma_load, mV, cute.select(sV_layout, mode=[0, 1]), (self.tile_n, self.hd), 1)
         # O goes out through smem (reusing Q's buffer) with a TMA store: clipped at seqlen_q.
-        tma_atom_O, tma_O = cpasync.make_tiled_tma_atom(
-            cpasync.CopyBulkTensorTileS2GOp(), mO, sQ_layout, (self.tile_m, self.hd))
+        if const_expr(self.split_kv):
+            tma_atom_O, tma_O = None, mO  # fp32 partials: stored from registers (_store_partial)
+        else:
+            tma_atom_O, tma_O = cpasync.make_tiled_tma_atom(
+                cpasync.CopyBulkTensorTileS2GOp(), mO, sQ_layout, (self.tile_m, self.hd))
 
         self.q_bytes = cute.size_in_bytes(dtype, sQ_layout)
         self.kv_bytes = cute.size_in_bytes(dtype, cute.select(sK_layout, mode=[0, 1]))
@@ -168,10 +176,14 @@ class FlashFwdSm90:
         grid = (cute.ceil_div(mQ.shape[0], self.tile_m) * cute.size(mQ.shape[2]) * cute.size(mQ.shape[3]), 1, 1)
         if const_expr(self.scheduled):
             grid = (cute.size(mSched.shape[0]), 1, 1)
+        mSeqUsedK, group, num_splits = None, None, None
+        if const_expr(self.decode):
+            mSeqUsedK, group, num_splits = dec
+            grid = (grid[0] * num_splits, 1, 1)
         self.kernel(
             tma_atom_Q, tma_Q, tma_atom_K, tma_K, tma_atom_V, tma_V, tma_atom_O, tma_O,
             mLSE, mSched, softmax_scale_log2, tiled_mma_qk, tiled_mma_pv,
-            sQ_layout, sK_layout, sV_layout, sP_layout, mTrace,
+            sQ_layout, sK_layout, sV_layout, sP_layout, mTrace, mSeqUsedK, group, num_splits,
         ).launch(
             grid=grid,
             block=[self.num_threads, 1, 1],
@@ -206,12 +218,16 @@ class FlashFwdSm90:
         sV_layout: cute.ComposedLayout,
         sP_layout,
         mTrace,
+        mSeqUsedK=None,
+        group=None,
+        num_splits=None,
     ):
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         tr_cta = self.ins.kernel_start(mTrace)
         if warp_idx == 0:
             for atom in (tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_O):
-                cpasync.prefetch_descriptor(atom)
+                if const_expr(atom is not None):
+                    cpasync.prefetch_descriptor(atom)
 
         smem = cutlass_memory.SmemAllocator()
         storage = smem.allocate(self.shared_storage)
@@ -249,14 +265,14 @@ class FlashFwdSm90:
             cute.arch.setmaxregister_decrease(self.producer_regs)
             if warp_idx == 0:
                 self.producer(tma_atom_Q, mQ, tma_atom_K, mK, tma_atom_V, mV, sQ, sK, sV,
-                              pipe_q, pipe_k, pipe_v, mSched, mTrace, tr_cta)
+                              pipe_q, pipe_k, pipe_v, mSched, mTrace, tr_cta, (mSeqUsedK, group, num_splits))
         else:
             # ---------------------------------------------------------------- consumer WGs
             cute.arch.setmaxregister_increase(self.consumer_regs)
             self.consumer(
                 tma_atom_O, mO, mLSE, softmax_scale_log2, tiled_mma_qk, tiled_mma_pv,
                 sQ, sK, sV, sP, sO, pipe_q, pipe_k, pipe_v, mQ.shape[0], mK.shape[0],
-                mQ.shape[2], mQ.shape[3], mSched, mTrace, tr_cta,
+                mQ.shape[2], mQ.shape[3], mSched, mTrace, tr_cta, (mSeqUsedK, group, num_splits, sV),
             )
 
     @cute.jit
@@ -270,8 +286,24 @@ class FlashFwdSm90:
         return m_block, hb - batch * num_heads, batch
 
     @cute.jit
+    def _decode_tile(self, tile, rows, seqlen_cache, num_heads, dec):
+        """Decode build: flat tile index (m_block fastest, then split, k/v head, batch) ->
+        (m_block, split, head, batch) and the split's KV range (block_info.decode_block_range)."""
+        mSeqUsedK, group, num_splits = dec[0], dec[1], dec[2]
+        num_m = cute.ceil_div(rows, self.tile_m)
+        rest = tile // num_m
+        m_block = tile - rest * num_m
+        hb = rest // num_splits
+        split = rest - hb * num_splits
+        batch = hb // num_heads
+        head = hb - batch * num_heads
+        rng = block_info.decode_block_range(m_block, split, num_splits, self.tile_m, self.tile_n, rows, group,
+                                            mSeqUsedK[batch], seqlen_cache, self.causal, block_info.dsl_ops())
+        return m_block, split, head, batch, rng
+
+    @cute.jit
     def producer(self, tma_atom_Q, mQ, tma_atom_K, mK, tma_atom_V, mV, sQ, sK, sV,
-                 pipe_q, pipe_k, pipe_v, mSched=None, mTrace=None, tr_cta=None):
+                 pipe_q, pipe_k, pipe_v, mSched=None, mTrace=None, tr_cta=None, dec=None):
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
         q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
         tr_on = self.ins.leader(tr_cta, lambda: cute.arch.thread_idx()[0] == 0)
@@ -291,20 +323,33 @@ class FlashFwdSm90:
             tile = cute.arch.block_idx()[0]
             self._produce_tile(tma_atom_Q, mQ, tma_atom_K, mK, tma_atom_V, mV, sQ, sK, sV,
                                pipe_q, pipe_k, pipe_v, tile, kv_state, q_state,
-                               self.ins.tile(mTrace, tr_on, Int32(0)))
+                               self.ins.tile(mTrace, tr_on, Int32(0)), dec)
 
     @cute.jit
     def _produce_tile(
         self, tma_atom_Q, mQ, tma_atom_K, mK, tma_atom_V, mV, sQ, sK, sV,
-        pipe_q, pipe_k, pipe_v, tile, kv_state, q_state, tr=None,
+        pipe_q, pipe_k, pipe_v, tile, kv_state, q_state, tr=None, dec=None,
     ):
-        m_block, head, batch = self._tile_coords(tile, mQ.shape[0], mK.shape[0], mQ.shape[2], mQ.shape[3])
-        n_block_max, _ = self._kv_block_range(m_block, mQ.shape[0], mK.shape[0])
+        n_min = None
+        if const_expr(self.decode):
+            # packed rows: the CTA's head is the k/v head
+            m_block, _, head, batch, rng = self._decode_tile(tile, mQ.shape[0], mK.shape[0], mQ.shape[2], dec)
+            n_min, n_block_max = rng[0], rng[1]
+        else:
+            m_block, head, batch = self._tile_coords(tile, mQ.shape[0], mK.shape[0], mQ.shape[2], mQ.shape[3])
+            n_block_max, _ = self._kv_block_range(m_block, mQ.shape[0], mK.shape[0])
         gQ = cute.local_tile(mQ[None, None, head, batch], (self.tile_m, self.hd), (m_block, 0))
-        # GQA / MQA: q head h reads k/v head h // (heads // heads_kv) (only this warp's addresses)
-        kv_head = head // (mQ.shape[2] // mK.shape[2])
-        gK = cute.local_tile(mK[None, None, kv_head, batch], (self.tile_n, self.hd), (None, 0))
-        gV = cute.local_tile(mV[None, None, kv_head, batch], (self.tile_n, self.hd), (None, 0))
+        kv_head = head
+        if const_expr(not self.decode):
+            # GQA / MQA: q head h reads k/v head h // (heads // heads_kv) (only this warp's addresses)
+            kv_head = head // (mQ.shape[2] // mK.shape[2])
+        mK_row, mV_row = mK[None, None, kv_head, batch], mV[None, None, kv_head, batch]
+        if const_expr(self.decode):
+            # the split's keys: local block n is block n_min + n of the row
+            mK_row = cute.domain_offset((n_min * self.tile_n, 0), mK_row)
+            mV_row = cute.domain_offset((n_min * self.tile_n, 0), mV_row)
+        gK = cute.local_tile(mK_row, (self.tile_n, self.hd), (None, 0))
+        gV = cute.local_tile(mV_row, (self.tile_n, self.hd), (None, 0))
         tQsQ, tQgQ = cpasync.tma_partition(
             tma_atom_Q, 0, cute.make_layout(1), cute.group_modes(sQ, 0, 2), cute.group_modes(gQ, 0, 2))
         tKsK, tKgK = cpasync.tma_partition(
@@ -404,6 +449,16 @@ class FlashFwdSm90:
     @cute.jit
     def _apply_mask(self, acc_S, tScS, t0ScS, m_block, n_block, seqlen_q, seqlen_k,
                     mask_seqlen: cutlass.Constexpr, mask_causal: cutlass.Constexpr):
+        if const_expr(self.decode):
+            self._apply_mask_packed(acc_S, tScS, t0ScS, m_block, n_block, seqlen_q, seqlen_k, mask_seqlen,
+                                    mask_causal)
+        else:
+            self._apply_mask_rows(acc_S, tScS, t0ScS, m_block, n_block, seqlen_q, seqlen_k, mask_seqlen,
+                                  mask_causal)
+
+    @cute.jit
+    def _apply_mask_rows(self, acc_S, tScS, t0ScS, m_block, n_block, seqlen_q, seqlen_k,
+                         mask_seqlen: cutlass.Constexpr, mask_causal: cutlass.Constexpr):
         """-inf outside [0, seqlen_k) and above the causal diagonal. Coordinates are compared as
         thread-0 constants against per-thread limits, so the inner loop is compare + select."""
         s = mn_view(acc_S)
@@ -422,6 +477,46 @@ class FlashFwdSm90:
             for c in cutlass.range_constexpr(cute.size(s, mode=[1])):
                 # a select, not a branch: an `if` here makes the DSL re-yield the whole fragment
                 s[r, c] = -Float32.inf if t0ScS[0, c][1] >= limit else s[r, c]
+
+    @cute.jit
+    def _apply_mask_packed(self, acc_S, tScS, t0ScS, m_block, n_block, group_offset, key_limit,
+                           mask_seqlen: cutlass.Constexpr, mask_causal: cutlass.Constexpr):
+        """Decode build's mask: -inf at local keys >= key_limit and, with causal, past each packed
+        row's own token: row r (token r // group) sees local key j iff j <= offset + token."""
+        group, offset = group_offset
+        s = mn_view(acc_S)
+        row0 = m_block * self.tile_m + tScS[0][0]
+        col0 = tScS[0][1]
+        col_limit = block_info.seqlen_col_limit(n_block, self.tile_n, key_limit, col0)
+        diag = offset + 1 - n_block * self.tile_n - col0
+        for r in cutlass.range_constexpr(cute.size(s, mode=[0])):
+            limit = col_limit
+            if const_expr(mask_causal):
+                token = (row0 + t0ScS[r, 0][0]) // group
+                if const_expr(mask_seqlen):
+                    limit = cutlass.min(col_limit, token + diag)
+                else:
+                    limit = token + diag
+            for c in cutlass.range_constexpr(cute.size(s, mode=[1])):
+                s[r, c] = -Float32.inf if t0ScS[0, c][1] >= limit else s[r, c]
+
+    @cute.jit
+    def _zero_v_past_keys(self, sV, pipe_v, kv_state, keys, tidx):
+        """Decode build: V rows >= keys of the tile's first KV block (its stage at kv_state) are
+        set to 0 once they land. They hold whatever the cache has past the row's length (NaN, in
+        the tests); their P is 0, but 0 x NaN in the PV GEMM would be NaN. Every consumer thread
+        takes part (the idle warpgroup too); the rows are the same for the whole CTA."""
+        if keys < self.tile_n:
+            pipe_v.consumer_wait(kv_state)
+            sVs = sV[None, None, kv_state.index]
+            zero = cute.make_rmem_tensor((1,), self.dtype)
+            zero.fill(0.0)
+            for i in cutlass.range(cutlass.max(keys, 0) * self.hd + tidx, self.tile_n * self.hd,
+                                   self.num_consumer_threads, unroll=1):
+                sVs[i // self.hd, i % self.hd] = zero[0]
+            # generic-proxy smem writes, read by the wgmma (async proxy) of both warpgroups
+            cute.arch.fence_view_async_shared()
+            cute.arch.barrier(barrier_id=NamedBarrierFwd.CONSUMERS, number_of_threads=self.num_consumer_threads)
 
     @cute.jit
     def _softmax(self, acc_S, row_max, row_sum, scale_log2, is_first: cutlass.Constexpr,
@@ -548,7 +643,7 @@ class FlashFwdSm90:
     def consumer(
         self, tma_atom_O, mO, mLSE, scale_log2, tiled_mma_qk, tiled_mma_pv,
         sQ, sK, sV, sP, sO, pipe_q, pipe_k, pipe_v, seqlen_q, seqlen_k, num_heads, num_batch,
-        mSched=None, mTrace=None, tr_cta=None,
+        mSched=None, mTrace=None, tr_cta=None, dec=None,
     ):
         tidx = cute.arch.thread_idx()[0] - 128
         wg_idx = cute.arch.make_warp_uniform(tidx // 128)
@@ -615,7 +710,7 @@ class FlashFwdSm90:
             tile = cute.arch.block_idx()[0]
             self._consume_tile(
                 *args, tile, num_heads, num_batch, seqlen_q, seqlen_k, tidx, wg_idx, rows,
-                kv_state, q_state, self.ins.tile(mTrace, tr_on, 1 + wg_idx))
+                kv_state, q_state, self.ins.tile(mTrace, tr_on, 1 + wg_idx), dec=dec)
         if const_expr(self.defer_store_wait):
             # the last O store reads sO: the CTA (and its smem) must outlive it
             if cute.arch.make_warp_uniform(cute.arch.warp_idx()) == 4:
@@ -628,13 +723,33 @@ class FlashFwdSm90:
         self, tma_atom_O, mO, mLSE, scale_log2, tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrVt,
         tOrP, s_shape, acc_O, row_max, row_sum, o_scale, smem_thr_copy_P, tPsP, tScS, t0ScS,
         sO, pipe_q, pipe_k, pipe_v, tile, num_heads, num_batch,
-        seqlen_q, seqlen_k, tidx, wg_idx, rows, kv_state, q_state, tr=None, next_tile=None,
+        seqlen_q, seqlen_k, tidx, wg_idx, rows, kv_state, q_state, tr=None, next_tile=None, dec=None,
     ):
-        """One Q tile. next_tile = (mSched, cta, index): also return the tile id there."""
-        m_block, head, batch = self._tile_coords(tile, seqlen_q, seqlen_k, num_heads, num_batch)
-        n_block_max, n_unmasked = self._kv_block_range(m_block, seqlen_q, seqlen_k)
+        """One Q tile. next_tile = (mSched, cta, index): also return the tile id there.
+        dec (decode build): (mSeqUsedK, group, num_splits, sV)."""
+        # what the masks compare against: (seqlen_q, seqlen_k), in decode ((group, causal
+        # offset), the split's key limit), local to the split (block_info.decode_block_range)
+        mask_q, mask_k = seqlen_q, seqlen_k
+        out_batch = None
+        if const_expr(self.decode):
+            m_block, split, head, batch, rng = self._decode_tile(tile, seqlen_q, seqlen_k, num_heads, dec)
+            n_block_max = rng[1]
+            mask_q, mask_k = (dec[1], rng[3]), rng[2]
+            n_unmasked = n_block_max
+            if const_expr(self.causal):
+                n_unmasked = block_info.decode_unmasked(m_block, self.tile_m, self.tile_n, dec[1], rng[3],
+                                                        block_info.dsl_ops())
+            out_batch = batch
+            if const_expr(self.split_kv):
+                out_batch = split * num_batch + batch  # the partials' (split, batch) row
+        else:
+            m_block, head, batch = self._tile_coords(tile, seqlen_q, seqlen_k, num_heads, num_batch)
+            n_block_max, n_unmasked = self._kv_block_range(m_block, seqlen_q, seqlen_k)
+            out_batch = batch
         acc_O.fill(0.0)
         pipe_q.consumer_wait(q_state)
+        if const_expr(self.decode):
+            self._zero_v_past_keys(dec[3], pipe_v, kv_state, mask_k - (n_block_max - 1) * self.tile_n, tidx)
 
         n_masked_extra = 0
         if const_expr(self.causal):
@@ -643,7 +758,7 @@ class FlashFwdSm90:
 
         ctx = (tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrVt, tOrP, s_shape, acc_O, row_max,
                row_sum, o_scale, scale_log2, smem_thr_copy_P, tPsP, tScS, t0ScS, pipe_k, pipe_v,
-               m_block, seqlen_q, seqlen_k, wg_idx)
+               m_block, mask_q, mask_k, wg_idx)
 
         if m_block * self.tile_m + wg_idx * 64 < seqlen_q:
             if const_expr(self.overlap):
@@ -678,7 +793,7 @@ class FlashFwdSm90:
 
         tr_epi = self.ins.with_role(tr, 1 + self.num_wg)
         self._epilogue(acc_O, lse, tma_atom_O, mO, mLSE, tiled_mma_pv, sO, tidx, m_block, head,
-                       batch, seqlen_q, tr_epi, n_block_max - 1)
+                       out_batch, seqlen_q, tr_epi, n_block_max - 1)
         self.ins.stamp(tr, T_FIN, n_block_max - 1, 1)
         if const_expr(self.persistent and not self.separate_o):
             # O went out through Q's buffer: hand it back only once the TMA store has read it
@@ -711,6 +826,9 @@ class FlashFwdSm90:
         if const_expr(self.causal):
             self._apply_mask(acc_S, tScS, t0ScS, m_block, n_block_max - 1, seqlen_q, seqlen_k,
                              True, True)
+        elif const_expr(self.decode):  # the split's first block: its key limit may cut it
+            self._apply_mask(acc_S, tScS, t0ScS, m_block, n_block_max - 1, seqlen_q, seqlen_k,
+                             True, False)
         elif seqlen_k % self.tile_n != 0:  # only a partial last block needs the length mask
             self._apply_mask(acc_S, tScS, t0ScS, m_block, n_block_max - 1, seqlen_q, seqlen_k,
                              True, False)
@@ -943,6 +1061,13 @@ class FlashFwdSm90:
                     if tOcO[r, 0][0] < seqlen_q - m_block * self.tile_m:
                         tOgLSE[r, 0] = lse[r]
 
+        if const_expr(self.split_kv):
+            self._store_partial(acc_O, mO, thr_mma_pv, m_block, head, batch, seqlen_q)
+        else:
+            self._store_o(acc_O, tma_atom_O, mO, tiled_mma_pv, sO, tidx, m_block, head, batch, tr, it)
+
+    @cute.jit
+    def _store_o(self, acc_O, tma_atom_O, mO, tiled_mma_pv, sO, tidx, m_block, head, batch, tr=None, it=None):
         # O: registers -> smem (stmatrix; sO may be Q's buffer: this WG's rows of sQ are only
         # read by this WG's own, finished, QK GEMMs) -> one TMA store of the tile.
         rO = cute.make_rmem_tensor_like(acc_O, self.dtype)
@@ -976,6 +1101,48 @@ class FlashFwdSm90:
                 cute.arch.cp_async_bulk_wait_group(0, read=True)
             self.ins.stamp(tr, T_ST, it, 1)
 
+    @cute.jit
+    def _store_partial(self, acc_O, mO, thr_mma_pv, m_block, head, batch, rows):
+        """Split-KV: this split's O (normalised by its own row sum), fp32, straight from the
+        accumulator registers to out_accum (rows past `rows` skipped)."""
+        gO = cute.local_tile(mO[None, None, head, batch], (self.tile_m, self.hd), (m_block, 0))
+        tOgO = mn_view(thr_mma_pv.partition_C(gO))
+        tOcO = mn_view(thr_mma_pv.partition_C(cute.make_identity_tensor((self.tile_m, self.hd))))
+        o = mn_view(acc_O)
+        for r in cutlass.range_constexpr(cute.size(o, mode=[0])):
+            if tOcO[r, 0][0] < rows - m_block * self.tile_m:
+                for c in cutlass.range(cute.size(o, mode=[1]), unroll_full=True):
+                    tOgO[r, c] = o[r, c]
+
+
+class FlashFwdSm90Decode(FlashFwdSm90):
+    """The decode build (KernelConfig.decode): q (b, rows, heads_kv, d) holds each k/v head's
+    packed rows (row r = new token r // group of q head kv_head * group + r % group); the grid
+    runs every (Q tile, split, k/v head, batch row). split_kv False: out (b, rows, heads_kv, d)
+    in q's dtype and lse (b, heads_kv, rows); True: out_accum (num_splits * b, rows, heads_kv, d)
+    fp32 and lse_accum (num_splits * b, heads_kv, rows), row split * b + batch. lse: natural log,
+    -inf (and O 0) where a row saw no key in the split."""
+
+    def __init__(self, cfg: KernelConfig):
+        assert cfg.decode, "FlashFwdSm90Decode needs a decode config (config.make_decode_config)"
+        super().__init__(cfg)
+
+    @cute.jit
+    def __call__(
+        self,
+        mQ: cute.Tensor,  # (b, rows, h_kv, d) packed
+        mK: cute.Tensor,  # (b, seqlen_cache, h_kv, d)
+        mV: cute.Tensor,
+        mO: cute.Tensor,  # (b, rows, h_kv, d) q's dtype, or (num_splits * b, rows, h_kv, d) fp32
+        mLSE: cute.Tensor,  # (b or num_splits * b, h_kv, rows) fp32
+        mSeqUsedK: cute.Tensor,  # (b,) int32: keys of each row
+        group: Int32,  # q heads per k/v head
+        num_splits: Int32,
+        softmax_scale_log2: Float32,
+        stream,
+    ):
+        self._host(mQ, mK, mV, mO, mLSE, None, softmax_scale_log2, stream, None, (mSeqUsedK, group, num_splits))
+
 
 class FlashFwdSm90Trace(FlashFwdSm90):
     """A diagnostic build (diagnostics.py): the same kernel plus clock64 stamps of one CTA into
@@ -1004,4 +1171,7 @@ class FlashFwdSm90Trace(FlashFwdSm90):
 
 def make_kernel(cfg: KernelConfig, diag: Diagnostics = NONE):
     """The kernel object of a build; diagnostic builds take the stamps buffer as one more argument."""
+    if cfg.decode:
+        assert diag == NONE, "the decode build has no diagnostic variant"
+        return FlashFwdSm90Decode(cfg)
     return FlashFwdSm90Trace(cfg, diag) if diag.buffered else FlashFwdSm90(cfg)

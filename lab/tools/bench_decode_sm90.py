@@ -31,9 +31,9 @@ Usage (device, from the repository root):
 --predict FILE writes fa4sim's predictions (profile h200, the power model's clock) for every
 selected row, kind "predictions": flash-attn-3 (its implementation data: its num_splits heuristic
 and pack-GQA rule), flash-attn-4 (its SM90 forward: no split-KV) and fa4kernel.kvcache[auto] (the
-plan attention_with_kvcache picks at DEFAULT_SMS SMs: kvcache.split_heuristic, kvcache.plan_runs;
-pack-GQA, its chunks as fa4sim's num_splits; a row's "note" says what fa4sim cannot express of
-it). Each prediction row's "point" and "kernel" are the measured file's row "point" and candidate
+plan attention_with_kvcache picks at DEFAULT_SMS SMs: kvcache.decode_plan; pack-GQA, its splits
+as fa4sim's num_splits; a row's "note" says what fa4sim cannot express of it). Each prediction
+row's "point" and "kernel" are the measured file's row "point" and candidate
 name, so the two files join on (point, kernel).
 """
 from __future__ import annotations
@@ -98,28 +98,18 @@ def parse_problem(spec: str) -> Row:
     return Row(vals["b"], vals["sq"], vals["sk"], vals["h"], vals["kv"], vals.get("d", 128), causal)
 
 
+def kvcache_plan(row: Row, sms: int) -> dict:
+    """attention_with_kvcache's plan for `row` (bf16, full caches): kvcache.decode_plan (num_splits,
+    packed rows, whether the combine runs)."""
+    from fa4kernel import kvcache
+
+    return kvcache.decode_plan(row.batch, row.seqlen_q, row.seqlen_cache, row.heads, row.heads_kv, row.hdim,
+                               "bfloat16", row.causal, None, sms)
+
+
 def auto_splits(row: Row, sms: int) -> int:
     """The num_splits attention_with_kvcache picks for `row` (bf16, full caches) on `sms` SMs."""
-    from fa4kernel import kvcache
-    from fa4kernel.sm90.config import make_config
-
-    tile_m = make_config("bfloat16", row.hdim, False, True, {}).tile_m
-    rows = row.seqlen_q * (row.heads // row.heads_kv)
-    body = row.seqlen_cache - (row.seqlen_q if row.causal and row.seqlen_q > 1 else 0)
-    return kvcache.split_heuristic(row.batch, row.heads_kv, rows, body, tile_m, sms,
-                                   row.seqlen_cache if row.batch > 1 else None)
-
-
-def kvcache_plan(row: Row, sms: int) -> dict:
-    """attention_with_kvcache's launches for `row` (full caches, contiguous K and V): num_splits
-    asked, the body's runs of pieces (kvcache.plan_runs), whether a causal tail launch runs."""
-    from fa4kernel import kvcache
-
-    n = auto_splits(row, sms)
-    tail = row.causal and row.seqlen_q > 1
-    body = row.seqlen_cache - (row.seqlen_q if tail else 0)
-    runs = kvcache.plan_runs([body] * row.batch, n, row.seqlen_cache)
-    return {"num_splits": n, "body": body, "tail": tail, "runs": runs}
+    return kvcache_plan(row, sms)["num_splits"]
 
 
 def predict_rows(rows, sms: int = None) -> list:
@@ -143,33 +133,18 @@ def predict_rows(rows, sms: int = None) -> list:
         out.append(rec("flash-attn-3", simulate("h200", problem=full, impl="flash-attn-3")))
         out.append(rec("flash-attn-4", simulate("h200", problem=full, impl="flash-attn-4")))
         plan = kvcache_plan(row, sms)
-        pieces = [(r1 - r0, pc) for r0, r1, plan_ in plan["runs"] for pc in plan_]
-        main = max(pieces, key=lambda x: x[0] * x[1].count * x[1].length)
         notes = []
-        if len(plan["runs"]) > 1:
-            notes.append(f"{len(plan['runs'])} runs of rows, each its own launches; modelled as one launch")
-        if main[1].count > main[1].used:
-            notes.append(f"{main[1].count - main[1].used} of {main[1].count} chunks per row launched past the "
-                         "row's keys (the view tiles the cache): not modelled")
-        extra = [pc for _, pc in pieces if pc is not main[1]]
-        if extra:
-            notes.append("besides the main piece (" + ", ".join(f"{pc.count} chunks of {pc.length} keys"
-                                                               for pc in extra)
-                         + "): one more launch each and their partials in the combine, not modelled")
-        if plan["tail"]:
-            notes.append(f"the causal tail launch (unpacked, {row.seqlen_q} x {row.seqlen_q} keys per q head, "
-                         "before the body) is not modelled")
-        if main[1].count > 1 or plan["tail"]:
-            notes.append("the torch combine (several launches) is modelled as fa4sim's one combine launch; "
-                         "q's repeat per chunk and the packing copy are not modelled")
-        # fa4sim splits the body's keys in num_splits chunks: the main piece's used chunks
-        used = main[1].used
-        body = Problem(batch=row.batch, heads=row.heads, seqlen_q=row.seqlen_q, seqlen_k=plan["body"],
-                       hdim=row.hdim, causal=False, heads_kv=row.heads_kv)
-        res = simulate("h200", problem=body, impl="fa4kernel", overrides={"num_splits": used, "pack_gqa": True})
+        if plan["combine"]:
+            notes.append("the combine launch (sm90/combine.py) is modelled as fa4sim's combine"
+                         + ("; the packing copy of q is not modelled" if not plan["packed_view"] else ""))
+        if row.causal and row.seqlen_q > 1:
+            notes.append("causal packed rows (each row masked by its own token) modelled as fa4sim's causal")
+        full = Problem(batch=row.batch, heads=row.heads, seqlen_q=row.seqlen_q, seqlen_k=row.seqlen_cache,
+                       hdim=row.hdim, causal=row.causal, heads_kv=row.heads_kv)
+        res = simulate("h200", problem=full, impl="fa4kernel",
+                       overrides={"num_splits": plan["num_splits"], "pack_gqa": True})
         r = rec("fa4kernel.kvcache[auto]", res, "; ".join(notes) or None)
         r["num_splits"] = plan["num_splits"]
-        r["chunks"] = used
         out.append(r)
     return out
 
@@ -182,7 +157,7 @@ def write_predictions(path: str, rows, argv) -> dict:
             "model_commit": head.stdout.strip() or "unknown",
             "what": "fa4sim's decode predictions per row: flash-attn-3 (its num_splits heuristic and pack-GQA "
                     "rule), flash-attn-4 (SM90: no split-KV), fa4kernel.kvcache[auto] (attention_with_kvcache's "
-                    "plan at 132 SMs: pack-GQA, its chunks as num_splits); us at the power model's clock; "
+                    "plan at 132 SMs: pack-GQA, its splits as num_splits); us at the power model's clock; "
                     "kv_read_gbps = K/V bytes over the whole time",
             "command": "python3 lab/tools/bench_decode_sm90.py " + " ".join(argv)}
     doc = {"meta": meta, "rows": predict_rows(rows)}

@@ -1,0 +1,97 @@
+"""Split-KV combine for the decode build of the SM90 forward (fwd.py, FlashFwdSm90Decode): one
+launch adds up the splits' partial results of every packed row and writes the rows back to q's
+layout. Per packed row (batch b, k/v head kh, row r = new token r // group of q head
+kh * group + r % group):
+
+    lse = logsumexp_s lse_s                 (natural log)
+    out = sum_s exp(lse_s - lse) * out_s    (each out_s normalised by its own split's sum)
+
+A row no split saw a key of (every lse_s = -inf) gets out 0, lse -inf, without NaN.
+
+One warp per packed row: the lanes take the splits 32 at a time for the max and the sum of the
+weights (two warp reductions), then every lane owns head_dim / 32 columns (lane + 32 i: a warp
+reads 128 contiguous bytes of a partial per load) and walks the splits. The partials are small
+(splits x rows x head_dim fp32 per k/v head), so this kernel is a few microseconds; what matters
+is that it is one launch.
+"""
+
+from __future__ import annotations
+
+import math
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, Int32
+
+LOG2_E = math.log2(math.e)
+LN_2 = math.log(2.0)
+ROWS_PER_CTA = 4  # one warp per packed row
+
+
+class CombineSm90:
+    """One compiled variant per (dtype, head_dim)."""
+
+    def __init__(self, dtype: str, head_dim: int):
+        assert head_dim % 32 == 0, "combine: head_dim a multiple of 32 (one column per lane per step)"
+        self.dtype = cutlass.BFloat16 if dtype == "bfloat16" else cutlass.Float16
+        self.hd = head_dim
+        self.cols = head_dim // 32  # columns per lane
+
+    @cute.jit
+    def __call__(
+        self,
+        mOacc: cute.Tensor,  # (num_splits * b, rows, h_kv, d) fp32, row split * b + batch
+        mLSEacc: cute.Tensor,  # (num_splits * b, h_kv, rows) fp32, natural log
+        mO: cute.Tensor,  # (b, seqlen_q, h, d) q's dtype
+        mLSE: cute.Tensor,  # (b, h, seqlen_q) fp32, natural log
+        group: Int32,  # q heads per k/v head
+        num_splits: Int32,
+        stream,
+    ):
+        rows = mOacc.shape[1]
+        grid = (cute.ceil_div(rows, ROWS_PER_CTA), cute.size(mOacc.shape[2]), cute.size(mO.shape[0]))
+        self.kernel(mOacc, mLSEacc, mO, mLSE, group, num_splits).launch(
+            grid=grid, block=[32 * ROWS_PER_CTA, 1, 1], stream=stream)
+
+    @cute.kernel
+    def kernel(self, mOacc, mLSEacc, mO, mLSE, group: Int32, num_splits: Int32):
+        tidx = cute.arch.thread_idx()[0]
+        lane = tidx % 32
+        warp = cute.arch.make_warp_uniform(tidx // 32)
+        bx, kh, batch = cute.arch.block_idx()
+        r = bx * ROWS_PER_CTA + warp
+        nb = mO.shape[0]
+        if r < mOacc.shape[1]:
+            # the largest lse of the row's splits (-inf: no split saw a key)
+            top = -Float32.inf
+            for s in cutlass.range(lane, num_splits, 32, unroll=1):
+                top = cute.arch.fmax(top, mLSEacc[s * nb + batch, kh, r])
+            for off in cutlass.range_constexpr(5):
+                top = cute.arch.fmax(top, cute.arch.shuffle_sync_bfly(top, offset=1 << off))
+            top_safe = top if top != -Float32.inf else Float32(0.0)
+            total = Float32(0.0)
+            for s in cutlass.range(lane, num_splits, 32, unroll=1):
+                total = total + cute.math.exp2((mLSEacc[s * nb + batch, kh, r] - top_safe) * LOG2_E, fastmath=True)
+            for off in cutlass.range_constexpr(5):
+                total = total + cute.arch.shuffle_sync_bfly(total, offset=1 << off)
+            empty = total == Float32(0.0)
+            lse = top_safe + cute.math.log2(total if not empty else Float32(1.0), fastmath=True) * LN_2
+            lse = lse if not empty else -Float32.inf
+            # split s weighs exp(lse_s - lse); 0 everywhere for an empty row (out 0)
+            inv = cute.arch.rcp_approx(total if not empty else Float32(1.0))
+            inv = inv if not empty else Float32(0.0)
+
+            acc = cute.make_rmem_tensor((self.cols,), Float32)
+            acc.fill(0.0)
+            for s in cutlass.range(num_splits, unroll=1):
+                w = cute.math.exp2((mLSEacc[s * nb + batch, kh, r] - top_safe) * LOG2_E, fastmath=True) * inv
+                for i in cutlass.range_constexpr(self.cols):
+                    acc[i] = acc[i] + w * mOacc[s * nb + batch, r, kh, lane + 32 * i]
+            out = cute.make_rmem_tensor((self.cols,), self.dtype)
+            out.store(acc.load().to(self.dtype))
+            token = r // group
+            head = kh * group + (r - token * group)
+            for i in cutlass.range_constexpr(self.cols):
+                mO[batch, token, head, lane + 32 * i] = out[i]
+            if lane == 0:
+                mLSE[batch, head, token] = lse
