@@ -793,23 +793,27 @@ def test_bwd_grid_order_rejects_a_bad_value():
 @pytest.mark.parametrize("hd", fa4kernel.BWD_HEAD_DIMS)
 def test_bwd_dq_zero_preprocess_stores_zeros(hd):
     """dq_zero="preprocess": the preprocess kernel adds 128-bit stores of the dQ accumulator's
-    rows (hd / 16 per thread per slice; the slice loop unrolled), its loads and stats stores as
-    before; the default build has none."""
+    rows (hd / 16 per thread), its loads and stats stores as before; the default build has none.
+    Deterministic: one 32-bit store more (the semaphore of the query block that starts at the
+    CTA's first row), the rest as the fast build's."""
     import collections
 
     from fa4kernel.sass import sass_for
     from fa4kernel.sm90.bwd_preprocess import compile_preprocess
 
-    def ops(dq_zero):
-        cfg = make_bwd_config("bfloat16", hd, False, dq_zero=dq_zero)
+    def ops(dq_zero, det=False):
+        cfg = make_bwd_config("bfloat16", hd, False, det, dq_zero=dq_zero)
         text = sass_for(lambda opts: compile_preprocess(cfg, opts), "sm_90a", cache=("sm90_bwd_pre", cfg))
         return collections.Counter(re.findall(r"\s((?:LDG|STG|SHFL|LDL|STL)[\.\w]*)\s", text))
 
-    base, zero = ops("torch"), ops("preprocess")
+    base, zero, det = ops("torch"), ops("preprocess"), ops("preprocess", True)
     assert base["STG.E.128"] == 0
-    assert zero["STG.E.128"] >= hd // 16 and zero["STG.E.128"] % (hd // 16) == 0
+    assert zero["STG.E.128"] == hd // 16
     assert {k: v for k, v in zero.items() if k != "STG.E.128"} == dict(base)
     assert zero["LDL"] == 0 and zero["STL"] == 0
+    assert det["STG.E"] == zero["STG.E"] + 1
+    assert {k: v for k, v in det.items() if k != "STG.E"} == {k: v for k, v in zero.items() if k != "STG.E"}
+    assert ops("torch", True) == base  # dq_zero="torch": torch.zeros zeroes the semaphores too
 
 
 def test_bwd_dq_zero_needs_the_preprocess_kernel():
