@@ -273,7 +273,8 @@ def test_bwd_bulk_deterministic_compiles():
     rel = next(i for i, o in enumerate(ops) if o.startswith("REDG.E.ADD.S32.STRONG.GPU"))
     assert acq < red < rel
     assert any(o.startswith("FENCE.VIEW.ASYNC.G") for o in ops[acq:red])
-    assert any(o.startswith("DEPBAR") for o in ops[red:rel]) and any(o.startswith("MEMBAR.ALL.GPU") for o in ops[red:rel])
+    assert any(o.startswith("DEPBAR") for o in ops[red:rel])
+    assert any(o.startswith("MEMBAR.ALL.GPU") for o in ops[red:rel])
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -977,6 +978,20 @@ def test_bwd_mask_runs_only_where_a_block_needs_it(hd, causal):
     block = lines[first:at]
     assert at > first and all(not ln.startswith(("HGMMA", "MUFU")) for ln in block)
     assert sum(ln.startswith("FSEL") for ln in block) == sum(ln.startswith("FSEL") for ln in lines[ex2:at + 1])
+
+
+def test_bwd_deterministic_fake_args_carry_the_semaphores():
+    """The kernel's arguments: the dQ accumulator (b, h, s_q_pad, d) fp32 in both builds, then the
+    semaphores, (b, h, query blocks) int32 when deterministic, None in the fast build."""
+    import cutlass
+
+    from fa4kernel.sm90.bwd import fake_bwd_args
+
+    fast = fake_bwd_args(make_bwd_config("bfloat16", 128, True))
+    det = fake_bwd_args(make_bwd_config("bfloat16", 128, True, True))
+    assert len(fast) == len(det) == 10
+    assert fast[7] is None and det[7].element_type == cutlass.Int32 and len(det[7].shape) == 3
+    assert fast[6].element_type == det[6].element_type == cutlass.Float32 and len(det[6].shape) == 4
 
 
 def test_bwd_deterministic_turns_follow_the_launch():

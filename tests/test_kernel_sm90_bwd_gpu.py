@@ -357,7 +357,8 @@ def test_bwd_deterministic_is_bitwise_repeatable(hd, knobs, causal):
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("hd", [64, 128, 256])
 @pytest.mark.parametrize("b,sq,sk,h,hkv", [(2, 333, 1000, 8, 1), (1, 1000, 333, 8, 2), (2, 77, 77, 3, 3),
-                                          (1, 1, 200, 4, 1)], ids=["mqa-333x1000", "gqa-1000x333", "mha-77", "mqa-1x200"])
+                                          (1, 1, 200, 4, 1)],
+                         ids=["mqa-333x1000", "gqa-1000x333", "mha-77", "mqa-1x200"])
 def test_bwd_deterministic_odd_lengths_gqa_mqa(hd, causal, b, sq, sk, h, hkv):
     """deterministic=True at odd lengths both ways (causal: query blocks that no key block or only
     some see), with GQA and MQA (a CTA adds into every q head of its group, one semaphore each):
@@ -471,16 +472,18 @@ def test_bwd_clock_probe_computes_the_same_gradients(hd, causal):
     assert probe_sums(stamps.tolist())["ghz"] is None
 
 
-@pytest.mark.parametrize("hd,causal", [(64, False), (128, True), (256, False)])
-def test_bwd_main_kernel_alone_accumulates_dq_per_launch(hd, causal):
+@pytest.mark.parametrize("deterministic", [False, True])
+@pytest.mark.parametrize("hd,causal", [(64, False), (128, True), (256, False), (256, True)])
+def test_bwd_main_kernel_alone_accumulates_dq_per_launch(hd, causal, deterministic):
     """prepare_bwd's main() launches the main kernel alone (the power benchmark's load): called
-    twice, dK and dV are the reference's and the dQ accumulator holds twice dQ."""
+    twice, dK and dV are the reference's and the dQ accumulator holds twice dQ (deterministic:
+    the second launch's turns start over from zeroed semaphores, so it ends too)."""
     from fa4kernel.sm90.bwd import prepare_bwd
 
     q, k, v, dout = _inputs(2, 555, 555, 4, 4, hd, seed=7 * hd)
     with torch.no_grad():
         out, lse = fa4kernel.attention(q, k, v, causal=causal, return_lse=True)
-    cfg = fa4kernel.make_bwd_config("bfloat16", hd, causal)
+    cfg = fa4kernel.make_bwd_config("bfloat16", hd, causal, deterministic)
     main, finish = prepare_bwd(cfg, dout, q, k, v, out, lse, 1.0 / math.sqrt(hd))
     main()
     main()

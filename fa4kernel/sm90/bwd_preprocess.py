@@ -3,7 +3,8 @@ in fp32 and LSE_log2 = LSE * log2(e), both (b, h, s_q_pad), rows that see no key
 the padding rows at LSE_log2 = +inf (their P is 0), D = 0 on the padding rows.
 
 preprocess="kernel": BwdPreprocess, a CuTe DSL kernel (with dq_zero="preprocess" it also zeroes
-the dQ accumulator and the deterministic build's dQ semaphores), launched by preprocess_kernel; preprocess="torch": preprocess_torch.
+the dQ accumulator and the deterministic build's dQ semaphores), launched by preprocess_kernel;
+preprocess="torch": preprocess_torch.
 """
 
 from __future__ import annotations
