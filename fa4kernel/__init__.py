@@ -8,10 +8,12 @@
     fa4kernel.compile_sass(cfg=None, arch="sm_90a" | "sm_100a", ...)   # no GPU needed
     fa4kernel.compile_bwd_sass(head_dim=128, causal=False, ...)         # the SM90 backward
     fa4kernel.attention_op(q, k, v, causal=False, ...)   # the torch custom op (torch.compile, CUDA graphs)
+    fa4kernel.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=None, causal=True, ...)  # decode
 
 Layout and knobs: fa4kernel/README.md. Importing this package imports neither torch nor the
 CuTe DSL: make_config and default_knobs are plain Python (fa4sim reads the kernel's choices
-through them). attention_op loads fa4kernel/ops.py (torch, the op's registration) on first use.
+through them). attention_op loads fa4kernel/ops.py (torch, the op's registration) on first use,
+attention_with_kvcache fa4kernel/kvcache.py (docs/decode.md).
 """
 
 from .interface import COMPILE_TIMES, attention, compile_bwd_sass, compile_sass
@@ -37,6 +39,7 @@ __all__ = [
     "Diagnostics",
     "COMPILE_TIMES",
     "attention_op",
+    "attention_with_kvcache",
 ]
 
 
@@ -46,4 +49,8 @@ def __getattr__(name):
         from .ops import attention_op
 
         return attention_op
+    if name == "attention_with_kvcache":
+        from .kvcache import attention_with_kvcache
+
+        return attention_with_kvcache
     raise AttributeError(f"module 'fa4kernel' has no attribute {name!r}")

@@ -97,9 +97,23 @@ def attention_op(q, k, v, causal: bool = False, softmax_scale: Optional[float] =
                  deterministic: bool = False, return_lse: bool = False):
     """softmax(q k^T * scale [+ causal mask]) v through the custom op: the same as
     fa4kernel.attention(q, k, v, causal, softmax_scale, deterministic=deterministic) (no knobs),
-    but torch.compile traces it as one node (no graph break) and its backward as another.
+    but torch.compile traces it as one node (no graph break) and its backward as another. In
+    eager, on plain tensors, it runs fa4kernel.attention itself (the same kernels and results,
+    less host time per call).
     Returns out, or (out, lse) if return_lse (lse carries no gradient). Bad input raises the
     one-line ValueError of fa4kernel.attention, in eager and while torch.compile traces."""
+    if _eager(q, k, v):
+        # the same kernels through fa4kernel.attention's own autograd Function: half the host
+        # time of the custom op's autograd in eager (lab/tools/attn_host_sm90.py measures both)
+        return attention(q, k, v, causal, softmax_scale, return_lse, deterministic=deterministic)
     _check_fwd(q, k, v, causal, softmax_scale, deterministic)
     out, lse = attention_fwd(q, k, v, causal, softmax_scale, deterministic)
     return (out, lse) if return_lse else out
+
+
+def _eager(q, k, v) -> bool:
+    """True outside torch.compile's tracing, on plain CUDA tensors (fake, functional and other
+    subclasses take the op, which every tracer sees as one node; so do CPU tensors, whose op
+    raises attention()'s one-line error, or runs a stand-in registered for CPU tests)."""
+    return (not torch.compiler.is_compiling() and q.device.type == "cuda"
+            and all(type(t) is torch.Tensor for t in (q, k, v)))

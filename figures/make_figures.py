@@ -20,12 +20,14 @@ Figures:
   knob_deltas_per_sm.png       per-SM knob deltas (one CTA), measured vs predicted, all knob loops
   tile_costs_h100.png          cycles per tile of one persistent CTA by KV blocks and knob, error of the model
   timeline_overlay_<run>.png   simulated vs measured timelines of the trace build (clock64 stamps)
+  training_<gpu>.png           a small GPT trained with fa4kernel, SDPA and flash-attn-4: losses,
+                               tokens/s, the attention's GPU share; newest run per GPU
 
 Every figure has a legend and axis labels with units. A figure of a build that reads clock64
 says so on the figure: the trace build's stamps slow it (by how much, from the run's own
 plain-vs-trace timing), the clock-probe build reads the clock only at a CTA's start and end.
 Measurements come only from lab/campaigns/, found through the lab's index lab/results.json (by
-meta.kind: points, sustained, loop_intervals, tile_costs, timeline; `python -m lab.tools.index`
+meta.kind: points, sustained, loop_intervals, tile_costs, timeline, training, attn_host; `python -m lab.tools.index`
 lists them); nothing is invented.
 """
 from __future__ import annotations
@@ -356,6 +358,36 @@ def fig_sustained():
     return ", ".join(f"sustained_{t}.png" for t in sorted(newest)) or "(no settled run: no sustained figure)"
 
 
+def attention_gpu_us(training: dict) -> dict | None:
+    """{backend: GPU us of one layer's attention forward + backward} from the newest attn_host
+    file (lab/tools/attn_host_sm90.py) on the training run's device at its shape, or None."""
+    meta, c = training["meta"], training["meta"]["config"]
+    shape = {"batch": c["batch"], "seq": c["seq"], "heads": c["width"] // c["head_dim"], "kv_heads": c["kv_heads"],
+             "head_dim": c["head_dim"]}
+    docs = [doc for _, doc in recorded("attn_host") if doc["meta"].get("device") == meta.get("device")
+            and all(doc["meta"]["config"].get(k) == v for k, v in shape.items())]
+    if not docs:
+        return None
+    doc = max(docs, key=lambda d: str(d["meta"].get("date", "")))
+    return {r["backend"]: r["fwd_bwd"]["gpu_us"] for r in doc["runs"] if "fwd_bwd" in r}
+
+
+def fig_training():
+    """The newest training run per GPU (lab/tools/train_gpt_sm90.py's own figure), with the
+    attention's GPU share from attn_host where a file of its shape is recorded."""
+    from lab.tools.train_gpt_sm90 import plot
+
+    newest = {}
+    for path, doc in recorded("training"):
+        device = doc["meta"].get("device", "")
+        tag = "h200" if "H200" in device else "h100" if "H100" in device else os.path.basename(path)[:-5]
+        if tag not in newest or str(doc["meta"].get("date", "")) > str(newest[tag]["meta"].get("date", "")):
+            newest[tag] = doc
+    for tag, doc in sorted(newest.items()):
+        plot(doc, out(f"training_{tag}.png"), attention_gpu_us(doc))
+    return ", ".join(f"training_{t}.png" for t in sorted(newest)) or "(no recorded training run: no training figure)"
+
+
 def settled_grid(doc) -> bool:
     """lab/tools/sustained_sm90.py's default run (its grid and new points), settled: each kernel
     2.5 s back to back before it is timed."""
@@ -512,7 +544,7 @@ def main(argv=None) -> int:
     print(f"recorded SM90 measurement: {where}" if doc else "no recorded SM90 measurement: simulation only")
     jobs = [fig_fa4_timeline, fig_fa3_timeline, fig_graph, fig_feeds, fig_emulation,
             fig_pingpong, fig_pingpong_timelines, fig_rescale, fig_validation, fig_sustained,
-            fig_knob_deltas_per_sm, fig_tile_costs, fig_timeline_overlays]
+            fig_knob_deltas_per_sm, fig_tile_costs, fig_timeline_overlays, fig_training]
     t_all = time.time()
     for job in jobs:
         t = time.time()

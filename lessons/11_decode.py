@@ -148,8 +148,9 @@ print(f"bytes alone {my_us:.0f} us, the model {model.time_us:.0f} us ({model.bot
 # ## 6. Measured
 #
 # With a Hopper GPU this cell times one decode step (torch SDPA with grouped heads, and
-# fa4kernel.attention as it is today) and prints the K/V read rate beside the model's. Without
-# one it looks for a recorded decode run in `lab/campaigns/`.
+# fa4kernel.attention_with_kvcache: pack-GQA and split-KV) and prints the K/V read rate beside the
+# model's. Without one it prints a recorded decode run from `lab/campaigns/`
+# (`lab/tools/bench_decode_sm90.py`: five rows, each candidate's K/V read rate).
 
 # %%
 shape = layer(8, 32768)
@@ -162,14 +163,18 @@ if LIVE:
     k, v = (torch.randn(8, 32768, 8, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
     sdpa = lambda: torch.nn.functional.scaled_dot_product_attention(  # noqa: E731
         q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), enable_gqa=True)
-    for name, fn in (("torch SDPA", sdpa), ("fa4kernel.attention", lambda: fa4kernel.attention(q, k, v))):
+    for name, fn in (("torch SDPA", sdpa), ("fa4kernel kvcache", lambda: fa4kernel.attention_with_kvcache(q, k, v))):
         ms = kit.time_cuda(fn)
         print(f"{name:20s} {ms * 1e3:6.0f} us, {kv_bytes(shape) / (ms * 1e-3) / 1e9:5.0f} GB/s")
 else:
     found = kit.recorded(kind="decode")
     if found:
         path, doc = found[0]
-        print(f"recorded: {path.name} ({kit.describe(doc)[0]})")
+        print(f"recorded: {path.name} ({kit.describe(doc)[0]}); K/V read, GB/s")
+        for row in doc["rows"]:
+            rates = {n: r["kv_gbps"] for n, r in row["results"].items() if r.get("ok") and "kv_gbps" in r}
+            print(f"  {row['point']:30s} " + ", ".join(f"{n} {g:.0f}" for n, g in rates.items()
+                                                      if "[" not in n or n.endswith("[auto]")))
     else:
         print("no decode run is recorded yet: the comparison needs a Hopper GPU (run this cell there)")
 for impl in ("flash-attn-3", "fa4kernel"):

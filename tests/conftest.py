@@ -34,7 +34,7 @@ TOGETHER = {"test_bwd_thread_layouts_cover_the_tiles": "sm90_bwd_probe", "test_b
             "test_bwd_kv_split_bulk_fragment_order": "sm90_bwd_probe"}
 GPU_FILES = {"test_kernel_sm90_gpu.py", "test_kernel_sm90_bwd_gpu.py", "test_calibrate_bwd_units.py",
              "test_calibrate_mem_power.py", "test_bench_needs_gpu.py", "test_torch_op_gpu.py",
-             "test_transformers_integration_gpu.py"}
+             "test_transformers_integration_gpu.py", "test_kvcache_gpu.py"}
 # handed out first (units go in collection order): the longest, so that no worker is left alone
 # with one of them at the end
 FIRST = ("09_backward.ipynb", "test_kernel_sm90_bwd_compile.py", "06_what_ifs.ipynb",

@@ -50,6 +50,20 @@ def test_op_forward_and_backward_match_the_fp32_reference(b, sq, sk, h, hkv, d, 
 
 
 @pytest.mark.parametrize("causal", [False, True])
+def test_eager_attention_op_and_the_op_path_give_the_same_bits(causal):
+    # eager attention_op runs fa4kernel.attention's autograd Function; torch.compile graphs run
+    # torch.ops.fa4lab.attention_fwd / _bwd: the same kernels, so the same bits
+    q, k, v, dout = inputs(2, 333, 517, 8, 2, 128, seed=4)
+    out = fa4kernel.attention_op(q, k, v, causal=causal, deterministic=True)
+    assert out.grad_fn is not None and "FlashAttnFuncSm90" in type(out.grad_fn).__name__
+    got = (out, *torch.autograd.grad(out, (q, k, v), dout))
+    op_out, _ = ops.attention_fwd(q, k, v, causal, None, True)
+    want = (op_out, *torch.autograd.grad(op_out, (q, k, v), dout))
+    for g, w in zip(got, want):
+        assert torch.equal(g, w)
+
+
+@pytest.mark.parametrize("causal", [False, True])
 def test_opcheck_real_kernels_against_the_fake_functions(causal):
     q, k, v, dout = inputs(2, 129, 200, 4, 2, 64)
     q, k, v = (t.detach() for t in (q, k, v))

@@ -71,3 +71,15 @@ def test_plot_from_a_file(tmp_path):
     src.write_text(json.dumps(res))
     assert T.main(["--plot", str(src), "--figure", str(png)]) == 0
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize("argv, says", [(["--attn", "xformers"], "--attn xformers"),
+                                         (["--heads", "6", "--kv-heads", "4"], "--kv-heads 4"),
+                                         (["--calls", "0"], "--calls 0"), (["--seq", "0"], "--seq 0")])
+def test_attn_host_bad_input_is_one_line_exit_2(argv, says, capsys):
+    from lab.tools import attn_host_sm90
+
+    with pytest.raises(SystemExit) as e:
+        attn_host_sm90.parse_args(["--out", "x.json", *argv])
+    assert e.value.code == 2
+    assert says in capsys.readouterr().err.strip().splitlines()[-1]

@@ -50,8 +50,15 @@ KINDS = {
                   "(dram_bytes_sm90.py)",
     "loop_sass": "static SASS counts of the SM90 forward KV loop per KV block: fa4kernel, flash-attn-4 and "
                  "FlashAttention-3 side by side, compiled or extracted on the CPU (loop_sass_peers.py)",
+    "decode": "decode over a KV cache (1-16 new tokens, long caches): us and KV-read GB/s of "
+              "fa4kernel.attention_with_kvcache (split counts), fa4kernel.attention, FlashAttention-3, "
+              "flash-attn-4 and torch SDPA, checked against fp32 (bench_decode_sm90.py)",
     "training": "a small GPT trained from one seed with each attention backend: losses, step times, "
                 "tokens/s, the attention's share and a deterministic repeat (train_gpt_sm90.py)",
+    "varlen": "packed batches of unequal sequences, forward: fa4kernel, FlashAttention-3 and flash-attn-4 "
+              "checked against fp32 and timed settled (bench_varlen_sm90.py)",
+    "attn_host": "host time against GPU time of one attention call (forward, forward + backward) at a training "
+                 "shape per backend, and the kernels each call launches (attn_host_sm90.py)",
     "mem_power": "board power and clock under sustained memory-path loads: TMA bulk reduce-adds, RED.ADD from "
                  "registers, the SM-to-SM network, TMA loads (calibrate/bench_mem_power.py)",
 }

@@ -74,6 +74,10 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 BACKENDS = ("fa4kernel", "sdpa", "flash-attn-4")
+# the GPU's sleep (torch.cuda._sleep cycles, ~0.2 s at 1.98 GHz) before calls timed on the GPU
+# alone: longer than the host takes to queue them (20 attention forward + backward calls of up to
+# ~5 ms of host time each), so no call waits for the host
+SLEEP_CYCLES = 400_000_000
 GPU_ONLY = ("fa4kernel", "flash-attn-4")
 FA4KERNEL_HEAD_DIMS = (64, 96, 128, 192, 256)
 SKIP_DIRS = {"site-packages", "dist-packages", "test", "tests", "idle_test", "__pycache__"}
@@ -242,8 +246,8 @@ def time_attention(attn, args, device, iters: int = 20) -> float:
     dout = torch.randn(shape(heads), device=device, dtype=torch.bfloat16, generator=g)
     timer = Timer(device)
     for i in range(3 + iters):
-        if i == 3:  # the GPU spins ~10 ms while the host queues the timed calls: GPU time, not launch time
-            torch.cuda._sleep(20_000_000)
+        if i == 3:  # the GPU sleeps while the host queues the timed calls: GPU time, not launch time
+            torch.cuda._sleep(SLEEP_CYCLES)
             timer.mark()
         torch.autograd.grad(attn(q, k, v), (q, k, v), dout)
     timer.mark()
@@ -405,8 +409,10 @@ def write(path, res):
         os.replace(path + ".tmp", path)
 
 
-def plot(res: dict, path: str) -> None:
-    """Loss curves of every run overlaid; median tokens/s (and the attention share) per backend."""
+def plot(res: dict, path: str, attention_gpu_us: dict | None = None) -> None:
+    """Loss curves of every run overlaid; median tokens/s and step time per backend, and with
+    attention_gpu_us ({backend: GPU us of one layer's attention forward + backward at the run's
+    shape, attn_host_sm90.py}) the attention's share of a step."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -429,11 +435,18 @@ def plot(res: dict, path: str) -> None:
             transform=ax.transAxes, ha="right", va="top", fontsize=8)
     timed = [r for r in runs if r.get("tokens_per_s_median")]
     bars = bx.bar([r["backend"] for r in timed], [r["tokens_per_s_median"] / 1e6 for r in timed], color="C0")
+    layers = res["meta"]["config"]["layers"]
     for b, r in zip(bars, timed):
-        share = (r.get("attention") or {}).get("share_estimate")
-        bx.annotate(f"{r['tokens_per_s_median'] / 1e6:.2f}" + (f"\nattn ~{share:.0%}" if share else ""),
-                    (b.get_x() + b.get_width() / 2, b.get_height()), ha="center", va="bottom", fontsize=8)
-    bx.set(ylabel="M tokens/s (median step)", title="throughput")
+        us = (attention_gpu_us or {}).get(r["backend"])
+        text = f"{r['tokens_per_s_median'] / 1e6:.2f} M/s"
+        if r.get("step_ms_median"):
+            text += f"\n{r['step_ms_median']:.1f} ms/step"
+        if us and r.get("step_ms_median"):
+            text += f"\nattention {us * layers / 1e3 / r['step_ms_median']:.0%}"
+        bx.annotate(text, (b.get_x() + b.get_width() / 2, b.get_height()), ha="center", va="bottom", fontsize=8)
+    bx.set_ylim(0, 1.3 * max((r["tokens_per_s_median"] / 1e6 for r in timed), default=1))
+    bx.set(ylabel="M tokens/s (median step)", title="throughput" + (
+        " (attention: its GPU time per step)" if attention_gpu_us else ""))
     m, c = res["meta"], res["meta"]["config"]
     fig.suptitle(f"{m['device']}: {c['layers']} layers x {c['width']}, hd{c['head_dim']}, kv heads {c['kv_heads']}, "
                  f"{c['seq']} tokens x batch {c['batch']}, " + ("torch.compile" if c["compile"] else "eager"),

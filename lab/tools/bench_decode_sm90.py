@@ -1,0 +1,394 @@
+"""Decode over a KV cache on an H100 or H200: a few new tokens per sequence against a long cache,
+where the time is reading the cache (kind "decode").
+
+Candidates, each on the same bf16 inputs at every row:
+  fa4kernel.kvcache[auto]   fa4kernel.attention_with_kvcache, num_splits=None (its heuristic)
+  fa4kernel.kvcache[N]      the same with num_splits=N (--splits, default 1,2,4,8,16,32)
+  fa4kernel.attention       the plain forward (no pack-GQA, no split: one CTA per q head)
+  flash-attn-3              flash_attn_interface.flash_attn_with_kvcache (tokenspeed-fa3), num_splits=0 (auto)
+  flash-attn-4              flash_attn.cute.interface.flash_attn_func (its SM90 forward; no KV-cache entry)
+  sdpa                      torch SDPA with enable_gqa (bottom-right causal through causal_lower_right)
+A candidate that cannot be imported or that raises is recorded with its error, and the run goes on.
+
+Each candidate is checked once against an fp32 reference (relative error < 1e-2, no NaN), then
+timed: --warmup calls, then --reps batches of back-to-back calls between two CUDA events (each
+batch about --batch-ms of GPU time); us per call = the median batch. The calls are eager, so a
+candidate whose host path is slower than its kernels is timed at its host rate (host_us_per_call
+says how long the host took to enqueue one call). KV-read GB/s = batch x seqlen_cache x heads_kv
+x head_dim x 2 (K and V) x 2 bytes / time.
+
+Rows (--rows, default all five; name b x sq x sk hq/hkv [causal]):
+  b1-q1-k131072-h32-kv8     b8-q1-k32768-h32-kv8     b64-q1-k4096-h64-kv8
+  b4-q1-k65536-h8-kv1       b8-q4-k32768-h32-kv8-causal
+--problem b=B,sq=SQ,sk=SK,h=H,kv=KV[,d=D][,causal] adds your own (repeatable).
+
+Usage (device, from the repository root):
+    python3 lab/tools/bench_decode_sm90.py --out $OUT/decode_h200.json
+    python3 lab/tools/bench_decode_sm90.py --rows b8-q1-k32768-h32-kv8 --splits 2,4 --out ...
+    python3 lab/tools/bench_decode_sm90.py --dry-run        # the rows and candidates, no GPU
+    python3 lab/tools/bench_decode_sm90.py --predict FILE   # fa4sim's predictions, no GPU
+
+--predict FILE writes fa4sim's predictions (profile h200, the power model's clock) for every
+selected row, kind "predictions": flash-attn-3 (its implementation data: its num_splits heuristic
+and pack-GQA rule), flash-attn-4 (its SM90 forward: no split-KV) and fa4kernel.kvcache[auto] (the
+plan attention_with_kvcache picks at DEFAULT_SMS SMs: kvcache.split_heuristic, kvcache.plan_runs;
+pack-GQA, its chunks as fa4sim's num_splits; a row's "note" says what fa4sim cannot express of
+it). Each prediction row's "point" and "kernel" are the measured file's row "point" and candidate
+name, so the two files join on (point, kernel).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import math
+import os
+import platform
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+REL_ERROR_LIMIT = 1e-2
+
+
+@dataclass(frozen=True)
+class Row:
+    batch: int
+    seqlen_q: int
+    seqlen_cache: int
+    heads: int
+    heads_kv: int
+    hdim: int = 128
+    causal: bool = False
+
+    @property
+    def name(self) -> str:
+        return (f"b{self.batch}-q{self.seqlen_q}-k{self.seqlen_cache}-h{self.heads}-kv{self.heads_kv}"
+                + (f"-d{self.hdim}" if self.hdim != 128 else "") + ("-causal" if self.causal else ""))
+
+    @property
+    def kv_bytes(self) -> int:
+        return self.batch * self.seqlen_cache * self.heads_kv * self.hdim * 2 * 2
+
+
+ROWS = (Row(1, 1, 131072, 32, 8), Row(8, 1, 32768, 32, 8), Row(64, 1, 4096, 64, 8), Row(4, 1, 65536, 8, 1),
+        Row(8, 4, 32768, 32, 8, causal=True))
+
+
+def parse_problem(spec: str) -> Row:
+    vals, causal = {}, False
+    for part in (p.strip() for p in spec.split(",") if p.strip()):
+        if part == "causal":
+            causal = True
+            continue
+        key, eq, val = part.partition("=")
+        if not eq or key not in ("b", "sq", "sk", "h", "kv", "d") or not val.isdigit() or int(val) < 1:
+            raise ValueError(f"--problem {spec!r}: {part!r}; allowed: b=, sq=, sk=, h=, kv=, d= (ints >= 1), causal")
+        vals[key] = int(val)
+    missing = [k for k in ("b", "sq", "sk", "h", "kv") if k not in vals]
+    if missing:
+        raise ValueError(f"--problem {spec!r}: give {', '.join(k + '=' for k in missing)}")
+    if vals["h"] % vals["kv"]:
+        raise ValueError(f"--problem {spec!r}: kv={vals['kv']} must divide h={vals['h']}")
+    return Row(vals["b"], vals["sq"], vals["sk"], vals["h"], vals["kv"], vals.get("d", 128), causal)
+
+
+def auto_splits(row: Row, sms: int) -> int:
+    """The num_splits attention_with_kvcache picks for `row` (bf16, full caches) on `sms` SMs."""
+    from fa4kernel import kvcache
+    from fa4kernel.sm90.config import make_config
+
+    tile_m = make_config("bfloat16", row.hdim, False, True, {}).tile_m
+    rows = row.seqlen_q * (row.heads // row.heads_kv)
+    body = row.seqlen_cache - (row.seqlen_q if row.causal and row.seqlen_q > 1 else 0)
+    return kvcache.split_heuristic(row.batch, row.heads_kv, rows, body, tile_m, sms,
+                                   row.seqlen_cache if row.batch > 1 else None)
+
+
+def kvcache_plan(row: Row, sms: int) -> dict:
+    """attention_with_kvcache's launches for `row` (full caches, contiguous K and V): num_splits
+    asked, the body's runs of pieces (kvcache.plan_runs), whether a causal tail launch runs."""
+    from fa4kernel import kvcache
+
+    n = auto_splits(row, sms)
+    tail = row.causal and row.seqlen_q > 1
+    body = row.seqlen_cache - (row.seqlen_q if tail else 0)
+    runs = kvcache.plan_runs([body] * row.batch, n, row.seqlen_cache)
+    return {"num_splits": n, "body": body, "tail": tail, "runs": runs}
+
+
+def predict_rows(rows, sms: int = None) -> list:
+    """fa4sim's predictions (h200) for each row: flash-attn-3, flash-attn-4, fa4kernel.kvcache[auto]."""
+    from fa4kernel import kvcache
+    from fa4sim import Problem, simulate
+
+    sms = sms or kvcache.DEFAULT_SMS
+    out = []
+    for row in rows:
+        def rec(kernel, res, note=None):
+            r = {"point": row.name, "kernel": kernel, "us": res.time_us, "kv_read_gbps": res.kv_read_gbps,
+                 "num_splits": res.knobs.get("num_splits", 1), "pack_gqa": bool(res.knobs.get("pack_gqa")),
+                 "clock_ghz": res.clock_ghz, "bottleneck": res.bottleneck}
+            if note:
+                r["note"] = note
+            return r
+
+        full = Problem(batch=row.batch, heads=row.heads, seqlen_q=row.seqlen_q, seqlen_k=row.seqlen_cache,
+                       hdim=row.hdim, causal=row.causal, heads_kv=row.heads_kv)
+        out.append(rec("flash-attn-3", simulate("h200", problem=full, impl="flash-attn-3")))
+        out.append(rec("flash-attn-4", simulate("h200", problem=full, impl="flash-attn-4")))
+        plan = kvcache_plan(row, sms)
+        pieces = [(r1 - r0, pc) for r0, r1, plan_ in plan["runs"] for pc in plan_]
+        main = max(pieces, key=lambda x: x[0] * x[1].count * x[1].length)
+        notes = []
+        if len(plan["runs"]) > 1:
+            notes.append(f"{len(plan['runs'])} runs of rows, each its own launches; modelled as one launch")
+        if main[1].count > main[1].used:
+            notes.append(f"{main[1].count - main[1].used} of {main[1].count} chunks per row launched past the "
+                         "row's keys (the view tiles the cache): not modelled")
+        extra = [pc for _, pc in pieces if pc is not main[1]]
+        if extra:
+            notes.append("besides the main piece (" + ", ".join(f"{pc.count} chunks of {pc.length} keys"
+                                                               for pc in extra)
+                         + "): one more launch each and their partials in the combine, not modelled")
+        if plan["tail"]:
+            notes.append(f"the causal tail launch (unpacked, {row.seqlen_q} x {row.seqlen_q} keys per q head, "
+                         "before the body) is not modelled")
+        if main[1].count > 1 or plan["tail"]:
+            notes.append("the torch combine (several launches) is modelled as fa4sim's one combine launch; "
+                         "q's repeat per chunk and the packing copy are not modelled")
+        # fa4sim splits the body's keys in num_splits chunks: the main piece's used chunks
+        used = main[1].used
+        body = Problem(batch=row.batch, heads=row.heads, seqlen_q=row.seqlen_q, seqlen_k=plan["body"],
+                       hdim=row.hdim, causal=False, heads_kv=row.heads_kv)
+        res = simulate("h200", problem=body, impl="fa4kernel", overrides={"num_splits": used, "pack_gqa": True})
+        r = rec("fa4kernel.kvcache[auto]", res, "; ".join(notes) or None)
+        r["num_splits"] = plan["num_splits"]
+        r["chunks"] = used
+        out.append(r)
+    return out
+
+
+def write_predictions(path: str, rows, argv) -> dict:
+    import subprocess
+
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    meta = {"kind": "predictions", "device": "NVIDIA H200", "profile": "h200",
+            "model_commit": head.stdout.strip() or "unknown",
+            "what": "fa4sim's decode predictions per row: flash-attn-3 (its num_splits heuristic and pack-GQA "
+                    "rule), flash-attn-4 (SM90: no split-KV), fa4kernel.kvcache[auto] (attention_with_kvcache's "
+                    "plan at 132 SMs: pack-GQA, its chunks as num_splits); us at the power model's clock; "
+                    "kv_read_gbps = K/V bytes over the whole time",
+            "command": "python3 lab/tools/bench_decode_sm90.py " + " ".join(argv)}
+    doc = {"meta": meta, "rows": predict_rows(rows)}
+    with open(path, "w") as fh:
+        json.dump(doc, fh, indent=1)
+        fh.write("\n")
+    return doc
+
+
+def candidates(torch, row: Row, q, k, v, splits, errors: dict) -> dict:
+    """name -> a no-argument call returning out (batch, seqlen_q, heads, d)."""
+    import fa4kernel
+
+    out = {"fa4kernel.kvcache[auto]": lambda: fa4kernel.attention_with_kvcache(q, k, v, causal=row.causal)}
+    for n in splits:
+        out[f"fa4kernel.kvcache[{n}]"] = (lambda n=n: fa4kernel.attention_with_kvcache(q, k, v, causal=row.causal,
+                                                                                     num_splits=n))
+    out["fa4kernel.attention"] = lambda: fa4kernel.attention(q, k, v, causal=row.causal)
+    try:
+        from flash_attn_interface import flash_attn_with_kvcache as fa3
+
+        def run_fa3():
+            o = fa3(q, k, v, causal=row.causal, num_splits=0)
+            return o[0] if isinstance(o, tuple) else o
+
+        out["flash-attn-3"] = run_fa3
+    except Exception as e:  # keep the run going without it
+        errors["flash-attn-3"] = repr(e)
+    try:
+        from flash_attn.cute.interface import flash_attn_func as fa4
+
+        def run_fa4():
+            o = fa4(q, k, v, causal=row.causal)
+            return o[0] if isinstance(o, tuple) else o
+
+        out["flash-attn-4"] = run_fa4
+    except Exception as e:
+        errors["flash-attn-4"] = repr(e)
+    qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
+    mask = None
+    if row.causal and row.seqlen_q > 1:
+        from torch.nn.attention.bias import causal_lower_right
+
+        mask = causal_lower_right(row.seqlen_q, row.seqlen_cache)
+
+    def run_sdpa():
+        o = torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, attn_mask=mask, enable_gqa=True)
+        return o.transpose(1, 2)
+
+    out["sdpa"] = run_sdpa
+    return out
+
+
+def reference(torch, q, k, v, causal):
+    b, sq, h, d = q.shape
+    sk, g = k.shape[1], h // k.shape[2]
+    out = torch.empty(b, sq, h, d, device=q.device, dtype=torch.float32)
+    for r in range(b):  # row by row: the fp32 scores of one row at a time
+        kk = k[r].float().repeat_interleave(g, dim=1)
+        vv = v[r].float().repeat_interleave(g, dim=1)
+        s = torch.einsum("qhd,khd->hqk", q[r].float(), kk) / math.sqrt(d)
+        if causal:
+            t = torch.arange(sq, device=q.device)[:, None]
+            j = torch.arange(sk, device=q.device)[None, :]
+            s = s.masked_fill(j > sk - sq + t, float("-inf"))
+        out[r] = torch.einsum("hqk,khd->qhd", torch.softmax(s, dim=-1), vv)
+    return out
+
+
+def time_call(torch, fn, warmup: int, reps: int, batch_ms: float) -> dict:
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    fn()
+    torch.cuda.synchronize()
+    calls = max(1, min(2000, int(batch_ms / max((time.perf_counter() - t0) * 1e3, 1e-3))))
+    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    per_call, host = [], []
+    for _ in range(reps):
+        torch.cuda.synchronize()
+        h0 = time.perf_counter()
+        s.record()
+        for _ in range(calls):
+            fn()
+        e.record()
+        host.append((time.perf_counter() - h0) / calls)
+        torch.cuda.synchronize()
+        per_call.append(s.elapsed_time(e) * 1e3 / calls)
+    return {"us": statistics.median(per_call), "us_min": min(per_call), "calls_per_batch": calls,
+            "host_us_per_call": statistics.median(host) * 1e6}
+
+
+def run_row(torch, row: Row, args, errors: dict) -> dict:
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(0)
+    q = torch.randn(row.batch, row.seqlen_q, row.heads, row.hdim, device="cuda", dtype=torch.bfloat16, generator=gen)
+    k = torch.randn(row.batch, row.seqlen_cache, row.heads_kv, row.hdim, device="cuda", dtype=torch.bfloat16,
+                    generator=gen)
+    v = torch.randn_like(k)
+    ref = reference(torch, q, k, v, row.causal)
+    rec = {"name": row.name, "point": row.name, "batch": row.batch, "seqlen_q": row.seqlen_q, "seqlen_cache": row.seqlen_cache,
+           "heads": row.heads, "heads_kv": row.heads_kv, "hdim": row.hdim, "causal": row.causal,
+           "kv_bytes": row.kv_bytes, "results": {}}
+    from fa4kernel.inputs import device_props
+
+    rec["auto_splits"] = auto_splits(row, device_props(q.device).multi_processor_count)
+    for name, fn in candidates(torch, row, q, k, v, args.splits, errors).items():
+        r = {}
+        try:
+            out = fn()
+            torch.cuda.synchronize()
+            err = ((out.float() - ref).norm() / ref.norm()).item()
+            r["rel_error"] = err
+            r["ok"] = bool(math.isfinite(err) and err < REL_ERROR_LIMIT and not torch.isnan(out).any().item())
+            r.update(time_call(torch, fn, args.warmup, args.reps, args.batch_ms))
+            r["kv_gbps"] = row.kv_bytes / (r["us"] * 1e-6) / 1e9
+        except Exception as e:
+            r["error"] = repr(e)[:400]
+        rec["results"][name] = r
+        s = (f"{r['us']:8.1f} us {r['kv_gbps']:7.0f} GB/s" + ("" if r["ok"] else f" WRONG ({r['rel_error']:.1e})")
+             if "us" in r else "error: " + r["error"][:80])
+        print(f"  {name:26s} {s}", flush=True)
+    del q, k, v, ref
+    torch.cuda.empty_cache()
+    return rec
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    ap.add_argument("--out", default=None, help="the JSON to write (default: print only)")
+    ap.add_argument("--dry-run", action="store_true", help="list the rows and candidates; no GPU")
+    ap.add_argument("--predict", default=None, metavar="FILE",
+                    help="write fa4sim's predictions for the selected rows to FILE; no GPU")
+    ap.add_argument("--rows", default=None, help="comma-separated row names (default: all five)")
+    ap.add_argument("--problem", action="append", default=[], metavar="b=B,sq=SQ,sk=SK,h=H,kv=KV[,d=D][,causal]",
+                    help="your own row (repeatable), after the --rows ones")
+    ap.add_argument("--splits", default="1,2,4,8,16,32",
+                    help="fixed num_splits to time besides the heuristic's (comma-separated; '' for none)")
+    ap.add_argument("--warmup", type=int, default=20, help="calls before timing (compiles happen here)")
+    ap.add_argument("--reps", type=int, default=15, help="timed batches per candidate; us = their median")
+    ap.add_argument("--batch-ms", type=float, default=20.0, help="about this much time per timed batch")
+    args = ap.parse_args(argv)
+    try:
+        args.splits = [int(x) for x in args.splits.split(",") if x.strip()]
+        if any(n < 1 for n in args.splits):
+            raise ValueError
+    except ValueError:
+        ap.error(f"--splits {args.splits!r}: allowed comma-separated ints >= 1")
+    by_name = {r.name: r for r in ROWS}
+    names = [n.strip() for n in args.rows.split(",") if n.strip()] if args.rows else list(by_name)
+    unknown = [n for n in names if n not in by_name]
+    if unknown:
+        ap.error(f"--rows: unknown {', '.join(unknown)}; allowed: {', '.join(by_name)}")
+    try:
+        args.selected = [by_name[n] for n in names] + [parse_problem(s) for s in args.problem]
+    except ValueError as e:
+        ap.error(str(e))
+    if args.warmup < 1 or args.reps < 1 or args.batch_ms <= 0:
+        ap.error("--warmup and --reps must be >= 1, --batch-ms > 0")
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.predict:
+        doc = write_predictions(args.predict, args.selected, sys.argv[1:] if argv is None else list(argv))
+        for r in doc["rows"]:
+            print(f"{r['point']:32s} {r['kernel']:24s} {r['us']:8.1f} us {r['kv_read_gbps']:6.0f} GB/s "
+                  f"splits {r['num_splits']}", flush=True)
+        return 0
+    for row in args.selected:
+        print(f"{row.name}: {row.kv_bytes / 1e9:.3f} GB of K and V", flush=True)
+    if args.dry_run:
+        print("candidates: fa4kernel.kvcache[auto], " + "".join(f"fa4kernel.kvcache[{n}], " for n in args.splits)
+              + "fa4kernel.attention, flash-attn-3, flash-attn-4, sdpa")
+        return 0
+    from lab.tools.hopper import require_hopper
+
+    require_hopper("bench_decode_sm90.py", "--dry-run lists the rows without one")
+    import torch
+
+    from lab.tools.bench_fwd_sm90 import _version, nvidia_smi
+    from lab.tools.provenance import stamp
+
+    meta = stamp({"device": torch.cuda.get_device_name(0),
+                  "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+                  "clocks_before": nvidia_smi("clocks.sm,clocks.max.sm,clocks.mem,power.draw,temperature.gpu"),
+                  "versions": {"torch": torch.__version__, "cuda": torch.version.cuda,
+                               "cutlass_dsl": _version("nvidia-cutlass-dsl"), "flash_attn_4": _version("flash-attn-4"),
+                               "flash_attn_3": _version("tokenspeed-fa3"), "python": platform.python_version()},
+                  "method": "eager back-to-back calls between CUDA events after warm-up; us = median batch; "
+                            "kv_gbps = batch*seqlen_cache*heads_kv*hdim*2*2 bytes / time; bf16; checked against fp32",
+                  "settings": {"warmup": args.warmup, "reps": args.reps, "batch_ms": args.batch_ms,
+                               "splits": args.splits, "rel_error_limit": REL_ERROR_LIMIT}}, "decode")
+    errors: dict = {}
+    rows = []
+    for row in args.selected:
+        print(row.name, flush=True)
+        rows.append(run_row(torch, row, args, errors))
+        if args.out:
+            with open(args.out, "w") as fh:
+                json.dump({"meta": {**meta, "import_errors": errors}, "rows": rows}, fh, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,359 @@
+"""Packed batches of unequal sequences (varlen) on an H100 or H200, forward, bf16 (kind "varlen").
+
+A batch is its query lengths (and key lengths, where they differ: chunked prefill), packed as
+FlashAttention's varlen functions take them: q (total_q, heads, d), k and v (total_k, heads_kv,
+d), cu_seqlens the offsets. Candidates, each on the same inputs:
+  fa4kernel.varlen     fa4kernel.attention_varlen, where fa4kernel has it
+  fa4kernel.loop       fa4kernel.attention per sequence on views of the packed tensors (what a
+                       user without varlen writes: one launch per sequence)
+  flash-attn-3         flash_attn_interface.flash_attn_varlen_func (tokenspeed-fa3)
+  flash-attn-4         flash_attn.cute.interface.flash_attn_varlen_func (its SM90 forward)
+A candidate that cannot be imported or that raises is recorded with its error; the run goes on.
+
+Each candidate is checked against an fp32 reference per sequence (relative error < 1e-2, no NaN),
+then run back to back for --settle-s seconds (the power cap settles the clock, as in training),
+then timed: --reps batches of back-to-back calls between CUDA events (about --batch-ms each); us =
+the median batch. TFLOP/s = 4 x heads x d x (the visible query-key pairs, summed over sequences;
+causal bottom-right) / time.
+
+Batches (--batches, default all; --seqlens L1,L2,... [--seqlens-k ...] adds your own):
+  ten-hd128-causal   ten lengths 1-8000, 16 heads, hd128, causal
+  ten-hd64           the same lengths, 32 heads, hd64, not causal
+  gqa-hd128-causal   six lengths 1-7001, 32 q / 8 k/v heads, hd128, causal
+  short-hd128-causal 64 lengths 1-600, 16 heads, hd128, causal
+  hd256-causal       four lengths 20-6000, 8 heads, hd256, causal
+  chunks-gqa-causal  chunked prefill: queries 512, 512, 1, 2000 on 4096, 9000, 3000, 2000 keys, 32 / 8 heads
+
+Usage (device, from the repository root):
+    python3 lab/tools/bench_varlen_sm90.py --out $OUT/varlen_h200.json
+    python3 lab/tools/bench_varlen_sm90.py --dry-run          # the batches, no GPU
+    python3 lab/tools/bench_varlen_sm90.py --predict FILE     # fa4sim's predictions, no GPU
+
+--predict FILE writes fa4sim's predictions (profile h200, the power model's clock) for every
+selected batch and every candidate fa4sim models (flash-attn-3 and flash-attn-4 as their varlen
+schedules; fa4kernel.varlen where fa4sim has it), kind "predictions"; each row's "point" and
+"kernel" are the measured file's batch name and candidate, so the two files join on them.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import itertools
+import json
+import math
+import os
+import platform
+import random
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+REL_ERROR_LIMIT = 1e-2
+MODELLED = {"flash-attn-3": "flash-attn-3", "flash-attn-4": "flash-attn-4", "fa4kernel.varlen": "fa4kernel"}
+
+
+@dataclass(frozen=True)
+class Batch:
+    name: str
+    seqlens: tuple
+    heads: int
+    hdim: int
+    causal: bool
+    heads_kv: int = 0          # 0: heads
+    seqlens_k: tuple = ()      # (): the query lengths
+
+    @property
+    def kv_heads(self) -> int:
+        return self.heads_kv or self.heads
+
+    @property
+    def keys(self) -> tuple:
+        return self.seqlens_k or self.seqlens
+
+    def pairs(self) -> int:
+        """Visible query-key pairs, summed over sequences (causal: bottom-right)."""
+        total = 0
+        for sq, sk in zip(self.seqlens, self.keys):
+            if not self.causal:
+                total += sq * sk
+            else:  # query i sees keys j <= i + sk - sq, at least none
+                total += sum(max(0, min(sk, i + sk - sq + 1)) for i in range(sq))
+        return total
+
+    def flops(self) -> float:
+        return 4.0 * self.heads * self.hdim * self.pairs()
+
+
+TEN = (100, 8000, 777, 3000, 1, 2048, 5000, 333, 4096, 1500)
+BATCHES = (
+    Batch("ten-hd128-causal", TEN, 16, 128, True),
+    Batch("ten-hd64", TEN, 32, 64, False),
+    Batch("gqa-hd128-causal", (512, 3000, 7001, 250, 1, 4500), 32, 128, True, heads_kv=8),
+    Batch("short-hd128-causal", tuple(random.Random(7).randint(1, 600) for _ in range(64)), 16, 128, True),
+    Batch("hd256-causal", (1000, 6000, 3333, 20), 8, 256, True),
+    Batch("chunks-gqa-causal", (512, 512, 1, 2000), 32, 128, True, heads_kv=8, seqlens_k=(4096, 9000, 3000, 2000)),
+)
+
+
+def lengths(flag: str, text: str) -> tuple:
+    try:
+        vals = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        vals = ()
+    if not vals or any(v < 1 for v in vals):
+        raise ValueError(f"{flag} {text!r}: allowed comma-separated lengths >= 1")
+    return vals
+
+
+def predict_rows(batches) -> list:
+    """fa4sim's predictions (h200) for each batch and each modelled candidate."""
+    from fa4sim import Problem, simulate
+
+    out = []
+    for b in batches:
+        p = Problem.varlen(b.heads, b.hdim, list(b.seqlens), list(b.keys) if b.seqlens_k else None,
+                           causal=b.causal, heads_kv=b.heads_kv or None)
+        for kernel, impl in MODELLED.items():
+            try:
+                r = simulate("h200", problem=p, impl=impl)
+            except Exception as e:  # fa4sim has no model of it: said so in the file
+                out.append({"point": b.name, "kernel": kernel, "not_modelled": str(e).splitlines()[0][:200]})
+                continue
+            out.append({"point": b.name, "kernel": kernel, "us": r.time_us, "tflops": b.flops() / (r.time_us * 1e6),
+                        "clock_ghz": r.clock_ghz, "bottleneck": r.bottleneck})
+    return out
+
+
+def write_predictions(path: str, batches, argv) -> dict:
+    import subprocess
+
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    meta = {"kind": "predictions", "device": "NVIDIA H200", "profile": "h200", "model_commit": head.stdout.strip()
+            or "unknown", "date": dt.date.today().isoformat(),
+            "what": "fa4sim's varlen forward predictions per packed batch: us at the power model's clock, TFLOP/s "
+                    "over the visible pairs; written before the run",
+            "command": "python3 lab/tools/bench_varlen_sm90.py " + " ".join(argv)}
+    doc = {"meta": meta, "rows": predict_rows(batches)}
+    with open(path, "w") as fh:
+        json.dump(doc, fh, indent=1)
+        fh.write("\n")
+    return doc
+
+
+def inputs(torch, b: Batch):
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    tq, tk = sum(b.seqlens), sum(b.keys)
+    q = torch.randn(tq, b.heads, b.hdim, device="cuda", dtype=torch.bfloat16, generator=gen)
+    k = torch.randn(tk, b.kv_heads, b.hdim, device="cuda", dtype=torch.bfloat16, generator=gen)
+    v = torch.randn(tk, b.kv_heads, b.hdim, device="cuda", dtype=torch.bfloat16, generator=gen)
+    cq = torch.tensor([0, *itertools.accumulate(b.seqlens)], device="cuda", dtype=torch.int32)
+    ck = torch.tensor([0, *itertools.accumulate(b.keys)], device="cuda", dtype=torch.int32)
+    return q, k, v, cq, ck
+
+
+def reference(torch, b: Batch, q, k, v, cq, ck):
+    """fp32, sequence by sequence; bottom-right causal; a query with no key gives 0."""
+    out = torch.zeros(q.shape, device=q.device, dtype=torch.float32)
+    g = b.heads // b.kv_heads
+    for i, (sq, sk) in enumerate(zip(b.seqlens, b.keys)):
+        q0, k0 = int(cq[i]), int(ck[i])
+        qs = q[q0:q0 + sq].float()
+        ks = k[k0:k0 + sk].float().repeat_interleave(g, dim=1)
+        vs = v[k0:k0 + sk].float().repeat_interleave(g, dim=1)
+        s = torch.einsum("qhd,khd->hqk", qs, ks) / math.sqrt(b.hdim)
+        if b.causal:
+            t = torch.arange(sq, device=q.device)[:, None]
+            j = torch.arange(sk, device=q.device)[None, :]
+            s = s.masked_fill(j > t + sk - sq, float("-inf"))
+        p = torch.softmax(s, dim=-1).nan_to_num(0.0)
+        out[q0:q0 + sq] = torch.einsum("hqk,khd->qhd", p, vs)
+    return out
+
+
+def candidates(torch, b: Batch, q, k, v, cq, ck, errors: dict) -> dict:
+    import fa4kernel
+
+    mq, mk = max(b.seqlens), max(b.keys)
+    out = {}
+    if hasattr(fa4kernel, "attention_varlen"):
+        out["fa4kernel.varlen"] = lambda: fa4kernel.attention_varlen(q, k, v, cq, ck, mq, mk, causal=b.causal)
+    offs = [(int(cq[i]), int(ck[i]), sq, sk) for i, (sq, sk) in enumerate(zip(b.seqlens, b.keys))]
+
+    def loop():
+        o = torch.empty_like(q)
+        for q0, k0, sq, sk in offs:
+            o[q0:q0 + sq] = fa4kernel.attention(q[None, q0:q0 + sq], k[None, k0:k0 + sk], v[None, k0:k0 + sk],
+                                                causal=b.causal)[0]
+        return o
+
+    out["fa4kernel.loop"] = loop
+    try:
+        from flash_attn_interface import flash_attn_varlen_func as fa3
+
+        def run_fa3():
+            o = fa3(q, k, v, cq, ck, mq, mk, causal=b.causal)
+            return o[0] if isinstance(o, tuple) else o
+
+        out["flash-attn-3"] = run_fa3
+    except Exception as e:
+        errors["flash-attn-3"] = repr(e)[:300]
+    try:
+        from flash_attn.cute.interface import flash_attn_varlen_func as fa4
+
+        def run_fa4():
+            o = fa4(q, k, v, cu_seqlens_q=cq, cu_seqlens_k=ck, max_seqlen_q=mq, max_seqlen_k=mk, causal=b.causal)
+            return o[0] if isinstance(o, tuple) else o
+
+        out["flash-attn-4"] = run_fa4
+    except Exception as e:
+        errors["flash-attn-4"] = repr(e)[:300]
+    return out
+
+
+def time_call(torch, fn, settle_s: float, reps: int, batch_ms: float) -> dict:
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    fn()
+    torch.cuda.synchronize()
+    one = max(time.perf_counter() - t0, 1e-6)
+    end = time.perf_counter() + settle_s  # back to back until the cap has settled the clock
+    while time.perf_counter() < end:
+        for _ in range(max(1, int(0.05 / one))):
+            fn()
+        torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    fn()
+    torch.cuda.synchronize()
+    calls = max(1, min(2000, int(batch_ms / max((time.perf_counter() - t0) * 1e3, 1e-3))))
+    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    per_call = []
+    for _ in range(reps):
+        s.record()
+        for _ in range(calls):
+            fn()
+        e.record()
+        e.synchronize()
+        per_call.append(s.elapsed_time(e) * 1e3 / calls)
+    return {"us": statistics.median(per_call), "us_min": min(per_call), "calls_per_batch": calls}
+
+
+def run_batch(torch, b: Batch, args, errors: dict) -> dict:
+    q, k, v, cq, ck = inputs(torch, b)
+    ref = reference(torch, b, q, k, v, cq, ck)
+    rec = {"name": b.name, "point": b.name, "seqlens": list(b.seqlens), "seqlens_k": list(b.keys), "heads": b.heads,
+           "heads_kv": b.kv_heads, "hdim": b.hdim, "causal": b.causal, "flops": b.flops(), "results": {}}
+    for name, fn in candidates(torch, b, q, k, v, cq, ck, errors).items():
+        r = {}
+        try:
+            out = fn()
+            torch.cuda.synchronize()
+            err = ((out.float() - ref).norm() / ref.norm()).item()
+            r["rel_error"] = err
+            r["ok"] = bool(math.isfinite(err) and err < REL_ERROR_LIMIT and not torch.isnan(out).any().item())
+            r.update(time_call(torch, fn, args.settle_s, args.reps, args.batch_ms))
+            r["tflops"] = b.flops() / (r["us"] * 1e6)
+        except Exception as e:
+            r["error"] = repr(e)[:400]
+        rec["results"][name] = r
+        s = (f"{r['us']:9.1f} us {r['tflops']:6.1f} TFLOP/s" + ("" if r["ok"] else f" WRONG ({r['rel_error']:.1e})")
+             if "us" in r else "error: " + r["error"][:100])
+        print(f"  {name:18s} {s}", flush=True)
+    del q, k, v, ref
+    torch.cuda.empty_cache()
+    return rec
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    ap.add_argument("--out", default=None, help="the JSON to write (default: print only)")
+    ap.add_argument("--dry-run", action="store_true", help="list the batches; no GPU")
+    ap.add_argument("--predict", default=None, metavar="FILE", help="write fa4sim's predictions to FILE; no GPU")
+    ap.add_argument("--batches", default=None, help="comma-separated batch names (default: all)")
+    ap.add_argument("--seqlens", default=None, metavar="L1,L2,...", help="your own batch's query lengths")
+    ap.add_argument("--seqlens-k", default=None, metavar="K1,K2,...", help="with --seqlens: its key lengths")
+    ap.add_argument("--heads", type=int, default=16, help="with --seqlens: q heads")
+    ap.add_argument("--heads-kv", type=int, default=None, help="with --seqlens: k/v heads (a divisor of --heads)")
+    ap.add_argument("--hdim", type=int, default=128, choices=(64, 96, 128, 192, 256), help="with --seqlens")
+    ap.add_argument("--causal", action="store_true", help="with --seqlens")
+    ap.add_argument("--settle-s", type=float, default=1.5, help="back-to-back seconds before timing (>= 0)")
+    ap.add_argument("--reps", type=int, default=10, help="timed batches per candidate (>= 1); us = their median")
+    ap.add_argument("--batch-ms", type=float, default=20.0, help="about this much time per timed batch (> 0)")
+    a = ap.parse_args(argv)
+    by_name = {b.name: b for b in BATCHES}
+    names = [n.strip() for n in a.batches.split(",") if n.strip()] if a.batches else ([] if a.seqlens else list(by_name))
+    unknown = [n for n in names if n not in by_name]
+    if unknown:
+        ap.error(f"--batches: unknown {', '.join(unknown)}; allowed: {', '.join(by_name)}")
+    a.selected = [by_name[n] for n in names]
+    if a.seqlens_k is not None and a.seqlens is None:
+        ap.error("--seqlens-k: only with --seqlens")
+    if a.seqlens is not None:
+        try:
+            sq = lengths("--seqlens", a.seqlens)
+            sk = lengths("--seqlens-k", a.seqlens_k) if a.seqlens_k is not None else ()
+        except ValueError as e:
+            ap.error(str(e))
+        if sk and len(sk) != len(sq):
+            ap.error(f"--seqlens-k: {len(sk)} lengths; allowed: one per --seqlens length ({len(sq)})")
+        if a.heads < 1:
+            ap.error(f"--heads {a.heads}: must be >= 1")
+        kv = a.heads_kv or a.heads
+        if kv < 1 or a.heads % kv:
+            ap.error(f"--heads-kv {kv}: must divide --heads {a.heads}")
+        a.selected.append(Batch("custom", sq, a.heads, a.hdim, a.causal, kv if kv != a.heads else 0, sk))
+    if a.settle_s < 0 or a.reps < 1 or a.batch_ms <= 0:
+        ap.error("--settle-s must be >= 0, --reps >= 1, --batch-ms > 0")
+    return a
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.predict:
+        doc = write_predictions(args.predict, args.selected, sys.argv[1:] if argv is None else list(argv))
+        for r in doc["rows"]:
+            text = (f"{r['us']:9.1f} us {r['tflops']:6.1f} TFLOP/s  {r['bottleneck'][:60]}" if "us" in r
+                    else f"not modelled: {r['not_modelled'][:80]}")
+            print(f"{r['point']:20s} {r['kernel']:18s} {text}", flush=True)
+        return 0
+    for b in args.selected:
+        print(f"{b.name}: {len(b.seqlens)} sequences, {sum(b.seqlens)} queries on {sum(b.keys)} keys, "
+              f"{b.heads}/{b.kv_heads} heads, hd{b.hdim}{' causal' if b.causal else ''}, {b.flops() / 1e9:.1f} GFLOP",
+              flush=True)
+    if args.dry_run:
+        return 0
+    from lab.tools.hopper import require_hopper
+
+    require_hopper("bench_varlen_sm90.py", "--dry-run and --predict work without one")
+    import torch
+
+    from lab.tools.bench_fwd_sm90 import _version, nvidia_smi
+    from lab.tools.provenance import stamp
+
+    meta = stamp({"device": torch.cuda.get_device_name(0), "driver": nvidia_smi("driver_version").get("driver_version"),
+                  "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+                  "versions": {"torch": torch.__version__, "cuda": torch.version.cuda,
+                               "cutlass_dsl": _version("nvidia-cutlass-dsl"), "flash_attn_4": _version("flash-attn-4"),
+                               "flash_attn_3": _version("tokenspeed-fa3"), "python": platform.python_version()},
+                  "method": "checked against fp32 per sequence; back to back for settle_s, then reps batches of "
+                            "back-to-back calls between CUDA events; us = median batch; TFLOP/s over visible pairs",
+                  "settings": {"settle_s": args.settle_s, "reps": args.reps, "batch_ms": args.batch_ms,
+                               "rel_error_limit": REL_ERROR_LIMIT}}, "varlen")
+    errors: dict = {}
+    rows = []
+    for b in args.selected:
+        print(b.name, flush=True)
+        rows.append(run_batch(torch, b, args, errors))
+        if args.out:
+            with open(args.out, "w") as fh:
+                json.dump({"meta": {**meta, "import_errors": errors}, "rows": rows}, fh, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
