@@ -295,6 +295,37 @@ def test_bwd_deterministic_default_builds(hd, causal):
         assert count(text, op) == count(fast, op), op
 
 
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("knobs", [{}, {"dq_sum": "cta"}], ids=["pair", "cta"])
+def test_bwd_deterministic_qdo_waits_for_its_turn_after_a_barrier_per_stage(knobs, causal):
+    """dq_smem="qdo", deterministic (hd256): producer warp 1 syncs with the dQ warpgroups on one
+    barrier per (warpgroup, Q / dO stage) (a register id, _dq_full_id; the warpgroups arrive
+    there too), and only then spins for the block's turn, before its bulk adds. The first
+    semaphore build spun first on the fast build's one barrier per warpgroup: a warpgroup arrived
+    for the next block meanwhile and completed the phase without warp 1, and the GPU run hung
+    (tests/test_kernel_sm90_bwd_det_order.py models both). The fast build keeps its barriers."""
+    cfg = make_bwd_config("bfloat16", 256, causal, True, **knobs)
+    wgs = 1 if cfg.dq_sum == "pair" else cfg.dq_wgs
+    if cfg not in _SASS:
+        _SASS[cfg] = fa4kernel.compile_bwd_sass(cfg)
+
+    def ops_of(text):
+        return [ln.split(";")[0].split("*/")[-1].strip() for ln in text.splitlines() if "*/" in ln]
+
+    ops = ops_of(_SASS[cfg])
+    syncs = [i for i, o in enumerate(ops) if re.fullmatch(r"BAR\.SYNC(\.DEFER_BLOCKING)? R\d+, 0xa0", o)]
+    acq = [i for i, o in enumerate(ops) if o.startswith("LDG.E.STRONG.GPU")]
+    adds = [i for i, o in enumerate(ops) if "UBLKRED" in o]
+    assert len(syncs) == wgs and len(acq) == 2 and adds, (syncs, acq)
+    assert not [o for o in ops if re.match(r"BAR\.(SYNC|ARV)\S* 0x[56], 0xa0", o)]  # no shared DQ_FULL
+    assert max(syncs) < min(acq) and max(acq) < min(adds)
+    arrivals = [o for o in ops if o.startswith("BAR.ARV") and o.endswith(", 0xa0")]  # the dQ warpgroups'
+    assert arrivals and all(re.fullmatch(r"BAR\.ARV R\d+, 0xa0", o) for o in arrivals), arrivals
+    fast = ops_of(knob_sass(256, causal, grid_order="heads_outer", **knobs))
+    assert [o for o in fast if re.fullmatch(r"BAR\.SYNC(\.DEFER_BLOCKING)? 0x[56], 0xa0", o)] == \
+        [f"BAR.SYNC.DEFER_BLOCKING 0x{5 + w}, 0xa0" for w in range(wgs)]
+
+
 @pytest.mark.parametrize("hd,causal", [(128, False), (128, True), (64, True), (96, False)])
 def test_bwd_bulk_query_block_loop(hd, causal):
     """The consumers' loop: five GEMMs, 128-bit smem stores of dQ (64 x hd / (128 x dq_wgs) / 4

@@ -232,6 +232,22 @@ class FlashBwdSm90:
         self.dq_rows_split = cfg.dq_rows_split
         self.kv_split = cfg.kv_split
         self.consumer_regs, self.producer_regs = 240, 24  # 24 + 240 + 240 of 512 per lane
+        if self.deterministic and self.dq_qdo:
+            dq_full_wgs = 1 if self.dq_pair else self.dq_wgs
+            assert NamedBarrierBwd.DQ_FULL_STAGE + dq_full_wgs * self.stages <= 16, "named barriers 8..15"
+
+    def _dq_full_id(self, w, stage):
+        """The named barrier on which dQ warpgroup w (0 with dq_sum="pair": the owner's) tells
+        producer warp 1 that its dQ of a block is staged: DQ_FULL + w, or in the deterministic
+        build with dq_smem="qdo" one per (w, Q / dO stage of the block). There warp 1 waits for
+        the block's turn and keeps the stage until its adds are written, while the warpgroup can
+        already arrive for the next block (its stage was freed a block earlier): on a shared
+        barrier those arrivals would complete the phase warp 1 waits in without it (the phases
+        slip, the CTA and every later turn hang). The block `stages` later, the next on the same
+        barrier, needs this block's stage, freed only after warp 1 has passed this phase."""
+        if const_expr(self.deterministic and self.dq_qdo):
+            return NamedBarrierBwd.DQ_FULL_STAGE + w * self.stages + stage
+        return NamedBarrierBwd.DQ_FULL + w
 
     def tiled_mmas(self):
         """(S^T / dP^T, dK / dV, dQ) tiled MMAs (call inside @cute.jit code)."""
@@ -702,8 +718,9 @@ class FlashBwdSm90:
         consecutive floats. dq_smem="qdo": w's dQ sits in the block's Q / dO stage (first half in
         w's columns of dO, second half in those of Q): two bulk reductions per warpgroup, then,
         once both warpgroups' have read the stage, its release to the loads. Deterministic: the
-        block's adds wait for its turn (_dq_turn; spun by the elected lane, which issues them),
-        are waited for until written, and then the semaphore is released one further."""
+        block's adds wait for its turn (_dq_turn; spun by the elected lane, which issues them;
+        with qdo after the block's barriers, one per stage: _dq_full_id), are waited for until
+        written, and then the semaphore is released one further."""
         chunk = self.tile_m * self.hd // self.dq_wgs
         sync_threads = 128 + 32
         m_block, head = m_block_min, kv_head * group
@@ -713,17 +730,29 @@ class FlashBwdSm90:
             state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
             for _it in cutlass.range(n_iter, unroll=1):
                 gdQ = cute.local_tile(mdQaccum[None, None, head, batch], (self.tile_m, self.hd), (m_block, 0))
-                if const_expr(self.deterministic):
-                    sem, turn = self._dq_turn(m_block, head, batch, order)
-                    self._dq_acquire(sem, turn)
+                # deterministic: the block's barriers (one per stage: _dq_full_id), then its turn
                 if const_expr(self.dq_pair):
                     # the pair's sum of this CTA's columns (warpgroup pair_rank's), nothing else
-                    cute.arch.barrier(barrier_id=NamedBarrierBwd.DQ_FULL, number_of_threads=sync_threads)
+                    cute.arch.barrier(barrier_id=self._dq_full_id(0, state.index), number_of_threads=sync_threads)
+                    if const_expr(self.deterministic):
+                        sem, turn = self._dq_turn(m_block, head, batch, order)
+                        self._dq_acquire(sem, turn)
                     with cute.arch.elect_one():
                         bulk_reduce_add_f32(gdQ.iterator + pair_rank * chunk,
                                             sdQ_dO[None, pair_rank, state.index].iterator, half * 4)
                         bulk_reduce_add_f32(gdQ.iterator + pair_rank * chunk + half,
                                             sdQ_Q[None, pair_rank, state.index].iterator, half * 4)
+                elif const_expr(self.deterministic):
+                    for w in cutlass.range_constexpr(self.dq_wgs):  # every warpgroup's dQ staged first
+                        cute.arch.barrier(barrier_id=self._dq_full_id(w, state.index), number_of_threads=sync_threads)
+                    sem, turn = self._dq_turn(m_block, head, batch, order)
+                    self._dq_acquire(sem, turn)
+                    for w in cutlass.range_constexpr(self.dq_wgs):
+                        with cute.arch.elect_one():
+                            bulk_reduce_add_f32(gdQ.iterator + w * chunk, sdQ_dO[None, w, state.index].iterator,
+                                                half * 4)
+                            bulk_reduce_add_f32(gdQ.iterator + w * chunk + half,
+                                                sdQ_Q[None, w, state.index].iterator, half * 4)
                 else:
                     for w in cutlass.range_constexpr(self.dq_wgs):
                         cute.arch.barrier(barrier_id=NamedBarrierBwd.DQ_FULL + w, number_of_threads=sync_threads)
@@ -823,7 +852,7 @@ class FlashBwdSm90:
                 warpgroup.wait_group(0)
             self._dq_half_to_smem(acc_dQ, sdQ[1][None, w, stage], t, 1)
             cute.arch.fence_view_async_shared()  # generic-proxy writes -> the bulk copy (async proxy)
-            cute.arch.barrier_arrive(barrier_id=NamedBarrierBwd.DQ_FULL, number_of_threads=128 + 32)
+            cute.arch.barrier_arrive(barrier_id=self._dq_full_id(0, stage), number_of_threads=128 + 32)
         else:
             if const_expr(dk_in_flight):
                 warpgroup.wait_group(0)  # dV and dK done: region w is dead here
@@ -1118,7 +1147,7 @@ class FlashBwdSm90:
                 warpgroup.wait_group(0)
             self._dq_half_to_smem(acc_dQ, sdQ[1][None, w, stage], dq_tidx % 128, 1)
             cute.arch.fence_view_async_shared()  # generic-proxy writes -> the bulk copy (async proxy)
-            cute.arch.barrier_arrive(barrier_id=NamedBarrierBwd.DQ_FULL + w, number_of_threads=128 + 32)
+            cute.arch.barrier_arrive(barrier_id=self._dq_full_id(w, stage), number_of_threads=128 + 32)
         elif const_expr(self.dq_bulk):
             self._dq_to_smem(acc_dQ, sdQ, dq_tidx)
         else:

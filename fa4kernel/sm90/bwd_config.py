@@ -351,3 +351,22 @@ def dq_turn(cfg: BwdConfig, n_block: int, m_block: int, seqlen_q: int, seqlen_k:
     reach = max((m_block + 1) * cfg.tile_m + seqlen_k - seqlen_q, 0)
     n_max = min(units, -(-reach // (c * cfg.tile_n)))
     return (n_max - 1 - unit) * c
+
+
+def dq_walk(cfg: BwdConfig, n_block: int, kv_head: int, group: int, seqlen_q: int,
+            seqlen_k: int) -> list[tuple[int, int, int]]:
+    """(query block, q head, turn) of every dQ add of the CTA of key block n_block of k/v head
+    kv_head, in the order it makes them (sm90/bwd.py: _cta_work's query blocks of the CTA's pair,
+    _next_block's walk, query blocks fastest, then the group's q heads kv_head * group + i; the
+    turn is dq_turn's, deterministic builds only). Every CTA walks them, a pair's second one
+    included where its keys lie past seqlen_k (it adds its half, zeros, and takes its turn); a
+    CTA with no query block (none here: bottom-right causal, every key block sees one) adds
+    nothing. Plain Python, for the semaphore walk of the whole launch (tests)."""
+    c = cluster_ctas(cfg)
+    first = n_block - n_block % c  # the pair's first key block: where its query blocks start
+    m_max = -(-seqlen_q // cfg.tile_m)
+    m_min = 0
+    if cfg.causal:
+        m_min = min(max(first * cfg.tile_n - (seqlen_k - seqlen_q), 0) // cfg.tile_m, m_max)
+    return [(m, kv_head * group + i, dq_turn(cfg, n_block, m, seqlen_q, seqlen_k) if cfg.deterministic else 0)
+            for i in range(group) for m in range(m_min, m_max)]
