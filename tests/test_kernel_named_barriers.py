@@ -8,11 +8,12 @@ from fa4kernel.sm90.named_barrier import NamedBarrierBwd, NamedBarrierFwd
 from fa4kernel.sm100.named_barrier import NamedBarrierFwdSm100
 
 # ids a member spans: one per consumer warpgroup (SM90 forward: up to 3; backward dQ: up to 2),
-# one per (softmax warpgroup, warp) pair on SM100; keyed by name (IntEnum members of equal
-# value from different enums compare and hash equal)
+# one per (dQ warpgroup, Q / dO stage) for the backward's DQ_FULL_STAGE (up to 8: FlashBwdSm90
+# asserts it), one per (softmax warpgroup, warp) pair on SM100; keyed by name (IntEnum members of
+# equal value from different enums compare and hash equal)
 SPANS = {
     NamedBarrierFwd: {"PINGPONG": 3, "P_SMEM": 3},
-    NamedBarrierBwd: {"DQ_EMPTY": 2, "DQ_FULL": 2},
+    NamedBarrierBwd: {"DQ_EMPTY": 2, "DQ_FULL": 2, "DQ_FULL_STAGE": 8},
     NamedBarrierFwdSm100: {"SM_STATS": 8},
 }
 

@@ -100,11 +100,20 @@ def test_bwd_dq_reduction_count_per_thread():
         assert len(re.findall(r"\sREDG?\.E\.ADD\.F32[^x]", text)) == 0, hd  # no scalar ones
 
 
-def test_bwd_deterministic_build_differs_only_in_the_dq_slice():
-    """The deterministic build reduces into its key block's slice: same instruction mix."""
+def semaphore_ops(text):
+    """(acquire loads, release adds) of the deterministic dQ order in SASS."""
+    return (len(re.findall(r"\sLDG\.E\.STRONG\.GPU\s", text)),
+            len(re.findall(r"\sREDG\.E\.ADD\.S32\.STRONG\.GPU\s", text)))
+
+
+def test_bwd_deterministic_build_differs_only_in_the_dq_order():
+    """The deterministic build (RED path) adds the semaphore's acquire spin (one load before the
+    loop, one in it) and one release add, nothing else of the design changes; the fast build has
+    neither."""
     a, b = bwd_sass(64, False), bwd_sass(64, False, deterministic=True)
-    for op in ("HGMMA", "UTMALDG", "UTMASTG", "MUFU.EX2", "STSM"):
+    for op in ("HGMMA", "UTMALDG", "UTMASTG", "MUFU.EX2", "STSM", "REDG.E.ADD.F32x2"):
         assert count(a, op) == count(b, op), op
+    assert semaphore_ops(a) == (0, 0) and semaphore_ops(b) == (2, 1)
 
 
 @pytest.mark.parametrize("kwargs,says", [
@@ -252,8 +261,69 @@ def test_bwd_baseline_build_has_no_bulk_reduce():
 
 
 def test_bwd_bulk_deterministic_compiles():
+    """The bulk reduce-adds of a query block sit between the semaphore's acquire and its release,
+    after a wait for them to be written (DEPBAR), with a proxy fence on either side; the only RED
+    is the release's."""
     text = bulk_sass(64, False, deterministic=True)
-    assert count(text, "UBLKRED") == 1 and len(re.findall(r"\sREDG?\.", text)) == 0
+    assert count(text, "UBLKRED") == 1 and len(re.findall(r"\sREDG?\.", text)) == 1
+    assert semaphore_ops(text) == (2, 1)
+    ops = [ln.split(";")[0].split("*/")[-1].strip() for ln in text.splitlines() if "*/" in ln]
+    acq = max(i for i, o in enumerate(ops) if o.startswith("LDG.E.STRONG.GPU"))
+    red = next(i for i, o in enumerate(ops) if o.startswith("UBLKRED"))
+    rel = next(i for i, o in enumerate(ops) if o.startswith("REDG.E.ADD.S32.STRONG.GPU"))
+    assert acq < red < rel
+    assert any(o.startswith("FENCE.VIEW.ASYNC.G") for o in ops[acq:red])
+    assert any(o.startswith("DEPBAR") for o in ops[red:rel])
+    assert any(o.startswith("MEMBAR.ALL.GPU") for o in ops[red:rel])
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("hd", [64, 128, 256])
+def test_bwd_deterministic_default_builds(hd, causal):
+    """The deterministic default builds (hd64: 128-row blocks; hd256: the CTA pair, each CTA's
+    half behind one semaphore) compile without spills, with the semaphore's spin and release and
+    the fast build's GEMMs and bulk reduces."""
+    cfg = make_bwd_config("bfloat16", hd, causal, True)
+    assert cfg.grid_order == "heads_outer"
+    if cfg not in _SASS:
+        _SASS[cfg] = fa4kernel.compile_bwd_sass(cfg)
+    text = _SASS[cfg]
+    fast = knob_sass(hd, causal, grid_order="heads_outer")
+    assert count(text, "LDL") == 0 and count(text, "STL") == 0, "register spills (LDL/STL)"
+    assert semaphore_ops(text) == (2, 1) and semaphore_ops(fast) == (0, 0)
+    for op in ("HGMMA", "UBLKRED", "UTMALDG", "UTMASTG", "MUFU.EX2", "STSM"):
+        assert count(text, op) == count(fast, op), op
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("knobs", [{}, {"dq_sum": "cta"}], ids=["pair", "cta"])
+def test_bwd_deterministic_qdo_waits_for_its_turn_after_a_barrier_per_stage(knobs, causal):
+    """dq_smem="qdo", deterministic (hd256): producer warp 1 syncs with the dQ warpgroups on one
+    barrier per (warpgroup, Q / dO stage) (a register id, _dq_full_id; the warpgroups arrive
+    there too), and only then spins for the block's turn, before its bulk adds. The first
+    semaphore build spun first on the fast build's one barrier per warpgroup: a warpgroup arrived
+    for the next block meanwhile and completed the phase without warp 1, and the GPU run hung
+    (tests/test_kernel_sm90_bwd_det_order.py models both). The fast build keeps its barriers."""
+    cfg = make_bwd_config("bfloat16", 256, causal, True, **knobs)
+    wgs = 1 if cfg.dq_sum == "pair" else cfg.dq_wgs
+    if cfg not in _SASS:
+        _SASS[cfg] = fa4kernel.compile_bwd_sass(cfg)
+
+    def ops_of(text):
+        return [ln.split(";")[0].split("*/")[-1].strip() for ln in text.splitlines() if "*/" in ln]
+
+    ops = ops_of(_SASS[cfg])
+    syncs = [i for i, o in enumerate(ops) if re.fullmatch(r"BAR\.SYNC(\.DEFER_BLOCKING)? R\d+, 0xa0", o)]
+    acq = [i for i, o in enumerate(ops) if o.startswith("LDG.E.STRONG.GPU")]
+    adds = [i for i, o in enumerate(ops) if "UBLKRED" in o]
+    assert len(syncs) == wgs and len(acq) == 2 and adds, (syncs, acq)
+    assert not [o for o in ops if re.match(r"BAR\.(SYNC|ARV)\S* 0x[56], 0xa0", o)]  # no shared DQ_FULL
+    assert max(syncs) < min(acq) and max(acq) < min(adds)
+    arrivals = [o for o in ops if o.startswith("BAR.ARV") and o.endswith(", 0xa0")]  # the dQ warpgroups'
+    assert arrivals and all(re.fullmatch(r"BAR\.ARV R\d+, 0xa0", o) for o in arrivals), arrivals
+    fast = ops_of(knob_sass(256, causal, grid_order="heads_outer", **knobs))
+    assert [o for o in fast if re.fullmatch(r"BAR\.SYNC(\.DEFER_BLOCKING)? 0x[56], 0xa0", o)] == \
+        [f"BAR.SYNC.DEFER_BLOCKING 0x{5 + w}, 0xa0" for w in range(wgs)]
 
 
 @pytest.mark.parametrize("hd,causal", [(128, False), (128, True), (64, True), (96, False)])
@@ -644,7 +714,8 @@ def test_bwd_tile_m_128_at_hd64(kwargs):
     assert cfg.dq_rows_split and cfg.dq_wgs == 2
     text = fa4kernel.compile_bwd_sass(cfg)
     assert hgmma_shapes(text) == ["64x128x16", "64x64x16"]
-    assert count(text, "UBLKRED") == 2 and len(re.findall(r"\sREDG?\.", text)) == 0
+    # deterministic: the one RED is the dQ semaphore's release
+    assert count(text, "UBLKRED") == 2 and len(re.findall(r"\sREDG?\.", text)) == int(cfg.deterministic)
     assert count(text, "LDL") == 0 and count(text, "STL") == 0
     ops = [o.split()[0] for o in loop_instructions(text)]
     n = lambda prefix: sum(o.startswith(prefix) for o in ops)  # noqa: E731
@@ -754,23 +825,27 @@ def test_bwd_grid_order_rejects_a_bad_value():
 @pytest.mark.parametrize("hd", fa4kernel.BWD_HEAD_DIMS)
 def test_bwd_dq_zero_preprocess_stores_zeros(hd):
     """dq_zero="preprocess": the preprocess kernel adds 128-bit stores of the dQ accumulator's
-    rows (hd / 16 per thread per slice; the slice loop unrolled), its loads and stats stores as
-    before; the default build has none."""
+    rows (hd / 16 per thread), its loads and stats stores as before; the default build has none.
+    Deterministic: one 32-bit store more (the semaphore of the query block that starts at the
+    CTA's first row), the rest as the fast build's."""
     import collections
 
     from fa4kernel.sass import sass_for
     from fa4kernel.sm90.bwd_preprocess import compile_preprocess
 
-    def ops(dq_zero):
-        cfg = make_bwd_config("bfloat16", hd, False, dq_zero=dq_zero)
+    def ops(dq_zero, det=False):
+        cfg = make_bwd_config("bfloat16", hd, False, det, dq_zero=dq_zero)
         text = sass_for(lambda opts: compile_preprocess(cfg, opts), "sm_90a", cache=("sm90_bwd_pre", cfg))
         return collections.Counter(re.findall(r"\s((?:LDG|STG|SHFL|LDL|STL)[\.\w]*)\s", text))
 
-    base, zero = ops("torch"), ops("preprocess")
+    base, zero, det = ops("torch"), ops("preprocess"), ops("preprocess", True)
     assert base["STG.E.128"] == 0
-    assert zero["STG.E.128"] >= hd // 16 and zero["STG.E.128"] % (hd // 16) == 0
+    assert zero["STG.E.128"] == hd // 16
     assert {k: v for k, v in zero.items() if k != "STG.E.128"} == dict(base)
     assert zero["LDL"] == 0 and zero["STL"] == 0
+    assert det["STG.E"] == zero["STG.E"] + 1
+    assert {k: v for k, v in det.items() if k != "STG.E"} == {k: v for k, v in zero.items() if k != "STG.E"}
+    assert ops("torch", True) == base  # dq_zero="torch": torch.zeros zeroes the semaphores too
 
 
 def test_bwd_dq_zero_needs_the_preprocess_kernel():
@@ -936,15 +1011,45 @@ def test_bwd_mask_runs_only_where_a_block_needs_it(hd, causal):
     assert sum(ln.startswith("FSEL") for ln in block) == sum(ln.startswith("FSEL") for ln in lines[ex2:at + 1])
 
 
-def test_bwd_deterministic_slices_one_per_key_block_or_pair():
-    """Deterministic dQ goes to one fp32 slice per KV tile; a CTA pair (dq_sum "pair") adds its
-    summed dQ into slice n_block // 2, so the accumulator holds half as many (none unused)."""
-    from fa4kernel.sm90.bwd import dq_slices
+def test_bwd_deterministic_fake_args_carry_the_semaphores():
+    """The kernel's arguments: the dQ accumulator (b, h, s_q_pad, d) fp32 in both builds, then the
+    semaphores, (b, h, query blocks) int32 when deterministic, None in the fast build."""
+    import cutlass
 
-    one = make_bwd_config("bfloat16", 128, False, True)
-    pair = make_bwd_config("bfloat16", 256, False, True)
-    assert pair.dq_sum == "pair"
-    assert dq_slices(one, 1000) == -(-1000 // one.tile_n)
-    assert dq_slices(pair, 1000) == -(-(-(-1000 // pair.tile_n)) // 2)
-    assert dq_slices(make_bwd_config("bfloat16", 256, False, True, dq_sum="cta"), 1000) == -(-1000 // pair.tile_n)
-    assert dq_slices(make_bwd_config("bfloat16", 256, False), 1000) == 1
+    from fa4kernel.sm90.bwd import fake_bwd_args
+
+    fast = fake_bwd_args(make_bwd_config("bfloat16", 128, True))
+    det = fake_bwd_args(make_bwd_config("bfloat16", 128, True, True))
+    assert len(fast) == len(det) == 10
+    assert fast[7] is None and det[7].element_type == cutlass.Int32 and len(det[7].shape) == 3
+    assert fast[6].element_type == det[6].element_type == cutlass.Float32 and len(det[6].shape) == 4
+
+
+def test_bwd_deterministic_turns_follow_the_launch():
+    """bwd_config.dq_turn (the kernel's _dq_turn in plain Python): for every query block, the CTAs
+    that add into it, taken in launch order (launch_order), have the turns 0, 1, 2, ... (a pair's
+    two CTAs both c u, then each adds 1): a CTA only waits for CTAs launched before it (no
+    deadlock, however few run at once) and each semaphore ends at the number of adds. Causal
+    builds launch each head's key blocks last first; odd lengths both ways, GQA heads."""
+    from fa4kernel.sm90.bwd_config import cluster_ctas, dq_turn, launch_order
+
+    for hd, knobs in ((64, {}), (64, {"tile_m": 64}), (128, {}), (192, {}), (256, {}), (256, {"dq_sum": "cta"}),
+                      (256, {"grid_order": "tail_lpt"})):
+        for causal in (False, True):
+            for sq, sk in ((1000, 1000), (77, 1000), (1000, 333), (4096, 4096), (200, 64), (1, 1), (333, 333)):
+                cfg = make_bwd_config("bfloat16", hd, causal, True, **knobs)
+                c = cluster_ctas(cfg)
+                order = launch_order(cfg, sk, 3, 2)
+                m_max = -(-sq // cfg.tile_m)
+                adds = {}  # (m_block, head, batch) -> turns in launch order
+                for n, h, b in order:
+                    first = n - n % c
+                    m_min = 0
+                    if causal:
+                        m_min = min(max(first * cfg.tile_n - (sk - sq), 0) // cfg.tile_m, m_max)
+                    for m in range(m_min, m_max):
+                        adds.setdefault((m, h, b), []).append(dq_turn(cfg, n, m, sq, sk))
+                for key, turns in adds.items():
+                    assert turns == [i - i % c for i in range(len(turns))], (hd, knobs, causal, sq, sk, key, turns)
+                if causal:
+                    assert order[0][0] // c == -(-sk // (c * cfg.tile_n)) - 1  # the last key block (pair) first

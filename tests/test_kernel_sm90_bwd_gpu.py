@@ -308,7 +308,7 @@ def test_bwd_postprocess_kernel_deterministic_bits(hd, causal):
 def test_bwd_dq_zero_preprocess_after_nan_in_the_allocator(hd, deterministic):
     """dq_zero="preprocess" allocates the dQ accumulator with torch.empty: with the caching
     allocator's free memory full of NaN first, the gradients are still finite and right (the
-    preprocess zeroed every slice, padding rows included)."""
+    preprocess zeroed the accumulator, padding rows included, and the deterministic semaphores)."""
     for _ in range(2):
         poison = torch.full((64 << 20,), float("nan"), device="cuda")  # 256 MiB, freed at once
         del poison
@@ -323,7 +323,8 @@ def test_bwd_dq_zero_preprocess_after_nan_in_the_allocator(hd, deterministic):
 def test_bwd_dq_sum_pair_odd_key_blocks(hd, causal, sq, sk):
     """dq_sum="pair": an odd number of 64-key blocks leaves the last pair's second CTA past
     seqlen_k (it still walks the pair's query blocks, with nothing to add); causal pairs start at
-    the first CTA's query block; GQA and the deterministic slices per pair."""
+    the first CTA's query block; GQA and the deterministic order per pair (one semaphore per
+    query block, both CTAs of a pair take one turn)."""
     check(2, sq, sk, 4, 2, hd, causal, dq_smem="qdo", dq_sum="pair")
     check(1, sq, sk, 2, 1, hd, causal, deterministic=True, dq_smem="qdo", dq_sum="pair")
 
@@ -351,6 +352,43 @@ def test_bwd_deterministic_is_bitwise_repeatable(hd, knobs, causal):
     for a, b, name in zip(runs[0], runs[1], ("dq", "dk", "dv")):
         assert torch.isfinite(a.float()).all()
         assert torch.equal(a, b), f"{name} differs between two deterministic runs"
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("hd", [64, 128, 256])
+@pytest.mark.parametrize("b,sq,sk,h,hkv", [(2, 333, 1000, 8, 1), (1, 1000, 333, 8, 2), (2, 77, 77, 3, 3),
+                                          (1, 1, 200, 4, 1)],
+                         ids=["mqa-333x1000", "gqa-1000x333", "mha-77", "mqa-1x200"])
+def test_bwd_deterministic_odd_lengths_gqa_mqa(hd, causal, b, sq, sk, h, hkv):
+    """deterministic=True at odd lengths both ways (causal: query blocks that no key block or only
+    some see), with GQA and MQA (a CTA adds into every q head of its group, one semaphore each):
+    right, and the same bits twice."""
+    check(b, sq, sk, h, hkv, hd, causal, deterministic=True, seed=3)
+    q, k, v, dout = _inputs(b, sq, sk, h, hkv, hd, seed=5)
+    runs = []
+    for _ in range(2):
+        out = fa4kernel.attention(q, k, v, causal=causal, deterministic=True)
+        runs.append(grads(out, (q, k, v), dout))
+    for a, b_, name in zip(runs[0], runs[1], ("dq", "dk", "dv")):
+        assert torch.equal(a, b_), f"{name} differs between two deterministic runs"
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("hd", [64, 256])
+def test_bwd_deterministic_more_key_blocks_than_sms(hd, causal):
+    """One (batch, head) with more key blocks (pairs) than the H200 runs at once (20000 keys: 157
+    blocks of 128, 157 pairs of 64): each CTA waits only for CTAs launched before it (causal: the
+    last key block first), so the launch ends; the same bits twice, dq as the fast build's."""
+    q, k, v, dout = _inputs(1, 20000, 20000, 2, 1, hd, seed=9)
+    runs = []
+    for det in (True, True, False):
+        out = fa4kernel.attention(q, k, v, causal=causal, deterministic=det)
+        runs.append(grads(out, (q, k, v), dout))
+        torch.cuda.synchronize()
+    for a, b_, name in zip(runs[0], runs[1], ("dq", "dk", "dv")):
+        assert torch.equal(a, b_), f"{name} differs between two deterministic runs"
+    for a, f, name in zip(runs[0], runs[2], ("dq", "dk", "dv")):
+        assert rel_err(a, f.float()) <= TOL, name
 
 
 # ---- torch.autograd
@@ -434,16 +472,18 @@ def test_bwd_clock_probe_computes_the_same_gradients(hd, causal):
     assert probe_sums(stamps.tolist())["ghz"] is None
 
 
-@pytest.mark.parametrize("hd,causal", [(64, False), (128, True), (256, False)])
-def test_bwd_main_kernel_alone_accumulates_dq_per_launch(hd, causal):
+@pytest.mark.parametrize("deterministic", [False, True])
+@pytest.mark.parametrize("hd,causal", [(64, False), (128, True), (256, False), (256, True)])
+def test_bwd_main_kernel_alone_accumulates_dq_per_launch(hd, causal, deterministic):
     """prepare_bwd's main() launches the main kernel alone (the power benchmark's load): called
-    twice, dK and dV are the reference's and the dQ accumulator holds twice dQ."""
+    twice, dK and dV are the reference's and the dQ accumulator holds twice dQ (deterministic:
+    the second launch's turns start over from zeroed semaphores, so it ends too)."""
     from fa4kernel.sm90.bwd import prepare_bwd
 
     q, k, v, dout = _inputs(2, 555, 555, 4, 4, hd, seed=7 * hd)
     with torch.no_grad():
         out, lse = fa4kernel.attention(q, k, v, causal=causal, return_lse=True)
-    cfg = fa4kernel.make_bwd_config("bfloat16", hd, causal)
+    cfg = fa4kernel.make_bwd_config("bfloat16", hd, causal, deterministic)
     main, finish = prepare_bwd(cfg, dout, q, k, v, out, lse, 1.0 / math.sqrt(hd))
     main()
     main()

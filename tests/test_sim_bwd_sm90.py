@@ -277,31 +277,35 @@ def test_loop_instructions_counted_in_the_sass_take_issue_slots():
         assert uses(s, op)["issue"] - uses(bare, op)["issue"] == pytest.approx(fixed / 2)
 
 
-def test_deterministic_by_slices_has_no_order_to_wait_for():
+def test_deterministic_holds_the_order_by_semaphore():
     p = Problem(1, 8, 2048, 2048, 128, True)
-    k = knobs_of(p, "fa4kernel", {"deterministic": True})
-    assert k["deterministic_by"] == "slices" and bwd.dq_hold(H100, p, k) == 0.0
-    assert not any(o.name.startswith("SEM") for o in schedule(p, "fa4kernel", {"deterministic": True}).ops)
-    k = knobs_of(p, "flash-attn-4", {"deterministic": True})
-    assert bwd.dq_hold(H100, p, k) > 0
-    assert {"SEMA", "SEMR"} <= {o.name for o in schedule(p, "flash-attn-4", {"deterministic": True}).ops}
+    assert not any(o.name.startswith("SEM") for o in schedule(p, "fa4kernel").ops)
+    for impl in ("fa4kernel", "flash-attn-4"):  # both ship the semaphore
+        k = knobs_of(p, impl, {"deterministic": True})
+        assert k["deterministic_by"] == "semaphore" and bwd.dq_hold(H100, p, k) > 0
+        assert {"SEMA", "SEMR"} <= {o.name for o in schedule(p, impl, {"deterministic": True}).ops}
+
+
+def test_fa4kernels_deterministic_launch_is_heads_outer():
+    """fa4kernel's deterministic builds launch heads_outer at every mask (bwd_config.make_bwd_config)."""
+    for causal in (False, True):
+        p = Problem(1, 8, 2048, 2048, 128, causal)
+        assert knobs_of(p, "fa4kernel", {"deterministic": True})["grid_order"] == "heads_outer"
+    assert knobs_of(Problem(1, 8, 2048, 2048, 128, True), "fa4kernel")["grid_order"] == "tail_lpt"
 
 
 # ---------------------------------------------------------------- the launches around it
 def test_fa4kernels_torch_pre_and_postprocess():
     # fa4kernel/sm90/bwd.py run_bwd with preprocess "torch": per (row, head) 28 d + 50 bytes in 11
-    # kernels, the zeroed dQ accumulator in one more; after it one copy to 16 bit (6 d), after a
-    # sum of the slices when deterministic (a slice per KV tile, zeroed before)
+    # kernels, the zeroed dQ accumulator in one more; after it one copy to 16 bit (6 d), the same
+    # when deterministic (one accumulator)
     p = Problem(2, 4, 1000, 1000, 64)
     rows, d, bw, gap = 2 * 4 * 1000, 64, H100.hbm_bandwidth_tbps * 1e6, H100.launch_gap_us
     k = {"preprocess": "torch", "tile_n": 128}
     pre, post = kernel_bwd.pre_post_us(p, H100, k)
     assert pre == pytest.approx(rows * (28 * d + 50 + 4 * d) / bw + 12 * gap)
     assert post == pytest.approx(rows * 6 * d / bw + gap)
-    slices = math.ceil(1000 / 128)
-    pre, post = kernel_bwd.pre_post_us(p, H100, {**k, "deterministic": True, "deterministic_by": "slices"})
-    assert pre == pytest.approx(rows * (28 * d + 50 + 4 * d * slices) / bw + 12 * gap)
-    assert post == pytest.approx(rows * (6 * d + 4 * d + 4 * d * slices) / bw + 2 * gap)
+    assert kernel_bwd.pre_post_us(p, H100, {**k, "deterministic": True}) == (pre, post)
     # one preprocess kernel (flash-attn-4's, fa4kernel's preprocess "kernel"): O and dO read once
     pre, post = kernel_bwd.pre_post_us(p, H100, {"preprocess": "kernel"})
     assert (pre, post) == pytest.approx(kernel_bwd.pre_post_us(p, H100))
@@ -323,14 +327,12 @@ def test_the_l2_check_takes_reduce_adds_at_the_reduce_add_rate():
                                       + red / (H100.l2_reduce_bandwidth_tbps * 1e6)) * H100.l2_mixed_time_fraction)
 
 
-def test_slices_read_and_write_every_visit_of_dq_in_hbm():
+def test_deterministic_moves_the_same_bytes():
+    """One dQ accumulator in both modes: the same L2 and HBM traffic (the order costs time, not bytes)."""
     p = Problem(1, 2, 1024, 1024, 64)
     units = kernel_bwd.kv_units(p, 128, 64)
-    visits = sum(u.n_kv for u in units)
-    l2, hbm = kernel_bwd.traffic(p, H100, units, 64, False)          # all of it fits in L2
-    l2_s, hbm_s = kernel_bwd.traffic(p, H100, units, 64, False, {"deterministic": True, "deterministic_by": "slices"})
-    assert l2_s == l2
-    assert hbm_s - hbm == pytest.approx(2 * 2 * visits * 64 * 64 * 4 - 2 * 1024 * 64 * 4)
+    assert kernel_bwd.traffic(p, H100, units, 64, False) == \
+        kernel_bwd.traffic(p, H100, units, 64, False, {"deterministic": True, "deterministic_by": "semaphore"})
 
 
 # ---------------------------------------------------------------- fa4kernel's loop counts, from its SASS

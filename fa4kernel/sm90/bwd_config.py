@@ -44,6 +44,9 @@ TAIL_SLOTS = 132
 # head dim at 1k-4k: the SMs busy 97-99 % of the launch instead of 93-96 %; hd256 1k / 4k +4 / +5 %
 # sustained: fa4kernel/README.md, "Backward"); without one every CTA walks as many query blocks
 GRID_ORDER_DEFAULT = {False: "heads_outer", True: "tail_lpt"}
+# deterministic builds: "heads_outer" at every mask. With a causal mask their key blocks launch last
+# (shortest) first, so the dQ turns of a query block follow the launch (sm90/bwd.py _dq_turn): the
+# tail's longest-first order is gone either way, and at head dim 256 its decode spills a register
 DQ_ZERO_MODES = ("torch", "preprocess")
 # query rows per block by head dim: 128 only at 64, where dQ is split by query rows over both
 # warpgroups (flash-attn-4's hd64 tile)
@@ -82,8 +85,10 @@ class BwdConfig:
     dtype: str  # "bfloat16" | "float16"
     head_dim: int
     causal: bool
-    # dQ partial sums go to one fp32 slice per key block (summed in a fixed order afterwards)
-    # instead of atomic adds into one dQ accumulator
+    # dQ partial sums are added into the one fp32 accumulator a key block (pair) at a time per query
+    # block, in a fixed order kept by an int32 semaphore per (batch, q head, query block), so the
+    # sums are the same bits on every run (sm90/bwd.py _dq_turn); with a causal mask the key blocks
+    # of a (batch, k/v head) launch last first (launch_order)
     deterministic: bool = False
     # how dQ partial sums reach the fp32 accumulator: "red" = every consumer thread issues
     # RED.ADD.F32x2 into global memory; "bulk" = the dQ warpgroups store them to an fp32 smem
@@ -129,9 +134,10 @@ class BwdConfig:
     # the launch ends on their shortest CTAs instead of on the last head's longest ones, and only
     # the Q / dO of those few heads are read a wave apart (launch_order says which CTA runs what)
     grid_order: str = "heads_outer"
-    # who zeroes the fp32 dQ accumulator before the backward: "torch" = torch.zeros (a memset
-    # launch); "preprocess" = the preprocess kernel, for the 32 rows of each of its CTAs (one
-    # launch fewer, the same bytes; flash-attn-4's preprocess). Needs preprocess="kernel"
+    # who zeroes the fp32 dQ accumulator (and the deterministic build's semaphores) before the
+    # backward: "torch" = torch.zeros (a memset launch); "preprocess" = the preprocess kernel, for
+    # the 32 rows of each of its CTAs (one launch fewer, the same bytes; flash-attn-4's
+    # preprocess). Needs preprocess="kernel"
     dq_zero: str = "preprocess"
     # query rows per block: 64, or 128 at head dim 64 (TILE_M_BY_HEAD_DIM; dQ split by rows)
     tile_m: int = TILE_M
@@ -181,7 +187,7 @@ def make_bwd_config(dtype: str, head_dim: int, causal: bool, deterministic: bool
     (DQ_REDUCE_DEFAULT, DQ_SMEM_DEFAULT, DQ_SUM_DEFAULT, TILE_M_DEFAULT; each falls back to the
     value that holds with the other knobs: dq_sum "cta", tile_m 64). postprocess=None: "kernel"
     with dq_reduce="bulk", else "torch"; dq_zero=None: "preprocess" with preprocess="kernel",
-    else "torch"; grid_order=None: GRID_ORDER_DEFAULT by causal."""
+    else "torch"; grid_order=None: GRID_ORDER_DEFAULT by causal ("heads_outer" when deterministic)."""
     if dtype not in BWD_DTYPES:
         raise ValueError(f"dtype {dtype} not supported by the backward; allowed: {', '.join(BWD_DTYPES)}")
     if isinstance(head_dim, bool) or head_dim not in BWD_HEAD_DIMS:
@@ -192,7 +198,7 @@ def make_bwd_config(dtype: str, head_dim: int, causal: bool, deterministic: bool
     if not isinstance(deterministic, bool):
         raise ValueError(f"deterministic={deterministic!r} not supported; allowed: True or False")
     if grid_order is None:
-        grid_order = GRID_ORDER_DEFAULT[causal]
+        grid_order = "heads_outer" if deterministic else GRID_ORDER_DEFAULT[causal]
     if dq_reduce is None:
         dq_reduce = DQ_REDUCE_DEFAULT[head_dim]
     if dq_reduce not in DQ_REDUCE_MODES:
@@ -302,17 +308,20 @@ def launch_order(cfg: BwdConfig, seqlen_k: int, heads_kv: int, batch: int) -> li
     """(key block, k/v head, batch) of every CTA of the launch, in launch order (the CTA's linear
     block index: blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z)), as sm90/bwd.py
     decodes it. Pairs (dq_sum="pair") round the key blocks up to even; their two CTAs are
-    adjacent. Plain Python: the clock probe's per-CTA stamps are read back with it."""
+    adjacent. Deterministic with a causal mask: the key blocks (pairs) of each (batch, k/v head)
+    in reverse (the last first, where the plain order has the first). Plain Python: the clock
+    probe's per-CTA stamps are read back with it."""
     c = cluster_ctas(cfg)
     units = -(-seqlen_k // (cfg.tile_n * c))  # clusters per (batch, k/v head)
     nb = units * c
     g_all = heads_kv * batch
     out = []
+    rev = cfg.deterministic and cfg.causal
     if cfg.grid_order == "heads_outer":
         for bi in range(batch):
             for h in range(heads_kv):
                 for n in range(nb):
-                    out.append((n, h, bi))
+                    out.append((((units - 1 - n // c) * c + n % c) if rev else n, h, bi))
         return out
     tail = tail_heads(units, g_all, TAIL_SLOTS // c)
     for p in range(units * g_all):
@@ -321,6 +330,43 @@ def launch_order(cfg: BwdConfig, seqlen_k: int, heads_kv: int, batch: int) -> li
         else:
             r = p - (g_all - tail) * units
             j, g = r // tail, g_all - tail + r % tail
+        if rev:
+            j = units - 1 - j
         for rank in range(c):
             out.append((j * c + rank, g % heads_kv, g // heads_kv))
     return out
+
+
+def dq_turn(cfg: BwdConfig, n_block: int, m_block: int, seqlen_q: int, seqlen_k: int) -> int:
+    """Deterministic builds: the count the semaphore of query block m_block must have reached
+    before the CTA of key block n_block adds its dQ there (sm90/bwd.py FlashBwdSm90._dq_turn, in
+    plain Python). Key blocks go in pairs with dq_sum="pair" (both CTAs of pair u take turn c u,
+    c = 2, and each adds 1). Without a mask pair / key block u goes u-th; causal: query block m is
+    seen by the first n_max(m) of them, which launch last first (launch_order), so u comes after
+    the n_max(m) - 1 - u above it."""
+    c = cluster_ctas(cfg)
+    unit, units = n_block // c, -(-seqlen_k // (c * cfg.tile_n))
+    if not cfg.causal:
+        return unit * c
+    reach = max((m_block + 1) * cfg.tile_m + seqlen_k - seqlen_q, 0)
+    n_max = min(units, -(-reach // (c * cfg.tile_n)))
+    return (n_max - 1 - unit) * c
+
+
+def dq_walk(cfg: BwdConfig, n_block: int, kv_head: int, group: int, seqlen_q: int,
+            seqlen_k: int) -> list[tuple[int, int, int]]:
+    """(query block, q head, turn) of every dQ add of the CTA of key block n_block of k/v head
+    kv_head, in the order it makes them (sm90/bwd.py: _cta_work's query blocks of the CTA's pair,
+    _next_block's walk, query blocks fastest, then the group's q heads kv_head * group + i; the
+    turn is dq_turn's, deterministic builds only). Every CTA walks them, a pair's second one
+    included where its keys lie past seqlen_k (it adds its half, zeros, and takes its turn); a
+    CTA with no query block (none here: bottom-right causal, every key block sees one) adds
+    nothing. Plain Python, for the semaphore walk of the whole launch (tests)."""
+    c = cluster_ctas(cfg)
+    first = n_block - n_block % c  # the pair's first key block: where its query blocks start
+    m_max = -(-seqlen_q // cfg.tile_m)
+    m_min = 0
+    if cfg.causal:
+        m_min = min(max(first * cfg.tile_n - (seqlen_k - seqlen_q), 0) // cfg.tile_m, m_max)
+    return [(m, kv_head * group + i, dq_turn(cfg, n_block, m, seqlen_q, seqlen_k) if cfg.deterministic else 0)
+            for i in range(group) for m in range(m_min, m_max)]

@@ -3,7 +3,8 @@ in fp32 and LSE_log2 = LSE * log2(e), both (b, h, s_q_pad), rows that see no key
 the padding rows at LSE_log2 = +inf (their P is 0), D = 0 on the padding rows.
 
 preprocess="kernel": BwdPreprocess, a CuTe DSL kernel (with dq_zero="preprocess" it also zeroes
-the dQ accumulator), launched by preprocess_kernel; preprocess="torch": preprocess_torch.
+the dQ accumulator and the deterministic build's dQ semaphores), launched by preprocess_kernel;
+preprocess="torch": preprocess_torch.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ import math
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, const_expr
+
+from typing import Optional
 
 from ..interop import compile_fake, to_cute, torch_stream
 from .bwd_config import BwdConfig
@@ -27,8 +30,9 @@ class BwdPreprocess:
 
     4 threads per row (a quad reads 64 contiguous bytes per 128-bit load; d / 32 loads each),
     reduced with 2 butterfly shuffles; a CTA of 128 threads covers 32 rows of one (head, batch).
-    With dq_zero="preprocess" it also zeroes those 32 rows of the dQ accumulator (every slice;
-    hd / 16 STG.128 per thread per slice), so no memset runs before the backward."""
+    With dq_zero="preprocess" it also zeroes those 32 rows of the dQ accumulator (hd / 16 STG.128
+    per thread) and, deterministic, the semaphore of the query block that starts at its first
+    row (thread 0), so no memset runs before the backward."""
 
     ROWS = 32
 
@@ -36,31 +40,37 @@ class BwdPreprocess:
         self.dtype = cutlass.BFloat16 if cfg.dtype == "bfloat16" else cutlass.Float16
         self.hd = cfg.head_dim
         self.zero_dq = cfg.dq_zero == "preprocess"
+        self.zero_sem = self.zero_dq and cfg.deterministic
+        self.tile_m = cfg.tile_m
 
     @cute.jit
     def __call__(self, mO: cute.Tensor, mdO: cute.Tensor, mLSE: cute.Tensor, mD: cute.Tensor,
-                 mLSE2: cute.Tensor, mdQaccum: cute.Tensor, stream):
+                 mLSE2: cute.Tensor, mdQaccum: cute.Tensor, mdQsem: Optional[cute.Tensor], stream):
         # mO, mdO (b, s_q, h, d); mLSE (b, h, s_q) natural log; mD, mLSE2 (b, h, s_q_pad);
-        # mdQaccum (slices, b, h, s_q_pad, d) fp32 (touched only with dq_zero="preprocess")
+        # mdQaccum (b, h, s_q_pad, d) fp32 (touched only with dq_zero="preprocess"); mdQsem
+        # (b, h, s_q_pad / tile_m) int32 of the deterministic build, else None
         grid = (cute.ceil_div(mD.shape[2], self.ROWS), cute.size(mD.shape[1]), cute.size(mD.shape[0]))
-        self.kernel(mO, mdO, mLSE, mD, mLSE2, mdQaccum).launch(grid=grid, block=[4 * self.ROWS, 1, 1],
-                                                              stream=stream)
+        self.kernel(mO, mdO, mLSE, mD, mLSE2, mdQaccum, mdQsem).launch(grid=grid, block=[4 * self.ROWS, 1, 1],
+                                                                      stream=stream)
 
     @cute.kernel
     def kernel(self, mO: cute.Tensor, mdO: cute.Tensor, mLSE: cute.Tensor, mD: cute.Tensor, mLSE2: cute.Tensor,
-               mdQaccum: cute.Tensor):
+               mdQaccum: cute.Tensor, mdQsem):
         tidx = cute.arch.thread_idx()[0]
         bx, head, batch = cute.arch.block_idx()
         row = bx * self.ROWS + tidx // 4
         part = tidx % 4
         if const_expr(self.zero_dq):
-            # the CTA's 32 rows (all below s_q_pad) of every slice; a quad writes 64 contiguous bytes
+            # the CTA's 32 rows (all below s_q_pad); a quad writes 64 contiguous bytes
             zero = cute.make_rmem_tensor((4,), Float32)
             zero.fill(0.0)
-            for sl in cutlass.range(mdQaccum.shape[0]):
-                gdQ = mdQaccum[sl, batch, head, row, None]
-                for k in cutlass.range_constexpr(self.hd // 16):
-                    cute.autovec_copy(zero, cute.local_tile(gdQ, (4,), (part + 4 * k,)))
+            gdQ = mdQaccum[batch, head, row, None]
+            for k in cutlass.range_constexpr(self.hd // 16):
+                cute.autovec_copy(zero, cute.local_tile(gdQ, (4,), (part + 4 * k,)))
+        if const_expr(self.zero_sem):
+            # tile_m is a multiple of ROWS: the CTA whose rows start a query block zeroes its semaphore
+            if tidx == 0 and (bx * self.ROWS) % self.tile_m == 0:
+                mdQsem[batch, head, bx * self.ROWS // self.tile_m] = cutlass.Int32(0)
         seqlen_q = mO.shape[1]
         total = Float32(0.0)
         if row < seqlen_q:
@@ -102,10 +112,13 @@ def fake_preprocess_args(cfg: BwdConfig):
         return make_fake_tensor(cutlass.Float32, (b, h, n), stride=(cute.sym_int64(), cute.sym_int64(), 1),
                                 assumed_align=4)
 
-    nb = cute.sym_int()
-    dq = make_fake_tensor(cutlass.Float32, (nb, b, h, sqp, cfg.head_dim),
-                          stride=tuple(cute.sym_int64(divisibility=4) for _ in range(4)) + (1,), assumed_align=16)
-    return fake((b, sq, h, cfg.head_dim)), fake((b, sq, h, cfg.head_dim)), stats(sq), stats(sqp), stats(sqp), dq
+    dq = make_fake_tensor(cutlass.Float32, (b, h, sqp, cfg.head_dim),
+                          stride=tuple(cute.sym_int64(divisibility=4) for _ in range(3)) + (1,), assumed_align=16)
+    sem = None
+    if cfg.deterministic and cfg.dq_zero == "preprocess":
+        sem = make_fake_tensor(cutlass.Int32, (b, h, cute.sym_int()), stride=(cute.sym_int64(), cute.sym_int64(), 1),
+                               assumed_align=4)
+    return fake((b, sq, h, cfg.head_dim)), fake((b, sq, h, cfg.head_dim)), stats(sq), stats(sqp), stats(sqp), dq, sem
 
 
 def compile_preprocess(cfg: BwdConfig, options=None, tvm_ffi: bool = False):
@@ -113,12 +126,12 @@ def compile_preprocess(cfg: BwdConfig, options=None, tvm_ffi: bool = False):
     return compile_fake(BwdPreprocess(cfg), fake_preprocess_args(cfg), options, tvm_ffi)
 
 
-_PRE_CACHE: dict = {}  # (dtype, head_dim, dq_zero, tvm_ffi) -> compiled preprocess
+_PRE_CACHE: dict = {}  # (dtype, head_dim, dq_zero, zeroes semaphores, tile_m, tvm_ffi) -> compiled preprocess
 
 
-def preprocess_kernel(cfg: BwdConfig, dout, out, lse, seqlen_q_pad: int, use_tvm_ffi: bool, dq_accum):
+def preprocess_kernel(cfg: BwdConfig, dout, out, lse, seqlen_q_pad: int, use_tvm_ffi: bool, dq_accum, dq_sem=None):
     """preprocess="kernel": D and LSE_log2 as preprocess_torch, by BwdPreprocess (one launch; with
-    dq_zero="preprocess" it also zeroes dq_accum)."""
+    dq_zero="preprocess" it also zeroes dq_accum and, deterministic, dq_sem)."""
     import torch
 
     b, sq, h, _ = dout.shape
@@ -127,15 +140,17 @@ def preprocess_kernel(cfg: BwdConfig, dout, out, lse, seqlen_q_pad: int, use_tvm
     if not out.is_contiguous() or out.data_ptr() % 16:
         out = out.clone(memory_format=torch.contiguous_format)  # 16-byte aligned rows
     lse = lse.contiguous()
-    key = (cfg.dtype, cfg.head_dim, cfg.dq_zero, use_tvm_ffi)
+    zero_sem = cfg.deterministic and cfg.dq_zero == "preprocess"
+    sem = dq_sem if zero_sem else None
+    key = (cfg.dtype, cfg.head_dim, cfg.dq_zero, zero_sem, cfg.tile_m if zero_sem else None, use_tvm_ffi)
     fn = _PRE_CACHE.get(key)
     if use_tvm_ffi:
         if fn is None:
             fn = _PRE_CACHE[key] = compile_preprocess(cfg, tvm_ffi=True)
-        fn(out, dout, lse, dpsum, lse_log2, dq_accum)
+        fn(out, dout, lse, dpsum, lse_log2, dq_accum, sem)
     else:
         args = [to_cute(out, 3), to_cute(dout, 3)] + [to_cute(t, 2, align=4) for t in (lse, dpsum, lse_log2)] \
-            + [to_cute(dq_accum, 4)]
+            + [to_cute(dq_accum, 3), to_cute(sem, 2, align=4) if zero_sem else None]
         stream = torch_stream(dout.device)
         if fn is None:
             fn = _PRE_CACHE[key] = cute.compile(BwdPreprocess(cfg), *args, stream)

@@ -91,6 +91,10 @@ KNOBS = [
          "it through distributed shared memory: warpgroup 0 owns its head-dim half here (warpgroup 1 in the peer), "
          "the other warpgroup st.asyncs its half to the peer's owner, the owner adds the peer's half and bulk-adds "
          "the sum (half the reduce-add bytes into L2)", kind="choice", choices=("cta", "pair")),  # after dq_smem, mma_order
+    Knob("deterministic", False, "", "dQ added in a fixed order of KV tiles (deterministic_by says how)", kind="bool"),
+    Knob("deterministic_by", "semaphore", "", "semaphore: the dQ reduce-adds of a Q block in a fixed KV-tile order, "
+         "held by a semaphore per Q block (flash-attn-4, fa4kernel)", kind="choice",
+         choices=("semaphore",)),  # before grid_order, whose choice depends on it (fa4kernel)
     Knob("grid_order", "heads_outer", "", "the order the KV-tile CTAs launch in: heads_outer = the KV tiles of one "
          "(batch, head) after another (blockIdx order); tail_lpt (fa4kernel, causal) = the same, but the last heads, "
          "at least two waves of clusters, go KV tile by KV tile across them, longest first", kind="choice",
@@ -102,10 +106,6 @@ KNOBS = [
          "row's statistics)", kind="bool"),
     Knob("mask_every_block", False, "", "the length (and causal) mask runs on every Q block; false: only on "
          "blocks that cross the diagonal or the sequence end", kind="bool"),
-    Knob("deterministic", False, "", "dQ added in a fixed order of KV tiles (deterministic_by says how)", kind="bool"),
-    Knob("deterministic_by", "semaphore", "", "semaphore: the dQ reduce-adds of a Q block in a fixed KV-tile order, "
-         "held by a semaphore per Q block (flash-attn-4); slices: each KV tile adds into its own fp32 slice of dQ, "
-         "summed on the host afterwards (fa4kernel)", kind="choice", choices=("semaphore", "slices")),
     Knob("gqa_dkv", "reduce", "", "grouped K/V heads (heads_kv < heads): reduce = one CTA per KV tile of each q "
          "head, dK and dV reduce-added in fp32 into per-K/V-head accumulators (zeroed before, converted to 16 bit "
          "after: flash-attn-4); loop = one CTA per KV tile of each K/V head walking the Q blocks of every q head "
@@ -255,9 +255,7 @@ def check_dq_smem(p: Problem, k: dict) -> None:
 
 
 def dq_hold(hw, p: Problem, k: dict) -> float:
-    """Cycles a CTA holds a Q block's deterministic dQ order (0 with per-KV-tile slices: no order)."""
-    if k["deterministic_by"] == "slices":
-        return 0.0
+    """Cycles a CTA holds a Q block's deterministic dQ order."""
     return kernel_bwd.dq_order_wait(hw, k["tile_m"] * p.hdim * 4)
 
 

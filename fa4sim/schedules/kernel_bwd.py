@@ -111,9 +111,7 @@ def traffic(p: Problem, hw, units: list[KvUnit], tile_m: int, two_cta: bool,
     dK, dV go out once (grouped K/V heads, reduces_dkv: K and V in per q head, dK and dV
     reduce-added in fp32 per q head). HBM sees Q, K, V, O-sized dO, dK, dV, LSE, dPsum once and the fp32 dQ
     accumulator once, plus the Q-side re-reads when the Q, dO and dQ accumulator of the heads
-    in flight do not fit in L2. Deterministic by slices (knobs deterministic_by "slices"): every
-    visit adds into its own fp32 slice, zeroed beforehand in HBM and too large for L2, so each
-    visit's dQ lines come from HBM and go back."""
+    in flight do not fit in L2."""
     bh = launch_heads(p, knobs)                    # (batch, head) pairs with one set of units
     q_per = loops_group(p, knobs)                  # q heads one of them walks
     bkv = p.batch * p.heads_kv
@@ -130,8 +128,7 @@ def traffic(p: Problem, hw, units: list[KvUnit], tile_m: int, two_cta: bool,
     if bkv != bq:
         kv_unique = kv_unique * bkv / bq
     l2 = bh * (visits * (per_visit + dq_add) + kv)
-    slices = bool(knobs and knobs.get("deterministic") and knobs.get("deterministic_by") == "slices")
-    acc = 0 if slices else d * 4                   # the shared accumulator, per row
+    acc = d * 4                                    # the shared accumulator, per row
     unique = bq * (p.seqlen_q * ((d + dv) * 2 + 8 + acc) + kv_unique)
     slots = hw.num_sms // (2 if two_cta else 1)
     heads_in_flight = min(bh, math.ceil(slots / max(1, len(units))) + 1)
@@ -141,9 +138,7 @@ def traffic(p: Problem, hw, units: list[KvUnit], tile_m: int, two_cta: bool,
     walking = q_per if p.causal else 1
     working_set = heads_in_flight * walking * p.seqlen_q * ((d + dv) * 2 + 8 + acc)
     hit = min(1.0, hw.l2_bytes / max(working_set, 1.0))
-    hbm = unique + max(0.0, l2 - unique - (bh * visits * dq_add if slices else 0.0)) * (1.0 - hit)
-    if slices:
-        hbm += 2.0 * bh * visits * dq_add
+    hbm = unique + max(0.0, l2 - unique) * (1.0 - hit)
     return float(l2), float(hbm)
 
 
@@ -224,8 +219,8 @@ def deterministic_cycles(units: list[KvUnit], costs: list[tuple[float, float]], 
 # bwd_postprocess.py dq_postprocess):
 # eager torch operations, one kernel each, as (what, bytes read and written per row of one head,
 # as a constant + per head-dim element + per head-dim element and dQ slice). Rows are seqlen_q
-# rows of each (batch, head) (the padding to tile_m is left out); d = head dim; slices = the
-# number of dQ slices (KV tiles when deterministic by slices, else 1).
+# rows of each (batch, head) (the padding to tile_m is left out); d = head dim; the last number
+# counts per head-dim element of the fp32 dQ accumulator.
 TORCH_PRE = (
     ("dpsum = zeros (fp32)", 4, 0, 0),
     ("dout.float()", 0, 2 + 4, 0),
@@ -239,9 +234,8 @@ TORCH_PRE = (
     ("where(...)", 1 + 4 + 4, 0, 0),
     ("lse_log2[..., :sq] = (copy)", 8, 0, 0),
 )
-TORCH_ZERO = (("dq_accum = zeros (fp32, slices x)", 0, 0, 4),)
+TORCH_ZERO = (("dq_accum = zeros (fp32)", 0, 0, 4),)
 POST = (("dQ fp32 -> 16 bit (one pass)", 0, 4 + 2, 0),)
-POST_SLICES = (("dq_accum.sum(0)", 0, 4, 4),)
 
 
 def passes(p: Problem, knobs: dict | None = None) -> tuple[tuple, tuple]:
@@ -250,19 +244,15 @@ def passes(p: Problem, knobs: dict | None = None) -> tuple[tuple, tuple]:
     dO and LSE, writes dPsum and LSE in log2 units (fp32) and zeroes the fp32 dQ accumulator
     (fa4kernel zeroes it in a torch launch of its own: 1.7 us more, left out); "torch": fa4kernel's
     eager torch operations (TORCH_PRE, then TORCH_ZERO). After it: dQ from fp32 to 16 bit in one
-    pass (flash-attn-4's postprocess kernel, fa4kernel's one torch copy_), after the sum of the
-    slices when deterministic by slices."""
+    pass (flash-attn-4's postprocess kernel, fa4kernel's one torch copy_)."""
     knobs = knobs or {}
-    slices = 1
-    if knobs.get("deterministic") and knobs.get("deterministic_by") == "slices":
-        slices = math.ceil(p.seqlen_k / knobs["tile_n"] / _adders(knobs))  # a pair: one slice
     rows = p.batch * p.heads * p.seqlen_q
-    each = lambda ops: tuple((what, rows * (c + e * p.hdim + s * p.hdim * slices)) for what, c, e, s in ops)  # noqa: E731
+    each = lambda ops: tuple((what, rows * (c + e * p.hdim + s * p.hdim)) for what, c, e, s in ops)  # noqa: E731
     if knobs.get("preprocess") == "torch":
         pre = each(TORCH_PRE + TORCH_ZERO)
     else:
-        pre = (("preprocess kernel", rows * (2 * p.hdim_v * 2 + 4 + 8 + p.hdim * 4 * slices)),)
-    post = each((POST_SLICES if slices > 1 else ()) + POST)
+        pre = (("preprocess kernel", rows * (2 * p.hdim_v * 2 + 4 + 8 + p.hdim * 4)),)
+    post = each(POST)
     if reduces_dkv(p, knobs):  # flash-attn-4's per-K/V-head fp32 accumulators (interface.py _flash_attn_bwd)
         kv_rows = p.batch * p.heads_kv * p.seqlen_k
         pre += tuple((f"{w}_accum = zeros (fp32)", kv_rows * n * 4) for w, n in (("dk", p.hdim), ("dv", p.hdim_v)))

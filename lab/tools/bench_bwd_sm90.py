@@ -16,8 +16,8 @@ Grid (bench_fwd_sm90.py's): head_dim 64 / 128 / 256 x seqlen 1k / 4k / 16k x cau
 seqlen = 16384 tokens, heads x head_dim = 2048; bf16. fa4kernel's backward supports every head
 dim of the grid (fa4kernel.BWD_HEAD_DIMS: 64, 96, 128, 192, 256); a head dim outside it would be
 recorded as unsupported with the peers still timed. The row `fa4kernel` is the backward with its
-default knobs; the deterministic backward (fa4kernel[deterministic]) is timed at 1k and 4k (its
-dQ buffer holds one fp32 slice per key block: at 16k 128 slices of the whole dQ, 256 at hd256).
+default knobs; the deterministic backward (fa4kernel[deterministic]: one dQ accumulator, the adds
+ordered by a semaphore per query block) is timed at every point.
 
 Backward variants side by side: --variants takes knob sets of the backward (sm90/bwd_config.py:
 dq_reduce, dq_smem, dq_sum, stats, mma_order, preprocess, postprocess, tile_m, grid_order, dq_zero), each
@@ -59,7 +59,6 @@ from lab.tools.provenance import stamp  # noqa: E402
 
 _FLOPS = load_flops()
 BWD_FLOPS_PER_FWD = 2.5
-DETERMINISTIC_MAX_SEQLEN = 4096
 
 
 def bwd_flops(b, h, sq, sk, d, causal):
@@ -292,7 +291,7 @@ def bench_point(impls, d, s, causal, quick, points, variants=None, deterministic
         why = _knobs_apply(knobs, d, causal) if d in fa4kernel.BWD_HEAD_DIMS else None
         if why:
             skip[f"fa4kernel[{text}]"] = why
-    if deterministic and d in fa4kernel.BWD_HEAD_DIMS and s <= DETERMINISTIC_MAX_SEQLEN:
+    if deterministic and d in fa4kernel.BWD_HEAD_DIMS:
         cands["fa4kernel[deterministic]"] = _ours(deterministic=True)
     torch.manual_seed(1234 + s + d)
     q, dout = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
