@@ -103,6 +103,17 @@ def _compile_decode(cfg: KernelConfig, options=None):
                         options=options)
 
 
+def _scale_log2(q, softmax_scale) -> float:
+    """softmax_scale (None: 1 / sqrt(head_dim)) in log2 units, as the kernels take it; decides the
+    launch path (TVM-FFI or DLPack) on first use."""
+    global _USE_TVM_FFI
+    if softmax_scale is None:
+        softmax_scale = 1.0 / math.sqrt(q.shape[-1])
+    if _USE_TVM_FFI is None:
+        _USE_TVM_FFI = tvm_ffi_enabled()
+    return float(softmax_scale * math.log2(math.e))
+
+
 def run_decode(cfg: KernelConfig, q, k, v, out, lse, seqused_k, group: int, num_splits: int, softmax_scale):
     """Launch the decode build (FlashFwdSm90Decode) on torch tensors: q packed (b, rows, heads_kv,
     d), out / lse as the build writes them, seqused_k (b,) int32 on q's device. Compiled once per
@@ -110,11 +121,7 @@ def run_decode(cfg: KernelConfig, q, k, v, out, lse, seqused_k, group: int, num_
     global _USE_TVM_FFI
     from cutlass import Float32, Int32
 
-    if softmax_scale is None:
-        softmax_scale = 1.0 / math.sqrt(q.shape[-1])
-    scale_log2 = float(softmax_scale * math.log2(math.e))
-    if _USE_TVM_FFI is None:
-        _USE_TVM_FFI = tvm_ffi_enabled()
+    scale_log2 = _scale_log2(q, softmax_scale)
     fn = _CACHE.get(cfg)
     if fn is None:
         t0 = time.perf_counter()
@@ -558,11 +565,7 @@ def _run(cfg: KernelConfig, q, k, v, out, lse, softmax_scale, trace=None, diag: 
     import cutlass.cute as cute
     from cutlass import Float32
 
-    if softmax_scale is None:
-        softmax_scale = 1.0 / math.sqrt(q.shape[-1])
-    scale_log2 = float(softmax_scale * math.log2(math.e))
-    if _USE_TVM_FFI is None:
-        _USE_TVM_FFI = tvm_ffi_enabled()
+    scale_log2 = _scale_log2(q, softmax_scale)
     key = _build_key(cfg, diag)
     fn = _CACHE.get(key)
     buffered = diag.buffered

@@ -227,6 +227,13 @@ def reference(torch, q, k, v, causal):
     return out
 
 
+def check_output(torch, out, ref) -> dict:
+    """rel_error of out against the fp32 reference, and ok: finite, below REL_ERROR_LIMIT, no NaN."""
+    err = ((out.float() - ref).norm() / ref.norm()).item()
+    return {"rel_error": err,
+            "ok": bool(math.isfinite(err) and err < REL_ERROR_LIMIT and not torch.isnan(out).any().item())}
+
+
 def time_call(torch, fn, warmup: int, reps: int, batch_ms: float) -> dict:
     for _ in range(warmup):
         fn()
@@ -270,9 +277,7 @@ def run_row(torch, row: Row, args, errors: dict) -> dict:
         try:
             out = fn()
             torch.cuda.synchronize()
-            err = ((out.float() - ref).norm() / ref.norm()).item()
-            r["rel_error"] = err
-            r["ok"] = bool(math.isfinite(err) and err < REL_ERROR_LIMIT and not torch.isnan(out).any().item())
+            r.update(check_output(torch, out, ref))
             r.update(time_call(torch, fn, args.warmup, args.reps, args.batch_ms))
             r["kv_gbps"] = row.kv_bytes / (r["us"] * 1e-6) / 1e9
         except Exception as e:

@@ -53,7 +53,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-REL_ERROR_LIMIT = 1e-2
+from lab.tools.bench_decode_sm90 import REL_ERROR_LIMIT, check_output  # noqa: E402  (the same fp32 check)
+
 MODELLED = {"flash-attn-3": "flash-attn-3", "flash-attn-4": "flash-attn-4", "fa4kernel.varlen": "fa4kernel"}
 
 
@@ -252,9 +253,7 @@ def run_batch(torch, b: Batch, args, errors: dict) -> dict:
         try:
             out = fn()
             torch.cuda.synchronize()
-            err = ((out.float() - ref).norm() / ref.norm()).item()
-            r["rel_error"] = err
-            r["ok"] = bool(math.isfinite(err) and err < REL_ERROR_LIMIT and not torch.isnan(out).any().item())
+            r.update(check_output(torch, out, ref))
             r.update(time_call(torch, fn, args.settle_s, args.reps, args.batch_ms))
             r["tflops"] = b.flops() / (r["us"] * 1e6)
         except Exception as e:

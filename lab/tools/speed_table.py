@@ -99,7 +99,7 @@ def readme_block(files: dict = FILES, root: Path = ROOT) -> str:
 def training_block(files: dict = TRAINING, root: Path = ROOT) -> str:
     """Per device: each backend's final and held-out loss, median step and tokens/s, and one
     layer's attention forward + backward on the GPU and on the host; the deterministic repeat."""
-    lines = [TRAINING_MARKERS[0], ""]
+    lines = [TRAINING_MARKERS[0]]
     for device, (run_rel, host_rel) in files.items():
         run, host = (json.loads((root / rel).read_text()) for rel in (run_rel, host_rel))
         m, c = run["meta"], run["meta"]["config"]
