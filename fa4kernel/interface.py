@@ -103,6 +103,51 @@ def _compile_decode(cfg: KernelConfig, options=None):
                         options=options)
 
 
+def _fake_varlen_args(cfg: KernelConfig):
+    """The varlen build's fake tensors (FlashFwdSm90Varlen): q, k, v, out as one packed batch row,
+    lse (1, heads, total_q) or None, cu_seqlens_q and _k."""
+    import cutlass
+    import cutlass.cute as cute
+    from cutlass.cute.runtime import make_fake_tensor
+
+    q, k, v, o, lse = _fake_args(cfg)
+    n = cute.sym_int()
+    cu = [make_fake_tensor(cutlass.Int32, (n,), stride=(1,), assumed_align=4) for _ in range(2)]
+    return q, k, v, o, lse, cu[0], cu[1]
+
+
+def _compile_varlen(cfg: KernelConfig, options=None):
+    import cutlass.cute as cute
+    from cutlass import Float32, Int32
+
+    from .sm90.fwd import make_kernel
+
+    stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=options == "--enable-tvm-ffi")
+    return cute.compile(make_kernel(cfg), *_fake_varlen_args(cfg), Int32(1), Float32(1.0), stream, options=options)
+
+
+def run_varlen(cfg: KernelConfig, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, num_m_blocks: int, softmax_scale):
+    """Launch the varlen build (FlashFwdSm90Varlen) on torch tensors: q, k, v, out (1, total, heads,
+    d), lse (1, heads, total_q) or None, cu_seqlens int32 on q's device, num_m_blocks Q tiles of
+    the longest sequence. Compiled once per config (TVM-FFI when installed, else DLPack per call)."""
+    global _USE_TVM_FFI
+    from cutlass import Float32, Int32
+
+    scale_log2 = _scale_log2(q, softmax_scale)
+    fn = _CACHE.get(cfg)
+    if fn is None:
+        t0 = time.perf_counter()
+        fn = _compile_varlen(cfg, "--enable-tvm-ffi" if _USE_TVM_FFI else None)
+        COMPILE_TIMES[cfg] = time.perf_counter() - t0
+        _CACHE[cfg] = fn
+    if _USE_TVM_FFI:
+        fn(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, num_m_blocks, scale_log2)
+        return
+    args = [to_cute(t, 3) for t in (q, k, v, out)]
+    fn(*args, to_cute(lse, 2, align=4) if lse is not None else None, to_cute(cu_seqlens_q, 0, align=4),
+       to_cute(cu_seqlens_k, 0, align=4), Int32(num_m_blocks), Float32(scale_log2), torch_stream(q.device))
+
+
 def _scale_log2(q, softmax_scale) -> float:
     """softmax_scale (None: 1 / sqrt(head_dim)) in log2 units, as the kernels take it; decides the
     launch path (TVM-FFI or DLPack) on first use."""
@@ -291,11 +336,11 @@ def _compile_sm90_sass(cfg: KernelConfig, diag: Diagnostics, dump_dir: Optional[
 
     from .sm90.fwd import make_kernel
 
-    if cfg.decode:
+    if cfg.decode or cfg.varlen:
         if diag != NONE:
-            raise ValueError("diagnostics: the decode build has none; allowed: the default")
-        return sass_for(lambda options: _compile_decode(cfg, options), "sm_90a", dump_dir,
-                        cache=("sm90_fwd", (cfg, diag)))
+            raise ValueError("diagnostics: the decode and varlen builds have none; allowed: the default")
+        build = _compile_decode if cfg.decode else _compile_varlen
+        return sass_for(lambda options: build(cfg, options), "sm_90a", dump_dir, cache=("sm90_fwd", (cfg, diag)))
 
     def build(options):
         q, k, v, o, lse = _fake_args(cfg)
@@ -365,7 +410,8 @@ def _backward_knobs(dq_reduce, bwd_knobs) -> dict:
 
 def attention(q, k, v, causal: bool = False, softmax_scale: Optional[float] = None,
               return_lse: bool = False, *, deterministic: bool = False, dq_reduce: Optional[str] = None,
-              bwd_knobs: Optional[dict] = None, **knobs):
+              bwd_knobs: Optional[dict] = None, cu_seqlens_q=None, cu_seqlens_k=None,
+              max_seqlen_q: Optional[int] = None, max_seqlen_k: Optional[int] = None, **knobs):
     """softmax(q k^T * scale [+ causal mask]) v for q, k, v (batch, seqlen, heads, head_dim);
     k and v may have fewer heads (GQA / MQA on SM90: heads_kv divides heads).
 
@@ -383,6 +429,11 @@ def attention(q, k, v, causal: bool = False, softmax_scale: Optional[float] = No
     defaults), e.g. bwd_knobs={"tile_m": 128} at head_dim 64; dq_reduce= is the same as
     bwd_knobs={"dq_reduce": ...}. **knobs apply to the forward only. Arguments the backward does
     not support raise here.
+
+    Varlen (packed sequences of unequal lengths, SM90; fa4kernel/varlen.py, docs/varlen.md): q
+    (total_q, heads, d), k / v (total_k, heads_kv, d), cu_seqlens_q / _k int32 (sequences + 1,)
+    offsets, max_seqlen_q / _k the longest sequence's (None: read from cu_seqlens, one sync);
+    lse (heads, total_q).
     """
     if not isinstance(deterministic, bool):
         raise ValueError(f"deterministic={deterministic!r}; allowed: True or False")
@@ -390,6 +441,15 @@ def attention(q, k, v, causal: bool = False, softmax_scale: Optional[float] = No
     cap = capability(q)
     if cap is not None and cap not in ARCHS:
         raise ValueError(f"q is on an sm_{cap[0]}{cap[1]} GPU; fa4kernel has kernels for {_SUPPORTED}")
+    if cu_seqlens_q is not None or cu_seqlens_k is not None or max_seqlen_q is not None \
+            or max_seqlen_k is not None:
+        if cap == (10, 0):
+            raise ValueError("cu_seqlens on sm_100: the SM100 forward has no varlen build; allowed: sm_90 "
+                             "(H100, H200)")
+        from .varlen import attention_varlen
+
+        return attention_varlen(run_varlen, tile_rule, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                max_seqlen_k, causal, softmax_scale, return_lse, deterministic, bwd_knobs, knobs)
     if cap == (10, 0):
         from .autograd import needs_grad
         from .sm100.fwd import attention_sm100

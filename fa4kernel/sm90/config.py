@@ -101,6 +101,10 @@ class KernelConfig:
     decode: bool = False
     # decode with num_splits > 1: fp32 partial O and lse per split (combine.py adds them up)
     split_kv: bool = False
+    # the varlen build (varlen.py, docs/varlen.md): packed sequences of unequal lengths, each
+    # sequence's rows and keys from cu_seqlens (device tensors); one CTA per (Q tile, head,
+    # sequence) up to max_seqlen_q, no tile table; O leaves through 16-byte stores of its rows
+    varlen: bool = False
 
     @property
     def num_consumer_wgs(self) -> int:
@@ -305,3 +309,17 @@ def make_decode_config(dtype: str, head_dim: int, causal: bool, split_kv: bool) 
         knobs["tile_n"] = 128
     cfg = make_config(dtype, head_dim, causal, True, knobs)
     return replace(cfg, decode=True, split_kv=bool(split_kv))
+
+
+def make_varlen_config(dtype: str, head_dim: int, causal: bool, has_lse: bool, knobs: dict) -> KernelConfig:
+    """The varlen build of the forward (KernelConfig.varlen) for these problem options and knobs:
+    one CTA per tile (persistent=True is refused: a persistent CTA needs the host's tile table,
+    which needs the lengths on the host)."""
+    from dataclasses import replace
+
+    if knobs.get("persistent"):
+        raise ValueError("persistent=True with cu_seqlens: the varlen build runs one CTA per tile; "
+                         "allowed: None or False")
+    cfg = make_config(dtype, head_dim, causal, has_lse, {**knobs, "persistent": False})
+    return replace(cfg, varlen=True)
+

@@ -85,7 +85,11 @@ class FlashFwdSm90:
         self.decode = bool(cfg.decode)
         self.split_kv = bool(cfg.split_kv)
         assert not self.decode or (self.overlap and not self.persistent), "decode: overlap, one CTA per tile"
-        self.scheduled = (self.persistent or self.causal) and not self.decode
+        # The varlen build (KernelConfig.varlen, FlashFwdSm90Varlen): one CTA per (Q tile, head,
+        # sequence), its rows and keys from cu_seqlens; O leaves through row-predicated stores.
+        self.varlen = bool(cfg.varlen)
+        assert not (self.varlen and (self.persistent or self.decode)), "varlen: one CTA per tile, not decode"
+        self.scheduled = (self.persistent or self.causal) and not self.decode and not self.varlen
         # O *= scale of the previous block while this block's S GEMM runs, before the PV GEMM
         # (FA4's RescaleOBeforeGemm for head dims > 128) instead of after the PV wait
         self.rescale_before_pv = bool(cfg.rescale_before_pv) and self.overlap
@@ -114,7 +118,7 @@ class FlashFwdSm90:
         self._host(mQ, mK, mV, mO, mLSE, mSched, softmax_scale_log2, stream, None)
 
     @cute.jit
-    def _host(self, mQ, mK, mV, mO, mLSE, mSched, softmax_scale_log2, stream, mTrace, dec=None):
+    def _host(self, mQ, mK, mV, mO, mLSE, mSched, softmax_scale_log2, stream, mTrace, dec=None, var=None):
         dtype = self.dtype
         # (s, d, h, b): the TMA box walks seqlen x head_dim of one (head, batch)
         mQ, mK, mV, mO = [select(t, [1, 3, 2, 0]) for t in (mQ, mK, mV, mO)]
@@ -147,6 +151,8 @@ class FlashFwdSm90:
         # O goes out through smem (reusing Q's buffer) with a TMA store: clipped at seqlen_q.
         if const_expr(self.split_kv):
             tma_atom_O, tma_O = None, mO  # fp32 partials: stored from registers (_store_partial)
+        elif const_expr(self.varlen):
+            tma_atom_O, tma_O = None, mO  # a tile's rows past its sequence belong to the next one (_store_o_rows)
         else:
             tma_atom_O, tma_O = cpasync.make_tiled_tma_atom(
                 cpasync.CopyBulkTensorTileS2GOp(), mO, sQ_layout, (self.tile_m, self.hd))
@@ -180,10 +186,16 @@ class FlashFwdSm90:
         if const_expr(self.decode):
             mSeqUsedK, group, num_splits = dec
             grid = (grid[0] * num_splits, 1, 1)
+        mCuSeqlensQ, mCuSeqlensK, num_m_blocks = None, None, None
+        if const_expr(self.varlen):
+            # (max_seqlen_q's Q tiles, heads, sequences): tiles past a sequence's rows exit at once
+            mCuSeqlensQ, mCuSeqlensK, num_m_blocks = var
+            grid = (num_m_blocks * cute.size(mQ.shape[2]) * (cute.size(mCuSeqlensQ.shape[0]) - 1), 1, 1)
         self.kernel(
             tma_atom_Q, tma_Q, tma_atom_K, tma_K, tma_atom_V, tma_V, tma_atom_O, tma_O,
             mLSE, mSched, softmax_scale_log2, tiled_mma_qk, tiled_mma_pv,
             sQ_layout, sK_layout, sV_layout, sP_layout, mTrace, mSeqUsedK, group, num_splits,
+            mCuSeqlensQ, mCuSeqlensK, num_m_blocks,
         ).launch(
             grid=grid,
             block=[self.num_threads, 1, 1],
@@ -221,6 +233,9 @@ class FlashFwdSm90:
         mSeqUsedK=None,
         group=None,
         num_splits=None,
+        mCuSeqlensQ=None,
+        mCuSeqlensK=None,
+        num_m_blocks=None,
     ):
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         tr_cta = self.ins.kernel_start(mTrace)
@@ -260,20 +275,57 @@ class FlashFwdSm90:
 
         cute.arch.sync_threads()  # barrier init visible to everyone
 
+        roles = (tma_atom_Q, mQ, tma_atom_K, mK, tma_atom_V, mV, tma_atom_O, mO, mLSE, softmax_scale_log2,
+                 tiled_mma_qk, tiled_mma_pv, sQ, sK, sV, sP, sO, pipe_q, pipe_k, pipe_v, mSched, mTrace, tr_cta,
+                 (mSeqUsedK, group, num_splits))
+        if const_expr(self.varlen):
+            var = self._varlen_tile(cute.arch.block_idx()[0], mQ.shape[2], mCuSeqlensQ, mCuSeqlensK, num_m_blocks)
+            if var[0] * self.tile_m < var[4]:  # a tile past its sequence's rows has nothing to do
+                self._roles(*roles, var)
+        else:
+            self._roles(*roles)
+
+    @cute.jit
+    def _roles(self, tma_atom_Q, mQ, tma_atom_K, mK, tma_atom_V, mV, tma_atom_O, mO, mLSE, softmax_scale_log2,
+               tiled_mma_qk, tiled_mma_pv, sQ, sK, sV, sP, sO, pipe_q, pipe_k, pipe_v, mSched, mTrace, tr_cta,
+               dec, var=None):
+        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         if warp_idx < 4:
             # ---------------------------------------------------------------- producer WG
             cute.arch.setmaxregister_decrease(self.producer_regs)
             if warp_idx == 0:
                 self.producer(tma_atom_Q, mQ, tma_atom_K, mK, tma_atom_V, mV, sQ, sK, sV,
-                              pipe_q, pipe_k, pipe_v, mSched, mTrace, tr_cta, (mSeqUsedK, group, num_splits))
+                              pipe_q, pipe_k, pipe_v, mSched, mTrace, tr_cta, dec, var)
         else:
             # ---------------------------------------------------------------- consumer WGs
             cute.arch.setmaxregister_increase(self.consumer_regs)
             self.consumer(
                 tma_atom_O, mO, mLSE, softmax_scale_log2, tiled_mma_qk, tiled_mma_pv,
                 sQ, sK, sV, sP, sO, pipe_q, pipe_k, pipe_v, mQ.shape[0], mK.shape[0],
-                mQ.shape[2], mQ.shape[3], mSched, mTrace, tr_cta, (mSeqUsedK, group, num_splits, sV),
+                mQ.shape[2], mQ.shape[3], mSched, mTrace, tr_cta, (*dec, sV), var,
             )
+
+    @cute.jit
+    def _varlen_tile(self, tile, num_heads, mCuSeqlensQ, mCuSeqlensK, num_m_blocks):
+        """Varlen build: flat tile index (Q tile fastest, then head, then sequence) -> (m_block,
+        head, sequence, its first row, rows, its first key, keys). Causal tiles run last first in
+        each head (the longest first)."""
+        hb = tile // num_m_blocks
+        m = tile - hb * num_m_blocks
+        seq = hb // num_heads
+        head = hb - seq * num_heads
+        m_block = m
+        if const_expr(self.causal):
+            m_block = num_m_blocks - 1 - m
+        off_q, off_k = mCuSeqlensQ[seq], mCuSeqlensK[seq]
+        return (m_block, head, seq, off_q, mCuSeqlensQ[seq + 1] - off_q, off_k, mCuSeqlensK[seq + 1] - off_k)
+
+    @cute.jit
+    def _varlen_blocks(self, var):
+        """Varlen build: (n_block_max, n_unmasked) of the tile's sequence; a sequence without keys
+        still runs one block, fully masked (O 0, lse -inf)."""
+        n_block_max, n_unmasked = self._kv_block_range(var[0], var[4], var[6])
+        return cutlass.max(n_block_max, 1), n_unmasked
 
     @cute.jit
     def _tile_coords(self, tile, seqlen_q, seqlen_k, num_heads, num_batch):
@@ -303,7 +355,7 @@ class FlashFwdSm90:
 
     @cute.jit
     def producer(self, tma_atom_Q, mQ, tma_atom_K, mK, tma_atom_V, mV, sQ, sK, sV,
-                 pipe_q, pipe_k, pipe_v, mSched=None, mTrace=None, tr_cta=None, dec=None):
+                 pipe_q, pipe_k, pipe_v, mSched=None, mTrace=None, tr_cta=None, dec=None, var=None):
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
         q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
         tr_on = self.ins.leader(tr_cta, lambda: cute.arch.thread_idx()[0] == 0)
@@ -323,27 +375,37 @@ class FlashFwdSm90:
             tile = cute.arch.block_idx()[0]
             self._produce_tile(tma_atom_Q, mQ, tma_atom_K, mK, tma_atom_V, mV, sQ, sK, sV,
                                pipe_q, pipe_k, pipe_v, tile, kv_state, q_state,
-                               self.ins.tile(mTrace, tr_on, Int32(0)), dec)
+                               self.ins.tile(mTrace, tr_on, Int32(0)), dec, var)
 
     @cute.jit
     def _produce_tile(
         self, tma_atom_Q, mQ, tma_atom_K, mK, tma_atom_V, mV, sQ, sK, sV,
-        pipe_q, pipe_k, pipe_v, tile, kv_state, q_state, tr=None, dec=None,
+        pipe_q, pipe_k, pipe_v, tile, kv_state, q_state, tr=None, dec=None, var=None,
     ):
         n_min = None
         if const_expr(self.decode):
             # packed rows: the CTA's head is the k/v head
             m_block, _, head, batch, rng = self._decode_tile(tile, mQ.shape[0], mK.shape[0], mQ.shape[2], dec)
             n_min, n_block_max = rng[0], rng[1]
+        elif const_expr(self.varlen):
+            m_block, head, batch = var[0], var[1], 0  # the packed tensors' one batch row
+            n_block_max, _ = self._varlen_blocks(var)
         else:
             m_block, head, batch = self._tile_coords(tile, mQ.shape[0], mK.shape[0], mQ.shape[2], mQ.shape[3])
             n_block_max, _ = self._kv_block_range(m_block, mQ.shape[0], mK.shape[0])
-        gQ = cute.local_tile(mQ[None, None, head, batch], (self.tile_m, self.hd), (m_block, 0))
+        mQ_row = mQ[None, None, head, batch]
+        if const_expr(self.varlen):
+            mQ_row = cute.domain_offset((var[3], 0), mQ_row)  # the sequence's first row
+        gQ = cute.local_tile(mQ_row, (self.tile_m, self.hd), (m_block, 0))
         kv_head = head
         if const_expr(not self.decode):
             # GQA / MQA: q head h reads k/v head h // (heads // heads_kv) (only this warp's addresses)
             kv_head = head // (mQ.shape[2] // mK.shape[2])
         mK_row, mV_row = mK[None, None, kv_head, batch], mV[None, None, kv_head, batch]
+        if const_expr(self.varlen):
+            # the sequence's keys (rows past them, the next sequence's, are masked)
+            mK_row = cute.domain_offset((var[5], 0), mK_row)
+            mV_row = cute.domain_offset((var[5], 0), mV_row)
         if const_expr(self.decode):
             # the split's keys: local block n is block n_min + n of the row
             mK_row = cute.domain_offset((n_min * self.tile_n, 0), mK_row)
@@ -643,7 +705,7 @@ class FlashFwdSm90:
     def consumer(
         self, tma_atom_O, mO, mLSE, scale_log2, tiled_mma_qk, tiled_mma_pv,
         sQ, sK, sV, sP, sO, pipe_q, pipe_k, pipe_v, seqlen_q, seqlen_k, num_heads, num_batch,
-        mSched=None, mTrace=None, tr_cta=None, dec=None,
+        mSched=None, mTrace=None, tr_cta=None, dec=None, var=None,
     ):
         tidx = cute.arch.thread_idx()[0] - 128
         wg_idx = cute.arch.make_warp_uniform(tidx // 128)
@@ -710,7 +772,7 @@ class FlashFwdSm90:
             tile = cute.arch.block_idx()[0]
             self._consume_tile(
                 *args, tile, num_heads, num_batch, seqlen_q, seqlen_k, tidx, wg_idx, rows,
-                kv_state, q_state, self.ins.tile(mTrace, tr_on, 1 + wg_idx), dec=dec)
+                kv_state, q_state, self.ins.tile(mTrace, tr_on, 1 + wg_idx), dec=dec, var=var)
         if const_expr(self.defer_store_wait):
             # the last O store reads sO: the CTA (and its smem) must outlive it
             if cute.arch.make_warp_uniform(cute.arch.warp_idx()) == 4:
@@ -724,9 +786,10 @@ class FlashFwdSm90:
         tOrP, s_shape, acc_O, row_max, row_sum, o_scale, smem_thr_copy_P, tPsP, tScS, t0ScS,
         sO, pipe_q, pipe_k, pipe_v, tile, num_heads, num_batch,
         seqlen_q, seqlen_k, tidx, wg_idx, rows, kv_state, q_state, tr=None, next_tile=None, dec=None,
+        var=None,
     ):
         """One Q tile. next_tile = (mSched, cta, index): also return the tile id there.
-        dec (decode build): (mSeqUsedK, group, num_splits, sV)."""
+        dec (decode build): (mSeqUsedK, group, num_splits, sV); var (varlen build): _varlen_tile's."""
         # what the masks compare against: (seqlen_q, seqlen_k), in decode ((group, causal
         # offset), the split's key limit), local to the split (block_info.decode_block_range)
         mask_q, mask_k = seqlen_q, seqlen_k
@@ -742,13 +805,20 @@ class FlashFwdSm90:
             out_batch = batch
             if const_expr(self.split_kv):
                 out_batch = split * num_batch + batch  # the partials' (split, batch) row
+        elif const_expr(self.varlen):
+            m_block, head = var[0], var[1]
+            n_block_max, n_unmasked = self._varlen_blocks(var)
+            seqlen_q, seqlen_k = var[4], var[6]  # the sequence's rows and keys
+            mask_q, mask_k = seqlen_q, seqlen_k
+            out_batch = var[3]  # the varlen epilogue's row offset
         else:
             m_block, head, batch = self._tile_coords(tile, seqlen_q, seqlen_k, num_heads, num_batch)
             n_block_max, n_unmasked = self._kv_block_range(m_block, seqlen_q, seqlen_k)
             out_batch = batch
         acc_O.fill(0.0)
         pipe_q.consumer_wait(q_state)
-        if const_expr(self.decode):
+        if const_expr(self.decode or self.varlen):
+            # (varlen: rows past the last sequence's keys may hold anything)
             self._zero_v_past_keys(dec[3], pipe_v, kv_state, mask_k - (n_block_max - 1) * self.tile_n, tidx)
 
         n_masked_extra = 0
@@ -826,7 +896,7 @@ class FlashFwdSm90:
         if const_expr(self.causal):
             self._apply_mask(acc_S, tScS, t0ScS, m_block, n_block_max - 1, seqlen_q, seqlen_k,
                              True, True)
-        elif const_expr(self.decode):  # the split's first block: its key limit may cut it
+        elif const_expr(self.decode or self.varlen):  # the first block: the key limit may cut it
             self._apply_mask(acc_S, tScS, t0ScS, m_block, n_block_max - 1, seqlen_q, seqlen_k,
                              True, False)
         elif seqlen_k % self.tile_n != 0:  # only a partial last block needs the length mask
@@ -1050,7 +1120,12 @@ class FlashFwdSm90:
         thr_mma_pv = tiled_mma_pv.get_slice(tidx)
         # LSE straight from registers: the thread holding column 0 of a row writes it.
         if const_expr(mLSE is not None):
-            gLSE = cute.local_tile(mLSE[None, head, batch], (self.tile_m,), (m_block,))
+            mLSE_row = None
+            if const_expr(self.varlen):
+                mLSE_row = cute.domain_offset((batch,), mLSE[None, head, 0])  # batch: the sequence's first row
+            else:
+                mLSE_row = mLSE[None, head, batch]
+            gLSE = cute.local_tile(mLSE_row, (self.tile_m,), (m_block,))
             gLSE_2d = cute.make_tensor(
                 gLSE.iterator, cute.append(gLSE.layout, cute.make_layout((self.hd,), stride=(0,))))
             tOgLSE = mn_view(thr_mma_pv.partition_C(gLSE_2d))
@@ -1063,6 +1138,8 @@ class FlashFwdSm90:
 
         if const_expr(self.split_kv):
             self._store_partial(acc_O, mO, thr_mma_pv, m_block, head, batch, seqlen_q)
+        elif const_expr(self.varlen):
+            self._store_o_rows(acc_O, mO, tiled_mma_pv, sO, tidx, m_block, head, batch, seqlen_q)
         else:
             self._store_o(acc_O, tma_atom_O, mO, tiled_mma_pv, sO, tidx, m_block, head, batch, tr, it)
 
@@ -1100,6 +1177,41 @@ class FlashFwdSm90:
                 # (sO may be Q's buffer: Q is handed back to the producer right after this tile)
                 cute.arch.cp_async_bulk_wait_group(0, read=True)
             self.ins.stamp(tr, T_ST, it, 1)
+
+    @cute.jit
+    def _store_o_rows(self, acc_O, mO, tiled_mma_pv, sO, tidx, m_block, head, row0, rows):
+        """Varlen build: O -> smem (stmatrix) -> registers in 16-byte rows pieces -> global, only
+        the tile's rows inside its sequence (row0: the sequence's first row, rows: its rows). A TMA
+        store of the whole tile would write the next sequence's first rows, which another CTA
+        owns. One CTA per tile: sO holds nothing of an earlier tile."""
+        rO = cute.make_rmem_tensor_like(acc_O, self.dtype)
+        rO.store(acc_O.load().to(self.dtype))
+        stmatrix = cute.make_copy_atom(
+            cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4), self.dtype)
+        smem_thr_copy_O = cute.make_tiled_copy_C(stmatrix, tiled_mma_pv).get_slice(tidx)
+        # sO may be Q's buffer: every warpgroup's QK GEMMs are done before any overwrites a row
+        cute.arch.barrier(barrier_id=NamedBarrierFwd.CONSUMERS, number_of_threads=self.num_consumer_threads)
+        cute.copy(smem_thr_copy_O, smem_thr_copy_O.retile(rO), smem_thr_copy_O.partition_D(sO))
+        cute.arch.barrier(barrier_id=NamedBarrierFwd.CONSUMERS, number_of_threads=self.num_consumer_threads)
+        # a pass of the copy: `across` threads per row, 8 elements (16 bytes) each, over 64
+        # columns (32 at hd96), one swizzle atom of sO
+        vec = 128 // self.dtype.width
+        across = math.gcd(self.hd, 64) // vec
+        down = self.num_consumer_threads // across
+        copy = cute.make_tiled_copy_tv(
+            cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype, num_bits_per_copy=128),
+            cute.make_layout((down, across), stride=(across, 1)), cute.make_layout((1, vec)))
+        thr = copy.get_slice(tidx)
+        gO = cute.local_tile(cute.domain_offset((row0, 0), mO[None, None, head, 0]), (self.tile_m, self.hd),
+                             (m_block, 0))
+        tOsO = thr.partition_S(sO)
+        tOgO = thr.partition_D(gO)
+        tOcO = thr.partition_S(cute.make_identity_tensor((self.tile_m, self.hd)))
+        tOrO = cute.make_rmem_tensor_like(tOsO, self.dtype)
+        cute.autovec_copy(tOsO, tOrO)
+        for m in cutlass.range_constexpr(cute.size(tOrO, mode=[1])):
+            if tOcO[0, m, 0][0] < rows - m_block * self.tile_m:
+                cute.copy(copy, tOrO[None, m, None], tOgO[None, m, None])
 
     @cute.jit
     def _store_partial(self, acc_O, mO, thr_mma_pv, m_block, head, batch, rows):
@@ -1144,6 +1256,34 @@ class FlashFwdSm90Decode(FlashFwdSm90):
         self._host(mQ, mK, mV, mO, mLSE, None, softmax_scale_log2, stream, None, (mSeqUsedK, group, num_splits))
 
 
+class FlashFwdSm90Varlen(FlashFwdSm90):
+    """The varlen build (KernelConfig.varlen): q (1, total_q, h, d), k / v (1, total_k, h_kv, d)
+    hold the sequences one after the other, sequence i's rows [cu_seqlens_q[i], cu_seqlens_q[i +
+    1]) and keys likewise; out like q, lse (1, h, total_q) fp32 (natural log; -inf where a row
+    saw no key). The grid: num_m_blocks (ceil(max_seqlen_q / tile_m)) x heads x sequences."""
+
+    def __init__(self, cfg: KernelConfig):
+        assert cfg.varlen, "FlashFwdSm90Varlen needs a varlen config (config.make_varlen_config)"
+        super().__init__(cfg)
+
+    @cute.jit
+    def __call__(
+        self,
+        mQ: cute.Tensor,  # (1, total_q, h, d)
+        mK: cute.Tensor,  # (1, total_k, h_kv, d)
+        mV: cute.Tensor,
+        mO: cute.Tensor,  # (1, total_q, h, d)
+        mLSE,  # (1, h, total_q) fp32 or None
+        mCuSeqlensQ: cute.Tensor,  # (sequences + 1,) int32
+        mCuSeqlensK: cute.Tensor,
+        num_m_blocks: Int32,
+        softmax_scale_log2: Float32,
+        stream,
+    ):
+        self._host(mQ, mK, mV, mO, mLSE, None, softmax_scale_log2, stream, None, None,
+                   (mCuSeqlensQ, mCuSeqlensK, num_m_blocks))
+
+
 class FlashFwdSm90Trace(FlashFwdSm90):
     """A diagnostic build (diagnostics.py): the same kernel plus clock64 stamps of one CTA into
     mTrace, an int64 tensor of TRACE_WORDS elements whose element 0 names the CTA (blockIdx.x)
@@ -1174,4 +1314,7 @@ def make_kernel(cfg: KernelConfig, diag: Diagnostics = NONE):
     if cfg.decode:
         assert diag == NONE, "the decode build has no diagnostic variant"
         return FlashFwdSm90Decode(cfg)
+    if cfg.varlen:
+        assert diag == NONE, "the varlen build has no diagnostic variant"
+        return FlashFwdSm90Varlen(cfg)
     return FlashFwdSm90Trace(cfg, diag) if diag.buffered else FlashFwdSm90(cfg)

@@ -3,9 +3,9 @@
 A batch is its query lengths (and key lengths, where they differ: chunked prefill), packed as
 FlashAttention's varlen functions take them: q (total_q, heads, d), k and v (total_k, heads_kv,
 d), cu_seqlens the offsets. Candidates, each on the same inputs:
-  fa4kernel.varlen     fa4kernel.attention_varlen, where fa4kernel has it
-  fa4kernel.loop       fa4kernel.attention per sequence on views of the packed tensors (what a
-                       user without varlen writes: one launch per sequence)
+  fa4kernel.varlen     fa4kernel.attention with cu_seqlens (its forward's varlen build)
+  fa4kernel.loop       fa4kernel.attention per sequence on views of the packed tensors (one
+                       launch per sequence; --loop, off by default)
   flash-attn-3         flash_attn_interface.flash_attn_varlen_func (tokenspeed-fa3)
   flash-attn-4         flash_attn.cute.interface.flash_attn_varlen_func (its SM90 forward)
 A candidate that cannot be imported or that raises is recorded with its error; the run goes on.
@@ -176,23 +176,23 @@ def reference(torch, b: Batch, q, k, v, cq, ck):
     return out
 
 
-def candidates(torch, b: Batch, q, k, v, cq, ck, errors: dict) -> dict:
+def candidates(torch, b: Batch, q, k, v, cq, ck, errors: dict, loop: bool = False) -> dict:
     import fa4kernel
 
     mq, mk = max(b.seqlens), max(b.keys)
-    out = {}
-    if hasattr(fa4kernel, "attention_varlen"):
-        out["fa4kernel.varlen"] = lambda: fa4kernel.attention_varlen(q, k, v, cq, ck, mq, mk, causal=b.causal)
+    out = {"fa4kernel.varlen": lambda: fa4kernel.attention(q, k, v, causal=b.causal, cu_seqlens_q=cq, cu_seqlens_k=ck,
+                                                           max_seqlen_q=mq, max_seqlen_k=mk)}
     offs = [(int(cq[i]), int(ck[i]), sq, sk) for i, (sq, sk) in enumerate(zip(b.seqlens, b.keys))]
 
-    def loop():
+    def per_sequence():
         o = torch.empty_like(q)
         for q0, k0, sq, sk in offs:
             o[q0:q0 + sq] = fa4kernel.attention(q[None, q0:q0 + sq], k[None, k0:k0 + sk], v[None, k0:k0 + sk],
                                                 causal=b.causal)[0]
         return o
 
-    out["fa4kernel.loop"] = loop
+    if loop:
+        out["fa4kernel.loop"] = per_sequence
     try:
         from flash_attn_interface import flash_attn_varlen_func as fa3
 
@@ -248,7 +248,7 @@ def run_batch(torch, b: Batch, args, errors: dict) -> dict:
     ref = reference(torch, b, q, k, v, cq, ck)
     rec = {"name": b.name, "point": b.name, "seqlens": list(b.seqlens), "seqlens_k": list(b.keys), "heads": b.heads,
            "heads_kv": b.kv_heads, "hdim": b.hdim, "causal": b.causal, "flops": b.flops(), "results": {}}
-    for name, fn in candidates(torch, b, q, k, v, cq, ck, errors).items():
+    for name, fn in candidates(torch, b, q, k, v, cq, ck, errors, args.loop).items():
         r = {}
         try:
             out = fn()
@@ -273,6 +273,7 @@ def parse_args(argv=None):
     ap.add_argument("--out", default=None, help="the JSON to write (default: print only)")
     ap.add_argument("--dry-run", action="store_true", help="list the batches; no GPU")
     ap.add_argument("--predict", default=None, metavar="FILE", help="write fa4sim's predictions to FILE; no GPU")
+    ap.add_argument("--loop", action="store_true", help="also time fa4kernel.loop (one launch per sequence)")
     ap.add_argument("--batches", default=None, help="comma-separated batch names (default: all)")
     ap.add_argument("--seqlens", default=None, metavar="L1,L2,...", help="your own batch's query lengths")
     ap.add_argument("--seqlens-k", default=None, metavar="K1,K2,...", help="with --seqlens: its key lengths")

@@ -1,0 +1,203 @@
+"""Packed batches of unequal sequences (varlen) on SM90 (docs/varlen.md):
+
+    out = attention(q, k, v, causal=False, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
+                    max_seqlen_q=None, max_seqlen_k=None, ...)
+
+q (total_q, heads, d), k / v (total_k, heads_kv, d): the sequences one after the other, sequence
+i's rows [cu_seqlens_q[i], cu_seqlens_q[i + 1]) of q and its keys likewise; cu_seqlens int32,
+(sequences + 1,), starting at 0, non-decreasing (empty sequences allowed). Causal is bottom-right
+within each sequence (flash_attn's convention). lse: (heads, total_q) fp32, natural log.
+
+The forward is one launch of the forward's varlen build (sm90/fwd.py, FlashFwdSm90Varlen): one
+CTA per (Q tile, head, sequence) up to max_seqlen_q's tiles; a tile reads its sequence's bounds
+from cu_seqlens on the device, and one past its sequence's rows exits at once. max_seqlen_q sizes
+that grid: given on a GPU, the lengths are not read on the host (no sync; a max_seqlen_q below
+the longest sequence leaves its last rows unwritten, as in flash_attn); left None, or with
+cu_seqlens on the CPU, they are read and checked (one sync).
+
+The backward runs the SM90 backward once per sequence (the lengths are read on the host: one
+sync) on views of the packed tensors: correct and deterministic where asked, but a launch per
+sequence (many short sequences pay that many launches).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+from .inputs import validate_tensors
+from .sm90.config import SUPPORTED_HEAD_DIMS, make_varlen_config
+
+
+def _check_cu(name: str, cu, device):
+    import torch
+
+    if not isinstance(cu, torch.Tensor) or cu.dtype != torch.int32 or cu.dim() != 1 or cu.numel() < 2:
+        what = f"{cu.dtype} {tuple(cu.shape)}" if isinstance(cu, torch.Tensor) else type(cu).__name__
+        raise ValueError(f"{name} is {what}; allowed: an int32 tensor (sequences + 1,) of offsets, starting at 0")
+    if cu.device.type != "cpu" and cu.device != device:
+        raise ValueError(f"{name} on {cu.device}, q on {device}; allowed: q's device or the CPU")
+
+
+def _check_max(name: str, x):
+    if x is not None and (isinstance(x, bool) or not isinstance(x, int) or x < 0):
+        raise ValueError(f"{name}={x!r}; allowed: None (read from cu_seqlens) or an int >= 0")
+
+
+def lengths(name: str, cu, total: int) -> list:
+    """The sequences' lengths from cu_seqlens (read on the host), checked: starts at 0, never
+    decreases, ends within the packed tensor's `total` rows."""
+    offs = [int(x) for x in cu.tolist()]
+    if offs[0] != 0:
+        raise ValueError(f"{name}[0]={offs[0]}; allowed: 0 (offsets of the packed rows)")
+    for i in range(1, len(offs)):
+        if offs[i] < offs[i - 1]:
+            raise ValueError(f"{name}[{i}]={offs[i]} < {name}[{i - 1}]={offs[i - 1]}; allowed: non-decreasing offsets")
+    if offs[-1] > total:
+        raise ValueError(f"{name}[-1]={offs[-1]} past the {total} packed rows; allowed: at most {total}")
+    return [offs[i + 1] - offs[i] for i in range(len(offs) - 1)]
+
+
+def check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, softmax_scale,
+                 return_lse):
+    """One-line ValueErrors; returns (sequences, heads, heads_kv, d, dtype, max_seqlen_q, max_seqlen_k),
+    the max lengths read from cu_seqlens where not given (or where cu_seqlens are on the CPU)."""
+    import torch
+
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 3:
+            raise ValueError(f"{name} must be 3-D (total tokens, heads, head_dim) with cu_seqlens, got shape "
+                             f"{tuple(t.shape)}")
+    if cu_seqlens_q is None or cu_seqlens_k is None:
+        raise ValueError("cu_seqlens_q and cu_seqlens_k: allowed: both given (varlen) or neither")
+    _check_cu("cu_seqlens_q", cu_seqlens_q, q.device)
+    _check_cu("cu_seqlens_k", cu_seqlens_k, q.device)
+    if cu_seqlens_q.numel() != cu_seqlens_k.numel():
+        raise ValueError(f"cu_seqlens_q has {cu_seqlens_q.numel()} offsets, cu_seqlens_k {cu_seqlens_k.numel()}; "
+                         "allowed: one per sequence + 1 in both")
+    _check_max("max_seqlen_q", max_seqlen_q)
+    _check_max("max_seqlen_k", max_seqlen_k)
+    # dtypes, head dims, GQA, strides, the scale: the kernel's own checks, on the packed tensors
+    validate_tensors(q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), causal, softmax_scale, return_lse,
+                     head_dims=SUPPORTED_HEAD_DIMS, gqa=True)
+    n = cu_seqlens_q.numel() - 1
+    if n > 65535:
+        raise ValueError(f"{n} sequences; allowed: at most 65535 (grid limits)")
+    if max_seqlen_q is None or cu_seqlens_q.device.type == "cpu":
+        lens = lengths("cu_seqlens_q", cu_seqlens_q, q.shape[0])
+        max_q = max(lens)
+        if max_seqlen_q is not None and max_seqlen_q < max_q:
+            raise ValueError(f"max_seqlen_q={max_seqlen_q} < the longest sequence's {max_q} rows; allowed: >= {max_q}")
+        max_seqlen_q = max_q if max_seqlen_q is None else max_seqlen_q
+    if max_seqlen_k is None or cu_seqlens_k.device.type == "cpu":
+        lens = lengths("cu_seqlens_k", cu_seqlens_k, k.shape[0])
+        max_k = max(lens)
+        if max_seqlen_k is not None and max_seqlen_k < max_k:
+            raise ValueError(f"max_seqlen_k={max_seqlen_k} < the longest sequence's {max_k} keys; allowed: >= {max_k}")
+        max_seqlen_k = max_k if max_seqlen_k is None else max_seqlen_k
+    dtype = "bfloat16" if q.dtype == torch.bfloat16 else "float16"
+    return n, q.shape[1], k.shape[1], q.shape[2], dtype, max_seqlen_q, max_seqlen_k
+
+
+def varlen_config(d: int, dtype: str, causal: bool, has_lse: bool, max_seqlen_q: int, max_seqlen_k: int,
+                  knobs: dict, tile_rule):
+    """The forward's varlen build for these options: the tile shape the plain forward takes for
+    the longest sequence (interface.tile_rule) unless the knobs set one."""
+    if knobs.get("tile_m") is None and knobs.get("tile_n") is None:
+        knobs = {**tile_rule(d, causal, max(max_seqlen_q, 1), max(max_seqlen_k, 1)), **knobs}
+    return make_varlen_config(dtype, d, causal, has_lse, knobs)
+
+
+def forward(run, cfg, q, k, v, cu_q, cu_k, max_seqlen_q: int, softmax_scale):
+    """out (total_q, heads, d), lse (heads, total_q) of one launch of the varlen build."""
+    import torch
+
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    lse = torch.empty((q.shape[1], q.shape[0]), dtype=torch.float32, device=q.device)
+    num_m = max(1, -(-max_seqlen_q // cfg.tile_m))
+    run(cfg, q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), out.unsqueeze(0), lse.unsqueeze(0), cu_q, cu_k,
+        num_m, softmax_scale)
+    return out, lse
+
+
+def backward(dout, q, k, v, out, lse, cu_q, cu_k, causal: bool, softmax_scale, bcfg):
+    """dq, dk, dv: the SM90 backward once per sequence, on its rows of the packed tensors."""
+    import torch
+
+    from .sm90.bwd import run_bwd
+
+    dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    oq = [int(x) for x in cu_q.tolist()]
+    ok = [int(x) for x in cu_k.tolist()]
+    scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
+    dout = dout.contiguous()
+    for i in range(len(oq) - 1):
+        a, b, c, e = oq[i], oq[i + 1], ok[i], ok[i + 1]
+        if b == a or e == c:  # no rows, or no keys (O 0): no gradient
+            continue
+        one = lambda t, x, y: t[x:y].unsqueeze(0)  # noqa: E731  (1, len, heads, d) views
+        gq, gk, gv = run_bwd(bcfg, one(dout, a, b), one(q, a, b), one(k, c, e), one(v, c, e), one(out, a, b),
+                             lse[:, a:b].unsqueeze(0).contiguous(), scale)
+        dq[a:b], dk[c:e], dv[c:e] = gq[0], gk[0], gv[0]
+    return dq, dk, dv
+
+
+def _function():
+    import torch
+
+    class FlashAttnVarlenFuncSm90(torch.autograd.Function):
+        """out, lse = the varlen forward, saving q, k, v, out, lse; backward per sequence."""
+
+        @staticmethod
+        def forward(ctx, run, cfg, q, k, v, cu_q, cu_k, max_seqlen_q, softmax_scale, bcfg):
+            out, lse = forward(run, cfg, q.detach(), k.detach(), v.detach(), cu_q, cu_k, max_seqlen_q,
+                               softmax_scale)
+            ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k)
+            ctx.causal, ctx.softmax_scale, ctx.bcfg = cfg.causal, softmax_scale, bcfg
+            ctx.mark_non_differentiable(lse)
+            return out, lse
+
+        @staticmethod
+        def backward(ctx, dout, _dlse):
+            q, k, v, out, lse, cu_q, cu_k = ctx.saved_tensors
+            dq, dk, dv = backward(dout, q.detach(), k.detach(), v.detach(), out, lse, cu_q, cu_k, ctx.causal,
+                                  ctx.softmax_scale, ctx.bcfg)
+            return None, None, dq, dk, dv, None, None, None, None, None
+
+    return FlashAttnVarlenFuncSm90
+
+
+_FUNC = None
+
+
+def attention_varlen(run, tile_rule, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: Optional[int],
+                     max_seqlen_k: Optional[int], causal: bool, softmax_scale, return_lse: bool,
+                     deterministic: bool, bwd_knobs: dict, knobs: dict):
+    """attention() with cu_seqlens (module docstring). run: the varlen build's launch
+    (interface.run_varlen); tile_rule: interface.tile_rule (this module stays below the host API)."""
+    global _FUNC
+    from .autograd import check_backward_supported, needs_grad
+    from .inputs import validate_device
+
+    n, h, hkv, d, dtype, max_q, max_k = check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                                     max_seqlen_k, causal, softmax_scale, return_lse)
+    grad = needs_grad(q, k, v)
+    bcfg = None
+    if grad:
+        from .sm90.bwd_config import bwd_config_from_knobs
+
+        check_backward_supported(q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), causal, deterministic, **bwd_knobs)
+        bcfg = bwd_config_from_knobs(dtype, d, causal, deterministic, bwd_knobs)
+    cfg = varlen_config(d, dtype, causal, return_lse or grad, max_q, max_k, knobs, tile_rule)
+    validate_device(q, k, v)
+    cu_q = cu_seqlens_q.to(q.device).contiguous()
+    cu_k = cu_seqlens_k.to(q.device).contiguous()
+    if grad:
+        if _FUNC is None:
+            _FUNC = _function()
+        out, lse = _FUNC.apply(run, cfg, q, k, v, cu_q, cu_k, max_q, softmax_scale, bcfg)
+    else:
+        out, lse = forward(run, cfg, q, k, v, cu_q, cu_k, max_q, softmax_scale)
+    return (out, lse) if return_lse else out

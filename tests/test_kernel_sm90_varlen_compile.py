@@ -1,0 +1,56 @@
+"""CPU-only: the SM90 forward's varlen build (KernelConfig.varlen: each tile's sequence from
+cu_seqlens, one CTA per tile, O out through row-predicated 16-byte stores) compiles for sm_90a
+with fake tensors, and leaves the ordinary forward's build alone.
+
+Run: pytest -m compile tests/test_kernel_sm90_varlen_compile.py
+"""
+
+import re
+
+import pytest
+
+pytest.importorskip("cutlass")
+
+import fa4kernel  # noqa: E402
+from fa4kernel import make_config  # noqa: E402
+from fa4kernel.sm90.config import make_varlen_config  # noqa: E402
+from fa4kernel.sm90.fwd import FlashFwdSm90, FlashFwdSm90Varlen, make_kernel  # noqa: E402
+
+pytestmark = pytest.mark.compile
+
+
+def count(text, op):
+    return len(re.findall(r"\s" + re.escape(op) + r"[\s.]", text))
+
+
+# hd192 with its 112-key tile and 3 vectors per thread and row in the O store; hd64's 3 warpgroups
+@pytest.mark.parametrize("hd,causal", [(128, False), (64, True), (192, True)])
+def test_varlen_builds_compile(hd, causal):
+    text = fa4kernel.compile_sass(make_varlen_config("bfloat16", hd, causal, True, {}), arch="sm_90a")
+    assert count(text, "HGMMA") > 0 and count(text, "UTMALDG") > 0
+    assert count(text, "UTMASTG") == 0, "a TMA store of O would write the next sequence's rows"
+    assert len(re.findall(r"\sSTG\.E\.128\s", text)) > 0, "O's rows go out as 16-byte stores"
+    assert count(text, "LDL") == 0 and count(text, "STL") == 0, "register spills (LDL/STL)"
+
+
+def test_the_ordinary_forward_is_not_the_varlen_build():
+    cfg = make_config("bfloat16", 128, True, True, {})
+    assert not cfg.varlen and type(make_kernel(cfg)) is FlashFwdSm90
+    vcfg = make_varlen_config("bfloat16", 128, True, True, {})
+    assert vcfg.varlen and not vcfg.persistent and type(make_kernel(vcfg)) is FlashFwdSm90Varlen
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_ordinary_sass_is_unchanged_by_the_varlen_branches(causal, monkeypatch):
+    """The ordinary build's SASS equals that of a build whose varlen-only methods raise when
+    called: no varlen code is traced into it."""
+    monkeypatch.setenv("FA4LAB_CACHE", "off")
+    cfg = make_config("bfloat16", 128, causal, True, {})
+    plain = fa4kernel.compile_sass(cfg, arch="sm_90a")
+
+    def boom(*a, **k):
+        raise AssertionError("a varlen-only method was traced into the ordinary build")
+
+    for name in ("_varlen_tile", "_varlen_blocks", "_store_o_rows"):
+        monkeypatch.setattr(FlashFwdSm90, name, boom)
+    assert fa4kernel.compile_sass(cfg, arch="sm_90a") == plain

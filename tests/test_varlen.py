@@ -1,0 +1,152 @@
+"""fa4kernel's varlen (attention with cu_seqlens, fa4kernel/varlen.py) on the CPU: its one-line
+errors, and its host side (the packed views the launch gets, the grid's Q tiles, the backward's
+per-sequence slices and their reassembly) against a direct fp64 reference of packed attention
+(one attention over all tokens with a block-diagonal mask).
+
+The kernels cannot run here: RUN_STAND_IN is the varlen build's contract in fp64
+(FlashFwdSm90Varlen's docstring, not the kernel) and BWD_STAND_IN the SM90 backward's (fp64
+autograd of one sequence). tests/test_varlen_gpu.py runs the real kernels."""
+import math
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import fa4kernel  # noqa: E402
+from fa4kernel import varlen  # noqa: E402
+from fa4kernel.sm90.bwd_config import bwd_config_from_knobs  # noqa: E402
+
+GRIDS = []
+
+
+def _attend(q, k, v, causal, scale):
+    """fp64 attention of one sequence (len_q, h, d) x (len_k, hkv, d); causal bottom-right."""
+    g = q.shape[1] // k.shape[1]
+    kk, vv = k.double().repeat_interleave(g, 1), v.double().repeat_interleave(g, 1)
+    s = torch.einsum("qhd,khd->hqk", q.double(), kk) * scale
+    if causal:
+        lq, lk = q.shape[0], k.shape[0]
+        s = s.masked_fill(torch.arange(lk)[None, :] > torch.arange(lq)[:, None] + lk - lq, float("-inf"))
+    lse = torch.logsumexp(s, -1)
+    p = torch.softmax(s, -1).nan_to_num(0.0)
+    return torch.einsum("hqk,khd->qhd", p, vv), lse
+
+
+def RUN_STAND_IN(cfg, q, k, v, out, lse, cu_q, cu_k, num_m, softmax_scale):
+    assert q.shape[0] == k.shape[0] == out.shape[0] == lse.shape[0] == 1 and cfg.varlen
+    assert cu_q.dtype == cu_k.dtype == torch.int32 and cu_q.shape == cu_k.shape
+    GRIDS.append(num_m)
+    scale = softmax_scale or 1.0 / math.sqrt(q.shape[-1])
+    oq, ok = cu_q.tolist(), cu_k.tolist()
+    for i in range(len(oq) - 1):
+        a, b, c, e = oq[i], oq[i + 1], ok[i], ok[i + 1]
+        assert b - a <= num_m * cfg.tile_m, "a tile of this sequence is outside the grid"
+        if b == a:
+            continue
+        if e == c:
+            o, ls = torch.zeros(b - a, q.shape[2], q.shape[3]), torch.full((q.shape[2], b - a), float("-inf"))
+        else:
+            o, ls = _attend(q[0, a:b], k[0, c:e], v[0, c:e], cfg.causal, scale)
+        out[0, a:b] = o.to(out.dtype)
+        lse[0, :, a:b] = ls.float()
+
+
+def BWD_STAND_IN(bcfg, dout, q, k, v, out, lse, scale):
+    assert q.shape[0] == 1 and lse.shape == (1, q.shape[2], q.shape[1]) and lse.is_contiguous()
+    qd, kd, vd = (t[0].double().requires_grad_() for t in (q, k, v))
+    o, _ = _attend(qd, kd, vd, bcfg.causal, scale)
+    o.backward(dout[0].double())
+    return tuple(t.grad.unsqueeze(0).to(q.dtype) for t in (qd, kd, vd))
+
+
+def packed_reference(q, k, v, lens_q, lens_k, causal, scale):
+    """One attention over every token: query i of sequence s sees key j iff j is in s (and, with
+    causal, j - start_k(s) <= i - start_q(s) + len_k(s) - len_q(s))."""
+    seq_q = torch.repeat_interleave(torch.arange(len(lens_q)), torch.tensor(lens_q))
+    seq_k = torch.repeat_interleave(torch.arange(len(lens_k)), torch.tensor(lens_k))
+    start_q = torch.tensor([0] + lens_q).cumsum(0)[seq_q]
+    start_k = torch.tensor([0] + lens_k).cumsum(0)[seq_k]
+    see = seq_q[:, None] == seq_k[None, :]
+    if causal:
+        iq = torch.arange(len(seq_q)) - start_q
+        jk = torch.arange(len(seq_k)) - start_k
+        off = (torch.tensor(lens_k)[seq_q] - torch.tensor(lens_q)[seq_q])
+        see &= jk[None, :] <= (iq + off)[:, None]
+    g = q.shape[1] // k.shape[1]
+    s = torch.einsum("qhd,khd->hqk", q, k.repeat_interleave(g, 1)) * scale
+    s = s.masked_fill(~see, float("-inf"))
+    p = torch.softmax(s, -1).nan_to_num(0.0)
+    return torch.einsum("hqk,khd->qhd", p, v.repeat_interleave(g, 1))
+
+
+def _cu(lens):
+    return torch.tensor([0] + lens, dtype=torch.int32).cumsum(0, dtype=torch.int32)
+
+
+@pytest.mark.parametrize("causal,lens_q,lens_k,h,hkv", [
+    (False, [5, 0, 130, 1, 77], [9, 3, 130, 1, 200], 4, 2),
+    (True, [33, 1, 0, 129], [33, 40, 5, 300], 2, 2),   # chunked prefill: len_q < len_k
+    (True, [3, 7], [0, 2], 4, 1),                       # a sequence without keys; len_k < len_q
+])
+def test_forward_and_backward_host_side(causal, lens_q, lens_k, h, hkv, monkeypatch):
+    monkeypatch.setattr("fa4kernel.sm90.bwd.run_bwd", BWD_STAND_IN)
+    torch.manual_seed(0)
+    d = 64
+    q = torch.randn(sum(lens_q), h, d, dtype=torch.float64)
+    k = torch.randn(sum(lens_k), hkv, d, dtype=torch.float64)
+    v = torch.randn(sum(lens_k), hkv, d, dtype=torch.float64)
+    cu_q, cu_k = _cu(lens_q), _cu(lens_k)
+    n, _, _, _, _, mq, mk = varlen.check_varlen(q.bfloat16(), k.bfloat16(), v.bfloat16(), cu_q, cu_k, None,
+                                                None, causal, None, True)
+    assert (n, mq, mk) == (len(lens_q), max(lens_q), max(lens_k))
+    cfg = varlen.varlen_config(d, "bfloat16", causal, True, mq, mk, {}, fa4kernel.interface.tile_rule)
+    GRIDS.clear()
+    out, lse = varlen.forward(RUN_STAND_IN, cfg, q, k, v, cu_q, cu_k, mq, None)
+    assert GRIDS == [max(1, -(-mq // cfg.tile_m))]
+    scale = 1.0 / math.sqrt(d)
+    torch.testing.assert_close(out, packed_reference(q, k, v, lens_q, lens_k, causal, scale))
+    # the backward: per-sequence slices reassembled = the packed reference's gradients
+    dout = torch.randn_like(q)
+    bcfg = bwd_config_from_knobs("bfloat16", d, causal, False, {})
+    dq, dk, dv = varlen.backward(dout, q, k, v, out, lse, cu_q, cu_k, causal, None, bcfg)
+    qr, kr, vr = (t.clone().requires_grad_() for t in (q, k, v))
+    packed_reference(qr, kr, vr, lens_q, lens_k, causal, scale).backward(dout)
+    for got, want in ((dq, qr.grad), (dk, kr.grad), (dv, vr.grad)):
+        torch.testing.assert_close(got, want)
+
+
+def _args(**kw):
+    q = torch.randn(10, 4, 64, dtype=torch.bfloat16)
+    k = torch.randn(12, 2, 64, dtype=torch.bfloat16)
+    a = dict(q=q, k=k, v=k.clone(), cu_seqlens_q=_cu([4, 6]), cu_seqlens_k=_cu([5, 7]))
+    a.update(kw)
+    return a
+
+
+@pytest.mark.parametrize("kw,msg", [
+    (dict(cu_seqlens_k=None), "both given"),
+    (dict(cu_seqlens_q=torch.tensor([0, 4, 10])), "int32 tensor"),
+    (dict(cu_seqlens_q=_cu([4, 6])[None]), "int32 tensor"),
+    (dict(cu_seqlens_k=_cu([5, 3, 4])), "one per sequence"),
+    (dict(cu_seqlens_q=torch.tensor([1, 4, 10], dtype=torch.int32)), "allowed: 0"),
+    (dict(cu_seqlens_q=torch.tensor([0, 6, 4], dtype=torch.int32)), "non-decreasing"),
+    (dict(cu_seqlens_k=_cu([5, 8])), "past the 12 packed rows"),
+    (dict(max_seqlen_q=3), "max_seqlen_q=3 < the longest"),
+    (dict(max_seqlen_k=-1), "max_seqlen_k=-1"),
+    (dict(max_seqlen_q=True), "max_seqlen_q=True"),
+    (dict(q=torch.randn(1, 10, 4, 64, dtype=torch.bfloat16)), "3-D"),
+    (dict(k=torch.randn(12, 3, 64, dtype=torch.bfloat16), v=torch.randn(12, 3, 64, dtype=torch.bfloat16)),
+     "k/v heads=3"),
+    (dict(persistent=True), "persistent=True with cu_seqlens"),
+    (dict(tile_m=100), "tile_m=100"),
+])
+def test_bad_input_is_one_line(kw, msg):
+    a = _args(**kw)
+    with pytest.raises(ValueError) as e:
+        fa4kernel.attention(a.pop("q"), a.pop("k"), a.pop("v"), **a)
+    assert msg in str(e.value) and "\n" not in str(e.value)
+
+
+def test_cpu_tensors_pass_the_checks_then_ask_for_a_gpu():
+    with pytest.raises(ValueError, match="CUDA device"):
+        fa4kernel.attention(**_args())
