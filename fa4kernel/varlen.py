@@ -111,14 +111,15 @@ def varlen_config(d: int, dtype: str, causal: bool, has_lse: bool, max_seqlen_q:
 
 
 def forward(run, cfg, q, k, v, cu_q, cu_k, max_seqlen_q: int, softmax_scale):
-    """out (total_q, heads, d), lse (heads, total_q) of one launch of the varlen build."""
+    """out (total_q, heads, d), lse (heads, total_q) (None unless cfg.has_lse) of one launch of
+    the varlen build."""
     import torch
 
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    lse = torch.empty((q.shape[1], q.shape[0]), dtype=torch.float32, device=q.device)
+    lse = torch.empty((q.shape[1], q.shape[0]), dtype=torch.float32, device=q.device) if cfg.has_lse else None
     num_m = max(1, -(-max_seqlen_q // cfg.tile_m))
-    run(cfg, q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), out.unsqueeze(0), lse.unsqueeze(0), cu_q, cu_k,
-        num_m, softmax_scale)
+    run(cfg, q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), out.unsqueeze(0),
+        lse.unsqueeze(0) if lse is not None else None, cu_q, cu_k, num_m, softmax_scale)
     return out, lse
 
 

@@ -33,7 +33,8 @@ def _attend(q, k, v, causal, scale):
 
 
 def RUN_STAND_IN(cfg, q, k, v, out, lse, cu_q, cu_k, num_m, softmax_scale):
-    assert q.shape[0] == k.shape[0] == out.shape[0] == lse.shape[0] == 1 and cfg.varlen
+    assert q.shape[0] == k.shape[0] == out.shape[0] == 1 and cfg.varlen
+    assert (lse is not None) == cfg.has_lse and (lse is None or lse.shape[0] == 1)
     assert cu_q.dtype == cu_k.dtype == torch.int32 and cu_q.shape == cu_k.shape
     GRIDS.append(num_m)
     scale = softmax_scale or 1.0 / math.sqrt(q.shape[-1])
@@ -48,7 +49,8 @@ def RUN_STAND_IN(cfg, q, k, v, out, lse, cu_q, cu_k, num_m, softmax_scale):
         else:
             o, ls = _attend(q[0, a:b], k[0, c:e], v[0, c:e], cfg.causal, scale)
         out[0, a:b] = o.to(out.dtype)
-        lse[0, :, a:b] = ls.float()
+        if lse is not None:
+            lse[0, :, a:b] = ls.float()
 
 
 def BWD_STAND_IN(bcfg, dout, q, k, v, out, lse, scale):
@@ -150,3 +152,14 @@ def test_bad_input_is_one_line(kw, msg):
 def test_cpu_tensors_pass_the_checks_then_ask_for_a_gpu():
     with pytest.raises(ValueError, match="CUDA device"):
         fa4kernel.attention(**_args())
+
+
+def test_forward_without_lse_launches_without_one():
+    """return_lse=False and no grad: the build has no LSE output and the launch passes None."""
+    q = torch.randn(9, 2, 64, dtype=torch.float64)
+    cu = _cu([4, 5])
+    cfg = varlen.varlen_config(64, "bfloat16", True, False, 5, 5, {}, fa4kernel.interface.tile_rule)
+    out, lse = varlen.forward(RUN_STAND_IN, cfg, q, q, q, cu, cu, 5, None)
+    assert lse is None and not cfg.has_lse
+    torch.testing.assert_close(out, packed_reference(q, q, q, [4, 5], [4, 5], True, 1 / 8))
+

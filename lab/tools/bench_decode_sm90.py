@@ -20,6 +20,7 @@ x head_dim x 2 (K and V) x 2 bytes / time.
 Rows (--rows, default all five; name b x sq x sk hq/hkv [causal]):
   b1-q1-k131072-h32-kv8     b8-q1-k32768-h32-kv8     b64-q1-k4096-h64-kv8
   b4-q1-k65536-h8-kv1       b8-q4-k32768-h32-kv8-causal
+--grid adds ten rows: batch 1-128 x cache 2k-256k, one new token, 32 / 8 heads, hd128 (GRID).
 --problem b=B,sq=SQ,sk=SK,h=H,kv=KV[,d=D][,causal] adds your own (repeatable).
 
 Usage (device, from the repository root):
@@ -78,6 +79,10 @@ class Row:
 
 ROWS = (Row(1, 1, 131072, 32, 8), Row(8, 1, 32768, 32, 8), Row(64, 1, 4096, 64, 8), Row(4, 1, 65536, 8, 1),
         Row(8, 4, 32768, 32, 8, causal=True))
+# --grid: batch 1-128 x cache 2k-256k, one new token, Llama-style 32 / 8 heads, hd128; the largest
+# cells hold 2M cached tokens (8.6 GB of K and V)
+GRID = tuple(Row(b, 1, sk, 32, 8) for b, sk in ((1, 2048), (1, 32768), (1, 262144), (8, 2048), (8, 32768),
+                                                 (8, 262144), (32, 8192), (32, 65536), (128, 2048), (128, 16384)))
 
 
 def parse_problem(spec: str) -> Row:
@@ -301,6 +306,7 @@ def parse_args(argv=None):
     ap.add_argument("--rows", default=None, help="comma-separated row names (default: all five)")
     ap.add_argument("--problem", action="append", default=[], metavar="b=B,sq=SQ,sk=SK,h=H,kv=KV[,d=D][,causal]",
                     help="your own row (repeatable), after the --rows ones")
+    ap.add_argument("--grid", action="store_true", help="add the batch x cache grid (GRID: ten rows)")
     ap.add_argument("--splits", default="1,2,4,8,16,32",
                     help="fixed num_splits to time besides the heuristic's (comma-separated; '' for none)")
     ap.add_argument("--warmup", type=int, default=20, help="calls before timing (compiles happen here)")
@@ -313,8 +319,10 @@ def parse_args(argv=None):
             raise ValueError
     except ValueError:
         ap.error(f"--splits {args.splits!r}: allowed comma-separated ints >= 1")
-    by_name = {r.name: r for r in ROWS}
-    names = [n.strip() for n in args.rows.split(",") if n.strip()] if args.rows else list(by_name)
+    by_name = {r.name: r for r in ROWS + GRID}
+    names = [n.strip() for n in args.rows.split(",") if n.strip()] if args.rows else [r.name for r in ROWS]
+    if args.grid:
+        names += [r.name for r in GRID if r.name not in names]
     unknown = [n for n in names if n not in by_name]
     if unknown:
         ap.error(f"--rows: unknown {', '.join(unknown)}; allowed: {', '.join(by_name)}")
