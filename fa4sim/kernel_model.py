@@ -321,6 +321,25 @@ def decoder_order(units: list[WorkUnit], n_h: int, lpt: bool, kv_block: float, t
     return out
 
 
+def grid_order(units: list[SeqUnit], n_h: int, causal: bool) -> list[tuple[int, int]]:
+    """(g, m) CTAs of fa4kernel's varlen build in blockIdx order (sm90/fwd.py _varlen_tile): the
+    longest sequence's count of Q tiles for every (sequence, launch head), Q tile fastest, then
+    head, then sequence; with a causal mask each head's tiles from the last down. m = -1: a CTA
+    past its sequence's rows, which exits at once (it costs its launch, nothing else)."""
+    by_seq: dict[int, list[int]] = {}
+    for m, u in enumerate(units):
+        by_seq.setdefault(u.seq, []).append(m)
+    num_m = max(len(ms) for ms in by_seq.values())
+    out = []
+    for s in sorted(by_seq):
+        ms = by_seq[s]
+        for h in range(n_h):
+            for i in range(num_m):
+                j = num_m - 1 - i if causal else i
+                out.append((s * n_h + h, ms[j] if j < len(ms) else -1))
+    return out
+
+
 def kernel_time_tiles(p: Problem, hw, units: list[WorkUnit], tiles: list[tuple[int, int]], cost_of, tile_n: int,
                       two_cta: bool, persistent: bool, rows: int, share: int, extra_hbm: float = 0.0) -> KernelTime:
     """kernel_time for a launch given as its tiles in launch order: (g, m), g a launch head of
@@ -328,16 +347,19 @@ def kernel_time_tiles(p: Problem, hw, units: list[WorkUnit], tiles: list[tuple[i
     tiles; split-KV: every chunk). A persistent launch hands each tile to the CTA predicted free
     first (a dynamic scheduler does the same), else one CTA per tile. K/V come from HBM once per
     (sequence, K/V head, chunk) per wave that does not find them in L2 (kv_hbm_reads); Q and O
-    once (extra_hbm: what else the launch writes, split-KV's fp32 partial O and LSE)."""
+    once (extra_hbm: what else the launch writes, split-KV's fp32 partial O and LSE). m = -1: an
+    empty CTA (grid_order), which costs its launch on the SM it takes."""
     costs = [cost_of(u) for u in units]
     slots = hw.num_sms // (2 if two_cta else 1)
     d = p.hdim
     kv_block = tile_n * (p.hdim + p.hdim_v) * 2
+    launched = [(0.0, 0.0) if m < 0 else costs[m] for _, m in tiles]
+    tiles = [(g, m) for g, m in tiles if m >= 0]
     wave = tiles[:slots]
     first = {(g // share, units[m].split, units[m].seq) for g, m in wave}
     cold_bytes = sum((units[m].rows or rows) for _, m in wave) * d * 2 + len(first) * kv_block
     cold_cycles = cold_bytes / (hw.hbm_bandwidth_tbps * 1e12) * hw.clock_ghz * 1e9
-    cycles, n_tiles = assign([costs[m] for _, m in tiles], slots, persistent, hw.cta_launch_cycles, cold_cycles)
+    cycles, n_tiles = assign(launched, slots, persistent, hw.cta_launch_cycles, cold_cycles)
     l2_b = sum((units[m].rows or rows) * d * 2 + units[m].n_kv * kv_block for _, m in tiles)
     keyed = [((g // share, units[m].split), m) for g, m in tiles]  # g already carries the sequence
     kv = kv_hbm_reads(keyed, [u.n_kv for u in units], kv_block, hw.l2_bytes, slots)

@@ -30,8 +30,8 @@ from .engine import Trace, gc_paused
 from .errors import InputError
 from . import split_kv
 from .tile_order import tile_order
-from .kernel_model import (KernelTime, WorkUnit, decoder_order, kernel_time, kernel_time_tiles, launch_heads,
-                           varlen_units, work_units)
+from .kernel_model import (KernelTime, WorkUnit, decoder_order, grid_order, kernel_time, kernel_time_tiles,
+                           launch_heads, varlen_units, work_units)
 from .params import MAX_SEQLEN, MAX_TILES, Context, Problem, resolve
 from .schedules import BWD_SCHEDULES, SCHEDULES, kernel_bwd
 from .steady_state import CAP, Period, runs as new_runs, tile_times, window
@@ -273,7 +273,10 @@ def forward(run: Run) -> Pass:
     # every clock the power model tries (keyed by the Q loads' HBM share, which does)
     cache: dict[tuple, tuple] = {}
     persistent = bool(knobs.get("persistent", True))  # else one CTA per tile: no further-tile cost (T2)
-    if general:  # the launch order of every (launch head, unit) tile: fa4sim/kernel_model.decoder_order
+    if general and not persistent and knobs.get("tile_order") == "fa4kernel":
+        # fa4kernel without its host table (the varlen build): one CTA per tile in blockIdx order
+        order = grid_order(units, n_hb, problem.causal)
+    elif general:  # the launch order of every (launch head, unit) tile: fa4sim/kernel_model.decoder_order
         lpt = problem.causal and knobs.get("tile_order", "lpt") != "index"
         order = decoder_order(units, n_hb, lpt, tile_n * (problem.hdim + problem.hdim_v) * 2, unit_rows, tile_n,
                               pack)

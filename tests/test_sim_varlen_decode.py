@@ -40,7 +40,15 @@ def test_varlen_batch_counts_each_sequence():
     assert any("varlen" in n for n in r.notes)
 
 
-def test_fa4kernel_varlen_is_refused_in_one_line():
+def test_an_implementation_without_varlen_is_refused_in_one_line(monkeypatch):
+    from dataclasses import replace
+
+    from fa4sim import implementation
+
+    real = implementation.load
+    monkeypatch.setattr(implementation, "load",
+                        lambda name, *a, **k: replace(real(name, *a, **k), varlen=False)
+                        if name.startswith("fa4kernel") else real(name, *a, **k))
     with pytest.raises(InputError) as e:
         simulate(H200, None, Problem.varlen(8, 128, [100, 200]), impl="fa4kernel")
     msg = str(e.value)
@@ -48,6 +56,32 @@ def test_fa4kernel_varlen_is_refused_in_one_line():
     assert "flash-attn-3-sm90" in msg and "flash-attn-4-sm90" in msg
     with pytest.raises(InputError, match="varlen backward"):
         simulate(H200, None, Problem.varlen(8, 128, [100, 200]), impl="flash-attn-4", pass_="bwd")
+
+
+def test_fa4kernel_varlen_grid_order():
+    """fa4kernel's varlen build in blockIdx order: the longest sequence's Q tiles for every
+    (sequence, head), Q tile fastest; causal, each head's from the last down; -1 = an empty CTA."""
+    from fa4sim.kernel_model import grid_order, varlen_units
+
+    units = varlen_units(Problem.varlen(2, 128, [100, 300]), 128, 128)
+    assert [u.seq for u in units] == [0, 1, 1, 1]
+    assert grid_order(units, 2, False) == [(0, 0), (0, -1), (0, -1), (1, 0), (1, -1), (1, -1),
+                                           (2, 1), (2, 2), (2, 3), (3, 1), (3, 2), (3, 3)]
+    assert grid_order(units, 1, True) == [(0, -1), (0, -1), (0, 0), (1, 3), (1, 2), (1, 1)]
+
+
+def test_fa4kernel_varlen_runs_one_cta_per_tile():
+    """Its varlen forward is modelled as it ships: not persistent (no host table), its tile order
+    the grid's; a short sequence beside a long one adds its tiles and the empty CTAs' launches."""
+    p = Problem.varlen(16, 128, [4000, 1], causal=True)
+    r = simulate(H200, None, p, impl="fa4kernel")
+    assert r.knobs["persistent"] is False and r.knobs["tile_order"] == "fa4kernel"
+    assert any("varlen" in n for n in r.notes)
+    alone = simulate(H200, None, Problem.varlen(16, 128, [4000], causal=True), impl="fa4kernel")
+    assert (r.kernel.units, alone.kernel.units) == (16 * 33, 16 * 32)  # 4000 rows: 32 tiles of 128
+    assert r.kernel.time_us >= alone.kernel.time_us
+    dense = simulate(H200, None, Problem(1, 16, 4000, 4000, 128, True), impl="fa4kernel")
+    assert dense.knobs["persistent"] is True  # the dense launch keeps its host table
 
 
 def _decode(seqlen_k, impl="flash-attn-3", batch=1, heads=32, kv=8, **over):
@@ -170,7 +204,6 @@ def test_causal_cache_shorter_than_the_new_tokens_runs():
     (["--seqlens", "512,abc"], "'abc' is not a whole number"),
     (["--seqlens", ""], "a comma list of lengths"),
     (["--seqlens", "512,-3", "--impl", "flash-attn-4"], ">= 1 token"),
-    (["--seqlens", "512,300"], "fa4kernel has no varlen forward"),
     (["--seqlens-k", "512"], "only with --seqlens"),
     (["--seqlens", "512,300", "--seqlens-k", "512", "--impl", "flash-attn-4"], "one per sequence"),
 ])
@@ -185,6 +218,8 @@ def test_cli_varlen_and_decode_run(capsys):
                  "--heads", "8"]) == 0
     out = capsys.readouterr().out
     assert "varlen: 3 sequences" in out
+    assert main(["run", "--hw", H200, "--impl", "fa4kernel", "--seqlens", "512,3000,100", "--causal"]) == 0
+    assert "varlen: 3 sequences" in capsys.readouterr().out
     assert main(["run", "--hw", H200, "--impl", "flash-attn-3", "--seqlen", "1", "--seqlen-k", "131072",
                  "--batch", "1", "--heads", "32", "--heads-kv", "8"]) == 0
     out = capsys.readouterr().out
