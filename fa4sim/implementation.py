@@ -13,7 +13,8 @@ resolved so far:
   {"by_hdim_upto": {"64": V, "96": V, ...}}          the first entry whose head dim is >= the problem's
   {"rules": [{"when": {FACT: X, ...}, "value": V}, ...], "else": V}   the first rule that holds
   {"fact": NAME}                                     a fact the schedule derives (below)
-FACT is a problem field (hdim, hdim_v, causal, seqlen_q, seqlen_k), a knob resolved before this
+FACT is a problem field (hdim, hdim_v, causal, seqlen_q, seqlen_k; is_varlen: a packed batch of
+unequal lengths, whose seqlen_q / seqlen_k are its longest sequence's), a knob resolved before this
 one, or a fact the schedule derives (its `facts()`, which schedules/__init__.py registers here:
 o_fits, consumer_wgs); a suffix compares instead of testing equality: _gt, _ge, _le, _ne.
 

@@ -237,7 +237,7 @@ def kernel_time(p: Problem, hw, units: list[WorkUnit], cost_of, tile_n: int,
     kv_head = p.seqlen_k * (p.hdim + p.hdim_v) * 2  # one head's K and V, bf16
     slots = hw.num_sms // (2 if two_cta else 1)
     tiles = tile_order(order, n_hb, [c[0] for c in costs], kv_head, hw.l2_bytes, slots,
-                       sorted_launch=persistent or p.causal, cluster=cluster)
+                       sorted_launch=persistent or p.causal, cluster=cluster, causal=p.causal)
     rows = rows or max(u.rows for u in units)
     wave = [(hb, units[m]) for hb, m in tiles[:slots]]
     cold_cycles = cold_start_bytes(p, wave, rows, tile_n, share=share) / (hw.hbm_bandwidth_tbps * 1e12) * hw.clock_ghz * 1e9

@@ -273,8 +273,9 @@ def forward(run: Run) -> Pass:
     # every clock the power model tries (keyed by the Q loads' HBM share, which does)
     cache: dict[tuple, tuple] = {}
     persistent = bool(knobs.get("persistent", True))  # else one CTA per tile: no further-tile cost (T2)
-    if general and not persistent and knobs.get("tile_order") == "fa4kernel":
-        # fa4kernel without its host table (the varlen build): one CTA per tile in blockIdx order
+    if general and knobs.get("tile_order") == "grid":
+        # one CTA per tile in blockIdx order, sequence outermost, up to the longest sequence's
+        # tile count (fa4kernel's varlen build): fa4sim/kernel_model.grid_order
         order = grid_order(units, n_hb, problem.causal)
     elif general:  # the launch order of every (launch head, unit) tile: fa4sim/kernel_model.decoder_order
         lpt = problem.causal and knobs.get("tile_order", "lpt") != "index"
@@ -377,6 +378,11 @@ def forward(run: Run) -> Pass:
             result.notes.append(f"varlen: {problem.batch} sequences, {sum(q for q, _ in problem.sequences)} query "
                                 f"and {sum(k for _, k in problem.sequences)} key tokens in all; seqlen_q / seqlen_k "
                                 f"shown are the longest")
+        if general and knobs.get("tile_order") == "grid":
+            empty = sum(m < 0 for _, m in order)
+            result.notes.append(f"grid: {len(order)} CTAs, one per (Q tile, head, sequence) up to the longest "
+                                f"sequence's Q tiles; {empty} lie past their sequence's rows and exit at once "
+                                f"(each costs its CTA launch)")
         if problem.causal and any(q > k for q, k in problem.sequences):
             result.notes.append("causal with fewer keys than queries (bottom-right aligned): the first "
                                 "seqlen_q - seqlen_k rows of such a sequence see no key and are written as zeros")

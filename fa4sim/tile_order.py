@@ -15,6 +15,11 @@ Orders (the fa3 schedule's knob `tile_order`):
                 heads whose K + V fit in 50 MiB, Q tiles from the last (longest) down, heads inner;
                 otherwise launch-index order (SingleTileScheduler)
   index         blockIdx order: head by head, m ascending
+  grid          a grid of one CTA per tile in blockIdx order, as fa4kernel's varlen build launches
+                (sm90/fwd.py _varlen_tile): head by head, Q tile fastest, with a causal mask each
+                head's tiles from the last (longest) down; in every launch. A varlen batch adds the
+                sequence outermost and the empty CTAs of the longest sequence's tile count
+                (kernel_model.grid_order)
   tail_lpt      fa4kernel's SM90 backward with a causal mask (grid_order "tail_lpt"): blockIdx order,
                 but the last heads, at least TAIL_WAVES waves of clusters, go unit by unit across
                 them (m ascending: the longest causal KV tile first), the `cluster` units of one
@@ -33,7 +38,7 @@ from __future__ import annotations
 
 import heapq
 
-ORDERS = ("fa4kernel", "flash-attn-4", "lpt", "index", "tail_lpt", "sections")
+ORDERS = ("fa4kernel", "flash-attn-4", "lpt", "index", "grid", "tail_lpt", "sections")
 SECTION_HEADS = 16            # fa4kernel's backward, grid_order "sections" (sm90/bwd_config.py)
 SECTION_FRACTION_OF_L2 = 16   # fa4kernel: section = L2 / 16 of K + V
 TAIL_WAVES = 2                # fa4kernel: the last section holds >= 2 waves of tiles (the
@@ -77,16 +82,20 @@ def tail_heads(units_per_head: int, n_hb: int, slots: int) -> int:
 
 
 def tile_order(kind: str, n_hb: int, cost: list[float], kv_bytes_per_head: float, l2_bytes: float,
-               slots: int, sorted_launch: bool, cluster: int = 1) -> list[tuple[int, int]]:
+               slots: int, sorted_launch: bool, cluster: int = 1, causal: bool = False) -> list[tuple[int, int]]:
     """All (hb, m) tiles in the order the kernel hands them out. sorted_launch: the launch
     takes a cost-ordered schedule (causal, or persistent CTAs); else blockIdx order. cluster:
-    units per cluster (tail_lpt), `slots` counting SMs."""
+    units per cluster (tail_lpt), `slots` counting SMs. causal: the launch has a causal mask
+    (grid: each head's tiles from the last down)."""
     if kind not in ORDERS:
         raise ValueError(f"tile_order={kind!r}; allowed: {', '.join(ORDERS)}")
     num_m = len(cost)
     if kind == "sections":  # the launch's own order, whatever the mask
         return [(hb, j * cluster + r) for h0 in range(0, n_hb, SECTION_HEADS) for j in range(num_m // cluster)
                 for hb in range(h0, min(h0 + SECTION_HEADS, n_hb)) for r in range(cluster)]
+    if kind == "grid":  # the grid's own order, whatever the launch
+        ms = list(range(num_m - 1, -1, -1)) if causal else list(range(num_m))
+        return [(hb, m) for hb in range(n_hb) for m in ms]
     if kind == "index" or not sorted_launch:
         return [(hb, m) for hb in range(n_hb) for m in range(num_m)]
     if kind == "tail_lpt":

@@ -40,6 +40,36 @@ def test_impl_fa4kernel_is_the_kernels_own_configuration(hdim, causal, seqlen, t
     assert knobs["tile_order"] == "fa4kernel" and knobs["skip_idle_wgs"] is True
 
 
+@pytest.mark.parametrize("hdim", fa4kernel.SUPPORTED_HEAD_DIMS)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("lens", [(1, 700), (300, 8192, 50)])
+def test_impl_fa4kernel_varlen_is_the_varlen_builds_configuration(hdim, causal, lens):
+    """A varlen batch resolves to what fa4kernel's varlen build runs (fa4kernel/varlen.py
+    varlen_config: the tiles of the longest sequence's lengths, make_varlen_config: one CTA per
+    tile), and to its grid's launch order."""
+    from fa4kernel.varlen import varlen_config
+
+    cfg = varlen_config(hdim, "bfloat16", causal, False, max(lens), max(lens), {}, fa4kernel_interface.tile_rule)
+    knobs = setup("h100-datasheet", "fa3", Problem.varlen(1, hdim, list(lens), causal=causal), {}, "fa4kernel")[4]
+    assert {n: knobs[n] for n in TWINS} == {n: getattr(cfg, n) for n in TWINS}
+    assert cfg.varlen and knobs["persistent"] is False and knobs["tile_order"] == "grid"
+
+
+def test_a_rule_can_test_whether_the_batch_is_varlen():
+    """{"when": {"is_varlen": ...}}: a problem fact, true for a packed batch of unequal lengths."""
+    from fa4sim.hardware import load as load_hw
+    from fa4sim.params import Context
+
+    impl = implementation.load("fa4kernel-sm90")
+    spec = {"rules": [{"when": {"is_varlen": True}, "value": "packed"}], "else": "dense"}
+    hw = load_hw("h100-datasheet")
+    got = {p.is_varlen: implementation._evaluate(spec, Context(p, hw, impl), {}, "test")
+           for p in (Problem(2, 4, 300, 300, 128), Problem.varlen(4, 128, [300, 100]))}
+    assert got == {False: "dense", True: "packed"}
+    ne = {"rules": [{"when": {"is_varlen_ne": True}, "value": 1}], "else": 2}
+    assert implementation._evaluate(ne, Context(Problem.varlen(4, 128, [3]), hw, impl), {}, "test") == 2
+
+
 @pytest.mark.parametrize("name", implementation.available())
 def test_every_entry_has_a_value_a_source_and_a_confidence(name):
     impl = implementation.load(name)

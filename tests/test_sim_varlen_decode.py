@@ -75,13 +75,116 @@ def test_fa4kernel_varlen_runs_one_cta_per_tile():
     the grid's; a short sequence beside a long one adds its tiles and the empty CTAs' launches."""
     p = Problem.varlen(16, 128, [4000, 1], causal=True)
     r = simulate(H200, None, p, impl="fa4kernel")
-    assert r.knobs["persistent"] is False and r.knobs["tile_order"] == "fa4kernel"
+    assert r.knobs["persistent"] is False and r.knobs["tile_order"] == "grid"
     assert any("varlen" in n for n in r.notes)
     alone = simulate(H200, None, Problem.varlen(16, 128, [4000], causal=True), impl="fa4kernel")
     assert (r.kernel.units, alone.kernel.units) == (16 * 33, 16 * 32)  # 4000 rows: 32 tiles of 128
     assert r.kernel.time_us >= alone.kernel.time_us
     dense = simulate(H200, None, Problem(1, 16, 4000, 4000, 128, True), impl="fa4kernel")
     assert dense.knobs["persistent"] is True  # the dense launch keeps its host table
+    assert dense.knobs["tile_order"] == "fa4kernel"
+
+
+def test_fa4kernel_varlen_knobs_come_from_its_file():
+    """The varlen launch's one-CTA-per-tile grid is fa4kernel-sm90.json's choice (rules on
+    is_varlen), not a name test in the model: another file with the same rules gets the same."""
+    from fa4sim import implementation
+
+    impl = implementation.load("fa4kernel-sm90")
+    assert impl.varlen and "FlashFwdSm90Varlen" in impl.knobs["tile_order"]["source"]
+    for knob in ("persistent", "tile_order"):
+        rules = impl.knobs[knob]["value"]["rules"]
+        assert rules[0]["when"] == {"is_varlen": True}
+        assert "source" in impl.knobs[knob]
+    # flash-attn-3 / -4 keep their own schedulers' orders for varlen
+    for name in ("flash-attn-3", "flash-attn-4"):
+        knobs = setup(H200, None, Problem.varlen(8, 128, [100, 300]), {}, name)[4]
+        assert knobs["tile_order"] != "grid"
+
+
+def test_grid_order_tiny_causal_with_heads():
+    """Two heads, causal, sequences of 1 and 300 rows at 128-row tiles: every (sequence, head)
+    runs 3 CTAs; the 1-row sequence's last two (m_block 2 and 1, launched first) are empty."""
+    from fa4sim.kernel_model import grid_order, varlen_units
+
+    units = varlen_units(Problem.varlen(2, 128, [1, 300], causal=True), 128, 128)
+    assert [(u.seq, u.n_kv) for u in units] == [(0, 1), (1, 1), (1, 2), (1, 3)]
+    assert grid_order(units, 2, True) == [(0, -1), (0, -1), (0, 0), (1, -1), (1, -1), (1, 0),
+                                          (2, 3), (2, 2), (2, 1), (3, 3), (3, 2), (3, 1)]
+
+
+def test_grid_empty_ctas_cost_their_launch_and_nothing_else():
+    """On one SM, one CTA per tile: the 4 real tiles cost their T1 each, every CTA after the first
+    the CTA turnover (hw.cta_launch_cycles), the 2 empty ones that turnover alone; none is a
+    work unit, nor reads anything."""
+    from fa4sim.kernel_model import grid_order, kernel_time_tiles, varlen_units
+
+    hw = load_hw(H200).with_values(num_sms=1)
+    p = Problem.varlen(1, 128, [100, 300])
+    units = varlen_units(p, 128, 128)
+    order = grid_order(units, 1, False)
+    assert order == [(0, 0), (0, -1), (0, -1), (1, 1), (1, 2), (1, 3)]
+    t1 = 1000.0
+
+    def cost(u):
+        return t1, None
+
+    full = kernel_time_tiles(p, hw, units, order, cost, 128, False, False, 128, 1)
+    real = kernel_time_tiles(p, hw, units, [t for t in order if t[1] >= 0], cost, 128, False, False, 128, 1)
+    launch = hw.cta_launch_cycles
+    cold = full.cold_start_us * hw.clock_ghz * 1e3
+    assert full.units == real.units == 4
+    assert full.cycles == pytest.approx(cold + 4 * t1 + 5 * launch)
+    assert full.cycles - real.cycles == pytest.approx(2 * launch)
+    assert (full.l2_bytes, full.hbm_bytes) == (real.l2_bytes, real.hbm_bytes)
+
+
+def test_fa4kernel_varlen_counts_the_empty_ctas():
+    r = simulate(H200, None, Problem.varlen(16, 128, [100, 300]), impl="fa4kernel")
+    assert r.kernel.units == 16 * (1 + 3)
+    note = next(n for n in r.notes if n.startswith("grid:"))
+    assert "96 CTAs" in note and "32 lie past" in note  # 3 Q tiles x 16 heads x 2 sequences; 2 x 16 empty
+
+
+def test_tile_order_grid_of_a_dense_launch():
+    """tile_order grid on a dense launch: head by head, Q tile fastest, causal each head's from the last."""
+    from fa4sim.tile_order import tile_order
+
+    cost = [1.0, 2.0, 3.0]
+    assert tile_order("grid", 2, cost, 0.0, 0.0, 132, True) == [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (1, 2)]
+    assert tile_order("grid", 2, cost, 0.0, 0.0, 132, True, causal=True) == [(0, 2), (0, 1), (0, 0), (1, 2),
+                                                                              (1, 1), (1, 0)]
+    r = simulate(H200, None, Problem(2, 8, 1000, 1000, 128, True), {"tile_order": "grid", "persistent": False},
+                 impl="fa4kernel")
+    assert r.time_us > 0
+
+
+def test_bench_varlen_predicts_fa4kernel_for_every_batch(tmp_path, capsys):
+    """lab/tools/bench_varlen_sm90.py --predict: a prediction of fa4kernel.varlen for each of its batches."""
+    import json
+
+    from lab.tools import bench_varlen_sm90 as bench
+
+    out = tmp_path / "pred.json"
+    assert bench.main(["--predict", str(out)]) == 0
+    rows = [r for r in json.loads(out.read_text())["rows"] if r["kernel"] == "fa4kernel.varlen"]
+    assert [r["point"] for r in rows] == [b.name for b in bench.BATCHES]
+    for r in rows:
+        assert "not_modelled" not in r and r["us"] > 0 and 0 < r["tflops"] < 989, r
+    assert "not modelled" not in capsys.readouterr().out
+
+
+def test_python_m_fa4sim_runs_fa4kernel_varlen():
+    import subprocess
+    import sys
+
+    run = subprocess.run([sys.executable, "-m", "fa4sim", "run", "--hw", H200, "--impl", "fa4kernel",
+                          "--seqlens", "100,300"], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert "persistent=False" in run.stdout and "tile_order=grid" in run.stdout
+    assert "varlen: 2 sequences" in run.stdout and "grid: 96 CTAs" in run.stdout
+    assert subprocess.run([sys.executable, "-m", "fa4sim", "--help"], capture_output=True,
+                          timeout=60).returncode == 0
 
 
 def _decode(seqlen_k, impl="flash-attn-3", batch=1, heads=32, kv=8, **over):

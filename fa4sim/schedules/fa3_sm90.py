@@ -102,7 +102,9 @@ KNOBS = [
          "per tile)", kind="bool"),
     Knob("tile_order", "lpt", "", "the order the kernel hands out its Q tiles (fa4sim/tile_order.py): "
          "fa4kernel's host table (L2 sections of heads, costliest first), flash-attn-4's LPT scheduler (2^k-head "
-         "sections, longest first), an ideal costliest-first order (lpt), or blockIdx order (index)",
+         "sections, longest first), an ideal costliest-first order (lpt), blockIdx order (index), or a grid of one "
+         "CTA per tile in blockIdx order, causal each head's tiles last first, varlen sequence outermost with the "
+         "empty CTAs of the longest sequence's tile count (grid: fa4kernel's varlen build)",
          kind="choice", choices=ORDERS),
     Knob("pack_gqa", False, "", "grouped K/V heads (heads_kv < heads): one tile packs the rows of every q head of "
          "a K/V head, token by token (flash-attn-4's pack_gqa: tile_m rows = tile_m / group tokens x the group's "
