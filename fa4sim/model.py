@@ -29,7 +29,6 @@ from . import hardware, implementation, power
 from .engine import Trace, gc_paused
 from .errors import InputError
 from . import split_kv
-from .tile_order import tile_order
 from .kernel_model import (KernelTime, WorkUnit, decoder_order, grid_order, kernel_time, kernel_time_tiles,
                            launch_heads, varlen_units, work_units)
 from .params import MAX_SEQLEN, MAX_TILES, Context, Problem, resolve
@@ -469,13 +468,8 @@ def backward(run: Run) -> Pass:
             hold = module.dq_hold(at, problem, knobs)
             cold = kt.cold_start_us * at.clock_ghz * 1e3
             slots = at.num_sms // (2 if two_cta else 1)
-            launch = None  # heads_outer: kernel_bwd's own head-by-head order
-            if order == "sections":
-                launch = tile_order("sections", n_hb, [0.0] * len(units), 0.0, 0.0, slots, True, cluster)
-                if problem.causal:  # each head's units last first
-                    launch = [(hb, len(units) - 1 - m) for hb, m in launch]
             cycles, _ = kernel_bwd.deterministic_cycles(units, [cost_of(u) for u in units], n_hb, slots, hold,
-                                                        cold, at.cta_launch_cycles, problem.causal, launch)
+                                                        cold, at.cta_launch_cycles, problem.causal)
         return kernel_bwd.with_traffic(kt, problem, at, units, tile_m, two_cta, cycles, knobs)
 
     longest = max(units, key=lambda u: (u.n_kv, -u.masked))

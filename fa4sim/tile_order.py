@@ -24,9 +24,6 @@ Orders (the fa3 schedule's knob `tile_order`):
                 but the last heads, at least TAIL_WAVES waves of clusters, go unit by unit across
                 them (m ascending: the longest causal KV tile first), the `cluster` units of one
                 cluster together; otherwise blockIdx order
-  sections      fa4kernel's deterministic SM90 backward without a mask (grid_order "sections"):
-                sections of SECTION_HEADS heads, unit by unit across each section's heads (the
-                cluster's units together), in every launch
 
 A persistent fa4kernel launch also fixes, before it starts, which CTA runs which tiles: list
 scheduling in that order by the host's own cost estimate (host_table), not by what the tiles
@@ -38,8 +35,7 @@ from __future__ import annotations
 
 import heapq
 
-ORDERS = ("fa4kernel", "flash-attn-4", "lpt", "index", "grid", "tail_lpt", "sections")
-SECTION_HEADS = 16            # fa4kernel's backward, grid_order "sections" (sm90/bwd_config.py)
+ORDERS = ("fa4kernel", "flash-attn-4", "lpt", "index", "grid", "tail_lpt")
 SECTION_FRACTION_OF_L2 = 16   # fa4kernel: section = L2 / 16 of K + V
 TAIL_WAVES = 2                # fa4kernel: the last section holds >= 2 waves of tiles (the
                               # backward's tail_lpt: its last heads >= 2 waves of clusters)
@@ -90,9 +86,6 @@ def tile_order(kind: str, n_hb: int, cost: list[float], kv_bytes_per_head: float
     if kind not in ORDERS:
         raise ValueError(f"tile_order={kind!r}; allowed: {', '.join(ORDERS)}")
     num_m = len(cost)
-    if kind == "sections":  # the launch's own order, whatever the mask
-        return [(hb, j * cluster + r) for h0 in range(0, n_hb, SECTION_HEADS) for j in range(num_m // cluster)
-                for hb in range(h0, min(h0 + SECTION_HEADS, n_hb)) for r in range(cluster)]
     if kind == "grid":  # the grid's own order, whatever the launch
         ms = list(range(num_m - 1, -1, -1)) if causal else list(range(num_m))
         return [(hb, m) for hb in range(n_hb) for m in ms]

@@ -46,7 +46,7 @@ def test_attention_rejects_an_unknown_backward_knob():
 @pytest.mark.parametrize("d,knobs,says", [
     (128, {"tile_m": 128}, "tile_m=128 not supported at head_dim 128; allowed: 64"),
     (128, {"mma_order": "dv_early"}, "mma_order='dv_early' not supported; allowed: dv_dq_dk, dv_dk_dq"),
-    (128, {"grid_order": "blocks_outer"}, "grid_order='blocks_outer' not supported; allowed: heads_outer, tail_lpt, sections"),
+    (128, {"grid_order": "blocks_outer"}, "grid_order='blocks_outer' not supported; allowed: heads_outer, tail_lpt"),
     (128, {"stats": "smem"}, "stats='smem' not supported; allowed: tma, thread"),
     (64, {"tile_m": 128, "dq_reduce": "red"}, "tile_m=128 with dq_reduce='red' not supported"),
 ])

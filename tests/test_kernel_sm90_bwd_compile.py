@@ -597,7 +597,7 @@ def test_bwd_postprocess_kernel_needs_bulk():
     ("mma_order", "dv_early", "dv_dq_dk, dv_dk_dq"),
     ("preprocess", "cuda", "kernel, torch"),
     ("postprocess", "cuda", "torch, kernel"),
-    ("grid_order", "blocks_outer", "heads_outer, tail_lpt, sections"),
+    ("grid_order", "blocks_outer", "heads_outer, tail_lpt"),
 ])
 def test_bwd_rejects_bad_knob_values(name, val, allowed):
     with pytest.raises(ValueError) as ei:
@@ -787,7 +787,7 @@ def test_bwd_launch_order_covers_every_cta_once():
     from fa4kernel.sm90.bwd_config import cluster_ctas, launch_order, tail_heads
 
     for hd, s, h, b in ((256, 4096, 8, 4), (256, 999, 12, 2), (128, 1000, 16, 4), (64, 16384, 32, 1)):
-        for order in ("heads_outer", "tail_lpt", "sections"):
+        for order in ("heads_outer", "tail_lpt"):
             cfg = make_bwd_config("bfloat16", hd, True, grid_order=order)
             got = launch_order(cfg, s, h, b)
             c = cluster_ctas(cfg)
@@ -796,12 +796,6 @@ def test_bwd_launch_order_covers_every_cta_once():
             assert all(got[i][1:] == got[i + 1][1:] and got[i][0] + 1 == got[i + 1][0] and got[i][0] % 2 == 0
                        for i in range(0, len(got), c) if c == 2)
             if order == "heads_outer":
-                continue
-            if order == "sections":  # SECTION_HEADS heads at a time, key block by key block across them
-                from fa4kernel.sm90.bwd_config import SECTION_HEADS
-                sec = min(SECTION_HEADS, h * b)
-                assert [(hh + h * bb) for _, hh, bb in got[:sec * c:c]] == list(range(sec))
-                assert {n // c for n, _, _ in got[:sec * c]} == {units - 1}  # causal: the last key block first
                 continue
             tail = tail_heads(units, h * b, 132 // c)
             head_part = (h * b - tail) * units * c
@@ -822,7 +816,7 @@ def test_bwd_tail_heads_cover_two_waves():
 def test_bwd_grid_order_rejects_a_bad_value():
     with pytest.raises(ValueError) as ei:
         make_bwd_config("bfloat16", 128, True, grid_order="longest")
-    assert str(ei.value) == "grid_order='longest' not supported; allowed: heads_outer, tail_lpt, sections"
+    assert str(ei.value) == "grid_order='longest' not supported; allowed: heads_outer, tail_lpt"
 
 
 # ---- dq_zero

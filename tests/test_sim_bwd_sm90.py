@@ -286,16 +286,11 @@ def test_deterministic_holds_the_order_by_semaphore():
         assert {"SEMA", "SEMR"} <= {o.name for o in schedule(p, impl, {"deterministic": True}).ops}
 
 
-def test_fa4kernels_deterministic_launch_orders():
-    """fa4kernel's deterministic builds launch heads_outer with a causal mask and sections without
-    one, as the kernel's config resolves them (bwd_config.make_bwd_config)."""
-    from fa4kernel.sm90.bwd_config import make_bwd_config
-
+def test_fa4kernels_deterministic_launch_is_heads_outer():
+    """fa4kernel's deterministic builds launch heads_outer at every mask (bwd_config.make_bwd_config)."""
     for causal in (False, True):
         p = Problem(1, 8, 2048, 2048, 128, causal)
-        want = make_bwd_config("bfloat16", 128, causal, True).grid_order
-        assert knobs_of(p, "fa4kernel", {"deterministic": True})["grid_order"] == want
-        assert want == ("heads_outer" if causal else "sections")
+        assert knobs_of(p, "fa4kernel", {"deterministic": True})["grid_order"] == "heads_outer"
     assert knobs_of(Problem(1, 8, 2048, 2048, 128, True), "fa4kernel")["grid_order"] == "tail_lpt"
 
 

@@ -185,7 +185,7 @@ def test_chunked_prefill_reads_k_and_v_once_in_head_order():
 
 @pytest.mark.parametrize("hd,seqlen,heads,batch", [(256, 1024, 8, 16), (256, 999, 12, 2), (128, 4096, 16, 4),
                                                    (64, 1000, 16, 4), (128, 333, 2, 1)])
-@pytest.mark.parametrize("grid_order", ["heads_outer", "tail_lpt", "sections"])
+@pytest.mark.parametrize("grid_order", ["heads_outer", "tail_lpt"])
 def test_bwd_launch_orders_are_fa4kernels(hd, seqlen, heads, batch, grid_order):
     """tile_order's backward orders give fa4kernel's own launch order (bwd_config.launch_order,
     the kernel's block-index decode in plain Python), pairs included, on 132 SMs."""
@@ -193,11 +193,8 @@ def test_bwd_launch_orders_are_fa4kernels(hd, seqlen, heads, batch, grid_order):
     from fa4sim.schedules.fa3_sm90_bwd import launch_order as sim_order
     from fa4sim.tile_order import TAIL_WAVES as SIM_WAVES
 
-    from fa4sim.tile_order import SECTION_HEADS as SIM_SECTION
-
-    assert (cfgmod.TAIL_WAVES, cfgmod.TAIL_SLOTS, cfgmod.SECTION_HEADS) == (SIM_WAVES, 132, SIM_SECTION)
-    causal = grid_order != "sections"  # sections: the deterministic order without a mask (key blocks ascending)
-    cfg = cfgmod.make_bwd_config("bfloat16", hd, causal, deterministic=not causal, grid_order=grid_order)
+    assert (cfgmod.TAIL_WAVES, cfgmod.TAIL_SLOTS) == (SIM_WAVES, 132)
+    cfg = cfgmod.make_bwd_config("bfloat16", hd, True, grid_order=grid_order)
     kind, cluster = sim_order({"grid_order": grid_order, "dq_sum": cfg.dq_sum})
     c = cfgmod.cluster_ctas(cfg)
     assert cluster == c
@@ -224,32 +221,20 @@ def test_bwd_tail_lpt_ends_on_the_shortest_ctas():
     assert run("heads_outer", False, **same).main_us == run("tail_lpt", False, **same).main_us
 
 
-def test_bwd_launch_orders_are_the_kernels_three():
-    """grid_order takes the kernel's three launch orders (bwd_config.GRID_ORDERS), no other: the
+def test_bwd_launch_orders_are_the_kernels_two():
+    """grid_order takes the kernel's two launch orders (bwd_config.GRID_ORDERS), no other: the
     simulator's knob, the kernel's config and tile_order each say what is allowed in one line."""
     cfgmod = pytest.importorskip("fa4kernel.sm90.bwd_config")
     from fa4sim.schedules import fa3_sm90_bwd
 
     knob = next(k for k in fa3_sm90_bwd.KNOBS if k.name == "grid_order")
-    assert set(knob.choices) == set(cfgmod.GRID_ORDERS) == {"heads_outer", "tail_lpt", "sections"}
+    assert set(knob.choices) == set(cfgmod.GRID_ORDERS) == {"heads_outer", "tail_lpt"}
     p = Problem(1, 8, 2048, 2048, 128, True)
     with pytest.raises(InputError) as ei:
         simulate("h100", "fa3", p, {"grid_order": "blocks_outer"}, impl="fa4kernel", pass_="bwd")
-    assert str(ei.value) == "grid_order: must be one of heads_outer, tail_lpt, sections, got 'blocks_outer'"
+    assert str(ei.value) == "grid_order: must be one of heads_outer, tail_lpt, got 'blocks_outer'"
     with pytest.raises(ValueError) as ei:
         cfgmod.make_bwd_config("bfloat16", 128, True, grid_order="blocks_outer")
-    assert str(ei.value) == "grid_order='blocks_outer' not supported; allowed: heads_outer, tail_lpt, sections"
+    assert str(ei.value) == "grid_order='blocks_outer' not supported; allowed: heads_outer, tail_lpt"
     with pytest.raises(ValueError, match="tile_order='blocks_outer'; allowed: "):
         tile_order("blocks_outer", 4, [1.0] * 4, 0, 50 * 1024 * 1024, 132, sorted_launch=True)
-
-
-def test_bwd_deterministic_sections_shorten_the_wavefront():
-    """Deterministic without a mask: each CTA adds a Q block's dQ `hold` cycles after the CTA
-    before it in its head's order. heads_outer launches a head's KV tiles together, so its last
-    one waits for all of them; sections spread a head's tiles over the launch, and the model's
-    main kernel is no slower (faster where the hold is long against a block)."""
-    p = Problem(4, 16, 4096, 4096, 128, False)
-    run = lambda go: simulate("h200", "fa3", p, impl="fa4kernel", pass_="bwd",  # noqa: E731
-                              overrides={"deterministic": True, "grid_order": go})
-    assert run("sections").main_us <= run("heads_outer").main_us
-

@@ -4,8 +4,8 @@ From q, k, v, dO and the forward's row statistics it computes dQ, dK, dV (FA2/FA
 scheme: P is recomputed from S and the LSE, never stored).
 
 One CTA = one block of tile_n keys of one (batch, k/v head) (grid: key blocks x k/v heads x
-batch; grid_order="tail_lpt": one axis, heads outer but the last heads longest first;
-"sections": one axis, key block by key block across sections of heads; bwd_config.launch_order). Its K and V stay in shared memory while it walks the query blocks
+batch; grid_order="tail_lpt": one axis, heads outer but the last heads longest first,
+bwd_config.launch_order). Its K and V stay in shared memory while it walks the query blocks
 (tile_m rows) that see those keys, for every q head of its GQA group, so dK and dV of a group
 are summed in registers.
 
@@ -70,7 +70,7 @@ from cutlass.cutlass_dsl import dsl_user_op
 from ..convert import to_16bit
 from ..interop import compile_fake, to_cute, torch_stream, tvm_ffi_enabled
 from ..trace_layout import PROBE_SUM_WORDS
-from .bwd_config import SECTION_HEADS, TAIL_SLOTS, TAIL_WAVES, BwdConfig
+from .bwd_config import TAIL_SLOTS, TAIL_WAVES, BwdConfig
 from .bwd_postprocess import dq_postprocess, postprocess_kernel
 from .bwd_preprocess import preprocess_kernel, preprocess_torch
 from .gemm import acc_as_operand_a, gemm, mn_view, select, smem_layout, smem_layout_narrow, transpose_view
@@ -223,7 +223,6 @@ class FlashBwdSm90:
         self.dq_wgs = cfg.dq_wgs
         self.causal = cfg.causal
         self.tail_lpt = cfg.grid_order == "tail_lpt"
-        self.sections = cfg.grid_order == "sections"
         self.deterministic = cfg.deterministic
         self.dq_bulk = cfg.dq_reduce == "bulk"
         self.dq_qdo = cfg.dq_smem == "qdo"  # dQ staged in the consumed Q / dO stage (kv_split)
@@ -368,8 +367,6 @@ class FlashBwdSm90:
             grid = (cute.ceil_div(mK.shape[0], 2 * self.tile_n) * 2, grid[1], grid[2])
             cluster = (2, 1, 1)
         order_divs = None
-        if const_expr(self.sections):
-            grid = (grid[0] * grid[1] * grid[2], 1, 1)  # one axis: _sections_block decodes it
         if const_expr(self.tail_lpt):
             grid = (grid[0] * grid[1] * grid[2], 1, 1)  # one axis: _tail_lpt_block decodes it
             # its divisors, made on the host (multiplier and shift): the kernel divides by a
@@ -563,8 +560,6 @@ class FlashBwdSm90:
         (q head, query block) iterations), from its block index in the grid_order's grid."""
         if const_expr(self.tail_lpt):
             n_block, kv_head, batch = self._tail_lpt_block(mK, order_divs)
-        elif const_expr(self.sections):
-            n_block, kv_head, batch = self._sections_block(mK)
         else:
             n_block, kv_head, batch = cute.arch.block_idx()
             if const_expr(self.deterministic and self.causal):
@@ -581,29 +576,6 @@ class FlashBwdSm90:
         n_m = m_block_max - m_block_min
         n_iter = group * n_m  # (q head of the group, query block) pairs, query block fastest
         return n_block, kv_head, batch, pair_rank, m_block_min, n_m, n_iter
-
-    @cute.jit
-    def _sections_block(self, mK):
-        """grid_order="sections": (key block, k/v head, batch) of this CTA from its index on the
-        one-axis grid (bwd_config.launch_order in plain Python): clusters p = x // c in sections
-        of SECTION_HEADS (batch, k/v head)s (the last one may hold fewer), key block by key block
-        across a section's heads (the last first with a causal mask). Integer divisions once per
-        CTA."""
-        c = 2 if const_expr(self.dq_pair) else 1
-        x = cute.arch.block_idx()[0]
-        units = cute.ceil_div(mK.shape[0], c * self.tile_n)
-        g_all = mK.shape[2] * mK.shape[3]
-        p = x // c
-        sec = p // (SECTION_HEADS * units)
-        r = p - sec * SECTION_HEADS * units
-        heads = cutlass.min(g_all - sec * SECTION_HEADS, SECTION_HEADS)
-        j = r // heads
-        g = sec * SECTION_HEADS + r - j * heads
-        batch = g // mK.shape[2]
-        kv_head = g - batch * mK.shape[2]
-        if const_expr(self.deterministic and self.causal):
-            j = units - 1 - j  # the last key block (pair) first: see _dq_turn
-        return j * c + x % c, kv_head, batch
 
     @cute.jit
     def _tail_lpt_block(self, mK, order_divs):

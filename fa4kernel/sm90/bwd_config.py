@@ -34,7 +34,7 @@ STATS_MODES = ("tma", "thread")
 MMA_ORDERS = ("dv_dq_dk", "dv_dk_dq")
 PREPROCESS_MODES = ("kernel", "torch")
 POSTPROCESS_MODES = ("torch", "kernel")
-GRID_ORDERS = ("heads_outer", "tail_lpt", "sections")
+GRID_ORDERS = ("heads_outer", "tail_lpt")
 # grid_order="tail_lpt": the last (batch, k/v head)s, at least TAIL_WAVES waves of CTAs on
 # TAIL_SLOTS SMs (H100 SXM and H200; on another SM count the tail is a little longer or shorter
 # than two waves, the gradients the same), launch longest first
@@ -44,17 +44,9 @@ TAIL_SLOTS = 132
 # head dim at 1k-4k: the SMs busy 97-99 % of the launch instead of 93-96 %; hd256 1k / 4k +4 / +5 %
 # sustained: fa4kernel/README.md, "Backward"); without one every CTA walks as many query blocks
 GRID_ORDER_DEFAULT = {False: "heads_outer", True: "tail_lpt"}
-# deterministic builds: "heads_outer" with a causal mask. Their key blocks launch last (shortest)
-# first, so the dQ turns of a query block follow the launch (sm90/bwd.py _dq_turn): the tail's
-# longest-first order is gone either way, and at head dim 256 its decode spills a register.
-# Without a mask "sections": in heads_outer order the key blocks of one head run at once and take
-# every query block's turns one after the other, so the u-th waits u query blocks before its first
-# add (a wavefront: M + U - 1 block-steps for M query blocks and U key blocks, 1.5x at 4k tokens,
-# hd128); across a section of SECTION_HEADS heads a head's key blocks launch SECTION_HEADS CTAs
-# apart, so a wave of the SMs holds only ~slots / SECTION_HEADS of each head's (the wavefront per
-# wave), and they still share the head's Q / dO in L2
-SECTION_HEADS = 16
-GRID_ORDER_DETERMINISTIC = {False: "sections", True: "heads_outer"}
+# deterministic builds: "heads_outer" at every mask. With a causal mask their key blocks launch last
+# (shortest) first, so the dQ turns of a query block follow the launch (sm90/bwd.py _dq_turn): the
+# tail's longest-first order is gone either way, and at head dim 256 its decode spills a register
 DQ_ZERO_MODES = ("torch", "preprocess")
 # query rows per block by head dim: 128 only at 64, where dQ is split by query rows over both
 # warpgroups (flash-attn-4's hd64 tile)
@@ -140,9 +132,7 @@ class BwdConfig:
     # one-dimensional grid in heads_outer order, except that the last (batch, k/v head)s, at least
     # two waves of CTAs (tail_heads), go key block by key block across them: with a causal mask
     # the launch ends on their shortest CTAs instead of on the last head's longest ones, and only
-    # the Q / dO of those few heads are read a wave apart; "sections" = a one-dimensional grid of
-    # sections of SECTION_HEADS (batch, k/v head)s, each going key block by key block across its
-    # heads (launch_order says which CTA runs what)
+    # the Q / dO of those few heads are read a wave apart (launch_order says which CTA runs what)
     grid_order: str = "heads_outer"
     # who zeroes the fp32 dQ accumulator (and the deterministic build's semaphores) before the
     # backward: "torch" = torch.zeros (a memset launch); "preprocess" = the preprocess kernel, for
@@ -197,7 +187,7 @@ def make_bwd_config(dtype: str, head_dim: int, causal: bool, deterministic: bool
     (DQ_REDUCE_DEFAULT, DQ_SMEM_DEFAULT, DQ_SUM_DEFAULT, TILE_M_DEFAULT; each falls back to the
     value that holds with the other knobs: dq_sum "cta", tile_m 64). postprocess=None: "kernel"
     with dq_reduce="bulk", else "torch"; dq_zero=None: "preprocess" with preprocess="kernel",
-    else "torch"; grid_order=None: GRID_ORDER_DEFAULT by causal (GRID_ORDER_DETERMINISTIC when deterministic)."""
+    else "torch"; grid_order=None: GRID_ORDER_DEFAULT by causal ("heads_outer" when deterministic)."""
     if dtype not in BWD_DTYPES:
         raise ValueError(f"dtype {dtype} not supported by the backward; allowed: {', '.join(BWD_DTYPES)}")
     if isinstance(head_dim, bool) or head_dim not in BWD_HEAD_DIMS:
@@ -208,7 +198,7 @@ def make_bwd_config(dtype: str, head_dim: int, causal: bool, deterministic: bool
     if not isinstance(deterministic, bool):
         raise ValueError(f"deterministic={deterministic!r} not supported; allowed: True or False")
     if grid_order is None:
-        grid_order = GRID_ORDER_DETERMINISTIC[causal] if deterministic else GRID_ORDER_DEFAULT[causal]
+        grid_order = "heads_outer" if deterministic else GRID_ORDER_DEFAULT[causal]
     if dq_reduce is None:
         dq_reduce = DQ_REDUCE_DEFAULT[head_dim]
     if dq_reduce not in DQ_REDUCE_MODES:
@@ -332,13 +322,6 @@ def launch_order(cfg: BwdConfig, seqlen_k: int, heads_kv: int, batch: int) -> li
             for h in range(heads_kv):
                 for n in range(nb):
                     out.append((((units - 1 - n // c) * c + n % c) if rev else n, h, bi))
-        return out
-    if cfg.grid_order == "sections":
-        for g0 in range(0, g_all, SECTION_HEADS):
-            for j in range(units):
-                for g in range(g0, min(g0 + SECTION_HEADS, g_all)):
-                    for rank in range(c):
-                        out.append((((units - 1 - j) if rev else j) * c + rank, g % heads_kv, g // heads_kv))
         return out
     tail = tail_heads(units, g_all, TAIL_SLOTS // c)
     for p in range(units * g_all):

@@ -97,9 +97,8 @@ KNOBS = [
          choices=("semaphore",)),  # before grid_order, whose choice depends on it (fa4kernel)
     Knob("grid_order", "heads_outer", "", "the order the KV-tile CTAs launch in: heads_outer = the KV tiles of one "
          "(batch, head) after another (blockIdx order); tail_lpt (fa4kernel, causal) = the same, but the last heads, "
-         "at least two waves of clusters, go KV tile by KV tile across them, longest first; sections (fa4kernel, "
-         "deterministic without a mask) = sections of 16 heads, KV tile by KV tile across each section's heads",
-         kind="choice", choices=("heads_outer", "tail_lpt", "sections")),
+         "at least two waves of clusters, go KV tile by KV tile across them, longest first", kind="choice",
+         choices=("heads_outer", "tail_lpt")),
     Knob("stats", "tma", "", "how LSE and dPsum of a Q block reach the MMA warpgroups: tma = with Q and dO into shared "
          "memory (read with LDS); thread = each thread loads its Q columns' from global memory (LDG)",
          kind="choice", choices=("tma", "thread")),

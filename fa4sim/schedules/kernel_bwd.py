@@ -182,8 +182,7 @@ def dq_order_wait(hw, dq_bytes: float) -> float:
 
 
 def deterministic_cycles(units: list[KvUnit], costs: list[tuple[float, float]], n_hb: int, slots: int,
-                         hold: float, start: float, cta_launch: float, causal: bool,
-                         launch: list[tuple[int, int]] | None = None) -> tuple[float, int]:
+                         hold: float, start: float, cta_launch: float, causal: bool) -> tuple[float, int]:
     """(launch cycles, CTAs on the busiest slot) of a deterministic backward, one CTA per unit.
 
     The dQ of a Q block is added in a fixed order of KV tiles (flash-attn-4: by KV tile index;
@@ -191,31 +190,28 @@ def deterministic_cycles(units: list[KvUnit], costs: list[tuple[float, float]], 
     its Q blocks at R + j P (R its first reduction, P its cycles per Q block), and may not
     reduce a Q block before the CTA before it in the order has held that block's order for
     `hold` cycles: R >= R_prev + hold - (first Q block both share - its own first) P. A CTA
-    that has to wait runs that much longer. CTAs go to the slot that frees first. launch: the
-    (head, unit) CTAs in launch order (tile_order's); None: head by head, each head's units in
-    the order above. A head's dQ order is its CTAs' launch order."""
-    if launch is None:
-        order = list(range(len(units)))
-        if causal:
-            order.reverse()
-        launch = [(hb, m) for hb in range(n_hb) for m in order]
+    that has to wait runs that much longer. CTAs go to the slot that frees first."""
+    order = list(range(len(units)))
+    if causal:
+        order.reverse()
     heap = [(start, i, 0) for i in range(max(1, slots))]
     end, busiest = start, 0
-    prev: dict[int, tuple[float, int]] = {}  # head -> (R, first Q block) of its previous CTA in the order
-    for hb, m in launch:
-        u, (t1, _) = units[m], costs[m]
-        load, i, n = heapq.heappop(heap)
-        begin = load + (cta_launch if n else 0.0)
-        per_block = t1 / max(1, u.n_kv)
-        r = begin
-        if hb in prev:
-            shared = max(prev[hb][1], u.first)
-            r = max(r, prev[hb][0] + hold - (shared - u.first) * per_block)
-        finish = t1 + r
-        prev[hb] = (r, u.first)
-        heapq.heappush(heap, (finish, i, n + 1))
-        if finish > end:
-            end, busiest = finish, n + 1
+    for hb in range(n_hb):
+        prev = None  # (R, first Q block) of the previous CTA in this head's order
+        for m in order:
+            u, (t1, _) = units[m], costs[m]
+            load, i, n = heapq.heappop(heap)
+            begin = load + (cta_launch if n else 0.0)
+            per_block = t1 / max(1, u.n_kv)
+            r = begin
+            if prev is not None:
+                shared = max(prev[1], u.first)
+                r = max(r, prev[0] + hold - (shared - u.first) * per_block)
+            finish = t1 + r
+            prev = (r, u.first)
+            heapq.heappush(heap, (finish, i, n + 1))
+            if finish > end:
+                end, busiest = finish, n + 1
     return end, busiest
 
 
