@@ -45,12 +45,15 @@ __all__ = [
 
 def __getattr__(name):
     # attention_op registers torch custom ops: loaded on first use, so `import fa4kernel` stays torch-free
+    # (kept as module attributes once loaded: a decode step's lookup skips this function)
     if name == "attention_op":
         from .ops import attention_op
 
+        globals()[name] = attention_op
         return attention_op
     if name == "attention_with_kvcache":
         from .kvcache import attention_with_kvcache
 
+        globals()[name] = attention_with_kvcache
         return attention_with_kvcache
     raise AttributeError(f"module 'fa4kernel' has no attribute {name!r}")

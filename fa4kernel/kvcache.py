@@ -140,6 +140,25 @@ def _check(q, k_cache, v_cache, cache_seqlens, causal, softmax_scale, num_splits
     return b, sq, sk, h, hkv, d
 
 
+_CHECKED: dict = {}  # _call_key -> _check's result: a call like one already checked skips the checks
+
+
+def _call_key(q, k_cache, v_cache, cache_seqlens, causal, softmax_scale, num_splits, return_lse):
+    """What _check's verdict depends on: the tensors' types, shapes, strides, dtypes and devices,
+    grad mode and requires_grad, and the other arguments (their types too: True is not 1). Host
+    time per call is what a decode step waits for: the checks run once per such signature."""
+    import torch
+
+    def meta(t):
+        if not isinstance(t, torch.Tensor):
+            return (type(t),)
+        return (t.shape, t.stride(), t.dtype, t.device, t.requires_grad)
+
+    args = (causal, softmax_scale, num_splits, return_lse)
+    return (meta(q), meta(k_cache), meta(v_cache), None if cache_seqlens is None else meta(cache_seqlens),
+            torch.is_grad_enabled(), args, tuple(type(a) for a in args))
+
+
 def _lengths(cache_seqlens, b: int, sq: int, sk: int, causal: bool) -> list:
     """The rows' cache lengths on the host (one sync when given), checked."""
     if cache_seqlens is None:
@@ -174,6 +193,8 @@ def pack(t, heads_kv: int):
     = token t of head kv_head * group + j: a view for one token or group 1, else a copy."""
     b, sq, h, d = t.shape
     g = h // heads_kv
+    if sq == 1:  # the same view in one step (host time per decode call)
+        return t.view(b, heads_kv, g, d).transpose(1, 2)
     return t.view(b, sq, heads_kv, g, d).permute(0, 1, 3, 2, 4).reshape(b, sq * g, heads_kv, d)
 
 
@@ -191,8 +212,14 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=None, causal: bool
     read on the host, and the kernel clamps them to [0, seqlen_cache]). No backward."""
     import torch
 
-    b, sq, sk, h, hkv, d = _check(q, k_cache, v_cache, cache_seqlens, causal, softmax_scale, num_splits,
-                                  return_lse)
+    key = _call_key(q, k_cache, v_cache, cache_seqlens, causal, softmax_scale, num_splits, return_lse)
+    shape = _CHECKED.get(key)
+    if shape is None:
+        shape = _check(q, k_cache, v_cache, cache_seqlens, causal, softmax_scale, num_splits, return_lse)
+        if len(_CHECKED) >= 256:
+            _CHECKED.pop(next(iter(_CHECKED)))
+        _CHECKED[key] = shape
+    b, sq, sk, h, hkv, d = shape
     if cache_seqlens is not None and cache_seqlens.device.type == "cpu":
         _lengths(cache_seqlens, b, sq, sk, causal)
     sms = device_props(q.device).multi_processor_count if q.device.type == "cuda" else DEFAULT_SMS
@@ -209,8 +236,11 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=None, causal: bool
         launch_decode(plan["cfg"], qp, k_cache, v_cache, out_p, lse.view(b, hkv, rows), seqused, g, 1,
                       softmax_scale)
     else:
-        out_accum = torch.empty((ns * b, rows, hkv, d), dtype=torch.float32, device=q.device)
-        lse_accum = torch.empty((ns * b, hkv, rows), dtype=torch.float32, device=q.device)
+        # the partials in one allocation (host time per call): O first, so both stay 16-byte aligned
+        n_o = ns * b * rows * hkv * d
+        scratch = torch.empty(n_o + ns * b * hkv * rows, dtype=torch.float32, device=q.device)
+        out_accum = scratch[:n_o].view(ns * b, rows, hkv, d)
+        lse_accum = scratch[n_o:].view(ns * b, hkv, rows)
         launch_decode(plan["cfg"], qp, k_cache, v_cache, out_accum, lse_accum, seqused, g, ns, softmax_scale)
         out = torch.empty_like(q, memory_format=torch.contiguous_format)
         lse = torch.empty((b, h, sq), dtype=torch.float32, device=q.device)
