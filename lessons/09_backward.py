@@ -556,7 +556,8 @@ for label, sass in SASS.items():
 # %%
 PROBE_RUNS = {}  # GPU -> the settled run with our clock probe
 for path, doc in sorted(kit.recorded(kind="sm90_bwd", where=settled), key=lambda pd: kit.describe(pd[1])[1]):
-    PROBE_RUNS[kit.describe(doc)[0]] = (path, doc)
+    if any("flash-attn-4" in pt.get("results", {}) for pt in doc.get("points", [])):  # beside the peer
+        PROBE_RUNS[kit.describe(doc)[0]] = (path, doc)
 if not PROBE_RUNS:
     print("No recorded settled run with the clock probe (lab/campaigns/kernel-sm90-backward/).")
 for dev, (path, doc) in PROBE_RUNS.items():
