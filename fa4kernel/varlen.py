@@ -58,6 +58,17 @@ def lengths(name: str, cu, total: int) -> list:
     return [offs[i + 1] - offs[i] for i in range(len(offs) - 1)]
 
 
+def _max_length(side: str, cu, given, total: int, what: str):
+    """max_seqlen_<side> as given, or read from cu_seqlens_<side> where None or where the offsets
+    are on the CPU (then checked: at least the longest sequence)."""
+    if given is not None and cu.device.type != "cpu":
+        return given
+    longest = max(lengths(f"cu_seqlens_{side}", cu, total))
+    if given is not None and given < longest:
+        raise ValueError(f"max_seqlen_{side}={given} < the longest sequence's {longest} {what}; allowed: >= {longest}")
+    return longest if given is None else given
+
+
 def check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, softmax_scale,
                  return_lse):
     """One-line ValueErrors; returns (sequences, heads, heads_kv, d, dtype, max_seqlen_q, max_seqlen_k),
@@ -85,18 +96,8 @@ def check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k
     n = cu_seqlens_q.numel() - 1
     if n > 65535:
         raise ValueError(f"{n} sequences; allowed: at most 65535 (grid limits)")
-    if max_seqlen_q is None or cu_seqlens_q.device.type == "cpu":
-        lens = lengths("cu_seqlens_q", cu_seqlens_q, q.shape[0])
-        max_q = max(lens)
-        if max_seqlen_q is not None and max_seqlen_q < max_q:
-            raise ValueError(f"max_seqlen_q={max_seqlen_q} < the longest sequence's {max_q} rows; allowed: >= {max_q}")
-        max_seqlen_q = max_q if max_seqlen_q is None else max_seqlen_q
-    if max_seqlen_k is None or cu_seqlens_k.device.type == "cpu":
-        lens = lengths("cu_seqlens_k", cu_seqlens_k, k.shape[0])
-        max_k = max(lens)
-        if max_seqlen_k is not None and max_seqlen_k < max_k:
-            raise ValueError(f"max_seqlen_k={max_seqlen_k} < the longest sequence's {max_k} keys; allowed: >= {max_k}")
-        max_seqlen_k = max_k if max_seqlen_k is None else max_seqlen_k
+    max_seqlen_q = _max_length("q", cu_seqlens_q, max_seqlen_q, q.shape[0], "rows")
+    max_seqlen_k = _max_length("k", cu_seqlens_k, max_seqlen_k, k.shape[0], "keys")
     dtype = "bfloat16" if q.dtype == torch.bfloat16 else "float16"
     return n, q.shape[1], k.shape[1], q.shape[2], dtype, max_seqlen_q, max_seqlen_k
 
