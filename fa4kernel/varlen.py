@@ -15,9 +15,13 @@ that grid: given on a GPU, the lengths are not read on the host (no sync; a max_
 the longest sequence leaves its last rows unwritten, as in flash_attn); left None, or with
 cu_seqlens on the CPU, they are read and checked (one sync).
 
-The backward runs the SM90 backward once per sequence (the lengths are read on the host: one
-sync) on views of the packed tensors: correct and deterministic where asked, but a launch per
-sequence (many short sequences pay that many launches).
+The backward is one launch of the backward's varlen build (sm90/bwd.py, FlashBwdSm90Varlen):
+one CTA per (key block, k/v head, sequence) up to max_seqlen_k's key blocks, its sequence's
+bounds read from cu_seqlens on the device; torch ops around it lay the statistics, the dQ
+accumulator and dK / dV out padded per sequence and gather the gradients back
+(sm90/bwd_varlen.py; no sync). With deterministic=True it runs the dense backward once per
+sequence instead (the lengths read on the host: one sync; a launch per sequence), each in its
+fixed order.
 """
 
 from __future__ import annotations
@@ -124,16 +128,19 @@ def forward(run, cfg, q, k, v, cu_q, cu_k, max_seqlen_q: int, softmax_scale):
     return out, lse
 
 
-def backward(dout, q, k, v, out, lse, cu_q, cu_k, causal: bool, softmax_scale, bcfg):
-    """dq, dk, dv: the SM90 backward once per sequence, on its rows of the packed tensors."""
+def backward(dout, q, k, v, out, lse, cu_q, cu_k, max_seqlen_k: int, softmax_scale, bcfg):
+    """dq, dk, dv: one launch of the backward's varlen build (bcfg.varlen), or, deterministic, the
+    SM90 backward once per sequence on its rows of the packed tensors (a fixed order per sequence)."""
     import torch
 
-    from .sm90.bwd import run_bwd
+    from .sm90.bwd import run_bwd, run_bwd_varlen
 
+    scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
+    if bcfg.varlen:
+        return run_bwd_varlen(bcfg, dout, q, k, v, out, lse, cu_q, cu_k, max_seqlen_k, scale)
     dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
     oq = [int(x) for x in cu_q.tolist()]
     ok = [int(x) for x in cu_k.tolist()]
-    scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
     dout = dout.contiguous()
     for i in range(len(oq) - 1):
         a, b, c, e = oq[i], oq[i + 1], ok[i], ok[i + 1]
@@ -150,23 +157,23 @@ def _function():
     import torch
 
     class FlashAttnVarlenFuncSm90(torch.autograd.Function):
-        """out, lse = the varlen forward, saving q, k, v, out, lse; backward per sequence."""
+        """out, lse = the varlen forward, saving q, k, v, out, lse; backward: backward()."""
 
         @staticmethod
-        def forward(ctx, run, cfg, q, k, v, cu_q, cu_k, max_seqlen_q, softmax_scale, bcfg):
+        def forward(ctx, run, cfg, q, k, v, cu_q, cu_k, max_seqlen_q, max_seqlen_k, softmax_scale, bcfg):
             out, lse = forward(run, cfg, q.detach(), k.detach(), v.detach(), cu_q, cu_k, max_seqlen_q,
                                softmax_scale)
             ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k)
-            ctx.causal, ctx.softmax_scale, ctx.bcfg = cfg.causal, softmax_scale, bcfg
+            ctx.max_seqlen_k, ctx.softmax_scale, ctx.bcfg = max_seqlen_k, softmax_scale, bcfg
             ctx.mark_non_differentiable(lse)
             return out, lse
 
         @staticmethod
         def backward(ctx, dout, _dlse):
             q, k, v, out, lse, cu_q, cu_k = ctx.saved_tensors
-            dq, dk, dv = backward(dout, q.detach(), k.detach(), v.detach(), out, lse, cu_q, cu_k, ctx.causal,
+            dq, dk, dv = backward(dout, q.detach(), k.detach(), v.detach(), out, lse, cu_q, cu_k, ctx.max_seqlen_k,
                                   ctx.softmax_scale, ctx.bcfg)
-            return None, None, dq, dk, dv, None, None, None, None, None
+            return None, None, dq, dk, dv, None, None, None, None, None, None
 
     return FlashAttnVarlenFuncSm90
 
@@ -188,10 +195,12 @@ def attention_varlen(run, tile_rule, q, k, v, cu_seqlens_q, cu_seqlens_k, max_se
     grad = needs_grad(q, k, v)
     bcfg = None
     if grad:
-        from .sm90.bwd_config import bwd_config_from_knobs
+        from .sm90.bwd_config import bwd_config_from_knobs, make_varlen_bwd_config
 
         check_backward_supported(q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), causal, deterministic, **bwd_knobs)
-        bcfg = bwd_config_from_knobs(dtype, d, causal, deterministic, bwd_knobs)
+        # deterministic: a dense backward per sequence (the varlen build adds dQ in arrival order)
+        bcfg = bwd_config_from_knobs(dtype, d, causal, True, bwd_knobs) if deterministic \
+            else make_varlen_bwd_config(dtype, d, causal, bwd_knobs)
     cfg = varlen_config(d, dtype, causal, return_lse or grad, max_q, max_k, knobs, tile_rule)
     validate_device(q, k, v)
     cu_q = cu_seqlens_q.to(q.device).contiguous()
@@ -199,7 +208,7 @@ def attention_varlen(run, tile_rule, q, k, v, cu_seqlens_q, cu_seqlens_k, max_se
     if grad:
         if _FUNC is None:
             _FUNC = _function()
-        out, lse = _FUNC.apply(run, cfg, q, k, v, cu_q, cu_k, max_q, softmax_scale, bcfg)
+        out, lse = _FUNC.apply(run, cfg, q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale, bcfg)
     else:
         out, lse = forward(run, cfg, q, k, v, cu_q, cu_k, max_q, softmax_scale)
     return (out, lse) if return_lse else out

@@ -54,3 +54,28 @@ def test_ordinary_sass_is_unchanged_by_the_varlen_branches(causal, monkeypatch):
     for name in ("_varlen_tile", "_varlen_blocks", "_store_o_rows"):
         monkeypatch.setattr(FlashFwdSm90, name, boom)
     assert fa4kernel.compile_sass(cfg, arch="sm_90a") == plain
+
+
+# the backward's varlen build (FlashBwdSm90Varlen): hd64's 128-row blocks, hd128, hd256's CTA pairs
+@pytest.mark.parametrize("hd,causal", [(64, False), (128, True), (256, True)])
+def test_varlen_backward_builds_compile(hd, causal):
+    from fa4kernel.sm90.bwd_config import make_varlen_bwd_config
+
+    text = fa4kernel.compile_bwd_sass(make_varlen_bwd_config("bfloat16", hd, causal, {}))
+    assert count(text, "HGMMA") > 0 and count(text, "UTMALDG") > 0 and count(text, "UTMASTG") > 0
+    assert count(text, "LDL") == 0 and count(text, "STL") == 0, "register spills (LDL/STL)"
+
+
+@pytest.mark.parametrize("hd,causal", [(128, False), (256, True)])
+def test_ordinary_backward_sass_is_unchanged_by_the_varlen_branches(hd, causal, monkeypatch):
+    """As for the forward: the dense backward's SASS equals a build's whose varlen-only method raises."""
+    from fa4kernel.sm90.bwd import FlashBwdSm90
+
+    monkeypatch.setenv("FA4LAB_CACHE", "off")
+    plain = fa4kernel.compile_bwd_sass(head_dim=hd, causal=causal)
+
+    def boom(*a, **k):
+        raise AssertionError("a varlen-only method was traced into the dense backward")
+
+    monkeypatch.setattr(FlashBwdSm90, "_varlen_views", boom)
+    assert fa4kernel.compile_bwd_sass(head_dim=hd, causal=causal) == plain

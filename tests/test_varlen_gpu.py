@@ -1,7 +1,8 @@
 """GPU correctness of fa4kernel.attention with cu_seqlens (varlen: packed sequences of unequal
-lengths on the SM90 forward's varlen build, the backward per sequence) against an fp32 torch
-reference of each sequence: odd lengths, empty and one-token sequences, chunks (len_q < len_k),
-GQA, every head dim, fp16; NaN in the rows past the last sequence must not leak.
+lengths on the SM90 forward's and backward's varlen builds; the deterministic backward per
+sequence) against an fp32 torch reference of each sequence: odd lengths, empty and one-token
+sequences, chunks (len_q < len_k), GQA, every head dim, fp16; NaN in the rows past the last
+sequence must not leak into the forward, finite rows there get no gradient.
 
 Run on the device: python3 -m pytest -c /dev/null --rootdir . -p no:cacheprovider -p no:xdist -q -rfE \
     tests/test_varlen_gpu.py
@@ -113,21 +114,66 @@ def test_equals_the_padded_batch():
     assert rel(out, ref.reshape(b * s, h, d).float()) < 1e-3
 
 
-@pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("d,h,hkv", [(64, 4, 4), (128, 8, 2), (256, 2, 1)])
-def test_backward(d, h, hkv, causal):
-    lens_q, lens_k = [1, 300, 0, 129, 77], [5, 300, 4, 129, 200]
-    q, k, v = _inputs(lens_q, lens_k, h, hkv, d, torch.bfloat16, d + h)
+def check_backward(lens_q, lens_k, causal, h, hkv, d, dtype=torch.bfloat16, seed=0, tail=0, **kw):
+    """Gradients of the packed batch against fp32 autograd per sequence; `tail` finite rows after
+    the last sequence (in q, k, v: the kernel reads some of them) get zero gradients."""
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(seed)
+    q, k, v = (torch.randn(sum(n) + tail, hh, d, device="cuda", dtype=dtype, generator=gen)
+               for n, hh in ((lens_q, h), (lens_k, hkv), (lens_k, hkv)))
     q, k, v = (t.requires_grad_() for t in (q, k, v))
-    out = fa4kernel.attention(q, k, v, causal=causal, cu_seqlens_q=_cu(lens_q), cu_seqlens_k=_cu(lens_k))
-    dout = torch.randn_like(out)
+    out = fa4kernel.attention(q, k, v, causal=causal, cu_seqlens_q=_cu(lens_q), cu_seqlens_k=_cu(lens_k), **kw)
+    dout = torch.randn(out.shape, device="cuda", dtype=dtype, generator=gen)
     out.backward(dout)
-    qf, kf, vf = (t.detach().float().requires_grad_() for t in (q, k, v))
+    nq, nk = sum(lens_q), sum(lens_k)
+    qf, kf, vf = (t.detach()[:n].float().requires_grad_() for t, n in ((q, nq), (k, nk), (v, nk)))
     ref, _ = reference(qf, kf, vf, lens_q, lens_k, causal)
-    ref.backward(dout.float())
-    for name, got, want in (("dq", q.grad, qf.grad), ("dk", k.grad, kf.grad), ("dv", v.grad, vf.grad)):
+    ref.backward(dout[:nq].float())
+    for name, got, want, n in (("dq", q.grad, qf.grad, nq), ("dk", k.grad, kf.grad, nk), ("dv", v.grad, vf.grad, nk)):
         assert not torch.isnan(got).any(), f"NaN in {name}"
-        assert rel(got, want) < TOL, f"{name} rel err {rel(got, want):.2e}"
+        assert rel(got[:n], want) < TOL, f"{name} rel err {rel(got[:n], want):.2e}"
+        assert not got[n:].any(), f"{name}: the rows past the last sequence have a gradient"
+
+
+# one-token and empty sequences, queries without keys, keys without queries, chunks (len_q <
+# len_k), len_q > len_k, lengths around the 64 / 128-row blocks and an odd count of 64-key blocks
+BWD_Q = [1, 300, 0, 129, 77, 3, 1000, 64]
+BWD_K = [5, 300, 4, 129, 200, 0, 1000, 63]
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("d,h,hkv", [(64, 4, 4), (96, 4, 2), (128, 8, 2), (192, 4, 4), (256, 2, 1)])
+def test_backward(d, h, hkv, causal):
+    check_backward(BWD_Q, BWD_K, causal, h, hkv, d, seed=d + h)
+
+
+@pytest.mark.parametrize("d", [64, 128, 256])
+def test_backward_gqa_tail_and_fp16(d):
+    check_backward([777, 1, 2049], [777, 3000, 2049], True, 16, 2, d, dtype=torch.float16, seed=d, tail=37)
+
+
+def test_backward_many_short_sequences():
+    lens = [1 + (i * 97) % 300 for i in range(40)]
+    check_backward(lens, lens, True, 8, 8, 128, seed=3)
+
+
+def test_backward_equals_the_padded_batch():
+    """Equal lengths: the varlen build's gradients match the dense backward's closely."""
+    b, s, h, d = 3, 517, 4, 128
+    q, k, v = _inputs([b * s], [b * s], h, h, d, torch.bfloat16, 11)
+    dout = torch.randn_like(q)
+    grads = []
+    for packed in (True, False):
+        qq, kk, vv = (t.clone().requires_grad_() for t in (q, k, v))
+        if packed:
+            out = fa4kernel.attention(qq, kk, vv, causal=True, cu_seqlens_q=_cu([s] * b), cu_seqlens_k=_cu([s] * b))
+        else:
+            out = fa4kernel.attention(qq.view(b, s, h, d), kk.view(b, s, h, d), vv.view(b, s, h, d),
+                                      causal=True).reshape(b * s, h, d)
+        out.backward(dout)
+        grads.append([t.grad.float() for t in (qq, kk, vv)])
+    for a, b_ in zip(*grads):
+        assert rel(a, b_) < 2e-3
 
 
 def test_deterministic_backward_is_bit_repeatable():

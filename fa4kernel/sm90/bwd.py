@@ -224,6 +224,8 @@ class FlashBwdSm90:
         self.causal = cfg.causal
         self.tail_lpt = cfg.grid_order == "tail_lpt"
         self.deterministic = cfg.deterministic
+        self.varlen = cfg.varlen
+        assert not (self.varlen and (self.deterministic or self.tail_lpt)), "varlen: heads_outer, not deterministic"
         self.dq_bulk = cfg.dq_reduce == "bulk"
         self.dq_qdo = cfg.dq_smem == "qdo"  # dQ staged in the consumed Q / dO stage (kv_split)
         self.dq_pair = cfg.dq_sum == "pair"  # a 2-CTA cluster sums dQ before the bulk reduce
@@ -310,7 +312,8 @@ class FlashBwdSm90:
 
     @cute.jit
     def _host(self, mQ, mK, mV, mdO, mLSE, mD, mdQaccum, mdQsem, mdK, mdV, softmax_scale_log2, softmax_scale,
-              stream, mStamps):
+              stream, mStamps, var=None):
+        """var (the varlen build): (cu_seqlens_q, cu_seqlens_k, max_seqlen_k)."""
         dtype = self.dtype
         # (s, d, h, b): the TMA box walks seqlen x head_dim of one (head, batch)
         mQ, mK, mV, mdO, mdK, mdV = [select(t, [1, 3, 2, 0]) for t in (mQ, mK, mV, mdO, mdK, mdV)]
@@ -360,11 +363,14 @@ class FlashBwdSm90:
                                                    cute.cosize(sQ_layout), cute.cosize(sdS_layout))
         SharedStorage = self.shared_storage
 
-        grid = (cute.ceil_div(mK.shape[0], self.tile_n), cute.size(mK.shape[2]), cute.size(mK.shape[3]))
+        # varlen: the longest sequence's key blocks x k/v heads x sequences
+        keys = var[2] if const_expr(self.varlen) else mK.shape[0]
+        nz = var[0].shape[0] - 1 if const_expr(self.varlen) else cute.size(mK.shape[3])
+        grid = (cute.ceil_div(keys, self.tile_n), cute.size(mK.shape[2]), nz)
         cluster = (1, 1, 1)
         if const_expr(self.dq_pair):
             # key blocks in pairs (an odd count gets a CTA past seqlen_k: zero K and V, no output)
-            grid = (cute.ceil_div(mK.shape[0], 2 * self.tile_n) * 2, grid[1], grid[2])
+            grid = (cute.ceil_div(keys, 2 * self.tile_n) * 2, grid[1], grid[2])
             cluster = (2, 1, 1)
         order_divs = None
         if const_expr(self.tail_lpt):
@@ -382,7 +388,7 @@ class FlashBwdSm90:
             tma_atom_Q, tma_Q, tma_atom_dO, tma_dO, tma_atom_K, tma_K, tma_atom_V, tma_V,
             tma_atom_dK, tma_dK, tma_atom_dV, tma_dV, mLSE, mD, mdQaccum, mdQsem,
             softmax_scale_log2, softmax_scale, tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq,
-            sQ_layout, sK_layout, sdS_layout, mStamps, order_divs,
+            sQ_layout, sK_layout, sdS_layout, mStamps, order_divs, var[:2] if const_expr(self.varlen) else None,
         ).launch(
             grid=grid,
             block=[self.num_threads, 1, 1],
@@ -452,6 +458,7 @@ class FlashBwdSm90:
         sdS_layout: cute.ComposedLayout,
         mStamps,
         order_divs,
+        var,
     ):
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         if const_expr(mStamps is not None):
@@ -523,12 +530,52 @@ class FlashBwdSm90:
 
         seqlen_q = mQ.shape[0]
         seqlen_k = mK.shape[0]
+        if const_expr(self.varlen):
+            # this CTA's sequence: every tensor offset to its first row, the lengths its own
+            seqlen_q, seqlen_k, rows = self._varlen_views(var)
+            mQ, mdO, mK, mV, mdK, mdV, mLSE, mD, mdQaccum = [
+                cute.domain_offset(r, t) for r, t in zip(rows, (mQ, mdO, mK, mV, mdK, mdV, mLSE, mD, mdQaccum))]
         group = mQ.shape[2] // mK.shape[2]  # q heads per k/v head (GQA / MQA; 1 = MHA)
-        n_block, kv_head, batch, pair_rank, m_block_min, n_m, n_iter = self._cta_work(mQ, mK, group, order_divs)
+        n_block, kv_head, batch, pair_rank, m_block_min, n_m, n_iter = self._cta_work(
+            seqlen_q, seqlen_k, mK, group, order_divs)
         # deterministic: (this CTA's key block or pair, their count, mdQsem) for _dq_turn
         c = 2 if const_expr(self.dq_pair) else 1
         order = (n_block // c, cute.ceil_div(seqlen_k, c * self.tile_n), mdQsem, seqlen_q, seqlen_k) \
             if const_expr(self.deterministic) else None
+        roles = (tma_atom_Q, mQ, tma_atom_dO, mdO, tma_atom_K, mK, tma_atom_V, mV, tma_atom_dK, mdK, tma_atom_dV, mdV,
+                 mLSE, mD, mdQaccum, softmax_scale_log2, softmax_scale, tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq,
+                 sQ, sdO, sK, sV, sdS, sdQ, sP, sLSE, sD, pipe_kv, pipe_q, pipe_do, mbar_pair, mStamps,
+                 n_block, kv_head, batch, group, pair_rank, m_block_min, n_m, n_iter, seqlen_q, seqlen_k, order)
+        if const_expr(self.varlen):
+            if (n_block - pair_rank) * self.tile_n < seqlen_k:  # a key block (pair) past its sequence's keys: done
+                self._roles(*roles)
+        else:
+            self._roles(*roles)
+
+    @cute.jit
+    def _varlen_views(self, var):
+        """Varlen build: (seqlen_q, seqlen_k, rows) of this CTA's sequence (blockIdx.z), rows the
+        domain offsets of Q, dO, K, V (their packed rows), dK, dV (the keys padded per sequence to
+        whole key blocks, pairs: sm90/bwd_varlen.py), LSE, D and the dQ accumulator (the queries
+        padded to whole query blocks)."""
+        mCuQ, mCuK = var
+        seq = cute.arch.block_idx()[2]
+        off_q, off_k = mCuQ[seq], mCuK[seq]
+        c = 2 if const_expr(self.dq_pair) else 1
+        # sequence i's padded first row: (cu[i] + i * block) rounded down to a block (bwd_varlen.padded_starts)
+        pad_q = (off_q + seq * self.tile_m) // self.tile_m * self.tile_m
+        pad_k = (off_k + seq * c * self.tile_n) // (c * self.tile_n) * (c * self.tile_n)
+        r4 = lambda r: (r, 0, 0, 0)  # noqa: E731  (s, d, h, b)
+        rows = (r4(off_q), r4(off_q), r4(off_k), r4(off_k), r4(pad_k), r4(pad_k), (pad_q, 0, 0), (pad_q, 0, 0),
+                r4(pad_q))
+        return mCuQ[seq + 1] - off_q, mCuK[seq + 1] - off_k, rows
+
+    @cute.jit
+    def _roles(self, tma_atom_Q, mQ, tma_atom_dO, mdO, tma_atom_K, mK, tma_atom_V, mV, tma_atom_dK, mdK, tma_atom_dV,
+               mdV, mLSE, mD, mdQaccum, softmax_scale_log2, softmax_scale, tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq,
+               sQ, sdO, sK, sV, sdS, sdQ, sP, sLSE, sD, pipe_kv, pipe_q, pipe_do, mbar_pair, mStamps,
+               n_block, kv_head, batch, group, pair_rank, m_block_min, n_m, n_iter, seqlen_q, seqlen_k, order):
+        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         if warp_idx < 4:
             # ---------------------------------------------------------------- producer WG
             cute.arch.setmaxregister_decrease(self.producer_regs)
@@ -555,24 +602,27 @@ class FlashBwdSm90:
                 self._stamp(mStamps, 2)  # after the epilogue's dK / dV stores: this CTA's end
 
     @cute.jit
-    def _cta_work(self, mQ, mK, group, order_divs):
+    def _cta_work(self, seqlen_q, seqlen_k, mK, group, order_divs):
         """This CTA's (key block, k/v head, batch, pair rank, first query block, query blocks,
-        (q head, query block) iterations), from its block index in the grid_order's grid."""
+        (q head, query block) iterations), from its block index in the grid_order's grid (varlen:
+        blockIdx.z is the sequence, the batch row 0)."""
         if const_expr(self.tail_lpt):
             n_block, kv_head, batch = self._tail_lpt_block(mK, order_divs)
         else:
             n_block, kv_head, batch = cute.arch.block_idx()
+            if const_expr(self.varlen):
+                batch = Int32(0)
             if const_expr(self.deterministic and self.causal):
                 # the key blocks (pairs) of a (batch, k/v head) launch last first: see _dq_turn
                 c = 2 if const_expr(self.dq_pair) else 1
-                units = cute.ceil_div(mK.shape[0], c * self.tile_n)
+                units = cute.ceil_div(seqlen_k, c * self.tile_n)
                 n_block = (units - 1 - n_block // c) * c + n_block % c
         pair_rank = Int32(0)
         n_first = n_block  # the first key block of the CTA (of the pair): where its query blocks start
         if const_expr(self.dq_pair):
             pair_rank = n_block % 2  # the cluster (2, 1, 1) runs along the key blocks
             n_first = n_block - pair_rank
-        m_block_min, m_block_max = self._m_block_range(n_first, mQ.shape[0], mK.shape[0])
+        m_block_min, m_block_max = self._m_block_range(n_first, seqlen_q, seqlen_k)
         n_m = m_block_max - m_block_min
         n_iter = group * n_m  # (q head of the group, query block) pairs, query block fastest
         return n_block, kv_head, batch, pair_rank, m_block_min, n_m, n_iter
@@ -1226,8 +1276,34 @@ class FlashBwdSm90Probe(FlashBwdSm90):
                    stream, mStamps)
 
 
+class FlashBwdSm90Varlen(FlashBwdSm90):
+    """The varlen build (BwdConfig.varlen): q, dO (1, total_q, h, d) and k, v (1, total_k, h_kv, d)
+    hold the sequences one after the other (sequence i's rows [cu_seqlens_q[i], cu_seqlens_q[i + 1]),
+    keys likewise); LSE_log2 and D (1, h, s_q_pad), the dQ accumulator (1, h, s_q_pad, d) and dK,
+    dV (1, s_k_pad, h_kv, d) in the layouts padded per sequence of sm90/bwd_varlen.py. The grid:
+    the longest sequence's key blocks (max_seqlen_k) x k/v heads x sequences; a CTA whose key
+    block (pair) starts past its sequence's keys exits at once."""
+
+    def __init__(self, cfg: BwdConfig):
+        assert cfg.varlen, "FlashBwdSm90Varlen needs a varlen config (bwd_config.make_varlen_bwd_config)"
+        super().__init__(cfg)
+
+    @cute.jit
+    def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mdO: cute.Tensor, mLSE: cute.Tensor,
+                 mD: cute.Tensor, mdQaccum: cute.Tensor, mdK: cute.Tensor, mdV: cute.Tensor,
+                 mCuSeqlensQ: cute.Tensor,  # (sequences + 1,) int32
+                 mCuSeqlensK: cute.Tensor,
+                 max_seqlen_k: Int32,
+                 softmax_scale_log2: Float32, softmax_scale: Float32, stream):
+        self._host(mQ, mK, mV, mdO, mLSE, mD, mdQaccum, None, mdK, mdV, softmax_scale_log2, softmax_scale,
+                   stream, None, (mCuSeqlensQ, mCuSeqlensK, max_seqlen_k))
+
+
 def make_bwd_kernel(cfg: BwdConfig, clock_probe: bool = False) -> FlashBwdSm90:
     """The kernel object of a build; the clock probe takes its stamps buffer as one more argument."""
+    if cfg.varlen:
+        assert not clock_probe, "the varlen build has no clock probe"
+        return FlashBwdSm90Varlen(cfg)
     return FlashBwdSm90Probe(cfg) if clock_probe else FlashBwdSm90(cfg)
 
 
@@ -1269,9 +1345,23 @@ def fake_stamps():
     return make_fake_tensor(cutlass.Int64, (cute.sym_int(),), stride=(1,), assumed_align=16)
 
 
+def fake_varlen_bwd_args(cfg: BwdConfig):
+    """The varlen build's fake arguments before the scales (FlashBwdSm90Varlen): fake_bwd_args
+    less the semaphores, then cu_seqlens_q and _k and max_seqlen_k."""
+    from cutlass.cute.runtime import make_fake_tensor
+
+    q, k, v, do, lse, d, dq, _, dk, dv = fake_bwd_args(cfg)
+    n = cute.sym_int()
+    cu = [make_fake_tensor(cutlass.Int32, (n,), stride=(1,), assumed_align=4) for _ in range(2)]
+    return q, k, v, do, lse, d, dq, dk, dv, cu[0], cu[1], Int32(1)
+
+
 def compile_bwd(cfg: BwdConfig, options=None, tvm_ffi: bool = False, clock_probe: bool = False):
     """cute.compile of one backward build against fake tensors (no GPU needed); clock_probe:
     the FlashBwdSm90Probe build, which takes the stamps buffer after the scales."""
+    if cfg.varlen:
+        return compile_fake(make_bwd_kernel(cfg), (*fake_varlen_bwd_args(cfg), Float32(1.0), Float32(1.0)),
+                            options, tvm_ffi)
     extra = (fake_stamps(),) if clock_probe else ()
     return compile_fake(make_bwd_kernel(cfg, clock_probe),
                          (*fake_bwd_args(cfg), Float32(1.0), Float32(1.0), *extra), options, tvm_ffi)
@@ -1307,6 +1397,40 @@ def run_bwd(cfg: BwdConfig, dout, q, k, v, out, lse, softmax_scale: float, stamp
     main, finish = prepare_bwd(cfg, dout, q, k, v, out, lse, softmax_scale, stamps)
     main()
     return finish()
+
+
+def run_bwd_varlen(cfg: BwdConfig, dout, q, k, v, out, lse, cu_q, cu_k, max_seqlen_k: int, softmax_scale: float):
+    """The varlen build (FlashBwdSm90Varlen) on packed torch tensors: q, dout, out (total_q, h, d),
+    k, v (total_k, h_kv, d), lse (h, total_q) natural log, cu_seqlens int32 on q's device; returns
+    (dq, dk, dv) packed like q, k, v. Pre- and postprocess: sm90/bwd_varlen.py."""
+    global _USE_TVM_FFI
+    import time
+
+    from .bwd_varlen import backward
+
+    if _USE_TVM_FFI is None:
+        _USE_TVM_FFI = tvm_ffi_enabled()
+    fn = _CACHE.get(cfg)
+    if fn is None:
+        t0 = time.perf_counter()
+        fn = compile_bwd(cfg, tvm_ffi=_USE_TVM_FFI)
+        COMPILE_TIMES[cfg] = time.perf_counter() - t0
+        _CACHE[cfg] = fn
+    scale_log2 = float(softmax_scale * LOG2_E)
+
+    def launch(q, k, v, dout, lse_log2, dpsum, dq_accum, dk, dv, cu_q, cu_k, max_k, scale):
+        if _USE_TVM_FFI:
+            fn(q, k, v, dout, lse_log2, dpsum, dq_accum, dk, dv, cu_q, cu_k, max_k, scale_log2, float(scale))
+            return
+        fn(*[to_cute(t, 3) for t in (q, k, v, dout)], *[to_cute(t, 2, align=4) for t in (lse_log2, dpsum)],
+           to_cute(dq_accum, 3), *[to_cute(t, 3) for t in (dk, dv)], to_cute(cu_q, 0, align=4),
+           to_cute(cu_k, 0, align=4), Int32(max_k), Float32(scale_log2), Float32(scale), torch_stream(q.device))
+
+    dout = dout.detach().contiguous()
+    if dout.data_ptr() % 16:
+        dout = dout.clone()  # TMA needs 16-byte aligned rows
+    q, k, v, out, lse = (t.detach() for t in (q, k, v, out, lse))
+    return backward(cfg, launch, dout, q, k, v, out, lse, cu_q, cu_k, max_seqlen_k, softmax_scale, _USE_TVM_FFI)
 
 
 def prepare_bwd(cfg: BwdConfig, dout, q, k, v, out, lse, softmax_scale: float, stamps=None):

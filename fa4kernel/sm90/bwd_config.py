@@ -143,6 +143,10 @@ class BwdConfig:
     tile_m: int = TILE_M
     tile_n: int = TILE_N
     q_stages: int = Q_STAGES
+    # the varlen build (make_varlen_bwd_config, FlashBwdSm90Varlen): packed sequences, the grid's
+    # z axis one per sequence, offsets from cu_seqlens on the device; statistics, the dQ
+    # accumulator and dK / dV in layouts padded per sequence (sm90/bwd_varlen.py)
+    varlen: bool = False
 
     @property
     def kv_split(self) -> bool:
@@ -263,6 +267,19 @@ def make_bwd_config(dtype: str, head_dim: int, causal: bool, deterministic: bool
         # single-stage Q / dO rings (head_dim 256 with dq_reduce="bulk": the 64 KiB dQ buffer)
         cfg = dataclasses.replace(cfg, q_stages=1)
     return cfg
+
+
+# what the varlen build fixes: its dQ accumulator is padded per sequence (torch.zeros, not the
+# preprocess's rows), its CTAs launch in grid order (sm90/bwd_varlen.py)
+VARLEN_FIXED = {"dq_zero": "torch", "grid_order": "heads_outer"}
+
+
+def make_varlen_bwd_config(dtype: str, head_dim: int, causal: bool, knobs) -> BwdConfig:
+    """The varlen backward build (BwdConfig.varlen) for these knobs: the dense build's defaults and
+    checks, with VARLEN_FIXED's host-side choices; one-line ValueError for a knob it fixes."""
+    check_bwd_knob_names(knobs, tuple(n for n in BWD_KNOB_NAMES if n not in ("deterministic", *VARLEN_FIXED)),
+                         "varlen backward knob")
+    return dataclasses.replace(make_bwd_config(dtype, head_dim, causal, False, **knobs, **VARLEN_FIXED), varlen=True)
 
 
 def check_bwd_knob_names(knobs, allowed=BWD_KNOB_NAMES, what: str = "backward knob") -> None:

@@ -1,4 +1,4 @@
-"""Packed batches of unequal sequences (varlen) on an H100 or H200, forward, bf16 (kind "varlen").
+"""Packed batches of unequal sequences (varlen) on an H100 or H200, forward or backward, bf16 (kind "varlen").
 
 A batch is its query lengths (and key lengths, where they differ: chunked prefill), packed as
 FlashAttention's varlen functions take them: q (total_q, heads, d), k and v (total_k, heads_kv,
@@ -9,6 +9,11 @@ d), cu_seqlens the offsets. Candidates, each on the same inputs:
   flash-attn-3         flash_attn_interface.flash_attn_varlen_func (tokenspeed-fa3)
   flash-attn-4         flash_attn.cute.interface.flash_attn_varlen_func (its SM90 forward)
 A candidate that cannot be imported or that raises is recorded with its error; the run goes on.
+
+--pass bwd times the backward instead: each candidate's forward runs once with gradients, then
+torch.autograd.grad of its output (a fixed random dO) is what is timed; fa4kernel.varlen is the
+backward's varlen build, fa4kernel.loop (--loop) the dense backward once per sequence. dQ, dK and
+dV are checked against fp32 autograd per sequence; TFLOP/s count 2.5 x the forward's FLOPs.
 
 Each candidate is checked against an fp32 reference per sequence (relative error < 1e-2, no NaN),
 then run back to back for --settle-s seconds (the power cap settles the clock, as in training),
@@ -28,6 +33,7 @@ Usage (device, from the repository root):
     python3 lab/tools/bench_varlen_sm90.py --out $OUT/varlen_h200.json
     python3 lab/tools/bench_varlen_sm90.py --dry-run          # the batches, no GPU
     python3 lab/tools/bench_varlen_sm90.py --predict FILE     # fa4sim's predictions, no GPU
+    python3 lab/tools/bench_varlen_sm90.py --pass bwd --out $OUT/varlen_bwd_h200.json
 
 --predict FILE writes fa4sim's predictions (profile h200, the power model's clock) for every
 selected batch and every candidate fa4sim models (flash-attn-3 and flash-attn-4 as their varlen
@@ -111,35 +117,44 @@ def lengths(flag: str, text: str) -> tuple:
     return vals
 
 
-def predict_rows(batches) -> list:
+BWD_FLOPS = 2.5  # the backward's FLOPs per forward FLOP (flash-attn's convention)
+
+
+def predict_rows(batches, pass_: str = "fwd") -> list:
     """fa4sim's predictions (h200) for each batch and each modelled candidate."""
     from fa4sim import Problem, simulate
 
     out = []
+    mult = BWD_FLOPS if pass_ == "bwd" else 1.0
     for b in batches:
         p = Problem.varlen(b.heads, b.hdim, list(b.seqlens), list(b.keys) if b.seqlens_k else None,
                            causal=b.causal, heads_kv=b.heads_kv or None)
         for kernel, impl in MODELLED.items():
             try:
-                r = simulate("h200", problem=p, impl=impl)
+                r = simulate("h200", problem=p, impl=impl, pass_=pass_)
             except Exception as e:  # fa4sim has no model of it: said so in the file
                 out.append({"point": b.name, "kernel": kernel, "not_modelled": str(e).splitlines()[0][:200]})
                 continue
-            out.append({"point": b.name, "kernel": kernel, "us": r.time_us, "tflops": b.flops() / (r.time_us * 1e6),
-                        "clock_ghz": r.clock_ghz, "bottleneck": r.bottleneck})
+            row = {"point": b.name, "kernel": kernel, "us": r.time_us, "tflops": mult * b.flops() / (r.time_us * 1e6),
+                   "clock_ghz": r.clock_ghz, "bottleneck": r.bottleneck}
+            if pass_ == "bwd":
+                row.update(pre_us=r.pre_us, main_us=r.main_us, post_us=r.post_us)
+            out.append(row)
     return out
 
 
-def write_predictions(path: str, batches, argv) -> dict:
+def write_predictions(path: str, batches, argv, pass_: str = "fwd") -> dict:
     import subprocess
 
     head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
     meta = {"kind": "predictions", "device": "NVIDIA H200", "profile": "h200", "model_commit": head.stdout.strip()
             or "unknown", "date": dt.date.today().isoformat(),
-            "what": "fa4sim's varlen forward predictions per packed batch: us at the power model's clock, TFLOP/s "
-                    "over the visible pairs; written before the run",
+            "what": f"fa4sim's varlen {'backward' if pass_ == 'bwd' else 'forward'} predictions per packed batch: us "
+                    "at the power model's clock, TFLOP/s over the visible pairs"
+                    + (" (2.5 x the forward's FLOPs)" if pass_ == "bwd" else "") + "; written before the run",
+            "pass": pass_,
             "command": "python3 lab/tools/bench_varlen_sm90.py " + " ".join(argv)}
-    doc = {"meta": meta, "rows": predict_rows(batches)}
+    doc = {"meta": meta, "rows": predict_rows(batches, pass_)}
     with open(path, "w") as fh:
         json.dump(doc, fh, indent=1)
         fh.write("\n")
@@ -216,6 +231,55 @@ def candidates(torch, b: Batch, q, k, v, cq, ck, errors: dict, loop: bool = Fals
     return out
 
 
+def bwd_candidates(torch, b: Batch, q, k, v, cq, ck, dout, errors: dict, loop: bool = False) -> dict:
+    """name -> a call returning (dq, dk, dv) of one backward: autograd.grad of the candidate's
+    output, its forward run once here (fa4kernel.loop: the dense backward per sequence)."""
+    import fa4kernel
+
+    mq, mk = max(b.seqlens), max(b.keys)
+
+    def through_autograd(forward):
+        qq, kk, vv = (t.detach().clone().requires_grad_() for t in (q, k, v))
+        o = forward(qq, kk, vv)
+        o = o[0] if isinstance(o, tuple) else o
+        return lambda: torch.autograd.grad(o, (qq, kk, vv), dout, retain_graph=True)
+
+    out = {}
+    try:
+        out["fa4kernel.varlen"] = through_autograd(lambda qq, kk, vv: fa4kernel.attention(
+            qq, kk, vv, causal=b.causal, cu_seqlens_q=cq, cu_seqlens_k=ck, max_seqlen_q=mq, max_seqlen_k=mk))
+    except Exception as e:
+        errors["fa4kernel.varlen"] = repr(e)[:300]
+    if loop:
+        from fa4kernel import varlen
+        from fa4kernel.sm90.bwd_config import bwd_config_from_knobs
+
+        o, lse = fa4kernel.attention(q, k, v, causal=b.causal, cu_seqlens_q=cq, cu_seqlens_k=ck, return_lse=True)
+        dense = bwd_config_from_knobs("bfloat16", b.hdim, b.causal, False, {})
+        out["fa4kernel.loop"] = lambda: varlen.backward(dout, q, k, v, o, lse, cq, ck, mk, None, dense)
+    try:
+        from flash_attn_interface import flash_attn_varlen_func as fa3
+
+        out["flash-attn-3"] = through_autograd(lambda qq, kk, vv: fa3(qq, kk, vv, cq, ck, mq, mk, causal=b.causal))
+    except Exception as e:
+        errors["flash-attn-3"] = repr(e)[:300]
+    try:
+        from flash_attn.cute.interface import flash_attn_varlen_func as fa4
+
+        out["flash-attn-4"] = through_autograd(lambda qq, kk, vv: fa4(
+            qq, kk, vv, cu_seqlens_q=cq, cu_seqlens_k=ck, max_seqlen_q=mq, max_seqlen_k=mk, causal=b.causal))
+    except Exception as e:
+        errors["flash-attn-4"] = repr(e)[:300]
+    return out
+
+
+def reference_grads(torch, b: Batch, q, k, v, cq, ck, dout):
+    """fp32 autograd of reference(), per sequence: (dq, dk, dv)."""
+    qf, kf, vf = (t.detach().float().requires_grad_() for t in (q, k, v))
+    reference(torch, b, qf, kf, vf, cq, ck).backward(dout.float())
+    return qf.grad, kf.grad, vf.grad
+
+
 def time_call(torch, fn, settle_s: float, reps: int, batch_ms: float) -> dict:
     torch.cuda.synchronize()
     t0 = time.perf_counter()
@@ -245,17 +309,29 @@ def time_call(torch, fn, settle_s: float, reps: int, batch_ms: float) -> dict:
 
 def run_batch(torch, b: Batch, args, errors: dict) -> dict:
     q, k, v, cq, ck = inputs(torch, b)
-    ref = reference(torch, b, q, k, v, cq, ck)
-    rec = {"name": b.name, "point": b.name, "seqlens": list(b.seqlens), "seqlens_k": list(b.keys), "heads": b.heads,
-           "heads_kv": b.kv_heads, "hdim": b.hdim, "causal": b.causal, "flops": b.flops(), "results": {}}
-    for name, fn in candidates(torch, b, q, k, v, cq, ck, errors, args.loop).items():
+    bwd = args.pass_ == "bwd"
+    flops = b.flops() * (BWD_FLOPS if bwd else 1.0)
+    if bwd:
+        dout = torch.randn(q.shape, device=q.device, dtype=q.dtype, generator=torch.Generator(device="cuda").manual_seed(1))
+        ref = reference_grads(torch, b, q, k, v, cq, ck, dout)
+        cands = bwd_candidates(torch, b, q, k, v, cq, ck, dout, errors, args.loop)
+    else:
+        ref = reference(torch, b, q, k, v, cq, ck)
+        cands = candidates(torch, b, q, k, v, cq, ck, errors, args.loop)
+    rec = {"name": b.name, "point": b.name, "pass": args.pass_, "seqlens": list(b.seqlens), "seqlens_k": list(b.keys),
+           "heads": b.heads, "heads_kv": b.kv_heads, "hdim": b.hdim, "causal": b.causal, "flops": flops, "results": {}}
+    for name, fn in cands.items():
         r = {}
         try:
             out = fn()
             torch.cuda.synchronize()
-            r.update(check_output(torch, out, ref))
+            if bwd:  # every gradient within the limit; the worst one recorded
+                checks = [check_output(torch, g, want) for g, want in zip(out, ref)]
+                r.update(rel_error=max(c["rel_error"] for c in checks), ok=all(c["ok"] for c in checks))
+            else:
+                r.update(check_output(torch, out, ref))
             r.update(time_call(torch, fn, args.settle_s, args.reps, args.batch_ms))
-            r["tflops"] = b.flops() / (r["us"] * 1e6)
+            r["tflops"] = flops / (r["us"] * 1e6)
         except Exception as e:
             r["error"] = repr(e)[:400]
         rec["results"][name] = r
@@ -273,6 +349,8 @@ def parse_args(argv=None):
     ap.add_argument("--out", default=None, help="the JSON to write (default: print only)")
     ap.add_argument("--dry-run", action="store_true", help="list the batches; no GPU")
     ap.add_argument("--predict", default=None, metavar="FILE", help="write fa4sim's predictions to FILE; no GPU")
+    ap.add_argument("--pass", dest="pass_", choices=("fwd", "bwd"), default="fwd",
+                    help="time (and predict) the forward or the backward")
     ap.add_argument("--loop", action="store_true", help="also time fa4kernel.loop (one launch per sequence)")
     ap.add_argument("--batches", default=None, help="comma-separated batch names (default: all)")
     ap.add_argument("--seqlens", default=None, metavar="L1,L2,...", help="your own batch's query lengths")
@@ -315,7 +393,7 @@ def parse_args(argv=None):
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.predict:
-        doc = write_predictions(args.predict, args.selected, sys.argv[1:] if argv is None else list(argv))
+        doc = write_predictions(args.predict, args.selected, sys.argv[1:] if argv is None else list(argv), args.pass_)
         for r in doc["rows"]:
             text = (f"{r['us']:9.1f} us {r['tflops']:6.1f} TFLOP/s  {r['bottleneck'][:60]}" if "us" in r
                     else f"not modelled: {r['not_modelled'][:80]}")
@@ -340,8 +418,11 @@ def main(argv=None) -> int:
                   "versions": {"torch": torch.__version__, "cuda": torch.version.cuda,
                                "cutlass_dsl": _version("nvidia-cutlass-dsl"), "flash_attn_4": _version("flash-attn-4"),
                                "flash_attn_3": _version("tokenspeed-fa3"), "python": platform.python_version()},
+                  "pass": args.pass_,
                   "method": "checked against fp32 per sequence; back to back for settle_s, then reps batches of "
-                            "back-to-back calls between CUDA events; us = median batch; TFLOP/s over visible pairs",
+                            "back-to-back calls between CUDA events; us = median batch; TFLOP/s over visible pairs"
+                            + (" (2.5 x the forward's FLOPs; the backward alone: autograd.grad of one forward's output)"
+                               if args.pass_ == "bwd" else ""),
                   "settings": {"settle_s": args.settle_s, "reps": args.reps, "batch_ms": args.batch_ms,
                                "rel_error_limit": REL_ERROR_LIMIT}}, "varlen")
     errors: dict = {}
