@@ -64,19 +64,25 @@ class Implementation:
     knobs: dict        # knob -> {"value", "source", "confidence"}: its choice of each what-if
     params: dict       # constant -> {"value", "source", "confidence"}: measured on it
     bwd: dict | None = None  # its backward's section ("head_dims", "knobs", "params"), if it has one
-    varlen: bool = True      # it runs packed batches of unequal lengths (cu_seqlens)
+    varlen: bool = True      # it runs packed batches of unequal lengths (cu_seqlens); for_pass("bwd"):
+                             # its backward does ("bwd" section's "varlen"; absent: it does not)
     pass_: str = "fwd"       # the pass these knobs and constants are for: fwd | bwd
 
     def for_pass(self, pass_: str) -> "Implementation":
         """The implementation's choices for one pass: itself for the forward, its "bwd" section's
-        head dims, knobs and constants for the backward."""
+        head dims, knobs and constants (and whether it runs a varlen batch) for the backward."""
         if pass_ == "fwd":
             return self
         if not self.bwd:
             raise InputError("pass", f"{self.name} has no backward in fa4sim; allowed: --pass fwd")
         return replace(self, description=self.bwd.get("description", self.description),
                        head_dims=_head_dims(self.bwd["head_dims"]), knobs=self.bwd.get("knobs", {}),
-                       params=self.bwd.get("params", {}), bwd=None, pass_=pass_)
+                       params=self.bwd.get("params", {}), bwd=None, varlen=self.varlen_bwd, pass_=pass_)
+
+    @property
+    def varlen_bwd(self) -> bool:
+        """Its backward runs packed batches of unequal lengths: the "bwd" section's "varlen" (absent: no)."""
+        return bool(self.bwd and self.bwd.get("varlen", {"value": False})["value"])
 
     def check(self, problem) -> None:
         if (problem.hdim, problem.hdim_v) not in self.head_dims:

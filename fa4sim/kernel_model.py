@@ -341,14 +341,17 @@ def grid_order(units: list[SeqUnit], n_h: int, causal: bool) -> list[tuple[int, 
 
 
 def kernel_time_tiles(p: Problem, hw, units: list[WorkUnit], tiles: list[tuple[int, int]], cost_of, tile_n: int,
-                      two_cta: bool, persistent: bool, rows: int, share: int, extra_hbm: float = 0.0) -> KernelTime:
+                      two_cta: bool, persistent: bool, rows: int, share: int, extra_hbm: float = 0.0,
+                      cold_bytes=None) -> KernelTime:
     """kernel_time for a launch given as its tiles in launch order: (g, m), g a launch head of
     one sequence (g // share its K/V head), m an index into `units` (varlen: every sequence's Q
     tiles; split-KV: every chunk). A persistent launch hands each tile to the CTA predicted free
     first (a dynamic scheduler does the same), else one CTA per tile. K/V come from HBM once per
     (sequence, K/V head, chunk) per wave that does not find them in L2 (kv_hbm_reads); Q and O
     once (extra_hbm: what else the launch writes, split-KV's fp32 partial O and LSE). m = -1: an
-    empty CTA (grid_order), which costs its launch on the SM it takes."""
+    empty CTA (grid_order), which costs its launch on the SM it takes. cold_bytes: the first
+    wave's [(g, unit)] -> its bytes from HBM before any loop (default: every tile's Q rows and the
+    first K/V block of each (K/V head, chunk, sequence) it holds)."""
     costs = [cost_of(u) for u in units]
     slots = hw.num_sms // (2 if two_cta else 1)
     d = p.hdim
@@ -356,9 +359,12 @@ def kernel_time_tiles(p: Problem, hw, units: list[WorkUnit], tiles: list[tuple[i
     launched = [(0.0, 0.0) if m < 0 else costs[m] for _, m in tiles]
     tiles = [(g, m) for g, m in tiles if m >= 0]
     wave = tiles[:slots]
-    first = {(g // share, units[m].split, units[m].seq) for g, m in wave}
-    cold_bytes = sum((units[m].rows or rows) for _, m in wave) * d * 2 + len(first) * kv_block
-    cold_cycles = cold_bytes / (hw.hbm_bandwidth_tbps * 1e12) * hw.clock_ghz * 1e9
+    if cold_bytes is None:
+        first = {(g // share, units[m].split, units[m].seq) for g, m in wave}
+        cold = sum((units[m].rows or rows) for _, m in wave) * d * 2 + len(first) * kv_block
+    else:
+        cold = cold_bytes([(g, units[m]) for g, m in wave])
+    cold_cycles = cold / (hw.hbm_bandwidth_tbps * 1e12) * hw.clock_ghz * 1e9
     cycles, n_tiles = assign(launched, slots, persistent, hw.cta_launch_cycles, cold_cycles)
     l2_b = sum((units[m].rows or rows) * d * 2 + units[m].n_kv * kv_block for _, m in tiles)
     keyed = [((g // share, units[m].split), m) for g, m in tiles]  # g already carries the sequence

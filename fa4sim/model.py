@@ -29,8 +29,8 @@ from . import hardware, implementation, power
 from .engine import Trace, gc_paused
 from .errors import InputError
 from . import split_kv
-from .kernel_model import (KernelTime, WorkUnit, decoder_order, grid_order, kernel_time, kernel_time_tiles,
-                           launch_heads, varlen_units, work_units)
+from .kernel_model import (KernelTime, WorkUnit, cold_start_bytes, decoder_order, grid_order, kernel_time,
+                           kernel_time_tiles, launch_heads, varlen_units, work_units)
 from .params import MAX_SEQLEN, MAX_TILES, Context, Problem, resolve
 from .schedules import BWD_SCHEDULES, SCHEDULES, kernel_bwd
 from .steady_state import CAP, Period, runs as new_runs, tile_times, window
@@ -176,7 +176,8 @@ def simulate(hw="b200", schedule: str | None = None, problem: Problem | None = N
     schedule knobs and hardware parameters by name.
 
     The backward is the preprocess, the main kernel (one CTA, or CTA pair, per KV tile;
-    schedules.BWD_SCHEDULES) and the postprocess. Its TFLOP/s count 2.5 x the forward's FLOPs
+    schedules.BWD_SCHEDULES) and the postprocess; a varlen problem (Problem.varlen) runs where the
+    implementation's backward has a varlen build (fa4kernel-sm90). Its TFLOP/s count 2.5 x the forward's FLOPs
     (flash-attn's convention) over the three launches; its clock is the power model's for the
     whole call's average power (result.activity; the main kernel's own: result.main_activity)."""
     run = resolve_run(hw, schedule, problem, overrides, impl, pass_)
@@ -392,21 +393,38 @@ def forward(run: Run) -> Pass:
 
 def backward(run: Run) -> Pass:
     """The backward's part: KV tiles (one CTA, or CTA pair, each) over the SMs, and the launches
-    around the main kernel; its state on a profile is the main kernel's KernelTime."""
+    around the main kernel; its state on a profile is the main kernel's KernelTime. A varlen
+    batch (an implementation whose backward runs one: fa4kernel) is one launch of its grid
+    (kernel_bwd.varlen_grid), each CTA costed by the same per-shape schedules as a dense launch,
+    with the host's torch operations around it (kernel_bwd.varlen_passes)."""
     profile, module, impl, knobs, problem = run.profile, run.module, run.impl, run.knobs, run.problem
     two_cta = bool(knobs.get("two_cta", False))
     tile_m = knobs["tile_m"]
     keys = module.rows_per_cta(knobs) * (2 if two_cta else 1)
     # a schedule may launch its KV tiles otherwise (fa3's dq_sum "pair": 2-CTA clusters)
-    units = getattr(module, "units", lambda p, n, m, k: kernel_bwd.kv_units(p, n, m))(problem, keys, tile_m, knobs)
-    # grouped K/V heads with gqa_dkv "loop": one CTA per KV tile of a K/V head walks its group's q heads
-    units = kernel_bwd.grouped(units, kernel_bwd.loops_group(problem, knobs))
+    units_of = getattr(module, "units", lambda p, n, m, k: kernel_bwd.kv_units(p, n, m))
     order, cluster = getattr(module, "launch_order", lambda k: ("index", 1))(knobs)
-    n_hb = kernel_bwd.launch_heads(problem, knobs)
-    if len(units) * n_hb > MAX_TILES:
-        raise InputError("batch", f"{problem.batch} x {n_hb // problem.batch} heads x {len(units)} KV tiles = "
-                                  f"{len(units) * n_hb} CTAs; fa4sim simulates at most {MAX_TILES} per launch: "
-                                  f"lower --batch or --heads")
+    if problem.is_varlen:
+        # one launch over the packed batch: each sequence's units are its dense backward's, the
+        # grid the longest sequence's key blocks for every (sequence, launch head), in blockIdx
+        # order (kernel_bwd.varlen_grid; its CTAs past their sequence's keys exit at once)
+        units, parts = kernel_bwd.varlen_units(problem, keys, tile_m, knobs, units_of)
+        n_hb = kernel_bwd.launch_heads(kernel_bwd.sequence(problem, 0), knobs)  # per sequence
+        grid = kernel_bwd.varlen_grid(units, n_hb, cluster > 1)
+        if len(grid) > MAX_TILES:
+            raise InputError("seqlens", f"{problem.batch} sequences x {n_hb} heads x {len(grid) // n_hb // problem.batch} "
+                                        f"key blocks = {len(grid)} CTAs; fa4sim simulates at most {MAX_TILES} per "
+                                        f"launch: fewer sequences or heads")
+    else:
+        units = units_of(problem, keys, tile_m, knobs)
+        # grouped K/V heads with gqa_dkv "loop": one CTA per KV tile of a K/V head walks its group's q heads
+        units = kernel_bwd.grouped(units, kernel_bwd.loops_group(problem, knobs))
+        n_hb = kernel_bwd.launch_heads(problem, knobs)
+        parts, grid = [(problem, units)], None
+        if len(units) * n_hb > MAX_TILES:
+            raise InputError("batch", f"{problem.batch} x {n_hb // problem.batch} heads x {len(units)} KV tiles = "
+                                      f"{len(units) * n_hb} CTAs; fa4sim simulates at most {MAX_TILES} per launch: "
+                                      f"lower --batch or --heads")
     # a causal launch has many counts of masked Q blocks; their mask work is one op at the
     # start of a tile, linear in the count: shapes are simulated with at most MASKED_SIM masked
     # blocks and each further one adds what the last simulated one did
@@ -461,6 +479,12 @@ def backward(run: Run) -> Pass:
     def launch(at, first: bool = False):
         """The main kernel's KernelTime on `at` (each clock is a launch of its own: `first` changes nothing)."""
         cost_of = costs(at)
+        if grid is not None:  # a varlen batch: its grid as launched, one CTA per (key block, head, sequence)
+            # the first wave's cold start as the dense launch's (kernel_model.cold_start_bytes): the
+            # keys of every CTA and the first Q block of each (sequence, head) it starts on
+            kt = kernel_time_tiles(rows_t, at, units, grid, cost_of, tile_m, two_cta, False, keys, 1,
+                                   cold_bytes=lambda wave: cold_start_bytes(rows_t, wave, keys, tile_m))
+            return kernel_bwd.with_traffic(kt, problem, at, units, tile_m, two_cta, None, knobs, parts)
         kt = kernel_time(rows_t, at, units, cost_of, tile_m, two_cta, persistent=False, order=order, rows=keys,
                          cluster=cluster)
         cycles = None
@@ -476,7 +500,7 @@ def backward(run: Run) -> Pass:
     longest = replace(longest, masked=min(longest.masked, MASKED_SIM))
     visits = sum(u.n_kv for u in units) * n_hb
     sm_blocks = visits * (2 if two_cta else 1)
-    reduce_bytes = kernel_bwd.reduce_add_bytes(problem, units, tile_m, knobs)  # dQ's fp32 adds into L2
+    reduce_bytes = kernel_bwd.traffic_of(parts, profile, tile_m, two_cta, knobs)[2]  # dQ's fp32 adds into L2
 
     around = sum(b for ops in kernel_bwd.passes(problem, knobs) for _, b in ops)  # HBM bytes of pre + post
 
@@ -507,6 +531,14 @@ def backward(run: Run) -> Pass:
                            main_activity=main_usage(at, kt))
         result.notes.append(f"backward: preprocess {pre_us:.1f} us + main kernel {kt.time_us:.1f} us + postprocess "
                             f"{post_us:.1f} us; TFLOP/s count 2.5 x the forward's FLOPs over all three")
+        if grid is not None:
+            total_q, total_k = (sum(x) for x in zip(*problem.sequences))
+            result.notes.append(f"varlen: {problem.batch} sequences, {total_q} query and {total_k} key tokens in "
+                                f"all, one launch of {len(grid)} CTAs, one per (key block, "
+                                f"{'k/v ' if kernel_bwd.loops_group(problem, knobs) > 1 else ''}head, sequence) "
+                                f"up to the longest sequence's key blocks; {sum(m < 0 for _, m in grid)} lie past "
+                                f"their sequence's keys and exit at once (each costs its CTA launch); "
+                                f"seqlen_q / seqlen_k shown are the longest")
         if knobs.get("deterministic"):
             result.notes.append(f"deterministic: each CTA holds a Q block's dQ order for "
                                 f"{module.dq_hold(at, problem, knobs):.0f} cycles; a CTA waits for those before it")
@@ -583,9 +615,12 @@ def resolve_run(hw, schedule: str | None, problem: Problem | None, overrides: di
         impl = implementation.load(module.DEFAULT_IMPL if impl is None else impl, module.ARCH)
     if impl.schedule != schedule:
         raise InputError("impl", f"{impl.name} is modelled by the {impl.schedule} schedule, not {schedule}")
-    if problem.is_varlen and pass_ == "bwd":
-        raise InputError("pass", "fa4sim models no varlen backward; a varlen batch runs with --pass fwd")
-    if problem.is_varlen and not impl.varlen:
+    if problem.is_varlen and pass_ == "bwd" and not impl.varlen_bwd:
+        ok = [n for n in implementation.available() if implementation.load(n).varlen_bwd]
+        here = [n for n in ok if n.endswith(profile_arch_suffix(impl.arch))]
+        allowed = ", ".join(here) if here else f"none on {impl.arch} ({', '.join(ok) or 'none'})"
+        raise InputError("impl", f"{impl.kernel} has no varlen backward; allowed impls: {allowed}")
+    if problem.is_varlen and pass_ == "fwd" and not impl.varlen:
         ok = [n for n in implementation.available() if n.endswith(profile_arch_suffix(impl.arch))
               and implementation.load(n).varlen]
         raise InputError("impl", f"{impl.kernel} has no varlen forward; allowed impls: {', '.join(ok) or 'none'}")
@@ -598,6 +633,8 @@ def resolve_run(hw, schedule: str | None, problem: Problem | None, overrides: di
     impl.check(problem)
     knobs = resolve(module.KNOBS, Context(problem, profile, impl), knob_over)
     module.check(profile, problem, knobs, impl)
+    if problem.is_varlen and pass_ == "bwd":
+        kernel_bwd.check_varlen(knobs)
     return Run(profile, base, schedule, module, impl, knobs, problem, pass_, "clock_ghz" in overrides)
 
 

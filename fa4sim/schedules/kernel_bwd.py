@@ -8,6 +8,12 @@ as it spreads forward Q tiles, on the transposed problem (keys as rows, Q blocks
 what differs is counted here: the traffic (Q, dO, LSE and dPsum per visit, K and V once, dQ
 reduce-added in fp32 per visit) and, in deterministic mode, the wait of each CTA for the CTAs
 before it in the dQ order.
+
+A varlen batch (fa4kernel's varlen build) is one launch of one CTA per (key block, launch head,
+sequence) up to the longest sequence's key blocks, in blockIdx order (varlen_grid): each
+sequence's units are those of the dense backward of its lengths (varlen_units), a CTA past its
+sequence's keys exits at once; its traffic is the sum of the sequences' (traffic_of) and the
+host's torch operations around it run over the packed and padded rows (VARLEN_PRE, VARLEN_POST).
 """
 from __future__ import annotations
 
@@ -15,6 +21,7 @@ import heapq
 import math
 from dataclasses import dataclass, replace
 
+from ..errors import InputError
 from ..kernel_model import KernelTime, WorkUnit
 from ..params import Problem
 
@@ -26,6 +33,66 @@ class KvUnit(WorkUnit):
 
     first: int = 0
     rank: int = 0
+
+
+@dataclass(frozen=True)
+class SeqKvUnit(KvUnit):
+    """A KvUnit of a varlen launch: seq = its sequence in the packed batch (split: always 0, the
+    chunk kernel_model.kernel_time_tiles keys K/V reads by)."""
+
+    split: int = 0
+    seq: int = 0
+
+
+def sequence(p: Problem, s: int) -> Problem:
+    """Sequence s of a varlen batch as a dense problem of its own lengths (batch 1)."""
+    q, k = p.sequences[s]
+    return Problem(1, p.heads, q, k, p.hdim, p.causal, p.hdim_v, p.heads_kv)
+
+
+def varlen_units(p: Problem, keys: int, tile_m: int, knobs: dict, units_of) -> tuple[list, list]:
+    """(every sequence's units as SeqKvUnits, [(the sequence's dense Problem, its units)] per
+    sequence). A sequence's units are the dense backward's of its lengths (units_of(problem, keys,
+    tile_m, knobs): kv_units, in 2-CTA clusters with dq_sum "pair"; then grouped): fa4kernel's
+    varlen build walks a CTA's (q head, query block) pairs as the dense kernel does, causal
+    bottom-right aligned per sequence."""
+    out, parts = [], []
+    for s in range(len(p.sequences)):
+        one = sequence(p, s)
+        us = grouped(units_of(one, keys, tile_m, knobs), loops_group(one, knobs))
+        parts.append((one, us))
+        out += [SeqKvUnit(u.n_kv, u.masked, u.rows, u.first, u.rank, 0, s) for u in us]
+    return out, parts
+
+
+def varlen_grid(units: list, n_h: int, pair: bool) -> list[tuple[int, int]]:
+    """(g, m) CTAs of fa4kernel's varlen backward in blockIdx order (x: key block, fastest; y:
+    launch head; z: sequence), g = seq * n_h + head, m an index into `units` (varlen_units). x
+    runs to the longest sequence's key blocks, rounded up to even with `pair` (dq_sum "pair":
+    clusters of 2 adjacent key blocks); m = -1: a CTA whose key block (a pair's first) starts at
+    or past its sequence's keys, which exits at once (it costs its launch only)."""
+    by_seq: dict[int, list[int]] = {}
+    for m, u in enumerate(units):
+        by_seq.setdefault(u.seq, []).append(m)
+    num_x = max(len(ms) for ms in by_seq.values())
+    num_x += num_x % 2 if pair else 0
+    return [(s * n_h + h, ms[x] if x < len(ms) else -1)
+            for s, ms in sorted(by_seq.items()) for h in range(n_h) for x in range(num_x)]
+
+
+def check_varlen(knobs: dict) -> None:
+    """A varlen backward's knobs: fa4kernel's varlen build launches in blockIdx order, is not
+    deterministic, and runs its preprocess as torch operations on the host."""
+    if knobs.get("deterministic"):
+        raise InputError("deterministic", "fa4sim models the varlen backward's one launch, which is not "
+                                          "deterministic (deterministic=True runs one dense backward per "
+                                          "sequence: simulate those); allowed with a varlen batch: false")
+    if knobs.get("grid_order", "heads_outer") != "heads_outer":
+        raise InputError("grid_order", f"{knobs['grid_order']}: the varlen backward launches in blockIdx order; "
+                                       f"allowed with a varlen batch: heads_outer")
+    if knobs.get("preprocess", "torch") != "torch":
+        raise InputError("preprocess", f"{knobs['preprocess']}: the varlen backward's preprocess is torch "
+                                       f"operations on the host; allowed with a varlen batch: torch")
 
 
 def transposed(p: Problem, knobs: dict | None = None) -> Problem:
@@ -155,15 +222,26 @@ def reduce_add_bytes(p: Problem, units: list[KvUnit], tile_m: int, knobs: dict |
     return float(launch_heads(p, knobs) * sum(u.n_kv for u in units) * tile_m * p.hdim * 4 / _adders(knobs) + dkv)
 
 
+def traffic_of(parts: list, hw, tile_m: int, two_cta: bool, knobs: dict | None = None) -> tuple[float, float, float]:
+    """(L2 bytes, HBM bytes, reduce-add bytes) of a launch of `parts`, [(Problem, its units)]: the
+    dense launch one part, a varlen batch's each sequence's (varlen_units), summed: each
+    sequence's Q side re-read from HBM as its own launch would (traffic)."""
+    l2_b = hbm_b = red_b = 0.0
+    for p, units in parts:
+        l2, hbm = traffic(p, hw, units, tile_m, two_cta, knobs)
+        l2_b, hbm_b, red_b = l2_b + l2, hbm_b + hbm, red_b + reduce_add_bytes(p, units, tile_m, knobs)
+    return l2_b, hbm_b, red_b
+
+
 def with_traffic(kt: KernelTime, p: Problem, hw, units: list[KvUnit], tile_m: int, two_cta: bool,
-                 cycles: float | None = None, knobs: dict | None = None) -> KernelTime:
-    """The launch's KernelTime with the backward's own traffic (and, given, its own cycles)."""
+                 cycles: float | None = None, knobs: dict | None = None, parts: list | None = None) -> KernelTime:
+    """The launch's KernelTime with the backward's own traffic (and, given, its own cycles);
+    parts: a varlen batch's [(sequence, its units)] (traffic_of), in place of (p, units)."""
     cycles = kt.cycles if cycles is None else cycles
-    l2_b, hbm_b = traffic(p, hw, units, tile_m, two_cta, knobs)
-    compute_us = cycles / (hw.clock_ghz * 1e3)
     # the L2 serves the fp32 dQ reduce-adds at its reduce-add rate, the rest at its load rate,
     # the two together in l2_mixed_time_fraction of their times alone
-    red_b = reduce_add_bytes(p, units, tile_m, knobs)
+    l2_b, hbm_b, red_b = traffic_of(parts or [(p, units)], hw, tile_m, two_cta, knobs)
+    compute_us = cycles / (hw.clock_ghz * 1e3)
     l2_us = ((l2_b - red_b) / (hw.l2_bandwidth_tbps * 1e6) + red_b / (hw.l2_reduce_bandwidth_tbps * 1e6)) * (
         hw.l2_mixed_time_fraction if red_b > 0 else 1.0)
     hbm_us = hbm_b / (hw.hbm_bandwidth_tbps * 1e6)
@@ -236,6 +314,42 @@ TORCH_PRE = (
 )
 TORCH_ZERO = (("dq_accum = zeros (fp32)", 0, 0, 4),)
 POST = (("dQ fp32 -> 16 bit (one pass)", 0, 4 + 2, 0),)
+# fa4kernel's varlen backward (fa4kernel/varlen.py): the same eager torch operations on the packed
+# rows (total_q of each head), in TORCH_PRE's form with the rows each runs over first: "packed" =
+# the batch's query rows, "padded" = its padded layouts (total_q + sequences x tile_m per head:
+# each sequence's rows start on a tile_m boundary), filled first and the packed rows scattered
+# in. After the kernel dQ is converted over the padded accumulator and gathered back to the
+# packed rows, and dK, dV gathered (index_select) from the padded buffers the kernel writes
+# (varlen_passes). The index tensors (one integer per token) are left out.
+VARLEN_PRE = (
+    ("dout.float()", "packed", 0, 2 + 4, 0),
+    ("out.float()", "packed", 0, 2 + 4, 0),
+    ("dout * out (fp32)", "packed", 0, 8 + 4, 0),
+    (".sum(-1)", "packed", 4, 4, 0),
+    ("dpsum = zeros (fp32, padded)", "padded", 4, 0, 0),
+    ("dpsum[rows] = (scatter)", "packed", 4 + 4, 0, 0),
+    ("lse_log2 = full(inf) (padded)", "padded", 4, 0, 0),
+    ("lse == -inf", "packed", 4 + 1, 0, 0),
+    ("lse * log2(e)", "packed", 4 + 4, 0, 0),
+    ("where(...)", "packed", 1 + 4 + 4, 0, 0),
+    ("lse_log2[rows] = (scatter)", "packed", 4 + 4, 0, 0),
+    ("dq_accum = zeros (fp32, padded)", "padded", 0, 0, 4),
+)
+VARLEN_POST = (
+    ("dQ fp32 -> 16 bit (one pass, padded)", "padded", 0, 4 + 2, 0),
+    ("dQ gather (index_select)", "packed", 0, 2 + 2, 0),
+)
+
+
+def varlen_passes(p: Problem, knobs: dict) -> tuple[tuple, tuple]:
+    """passes() of a varlen batch: VARLEN_PRE, then the kernel, then VARLEN_POST and the dK and dV
+    gathers (bf16 in and out, total_k rows of each K/V head)."""
+    total_q = sum(q for q, _ in p.sequences)
+    rows = {"packed": p.heads * total_q, "padded": p.heads * (total_q + len(p.sequences) * knobs["tile_m"])}
+    each = lambda ops: tuple((what, rows[r] * (c + e * p.hdim + s * p.hdim)) for what, r, c, e, s in ops)  # noqa: E731
+    kv_rows = p.heads_kv * sum(k for _, k in p.sequences)
+    gathers = tuple((f"{w} gather (index_select)", kv_rows * n * (2 + 2)) for w, n in (("dK", p.hdim), ("dV", p.hdim_v)))
+    return each(VARLEN_PRE), each(VARLEN_POST) + gathers
 
 
 def passes(p: Problem, knobs: dict | None = None) -> tuple[tuple, tuple]:
@@ -244,8 +358,11 @@ def passes(p: Problem, knobs: dict | None = None) -> tuple[tuple, tuple]:
     dO and LSE, writes dPsum and LSE in log2 units (fp32) and zeroes the fp32 dQ accumulator
     (fa4kernel zeroes it in a torch launch of its own: 1.7 us more, left out); "torch": fa4kernel's
     eager torch operations (TORCH_PRE, then TORCH_ZERO). After it: dQ from fp32 to 16 bit in one
-    pass (flash-attn-4's postprocess kernel, fa4kernel's one torch copy_)."""
+    pass (flash-attn-4's postprocess kernel, fa4kernel's one torch copy_). A varlen batch:
+    varlen_passes."""
     knobs = knobs or {}
+    if p.is_varlen:
+        return varlen_passes(p, knobs)
     rows = p.batch * p.heads * p.seqlen_q
     each = lambda ops: tuple((what, rows * (c + e * p.hdim + s * p.hdim)) for what, c, e, s in ops)  # noqa: E731
     if knobs.get("preprocess") == "torch":
