@@ -1,6 +1,7 @@
 """CPU-only: the SM90 forward's varlen build (KernelConfig.varlen: each tile's sequence from
-cu_seqlens, one CTA per tile, O out through row-predicated 16-byte stores) compiles for sm_90a
-with fake tensors, and leaves the ordinary forward's build alone.
+cu_seqlens, one CTA per tile, O out through row-predicated 16-byte stores) and the backward's
+(BwdConfig.varlen: dK, dV out likewise) compile for sm_90a with fake tensors, and leave the
+ordinary builds alone.
 
 Run: pytest -m compile tests/test_kernel_sm90_varlen_compile.py
 """
@@ -57,12 +58,16 @@ def test_ordinary_sass_is_unchanged_by_the_varlen_branches(causal, monkeypatch):
 
 
 # the backward's varlen build (FlashBwdSm90Varlen): hd64's 128-row blocks, hd128, hd256's CTA pairs
+# (without a mask ptxas keeps two values of hd256's consumers, at their 240-register limit, in
+# local memory: 2 STL, 2 LDL; not asserted here, reported by the varlen campaign)
 @pytest.mark.parametrize("hd,causal", [(64, False), (128, True), (256, True)])
 def test_varlen_backward_builds_compile(hd, causal):
     from fa4kernel.sm90.bwd_config import make_varlen_bwd_config
 
     text = fa4kernel.compile_bwd_sass(make_varlen_bwd_config("bfloat16", hd, causal, {}))
-    assert count(text, "HGMMA") > 0 and count(text, "UTMALDG") > 0 and count(text, "UTMASTG") > 0
+    assert count(text, "HGMMA") > 0 and count(text, "UTMALDG") > 0
+    assert count(text, "UTMASTG") == 0, "a TMA store of dK / dV would write the next sequence's keys"
+    assert len(re.findall(r"\sSTG\.E\.128\s", text)) > 0, "dK and dV go out as 16-byte row stores"
     assert count(text, "LDL") == 0 and count(text, "STL") == 0, "register spills (LDL/STL)"
 
 

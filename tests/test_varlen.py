@@ -16,7 +16,7 @@ import fa4kernel  # noqa: E402
 from fa4kernel import varlen  # noqa: E402
 from fa4kernel.sm90 import bwd_varlen  # noqa: E402
 from fa4kernel.sm90.bwd import dq_bulk_offset  # noqa: E402
-from fa4kernel.sm90.bwd_config import bwd_config_from_knobs, cluster_ctas, make_varlen_bwd_config  # noqa: E402
+from fa4kernel.sm90.bwd_config import bwd_config_from_knobs, make_varlen_bwd_config  # noqa: E402
 
 GRIDS = []
 
@@ -122,9 +122,9 @@ def test_forward_and_backward_host_side(causal, lens_q, lens_k, h, hkv, monkeypa
 def varlen_bwd_stand_in(cfg, lens_q, lens_k):
     """The backward's varlen build as its docstring (FlashBwdSm90Varlen) and sm90/bwd_varlen.py
     say, in fp64: per sequence, read LSE_log2 and D from the padded rows (checking them and that
-    the padding is +inf / 0), and write dQ (scaled, in the accumulator's order), dK and dV at the
-    sequence's padded rows; nothing else is touched."""
-    tm, tn = cfg.tile_m, cfg.tile_n * cluster_ctas(cfg)
+    the padding is +inf / 0), and write dQ (scaled, in the accumulator's order) at the sequence's
+    padded rows, dK and dV at its packed rows, zeros in the rows past the last sequence's keys."""
+    tm = cfg.tile_m
     if cfg.dq_reduce == "bulk":  # one query block's (row, col) -> its place in the fp32 block
         d = cfg.head_dim
         offs = torch.tensor([[dq_bulk_offset(r, c, d, cfg.dq_wgs, cfg.dq_rows_split) for c in range(d)]
@@ -132,11 +132,11 @@ def varlen_bwd_stand_in(cfg, lens_q, lens_k):
 
     def launch(q, k, v, dout, lse_log2, dpsum, dq_accum, dk, dv, cu_q, cu_k, max_k, scale):
         assert q.shape[0] == dk.shape[0] == 1 and max_k >= max(lens_k)
-        pq, pk = bwd_varlen.padded_starts(cu_q, tm).tolist(), bwd_varlen.padded_starts(cu_k, tn).tolist()
+        pq = bwd_varlen.padded_starts(cu_q, tm).tolist()
         seen = torch.zeros(lse_log2.shape[2], dtype=torch.bool)
         for i, (a, c) in enumerate(zip(cu_q.tolist()[:-1], cu_k.tolist()[:-1])):
             lq, lk = lens_q[i], lens_k[i]
-            assert pq[i] % tm == 0 and pk[i] % tn == 0 and not seen[pq[i]:pq[i] + lq].any()
+            assert pq[i] % tm == 0 and not seen[pq[i]:pq[i] + lq].any()
             seen[pq[i]:pq[i] + lq] = True
             qd, kd, vd = (t[0, x:x + n].double().requires_grad_() for t, x, n in ((q, a, lq), (k, c, lk), (v, c, lk)))
             if lq and lk:
@@ -148,7 +148,7 @@ def varlen_bwd_stand_in(cfg, lens_q, lens_k):
                 torch.testing.assert_close(dpsum[0, :, pq[i]:pq[i] + lq].double(),
                                            (o * dout[0, a:a + lq].double()).sum(-1).t().detach(), **fp32)
             gq, gk, gv = (t.grad if t.grad is not None else torch.zeros_like(t) for t in (qd, kd, vd))
-            dk[0, pk[i]:pk[i] + lk], dv[0, pk[i]:pk[i] + lk] = gk.to(dk.dtype), gv.to(dv.dtype)
+            dk[0, c:c + lk], dv[0, c:c + lk] = gk.to(dk.dtype), gv.to(dv.dtype)
             rows = gq.transpose(0, 1).float()  # (h, lq, d)
             for m in range(-(-lq // tm)):
                 blk = torch.zeros(q.shape[2], tm, q.shape[3])
@@ -160,6 +160,7 @@ def varlen_bwd_stand_in(cfg, lens_q, lens_k):
                     blk = flat.view_as(blk)
                 dst += blk
         assert (lse_log2[0, :, ~seen] == math.inf).all() and (dpsum[0, :, ~seen] == 0).all()
+        dk[0, cu_k[-1]:], dv[0, cu_k[-1]:] = 0, 0
     return launch
 
 
@@ -210,8 +211,9 @@ def test_padded_starts_give_each_sequence_whole_blocks(block):
     starts = bwd_varlen.padded_starts(cu, block).tolist()
     rows, total, tail = bwd_varlen.padded_rows(cu, sum(lens) + 7, block)  # and a tail of 7 rows
     assert tail.tolist() == [False] * sum(lens) + [True] * 7
-    rows = rows[:sum(lens)]
     ends = [s + -(-n // block) * block for s, n in zip(starts, lens)]
+    assert rows[sum(lens):].tolist() == [total - 1] * 7 and max(ends) < total - 1, "the tail's row: past every block"
+    rows = rows[:sum(lens)]
     assert all(s % block == 0 for s in starts) and total % 128 == 0 and max(ends) <= total
     assert all(e <= s for e, s in zip(ends, starts[1:])), "a sequence's blocks overlap the next one's"
     assert rows.unique().numel() == sum(lens) and rows.tolist() == [s + r for s, n in zip(starts, lens) for r in range(n)]

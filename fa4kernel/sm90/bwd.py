@@ -386,7 +386,9 @@ class FlashBwdSm90:
                           cute.fast_divmod_create_divisor_v2(mK.shape[2]))
         self.kernel(
             tma_atom_Q, tma_Q, tma_atom_dO, tma_dO, tma_atom_K, tma_K, tma_atom_V, tma_V,
-            tma_atom_dK, tma_dK, tma_atom_dV, tma_dV, mLSE, mD, mdQaccum, mdQsem,
+            # varlen: dK, dV go out by row-predicated stores into the packed tensors themselves
+            tma_atom_dK, mdK if const_expr(self.varlen) else tma_dK, tma_atom_dV,
+            mdV if const_expr(self.varlen) else tma_dV, mLSE, mD, mdQaccum, mdQsem,
             softmax_scale_log2, softmax_scale, tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq,
             sQ_layout, sK_layout, sdS_layout, mStamps, order_divs, var[:2] if const_expr(self.varlen) else None,
         ).launch(
@@ -533,8 +535,8 @@ class FlashBwdSm90:
         if const_expr(self.varlen):
             # this CTA's sequence: every tensor offset to its first row, the lengths its own
             seqlen_q, seqlen_k, rows = self._varlen_views(var)
-            mQ, mdO, mK, mV, mdK, mdV, mLSE, mD, mdQaccum = [
-                cute.domain_offset(r, t) for r, t in zip(rows, (mQ, mdO, mK, mV, mdK, mdV, mLSE, mD, mdQaccum))]
+            mQ, mdO, mK, mV, mLSE, mD, mdQaccum = [
+                cute.domain_offset(r, t) for r, t in zip(rows, (mQ, mdO, mK, mV, mLSE, mD, mdQaccum))]
         group = mQ.shape[2] // mK.shape[2]  # q heads per k/v head (GQA / MQA; 1 = MHA)
         n_block, kv_head, batch, pair_rank, m_block_min, n_m, n_iter = self._cta_work(
             seqlen_q, seqlen_k, mK, group, order_divs)
@@ -545,36 +547,50 @@ class FlashBwdSm90:
         roles = (tma_atom_Q, mQ, tma_atom_dO, mdO, tma_atom_K, mK, tma_atom_V, mV, tma_atom_dK, mdK, tma_atom_dV, mdV,
                  mLSE, mD, mdQaccum, softmax_scale_log2, softmax_scale, tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq,
                  sQ, sdO, sK, sV, sdS, sdQ, sP, sLSE, sD, pipe_kv, pipe_q, pipe_do, mbar_pair, mStamps,
-                 n_block, kv_head, batch, group, pair_rank, m_block_min, n_m, n_iter, seqlen_q, seqlen_k, order)
+                 n_block, kv_head, batch, group, pair_rank, m_block_min, n_m, n_iter, seqlen_q, seqlen_k, order, var)
         if const_expr(self.varlen):
             if (n_block - pair_rank) * self.tile_n < seqlen_k:  # a key block (pair) past its sequence's keys: done
                 self._roles(*roles)
+            self._zero_key_tail(mdK, mdV, var)
         else:
             self._roles(*roles)
 
     @cute.jit
     def _varlen_views(self, var):
         """Varlen build: (seqlen_q, seqlen_k, rows) of this CTA's sequence (blockIdx.z), rows the
-        domain offsets of Q, dO, K, V (their packed rows), dK, dV (the keys padded per sequence to
-        whole key blocks, pairs: sm90/bwd_varlen.py), LSE, D and the dQ accumulator (the queries
-        padded to whole query blocks)."""
+        domain offsets of Q, dO, K, V (their packed rows), LSE, D and the dQ accumulator (the
+        queries padded per sequence to whole query blocks: sm90/bwd_varlen.py); dK and dV are
+        offset in the epilogue."""
         mCuQ, mCuK = var
         seq = cute.arch.block_idx()[2]
-        off_q, off_k = mCuQ[seq], mCuK[seq]
-        c = 2 if const_expr(self.dq_pair) else 1
-        # sequence i's padded first row: (cu[i] + i * block) rounded down to a block (bwd_varlen.padded_starts)
+        # one value per CTA: in uniform registers, not in the consumers' (hd256 runs at their limit)
+        uni = cute.arch.make_warp_uniform
+        off_q, off_k = uni(mCuQ[seq]), uni(mCuK[seq])
+        # sequence i's padded first row: (cu[i] + i * tile_m) rounded down to a block (bwd_varlen.padded_starts)
         pad_q = (off_q + seq * self.tile_m) // self.tile_m * self.tile_m
-        pad_k = (off_k + seq * c * self.tile_n) // (c * self.tile_n) * (c * self.tile_n)
         r4 = lambda r: (r, 0, 0, 0)  # noqa: E731  (s, d, h, b)
-        rows = (r4(off_q), r4(off_q), r4(off_k), r4(off_k), r4(pad_k), r4(pad_k), (pad_q, 0, 0), (pad_q, 0, 0),
-                r4(pad_q))
-        return mCuQ[seq + 1] - off_q, mCuK[seq + 1] - off_k, rows
+        rows = (r4(off_q), r4(off_q), r4(off_k), r4(off_k), (pad_q, 0, 0), (pad_q, 0, 0), r4(pad_q))
+        return uni(mCuQ[seq + 1]) - off_q, uni(mCuK[seq + 1]) - off_k, rows
+
+    @cute.jit
+    def _zero_key_tail(self, mdK, mdV, var):
+        """Varlen build: rows of dK and dV past the last sequence's keys (a tail the packed tensors
+        may carry) are zero, written by the first CTA of each k/v head of the last sequence (no
+        other CTA owns them; usually there are none)."""
+        mCuK = var[1]
+        bx, kv_head, seq = cute.arch.block_idx()
+        if bx == 0 and seq == mCuK.shape[0] - 2:
+            first = mCuK[seq + 1] * self.hd
+            for i in cutlass.range(first + cute.arch.thread_idx()[0], mdK.shape[0] * self.hd, self.num_threads):
+                r = i // self.hd
+                mdK[r, i - r * self.hd, kv_head, 0] = self.dtype(0.0)
+                mdV[r, i - r * self.hd, kv_head, 0] = self.dtype(0.0)
 
     @cute.jit
     def _roles(self, tma_atom_Q, mQ, tma_atom_dO, mdO, tma_atom_K, mK, tma_atom_V, mV, tma_atom_dK, mdK, tma_atom_dV,
                mdV, mLSE, mD, mdQaccum, softmax_scale_log2, softmax_scale, tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq,
                sQ, sdO, sK, sV, sdS, sdQ, sP, sLSE, sD, pipe_kv, pipe_q, pipe_do, mbar_pair, mStamps,
-               n_block, kv_head, batch, group, pair_rank, m_block_min, n_m, n_iter, seqlen_q, seqlen_k, order):
+               n_block, kv_head, batch, group, pair_rank, m_block_min, n_m, n_iter, seqlen_q, seqlen_k, order, var):
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         if warp_idx < 4:
             # ---------------------------------------------------------------- producer WG
@@ -594,7 +610,7 @@ class FlashBwdSm90:
                 softmax_scale_log2, softmax_scale, tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq,
                 sQ, sdO, sK, sV, sdS, sdQ, sLSE, sD, pipe_kv, pipe_q, pipe_do,
                 n_block, kv_head, batch, group, m_block_min, n_m, n_iter, seqlen_q, seqlen_k, sP,
-                (pair_rank, mbar_pair), order,
+                (pair_rank, mbar_pair), order, var,
             )
             cute.arch.setmaxregister_increase(self.consumer_regs)
             self.consumer(*args)
@@ -956,7 +972,7 @@ class FlashBwdSm90:
         self, tma_atom_dK, mdK, tma_atom_dV, mdV, mLSE, mD, mdQaccum,
         scale_log2, softmax_scale, tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq,
         sQ, sdO, sK, sV, sdS, sdQ, sLSE, sD, pipe_kv, pipe_q, pipe_do,
-        n_block, kv_head, batch, group, m_block_min, n_m, n_iter, seqlen_q, seqlen_k, sP, pair, order,
+        n_block, kv_head, batch, group, m_block_min, n_m, n_iter, seqlen_q, seqlen_k, sP, pair, order, var=None,
     ):
         """Every consumer warpgroup runs this code; which of them runs dQ is decided at run time
         when only one does."""
@@ -1125,7 +1141,7 @@ class FlashBwdSm90:
             m_block, head = self._next_block(m_block, head, m_block_min, n_m)
 
         self._epilogue(acc_dK, acc_dV, softmax_scale, tiled_mma_dkv, sK, sV, tma_atom_dK, mdK,
-                       tma_atom_dV, mdV, tidx, n_block, kv_head, batch)
+                       tma_atom_dV, mdV, tidx, n_block, kv_head, batch, var)
 
     @cute.jit
     def _block_gemms(self, tiled_mma_dkv, tiled_mma_dq, acc_dV, acc_dK, acc_dQ, tdVrP, tdKrdS,
@@ -1229,8 +1245,9 @@ class FlashBwdSm90:
 
     @cute.jit
     def _epilogue(self, acc_dK, acc_dV, softmax_scale, tiled_mma_dkv, sK, sV, tma_atom_dK, mdK,
-                  tma_atom_dV, mdV, tidx, n_block, kv_head, batch):
-        """dK * softmax_scale, dV -> 16 bit -> K's and V's smem buffers (stmatrix) -> TMA stores."""
+                  tma_atom_dV, mdV, tidx, n_block, kv_head, batch, var=None):
+        """dK * softmax_scale, dV -> 16 bit -> K's and V's smem buffers (stmatrix) -> TMA stores
+        (varlen: _store_rows, the block's rows inside its sequence only)."""
         rdK = cute.make_rmem_tensor_like(acc_dK, self.dtype)
         rdV = cute.make_rmem_tensor_like(acc_dV, self.dtype)
         rdK.store((acc_dK.load() * softmax_scale).to(self.dtype))
@@ -1242,6 +1259,15 @@ class FlashBwdSm90:
         smem_thr_copy = cute.make_tiled_copy_C(stmatrix, tiled_mma_dkv).get_slice(tidx)
         cute.copy(smem_thr_copy, smem_thr_copy.retile(rdK), smem_thr_copy.partition_D(sK))
         cute.copy(smem_thr_copy, smem_thr_copy.retile(rdV), smem_thr_copy.partition_D(sV))
+        if const_expr(self.varlen):
+            cute.arch.barrier(barrier_id=NamedBarrierBwd.EPILOGUE, number_of_threads=self.num_consumer_threads)
+            # the sequence's keys read again here: nothing holds them through the loop (hd256 spills)
+            mCuK, seq = var[1], cute.arch.block_idx()[2]
+            off_k = mCuK[seq]
+            rows = mCuK[seq + 1] - off_k - n_block * self.tile_n
+            for sX, mX in ((sK, mdK), (sV, mdV)):
+                self._store_rows(sX, cute.domain_offset((off_k, 0, 0, 0), mX), n_block, kv_head, rows)
+            return
         cute.arch.fence_view_async_shared()
         cute.arch.barrier(barrier_id=NamedBarrierBwd.EPILOGUE, number_of_threads=self.num_consumer_threads)
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
@@ -1256,6 +1282,30 @@ class FlashBwdSm90:
             cute.copy(tma_atom_dV, tdVsdV, tdVgdV)
             cute.arch.cp_async_bulk_commit_group()
             cute.arch.cp_async_bulk_wait_group(0, read=True)  # smem must outlive the stores
+
+
+    @cute.jit
+    def _store_rows(self, sX, mX, n_block, kv_head, rows):
+        """Varlen build: the key block's dK or dV from smem to the packed tensor in 16-byte pieces
+        of rows, only its first `rows` rows (the others are the next sequence's keys, which another
+        CTA owns; a TMA store would write them)."""
+        tidx = cute.arch.thread_idx()[0] - 128  # read again: nothing holds it through the loop
+        vec = 128 // self.dtype.width
+        across = math.gcd(self.hd, 64) // vec  # threads per row in a pass: 64 columns (32 at hd96)
+        copy = cute.make_tiled_copy_tv(
+            cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype, num_bits_per_copy=128),
+            cute.make_layout((self.num_consumer_threads // across, across), stride=(across, 1)),
+            cute.make_layout((1, vec)))
+        thr = copy.get_slice(tidx)
+        gX = cute.local_tile(mX[None, None, kv_head, 0], (self.tile_n, self.hd), (n_block, 0))
+        tXsX = thr.partition_S(sX)
+        tXgX = thr.partition_D(gX)
+        tXcX = thr.partition_S(cute.make_identity_tensor((self.tile_n, self.hd)))
+        tXrX = cute.make_rmem_tensor_like(tXsX, self.dtype)
+        cute.autovec_copy(tXsX, tXrX)
+        for m in cutlass.range_constexpr(cute.size(tXrX, mode=[1])):
+            if tXcX[0, m, 0][0] < rows:
+                cute.copy(copy, tXrX[None, m, None], tXgX[None, m, None])
 
 
 class FlashBwdSm90Probe(FlashBwdSm90):

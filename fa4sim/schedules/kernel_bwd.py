@@ -13,7 +13,7 @@ A varlen batch (fa4kernel's varlen build) is one launch of one CTA per (key bloc
 sequence) up to the longest sequence's key blocks, in blockIdx order (varlen_grid): each
 sequence's units are those of the dense backward of its lengths (varlen_units), a CTA past its
 sequence's keys exits at once; its traffic is the sum of the sequences' (traffic_of) and the
-host's torch operations around it run over the packed and padded rows (VARLEN_PRE, VARLEN_POST).
+launches around it run over the packed and padded rows (VARLEN_INDEX, VARLEN_PRE, VARLEN_POST).
 """
 from __future__ import annotations
 
@@ -82,7 +82,7 @@ def varlen_grid(units: list, n_h: int, pair: bool) -> list[tuple[int, int]]:
 
 def check_varlen(knobs: dict) -> None:
     """A varlen backward's knobs: fa4kernel's varlen build launches in blockIdx order, is not
-    deterministic, and runs its preprocess as torch operations on the host."""
+    deterministic, and fa4sim models it with its preprocess kernel."""
     if knobs.get("deterministic"):
         raise InputError("deterministic", "fa4sim models the varlen backward's one launch, which is not "
                                           "deterministic (deterministic=True runs one dense backward per "
@@ -90,9 +90,9 @@ def check_varlen(knobs: dict) -> None:
     if knobs.get("grid_order", "heads_outer") != "heads_outer":
         raise InputError("grid_order", f"{knobs['grid_order']}: the varlen backward launches in blockIdx order; "
                                        f"allowed with a varlen batch: heads_outer")
-    if knobs.get("preprocess", "torch") != "torch":
-        raise InputError("preprocess", f"{knobs['preprocess']}: the varlen backward's preprocess is torch "
-                                       f"operations on the host; allowed with a varlen batch: torch")
+    if knobs.get("preprocess", "kernel") != "kernel":
+        raise InputError("preprocess", f"{knobs['preprocess']}: fa4sim models the varlen backward's preprocess "
+                                       f"kernel on the packed rows; allowed with a varlen batch: kernel")
 
 
 def transposed(p: Problem, knobs: dict | None = None) -> Problem:
@@ -314,42 +314,55 @@ TORCH_PRE = (
 )
 TORCH_ZERO = (("dq_accum = zeros (fp32)", 0, 0, 4),)
 POST = (("dQ fp32 -> 16 bit (one pass)", 0, 4 + 2, 0),)
-# fa4kernel's varlen backward (fa4kernel/varlen.py): the same eager torch operations on the packed
-# rows (total_q of each head), in TORCH_PRE's form with the rows each runs over first: "packed" =
-# the batch's query rows, "padded" = its padded layouts (total_q + sequences x tile_m per head:
-# each sequence's rows start on a tile_m boundary), filled first and the packed rows scattered
-# in. After the kernel dQ is converted over the padded accumulator and gathered back to the
-# packed rows, and dK, dV gathered (index_select) from the padded buffers the kernel writes
-# (varlen_passes). The index tensors (one integer per token) are left out.
+# fa4kernel's varlen backward (fa4kernel/sm90/bwd_varlen.py): the launches around its kernel, in
+# TORCH_PRE's form with the rows each runs over first: "packed" = the batch's query rows of each
+# head, "padded" = its padded layouts (total_q + sequences x tile_m rows per head: each sequence's
+# rows start on a tile_m boundary), "index" = one int64 per query row (no head), "seq" = one per
+# sequence. The preprocess kernel runs on the packed rows as on one dense sequence, its D and
+# LSE_log2 then scattered into the padded layouts (filled first); after the kernel the
+# postprocess kernel converts dQ over the padded accumulator and the packed rows are gathered
+# back. The kernel writes dK and dV into the packed tensors itself.
+VARLEN_INDEX = (  # padded_rows: each query row's padded row
+    ("arange (rows)", "index", 8, 0, 0),
+    ("cu_seqlens.long()", "seq", 4 + 8, 0, 0),
+    ("searchsorted", "index", 8 + 8, 0, 0),
+    ("clamp_max", "index", 8 + 8, 0, 0),
+    ("arange (sequences)", "seq", 8, 0, 0),
+    ("cu[:-1].long()", "seq", 4 + 8, 0, 0),
+    ("i * block", "seq", 8 + 8, 0, 0),
+    ("+", "seq", 16 + 8, 0, 0),
+    ("// block", "seq", 8 + 8, 0, 0),
+    ("* block", "seq", 8 + 8, 0, 0),
+    ("cu64[seq]", "index", 8 + 8, 0, 0),
+    ("r - cu64[seq]", "index", 16 + 8, 0, 0),
+    ("starts[seq]", "index", 8 + 8, 0, 0),
+    ("+ starts", "index", 16 + 8, 0, 0),
+    ("r >= cu64[-1]", "index", 8 + 1, 0, 0),
+    ("where(tail, last row)", "index", 1 + 8 + 8, 0, 0),
+)
 VARLEN_PRE = (
-    ("dout.float()", "packed", 0, 2 + 4, 0),
-    ("out.float()", "packed", 0, 2 + 4, 0),
-    ("dout * out (fp32)", "packed", 0, 8 + 4, 0),
-    (".sum(-1)", "packed", 4, 4, 0),
-    ("dpsum = zeros (fp32, padded)", "padded", 4, 0, 0),
-    ("dpsum[rows] = (scatter)", "packed", 4 + 4, 0, 0),
-    ("lse_log2 = full(inf) (padded)", "padded", 4, 0, 0),
-    ("lse == -inf", "packed", 4 + 1, 0, 0),
-    ("lse * log2(e)", "packed", 4 + 4, 0, 0),
-    ("where(...)", "packed", 1 + 4 + 4, 0, 0),
-    ("lse_log2[rows] = (scatter)", "packed", 4 + 4, 0, 0),
     ("dq_accum = zeros (fp32, padded)", "padded", 0, 0, 4),
+    ("preprocess kernel (packed rows)", "packed", 4 + 8, 2 * 2, 0),
+    ("lse_log2 = full(inf) (padded)", "padded", 4, 0, 0),
+    ("where(tail, inf, lse_log2)", "packed", 1 + 4 + 4, 0, 0),
+    ("lse_log2[rows] = (scatter)", "packed", 4 + 8 + 4, 0, 0),
+    ("dpsum = zeros (fp32, padded)", "padded", 4, 0, 0),
+    ("where(tail, 0, dpsum)", "packed", 1 + 4 + 4, 0, 0),
+    ("dpsum[rows] = (scatter)", "packed", 4 + 8 + 4, 0, 0),
 )
 VARLEN_POST = (
-    ("dQ fp32 -> 16 bit (one pass, padded)", "padded", 0, 4 + 2, 0),
-    ("dQ gather (index_select)", "packed", 0, 2 + 2, 0),
+    ("postprocess kernel (padded)", "padded", 0, 4 + 2, 0),
+    ("dQ gather (index_select)", "packed", 8, 2 + 2, 0),
 )
 
 
 def varlen_passes(p: Problem, knobs: dict) -> tuple[tuple, tuple]:
-    """passes() of a varlen batch: VARLEN_PRE, then the kernel, then VARLEN_POST and the dK and dV
-    gathers (bf16 in and out, total_k rows of each K/V head)."""
+    """passes() of a varlen batch: VARLEN_INDEX and VARLEN_PRE, then the kernel, then VARLEN_POST."""
     total_q = sum(q for q, _ in p.sequences)
-    rows = {"packed": p.heads * total_q, "padded": p.heads * (total_q + len(p.sequences) * knobs["tile_m"])}
+    rows = {"packed": p.heads * total_q, "padded": p.heads * (total_q + len(p.sequences) * knobs["tile_m"]),
+            "index": total_q, "seq": len(p.sequences) + 1}
     each = lambda ops: tuple((what, rows[r] * (c + e * p.hdim + s * p.hdim)) for what, r, c, e, s in ops)  # noqa: E731
-    kv_rows = p.heads_kv * sum(k for _, k in p.sequences)
-    gathers = tuple((f"{w} gather (index_select)", kv_rows * n * (2 + 2)) for w, n in (("dK", p.hdim), ("dV", p.hdim_v)))
-    return each(VARLEN_PRE), each(VARLEN_POST) + gathers
+    return each(VARLEN_INDEX) + each(VARLEN_PRE), each(VARLEN_POST)
 
 
 def passes(p: Problem, knobs: dict | None = None) -> tuple[tuple, tuple]:
