@@ -66,8 +66,9 @@ def backward(cfg: BwdConfig, launch, dout, q, k, v, out, lse, cu_q, cu_k, max_se
     dq_accum = torch.zeros((1, h, sqp, d), dtype=torch.float32, device=dev)
     dense_rows = -(-tq // 64) * 64
     if cfg.preprocess == "kernel":
+        # (dq_zero "torch": the kernel leaves the accumulator alone; its argument needs the rows' shape)
         d_rows, lse_rows = preprocess_kernel(cfg, dout.unsqueeze(0), out.unsqueeze(0), lse.unsqueeze(0), dense_rows,
-                                             use_tvm_ffi, dq_accum)
+                                             use_tvm_ffi, dq_accum[:, :, :dense_rows])
     else:
         d_rows, lse_rows = preprocess_torch(cfg, dout.unsqueeze(0), out.unsqueeze(0), lse.unsqueeze(0), dense_rows)
     # the padding +inf (P = 0) and 0, a tail's row too
