@@ -17,9 +17,8 @@ cu_seqlens on the CPU, they are read and checked (one sync).
 
 The backward is one launch of the backward's varlen build (sm90/bwd.py, FlashBwdSm90Varlen):
 one CTA per (key block, k/v head, sequence) up to max_seqlen_k's key blocks, its sequence's
-bounds read from cu_seqlens on the device; torch ops around it lay the statistics, the dQ
-accumulator and dK / dV out padded per sequence and gather the gradients back
-(sm90/bwd_varlen.py; no sync). With deterministic=True it runs the dense backward once per
+bounds read from cu_seqlens on the device, between the varlen preprocess and postprocess (three
+launches, no sync; the layout they share: sm90/bwd_varlen.py). With deterministic=True it runs the dense backward once per
 sequence instead (the lengths read on the host: one sync; a launch per sequence), each in its
 fixed order.
 """
@@ -128,7 +127,7 @@ def forward(run, cfg, q, k, v, cu_q, cu_k, max_seqlen_q: int, softmax_scale):
     return out, lse
 
 
-def backward(dout, q, k, v, out, lse, cu_q, cu_k, max_seqlen_k: int, softmax_scale, bcfg):
+def backward(dout, q, k, v, out, lse, cu_q, cu_k, max_seqlen_q: int, max_seqlen_k: int, softmax_scale, bcfg):
     """dq, dk, dv: one launch of the backward's varlen build (bcfg.varlen), or, deterministic, the
     SM90 backward once per sequence on its rows of the packed tensors (a fixed order per sequence)."""
     import torch
@@ -137,7 +136,7 @@ def backward(dout, q, k, v, out, lse, cu_q, cu_k, max_seqlen_k: int, softmax_sca
 
     scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
     if bcfg.varlen:
-        return run_bwd_varlen(bcfg, dout, q, k, v, out, lse, cu_q, cu_k, max_seqlen_k, scale)
+        return run_bwd_varlen(bcfg, dout, q, k, v, out, lse, cu_q, cu_k, max_seqlen_q, max_seqlen_k, scale)
     dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
     oq = [int(x) for x in cu_q.tolist()]
     ok = [int(x) for x in cu_k.tolist()]
@@ -164,14 +163,14 @@ def _function():
             out, lse = forward(run, cfg, q.detach(), k.detach(), v.detach(), cu_q, cu_k, max_seqlen_q,
                                softmax_scale)
             ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k)
-            ctx.max_seqlen_k, ctx.softmax_scale, ctx.bcfg = max_seqlen_k, softmax_scale, bcfg
+            ctx.max_seqlen, ctx.softmax_scale, ctx.bcfg = (max_seqlen_q, max_seqlen_k), softmax_scale, bcfg
             ctx.mark_non_differentiable(lse)
             return out, lse
 
         @staticmethod
         def backward(ctx, dout, _dlse):
             q, k, v, out, lse, cu_q, cu_k = ctx.saved_tensors
-            dq, dk, dv = backward(dout, q.detach(), k.detach(), v.detach(), out, lse, cu_q, cu_k, ctx.max_seqlen_k,
+            dq, dk, dv = backward(dout, q.detach(), k.detach(), v.detach(), out, lse, cu_q, cu_k, *ctx.max_seqlen,
                                   ctx.softmax_scale, ctx.bcfg)
             return None, None, dq, dk, dv, None, None, None, None, None, None
 

@@ -396,7 +396,7 @@ def backward(run: Run) -> Pass:
     around the main kernel; its state on a profile is the main kernel's KernelTime. A varlen
     batch (an implementation whose backward runs one: fa4kernel) is one launch of its grid
     (kernel_bwd.varlen_grid), each CTA costed by the same per-shape schedules as a dense launch,
-    with the host's torch operations around it (kernel_bwd.varlen_passes)."""
+    with its varlen preprocess and postprocess around it (kernel_bwd.varlen_passes)."""
     profile, module, impl, knobs, problem = run.profile, run.module, run.impl, run.knobs, run.problem
     two_cta = bool(knobs.get("two_cta", False))
     tile_m = knobs["tile_m"]

@@ -84,3 +84,19 @@ def test_ordinary_backward_sass_is_unchanged_by_the_varlen_branches(hd, causal, 
 
     monkeypatch.setattr(FlashBwdSm90, "_varlen_views", boom)
     assert fa4kernel.compile_bwd_sass(head_dim=hd, causal=causal) == plain
+
+
+@pytest.mark.parametrize("hd", [64, 128, 256])
+def test_varlen_backward_pre_and_postprocess_compile(hd):
+    """BwdPreprocessVarlen, BwdPostprocessVarlen: one launch each around the varlen backward,
+    16-byte loads and stores, no local memory."""
+    from fa4kernel.sass import sass_for
+    from fa4kernel.sm90.bwd_config import make_varlen_bwd_config
+    from fa4kernel.sm90.bwd_postprocess import compile_postprocess
+    from fa4kernel.sm90.bwd_preprocess import compile_preprocess
+
+    cfg = make_varlen_bwd_config("bfloat16", hd, True, {})
+    for build in (compile_preprocess, compile_postprocess):
+        text = sass_for(lambda o: build(cfg, o), "sm_90a")
+        assert len(re.findall(r"\sLDG\.E\.128", text)) > 0 and len(re.findall(r"\sSTG\.E\.128", text)) > 0
+        assert count(text, "LDL") == 0 and count(text, "STL") == 0

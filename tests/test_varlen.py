@@ -15,7 +15,6 @@ torch = pytest.importorskip("torch")
 import fa4kernel  # noqa: E402
 from fa4kernel import varlen  # noqa: E402
 from fa4kernel.sm90 import bwd_varlen  # noqa: E402
-from fa4kernel.sm90.bwd import dq_bulk_offset  # noqa: E402
 from fa4kernel.sm90.bwd_config import bwd_config_from_knobs, make_varlen_bwd_config  # noqa: E402
 
 GRIDS = []
@@ -112,115 +111,31 @@ def test_forward_and_backward_host_side(causal, lens_q, lens_k, h, hkv, monkeypa
     # the backward: per-sequence slices reassembled = the packed reference's gradients
     dout = torch.randn_like(q)
     bcfg = bwd_config_from_knobs("bfloat16", d, causal, True, {})  # deterministic: per sequence
-    dq, dk, dv = varlen.backward(dout, q, k, v, out, lse, cu_q, cu_k, mk, None, bcfg)
+    dq, dk, dv = varlen.backward(dout, q, k, v, out, lse, cu_q, cu_k, mq, mk, None, bcfg)
     qr, kr, vr = (t.clone().requires_grad_() for t in (q, k, v))
     packed_reference(qr, kr, vr, lens_q, lens_k, causal, scale).backward(dout)
     for got, want in ((dq, qr.grad), (dk, kr.grad), (dv, vr.grad)):
         torch.testing.assert_close(got, want)
 
 
-def varlen_bwd_stand_in(cfg, lens_q, lens_k):
-    """The backward's varlen build as its docstring (FlashBwdSm90Varlen) and sm90/bwd_varlen.py
-    say, in fp64: per sequence, read LSE_log2 and D from the padded rows (checking them and that
-    the padding is +inf / 0), and write dQ (scaled, in the accumulator's order) at the sequence's
-    padded rows, dK and dV at its packed rows, zeros in the rows past the last sequence's keys."""
-    tm = cfg.tile_m
-    if cfg.dq_reduce == "bulk":  # one query block's (row, col) -> its place in the fp32 block
-        d = cfg.head_dim
-        offs = torch.tensor([[dq_bulk_offset(r, c, d, cfg.dq_wgs, cfg.dq_rows_split) for c in range(d)]
-                             for r in range(tm)])
-
-    def launch(q, k, v, dout, lse_log2, dpsum, dq_accum, dk, dv, cu_q, cu_k, max_k, scale):
-        assert q.shape[0] == dk.shape[0] == 1 and max_k >= max(lens_k)
-        pq = bwd_varlen.padded_starts(cu_q, tm).tolist()
-        seen = torch.zeros(lse_log2.shape[2], dtype=torch.bool)
-        for i, (a, c) in enumerate(zip(cu_q.tolist()[:-1], cu_k.tolist()[:-1])):
-            lq, lk = lens_q[i], lens_k[i]
-            assert pq[i] % tm == 0 and not seen[pq[i]:pq[i] + lq].any()
-            seen[pq[i]:pq[i] + lq] = True
-            qd, kd, vd = (t[0, x:x + n].double().requires_grad_() for t, x, n in ((q, a, lq), (k, c, lk), (v, c, lk)))
-            if lq and lk:
-                o, ls = _attend(qd, kd, vd, cfg.causal, scale)
-                o.backward(dout[0, a:a + lq].double())
-                ls2 = torch.where(ls == -math.inf, math.inf, ls * math.log2(math.e))
-                fp32 = dict(rtol=1e-5, atol=1e-5)  # the padded statistics are fp32
-                torch.testing.assert_close(lse_log2[0, :, pq[i]:pq[i] + lq].double(), ls2, **fp32)
-                torch.testing.assert_close(dpsum[0, :, pq[i]:pq[i] + lq].double(),
-                                           (o * dout[0, a:a + lq].double()).sum(-1).t().detach(), **fp32)
-            gq, gk, gv = (t.grad if t.grad is not None else torch.zeros_like(t) for t in (qd, kd, vd))
-            dk[0, c:c + lk], dv[0, c:c + lk] = gk.to(dk.dtype), gv.to(dv.dtype)
-            rows = gq.transpose(0, 1).float()  # (h, lq, d)
-            for m in range(-(-lq // tm)):
-                blk = torch.zeros(q.shape[2], tm, q.shape[3])
-                blk[:, :min(tm, lq - m * tm)] = rows[:, m * tm:(m + 1) * tm]
-                dst = dq_accum[0, :, pq[i] + m * tm:pq[i] + (m + 1) * tm]
-                if cfg.dq_reduce == "bulk":
-                    flat = torch.zeros(q.shape[2], tm * q.shape[3])
-                    flat[:, offs.flatten()] = blk.reshape(q.shape[2], -1)
-                    blk = flat.view_as(blk)
-                dst += blk
-        assert (lse_log2[0, :, ~seen] == math.inf).all() and (dpsum[0, :, ~seen] == 0).all()
-        dk[0, cu_k[-1]:], dv[0, cu_k[-1]:] = 0, 0
-    return launch
-
-
-@pytest.mark.parametrize("d,knobs", [(64, {}), (128, {}), (64, {"dq_reduce": "red", "tile_m": 64}), (256, {})])
-@pytest.mark.parametrize("causal,lens_q,lens_k,h,hkv", [
-    (False, [5, 0, 130, 1, 77], [9, 3, 130, 1, 200], 4, 2),
-    (True, [33, 1, 0, 129], [33, 40, 5, 300], 2, 2),   # chunked prefill: len_q < len_k
-    (True, [3, 7, 1], [0, 2, 1], 4, 1),                 # a sequence without keys; len_k < len_q
-])
-@pytest.mark.parametrize("tail", [0, 5])
-def test_varlen_backward_host_side(d, knobs, causal, lens_q, lens_k, h, hkv, tail):
-    """The varlen build's host side (padded layouts, torch pre- and postprocess, the gathers) around
-    the kernel's contract = the packed reference's gradients; `tail` rows after the last sequence
-    (their out and LSE anything) get none."""
-    torch.manual_seed(1)
-    q = torch.randn(sum(lens_q), h, d, dtype=torch.float64)
-    k = torch.randn(sum(lens_k), hkv, d, dtype=torch.float64)
-    v = torch.randn(sum(lens_k), hkv, d, dtype=torch.float64)
-    cu_q, cu_k = _cu(lens_q), _cu(lens_k)
-    scale = 1.0 / math.sqrt(d)
-    qr, kr, vr = (t.clone().requires_grad_() for t in (q, k, v))
-    out = packed_reference(qr, kr, vr, lens_q, lens_k, causal, scale)
-    dout = torch.randn_like(q)
-    out.backward(dout)
-    lse = torch.full((h, q.shape[0] + tail), -math.inf, dtype=torch.float64)
-    lse[:, q.shape[0]:] = 3.0  # the forward leaves a tail's LSE and out unwritten
-    grow = lambda t: torch.cat([t, torch.randn(tail, *t.shape[1:], dtype=t.dtype)])  # noqa: E731
-    q, k, v, out, dout = grow(q), grow(k), grow(v), grow(out.detach()), grow(dout)
-    want_tail = lambda g: torch.cat([g, torch.zeros(tail, *g.shape[1:], dtype=g.dtype)])  # noqa: E731
-    for i, (a, c) in enumerate(zip(cu_q.tolist()[:-1], cu_k.tolist()[:-1])):
-        if lens_q[i] and lens_k[i]:
-            lse[:, a:a + lens_q[i]] = _attend(q[a:a + lens_q[i]], k[c:c + lens_k[i]], v[c:c + lens_k[i]], causal,
-                                              scale)[1]
-    # the CPU runs the torch pre- and postprocess (the kernels' are the GPU tests')
-    cfg = make_varlen_bwd_config("bfloat16", d, causal, {**knobs, "preprocess": "torch", "postprocess": "torch"})
-    assert cfg.varlen and cfg.grid_order == "heads_outer" and not cfg.deterministic
-    dq, dk, dv = bwd_varlen.backward(cfg, varlen_bwd_stand_in(cfg, lens_q, lens_k), dout, q, k, v, out, lse,
-                                     cu_q, cu_k, max(lens_k), scale)
-    for got, want in ((dq, qr.grad), (dk, kr.grad), (dv, vr.grad)):
-        torch.testing.assert_close(got.double(), want_tail(want), rtol=1e-5, atol=1e-5)
-
-
 @pytest.mark.parametrize("block", [64, 128, 256])
 def test_padded_starts_give_each_sequence_whole_blocks(block):
+    """The varlen backward's padded layout (sm90/bwd_varlen.py): each sequence starts on a block
+    and its whole blocks end before the next one starts, all inside padded_length's rows."""
     torch.manual_seed(2)
     lens = [0, 1, block - 1, block, block + 1, 0, 3 * block + 5] + torch.randint(0, 500, (20,)).tolist()
-    cu = _cu(lens)
-    starts = bwd_varlen.padded_starts(cu, block).tolist()
-    rows, total, tail = bwd_varlen.padded_rows(cu, sum(lens) + 7, block)  # and a tail of 7 rows
-    assert tail.tolist() == [False] * sum(lens) + [True] * 7
+    cu = _cu(lens).tolist()
+    starts = [bwd_varlen.padded_start(cu[i], i, block) for i in range(len(lens))]
     ends = [s + -(-n // block) * block for s, n in zip(starts, lens)]
-    assert rows[sum(lens):].tolist() == [total - 1] * 7 and max(ends) < total - 1, "the tail's row: past every block"
-    rows = rows[:sum(lens)]
-    assert all(s % block == 0 for s in starts) and total % 128 == 0 and max(ends) <= total
+    assert all(s % block == 0 for s in starts)
     assert all(e <= s for e, s in zip(ends, starts[1:])), "a sequence's blocks overlap the next one's"
-    assert rows.unique().numel() == sum(lens) and rows.tolist() == [s + r for s, n in zip(starts, lens) for r in range(n)]
+    total = bwd_varlen.padded_length(sum(lens), len(lens), block)
+    assert total % 128 == 0 and max(ends) <= total
 
 
 @pytest.mark.parametrize("kw,msg", [({"grid_order": "tail_lpt"}, "varlen backward knob 'grid_order'"),
-                                    ({"dq_zero": "preprocess"}, "varlen backward knob 'dq_zero'"),
+                                    ({"preprocess": "torch"}, "varlen backward knob 'preprocess'"),
+                                    ({"dq_reduce": "red"}, "varlen backward knob 'dq_reduce'"),
                                     ({"tile_m": 100}, "tile_m=100")])
 def test_varlen_backward_knobs_it_fixes_are_refused(kw, msg):
     with pytest.raises(ValueError) as e:

@@ -73,6 +73,7 @@ from ..trace_layout import PROBE_SUM_WORDS
 from .bwd_config import TAIL_SLOTS, TAIL_WAVES, BwdConfig
 from .bwd_postprocess import dq_postprocess, postprocess_kernel
 from .bwd_preprocess import preprocess_kernel, preprocess_torch
+from .bwd_varlen import padded_start
 from .gemm import acc_as_operand_a, gemm, mn_view, select, smem_layout, smem_layout_narrow, transpose_view
 from .named_barrier import NamedBarrierBwd
 
@@ -566,8 +567,7 @@ class FlashBwdSm90:
         # one value per CTA: in uniform registers, not in the consumers' (hd256 runs at their limit)
         uni = cute.arch.make_warp_uniform
         off_q, off_k = uni(mCuQ[seq]), uni(mCuK[seq])
-        # sequence i's padded first row: (cu[i] + i * tile_m) rounded down to a block (bwd_varlen.padded_starts)
-        pad_q = (off_q + seq * self.tile_m) // self.tile_m * self.tile_m
+        pad_q = padded_start(off_q, seq, self.tile_m)
         r4 = lambda r: (r, 0, 0, 0)  # noqa: E731  (s, d, h, b)
         rows = (r4(off_q), r4(off_q), r4(off_k), r4(off_k), (pad_q, 0, 0), (pad_q, 0, 0), r4(pad_q))
         return uni(mCuQ[seq + 1]) - off_q, uni(mCuK[seq + 1]) - off_k, rows
@@ -1449,7 +1449,8 @@ def run_bwd(cfg: BwdConfig, dout, q, k, v, out, lse, softmax_scale: float, stamp
     return finish()
 
 
-def run_bwd_varlen(cfg: BwdConfig, dout, q, k, v, out, lse, cu_q, cu_k, max_seqlen_k: int, softmax_scale: float):
+def run_bwd_varlen(cfg: BwdConfig, dout, q, k, v, out, lse, cu_q, cu_k, max_seqlen_q: int, max_seqlen_k: int,
+                   softmax_scale: float):
     """The varlen build (FlashBwdSm90Varlen) on packed torch tensors: q, dout, out (total_q, h, d),
     k, v (total_k, h_kv, d), lse (h, total_q) natural log, cu_seqlens int32 on q's device; returns
     (dq, dk, dv) packed like q, k, v. Pre- and postprocess: sm90/bwd_varlen.py."""
@@ -1480,7 +1481,8 @@ def run_bwd_varlen(cfg: BwdConfig, dout, q, k, v, out, lse, cu_q, cu_k, max_seql
     if dout.data_ptr() % 16:
         dout = dout.clone()  # TMA needs 16-byte aligned rows
     q, k, v, out, lse = (t.detach() for t in (q, k, v, out, lse))
-    return backward(cfg, launch, dout, q, k, v, out, lse, cu_q, cu_k, max_seqlen_k, softmax_scale, _USE_TVM_FFI)
+    return backward(cfg, launch, dout, q, k, v, out, lse, cu_q, cu_k, max_seqlen_q, max_seqlen_k, softmax_scale,
+                    _USE_TVM_FFI)
 
 
 def prepare_bwd(cfg: BwdConfig, dout, q, k, v, out, lse, softmax_scale: float, stamps=None):

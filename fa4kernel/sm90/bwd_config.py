@@ -269,9 +269,11 @@ def make_bwd_config(dtype: str, head_dim: int, causal: bool, deterministic: bool
     return cfg
 
 
-# what the varlen build fixes: its dQ accumulator is padded per sequence (torch.zeros, not the
-# preprocess's rows), its CTAs launch in grid order (sm90/bwd_varlen.py)
-VARLEN_FIXED = {"dq_zero": "torch", "grid_order": "heads_outer"}
+# what the varlen build fixes: its preprocess and postprocess are the varlen kernels (the former
+# zeroes the padded dQ accumulator, the latter reads its bulk order), its CTAs launch in grid
+# order (sm90/bwd_varlen.py)
+VARLEN_FIXED = {"preprocess": "kernel", "postprocess": "kernel", "dq_zero": "preprocess", "dq_reduce": "bulk",
+                "grid_order": "heads_outer"}
 
 
 def make_varlen_bwd_config(dtype: str, head_dim: int, causal: bool, knobs) -> BwdConfig:

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Float32
+from cutlass import Float32, Int32, const_expr
 
 from ..interop import compile_fake, to_cute, torch_stream
 from .bwd_config import BwdConfig
+from .bwd_varlen import padded_start
 
 
 def dq_post_coords(g, head_dim: int, dq_wgs: int, rows_split: bool = False):
@@ -68,12 +69,19 @@ class BwdPostprocess:
 
     @cute.kernel
     def kernel(self, mAcc: cute.Tensor, mdQ: cute.Tensor):
-        g = cute.arch.thread_idx()[0]
         m_block, head, batch = cute.arch.block_idx()
+        self._block(mAcc, mdQ, m_block, head, batch, mdQ.shape[1])
+
+    @cute.jit
+    def _block(self, mAcc, mdQ, m_block, head, batch, seqlen_q, acc_block=None):
+        """Query block m_block of (head, batch): its rows below seqlen_q; acc_block: the block of
+        the accumulator it lies in (varlen: the padded layout's; default m_block)."""
+        if const_expr(acc_block is None):
+            acc_block = m_block
+        g = cute.arch.thread_idx()[0]
         row0, col0, chunk = dq_post_coords(g, self.hd, self.wgs, self.rows_split)
         rAcc = cute.make_rmem_tensor((16,), Float32)
-        cute.autovec_copy(cute.local_tile(mAcc[batch, head, None], (16,), (m_block * self.threads + chunk,)), rAcc)
-        seqlen_q = mdQ.shape[1]
+        cute.autovec_copy(cute.local_tile(mAcc[batch, head, None], (16,), (acc_block * self.threads + chunk,)), rAcc)
         for vr in cutlass.range_constexpr(2):
             row = m_block * self.rows + row0 + 8 * vr
             if row < seqlen_q:
@@ -84,6 +92,34 @@ class BwdPostprocess:
                 rO = cute.make_rmem_tensor((8,), self.dtype)
                 rO.store(rF.load().to(self.dtype))
                 cute.autovec_copy(rO, cute.local_tile(mdQ[batch, row, head, None], (8,), (col0 // 8,)))
+
+
+class BwdPostprocessVarlen(BwdPostprocess):
+    """The varlen backward's postprocess: the accumulator (1, h, s_q_pad * d) padded per sequence
+    (bwd_varlen.padded_start) -> dQ (1, total_q, h, d) packed. Grid: the longest sequence's query
+    blocks x heads x sequences; a CTA past its sequence's blocks exits. The rows past the last
+    sequence (a tail the packed tensors may carry) are zeroed by the first CTA of each head of
+    the last sequence."""
+
+    @cute.jit
+    def __call__(self, mAcc: cute.Tensor, mdQ: cute.Tensor, mCuSeqlensQ: cute.Tensor, num_blocks: Int32, stream):
+        grid = (num_blocks, cute.size(mAcc.shape[1]), mCuSeqlensQ.shape[0] - 1)
+        self.kernel(mAcc, mdQ, mCuSeqlensQ).launch(grid=grid, block=[self.threads, 1, 1], stream=stream)
+
+    @cute.kernel
+    def kernel(self, mAcc: cute.Tensor, mdQ: cute.Tensor, mCuSeqlensQ: cute.Tensor):
+        m_block, head, seq = cute.arch.block_idx()
+        off = mCuSeqlensQ[seq]
+        rows = mCuSeqlensQ[seq + 1] - off
+        if m_block * self.rows < rows:
+            # the padded start is a whole block: indexing by block keeps the 16-byte loads
+            pad_block = padded_start(off, seq, self.rows) // self.rows
+            self._block(mAcc, cute.domain_offset((0, off, 0, 0), mdQ), m_block, head, 0, rows, pad_block + m_block)
+        if m_block == 0 and seq == mCuSeqlensQ.shape[0] - 2:
+            first = mCuSeqlensQ[seq + 1] * self.hd
+            for i in cutlass.range(first + cute.arch.thread_idx()[0], mdQ.shape[1] * self.hd, self.threads):
+                r = i // self.hd
+                mdQ[0, r, head, i - r * self.hd] = self.dtype(0.0)
 
 
 def fake_postprocess_args(cfg: BwdConfig):
@@ -101,7 +137,13 @@ def fake_postprocess_args(cfg: BwdConfig):
 
 
 def compile_postprocess(cfg: BwdConfig, options=None, tvm_ffi: bool = False):
-    """cute.compile of the postprocess kernel against fake tensors (no GPU needed)."""
+    """cute.compile of the postprocess kernel against fake tensors (no GPU needed); cfg.varlen:
+    BwdPostprocessVarlen's, with cu_seqlens_q and the grid's query blocks."""
+    if cfg.varlen:
+        from cutlass.cute.runtime import make_fake_tensor
+
+        cu = make_fake_tensor(cutlass.Int32, (cute.sym_int(),), stride=(1,), assumed_align=4)
+        return compile_fake(BwdPostprocessVarlen(cfg), (*fake_postprocess_args(cfg), cu, Int32(1)), options, tvm_ffi)
     return compile_fake(BwdPostprocess(cfg), fake_postprocess_args(cfg), options, tvm_ffi)
 
 
@@ -129,6 +171,27 @@ def postprocess_kernel(cfg: BwdConfig, acc, seqlen_q: int, dtype, use_tvm_ffi: b
             fn = _POST_CACHE[key] = cute.compile(BwdPostprocess(cfg), *args, stream)
         fn(*args, stream)
     return dq
+
+
+def postprocess_varlen(cfg: BwdConfig, acc, dq, cu_q, max_seqlen_q: int, use_tvm_ffi: bool):
+    """The varlen build's postprocess (BwdPostprocessVarlen, one launch): the padded accumulator
+    acc (1, h, s_q_pad, d) -> dq (total_q, h, d) packed, a tail's rows 0."""
+    b, h, sqp, d = acc.shape
+    flat, dq4 = acc.view(b, h, sqp * d), dq.unsqueeze(0)
+    post = BwdPostprocess(cfg)
+    blocks = max(1, -(-max_seqlen_q // post.rows))
+    key = ("varlen", cfg.dtype, cfg.head_dim, cfg.dq_wgs, cfg.dq_rows_split, use_tvm_ffi)
+    fn = _POST_CACHE.get(key)
+    if use_tvm_ffi:
+        if fn is None:
+            fn = _POST_CACHE[key] = compile_postprocess(cfg, tvm_ffi=True)
+        fn(flat, dq4, cu_q, blocks)
+        return
+    args = [to_cute(flat, 2), to_cute(dq4, 3), to_cute(cu_q, 0, align=4)]
+    stream = torch_stream(acc.device)
+    if fn is None:
+        fn = _POST_CACHE[key] = cute.compile(BwdPostprocessVarlen(cfg), *args, Int32(blocks), stream)
+    fn(*args, Int32(blocks), stream)
 
 
 def dq_postprocess(acc, cfg: BwdConfig, seqlen_q: int, dtype):

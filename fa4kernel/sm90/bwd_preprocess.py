@@ -13,12 +13,13 @@ import math
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Float32, const_expr
+from cutlass import Float32, Int32, const_expr
 
 from typing import Optional
 
 from ..interop import compile_fake, to_cute, torch_stream
 from .bwd_config import BwdConfig
+from .bwd_varlen import padded_start
 
 LOG2_E = math.log2(math.e)
 
@@ -56,8 +57,14 @@ class BwdPreprocess:
     @cute.kernel
     def kernel(self, mO: cute.Tensor, mdO: cute.Tensor, mLSE: cute.Tensor, mD: cute.Tensor, mLSE2: cute.Tensor,
                mdQaccum: cute.Tensor, mdQsem):
-        tidx = cute.arch.thread_idx()[0]
         bx, head, batch = cute.arch.block_idx()
+        self._rows(mO, mdO, mLSE, mD, mLSE2, mdQaccum, mdQsem, bx, head, batch, mO.shape[1], mD.shape[2])
+
+    @cute.jit
+    def _rows(self, mO, mdO, mLSE, mD, mLSE2, mdQaccum, mdQsem, bx, head, batch, seqlen_q, padded):
+        """The CTA's 32 rows bx * 32 .. of (head, batch): rows below seqlen_q read, rows below
+        `padded` written (past seqlen_q D = 0, LSE_log2 = +inf)."""
+        tidx = cute.arch.thread_idx()[0]
         row = bx * self.ROWS + tidx // 4
         part = tidx % 4
         if const_expr(self.zero_dq):
@@ -71,7 +78,6 @@ class BwdPreprocess:
             # tile_m is a multiple of ROWS: the CTA whose rows start a query block zeroes its semaphore
             if tidx == 0 and (bx * self.ROWS) % self.tile_m == 0:
                 mdQsem[batch, head, bx * self.ROWS // self.tile_m] = cutlass.Int32(0)
-        seqlen_q = mO.shape[1]
         total = Float32(0.0)
         if row < seqlen_q:
             gO = mO[batch, row, head, None]
@@ -86,7 +92,7 @@ class BwdPreprocess:
                 total = total + prod.reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
         total = total + cute.arch.shuffle_sync_bfly(total, offset=1)
         total = total + cute.arch.shuffle_sync_bfly(total, offset=2)
-        if part == 0 and row < mD.shape[2]:
+        if part == 0 and row < padded:
             lse2 = Float32(math.inf)
             if row < seqlen_q:
                 lse = mLSE[batch, head, row]
@@ -94,6 +100,35 @@ class BwdPreprocess:
                     lse2 = lse * LOG2_E
             mD[batch, head, row] = total
             mLSE2[batch, head, row] = lse2
+
+
+class BwdPreprocessVarlen(BwdPreprocess):
+    """The varlen backward's preprocess: O, dO (1, total_q, h, d) and LSE (1, h, total_q) packed;
+    D, LSE_log2 (1, h, s_q_pad) and the dQ accumulator (1, h, s_q_pad, d) in the layout padded per
+    sequence (bwd_varlen.padded_start). Grid: 32-row pieces of the longest sequence's query blocks
+    x heads x sequences; a CTA writes its sequence's rows up to its last query block's end (and
+    zeroes them in the accumulator), one past them exits."""
+
+    @cute.jit
+    def __call__(self, mO: cute.Tensor, mdO: cute.Tensor, mLSE: cute.Tensor, mD: cute.Tensor, mLSE2: cute.Tensor,
+                 mdQaccum: cute.Tensor, mCuSeqlensQ: cute.Tensor, num_pieces: Int32, stream):
+        grid = (num_pieces, cute.size(mD.shape[1]), mCuSeqlensQ.shape[0] - 1)
+        self.kernel(mO, mdO, mLSE, mD, mLSE2, mdQaccum, mCuSeqlensQ).launch(
+            grid=grid, block=[4 * self.ROWS, 1, 1], stream=stream)
+
+    @cute.kernel
+    def kernel(self, mO: cute.Tensor, mdO: cute.Tensor, mLSE: cute.Tensor, mD: cute.Tensor, mLSE2: cute.Tensor,
+               mdQaccum: cute.Tensor, mCuSeqlensQ: cute.Tensor):
+        bx, head, seq = cute.arch.block_idx()
+        off = mCuSeqlensQ[seq]
+        rows = mCuSeqlensQ[seq + 1] - off
+        blocks = cute.ceil_div(rows, self.tile_m) * self.tile_m  # the sequence's whole query blocks
+        if bx * self.ROWS < blocks:
+            pad = padded_start(off, seq, self.tile_m)
+            self._rows(cute.domain_offset((0, off, 0, 0), mO), cute.domain_offset((0, off, 0, 0), mdO),
+                       cute.domain_offset((0, 0, off), mLSE), cute.domain_offset((0, 0, pad), mD),
+                       cute.domain_offset((0, 0, pad), mLSE2), cute.domain_offset((0, 0, pad, 0), mdQaccum), None,
+                       bx, head, 0, rows, blocks)
 
 
 def fake_preprocess_args(cfg: BwdConfig):
@@ -122,7 +157,14 @@ def fake_preprocess_args(cfg: BwdConfig):
 
 
 def compile_preprocess(cfg: BwdConfig, options=None, tvm_ffi: bool = False):
-    """cute.compile of the preprocess kernel against fake tensors (no GPU needed)."""
+    """cute.compile of the preprocess kernel against fake tensors (no GPU needed); cfg.varlen:
+    BwdPreprocessVarlen's, with cu_seqlens_q and the grid's row pieces."""
+    if cfg.varlen:
+        from cutlass.cute.runtime import make_fake_tensor
+
+        o, do, lse, d, lse2, dq, _ = fake_preprocess_args(cfg)
+        cu = make_fake_tensor(cutlass.Int32, (cute.sym_int(),), stride=(1,), assumed_align=4)
+        return compile_fake(BwdPreprocessVarlen(cfg), (o, do, lse, d, lse2, dq, cu, Int32(1)), options, tvm_ffi)
     return compile_fake(BwdPreprocess(cfg), fake_preprocess_args(cfg), options, tvm_ffi)
 
 
@@ -156,6 +198,30 @@ def preprocess_kernel(cfg: BwdConfig, dout, out, lse, seqlen_q_pad: int, use_tvm
             fn = _PRE_CACHE[key] = cute.compile(BwdPreprocess(cfg), *args, stream)
         fn(*args, stream)
     return dpsum, lse_log2
+
+
+def preprocess_varlen(cfg: BwdConfig, dout, out, lse, dpsum, lse_log2, dq_accum, cu_q, max_seqlen_q: int,
+                      use_tvm_ffi: bool):
+    """The varlen build's preprocess (BwdPreprocessVarlen, one launch): dout, out (total_q, h, d),
+    lse (h, total_q) packed; dpsum, lse_log2 (1, h, s_q_pad) and dq_accum (1, h, s_q_pad, d)
+    padded per sequence, written (and zeroed) over each sequence's query blocks."""
+    if not out.is_contiguous() or out.data_ptr() % 16:
+        out = out.contiguous() if not out.is_contiguous() else out.clone()  # 16-byte aligned rows
+    o, do, ls = out.unsqueeze(0), dout.unsqueeze(0), lse.contiguous().unsqueeze(0)
+    pieces = -(-max(max_seqlen_q, 1) // cfg.tile_m) * cfg.tile_m // BwdPreprocess.ROWS
+    key = ("varlen", cfg.dtype, cfg.head_dim, cfg.tile_m, use_tvm_ffi)
+    fn = _PRE_CACHE.get(key)
+    if use_tvm_ffi:
+        if fn is None:
+            fn = _PRE_CACHE[key] = compile_preprocess(cfg, tvm_ffi=True)
+        fn(o, do, ls, dpsum, lse_log2, dq_accum, cu_q, pieces)
+        return
+    args = [to_cute(o, 3), to_cute(do, 3)] + [to_cute(t, 2, align=4) for t in (ls, dpsum, lse_log2)] \
+        + [to_cute(dq_accum, 3), to_cute(cu_q, 0, align=4)]
+    stream = torch_stream(dout.device)
+    if fn is None:
+        fn = _PRE_CACHE[key] = cute.compile(BwdPreprocessVarlen(cfg), *args, Int32(pieces), stream)
+    fn(*args, Int32(pieces), stream)
 
 
 def preprocess_torch(cfg: BwdConfig, dout, out, lse, seqlen_q_pad: int):

@@ -13,7 +13,8 @@ A varlen batch (fa4kernel's varlen build) is one launch of one CTA per (key bloc
 sequence) up to the longest sequence's key blocks, in blockIdx order (varlen_grid): each
 sequence's units are those of the dense backward of its lengths (varlen_units), a CTA past its
 sequence's keys exits at once; its traffic is the sum of the sequences' (traffic_of) and the
-launches around it run over the packed and padded rows (VARLEN_INDEX, VARLEN_PRE, VARLEN_POST).
+varlen preprocess and postprocess kernels around it run over the packed and padded rows
+(varlen_passes).
 """
 from __future__ import annotations
 
@@ -314,55 +315,19 @@ TORCH_PRE = (
 )
 TORCH_ZERO = (("dq_accum = zeros (fp32)", 0, 0, 4),)
 POST = (("dQ fp32 -> 16 bit (one pass)", 0, 4 + 2, 0),)
-# fa4kernel's varlen backward (fa4kernel/sm90/bwd_varlen.py): the launches around its kernel, in
-# TORCH_PRE's form with the rows each runs over first: "packed" = the batch's query rows of each
-# head, "padded" = its padded layouts (total_q + sequences x tile_m rows per head: each sequence's
-# rows start on a tile_m boundary), "index" = one int64 per query row (no head), "seq" = one per
-# sequence. The preprocess kernel runs on the packed rows as on one dense sequence, its D and
-# LSE_log2 then scattered into the padded layouts (filled first); after the kernel the
-# postprocess kernel converts dQ over the padded accumulator and the packed rows are gathered
-# back. The kernel writes dK and dV into the packed tensors itself.
-VARLEN_INDEX = (  # padded_rows: each query row's padded row
-    ("arange (rows)", "index", 8, 0, 0),
-    ("cu_seqlens.long()", "seq", 4 + 8, 0, 0),
-    ("searchsorted", "index", 8 + 8, 0, 0),
-    ("clamp_max", "index", 8 + 8, 0, 0),
-    ("arange (sequences)", "seq", 8, 0, 0),
-    ("cu[:-1].long()", "seq", 4 + 8, 0, 0),
-    ("i * block", "seq", 8 + 8, 0, 0),
-    ("+", "seq", 16 + 8, 0, 0),
-    ("// block", "seq", 8 + 8, 0, 0),
-    ("* block", "seq", 8 + 8, 0, 0),
-    ("cu64[seq]", "index", 8 + 8, 0, 0),
-    ("r - cu64[seq]", "index", 16 + 8, 0, 0),
-    ("starts[seq]", "index", 8 + 8, 0, 0),
-    ("+ starts", "index", 16 + 8, 0, 0),
-    ("r >= cu64[-1]", "index", 8 + 1, 0, 0),
-    ("where(tail, last row)", "index", 1 + 8 + 8, 0, 0),
-)
-VARLEN_PRE = (
-    ("dq_accum = zeros (fp32, padded)", "padded", 0, 0, 4),
-    ("preprocess kernel (packed rows)", "packed", 4 + 8, 2 * 2, 0),
-    ("lse_log2 = full(inf) (padded)", "padded", 4, 0, 0),
-    ("where(tail, inf, lse_log2)", "packed", 1 + 4 + 4, 0, 0),
-    ("lse_log2[rows] = (scatter)", "packed", 4 + 8 + 4, 0, 0),
-    ("dpsum = zeros (fp32, padded)", "padded", 4, 0, 0),
-    ("where(tail, 0, dpsum)", "packed", 1 + 4 + 4, 0, 0),
-    ("dpsum[rows] = (scatter)", "packed", 4 + 8 + 4, 0, 0),
-)
-VARLEN_POST = (
-    ("postprocess kernel (padded)", "padded", 0, 4 + 2, 0),
-    ("dQ gather (index_select)", "packed", 8, 2 + 2, 0),
-)
-
-
 def varlen_passes(p: Problem, knobs: dict) -> tuple[tuple, tuple]:
-    """passes() of a varlen batch: VARLEN_INDEX and VARLEN_PRE, then the kernel, then VARLEN_POST."""
+    """passes() of a varlen batch (fa4kernel/sm90/bwd_varlen.py): its preprocess kernel reads O,
+    dO and LSE over the packed rows (total_q of each head) and writes dPsum and LSE_log2 and zeroes
+    the fp32 dQ accumulator over every sequence's whole query blocks (the padded rows, about
+    total_q + sequences x tile_m / 2 of each head); its postprocess reads those blocks of the
+    accumulator and writes dQ's packed rows. The kernel writes dK and dV itself."""
     total_q = sum(q for q, _ in p.sequences)
-    rows = {"packed": p.heads * total_q, "padded": p.heads * (total_q + len(p.sequences) * knobs["tile_m"]),
-            "index": total_q, "seq": len(p.sequences) + 1}
-    each = lambda ops: tuple((what, rows[r] * (c + e * p.hdim + s * p.hdim)) for what, r, c, e, s in ops)  # noqa: E731
-    return each(VARLEN_INDEX) + each(VARLEN_PRE), each(VARLEN_POST)
+    tile_m = knobs["tile_m"]
+    blocks = sum(-(-q // tile_m) * tile_m for q, _ in p.sequences)  # each sequence's whole query blocks
+    packed, padded = p.heads * total_q, p.heads * blocks
+    pre = (("preprocess kernel (varlen)", packed * (2 * p.hdim_v * 2 + 4) + padded * (8 + p.hdim * 4)),)
+    post = (("postprocess kernel (varlen)", padded * p.hdim * 4 + packed * p.hdim * 2),)
+    return pre, post
 
 
 def passes(p: Problem, knobs: dict | None = None) -> tuple[tuple, tuple]:

@@ -256,7 +256,7 @@ def bwd_candidates(torch, b: Batch, q, k, v, cq, ck, dout, errors: dict, loop: b
 
         o, lse = fa4kernel.attention(q, k, v, causal=b.causal, cu_seqlens_q=cq, cu_seqlens_k=ck, return_lse=True)
         dense = bwd_config_from_knobs("bfloat16", b.hdim, b.causal, False, {})
-        out["fa4kernel.loop"] = lambda: varlen.backward(dout, q, k, v, o, lse, cq, ck, mk, None, dense)
+        out["fa4kernel.loop"] = lambda: varlen.backward(dout, q, k, v, o, lse, cq, ck, mq, mk, None, dense)
     try:
         from flash_attn_interface import flash_attn_varlen_func as fa3
 
