@@ -18,9 +18,8 @@ cu_seqlens on the CPU, they are read and checked (one sync).
 The backward is one launch of the backward's varlen build (sm90/bwd.py, FlashBwdSm90Varlen):
 one CTA per (key block, k/v head, sequence) up to max_seqlen_k's key blocks, its sequence's
 bounds read from cu_seqlens on the device, between the varlen preprocess and postprocess (three
-launches, no sync; the layout they share: sm90/bwd_varlen.py). With deterministic=True it runs the dense backward once per
-sequence instead (the lengths read on the host: one sync; a launch per sequence), each in its
-fixed order.
+launches, no sync; the layout they share: sm90/bwd_varlen.py). deterministic=True adds dQ in a
+fixed order per query block (a semaphore each, as the dense backward does).
 """
 
 from __future__ import annotations
@@ -128,28 +127,11 @@ def forward(run, cfg, q, k, v, cu_q, cu_k, max_seqlen_q: int, softmax_scale):
 
 
 def backward(dout, q, k, v, out, lse, cu_q, cu_k, max_seqlen_q: int, max_seqlen_k: int, softmax_scale, bcfg):
-    """dq, dk, dv: one launch of the backward's varlen build (bcfg.varlen), or, deterministic, the
-    SM90 backward once per sequence on its rows of the packed tensors (a fixed order per sequence)."""
-    import torch
-
-    from .sm90.bwd import run_bwd, run_bwd_varlen
+    """dq, dk, dv: one launch of the backward's varlen build (bcfg) between its pre- and postprocess."""
+    from .sm90.bwd import run_bwd_varlen
 
     scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
-    if bcfg.varlen:
-        return run_bwd_varlen(bcfg, dout, q, k, v, out, lse, cu_q, cu_k, max_seqlen_q, max_seqlen_k, scale)
-    dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
-    oq = [int(x) for x in cu_q.tolist()]
-    ok = [int(x) for x in cu_k.tolist()]
-    dout = dout.contiguous()
-    for i in range(len(oq) - 1):
-        a, b, c, e = oq[i], oq[i + 1], ok[i], ok[i + 1]
-        if b == a or e == c:  # no rows, or no keys (O 0): no gradient
-            continue
-        one = lambda t, x, y: t[x:y].unsqueeze(0)  # noqa: E731  (1, len, heads, d) views
-        gq, gk, gv = run_bwd(bcfg, one(dout, a, b), one(q, a, b), one(k, c, e), one(v, c, e), one(out, a, b),
-                             lse[:, a:b].unsqueeze(0).contiguous(), scale)
-        dq[a:b], dk[c:e], dv[c:e] = gq[0], gk[0], gv[0]
-    return dq, dk, dv
+    return run_bwd_varlen(bcfg, dout, q, k, v, out, lse, cu_q, cu_k, max_seqlen_q, max_seqlen_k, scale)
 
 
 def _function():
@@ -194,12 +176,10 @@ def attention_varlen(run, tile_rule, q, k, v, cu_seqlens_q, cu_seqlens_k, max_se
     grad = needs_grad(q, k, v)
     bcfg = None
     if grad:
-        from .sm90.bwd_config import bwd_config_from_knobs, make_varlen_bwd_config
+        from .sm90.bwd_config import make_varlen_bwd_config
 
         check_backward_supported(q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), causal, deterministic, **bwd_knobs)
-        # deterministic: a dense backward per sequence (the varlen build adds dQ in arrival order)
-        bcfg = bwd_config_from_knobs(dtype, d, causal, True, bwd_knobs) if deterministic \
-            else make_varlen_bwd_config(dtype, d, causal, bwd_knobs)
+        bcfg = make_varlen_bwd_config(dtype, d, causal, bwd_knobs, deterministic)
     cfg = varlen_config(d, dtype, causal, return_lse or grad, max_q, max_k, knobs, tile_rule)
     validate_device(q, k, v)
     cu_q = cu_seqlens_q.to(q.device).contiguous()

@@ -60,30 +60,32 @@ def test_ordinary_sass_is_unchanged_by_the_varlen_branches(causal, monkeypatch):
 # the backward's varlen build (FlashBwdSm90Varlen): hd64's 128-row blocks, hd128, hd256's CTA pairs
 # (without a mask ptxas keeps two values of hd256's consumers, at their 240-register limit, in
 # local memory: 2 STL, 2 LDL; not asserted here, reported by the varlen campaign)
-@pytest.mark.parametrize("hd,causal", [(64, False), (128, True), (256, True)])
-def test_varlen_backward_builds_compile(hd, causal):
+@pytest.mark.parametrize("hd,causal,deterministic", [(64, False, False), (128, True, False), (256, True, False),
+                                                    (128, True, True), (64, False, True)])
+def test_varlen_backward_builds_compile(hd, causal, deterministic):
     from fa4kernel.sm90.bwd_config import make_varlen_bwd_config
 
-    text = fa4kernel.compile_bwd_sass(make_varlen_bwd_config("bfloat16", hd, causal, {}))
+    text = fa4kernel.compile_bwd_sass(make_varlen_bwd_config("bfloat16", hd, causal, {}, deterministic))
     assert count(text, "HGMMA") > 0 and count(text, "UTMALDG") > 0
     assert count(text, "UTMASTG") == 0, "a TMA store of dK / dV would write the next sequence's keys"
     assert len(re.findall(r"\sSTG\.E\.128\s", text)) > 0, "dK and dV go out as 16-byte row stores"
     assert count(text, "LDL") == 0 and count(text, "STL") == 0, "register spills (LDL/STL)"
 
 
-@pytest.mark.parametrize("hd,causal", [(128, False), (256, True)])
-def test_ordinary_backward_sass_is_unchanged_by_the_varlen_branches(hd, causal, monkeypatch):
-    """As for the forward: the dense backward's SASS equals a build's whose varlen-only method raises."""
+@pytest.mark.parametrize("hd,causal,deterministic", [(128, False, False), (256, True, False), (128, True, True)])
+def test_ordinary_backward_sass_is_unchanged_by_the_varlen_branches(hd, causal, deterministic, monkeypatch):
+    """As for the forward: the dense backward's SASS equals a build's whose varlen-only methods raise."""
     from fa4kernel.sm90.bwd import FlashBwdSm90
 
     monkeypatch.setenv("FA4LAB_CACHE", "off")
-    plain = fa4kernel.compile_bwd_sass(head_dim=hd, causal=causal)
+    plain = fa4kernel.compile_bwd_sass(head_dim=hd, causal=causal, deterministic=deterministic)
 
     def boom(*a, **k):
         raise AssertionError("a varlen-only method was traced into the dense backward")
 
-    monkeypatch.setattr(FlashBwdSm90, "_varlen_views", boom)
-    assert fa4kernel.compile_bwd_sass(head_dim=hd, causal=causal) == plain
+    for name in ("_varlen_views", "_zero_key_tail", "_store_rows"):
+        monkeypatch.setattr(FlashBwdSm90, name, boom)
+    assert fa4kernel.compile_bwd_sass(head_dim=hd, causal=causal, deterministic=deterministic) == plain
 
 
 @pytest.mark.parametrize("hd", [64, 128, 256])

@@ -1,8 +1,8 @@
 """GPU correctness of fa4kernel.attention with cu_seqlens (varlen: packed sequences of unequal
-lengths on the SM90 forward's and backward's varlen builds; the deterministic backward per
-sequence) against an fp32 torch reference of each sequence: odd lengths, empty and one-token
-sequences, chunks (len_q < len_k), GQA, every head dim, fp16; NaN in the rows past the last
-sequence must not leak into the forward, finite rows there get no gradient.
+lengths on the SM90 forward's and backward's varlen builds, deterministic too) against an fp32
+torch reference of each sequence: odd lengths, empty and one-token sequences, chunks (len_q <
+len_k), GQA, every head dim, fp16; NaN in the rows past the last sequence must not leak into the
+forward, finite rows there get no gradient.
 
 Run on the device: python3 -m pytest -c /dev/null --rootdir . -p no:cacheprovider -p no:xdist -q -rfE \
     tests/test_varlen_gpu.py
@@ -176,14 +176,19 @@ def test_backward_equals_the_padded_batch():
         assert rel(a, b_) < 2e-3
 
 
-def test_deterministic_backward_is_bit_repeatable():
-    lens = [513, 77, 1000]
-    q, k, v = _inputs(lens, lens, 8, 2, 128, torch.bfloat16, 5)
+@pytest.mark.parametrize("d,causal", [(128, True), (64, False), (256, True), (192, False)])
+def test_deterministic_backward_is_bit_repeatable_and_right(d, causal):
+    """deterministic=True: the varlen build with a fixed dQ order per query block (short and long
+    sequences, GQA): the same bits twice, within the fp32 bound."""
+    check_backward(BWD_Q, BWD_K, causal, 4, 2, d, seed=d, deterministic=True)
+    lens = [513, 77, 1000, 1, 0, 300]
+    q, k, v = _inputs(lens, lens, 8, 2, d, torch.bfloat16, 5)
+    dout = torch.randn_like(q)
     grads = []
     for _ in range(2):
         qq, kk, vv = (t.clone().requires_grad_() for t in (q, k, v))
-        out = fa4kernel.attention(qq, kk, vv, causal=True, deterministic=True, cu_seqlens_q=_cu(lens),
+        out = fa4kernel.attention(qq, kk, vv, causal=causal, deterministic=True, cu_seqlens_q=_cu(lens),
                                   cu_seqlens_k=_cu(lens))
-        out.backward(torch.ones_like(out))
+        out.backward(dout)
         grads.append([t.grad for t in (qq, kk, vv)])
     assert all(torch.equal(a, b) for a, b in zip(*grads))

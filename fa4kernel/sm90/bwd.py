@@ -226,7 +226,7 @@ class FlashBwdSm90:
         self.tail_lpt = cfg.grid_order == "tail_lpt"
         self.deterministic = cfg.deterministic
         self.varlen = cfg.varlen
-        assert not (self.varlen and (self.deterministic or self.tail_lpt)), "varlen: heads_outer, not deterministic"
+        assert not (self.varlen and self.tail_lpt), "varlen: heads_outer"
         self.dq_bulk = cfg.dq_reduce == "bulk"
         self.dq_qdo = cfg.dq_smem == "qdo"  # dQ staged in the consumed Q / dO stage (kv_split)
         self.dq_pair = cfg.dq_sum == "pair"  # a 2-CTA cluster sums dQ before the bulk reduce
@@ -538,6 +538,8 @@ class FlashBwdSm90:
             seqlen_q, seqlen_k, rows = self._varlen_views(var)
             mQ, mdO, mK, mV, mLSE, mD, mdQaccum = [
                 cute.domain_offset(r, t) for r, t in zip(rows, (mQ, mdO, mK, mV, mLSE, mD, mdQaccum))]
+            if const_expr(self.deterministic):  # (query block, h, b): the sequence's first block
+                mdQsem = cute.domain_offset((rows[-1][0] // self.tile_m, 0, 0), mdQsem)
         group = mQ.shape[2] // mK.shape[2]  # q heads per k/v head (GQA / MQA; 1 = MHA)
         n_block, kv_head, batch, pair_rank, m_block_min, n_m, n_iter = self._cta_work(
             seqlen_q, seqlen_k, mK, group, order_divs)
@@ -550,7 +552,10 @@ class FlashBwdSm90:
                  sQ, sdO, sK, sV, sdS, sdQ, sP, sLSE, sD, pipe_kv, pipe_q, pipe_do, mbar_pair, mStamps,
                  n_block, kv_head, batch, group, pair_rank, m_block_min, n_m, n_iter, seqlen_q, seqlen_k, order, var)
         if const_expr(self.varlen):
-            if (n_block - pair_rank) * self.tile_n < seqlen_k:  # a key block (pair) past its sequence's keys: done
+            # a key block (pair) past its sequence's keys is done (deterministic causal: the
+            # reversed index of one past them is negative)
+            n_first = n_block - pair_rank
+            if n_first >= 0 and n_first * self.tile_n < seqlen_k:
                 self._roles(*roles)
             self._zero_key_tail(mdK, mdV, var)
         else:
@@ -1329,10 +1334,11 @@ class FlashBwdSm90Probe(FlashBwdSm90):
 class FlashBwdSm90Varlen(FlashBwdSm90):
     """The varlen build (BwdConfig.varlen): q, dO (1, total_q, h, d) and k, v (1, total_k, h_kv, d)
     hold the sequences one after the other (sequence i's rows [cu_seqlens_q[i], cu_seqlens_q[i + 1]),
-    keys likewise); LSE_log2 and D (1, h, s_q_pad), the dQ accumulator (1, h, s_q_pad, d) and dK,
-    dV (1, s_k_pad, h_kv, d) in the layouts padded per sequence of sm90/bwd_varlen.py. The grid:
-    the longest sequence's key blocks (max_seqlen_k) x k/v heads x sequences; a CTA whose key
-    block (pair) starts past its sequence's keys exits at once."""
+    keys likewise), dK and dV like k and v; LSE_log2 and D (1, h, s_q_pad), the dQ accumulator
+    (1, h, s_q_pad, d) and the deterministic build's semaphores (1, h, s_q_pad / tile_m) in the
+    layout padded per sequence of sm90/bwd_varlen.py. The grid: the longest sequence's key blocks
+    (max_seqlen_k) x k/v heads x sequences; a CTA whose key block (pair) starts past its
+    sequence's keys exits at once."""
 
     def __init__(self, cfg: BwdConfig):
         assert cfg.varlen, "FlashBwdSm90Varlen needs a varlen config (bwd_config.make_varlen_bwd_config)"
@@ -1340,12 +1346,14 @@ class FlashBwdSm90Varlen(FlashBwdSm90):
 
     @cute.jit
     def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mdO: cute.Tensor, mLSE: cute.Tensor,
-                 mD: cute.Tensor, mdQaccum: cute.Tensor, mdK: cute.Tensor, mdV: cute.Tensor,
+                 mD: cute.Tensor, mdQaccum: cute.Tensor,
+                 mdQsem: Optional[cute.Tensor],  # deterministic: (1, h, s_q_pad / tile_m) int32, zeroed
+                 mdK: cute.Tensor, mdV: cute.Tensor,
                  mCuSeqlensQ: cute.Tensor,  # (sequences + 1,) int32
                  mCuSeqlensK: cute.Tensor,
                  max_seqlen_k: Int32,
                  softmax_scale_log2: Float32, softmax_scale: Float32, stream):
-        self._host(mQ, mK, mV, mdO, mLSE, mD, mdQaccum, None, mdK, mdV, softmax_scale_log2, softmax_scale,
+        self._host(mQ, mK, mV, mdO, mLSE, mD, mdQaccum, mdQsem, mdK, mdV, softmax_scale_log2, softmax_scale,
                    stream, None, (mCuSeqlensQ, mCuSeqlensK, max_seqlen_k))
 
 
@@ -1396,14 +1404,13 @@ def fake_stamps():
 
 
 def fake_varlen_bwd_args(cfg: BwdConfig):
-    """The varlen build's fake arguments before the scales (FlashBwdSm90Varlen): fake_bwd_args
-    less the semaphores, then cu_seqlens_q and _k and max_seqlen_k."""
+    """The varlen build's fake arguments before the scales (FlashBwdSm90Varlen): fake_bwd_args,
+    then cu_seqlens_q and _k and max_seqlen_k."""
     from cutlass.cute.runtime import make_fake_tensor
 
-    q, k, v, do, lse, d, dq, _, dk, dv = fake_bwd_args(cfg)
     n = cute.sym_int()
     cu = [make_fake_tensor(cutlass.Int32, (n,), stride=(1,), assumed_align=4) for _ in range(2)]
-    return q, k, v, do, lse, d, dq, dk, dv, cu[0], cu[1], Int32(1)
+    return (*fake_bwd_args(cfg), cu[0], cu[1], Int32(1))
 
 
 def compile_bwd(cfg: BwdConfig, options=None, tvm_ffi: bool = False, clock_probe: bool = False):
@@ -1469,12 +1476,13 @@ def run_bwd_varlen(cfg: BwdConfig, dout, q, k, v, out, lse, cu_q, cu_k, max_seql
         _CACHE[cfg] = fn
     scale_log2 = float(softmax_scale * LOG2_E)
 
-    def launch(q, k, v, dout, lse_log2, dpsum, dq_accum, dk, dv, cu_q, cu_k, max_k, scale):
+    def launch(q, k, v, dout, lse_log2, dpsum, dq_accum, dq_sem, dk, dv, cu_q, cu_k, max_k, scale):
         if _USE_TVM_FFI:
-            fn(q, k, v, dout, lse_log2, dpsum, dq_accum, dk, dv, cu_q, cu_k, max_k, scale_log2, float(scale))
+            fn(q, k, v, dout, lse_log2, dpsum, dq_accum, dq_sem, dk, dv, cu_q, cu_k, max_k, scale_log2, float(scale))
             return
+        sem = to_cute(dq_sem, 2, align=4) if dq_sem is not None else None
         fn(*[to_cute(t, 3) for t in (q, k, v, dout)], *[to_cute(t, 2, align=4) for t in (lse_log2, dpsum)],
-           to_cute(dq_accum, 3), *[to_cute(t, 3) for t in (dk, dv)], to_cute(cu_q, 0, align=4),
+           to_cute(dq_accum, 3), sem, *[to_cute(t, 3) for t in (dk, dv)], to_cute(cu_q, 0, align=4),
            to_cute(cu_k, 0, align=4), Int32(max_k), Float32(scale_log2), Float32(scale), torch_stream(q.device))
 
     dout = dout.detach().contiguous()

@@ -144,8 +144,8 @@ class BwdConfig:
     tile_n: int = TILE_N
     q_stages: int = Q_STAGES
     # the varlen build (make_varlen_bwd_config, FlashBwdSm90Varlen): packed sequences, the grid's
-    # z axis one per sequence, offsets from cu_seqlens on the device; statistics, the dQ
-    # accumulator and dK / dV in layouts padded per sequence (sm90/bwd_varlen.py)
+    # z axis one per sequence, offsets from cu_seqlens on the device; the statistics and the dQ
+    # accumulator in a layout padded per sequence (sm90/bwd_varlen.py)
     varlen: bool = False
 
     @property
@@ -276,12 +276,13 @@ VARLEN_FIXED = {"preprocess": "kernel", "postprocess": "kernel", "dq_zero": "pre
                 "grid_order": "heads_outer"}
 
 
-def make_varlen_bwd_config(dtype: str, head_dim: int, causal: bool, knobs) -> BwdConfig:
+def make_varlen_bwd_config(dtype: str, head_dim: int, causal: bool, knobs, deterministic: bool = False) -> BwdConfig:
     """The varlen backward build (BwdConfig.varlen) for these knobs: the dense build's defaults and
-    checks, with VARLEN_FIXED's host-side choices; one-line ValueError for a knob it fixes."""
+    checks, with VARLEN_FIXED's choices; one-line ValueError for a knob it fixes."""
     check_bwd_knob_names(knobs, tuple(n for n in BWD_KNOB_NAMES if n not in ("deterministic", *VARLEN_FIXED)),
                          "varlen backward knob")
-    return dataclasses.replace(make_bwd_config(dtype, head_dim, causal, False, **knobs, **VARLEN_FIXED), varlen=True)
+    cfg = make_bwd_config(dtype, head_dim, causal, deterministic, **knobs, **VARLEN_FIXED)
+    return dataclasses.replace(cfg, varlen=True)
 
 
 def check_bwd_knob_names(knobs, allowed=BWD_KNOB_NAMES, what: str = "backward knob") -> None:

@@ -111,23 +111,27 @@ class BwdPreprocessVarlen(BwdPreprocess):
 
     @cute.jit
     def __call__(self, mO: cute.Tensor, mdO: cute.Tensor, mLSE: cute.Tensor, mD: cute.Tensor, mLSE2: cute.Tensor,
-                 mdQaccum: cute.Tensor, mCuSeqlensQ: cute.Tensor, num_pieces: Int32, stream):
+                 mdQaccum: cute.Tensor, mdQsem: Optional[cute.Tensor], mCuSeqlensQ: cute.Tensor, num_pieces: Int32,
+                 stream):
         grid = (num_pieces, cute.size(mD.shape[1]), mCuSeqlensQ.shape[0] - 1)
-        self.kernel(mO, mdO, mLSE, mD, mLSE2, mdQaccum, mCuSeqlensQ).launch(
+        self.kernel(mO, mdO, mLSE, mD, mLSE2, mdQaccum, mdQsem, mCuSeqlensQ).launch(
             grid=grid, block=[4 * self.ROWS, 1, 1], stream=stream)
 
     @cute.kernel
     def kernel(self, mO: cute.Tensor, mdO: cute.Tensor, mLSE: cute.Tensor, mD: cute.Tensor, mLSE2: cute.Tensor,
-               mdQaccum: cute.Tensor, mCuSeqlensQ: cute.Tensor):
+               mdQaccum: cute.Tensor, mdQsem, mCuSeqlensQ: cute.Tensor):
         bx, head, seq = cute.arch.block_idx()
         off = mCuSeqlensQ[seq]
         rows = mCuSeqlensQ[seq + 1] - off
         blocks = cute.ceil_div(rows, self.tile_m) * self.tile_m  # the sequence's whole query blocks
         if bx * self.ROWS < blocks:
             pad = padded_start(off, seq, self.tile_m)
+            sem = None
+            if const_expr(self.zero_sem):  # (b, h, query block): the sequence's first block
+                sem = cute.domain_offset((0, 0, pad // self.tile_m), mdQsem)
             self._rows(cute.domain_offset((0, off, 0, 0), mO), cute.domain_offset((0, off, 0, 0), mdO),
                        cute.domain_offset((0, 0, off), mLSE), cute.domain_offset((0, 0, pad), mD),
-                       cute.domain_offset((0, 0, pad), mLSE2), cute.domain_offset((0, 0, pad, 0), mdQaccum), None,
+                       cute.domain_offset((0, 0, pad), mLSE2), cute.domain_offset((0, 0, pad, 0), mdQaccum), sem,
                        bx, head, 0, rows, blocks)
 
 
@@ -162,9 +166,8 @@ def compile_preprocess(cfg: BwdConfig, options=None, tvm_ffi: bool = False):
     if cfg.varlen:
         from cutlass.cute.runtime import make_fake_tensor
 
-        o, do, lse, d, lse2, dq, _ = fake_preprocess_args(cfg)
         cu = make_fake_tensor(cutlass.Int32, (cute.sym_int(),), stride=(1,), assumed_align=4)
-        return compile_fake(BwdPreprocessVarlen(cfg), (o, do, lse, d, lse2, dq, cu, Int32(1)), options, tvm_ffi)
+        return compile_fake(BwdPreprocessVarlen(cfg), (*fake_preprocess_args(cfg), cu, Int32(1)), options, tvm_ffi)
     return compile_fake(BwdPreprocess(cfg), fake_preprocess_args(cfg), options, tvm_ffi)
 
 
@@ -200,24 +203,26 @@ def preprocess_kernel(cfg: BwdConfig, dout, out, lse, seqlen_q_pad: int, use_tvm
     return dpsum, lse_log2
 
 
-def preprocess_varlen(cfg: BwdConfig, dout, out, lse, dpsum, lse_log2, dq_accum, cu_q, max_seqlen_q: int,
+def preprocess_varlen(cfg: BwdConfig, dout, out, lse, dpsum, lse_log2, dq_accum, dq_sem, cu_q, max_seqlen_q: int,
                       use_tvm_ffi: bool):
     """The varlen build's preprocess (BwdPreprocessVarlen, one launch): dout, out (total_q, h, d),
     lse (h, total_q) packed; dpsum, lse_log2 (1, h, s_q_pad) and dq_accum (1, h, s_q_pad, d)
-    padded per sequence, written (and zeroed) over each sequence's query blocks."""
+    padded per sequence, written (and zeroed) over each sequence's query blocks, and with them
+    (deterministic) dq_sem (1, h, s_q_pad / tile_m), else None."""
     if not out.is_contiguous() or out.data_ptr() % 16:
         out = out.contiguous() if not out.is_contiguous() else out.clone()  # 16-byte aligned rows
     o, do, ls = out.unsqueeze(0), dout.unsqueeze(0), lse.contiguous().unsqueeze(0)
     pieces = -(-max(max_seqlen_q, 1) // cfg.tile_m) * cfg.tile_m // BwdPreprocess.ROWS
-    key = ("varlen", cfg.dtype, cfg.head_dim, cfg.tile_m, use_tvm_ffi)
+    key = ("varlen", cfg.dtype, cfg.head_dim, cfg.tile_m, cfg.deterministic, use_tvm_ffi)
     fn = _PRE_CACHE.get(key)
     if use_tvm_ffi:
         if fn is None:
             fn = _PRE_CACHE[key] = compile_preprocess(cfg, tvm_ffi=True)
-        fn(o, do, ls, dpsum, lse_log2, dq_accum, cu_q, pieces)
+        fn(o, do, ls, dpsum, lse_log2, dq_accum, dq_sem, cu_q, pieces)
         return
     args = [to_cute(o, 3), to_cute(do, 3)] + [to_cute(t, 2, align=4) for t in (ls, dpsum, lse_log2)] \
-        + [to_cute(dq_accum, 3), to_cute(cu_q, 0, align=4)]
+        + [to_cute(dq_accum, 3), to_cute(dq_sem, 2, align=4) if dq_sem is not None else None,
+           to_cute(cu_q, 0, align=4)]
     stream = torch_stream(dout.device)
     if fn is None:
         fn = _PRE_CACHE[key] = cute.compile(BwdPreprocessVarlen(cfg), *args, Int32(pieces), stream)

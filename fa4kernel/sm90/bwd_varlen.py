@@ -50,9 +50,11 @@ def backward(cfg: BwdConfig, launch, dout, q, k, v, out, lse, cu_q, cu_k, max_se
     dpsum = torch.empty((1, h, sqp), dtype=torch.float32, device=q.device)
     lse_log2 = torch.empty((1, h, sqp), dtype=torch.float32, device=q.device)
     dq_accum = torch.empty((1, h, sqp, d), dtype=torch.float32, device=q.device)
-    preprocess_varlen(cfg, dout, out, lse, dpsum, lse_log2, dq_accum, cu_q, max_seqlen_q, use_tvm_ffi)
+    # deterministic: a semaphore per query block, its turns (sm90/bwd.py _dq_turn) per sequence
+    dq_sem = torch.empty((1, h, sqp // cfg.tile_m), dtype=torch.int32, device=q.device) if cfg.deterministic else None
+    preprocess_varlen(cfg, dout, out, lse, dpsum, lse_log2, dq_accum, dq_sem, cu_q, max_seqlen_q, use_tvm_ffi)
     dk, dv = torch.empty_like(k), torch.empty_like(v)  # every row written by the kernel (a tail's: 0)
-    launch(q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), dout.unsqueeze(0), lse_log2, dpsum, dq_accum,
+    launch(q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), dout.unsqueeze(0), lse_log2, dpsum, dq_accum, dq_sem,
            dk.unsqueeze(0), dv.unsqueeze(0), cu_q, cu_k, max_seqlen_k, softmax_scale)
     dq = torch.empty_like(q)
     postprocess_varlen(cfg, dq_accum, dq, cu_q, max_seqlen_q, use_tvm_ffi)

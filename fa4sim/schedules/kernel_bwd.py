@@ -82,12 +82,11 @@ def varlen_grid(units: list, n_h: int, pair: bool) -> list[tuple[int, int]]:
 
 
 def check_varlen(knobs: dict) -> None:
-    """A varlen backward's knobs: fa4kernel's varlen build launches in blockIdx order, is not
-    deterministic, and fa4sim models it with its preprocess kernel."""
+    """A varlen backward's knobs: fa4kernel's varlen build launches in blockIdx order, and fa4sim
+    models its fast build (not the deterministic one's dQ turns) with its preprocess kernel."""
     if knobs.get("deterministic"):
-        raise InputError("deterministic", "fa4sim models the varlen backward's one launch, which is not "
-                                          "deterministic (deterministic=True runs one dense backward per "
-                                          "sequence: simulate those); allowed with a varlen batch: false")
+        raise InputError("deterministic", "fa4sim models the varlen backward's fast build, not the dQ turns "
+                                          "of its deterministic one; allowed with a varlen batch: false")
     if knobs.get("grid_order", "heads_outer") != "heads_outer":
         raise InputError("grid_order", f"{knobs['grid_order']}: the varlen backward launches in blockIdx order; "
                                        f"allowed with a varlen batch: heads_outer")

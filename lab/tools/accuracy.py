@@ -88,6 +88,13 @@ def loaded(path: str) -> dict:
     return _DOCS[path]
 
 
+def meta_of(path: str) -> dict:
+    """A recording's meta, read as it lies (every kind, those validate does not compare too)."""
+    import gzip
+    raw = (ROOT / path).read_bytes()
+    return json.loads(gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw).get("meta", {})
+
+
 def compared(path: str) -> dict:
     """fa4sim.validate.compare(load(path)) on the file's own profile, once per process."""
     if path not in _RESULTS:
@@ -247,6 +254,24 @@ def stat_published(row, files, spec):
     return out
 
 
+def stat_committed_time(row, files, spec):
+    """Time predicted before the run against measured, for the benchmarks whose files join a
+    predictions file on (point, kernel) (bench_varlen_sm90.py, bench_decode_sm90.py):
+    spec["predictions"] maps each measured file to the predictions committed before it ran."""
+    errs: dict = {}
+    for f in files:
+        path = file_path(f)
+        pred = json.loads((ROOT / spec["predictions"][path]).read_text())["rows"]
+        table = {(p["point"], p["kernel"]): p["us"] for p in pred if "us" in p}
+        for r in json.loads((ROOT / path).read_text())["rows"]:
+            for kernel, res in r["results"].items():
+                if (r["point"], kernel) in table and res.get("us") and res.get("ok", True):
+                    errs.setdefault(kernel, []).append(table[(r["point"], kernel)] / res["us"] - 1)
+    out = {k: _abs_stats(v) for k, v in sorted(errs.items())}
+    out["all"] = _abs_stats([e for v in errs.values() for e in v])
+    return out
+
+
 STATS = {"tflops": stat_tflops, "knob_deltas": stat_knob_deltas, "loop_defaults": stat_loop_defaults,
          "knob_scoreboard": stat_knob_scoreboard, "tiles": stat_tiles, "idle_ratio": stat_idle_ratio,
          "jitter": stat_jitter, "sustained_tflops": _sustained_stat("error"),
@@ -254,7 +279,7 @@ STATS = {"tflops": stat_tflops, "knob_deltas": stat_knob_deltas, "loop_defaults"
          "cycle_model_alone": _sustained_stat("error_at_measured_clock"),
          "power_model_alone": _sustained_stat("clock_error_at_measured_cycles", within_key=True),
          "committed": stat_committed, "bwd_tflops": stat_bwd_tflops, "bwd_clock": stat_bwd_clock,
-         "order_gain": stat_order_gain, "published": stat_published}
+         "order_gain": stat_order_gain, "published": stat_published, "committed_time": stat_committed_time}
 
 
 # ---- targets and verdicts -----------------------------------------------------------------------
@@ -300,7 +325,7 @@ def verdict(t: dict | None, value: dict) -> str | None:
 
 
 # the short name of a statistic where a row has several
-STAT_LABELS = {"tflops": "TFLOP/s", "sustained_tflops": "TFLOP/s", "bwd_tflops": "TFLOP/s",
+STAT_LABELS = {"tflops": "TFLOP/s", "sustained_tflops": "TFLOP/s", "bwd_tflops": "TFLOP/s", "committed_time": "time",
                "sustained_clock": "clock", "bwd_clock": "clock", "power_model_alone": "the power model alone",
                "cycle_model_alone": "the cycle model alone"}
 
@@ -358,6 +383,9 @@ def describe(name: str, v: dict, spec: dict) -> str:
     if name == "committed":
         return (f"today's predictions within {_pct(v['max'])} of the {v['committed']} committed before the run "
                 f"(model {v['model_commit']}; {v['count']} matched)")
+    if name == "committed_time":
+        parts = [f"{k} {_pct(s['median'])} / {_pct(s['max'])} ({s['count']})" for k, s in v.items() if k != "all" and s]
+        return ((label + ": ") if label else "") + f"time {_ms(v['all'])}; " + ", ".join(parts)
     if name == "bwd_tflops":
         parts = [f"{k} {_pct(s['median'])} / {_pct(s['max'])} ({s['count']})" for k, s in v.items() if k != "all" and s]
         return ((label + ": ") if label else "") + f"{_ms(v['all'])}; " + ", ".join(parts)
@@ -373,7 +401,7 @@ def describe(name: str, v: dict, spec: dict) -> str:
 
 def headline(name: str, v: dict) -> str:
     """The short form of a statistic for the README block."""
-    if name in ("tflops", "sustained_tflops", "bwd_tflops", "published", "tiles"):
+    if name in ("tflops", "sustained_tflops", "bwd_tflops", "published", "tiles", "committed_time"):
         return f"{_pct(v['all']['median'])} / {_pct(v['all']['max'])} ({v['all']['count']})"
     if name in ("sustained_clock", "bwd_clock", "power_model_alone", "cycle_model_alone"):
         return f"clock {_pct(v['all']['median'])} / {_pct(v['all']['max'])}"
@@ -407,7 +435,7 @@ def recorded(row: dict) -> str:
     """'NVIDIA H200, 2026-11-28 to 2026-11-29' from the files' own meta (device, date)."""
     dates, devices = set(), set()
     for f in row["files"]:
-        meta = loaded(file_path(f))["meta"]
+        meta = meta_of(file_path(f))
         devices.add(meta.get("device") or "?")
         if meta.get("date"):
             dates.add(str(meta["date"])[:10])
@@ -422,7 +450,7 @@ def versions(rows: list[dict]) -> str:
     seen: dict = {}
     for row in rows:
         for f in row["files"]:
-            meta = loaded(file_path(f))["meta"]
+            meta = meta_of(file_path(f))
             v = meta.get("versions")
             if isinstance(v, str):
                 try:

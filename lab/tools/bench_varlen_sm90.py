@@ -12,7 +12,8 @@ A candidate that cannot be imported or that raises is recorded with its error; t
 
 --pass bwd times the backward instead: each candidate's forward runs once with gradients, then
 torch.autograd.grad of its output (a fixed random dO) is what is timed; fa4kernel.varlen is the
-backward's varlen build, fa4kernel.loop (--loop) the dense backward once per sequence. dQ, dK and
+backward's varlen build (fa4kernel.varlen[deterministic]: with deterministic=True), fa4kernel.loop
+(--loop) the dense backward once per sequence. dQ, dK and
 dV are checked against fp32 autograd per sequence; TFLOP/s count 2.5 x the forward's FLOPs.
 
 Each candidate is checked against an fp32 reference per sequence (relative error < 1e-2, no NaN),
@@ -245,18 +246,31 @@ def bwd_candidates(torch, b: Batch, q, k, v, cq, ck, dout, errors: dict, loop: b
         return lambda: torch.autograd.grad(o, (qq, kk, vv), dout, retain_graph=True)
 
     out = {}
-    try:
-        out["fa4kernel.varlen"] = through_autograd(lambda qq, kk, vv: fa4kernel.attention(
-            qq, kk, vv, causal=b.causal, cu_seqlens_q=cq, cu_seqlens_k=ck, max_seqlen_q=mq, max_seqlen_k=mk))
-    except Exception as e:
-        errors["fa4kernel.varlen"] = repr(e)[:300]
+    for name, det in (("fa4kernel.varlen", False), ("fa4kernel.varlen[deterministic]", True)):
+        try:
+            out[name] = through_autograd(lambda qq, kk, vv, det=det: fa4kernel.attention(
+                qq, kk, vv, causal=b.causal, cu_seqlens_q=cq, cu_seqlens_k=ck, max_seqlen_q=mq, max_seqlen_k=mk,
+                deterministic=det))
+        except Exception as e:
+            errors[name] = repr(e)[:300]
     if loop:
-        from fa4kernel import varlen
+        from fa4kernel.sm90.bwd import run_bwd
         from fa4kernel.sm90.bwd_config import bwd_config_from_knobs
 
         o, lse = fa4kernel.attention(q, k, v, causal=b.causal, cu_seqlens_q=cq, cu_seqlens_k=ck, return_lse=True)
         dense = bwd_config_from_knobs("bfloat16", b.hdim, b.causal, False, {})
-        out["fa4kernel.loop"] = lambda: varlen.backward(dout, q, k, v, o, lse, cq, ck, mq, mk, None, dense)
+        offs = [(int(cq[i]), int(ck[i]), sq, sk) for i, (sq, sk) in enumerate(zip(b.seqlens, b.keys))]
+
+        def per_sequence():  # the dense backward on each sequence's rows of the packed tensors
+            dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+            for q0, k0, sq, sk in offs:
+                one = lambda t, x, n: t[x:x + n].unsqueeze(0)  # noqa: E731
+                g = run_bwd(dense, one(dout, q0, sq), one(q, q0, sq), one(k, k0, sk), one(v, k0, sk), one(o, q0, sq),
+                            lse[:, q0:q0 + sq].unsqueeze(0).contiguous(), 1.0 / math.sqrt(b.hdim))
+                dq[q0:q0 + sq], dk[k0:k0 + sk], dv[k0:k0 + sk] = g[0][0], g[1][0], g[2][0]
+            return dq, dk, dv
+
+        out["fa4kernel.loop"] = per_sequence
     try:
         from flash_attn_interface import flash_attn_varlen_func as fa3
 
