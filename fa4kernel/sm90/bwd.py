@@ -553,9 +553,8 @@ class FlashBwdSm90:
                  n_block, kv_head, batch, group, pair_rank, m_block_min, n_m, n_iter, seqlen_q, seqlen_k, order, var)
         if const_expr(self.varlen):
             # a key block (pair) past its sequence's keys is done (deterministic causal: the
-            # reversed index of one past them is negative)
-            n_first = n_block - pair_rank
-            if n_first >= 0 and n_first * self.tile_n < seqlen_k:
+            # reversed index of one past them is negative, and so may be its pair rank)
+            if n_block >= 0 and (n_block - pair_rank) * self.tile_n < seqlen_k:
                 self._roles(*roles)
             self._zero_key_tail(mdK, mdV, var)
         else:
