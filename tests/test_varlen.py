@@ -100,6 +100,41 @@ def test_forward_host_side(causal, lens_q, lens_k, h, hkv):
     torch.testing.assert_close(out, packed_reference(q, k, v, lens_q, lens_k, causal, scale))
 
 
+@pytest.mark.parametrize("block", [64, 128, 256])
+def test_padded_starts_give_each_sequence_whole_blocks(block):
+    """The varlen backward's padded layout (sm90/bwd_varlen.py): each sequence starts on a block
+    and its whole blocks end before the next one starts, all inside padded_length's rows."""
+    torch.manual_seed(2)
+    lens = [0, 1, block - 1, block, block + 1, 0, 3 * block + 5] + torch.randint(0, 500, (20,)).tolist()
+    cu = _cu(lens).tolist()
+    starts = [bwd_varlen.padded_start(cu[i], i, block) for i in range(len(lens))]
+    ends = [s + -(-n // block) * block for s, n in zip(starts, lens)]
+    assert all(s % block == 0 for s in starts)
+    assert all(e <= s for e, s in zip(ends, starts[1:])), "a sequence's blocks overlap the next one's"
+    total = bwd_varlen.padded_length(sum(lens), len(lens), block)
+    assert total % 128 == 0 and max(ends) <= total
+
+
+@pytest.mark.parametrize("kw,msg", [({"grid_order": "tail_lpt"}, "grid_order='tail_lpt' with cu_seqlens"),
+                                    ({"preprocess": "torch"}, "allowed: 'kernel'"),
+                                    ({"dq_reduce": "red"}, "dq_reduce='red' with cu_seqlens"),
+                                    ({"tile": 3}, "varlen backward knob 'tile' unknown"),
+                                    ({"tile_m": 100}, "tile_m=100")])
+def test_varlen_backward_knobs_it_fixes_are_refused(kw, msg):
+    with pytest.raises(ValueError) as e:
+        make_varlen_bwd_config("bfloat16", 128, True, kw)
+    assert msg in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_varlen_backward_build(deterministic):
+    """The knobs it fixes may be given at their values; the rest are the dense build's."""
+    cfg = make_varlen_bwd_config("bfloat16", 64, False, {"preprocess": "kernel", "tile_m": 64}, deterministic)
+    dense = make_varlen_bwd_config("bfloat16", 64, False, {"tile_m": 64}, deterministic)
+    assert cfg == dense and cfg.varlen and cfg.deterministic == deterministic and cfg.tile_m == 64
+    assert (cfg.grid_order, cfg.dq_zero, cfg.postprocess) == ("heads_outer", "preprocess", "kernel")
+
+
 def _args(**kw):
     q = torch.randn(10, 4, 64, dtype=torch.bfloat16)
     k = torch.randn(12, 2, 64, dtype=torch.bfloat16)

@@ -278,10 +278,14 @@ VARLEN_FIXED = {"preprocess": "kernel", "postprocess": "kernel", "dq_zero": "pre
 
 def make_varlen_bwd_config(dtype: str, head_dim: int, causal: bool, knobs, deterministic: bool = False) -> BwdConfig:
     """The varlen backward build (BwdConfig.varlen) for these knobs: the dense build's defaults and
-    checks, with VARLEN_FIXED's choices; one-line ValueError for a knob it fixes."""
-    check_bwd_knob_names(knobs, tuple(n for n in BWD_KNOB_NAMES if n not in ("deterministic", *VARLEN_FIXED)),
-                         "varlen backward knob")
-    cfg = make_bwd_config(dtype, head_dim, causal, deterministic, **knobs, **VARLEN_FIXED)
+    checks, with VARLEN_FIXED's choices; one-line ValueError for a knob it fixes set otherwise."""
+    check_bwd_knob_names(knobs, tuple(n for n in BWD_KNOB_NAMES if n != "deterministic"), "varlen backward knob")
+    for name, val in knobs.items():
+        if name in VARLEN_FIXED and val != VARLEN_FIXED[name]:
+            raise ValueError(f"{name}={val!r} with cu_seqlens: the varlen backward's is fixed; allowed: "
+                             f"{VARLEN_FIXED[name]!r} (or leave it out)")
+    rest = {n: v for n, v in knobs.items() if n not in VARLEN_FIXED}
+    cfg = make_bwd_config(dtype, head_dim, causal, deterministic, **rest, **VARLEN_FIXED)
     return dataclasses.replace(cfg, varlen=True)
 
 
