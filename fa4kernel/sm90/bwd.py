@@ -71,9 +71,9 @@ from ..convert import to_16bit
 from ..interop import compile_fake, to_cute, torch_stream, tvm_ffi_enabled
 from ..trace_layout import PROBE_SUM_WORDS
 from .bwd_config import TAIL_SLOTS, TAIL_WAVES, BwdConfig
-from .bwd_postprocess import dq_postprocess, postprocess_kernel
-from .bwd_preprocess import preprocess_kernel, preprocess_torch
-from .bwd_varlen import padded_start
+from .bwd_postprocess import dq_postprocess, postprocess_kernel, postprocess_varlen
+from .bwd_preprocess import preprocess_kernel, preprocess_torch, preprocess_varlen
+from .bwd_varlen import padded_length, padded_start
 from .gemm import acc_as_operand_a, gemm, mn_view, select, smem_layout, smem_layout_narrow, transpose_view
 from .named_barrier import NamedBarrierBwd
 
@@ -1458,12 +1458,14 @@ def run_bwd(cfg: BwdConfig, dout, q, k, v, out, lse, softmax_scale: float, stamp
 def run_bwd_varlen(cfg: BwdConfig, dout, q, k, v, out, lse, cu_q, cu_k, max_seqlen_q: int, max_seqlen_k: int,
                    softmax_scale: float):
     """The varlen build (FlashBwdSm90Varlen) on packed torch tensors: q, dout, out (total_q, h, d),
-    k, v (total_k, h_kv, d), lse (h, total_q) natural log, cu_seqlens int32 on q's device; returns
-    (dq, dk, dv) packed like q, k, v. Pre- and postprocess: sm90/bwd_varlen.py."""
+    k, v (total_k, h_kv, d), lse (h, total_q) natural log (-inf where a row saw no key),
+    cu_seqlens int32 on q's device; returns (dq, dk, dv) packed like q, k, v. Three launches, as
+    the dense backward: the varlen preprocess, the kernel, the varlen postprocess, none waiting
+    for the host (the padded layout they share: sm90/bwd_varlen.py)."""
     global _USE_TVM_FFI
     import time
 
-    from .bwd_varlen import backward
+    import torch
 
     if _USE_TVM_FFI is None:
         _USE_TVM_FFI = tvm_ffi_enabled()
@@ -1488,8 +1490,21 @@ def run_bwd_varlen(cfg: BwdConfig, dout, q, k, v, out, lse, cu_q, cu_k, max_seql
     if dout.data_ptr() % 16:
         dout = dout.clone()  # TMA needs 16-byte aligned rows
     q, k, v, out, lse = (t.detach() for t in (q, k, v, out, lse))
-    return backward(cfg, launch, dout, q, k, v, out, lse, cu_q, cu_k, max_seqlen_q, max_seqlen_k, softmax_scale,
-                    _USE_TVM_FFI)
+    tq, h, d = q.shape
+    sqp = padded_length(tq, cu_q.numel() - 1, cfg.tile_m)
+    # written (the accumulator zeroed) by the preprocess over every sequence's query blocks;
+    # deterministic: a semaphore per query block, its turns (_dq_turn) per sequence
+    dpsum = torch.empty((1, h, sqp), dtype=torch.float32, device=q.device)
+    lse_log2 = torch.empty((1, h, sqp), dtype=torch.float32, device=q.device)
+    dq_accum = torch.empty((1, h, sqp, d), dtype=torch.float32, device=q.device)
+    dq_sem = torch.empty((1, h, sqp // cfg.tile_m), dtype=torch.int32, device=q.device) if cfg.deterministic else None
+    preprocess_varlen(cfg, dout, out, lse, dpsum, lse_log2, dq_accum, dq_sem, cu_q, max_seqlen_q, _USE_TVM_FFI)
+    dk, dv = torch.empty_like(k), torch.empty_like(v)  # every row written by the kernel (a tail's: 0)
+    launch(q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), dout.unsqueeze(0), lse_log2, dpsum, dq_accum, dq_sem,
+           dk.unsqueeze(0), dv.unsqueeze(0), cu_q, cu_k, max_seqlen_k, softmax_scale)
+    dq = torch.empty_like(q)
+    postprocess_varlen(cfg, dq_accum, dq, cu_q, max_seqlen_q, _USE_TVM_FFI)
+    return dq, dk, dv
 
 
 def prepare_bwd(cfg: BwdConfig, dout, q, k, v, out, lse, softmax_scale: float, stamps=None):

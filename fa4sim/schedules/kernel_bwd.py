@@ -315,7 +315,7 @@ TORCH_PRE = (
 TORCH_ZERO = (("dq_accum = zeros (fp32)", 0, 0, 4),)
 POST = (("dQ fp32 -> 16 bit (one pass)", 0, 4 + 2, 0),)
 def varlen_passes(p: Problem, knobs: dict) -> tuple[tuple, tuple]:
-    """passes() of a varlen batch (fa4kernel/sm90/bwd_varlen.py): its preprocess kernel reads O,
+    """passes() of a varlen batch (fa4kernel/sm90/bwd.py run_bwd_varlen): its preprocess kernel reads O,
     dO and LSE over the packed rows (total_q of each head) and writes dPsum and LSE_log2 and zeroes
     the fp32 dQ accumulator over every sequence's whole query blocks (the padded rows, about
     total_q + sequences x tile_m / 2 of each head); its postprocess reads those blocks of the

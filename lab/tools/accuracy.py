@@ -52,7 +52,7 @@ STAT_KINDS = {"tflops": ("points", "knob_points"), "knob_deltas": ("points", "kn
               "sustained_tflops": ("sustained",), "sustained_clock": ("sustained",),
               "cycle_model_alone": ("sustained",), "power_model_alone": ("sustained",),
               "committed": ("sustained",), "bwd_tflops": ("sm90_bwd",), "bwd_clock": ("sm90_bwd",),
-              "order_gain": ("bwd_ctas",), "published": ("published",)}
+              "order_gain": ("bwd_ctas",), "published": ("published",), "committed_time": ("varlen", "decode")}
 
 
 # ---- the registry -------------------------------------------------------------------------------
@@ -257,12 +257,12 @@ def stat_published(row, files, spec):
 def stat_committed_time(row, files, spec):
     """Time predicted before the run against measured, for the benchmarks whose files join a
     predictions file on (point, kernel) (bench_varlen_sm90.py, bench_decode_sm90.py):
-    spec["predictions"] maps each measured file to the predictions committed before it ran."""
+    spec["predictions"] is the file of predictions committed before the run."""
     errs: dict = {}
+    pred = json.loads((ROOT / spec["predictions"]).read_text())["rows"]
+    table = {(p["point"], p["kernel"]): p["us"] for p in pred if "us" in p}
     for f in files:
         path = file_path(f)
-        pred = json.loads((ROOT / spec["predictions"][path]).read_text())["rows"]
-        table = {(p["point"], p["kernel"]): p["us"] for p in pred if "us" in p}
         for r in json.loads((ROOT / path).read_text())["rows"]:
             for kernel, res in r["results"].items():
                 if (r["point"], kernel) in table and res.get("us") and res.get("ok", True):
@@ -551,7 +551,14 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m lab.tools.accuracy", description=__doc__.split("\n")[0])
     ap.add_argument("--check", action="store_true", help="exit 1 when a generated block differs from the registry's")
     ap.add_argument("--print", dest="print_only", action="store_true", help="print the blocks, write nothing")
+    ap.add_argument("--compare", nargs=2, metavar=("MEASURED", "PREDICTED"),
+                    help="one benchmark file (kinds varlen, decode) against the predictions committed before it: "
+                         "time errors by kernel (the committed_time rows' statistic)")
     a = ap.parse_args(argv)
+    if a.compare:
+        spec = {"stat": "committed_time", "predictions": a.compare[1]}
+        print(describe("committed_time", stat_committed_time({}, [a.compare[0]], spec), spec))
+        return 0
     t0 = time.time()
     rows = compute(load_registry(), progress=True)
     blocks = [(DOC, table_block(rows), TABLE_MARKERS, True), (README, readme_block(rows), README_MARKERS, False)]
