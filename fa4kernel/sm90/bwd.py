@@ -1475,17 +1475,6 @@ def run_bwd_varlen(cfg: BwdConfig, dout, q, k, v, out, lse, cu_q, cu_k, max_seql
         fn = compile_bwd(cfg, tvm_ffi=_USE_TVM_FFI)
         COMPILE_TIMES[cfg] = time.perf_counter() - t0
         _CACHE[cfg] = fn
-    scale_log2 = float(softmax_scale * LOG2_E)
-
-    def launch(q, k, v, dout, lse_log2, dpsum, dq_accum, dq_sem, dk, dv, cu_q, cu_k, max_k, scale):
-        if _USE_TVM_FFI:
-            fn(q, k, v, dout, lse_log2, dpsum, dq_accum, dq_sem, dk, dv, cu_q, cu_k, max_k, scale_log2, float(scale))
-            return
-        sem = to_cute(dq_sem, 2, align=4) if dq_sem is not None else None
-        fn(*[to_cute(t, 3) for t in (q, k, v, dout)], *[to_cute(t, 2, align=4) for t in (lse_log2, dpsum)],
-           to_cute(dq_accum, 3), sem, *[to_cute(t, 3) for t in (dk, dv)], to_cute(cu_q, 0, align=4),
-           to_cute(cu_k, 0, align=4), Int32(max_k), Float32(scale_log2), Float32(scale), torch_stream(q.device))
-
     dout = dout.detach().contiguous()
     if dout.data_ptr() % 16:
         dout = dout.clone()  # TMA needs 16-byte aligned rows
@@ -1500,8 +1489,15 @@ def run_bwd_varlen(cfg: BwdConfig, dout, q, k, v, out, lse, cu_q, cu_k, max_seql
     dq_sem = torch.empty((1, h, sqp // cfg.tile_m), dtype=torch.int32, device=q.device) if cfg.deterministic else None
     preprocess_varlen(cfg, dout, out, lse, dpsum, lse_log2, dq_accum, dq_sem, cu_q, max_seqlen_q, _USE_TVM_FFI)
     dk, dv = torch.empty_like(k), torch.empty_like(v)  # every row written by the kernel (a tail's: 0)
-    launch(q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), dout.unsqueeze(0), lse_log2, dpsum, dq_accum, dq_sem,
-           dk.unsqueeze(0), dv.unsqueeze(0), cu_q, cu_k, max_seqlen_k, softmax_scale)
+    q4, k4, v4, do4, dk4, dv4 = (t.unsqueeze(0) for t in (q, k, v, dout, dk, dv))  # one batch row
+    scales = (float(softmax_scale * LOG2_E), float(softmax_scale))
+    if _USE_TVM_FFI:
+        fn(q4, k4, v4, do4, lse_log2, dpsum, dq_accum, dq_sem, dk4, dv4, cu_q, cu_k, max_seqlen_k, *scales)
+    else:
+        sem = to_cute(dq_sem, 2, align=4) if dq_sem is not None else None
+        fn(*[to_cute(t, 3) for t in (q4, k4, v4, do4)], *[to_cute(t, 2, align=4) for t in (lse_log2, dpsum)],
+           to_cute(dq_accum, 3), sem, *[to_cute(t, 3) for t in (dk4, dv4)], to_cute(cu_q, 0, align=4),
+           to_cute(cu_k, 0, align=4), Int32(max_seqlen_k), *(Float32(x) for x in scales), torch_stream(q.device))
     dq = torch.empty_like(q)
     postprocess_varlen(cfg, dq_accum, dq, cu_q, max_seqlen_q, _USE_TVM_FFI)
     return dq, dk, dv

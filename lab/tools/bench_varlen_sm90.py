@@ -13,8 +13,8 @@ A candidate that cannot be imported or that raises is recorded with its error; t
 --pass bwd times the backward instead: each candidate's forward runs once with gradients, then
 torch.autograd.grad of its output (a fixed random dO) is what is timed; fa4kernel.varlen is the
 backward's varlen build (fa4kernel.varlen[deterministic]: with deterministic=True), fa4kernel.loop
-(--loop) the dense backward once per sequence. dQ, dK and
-dV are checked against fp32 autograd per sequence; TFLOP/s count 2.5 x the forward's FLOPs.
+(--loop) the dense backward once per sequence. dQ, dK and dV are checked against fp32 autograd per
+sequence; TFLOP/s count 2.5 x the forward's FLOPs.
 
 Each candidate is checked against an fp32 reference per sequence (relative error < 1e-2, no NaN),
 then run back to back for --settle-s seconds (the power cap settles the clock, as in training),
