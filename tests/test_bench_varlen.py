@@ -63,3 +63,17 @@ def test_predict_writes_a_row_per_batch_and_candidate(tmp_path):
 def test_dry_run_needs_no_gpu(capsys):
     assert bench.main(["--dry-run", "--batches", "ten-hd64"]) == 0
     assert "ten-hd64: 10 sequences" in capsys.readouterr().out
+
+
+def test_predict_the_backward(tmp_path):
+    """--pass bwd --predict: fa4kernel.varlen's backward (its three launches) at 2.5 x the forward's
+    FLOPs; the peers, whose backward fa4sim has no varlen model of, say so."""
+    out = tmp_path / "pred.json"
+    assert bench.main(["--batches", "mqa-hd128-causal", "--pass", "bwd", "--predict", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["meta"]["pass"] == "bwd"
+    (ours,) = [r for r in doc["rows"] if r["kernel"] == "fa4kernel.varlen"]
+    b = {x.name: x for x in bench.BATCHES}["mqa-hd128-causal"]
+    assert ours["us"] == pytest.approx(ours["pre_us"] + ours["main_us"] + ours["post_us"])
+    assert ours["tflops"] == pytest.approx(2.5 * b.flops() / (ours["us"] * 1e6))
+    assert all("no varlen backward" in r["not_modelled"] for r in doc["rows"] if r["kernel"] != "fa4kernel.varlen")

@@ -29,6 +29,10 @@ Batches (--batches, default all; --seqlens L1,L2,... [--seqlens-k ...] adds your
   short-hd128-causal 64 lengths 1-600, 16 heads, hd128, causal
   hd256-causal       four lengths 20-6000, 8 heads, hd256, causal
   chunks-gqa-causal  chunked prefill: queries 512, 512, 1, 2000 on 4096, 9000, 3000, 2000 keys, 32 / 8 heads
+  mqa-hd128-causal   six lengths 1-4097, 32 q heads on one k/v head (MQA), hd128, causal
+  odd-hd96           seven odd lengths 7-4097, 16 heads, hd96, not causal (FlashAttention-3 has no hd96)
+  hd192-causal       five lengths 64-3001, 16 heads, hd192, causal
+  chunks-hd64        queries 256, 1024, 77 on 8192, 3000, 4000 keys, 32 heads, hd64, not causal
 
 Usage (device, from the repository root):
     python3 lab/tools/bench_varlen_sm90.py --out $OUT/varlen_h200.json
@@ -105,6 +109,10 @@ BATCHES = (
     Batch("short-hd128-causal", tuple(random.Random(7).randint(1, 600) for _ in range(64)), 16, 128, True),
     Batch("hd256-causal", (1000, 6000, 3333, 20), 8, 256, True),
     Batch("chunks-gqa-causal", (512, 512, 1, 2000), 32, 128, True, heads_kv=8, seqlens_k=(4096, 9000, 3000, 2000)),
+    Batch("mqa-hd128-causal", (700, 2300, 4097, 1, 150, 3333), 32, 128, True, heads_kv=1),
+    Batch("odd-hd96", (33, 4097, 1025, 2999, 7, 513, 1800), 16, 96, False),
+    Batch("hd192-causal", (100, 3001, 1500, 2222, 64), 16, 192, True),
+    Batch("chunks-hd64", (256, 1024, 77), 32, 64, False, seqlens_k=(8192, 3000, 4000)),
 )
 
 
