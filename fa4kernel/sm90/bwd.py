@@ -76,6 +76,7 @@ from .bwd_preprocess import preprocess_kernel, preprocess_torch, preprocess_varl
 from .bwd_varlen import padded_length, padded_start
 from .gemm import acc_as_operand_a, gemm, mn_view, select, smem_layout, smem_layout_narrow, transpose_view
 from .named_barrier import NamedBarrierBwd
+from .row_store import store_rows
 
 LOG2_E = math.log2(math.e)
 
@@ -1294,22 +1295,8 @@ class FlashBwdSm90:
         of rows, only its first `rows` rows (the others are the next sequence's keys, which another
         CTA owns; a TMA store would write them)."""
         tidx = cute.arch.thread_idx()[0] - 128  # read again: nothing holds it through the loop
-        vec = 128 // self.dtype.width
-        across = math.gcd(self.hd, 64) // vec  # threads per row in a pass: 64 columns (32 at hd96)
-        copy = cute.make_tiled_copy_tv(
-            cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype, num_bits_per_copy=128),
-            cute.make_layout((self.num_consumer_threads // across, across), stride=(across, 1)),
-            cute.make_layout((1, vec)))
-        thr = copy.get_slice(tidx)
         gX = cute.local_tile(mX[None, None, kv_head, 0], (self.tile_n, self.hd), (n_block, 0))
-        tXsX = thr.partition_S(sX)
-        tXgX = thr.partition_D(gX)
-        tXcX = thr.partition_S(cute.make_identity_tensor((self.tile_n, self.hd)))
-        tXrX = cute.make_rmem_tensor_like(tXsX, self.dtype)
-        cute.autovec_copy(tXsX, tXrX)
-        for m in cutlass.range_constexpr(cute.size(tXrX, mode=[1])):
-            if tXcX[0, m, 0][0] < rows:
-                cute.copy(copy, tXrX[None, m, None], tXgX[None, m, None])
+        store_rows(sX, gX, tidx, self.num_consumer_threads, rows)
 
 
 class FlashBwdSm90Probe(FlashBwdSm90):

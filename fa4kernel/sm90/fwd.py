@@ -45,6 +45,7 @@ from ..trace_layout import (
 from .config import KernelConfig
 from .gemm import acc_as_operand_a, gemm, mn_view, opaque_desc, select, smem_layout, transpose_view
 from .named_barrier import NamedBarrierFwd
+from .row_store import store_rows
 
 LOG2_E = math.log2(math.e)
 LN_2 = math.log(2.0)
@@ -1193,25 +1194,9 @@ class FlashFwdSm90:
         cute.arch.barrier(barrier_id=NamedBarrierFwd.CONSUMERS, number_of_threads=self.num_consumer_threads)
         cute.copy(smem_thr_copy_O, smem_thr_copy_O.retile(rO), smem_thr_copy_O.partition_D(sO))
         cute.arch.barrier(barrier_id=NamedBarrierFwd.CONSUMERS, number_of_threads=self.num_consumer_threads)
-        # a pass of the copy: `across` threads per row, 8 elements (16 bytes) each, over 64
-        # columns (32 at hd96), one swizzle atom of sO
-        vec = 128 // self.dtype.width
-        across = math.gcd(self.hd, 64) // vec
-        down = self.num_consumer_threads // across
-        copy = cute.make_tiled_copy_tv(
-            cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype, num_bits_per_copy=128),
-            cute.make_layout((down, across), stride=(across, 1)), cute.make_layout((1, vec)))
-        thr = copy.get_slice(tidx)
         gO = cute.local_tile(cute.domain_offset((row0, 0), mO[None, None, head, 0]), (self.tile_m, self.hd),
                              (m_block, 0))
-        tOsO = thr.partition_S(sO)
-        tOgO = thr.partition_D(gO)
-        tOcO = thr.partition_S(cute.make_identity_tensor((self.tile_m, self.hd)))
-        tOrO = cute.make_rmem_tensor_like(tOsO, self.dtype)
-        cute.autovec_copy(tOsO, tOrO)
-        for m in cutlass.range_constexpr(cute.size(tOrO, mode=[1])):
-            if tOcO[0, m, 0][0] < rows - m_block * self.tile_m:
-                cute.copy(copy, tOrO[None, m, None], tOgO[None, m, None])
+        store_rows(sO, gO, tidx, self.num_consumer_threads, rows - m_block * self.tile_m)
 
     @cute.jit
     def _store_partial(self, acc_O, mO, thr_mma_pv, m_block, head, batch, rows):
