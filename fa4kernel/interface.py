@@ -105,15 +105,17 @@ def _compile_decode(cfg: KernelConfig, options=None):
 
 def _fake_varlen_args(cfg: KernelConfig):
     """The varlen build's fake tensors (FlashFwdSm90Varlen): q, k, v, out as one packed batch row,
-    lse (1, heads, total_q) or None, cu_seqlens_q and _k."""
+    lse (1, heads, total_q) or None, cu_seqlens_q and _k, the CTA count, the tile counter."""
     import cutlass
     import cutlass.cute as cute
+    from cutlass import Int32
     from cutlass.cute.runtime import make_fake_tensor
 
     q, k, v, o, lse = _fake_args(cfg)
     n = cute.sym_int()
     cu = [make_fake_tensor(cutlass.Int32, (n,), stride=(1,), assumed_align=4) for _ in range(2)]
-    return q, k, v, o, lse, cu[0], cu[1]
+    counter = make_fake_tensor(cutlass.Int32, (cute.sym_int(),), stride=(1,), assumed_align=4)
+    return q, k, v, o, lse, cu[0], cu[1], Int32(1), counter
 
 
 def _compile_varlen(cfg: KernelConfig, options=None):
@@ -123,17 +125,21 @@ def _compile_varlen(cfg: KernelConfig, options=None):
     from .sm90.fwd import make_kernel
 
     stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=options == "--enable-tvm-ffi")
-    return cute.compile(make_kernel(cfg), *_fake_varlen_args(cfg), Int32(1), Float32(1.0), stream, options=options)
+    return cute.compile(make_kernel(cfg), *_fake_varlen_args(cfg), Float32(1.0), stream, options=options)
 
 
-def run_varlen(cfg: KernelConfig, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, num_m_blocks: int, softmax_scale):
+def run_varlen(cfg: KernelConfig, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, tiles: int, softmax_scale):
     """Launch the varlen build (FlashFwdSm90Varlen) on torch tensors: q, k, v, out (1, total, heads,
-    d), lse (1, heads, total_q) or None, cu_seqlens int32 on q's device, num_m_blocks Q tiles of
-    the longest sequence. Compiled once per config (TVM-FFI when installed, else DLPack per call)."""
+    d), lse (1, heads, total_q) or None, cu_seqlens int32 on q's device, at most `tiles` Q tiles
+    (varlen.tile_bound). Compiled once per config (TVM-FFI when installed, else DLPack per call)."""
     global _USE_TVM_FFI
     from cutlass import Float32, Int32
 
+    from .varlen import grid_ctas
+
     scale_log2 = _scale_log2(q, softmax_scale)
+    num_ctas = grid_ctas(cfg.persistent, tiles, _max_ctas(q.device))
+    counter = _tile_counter(q.device)
     fn = _CACHE.get(cfg)
     if fn is None:
         t0 = time.perf_counter()
@@ -141,11 +147,28 @@ def run_varlen(cfg: KernelConfig, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
         COMPILE_TIMES[cfg] = time.perf_counter() - t0
         _CACHE[cfg] = fn
     if _USE_TVM_FFI:
-        fn(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, num_m_blocks, scale_log2)
+        fn(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, num_ctas, counter, scale_log2)
         return
     args = [to_cute(t, 3) for t in (q, k, v, out)]
     fn(*args, to_cute(lse, 2, align=4) if lse is not None else None, to_cute(cu_seqlens_q, 0, align=4),
-       to_cute(cu_seqlens_k, 0, align=4), Int32(num_m_blocks), Float32(scale_log2), torch_stream(q.device))
+       to_cute(cu_seqlens_k, 0, align=4), Int32(num_ctas), to_cute(counter, 0, align=4), Float32(scale_log2),
+       torch_stream(q.device))
+
+
+_TILE_COUNTERS: dict = {}  # (device, stream) -> the varlen build's tile counter, int32 (1,)
+
+
+def _tile_counter(device):
+    """The persistent varlen build's tile counter for the current stream: zeroed once here, left
+    zero by every launch (its last fetch resets it), so launches in one stream share it; one
+    per stream, as launches in two streams may run at once."""
+    import torch
+
+    key = (device, torch.cuda.current_stream(device).cuda_stream)
+    c = _TILE_COUNTERS.get(key)
+    if c is None:
+        c = _TILE_COUNTERS[key] = torch.zeros(1, dtype=torch.int32, device=device)
+    return c
 
 
 def _scale_log2(q, softmax_scale) -> float:

@@ -8,12 +8,13 @@ i's rows [cu_seqlens_q[i], cu_seqlens_q[i + 1]) of q and its keys likewise; cu_s
 (sequences + 1,), starting at 0, non-decreasing (empty sequences allowed). Causal is bottom-right
 within each sequence (flash_attn's convention). lse: (heads, total_q) fp32, natural log.
 
-The forward is one launch of the forward's varlen build (sm90/fwd.py, FlashFwdSm90Varlen): one
-CTA per (Q tile, head, sequence) up to max_seqlen_q's tiles; a tile reads its sequence's bounds
-from cu_seqlens on the device, and one past its sequence's rows exits at once. max_seqlen_q sizes
-that grid: given on a GPU, the lengths are not read on the host (no sync; a max_seqlen_q below
-the longest sequence leaves its last rows unwritten, as in flash_attn); left None, or with
-cu_seqlens on the CPU, they are read and checked (one sync).
+The forward is one launch of the forward's varlen build (sm90/fwd.py, FlashFwdSm90Varlen): the
+batch's Q tiles in (sequence, head, Q tile) order, counted on the device from cu_seqlens; a
+persistent CTA (one per SM, where O has its own smem buffer) takes every grid-th of them, else
+one CTA per tile (grid_ctas). max_seqlen_q bounds the tile count: given on a GPU, the lengths are
+not read on the host (no sync; a max_seqlen_q below the longest sequence leaves the tiles past it
+unrun, as flash_attn leaves its rows unwritten); left None, or with cu_seqlens on the CPU, they
+are read and checked (one sync).
 
 The backward is one launch of the backward's varlen build (sm90/bwd.py, FlashBwdSm90Varlen):
 one CTA per (key block, k/v head, sequence) up to max_seqlen_k's key blocks, its sequence's
@@ -113,16 +114,30 @@ def varlen_config(d: int, dtype: str, causal: bool, has_lse: bool, max_seqlen_q:
     return make_varlen_config(dtype, d, causal, has_lse, knobs)
 
 
+def tile_bound(sequences: int, total_q: int, max_seqlen_q: int, heads: int, tile_m: int) -> int:
+    """At most this many Q tiles (x heads) in a batch of `sequences` sequences of at most
+    max_seqlen_q rows within total_q packed rows: sum ceil(L_i / tile_m) <= (total_q + sequences
+    (tile_m - 1)) / tile_m, and <= sequences ceil(max_seqlen_q / tile_m)."""
+    per_head = min(sequences * -(-max_seqlen_q // tile_m), (total_q + sequences * (tile_m - 1)) // tile_m)
+    return heads * per_head
+
+
+def grid_ctas(persistent: bool, tiles: int, sms: int) -> int:
+    """The varlen build's grid: one CTA per SM when persistent (never more than the tiles), else
+    one per tile; at least one."""
+    return max(1, min(tiles, sms) if persistent else tiles)
+
+
 def forward(run, cfg, q, k, v, cu_q, cu_k, max_seqlen_q: int, softmax_scale):
     """out (total_q, heads, d), lse (heads, total_q) (None unless cfg.has_lse) of one launch of
-    the varlen build."""
+    the varlen build; run takes the bound on its tiles (tile_bound) and sizes the grid."""
     import torch
 
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     lse = torch.empty((q.shape[1], q.shape[0]), dtype=torch.float32, device=q.device) if cfg.has_lse else None
-    num_m = max(1, -(-max_seqlen_q // cfg.tile_m))
+    tiles = tile_bound(cu_q.numel() - 1, q.shape[0], max_seqlen_q, q.shape[1], cfg.tile_m)
     run(cfg, q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), out.unsqueeze(0),
-        lse.unsqueeze(0) if lse is not None else None, cu_q, cu_k, num_m, softmax_scale)
+        lse.unsqueeze(0) if lse is not None else None, cu_q, cu_k, tiles, softmax_scale)
     return out, lse
 
 

@@ -321,23 +321,16 @@ def decoder_order(units: list[WorkUnit], n_h: int, lpt: bool, kv_block: float, t
     return out
 
 
-def grid_order(units: list[SeqUnit], n_h: int, causal: bool) -> list[tuple[int, int]]:
-    """(g, m) CTAs of fa4kernel's varlen build in blockIdx order (sm90/fwd.py _varlen_tile): the
-    longest sequence's count of Q tiles for every (sequence, launch head), Q tile fastest, then
-    head, then sequence; with a causal mask each head's tiles from the last down. m = -1: a CTA
-    past its sequence's rows, which exits at once (it costs its launch, nothing else)."""
+def sequence_order(units: list[SeqUnit], n_h: int, causal: bool) -> list[tuple[int, int]]:
+    """(g, m) tiles of fa4kernel's varlen build in the order its CTAs count them (sm90/fwd.py
+    _varlen_seek, _varlen_coords): sequence by sequence, heads in turn, each head's Q tiles
+    fastest; with a causal mask each head's from the last (the longest) down. Persistent CTAs
+    take them in this order as they free up (its tile counter), else one CTA per tile."""
     by_seq: dict[int, list[int]] = {}
     for m, u in enumerate(units):
         by_seq.setdefault(u.seq, []).append(m)
-    num_m = max(len(ms) for ms in by_seq.values())
-    out = []
-    for s in sorted(by_seq):
-        ms = by_seq[s]
-        for h in range(n_h):
-            for i in range(num_m):
-                j = num_m - 1 - i if causal else i
-                out.append((s * n_h + h, ms[j] if j < len(ms) else -1))
-    return out
+    return [(s * n_h + h, m) for s in sorted(by_seq) for h in range(n_h)
+            for m in (list(reversed(by_seq[s])) if causal else by_seq[s])]
 
 
 def kernel_time_tiles(p: Problem, hw, units: list[WorkUnit], tiles: list[tuple[int, int]], cost_of, tile_n: int,
@@ -346,12 +339,13 @@ def kernel_time_tiles(p: Problem, hw, units: list[WorkUnit], tiles: list[tuple[i
     """kernel_time for a launch given as its tiles in launch order: (g, m), g a launch head of
     one sequence (g // share its K/V head), m an index into `units` (varlen: every sequence's Q
     tiles; split-KV: every chunk). A persistent launch hands each tile to the CTA predicted free
-    first (a dynamic scheduler does the same), else one CTA per tile. K/V come from HBM once per
-    (sequence, K/V head, chunk) per wave that does not find them in L2 (kv_hbm_reads); Q and O
-    once (extra_hbm: what else the launch writes, split-KV's fp32 partial O and LSE). m = -1: an
-    empty CTA (grid_order), which costs its launch on the SM it takes. cold_bytes: the first
-    wave's [(g, unit)] -> its bytes from HBM before any loop (default: every tile's Q rows and the
-    first K/V block of each (K/V head, chunk, sequence) it holds)."""
+    first (a dynamic scheduler, or fa4kernel's varlen build's tile counter, does the same), else
+    one CTA per tile. K/V come from HBM once per (sequence,
+    K/V head, chunk) per wave that does not find them in L2 (kv_hbm_reads); Q and O once
+    (extra_hbm: what else the launch writes, split-KV's fp32 partial O and LSE). m = -1: an empty
+    CTA (the varlen backward's grid), which costs its launch on the SM it takes. cold_bytes: the
+    first wave's [(g, unit)] -> its bytes from HBM before any loop (default: every tile's Q rows
+    and the first K/V block of each (K/V head, chunk, sequence) it holds)."""
     costs = [cost_of(u) for u in units]
     slots = hw.num_sms // (2 if two_cta else 1)
     d = p.hdim

@@ -29,8 +29,8 @@ from . import hardware, implementation, power
 from .engine import Trace, gc_paused
 from .errors import InputError
 from . import split_kv
-from .kernel_model import (KernelTime, WorkUnit, cold_start_bytes, decoder_order, grid_order, kernel_time,
-                           kernel_time_tiles, launch_heads, varlen_units, work_units)
+from .kernel_model import (KernelTime, WorkUnit, cold_start_bytes, decoder_order, kernel_time,
+                           kernel_time_tiles, launch_heads, sequence_order, varlen_units, work_units)
 from .params import MAX_SEQLEN, MAX_TILES, Context, Problem, resolve
 from .schedules import BWD_SCHEDULES, SCHEDULES, kernel_bwd
 from .steady_state import CAP, Period, runs as new_runs, tile_times, window
@@ -273,10 +273,11 @@ def forward(run: Run) -> Pass:
     # every clock the power model tries (keyed by the Q loads' HBM share, which does)
     cache: dict[tuple, tuple] = {}
     persistent = bool(knobs.get("persistent", True))  # else one CTA per tile: no further-tile cost (T2)
-    if general and knobs.get("tile_order") == "grid":
-        # one CTA per tile in blockIdx order, sequence outermost, up to the longest sequence's
-        # tile count (fa4kernel's varlen build): fa4sim/kernel_model.grid_order
-        order = grid_order(units, n_hb, problem.causal)
+    counted = general and knobs.get("tile_order") == "sequence"
+    if counted:
+        # the tiles as fa4kernel's varlen build counts them, sequence outermost:
+        # fa4sim/kernel_model.sequence_order
+        order = sequence_order(units, n_hb, problem.causal)
     elif general:  # the launch order of every (launch head, unit) tile: fa4sim/kernel_model.decoder_order
         lpt = problem.causal and knobs.get("tile_order", "lpt") != "index"
         order = decoder_order(units, n_hb, lpt, tile_n * (problem.hdim + problem.hdim_v) * 2, unit_rows, tile_n,
@@ -378,11 +379,11 @@ def forward(run: Run) -> Pass:
             result.notes.append(f"varlen: {problem.batch} sequences, {sum(q for q, _ in problem.sequences)} query "
                                 f"and {sum(k for _, k in problem.sequences)} key tokens in all; seqlen_q / seqlen_k "
                                 f"shown are the longest")
-        if general and knobs.get("tile_order") == "grid":
-            empty = sum(m < 0 for _, m in order)
-            result.notes.append(f"grid: {len(order)} CTAs, one per (Q tile, head, sequence) up to the longest "
-                                f"sequence's Q tiles; {empty} lie past their sequence's rows and exit at once "
-                                f"(each costs its CTA launch)")
+        if counted:
+            ctas = min(len(order), run.profile.num_sms) if persistent else len(order)
+            result.notes.append(f"sequence: {len(order)} tiles counted on the device from cu_seqlens, "
+                                + (f"{ctas} persistent CTAs taking them as they free up" if persistent
+                                   else "one CTA per tile"))
         if problem.causal and any(q > k for q, k in problem.sequences):
             result.notes.append("causal with fewer keys than queries (bottom-right aligned): the first "
                                 "seqlen_q - seqlen_k rows of such a sequence see no key and are written as zeros")

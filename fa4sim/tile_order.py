@@ -15,11 +15,11 @@ Orders (the fa3 schedule's knob `tile_order`):
                 heads whose K + V fit in 50 MiB, Q tiles from the last (longest) down, heads inner;
                 otherwise launch-index order (SingleTileScheduler)
   index         blockIdx order: head by head, m ascending
-  grid          a grid of one CTA per tile in blockIdx order, as fa4kernel's varlen build launches
-                (sm90/fwd.py _varlen_tile): head by head, Q tile fastest, with a causal mask each
-                head's tiles from the last (longest) down; in every launch. A varlen batch adds the
-                sequence outermost and the empty CTAs of the longest sequence's tile count
-                (kernel_model.grid_order)
+  sequence      fa4kernel's varlen build (sm90/fwd.py _varlen_seek): the batch's tiles counted on
+                the device sequence by sequence, heads in turn, each head's Q tiles fastest (with a
+                causal mask from the last, the longest, down); persistent CTAs take them in that
+                order as they free up (its tile counter), else one CTA per tile
+                (kernel_model.sequence_order)
   tail_lpt      fa4kernel's SM90 backward with a causal mask (grid_order "tail_lpt"): blockIdx order,
                 but the last heads, at least TAIL_WAVES waves of clusters, go unit by unit across
                 them (m ascending: the longest causal KV tile first), the `cluster` units of one
@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import heapq
 
-ORDERS = ("fa4kernel", "flash-attn-4", "lpt", "index", "grid", "tail_lpt")
+ORDERS = ("fa4kernel", "flash-attn-4", "lpt", "index", "sequence", "tail_lpt")
 SECTION_FRACTION_OF_L2 = 16   # fa4kernel: section = L2 / 16 of K + V
 TAIL_WAVES = 2                # fa4kernel: the last section holds >= 2 waves of tiles (the
                               # backward's tail_lpt: its last heads >= 2 waves of clusters)
@@ -82,11 +82,11 @@ def tile_order(kind: str, n_hb: int, cost: list[float], kv_bytes_per_head: float
     """All (hb, m) tiles in the order the kernel hands them out. sorted_launch: the launch
     takes a cost-ordered schedule (causal, or persistent CTAs); else blockIdx order. cluster:
     units per cluster (tail_lpt), `slots` counting SMs. causal: the launch has a causal mask
-    (grid: each head's tiles from the last down)."""
+    (sequence: each head's tiles from the last down)."""
     if kind not in ORDERS:
         raise ValueError(f"tile_order={kind!r}; allowed: {', '.join(ORDERS)}")
     num_m = len(cost)
-    if kind == "grid":  # the grid's own order, whatever the launch
+    if kind == "sequence":  # the order the CTAs count the tiles in, whatever the launch
         ms = list(range(num_m - 1, -1, -1)) if causal else list(range(num_m))
         return [(hb, m) for hb in range(n_hb) for m in ms]
     if kind == "index" or not sorted_launch:

@@ -45,14 +45,14 @@ def test_impl_fa4kernel_is_the_kernels_own_configuration(hdim, causal, seqlen, t
 @pytest.mark.parametrize("lens", [(1, 700), (300, 8192, 50)])
 def test_impl_fa4kernel_varlen_is_the_varlen_builds_configuration(hdim, causal, lens):
     """A varlen batch resolves to what fa4kernel's varlen build runs (fa4kernel/varlen.py
-    varlen_config: the tiles of the longest sequence's lengths, make_varlen_config: one CTA per
-    tile), and to its grid's launch order."""
+    varlen_config: the tiles of the longest sequence's lengths, make_varlen_config: persistent as
+    the dense forward), and to the order its CTAs count the tiles in."""
     from fa4kernel.varlen import varlen_config
 
     cfg = varlen_config(hdim, "bfloat16", causal, False, max(lens), max(lens), {}, fa4kernel_interface.tile_rule)
     knobs = setup("h100-datasheet", "fa3", Problem.varlen(1, hdim, list(lens), causal=causal), {}, "fa4kernel")[4]
     assert {n: knobs[n] for n in TWINS} == {n: getattr(cfg, n) for n in TWINS}
-    assert cfg.varlen and knobs["persistent"] is False and knobs["tile_order"] == "grid"
+    assert cfg.varlen and knobs["persistent"] is cfg.persistent and knobs["tile_order"] == "sequence"
 
 
 def test_a_rule_can_test_whether_the_batch_is_varlen():

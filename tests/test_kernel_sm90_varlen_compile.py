@@ -1,5 +1,6 @@
-"""CPU-only: the SM90 forward's varlen build (KernelConfig.varlen: each tile's sequence from
-cu_seqlens, one CTA per tile, O out through row-predicated 16-byte stores) and the backward's
+"""CPU-only: the SM90 forward's varlen build (KernelConfig.varlen: the batch's tiles counted on
+the device from cu_seqlens, persistent CTAs taking them from a tile counter, O out through
+row-predicated 16-byte stores) and the backward's
 (BwdConfig.varlen: dK, dV out likewise) compile for sm_90a with fake tensors, and leave the
 ordinary builds alone.
 
@@ -32,13 +33,23 @@ def test_varlen_builds_compile(hd, causal):
     assert count(text, "UTMASTG") == 0, "a TMA store of O would write the next sequence's rows"
     assert len(re.findall(r"\sSTG\.E\.128\s", text)) > 0, "O's rows go out as 16-byte stores"
     assert count(text, "LDL") == 0 and count(text, "STL") == 0, "register spills (LDL/STL)"
+    # the tiles found by a warp-wide prefix sum over cu_seqlens; a persistent CTA's next tile
+    # from one atomic add on the tile counter per tile (none without persistence)
+    assert count(text, "POPC") > 0 and count(text, "VOTE") > 0
+    assert count(text, "ATOMG") == (1 if make_varlen_config("bfloat16", hd, causal, True, {}).persistent else 0)
+
+
+def test_varlen_without_persistence_fetches_no_tile():
+    cfg = make_varlen_config("bfloat16", 128, True, True, {"persistent": False})
+    text = fa4kernel.compile_sass(cfg, arch="sm_90a")
+    assert not cfg.persistent and count(text, "ATOMG") == 0 and count(text, "HGMMA") > 0
 
 
 def test_the_ordinary_forward_is_not_the_varlen_build():
     cfg = make_config("bfloat16", 128, True, True, {})
     assert not cfg.varlen and type(make_kernel(cfg)) is FlashFwdSm90
     vcfg = make_varlen_config("bfloat16", 128, True, True, {})
-    assert vcfg.varlen and not vcfg.persistent and type(make_kernel(vcfg)) is FlashFwdSm90Varlen
+    assert vcfg.varlen and vcfg.persistent == cfg.persistent and type(make_kernel(vcfg)) is FlashFwdSm90Varlen
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -52,7 +63,8 @@ def test_ordinary_sass_is_unchanged_by_the_varlen_branches(causal, monkeypatch):
     def boom(*a, **k):
         raise AssertionError("a varlen-only method was traced into the ordinary build")
 
-    for name in ("_varlen_tile", "_varlen_blocks", "_store_o_rows"):
+    for name in ("_varlen_chunk", "_varlen_seek", "_varlen_coords", "_produce_varlen", "_varlen_blocks",
+                 "_store_o_rows"):
         monkeypatch.setattr(FlashFwdSm90, name, boom)
     assert fa4kernel.compile_sass(cfg, arch="sm_90a") == plain
 

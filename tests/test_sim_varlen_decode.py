@@ -59,103 +59,85 @@ def test_an_implementation_without_varlen_is_refused_in_one_line(monkeypatch):
         simulate(H200, None, Problem.varlen(8, 128, [100, 200]), impl="flash-attn-4", pass_="bwd")
 
 
-def test_fa4kernel_varlen_grid_order():
-    """fa4kernel's varlen build in blockIdx order: the longest sequence's Q tiles for every
-    (sequence, head), Q tile fastest; causal, each head's from the last down; -1 = an empty CTA."""
-    from fa4sim.kernel_model import grid_order, varlen_units
+def test_fa4kernel_varlen_sequence_order():
+    """fa4kernel's varlen build counts the batch's tiles sequence by sequence, heads in turn, Q
+    tiles fastest; causal, each head's from the last down. No empty CTA: a short sequence beside
+    a long one adds only its own tiles."""
+    from fa4sim.kernel_model import sequence_order, varlen_units
 
     units = varlen_units(Problem.varlen(2, 128, [100, 300]), 128, 128)
     assert [u.seq for u in units] == [0, 1, 1, 1]
-    assert grid_order(units, 2, False) == [(0, 0), (0, -1), (0, -1), (1, 0), (1, -1), (1, -1),
-                                           (2, 1), (2, 2), (2, 3), (3, 1), (3, 2), (3, 3)]
-    assert grid_order(units, 1, True) == [(0, -1), (0, -1), (0, 0), (1, 3), (1, 2), (1, 1)]
+    assert sequence_order(units, 2, False) == [(0, 0), (1, 0), (2, 1), (2, 2), (2, 3), (3, 1), (3, 2), (3, 3)]
+    assert sequence_order(units, 1, True) == [(0, 0), (1, 3), (1, 2), (1, 1)]
 
 
-def test_fa4kernel_varlen_runs_one_cta_per_tile():
-    """Its varlen forward is modelled as it ships: not persistent (no host table), its tile order
-    the grid's; a short sequence beside a long one adds its tiles and the empty CTAs' launches."""
+def test_fa4kernel_varlen_is_persistent_where_the_dense_forward_is():
+    """Its varlen forward is modelled as it ships: persistent where O has its own smem buffer
+    (hd128: yes, hd256: no), tile order sequence; a one-row sequence beside a long one adds its
+    own tile per head and no empty CTA."""
     p = Problem.varlen(16, 128, [4000, 1], causal=True)
     r = simulate(H200, None, p, impl="fa4kernel")
-    assert r.knobs["persistent"] is False and r.knobs["tile_order"] == "grid"
+    assert r.knobs["persistent"] is True and r.knobs["tile_order"] == "sequence"
     assert any("varlen" in n for n in r.notes)
     alone = simulate(H200, None, Problem.varlen(16, 128, [4000], causal=True), impl="fa4kernel")
     assert (r.kernel.units, alone.kernel.units) == (16 * 33, 16 * 32)  # 4000 rows: 32 tiles of 128
     assert r.kernel.time_us >= alone.kernel.time_us
+    wide = simulate(H200, None, Problem.varlen(8, 256, [4000, 1], causal=True), impl="fa4kernel")
+    assert wide.knobs["persistent"] is False and wide.knobs["tile_order"] == "sequence"
     dense = simulate(H200, None, Problem(1, 16, 4000, 4000, 128, True), impl="fa4kernel")
     assert dense.knobs["persistent"] is True  # the dense launch keeps its host table
     assert dense.knobs["tile_order"] == "fa4kernel"
 
 
 def test_fa4kernel_varlen_knobs_come_from_its_file():
-    """The varlen launch's one-CTA-per-tile grid is fa4kernel-sm90.json's choice (rules on
-    is_varlen), not a name test in the model: another file with the same rules gets the same."""
+    """The varlen launch's tile order is fa4kernel-sm90.json's choice (a rule on is_varlen), not a
+    name test in the model; its persistence the dense forward's rule (O's own buffer)."""
     from fa4sim import implementation
 
     impl = implementation.load("fa4kernel-sm90")
     assert impl.varlen and "FlashFwdSm90Varlen" in impl.knobs["tile_order"]["source"]
-    for knob in ("persistent", "tile_order"):
-        rules = impl.knobs[knob]["value"]["rules"]
-        assert rules[0]["when"] == {"is_varlen": True}
-        assert "source" in impl.knobs[knob]
+    rules = impl.knobs["tile_order"]["value"]["rules"]
+    assert rules[0]["when"] == {"is_varlen": True} and rules[0]["value"] == "sequence"
+    assert impl.knobs["persistent"]["value"] == {"fact": "o_fits"} and "source" in impl.knobs["persistent"]
     # flash-attn-3 / -4 keep their own schedulers' orders for varlen
     for name in ("flash-attn-3", "flash-attn-4"):
         knobs = setup(H200, None, Problem.varlen(8, 128, [100, 300]), {}, name)[4]
-        assert knobs["tile_order"] != "grid"
+        assert knobs["tile_order"] != "sequence"
 
 
-def test_grid_order_tiny_causal_with_heads():
-    """Two heads, causal, sequences of 1 and 300 rows at 128-row tiles: every (sequence, head)
-    runs 3 CTAs; the 1-row sequence's last two (m_block 2 and 1, launched first) are empty."""
-    from fa4sim.kernel_model import grid_order, varlen_units
+def test_persistent_varlen_ctas_take_the_next_tile_when_free():
+    """fa4kernel's persistent varlen CTAs (tile counter): with 2 CTAs, a long first tile's CTA
+    takes no other while the other runs the five short ones (each further tile costs its T2 - T1)."""
+    from fa4sim.kernel_model import kernel_time_tiles, sequence_order, varlen_units
 
-    units = varlen_units(Problem.varlen(2, 128, [1, 300], causal=True), 128, 128)
-    assert [(u.seq, u.n_kv) for u in units] == [(0, 1), (1, 1), (1, 2), (1, 3)]
-    assert grid_order(units, 2, True) == [(0, -1), (0, -1), (0, 0), (1, -1), (1, -1), (1, 0),
-                                          (2, 3), (2, 2), (2, 1), (3, 3), (3, 2), (3, 1)]
-
-
-def test_grid_empty_ctas_cost_their_launch_and_nothing_else():
-    """On one SM, one CTA per tile: the 4 real tiles cost their T1 each, every CTA after the first
-    the CTA turnover (hw.cta_launch_cycles), the 2 empty ones that turnover alone; none is a
-    work unit, nor reads anything."""
-    from fa4sim.kernel_model import grid_order, kernel_time_tiles, varlen_units
-
-    hw = load_hw(H200).with_values(num_sms=1)
-    p = Problem.varlen(1, 128, [100, 300])
+    hw = load_hw(H200).with_values(num_sms=2)
+    p = Problem.varlen(1, 128, [128, 640])
     units = varlen_units(p, 128, 128)
-    order = grid_order(units, 1, False)
-    assert order == [(0, 0), (0, -1), (0, -1), (1, 1), (1, 2), (1, 3)]
-    t1 = 1000.0
-
-    def cost(u):
-        return t1, None
-
-    full = kernel_time_tiles(p, hw, units, order, cost, 128, False, False, 128, 1)
-    real = kernel_time_tiles(p, hw, units, [t for t in order if t[1] >= 0], cost, 128, False, False, 128, 1)
-    launch = hw.cta_launch_cycles
-    cold = full.cold_start_us * hw.clock_ghz * 1e3
-    assert full.units == real.units == 4
-    assert full.cycles == pytest.approx(cold + 4 * t1 + 5 * launch)
-    assert full.cycles - real.cycles == pytest.approx(2 * launch)
-    assert (full.l2_bytes, full.hbm_bytes) == (real.l2_bytes, real.hbm_bytes)
+    order = sequence_order(units, 1, False)
+    assert order == [(0, 0), (1, 1), (1, 2), (1, 3), (1, 4), (1, 5)]
+    costs = {0: (10000.0, 9000.0)}
+    kt = kernel_time_tiles(p, hw, units, order, lambda u: costs.get(units.index(u), (1000.0, 500.0)), 128, False,
+                           True, 128, 1)
+    cold = kt.cold_start_us * hw.clock_ghz * 1e3
+    assert kt.cycles == pytest.approx(cold + 10000.0)  # the short CTA: 1000 + 4 x 500 = 3000 < 10000
 
 
-def test_fa4kernel_varlen_counts_the_empty_ctas():
+def test_fa4kernel_varlen_note_names_its_ctas():
     r = simulate(H200, None, Problem.varlen(16, 128, [100, 300]), impl="fa4kernel")
     assert r.kernel.units == 16 * (1 + 3)
-    note = next(n for n in r.notes if n.startswith("grid:"))
-    assert "96 CTAs" in note and "32 lie past" in note  # 3 Q tiles x 16 heads x 2 sequences; 2 x 16 empty
+    note = next(n for n in r.notes if n.startswith("sequence:"))
+    assert "64 tiles" in note and "64 persistent CTAs" in note  # fewer tiles than SMs: one CTA each
 
 
-def test_tile_order_grid_of_a_dense_launch():
-    """tile_order grid on a dense launch: head by head, Q tile fastest, causal each head's from the last."""
+def test_tile_order_sequence_of_a_dense_launch():
+    """tile_order sequence on a dense launch: head by head, Q tile fastest, causal each head's from the last."""
     from fa4sim.tile_order import tile_order
 
     cost = [1.0, 2.0, 3.0]
-    assert tile_order("grid", 2, cost, 0.0, 0.0, 132, True) == [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (1, 2)]
-    assert tile_order("grid", 2, cost, 0.0, 0.0, 132, True, causal=True) == [(0, 2), (0, 1), (0, 0), (1, 2),
-                                                                              (1, 1), (1, 0)]
-    r = simulate(H200, None, Problem(2, 8, 1000, 1000, 128, True), {"tile_order": "grid", "persistent": False},
+    assert tile_order("sequence", 2, cost, 0.0, 0.0, 132, True) == [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (1, 2)]
+    assert tile_order("sequence", 2, cost, 0.0, 0.0, 132, True, causal=True) == [(0, 2), (0, 1), (0, 0), (1, 2),
+                                                                                (1, 1), (1, 0)]
+    r = simulate(H200, None, Problem(2, 8, 1000, 1000, 128, True), {"tile_order": "sequence", "persistent": False},
                  impl="fa4kernel")
     assert r.time_us > 0
 
@@ -182,8 +164,8 @@ def test_python_m_fa4sim_runs_fa4kernel_varlen():
     run = subprocess.run([sys.executable, "-m", "fa4sim", "run", "--hw", H200, "--impl", "fa4kernel",
                           "--seqlens", "100,300"], capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr
-    assert "persistent=False" in run.stdout and "tile_order=grid" in run.stdout
-    assert "varlen: 2 sequences" in run.stdout and "grid: 96 CTAs" in run.stdout
+    assert "persistent=True" in run.stdout and "tile_order=sequence" in run.stdout
+    assert "varlen: 2 sequences" in run.stdout and "sequence: 64 tiles" in run.stdout
     assert subprocess.run([sys.executable, "-m", "fa4sim", "--help"], capture_output=True,
                           timeout=60).returncode == 0
 

@@ -32,16 +32,17 @@ def _attend(q, k, v, causal, scale):
     return torch.einsum("hqk,khd->qhd", p, vv), lse
 
 
-def RUN_STAND_IN(cfg, q, k, v, out, lse, cu_q, cu_k, num_m, softmax_scale):
+def RUN_STAND_IN(cfg, q, k, v, out, lse, cu_q, cu_k, tiles, softmax_scale):
     assert q.shape[0] == k.shape[0] == out.shape[0] == 1 and cfg.varlen
     assert (lse is not None) == cfg.has_lse and (lse is None or lse.shape[0] == 1)
     assert cu_q.dtype == cu_k.dtype == torch.int32 and cu_q.shape == cu_k.shape
-    GRIDS.append(num_m)
+    GRIDS.append(tiles)
     scale = softmax_scale or 1.0 / math.sqrt(q.shape[-1])
     oq, ok = cu_q.tolist(), cu_k.tolist()
+    real = q.shape[2] * sum(-(-(oq[i + 1] - oq[i]) // cfg.tile_m) for i in range(len(oq) - 1))
+    assert real <= tiles, "the bound on the tiles is below the batch's tiles"
     for i in range(len(oq) - 1):
         a, b, c, e = oq[i], oq[i + 1], ok[i], ok[i + 1]
-        assert b - a <= num_m * cfg.tile_m, "a tile of this sequence is outside the grid"
         if b == a:
             continue
         if e == c:
@@ -95,9 +96,41 @@ def test_forward_host_side(causal, lens_q, lens_k, h, hkv):
     cfg = varlen.varlen_config(d, "bfloat16", causal, True, mq, mk, {}, fa4kernel.interface.tile_rule)
     GRIDS.clear()
     out, lse = varlen.forward(RUN_STAND_IN, cfg, q, k, v, cu_q, cu_k, mq, None)
-    assert GRIDS == [max(1, -(-mq // cfg.tile_m))]
+    assert GRIDS == [varlen.tile_bound(len(lens_q), q.shape[0], mq, q.shape[1], cfg.tile_m)]
     scale = 1.0 / math.sqrt(d)
     torch.testing.assert_close(out, packed_reference(q, k, v, lens_q, lens_k, causal, scale))
+
+
+@pytest.mark.parametrize("tile_m", [64, 128, 192])
+def test_tile_bound_holds_every_tile_and_is_tight_for_equal_lengths(tile_m):
+    """tile_bound >= the batch's Q tiles x heads for random lengths (empty and one-row sequences,
+    packed rows past the last), and equals them where every sequence fills whole tiles."""
+    gen = torch.Generator().manual_seed(tile_m)
+    for _ in range(200):
+        n = int(torch.randint(1, 80, (1,), generator=gen))
+        lens = torch.randint(0, 3 * tile_m, (n,), generator=gen).tolist()
+        total = sum(lens) + int(torch.randint(0, 50, (1,), generator=gen))
+        real = 3 * sum(-(-x // tile_m) for x in lens)
+        assert varlen.tile_bound(n, total, max(lens), 3, tile_m) >= real
+    assert varlen.tile_bound(5, 5 * 2 * tile_m, 2 * tile_m, 4, tile_m) == 4 * 5 * 2
+    assert varlen.tile_bound(3, 10 * tile_m, tile_m, 1, tile_m) == 3  # capped by max_seqlen_q's tiles
+
+
+def test_grid_ctas_one_per_sm_when_persistent_else_one_per_tile():
+    assert [varlen.grid_ctas(True, t, 132) for t in (0, 1, 131, 132, 5000)] == [1, 1, 131, 132, 132]
+    assert [varlen.grid_ctas(False, t, 132) for t in (0, 1, 5000)] == [1, 1, 5000]
+
+
+def test_varlen_build_is_persistent_where_o_has_its_own_buffer():
+    """make_varlen_config takes the dense forward's persistence rule (auto: O's own smem buffer),
+    and the knob as the dense forward does."""
+    from fa4kernel.sm90.config import make_varlen_config
+
+    for d in (64, 96, 128, 192, 256):
+        cfg, dense = make_varlen_config("bfloat16", d, True, True, {}), fa4kernel.make_config("bfloat16", d, True, True, {})
+        assert cfg.varlen and cfg.persistent == dense.persistent == cfg.separate_o
+    assert not make_varlen_config("bfloat16", 128, False, True, {"persistent": False}).persistent
+    assert make_varlen_config("bfloat16", 256, False, True, {"persistent": True}).persistent
 
 
 @pytest.mark.parametrize("block", [64, 128, 256])
@@ -157,7 +190,7 @@ def _args(**kw):
     (dict(q=torch.randn(1, 10, 4, 64, dtype=torch.bfloat16)), "3-D"),
     (dict(k=torch.randn(12, 3, 64, dtype=torch.bfloat16), v=torch.randn(12, 3, 64, dtype=torch.bfloat16)),
      "k/v heads=3"),
-    (dict(persistent=True), "persistent=True with cu_seqlens"),
+    (dict(persistent=2), "persistent=2"),
     (dict(tile_m=100), "tile_m=100"),
 ])
 def test_bad_input_is_one_line(kw, msg):

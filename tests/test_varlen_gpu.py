@@ -105,6 +105,48 @@ def test_many_short_sequences():
     check(lens, lens, True, h=8, hkv=8, seed=4)
 
 
+def check_kw(lens_q, lens_k, causal, h, hkv, d, seed, **knobs):
+    """check(), with attention() knobs; returns the output for a bitwise comparison."""
+    q, k, v = _inputs(lens_q, lens_k, h, hkv, d, torch.bfloat16, seed)
+    out = fa4kernel.attention(q, k, v, causal=causal, cu_seqlens_q=_cu(lens_q), cu_seqlens_k=_cu(lens_k), **knobs)
+    ref, _ = reference(q, k, v, lens_q, lens_k, causal)
+    n = sum(lens_q)
+    assert not torch.isnan(out[:n]).any(), "NaN in out"
+    assert rel(out[:n], ref) < TOL, f"rel err {rel(out[:n], ref):.2e}"
+    return out[:n]
+
+
+# 100 sequences (the tile search's chunks of 32, four of them) with empty and one-row ones;
+# a CTA count of 1 makes one CTA walk every tile; 5 makes CTAs take tiles from the counter
+# at unequal paces; None: one per SM
+MANY = [(0 if i % 17 == 3 else 1 + (53 * i) % 700) for i in range(100)]
+
+
+@pytest.mark.parametrize("ctas", [1, 5, None])
+@pytest.mark.parametrize("d,causal", [(128, True), (128, False), (64, True), (96, False)])
+def test_persistent_ctas_take_every_tile_once(d, causal, ctas, monkeypatch):
+    """The persistent varlen build: every tile run once whatever the CTA count, the tile counter
+    back at 0 after each launch (a second launch gives the same bits)."""
+    from fa4kernel import interface
+
+    monkeypatch.setattr(interface, "MAX_CTAS", ctas)
+    first = check_kw(MANY, MANY, causal, 4, 2, d, seed=d + causal)
+    assert all(int(c.item()) == 0 for c in interface._TILE_COUNTERS.values()), "the tile counter was left nonzero"
+    again = check_kw(MANY, MANY, causal, 4, 2, d, seed=d + causal)
+    assert torch.equal(first, again)
+
+
+@pytest.mark.parametrize("d", [128, 256])
+def test_one_cta_per_tile_and_persistent_agree(d):
+    """persistent=False (one CTA per tile, no counter) and persistent=True (at hd256, where O shares
+    Q's buffer and Q goes back only after the O store) give the auto build's result."""
+    lens = [300, 1, 0, 1000, 77, 4097]
+    base = check_kw(lens, lens, True, 4, 4, d, seed=11)
+    for pers in (False, True):
+        other = check_kw(lens, lens, True, 4, 4, d, seed=11, persistent=pers)
+        assert rel(other, base.float()) < 1e-3
+
+
 def test_equals_the_padded_batch():
     """Equal lengths: the varlen build gives the ordinary forward's bits where the tiles agree."""
     b, s, h, d = 3, 1000, 4, 128

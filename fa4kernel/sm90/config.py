@@ -102,8 +102,8 @@ class KernelConfig:
     # decode with num_splits > 1: fp32 partial O and lse per split (combine.py adds them up)
     split_kv: bool = False
     # the varlen build (varlen.py, docs/varlen.md): packed sequences of unequal lengths, each
-    # sequence's rows and keys from cu_seqlens (device tensors); one CTA per (Q tile, head,
-    # sequence) up to max_seqlen_q, no tile table; O leaves through 16-byte stores of its rows
+    # sequence's rows and keys from cu_seqlens (device tensors); its Q tiles counted on the
+    # device (no tile table), persistent or one CTA per tile; O leaves through 16-byte row stores
     varlen: bool = False
 
     @property
@@ -312,14 +312,11 @@ def make_decode_config(dtype: str, head_dim: int, causal: bool, split_kv: bool) 
 
 
 def make_varlen_config(dtype: str, head_dim: int, causal: bool, has_lse: bool, knobs: dict) -> KernelConfig:
-    """The varlen build of the forward (KernelConfig.varlen) for these problem options and knobs:
-    one CTA per tile (persistent=True is refused: a persistent CTA needs the host's tile table,
-    which needs the lengths on the host)."""
+    """The varlen build of the forward (KernelConfig.varlen) for these problem options and knobs,
+    persistent as the dense forward is (auto: where O has its own smem buffer): the tiles are
+    counted on the device from cu_seqlens, no host table."""
     from dataclasses import replace
 
-    if knobs.get("persistent"):
-        raise ValueError("persistent=True with cu_seqlens: the varlen build runs one CTA per tile; "
-                         "allowed: None or False")
-    cfg = make_config(dtype, head_dim, causal, has_lse, {**knobs, "persistent": False})
+    cfg = make_config(dtype, head_dim, causal, has_lse, knobs)
     return replace(cfg, varlen=True)
 

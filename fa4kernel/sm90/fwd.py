@@ -86,10 +86,11 @@ class FlashFwdSm90:
         self.decode = bool(cfg.decode)
         self.split_kv = bool(cfg.split_kv)
         assert not self.decode or (self.overlap and not self.persistent), "decode: overlap, one CTA per tile"
-        # The varlen build (KernelConfig.varlen, FlashFwdSm90Varlen): one CTA per (Q tile, head,
-        # sequence), its rows and keys from cu_seqlens; O leaves through row-predicated stores.
+        # The varlen build (KernelConfig.varlen, FlashFwdSm90Varlen): the batch's Q tiles counted
+        # on the device from cu_seqlens (_varlen_seek); a persistent CTA takes every grid-th tile,
+        # otherwise one CTA per tile. O leaves through row-predicated stores.
         self.varlen = bool(cfg.varlen)
-        assert not (self.varlen and (self.persistent or self.decode)), "varlen: one CTA per tile, not decode"
+        assert not (self.varlen and self.decode), "varlen: not decode"
         self.scheduled = (self.persistent or self.causal) and not self.decode and not self.varlen
         # O *= scale of the previous block while this block's S GEMM runs, before the PV GEMM
         # (FA4's RescaleOBeforeGemm for head dims > 128) instead of after the PV wait
@@ -170,6 +171,7 @@ class FlashFwdSm90:
             mbar_q: cute.struct.MemRange[cutlass.Int64, 2]
             mbar_k: cute.struct.MemRange[cutlass.Int64, 2 * stages]
             mbar_v: cute.struct.MemRange[cutlass.Int64, 2 * stages]
+            tile_slot: cute.struct.MemRange[Int32, 2 if self.varlen else 0]  # varlen: the producer's tiles to the consumers
             sQ: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(sQ_layout)], 1024]
             sK: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(sK_layout)], 1024]
             sV: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(sV_layout)], 1024]
@@ -187,16 +189,17 @@ class FlashFwdSm90:
         if const_expr(self.decode):
             mSeqUsedK, group, num_splits = dec
             grid = (grid[0] * num_splits, 1, 1)
-        mCuSeqlensQ, mCuSeqlensK, num_m_blocks = None, None, None
+        mCuSeqlensQ, mCuSeqlensK, mTileCounter = None, None, None
         if const_expr(self.varlen):
-            # (max_seqlen_q's Q tiles, heads, sequences): tiles past a sequence's rows exit at once
-            mCuSeqlensQ, mCuSeqlensK, num_m_blocks = var
-            grid = (num_m_blocks * cute.size(mQ.shape[2]) * (cute.size(mCuSeqlensQ.shape[0]) - 1), 1, 1)
+            # num_ctas from the host (varlen.py grid_ctas): the SMs' worth when persistent, else
+            # a bound on the batch's Q tiles; a CTA without a tile exits at once
+            mCuSeqlensQ, mCuSeqlensK, num_ctas, mTileCounter = var
+            grid = (num_ctas, 1, 1)
         self.kernel(
             tma_atom_Q, tma_Q, tma_atom_K, tma_K, tma_atom_V, tma_V, tma_atom_O, tma_O,
             mLSE, mSched, softmax_scale_log2, tiled_mma_qk, tiled_mma_pv,
             sQ_layout, sK_layout, sV_layout, sP_layout, mTrace, mSeqUsedK, group, num_splits,
-            mCuSeqlensQ, mCuSeqlensK, num_m_blocks,
+            mCuSeqlensQ, mCuSeqlensK, mTileCounter,
         ).launch(
             grid=grid,
             block=[self.num_threads, 1, 1],
@@ -236,7 +239,7 @@ class FlashFwdSm90:
         num_splits=None,
         mCuSeqlensQ=None,
         mCuSeqlensK=None,
-        num_m_blocks=None,
+        mTileCounter=None,
     ):
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         tr_cta = self.ins.kernel_start(mTrace)
@@ -279,12 +282,10 @@ class FlashFwdSm90:
         roles = (tma_atom_Q, mQ, tma_atom_K, mK, tma_atom_V, mV, tma_atom_O, mO, mLSE, softmax_scale_log2,
                  tiled_mma_qk, tiled_mma_pv, sQ, sK, sV, sP, sO, pipe_q, pipe_k, pipe_v, mSched, mTrace, tr_cta,
                  (mSeqUsedK, group, num_splits))
+        var = None
         if const_expr(self.varlen):
-            var = self._varlen_tile(cute.arch.block_idx()[0], mQ.shape[2], mCuSeqlensQ, mCuSeqlensK, num_m_blocks)
-            if var[0] * self.tile_m < var[4]:  # a tile past its sequence's rows has nothing to do
-                self._roles(*roles, var)
-        else:
-            self._roles(*roles)
+            var = (mCuSeqlensQ, mCuSeqlensK, mTileCounter, storage.tile_slot.get_tensor(cute.make_layout(2)))
+        self._roles(*roles, var)
 
     @cute.jit
     def _roles(self, tma_atom_Q, mQ, tma_atom_K, mK, tma_atom_V, mV, tma_atom_O, mO, mLSE, softmax_scale_log2,
@@ -307,19 +308,66 @@ class FlashFwdSm90:
             )
 
     @cute.jit
-    def _varlen_tile(self, tile, num_heads, mCuSeqlensQ, mCuSeqlensK, num_m_blocks):
-        """Varlen build: flat tile index (Q tile fastest, then head, then sequence) -> (m_block,
-        head, sequence, its first row, rows, its first key, keys). Causal tiles run last first in
-        each head (the longest first)."""
-        hb = tile // num_m_blocks
-        m = tile - hb * num_m_blocks
-        seq = hb // num_heads
-        head = hb - seq * num_heads
-        m_block = m
+    def _varlen_chunk(self, base, mCuSeqlensQ, mCuSeqlensK):
+        """Varlen build, one warp: lane i holds sequence base + i's offsets (q start, q end, k
+        start, k end); a lane past the last sequence holds an empty one."""
+        s = base + cute.arch.lane_idx()
+        q0, q1, k0, k1 = Int32(0), Int32(0), Int32(0), Int32(0)
+        if s < mCuSeqlensQ.shape[0] - 1:
+            q0, q1 = mCuSeqlensQ[s], mCuSeqlensQ[s + 1]
+            k0, k1 = mCuSeqlensK[s], mCuSeqlensK[s + 1]
+        return q0, q1, k0, k1
+
+    @cute.jit
+    def _varlen_seek(self, t, num_heads, mCuSeqlensQ, mCuSeqlensK, base, acc, q0, q1, k0, k1):
+        """Varlen build, one warp (warp-uniform result): tile t of the batch, counted sequence by
+        sequence (each sequence's Q tiles x heads), found by a prefix sum over the 32 sequences of
+        the chunk the cursor (base, acc: its first sequence and the tiles before it; q0..k1: its
+        offsets, _varlen_chunk) holds, moving on chunk by chunk. t only grows from call to call,
+        so the next call starts where this one stopped and, within a chunk, reads no memory.
+        Returns (sequence, tiles before it, its first row, rows, first key, keys, tiles up to the
+        chunk's end) and the cursor; sequence >= the batch's sequences: no tile t, and the last
+        value is the batch's tile count."""
+        nseq = mCuSeqlensQ.shape[0] - 1
+        lane = cute.arch.lane_idx()
+        cnt = (q1 - q0 + (self.tile_m - 1)) // self.tile_m * num_heads
+        incl = cnt
+        for i in cutlass.range_constexpr(5):
+            y = cute.arch.shuffle_sync_up(incl, 1 << i)
+            if lane >= (1 << i):
+                incl = incl + y
+        # lanes whose inclusive count ends at or before t: a prefix of the warp (counts >= 0)
+        n_le = cute.arch.popc(cute.arch.vote_ballot_sync(acc + incl <= t))
+        while n_le == 32 and base + 32 < nseq:
+            acc = acc + cute.arch.shuffle_sync(incl, 31)
+            base = base + 32
+            q0, q1, k0, k1 = self._varlen_chunk(base, mCuSeqlensQ, mCuSeqlensK)
+            cnt = (q1 - q0 + (self.tile_m - 1)) // self.tile_m * num_heads
+            incl = cnt
+            for i in cutlass.range_constexpr(5):
+                y = cute.arch.shuffle_sync_up(incl, 1 << i)
+                if lane >= (1 << i):
+                    incl = incl + y
+            n_le = cute.arch.popc(cute.arch.vote_ballot_sync(acc + incl <= t))
+        before = acc + cute.arch.shuffle_sync(incl - cnt, n_le)
+        off_q, end_q = cute.arch.shuffle_sync(q0, n_le), cute.arch.shuffle_sync(q1, n_le)
+        off_k, end_k = cute.arch.shuffle_sync(k0, n_le), cute.arch.shuffle_sync(k1, n_le)
+        total = acc + cute.arch.shuffle_sync(incl, 31)  # the batch's tile count once past its last sequence
+        return (base + n_le, before, off_q, end_q - off_q, off_k, end_k - off_k, total), (base, acc, q0, q1, k0, k1)
+
+    @cute.jit
+    def _varlen_coords(self, t, found, num_heads):
+        """Varlen build: tile t inside its sequence (found: _varlen_seek's) -> (m_block, head,
+        sequence, its first row, rows, its first key, keys): heads in turn, each head's Q tiles
+        fastest; with a causal mask from the last (the longest) down."""
+        seq, before, off_q, len_q, off_k, len_k = found[:6]
+        num_m = (len_q + (self.tile_m - 1)) // self.tile_m
+        r = t - before
+        head = r // num_m
+        m_block = r - head * num_m
         if const_expr(self.causal):
-            m_block = num_m_blocks - 1 - m
-        off_q, off_k = mCuSeqlensQ[seq], mCuSeqlensK[seq]
-        return (m_block, head, seq, off_q, mCuSeqlensQ[seq + 1] - off_q, off_k, mCuSeqlensK[seq + 1] - off_k)
+            m_block = num_m - 1 - m_block
+        return (m_block, head, seq, off_q, len_q, off_k, len_k)
 
     @cute.jit
     def _varlen_blocks(self, var):
@@ -372,11 +420,59 @@ class FlashFwdSm90:
                     self.ins.tile(mTrace, tr_on, Int32(0), i))
                 i += 1
                 tile = nxt
+        elif const_expr(self.varlen):
+            self._produce_varlen(tma_atom_Q, mQ, tma_atom_K, mK, tma_atom_V, mV, sQ, sK, sV,
+                                 pipe_q, pipe_k, pipe_v, kv_state, q_state, dec, var)
         else:
             tile = cute.arch.block_idx()[0]
             self._produce_tile(tma_atom_Q, mQ, tma_atom_K, mK, tma_atom_V, mV, sQ, sK, sV,
                                pipe_q, pipe_k, pipe_v, tile, kv_state, q_state,
-                               self.ins.tile(mTrace, tr_on, Int32(0)), dec, var)
+                               self.ins.tile(mTrace, tr_on, Int32(0)), dec)
+
+    @cute.jit
+    def _produce_varlen(self, tma_atom_Q, mQ, tma_atom_K, mK, tma_atom_V, mV, sQ, sK, sV,
+                        pipe_q, pipe_k, pipe_v, kv_state, q_state, dec, var):
+        """Varlen build, the producer warp: its first tile is blockIdx.x, each further one
+        gridDim.x + the tile counter's next value (persistent: an atomic add once the tile's last
+        load is issued, so CTAs take tiles as they free up); each tile's index goes to the consumers through
+        tile_slot (two slots, alternating: the slot a tile writes was last read two tiles ago, before
+        the Q release this producer has waited for), then -1 for the end, with an arrival on Q's
+        barrier that loads nothing. The CTA whose fetch is the launch's last (value tiles - 1)
+        zeroes the counter for the next launch."""
+        mCuQ, mCuK, mCounter, sSlot = var
+        nseq = mCuQ.shape[0] - 1
+        lane = cute.arch.lane_idx()
+        grid = cute.arch.grid_dim()[0]
+        t = cute.arch.block_idx()[0]
+        found, cur = self._varlen_seek(t, mQ.shape[2], mCuQ, mCuK, Int32(0), Int32(0),
+                                       *self._varlen_chunk(Int32(0), mCuQ, mCuK))
+        raw = Int32(-2)  # the counter's value this CTA last fetched (-2: none)
+        i = Int32(0)
+        while found[0] < nseq:
+            sSlot[i % 2] = t
+            kv_state, q_state = self._produce_tile(
+                tma_atom_Q, mQ, tma_atom_K, mK, tma_atom_V, mV, sQ, sK, sV, pipe_q, pipe_k, pipe_v,
+                t, kv_state, q_state, None, dec, self._varlen_coords(t, found, mQ.shape[2]))
+            i += 1
+            if const_expr(self.persistent):
+                # the tile's last load is issued, `stages` KV blocks before its consumers are done:
+                # the fetch's latency hides behind them, and the next tile goes to a CTA about to
+                # be free
+                got = Int32(0)
+                if lane == 0:
+                    got = cute.arch.atomic_add(mCounter.iterator, Int32(1), sem="relaxed", scope="gpu")
+                raw = cute.arch.shuffle_sync(got, 0)
+                t = raw + grid
+            else:
+                t = t + grid
+            found, cur = self._varlen_seek(t, mQ.shape[2], mCuQ, mCuK, *cur)
+        if const_expr(self.persistent):
+            if lane == 0 and raw == found[6] - 1:
+                mCounter[0] = Int32(0)  # every other CTA has made its last fetch
+        sSlot[i % 2] = Int32(-1)
+        pipe_q.sync_object_empty.wait(q_state.index, q_state.phase)
+        with cute.arch.elect_one():
+            cute.arch.mbarrier_arrive(pipe_q.producer_get_barrier(q_state))
 
     @cute.jit
     def _produce_tile(
@@ -769,11 +865,26 @@ class FlashFwdSm90:
                     *args, tile, num_heads, num_batch, seqlen_q, seqlen_k, tidx, wg_idx, rows,
                     kv_state, q_state, self.ins.tile(mTrace, tr_on, 1 + wg_idx, i), (mSched, cta, i + 1))
                 i += 1
+        elif const_expr(self.varlen):
+            # the producer's tiles, through tile_slot (_produce_varlen), each found by every warp
+            mCuQ, mCuK, _, sSlot = var
+            cur = (Int32(0), Int32(0), *self._varlen_chunk(Int32(0), mCuQ, mCuK))
+            i = Int32(0)
+            pipe_q.consumer_wait(q_state)
+            t = sSlot[0]
+            while t >= 0:
+                found, cur = self._varlen_seek(t, num_heads, mCuQ, mCuK, *cur)
+                kv_state, q_state = self._consume_tile(
+                    *args, t, num_heads, num_batch, seqlen_q, seqlen_k, tidx, wg_idx, rows,
+                    kv_state, q_state, None, dec=dec, var=self._varlen_coords(t, found, num_heads))
+                i += 1
+                pipe_q.consumer_wait(q_state)
+                t = sSlot[i % 2]
         else:
             tile = cute.arch.block_idx()[0]
             self._consume_tile(
                 *args, tile, num_heads, num_batch, seqlen_q, seqlen_k, tidx, wg_idx, rows,
-                kv_state, q_state, self.ins.tile(mTrace, tr_on, 1 + wg_idx), dec=dec, var=var)
+                kv_state, q_state, self.ins.tile(mTrace, tr_on, 1 + wg_idx), dec=dec)
         if const_expr(self.defer_store_wait):
             # the last O store reads sO: the CTA (and its smem) must outlive it
             if cute.arch.make_warp_uniform(cute.arch.warp_idx()) == 4:
@@ -790,7 +901,7 @@ class FlashFwdSm90:
         var=None,
     ):
         """One Q tile. next_tile = (mSched, cta, index): also return the tile id there.
-        dec (decode build): (mSeqUsedK, group, num_splits, sV); var (varlen build): _varlen_tile's."""
+        dec (decode build): (mSeqUsedK, group, num_splits, sV); var (varlen build): _varlen_coords'."""
         # what the masks compare against: (seqlen_q, seqlen_k), in decode ((group, causal
         # offset), the split's key limit), local to the split (block_info.decode_block_range)
         mask_q, mask_k = seqlen_q, seqlen_k
@@ -1184,7 +1295,8 @@ class FlashFwdSm90:
         """Varlen build: O -> smem (stmatrix) -> registers in 16-byte rows pieces -> global, only
         the tile's rows inside its sequence (row0: the sequence's first row, rows: its rows). A TMA
         store of the whole tile would write the next sequence's first rows, which another CTA
-        owns. One CTA per tile: sO holds nothing of an earlier tile."""
+        owns. A persistent CTA's earlier tile: every consumer has stored its rows before any
+        passes the first barrier."""
         rO = cute.make_rmem_tensor_like(acc_O, self.dtype)
         rO.store(acc_O.load().to(self.dtype))
         stmatrix = cute.make_copy_atom(
@@ -1245,7 +1357,9 @@ class FlashFwdSm90Varlen(FlashFwdSm90):
     """The varlen build (KernelConfig.varlen): q (1, total_q, h, d), k / v (1, total_k, h_kv, d)
     hold the sequences one after the other, sequence i's rows [cu_seqlens_q[i], cu_seqlens_q[i +
     1]) and keys likewise; out like q, lse (1, h, total_q) fp32 (natural log; -inf where a row
-    saw no key). The grid: num_m_blocks (ceil(max_seqlen_q / tile_m)) x heads x sequences."""
+    saw no key). The grid: num_ctas CTAs (fa4kernel/varlen.py grid_ctas), each taking tile
+    blockIdx.x of the batch's (sequence, head, Q tile) order (_varlen_seek) and, when persistent,
+    gridDim.x + the next value of mTileCounter after each (_produce_varlen)."""
 
     def __init__(self, cfg: KernelConfig):
         assert cfg.varlen, "FlashFwdSm90Varlen needs a varlen config (config.make_varlen_config)"
@@ -1261,12 +1375,13 @@ class FlashFwdSm90Varlen(FlashFwdSm90):
         mLSE,  # (1, h, total_q) fp32 or None
         mCuSeqlensQ: cute.Tensor,  # (sequences + 1,) int32
         mCuSeqlensK: cute.Tensor,
-        num_m_blocks: Int32,
+        num_ctas: Int32,
+        mTileCounter: cute.Tensor,  # (1,) int32, 0 at the launch and left 0 (_produce_varlen)
         softmax_scale_log2: Float32,
         stream,
     ):
         self._host(mQ, mK, mV, mO, mLSE, None, softmax_scale_log2, stream, None, None,
-                   (mCuSeqlensQ, mCuSeqlensK, num_m_blocks))
+                   (mCuSeqlensQ, mCuSeqlensK, num_ctas, mTileCounter))
 
 
 class FlashFwdSm90Trace(FlashFwdSm90):
