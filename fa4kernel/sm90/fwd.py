@@ -977,8 +977,9 @@ class FlashFwdSm90:
         self._epilogue(acc_O, lse, tma_atom_O, mO, mLSE, tiled_mma_pv, sO, tidx, m_block, head,
                        out_batch, seqlen_q, tr_epi, n_block_max - 1)
         self.ins.stamp(tr, T_FIN, n_block_max - 1, 1)
-        if const_expr(self.persistent and not self.separate_o):
-            # O went out through Q's buffer: hand it back only once the TMA store has read it
+        if const_expr((self.persistent or self.varlen) and not self.separate_o):
+            # O went out through Q's buffer: hand it back only once the O store has read it (the
+            # varlen producer waits for it even without a next tile: its end marker, _produce_varlen)
             cute.arch.barrier(barrier_id=NamedBarrierFwd.CONSUMERS, number_of_threads=self.num_consumer_threads)
             pipe_q.consumer_release(q_state)
         q_state.advance()
