@@ -26,6 +26,7 @@
 
 # %%
 import lessonkit as kit
+from fa4kernel import kvcache
 from fa4sim import Problem, hardware, simulate
 
 LIVE = kit.live()
@@ -34,6 +35,15 @@ LIVE = kit.live()
 def layer(batch, cache, new=1):
     """One attention layer of a Llama-70B-like model: 64 q heads over 8 K/V heads, hd128."""
     return Problem(batch=batch, heads=64, seqlen_q=new, seqlen_k=cache, hdim=128, causal=new > 1, heads_kv=8)
+
+
+def kvcache_model(hw, p):
+    """fa4kernel's decode as fa4kernel.attention_with_kvcache runs it: its plan (kvcache.decode_plan:
+    pack-GQA, the split count its heuristic picks on the profile's SMs) in the model."""
+    plan = kvcache.decode_plan(p.batch, p.seqlen_q, p.seqlen_k, p.heads, p.heads_kv, p.hdim, "bfloat16",
+                               p.causal, None, hardware.load(hw).num_sms)
+    return simulate(hw, problem=p, impl="fa4kernel",
+                    overrides={"pack_gqa": True, "num_splits": plan["num_splits"]})
 
 
 def kv_bytes(p):
@@ -62,21 +72,25 @@ for hw in ("h100", "b200"):
 # ## 2. The model, kernel by kernel
 #
 # FlashAttention-3 (its split heuristic and pack-GQA), flash-attn-4 (pack-GQA, no split-KV on
-# SM90) and fa4kernel (neither yet: one CTA per q head and 128-row Q tile, 127 of whose rows are
-# padding).
+# SM90), fa4kernel's plain forward (`attention`: neither; one CTA per q head and 128-row Q tile,
+# 127 of whose rows are padding) and fa4kernel's decode entry point (`attention_with_kvcache`:
+# pack-GQA and its own split heuristic, `kvcache_model` above).
 
 # %%
-for hw, impl in (("h100", "flash-attn-3"), ("h100", "flash-attn-4"), ("h100", "fa4kernel"),
-                 ("b200", "flash-attn-4")):
-    r = simulate(hw, problem=p, impl=impl)
-    print(f"{hw} {impl:13s} {r.time_us:6.0f} us, K/V read at {r.kv_read_gbps:5.0f} GB/s "
+runs = [(hw, impl, simulate(hw, problem=p, impl=impl)) for hw, impl in
+        (("h100", "flash-attn-3"), ("h100", "flash-attn-4"), ("h100", "fa4kernel"), ("b200", "flash-attn-4"))]
+runs.insert(3, ("h100", "fa4kernel kvcache", kvcache_model("h100", p)))
+for hw, impl, r in runs:
+    print(f"{hw} {impl:17s} {r.time_us:6.0f} us, K/V read at {r.kv_read_gbps:5.0f} GB/s "
           f"(splits {r.knobs.get('num_splits')}, pack-GQA {r.knobs.get('pack_gqa')})\n   {r.bottleneck[:110]}")
 
 # %% [markdown]
 # FlashAttention-3 sits on the memory floor (HBM-bound). flash-attn-4 on the H100 packs the heads
-# but does not split: 64 work units for 132 SMs. fa4kernel reads every K/V head once per q head of
-# its group (8 x the bytes, most of them from L2) and computes a 128-row tile for one row: 2.7 x
-# slower. On the B200, flash-attn-4's SM100 forward is 1.5 x above its memory floor.
+# but does not split: 64 work units for 132 SMs. fa4kernel's plain forward reads every K/V head
+# once per q head of its group (8 x the bytes, most of them from L2) and computes a 128-row tile
+# for one row: 2.7 x slower; its decode entry point packs the heads and splits, and sits on the
+# floor with FlashAttention-3. On the B200, flash-attn-4's SM100 forward is 1.5 x above its
+# memory floor.
 
 # %% [markdown]
 # ## 3. What split-KV buys
@@ -177,6 +191,6 @@ else:
                                                       if "[" not in n or n.endswith("[auto]")))
     else:
         print("no decode run is recorded yet: the comparison needs a Hopper GPU (run this cell there)")
-for impl in ("flash-attn-3", "fa4kernel"):
-    r = simulate("h200", problem=shape, impl=impl)
-    print(f"model, H200, {impl:13s} {r.time_us:6.0f} us, {r.kv_read_gbps:5.0f} GB/s")
+for impl, r in (("flash-attn-3", simulate("h200", problem=shape, impl="flash-attn-3")),
+                ("fa4kernel kvcache", kvcache_model("h200", shape))):
+    print(f"model, H200, {impl:17s} {r.time_us:6.0f} us, {r.kv_read_gbps:5.0f} GB/s")
