@@ -72,8 +72,8 @@ def test_fa4kernel_varlen_sequence_order():
 
 
 def test_fa4kernel_varlen_is_persistent_where_the_dense_forward_is():
-    """Its varlen forward is modelled as it ships: persistent where O has its own smem buffer
-    (hd128: yes, hd256: no), tile order sequence; a one-row sequence beside a long one adds its
+    """Its varlen forward is modelled as it ships: persistent at every head dim (the dense
+    forward at hd256 is not), tile order sequence; a one-row sequence beside a long one adds its
     own tile per head and no empty CTA."""
     p = Problem.varlen(16, 128, [4000, 1], causal=True)
     r = simulate(H200, None, p, impl="fa4kernel")
@@ -83,7 +83,7 @@ def test_fa4kernel_varlen_is_persistent_where_the_dense_forward_is():
     assert (r.kernel.units, alone.kernel.units) == (16 * 33, 16 * 32)  # 4000 rows: 32 tiles of 128
     assert r.kernel.time_us >= alone.kernel.time_us
     wide = simulate(H200, None, Problem.varlen(8, 256, [4000, 1], causal=True), impl="fa4kernel")
-    assert wide.knobs["persistent"] is False and wide.knobs["tile_order"] == "sequence"
+    assert wide.knobs["persistent"] is True and wide.knobs["tile_order"] == "sequence"  # the dense: False
     dense = simulate(H200, None, Problem(1, 16, 4000, 4000, 128, True), impl="fa4kernel")
     assert dense.knobs["persistent"] is True  # the dense launch keeps its host table
     assert dense.knobs["tile_order"] == "fa4kernel"
@@ -91,14 +91,15 @@ def test_fa4kernel_varlen_is_persistent_where_the_dense_forward_is():
 
 def test_fa4kernel_varlen_knobs_come_from_its_file():
     """The varlen launch's tile order is fa4kernel-sm90.json's choice (a rule on is_varlen), not a
-    name test in the model; its persistence the dense forward's rule (O's own buffer)."""
+    name test in the model, and so is its persistence (a rule on is_varlen)."""
     from fa4sim import implementation
 
     impl = implementation.load("fa4kernel-sm90")
     assert impl.varlen and "FlashFwdSm90Varlen" in impl.knobs["tile_order"]["source"]
     rules = impl.knobs["tile_order"]["value"]["rules"]
     assert rules[0]["when"] == {"is_varlen": True} and rules[0]["value"] == "sequence"
-    assert impl.knobs["persistent"]["value"] == {"fact": "o_fits"} and "source" in impl.knobs["persistent"]
+    rules = impl.knobs["persistent"]["value"]["rules"]
+    assert rules[0] == {"when": {"is_varlen": True}, "value": True} and "source" in impl.knobs["persistent"]
     # flash-attn-3 / -4 keep their own schedulers' orders for varlen
     for name in ("flash-attn-3", "flash-attn-4"):
         knobs = setup(H200, None, Problem.varlen(8, 128, [100, 300]), {}, name)[4]

@@ -121,16 +121,16 @@ def test_grid_ctas_one_per_sm_when_persistent_else_one_per_tile():
     assert [varlen.grid_ctas(False, t, 132) for t in (0, 1, 5000)] == [1, 1, 5000]
 
 
-def test_varlen_build_is_persistent_where_o_has_its_own_buffer():
-    """make_varlen_config takes the dense forward's persistence rule (auto: O's own smem buffer),
-    and the knob as the dense forward does."""
+def test_varlen_build_is_persistent_at_every_head_dim():
+    """make_varlen_config: persistent unless the knobs say otherwise (VARLEN_PERSISTENT), also where
+    O shares Q's buffer and the dense forward is not; the knob as the dense forward has it."""
     from fa4kernel.sm90.config import make_varlen_config
 
     for d in (64, 96, 128, 192, 256):
-        cfg, dense = make_varlen_config("bfloat16", d, True, True, {}), fa4kernel.make_config("bfloat16", d, True, True, {})
-        assert cfg.varlen and cfg.persistent == dense.persistent == cfg.separate_o
+        for causal in (False, True):
+            assert make_varlen_config("bfloat16", d, causal, True, {}).persistent
+    assert not fa4kernel.make_config("bfloat16", 256, True, True, {}).persistent  # the dense rule
     assert not make_varlen_config("bfloat16", 128, False, True, {"persistent": False}).persistent
-    assert make_varlen_config("bfloat16", 256, False, True, {"persistent": True}).persistent
 
 
 @pytest.mark.parametrize("block", [64, 128, 256])

@@ -138,8 +138,8 @@ def test_persistent_ctas_take_every_tile_once(d, causal, ctas, monkeypatch):
 
 @pytest.mark.parametrize("d", [128, 256])
 def test_one_cta_per_tile_and_persistent_agree(d):
-    """persistent=False (one CTA per tile, no counter) and persistent=True (at hd256, where O shares
-    Q's buffer and Q goes back only after the O store) give the auto build's result."""
+    """persistent=False (one CTA per tile, no counter) and persistent=True (the default; at hd256 O
+    shares Q's buffer and Q goes back only after the O store) give the default build's result."""
     lens = [300, 1, 0, 1000, 77, 4097]
     base = check_kw(lens, lens, True, 4, 4, d, seed=11)
     for pers in (False, True):

@@ -311,12 +311,22 @@ def make_decode_config(dtype: str, head_dim: int, causal: bool, split_kv: bool) 
     return replace(cfg, decode=True, split_kv=bool(split_kv))
 
 
+# The varlen build is persistent at every head dim (persistent=None): where O shares Q's buffer
+# (hd96 without a mask, hd192, hd256) the dense forward is not, but there its varlen CTAs, which
+# count their tiles on the device and take the next free one, ran 0.5-4.4 % faster than one CTA
+# per tile, as fa4sim had predicted (+0.7-1.8 %; H200, lab/campaigns/varlen-sm90/, persistent_ab:
+# an end-to-end comparison, in-sample for this choice).
+VARLEN_PERSISTENT = True
+
+
 def make_varlen_config(dtype: str, head_dim: int, causal: bool, has_lse: bool, knobs: dict) -> KernelConfig:
-    """The varlen build of the forward (KernelConfig.varlen) for these problem options and knobs,
-    persistent as the dense forward is (auto: where O has its own smem buffer): the tiles are
-    counted on the device from cu_seqlens, no host table."""
+    """The varlen build of the forward (KernelConfig.varlen) for these problem options and knobs:
+    the tiles are counted on the device from cu_seqlens (no host table); persistent unless the
+    knobs say otherwise (VARLEN_PERSISTENT)."""
     from dataclasses import replace
 
+    if knobs.get("persistent") is None:
+        knobs = {**knobs, "persistent": VARLEN_PERSISTENT}
     cfg = make_config(dtype, head_dim, causal, has_lse, knobs)
     return replace(cfg, varlen=True)
 
