@@ -411,7 +411,7 @@ def backward(run: Run) -> Pass:
         # order (kernel_bwd.varlen_grid; its CTAs past their sequence's keys exit at once)
         units, parts = kernel_bwd.varlen_units(problem, keys, tile_m, knobs, units_of)
         n_hb = kernel_bwd.launch_heads(kernel_bwd.sequence(problem, 0), knobs)  # per sequence
-        grid = kernel_bwd.varlen_grid(units, n_hb, cluster > 1)
+        grid = kernel_bwd.varlen_grid(units, n_hb, cluster > 1, bool(knobs.get("deterministic")) and problem.causal)
         if len(grid) > MAX_TILES:
             raise InputError("seqlens", f"{problem.batch} sequences x {n_hb} heads x {len(grid) // n_hb // problem.batch} "
                                         f"key blocks = {len(grid)} CTAs; fa4sim simulates at most {MAX_TILES} per "
@@ -485,7 +485,13 @@ def backward(run: Run) -> Pass:
             # keys of every CTA and the first Q block of each (sequence, head) it starts on
             kt = kernel_time_tiles(rows_t, at, units, grid, cost_of, tile_m, two_cta, False, keys, 1,
                                    cold_bytes=lambda wave: cold_start_bytes(rows_t, wave, keys, tile_m))
-            return kernel_bwd.with_traffic(kt, problem, at, units, tile_m, two_cta, None, knobs, parts)
+            cycles = None
+            if knobs.get("deterministic"):  # each (sequence, head)'s CTAs take their dQ turns in grid order
+                cycles, _ = kernel_bwd.deterministic_grid(grid, units, [cost_of(u) for u in units],
+                                                          at.num_sms // (2 if two_cta else 1),
+                                                          module.dq_hold(at, problem, knobs),
+                                                          kt.cold_start_us * at.clock_ghz * 1e3, at.cta_launch_cycles)
+            return kernel_bwd.with_traffic(kt, problem, at, units, tile_m, two_cta, cycles, knobs, parts)
         kt = kernel_time(rows_t, at, units, cost_of, tile_m, two_cta, persistent=False, order=order, rows=keys,
                          cluster=cluster)
         cycles = None

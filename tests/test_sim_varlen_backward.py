@@ -179,7 +179,6 @@ def test_an_implementation_without_a_varlen_backward_is_refused_in_one_line(hw, 
 
 
 @pytest.mark.parametrize("setting, param", [
-    ({"deterministic": True}, "deterministic"),
     ({"grid_order": "tail_lpt"}, "grid_order"),
     ({"preprocess": "torch"}, "preprocess"),
 ])
@@ -197,3 +196,46 @@ def test_cli_varlen_backward(capsys):
     assert main(["run", "--hw", H200, "--impl", "flash-attn-4", "--seqlens", "100,3000", "--pass", "bwd"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "flash-attn-4 has no varlen backward; allowed impls: fa4kernel-sm90" in err
+
+
+def test_deterministic_grid_of_one_head_is_the_dense_model():
+    """deterministic_cycles (the dense launch) is deterministic_grid of its heads-outer grid; an
+    empty CTA in the grid costs its slot a launch and breaks no head's chain."""
+    from fa4sim.schedules.kernel_bwd import KvUnit, deterministic_cycles, deterministic_grid
+
+    units = [KvUnit(4, 0, 0, 0, 0), KvUnit(4, 0, 0, 0, 0), KvUnit(3, 0, 0, 1, 0)]
+    costs = [(400.0, 100.0), (400.0, 100.0), (300.0, 100.0)]
+    for causal in (False, True):
+        order = list(range(3))[::-1] if causal else list(range(3))
+        grid = [(h, m) for h in range(2) for m in order]
+        assert deterministic_cycles(units, costs, 2, 2, 150.0, 10.0, 5.0, causal) == \
+            deterministic_grid(grid, units, costs, 2, 150.0, 10.0, 5.0)
+    with_empty = [(0, 0), (0, -1), (0, 1), (0, 2)]
+    plain = deterministic_grid([(0, 0), (0, 1), (0, 2)], units, costs, 1, 150.0, 0.0, 0.0)
+    assert deterministic_grid(with_empty, units, costs, 1, 150.0, 0.0, 0.0) == (plain[0], plain[1] + 1)
+
+
+def test_varlen_deterministic_waits_its_turns():
+    """The deterministic varlen backward (fa4kernel's build) is modelled: it takes longer than the
+    fast one, most where many key blocks share few query blocks (a long key sequence under a short
+    query chunk: each query block's dQ turns run through every key block in order), and its
+    causal grid runs each sequence's key blocks last first."""
+    from fa4sim.schedules.kernel_bwd import varlen_grid
+
+    batch = Problem.varlen(8, 64, [256, 1024], [8192, 3000])
+    fast, det = bwd(batch), bwd(batch, {"deterministic": True})
+    assert det.main_us > fast.main_us
+    long = Problem.varlen(8, 64, [4000, 3000])
+    ratio_long = bwd(long, {"deterministic": True}).main_us / bwd(long).main_us
+    assert det.main_us / fast.main_us > ratio_long
+    assert any(n.startswith("varlen:") for n in det.notes)
+
+    class U:
+        def __init__(self, seq):
+            self.seq = seq
+
+    units = [U(0), U(0), U(0), U(1)]
+    assert varlen_grid(units, 1, False, reverse=True) == [(0, 2), (0, 1), (0, 0), (1, 3), (1, -1), (1, -1)]
+    units = [U(0)] * 5 + [U(1)] * 2
+    assert varlen_grid(units, 1, True, reverse=True) == [(0, 4), (0, 2), (0, 3), (0, 0), (0, 1), (0, -1),
+                                                       (1, 5), (1, 6), (1, -1), (1, -1), (1, -1), (1, -1)]

@@ -14,7 +14,8 @@ sequence) up to the longest sequence's key blocks, in blockIdx order (varlen_gri
 sequence's units are those of the dense backward of its lengths (varlen_units), a CTA past its
 sequence's keys exits at once; its traffic is the sum of the sequences' (traffic_of) and the
 varlen preprocess and postprocess kernels around it run over the packed and padded rows
-(varlen_passes).
+(varlen_passes); its deterministic build's dQ turns are the dense build's, per (sequence, launch
+head), in its grid's order (deterministic_grid).
 """
 from __future__ import annotations
 
@@ -66,27 +67,29 @@ def varlen_units(p: Problem, keys: int, tile_m: int, knobs: dict, units_of) -> t
     return out, parts
 
 
-def varlen_grid(units: list, n_h: int, pair: bool) -> list[tuple[int, int]]:
+def varlen_grid(units: list, n_h: int, pair: bool, reverse: bool = False) -> list[tuple[int, int]]:
     """(g, m) CTAs of fa4kernel's varlen backward in blockIdx order (x: key block, fastest; y:
     launch head; z: sequence), g = seq * n_h + head, m an index into `units` (varlen_units). x
     runs to the longest sequence's key blocks, rounded up to even with `pair` (dq_sum "pair":
     clusters of 2 adjacent key blocks); m = -1: a CTA whose key block (a pair's first) starts at
-    or past its sequence's keys, which exits at once (it costs its launch only)."""
+    or past its sequence's keys, which exits at once (it costs its launch only). reverse (the
+    deterministic build with a causal mask, sm90/bwd.py _cta_work): each sequence's key blocks
+    (pairs) last first, its empty CTAs after them."""
     by_seq: dict[int, list[int]] = {}
     for m, u in enumerate(units):
         by_seq.setdefault(u.seq, []).append(m)
     num_x = max(len(ms) for ms in by_seq.values())
     num_x += num_x % 2 if pair else 0
+    if reverse:
+        c = 2 if pair else 1
+        by_seq = {s: [m for i in reversed(range(0, len(ms), c)) for m in ms[i:i + c]] for s, ms in by_seq.items()}
     return [(s * n_h + h, ms[x] if x < len(ms) else -1)
             for s, ms in sorted(by_seq.items()) for h in range(n_h) for x in range(num_x)]
 
 
 def check_varlen(knobs: dict) -> None:
-    """A varlen backward's knobs: fa4kernel's varlen build launches in blockIdx order, and fa4sim
-    models its fast build (not the deterministic one's dQ turns) with its preprocess kernel."""
-    if knobs.get("deterministic"):
-        raise InputError("deterministic", "fa4sim models the varlen backward's fast build, not the dQ turns "
-                                          "of its deterministic one; allowed with a varlen batch: false")
+    """A varlen backward's knobs: fa4kernel's varlen build launches in blockIdx order, with its
+    preprocess kernel."""
     if knobs.get("grid_order", "heads_outer") != "heads_outer":
         raise InputError("grid_order", f"{knobs['grid_order']}: the varlen backward launches in blockIdx order; "
                                        f"allowed with a varlen batch: heads_outer")
@@ -261,35 +264,46 @@ def dq_order_wait(hw, dq_bytes: float) -> float:
 
 def deterministic_cycles(units: list[KvUnit], costs: list[tuple[float, float]], n_hb: int, slots: int,
                          hold: float, start: float, cta_launch: float, causal: bool) -> tuple[float, int]:
-    """(launch cycles, CTAs on the busiest slot) of a deterministic backward, one CTA per unit.
-
-    The dQ of a Q block is added in a fixed order of KV tiles (flash-attn-4: by KV tile index;
-    causal: shortest first, from the last KV tile down, dispatched in that order). A CTA reduces
-    its Q blocks at R + j P (R its first reduction, P its cycles per Q block), and may not
-    reduce a Q block before the CTA before it in the order has held that block's order for
-    `hold` cycles: R >= R_prev + hold - (first Q block both share - its own first) P. A CTA
-    that has to wait runs that much longer. CTAs go to the slot that frees first."""
+    """(launch cycles, CTAs on the busiest slot) of a deterministic backward, one CTA per unit,
+    heads outer (flash-attn-4 and fa4kernel: the dQ of a Q block added by KV tile index; causal:
+    shortest first, from the last KV tile down, dispatched in that order): deterministic_grid of
+    that grid."""
     order = list(range(len(units)))
     if causal:
         order.reverse()
+    return deterministic_grid([(hb, m) for hb in range(n_hb) for m in order], units, costs, slots, hold, start,
+                              cta_launch)
+
+
+def deterministic_grid(grid: list[tuple[int, int]], units: list, costs: list[tuple[float, float]], slots: int,
+                       hold: float, start: float, cta_launch: float) -> tuple[float, int]:
+    """(launch cycles, CTAs on the busiest slot) of a deterministic backward launched as `grid`:
+    (g, m) CTAs in dispatch order, m an index into units (-1: a CTA that exits at once, its
+    launch only), the CTAs of one g (a launch head of one sequence) in the dQ order of their Q
+    blocks. A CTA reduces its Q blocks at R + j P (R its first reduction, P its cycles per Q
+    block), and may not reduce a Q block before the CTA before it in its g's order has held that
+    block's order for `hold` cycles: R >= R_prev + hold - (first Q block both share - its own
+    first) P. A CTA that has to wait runs that much longer. CTAs go to the slot that frees first."""
     heap = [(start, i, 0) for i in range(max(1, slots))]
     end, busiest = start, 0
-    for hb in range(n_hb):
-        prev = None  # (R, first Q block) of the previous CTA in this head's order
-        for m in order:
-            u, (t1, _) = units[m], costs[m]
-            load, i, n = heapq.heappop(heap)
-            begin = load + (cta_launch if n else 0.0)
-            per_block = t1 / max(1, u.n_kv)
-            r = begin
-            if prev is not None:
-                shared = max(prev[1], u.first)
-                r = max(r, prev[0] + hold - (shared - u.first) * per_block)
-            finish = t1 + r
-            prev = (r, u.first)
-            heapq.heappush(heap, (finish, i, n + 1))
-            if finish > end:
-                end, busiest = finish, n + 1
+    prev: dict[int, tuple[float, int]] = {}  # g -> (R, first Q block) of its previous CTA in the order
+    for g, m in grid:
+        load, i, n = heapq.heappop(heap)
+        begin = load + (cta_launch if n else 0.0)
+        if m < 0:
+            heapq.heappush(heap, (begin, i, n + 1))
+            continue
+        u, (t1, _) = units[m], costs[m]
+        per_block = t1 / max(1, u.n_kv)
+        r = begin
+        if g in prev:
+            shared = max(prev[g][1], u.first)
+            r = max(r, prev[g][0] + hold - (shared - u.first) * per_block)
+        finish = t1 + r
+        prev[g] = (r, u.first)
+        heapq.heappush(heap, (finish, i, n + 1))
+        if finish > end:
+            end, busiest = finish, n + 1
     return end, busiest
 
 
