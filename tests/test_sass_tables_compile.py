@@ -151,3 +151,17 @@ def test_bench_contention_intra_wgs_fail_in_one_line_before_the_gpu(tmp_path, wg
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert res.returncode == 2 and "Traceback" not in res.stderr
     assert "--intra-wgs" in res.stderr.strip().splitlines()[-1] and "allowed: comma-separated 1, 2, 3" in res.stderr
+
+
+def test_bench_dq_turn_runs_the_deterministic_turn_as_the_backward_does():
+    """bench_dq_turn's turn holds what dq_store's deterministic turn holds: the acquire loads, the
+    bulk reduce-add, the gpu-scope membar of the release and its add (the backward's SASS has
+    them too)."""
+    from lab.tools.calibrate import bench_dq_turn
+    from lab.tools.calibrate.common import compile_for_sass, sass_count
+
+    sass = compile_for_sass(bench_dq_turn.make(32768), *bench_dq_turn.fake_args())
+    for op in ("LDG.E.STRONG.GPU", "UBLKRED.G.S.ADD.F32.RN", "MEMBAR.ALL.GPU", "REDG.E.ADD.S32.STRONG.GPU"):
+        assert sass_count(sass, op) >= 1, op
+    bare = compile_for_sass(bench_dq_turn.make(0), *bench_dq_turn.fake_args())
+    assert sass_count(bare, "UBLKRED.G.S.ADD.F32.RN") == 0 and sass_count(bare, "MEMBAR.ALL.GPU") >= 1
