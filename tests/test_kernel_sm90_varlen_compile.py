@@ -63,8 +63,8 @@ def test_ordinary_sass_is_unchanged_by_the_varlen_branches(causal, monkeypatch):
     def boom(*a, **k):
         raise AssertionError("a varlen-only method was traced into the ordinary build")
 
-    for name in ("_varlen_chunk", "_varlen_seek", "_varlen_coords", "_produce_varlen", "_varlen_blocks",
-                 "_store_o_rows"):
+    for name in ("_varlen_chunk", "_varlen_counts", "_varlen_seek", "_varlen_coords", "_produce_varlen",
+                 "_varlen_blocks", "_store_o_rows"):
         monkeypatch.setattr(FlashFwdSm90, name, boom)
     assert fa4kernel.compile_sass(cfg, arch="sm_90a") == plain
 

@@ -87,8 +87,9 @@ class FlashFwdSm90:
         self.split_kv = bool(cfg.split_kv)
         assert not self.decode or (self.overlap and not self.persistent), "decode: overlap, one CTA per tile"
         # The varlen build (KernelConfig.varlen, FlashFwdSm90Varlen): the batch's Q tiles counted
-        # on the device from cu_seqlens (_varlen_seek); a persistent CTA takes every grid-th tile,
-        # otherwise one CTA per tile. O leaves through row-predicated stores.
+        # on the device from cu_seqlens (_varlen_seek); a persistent CTA takes the next tile from
+        # a tile counter when it frees up (_produce_varlen), otherwise one CTA per tile. O leaves
+        # through row-predicated stores.
         self.varlen = bool(cfg.varlen)
         assert not (self.varlen and self.decode), "varlen: not decode"
         self.scheduled = (self.persistent or self.causal) and not self.decode and not self.varlen
@@ -319,6 +320,19 @@ class FlashFwdSm90:
         return q0, q1, k0, k1
 
     @cute.jit
+    def _varlen_counts(self, q0, q1, num_heads):
+        """Varlen build, one warp: (this lane's sequence's tiles, Q tiles x heads; their inclusive
+        prefix sum over the warp's lanes, five shuffles up)."""
+        lane = cute.arch.lane_idx()
+        cnt = (q1 - q0 + (self.tile_m - 1)) // self.tile_m * num_heads
+        incl = cnt
+        for i in cutlass.range_constexpr(5):
+            y = cute.arch.shuffle_sync_up(incl, 1 << i)
+            if lane >= (1 << i):
+                incl = incl + y
+        return cnt, incl
+
+    @cute.jit
     def _varlen_seek(self, t, num_heads, mCuSeqlensQ, mCuSeqlensK, base, acc, q0, q1, k0, k1):
         """Varlen build, one warp (warp-uniform result): tile t of the batch, counted sequence by
         sequence (each sequence's Q tiles x heads), found by a prefix sum over the 32 sequences of
@@ -329,25 +343,14 @@ class FlashFwdSm90:
         chunk's end) and the cursor; sequence >= the batch's sequences: no tile t, and the last
         value is the batch's tile count."""
         nseq = mCuSeqlensQ.shape[0] - 1
-        lane = cute.arch.lane_idx()
-        cnt = (q1 - q0 + (self.tile_m - 1)) // self.tile_m * num_heads
-        incl = cnt
-        for i in cutlass.range_constexpr(5):
-            y = cute.arch.shuffle_sync_up(incl, 1 << i)
-            if lane >= (1 << i):
-                incl = incl + y
+        cnt, incl = self._varlen_counts(q0, q1, num_heads)
         # lanes whose inclusive count ends at or before t: a prefix of the warp (counts >= 0)
         n_le = cute.arch.popc(cute.arch.vote_ballot_sync(acc + incl <= t))
         while n_le == 32 and base + 32 < nseq:
             acc = acc + cute.arch.shuffle_sync(incl, 31)
             base = base + 32
             q0, q1, k0, k1 = self._varlen_chunk(base, mCuSeqlensQ, mCuSeqlensK)
-            cnt = (q1 - q0 + (self.tile_m - 1)) // self.tile_m * num_heads
-            incl = cnt
-            for i in cutlass.range_constexpr(5):
-                y = cute.arch.shuffle_sync_up(incl, 1 << i)
-                if lane >= (1 << i):
-                    incl = incl + y
+            cnt, incl = self._varlen_counts(q0, q1, num_heads)
             n_le = cute.arch.popc(cute.arch.vote_ballot_sync(acc + incl <= t))
         before = acc + cute.arch.shuffle_sync(incl - cnt, n_le)
         off_q, end_q = cute.arch.shuffle_sync(q0, n_le), cute.arch.shuffle_sync(q1, n_le)
