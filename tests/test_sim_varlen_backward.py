@@ -239,3 +239,17 @@ def test_varlen_deterministic_waits_its_turns():
     units = [U(0)] * 5 + [U(1)] * 2
     assert varlen_grid(units, 1, True, reverse=True) == [(0, 4), (0, 2), (0, 3), (0, 0), (0, 1), (0, -1),
                                                        (1, 5), (1, 6), (1, -1), (1, -1), (1, -1), (1, -1)]
+
+
+def test_varlen_gqa_dkv_reduce_adds_the_accumulators_passes():
+    """gqa_dkv "reduce" on a varlen batch: the dK / dV fp32 accumulators' zeroing and their turn
+    into 16 bit run around the kernel, over the packed keys of each k/v head."""
+    from fa4sim.schedules.kernel_bwd import varlen_passes
+
+    p = Problem.varlen(8, 128, [300, 1000], heads_kv=2)
+    knobs = {"tile_m": 64, "gqa_dkv": "reduce"}
+    pre, post = varlen_passes(p, knobs)
+    loop_pre, loop_post = varlen_passes(p, {"tile_m": 64, "gqa_dkv": "loop"})
+    assert len(pre) == len(loop_pre) + 2 and len(post) == len(loop_post) + 2
+    assert dict(pre)["dk_accum = zeros (fp32)"] == 2 * 1300 * 128 * 4
+    assert dict(post)["dV fp32 -> 16 bit"] == 2 * 1300 * 128 * 6

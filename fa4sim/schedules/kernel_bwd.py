@@ -333,13 +333,18 @@ def varlen_passes(p: Problem, knobs: dict) -> tuple[tuple, tuple]:
     dO and LSE over the packed rows (total_q of each head) and writes dPsum and LSE_log2 and zeroes
     the fp32 dQ accumulator over every sequence's whole query blocks (the padded rows, about
     total_q + sequences x tile_m / 2 of each head); its postprocess reads those blocks of the
-    accumulator and writes dQ's packed rows. The kernel writes dK and dV itself."""
+    accumulator and writes dQ's packed rows. The kernel writes dK and dV itself, or, with
+    reduces_dkv, adds them into fp32 accumulators zeroed before and turned into 16 bit after."""
     total_q = sum(q for q, _ in p.sequences)
     tile_m = knobs["tile_m"]
     blocks = sum(-(-q // tile_m) * tile_m for q, _ in p.sequences)  # each sequence's whole query blocks
     packed, padded = p.heads * total_q, p.heads * blocks
     pre = (("preprocess kernel (varlen)", packed * (2 * p.hdim_v * 2 + 4) + padded * (8 + p.hdim * 4)),)
     post = (("postprocess kernel (varlen)", padded * p.hdim * 4 + packed * p.hdim * 2),)
+    if reduces_dkv(p, knobs):  # fp32 dK, dV accumulators over the packed keys, as the dense launch's (passes)
+        kv_rows = p.heads_kv * sum(k for _, k in p.sequences)
+        pre += tuple((f"{w}_accum = zeros (fp32)", kv_rows * n * 4) for w, n in (("dk", p.hdim), ("dv", p.hdim_v)))
+        post += tuple((f"{w} fp32 -> 16 bit", kv_rows * n * (4 + 2)) for w, n in (("dK", p.hdim), ("dV", p.hdim_v)))
     return pre, post
 
 
