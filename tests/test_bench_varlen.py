@@ -77,3 +77,44 @@ def test_predict_the_backward(tmp_path):
     assert ours["us"] == pytest.approx(ours["pre_us"] + ours["main_us"] + ours["post_us"])
     assert ours["tflops"] == pytest.approx(2.5 * b.flops() / (ours["us"] * 1e6))
     assert all("no varlen backward" in r["not_modelled"] for r in doc["rows"] if r["kernel"] != "fa4kernel.varlen")
+
+
+def test_bench_varlen_times_with_the_clock_of_its_timed_batches():
+    """bench_varlen_sm90.time_call with an NVML sampler: each timed batch inside the sampler's
+    window for the candidate, its summary recorded beside the time (a stand-in torch and sampler:
+    no GPU here)."""
+    import contextlib
+    import types
+
+    class Event:
+        def __init__(self, **_):
+            self.t = 0.0
+
+        def record(self):
+            self.t = len(calls) * 1e-3
+
+        def synchronize(self):
+            pass
+
+        def elapsed_time(self, other):
+            return other.t - self.t
+
+    calls, windows = [], []
+    cuda = types.SimpleNamespace(synchronize=lambda: None, Event=Event)
+    fake_torch = types.SimpleNamespace(cuda=cuda)
+
+    class Sampler:
+        ok = True
+
+        @contextlib.contextmanager
+        def window(self, name):
+            windows.append(name)
+            yield
+
+        def summary(self, names):
+            return {n: {"mhz_mean": 1755.0, "n": 3} for n in names}
+
+    r = bench.time_call(fake_torch, lambda: calls.append(1), 0.0, 3, 1.0, Sampler(), "ten:fa4kernel.varlen")
+    assert windows == ["ten:fa4kernel.varlen"] * 3 and r["nvml"] == {"mhz_mean": 1755.0, "n": 3}
+    assert r["us"] > 0 and r["calls_per_batch"] >= 1
+    assert "nvml" not in bench.time_call(fake_torch, lambda: calls.append(1), 0.0, 2, 1.0)

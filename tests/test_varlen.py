@@ -213,4 +213,3 @@ def test_forward_without_lse_launches_without_one():
     out, lse = varlen.forward(RUN_STAND_IN, cfg, q, q, q, cu, cu, 5, None)
     assert lse is None and not cfg.has_lse
     torch.testing.assert_close(out, packed_reference(q, q, q, [4, 5], [4, 5], True, 1 / 8))
-

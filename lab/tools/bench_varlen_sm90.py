@@ -48,6 +48,7 @@ schedules; fa4kernel.varlen where fa4sim has it), kind "predictions"; each row's
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import itertools
 import json
@@ -127,6 +128,7 @@ def lengths(flag: str, text: str) -> tuple:
 
 
 BWD_FLOPS = 2.5  # the backward's FLOPs per forward FLOP (flash-attn's convention)
+SAMPLER = None  # main's NVML clock sampler on the device (lab/tools/nvml_clock.py); None: no clocks
 
 
 def predict_rows(batches, pass_: str = "fwd") -> list:
@@ -302,7 +304,10 @@ def reference_grads(torch, b: Batch, q, k, v, cq, ck, dout):
     return qf.grad, kf.grad, vf.grad
 
 
-def time_call(torch, fn, settle_s: float, reps: int, batch_ms: float) -> dict:
+def time_call(torch, fn, settle_s: float, reps: int, batch_ms: float, sampler=None, window: str = "") -> dict:
+    """Median us per call over `reps` timed batches after `settle_s` back to back; with an NVML
+    `sampler` (lab/tools/nvml_clock.py), the SM clock and board power of the timed batches too
+    ("nvml": mhz_mean, power, clock-event reasons), so a miss can be told apart into clock and cycles."""
     torch.cuda.synchronize()
     t0 = time.perf_counter()
     fn()
@@ -319,14 +324,19 @@ def time_call(torch, fn, settle_s: float, reps: int, batch_ms: float) -> dict:
     calls = max(1, min(2000, int(batch_ms / max((time.perf_counter() - t0) * 1e3, 1e-3))))
     s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     per_call = []
+    on = sampler is not None and sampler.ok
     for _ in range(reps):
-        s.record()
-        for _ in range(calls):
-            fn()
-        e.record()
-        e.synchronize()
+        with sampler.window(window) if on else contextlib.nullcontext():
+            s.record()
+            for _ in range(calls):
+                fn()
+            e.record()
+            e.synchronize()
         per_call.append(s.elapsed_time(e) * 1e3 / calls)
-    return {"us": statistics.median(per_call), "us_min": min(per_call), "calls_per_batch": calls}
+    out = {"us": statistics.median(per_call), "us_min": min(per_call), "calls_per_batch": calls}
+    if on:
+        out["nvml"] = sampler.summary([window]).get(window, {})
+    return out
 
 
 def run_batch(torch, b: Batch, args, errors: dict) -> dict:
@@ -352,7 +362,7 @@ def run_batch(torch, b: Batch, args, errors: dict) -> dict:
                 r.update(rel_error=max(c["rel_error"] for c in checks), ok=all(c["ok"] for c in checks))
             else:
                 r.update(check_output(torch, out, ref))
-            r.update(time_call(torch, fn, args.settle_s, args.reps, args.batch_ms))
+            r.update(time_call(torch, fn, args.settle_s, args.reps, args.batch_ms, SAMPLER, f"{b.name}:{name}"))
             r["tflops"] = flops / (r["us"] * 1e6)
         except Exception as e:
             r["error"] = repr(e)[:400]
@@ -447,6 +457,11 @@ def main(argv=None) -> int:
                                if args.pass_ == "bwd" else ""),
                   "settings": {"settle_s": args.settle_s, "reps": args.reps, "batch_ms": args.batch_ms,
                                "rel_error_limit": REL_ERROR_LIMIT}}, "varlen")
+    global SAMPLER
+    from lab.tools.nvml_clock import ClockSampler
+
+    SAMPLER = ClockSampler(torch.cuda.current_device())  # ok False without NVML: no clocks recorded
+    meta["nvml"] = {"ok": SAMPLER.ok, "error": SAMPLER.error}
     errors: dict = {}
     rows = []
     for b in args.selected:
