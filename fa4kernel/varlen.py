@@ -9,12 +9,12 @@ i's rows [cu_seqlens_q[i], cu_seqlens_q[i + 1]) of q and its keys likewise; cu_s
 within each sequence (flash_attn's convention). lse: (heads, total_q) fp32, natural log.
 
 The forward is one launch of the forward's varlen build (sm90/fwd.py, FlashFwdSm90Varlen): the
-batch's Q tiles in (sequence, head, Q tile) order, counted on the device from cu_seqlens; a
-persistent CTA (one per SM, where O has its own smem buffer) takes every grid-th of them, else
-one CTA per tile (grid_ctas). max_seqlen_q bounds the tile count: given on a GPU, the lengths are
-not read on the host (no sync; a max_seqlen_q below the longest sequence leaves the tiles past it
-unrun, as flash_attn leaves its rows unwritten); left None, or with cu_seqlens on the CPU, they
-are read and checked (one sync).
+batch's Q tiles in (sequence, head, Q tile) order, counted on the device from cu_seqlens; one
+persistent CTA per SM takes the next of them from a tile counter as it frees up (persistent=False:
+one CTA per tile; grid_ctas). max_seqlen_q bounds the tile count: given on a GPU, the lengths are
+not read on the host (no sync; a max_seqlen_q below the longest sequence may leave rows unwritten,
+as flash_attn does); left None, or with cu_seqlens on the CPU, they are read and checked (one
+sync).
 
 The backward is one launch of the backward's varlen build (sm90/bwd.py, FlashBwdSm90Varlen):
 one CTA per (key block, k/v head, sequence) up to max_seqlen_k's key blocks, its sequence's

@@ -340,12 +340,12 @@ def kernel_time_tiles(p: Problem, hw, units: list[WorkUnit], tiles: list[tuple[i
     one sequence (g // share its K/V head), m an index into `units` (varlen: every sequence's Q
     tiles; split-KV: every chunk). A persistent launch hands each tile to the CTA predicted free
     first (a dynamic scheduler, or fa4kernel's varlen build's tile counter, does the same), else
-    one CTA per tile. K/V come from HBM once per (sequence,
-    K/V head, chunk) per wave that does not find them in L2 (kv_hbm_reads); Q and O once
-    (extra_hbm: what else the launch writes, split-KV's fp32 partial O and LSE). m = -1: an empty
-    CTA (the varlen backward's grid), which costs its launch on the SM it takes. cold_bytes: the
-    first wave's [(g, unit)] -> its bytes from HBM before any loop (default: every tile's Q rows
-    and the first K/V block of each (K/V head, chunk, sequence) it holds)."""
+    one CTA per tile. K/V come from HBM once per (sequence, K/V head, chunk) per wave that does
+    not find them in L2 (kv_hbm_reads); Q and O once (extra_hbm: what else the launch writes,
+    split-KV's fp32 partial O and LSE). m = -1: an empty CTA (the varlen backward's grid), which
+    costs its launch on the SM it takes. cold_bytes: the first wave's [(g, unit)] -> its bytes
+    from HBM before any loop (default: every tile's Q rows and the first K/V block of each (K/V
+    head, chunk, sequence) it holds)."""
     costs = [cost_of(u) for u in units]
     slots = hw.num_sms // (2 if two_cta else 1)
     d = p.hdim
