@@ -14,7 +14,6 @@ the same CTAs' clock64/globaltimer).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 
@@ -115,15 +114,9 @@ def main(argv=None):
         ok = "SMID" in sass and "SR_GLOBALTIMER" in sass
         print("%smid and %globaltimer read:", "ok" if ok else "MISSING")
         return 0 if ok else 1
-    from lab.tools.calibrate.common import Device
-    from lab.tools.calibrate.run_all import meta
+    from lab.tools.calibrate.common import run_and_write
 
-    dev = Device()
-    doc = {"meta": meta(), "cta_turnover": run(dev)}
-    if a.out:
-        with open(a.out, "w") as f:
-            json.dump(doc, f, indent=1)
-    return 0
+    return run_and_write("cta_turnover", run, a.out)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,6 @@ add at the TMA rate).
 """
 
 import argparse
-import json
 import os
 import sys
 
@@ -129,15 +128,9 @@ def main(argv=None):
         ok = "UBLKRED" in sass or "UBLKCP" in sass or "BULK" in sass
         print("bulk reduce-add:", "ok" if ok else "MISSING")
         return 0 if ok else 1
-    from lab.tools.calibrate.common import Device
-    from lab.tools.calibrate.run_all import meta
+    from lab.tools.calibrate.common import run_and_write
 
-    dev = Device()
-    doc = {"meta": meta(), "dq_turn": run(dev, a.rounds)}
-    if a.out:
-        with open(a.out, "w") as f:
-            json.dump(doc, f, indent=1)
-    return 0
+    return run_and_write("dq_turn", lambda dev: run(dev, a.rounds), a.out)
 
 
 if __name__ == "__main__":

@@ -17,7 +17,6 @@ Stamps (lane 0 of each warpgroup) per sample: t_issue - t0, tA - t0, tB - t0.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 
@@ -151,15 +150,9 @@ def main(argv=None):
         n = sass_count(compile_for_sass(make(), *fake_args()), "HGMMA")
         print(f"HGMMA {n} (want 16)", "ok" if n == 16 else "UNEXPECTED")
         return 0 if n == 16 else 1
-    from lab.tools.calibrate.common import Device
-    from lab.tools.calibrate.run_all import meta
+    from lab.tools.calibrate.common import run_and_write
 
-    dev = Device()
-    doc = {"meta": meta(), "two_chains": run(dev)}
-    if a.out:
-        with open(a.out, "w") as f:
-            json.dump(doc, f, indent=1)
-    return 0
+    return run_and_write("two_chains", run, a.out)
 
 
 if __name__ == "__main__":
