@@ -114,9 +114,9 @@ def main(argv=None):
         ok = "SMID" in sass and "SR_GLOBALTIMER" in sass
         print("%smid and %globaltimer read:", "ok" if ok else "MISSING")
         return 0 if ok else 1
-    from lab.tools.calibrate.common import run_and_write
+    from lab.tools.calibrate.common import Device, write_result
 
-    return run_and_write("cta_turnover", run, a.out)
+    return write_result("cta_turnover", run(Device()), a.out)
 
 
 if __name__ == "__main__":

@@ -128,9 +128,9 @@ def main(argv=None):
         ok = "UBLKRED" in sass or "UBLKCP" in sass or "BULK" in sass
         print("bulk reduce-add:", "ok" if ok else "MISSING")
         return 0 if ok else 1
-    from lab.tools.calibrate.common import run_and_write
+    from lab.tools.calibrate.common import Device, write_result
 
-    return run_and_write("dq_turn", lambda dev: run(dev, a.rounds), a.out)
+    return write_result("dq_turn", run(Device(), a.rounds), a.out)
 
 
 if __name__ == "__main__":

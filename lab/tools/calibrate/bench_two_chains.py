@@ -150,9 +150,9 @@ def main(argv=None):
         n = sass_count(compile_for_sass(make(), *fake_args()), "HGMMA")
         print(f"HGMMA {n} (want 16)", "ok" if n == 16 else "UNEXPECTED")
         return 0 if n == 16 else 1
-    from lab.tools.calibrate.common import run_and_write
+    from lab.tools.calibrate.common import Device, write_result
 
-    return run_and_write("two_chains", run, a.out)
+    return write_result("two_chains", run(Device()), a.out)
 
 
 if __name__ == "__main__":

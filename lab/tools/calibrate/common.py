@@ -268,14 +268,14 @@ class Device:
         return time.perf_counter() - t0
 
 
-def run_and_write(key: str, run, out=None) -> int:
-    """On the GPU: {"meta": run_all.meta(), key: run(Device())}, written to `out` as JSON if given;
-    0 (a benchmark's main() returns it)."""
+def write_result(key: str, result, out=None) -> int:
+    """{"meta": run_all.meta(), key: result}, written to `out` as JSON if given; 0 (a benchmark's
+    main() returns it)."""
     import json
 
     from lab.tools.calibrate.run_all import meta
 
-    doc = {"meta": meta(), key: run(Device())}
+    doc = {"meta": meta(), key: result}
     if out:
         with open(out, "w") as f:
             json.dump(doc, f, indent=1)
