@@ -102,12 +102,13 @@ def _problem(a) -> Problem:
     if getattr(a, "seqlens", None) is not None:
         ks = _lengths("--seqlens-k", a.seqlens_k) if a.seqlens_k is not None else None
         return Problem.varlen(a.heads, a.hdim, _lengths("--seqlens", a.seqlens), ks, causal=a.causal,
-                              hdim_v=a.hdim_v, heads_kv=getattr(a, "heads_kv", None))
+                              hdim_v=a.hdim_v, heads_kv=getattr(a, "heads_kv", None),
+                              page_size=getattr(a, "page_size", 0))
     if getattr(a, "seqlens_k", None) is not None:
         raise InputError("--seqlens-k", "only with --seqlens")
     return Problem(batch=a.batch, heads=a.heads, seqlen_q=a.seqlen,
                    seqlen_k=a.seqlen_k if a.seqlen_k is not None else a.seqlen, hdim=a.hdim, causal=a.causal,
-                   hdim_v=a.hdim_v, heads_kv=getattr(a, "heads_kv", None))
+                   hdim_v=a.hdim_v, heads_kv=getattr(a, "heads_kv", None), page_size=getattr(a, "page_size", 0))
 
 
 # what an output file's name may end in, by option (matplotlib writes these; Perfetto reads JSON);
@@ -167,6 +168,9 @@ def add_problem_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--heads-kv", type=int, default=None, help="K/V heads, a divisor of --heads (default: --heads); "
                                                               "fewer: grouped-query attention (GQA), 1: MQA")
     p.add_argument("--causal", action="store_true", help="causal mask (bottom-right aligned)")
+    p.add_argument("--page-size", type=int, default=0, metavar="TOKENS",
+                   help="a paged KV cache of pages of this many tokens, read through a page table (vLLM, SGLang); "
+                        "flash-attn-3 and flash-attn-4's SM90 forward (default 0: contiguous)")
     p.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                    help="a what-if: a schedule knob, a hardware parameter or a constant measured on the "
                         "implementation (repeatable); `fa4sim params` lists them")
@@ -268,7 +272,7 @@ def _summary(r) -> str:
     lines = [
         f"{r.impl.name} ({r.schedule} schedule{', backward' if bwd else ''}) on {r.hw.name} ({r.hw.description})",
         f"problem   batch {p.batch} x heads {p.heads}{_kv(p)}, seqlen_q {p.seqlen_q}, seqlen_k {p.seqlen_k}, hdim {_hd(p)}"
-        f"{', causal' if p.causal else ''}"
+        f"{', causal' if p.causal else ''}{f', paged KV ({p.page_size} tokens per page)' if p.page_size else ''}"
         + (f" (varlen: {p.batch} sequences, q {','.join(str(q) for q, _ in p.seqlens)}"
            + ("" if all(q == k for q, k in p.seqlens) else f"; k {','.join(str(k) for _, k in p.seqlens)}") + ")"
            if p.seqlens else ""),

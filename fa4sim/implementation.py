@@ -13,8 +13,8 @@ resolved so far:
   {"by_hdim_upto": {"64": V, "96": V, ...}}          the first entry whose head dim is >= the problem's
   {"rules": [{"when": {FACT: X, ...}, "value": V}, ...], "else": V}   the first rule that holds
   {"fact": NAME}                                     a fact the schedule derives (below)
-FACT is a problem field (hdim, hdim_v, causal, seqlen_q, seqlen_k; is_varlen: a packed batch of
-unequal lengths, whose seqlen_q / seqlen_k are its longest sequence's), a knob resolved before this
+FACT is a problem field (hdim, hdim_v, causal, seqlen_q, seqlen_k, page_size; is_varlen: a packed batch
+of unequal lengths, whose seqlen_q / seqlen_k are its longest sequence's), a knob resolved before this
 one, or a fact the schedule derives (its `facts()`, which schedules/__init__.py registers here:
 o_fits, consumer_wgs); a suffix compares instead of testing equality: _gt, _ge, _le, _ne.
 
@@ -66,6 +66,7 @@ class Implementation:
     bwd: dict | None = None  # its backward's section ("head_dims", "knobs", "params"), if it has one
     varlen: bool = True      # it runs packed batches of unequal lengths (cu_seqlens); for_pass("bwd"):
                              # its backward does ("bwd" section's "varlen"; absent: it does not)
+    paged_kv: bool = False   # its forward reads a paged KV cache through a page table ("paged_kv")
     pass_: str = "fwd"       # the pass these knobs and constants are for: fwd | bwd
 
     def for_pass(self, pass_: str) -> "Implementation":
@@ -301,7 +302,8 @@ def _from_json(data: dict) -> Implementation:
     return Implementation(name=data["name"], kernel=data["kernel"], arch=data["arch"], schedule=data["schedule"],
                           description=data.get("description", ""), head_dims=_head_dims(data["head_dims"]),
                           knobs=data.get("knobs", {}), params=data.get("params", {}), bwd=data.get("bwd"),
-                          varlen=bool(data.get("varlen", {"value": True})["value"]))
+                          varlen=bool(data.get("varlen", {"value": True})["value"]),
+                          paged_kv=bool(data.get("paged_kv", {"value": False})["value"]))
 
 
 def load(name: str, arch: str | None = None) -> Implementation:

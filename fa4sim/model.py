@@ -28,7 +28,7 @@ from typing import ClassVar
 from . import hardware, implementation, power
 from .engine import Trace, gc_paused
 from .errors import InputError
-from . import split_kv
+from . import paged_kv, split_kv
 from .kernel_model import (KernelTime, WorkUnit, cold_start_bytes, decoder_order, kernel_time,
                            kernel_time_tiles, launch_heads, sequence_order, varlen_units, work_units)
 from .params import MAX_SEQLEN, MAX_TILES, Context, Problem, resolve
@@ -379,6 +379,8 @@ def forward(run: Run) -> Pass:
             result.notes.append(f"varlen: {problem.batch} sequences, {sum(q for q, _ in problem.sequences)} query "
                                 f"and {sum(k for _, k in problem.sequences)} key tokens in all; seqlen_q / seqlen_k "
                                 f"shown are the longest")
+        if problem.is_paged:
+            result.notes.append(paged_note(problem, knobs))
         if counted:
             ctas = min(len(order), run.profile.num_sms) if persistent else len(order)
             result.notes.append(f"sequence: {len(order)} tiles counted on the device from cu_seqlens, "
@@ -390,6 +392,17 @@ def forward(run: Run) -> Pass:
         return result
 
     return Pass(profile, at_clock, usage, finish)
+
+
+def paged_note(problem: Problem, knobs: dict) -> str:
+    """What a paged cache changes (fa4sim/paged_kv.py): the load path, and its count of work."""
+    if knobs.get("kv_load") != "cp_async":
+        return (f"paged KV: pages of {problem.page_size} tokens hold whole KV blocks of {knobs['tile_n']} keys: TMA "
+                f"loads them as from a contiguous cache, a page looked up per block")
+    c = paged_kv.cp_async_instructions(knobs["tile_n"], problem.hdim, problem.hdim_v)
+    return (f"paged KV: pages of {problem.page_size} tokens: the producer warpgroup copies each KV block of "
+            f"{knobs['tile_n']} keys by cp.async, {c['copies']} copies and {c['instructions']} instructions per thread, "
+            f"K after its page-table load (an L2 round trip); the same bytes as a contiguous cache")
 
 
 def backward(run: Run) -> Pass:
@@ -631,6 +644,18 @@ def resolve_run(hw, schedule: str | None, problem: Problem | None, overrides: di
         ok = [n for n in implementation.available() if n.endswith(profile_arch_suffix(impl.arch))
               and implementation.load(n).varlen]
         raise InputError("impl", f"{impl.kernel} has no varlen forward; allowed impls: {', '.join(ok) or 'none'}")
+    if problem.is_paged:
+        paged = [n for n in implementation.available() if implementation.load(n).paged_kv]
+        if pass_ == "bwd":
+            raise InputError("page_size", f"{problem.page_size}: a paged KV cache is read by the forward (decode, "
+                                          f"prefill over a cache); allowed with --pass bwd: 0")
+        if not impl.paged_kv:
+            raise InputError("page_size", f"{problem.page_size}: {impl.name} reads a contiguous KV cache only; allowed "
+                                          f"with it: 0, or an implementation with a paged one: {', '.join(paged)}")
+        if problem.is_varlen and impl.kernel == "flash-attn-4":
+            raise InputError("page_size", f"{problem.page_size}: flash-attn-4 takes a page table only without "
+                                          f"cu_seqlens_k (one cache length per sequence); allowed with a varlen "
+                                          f"batch: 0, or flash-attn-3")
     impl = impl.for_pass(pass_)
     hw_over, knob_over, impl_over = split_overrides(module, impl, overrides or {})
     if hw_over:

@@ -42,6 +42,9 @@ class Problem:
     # a packed batch of unequal lengths (varlen): one (seqlen_q, seqlen_k) pair per sequence; batch
     # is then their count and seqlen_q, seqlen_k the longest (Problem.varlen builds it)
     seqlens: tuple | None = None
+    # tokens per page of a paged KV cache (K and V in pages read through a page table, as vLLM and
+    # SGLang keep them); 0: one contiguous cache per sequence
+    page_size: int = 0
 
     def __post_init__(self):
         if self.seqlens is not None:
@@ -61,6 +64,11 @@ class Problem:
             if not isinstance(v, numbers.Integral) or isinstance(v, bool) or v < 1:
                 raise InputError(name, f"must be a positive integer, got {v!r}")
             object.__setattr__(self, name, int(v))  # numpy's integers too
+        if isinstance(self.page_size, bool) or not isinstance(self.page_size, numbers.Integral) or \
+                not 0 <= self.page_size <= MAX_SEQLEN:
+            raise InputError("page_size", f"tokens per page of a paged KV cache, 0 (contiguous) to {MAX_SEQLEN}; "
+                                          f"got {self.page_size!r}")
+        object.__setattr__(self, "page_size", int(self.page_size))
         if self.heads % self.heads_kv:
             raise InputError("heads_kv", f"must divide heads ({self.heads}): one of "
                                          f"{', '.join(str(d) for d in _divisors(self.heads))}; got {self.heads_kv}")
@@ -75,12 +83,17 @@ class Problem:
 
     @classmethod
     def varlen(cls, heads: int, hdim: int, seqlens, seqlens_k=None, causal: bool = False, hdim_v: int | None = None,
-               heads_kv: int | None = None) -> "Problem":
+               heads_kv: int | None = None, page_size: int = 0) -> "Problem":
         """A packed batch of unequal lengths: seqlens the per-sequence query lengths (or (seqlen_q,
         seqlen_k) pairs), seqlens_k the key lengths (default: the query lengths)."""
         pairs = pair_seqlens(seqlens, seqlens_k)
         return cls(len(pairs), heads, max(q for q, _ in pairs), max(k for _, k in pairs), hdim, causal, hdim_v,
-                   heads_kv, pairs)
+                   heads_kv, pairs, page_size)
+
+    @property
+    def is_paged(self) -> bool:
+        """K and V in pages of page_size tokens, read through a page table."""
+        return self.page_size > 0
 
     @property
     def is_varlen(self) -> bool:

@@ -43,7 +43,7 @@ from ..errors import InputError
 from ..implementation import discrete
 from ..tile_order import ORDERS
 from ..params import Context, Knob, Problem
-from .. import split_kv
+from .. import paged_kv, split_kv
 from ..softmax import add, beside_gemm, exp2_phase, mix_limits, phase, scaled
 from ..tensor_core import BYTES, check_shape, mma_cost
 
@@ -94,6 +94,10 @@ KNOBS = [
     Knob("tile_m", 128, "rows", "query rows per CTA tile (tile_m/64 consumer warpgroups)", minimum=64, maximum=256),
     Knob("tile_n", 128, "keys", "keys per KV block", minimum=8, maximum=256),
     Knob("kv_stages", 2, "slots", "smem stages of K and of V (each its own ring)", minimum=1),
+    Knob("kv_load", "tma", "", "how the producer warpgroup loads a K or V block: tma = one bulk tensor copy "
+         "(a paged cache's page looked up per block); cp_async = its 128 threads' 16-byte cp.async, each key "
+         "row's address from the page table (a paged cache whose pages do not hold whole blocks: "
+         "fa4sim/paged_kv.py)", kind="choice", choices=("tma", "cp_async")),
     Knob("pingpong", lambda c, k: _wgs(c, k) >= 2 and c.problem.hdim <= 128, "",
          "inter-warpgroup ping-pong of GEMM issue (named barriers)", kind="bool"),
     Knob("intra_wg_overlap", True, "", "softmax(j) overlaps PV(j-1) inside a warpgroup", kind="bool"),
@@ -139,6 +143,11 @@ KNOBS = [
          minimum=1, maximum=128),
 ]
 
+# The LSU pipe takes one warp instruction per clock per SM: shuffles, shared-memory and global
+# loads and stores, reductions, cp.async (docs/model.md, "The backward pass": NVIDIA's description
+# of the MIO -> LSU issue, and the CUDA C++ Programming Guide's 32 warp-shuffle results per clock
+# per SM on compute capability 9.0). Not measured by our microbenchmarks (lab/tools/calibrate).
+LSU_WARP_INSTR_PER_CLK = 1.0
 # rescale before PV: the S GEMM's k-steps issued ahead of the rescale's FMULs (as compiled)
 QK_HEAD_KSTEPS = 1
 # smem:lsu's share beside an SS wgmma whose fetch takes the whole bandwidth (N = 64, measured 0.024)
@@ -196,15 +205,32 @@ def compiled_pv_wait(impl, p: Problem, k: dict) -> dict | None:
 DEFAULT_BUILD_KEYS = ("hdim", "causal", "tile_n", "rescale_before_pv")
 
 
+def _unpaged_tile(ctx: Context) -> tuple[int, int]:
+    """(tile_m, tile_n) the implementation takes for this problem with a contiguous cache."""
+    plain = Context(replace(ctx.problem, page_size=0), ctx.hw, ctx.impl)
+    knobs: dict = {}
+    for knob in KNOBS[:2]:  # tile_m, tile_n
+        chosen, value = ctx.impl.choose(knob.name, plain, knobs)
+        knobs[knob.name] = value if chosen else knob.default
+    return knobs["tile_m"], knobs["tile_n"]
+
+
 def facts(ctx: Context, k: dict) -> dict:
     """What an implementation's rules may test besides the problem and the knobs."""
+    p = ctx.problem
     out = {"consumer_wgs": k["tile_m"] // 64} if "tile_m" in k else {}
+    out["q_rows_packed"] = p.seqlen_q * p.heads_per_kv
+    # a paged cache (fa4sim/paged_kv.py): FlashAttention-3's TMA path, from its unpaged tile
+    out["fa3_paged_tma"] = p.is_paged and paged_kv.fa3_paged_tma(p.page_size, out["q_rows_packed"],
+                                                                 *_unpaged_tile(ctx))
+    if "tile_n" in k:
+        out["pages_are_blocks"] = p.is_paged and p.page_size == k["tile_n"]  # flash-attn-4's TMA path
     if "tile_m" in k and "tile_n" in k:  # FlashAttention-3's split-KV and pack-GQA rules (fa4sim/split_kv.py)
-        splits = k["num_splits"] if "num_splits" in k else split_kv.fa3_num_splits(ctx.problem, ctx.hw.num_sms,
+        splits = k["num_splits"] if "num_splits" in k else split_kv.fa3_num_splits(p, ctx.hw.num_sms,
                                                                                    k["tile_m"], k["tile_n"])
         out["fa3_num_splits"] = splits
-        out["fa3_pack_gqa"] = split_kv.fa3_pack_gqa(ctx.problem, k["tile_m"], splits)
-    out["q_rows_packed"] = ctx.problem.seqlen_q * ctx.problem.heads_per_kv
+        # get_pack_gqa: always on its paged cp.async path
+        out["fa3_pack_gqa"] = split_kv.fa3_pack_gqa(p, k["tile_m"], splits) or (p.is_paged and not out["fa3_paged_tma"])
     if all(n in k for n in ("tile_m", "tile_n", "kv_stages", "p_in_registers")):
         out["o_fits"] = o_fits(ctx.hw, ctx.problem, k)
     return out
@@ -299,6 +325,26 @@ def _with_issue(uses: tuple, issue: float) -> tuple:
     return uses + (("issue", issue),) if issue > 0 else uses
 
 
+def cp_async_loads(hw, n: int, d: int, dv: int) -> list[Op]:
+    """A paged cache's K and V blocks by cp.async (kv_load cp_async, fa4sim/paged_kv.py): the
+    producer warpgroup's threads issue each block's copies, shuffles and page-table work (their
+    instructions the role's time, the SM's issue slots and the LSU's warp instructions); K waits
+    for its page-table load first (an L2 round trip), then both for their data."""
+    c = paged_kv.cp_async_instructions(n, d, dv)
+    warps = paged_kv.PRODUCER_THREADS // 32
+    k_part = (n * d) / (n * (d + dv))  # K's share of the copies and shuffles
+    out = []
+    for name, share, page, lat in (("LK", k_part, True, 2 * hw.l2_latency), ("LV", 1.0 - k_part, False, hw.l2_latency)):
+        instr = (c["copies"] * (1 + paged_kv.PER_COPY) + c["shuffles"]) * share \
+            + (c["page_entries"] * paged_kv.PER_PAGE_ENTRY if page else 0)
+        lsu = (c["copies"] + c["shuffles"]) * share * warps / LSU_WARP_INSTR_PER_CLK
+        out.append(Op(name, "load", (("lsu", lsu), ("issue", instr * warps / hw.issue_per_clk)), lat, "load",
+                      asynchronous=True, issue_cycles=instr,
+                      label=f"cp.async {name[1]} block (paged: {c['page_entries']} page-table entries per thread)"
+                      if page else f"cp.async {name[1]} block"))
+    return out
+
+
 def build(hw, p: Problem, k: dict, n_kv: int, masked_blocks: int, impl, hbm_busy: float = 0.0) -> Schedule:
     """One CTA's schedule for tiles of n_kv KV blocks, `masked_blocks` of them masked; `impl`
     gives the kernel's measured constants; hbm_busy is the share of HBM bandwidth the rest of the
@@ -333,10 +379,15 @@ def build(hw, p: Problem, k: dict, n_kv: int, masked_blocks: int, impl, hbm_busy
     # (trace, hd256 1k causal, one CTA per tile: Q issue -> first S GEMM 2980 cycles for 64 KB,
     # 2040 for 32 KB at hd128, where one SM alone loads 64 KB from HBM in 1513)
     q_rate = hw.tma_bytes_per_clk * (1.0 - hbm_busy)
-    ops += [Op("LQ", "load", (("tma", k["tile_m"] * d * BYTES / q_rate),), hw.hbm_latency, "load",
-               asynchronous=True, issue_cycles=1, when="first", label="TMA Q tile (HBM)"),
-            Op("LK", "load", (("tma", k_load),), hw.l2_latency, "load", asynchronous=True, issue_cycles=1, label="TMA K block"),
-            Op("LV", "load", (("tma", v_load),), hw.l2_latency, "load", asynchronous=True, issue_cycles=1, label="TMA V block")]
+    ops.append(Op("LQ", "load", (("tma", k["tile_m"] * d * BYTES / q_rate),), hw.hbm_latency, "load",
+                  asynchronous=True, issue_cycles=1, when="first", label="TMA Q tile (HBM)"))
+    if k["kv_load"] == "cp_async":
+        ops += cp_async_loads(hw, n, d, dv)
+    else:
+        ops += [Op("LK", "load", (("tma", k_load),), hw.l2_latency, "load", asynchronous=True, issue_cycles=1,
+                   label="TMA K block"),
+                Op("LV", "load", (("tma", v_load),), hw.l2_latency, "load", asynchronous=True, issue_cycles=1,
+                   label="TMA V block")]
 
     # the loop's bookkeeping instructions (the implementation's loop_overhead_*: counted in its
     # SASS), as SM issue slots (4 warps per warpgroup):
@@ -501,7 +552,7 @@ def build(hw, p: Problem, k: dict, n_kv: int, masked_blocks: int, impl, hbm_busy
     ops = [mix_limits(hw, o) if o.name in softmax_ops else o for o in ops]
     ops = [replace(o, chunks=PIECES) if not o.asynchronous and o.uses else o for o in ops]
     units = {"tensor": 1, "smem": 1, "smem:lsu": 1, "mufu": 1, "fma": 1, "alu": 1, "issue": 1, "tma": 1,
-             **{f"issue:{r}": 1 for r in compute_roles}}
+             **({"lsu": 1} if k["kv_load"] == "cp_async" else {}), **{f"issue:{r}": 1 for r in compute_roles}}
     roles = ["load"] + [f"wg{w}" for w in range(W)] + ["epilogue"]
     return Schedule(NAME, units, roles, ops, edges, marker="QK0",
                     issue_depth={"tensor": int(hw.mma_queue_depth)},

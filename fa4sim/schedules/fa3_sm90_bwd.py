@@ -38,7 +38,7 @@ from ..params import Context, Knob, Problem
 from ..softmax import add, beside_gemm, exp2_phase, mix_limits, phase, scaled
 from ..tensor_core import BYTES, check_shape
 from . import kernel_bwd
-from .fa3_sm90 import LSU_SHARE_FLOOR
+from .fa3_sm90 import LSU_SHARE_FLOOR, LSU_WARP_INSTR_PER_CLK
 
 NAME = "fa3"
 ARCH = "sm90"
@@ -49,11 +49,6 @@ DEFAULT_IMPL = "fa4kernel"  # as the forward
 
 PIECES = 8
 WGS = 2
-# The LSU pipe takes one warp instruction per clock per SM: shuffles, shared-memory and global
-# loads and stores, reductions (docs/model.md, "The backward pass": NVIDIA's description of the
-# MIO -> LSU issue, and the CUDA C++ Programming Guide's 32 warp-shuffle results per clock per SM
-# on compute capability 9.0). Not measured by our microbenchmarks (lab/tools/calibrate).
-LSU_WARP_INSTR_PER_CLK = 1.0
 STSM_BYTES = 512   # one stmatrix .x4 warp instruction: 4 8x8 bf16 matrices
 STS128_BYTES = 512  # one 128-bit store per thread of a warp
 RED_BYTES = 256    # one RED.ADD.F32x2 warp instruction: two fp32 per thread
