@@ -37,3 +37,21 @@ def test_measured_rows_carry_the_point_name():
     import inspect
 
     assert '"point": row.name' in inspect.getsource(bench.run_row)
+
+
+def test_pages_add_paged_rows_of_both_peers(tmp_path):
+    """--pages: a flash-attn-3 and a flash-attn-4 row per page size, predicted with fa4sim's
+    page_size (FlashAttention-3 on its cp.async path at decode, flash-attn-4 on TMA where a page is
+    its 128-key tile); a size that does not divide a row's cache is refused (exit 2)."""
+    import pytest
+
+    out = tmp_path / "pred.json"
+    assert bench.main(["--rows", "b8-q1-k32768-h32-kv8", "--pages", "16,128", "--predict", str(out)]) == 0
+    rows = {r["kernel"]: r for r in json.loads(out.read_text())["rows"]}
+    want = {f"{impl}[page={n}]" for impl in ("flash-attn-3", "flash-attn-4") for n in (16, 128)}
+    assert want <= set(rows) and all(rows[k]["us"] > 0 for k in want)
+    assert rows["flash-attn-4[page=128]"]["us"] == rows["flash-attn-4"]["us"]  # pages of its tile: TMA
+    assert rows["flash-attn-4[page=16]"]["us"] > rows["flash-attn-4"]["us"]
+    with pytest.raises(SystemExit) as e:
+        bench.parse_args(["--rows", "b8-q1-k32768-h32-kv8", "--pages", "24"])
+    assert e.value.code == 2

@@ -8,6 +8,9 @@ Candidates, each on the same bf16 inputs at every row:
   flash-attn-3              flash_attn_interface.flash_attn_with_kvcache (tokenspeed-fa3), num_splits=0 (auto)
   flash-attn-4              flash_attn.cute.interface.flash_attn_func (its SM90 forward; no KV-cache entry)
   sdpa                      torch SDPA with enable_gqa (bottom-right causal through causal_lower_right)
+  flash-attn-3[page=P]      with --pages: the same cache in pages of P tokens (their order shuffled),
+                            flash_attn_with_kvcache(page_table=...)
+  flash-attn-4[page=P]      flash_attn_varlen_func(seqused_k=..., page_table=...) on those pages
 A candidate that cannot be imported or that raises is recorded with its error, and the run goes on.
 
 Each candidate is checked once against an fp32 reference (relative error < 1e-2, no NaN), then
@@ -31,7 +34,8 @@ Usage (device, from the repository root):
 
 --predict FILE writes fa4sim's predictions (profile h200, the power model's clock) for every
 selected row, kind "predictions": flash-attn-3 (its implementation data: its num_splits heuristic
-and pack-GQA rule), flash-attn-4 (its SM90 forward: no split-KV) and fa4kernel.kvcache[auto] (the
+and pack-GQA rule; with --pages its paged rows, fa4sim's page_size), flash-attn-4 (its SM90
+forward: no split-KV; paged too) and fa4kernel.kvcache[auto] (the
 plan attention_with_kvcache picks at DEFAULT_SMS SMs: kvcache.decode_plan; pack-GQA, its splits
 as fa4sim's num_splits; a row's "note" says what fa4sim cannot express of it). Each prediction
 row's "point" and "kernel" are the measured file's row "point" and candidate
@@ -48,7 +52,7 @@ import platform
 import statistics
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 if ROOT not in sys.path:
@@ -117,8 +121,9 @@ def auto_splits(row: Row, sms: int) -> int:
     return kvcache_plan(row, sms)["num_splits"]
 
 
-def predict_rows(rows, sms: int = None) -> list:
-    """fa4sim's predictions (h200) for each row: flash-attn-3, flash-attn-4, fa4kernel.kvcache[auto]."""
+def predict_rows(rows, sms: int = None, pages=()) -> list:
+    """fa4sim's predictions (h200) for each row: flash-attn-3, flash-attn-4 (and their paged
+    candidates, one per page size), fa4kernel.kvcache[auto]."""
     from fa4kernel import kvcache
     from fa4sim import Problem, simulate
 
@@ -137,6 +142,10 @@ def predict_rows(rows, sms: int = None) -> list:
                        hdim=row.hdim, causal=row.causal, heads_kv=row.heads_kv)
         out.append(rec("flash-attn-3", simulate("h200", problem=full, impl="flash-attn-3")))
         out.append(rec("flash-attn-4", simulate("h200", problem=full, impl="flash-attn-4")))
+        for page in pages:
+            paged = replace(full, page_size=page)
+            for impl in ("flash-attn-3", "flash-attn-4"):
+                out.append(rec(f"{impl}[page={page}]", simulate("h200", problem=paged, impl=impl)))
         plan = kvcache_plan(row, sms)
         notes = []
         if plan["combine"]:
@@ -154,7 +163,7 @@ def predict_rows(rows, sms: int = None) -> list:
     return out
 
 
-def write_predictions(path: str, rows, argv) -> dict:
+def write_predictions(path: str, rows, argv, pages=()) -> dict:
     import subprocess
 
     head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
@@ -165,11 +174,57 @@ def write_predictions(path: str, rows, argv) -> dict:
                     "plan at 132 SMs: pack-GQA, its splits as num_splits); us at the power model's clock; "
                     "kv_read_gbps = K/V bytes over the whole time",
             "command": "python3 lab/tools/bench_decode_sm90.py " + " ".join(argv)}
-    doc = {"meta": meta, "rows": predict_rows(rows)}
+    doc = {"meta": meta, "rows": predict_rows(rows, pages=pages)}
     with open(path, "w") as fh:
         json.dump(doc, fh, indent=1)
         fh.write("\n")
     return doc
+
+
+def paged(torch, k, v, page: int, gen):
+    """k, v (batch, seqlen_cache, heads_kv, d) as pages of `page` tokens in a shuffled order:
+    (k_pages, v_pages (batch x pages, page, heads_kv, d), page_table (batch, pages) int32)."""
+    b, sk = k.shape[:2]
+    n = sk // page
+    perm = torch.randperm(b * n, device=k.device, generator=gen)
+    kp, vp = torch.empty((b * n, page, *k.shape[2:]), device=k.device, dtype=k.dtype), torch.empty(
+        (b * n, page, *v.shape[2:]), device=v.device, dtype=v.dtype)
+    kp[perm] = k.reshape(b * n, page, *k.shape[2:])
+    vp[perm] = v.reshape(b * n, page, *v.shape[2:])
+    return kp, vp, perm.view(b, n).to(torch.int32)
+
+
+def paged_candidates(torch, row: Row, q, k, v, pages, errors: dict) -> dict:
+    """With --pages: FlashAttention-3 and flash-attn-4 on the same cache in pages of each size."""
+    out = {}
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    lens = torch.full((row.batch,), row.seqlen_cache, device=q.device, dtype=torch.int32)
+    cu_q = torch.arange(0, (row.batch + 1) * row.seqlen_q, row.seqlen_q, device=q.device, dtype=torch.int32)
+    for page in pages:
+        kp, vp, table = paged(torch, k, v, page, gen)
+        try:
+            from flash_attn_interface import flash_attn_with_kvcache as fa3
+
+            def run_fa3(kp=kp, vp=vp, table=table):
+                o = fa3(q, kp, vp, cache_seqlens=lens, page_table=table, causal=row.causal, num_splits=0)
+                return o[0] if isinstance(o, tuple) else o
+
+            out[f"flash-attn-3[page={page}]"] = run_fa3
+        except Exception as e:
+            errors[f"flash-attn-3[page={page}]"] = repr(e)
+        try:
+            from flash_attn.cute.interface import flash_attn_varlen_func as fa4
+
+            def run_fa4(kp=kp, vp=vp, table=table):
+                o = fa4(q.reshape(-1, *q.shape[2:]), kp, vp, cu_seqlens_q=cu_q, max_seqlen_q=row.seqlen_q,
+                        seqused_k=lens, page_table=table, causal=row.causal)
+                o = o[0] if isinstance(o, tuple) else o
+                return o.view(q.shape)
+
+            out[f"flash-attn-4[page={page}]"] = run_fa4
+        except Exception as e:
+            errors[f"flash-attn-4[page={page}]"] = repr(e)
+    return out
 
 
 def candidates(torch, row: Row, q, k, v, splits, errors: dict) -> dict:
@@ -277,7 +332,9 @@ def run_row(torch, row: Row, args, errors: dict) -> dict:
     from fa4kernel.inputs import device_props
 
     rec["auto_splits"] = auto_splits(row, device_props(q.device).multi_processor_count)
-    for name, fn in candidates(torch, row, q, k, v, args.splits, errors).items():
+    cands = {**candidates(torch, row, q, k, v, args.splits, errors),
+             **paged_candidates(torch, row, q, k, v, args.pages, errors)}
+    for name, fn in cands.items():
         r = {}
         try:
             out = fn()
@@ -309,6 +366,9 @@ def parse_args(argv=None):
     ap.add_argument("--grid", action="store_true", help="add the batch x cache grid (GRID: ten rows)")
     ap.add_argument("--splits", default="1,2,4,8,16,32",
                     help="fixed num_splits to time besides the heuristic's (comma-separated; '' for none)")
+    ap.add_argument("--pages", default="",
+                    help="page sizes (tokens, comma-separated) of paged-cache candidates of FlashAttention-3 and "
+                         "flash-attn-4; each must divide every selected row's cache (default: none)")
     ap.add_argument("--warmup", type=int, default=20, help="calls before timing (compiles happen here)")
     ap.add_argument("--reps", type=int, default=15, help="timed batches per candidate; us = their median")
     ap.add_argument("--batch-ms", type=float, default=20.0, help="about this much time per timed batch")
@@ -330,6 +390,17 @@ def parse_args(argv=None):
         args.selected = [by_name[n] for n in names] + [parse_problem(s) for s in args.problem]
     except ValueError as e:
         ap.error(str(e))
+    try:
+        args.pages = [int(x) for x in args.pages.split(",") if x.strip()]
+        if any(n < 1 for n in args.pages):
+            raise ValueError
+    except ValueError:
+        ap.error(f"--pages {args.pages!r}: allowed comma-separated ints >= 1")
+    for row in args.selected:
+        bad = [n for n in args.pages if row.seqlen_cache % n]
+        if bad:
+            ap.error(f"--pages {','.join(map(str, bad))}: must divide the cache of row {row.name} ({row.seqlen_cache} "
+                     f"tokens)")
     if args.warmup < 1 or args.reps < 1 or args.batch_ms <= 0:
         ap.error("--warmup and --reps must be >= 1, --batch-ms > 0")
     return args
@@ -338,7 +409,7 @@ def parse_args(argv=None):
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.predict:
-        doc = write_predictions(args.predict, args.selected, sys.argv[1:] if argv is None else list(argv))
+        doc = write_predictions(args.predict, args.selected, sys.argv[1:] if argv is None else list(argv), args.pages)
         for r in doc["rows"]:
             print(f"{r['point']:32s} {r['kernel']:24s} {r['us']:8.1f} us {r['kv_read_gbps']:6.0f} GB/s "
                   f"splits {r['num_splits']}", flush=True)
@@ -347,7 +418,8 @@ def main(argv=None) -> int:
         print(f"{row.name}: {row.kv_bytes / 1e9:.3f} GB of K and V", flush=True)
     if args.dry_run:
         print("candidates: fa4kernel.kvcache[auto], " + "".join(f"fa4kernel.kvcache[{n}], " for n in args.splits)
-              + "fa4kernel.attention, flash-attn-3, flash-attn-4, sdpa")
+              + "fa4kernel.attention, flash-attn-3, flash-attn-4, sdpa"
+              + "".join(f", flash-attn-3[page={n}], flash-attn-4[page={n}]" for n in args.pages))
         return 0
     from lab.tools.hopper import require_hopper
 
