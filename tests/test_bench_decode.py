@@ -55,3 +55,44 @@ def test_pages_add_paged_rows_of_both_peers(tmp_path):
     with pytest.raises(SystemExit) as e:
         bench.parse_args(["--rows", "b8-q1-k32768-h32-kv8", "--pages", "24"])
     assert e.value.code == 2
+
+
+def test_time_graph_times_replays_of_captured_calls():
+    """--graph: GRAPH_CALLS calls captured once (after a warm call on the capture stream), replayed
+    back to back; graph_us is the events' time over replays x calls (a stand-in torch: no GPU)."""
+    import contextlib
+    import types
+
+    log = {"calls": 0, "captured": 0, "replays": 0, "capturing": False}
+
+    class Event:
+        def __init__(self, **_):
+            pass
+
+        def record(self):
+            pass
+
+        def elapsed_time(self, other):
+            return 2.0  # ms
+
+    class Graph:
+        def replay(self):
+            log["replays"] += 1
+
+    @contextlib.contextmanager
+    def graph(g):
+        log["capturing"] = True
+        yield
+        log["capturing"] = False
+
+    def fn():
+        log["captured" if log["capturing"] else "calls"] += 1
+
+    cuda = types.SimpleNamespace(Stream=lambda: types.SimpleNamespace(wait_stream=lambda s: None),
+                                 current_stream=lambda: types.SimpleNamespace(wait_stream=lambda s: None),
+                                 stream=lambda s: contextlib.nullcontext(), synchronize=lambda: None,
+                                 CUDAGraph=Graph, graph=graph, Event=Event)
+    r = bench.time_graph(types.SimpleNamespace(cuda=cuda), fn, reps=3, batch_ms=10.0)
+    assert log["calls"] == 1 and log["captured"] == bench.GRAPH_CALLS
+    assert r["graph_us"] == 2000.0 / (r["graph_replays"] * bench.GRAPH_CALLS)
+    assert log["replays"] == 2 + 3 * r["graph_replays"]

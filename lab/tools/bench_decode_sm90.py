@@ -18,7 +18,9 @@ timed: --warmup calls, then --reps batches of back-to-back calls between two CUD
 batch about --batch-ms of GPU time); us per call = the median batch. The calls are eager, so a
 candidate whose host path is slower than its kernels is timed at its host rate (host_us_per_call
 says how long the host took to enqueue one call). KV-read GB/s = batch x seqlen_cache x heads_kv
-x head_dim x 2 (K and V) x 2 bytes / time.
+x head_dim x 2 (K and V) x 2 bytes / time. With --graph each candidate is also timed as a serving
+engine runs a decode step: GRAPH_CALLS calls captured in one CUDA graph, replayed back to back
+(graph_us, graph_kv_gbps: the GPU's time, the host's enqueue out of it).
 
 Rows (--rows, default all five; name b x sq x sk hq/hkv [causal]):
   b1-q1-k131072-h32-kv8     b8-q1-k32768-h32-kv8     b64-q1-k4096-h64-kv8
@@ -318,6 +320,42 @@ def time_call(torch, fn, warmup: int, reps: int, batch_ms: float) -> dict:
             "host_us_per_call": statistics.median(host) * 1e6}
 
 
+GRAPH_CALLS = 20  # calls captured in one CUDA graph (its replay's launch spread over them)
+
+
+def time_graph(torch, fn, reps: int, batch_ms: float) -> dict:
+    """The call as a serving engine runs a decode step: GRAPH_CALLS calls captured in one CUDA graph
+    (after the eager warm-up has compiled and allocated), then replays back to back between two
+    CUDA events: graph_us per call = the median batch. The host's enqueue is out of the time."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):  # a warm call on the capture stream (its workspace allocations)
+        fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(GRAPH_CALLS):
+            fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    graph.replay()
+    torch.cuda.synchronize()
+    replays = max(1, min(500, int(batch_ms / max((time.perf_counter() - t0) * 1e3, 1e-3))))
+    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    per_call = []
+    for _ in range(reps):
+        torch.cuda.synchronize()
+        s.record()
+        for _ in range(replays):
+            graph.replay()
+        e.record()
+        torch.cuda.synchronize()
+        per_call.append(s.elapsed_time(e) * 1e3 / (replays * GRAPH_CALLS))
+    return {"graph_us": statistics.median(per_call), "graph_us_min": min(per_call), "graph_replays": replays}
+
+
 def run_row(torch, row: Row, args, errors: dict) -> dict:
     gen = torch.Generator(device="cuda")
     gen.manual_seed(0)
@@ -342,10 +380,17 @@ def run_row(torch, row: Row, args, errors: dict) -> dict:
             r.update(check_output(torch, out, ref))
             r.update(time_call(torch, fn, args.warmup, args.reps, args.batch_ms))
             r["kv_gbps"] = row.kv_bytes / (r["us"] * 1e-6) / 1e9
+            if args.graph:
+                try:
+                    r.update(time_graph(torch, fn, args.reps, args.batch_ms))
+                    r["graph_kv_gbps"] = row.kv_bytes / (r["graph_us"] * 1e-6) / 1e9
+                except Exception as e:  # a candidate that cannot be captured: its eager time stands
+                    r["graph_error"] = repr(e)[:300]
         except Exception as e:
             r["error"] = repr(e)[:400]
         rec["results"][name] = r
         s = (f"{r['us']:8.1f} us {r['kv_gbps']:7.0f} GB/s" + ("" if r["ok"] else f" WRONG ({r['rel_error']:.1e})")
+             + (f"   graph {r['graph_us']:8.1f} us {r['graph_kv_gbps']:7.0f} GB/s" if "graph_us" in r else "")
              if "us" in r else "error: " + r["error"][:80])
         print(f"  {name:26s} {s}", flush=True)
     del q, k, v, ref
@@ -369,6 +414,9 @@ def parse_args(argv=None):
     ap.add_argument("--pages", default="",
                     help="page sizes (tokens, comma-separated) of paged-cache candidates of FlashAttention-3 and "
                          "flash-attn-4; each must divide every selected row's cache (default: none)")
+    ap.add_argument("--graph", action="store_true",
+                    help="also time each candidate replayed from a CUDA graph (as serving engines run decode: the "
+                         "host's enqueue out of the time): graph_us, graph_kv_gbps")
     ap.add_argument("--warmup", type=int, default=20, help="calls before timing (compiles happen here)")
     ap.add_argument("--reps", type=int, default=15, help="timed batches per candidate; us = their median")
     ap.add_argument("--batch-ms", type=float, default=20.0, help="about this much time per timed batch")
