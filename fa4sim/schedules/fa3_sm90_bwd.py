@@ -250,8 +250,9 @@ def check_dq_smem(p: Problem, k: dict) -> None:
 
 
 def dq_hold(hw, p: Problem, k: dict) -> float:
-    """Cycles a CTA holds a Q block's deterministic dQ order."""
-    return kernel_bwd.dq_order_wait(hw, k["tile_m"] * p.hdim * 4)
+    """Cycles a CTA holds a Q block's deterministic dQ order: its fp32 dQ tile's adds (dq_sum
+    "pair": its half of head_dim, the two CTAs of the pair adding theirs at once)."""
+    return kernel_bwd.dq_order_wait(hw, k["tile_m"] * p.hdim * 4 // (2 if k["dq_sum"] == "pair" else 1))
 
 
 def _lsu(warp_instr: float) -> dict:

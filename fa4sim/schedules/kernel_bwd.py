@@ -256,10 +256,12 @@ def with_traffic(kt: KernelTime, p: Problem, hw, units: list[KvUnit], tile_m: in
 
 def dq_order_wait(hw, dq_bytes: float) -> float:
     """Cycles one CTA holds the deterministic dQ order of a Q block (its critical section): it
-    reads the semaphore (an L2 round trip), reduce-adds its dQ tile (dq_bytes at the TMA rate),
-    waits for the adds to land and releases the semaphore (another L2 round trip); the next CTA
-    in the order sees the release when its own read returns (counted in its section)."""
-    return 2 * hw.l2_latency + dq_bytes / hw.tma_bytes_per_clk
+    reads the semaphore (an L2 round trip), reduce-adds its dQ tile and waits for the adds to land
+    (dq_bytes at the reduce-add rate: one SM's 32 KB bulk reduce-add completes in 1339 cycles on an
+    H200, 1280 of them the bytes at reduce_bytes_per_clk, bench_bwd_units.py), and releases the
+    semaphore (another L2 round trip); the next CTA in the order sees the release when its own
+    read returns (counted in its section)."""
+    return 2 * hw.l2_latency + dq_bytes / hw.reduce_bytes_per_clk
 
 
 def deterministic_cycles(units: list[KvUnit], costs: list[tuple[float, float]], n_hb: int, slots: int,
