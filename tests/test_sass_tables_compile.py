@@ -165,3 +165,10 @@ def test_bench_dq_turn_runs_the_deterministic_turn_as_the_backward_does():
         assert sass_count(sass, op) >= 1, op
     bare = compile_for_sass(bench_dq_turn.make(0), *bench_dq_turn.fake_args())
     assert sass_count(bare, "UBLKRED.G.S.ADD.F32.RN") == 0 and sass_count(bare, "MEMBAR.ALL.GPU") >= 1
+
+
+def test_bench_lsu_runs_the_instructions_it_counts():
+    """bench_lsu's kernels hold the shuffles and the cp.async copies they count per trip."""
+    from lab.tools.calibrate import bench_lsu
+
+    assert bench_lsu.check_sass() == 0

@@ -9,7 +9,7 @@ memory each), take turns on one semaphore with exactly that sequence, `rounds` t
 `bytes` of fp32 (0: no add) into one accumulator. Thread 0 of CTA 0 stamps clock64 and
 %globaltimer around its first and last turns: cycles per turn = its span / (2 x rounds - 1) turns
 between them. fa4sim's model of a turn: kernel_bwd.dq_order_wait (two L2 round trips and the
-add at the TMA rate).
+add at the reduce-add rate).
 
     python3 lab/tools/calibrate/bench_dq_turn.py --out FILE.json                (on the GPU)
     CUTE_DSL_ARCH=sm_90a python3 -m lab.tools.calibrate.bench_dq_turn --check-sass
