@@ -137,7 +137,35 @@ for emu in (0.0, 0.25):
 # has checked this.
 
 # %% [markdown]
-# ## 5. Exercise: a bigger batch from bytes alone
+# ## 5. A paged cache
+#
+# Serving engines keep the cache in pages of a few tokens (vLLM 16, SGLang up to 256), found
+# through a page table, so that sequences grow without copying. TMA reads a rectangle of a tensor;
+# a KV block spread over pages is no rectangle. FlashAttention-3 then loads K and V with
+# cp.async from its producer warpgroup, each key row's address from the table, and narrows its
+# tile (docs/model.md, "Paged KV"). **Predict first:** what do pages of 16 tokens cost a decode
+# step, and what do they cost a prefill over the same kind of cache?
+
+# %%
+from dataclasses import replace
+
+for page in (0, 16, 256):
+    r = simulate("h100", problem=replace(p, page_size=page), impl="flash-attn-3")
+    print(f"decode, pages of {page:3d}: {r.time_us:6.1f} us  ({r.knobs['kv_load']}, {r.knobs['tile_n']}-key blocks)")
+prefill = Problem(batch=1, heads=64, seqlen_q=4096, seqlen_k=4096, hdim=128, causal=True, heads_kv=8)
+for page in (0, 16, 256):
+    r = simulate("h100", problem=replace(prefill, page_size=page), impl="flash-attn-3")
+    print(f"prefill 4k, pages of {page:3d}: {r.time_us:6.1f} us  ({r.knobs['kv_load']})")
+
+# %% [markdown]
+# At decode nothing moves: the step waits on HBM, and the producer's extra instructions and
+# page-table loads hide under it (the narrower tile even fits the cache a little better). In the
+# prefill the same instructions come out of the issue slots the softmax needs: pages of 16 cost
+# about 1 %, pages of 256 (whole blocks of 128 keys) nothing, since TMA reads them again. No run
+# has measured a paged cache yet: these are predictions from the kernels' sources.
+
+# %% [markdown]
+# ## 6. Exercise: a bigger batch from bytes alone
 #
 # Batch 32, 8k tokens cached. Predict the time of one step on an H100 from bytes alone (section
 # 1), then compare with FlashAttention-3 in the model. Within 15 %?
@@ -159,7 +187,7 @@ kit.check(abs(model.time_us / my_us - 1) < 0.15,
 print(f"bytes alone {my_us:.0f} us, the model {model.time_us:.0f} us ({model.bottleneck[:60]})")
 
 # %% [markdown]
-# ## 6. Measured
+# ## 7. Measured
 #
 # With a Hopper GPU this cell times one decode step (torch SDPA with grouped heads, and
 # fa4kernel.attention_with_kvcache: pack-GQA and split-KV) and prints the K/V read rate beside the
