@@ -123,15 +123,16 @@ def parse_variant(text):
 
 
 def parse_problem(spec: str):
-    """'b=8,h=16,kv=1,s=2048,d=64,causal' -> (d, s, causal, (b, h, kv)); one line and exit 2 otherwise."""
+    """'b=8,h=16,kv=1,s=2048,d=64,causal' -> (d, s, causal, (b, h, kv, sk)); sk= the keys (default: s,
+    fewer queries than keys is a chunk); one line and exit 2 otherwise."""
     vals, causal = {}, False
     for tok in filter(None, (t.strip() for t in spec.split(","))):
         if tok == "causal":
             causal = True
             continue
         key, eq, val = tok.partition("=")
-        if not eq or key not in ("b", "h", "kv", "s", "d") or not val.isdigit() or int(val) <= 0:
-            _bad_input(f"--problem {spec!r}: {tok!r}; allowed: b=, h=, kv=, s=, d= positive integers and causal")
+        if not eq or key not in ("b", "h", "kv", "s", "sk", "d") or not val.isdigit() or int(val) <= 0:
+            _bad_input(f"--problem {spec!r}: {tok!r}; allowed: b=, h=, kv=, s=, sk=, d= positive integers and causal")
         vals[key] = int(val)
     if any(k not in vals for k in ("b", "h", "s", "d")):
         _bad_input(f"--problem {spec!r}: give b=, h=, s= and d= (kv= defaults to h)")
@@ -140,7 +141,7 @@ def parse_problem(spec: str):
         _bad_input(f"--problem {spec!r}: kv={kv} must divide h={vals['h']}")
     if vals["d"] not in fa4kernel.SUPPORTED_HEAD_DIMS:
         _bad_input(f"--problem {spec!r}: d={vals['d']}; allowed: {', '.join(map(str, fa4kernel.SUPPORTED_HEAD_DIMS))}")
-    return vals["d"], vals["s"], causal, (vals["b"], vals["h"], kv)
+    return vals["d"], vals["s"], causal, (vals["b"], vals["h"], kv, vals.get("sk", vals["s"]))
 
 
 def _flash_attn_4():
@@ -202,13 +203,14 @@ def reference_grads(q, k, v, dout, causal):
     return torch.autograd.grad(o, (qf, kf, vf), dout.float())
 
 
-def check_grads(fwd, d, s, causal, heads=(2, 2)) -> dict:
+def check_grads(fwd, d, s, causal, heads=(2, 2), sk=None) -> dict:
     """rel errors of dq, dk, dv against the fp32 reference on a small problem (finite asserted):
-    batch 1, min(s, 2048) tokens, heads = (q heads, k/v heads)."""
+    batch 1, min(s, 2048) queries on min(sk, 4096) keys (sk: s), heads = (q heads, k/v heads)."""
     torch.manual_seed(99 + d + s)
+    sk = min(sk or s, 4096 if sk and sk != s else 2048)
     s = min(s, 2048)
     q, dout = (torch.randn(1, s, heads[0], d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-    k, v = (torch.randn(1, s, heads[1], d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    k, v = (torch.randn(1, sk, heads[1], d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
     q, k, v = (t.requires_grad_() for t in (q, k, v))
     got = torch.autograd.grad(fwd(q, k, v, causal), (q, k, v), dout)
     return grad_errors(got, reference_grads(q, k, v, dout, causal))
@@ -278,10 +280,10 @@ SUSTAINED_WARM_S, SUSTAINED_TIMED_S, SUSTAINED_WINDOW_MS = 2.5, 1.0, 50.0
 
 def bench_point(impls, d, s, causal, quick, points, variants=None, deterministic=True, sustained=False, shape=None):
     """One problem, every candidate: the grid's (batch x seqlen = 16k tokens, heads x hdim = 2048)
-    or shape = (batch, heads, heads_kv) of a --problem."""
-    b, h, hkv = shape or (16384 // s, 2048 // d, 2048 // d)
-    point = dict(batch=b, seqlen=s, heads=h, heads_kv=hkv, hdim=d, causal=causal,
-                 flops=bwd_flops(b, h, s, s, d, causal), results={})
+    or shape = (batch, heads, heads_kv, seqlen_k) of a --problem."""
+    b, h, hkv, sk = shape or (16384 // s, 2048 // d, 2048 // d, s)
+    point = dict(batch=b, seqlen=s, seqlen_k=sk, heads=h, heads_kv=hkv, hdim=d, causal=causal,
+                 flops=bwd_flops(b, h, s, sk, d, causal), results={})
     small = (2, 2) if hkv == h else (h // hkv * min(hkv, 2), min(hkv, 2))  # the check's (q, k/v) heads
     cands = dict(impls)
     skip = {}
@@ -295,7 +297,7 @@ def bench_point(impls, d, s, causal, quick, points, variants=None, deterministic
         cands["fa4kernel[deterministic]"] = _ours(deterministic=True)
     torch.manual_seed(1234 + s + d)
     q, dout = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-    k, v = (torch.randn(b, s, hkv, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    k, v = (torch.randn(b, sk, hkv, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
     q, k, v = (t.requires_grad_() for t in (q, k, v))
     timed, probe_read = {}, None
     if sustained and d in fa4kernel.BWD_HEAD_DIMS:  # the in-kernel clock of fa4kernel's default build
@@ -319,7 +321,7 @@ def bench_point(impls, d, s, causal, quick, points, variants=None, deterministic
             point["results"][name] = dict(unsupported=skip[name])
             continue
         try:
-            check = check_grads(fwd, d, s, causal, small)
+            check = check_grads(fwd, d, s, causal, small, sk)
             out = fwd(q, k, v, causal)  # forward outside the timed region
 
             def run(out=out):
@@ -370,7 +372,8 @@ def bench_point(impls, d, s, causal, quick, points, variants=None, deterministic
     points.append(point)
     r = point["results"]
     line = " ".join(f"{n}={r[n]['tflops']:.0f}" if "tflops" in r[n] else f"{n}=--" for n in r)
-    print(f"bwd hd{d:<3} s{s:<6} b{b:<3} h{h:<3}{'' if hkv == h else f' kv{hkv}'} causal={int(causal)} {line}", flush=True)
+    print(f"bwd hd{d:<3} s{s:<6}{'' if sk == s else f' sk{sk}'} b{b:<3} h{h:<3}{'' if hkv == h else f' kv{hkv}'} "
+          f"causal={int(causal)} {line}", flush=True)
     del q, k, v, dout
     torch.cuda.empty_cache()
 
@@ -412,9 +415,10 @@ def main():
                     help=f"time each candidate alone after {SUSTAINED_WARM_S} s back to back, at the clock the 700 W "
                          "cap settles (what fa4sim's power model predicts); default: short round-robin batches")
     ap.add_argument("--skip", default="", help="candidates to leave out, comma-separated (e.g. sdpa-cudnn,fa2)")
-    ap.add_argument("--problem", action="append", default=[], metavar="b=B,h=H,kv=KV,s=S,d=D[,causal]",
+    ap.add_argument("--problem", action="append", default=[], metavar="b=B,h=H,kv=KV,s=S[,sk=SK],d=D[,causal]",
                     help="a problem of your own (repeatable): batch, q heads, k/v heads (GQA / MQA: kv divides h), "
-                         "sequence length, head dim; with any --problem the grid runs only with --grid")
+                         "sequence length (sk: the keys, default s), head dim; with any --problem the grid runs "
+                         "only with --grid")
     ap.add_argument("--grid", action="store_true", help="with --problem: run the grid too")
     ap.add_argument("--tree", action="append", default=[], metavar="LABEL=DIR",
                     help="also time the fa4kernel package in DIR (another checkout, e.g. HEAD~1's) with its "
