@@ -170,7 +170,7 @@ def add_problem_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--causal", action="store_true", help="causal mask (bottom-right aligned)")
     p.add_argument("--page-size", type=int, default=0, metavar="TOKENS",
                    help="a paged KV cache of pages of this many tokens, read through a page table (vLLM, SGLang); "
-                        "flash-attn-3 and flash-attn-4's SM90 forward (default 0: contiguous)")
+                        "flash-attn-3 and flash-attn-4 (default 0: contiguous)")
     p.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                    help="a what-if: a schedule knob, a hardware parameter or a constant measured on the "
                         "implementation (repeatable); `fa4sim params` lists them")

@@ -57,6 +57,13 @@ CHIP_TBPS = (0.1, 500)          # whole-chip TB/s: 3 to 20 on H100 and B200; 100
 WATTS = (0, 3000)               # the largest boards are capped at 1 to 1.4 kW (B200, GB300)
 ENERGY = (0, 1000)              # pJ: HBM's ~100 pJ per byte is the costliest path there is
 
+# The LSU pipe takes one warp instruction per clock per SM: shuffles, shared-memory and global
+# loads and stores, reductions, cp.async (docs/model.md, "The backward pass": NVIDIA's description
+# of the MIO -> LSU issue, and the CUDA C++ Programming Guide's 32 warp-shuffle results per clock
+# per SM on compute capability 9.0 and 10.0). Not a profile parameter: not measured yet
+# (lab/tools/calibrate/bench_lsu.py measures it), the same on every profile.
+LSU_WARP_INSTR_PER_CLK = 1.0
+
 # name -> Param(unit, meaning, span). Rates are per SM per clock unless said otherwise.
 PARAMS: dict[str, Param] = {
     "clock_ghz": Param("GHz", "SM clock (cycles -> time): with a power model (power_cap_w > 0) the maximum boost clock, "

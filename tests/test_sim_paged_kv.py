@@ -98,8 +98,6 @@ def test_kernels_without_a_paged_cache_say_so():
         simulate("h200", problem=decode(16), impl="fa4kernel")
     with pytest.raises(InputError, match="--pass bwd: 0"):
         simulate("h200", problem=Problem(1, 8, 1024, 1024, 128, page_size=16), impl="flash-attn-3", pass_="bwd")
-    with pytest.raises(InputError, match="page_size"):
-        simulate("b200", problem=decode(16))
 
 
 def test_cli_page_size():
@@ -112,3 +110,22 @@ def test_cli_page_size():
     assert d["knobs"]["kv_load"] == "cp_async"
     bad = run("--page-size", "-3")
     assert bad.returncode == 2 and "page_size" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_flash_attn_4_on_sm100_loads_pages_that_are_not_its_tile_by_cp_async():
+    """flash-attn-4's SM100 forward: pages of its 128-key tile by TMA, as a contiguous cache (the same
+    time); other pages by cp.async from its load warps (4 with one Q tile), without the CTA pair and
+    the S ping-pong (interface.py: both need page_size in (None, tile_n))."""
+    k_of = lambda p: setup("b200", None, p, {}, None, "fwd")[4]  # noqa: E731
+    pre = lambda page: Problem(2, 16, 8192, 8192, 128, page_size=page)  # noqa: E731
+    assert (k_of(pre(0))["two_cta"], k_of(pre(128))["two_cta"]) == (True, True)
+    k16 = k_of(pre(16))
+    assert (k16["kv_load"], k16["two_cta"]) == ("cp_async", False)
+    assert simulate("b200", problem=pre(128)).time_us == pytest.approx(simulate("b200", problem=pre(0)).time_us)
+    one = k_of(decode(16))
+    assert (one["q_tiles"], one["s_stages"], one["kv_load"]) == (1, 1, "cp_async")
+    sched = build_cta("b200", decode(16), {}, n_kv=4, masked=0, pass_="fwd")
+    lk = next(o for o in sched.ops if o.name == "LK")
+    assert lk.issue_cycles > cp_async_instructions(128, 128, 128, 128)["copies"]  # 4 warps' share of the copies
+    with pytest.raises(InputError, match="two_cta"):
+        simulate("b200", problem=pre(16), overrides={"two_cta": True})

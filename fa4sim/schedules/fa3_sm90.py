@@ -143,11 +143,6 @@ KNOBS = [
          minimum=1, maximum=128),
 ]
 
-# The LSU pipe takes one warp instruction per clock per SM: shuffles, shared-memory and global
-# loads and stores, reductions, cp.async (docs/model.md, "The backward pass": NVIDIA's description
-# of the MIO -> LSU issue, and the CUDA C++ Programming Guide's 32 warp-shuffle results per clock
-# per SM on compute capability 9.0). Not measured by our microbenchmarks (lab/tools/calibrate).
-LSU_WARP_INSTR_PER_CLK = 1.0
 # rescale before PV: the S GEMM's k-steps issued ahead of the rescale's FMULs (as compiled)
 QK_HEAD_KSTEPS = 1
 # smem:lsu's share beside an SS wgmma whose fetch takes the whole bandwidth (N = 64, measured 0.024)
@@ -325,26 +320,6 @@ def _with_issue(uses: tuple, issue: float) -> tuple:
     return uses + (("issue", issue),) if issue > 0 else uses
 
 
-def cp_async_loads(hw, n: int, d: int, dv: int) -> list[Op]:
-    """A paged cache's K and V blocks by cp.async (kv_load cp_async, fa4sim/paged_kv.py): the
-    producer warpgroup's threads issue each block's copies, shuffles and page-table work (their
-    instructions the role's time, the SM's issue slots and the LSU's warp instructions); K waits
-    for its page-table load first (an L2 round trip), then both for their data."""
-    c = paged_kv.cp_async_instructions(n, d, dv)
-    warps = paged_kv.PRODUCER_THREADS // 32
-    k_part = (n * d) / (n * (d + dv))  # K's share of the copies and shuffles
-    out = []
-    for name, share, page, lat in (("LK", k_part, True, 2 * hw.l2_latency), ("LV", 1.0 - k_part, False, hw.l2_latency)):
-        instr = (c["copies"] * (1 + paged_kv.PER_COPY) + c["shuffles"]) * share \
-            + (c["page_entries"] * paged_kv.PER_PAGE_ENTRY if page else 0)
-        lsu = (c["copies"] + c["shuffles"]) * share * warps / LSU_WARP_INSTR_PER_CLK
-        out.append(Op(name, "load", (("lsu", lsu), ("issue", instr * warps / hw.issue_per_clk)), lat, "load",
-                      asynchronous=True, issue_cycles=instr,
-                      label=f"cp.async {name[1]} block (paged: {c['page_entries']} page-table entries per thread)"
-                      if page else f"cp.async {name[1]} block"))
-    return out
-
-
 def build(hw, p: Problem, k: dict, n_kv: int, masked_blocks: int, impl, hbm_busy: float = 0.0) -> Schedule:
     """One CTA's schedule for tiles of n_kv KV blocks, `masked_blocks` of them masked; `impl`
     gives the kernel's measured constants; hbm_busy is the share of HBM bandwidth the rest of the
@@ -382,7 +357,7 @@ def build(hw, p: Problem, k: dict, n_kv: int, masked_blocks: int, impl, hbm_busy
     ops.append(Op("LQ", "load", (("tma", k["tile_m"] * d * BYTES / q_rate),), hw.hbm_latency, "load",
                   asynchronous=True, issue_cycles=1, when="first", label="TMA Q tile (HBM)"))
     if k["kv_load"] == "cp_async":
-        ops += cp_async_loads(hw, n, d, dv)
+        ops += paged_kv.cp_async_loads(hw, n, d, dv, paged_kv.PRODUCER_THREADS)
     else:
         ops += [Op("LK", "load", (("tma", k_load),), hw.l2_latency, "load", asynchronous=True, issue_cycles=1,
                    label="TMA K block"),

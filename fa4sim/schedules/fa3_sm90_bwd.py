@@ -38,7 +38,8 @@ from ..params import Context, Knob, Problem
 from ..softmax import add, beside_gemm, exp2_phase, mix_limits, phase, scaled
 from ..tensor_core import BYTES, check_shape
 from . import kernel_bwd
-from .fa3_sm90 import LSU_SHARE_FLOOR, LSU_WARP_INSTR_PER_CLK
+from ..hardware import LSU_WARP_INSTR_PER_CLK
+from .fa3_sm90 import LSU_SHARE_FLOOR
 
 NAME = "fa3"
 ARCH = "sm90"

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from .. import paged_kv
 from ..engine import Edge, Op, Schedule
 from ..errors import InputError
 from ..params import Context, Knob, Problem
@@ -52,6 +53,8 @@ def facts(ctx: Context, k: dict) -> dict:
     """What an implementation's rules may test or take besides the problem and the knobs."""
     out = {"compute_capability": ctx.hw.capability,  # B200 10.0, B300 10.3
            "heads_per_kv_divides_128": 128 % ctx.problem.heads_per_kv == 0}  # flash-attn-4's pack_gqa rule at hd256
+    if "tile_n" in k:  # a paged cache whose pages are the KV blocks: TMA reads them (flash-attn-4)
+        out["pages_are_blocks"] = ctx.problem.is_paged and ctx.problem.page_size == k["tile_n"]
     if all(n in k for n in ("tile_m", "tile_n", "q_tiles", "two_cta")):
         budget = ctx.impl.value("kv_smem_budget_bytes", ctx, k) if ctx.impl is not None else None
         out["kv_stages_in_budget"] = stages_that_fit(ctx, k, budget)
@@ -70,6 +73,10 @@ KNOBS = [
          "works on S(j-1) (flash-attn-4 with one Q tile)", minimum=1, maximum=2),
     Knob("kv_stages", lambda c, k: stages_that_fit(c, k), "slots", "slots of the shared K/V smem ring (K and V "
          "alternate; default: as many as fit)", minimum=1),
+    Knob("kv_load", "tma", "", "how K and V blocks load: tma = the load warp's bulk tensor copies (a paged cache's "
+         "page looked up per block); cp_async = the load warps' 16-byte cp.async, each key row's address from the "
+         "page table (a paged cache whose pages are not the KV block: fa4sim/paged_kv.py; flash-attn-4: 2 load "
+         "warps with 2 Q tiles, the second softmax warpgroup's 4 with one)", kind="choice", choices=("tma", "cp_async")),
     Knob("split_p", True, "", "signal 'P 3/4 written' so PV starts before the last P quarter", kind="bool"),
     Knob("exp_emulation", 0.0, "fraction", "fraction of each row's exp2 done by the polynomial on the FMA pipe", kind="fraction"),
     Knob("rescale_threshold", 8.0, "log2 units", "conditional rescaling threshold tau; none = always rescale (no threshold)", kind="float_or_none", minimum=0.0),
@@ -118,6 +125,9 @@ def check(hw, p: Problem, k: dict, impl=None) -> None:
     check_shape(ARCH, m_mma, p.hdim_v, k["tile_n"], k["two_cta"])
     if k["two_cta"] and k["tile_m"] != 128:
         raise InputError("tile_m", "two_cta needs tile_m=128 (M=256 across the pair)")
+    if k["two_cta"] and k["kv_load"] == "cp_async":
+        raise InputError("two_cta", "the CTA pair loads K and V by TMA (a paged cache: pages of tile_n keys); "
+                                    "allowed with kv_load cp_async: two_cta false")
     if k["s_stages"] > 1 and k["q_tiles"] > 1:
         raise InputError("s_stages", "S ping-pong (s_stages=2) is the one-Q-tile schedule; with q_tiles > 1 the Q "
                                      "tiles ping-pong instead: set q_tiles=1 or s_stages=1")
@@ -172,13 +182,15 @@ def build(hw, p: Problem, k: dict, n_kv: int, masked_blocks: int, impl=None, hbm
 
     # load warp: K(j), Q0, Q1 (first block only), V(j)
     k_bytes, v_bytes = n * d * BYTES / half, n * dv * BYTES / half
-    ops.append(Op("LK", "load", (("tma", k_bytes / hw.tma_bytes_per_clk),), hw.l2_latency, "load",
-                  asynchronous=True, issue_cycles=1, label="TMA K block"))
+    paged = k["kv_load"] == "cp_async"  # flash-attn-4's load warps: 2 with two Q tiles, 4 with one
+    loads = paged_kv.cp_async_loads(hw, n, d, dv, 64 if T > 1 else 128) if paged else None
+    ops.append(loads[0] if paged else Op("LK", "load", (("tma", k_bytes / hw.tma_bytes_per_clk),), hw.l2_latency,
+                                         "load", asynchronous=True, issue_cycles=1, label="TMA K block"))
     for s in range(T):
         ops.append(Op(f"LQ{s}", "load", (("tma", m * d * BYTES / hw.tma_bytes_per_clk),), hw.hbm_latency,
                       "load", asynchronous=True, issue_cycles=1, when="first", label=f"TMA Q tile {s}"))
-    ops.append(Op("LV", "load", (("tma", v_bytes / hw.tma_bytes_per_clk),), hw.l2_latency, "load",
-                  asynchronous=True, issue_cycles=1, label="TMA V block"))
+    ops.append(loads[1] if paged else Op("LV", "load", (("tma", v_bytes / hw.tma_bytes_per_clk),), hw.l2_latency,
+                                         "load", asynchronous=True, issue_cycles=1, label="TMA V block"))
 
     # MMA warp, in the ping-pong order PV_s(j-1) (skew 1), QK_s(j); with S ping-pong (one Q
     # tile, two S slots) QK(j) goes first, into the slot PV(j-2) has finished reading
@@ -274,7 +286,7 @@ def build(hw, p: Problem, k: dict, n_kv: int, masked_blocks: int, impl=None, hbm
     ops = [mix_limits(hw, o) if o.role in compute_roles else o for o in ops]
     ops = [replace(o, chunks=PIECES) if not o.asynchronous and o.uses else o for o in ops]
     units = {"tensor": 1, "smem": 1, "tmem": 1, "mufu": 1, "fma": 1, "alu": 1, "issue": 1, "tma": 1,
-             **{f"issue:{r}": 1 for r in compute_roles}}
+             **({"lsu": 1} if paged else {}), **{f"issue:{r}": 1 for r in compute_roles}}
     roles = ["load", "mma"] + [f"softmax{s}" for s in range(T)] + ["correction", "epilogue"]
     return Schedule(NAME, units, roles, ops, edges, marker="QK0",
                     issue_depth={"tensor": int(hw.mma_queue_depth)},

@@ -1,8 +1,8 @@
 """The LSU pipe, one SM: warp instructions per clock of warp shuffles, and of 16-byte cp.async copies
 from L2 into shared memory, with the bytes per clock those copies reach.
 
-fa4sim assumes the LSU (MIO) takes one warp instruction per clock per SM (fa4sim/schedules/
-fa3_sm90.py LSU_WARP_INSTR_PER_CLK: shuffles, shared-memory and global loads and stores, cp.async)
+fa4sim assumes the LSU (MIO) takes one warp instruction per clock per SM (fa4sim/hardware.py
+LSU_WARP_INSTR_PER_CLK: shuffles, shared-memory and global loads and stores, cp.async)
 and costs a paged cache's cp.async path by it (fa4sim/paged_kv.py). Here:
   shfl      `threads` threads, each CHAINS independent shfl.sync.bfly chains, UNROLL per trip
   cp_async  `threads` threads copy 16 bytes each per cp.async.cg from a 1 MB L2-resident region
