@@ -156,13 +156,21 @@ prefill = Problem(batch=1, heads=64, seqlen_q=4096, seqlen_k=4096, hdim=128, cau
 for page in (0, 16, 256):
     r = simulate("h100", problem=replace(prefill, page_size=page), impl="flash-attn-3")
     print(f"prefill 4k, pages of {page:3d}: {r.time_us:6.1f} us  ({r.knobs['kv_load']})")
+for page in (0, 16, 128):
+    r = simulate("b200", problem=replace(p, page_size=page), impl="flash-attn-4")
+    print(f"B200 flash-attn-4 decode, pages of {page:3d}: {r.time_us:6.1f} us  ({r.knobs['kv_load']}, "
+          f"S ping-pong {'on' if r.knobs['s_stages'] > 1 else 'off'})")
 
 # %% [markdown]
 # At decode nothing moves: the step waits on HBM, and the producer's extra instructions and
 # page-table loads hide under it (the narrower tile even fits the cache a little better). In the
 # prefill the same instructions come out of the issue slots the softmax needs: pages of 16 cost
-# about 1 %, pages of 256 (whole blocks of 128 keys) nothing, since TMA reads them again. No run
-# has measured a paged cache yet: these are predictions from the kernels' sources.
+# about 1 %, pages of 256 (whole blocks of 128 keys) nothing, since TMA reads them again.
+# flash-attn-4 on a B200 is another story: this decode runs one CTA per K/V head (no split), so its
+# loop's latency is the time, and with pages that are not its 128-key tile it also gives up the S
+# ping-pong that hides the exp2s behind the next QK (its interface allows that only for pages of
+# the tile): 41 % slower in the model, where pages of 128 cost nothing. No run has measured a
+# paged cache yet: these are predictions from the kernels' sources.
 
 # %% [markdown]
 # ## 6. Exercise: a bigger batch from bytes alone
