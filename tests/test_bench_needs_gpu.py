@@ -82,7 +82,7 @@ def test_the_blackwell_check_wants_sm100(monkeypatch, capsys):
     ("b=8,h=16,kv=3,s=2048,d=64", "kv=3 must divide h=16"),
     ("b=8,h=16,s=2048", "give b=, h=, s= and d="),
     ("b=8,h=16,s=2048,d=100", "d=100; allowed: 64, 96, 128, 192, 256"),
-    ("b=8,h=16,s=2048,d=64,window", "'window'; allowed: b=, h=, kv=, s=, d="),
+    ("b=8,h=16,s=2048,d=64,window", "'window'; allowed: b=, h=, kv=, s=, sk=, d="),
 ])
 def test_bwd_bench_problem_fails_in_one_line(spec, says):
     """bench_bwd_sm90.py --problem (GQA / MQA shapes) checks its problem before anything needs a GPU."""
