@@ -398,6 +398,17 @@ def run_row(torch, row: Row, args, errors: dict) -> dict:
     return rec
 
 
+def positive_ints(ap, flag: str, text: str) -> list:
+    """'1,2,4' -> [1, 2, 4]; one line and exit 2 (ap.error) for anything but ints >= 1."""
+    try:
+        out = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        out = [0]
+    if any(n < 1 for n in out):
+        ap.error(f"{flag} {text!r}: allowed comma-separated ints >= 1")
+    return out
+
+
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
@@ -421,12 +432,7 @@ def parse_args(argv=None):
     ap.add_argument("--reps", type=int, default=15, help="timed batches per candidate; us = their median")
     ap.add_argument("--batch-ms", type=float, default=20.0, help="about this much time per timed batch")
     args = ap.parse_args(argv)
-    try:
-        args.splits = [int(x) for x in args.splits.split(",") if x.strip()]
-        if any(n < 1 for n in args.splits):
-            raise ValueError
-    except ValueError:
-        ap.error(f"--splits {args.splits!r}: allowed comma-separated ints >= 1")
+    args.splits = positive_ints(ap, "--splits", args.splits)
     by_name = {r.name: r for r in ROWS + GRID}
     names = [n.strip() for n in args.rows.split(",") if n.strip()] if args.rows else [r.name for r in ROWS]
     if args.grid:
@@ -438,12 +444,7 @@ def parse_args(argv=None):
         args.selected = [by_name[n] for n in names] + [parse_problem(s) for s in args.problem]
     except ValueError as e:
         ap.error(str(e))
-    try:
-        args.pages = [int(x) for x in args.pages.split(",") if x.strip()]
-        if any(n < 1 for n in args.pages):
-            raise ValueError
-    except ValueError:
-        ap.error(f"--pages {args.pages!r}: allowed comma-separated ints >= 1")
+    args.pages = positive_ints(ap, "--pages", args.pages)
     for row in args.selected:
         bad = [n for n in args.pages if row.seqlen_cache % n]
         if bad:
