@@ -100,12 +100,13 @@ def attention_backward_probed(dout, q, k, v, out, lse, causal: bool = False, sof
     import torch
 
     from .sm90.bwd import probe_words
+    from .sm90.bwd_config import grid_heads
 
     if stamps is None:
         dtype = "bfloat16" if q.dtype == torch.bfloat16 else "float16"
         bcfg = bwd_config_from_knobs(dtype, q.shape[-1], causal, deterministic, bwd_knobs)
-        stamps = torch.zeros(probe_words(bcfg, q.shape[0], k.shape[1], k.shape[2]), dtype=torch.int64,
-                             device=q.device)
+        heads = grid_heads(bcfg, q.shape[2], k.shape[2])
+        stamps = torch.zeros(probe_words(bcfg, q.shape[0], k.shape[1], heads), dtype=torch.int64, device=q.device)
     return (*_backward(dout, q, k, v, out, lse, causal, softmax_scale, deterministic, stamps, bwd_knobs), stamps)
 
 

@@ -1,6 +1,8 @@
-"""bench_varlen_sm90.py on the CPU: its batches' FLOPs, its bad input (one line, exit 2) and
---predict (fa4sim's varlen predictions, joinable with a measured file by point and kernel)."""
+"""bench_varlen_sm90.py on the CPU: its batches' FLOPs, its bad input (one line, exit 2),
+--predict (fa4sim's varlen predictions, joinable with a measured file by point and kernel) and the
+dense twin (--dense-twin: equal-length batches' dense kernels on views of the packed tensors)."""
 import json
+import math
 
 import pytest
 
@@ -118,3 +120,161 @@ def test_bench_varlen_times_with_the_clock_of_its_timed_batches():
     assert windows == ["ten:fa4kernel.varlen"] * 3 and r["nvml"] == {"mhz_mean": 1755.0, "n": 3}
     assert r["us"] > 0 and r["calls_per_batch"] >= 1
     assert "nvml" not in bench.time_call(fake_torch, lambda: calls.append(1), 0.0, 2, 1.0)
+
+
+def test_short_batch_is_64_sequences_of_332_tokens():
+    """short-hd128-causal is what every recorded file holds: 64 sequences of 332 tokens (its old
+    definition drew one length from a new Random(7) per sequence, 332 each time)."""
+    b = {x.name: x for x in bench.BATCHES}["short-hd128-causal"]
+    assert b.seqlens == (332,) * 64 and b.keys == (332,) * 64
+    assert (b.heads, b.kv_heads, b.hdim, b.causal) == (16, 16, 128, True)
+    assert b.dense_shape() == (64, 332, 332)
+    eq = {x.name: x for x in bench.BATCHES}["equal-hd128-causal"]
+    assert eq.seqlens == (1024,) * 16 and (eq.heads, eq.hdim, eq.causal) == (16, 128, True)
+    assert eq.dense_shape() == (16, 1024, 1024)
+    # unequal query lengths, or equal query lengths on unequal keys: no dense shape
+    assert {x.name: x for x in bench.BATCHES}["ten-hd64"].dense_shape() is None
+    assert bench.Batch("x", (4, 4), 1, 64, True, seqlens_k=(8, 9)).dense_shape() is None
+    assert bench.Batch("x", (4, 4), 1, 64, True, seqlens_k=(8, 8)).dense_shape() == (2, 4, 8)
+
+
+@pytest.mark.parametrize("pass_", ["fwd", "bwd"])
+def test_dry_run_lists_the_dense_twin_for_equal_batches_only(pass_, capsys):
+    argv = ["--dry-run", "--dense-twin", "--pass", pass_, "--batches", "short-hd128-causal,ten-hd64,equal-hd128-causal"]
+    assert bench.main(argv) == 0
+    out = capsys.readouterr().out
+    blocks = {}
+    for line in out.splitlines():
+        if not line.startswith(" "):
+            name = line.split(":")[0]
+        blocks.setdefault(name, []).append(line)
+    assert list(blocks) == ["short-hd128-causal", "ten-hd64", "equal-hd128-causal"]
+    for name in ("short-hd128-causal", "equal-hd128-causal"):
+        text = "\n".join(blocks[name])
+        assert all(t in text for t in ("fa4kernel.dense", "flash-attn-3.dense", "flash-attn-4.dense")), text
+        assert "fa4kernel.varlen" in text and "not run" not in text
+    assert "q (64, 332, 16, 128), k and v (64, 332, 16, 128)" in "\n".join(blocks["short-hd128-causal"])
+    ten = "\n".join(blocks["ten-hd64"])
+    assert ".dense" not in ten and "fa4kernel.varlen" in ten and bench.NO_TWIN in ten
+    # without the flag: no twin anywhere
+    assert bench.main([a for a in argv if a != "--dense-twin"]) == 0
+    assert ".dense" not in capsys.readouterr().out
+
+
+def test_predict_writes_the_dense_twin_as_fa4sims_dense_prediction(tmp_path):
+    """--predict --dense-twin: each equal batch's .dense rows are fa4sim's dense prediction of
+    (batch, seqlen) (not its varlen one), under the names the measured file has; an unequal batch
+    has none; accuracy --compare joins them on (point, kernel)."""
+    from fa4sim import Problem, simulate
+
+    from lab.tools import accuracy
+
+    for pass_ in ("fwd", "bwd"):
+        out = tmp_path / f"pred_{pass_}.json"
+        assert bench.main(["--batches", "short-hd128-causal,equal-hd128-causal,ten-hd64", "--dense-twin",
+                           "--pass", pass_, "--predict", str(out)]) == 0
+        doc = json.loads(out.read_text())
+        assert doc["meta"]["dense_twin"] is True
+        twin = [r for r in doc["rows"] if r["kernel"].endswith(".dense")]
+        assert {(r["point"], r["kernel"]) for r in twin} == {
+            (p, k) for p in ("short-hd128-causal", "equal-hd128-causal") for k in bench.TWINS}
+        by = {x.name: x for x in bench.BATCHES}
+        for r in twin:
+            b = by[r["point"]]
+            n, sq, sk = b.dense_shape()
+            assert r["dense"] == [n, sq, sk]
+            impl = bench.TWINS[r["kernel"]]
+            if pass_ == "bwd" and impl == "flash-attn-3":  # fa4sim has no backward of it: said so
+                assert "no backward" in r["not_modelled"] and "us" not in r
+                continue
+            want = simulate("h200", problem=Problem(n, b.heads, sq, sk, b.hdim, b.causal), impl=impl, pass_=pass_)
+            assert math.isfinite(r["us"]) and r["us"] > 0 and r["clock_ghz"] > 0
+            assert r["us"] == pytest.approx(want.time_us, rel=1e-12)
+            mult = 2.5 if pass_ == "bwd" else 1.0
+            assert r["tflops"] == pytest.approx(mult * b.flops() / (r["us"] * 1e6))
+            if pass_ == "bwd":
+                assert r["us"] == pytest.approx(r["pre_us"] + r["main_us"] + r["post_us"])
+        # the twin and the varlen row of one implementation are two predictions, not one copied
+        rows = {(r["point"], r["kernel"]): r for r in doc["rows"]}
+        assert "dense" not in rows[("short-hd128-causal", "fa4kernel.varlen")]
+
+    # a measured file (kind varlen) with the twin's results joins the predictions on (point, kernel)
+    pred = json.loads((tmp_path / "pred_fwd.json").read_text())["rows"]
+    us = {(r["point"], r["kernel"]): r["us"] for r in pred if "us" in r}
+    measured = {"meta": {"kind": "varlen"}, "rows": [
+        {"point": p, "results": {k: {"us": 1.25 * us[(p, k)], "ok": True} for (pp, k) in us if pp == p}}
+        for p in ("short-hd128-causal", "equal-hd128-causal")]}
+    (tmp_path / "measured.json").write_text(json.dumps(measured))
+    stats = accuracy.stat_committed_time({}, [str(tmp_path / "measured.json")],
+                                         {"predictions": str(tmp_path / "pred_fwd.json")})
+    for k in bench.TWINS:
+        assert stats[k]["count"] == 2 and stats[k]["median"] == pytest.approx(0.2)  # 1 / 1.25 - 1, absolute
+
+
+def test_the_dense_twin_runs_the_dense_kernels_on_views_of_the_packed_tensors(monkeypatch):
+    """The twin's calls on the CPU, with stand-in dense kernels (torch SDPA) for fa4kernel,
+    FlashAttention-3 and flash-attn-4: each takes (batch, seqlen, heads, d) views of the packed
+    tensors, and its output (a tuple, as some return) and its gradients come back packed, so the
+    run's fp32 check passes; the varlen entry points the stand-ins lack are recorded as errors."""
+    import sys
+    import types
+
+    import fa4kernel
+    import torch
+
+    from lab.tools.bench_decode_sm90 import check_output
+
+    shapes = []
+
+    def dense(q, k, v, causal=False, **kw):
+        assert q.dim() == 4 and not kw, (q.shape, kw)
+        shapes.append((tuple(q.shape), tuple(k.shape)))
+        g = q.shape[2] // k.shape[2]
+        o = torch.nn.functional.scaled_dot_product_attention(
+            q.transpose(1, 2).float(), k.transpose(1, 2).float().repeat_interleave(g, dim=1),
+            v.transpose(1, 2).float().repeat_interleave(g, dim=1), is_causal=causal)
+        return o.transpose(1, 2).to(q.dtype)
+
+    def fa4kernel_attention(q, k, v, causal=False, cu_seqlens_q=None, **kw):
+        if cu_seqlens_q is not None:
+            raise NotImplementedError("varlen: not in the stand-in")
+        return dense(q, k, v, causal)
+
+    monkeypatch.setattr(fa4kernel, "attention", fa4kernel_attention)
+    monkeypatch.setitem(sys.modules, "flash_attn_interface",
+                        types.SimpleNamespace(flash_attn_func=lambda *a, **k: (dense(*a, **k), None)))
+    for name in ("flash_attn", "flash_attn.cute"):
+        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+    cute = types.ModuleType("flash_attn.cute.interface")
+    cute.flash_attn_func = lambda *a, **k: (dense(*a, **k), "lse")
+    monkeypatch.setitem(sys.modules, "flash_attn.cute.interface", cute)
+
+    b = bench.Batch("x", (6,) * 3, 4, 32, True, heads_kv=2)
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(18, 4, 32, generator=gen).to(torch.bfloat16)
+    k, v = (torch.randn(18, 2, 32, generator=gen).to(torch.bfloat16) for _ in range(2))
+    cq = ck = torch.tensor([0, 6, 12, 18], dtype=torch.int32)
+    errors: dict = {}
+    ref = bench.reference(torch, b, q, k, v, cq, ck)
+    cands = bench.candidates(torch, b, q, k, v, cq, ck, errors, twin=True)
+    assert list(cands) == [n for n in bench.candidate_names(b, twin=True) if n not in errors]  # the run's order
+    for name in bench.TWINS:
+        out = cands[name]()
+        assert out.shape == q.shape and check_output(torch, out, ref)["ok"], name
+    assert shapes == [((3, 6, 4, 32), (3, 6, 2, 32))] * 3
+    assert set(errors) == {"flash-attn-3", "flash-attn-4"}  # their varlen functions: not in the stand-ins
+
+    dout = torch.randn(q.shape, generator=gen).to(torch.bfloat16)
+    want = bench.reference_grads(torch, b, q, k, v, cq, ck, dout)
+    errors = {}
+    grads = bench.bwd_candidates(torch, b, q, k, v, cq, ck, dout, errors, twin=True)
+    assert set(grads) == set(bench.TWINS) and set(errors) == {
+        "fa4kernel.varlen", "fa4kernel.varlen[deterministic]", "flash-attn-3", "flash-attn-4"}
+    for name in bench.TWINS:
+        got = grads[name]()
+        assert [g.shape for g in got] == [q.shape, k.shape, v.shape]
+        assert all(check_output(torch, g, w)["ok"] for g, w in zip(got, want)), name
+    # a batch of unequal lengths: no twin, whatever the flag
+    u = bench.Batch("u", (5, 7), 4, 32, True)
+    assert not set(bench.candidates(torch, u, q[:12], k[:12], v[:12], torch.tensor([0, 5, 12], dtype=torch.int32),
+                                    torch.tensor([0, 5, 12], dtype=torch.int32), {}, twin=True)) & set(bench.TWINS)

@@ -205,6 +205,58 @@ def test_bwd_tail_lpt_both_parts(hd, b, h, hkv, s, causal):
     check(b, s, s, h, hkv, hd, causal, grid_order="tail_lpt")
 
 
+# ---- gqa_dkv="reduce": one CTA per key block of each q head, dK / dV added in fp32
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("hd", fa4kernel.BWD_HEAD_DIMS)
+@pytest.mark.parametrize("b,sq,sk,h,hkv", [(2, 333, 1000, 8, 2), (2, 1000, 77, 8, 1), (1, 777, 777, 16, 1),
+                                           (2, 77, 333, 3, 3)], ids=["gqa8:2", "mqa8:1", "mqa16:1", "mha3"])
+def test_bwd_gqa_dkv_reduce(hd, causal, b, sq, sk, h, hkv):
+    """The q heads of a group add dK and dV into one fp32 accumulator: the gradients of the loop
+    at odd lengths in both orders (keys past the last key block's rows: not added), GQA, MQA, and
+    without grouped heads; with the causal mask's default tail_lpt grid (q heads on its head axis)
+    and heads_outer."""
+    check(b, sq, sk, h, hkv, hd, causal, gqa_dkv="reduce")
+    if causal:
+        check(b, sq, sk, h, hkv, hd, causal, gqa_dkv="reduce", grid_order="heads_outer")
+
+
+@pytest.mark.parametrize("hd", [64, 128, 256])
+def test_bwd_gqa_dkv_reduce_tail_lpt_both_parts_and_fp16(hd):
+    """More (batch, q head)s than the tail takes (its head part and its tail), fp16."""
+    check(4, 1000, 1000, 16, 2, hd, True, torch.float16, gqa_dkv="reduce")
+
+
+@pytest.mark.parametrize("hd", [128, 256])
+def test_bwd_gqa_dkv_reduce_clock_probe_and_main_alone(hd):
+    """The clock probe's grid has a CTA per key block of each q head (probe_words of grid_heads):
+    its gradients are the build's (to the order of the fp32 adds); main() launched twice adds dK
+    and dV twice, as it does dQ."""
+    from fa4kernel.sm90.bwd import prepare_bwd
+    from fa4kernel.trace import PROBE_SUM_WORDS, ctas_clock_ghz
+
+    b, s, h, hkv = 2, 500, 8, 2
+    q, k, v, dout = _inputs(b, s, s, h, hkv, hd, seed=7)
+    with torch.no_grad():
+        out, lse = fa4kernel.attention(q, k, v, causal=True, return_lse=True)
+        plain = fa4kernel.attention_backward(dout, q, k, v, out, lse, causal=True, gqa_dkv="reduce")
+        *probed, stamps = fa4kernel.attention_backward_probed(dout, q, k, v, out, lse, causal=True,
+                                                              gqa_dkv="reduce")
+    for a, w in zip(probed, plain):
+        assert rel_err(a, w.float()) < 1e-5
+    cfg = fa4kernel.make_bwd_config("bfloat16", hd, True, gqa_dkv="reduce")
+    pairs = 2 if cfg.dq_sum == "pair" else 1
+    blocks = -(-s // (pairs * cfg.tile_n)) * pairs
+    assert (stamps.numel() - PROBE_SUM_WORDS) // 4 == ctas_clock_ghz(stamps.tolist())["ctas"] == blocks * h * b
+    main, finish = prepare_bwd(cfg, dout, q, k, v, out, lse, 1.0 / math.sqrt(hd))
+    main()
+    main()
+    dq2, dk2, dv2 = finish()
+    for name, got, want in (("dq", dq2, plain[0]), ("dk", dk2, plain[1]), ("dv", dv2, plain[2])):
+        assert rel_err(got.float() / 2, want.float()) < 1e-2, name
+
+
 # ---- head dims 192 and 256 (kv_split: 64 x 64 tiles, dK / dV / dQ split by head_dim)
 
 

@@ -194,6 +194,14 @@ def test_backward_gqa_tail_and_fp16(d):
     check_backward([777, 1, 2049], [777, 3000, 2049], True, 16, 2, d, dtype=torch.float16, seed=d, tail=37)
 
 
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("d,h,hkv", [(64, 8, 1), (96, 4, 2), (128, 8, 2), (128, 16, 1), (192, 4, 1), (256, 4, 2)])
+def test_backward_gqa_dkv_reduce(d, h, hkv, causal):
+    """gqa_dkv="reduce" on the packed batch (empty and one-token sequences, chunks, a tail after
+    the last sequence: its rows' dK and dV stay zero, the next sequence's rows are not added into)."""
+    check_backward(BWD_Q, BWD_K, causal, h, hkv, d, seed=d + hkv, tail=5, bwd_knobs={"gqa_dkv": "reduce"})
+
+
 def test_backward_many_short_sequences():
     lens = [1 + (i * 97) % 300 for i in range(40)]
     check_backward(lens, lens, True, 8, 8, 128, seed=3)

@@ -70,7 +70,7 @@ from cutlass.cutlass_dsl import dsl_user_op
 from ..convert import to_16bit
 from ..interop import compile_fake, to_cute, torch_stream, tvm_ffi_enabled
 from ..trace_layout import PROBE_SUM_WORDS
-from .bwd_config import TAIL_SLOTS, TAIL_WAVES, BwdConfig
+from .bwd_config import TAIL_SLOTS, TAIL_WAVES, BwdConfig, grid_heads
 from .bwd_postprocess import dq_postprocess, postprocess_kernel, postprocess_varlen
 from .bwd_preprocess import preprocess_kernel, preprocess_torch, preprocess_varlen
 from .bwd_varlen import padded_length, padded_start
@@ -235,6 +235,9 @@ class FlashBwdSm90:
         self.mma_order = cfg.mma_order
         self.dq_rows_split = cfg.dq_rows_split
         self.kv_split = cfg.kv_split
+        # grouped K/V heads: one CTA per key block of each q head; dK, dV added into fp32
+        # accumulators (the host turns them into 16 bit)
+        self.gqa_reduce = cfg.gqa_dkv == "reduce"
         self.consumer_regs, self.producer_regs = 240, 24  # 24 + 240 + 240 of 512 per lane
         if self.deterministic and self.dq_qdo:
             dq_full_wgs = 1 if self.dq_pair else self.dq_wgs
@@ -252,6 +255,10 @@ class FlashBwdSm90:
         if const_expr(self.deterministic and self.dq_qdo):
             return NamedBarrierBwd.DQ_FULL_STAGE + w * self.stages + stage
         return NamedBarrierBwd.DQ_FULL + w
+
+    def _grid_heads(self, mQ, mK):
+        """The grid's head axis: the q heads with gqa_dkv="reduce", else the k/v heads."""
+        return mQ.shape[2] if const_expr(self.gqa_reduce) else mK.shape[2]
 
     def tiled_mmas(self):
         """(S^T / dP^T, dK / dV, dQ) tiled MMAs (call inside @cute.jit code)."""
@@ -349,8 +356,13 @@ class FlashBwdSm90:
         tma_atom_dO, tma_dO = cpasync.make_tiled_tma_atom(tma_load, mdO, sQ_one, (self.tile_m, self.hd), 1)
         tma_atom_K, tma_K = cpasync.make_tiled_tma_atom(tma_load, mK, sK_layout, (self.tile_n, self.hd))
         tma_atom_V, tma_V = cpasync.make_tiled_tma_atom(tma_load, mV, sK_layout, (self.tile_n, self.hd))
-        tma_atom_dK, tma_dK = cpasync.make_tiled_tma_atom(tma_store, mdK, sK_layout, (self.tile_n, self.hd))
-        tma_atom_dV, tma_dV = cpasync.make_tiled_tma_atom(tma_store, mdV, sK_layout, (self.tile_n, self.hd))
+        if const_expr(self.gqa_reduce):
+            # dK, dV: fp32 accumulators the epilogue adds into from registers (no TMA store; the
+            # K and V atoms stand in for the unused ones)
+            tma_atom_dK, tma_dK, tma_atom_dV, tma_dV = tma_atom_K, mdK, tma_atom_V, mdV
+        else:
+            tma_atom_dK, tma_dK = cpasync.make_tiled_tma_atom(tma_store, mdK, sK_layout, (self.tile_n, self.hd))
+            tma_atom_dV, tma_dV = cpasync.make_tiled_tma_atom(tma_store, mdV, sK_layout, (self.tile_n, self.hd))
 
         self.q_bytes = cute.size_in_bytes(dtype, sQ_one)
         self.stat_bytes = self.tile_m * 4 if const_expr(self.stats_tma) else 0  # one query block's LSE / D
@@ -365,10 +377,11 @@ class FlashBwdSm90:
                                                    cute.cosize(sQ_layout), cute.cosize(sdS_layout))
         SharedStorage = self.shared_storage
 
-        # varlen: the longest sequence's key blocks x k/v heads x sequences
+        # varlen: the longest sequence's key blocks x k/v heads (q heads: gqa_dkv="reduce") x sequences
         keys = var[2] if const_expr(self.varlen) else mK.shape[0]
         nz = var[0].shape[0] - 1 if const_expr(self.varlen) else cute.size(mK.shape[3])
-        grid = (cute.ceil_div(keys, self.tile_n), cute.size(mK.shape[2]), nz)
+        grid_heads = self._grid_heads(mQ, mK)
+        grid = (cute.ceil_div(keys, self.tile_n), cute.size(grid_heads), nz)
         cluster = (1, 1, 1)
         if const_expr(self.dq_pair):
             # key blocks in pairs (an odd count gets a CTA past seqlen_k: zero K and V, no output)
@@ -380,12 +393,12 @@ class FlashBwdSm90:
             # its divisors, made on the host (multiplier and shift): the kernel divides by a
             # multiply-high in the uniform datapath, a few instructions per CTA
             c = 2 if const_expr(self.dq_pair) else 1
-            units = cute.ceil_div(mK.shape[0], c * self.tile_n)  # clusters per (batch, k/v head)
-            g_all = mK.shape[2] * mK.shape[3]
+            units = cute.ceil_div(mK.shape[0], c * self.tile_n)  # clusters per (batch, grid head)
+            g_all = grid_heads * mK.shape[3]
             # bwd_config.tail_heads: at least TAIL_WAVES waves of the clusters that run at once
             tail = cutlass.min(g_all, cutlass.max(1, (TAIL_WAVES * (TAIL_SLOTS // c) + units - 1) // units))
             order_divs = (cute.fast_divmod_create_divisor_v2(units), cute.fast_divmod_create_divisor_v2(tail),
-                          cute.fast_divmod_create_divisor_v2(mK.shape[2]))
+                          cute.fast_divmod_create_divisor_v2(grid_heads))
         self.kernel(
             tma_atom_Q, tma_Q, tma_atom_dO, tma_dO, tma_atom_K, tma_K, tma_atom_V, tma_V,
             # varlen: dK, dV go out by row-predicated stores into the packed tensors themselves
@@ -543,7 +556,7 @@ class FlashBwdSm90:
                 mdQsem = cute.domain_offset((rows[-1][0] // self.tile_m, 0, 0), mdQsem)
         group = mQ.shape[2] // mK.shape[2]  # q heads per k/v head (GQA / MQA; 1 = MHA)
         n_block, kv_head, batch, pair_rank, m_block_min, n_m, n_iter = self._cta_work(
-            seqlen_q, seqlen_k, mK, group, order_divs)
+            seqlen_q, seqlen_k, mQ, mK, group, order_divs)
         # deterministic: (this CTA's key block or pair, their count, mdQsem) for _dq_turn
         c = 2 if const_expr(self.dq_pair) else 1
         order = (n_block // c, cute.ceil_div(seqlen_k, c * self.tile_n), mdQsem, seqlen_q, seqlen_k) \
@@ -557,7 +570,8 @@ class FlashBwdSm90:
             # reversed index of one past them is negative, and so may be its pair rank)
             if n_block >= 0 and (n_block - pair_rank) * self.tile_n < seqlen_k:
                 self._roles(*roles)
-            self._zero_key_tail(mdK, mdV, var)
+            if const_expr(not self.gqa_reduce):  # "reduce": the host zeroed the accumulators
+                self._zero_key_tail(mdK, mdV, var)
         else:
             self._roles(*roles)
 
@@ -623,14 +637,15 @@ class FlashBwdSm90:
                 self._stamp(mStamps, 2)  # after the epilogue's dK / dV stores: this CTA's end
 
     @cute.jit
-    def _cta_work(self, seqlen_q, seqlen_k, mK, group, order_divs):
-        """This CTA's (key block, k/v head, batch, pair rank, first query block, query blocks,
+    def _cta_work(self, seqlen_q, seqlen_k, mQ, mK, group, order_divs):
+        """This CTA's (key block, grid head, batch, pair rank, first query block, query blocks,
         (q head, query block) iterations), from its block index in the grid_order's grid (varlen:
-        blockIdx.z is the sequence, the batch row 0)."""
+        blockIdx.z is the sequence, the batch row 0). The grid's heads are the k/v heads, whose
+        CTAs walk their group's q heads, or with gqa_dkv="reduce" the q heads (_walk_heads)."""
         if const_expr(self.tail_lpt):
-            n_block, kv_head, batch = self._tail_lpt_block(mK, order_divs)
+            n_block, grid_head, batch = self._tail_lpt_block(mQ, mK, order_divs)
         else:
-            n_block, kv_head, batch = cute.arch.block_idx()
+            n_block, grid_head, batch = cute.arch.block_idx()
             if const_expr(self.varlen):
                 batch = Int32(0)
             if const_expr(self.deterministic and self.causal):
@@ -645,11 +660,22 @@ class FlashBwdSm90:
             n_first = n_block - pair_rank
         m_block_min, m_block_max = self._m_block_range(n_first, seqlen_q, seqlen_k)
         n_m = m_block_max - m_block_min
-        n_iter = group * n_m  # (q head of the group, query block) pairs, query block fastest
-        return n_block, kv_head, batch, pair_rank, m_block_min, n_m, n_iter
+        # (q head, query block) pairs, query block fastest: the group's q heads, or one ("reduce")
+        n_iter = n_m if const_expr(self.gqa_reduce) else group * n_m
+        return n_block, grid_head, batch, pair_rank, m_block_min, n_m, n_iter
 
     @cute.jit
-    def _tail_lpt_block(self, mK, order_divs):
+    def _walk_heads(self, grid_head, group):
+        """(k/v head, first q head of the walk) of a CTA on the grid's head grid_head: the k/v head
+        and its group's first q head, or with gqa_dkv="reduce" the q head's k/v head and the q
+        head. Each role works it out where it starts (held from the CTA's start, a value more
+        spills at head dim 256)."""
+        if const_expr(self.gqa_reduce):
+            return cute.arch.make_warp_uniform(grid_head // group), grid_head
+        return grid_head, grid_head * group
+
+    @cute.jit
+    def _tail_lpt_block(self, mQ, mK, order_divs):
         """grid_order="tail_lpt": (key block, k/v head, batch) of this CTA from its index on the
         one-axis grid (bwd_config.launch_order in plain Python). Clusters of c CTAs (adjacent key
         blocks) are numbered p = x // c: heads_outer order (p // units, p % units) for all but
@@ -660,7 +686,7 @@ class FlashBwdSm90:
         c = 2 if const_expr(self.dq_pair) else 1
         x = cute.arch.block_idx()[0]
         units, tail = div_units.divisor, div_tail.divisor
-        g_all = mK.shape[2] * mK.shape[3]
+        g_all = self._grid_heads(mQ, mK) * mK.shape[3]
         p = x // c
         head_part = (g_all - tail) * units
         g_head, j_head = divmod(p, div_units)
@@ -700,6 +726,7 @@ class FlashBwdSm90:
     def producer(self, tma_atom_Q, mQ, tma_atom_dO, mdO, tma_atom_K, mK, tma_atom_V, mV, mLSE, mD,
                  sQ, sdO, sK, sV, sLSE, sD, pipe_kv, pipe_q, pipe_do,
                  n_block, kv_head, batch, group, m_block_min, n_m, n_iter):
+        kv_head, head = self._walk_heads(kv_head, group)
         gK = cute.local_tile(mK[None, None, kv_head, batch], (self.tile_n, self.hd), (n_block, 0))
         gV = cute.local_tile(mV[None, None, kv_head, batch], (self.tile_n, self.hd), (n_block, 0))
         tKsK, tKgK = cpasync.tma_partition(
@@ -712,7 +739,7 @@ class FlashBwdSm90:
         cute.copy(tma_atom_V, tVgV, tVsV, tma_bar_ptr=pipe_kv.producer_get_barrier(kv_state))
 
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
-        m_block, head = m_block_min, kv_head * group
+        m_block = m_block_min
         for _it in cutlass.range(n_iter, unroll=1):
             gQ = cute.local_tile(mQ[None, None, head, batch], (self.tile_m, self.hd), (None, 0))
             gdO = cute.local_tile(mdO[None, None, head, batch], (self.tile_m, self.hd), (None, 0))
@@ -794,7 +821,8 @@ class FlashBwdSm90:
         written, and then the semaphore is released one further."""
         chunk = self.tile_m * self.hd // self.dq_wgs
         sync_threads = 128 + 32
-        m_block, head = m_block_min, kv_head * group
+        kv_head, head = self._walk_heads(kv_head, group)
+        m_block = m_block_min
         if const_expr(self.dq_qdo):
             sdQ_dO, sdQ_Q = sdQ
             half = chunk // 2
@@ -1040,7 +1068,8 @@ class FlashBwdSm90:
         causal_offset = seqlen_k - seqlen_q
         at_use = const_expr(self.stats_tma and self.dq_rows_split)
 
-        m_block, head = m_block_min, kv_head * group
+        kv_head, head = self._walk_heads(kv_head, group)
+        m_block = m_block_min
         for it in cutlass.range(n_iter, unroll=1):
             q0 = m_block * self.tile_m
             gLSE = mLSE[None, head, batch]
@@ -1145,6 +1174,13 @@ class FlashBwdSm90:
             state.advance()
             m_block, head = self._next_block(m_block, head, m_block_min, n_m)
 
+        if const_expr(self.gqa_reduce and not self.tail_lpt):
+            # the CTA's coordinates read again from the grid (k/v head = q head // group) and the
+            # thread's index: held through the loop they spill at head_dim 256
+            bx, by, bz = cute.arch.block_idx()
+            n_block, kv_head = bx, cute.arch.make_warp_uniform(by // (mLSE.shape[1] // mdK.shape[2]))
+            batch = Int32(0) if const_expr(self.varlen) else bz
+            tidx = cute.arch.thread_idx()[0] - 128
         self._epilogue(acc_dK, acc_dV, softmax_scale, tiled_mma_dkv, sK, sV, tma_atom_dK, mdK,
                        tma_atom_dV, mdV, tidx, n_block, kv_head, batch, var)
 
@@ -1252,7 +1288,12 @@ class FlashBwdSm90:
     def _epilogue(self, acc_dK, acc_dV, softmax_scale, tiled_mma_dkv, sK, sV, tma_atom_dK, mdK,
                   tma_atom_dV, mdV, tidx, n_block, kv_head, batch, var=None):
         """dK * softmax_scale, dV -> 16 bit -> K's and V's smem buffers (stmatrix) -> TMA stores
-        (varlen: _store_rows, the block's rows inside its sequence only)."""
+        (varlen: _store_rows, the block's rows inside its sequence only); gqa_dkv="reduce":
+        added into the fp32 accumulators instead (_reduce_dkv)."""
+        if const_expr(self.gqa_reduce):
+            self._reduce_dkv(acc_dK, acc_dV, softmax_scale, tiled_mma_dkv, mdK, mdV, tidx, n_block, kv_head, batch,
+                             var)
+            return
         rdK = cute.make_rmem_tensor_like(acc_dK, self.dtype)
         rdV = cute.make_rmem_tensor_like(acc_dV, self.dtype)
         rdK.store((acc_dK.load() * softmax_scale).to(self.dtype))
@@ -1288,6 +1329,33 @@ class FlashBwdSm90:
             cute.arch.cp_async_bulk_commit_group()
             cute.arch.cp_async_bulk_wait_group(0, read=True)  # smem must outlive the stores
 
+
+    @cute.jit
+    def _reduce_dkv(self, acc_dK, acc_dV, softmax_scale, tiled_mma_dkv, mdK, mdV, tidx, n_block, kv_head, batch,
+                    var=None):
+        """gqa_dkv="reduce": this q head's dK * softmax_scale and dV -> the k/v head's fp32
+        accumulators, one two-wide RED.ADD per pair of adjacent columns of a row (the wgmma
+        accumulator's elements 2i and 2i + 1), rows inside the keys only (varlen: inside the
+        sequence's; the next sequence's rows belong to other CTAs). The q heads of a group add in
+        no fixed order: not deterministic."""
+        rows = mdK.shape[0] - n_block * self.tile_n
+        if const_expr(self.varlen):
+            mCuK, seq = var[1], cute.arch.block_idx()[2]
+            off_k = mCuK[seq]
+            rows = mCuK[seq + 1] - off_k - n_block * self.tile_n
+            mdK = cute.domain_offset((off_k, 0, 0, 0), mdK)
+            mdV = cute.domain_offset((off_k, 0, 0, 0), mdV)
+        thr_mma = tiled_mma_dkv.get_slice(tidx)
+        tXcX = thr_mma.partition_C(cute.make_identity_tensor((self.tile_n, self.hd)))  # (key, column)
+        for i in cutlass.range_constexpr(cute.size(acc_dK) // 2):
+            acc_dK[2 * i] = acc_dK[2 * i] * softmax_scale
+            acc_dK[2 * i + 1] = acc_dK[2 * i + 1] * softmax_scale
+        for acc, mX in ((acc_dK, mdK), (acc_dV, mdV)):
+            gX = cute.local_tile(mX[None, None, kv_head, batch], (self.tile_n, self.hd), (n_block, 0))
+            tXgX = thr_mma.partition_C(gX)
+            for i in cutlass.range_constexpr(cute.size(acc) // 2):
+                if tXcX[2 * i][0] < rows:
+                    red_add_f32x2(tXgX.iterator + cute.crd2idx(2 * i, tXgX.layout), acc[2 * i], acc[2 * i + 1])
 
     @cute.jit
     def _store_rows(self, sX, mX, n_block, kv_head, rows):
@@ -1370,7 +1438,12 @@ def fake_bwd_args(cfg: BwdConfig):
     b, sq, sk, h, hkv, sqp, nm = (cute.sym_int() for _ in range(7))
     q, do = fake((b, sq, h, cfg.head_dim)), fake((b, sq, h, cfg.head_dim))
     k, v = fake((b, sk, hkv, cfg.head_dim)), fake((b, sk, hkv, cfg.head_dim))
-    dk, dv = fake((b, sk, hkv, cfg.head_dim)), fake((b, sk, hkv, cfg.head_dim))
+    if cfg.gqa_dkv == "reduce":  # fp32 accumulators
+        dk, dv = (make_fake_tensor(cutlass.Float32, (b, sk, hkv, cfg.head_dim),
+                                   stride=tuple(cute.sym_int64(divisibility=4) for _ in range(3)) + (1,),
+                                   assumed_align=16) for _ in range(2))
+    else:
+        dk, dv = fake((b, sk, hkv, cfg.head_dim)), fake((b, sk, hkv, cfg.head_dim))
     stats = [make_fake_tensor(cutlass.Float32, (b, h, sqp), stride=(cute.sym_int64(), cute.sym_int64(), 1),
                               assumed_align=4) for _ in range(2)]
     dq = make_fake_tensor(cutlass.Float32, (b, h, sqp, cfg.head_dim),
@@ -1425,7 +1498,8 @@ _USE_TVM_FFI = None
 
 def probe_words(cfg: BwdConfig, batch: int, seqlen_k: int, heads_kv: int) -> int:
     """Words of the clock probe's stamps buffer for a launch: 4 per CTA of its grid, then 4 for
-    the running sums (cycles, ns, CTAs, unused; trace.probe_sums)."""
+    the running sums (cycles, ns, CTAs, unused; trace.probe_sums). heads_kv: the grid's heads
+    (bwd_config.grid_heads: the q heads with gqa_dkv="reduce")."""
     blocks = -(-seqlen_k // cfg.tile_n)
     if cfg.dq_sum == "pair":
         blocks += blocks % 2  # the pair's grid rounds the key blocks up to even
@@ -1475,7 +1549,10 @@ def run_bwd_varlen(cfg: BwdConfig, dout, q, k, v, out, lse, cu_q, cu_k, max_seql
     dq_accum = torch.empty((1, h, sqp, d), dtype=torch.float32, device=q.device)
     dq_sem = torch.empty((1, h, sqp // cfg.tile_m), dtype=torch.int32, device=q.device) if cfg.deterministic else None
     preprocess_varlen(cfg, dout, out, lse, dpsum, lse_log2, dq_accum, dq_sem, cu_q, max_seqlen_q, _USE_TVM_FFI)
-    dk, dv = torch.empty_like(k), torch.empty_like(v)  # every row written by the kernel (a tail's: 0)
+    if cfg.gqa_dkv == "reduce":  # fp32 accumulators the q heads' CTAs add into
+        dk, dv = (torch.zeros(k.shape, dtype=torch.float32, device=k.device) for _ in range(2))
+    else:
+        dk, dv = torch.empty_like(k), torch.empty_like(v)  # every row written by the kernel (a tail's: 0)
     q4, k4, v4, do4, dk4, dv4 = (t.unsqueeze(0) for t in (q, k, v, dout, dk, dv))  # one batch row
     scales = (float(softmax_scale * LOG2_E), float(softmax_scale))
     if _USE_TVM_FFI:
@@ -1487,6 +1564,8 @@ def run_bwd_varlen(cfg: BwdConfig, dout, q, k, v, out, lse, cu_q, cu_k, max_seql
            to_cute(cu_k, 0, align=4), Int32(max_seqlen_k), *(Float32(x) for x in scales), torch_stream(q.device))
     dq = torch.empty_like(q)
     postprocess_varlen(cfg, dq_accum, dq, cu_q, max_seqlen_q, _USE_TVM_FFI)
+    if cfg.gqa_dkv == "reduce":
+        return dq, dk.to(k.dtype), dv.to(v.dtype)
     return dq, dk, dv
 
 
@@ -1505,9 +1584,10 @@ def prepare_bwd(cfg: BwdConfig, dout, q, k, v, out, lse, softmax_scale: float, s
     b, sq, h, d = q.shape
     sk, hkv = k.shape[1], k.shape[2]
     probe = stamps is not None
-    if probe and (stamps.dtype != torch.int64 or stamps.numel() < probe_words(cfg, b, sk, hkv)):
+    words = probe_words(cfg, b, sk, grid_heads(cfg, h, hkv)) if probe else 0
+    if probe and (stamps.dtype != torch.int64 or stamps.numel() < words):
         raise ValueError(f"stamps: {stamps.dtype} x {stamps.numel()}; allowed: int64 with at least "
-                         f"{probe_words(cfg, b, sk, hkv)} words (probe_words)")
+                         f"{words} words (probe_words)")
     sqp = -(-sq // cfg.tile_m) * cfg.tile_m
     dout = dout.detach().contiguous()
     if dout.data_ptr() % 16:
@@ -1523,8 +1603,10 @@ def prepare_bwd(cfg: BwdConfig, dout, q, k, v, out, lse, softmax_scale: float, s
         dpsum, lse_log2 = preprocess_kernel(cfg, dout, out, lse, sqp, _USE_TVM_FFI, dq_accum, dq_sem)
     else:
         dpsum, lse_log2 = preprocess_torch(cfg, dout, out, lse, sqp)
-    dk = torch.empty((b, sk, hkv, d), dtype=k.dtype, device=k.device)
-    dv = torch.empty((b, sk, hkv, d), dtype=v.dtype, device=v.device)
+    reduce_dkv = cfg.gqa_dkv == "reduce"  # the kernel adds into fp32 accumulators: zeroed here
+    dk = (torch.zeros if reduce_dkv else torch.empty)((b, sk, hkv, d), dtype=torch.float32 if reduce_dkv else k.dtype,
+                                                       device=k.device)
+    dv = torch.zeros_like(dk) if reduce_dkv else torch.empty((b, sk, hkv, d), dtype=v.dtype, device=v.device)
     scale_log2 = float(softmax_scale * LOG2_E)
     kcfg = kernel_config(cfg)
     key = (kcfg, "clock_probe") if probe else kcfg
@@ -1566,8 +1648,9 @@ def prepare_bwd(cfg: BwdConfig, dout, q, k, v, out, lse, softmax_scale: float, s
         launch()
 
     def finish():
+        dk_out, dv_out = (dk.to(k.dtype), dv.to(v.dtype)) if reduce_dkv else (dk, dv)
         if cfg.postprocess == "kernel":
-            return postprocess_kernel(cfg, dq_accum, sq, q.dtype, _USE_TVM_FFI), dk, dv
-        return dq_postprocess(dq_accum, cfg, sq, q.dtype), dk, dv
+            return postprocess_kernel(cfg, dq_accum, sq, q.dtype, _USE_TVM_FFI), dk_out, dv_out
+        return dq_postprocess(dq_accum, cfg, sq, q.dtype), dk_out, dv_out
 
     return main, finish

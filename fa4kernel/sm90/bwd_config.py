@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass
 BWD_HEAD_DIMS = (64, 96, 128, 192, 256)
 BWD_DTYPES = ("bfloat16", "float16")
 BWD_KNOB_NAMES = ("deterministic", "dq_reduce", "dq_smem", "dq_sum", "stats", "mma_order", "preprocess", "postprocess",
-                  "tile_m", "grid_order", "dq_zero")
+                  "tile_m", "grid_order", "dq_zero", "gqa_dkv")
 # each knob's values, the default first (measured on the H100: fa4kernel/README.md, "Backward")
 DQ_REDUCE_MODES = ("bulk", "red")
 DQ_SMEM_MODES = ("own", "qdo")
@@ -48,6 +48,7 @@ GRID_ORDER_DEFAULT = {False: "heads_outer", True: "tail_lpt"}
 # (shortest) first, so the dQ turns of a query block follow the launch (sm90/bwd.py _dq_turn): the
 # tail's longest-first order is gone either way, and at head dim 256 its decode spills a register
 DQ_ZERO_MODES = ("torch", "preprocess")
+GQA_DKV_MODES = ("loop", "reduce")
 # query rows per block by head dim: 128 only at 64, where dQ is split by query rows over both
 # warpgroups (flash-attn-4's hd64 tile)
 TILE_M_BY_HEAD_DIM = {64: (64, 128), 96: (64,), 128: (64,), 192: (64,), 256: (64,)}
@@ -140,6 +141,13 @@ class BwdConfig:
     # preprocess). Needs preprocess="kernel"
     dq_zero: str = "preprocess"
     # query rows per block: 64, or 128 at head dim 64 (TILE_M_BY_HEAD_DIM; dQ split by rows)
+    # grouped K/V heads (GQA / MQA): "loop" = one CTA per key block of a k/v head walks the query
+    # blocks of every q head of its group, dK and dV summed in registers and stored once; "reduce" =
+    # one CTA per key block of each q head (a group's CTAs run side by side), its dK and dV added
+    # into fp32 accumulators (RED.ADD.F32x2 from registers, sm90/bwd.py _reduce_dkv) that the host
+    # turns into 16 bit; not deterministic (the q heads add in no fixed order). The same kernel
+    # either way without grouped heads
+    gqa_dkv: str = "loop"
     tile_m: int = TILE_M
     tile_n: int = TILE_N
     q_stages: int = Q_STAGES
@@ -185,7 +193,7 @@ def make_bwd_config(dtype: str, head_dim: int, causal: bool, deterministic: bool
                     dq_reduce: str = None, dq_smem: str = None, dq_sum: str = None, stats: str = "tma", mma_order: str = "dv_dq_dk",
                     preprocess: str = "kernel", tile_m: int = None,
                     postprocess: str = None, grid_order: str = None,
-                    dq_zero: str = None) -> BwdConfig:
+                    dq_zero: str = None, gqa_dkv: str = "loop") -> BwdConfig:
     """The backward build for these arguments; one-line ValueError naming what is allowed.
     dq_reduce=None, dq_smem=None, dq_sum=None, tile_m=None: the head dim's defaults
     (DQ_REDUCE_DEFAULT, DQ_SMEM_DEFAULT, DQ_SUM_DEFAULT, TILE_M_DEFAULT; each falls back to the
@@ -236,7 +244,8 @@ def make_bwd_config(dtype: str, head_dim: int, causal: bool, deterministic: bool
     for name, val, allowed in (("stats", stats, STATS_MODES), ("mma_order", mma_order, MMA_ORDERS),
                                ("preprocess", preprocess, PREPROCESS_MODES),
                                ("postprocess", postprocess, POSTPROCESS_MODES),
-                               ("grid_order", grid_order, GRID_ORDERS), ("dq_zero", dq_zero, DQ_ZERO_MODES)):
+                               ("grid_order", grid_order, GRID_ORDERS), ("dq_zero", dq_zero, DQ_ZERO_MODES),
+                               ("gqa_dkv", gqa_dkv, GQA_DKV_MODES)):
         if val not in allowed:
             raise ValueError(f"{name}={val!r} not supported; allowed: {', '.join(allowed)}")
     if postprocess == "kernel" and dq_reduce != "bulk":
@@ -245,6 +254,9 @@ def make_bwd_config(dtype: str, head_dim: int, causal: bool, deterministic: bool
     if dq_zero == "preprocess" and preprocess != "kernel":
         raise ValueError(f"dq_zero='preprocess' needs the preprocess kernel, not preprocess={preprocess!r}; "
                          f"allowed with preprocess={preprocess!r}: dq_zero='torch'")
+    if gqa_dkv == "reduce" and deterministic:
+        raise ValueError("gqa_dkv='reduce' adds the q heads' dK, dV in no fixed order; allowed with "
+                         "deterministic=True: gqa_dkv='loop'")
     tiles = TILE_M_BY_HEAD_DIM[head_dim]
     if isinstance(tile_m, bool) or tile_m not in tiles:
         raise ValueError(f"tile_m={tile_m!r} not supported at head_dim {head_dim}; allowed: "
@@ -262,7 +274,7 @@ def make_bwd_config(dtype: str, head_dim: int, causal: bool, deterministic: bool
     cfg = BwdConfig(dtype=dtype, head_dim=head_dim, causal=causal, deterministic=deterministic,
                     dq_reduce=dq_reduce, dq_smem=dq_smem, dq_sum=dq_sum, stats=stats, mma_order=mma_order, preprocess=preprocess,
                     postprocess=postprocess, tile_m=tile_m, grid_order=grid_order,
-                    dq_zero=dq_zero, tile_n=TILE_N_BY_HEAD_DIM[head_dim])
+                    dq_zero=dq_zero, gqa_dkv=gqa_dkv, tile_n=TILE_N_BY_HEAD_DIM[head_dim])
     if bwd_smem_bytes(cfg) > SMEM_LIMIT_BYTES:
         # single-stage Q / dO rings (head_dim 256 with dq_reduce="bulk": the 64 KiB dQ buffer)
         cfg = dataclasses.replace(cfg, q_stages=1)
@@ -328,13 +340,19 @@ def tail_heads(units_per_head: int, heads: int, slots: int = TAIL_SLOTS, waves: 
     return min(heads, max(1, -(-waves * slots // max(1, units_per_head))))
 
 
+def grid_heads(cfg: BwdConfig, heads: int, heads_kv: int) -> int:
+    """The grid's head axis: one per q head with gqa_dkv="reduce", else one per k/v head."""
+    return heads if cfg.gqa_dkv == "reduce" else heads_kv
+
+
 def launch_order(cfg: BwdConfig, seqlen_k: int, heads_kv: int, batch: int) -> list[tuple[int, int, int]]:
     """(key block, k/v head, batch) of every CTA of the launch, in launch order (the CTA's linear
     block index: blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z)), as sm90/bwd.py
     decodes it. Pairs (dq_sum="pair") round the key blocks up to even; their two CTAs are
     adjacent. Deterministic with a causal mask: the key blocks (pairs) of each (batch, k/v head)
-    in reverse (the last first, where the plain order has the first). Plain Python: the clock
-    probe's per-CTA stamps are read back with it."""
+    in reverse (the last first, where the plain order has the first). With gqa_dkv="reduce"
+    pass the grid's heads (grid_heads: the q heads), whose index the second entry then is.
+    Plain Python: the clock probe's per-CTA stamps are read back with it."""
     c = cluster_ctas(cfg)
     units = -(-seqlen_k // (cfg.tile_n * c))  # clusters per (batch, k/v head)
     nb = units * c

@@ -10,10 +10,23 @@ d), cu_seqlens the offsets. Candidates, each on the same inputs:
   flash-attn-4         flash_attn.cute.interface.flash_attn_varlen_func (its SM90 forward)
 A candidate that cannot be imported or that raises is recorded with its error; the run goes on.
 
+--dense-twin: where every sequence of the batch has the same query length and the same key length
+(short-hd128-causal, equal-hd128-causal, or --seqlens so), the packed tensors are also viewed as
+dense ones, q (batch, seqlen_q, heads, d), k and v (batch, seqlen_k, heads_kv, d), and each
+implementation's DENSE kernel runs on them, checked and timed as the others:
+  fa4kernel.dense      fa4kernel.attention without cu_seqlens
+  flash-attn-3.dense   flash_attn_interface.flash_attn_func
+  flash-attn-4.dense   flash_attn.cute.interface.flash_attn_func
+The same work on the same memory, one launch varlen and one dense: the ratio of the two times is
+what the varlen build costs each implementation beyond the tiles (its varlen premium), with no
+other difference between the two. A batch of unequal lengths has no dense shape: it ignores the
+flag (the dry run and the row say so).
+
 --pass bwd times the backward instead: each candidate's forward runs once with gradients, then
 torch.autograd.grad of its output (a fixed random dO) is what is timed; fa4kernel.varlen is the
 backward's varlen build (fa4kernel.varlen[deterministic]: with deterministic=True), fa4kernel.loop
-(--loop) the dense backward once per sequence. dQ, dK and dV are checked against fp32 autograd per
+(--loop) the dense backward once per sequence, the dense twin's (--dense-twin) each dense kernel's
+backward through autograd the same way. dQ, dK and dV are checked against fp32 autograd per
 sequence; TFLOP/s count 2.5 x the forward's FLOPs.
 
 Each candidate is checked against an fp32 reference per sequence (relative error < 1e-2, no NaN),
@@ -26,24 +39,30 @@ Batches (--batches, default all; --seqlens L1,L2,... [--seqlens-k ...] adds your
   ten-hd128-causal   ten lengths 1-8000, 16 heads, hd128, causal
   ten-hd64           the same lengths, 32 heads, hd64, not causal
   gqa-hd128-causal   six lengths 1-7001, 32 q / 8 k/v heads, hd128, causal
-  short-hd128-causal 64 lengths 1-600, 16 heads, hd128, causal
+  short-hd128-causal 64 sequences of 332 tokens, 16 heads, hd128, causal
   hd256-causal       four lengths 20-6000, 8 heads, hd256, causal
   chunks-gqa-causal  chunked prefill: queries 512, 512, 1, 2000 on 4096, 9000, 3000, 2000 keys, 32 / 8 heads
   mqa-hd128-causal   six lengths 1-4097, 32 q heads on one k/v head (MQA), hd128, causal
   odd-hd96           seven odd lengths 7-4097, 16 heads, hd96, not causal (FlashAttention-3 has no hd96)
   hd192-causal       five lengths 64-3001, 16 heads, hd192, causal
   chunks-hd64        queries 256, 1024, 77 on 8192, 3000, 4000 keys, 32 heads, hd64, not causal
+  equal-hd128-causal 16 sequences of 1024 tokens, 16 heads, hd128, causal (a dense twin longer than 332)
 
 Usage (device, from the repository root):
     python3 lab/tools/bench_varlen_sm90.py --out $OUT/varlen_h200.json
     python3 lab/tools/bench_varlen_sm90.py --dry-run          # the batches, no GPU
     python3 lab/tools/bench_varlen_sm90.py --predict FILE     # fa4sim's predictions, no GPU
     python3 lab/tools/bench_varlen_sm90.py --pass bwd --out $OUT/varlen_bwd_h200.json
+    python3 lab/tools/bench_varlen_sm90.py --dense-twin --batches short-hd128-causal,equal-hd128-causal \
+        [--pass bwd] --out $OUT/varlen_twin_h200.json      # varlen against dense, equal lengths
 
 --predict FILE writes fa4sim's predictions (profile h200, the power model's clock) for every
 selected batch and every candidate fa4sim models (flash-attn-3 and flash-attn-4 as their varlen
 schedules; fa4kernel.varlen where fa4sim has it), kind "predictions"; each row's "point" and
-"kernel" are the measured file's batch name and candidate, so the two files join on them.
+"kernel" are the measured file's batch name and candidate, so the two files join on them
+(python -m lab.tools.accuracy --compare MEASURED PREDICTED). With --dense-twin, also the dense twin's
+rows: fa4sim's dense prediction (Problem(batch, heads, seqlen_q, seqlen_k, ...), not varlen) for
+each implementation under its .dense name; "dense" in the row is (batch, seqlen_q, seqlen_k).
 """
 from __future__ import annotations
 
@@ -55,7 +74,6 @@ import json
 import math
 import os
 import platform
-import random
 import statistics
 import sys
 import time
@@ -68,6 +86,9 @@ if ROOT not in sys.path:
 from lab.tools.bench_decode_sm90 import REL_ERROR_LIMIT, check_output  # noqa: E402  (the same fp32 check)
 
 MODELLED = {"flash-attn-3": "flash-attn-3", "flash-attn-4": "flash-attn-4", "fa4kernel.varlen": "fa4kernel"}
+# the dense twin (--dense-twin): candidate -> fa4sim's implementation, whose dense prediction it is
+TWINS = {"fa4kernel.dense": "fa4kernel", "flash-attn-3.dense": "flash-attn-3", "flash-attn-4.dense": "flash-attn-4"}
+NO_TWIN = "not run: the sequences' lengths differ (no dense shape to view the packed batch as)"
 
 
 @dataclass(frozen=True)
@@ -101,19 +122,27 @@ class Batch:
     def flops(self) -> float:
         return 4.0 * self.heads * self.hdim * self.pairs()
 
+    def dense_shape(self):
+        """(batch, seqlen_q, seqlen_k) where every sequence has the same query length and the same
+        key length (the packed tensors then are dense ones, viewed); None where they differ."""
+        if len(set(self.seqlens)) == 1 and len(set(self.keys)) == 1:
+            return len(self.seqlens), self.seqlens[0], self.keys[0]
+        return None
+
 
 TEN = (100, 8000, 777, 3000, 1, 2048, 5000, 333, 4096, 1500)
 BATCHES = (
     Batch("ten-hd128-causal", TEN, 16, 128, True),
     Batch("ten-hd64", TEN, 32, 64, False),
     Batch("gqa-hd128-causal", (512, 3000, 7001, 250, 1, 4500), 32, 128, True, heads_kv=8),
-    Batch("short-hd128-causal", tuple(random.Random(7).randint(1, 600) for _ in range(64)), 16, 128, True),
+    Batch("short-hd128-causal", (332,) * 64, 16, 128, True),
     Batch("hd256-causal", (1000, 6000, 3333, 20), 8, 256, True),
     Batch("chunks-gqa-causal", (512, 512, 1, 2000), 32, 128, True, heads_kv=8, seqlens_k=(4096, 9000, 3000, 2000)),
     Batch("mqa-hd128-causal", (700, 2300, 4097, 1, 150, 3333), 32, 128, True, heads_kv=1),
     Batch("odd-hd96", (33, 4097, 1025, 2999, 7, 513, 1800), 16, 96, False),
     Batch("hd192-causal", (100, 3001, 1500, 2222, 64), 16, 192, True),
     Batch("chunks-hd64", (256, 1024, 77), 32, 64, False, seqlens_k=(8192, 3000, 4000)),
+    Batch("equal-hd128-causal", (1024,) * 16, 16, 128, True),
 )
 
 
@@ -131,30 +160,48 @@ BWD_FLOPS = 2.5  # the backward's FLOPs per forward FLOP (flash-attn's conventio
 SAMPLER = None  # main's NVML clock sampler on the device (lab/tools/nvml_clock.py); None: no clocks
 
 
-def predict_rows(batches, pass_: str = "fwd") -> list:
-    """fa4sim's predictions (h200) for each batch and each modelled candidate."""
+def dense_problem(b: Batch):
+    """fa4sim's dense Problem of an equal-length batch's dense twin (None: the lengths differ)."""
+    from fa4sim import Problem
+
+    shape = b.dense_shape()
+    if shape is None:
+        return None
+    n, sq, sk = shape
+    return Problem(n, b.heads, sq, sk, b.hdim, b.causal, heads_kv=b.heads_kv or None)
+
+
+def predict_rows(batches, pass_: str = "fwd", twin: bool = False) -> list:
+    """fa4sim's predictions (h200) for each batch and each modelled candidate; with twin, the dense
+    twin's of each equal-length batch too (fa4sim's dense prediction of (batch, seqlen_q, seqlen_k))."""
     from fa4sim import Problem, simulate
 
     out = []
     mult = BWD_FLOPS if pass_ == "bwd" else 1.0
+
+    def predict(b, kernel, impl, p, extra):
+        try:
+            r = simulate("h200", problem=p, impl=impl, pass_=pass_)
+        except Exception as e:  # fa4sim has no model of it: said so in the file
+            return {"point": b.name, "kernel": kernel, **extra, "not_modelled": str(e).splitlines()[0][:200]}
+        row = {"point": b.name, "kernel": kernel, **extra, "us": r.time_us,
+               "tflops": mult * b.flops() / (r.time_us * 1e6), "clock_ghz": r.clock_ghz, "bottleneck": r.bottleneck}
+        if pass_ == "bwd":
+            row.update(pre_us=r.pre_us, main_us=r.main_us, post_us=r.post_us)
+        return row
+
     for b in batches:
         p = Problem.varlen(b.heads, b.hdim, list(b.seqlens), list(b.keys) if b.seqlens_k else None,
                            causal=b.causal, heads_kv=b.heads_kv or None)
-        for kernel, impl in MODELLED.items():
-            try:
-                r = simulate("h200", problem=p, impl=impl, pass_=pass_)
-            except Exception as e:  # fa4sim has no model of it: said so in the file
-                out.append({"point": b.name, "kernel": kernel, "not_modelled": str(e).splitlines()[0][:200]})
-                continue
-            row = {"point": b.name, "kernel": kernel, "us": r.time_us, "tflops": mult * b.flops() / (r.time_us * 1e6),
-                   "clock_ghz": r.clock_ghz, "bottleneck": r.bottleneck}
-            if pass_ == "bwd":
-                row.update(pre_us=r.pre_us, main_us=r.main_us, post_us=r.post_us)
-            out.append(row)
+        out.extend(predict(b, kernel, impl, p, {}) for kernel, impl in MODELLED.items())
+        dense = dense_problem(b) if twin else None
+        if dense is not None:
+            out.extend(predict(b, kernel, impl, dense, {"dense": list(b.dense_shape())})
+                       for kernel, impl in TWINS.items())
     return out
 
 
-def write_predictions(path: str, batches, argv, pass_: str = "fwd") -> dict:
+def write_predictions(path: str, batches, argv, pass_: str = "fwd", twin: bool = False) -> dict:
     import subprocess
 
     head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
@@ -162,10 +209,12 @@ def write_predictions(path: str, batches, argv, pass_: str = "fwd") -> dict:
             or "unknown", "date": dt.date.today().isoformat(),
             "what": f"fa4sim's varlen {'backward' if pass_ == 'bwd' else 'forward'} predictions per packed batch: us "
                     "at the power model's clock, TFLOP/s over the visible pairs"
-                    + (" (2.5 x the forward's FLOPs)" if pass_ == "bwd" else "") + "; written before the run",
-            "pass": pass_,
+                    + (" (2.5 x the forward's FLOPs)" if pass_ == "bwd" else "")
+                    + ("; the .dense rows: the dense twin, fa4sim's dense prediction of (batch, seqlen_q, seqlen_k)"
+                       if twin else "") + "; written before the run",
+            "pass": pass_, "dense_twin": twin,
             "command": "python3 lab/tools/bench_varlen_sm90.py " + " ".join(argv)}
-    doc = {"meta": meta, "rows": predict_rows(batches, pass_)}
+    doc = {"meta": meta, "rows": predict_rows(batches, pass_, twin)}
     with open(path, "w") as fh:
         json.dump(doc, fh, indent=1)
         fh.write("\n")
@@ -202,7 +251,48 @@ def reference(torch, b: Batch, q, k, v, cq, ck):
     return out
 
 
-def candidates(torch, b: Batch, q, k, v, cq, ck, errors: dict, loop: bool = False) -> dict:
+def twin_forwards(b: Batch, errors: dict) -> dict:
+    """The dense twin (an equal-length batch only): name -> forward(q, k, v) of packed tensors that
+    runs an implementation's dense kernel on them viewed as (batch, seqlen, heads, d) and returns
+    its output viewed back as packed (total_q, heads, d), as the reference has it."""
+    import fa4kernel
+
+    n, sq, sk = b.dense_shape()
+
+    def dense(kernel):
+        def forward(q, k, v):
+            o = kernel(q.view(n, sq, *q.shape[1:]), k.view(n, sk, *k.shape[1:]), v.view(n, sk, *v.shape[1:]))
+            return (o[0] if isinstance(o, tuple) else o).reshape(q.shape)
+
+        return forward
+
+    out = {"fa4kernel.dense": dense(lambda q, k, v: fa4kernel.attention(q, k, v, causal=b.causal))}
+    try:
+        from flash_attn_interface import flash_attn_func as fa3
+
+        out["flash-attn-3.dense"] = dense(lambda q, k, v: fa3(q, k, v, causal=b.causal))
+    except Exception as e:
+        errors["flash-attn-3.dense"] = repr(e)[:300]
+    try:
+        from flash_attn.cute.interface import flash_attn_func as fa4
+
+        out["flash-attn-4.dense"] = dense(lambda q, k, v: fa4(q, k, v, causal=b.causal))
+    except Exception as e:
+        errors["flash-attn-4.dense"] = repr(e)[:300]
+    return out
+
+
+def candidate_names(b: Batch, pass_: str = "fwd", loop: bool = False, twin: bool = False, variants=()) -> list:
+    """The candidates a run times for b, in order (those that import: the dry run lists them)."""
+    names = ["fa4kernel.varlen"] + (["fa4kernel.varlen[deterministic]"] if pass_ == "bwd" else [])
+    names += [variant_name(k) for k in variants] if pass_ == "bwd" else []
+    names += (["fa4kernel.loop"] if loop else []) + ["flash-attn-3", "flash-attn-4"]
+    return names + (list(TWINS) if twin and b.dense_shape() else [])
+
+
+def candidates(torch, b: Batch, q, k, v, cq, ck, errors: dict, loop: bool = False, twin: bool = False) -> dict:
+    """name -> a call returning the forward's packed output (twin: the dense twin's too, where b
+    has equal lengths)."""
     import fa4kernel
 
     mq, mk = max(b.seqlens), max(b.keys)
@@ -239,12 +329,16 @@ def candidates(torch, b: Batch, q, k, v, cq, ck, errors: dict, loop: bool = Fals
         out["flash-attn-4"] = run_fa4
     except Exception as e:
         errors["flash-attn-4"] = repr(e)[:300]
+    if twin and b.dense_shape():
+        out.update({name: (lambda f=f: f(q, k, v)) for name, f in twin_forwards(b, errors).items()})
     return out
 
 
-def bwd_candidates(torch, b: Batch, q, k, v, cq, ck, dout, errors: dict, loop: bool = False) -> dict:
+def bwd_candidates(torch, b: Batch, q, k, v, cq, ck, dout, errors: dict, loop: bool = False,
+                   twin: bool = False, variants=()) -> dict:
     """name -> a call returning (dq, dk, dv) of one backward: autograd.grad of the candidate's
-    output, its forward run once here (fa4kernel.loop: the dense backward per sequence)."""
+    output, its forward run once here (fa4kernel.loop: the dense backward per sequence; twin: each
+    dense kernel's backward on the dense view, where b has equal lengths)."""
     import fa4kernel
 
     mq, mk = max(b.seqlens), max(b.keys)
@@ -261,6 +355,14 @@ def bwd_candidates(torch, b: Batch, q, k, v, cq, ck, dout, errors: dict, loop: b
             out[name] = through_autograd(lambda qq, kk, vv, det=det: fa4kernel.attention(
                 qq, kk, vv, causal=b.causal, cu_seqlens_q=cq, cu_seqlens_k=ck, max_seqlen_q=mq, max_seqlen_k=mk,
                 deterministic=det))
+        except Exception as e:
+            errors[name] = repr(e)[:300]
+    for knobs in variants:  # --variants: the varlen backward with these knobs
+        name = variant_name(knobs)
+        try:
+            out[name] = through_autograd(lambda qq, kk, vv, knobs=knobs: fa4kernel.attention(
+                qq, kk, vv, causal=b.causal, cu_seqlens_q=cq, cu_seqlens_k=ck, max_seqlen_q=mq, max_seqlen_k=mk,
+                bwd_knobs=knobs))
         except Exception as e:
             errors[name] = repr(e)[:300]
     if loop:
@@ -294,6 +396,11 @@ def bwd_candidates(torch, b: Batch, q, k, v, cq, ck, dout, errors: dict, loop: b
             qq, kk, vv, cu_seqlens_q=cq, cu_seqlens_k=ck, max_seqlen_q=mq, max_seqlen_k=mk, causal=b.causal))
     except Exception as e:
         errors["flash-attn-4"] = repr(e)[:300]
+    for name, forward in (twin_forwards(b, errors).items() if twin and b.dense_shape() else ()):
+        try:
+            out[name] = through_autograd(forward)
+        except Exception as e:
+            errors[name] = repr(e)[:300]
     return out
 
 
@@ -346,12 +453,17 @@ def run_batch(torch, b: Batch, args, errors: dict) -> dict:
     if bwd:
         dout = torch.randn(q.shape, device=q.device, dtype=q.dtype, generator=torch.Generator(device="cuda").manual_seed(1))
         ref = reference_grads(torch, b, q, k, v, cq, ck, dout)
-        cands = bwd_candidates(torch, b, q, k, v, cq, ck, dout, errors, args.loop)
+        cands = bwd_candidates(torch, b, q, k, v, cq, ck, dout, errors, args.loop, args.dense_twin, args.variants)
     else:
         ref = reference(torch, b, q, k, v, cq, ck)
-        cands = candidates(torch, b, q, k, v, cq, ck, errors, args.loop)
+        cands = candidates(torch, b, q, k, v, cq, ck, errors, args.loop, args.dense_twin)
     rec = {"name": b.name, "point": b.name, "pass": args.pass_, "seqlens": list(b.seqlens), "seqlens_k": list(b.keys),
            "heads": b.heads, "heads_kv": b.kv_heads, "hdim": b.hdim, "causal": b.causal, "flops": flops, "results": {}}
+    if args.dense_twin:  # the view the .dense candidates ran on, or why there are none
+        shape = b.dense_shape()
+        rec["dense_twin"] = dict(zip(("batch", "seqlen_q", "seqlen_k"), shape)) if shape else {"not_run": NO_TWIN}
+        if not shape:
+            print(f"  dense twin: {NO_TWIN}", flush=True)
     for name, fn in cands.items():
         r = {}
         try:
@@ -384,6 +496,12 @@ def parse_args(argv=None):
     ap.add_argument("--pass", dest="pass_", choices=("fwd", "bwd"), default="fwd",
                     help="time (and predict) the forward or the backward")
     ap.add_argument("--loop", action="store_true", help="also time fa4kernel.loop (one launch per sequence)")
+    ap.add_argument("--dense-twin", action="store_true",
+                    help="equal-length batches: also each implementation's dense kernel on the packed tensors "
+                         "viewed as (batch, seqlen, heads, d) (the .dense candidates; --predict: their rows too)")
+    ap.add_argument("--variants", nargs="*", default=[], metavar="KNOBS",
+                    help="--pass bwd: backward knob sets, each a row fa4kernel.varlen[KNOBS] beside the default "
+                         "one, e.g. gqa_dkv=reduce (sm90/bwd_config.py; checked by make_varlen_bwd_config)")
     ap.add_argument("--batches", default=None, help="comma-separated batch names (default: all)")
     ap.add_argument("--seqlens", default=None, metavar="L1,L2,...", help="your own batch's query lengths")
     ap.add_argument("--seqlens-k", default=None, metavar="K1,K2,...", help="with --seqlens: its key lengths")
@@ -419,22 +537,59 @@ def parse_args(argv=None):
         a.selected.append(Batch("custom", sq, a.heads, a.hdim, a.causal, kv if kv != a.heads else 0, sk))
     if a.settle_s < 0 or a.reps < 1 or a.batch_ms <= 0:
         ap.error("--settle-s must be >= 0, --reps >= 1, --batch-ms > 0")
+    if a.variants and a.pass_ != "bwd":
+        ap.error("--variants: backward knob sets; allowed with --pass bwd")
+    a.variants = [variant_knobs(ap, text) for text in a.variants]
     return a
+
+
+def variant_knobs(ap, text: str) -> dict:
+    """'gqa_dkv=reduce,stats=tma' -> its knobs, checked by the varlen backward's config (ap.error:
+    one line, exit 2)."""
+    from fa4kernel.sm90.bwd_config import make_varlen_bwd_config
+
+    knobs = {}
+    for item in filter(None, text.split(",")):
+        name, _, val = item.partition("=")
+        if not name or not val:
+            ap.error(f"--variants {text!r}: {item!r}; allowed: NAME=VALUE,...")
+        knobs[name] = int(val) if val.isdigit() else val
+    try:
+        make_varlen_bwd_config("bfloat16", 128, False, knobs)
+    except ValueError as e:
+        ap.error(f"--variants {text!r}: {e}")
+    return knobs
+
+
+def variant_name(knobs: dict) -> str:
+    return "fa4kernel.varlen[" + ",".join(f"{k}={v}" for k, v in knobs.items()) + "]"
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.predict:
-        doc = write_predictions(args.predict, args.selected, sys.argv[1:] if argv is None else list(argv), args.pass_)
+        doc = write_predictions(args.predict, args.selected, sys.argv[1:] if argv is None else list(argv), args.pass_,
+                                args.dense_twin)
         for r in doc["rows"]:
             text = (f"{r['us']:9.1f} us {r['tflops']:6.1f} TFLOP/s  {r['bottleneck'][:60]}" if "us" in r
                     else f"not modelled: {r['not_modelled'][:80]}")
             print(f"{r['point']:20s} {r['kernel']:18s} {text}", flush=True)
+        for b in args.selected if args.dense_twin else ():
+            if not b.dense_shape():
+                print(f"{b.name:20s} dense twin: {NO_TWIN}", flush=True)
         return 0
     for b in args.selected:
         print(f"{b.name}: {len(b.seqlens)} sequences, {sum(b.seqlens)} queries on {sum(b.keys)} keys, "
               f"{b.heads}/{b.kv_heads} heads, hd{b.hdim}{' causal' if b.causal else ''}, {b.flops() / 1e9:.1f} GFLOP",
               flush=True)
+        if args.dry_run:
+            names = candidate_names(b, args.pass_, args.loop, args.dense_twin, args.variants)
+            print(f"  candidates: {', '.join(names)}", flush=True)
+            if args.dense_twin:
+                shape = b.dense_shape()
+                view = (f"the .dense candidates on the packed tensors viewed as q ({shape[0]}, {shape[1]}, {b.heads}, "
+                        f"{b.hdim}), k and v ({shape[0]}, {shape[2]}, {b.kv_heads}, {b.hdim})" if shape else NO_TWIN)
+                print(f"  dense twin: {view}", flush=True)
     if args.dry_run:
         return 0
     from lab.tools.hopper import require_hopper
@@ -456,7 +611,7 @@ def main(argv=None) -> int:
                             + (" (2.5 x the forward's FLOPs; the backward alone: autograd.grad of one forward's output)"
                                if args.pass_ == "bwd" else ""),
                   "settings": {"settle_s": args.settle_s, "reps": args.reps, "batch_ms": args.batch_ms,
-                               "rel_error_limit": REL_ERROR_LIMIT}}, "varlen")
+                               "rel_error_limit": REL_ERROR_LIMIT, "dense_twin": args.dense_twin}}, "varlen")
     global SAMPLER
     from lab.tools.nvml_clock import ClockSampler
 

@@ -59,6 +59,9 @@ KINDS = {
               "checked against fp32 and timed settled (bench_varlen_sm90.py)",
     "attn_host": "host time against GPU time of one attention call (forward, forward + backward) at a training "
                  "shape per backend, and the kernels each call launches (attn_host_sm90.py)",
+    "decode_host": "where the host time of a decode call goes: fa4kernel.attention_with_kvcache and torch SDPA's "
+                   "wall, host and GPU time per call at decode rows, fa4kernel's cProfile and its per-call pieces "
+                   "timed alone (decode_host_sm90.py)",
     "mem_power": "board power and clock under sustained memory-path loads: TMA bulk reduce-adds, RED.ADD from "
                  "registers, the SM-to-SM network, TMA loads (calibrate/bench_mem_power.py)",
 }

@@ -1,0 +1,98 @@
+"""CPU-only: the backward's gqa_dkv="reduce" build (one CTA per key block of each q head, dK and
+dV added into fp32 accumulators from registers) compiles for sm_90a, dense and varlen, at every
+head dim; its SASS holds the adds the design promises and the loop's GEMMs; its knob is checked
+before anything compiles.
+
+Run: pytest -m compile tests/test_kernel_sm90_bwd_gqa_dkv.py
+"""
+
+import pytest
+
+pytest.importorskip("cutlass")
+
+import fa4kernel  # noqa: E402
+from fa4kernel.sm90 import bwd_config as bc  # noqa: E402
+from test_kernel_sm90_bwd_compile import count, hgmma_shapes, loop_instructions  # noqa: E402
+
+pytestmark = pytest.mark.compile
+
+_SASS = {}
+
+
+def sass(cfg):
+    if cfg not in _SASS:
+        _SASS[cfg] = fa4kernel.compile_bwd_sass(cfg)
+    return _SASS[cfg]
+
+
+def build(hd, causal, varlen, gqa_dkv):
+    if varlen:
+        return bc.make_varlen_bwd_config("bfloat16", hd, causal, {"gqa_dkv": gqa_dkv})
+    return bc.make_bwd_config("bfloat16", hd, causal, gqa_dkv=gqa_dkv)
+
+
+@pytest.mark.parametrize("varlen", [False, True], ids=["dense", "varlen"])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("hd", bc.BWD_HEAD_DIMS)
+def test_reduce_adds_dk_dv_from_registers(hd, causal, varlen):
+    """A consumer thread holds tile_n x head_dim / 256 floats of each of dK and dV: one
+    two-wide RED.ADD per pair of them, no TMA store of dK / dV; the loop's GEMMs are the loop
+    build's. No register spills, except at head dim 256 without a mask, where
+    ptxas keeps one shared-memory address in local memory: one STL before the loop, reloaded in
+    it (once; twice in the varlen build, whose loop build at 256 spills two values outside the
+    loop). Read by the GPU benchmark, not hidden: hd256 with grouped heads pays those loads."""
+    loop_cfg, cfg = build(hd, causal, varlen, "loop"), build(hd, causal, varlen, "reduce")
+    text, base = sass(cfg), sass(loop_cfg)
+    pairs = 2 * cfg.tile_n * hd // (2 * 128 * cfg.num_consumer_wgs)
+    assert count(text, "REDG.E.ADD.F32x2.FTZ.RN.STRONG.GPU") == pairs
+    assert count(base, "REDG.E.ADD.F32x2.FTZ.RN.STRONG.GPU") == 0
+    assert count(text, "UTMASTG") < count(base, "UTMASTG") or varlen  # varlen stores rows, not TMA
+    assert hgmma_shapes(text) == hgmma_shapes(base)
+    assert count(text, "HGMMA") == count(base, "HGMMA")
+    loop = [o.split()[0] for o in loop_instructions(text)]
+    assert not [o for o in loop if o.startswith("RED")], "dK / dV adds inside the query-block loop"
+    spills = count(text, "STL") + count(text, "LDL")
+    if hd == 256 and not causal:
+        assert count(text, "STL") == 1 and sum(o.startswith("LDL") for o in loop) == (2 if varlen else 1)
+    elif not (varlen and hd == 256):
+        assert spills <= count(base, "STL") + count(base, "LDL"), "register spills the loop build does not have"
+
+
+def test_reduce_is_a_checked_knob():
+    cfg = bc.make_bwd_config("bfloat16", 128, True, gqa_dkv="reduce")
+    assert cfg.gqa_dkv == "reduce" and cfg.grid_order == "tail_lpt"
+    assert bc.make_bwd_config("bfloat16", 128, True).gqa_dkv == "loop"
+    with pytest.raises(ValueError, match="gqa_dkv='sum' not supported; allowed: loop, reduce"):
+        bc.make_bwd_config("bfloat16", 128, True, gqa_dkv="sum")
+    with pytest.raises(ValueError, match="deterministic=True: gqa_dkv='loop'"):
+        bc.make_bwd_config("bfloat16", 128, True, True, gqa_dkv="reduce")
+    with pytest.raises(ValueError, match="gqa_dkv"):
+        fa4kernel.compile_bwd_sass(head_dim=64, gqa_dkv="both")
+
+
+def test_reduce_grid_has_a_cta_per_q_head():
+    """The launch order and the clock probe's buffer count the q heads with reduce, the k/v heads
+    with the loop: 16 q heads on 2 k/v heads, 1000 keys (8 key blocks), batch 3."""
+    from fa4kernel.sm90.bwd import probe_words
+
+    loop = bc.make_bwd_config("bfloat16", 128, False)
+    red = bc.make_bwd_config("bfloat16", 128, False, gqa_dkv="reduce")
+    assert bc.grid_heads(loop, 16, 2) == 2 and bc.grid_heads(red, 16, 2) == 16
+    order = bc.launch_order(red, 1000, bc.grid_heads(red, 16, 2), 3)
+    assert len(order) == 8 * 16 * 3 and len(set(order)) == len(order)
+    assert probe_words(red, 3, 1000, 16) - probe_words(loop, 3, 1000, 2) == 4 * 8 * 3 * (16 - 2)
+
+
+@pytest.mark.parametrize("hd,causal", [(128, True), (256, False)])
+def test_loop_build_never_traces_the_reduce_epilogue(hd, causal, monkeypatch):
+    """The loop build's SASS equals a build's whose reduce-only method raises."""
+    from fa4kernel.sm90.bwd import FlashBwdSm90
+
+    monkeypatch.setenv("FA4LAB_CACHE", "off")
+    plain = fa4kernel.compile_bwd_sass(head_dim=hd, causal=causal)
+
+    def boom(*a, **k):
+        raise AssertionError("the reduce epilogue was traced into the loop build")
+
+    monkeypatch.setattr(FlashBwdSm90, "_reduce_dkv", boom)
+    assert fa4kernel.compile_bwd_sass(head_dim=hd, causal=causal) == plain
