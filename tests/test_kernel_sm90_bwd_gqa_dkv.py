@@ -96,3 +96,35 @@ def test_loop_build_never_traces_the_reduce_epilogue(hd, causal, monkeypatch):
 
     monkeypatch.setattr(FlashBwdSm90, "_reduce_dkv", boom)
     assert fa4kernel.compile_bwd_sass(head_dim=hd, causal=causal) == plain
+
+
+def test_the_default_reduces_where_the_loop_leaves_sms_idle():
+    """gqa_dkv_for: "reduce" with grouped heads when the loop's CTAs (key blocks x k/v heads) are
+    fewer than the SMs, "loop" otherwise, without grouped heads and when deterministic; a knob the
+    caller set stays."""
+    assert bc.gqa_dkv_for(16, 1, 8 * 16, sms=132) == "reduce"  # MQA hd64 2k, batch 8: 128 CTAs
+    assert bc.gqa_dkv_for(16, 1, 8 * 16, sms=114) == "loop"  # the same on 114 SMs: a wave full
+    assert bc.gqa_dkv_for(64, 8, 8 * 32) == "loop"  # GQA 8:1, 4k keys, batch 8: 2048 CTAs
+    assert bc.gqa_dkv_for(16, 16, 1) == "loop"  # no grouped heads
+    assert bc.gqa_dkv_for(16, 1, 1, deterministic=True) == "loop"
+    assert bc.with_gqa_default({}, 64, 16, 1, 8, 2048, False) == {"gqa_dkv": "reduce"}
+    assert bc.with_gqa_default({}, 256, 16, 1, 8, 2048, False) == {"gqa_dkv": "loop"}  # 64-key blocks: 256 CTAs
+    assert bc.with_gqa_default({"gqa_dkv": "loop"}, 64, 16, 1, 8, 2048, False) == {"gqa_dkv": "loop"}
+    # a packed batch: its total keys in blocks (the varlen MQA batch: 10581 keys, 83 blocks)
+    assert bc.with_gqa_default({}, 128, 32, 1, 1, 10581, False) == {"gqa_dkv": "reduce"}
+
+
+def test_fa4sim_describes_the_default():
+    """fa4sim's fa4kernel-sm90.json resolves gqa_dkv as the kernel's host does."""
+    from fa4sim import Problem, implementation
+    from fa4sim.model import setup
+
+    impl = implementation.load("fa4kernel", "sm90")
+    cases = [(Problem(8, 16, 2048, 2048, 64, True, heads_kv=1), 8, 2048),
+             (Problem(8, 64, 4096, 4096, 128, True, heads_kv=8), 8, 4096),
+             (Problem(4, 16, 4096, 4096, 256, True, heads_kv=2), 4, 4096),
+             (Problem(2, 16, 1024, 1024, 128), 2, 1024),
+             (Problem.varlen(32, 128, (1, 100, 2000, 4097, 3000, 1383), causal=True, heads_kv=1), 1, 10581)]
+    for p, batch, keys in cases:
+        want = bc.with_gqa_default({}, p.hdim, p.heads, p.heads_kv, batch, keys, False)["gqa_dkv"]
+        assert setup("h200", None, p, {}, impl, "bwd")[4]["gqa_dkv"] == want, p

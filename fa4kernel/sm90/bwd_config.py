@@ -49,6 +49,12 @@ GRID_ORDER_DEFAULT = {False: "heads_outer", True: "tail_lpt"}
 # tail's longest-first order is gone either way, and at head dim 256 its decode spills a register
 DQ_ZERO_MODES = ("torch", "preprocess")
 GQA_DKV_MODES = ("loop", "reduce")
+# gqa_dkv default with grouped K/V heads (gqa_dkv_for): "reduce" where the loop's grid, a CTA per
+# key block of each (batch, k/v head), has fewer CTAs than the GPU has SMs. There the loop leaves
+# SMs idle while each CTA walks its group's q heads (H200: MQA hd64 2k causal 254 -> 353 TFLOP/s,
+# a varlen MQA batch 154 -> 437); where it fills them, the fp32 adds cost as much as they give
+# (GQA 8:1 at hd128 4k-8k and hd256: within 2.5 %) or more (a GQA chunk batch: 430 -> 317):
+# fa4kernel/README.md, "Backward". The threshold was read off those runs (in-sample).
 # query rows per block by head dim: 128 only at 64, where dQ is split by query rows over both
 # warpgroups (flash-attn-4's hd64 tile)
 TILE_M_BY_HEAD_DIM = {64: (64, 128), 96: (64,), 128: (64,), 192: (64,), 256: (64,)}
@@ -338,6 +344,26 @@ def tail_heads(units_per_head: int, heads: int, slots: int = TAIL_SLOTS, waves: 
     clusters, end the launch longest first: enough for `waves` waves of the slots // cluster size
     clusters that run at once (slots = clusters here), at least 1, at most all."""
     return min(heads, max(1, -(-waves * slots // max(1, units_per_head))))
+
+
+def gqa_dkv_for(heads: int, heads_kv: int, key_blocks: int, deterministic: bool = False, sms: int = TAIL_SLOTS) -> str:
+    """The gqa_dkv default: "reduce" with grouped K/V heads (heads_kv < heads) when the loop's
+    CTAs, key_blocks per k/v head (summed over the batch or the packed sequences) x heads_kv, are
+    fewer than the SMs; else "loop" (always when deterministic: reduce adds in no fixed order)."""
+    if deterministic or heads_kv >= heads:
+        return "loop"
+    return "reduce" if key_blocks * heads_kv < sms else "loop"
+
+
+def with_gqa_default(knobs: dict, head_dim: int, heads: int, heads_kv: int, batch: int, seqlen_k: int,
+                     deterministic: bool, sms: int = TAIL_SLOTS) -> dict:
+    """knobs with gqa_dkv set to gqa_dkv_for's choice where the caller left it out: the loop's key
+    blocks of tile_n keys per (batch, k/v head) (a packed batch: batch 1, seqlen_k its total
+    keys, whose blocks are about its sequences' sum)."""
+    if "gqa_dkv" in knobs or head_dim not in TILE_N_BY_HEAD_DIM:
+        return knobs
+    blocks = batch * -(-seqlen_k // TILE_N_BY_HEAD_DIM[head_dim])
+    return {**knobs, "gqa_dkv": gqa_dkv_for(heads, heads_kv, blocks, deterministic, sms)}
 
 
 def grid_heads(cfg: BwdConfig, heads: int, heads_kv: int) -> int:

@@ -114,7 +114,17 @@ KNOBS = [
 
 
 def facts(ctx, k: dict) -> dict:
-    return {}
+    """What an implementation's backward rules may test besides the problem and the knobs:
+    loop_ctas_per_sm, the CTAs of a grid of one per KV tile of each (batch, K/V head) over the SMs
+    (a packed batch: its total keys in tiles, as fa4kernel counts them without reading the
+    sequences' offsets on the host: sm90/bwd_config.with_gqa_default)."""
+    p = ctx.problem
+    n = k.get("tile_n")
+    if not n:
+        return {}
+    keys = sum(sk for _, sk in p.sequences)
+    tiles = -(-keys // n) if p.is_varlen else p.batch * -(-p.seqlen_k // n)
+    return {"loop_ctas_per_sm": tiles * p.heads_kv / ctx.hw.num_sms}
 
 
 def rows_per_cta(k: dict) -> int:
