@@ -450,6 +450,25 @@ def test_predict_writes_each_modelled_candidate_without_a_gpu(tmp_path):
     assert all(r["tflops"] > 0 and 0.5 < r["clock_ghz"] < 2.5 for r in doc["rows"])
 
 
+def test_predict_writes_each_variant_where_fa4kernel_runs_it(tmp_path):
+    """--predict with --variant: a 'fa4kernel[LABEL]' row per point the build runs at, fa4sim's
+    fa4kernel with those knobs (so the measured candidate joins it); a head dim the variant does
+    not name gets none."""
+    from fa4sim.params import Problem
+    from fa4sim.validate.common import predict
+
+    out = tmp_path / "pred.json"
+    assert bench.main(["--problem", "b=2,h=16,sq=1000,d=128", "--problem", "b=2,h=8,sq=900,d=256",
+                       "--variant", "rescale_threshold=8", "--variant", "hd256:tile_n=80", "--predict", str(out)]) == 0
+    rows = {(r["point"], r["kernel"]): r for r in json.loads(out.read_text())["rows"]}
+    assert ("hd128-1000-b2-h16", "fa4kernel[rescale_threshold=8]") in rows
+    assert ("hd128-1000-b2-h16", "fa4kernel[tile_n=80]") not in rows
+    tau = rows[("hd256-900-b2-h8", "fa4kernel[rescale_threshold=8]")]
+    want = predict("h200", "fa3", Problem(2, 8, 900, 900, 256), {"rescale_threshold": 8}, impl="fa4kernel")
+    assert tau["tflops"] == round(want.tflops, 1) and tau["tflops"] != rows[("hd256-900-b2-h8", "fa4kernel")]["tflops"]
+    assert rows[("hd256-900-b2-h8", "fa4kernel[tile_n=80]")]["tile_n"] == 80
+
+
 def test_variants_parse_and_run_where_fa4kernel_runs_their_head_dim():
     label, knobs, hdim = bench.parse_variant("hd256:tile_n=80,persistent=False,exp_emulation=0.25")
     assert (label, knobs, hdim) == ("tile_n=80,persistent=False,exp_emulation=0.25",

@@ -399,24 +399,36 @@ def plan_text(points: list[Point], warm_s: float, timed_s: float, window_ms: flo
 MODELLED = {OURS: "fa4kernel", FA3: "flash-attn-3", PEER: "flash-attn-4"}
 
 
-def predictions(points: list[Point], only=CANDIDATES, hw: str = "h200") -> list[dict]:
+def predictions(points: list[Point], only=CANDIDATES, hw: str = "h200", variants=()) -> list[dict]:
     """fa4sim's prediction of every (point, modelled candidate), each at its own clock (the power
-    model's where the profile has one): the rows a --predict file holds, to commit before the run."""
+    model's where the profile has one), and of each --variant build of fa4kernel where it runs
+    ('fa4kernel[LABEL]': fa4kernel's implementation with those knobs set): the rows a --predict
+    file holds, to commit before the run. A variant fa4sim cannot model at a point is a row with
+    its error instead of a time."""
+    from fa4sim.errors import InputError
     from fa4sim.params import Problem
     from fa4sim.validate.common import predict
+
+    def row(p, name, r):
+        return {"point": p.name, "kernel": name, "tile_n": (r.knobs or {}).get("tile_n"),
+                "tflops": round(r.tflops, 1), "time_us": round(r.time_us, 2),
+                "clock_ghz": round(r.clock_ghz, 3), "bottleneck": r.bottleneck}
 
     rows = []
     for p in points:
         problem = Problem(p.batch, p.heads, p.seqlen_q, p.seqlen_k, p.hdim, p.causal, p.hdim_v, p.heads_kv)
         for name in (c for c in p.candidates() if c in only and c in MODELLED):
-            r = predict(hw, "fa3", problem, {}, impl=MODELLED[name])
-            rows.append({"point": p.name, "kernel": name, "tile_n": (r.knobs or {}).get("tile_n"),
-                         "tflops": round(r.tflops, 1), "time_us": round(r.time_us, 2),
-                         "clock_ghz": round(r.clock_ghz, 3), "bottleneck": r.bottleneck})
+            rows.append(row(p, name, predict(hw, "fa3", problem, {}, impl=MODELLED[name])))
+        for label, knobs in variants_at(p, variants) if OURS in only else ():
+            name = f"{OURS}[{label}]"
+            try:
+                rows.append(row(p, name, predict(hw, "fa3", problem, dict(knobs), impl=MODELLED[OURS])))
+            except InputError as e:
+                rows.append({"point": p.name, "kernel": name, "not_modelled": str(e)})
     return rows
 
 
-def write_predictions(path: str, points: list[Point], only, argv) -> str:
+def write_predictions(path: str, points: list[Point], only, argv, variants=()) -> str:
     """--predict: the predictions file (kind "predictions"), stamped with the model's commit."""
     import subprocess
 
@@ -427,7 +439,7 @@ def write_predictions(path: str, points: list[Point], only, argv) -> str:
                     "what": "fa4sim's TFLOP/s for each modelled candidate at each point, each at its own "
                             "predicted clock (power model), written before the run",
                     "command": "sustained_sm90.py " + " ".join(argv)},
-           "rows": predictions(points, only)}
+           "rows": predictions(points, only, variants=variants)}
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path, "w") as fh:
         json.dump(doc, fh, indent=1)
@@ -843,7 +855,7 @@ def main(argv=None) -> int:
     points = args.selected
     if args.predict:
         argv = sys.argv[1:] if argv is None else list(argv)
-        print(f"wrote {write_predictions(args.predict, points, args.only, argv)} ({len(points)} points)")
+        print(f"wrote {write_predictions(args.predict, points, args.only, argv, args.variants)} ({len(points)} points)")
         return 0
     if not args.dry_run:
         from lab.tools.hopper import require_hopper
