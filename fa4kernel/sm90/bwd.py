@@ -7,7 +7,9 @@ One CTA = one block of tile_n keys of one (batch, k/v head) (grid: key blocks x 
 batch; grid_order="tail_lpt": one axis, heads outer but the last heads longest first,
 bwd_config.launch_order). Its K and V stay in shared memory while it walks the query blocks
 (tile_m rows) that see those keys, for every q head of its GQA group, so dK and dV of a group
-are summed in registers.
+are summed in registers. gqa_dkv="reduce": one CTA per key block of each q head instead (the
+grid's head axis is the q heads, _walk_heads), its dK and dV added into fp32 accumulators by
+RED.ADD from registers at its end (_reduce_dkv); the host zeroes them and casts them to 16 bit.
 
 Warp roles (3 warpgroups):
   warpgroup 0        producer; warp 0 issues every load: K and V once, then Q and dO of each
