@@ -602,6 +602,69 @@ for path, doc in POWER[-1:]:
               f"{f:.2f} GHz in the kernel; the model {model_w:4.0f} W there, and predicts {own:.2f} GHz")
 
 # %% [markdown]
+# ### Grouped K/V heads: a CTA per K/V head, or one per q head?
+#
+# With GQA several q heads read one K/V head, so that head's dK and dV are sums over its group.
+# Our backward schedules the sum two ways (`bwd_knobs={"gqa_dkv": ...}`, `docs/model.md`,
+# "Backward"): `"loop"` runs one CTA per KV tile of each K/V head, which walks the Q blocks of
+# every q head of its group and keeps dK and dV in registers; `"reduce"` runs one CTA per KV tile
+# of each q head, as without grouping, and adds its dK and dV into fp32 accumulators at its end
+# (flash-attn-4's scheme). **Predict first**: MQA (16 q heads on one K/V head), hd64, 2k tokens,
+# causal, batch 8, on an H200's 132 SMs. How many CTAs does each launch have (KV tiles of 128
+# keys), and which runs faster?
+
+# %%
+guess_gqa = {"loop_ctas": None,  # <- an integer
+             "reduce_ctas": None,
+             "faster": None}  # <- "loop" or "reduce"
+
+# %%
+# SOLUTION (fills in only what you left as None)
+tiles = 2048 // 128
+for key, val in {"loop_ctas": 8 * 1 * tiles, "reduce_ctas": 8 * 16 * tiles, "faster": "reduce"}.items():
+    if guess_gqa[key] is None:
+        guess_gqa[key] = val
+
+# %%
+MQA = Problem(batch=8, heads=16, heads_kv=1, seqlen_q=2048, seqlen_k=2048, hdim=64, causal=True)
+sim_gqa = {}
+for mode in ("loop", "reduce"):
+    sim_gqa[mode] = simulate("h200", problem=MQA, overrides={"gqa_dkv": mode}, impl="fa4kernel", pass_="bwd")
+    show(f"H200 fa4kernel gqa_dkv={mode}", sim_gqa[mode])
+assert guess_gqa["loop_ctas"] == 8 * tiles, "loop: one CTA per (KV tile, K/V head, batch)"
+assert guess_gqa["reduce_ctas"] == 8 * 16 * tiles, "reduce: one CTA per (KV tile, q head, batch)"
+faster = max(sim_gqa, key=lambda m: sim_gqa[m].tflops)
+assert guess_gqa["faster"] == faster, f"the model has {faster} faster: the loop's 128 CTAs are each 16 q heads long"
+
+# %% [markdown]
+# The loop's 128 CTAs leave 4 of the 132 SMs idle and each walks 16 q heads' Q blocks; with a
+# causal mask the first KV tiles see many more Q blocks than the last, so the launch lasts as
+# long as its longest CTA. The reduce launch has 16 times the CTAs, each as short as without
+# grouping, and pays for it in fp32 adds: tile_n x (hdim + hdim) x 4 bytes per CTA into L2. The
+# recorded run, where there is one, puts both builds beside flash-attn-4:
+
+# %%
+GQA_RUNS = kit.recorded(kind="sm90_bwd", where=lambda d: any(
+    "fa4kernel[gqa_dkv=reduce]" in pt["results"] for pt in d["points"]))
+if not GQA_RUNS:
+    print("No recorded run of the reduce build (lab/campaigns/kernel-sm90-backward/): skipped.")
+for path, doc in GQA_RUNS[:1]:
+    print(f"{path.name} ({', '.join(kit.describe(doc))}), TFLOP/s, settled:")
+    for pt in doc["points"]:
+        res = {k: v.get("tflops") for k, v in pt["results"].items() if isinstance(v, dict)}
+        cells = ", ".join(f"{k} {res[k]:.0f}" for k in ("fa4kernel", "fa4kernel[gqa_dkv=reduce]", "flash-attn-4")
+                          if res.get(k))
+        print(f"  hd{pt['hdim']} {pt['heads']}/{pt['heads_kv']} heads, {pt['seqlen']} tokens x {pt['batch']}"
+              f"{' causal' if pt['causal'] else ''}: {cells}")
+
+# %% [markdown]
+# Where the loop's CTAs fill the SMs (GQA 64/8 or 32/8 on 4k-8k tokens: thousands of CTAs),
+# the two are even: the fp32 adds cost about what the shorter CTAs save. fa4kernel's default
+# takes `"reduce"` only where the loop's CTAs are fewer than the SMs (`sm90/bwd_config.py`,
+# `gqa_dkv_for`). On a batch of chunks (a few queries against many keys each) `"reduce"` loses:
+# each CTA has few Q blocks, and its adds are most of its work.
+#
+# %% [markdown]
 # With its defaults the main kernel's power comes out within about 5 % and its clock within about
 # 3 % at 4k and 16k (H100). That rests on the measured memory paths (`bench_mem_power.py`,
 # `fit_mem_power.py`): a byte that a TMA bulk reduce-add adds into L2 costs about 2.5 times a
@@ -732,3 +795,6 @@ print(f"{reds_per_thread} per thread, {reds_per_thread * 256} per CTA per Q bloc
 #   (bulk reduce-adds for dQ, LSE and D by TMA, dQ's store under the dK GEMM); on short ones, a
 #   preprocess that reads dO and O once. The gap left to flash-attn-4 is at short sequences and
 #   hd64, and what it is made of is not measured.
+# - With grouped K/V heads the launch decides: one CTA per K/V head sums dK and dV for free but
+#   leaves SMs idle when the heads are few (MQA); one CTA per q head fills them and pays fp32
+#   adds into L2.
