@@ -69,13 +69,13 @@ def test_gqa_forward_reads_less_kv_from_hbm_and_is_no_slower(impl):
         assert gqa.knobs["pack_gqa"] == (impl == "flash-attn-4")
 
 
-def test_fa4kernel_backward_mqa_runs_one_cta_per_kv_tile_of_a_kv_head():
-    """sm90/bwd.py: grid (key blocks, k/v heads, batch), each CTA looping over group x query
-    blocks. At 16 q heads over one K/V head, batch 8, 2k keys of 128: 16 x 8 = 128 CTAs on 132
-    SMs, the longest walking 16 x 16 Q blocks: slower per FLOP than MHA (measured on an H200:
-    252 TFLOP/s against about 440 for MHA)."""
+def test_fa4kernel_backward_mqa_loop_runs_one_cta_per_kv_tile_of_a_kv_head():
+    """sm90/bwd.py with gqa_dkv "loop": grid (key blocks, k/v heads, batch), each CTA looping over
+    group x query blocks. At 16 q heads over one K/V head, batch 8, 2k keys of 128: 16 x 8 = 128
+    CTAs on 132 SMs, the longest walking 16 x 16 Q blocks: slower per FLOP than MHA (measured on
+    an H200: 252-254 TFLOP/s against about 440 for MHA)."""
     mha = simulate("h200", None, Problem(**MQA), impl="fa4kernel", pass_="bwd")
-    mqa = simulate("h200", None, Problem(**MQA, heads_kv=1), impl="fa4kernel", pass_="bwd")
+    mqa = simulate("h200", None, Problem(**MQA, heads_kv=1), {"gqa_dkv": "loop"}, impl="fa4kernel", pass_="bwd")
     assert mqa.knobs["gqa_dkv"] == "loop"
     assert mha.kernel.units == 16 * 128 and mqa.kernel.units == 16 * 8
     assert mqa.kernel.waves < 1
@@ -93,9 +93,24 @@ def test_flash_attn_4_backward_gqa_keeps_a_cta_per_q_head_and_reduces_dkv():
     assert mqa.main_us > mha.main_us and mqa.pre_us > mha.pre_us and mqa.post_us > mha.post_us
     pre, post = kernel_bwd.passes(Problem(**MQA, heads_kv=1), mqa.knobs)
     assert len(pre) == 3 and len(post) == 3
-    # its scheme keeps the chip full: far less slowdown per FLOP than fa4kernel's single wave
-    ours = simulate("h200", None, Problem(**MQA, heads_kv=1), impl="fa4kernel", pass_="bwd")
-    assert mqa.tflops > 1.2 * ours.tflops
+    # its scheme keeps the chip full: far less slowdown per FLOP than fa4kernel's loop in one wave
+    loop = simulate("h200", None, Problem(**MQA, heads_kv=1), {"gqa_dkv": "loop"}, impl="fa4kernel", pass_="bwd")
+    assert mqa.tflops > 1.2 * loop.tflops
+
+
+def test_fa4kernel_backward_mqa_defaults_to_reduce_with_joint_accumulators():
+    """fa4kernel takes "reduce" where the loop's CTAs (128 here) are fewer than the SMs (132):
+    flash-attn-4's grid, its dK and dV accumulators in one allocation (one zeroing launch, one
+    conversion); with 32 q heads on 8 K/V heads the loop fills the SMs and stays."""
+    mqa = simulate("h200", None, Problem(**MQA, heads_kv=1), impl="fa4kernel", pass_="bwd")
+    fa4 = simulate("h200", None, Problem(**MQA, heads_kv=1), impl="flash-attn-4", pass_="bwd")
+    assert mqa.knobs["gqa_dkv"] == "reduce" and mqa.knobs["dkv_accum"] == "joint"
+    assert mqa.kernel.units == fa4.kernel.units
+    pre, post = kernel_bwd.passes(Problem(**MQA, heads_kv=1), mqa.knobs)
+    assert len(pre) == 2 and len(post) == 2  # flash-attn-4's: 3 and 3
+    assert dict(pre)["dkv_accum = zeros (fp32)"] == 8 * 2048 * (64 + 64) * 4
+    gqa = simulate("h200", None, Problem(8, 32, 2048, 2048, 64, True, heads_kv=8), impl="fa4kernel", pass_="bwd")
+    assert gqa.knobs["gqa_dkv"] == "loop"
 
 
 def test_cli_heads_kv():

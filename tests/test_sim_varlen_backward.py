@@ -139,7 +139,7 @@ def test_the_passes_around_the_kernel():
     postprocess (those blocks of the accumulator read, dQ's packed rows written): a launch each,
     as the dense backward's, and the same bytes where every length is a whole block."""
     p = Problem.varlen(8, 128, [100, 3000, 7], [200, 3000, 70], causal=True, heads_kv=2)
-    knobs = setup(H200, None, p, None, IMPL, "bwd")[4]
+    knobs = setup(H200, None, p, {"gqa_dkv": "loop"}, IMPL, "bwd")[4]
     assert knobs["preprocess"] == "kernel" and knobs["grid_order"] == "heads_outer"
     pre, post = kernel_bwd.passes(p, knobs)
     d, tq, m = 128, 3107, knobs["tile_m"]
@@ -152,7 +152,7 @@ def test_the_passes_around_the_kernel():
         ((f"{w} kernel (varlen)", b),) for w, ((_, b),) in zip(("preprocess", "postprocess"),
                                                                 kernel_bwd.passes(Problem(1, 8, 3200, 3200, d), knobs)))
     post = dict(post)
-    hw = setup(H200, None, p, None, IMPL, "bwd")[0]
+    hw = setup(H200, None, p, {"gqa_dkv": "loop"}, IMPL, "bwd")[0]
     us = kernel_bwd.pre_post_us(p, hw, knobs)
     bw = hw.hbm_bandwidth_tbps * 1e6
     assert us[1] == pytest.approx(sum(post.values()) / bw + len(post) * hw.launch_gap_us)
@@ -253,3 +253,16 @@ def test_varlen_gqa_dkv_reduce_adds_the_accumulators_passes():
     assert len(pre) == len(loop_pre) + 2 and len(post) == len(loop_post) + 2
     assert dict(pre)["dk_accum = zeros (fp32)"] == 2 * 1300 * 128 * 4
     assert dict(post)["dV fp32 -> 16 bit"] == 2 * 1300 * 128 * 6
+
+
+def test_varlen_joint_accumulators_take_one_launch_each_side():
+    """dkv_accum "joint" (fa4kernel): one zeroing launch and one conversion for both
+    accumulators, the same bytes as flash-attn-4's two each."""
+    from fa4sim.schedules.kernel_bwd import varlen_passes
+
+    p = Problem.varlen(8, 128, [300, 1000], heads_kv=2)
+    split = varlen_passes(p, {"tile_m": 64, "gqa_dkv": "reduce"})
+    joint = varlen_passes(p, {"tile_m": 64, "gqa_dkv": "reduce", "dkv_accum": "joint"})
+    assert len(joint[0]) == len(split[0]) - 1 and len(joint[1]) == len(split[1]) - 1
+    assert sum(b for _, b in joint[0]) == sum(b for _, b in split[0])
+    assert sum(b for _, b in joint[1]) == sum(b for _, b in split[1])
