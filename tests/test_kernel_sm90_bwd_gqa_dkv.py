@@ -31,9 +31,10 @@ def build(hd, causal, varlen, gqa_dkv):
     return bc.make_bwd_config("bfloat16", hd, causal, gqa_dkv=gqa_dkv)
 
 
-@pytest.mark.parametrize("varlen", [False, True], ids=["dense", "varlen"])
-@pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("hd", bc.BWD_HEAD_DIMS)
+# every head dim once, both masks at 256 (its spill), varlen where its epilogue differs most
+@pytest.mark.parametrize("hd,causal,varlen", [(64, True, False), (96, False, False), (128, True, False),
+                                              (192, False, False), (256, False, False), (256, True, False),
+                                              (128, True, True), (256, False, True)])
 def test_reduce_adds_dk_dv_from_registers(hd, causal, varlen):
     """A consumer thread holds tile_n x head_dim / 256 floats of each of dK and dV: one
     two-wide RED.ADD per pair of them, no TMA store of dK / dV; the loop's GEMMs are the loop
