@@ -350,19 +350,14 @@ def bwd_candidates(torch, b: Batch, q, k, v, cq, ck, dout, errors: dict, loop: b
         return lambda: torch.autograd.grad(o, (qq, kk, vv), dout, retain_graph=True)
 
     out = {}
-    for name, det in (("fa4kernel.varlen", False), ("fa4kernel.varlen[deterministic]", True)):
+    # the default build, the deterministic one, and each --variants knob set
+    builds = [("fa4kernel.varlen", {}), ("fa4kernel.varlen[deterministic]", {"deterministic": True})]
+    builds += [(variant_name(knobs), {"bwd_knobs": knobs}) for knobs in variants]
+    for name, kw in builds:
         try:
-            out[name] = through_autograd(lambda qq, kk, vv, det=det: fa4kernel.attention(
+            out[name] = through_autograd(lambda qq, kk, vv, kw=kw: fa4kernel.attention(
                 qq, kk, vv, causal=b.causal, cu_seqlens_q=cq, cu_seqlens_k=ck, max_seqlen_q=mq, max_seqlen_k=mk,
-                deterministic=det))
-        except Exception as e:
-            errors[name] = repr(e)[:300]
-    for knobs in variants:  # --variants: the varlen backward with these knobs
-        name = variant_name(knobs)
-        try:
-            out[name] = through_autograd(lambda qq, kk, vv, knobs=knobs: fa4kernel.attention(
-                qq, kk, vv, causal=b.causal, cu_seqlens_q=cq, cu_seqlens_k=ck, max_seqlen_q=mq, max_seqlen_k=mk,
-                bwd_knobs=knobs))
+                **kw))
         except Exception as e:
             errors[name] = repr(e)[:300]
     if loop:
