@@ -96,3 +96,19 @@ def test_time_graph_times_replays_of_captured_calls():
     assert log["calls"] == 1 and log["captured"] == bench.GRAPH_CALLS
     assert r["graph_us"] == 2000.0 / (r["graph_replays"] * bench.GRAPH_CALLS)
     assert log["replays"] == 2 + 3 * r["graph_replays"]
+
+
+def test_predict_for_an_h100_uses_its_profile(tmp_path):
+    """--profile h100: the file says which GPU it predicts (its meta.device is what torch reports for
+    an H100 SXM, so a measured file joins it), and a decode row, bound by HBM, takes longer on the
+    H100's 3.35 TB/s than on the H200's 4.8 TB/s."""
+    row = ["--rows", "b8-q1-k32768-h32-kv8"]
+    docs = {}
+    for profile in ("h100", "h200"):
+        out = tmp_path / f"pred_{profile}.json"
+        assert bench.main([*row, "--profile", profile, "--predict", str(out)]) == 0
+        docs[profile] = json.loads(out.read_text())
+    assert docs["h100"]["meta"]["profile"] == "h100" and docs["h100"]["meta"]["device"] == "NVIDIA H100 80GB HBM3"
+    us = {p: {r["kernel"]: r["us"] for r in d["rows"]} for p, d in docs.items()}
+    for kernel in KERNELS:
+        assert us["h100"][kernel] > us["h200"][kernel]

@@ -278,3 +278,20 @@ def test_the_dense_twin_runs_the_dense_kernels_on_views_of_the_packed_tensors(mo
     u = bench.Batch("u", (5, 7), 4, 32, True)
     assert not set(bench.candidates(torch, u, q[:12], k[:12], v[:12], torch.tensor([0, 5, 12], dtype=torch.int32),
                                     torch.tensor([0, 5, 12], dtype=torch.int32), {}, twin=True)) & set(bench.TWINS)
+
+
+def test_predict_for_an_h100_is_fa4sims_h100_prediction(tmp_path):
+    """--profile h100: meta names the H100, and each row is fa4sim's prediction on the h100 profile
+    (not the h200's relabelled)."""
+    from fa4sim import Problem, simulate
+
+    out = tmp_path / "pred.json"
+    argv = ["--seqlens", "300,1,999", "--heads", "8", "--causal", "--profile", "h100",
+            "--predict", str(out)]
+    assert bench.main(argv) == 0
+    doc = json.loads(out.read_text())
+    assert doc["meta"]["profile"] == "h100" and doc["meta"]["device"] == "NVIDIA H100 80GB HBM3"
+    p = Problem.varlen(8, 128, [300, 1, 999], None, causal=True)
+    fa3 = next(r for r in doc["rows"] if r["kernel"] == "flash-attn-3")
+    assert fa3["us"] == pytest.approx(simulate("h100", problem=p, impl=bench.MODELLED["flash-attn-3"]).time_us)
+    assert fa3["us"] != pytest.approx(simulate("h200", problem=p, impl=bench.MODELLED["flash-attn-3"]).time_us)

@@ -450,6 +450,22 @@ def test_predict_writes_each_modelled_candidate_without_a_gpu(tmp_path):
     assert all(r["tflops"] > 0 and 0.5 < r["clock_ghz"] < 2.5 for r in doc["rows"])
 
 
+def test_predict_for_an_h100_names_it_and_uses_its_profile(tmp_path):
+    """--profile h100: meta.device is the H100's name (so an H100 run joins it); the rows are fa4sim's
+    h100 predictions (the H100's power cap and clock, not the H200's relabelled)."""
+    from fa4sim.params import Problem
+    from fa4sim.validate.common import predict
+
+    out = tmp_path / "pred.json"
+    assert bench.main(["--problem", "b=2,h=16,sq=2000,d=128", "--candidates", "ours", "--profile", "h100",
+                       "--predict", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["meta"]["profile"] == "h100" and doc["meta"]["device"] == "NVIDIA H100 80GB HBM3"
+    (row,) = doc["rows"]
+    problem = Problem(2, 16, 2000, 2000, 128, False)
+    assert row["time_us"] == pytest.approx(predict("h100", "fa3", problem, {}, impl="fa4kernel").time_us, abs=0.01)
+
+
 def test_predict_writes_each_variant_where_fa4kernel_runs_it(tmp_path):
     """--predict with --variant: a 'fa4kernel[LABEL]' row per point the build runs at, fa4sim's
     fa4kernel with those knobs (so the measured candidate joins it); a head dim the variant does

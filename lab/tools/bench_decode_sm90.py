@@ -34,7 +34,7 @@ Usage (device, from the repository root):
     python3 lab/tools/bench_decode_sm90.py --dry-run        # the rows and candidates, no GPU
     python3 lab/tools/bench_decode_sm90.py --predict FILE   # fa4sim's predictions, no GPU
 
---predict FILE writes fa4sim's predictions (profile h200, the power model's clock) for every
+--predict FILE writes fa4sim's predictions (profile h200, or --profile h100; the power model's clock) for every
 selected row, kind "predictions": flash-attn-3 (its implementation data: its num_splits heuristic
 and pack-GQA rule; with --pages its paged rows, fa4sim's page_size), flash-attn-4 (its SM90
 forward: no split-KV; paged too) and fa4kernel.kvcache[auto] (the
@@ -123,8 +123,8 @@ def auto_splits(row: Row, sms: int) -> int:
     return kvcache_plan(row, sms)["num_splits"]
 
 
-def predict_rows(rows, sms: int = None, pages=()) -> list:
-    """fa4sim's predictions (h200) for each row: flash-attn-3, flash-attn-4 (and their paged
+def predict_rows(rows, sms: int = None, pages=(), *, profile: str) -> list:
+    """fa4sim's predictions (on `profile`) for each row: flash-attn-3, flash-attn-4 (and their paged
     candidates, one per page size), fa4kernel.kvcache[auto]."""
     from fa4kernel import kvcache
     from fa4sim import Problem, simulate
@@ -142,12 +142,12 @@ def predict_rows(rows, sms: int = None, pages=()) -> list:
 
         full = Problem(batch=row.batch, heads=row.heads, seqlen_q=row.seqlen_q, seqlen_k=row.seqlen_cache,
                        hdim=row.hdim, causal=row.causal, heads_kv=row.heads_kv)
-        out.append(rec("flash-attn-3", simulate("h200", problem=full, impl="flash-attn-3")))
-        out.append(rec("flash-attn-4", simulate("h200", problem=full, impl="flash-attn-4")))
+        out.append(rec("flash-attn-3", simulate(profile, problem=full, impl="flash-attn-3")))
+        out.append(rec("flash-attn-4", simulate(profile, problem=full, impl="flash-attn-4")))
         for page in pages:
             paged = replace(full, page_size=page)
             for impl in ("flash-attn-3", "flash-attn-4"):
-                out.append(rec(f"{impl}[page={page}]", simulate("h200", problem=paged, impl=impl)))
+                out.append(rec(f"{impl}[page={page}]", simulate(profile, problem=paged, impl=impl)))
         plan = kvcache_plan(row, sms)
         notes = []
         if plan["combine"]:
@@ -157,7 +157,7 @@ def predict_rows(rows, sms: int = None, pages=()) -> list:
             notes.append("causal packed rows (each row masked by its own token) modelled as fa4sim's causal")
         full = Problem(batch=row.batch, heads=row.heads, seqlen_q=row.seqlen_q, seqlen_k=row.seqlen_cache,
                        hdim=row.hdim, causal=row.causal, heads_kv=row.heads_kv)
-        res = simulate("h200", problem=full, impl="fa4kernel",
+        res = simulate(profile, problem=full, impl="fa4kernel",
                        overrides={"num_splits": plan["num_splits"], "pack_gqa": True})
         r = rec("fa4kernel.kvcache[auto]", res, "; ".join(notes) or None)
         r["num_splits"] = plan["num_splits"]
@@ -165,18 +165,20 @@ def predict_rows(rows, sms: int = None, pages=()) -> list:
     return out
 
 
-def write_predictions(path: str, rows, argv, pages=()) -> dict:
+def write_predictions(path: str, rows, argv, pages, profile: str) -> dict:
     import subprocess
 
+    from lab.tools.hopper import PROFILES
+
     head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
-    meta = {"kind": "predictions", "device": "NVIDIA H200", "profile": "h200",
+    meta = {"kind": "predictions", "device": PROFILES[profile], "profile": profile,
             "model_commit": head.stdout.strip() or "unknown",
             "what": "fa4sim's decode predictions per row: flash-attn-3 (its num_splits heuristic and pack-GQA "
                     "rule), flash-attn-4 (SM90: no split-KV), fa4kernel.kvcache[auto] (attention_with_kvcache's "
                     "plan at 132 SMs: pack-GQA, its splits as num_splits); us at the power model's clock; "
                     "kv_read_gbps = K/V bytes over the whole time",
             "command": "python3 lab/tools/bench_decode_sm90.py " + " ".join(argv)}
-    doc = {"meta": meta, "rows": predict_rows(rows, pages=pages)}
+    doc = {"meta": meta, "rows": predict_rows(rows, pages=pages, profile=profile)}
     with open(path, "w") as fh:
         json.dump(doc, fh, indent=1)
         fh.write("\n")
@@ -410,12 +412,15 @@ def positive_ints(ap, flag: str, text: str) -> list:
 
 
 def parse_args(argv=None):
+    from lab.tools.hopper import add_profile_arg
+
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     ap.add_argument("--out", default=None, help="the JSON to write (default: print only)")
     ap.add_argument("--dry-run", action="store_true", help="list the rows and candidates; no GPU")
     ap.add_argument("--predict", default=None, metavar="FILE",
                     help="write fa4sim's predictions for the selected rows to FILE; no GPU")
+    add_profile_arg(ap)
     ap.add_argument("--rows", default=None, help="comma-separated row names (default: all five)")
     ap.add_argument("--problem", action="append", default=[], metavar="b=B,sq=SQ,sk=SK,h=H,kv=KV[,d=D][,causal]",
                     help="your own row (repeatable), after the --rows ones")
@@ -458,7 +463,8 @@ def parse_args(argv=None):
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.predict:
-        doc = write_predictions(args.predict, args.selected, sys.argv[1:] if argv is None else list(argv), args.pages)
+        doc = write_predictions(args.predict, args.selected, sys.argv[1:] if argv is None else list(argv), args.pages,
+                                args.profile)
         for r in doc["rows"]:
             print(f"{r['point']:32s} {r['kernel']:24s} {r['us']:8.1f} us {r['kv_read_gbps']:6.0f} GB/s "
                   f"splits {r['num_splits']}", flush=True)

@@ -56,7 +56,7 @@ Usage (device, from the repository root):
     python3 lab/tools/bench_varlen_sm90.py --dense-twin --batches short-hd128-causal,equal-hd128-causal \
         [--pass bwd] --out $OUT/varlen_twin_h200.json      # varlen against dense, equal lengths
 
---predict FILE writes fa4sim's predictions (profile h200, the power model's clock) for every
+--predict FILE writes fa4sim's predictions (profile h200, or --profile h100; the power model's clock) for every
 selected batch and every candidate fa4sim models (flash-attn-3 and flash-attn-4 as their varlen
 schedules; fa4kernel.varlen where fa4sim has it), kind "predictions"; each row's "point" and
 "kernel" are the measured file's batch name and candidate, so the two files join on them
@@ -171,8 +171,8 @@ def dense_problem(b: Batch):
     return Problem(n, b.heads, sq, sk, b.hdim, b.causal, heads_kv=b.heads_kv or None)
 
 
-def predict_rows(batches, pass_: str = "fwd", twin: bool = False) -> list:
-    """fa4sim's predictions (h200) for each batch and each modelled candidate; with twin, the dense
+def predict_rows(batches, pass_: str = "fwd", twin: bool = False, *, profile: str) -> list:
+    """fa4sim's predictions (on `profile`) for each batch and each modelled candidate; with twin, the dense
     twin's of each equal-length batch too (fa4sim's dense prediction of (batch, seqlen_q, seqlen_k))."""
     from fa4sim import Problem, simulate
 
@@ -181,7 +181,7 @@ def predict_rows(batches, pass_: str = "fwd", twin: bool = False) -> list:
 
     def predict(b, kernel, impl, p, extra):
         try:
-            r = simulate("h200", problem=p, impl=impl, pass_=pass_)
+            r = simulate(profile, problem=p, impl=impl, pass_=pass_)
         except Exception as e:  # fa4sim has no model of it: said so in the file
             return {"point": b.name, "kernel": kernel, **extra, "not_modelled": str(e).splitlines()[0][:200]}
         row = {"point": b.name, "kernel": kernel, **extra, "us": r.time_us,
@@ -201,11 +201,13 @@ def predict_rows(batches, pass_: str = "fwd", twin: bool = False) -> list:
     return out
 
 
-def write_predictions(path: str, batches, argv, pass_: str = "fwd", twin: bool = False) -> dict:
+def write_predictions(path: str, batches, argv, pass_: str, twin: bool, profile: str) -> dict:
     import subprocess
 
+    from lab.tools.hopper import PROFILES
+
     head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
-    meta = {"kind": "predictions", "device": "NVIDIA H200", "profile": "h200", "model_commit": head.stdout.strip()
+    meta = {"kind": "predictions", "device": PROFILES[profile], "profile": profile, "model_commit": head.stdout.strip()
             or "unknown", "date": dt.date.today().isoformat(),
             "what": f"fa4sim's varlen {'backward' if pass_ == 'bwd' else 'forward'} predictions per packed batch: us "
                     "at the power model's clock, TFLOP/s over the visible pairs"
@@ -214,7 +216,7 @@ def write_predictions(path: str, batches, argv, pass_: str = "fwd", twin: bool =
                        if twin else "") + "; written before the run",
             "pass": pass_, "dense_twin": twin,
             "command": "python3 lab/tools/bench_varlen_sm90.py " + " ".join(argv)}
-    doc = {"meta": meta, "rows": predict_rows(batches, pass_, twin)}
+    doc = {"meta": meta, "rows": predict_rows(batches, pass_, twin, profile=profile)}
     with open(path, "w") as fh:
         json.dump(doc, fh, indent=1)
         fh.write("\n")
@@ -483,11 +485,14 @@ def run_batch(torch, b: Batch, args, errors: dict) -> dict:
 
 
 def parse_args(argv=None):
+    from lab.tools.hopper import add_profile_arg
+
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     ap.add_argument("--out", default=None, help="the JSON to write (default: print only)")
     ap.add_argument("--dry-run", action="store_true", help="list the batches; no GPU")
     ap.add_argument("--predict", default=None, metavar="FILE", help="write fa4sim's predictions to FILE; no GPU")
+    add_profile_arg(ap)
     ap.add_argument("--pass", dest="pass_", choices=("fwd", "bwd"), default="fwd",
                     help="time (and predict) the forward or the backward")
     ap.add_argument("--loop", action="store_true", help="also time fa4kernel.loop (one launch per sequence)")
@@ -564,7 +569,7 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     if args.predict:
         doc = write_predictions(args.predict, args.selected, sys.argv[1:] if argv is None else list(argv), args.pass_,
-                                args.dense_twin)
+                                args.dense_twin, args.profile)
         for r in doc["rows"]:
             text = (f"{r['us']:9.1f} us {r['tflops']:6.1f} TFLOP/s  {r['bottleneck'][:60]}" if "us" in r
                     else f"not modelled: {r['not_modelled'][:80]}")

@@ -31,3 +31,14 @@ def _require(script: str, major_wanted: int, what: str, hint: str) -> None:
             found = "no CUDA GPU here" + ("" if torch.version.cuda else " (this torch is a CPU build)")
     sys.stderr.write(f"{script}: needs {what}; {found}{'; ' + hint if hint else ''}\n")
     sys.exit(2)
+
+
+# The Hopper profiles a --predict file can be written for: fa4sim's profile name -> the device name
+# torch reports for that GPU (what a measured file's meta.device says).
+PROFILES = {"h200": "NVIDIA H200", "h100": "NVIDIA H100 80GB HBM3"}
+
+
+def add_profile_arg(ap) -> None:
+    """--profile: which GPU a --predict file predicts (an argparse choice, so a wrong name is one line, exit 2)."""
+    ap.add_argument("--profile", default="h200", choices=sorted(PROFILES),
+                    help="with --predict: the fa4sim profile to predict for (default h200; h100 for an H100 SXM)")

@@ -428,18 +428,20 @@ def predictions(points: list[Point], only=CANDIDATES, hw: str = "h200", variants
     return rows
 
 
-def write_predictions(path: str, points: list[Point], only, argv, variants=()) -> str:
+def write_predictions(path: str, points: list[Point], only, argv, variants, profile: str) -> str:
     """--predict: the predictions file (kind "predictions"), stamped with the model's commit."""
     import subprocess
 
     commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True,
                             text=True).stdout.strip() or None
-    doc = {"meta": {"kind": "predictions", "device": "NVIDIA H200", "profile": "h200", "model_commit": commit,
+    from lab.tools.hopper import PROFILES
+
+    doc = {"meta": {"kind": "predictions", "device": PROFILES[profile], "profile": profile, "model_commit": commit,
                     "date": dt.date.today().isoformat(),
                     "what": "fa4sim's TFLOP/s for each modelled candidate at each point, each at its own "
                             "predicted clock (power model), written before the run",
                     "command": "sustained_sm90.py " + " ".join(argv)},
-           "rows": predictions(points, only, variants=variants)}
+           "rows": predictions(points, only, hw=profile, variants=variants)}
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path, "w") as fh:
         json.dump(doc, fh, indent=1)
@@ -789,7 +791,10 @@ def parse_args(argv=None):
     ap.add_argument("--dry-run", action="store_true", help="list the points and the plan; no GPU, no torch")
     ap.add_argument("--predict", metavar="FILE.json", default=None,
                     help="no GPU: write fa4sim's predictions for the points (fa4kernel, FlashAttention-3, "
-                         "flash-attn-4 at H200's predicted clock), to commit before the run")
+                         "flash-attn-4 at the --profile GPU's predicted clock), to commit before the run")
+    from lab.tools.hopper import add_profile_arg
+
+    add_profile_arg(ap)
     ap.add_argument("--points", default=None,
                     help="comma-separated: grid, new, all, point names, or parts of names (hd128, causal)")
     ap.add_argument("--problem", action="append", default=[],
@@ -855,7 +860,7 @@ def main(argv=None) -> int:
     points = args.selected
     if args.predict:
         argv = sys.argv[1:] if argv is None else list(argv)
-        print(f"wrote {write_predictions(args.predict, points, args.only, argv, args.variants)} ({len(points)} points)")
+        print(f"wrote {write_predictions(args.predict, points, args.only, argv, args.variants, args.profile)} ({len(points)} points)")
         return 0
     if not args.dry_run:
         from lab.tools.hopper import require_hopper
