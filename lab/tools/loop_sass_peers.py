@@ -44,6 +44,7 @@ from lab.tools.fa3_cubins import fa3_kernels, fa3_pick, function_sass  # noqa: E
 
 FA3_VERSION = "3.0.0.post20260810"  # tokenspeed-fa3, the FlashAttention-3 build the GPU runs
 FA3_SO = "/tmp/fa3/flash_attn_3/_C.abi3.so"
+PEER_HEAD_DIMS = (64, 128, 192, 256)  # the head dims all three kernels build (FA3's package has no hd96)
 COLUMNS = ("HGMMA", "MUFU.EX2", "FMNMX", "FFMA", "FADD", "FMUL", "F2FP", "PRMT", "SHFL", "SYNCS", "BAR",
            "WG.ARRIVE", "WG.DEPBAR", "bookkeeping", "other")
 # integer, uniform-datapath and predicate ops (PRMT, a byte permute, has its own column: it packs P)
@@ -222,7 +223,8 @@ def parse_knobs(item: str) -> tuple:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--hdims", default="64,128,256", help="head dims, comma-separated (default 64,128,256)")
+    ap.add_argument("--hdims", default="64,128,256", help="head dims, comma-separated: 64, 128, 192, 256 "
+                    "(default 64,128,256)")
     mode = ap.add_mutually_exclusive_group()
     mode.add_argument("--causal", action="store_true", help="causal kernels only (default: non-causal only)")
     mode.add_argument("--both", action="store_true", help="non-causal and causal kernels")
@@ -239,8 +241,8 @@ def main(argv=None) -> int:
         extra = [parse_knobs(item) for item in args.ours_knobs]
     except ValueError as e:
         _bad(str(e) if "ours-knobs" in str(e) else f"--hdims {args.hdims!r}: want integers, e.g. 64,128,256")
-    if bad := [h for h in hdims if h not in (64, 128, 256)]:
-        _bad(f"--hdims {bad}: the peers are compared at 64, 128 and 256")
+    if bad := [h for h in hdims if h not in PEER_HEAD_DIMS]:
+        _bad(f"--hdims {bad}: the peers are compared at {', '.join(map(str, PEER_HEAD_DIMS))}")
     from fa4kernel.sm90.config import make_config
     for h, k in extra:
         for hd in [hd for hd in hdims if h in (None, hd)]:
