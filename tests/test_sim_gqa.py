@@ -98,16 +98,17 @@ def test_flash_attn_4_backward_gqa_keeps_a_cta_per_q_head_and_reduces_dkv():
     assert mqa.tflops > 1.2 * loop.tflops
 
 
-def test_fa4kernel_backward_mqa_defaults_to_reduce():
+def test_fa4kernel_backward_mqa_defaults_to_reduce_with_joint_accumulators():
     """fa4kernel takes "reduce" where the loop's CTAs (128 here) are fewer than the SMs (132):
-    flash-attn-4's grid and its launches around the kernel (two zeroings, two conversions); with
-    32 q heads on 8 K/V heads the loop fills the SMs and stays."""
+    flash-attn-4's grid, its dK and dV accumulators in one allocation (one zeroing launch, one
+    conversion); with 32 q heads on 8 K/V heads the loop fills the SMs and stays."""
     mqa = simulate("h200", None, Problem(**MQA, heads_kv=1), impl="fa4kernel", pass_="bwd")
     fa4 = simulate("h200", None, Problem(**MQA, heads_kv=1), impl="flash-attn-4", pass_="bwd")
-    assert mqa.knobs["gqa_dkv"] == "reduce" and mqa.kernel.units == fa4.kernel.units
+    assert mqa.knobs["gqa_dkv"] == "reduce" and mqa.knobs["dkv_accum"] == "joint"
+    assert mqa.kernel.units == fa4.kernel.units
     pre, post = kernel_bwd.passes(Problem(**MQA, heads_kv=1), mqa.knobs)
-    assert len(pre) == 3 and len(post) == 3
-    assert dict(pre)["dk_accum = zeros (fp32)"] == 8 * 2048 * 64 * 4
+    assert len(pre) == 2 and len(post) == 2  # flash-attn-4's: 3 and 3
+    assert dict(pre)["dkv_accum = zeros (fp32)"] == 8 * 2048 * (64 + 64) * 4
     gqa = simulate("h200", None, Problem(8, 32, 2048, 2048, 64, True, heads_kv=8), impl="fa4kernel", pass_="bwd")
     assert gqa.knobs["gqa_dkv"] == "loop"
 

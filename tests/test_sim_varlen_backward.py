@@ -254,3 +254,15 @@ def test_varlen_gqa_dkv_reduce_adds_the_accumulators_passes():
     assert dict(pre)["dk_accum = zeros (fp32)"] == 2 * 1300 * 128 * 4
     assert dict(post)["dV fp32 -> 16 bit"] == 2 * 1300 * 128 * 6
 
+
+def test_varlen_joint_accumulators_take_one_launch_each_side():
+    """dkv_accum "joint" (fa4kernel): one zeroing launch and one conversion for both
+    accumulators, the same bytes as flash-attn-4's two each."""
+    from fa4sim.schedules.kernel_bwd import varlen_passes
+
+    p = Problem.varlen(8, 128, [300, 1000], heads_kv=2)
+    split = varlen_passes(p, {"tile_m": 64, "gqa_dkv": "reduce"})
+    joint = varlen_passes(p, {"tile_m": 64, "gqa_dkv": "reduce", "dkv_accum": "joint"})
+    assert len(joint[0]) == len(split[0]) - 1 and len(joint[1]) == len(split[1]) - 1
+    assert sum(b for _, b in joint[0]) == sum(b for _, b in split[0])
+    assert sum(b for _, b in joint[1]) == sum(b for _, b in split[1])

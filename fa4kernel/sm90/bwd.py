@@ -1551,8 +1551,9 @@ def run_bwd_varlen(cfg: BwdConfig, dout, q, k, v, out, lse, cu_q, cu_k, max_seql
     dq_accum = torch.empty((1, h, sqp, d), dtype=torch.float32, device=q.device)
     dq_sem = torch.empty((1, h, sqp // cfg.tile_m), dtype=torch.int32, device=q.device) if cfg.deterministic else None
     preprocess_varlen(cfg, dout, out, lse, dpsum, lse_log2, dq_accum, dq_sem, cu_q, max_seqlen_q, _USE_TVM_FFI)
-    if cfg.gqa_dkv == "reduce":  # fp32 accumulators the q heads' CTAs add into
-        dk, dv = (torch.zeros(k.shape, dtype=torch.float32, device=k.device) for _ in range(2))
+    if cfg.gqa_dkv == "reduce":  # fp32 accumulators the q heads' CTAs add into: one memset for both
+        dkv_accum = torch.zeros((2, *k.shape), dtype=torch.float32, device=k.device)
+        dk, dv = dkv_accum[0], dkv_accum[1]
     else:
         dk, dv = torch.empty_like(k), torch.empty_like(v)  # every row written by the kernel (a tail's: 0)
     q4, k4, v4, do4, dk4, dv4 = (t.unsqueeze(0) for t in (q, k, v, dout, dk, dv))  # one batch row
@@ -1567,7 +1568,8 @@ def run_bwd_varlen(cfg: BwdConfig, dout, q, k, v, out, lse, cu_q, cu_k, max_seql
     dq = torch.empty_like(q)
     postprocess_varlen(cfg, dq_accum, dq, cu_q, max_seqlen_q, _USE_TVM_FFI)
     if cfg.gqa_dkv == "reduce":
-        return dq, dk.to(k.dtype), dv.to(v.dtype)
+        dkv = dkv_accum.to(k.dtype)  # one cast launch for both
+        return dq, dkv[0], dkv[1]
     return dq, dk, dv
 
 
@@ -1605,10 +1607,13 @@ def prepare_bwd(cfg: BwdConfig, dout, q, k, v, out, lse, softmax_scale: float, s
         dpsum, lse_log2 = preprocess_kernel(cfg, dout, out, lse, sqp, _USE_TVM_FFI, dq_accum, dq_sem)
     else:
         dpsum, lse_log2 = preprocess_torch(cfg, dout, out, lse, sqp)
-    reduce_dkv = cfg.gqa_dkv == "reduce"  # the kernel adds into fp32 accumulators: zeroed here
-    dk = (torch.zeros if reduce_dkv else torch.empty)((b, sk, hkv, d), dtype=torch.float32 if reduce_dkv else k.dtype,
-                                                       device=k.device)
-    dv = torch.zeros_like(dk) if reduce_dkv else torch.empty((b, sk, hkv, d), dtype=v.dtype, device=v.device)
+    reduce_dkv = cfg.gqa_dkv == "reduce"
+    if reduce_dkv:  # the kernel adds into fp32 accumulators: zeroed here, one memset for both
+        dkv_accum = torch.zeros((2, b, sk, hkv, d), dtype=torch.float32, device=k.device)
+        dk, dv = dkv_accum[0], dkv_accum[1]
+    else:
+        dk = torch.empty((b, sk, hkv, d), dtype=k.dtype, device=k.device)
+        dv = torch.empty((b, sk, hkv, d), dtype=v.dtype, device=v.device)
     scale_log2 = float(softmax_scale * LOG2_E)
     kcfg = kernel_config(cfg)
     key = (kcfg, "clock_probe") if probe else kcfg
@@ -1650,7 +1655,7 @@ def prepare_bwd(cfg: BwdConfig, dout, q, k, v, out, lse, softmax_scale: float, s
         launch()
 
     def finish():
-        dk_out, dv_out = (dk.to(k.dtype), dv.to(v.dtype)) if reduce_dkv else (dk, dv)
+        dk_out, dv_out = tuple(dkv_accum.to(k.dtype)) if reduce_dkv else (dk, dv)  # one cast launch
         if cfg.postprocess == "kernel":
             return postprocess_kernel(cfg, dq_accum, sq, q.dtype, _USE_TVM_FFI), dk_out, dv_out
         return dq_postprocess(dq_accum, cfg, sq, q.dtype), dk_out, dv_out

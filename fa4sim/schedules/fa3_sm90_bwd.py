@@ -107,6 +107,9 @@ KNOBS = [
          "after: flash-attn-4); loop = one CTA per KV tile of each K/V head walking the Q blocks of every q head "
          "of its group, dK and dV summed in registers (fa4kernel); no effect without grouped heads",
          kind="choice", choices=("reduce", "loop")),
+    Knob("dkv_accum", "split", "", "with gqa_dkv reduce: the fp32 dK and dV accumulators around the kernel: split = "
+         "one each, zeroed and turned into 16 bit by a launch each (flash-attn-4); joint = one allocation for both, "
+         "one zeroing launch and one conversion (fa4kernel)", kind="choice", choices=("split", "joint")),
     Knob("preprocess", "kernel", "", "dPsum and LSE in log2 units before the main kernel: kernel = one kernel reading O, "
          "dO and LSE (and zeroing the dQ accumulator); torch = fa4kernel's eager torch operations "
          "(kernel_bwd.TORCH_PRE)", kind="choice", choices=("kernel", "torch")),

@@ -344,10 +344,21 @@ def varlen_passes(p: Problem, knobs: dict) -> tuple[tuple, tuple]:
     pre = (("preprocess kernel (varlen)", packed * (2 * p.hdim_v * 2 + 4) + padded * (8 + p.hdim * 4)),)
     post = (("postprocess kernel (varlen)", padded * p.hdim * 4 + packed * p.hdim * 2),)
     if reduces_dkv(p, knobs):  # fp32 dK, dV accumulators over the packed keys, as the dense launch's (passes)
-        kv_rows = p.heads_kv * sum(k for _, k in p.sequences)
-        pre += tuple((f"{w}_accum = zeros (fp32)", kv_rows * n * 4) for w, n in (("dk", p.hdim), ("dv", p.hdim_v)))
-        post += tuple((f"{w} fp32 -> 16 bit", kv_rows * n * (4 + 2)) for w, n in (("dK", p.hdim), ("dV", p.hdim_v)))
+        pre, post = pre + dkv_accum_passes(p, knobs)[0], post + dkv_accum_passes(p, knobs)[1]
     return pre, post
+
+
+def dkv_accum_passes(p: Problem, knobs: dict) -> tuple[tuple, tuple]:
+    """The launches around a backward with reduces_dkv: the fp32 dK and dV accumulators (K/V rows:
+    batch x heads_kv x seqlen_k, a packed batch's keys) zeroed before and turned into 16 bit
+    after; knob dkv_accum "split" (flash-attn-4's interface.py _flash_attn_bwd): a launch each
+    per accumulator; "joint" (fa4kernel/sm90/bwd.py: one allocation for both): one launch each."""
+    kv_rows = p.heads_kv * sum(k for _, k in p.sequences)
+    if knobs.get("dkv_accum", "split") == "joint":
+        n = p.hdim + p.hdim_v
+        return ((("dkv_accum = zeros (fp32)", kv_rows * n * 4),), (("dK, dV fp32 -> 16 bit", kv_rows * n * (4 + 2)),))
+    return (tuple((f"{w}_accum = zeros (fp32)", kv_rows * n * 4) for w, n in (("dk", p.hdim), ("dv", p.hdim_v))),
+            tuple((f"{w} fp32 -> 16 bit", kv_rows * n * (4 + 2)) for w, n in (("dK", p.hdim), ("dV", p.hdim_v))))
 
 
 def passes(p: Problem, knobs: dict | None = None) -> tuple[tuple, tuple]:
@@ -368,10 +379,9 @@ def passes(p: Problem, knobs: dict | None = None) -> tuple[tuple, tuple]:
     else:
         pre = (("preprocess kernel", rows * (2 * p.hdim_v * 2 + 4 + 8 + p.hdim * 4)),)
     post = each(POST)
-    if reduces_dkv(p, knobs):  # flash-attn-4's per-K/V-head fp32 accumulators (interface.py _flash_attn_bwd)
-        kv_rows = p.batch * p.heads_kv * p.seqlen_k
-        pre += tuple((f"{w}_accum = zeros (fp32)", kv_rows * n * 4) for w, n in (("dk", p.hdim), ("dv", p.hdim_v)))
-        post += tuple((f"{w} fp32 -> 16 bit", kv_rows * n * (4 + 2)) for w, n in (("dK", p.hdim), ("dV", p.hdim_v)))
+    if reduces_dkv(p, knobs):  # per-K/V-head fp32 accumulators
+        extra_pre, extra_post = dkv_accum_passes(p, knobs)
+        pre, post = pre + extra_pre, post + extra_post
     return pre, post
 
 
