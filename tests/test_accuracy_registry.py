@@ -130,3 +130,29 @@ def test_readme_block_is_spliced_between_its_markers(computed):
 def test_check_passes_on_the_committed_docs(computed, capsys):
     assert acc.main(["--check"]) == 0
     assert "the blocks as generated" in capsys.readouterr().out
+
+
+def test_compare_joins_a_sustained_file_on_point_and_kernel(tmp_path, capsys):
+    """--compare MEASURED PREDICTED: a sustained_sm90.py file (points, TFLOP/s) against its predictions
+    (rows): the time error of a point is measured TFLOP/s over predicted - 1; a file that is not
+    one of the benches' is one line, exit 2."""
+    import json
+
+    measured = {"meta": {"kind": "sustained"}, "points": [
+        {"name": "a", "results": {"fa4kernel": {"tflops": 550.0}, "flash-attn-4": {"tflops": 480.0}}},
+        {"name": "b", "results": {"fa4kernel": {"tflops": 600.0}}}]}
+    predicted = {"meta": {"kind": "predictions"}, "rows": [
+        {"point": "a", "kernel": "fa4kernel", "tflops": 500.0}, {"point": "a", "kernel": "flash-attn-4", "tflops": 500.0},
+        {"point": "b", "kernel": "fa4kernel", "tflops": 600.0}]}
+    m, p = tmp_path / "m.json", tmp_path / "p.json"
+    m.write_text(json.dumps(measured))
+    p.write_text(json.dumps(predicted))
+    stats = acc.stat_committed_time({}, [str(m)], {"predictions": str(p)})
+    assert stats["fa4kernel"]["count"] == 2 and stats["fa4kernel"]["max"] == pytest.approx(0.10)
+    assert stats["flash-attn-4"]["max"] == pytest.approx(0.04)
+    bad = tmp_path / "bad.json"
+    bad.write_text("[]")
+    with pytest.raises(SystemExit) as e:
+        acc.main(["--compare", str(bad), str(p)])
+    assert e.value.code == 2
+    assert len(capsys.readouterr().err.strip().splitlines()) == 1

@@ -139,8 +139,17 @@ def test_defaults_match_fa4_table_and_fit():
 def test_rescale_threshold_none_and_zero_mean_always_rescale():
     a = config.make_config("bfloat16", 128, False, False, dict(rescale_threshold=None))
     b = config.make_config("bfloat16", 128, False, False, dict(rescale_threshold=0))
-    c = config.make_config("bfloat16", 128, False, False, {})
-    assert a.rescale_threshold == b.rescale_threshold == c.rescale_threshold == 0.0
+    assert a.rescale_threshold == b.rescale_threshold == 0.0
+
+
+def test_rescale_threshold_default_is_fa4s_tau_except_hd256_without_a_mask():
+    """Conditional rescaling by default (FA4's tau); hd256 without a mask rescales always."""
+    for d in config.SUPPORTED_HEAD_DIMS:
+        for causal in (False, True):
+            got = config.make_config("bfloat16", d, causal, False, {}).rescale_threshold
+            want = 0.0 if (d == 256 and not causal) else config.DEFAULT_RESCALE_THRESHOLD
+            assert got == want, (d, causal)
+    assert config.make_config("bfloat16", 128, False, False, dict(rescale_threshold=4.0)).rescale_threshold == 4.0
 
 
 def test_exp2_emulation_reference_accuracy():
@@ -211,7 +220,9 @@ def test_persistent_default_where_o_has_its_own_buffer():
 
 def test_rescale_before_pv_auto_and_checked():
     """FA4's rule: O is rescaled before the PV GEMM for head dims > 128 (with the overlap)."""
-    auto = {d: config.make_config("bfloat16", d, False, False, {}).rescale_before_pv for d in config.SUPPORTED_HEAD_DIMS}
+    always = dict(rescale_threshold=None)  # always rescale: FA4's head-dim rule alone
+    auto = {d: config.make_config("bfloat16", d, False, False, always).rescale_before_pv
+            for d in config.SUPPORTED_HEAD_DIMS}
     assert auto == {64: False, 96: False, 128: False, 192: True, 256: True}
     assert not config.make_config("bfloat16", 256, False, False, dict(intra_wg_overlap=False)).rescale_before_pv
     # with conditional rescaling the rescale goes before the PV GEMM at every head dim (its branch

@@ -72,7 +72,7 @@ def test_traced_builds_keep_the_exp2s_ahead_of_the_pv_wait(light):
     before the PV wait, where the normal build has ptxas hoist the wait above them. So a traced
     timeline shows that (measured slower) order; timeline_compare simulates it with
     pv_wait=after_softmax."""
-    cfg = make_config("bfloat16", 128, False, False, {})
+    cfg = make_config("bfloat16", 128, False, False, {"rescale_threshold": None})  # the always-rescale order
 
     def ex2_before_wait(text):
         i = text.index("WARPGROUP.DEPBAR.LE gsb0, 0x1")

@@ -122,7 +122,7 @@ def test_a_combination_not_compiled_takes_its_fallback():
 # a few builds compiled again (the compile cache keys on the kernel's sources): each head dim's
 # default, a causal one, a knob variant of each pass
 FWD_RECOMPILED = [(128, False, {}), (128, True, {"exp_emulation": 0.125}), (192, True, {}), (256, False, {}),
-                  (128, False, {"rescale_threshold": 8.0, "rescale_before_pv": False})]
+                  (128, False, {"rescale_before_pv": False}), (64, True, {"rescale_threshold": None})]
 BWD_RECOMPILED = [(128, True, {}), (64, False, {}), (64, True, {"tile_m": 64, "dq_reduce": "red", "stats": "thread",
                                                                 "mma_order": "dv_dk_dq", "grid_order": "heads_outer"}),
                   (192, False, {"dq_smem": "qdo", "grid_order": "heads_outer"}), (256, True, {})]

@@ -31,8 +31,8 @@ def test_the_rescale_sits_between_the_s_gemms_first_kstep_and_the_rest():
     assert {("LQ", "QKH0"), ("LK", "QKH0"), ("QK0", "MAX0")} <= edges
 
 
-@pytest.mark.parametrize("hdim,knobs", [(128, {}), (64, {}), (256, {"rescale_before_pv": False}),
-                                        (256, {"intra_wg_overlap": False})])
+@pytest.mark.parametrize("hdim,knobs", [(128, {"rescale_threshold": None}), (64, {"rescale_threshold": None}),
+                                        (256, {"rescale_before_pv": False}), (256, {"intra_wg_overlap": False})])
 def test_without_the_rescale_before_pv_the_s_gemm_stays_one_op(hdim, knobs):
     s = build(hdim, **knobs)
     assert not any(o.name.startswith("QKH") for o in s.ops)

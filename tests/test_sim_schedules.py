@@ -104,8 +104,8 @@ def test_fa4_s_pingpong_overlaps_one_q_tiles_softmax_with_its_next_s():
 def test_fa3_pingpong_on_beats_off():
     # hd64, 3 consumer warpgroups: without the named-barrier ping-pong their GEMMs interleave,
     # they finish together and do softmax together while the tensor core idles
-    on = simulate("h100-datasheet", "fa3", prob(64))
-    off = simulate("h100-datasheet", "fa3", prob(64), {"pingpong": "false"})
+    on = simulate("h100-datasheet", "fa3", prob(64), {"rescale_threshold": None})
+    off = simulate("h100-datasheet", "fa3", prob(64), {"rescale_threshold": None, "pingpong": "false"})
     assert off.tflops < 0.9 * on.tflops
     assert off.utilization["tensor"] < on.utilization["tensor"]
 
@@ -257,7 +257,7 @@ def test_fa3_rescale_before_pv_moves_the_rescale_ahead_of_pv():
     the O rescale comes right after the S GEMM is issued, before PV, and rescales the previous
     block's O (skew 1); otherwise it follows the softmax."""
     for hd, before in ((256, True), (128, False)):
-        sched = build("h100-datasheet", "fa3", hd, False)
+        sched = build("h100-datasheet", "fa3", hd, False, rescale_threshold=None)
         names = [o.name for o in sched.ops if o.role == "wg0"]
         assert (names.index("RESC0") < names.index("PV0")) == before, names
         assert {o.name: o.skew for o in sched.ops}["RESC0"] == (1 if before else 0)
@@ -268,17 +268,18 @@ def test_fa3_rescale_before_pv_moves_the_rescale_ahead_of_pv():
 def test_fa3_early_q_release_frees_q_after_the_last_qk():
     """early_q_release: the next tile's Q load waits for the last QK GEMM, not for the whole last
     block; short tiles (one CTA walking many) then run faster, long ones hardly change."""
-    sched = build("h100-datasheet", "fa3", 128, False)
+    sched = build("h100-datasheet", "fa3", 128, False, rescale_threshold=None)
     srcs = {e.src for e in sched.edges if e.dst == "LQ" and e.per == "tile"}
     assert srcs == {"QK0", "QK1"}
-    late = build("h100-datasheet", "fa3", 128, False, early_q_release=False)
+    late = build("h100-datasheet", "fa3", 128, False, rescale_threshold=None, early_q_release=False)
     assert {e.src for e in late.edges if e.dst == "LQ" and e.per == "tile"} == {"RESC0", "RESC1"}
     hw = hardware.load("h100").with_values(num_sms=1)
     short = Problem(1, 1, 128 * 16, 1024, 128, False)  # 16 tiles of 8 blocks on one SM
     # (with the O store's wait deferred the model has warpgroup 0 start each tile with warpgroup 1,
     # their first S GEMMs share the tensor core and Q is off the critical path; so compare with the
     # wait right after the store, as the kernel had it when it got early_q_release)
-    t = {e: simulate(hw, "fa3", short, {"early_q_release": e, "persistent": True, "defer_o_store_wait": False}).cycles
+    t = {e: simulate(hw, "fa3", short, {"rescale_threshold": None, "early_q_release": e, "persistent": True,
+                                        "defer_o_store_wait": False}).cycles
          for e in (True, False)}
     assert t[True] < t[False]
 
@@ -325,15 +326,16 @@ def test_fa3_loop_bookkeeping_takes_issue_slots():
     PV GEMM ops (issued piece by piece with their HGMMAs), loop_overhead_fixed with the row max.
     Without them the loop is no slower; with more it is no faster."""
     hw = hardware.load("h100")
-    sched = build("h100", "fa3", 128, False, loop_overhead_fixed=50.0, loop_overhead_per_kstep=4.0)
-    none = build("h100", "fa3", 128, False, loop_overhead_fixed=0.0, loop_overhead_per_kstep=0.0)
+    always = dict(rescale_threshold=None)  # the loop's structure without conditional rescaling
+    sched = build("h100", "fa3", 128, False, **always, loop_overhead_fixed=50.0, loop_overhead_per_kstep=4.0)
+    none = build("h100", "fa3", 128, False, **always, loop_overhead_fixed=0.0, loop_overhead_per_kstep=0.0)
     assert dict(sched.op("QK0").uses)["issue"] == pytest.approx(4 * 4.0 * (128 // 16) / hw.issue_per_clk)
     assert dict(sched.op("PV0").uses)["issue"] == pytest.approx(4 * 4.0 * (128 // 16) / hw.issue_per_clk)
     assert "issue" not in dict(none.op("QK0").uses)
     extra = dict(sched.op("MAX0").uses)["issue"] - dict(none.op("MAX0").uses)["issue"]
     assert extra == pytest.approx(4 * 50.0 / hw.issue_per_clk)
     p = Problem(1, 1, 128, 8192, 128, False)
-    t = [simulate("h100", "fa3", p, {"loop_overhead_fixed": f, "loop_overhead_per_kstep": s}).interval
+    t = [simulate("h100", "fa3", p, {**always, "loop_overhead_fixed": f, "loop_overhead_per_kstep": s}).interval
          for f, s in ((0.0, 0.0), (53.0, 4.4), (200.0, 10.0))]
     assert t[0] <= t[1] <= t[2] and t[0] < t[2]
 
@@ -362,7 +364,7 @@ def test_fa3_warp_stores_to_smem_get_what_the_wgmma_fetch_leaves():
     with P in smem (0.75)."""
     hw = hardware.load("h100")
     for rs, fetch in ((True, (0.75 + 0.5) / 2), (False, 0.75)):
-        sched = build("h100", "fa3", 128, False, p_in_registers=rs)
+        sched = build("h100", "fa3", 128, False, rescale_threshold=None, p_in_registers=rs)
         unit, share = sched.interference["smem:lsu"]
         assert unit == "tensor"
         assert share == pytest.approx(1 - fetch * 128 / hw.smem_bytes_per_clk, abs=2e-3)
@@ -384,13 +386,14 @@ def test_fa3_p_via_smem_follows_the_compiled_order():
     barrier's hand-off. Without overlap (or with the rescale before PV) CVT keeps the stores and
     the fence's latency too. Either way P via smem costs more than P in registers."""
     hw = hardware.load("h100")
-    on = build("h100", "fa3", 128, False, p_in_registers=False)
-    off = build("h100", "fa3", 128, False, p_in_registers=False, intra_wg_overlap=False)
+    on = build("h100", "fa3", 128, False, rescale_threshold=None, p_in_registers=False)
+    off = build("h100", "fa3", 128, False, rescale_threshold=None, p_in_registers=False, intra_wg_overlap=False)
     assert on.op("CVT0").latency == pytest.approx(hw.named_barrier_latency)
     assert off.op("CVT0").latency == pytest.approx(hw.smem_latency + hw.named_barrier_latency)
     assert "smem:lsu" in dict(off.op("CVT0").uses) and "smem:lsu" not in dict(off.op("EXP0").uses)
     p = Problem(1, 1, 128, 8192, 128, False)
-    assert simulate(hw, "fa3", p, {"p_in_registers": False}).interval > simulate(hw, "fa3", p).interval
+    always = {"rescale_threshold": None}
+    assert simulate(hw, "fa3", p, {**always, "p_in_registers": False}).interval > simulate(hw, "fa3", p, always).interval
 
 
 def test_fa3_conversion_issues_among_the_exp2s_and_the_rescale_comes_last():
@@ -399,8 +402,8 @@ def test_fa3_conversion_issues_among_the_exp2s_and_the_rescale_comes_last():
     phase, and with P in registers the rescale is a block's last op before the next GEMMs. Without
     overlap the conversion keeps its own op. Its work is the same either way."""
     hw = hardware.load("h100")
-    on = build("h100", "fa3", 128, False)
-    off = build("h100", "fa3", 128, False, intra_wg_overlap=False)
+    on = build("h100", "fa3", 128, False, rescale_threshold=None)
+    off = build("h100", "fa3", 128, False, rescale_threshold=None, intra_wg_overlap=False)
     per_block = [o.name for o in on.ops if o.role == "wg0" and o.when not in ("first", "last")]
     assert per_block[-2:] == ["EXP0", "RESC0"]
     cvt = phase(hw, "convert", 64 * 128)
@@ -438,10 +441,13 @@ def test_fa3_softmax_split_at_the_pv_wait_keeps_its_work():
 
 
 @pytest.mark.parametrize("kernel,hd,causal,knobs,want", [
-    ("fa4kernel", 128, False, {"tile_n": 128, "rescale_before_pv": False, "exp_emulation": 0.0}, (1.0, 0.435, 0.152)),
-    ("fa4kernel", 128, True, {"tile_n": 128, "rescale_before_pv": False, "exp_emulation": 0.0}, (1.0, 0.428, 0.152)),
-    ("fa4kernel", 128, True, {"tile_n": 128, "exp_emulation": 0.125}, (0.961, 0.263, 0.103)),
-    ("fa4kernel", 128, False, {"tile_n": 64, "rescale_before_pv": False}, (1.0, 0.0, 0.0)),   # not compiled
+    ("fa4kernel", 128, False, {"tile_n": 128, "rescale_before_pv": False, "exp_emulation": 0.0,
+                               "rescale_threshold": None}, (1.0, 0.435, 0.152)),
+    ("fa4kernel", 128, True, {"tile_n": 128, "rescale_before_pv": False, "exp_emulation": 0.0,
+                              "rescale_threshold": None}, (1.0, 0.428, 0.152)),
+    ("fa4kernel", 128, True, {"tile_n": 128, "exp_emulation": 0.125, "rescale_threshold": None}, (0.961, 0.263, 0.103)),
+    ("fa4kernel", 128, False, {"tile_n": 64, "rescale_before_pv": False, "rescale_threshold": None},
+     (1.0, 0.0, 0.0)),   # not compiled
     ("flash-attn-4", 256, True, {}, (1.0, 0.585, 0.333)),
 ])
 def test_pv_wait_table_lookup(kernel, hd, causal, knobs, want):
@@ -475,7 +481,7 @@ def test_a_loop_without_an_exact_period_still_reports_its_mean_interval():
     """hd64 (three warpgroups) with exp_emulation 0.1 never repeats exactly within the simulated
     blocks; the steady-state interval is then the mean over the tile's second half, between the
     fastest and the slowest block there."""
-    r = simulate("h100", "fa3", Problem(1, 1, 192, 8192, 64, False), {"exp_emulation": 0.1})
+    r = simulate("h100", "fa3", Problem(1, 1, 192, 8192, 64, False), {"exp_emulation": 0.1, "rescale_threshold": None})
     assert r.period is None or r.period.period > 8
     starts = r.trace.starts(r.trace.schedule.marker)
     tail = [b - a for a, b in zip(starts[len(starts) // 2:], starts[len(starts) // 2 + 1:])]

@@ -284,7 +284,8 @@ def test_tile_cost_file(tmp_path, capsys):
     hw = hardware.load("h100")
     hw = hw.with_values(hbm_latency=hw.l2_latency)  # the benchmark's repeated launches: Q from L2
     p = Problem(1, 1, 128 * 3, 2 * 128, 128, False)
-    sched = build_cta(hw, p, {"tile_m": 128, "tile_n": 128}, 2, 0)
+    # a record without rescale_threshold predates conditional rescaling as the default: it rescaled always
+    sched = build_cta(hw, p, {"tile_m": 128, "tile_n": 128, "rescale_threshold": None}, 2, 0)
     direct = (simulate(sched, [2, 2, 2]).end - simulate(sched, [2]).end) / 2
     assert r["tiles"][1]["predicted_cycles"] == pytest.approx(direct)
     (line,) = r["lines"]  # only the default has two lengths

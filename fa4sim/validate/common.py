@@ -88,7 +88,9 @@ def model_knobs(kernel: str, recorded: dict | None = None) -> dict:
         raise InputError("kernel", f"no model of {kernel!r}; one of {', '.join(SIMULATED)}")
     rec = recorded or {}
     knobs = {k: v for k, v in rec.items() if k in KNOB_NAMES}
-    if knobs.get("rescale_threshold") in (0, 0.0):
+    # a record without rescale_threshold ran before conditional rescaling became the default
+    # (the benches record the resolved configuration since): it rescaled always
+    if knobs.get("rescale_threshold", 0.0) in (0, 0.0):
         knobs["rescale_threshold"] = None
     free = [ABLATION_KNOBS[a].get("ablate") for a in ablations(rec)]
     if any(free):

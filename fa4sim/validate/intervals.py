@@ -11,8 +11,8 @@ from ..params import Problem
 from .common import has_model_twin, model_knobs, profile_for, progress, pyplot, save, verdict
 
 # the resolved configuration ctas_sm90.py records beside each point's knobs
-RECORDED_FIELDS = ("tile_m", "tile_n", "rescale_before_pv", "early_q_release", "defer_o_store_wait",
-                   "ablate", "exp_before_pv_wait")
+RECORDED_FIELDS = ("tile_m", "tile_n", "rescale_threshold", "rescale_before_pv", "early_q_release",
+                   "defer_o_store_wait", "ablate", "exp_before_pv_wait")
 
 
 def recorded_config(p: dict) -> dict:

@@ -98,7 +98,8 @@ def compare(doc: dict, hw: str | None = None) -> dict:
                            int(p["head_dim"]), bool(p["causal"]))
             # the kernel that logs tiles idles warpgroups without rows and takes the host's table
             knobs = model_knobs("fa4kernel", {"tile_m": p["tile_m"], "tile_n": p["tile_n"], "persistent": True,
-                                              "skip_idle_wgs": True})
+                                              "skip_idle_wgs": True,
+                                              **{k: p[k] for k in ("rescale_threshold",) if k in p}})
             k = simulate(profile, "fa3", prob, knobs).kernel
             rows.append({**base, "launch": "persistent", "replayed": load, "measured": end,
                          "measured_later": end / load - 1,

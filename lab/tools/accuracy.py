@@ -52,7 +52,7 @@ STAT_KINDS = {"tflops": ("points", "knob_points"), "knob_deltas": ("points", "kn
               "sustained_tflops": ("sustained",), "sustained_clock": ("sustained",),
               "cycle_model_alone": ("sustained",), "power_model_alone": ("sustained",),
               "committed": ("sustained",), "bwd_tflops": ("sm90_bwd",), "bwd_clock": ("sm90_bwd",),
-              "order_gain": ("bwd_ctas",), "published": ("published",), "committed_time": ("varlen", "decode")}
+              "order_gain": ("bwd_ctas",), "published": ("published",), "committed_time": ("varlen", "decode", "sustained")}
 
 
 # ---- the registry -------------------------------------------------------------------------------
@@ -256,17 +256,23 @@ def stat_published(row, files, spec):
 
 def stat_committed_time(row, files, spec):
     """Time predicted before the run against measured, for the benchmarks whose files join a
-    predictions file on (point, kernel) (bench_varlen_sm90.py, bench_decode_sm90.py):
-    spec["predictions"] is the file of predictions committed before the run."""
+    predictions file on (point, kernel): bench_varlen_sm90.py and bench_decode_sm90.py (rows with
+    us), sustained_sm90.py (points with TFLOP/s; the time error of a point is measured TFLOP/s
+    over predicted - 1, the same work). spec["predictions"] is the file committed before the run."""
     errs: dict = {}
     pred = json.loads((ROOT / spec["predictions"]).read_text())["rows"]
-    table = {(p["point"], p["kernel"]): p["us"] for p in pred if "us" in p}
+    us = {(p["point"], p["kernel"]): p["us"] for p in pred if "us" in p}
+    tflops = {(p["point"], p["kernel"]): p["tflops"] for p in pred if p.get("tflops")}
     for f in files:
-        path = file_path(f)
-        for r in json.loads((ROOT / path).read_text())["rows"]:
+        doc = json.loads((ROOT / file_path(f)).read_text())
+        for r in doc.get("rows", []):
             for kernel, res in r["results"].items():
-                if (r["point"], kernel) in table and res.get("us") and res.get("ok", True):
-                    errs.setdefault(kernel, []).append(table[(r["point"], kernel)] / res["us"] - 1)
+                if (r["point"], kernel) in us and res.get("us") and res.get("ok", True):
+                    errs.setdefault(kernel, []).append(us[(r["point"], kernel)] / res["us"] - 1)
+        for p in doc.get("points", []):
+            for kernel, res in p["results"].items():
+                if (p["name"], kernel) in tflops and res.get("tflops") and res.get("ok", True):
+                    errs.setdefault(kernel, []).append(res["tflops"] / tflops[(p["name"], kernel)] - 1)
     out = {k: _abs_stats(v) for k, v in sorted(errs.items())}
     out["all"] = _abs_stats([e for v in errs.values() for e in v])
     return out
@@ -552,10 +558,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--check", action="store_true", help="exit 1 when a generated block differs from the registry's")
     ap.add_argument("--print", dest="print_only", action="store_true", help="print the blocks, write nothing")
     ap.add_argument("--compare", nargs=2, metavar=("MEASURED", "PREDICTED"),
-                    help="one benchmark file (kinds varlen, decode) against the predictions committed before it: "
+                    help="one benchmark file (kinds varlen, decode, sustained) against the predictions committed before it: "
                          "time errors by kernel (the committed_time rows' statistic)")
     a = ap.parse_args(argv)
     if a.compare:
+        for what, path in zip(("MEASURED", "PREDICTED"), a.compare):
+            try:
+                doc = json.loads((ROOT / path).read_text())
+            except (OSError, ValueError) as e:
+                ap.exit(2, f"--compare {what} {path}: not a readable JSON file ({type(e).__name__})\n")
+            key = ("rows", "points") if what == "MEASURED" else ("rows",)
+            if not isinstance(doc, dict) or not any(isinstance(doc.get(k), list) for k in key):
+                ap.exit(2, f"--compare {what} {path}: no {' or '.join(key)} list; allowed: a bench_varlen_sm90, "
+                           f"bench_decode_sm90 or sustained_sm90 file{'' if what == 'MEASURED' else ' of predictions'}\n")
         spec = {"stat": "committed_time", "predictions": a.compare[1]}
         print(describe("committed_time", stat_committed_time({}, [a.compare[0]], spec), spec))
         return 0

@@ -122,6 +122,7 @@ def run_point(hd, s, causal, knobs, reps):
     return {
         "head_dim": hd, "seqlen": s, "causal": causal, "knobs": knobs, "batch": b, "heads": h,
         "tile_m": cfg.tile_m, "tile_n": cfg.tile_n, "persistent": bool(cfg.persistent),
+        "rescale_threshold": cfg.rescale_threshold,
         "grid": grid, "tiles": tiles, "ctas_logged": len(pick),
         "event_ms_median": statistics.median(ms), "span_ns_per_launch": spans,
         "span_ns": max(r[3] for r in recs), "clock_ghz_in_kernel": ghz,

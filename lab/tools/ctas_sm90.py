@@ -159,6 +159,7 @@ def tile_costs(hd, blocks, tiles=(1, 9), reps=5, knobs=None):
         interface.MAX_CTAS = None
     t1, t2 = tiles
     return {"hdim": hd, "kv_blocks": blocks, "knobs": knobs, "tile_m": cfg.tile_m, "tile_n": cfg.tile_n,
+            "rescale_threshold": cfg.rescale_threshold,
             "persistent": cfg.separate_o, "cycles_by_tiles": {str(t): c for t, c in cyc.items()},
             "cycles_per_tile": (cyc[t2] - cyc[t1]) / (t2 - t1)}
 
@@ -333,8 +334,8 @@ def main():
         tm, tn = cfg.tile_m, cfg.tile_n
         row = {"hdim": hd, "pattern": pattern, "n_ctas": n, "variant": label, "knobs": knobs, "causal": causal,
                "ablate": ablate, "tile_m": tm, "tile_n": tn,
-               "rescale_before_pv": cfg.rescale_before_pv, "early_q_release": cfg.early_q_release,
-               "defer_o_store_wait": cfg.defer_o_store_wait, "runs": {}}
+               "rescale_threshold": cfg.rescale_threshold, "rescale_before_pv": cfg.rescale_before_pv,
+               "early_q_release": cfg.early_q_release, "defer_o_store_wait": cfg.defer_o_store_wait, "runs": {}}
         for sk in (sk1, sk2):
             heads = 1 if pattern == "shared" else n
             sq = tm * n if pattern == "shared" else tm

@@ -38,15 +38,19 @@ TOOLCHAIN = "compiled for sm_90a on the CPU (CUDA 13.0 ptxas via nvidia-cutlass-
 # ---------------------------------------------------------------- the forward: where the PV wait sits
 FWD_KEYS = ("hdim", "causal", "tile_n", "kv_stages", "pingpong", "p_in_registers", "exp_emulation",
             "rescale_threshold", "rescale_before_pv")
-# the builds: every head dim's default, causal and not, and at hd128 the knob variants
-FWD_VARIANTS = [{"exp_emulation": 0.125}, {"exp_emulation": 0.25}, {"rescale_threshold": 8.0},
-                {"exp_emulation": 0.125, "rescale_threshold": 8.0}, {"pingpong": False},
-                {"p_in_registers": False}, {"kv_stages": 3},
-                # conditional rescaling after the PV wait (the kernel's default before rescale_before_pv)
-                {"rescale_threshold": 8.0, "rescale_before_pv": False},
-                {"exp_emulation": 0.125, "rescale_threshold": 8.0, "rescale_before_pv": False}]
+# the builds: every head dim's default, causal and not, and each always rescaling (the model's
+# rescale_threshold None: what the recorded runs before conditional rescaling was the default ran);
+# at hd128 the knob variants, with conditional rescaling (the default) and without
+ALWAYS = {"rescale_threshold": None}
+FWD_VARIANTS = [{"exp_emulation": 0.125}, {"exp_emulation": 0.25}, {"pingpong": False}, {"p_in_registers": False},
+                {"kv_stages": 3},
+                # conditional rescaling after the PV wait (the kernel's place for it before rescale_before_pv)
+                {"rescale_before_pv": False}, {"exp_emulation": 0.125, "rescale_before_pv": False}]
+FWD_VARIANTS = FWD_VARIANTS[:5] + [{**v, **ALWAYS} for v in FWD_VARIANTS[:5]] + [ALWAYS] + FWD_VARIANTS[5:]
 FWD_BUILDS = ([(128, causal, v) for causal in (False, True) for v in FWD_VARIANTS]
               + [(hd, causal, {}) for hd in (64, 96, 128, 192, 256) for causal in (False, True)]
+              + [(hd, causal, ALWAYS) for hd in (64, 96, 192, 256) for causal in (False, True)
+                 if (hd, causal) != (256, False)]  # hd256 without a mask: its default rescales always
               + [(256, False, {"tile_n": 80})])  # long launches without a mask (interface.LONG_TILES)
 
 
@@ -85,11 +89,11 @@ def tau_test_rows() -> list[dict]:
     for hd in (64, 96, 128, 192, 256):
         for causal in (False, True):
             calls = [f"make_config('bfloat16', {hd}, {causal}, False, {k!r})"
-                     for k in ({"rescale_threshold": 8.0}, {"rescale_before_pv": True})]
+                     for k in ({"rescale_threshold": 8.0}, {"rescale_threshold": None, "rescale_before_pv": True})]
             print(f"# {calls[0]} less {calls[1]}", file=sys.stderr, flush=True)
             tau, plain = (len(kv_loop(fa4kernel.compile_sass(make_config("bfloat16", hd, causal, False, k),
                                                              arch="sm_90a")))
-                          for k in ({"rescale_threshold": 8.0}, {"rescale_before_pv": True}))
+                          for k in ({"rescale_threshold": 8.0}, {"rescale_threshold": None, "rescale_before_pv": True}))
             rows.append({"build": {"hdim": hd, "causal": causal}, "compiled_from": " less ".join(calls),
                          "instr": tau - plain})
     return rows
