@@ -102,6 +102,12 @@ def model_knobs(kernel: str, recorded: dict | None = None) -> dict:
     return knobs
 
 
+def recorded_tau(rec: dict) -> dict:
+    """The rescale_threshold a record carries, as a knob ({} where it has none: model_knobs then
+    takes it as always rescaling)."""
+    return {"rescale_threshold": rec["rescale_threshold"]} if "rescale_threshold" in rec else {}
+
+
 def kernel_knobs(point: dict) -> dict:
     """Our kernel's configuration at an end-to-end point as it ran (its recorded fa4kernel_config
     over the knobs it was given), as model knobs."""

@@ -22,7 +22,7 @@ from .. import hardware
 from ..kernel_model import assign, work_units
 from ..model import simulate
 from ..params import Problem
-from .common import model_knobs, profile_for, progress
+from .common import model_knobs, profile_for, progress, recorded_tau
 
 
 def tile_kinds(p: dict) -> list[tuple[int, int]]:
@@ -98,8 +98,7 @@ def compare(doc: dict, hw: str | None = None) -> dict:
                            int(p["head_dim"]), bool(p["causal"]))
             # the kernel that logs tiles idles warpgroups without rows and takes the host's table
             knobs = model_knobs("fa4kernel", {"tile_m": p["tile_m"], "tile_n": p["tile_n"], "persistent": True,
-                                              "skip_idle_wgs": True,
-                                              **{k: p[k] for k in ("rescale_threshold",) if k in p}})
+                                              "skip_idle_wgs": True, **recorded_tau(p)})
             k = simulate(profile, "fa3", prob, knobs).kernel
             rows.append({**base, "launch": "persistent", "replayed": load, "measured": end,
                          "measured_later": end / load - 1,

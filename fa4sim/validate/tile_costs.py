@@ -10,7 +10,7 @@ from ..errors import InputError
 from ..engine import simulate as engine_simulate
 from ..model import build_cta
 from ..params import Problem
-from .common import model_knobs, profile_for, progress, pyplot, save
+from .common import model_knobs, profile_for, progress, pyplot, recorded_tau, save
 
 
 def compare(doc: dict, hw: str | None = None) -> dict:
@@ -32,8 +32,8 @@ def compare(doc: dict, hw: str | None = None) -> dict:
     for i, t in enumerate(walks, 1):
         progress(i, len(walks), "tile")
         hd, blocks = int(t["hdim"]), int(t["kv_blocks"])
-        knobs = model_knobs("fa4kernel", {"tile_m": int(t["tile_m"]), "tile_n": int(t["tile_n"]),
-                                          **{k: t[k] for k in ("rescale_threshold",) if k in t}, **(t.get("knobs") or {})})
+        knobs = model_knobs("fa4kernel", {"tile_m": int(t["tile_m"]), "tile_n": int(t["tile_n"]), **recorded_tau(t),
+                                          **(t.get("knobs") or {})})
         counts = sorted(int(n) for n in t["cycles_by_tiles"])  # the tile counts the walk was timed at
         t1, t2 = counts[0], counts[-1]
         problem = Problem(1, 1, knobs["tile_m"] * t2, blocks * knobs["tile_n"], hd, False)

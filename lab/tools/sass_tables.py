@@ -42,11 +42,11 @@ FWD_KEYS = ("hdim", "causal", "tile_n", "kv_stages", "pingpong", "p_in_registers
 # rescale_threshold None: what the recorded runs before conditional rescaling was the default ran);
 # at hd128 the knob variants, with conditional rescaling (the default) and without
 ALWAYS = {"rescale_threshold": None}
-FWD_VARIANTS = [{"exp_emulation": 0.125}, {"exp_emulation": 0.25}, {"pingpong": False}, {"p_in_registers": False},
-                {"kv_stages": 3},
-                # conditional rescaling after the PV wait (the kernel's place for it before rescale_before_pv)
-                {"rescale_before_pv": False}, {"exp_emulation": 0.125, "rescale_before_pv": False}]
-FWD_VARIANTS = FWD_VARIANTS[:5] + [{**v, **ALWAYS} for v in FWD_VARIANTS[:5]] + [ALWAYS] + FWD_VARIANTS[5:]
+KNOB_VARIANTS = [{"exp_emulation": 0.125}, {"exp_emulation": 0.25}, {"pingpong": False}, {"p_in_registers": False},
+                 {"kv_stages": 3}]
+# conditional rescaling after the PV wait (the kernel's place for it before rescale_before_pv)
+AFTER_PV_WAIT = [{"rescale_before_pv": False}, {"exp_emulation": 0.125, "rescale_before_pv": False}]
+FWD_VARIANTS = KNOB_VARIANTS + [{**v, **ALWAYS} for v in KNOB_VARIANTS] + [ALWAYS] + AFTER_PV_WAIT
 FWD_BUILDS = ([(128, causal, v) for causal in (False, True) for v in FWD_VARIANTS]
               + [(hd, causal, {}) for hd in (64, 96, 128, 192, 256) for causal in (False, True)]
               + [(hd, causal, ALWAYS) for hd in (64, 96, 192, 256) for causal in (False, True)
@@ -80,6 +80,11 @@ def pv_wait_rows(builds=FWD_BUILDS) -> list[dict]:
     return rows
 
 
+# the tau test's instructions: the tau build less the same build always rescaling, both rescaling
+# before the PV GEMM
+TAU_PAIR = ({"rescale_threshold": 8.0}, {**ALWAYS, "rescale_before_pv": True})
+
+
 def tau_test_rows() -> list[dict]:
     import fa4kernel
     from fa4kernel import make_config
@@ -88,12 +93,11 @@ def tau_test_rows() -> list[dict]:
     rows = []
     for hd in (64, 96, 128, 192, 256):
         for causal in (False, True):
-            calls = [f"make_config('bfloat16', {hd}, {causal}, False, {k!r})"
-                     for k in ({"rescale_threshold": 8.0}, {"rescale_threshold": None, "rescale_before_pv": True})]
+            calls = [f"make_config('bfloat16', {hd}, {causal}, False, {k!r})" for k in TAU_PAIR]
             print(f"# {calls[0]} less {calls[1]}", file=sys.stderr, flush=True)
             tau, plain = (len(kv_loop(fa4kernel.compile_sass(make_config("bfloat16", hd, causal, False, k),
                                                              arch="sm_90a")))
-                          for k in ({"rescale_threshold": 8.0}, {"rescale_threshold": None, "rescale_before_pv": True}))
+                          for k in TAU_PAIR)
             rows.append({"build": {"hdim": hd, "causal": causal}, "compiled_from": " less ".join(calls),
                          "instr": tau - plain})
     return rows
