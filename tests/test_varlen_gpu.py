@@ -89,6 +89,18 @@ def test_odd_lengths_every_head_dim(d, causal):
     check(ODD, ODD, causal, d=d, seed=d, tail=5)
 
 
+# sequences that fill their tiles exactly (O out by TMA) beside partial ones (row stores), at
+# tile_m 128 and 192 alike (multiples of 384); a full tile's store must not touch the next
+# sequence's rows
+EXACT = [384, 77, 768, 1, 384, 0, 1152, 129]
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("d", [64, 128, 192, 256])
+def test_full_tiles_beside_partial_ones(d, causal):
+    check(EXACT, EXACT, causal, h=4, hkv=4, d=d, seed=100 + d + causal, tail=3)
+
+
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("h,hkv", [(4, 4), (8, 2), (16, 1), (6, 3)])
 def test_chunks_and_gqa(h, hkv, causal):

@@ -103,7 +103,8 @@ class KernelConfig:
     split_kv: bool = False
     # the varlen build (varlen.py, docs/varlen.md): packed sequences of unequal lengths, each
     # sequence's rows and keys from cu_seqlens (device tensors); its Q tiles counted on the
-    # device (no tile table), persistent or one CTA per tile; O leaves through 16-byte row stores
+    # device (no tile table), persistent or one CTA per tile; O leaves by TMA, a sequence's
+    # partial last tile through 16-byte row stores
     varlen: bool = False
 
     @property

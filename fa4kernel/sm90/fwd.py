@@ -88,8 +88,8 @@ class FlashFwdSm90:
         assert not self.decode or (self.overlap and not self.persistent), "decode: overlap, one CTA per tile"
         # The varlen build (KernelConfig.varlen, FlashFwdSm90Varlen): the batch's Q tiles counted
         # on the device from cu_seqlens (_varlen_seek); a persistent CTA takes the next tile from
-        # a tile counter when it frees up (_produce_varlen), otherwise one CTA per tile. O leaves
-        # through row-predicated stores.
+        # a tile counter when it frees up (_produce_varlen), otherwise one CTA per tile. O leaves by
+        # TMA where the tile lies inside its sequence, else through row-predicated stores.
         self.varlen = bool(cfg.varlen)
         assert not (self.varlen and self.decode), "varlen: not decode"
         self.scheduled = (self.persistent or self.causal) and not self.decode and not self.varlen
@@ -154,9 +154,7 @@ class FlashFwdSm90:
         # O goes out through smem (reusing Q's buffer) with a TMA store: clipped at seqlen_q.
         if const_expr(self.split_kv):
             tma_atom_O, tma_O = None, mO  # fp32 partials: stored from registers (_store_partial)
-        elif const_expr(self.varlen):
-            tma_atom_O, tma_O = None, mO  # a tile's rows past its sequence belong to the next one (_store_o_rows)
-        else:
+        else:  # varlen: a tile whose rows all lie in its sequence (_epilogue; the others: _store_o_rows)
             tma_atom_O, tma_O = cpasync.make_tiled_tma_atom(
                 cpasync.CopyBulkTensorTileS2GOp(), mO, sQ_layout, (self.tile_m, self.hd))
 
@@ -200,7 +198,7 @@ class FlashFwdSm90:
             tma_atom_Q, tma_Q, tma_atom_K, tma_K, tma_atom_V, tma_V, tma_atom_O, tma_O,
             mLSE, mSched, softmax_scale_log2, tiled_mma_qk, tiled_mma_pv,
             sQ_layout, sK_layout, sV_layout, sP_layout, mTrace, mSeqUsedK, group, num_splits,
-            mCuSeqlensQ, mCuSeqlensK, mTileCounter,
+            mCuSeqlensQ, mCuSeqlensK, mTileCounter, mO if const_expr(self.varlen) else None,
         ).launch(
             grid=grid,
             block=[self.num_threads, 1, 1],
@@ -241,6 +239,7 @@ class FlashFwdSm90:
         mCuSeqlensQ=None,
         mCuSeqlensK=None,
         mTileCounter=None,
+        mORows=None,
     ):
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         tr_cta = self.ins.kernel_start(mTrace)
@@ -285,6 +284,8 @@ class FlashFwdSm90:
                  (mSeqUsedK, group, num_splits))
         var = None
         if const_expr(self.varlen):
+            # O twice: the TMA view (full tiles) and the tensor itself (a partial tile's row stores)
+            roles = (*roles[:7], (mO, mORows), *roles[8:])
             var = (mCuSeqlensQ, mCuSeqlensK, mTileCounter, storage.tile_slot.get_tensor(cute.make_layout(2)))
         self._roles(*roles, var)
 
@@ -1255,7 +1256,14 @@ class FlashFwdSm90:
         if const_expr(self.split_kv):
             self._store_partial(acc_O, mO, thr_mma_pv, m_block, head, batch, seqlen_q)
         elif const_expr(self.varlen):
-            self._store_o_rows(acc_O, mO, tiled_mma_pv, sO, tidx, m_block, head, batch, seqlen_q)
+            # batch: the sequence's first row, seqlen_q: its rows. A TMA store of a tile that
+            # runs past the sequence would write the next sequence's first rows, which another
+            # CTA owns: only a sequence's last, partial tile goes out row by row
+            mO_tma, mO_rows = mO
+            if seqlen_q - m_block * self.tile_m >= self.tile_m:
+                self._store_o(acc_O, tma_atom_O, mO_tma, tiled_mma_pv, sO, tidx, m_block, head, batch, tr, it)
+            else:
+                self._store_o_rows(acc_O, mO_rows, tiled_mma_pv, sO, tidx, m_block, head, batch, seqlen_q)
         else:
             self._store_o(acc_O, tma_atom_O, mO, tiled_mma_pv, sO, tidx, m_block, head, batch, tr, it)
 
@@ -1284,7 +1292,10 @@ class FlashFwdSm90:
         if warp_idx == 4:
             cute.arch.barrier(barrier_id=NamedBarrierFwd.EPILOGUE, number_of_threads=self.num_consumer_threads + 32)
             self.ins.stamp(tr, T_ST, it, 0)
-            gO = cute.local_tile(mO[None, None, head, batch], (self.tile_m, self.hd), (m_block, 0))
+            mO_row = mO[None, None, head, batch]
+            if const_expr(self.varlen):
+                mO_row = cute.domain_offset((batch, 0), mO[None, None, head, 0])  # batch: the sequence's first row
+            gO = cute.local_tile(mO_row, (self.tile_m, self.hd), (m_block, 0))
             tOsO, tOgO = cpasync.tma_partition(
                 tma_atom_O, 0, cute.make_layout(1), cute.group_modes(sO, 0, 2), cute.group_modes(gO, 0, 2))
             cute.copy(tma_atom_O, tOsO, tOgO)
@@ -1296,13 +1307,16 @@ class FlashFwdSm90:
 
     @cute.jit
     def _store_o_rows(self, acc_O, mO, tiled_mma_pv, sO, tidx, m_block, head, row0, rows):
-        """Varlen build: O -> smem (stmatrix) -> registers in 16-byte rows pieces -> global, only
-        the tile's rows inside its sequence (row0: the sequence's first row, rows: its rows). A TMA
-        store of the whole tile would write the next sequence's first rows, which another CTA
-        owns. A persistent CTA's earlier tile: every consumer has stored its rows before any
-        passes the first barrier."""
+        """Varlen build, a sequence's last tile when it is partial: O -> smem (stmatrix) ->
+        registers in 16-byte row pieces -> global, only the tile's rows inside its sequence (row0:
+        the sequence's first row, rows: its rows). A persistent CTA's earlier tile: every consumer
+        has stored its rows before any passes the first barrier, and an earlier tile's TMA store
+        has read sO (warp 4 waits for it here where that wait is deferred)."""
         rO = cute.make_rmem_tensor_like(acc_O, self.dtype)
         rO.store(acc_O.load().to(self.dtype))
+        if const_expr(self.defer_store_wait):
+            if cute.arch.make_warp_uniform(cute.arch.warp_idx()) == 4:
+                cute.arch.cp_async_bulk_wait_group(0, read=True)
         stmatrix = cute.make_copy_atom(
             cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4), self.dtype)
         smem_thr_copy_O = cute.make_tiled_copy_C(stmatrix, tiled_mma_pv).get_slice(tidx)
