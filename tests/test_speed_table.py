@@ -20,9 +20,16 @@ def test_readme_blocks_are_the_files():
 def test_every_grid_point_and_peer_is_in_the_table():
     block = st.block()
     rows = [ln for ln in block.splitlines() if ln.startswith("| ") and ln[2].isdigit()]
-    assert len(rows) == 18 * len(st.FILES)
-    assert all(ln.count("|") == 8 for ln in rows)  # head dim, tokens, causal, ours and three peers
+    assert len(rows) == 18
+    # head dim, tokens, causal, then ours and three peers per device
+    assert all(ln.count("|") == 4 + 4 * len(st.FILES) for ln in rows)
+    assert all(f"{d}, fa4kernel's geomean" in block for d in st.FILES)
     assert "x FA3" in block and "x flash-attn-4" in block and "x cuDNN" in block
+
+
+def test_the_build_each_file_timed_is_read_from_it():
+    tau = [{"fa4kernel_config": {"rescale_threshold": 8.0}}, {"fa4kernel_config": {"rescale_threshold": None}}]
+    assert "conditional" in st.build_of(tau) and "always" in st.build_of([{"fa4kernel_config": {}}])
 
 
 def test_ratios_skip_failed_checks_and_name_the_lowest():
