@@ -68,6 +68,8 @@ class Implementation:
                              # its backward does ("bwd" section's "varlen"; absent: it does not)
     paged_kv: bool = False   # its forward reads a paged KV cache through a page table ("paged_kv")
     pass_: str = "fwd"       # the pass these knobs and constants are for: fwd | bwd
+    kernel_head_dims: tuple = ()  # the (hdim, hdim_v) pairs its build has a kernel for ("compiled_head_dims";
+                                  # empty: every supported pair); another runs in the smallest that holds it
 
     def for_pass(self, pass_: str) -> "Implementation":
         """The implementation's choices for one pass: itself for the forward, its "bwd" section's
@@ -90,6 +92,20 @@ class Implementation:
             dims = _describe(self.head_dims)
             raise InputError("hdim", f"{self.name} runs head dims {dims} (one number: hdim = hdim_v; "
                                      f"else hdim/hdim_v); got {problem.hdim}/{problem.hdim_v}")
+
+    def kernel_problem(self, problem):
+        """The problem as its kernel computes it: a supported head dim its build compiles no kernel
+        for runs in the smallest compiled one that holds it (the extra columns zero-filled by the
+        loads), with that head dim's tiles, GEMMs and loop; the FLOPs that count stay the asked ones."""
+        dims = (problem.hdim, problem.hdim_v)
+        if not self.kernel_head_dims or dims in self.kernel_head_dims:
+            return problem
+        holds = [d for d in self.kernel_head_dims if d[0] >= dims[0] and d[1] >= dims[1]]
+        if not holds:
+            raise InputError("hdim", f"{self.name} has no compiled kernel holding head dims {dims[0]}/{dims[1]}; "
+                                     f"its build has {_describe(self.kernel_head_dims)}")
+        h, hv = min(holds, key=lambda d: (d[0] + d[1], d[0]))
+        return replace(problem, hdim=h, hdim_v=hv)
 
     def choose(self, knob: str, ctx, so_far: dict) -> tuple[bool, object]:
         """(True, value) where this implementation chooses `knob`, else (False, None)."""
@@ -303,7 +319,8 @@ def _from_json(data: dict) -> Implementation:
                           description=data.get("description", ""), head_dims=_head_dims(data["head_dims"]),
                           knobs=data.get("knobs", {}), params=data.get("params", {}), bwd=data.get("bwd"),
                           varlen=bool(data.get("varlen", {"value": True})["value"]),
-                          paged_kv=bool(data.get("paged_kv", {"value": False})["value"]))
+                          paged_kv=bool(data.get("paged_kv", {"value": False})["value"]),
+                          kernel_head_dims=_head_dims(data.get("compiled_head_dims", {"value": []})["value"]))
 
 
 def load(name: str, arch: str | None = None) -> Implementation:

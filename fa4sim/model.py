@@ -151,9 +151,14 @@ class Run:
     module: object                      # the schedule module (schedules.SCHEDULES / BWD_SCHEDULES)
     impl: implementation.Implementation
     knobs: dict
-    problem: Problem
+    problem: Problem                    # what the kernel computes: the asked problem at its build's head dim
     pass_: str                          # "fwd" | "bwd"
     forced: bool                        # the clock is a what-if (--set clock_ghz), not the power model's
+    asked: Problem | None = None        # the problem as asked, whose FLOPs count (None: the same as problem)
+
+    @property
+    def flops_problem(self) -> Problem:
+        return self.asked or self.problem
 
 
 @dataclass(frozen=True)
@@ -366,10 +371,12 @@ def forward(run: Run) -> Pass:
         util, waits, interval = _steady_state(trace, period)
         combine = split_kv.combine_us(problem, at, splits)
         total_us = kt.time_us + combine
-        tflops = problem.flops / (total_us * 1e-6) / 1e12
-        result = Result(at, run.schedule, impl, problem, knobs, tflops, total_us, kt.cycles, util, "",
+        tflops = run.flops_problem.flops / (total_us * 1e-6) / 1e12
+        result = Result(at, run.schedule, impl, run.flops_problem, knobs, tflops, total_us, kt.cycles, util, "",
                         interval, waits, kt, trace, period, combine_us=combine)
         result.hbm_busy = hbm_busy
+        if run.asked is not None:
+            result.notes.append(padded_note(run))
         result.notes.extend(trace.schedule.meta.get("notes", ()))
         if splits > 1:
             result.notes.append(f"split-KV: {splits} chunks per Q tile ({kt.units} work units), main kernel "
@@ -392,6 +399,14 @@ def forward(run: Run) -> Pass:
         return result
 
     return Pass(profile, at_clock, usage, finish)
+
+
+def padded_note(run: Run) -> str:
+    """What a prediction says when the build has no kernel of the asked head dim."""
+    a, k = run.asked, run.problem
+    return (f"{run.impl.kernel} has no hd{a.hdim}{'' if a.hdim == a.hdim_v else f'/{a.hdim_v}'} kernel in its build: it "
+            f"runs the hd{k.hdim}{'' if k.hdim == k.hdim_v else f'/{k.hdim_v}'} one (tiles, GEMMs and loop of that "
+            f"head dim, the extra columns zero); TFLOP/s count the asked head dim's FLOPs")
 
 
 def paged_note(problem: Problem, knobs: dict) -> str:
@@ -545,8 +560,8 @@ def backward(run: Run) -> Pass:
         total_us = pre_us + kt.time_us + post_us
         _, _, trace, period = detailed(at, longest.n_kv, longest.masked, whole=True)
         util, waits, interval = _steady_state(trace, period)
-        tflops = 2.5 * problem.flops / (total_us * 1e-6) / 1e12
-        result = BwdResult(at, run.schedule, impl, problem, knobs, tflops, total_us, kt.cycles, util, "", interval,
+        tflops = 2.5 * run.flops_problem.flops / (total_us * 1e-6) / 1e12
+        result = BwdResult(at, run.schedule, impl, run.flops_problem, knobs, tflops, total_us, kt.cycles, util, "", interval,
                            waits, kt, trace, period, pre_us=pre_us, post_us=post_us, main_us=kt.time_us,
                            main_activity=main_usage(at, kt))
         result.notes.append(f"backward: preprocess {pre_us:.1f} us + main kernel {kt.time_us:.1f} us + postprocess "
@@ -663,11 +678,13 @@ def resolve_run(hw, schedule: str | None, problem: Problem | None, overrides: di
     if impl_over:
         impl = impl.with_values(**impl_over)
     impl.check(problem)
+    asked, problem = problem, impl.kernel_problem(problem)  # a head dim its build has no kernel for runs padded
     knobs = resolve(module.KNOBS, Context(problem, profile, impl), knob_over)
     module.check(profile, problem, knobs, impl)
     if problem.is_varlen and pass_ == "bwd":
         kernel_bwd.check_varlen(knobs)
-    return Run(profile, base, schedule, module, impl, knobs, problem, pass_, "clock_ghz" in overrides)
+    return Run(profile, base, schedule, module, impl, knobs, problem, pass_, "clock_ghz" in overrides,
+               asked if asked != problem else None)
 
 
 def profile_arch_suffix(arch: str) -> str:

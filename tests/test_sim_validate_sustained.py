@@ -37,8 +37,8 @@ def test_candidates_follow_what_each_kernel_runs():
     ds = next(p for p in bench.new_points() if p.hdim == 192)
     assert ds.candidates() == (bench.FA3, bench.PEER, bench.CUDNN)  # fa4kernel has hdim_v = hdim only
     assert bench.grid_points()[0].candidates() == (bench.OURS, bench.PROBE, bench.FA3, bench.PEER, bench.CUDNN)
-    hd96 = bench.parse_problem("b=2,h=16,sq=4096,d=96")  # FlashAttention-3's package has no hd96
-    assert bench.FA3 not in hd96.candidates() and bench.OURS in hd96.candidates()
+    hd96 = bench.parse_problem("b=2,h=16,sq=4096,d=96")  # FlashAttention-3's package runs it in its hd128 kernel
+    assert bench.FA3 in hd96.candidates() and bench.OURS in hd96.candidates()
     chunk = bench.parse_problem("b=4,h=16,sq=1500,sk=10000,d=128,causal")  # cuDNN's causal is top-left
     assert bench.CUDNN not in chunk.candidates() and bench.FA3 in chunk.candidates()
 
@@ -444,9 +444,9 @@ def test_predict_writes_each_modelled_candidate_without_a_gpu(tmp_path):
     doc = json.loads(out.read_text())
     assert doc["meta"]["kind"] == "predictions" and doc["meta"]["model_commit"]
     got = {(r["point"], r["kernel"]) for r in doc["rows"]}
-    # FlashAttention-3 has no hd96 build: it is not predicted there
-    assert got == {("hd128-1000-b2-h16-kv4-causal", k) for k in ("fa4kernel", "flash-attn-3", "flash-attn-4")} | {
-        ("hd96-900-b2-h8", k) for k in ("fa4kernel", "flash-attn-4")}
+    # FlashAttention-3 runs hd96 in its hd128 kernel: predicted there too
+    assert got == {(p, k) for p in ("hd128-1000-b2-h16-kv4-causal", "hd96-900-b2-h8")
+                   for k in ("fa4kernel", "flash-attn-3", "flash-attn-4")}
     assert all(r["tflops"] > 0 and 0.5 < r["clock_ghz"] < 2.5 for r in doc["rows"])
 
 

@@ -1,5 +1,6 @@
 """Varlen batches and decode in fa4sim: the packed batch's launch, split-KV and its combine, the
 memory-bound regime, FlashAttention-3's implementation file, and the bad input they refuse."""
+import dataclasses
 import math
 
 import pytest
@@ -10,7 +11,7 @@ from fa4sim.errors import InputError
 from fa4sim.hardware import load as load_hw
 from fa4sim.model import setup
 from fa4sim.params import Problem
-from fa4sim import split_kv
+from fa4sim import implementation, split_kv
 
 H200 = "h200"
 
@@ -254,12 +255,33 @@ FA3_TILES = {  # hopper/tile_size.h: (hdim, hdim_v, causal) -> (tile_m, tile_n, 
 @pytest.mark.parametrize("shape", sorted(FA3_TILES))
 def test_fa3_implementation_loads_with_its_tiles(shape):
     d, dv, causal = shape
-    _, schedule, _, impl, knobs = setup(H200, None, Problem(2, 16, 4096, 4096, d, causal, dv), None, "flash-attn-3")
+    # the tile table of every head dim FA3 has, as a build with all of them compiled picks it
+    every = dataclasses.replace(implementation.load("flash-attn-3-sm90"), kernel_head_dims=())
+    _, schedule, _, impl, knobs = setup(H200, None, Problem(2, 16, 4096, 4096, d, causal, dv), None, every)
     assert impl.name == "flash-attn-3-sm90" and schedule == "fa3"
     assert (knobs["tile_m"], knobs["tile_n"], knobs["p_in_registers"]) == FA3_TILES[shape]
     assert knobs["persistent"] and knobs["intra_wg_overlap"] and knobs["num_splits"] == 1
     for name, entry in impl.knobs.items():
         assert entry["source"] and entry["confidence"] in ("H", "M", "L")
+
+
+@pytest.mark.parametrize("asked,runs", [((96, 96), (128, 128)), ((192, 128), (192, 192))])
+def test_fa3_package_runs_a_head_dim_it_lacks_in_the_next_kernel(asked, runs):
+    """The package timed has no hd96 or 192/128 kernel: the prediction is the larger kernel's
+    (its tiles and time), while TFLOP/s count the asked head dim's FLOPs and a note says so."""
+    fa3 = implementation.load("flash-attn-3-sm90")
+    assert asked not in fa3.kernel_head_dims and runs in fa3.kernel_head_dims
+    p = Problem(2, 16, 4096, 4096, asked[0], False, asked[1])
+    r = simulate(H200, problem=p, impl="flash-attn-3")
+    big = simulate(H200, problem=Problem(2, 16, 4096, 4096, runs[0], False, runs[1]), impl="flash-attn-3")
+    assert (r.knobs["tile_m"], r.knobs["tile_n"]) == (big.knobs["tile_m"], big.knobs["tile_n"])
+    assert r.time_us == pytest.approx(big.time_us, rel=1e-9)
+    assert (r.problem.hdim, r.problem.hdim_v) == asked
+    assert r.tflops == pytest.approx(p.flops / (r.time_us * 1e-6) / 1e12)
+    assert any(f"runs the hd{runs[0]}" in n for n in r.notes)
+    # fa4kernel has an hd96 kernel of its own: no padding there
+    ours = simulate(H200, problem=Problem(2, 16, 4096, 4096, 96, False), impl="fa4kernel")
+    assert not any("kernel in its build" in n for n in ours.notes)
 
 
 def test_fa3_decode_tile_is_one_mma_warpgroup():

@@ -43,7 +43,7 @@ Batches (--batches, default all; --seqlens L1,L2,... [--seqlens-k ...] adds your
   hd256-causal       four lengths 20-6000, 8 heads, hd256, causal
   chunks-gqa-causal  chunked prefill: queries 512, 512, 1, 2000 on 4096, 9000, 3000, 2000 keys, 32 / 8 heads
   mqa-hd128-causal   six lengths 1-4097, 32 q heads on one k/v head (MQA), hd128, causal
-  odd-hd96           seven odd lengths 7-4097, 16 heads, hd96, not causal (FlashAttention-3 has no hd96)
+  odd-hd96           seven odd lengths 7-4097, 16 heads, hd96, not causal (FlashAttention-3: its hd128 kernel)
   hd192-causal       five lengths 64-3001, 16 heads, hd192, causal
   chunks-hd64        queries 256, 1024, 77 on 8192, 3000, 4000 keys, 32 heads, hd64, not causal
   equal-hd128-causal 16 sequences of 1024 tokens, 16 heads, hd128, causal (a dense twin longer than 332)
