@@ -323,14 +323,16 @@ def decoder_order(units: list[WorkUnit], n_h: int, lpt: bool, kv_block: float, t
 
 def sequence_order(units: list[SeqUnit], n_h: int, causal: bool) -> list[tuple[int, int]]:
     """(g, m) tiles of fa4kernel's varlen build in the order its CTAs count them (sm90/fwd.py
-    _varlen_seek, _varlen_coords): sequence by sequence, heads in turn, each head's Q tiles
-    fastest; with a causal mask each head's from the last (the longest) down. Persistent CTAs
-    take them in this order as they free up (its tile counter), else one CTA per tile."""
+    _varlen_seek, _varlen_coords): sequence by sequence; without a mask heads in turn, each
+    head's Q tiles fastest; with a causal mask the Q tiles from the last (the longest) down, the
+    sequence's heads inner. Persistent CTAs take them in this order as they free up (its tile
+    counter), else one CTA per tile."""
     by_seq: dict[int, list[int]] = {}
     for m, u in enumerate(units):
         by_seq.setdefault(u.seq, []).append(m)
-    return [(s * n_h + h, m) for s in sorted(by_seq) for h in range(n_h)
-            for m in (list(reversed(by_seq[s])) if causal else by_seq[s])]
+    if causal:
+        return [(s * n_h + h, m) for s in sorted(by_seq) for m in reversed(by_seq[s]) for h in range(n_h)]
+    return [(s * n_h + h, m) for s in sorted(by_seq) for h in range(n_h) for m in by_seq[s]]
 
 
 def kernel_time_tiles(p: Problem, hw, units: list[WorkUnit], tiles: list[tuple[int, int]], cost_of, tile_n: int,

@@ -17,9 +17,9 @@ Orders (the fa3 schedule's knob `tile_order`):
   index         blockIdx order: head by head, m ascending
   sequence      fa4kernel's varlen build (sm90/fwd.py _varlen_seek): the batch's tiles counted on
                 the device sequence by sequence, heads in turn, each head's Q tiles fastest (with a
-                causal mask from the last, the longest, down); persistent CTAs take them in that
-                order as they free up (its tile counter), else one CTA per tile
-                (kernel_model.sequence_order)
+                causal mask the Q tiles from the last, the longest, down, the sequence's heads
+                inner); persistent CTAs take them in that order as they free up (its tile
+                counter), else one CTA per tile (kernel_model.sequence_order)
   tail_lpt      fa4kernel's SM90 backward with a causal mask (grid_order "tail_lpt"): blockIdx order,
                 but the last heads, at least TAIL_WAVES waves of clusters, go unit by unit across
                 them (m ascending: the longest causal KV tile first), the `cluster` units of one

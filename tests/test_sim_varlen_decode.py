@@ -62,14 +62,15 @@ def test_an_implementation_without_varlen_is_refused_in_one_line(monkeypatch):
 
 def test_fa4kernel_varlen_sequence_order():
     """fa4kernel's varlen build counts the batch's tiles sequence by sequence, heads in turn, Q
-    tiles fastest; causal, each head's from the last down. No empty CTA: a short sequence beside
-    a long one adds only its own tiles."""
+    tiles fastest; causal, the Q tiles from the last down with the sequence's heads inner. No
+    empty CTA: a short sequence beside a long one adds only its own tiles."""
     from fa4sim.kernel_model import sequence_order, varlen_units
 
     units = varlen_units(Problem.varlen(2, 128, [100, 300]), 128, 128)
     assert [u.seq for u in units] == [0, 1, 1, 1]
     assert sequence_order(units, 2, False) == [(0, 0), (1, 0), (2, 1), (2, 2), (2, 3), (3, 1), (3, 2), (3, 3)]
     assert sequence_order(units, 1, True) == [(0, 0), (1, 3), (1, 2), (1, 1)]
+    assert sequence_order(units, 2, True) == [(0, 0), (1, 0), (2, 3), (3, 3), (2, 2), (3, 2), (2, 1), (3, 1)]
 
 
 def test_fa4kernel_varlen_is_persistent_where_the_dense_forward_is():

@@ -362,15 +362,21 @@ class FlashFwdSm90:
     @cute.jit
     def _varlen_coords(self, t, found, num_heads):
         """Varlen build: tile t inside its sequence (found: _varlen_seek's) -> (m_block, head,
-        sequence, its first row, rows, its first key, keys): heads in turn, each head's Q tiles
-        fastest; with a causal mask from the last (the longest) down."""
+        sequence, its first row, rows, its first key, keys). Without a mask heads in turn, each
+        head's Q tiles fastest (the CTAs running together share one head's K/V in L2); with a
+        causal mask the Q tiles from the last (the longest) down, the sequence's heads inner, so
+        the cheap tiles come last and even out the tail (a head's tiles in turn left its longest
+        tile to start among the launch's last ones)."""
         seq, before, off_q, len_q, off_k, len_k = found[:6]
         num_m = (len_q + (self.tile_m - 1)) // self.tile_m
         r = t - before
-        head = r // num_m
-        m_block = r - head * num_m
         if const_expr(self.causal):
-            m_block = num_m - 1 - m_block
+            m_rev = r // num_heads
+            head = r - m_rev * num_heads
+            m_block = num_m - 1 - m_rev
+        else:
+            head = r // num_m
+            m_block = r - head * num_m
         return (m_block, head, seq, off_q, len_q, off_k, len_k)
 
     @cute.jit
