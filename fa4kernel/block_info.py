@@ -41,6 +41,24 @@ def kv_block_range(m_block, tile_m: int, tile_n: int, seqlen_q, seqlen_k, causal
     return n_block_max, n_unmasked
 
 
+def packed_kv_block_range(m_block, tile_m: int, tile_n: int, rows, group, seqlen_k, causal: bool, ops=PY_OPS):
+    """kv_block_range for pack-GQA rows (the varlen build's KernelConfig.pack_gqa): a sequence's
+    `rows` = tokens x group packed rows, row r = token r // group, which sees key j iff j <=
+    offset + token, offset = seqlen_k - tokens (bottom-right, as kv_block_range). Returns
+    (n_block_max, n_unmasked, offset): the tile's last row's token (clamped to the sequence) bounds
+    its blocks, its first row's token the unmasked ones; n_block_max >= 1 as there."""
+    n_block_max = ops.ceil_div(seqlen_k, tile_n)
+    n_unmasked = n_block_max
+    tokens = rows // group
+    offset = seqlen_k - tokens
+    if causal:
+        last_token = ops.min(((m_block + 1) * tile_m - 1) // group, tokens - 1)
+        n_block_max = ops.min(n_block_max, ops.ceil_div(ops.max(offset + last_token + 1, 0), tile_n))
+        n_block_max = ops.max(n_block_max, 1)
+        n_unmasked = ops.max(offset + (m_block * tile_m) // group + 1, 0) // tile_n
+    return n_block_max, n_unmasked, offset
+
+
 def seqlen_col_limit(n_block, tile_n: int, seqlen_k, col0=None):
     """Columns of KV block n_block at or past this one lie beyond seqlen_k (the length mask).
     col0: count columns from this one (a thread's first column) instead of the block's first."""

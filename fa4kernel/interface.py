@@ -105,17 +105,24 @@ def _compile_decode(cfg: KernelConfig, options=None):
 
 def _fake_varlen_args(cfg: KernelConfig):
     """The varlen build's fake tensors (FlashFwdSm90Varlen): q, k, v, out as one packed batch row,
-    lse (1, heads, total_q) or None, cu_seqlens_q and _k, the CTA count, the tile counter."""
+    lse (1, heads, total_q) or None, cu_seqlens_q and _k, the CTA count, the tile counter; with
+    pack_gqa (FlashFwdSm90VarlenPacked) the group too."""
     import cutlass
     import cutlass.cute as cute
     from cutlass import Int32
     from cutlass.cute.runtime import make_fake_tensor
 
     q, k, v, o, lse = _fake_args(cfg)
+    if cfg.pack_gqa and lse is not None:
+        # packed q is (1, total_q x group, 1, d) while lse keeps (1, heads, total_q): its own sizes
+        # (sharing q's would make the launch check lse.shape[1] == 1)
+        lse = make_fake_tensor(cutlass.Float32, (cute.sym_int(), cute.sym_int(), cute.sym_int()),
+                               stride=(cute.sym_int64(), cute.sym_int64(), 1), assumed_align=4)
     n = cute.sym_int()
     cu = [make_fake_tensor(cutlass.Int32, (n,), stride=(1,), assumed_align=4) for _ in range(2)]
     counter = make_fake_tensor(cutlass.Int32, (cute.sym_int(),), stride=(1,), assumed_align=4)
-    return q, k, v, o, lse, cu[0], cu[1], Int32(1), counter
+    group = (Int32(1),) if cfg.pack_gqa else ()
+    return (q, k, v, o, lse, cu[0], cu[1], Int32(1), counter, *group)
 
 
 def _compile_varlen(cfg: KernelConfig, options=None):
@@ -128,10 +135,12 @@ def _compile_varlen(cfg: KernelConfig, options=None):
     return cute.compile(make_kernel(cfg), *_fake_varlen_args(cfg), Float32(1.0), stream, options=options)
 
 
-def run_varlen(cfg: KernelConfig, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, tiles: int, softmax_scale):
+def run_varlen(cfg: KernelConfig, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, tiles: int, softmax_scale,
+               group: int = 1):
     """Launch the varlen build (FlashFwdSm90Varlen) on torch tensors: q, k, v, out (1, total, heads,
     d), lse (1, heads, total_q) or None, cu_seqlens int32 on q's device, at most `tiles` Q tiles
-    (varlen.tile_bound). Compiled once per config (TVM-FFI when installed, else DLPack per call)."""
+    (varlen.tile_bound); with cfg.pack_gqa (FlashFwdSm90VarlenPacked) q and out (1, total_q x group,
+    1, d) and the group. Compiled once per config (TVM-FFI when installed, else DLPack per call)."""
     global _USE_TVM_FFI
     from cutlass import Float32, Int32
 
@@ -146,13 +155,14 @@ def run_varlen(cfg: KernelConfig, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
         fn = _compile_varlen(cfg, "--enable-tvm-ffi" if _USE_TVM_FFI else None)
         COMPILE_TIMES[cfg] = time.perf_counter() - t0
         _CACHE[cfg] = fn
+    packed = (group,) if cfg.pack_gqa else ()
     if _USE_TVM_FFI:
-        fn(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, num_ctas, counter, scale_log2)
+        fn(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, num_ctas, counter, *packed, scale_log2)
         return
     args = [to_cute(t, 3) for t in (q, k, v, out)]
     fn(*args, to_cute(lse, 2, align=4) if lse is not None else None, to_cute(cu_seqlens_q, 0, align=4),
-       to_cute(cu_seqlens_k, 0, align=4), Int32(num_ctas), to_cute(counter, 0, align=4), Float32(scale_log2),
-       torch_stream(q.device))
+       to_cute(cu_seqlens_k, 0, align=4), Int32(num_ctas), to_cute(counter, 0, align=4),
+       *(Int32(g) for g in packed), Float32(scale_log2), torch_stream(q.device))
 
 
 _TILE_COUNTERS: dict = {}  # (device, stream) -> the varlen build's tile counter, int32 (1,)
@@ -456,7 +466,8 @@ def attention(q, k, v, causal: bool = False, softmax_scale: Optional[float] = No
     Varlen (packed sequences of unequal lengths, SM90; fa4kernel/varlen.py, docs/varlen.md): q
     (total_q, heads, d), k / v (total_k, heads_kv, d), cu_seqlens_q / _k int32 (sequences + 1,)
     offsets, max_seqlen_q / _k the longest sequence's (None: read from cu_seqlens, one sync);
-    lse (heads, total_q).
+    lse (heads, total_q); with MQA the forward packs the q heads into the rows (pack_gqa None,
+    the default; False: not; varlen.pack_plan).
     """
     if not isinstance(deterministic, bool):
         raise ValueError(f"deterministic={deterministic!r}; allowed: True or False")

@@ -295,3 +295,25 @@ def test_predict_for_an_h100_is_fa4sims_h100_prediction(tmp_path):
     fa3 = next(r for r in doc["rows"] if r["kernel"] == "flash-attn-3")
     assert fa3["us"] == pytest.approx(simulate("h100", problem=p, impl=bench.MODELLED["flash-attn-3"]).time_us)
     assert fa3["us"] != pytest.approx(simulate("h200", problem=p, impl=bench.MODELLED["flash-attn-3"]).time_us)
+
+
+def test_mqa_batches_time_the_plain_build_too(monkeypatch):
+    """The forward of an MQA batch (one k/v head), where fa4kernel packs by default, also times
+    fa4kernel.attention(pack_gqa=False), in candidate_names' order; GQA batches and the backward do not."""
+    import fa4kernel
+    import torch
+
+    calls = []
+    monkeypatch.setattr(fa4kernel, "attention", lambda *a, **kw: calls.append(kw.get("pack_gqa")))
+    b = bench.Batch("m", (3, 1, 5), 4, 32, True, heads_kv=1)
+    q = torch.randn(9, 4, 32)
+    cq = torch.tensor([0, 3, 4, 9], dtype=torch.int32)
+    cands = bench.candidates(torch, b, q, q[:, :1], q[:, :1], cq, cq, {})
+    assert list(cands)[:2] == bench.candidate_names(b)[:2] == ["fa4kernel.varlen", bench.UNPACKED]
+    cands[bench.UNPACKED]()
+    cands["fa4kernel.varlen"]()
+    assert calls == [False, None]
+    named = {b.name: b for b in bench.BATCHES}
+    assert bench.UNPACKED in bench.candidate_names(named["mqa-hd128-causal"])
+    assert bench.UNPACKED not in bench.candidate_names(named["gqa-hd128-causal"])
+    assert bench.UNPACKED not in bench.candidate_names(named["mqa-hd128-causal"], "bwd")

@@ -1,6 +1,7 @@
 """CPU-only: the SM90 forward's varlen build (KernelConfig.varlen: the batch's tiles counted on
 the device from cu_seqlens, persistent CTAs taking them from a tile counter, O out by TMA
-where the tile lies inside its sequence, else through row-predicated 16-byte stores) and the backward's
+where the tile lies inside its sequence, else through row-predicated 16-byte stores), its pack-GQA
+form (KernelConfig.pack_gqa) and the backward's
 (BwdConfig.varlen: dK, dV out likewise) compile for sm_90a with fake tensors, and leave the
 ordinary builds alone.
 
@@ -16,7 +17,7 @@ pytest.importorskip("cutlass")
 import fa4kernel  # noqa: E402
 from fa4kernel import make_config  # noqa: E402
 from fa4kernel.sm90.config import make_varlen_config  # noqa: E402
-from fa4kernel.sm90.fwd import FlashFwdSm90, FlashFwdSm90Varlen, make_kernel  # noqa: E402
+from fa4kernel.sm90.fwd import FlashFwdSm90, FlashFwdSm90Varlen, FlashFwdSm90VarlenPacked, make_kernel  # noqa: E402
 
 pytestmark = pytest.mark.compile
 
@@ -68,6 +69,50 @@ def test_ordinary_sass_is_unchanged_by_the_varlen_branches(causal, monkeypatch):
                  "_varlen_blocks", "_store_o_rows"):
         monkeypatch.setattr(FlashFwdSm90, name, boom)
     assert fa4kernel.compile_sass(cfg, arch="sm_90a") == plain
+
+
+# pack-GQA: hd128 both ways, hd64's 3 warpgroups (192 rows), hd256 (O through Q's buffer)
+@pytest.mark.parametrize("hd,causal", [(128, True), (128, False), (64, True), (256, True)])
+def test_pack_gqa_varlen_builds_compile(hd, causal):
+    cfg = make_varlen_config("bfloat16", hd, causal, True, {}, pack_gqa=True)
+    assert type(make_kernel(cfg)) is FlashFwdSm90VarlenPacked
+    text = fa4kernel.compile_sass(cfg, arch="sm_90a")
+    assert count(text, "HGMMA") > 0 and count(text, "UTMALDG") > 0
+    # a full tile's O by TMA, a sequence's partial last tile by 16-byte row stores
+    assert count(text, "UTMASTG") > 0 and len(re.findall(r"\sSTG\.E\.128\s", text)) > 0
+    assert count(text, "LDL") == 0 and count(text, "STL") == 0, "register spills (LDL/STL)"
+    assert count(text, "POPC") > 0 and count(text, "VOTE") > 0 and count(text, "ATOMG") == 1
+
+
+def _boom(*a, **k):
+    raise AssertionError("traced")
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_varlen_sass_is_unchanged_by_the_pack_gqa_branches(causal, monkeypatch):
+    """The varlen build without the pack: its SASS equals that of a build whose pack-only code
+    (the per-token mask and block range, the unpacked LSE store) raises when traced."""
+    from fa4kernel import block_info
+
+    monkeypatch.setenv("FA4LAB_CACHE", "off")
+    cfg = make_varlen_config("bfloat16", 128, causal, True, {})
+    plain = fa4kernel.compile_sass(cfg, arch="sm_90a")
+    monkeypatch.setattr(block_info, "packed_kv_block_range", _boom)
+    for name in ("_apply_mask_packed", "_store_lse_unpacked"):
+        monkeypatch.setattr(FlashFwdSm90, name, _boom)
+    assert fa4kernel.compile_sass(cfg, arch="sm_90a") == plain
+
+
+@pytest.mark.parametrize("name", ["packed_kv_block_range", "_apply_mask_packed", "_store_lse_unpacked"])
+def test_pack_gqa_build_masks_by_token(name, monkeypatch):
+    """The causal pack-GQA build traces the packed rows' block range, their per-token mask and
+    the unpacked LSE store (each replaced by one that raises: the compile fails)."""
+    from fa4kernel import block_info
+
+    monkeypatch.setenv("FA4LAB_CACHE", "off")
+    monkeypatch.setattr(block_info if name == "packed_kv_block_range" else FlashFwdSm90, name, _boom)
+    with pytest.raises(Exception, match="traced"):
+        fa4kernel.compile_sass(make_varlen_config("bfloat16", 128, True, True, {}, pack_gqa=True), arch="sm_90a")
 
 
 # the backward's varlen build (FlashBwdSm90Varlen): hd64's 128-row blocks, hd128, hd256's CTA pairs

@@ -1,8 +1,9 @@
 """GPU correctness of fa4kernel.attention with cu_seqlens (varlen: packed sequences of unequal
 lengths on the SM90 forward's and backward's varlen builds, deterministic too) against an fp32
 torch reference of each sequence: odd lengths, empty and one-token sequences, chunks (len_q <
-len_k), GQA, every head dim, fp16; NaN in the rows past the last sequence must not leak into the
-forward, finite rows there get no gradient.
+len_k), GQA, every head dim, fp16, pack-GQA for MQA (the default; pack_gqa=True asks for it);
+NaN in the rows past the last sequence must not leak into the forward, finite rows there get no
+gradient.
 
 Run on the device: python3 -m pytest -c /dev/null --rootdir . -p no:cacheprovider -p no:xdist -q -rfE \
     tests/test_varlen_gpu.py
@@ -64,11 +65,12 @@ def rel(a, b):
     return ((a.float() - b).norm() / b.norm().clamp_min(1e-12)).item()
 
 
-def check(lens_q, lens_k, causal, h=4, hkv=2, d=128, dtype=torch.bfloat16, seed=0, tail=0, give_max=False):
+def check(lens_q, lens_k, causal, h=4, hkv=2, d=128, dtype=torch.bfloat16, seed=0, tail=0, give_max=False,
+          **knobs):
     q, k, v = _inputs(lens_q, lens_k, h, hkv, d, dtype, seed, tail)
     kw = dict(max_seqlen_q=max(lens_q), max_seqlen_k=max(lens_k)) if give_max else {}
     out, lse = fa4kernel.attention(q, k, v, causal=causal, return_lse=True, cu_seqlens_q=_cu(lens_q),
-                                   cu_seqlens_k=_cu(lens_k), **kw)
+                                   cu_seqlens_k=_cu(lens_k), **kw, **knobs)
     n = sum(lens_q)
     ref, ref_lse = reference(q, k, v, lens_q, lens_k, causal)
     out, lse = out[:n], lse[:, :n]
@@ -254,3 +256,42 @@ def test_deterministic_backward_is_bit_repeatable_and_right(d, causal):
         out.backward(dout)
         grads.append([t.grad for t in (qq, kk, vv)])
     assert all(torch.equal(a, b) for a, b in zip(*grads))
+
+
+# pack-GQA for MQA (its default; pack_gqa=True here: one k/v head, its q heads as the rows of one
+# head): one-token and empty sequences, a sequence without keys, chunks (len_q < len_k) and
+# len_q > len_k (causal: rows whose token sees no key), lengths around the 128 / 192-row tiles;
+# groups that divide a tile's rows and groups that do not (a token's rows across two tiles)
+PACK_Q = [1, 0, 777, 129, 4097, 33, 3, 300, 7]
+PACK_K = [1, 0, 777, 129, 4097, 33, 0, 2300, 2]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("group", [2, 3, 8, 20, 32])
+def test_pack_gqa_mqa(group, causal, dtype):
+    check(PACK_Q, PACK_K, causal, h=group, hkv=1, dtype=dtype, seed=group + 2 * causal, tail=5, pack_gqa=True)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("d", [64, 96, 192, 256])
+def test_pack_gqa_mqa_every_head_dim(d, causal):
+    check(PACK_Q, PACK_K, causal, h=6, hkv=1, d=d, seed=d, pack_gqa=True, give_max=True)
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_pack_gqa_equals_the_unpacked_build(persistent):
+    """The batch of lab/tools/bench_varlen_sm90.py's mqa-hd128-causal (32 q heads on one): packed,
+    one CTA per tile or persistent, against the unpacked build; 100 sequences (the tile search's
+    chunks) likewise."""
+    for lens, h in (([700, 2300, 4097, 1, 150, 3333], 32), (MANY, 4)):
+        base = check_kw(lens, lens, True, h, 1, 128, seed=h, pack_gqa=False)
+        packed = check_kw(lens, lens, True, h, 1, 128, seed=h, pack_gqa=True, persistent=persistent)
+        assert rel(packed, base.float()) < 1e-3
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("d,h", [(64, 8), (128, 32), (256, 3)])
+def test_pack_gqa_backward(d, h, causal):
+    """With grad the forward packs too; the backward gets out and lse unpacked."""
+    check_backward(BWD_Q, BWD_K, causal, h, 1, d, seed=d + h, tail=5, pack_gqa=True)

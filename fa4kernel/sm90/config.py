@@ -106,6 +106,12 @@ class KernelConfig:
     # device (no tile table), persistent or one CTA per tile; O leaves by TMA, a sequence's
     # partial last tile through 16-byte row stores
     varlen: bool = False
+    # varlen only, pack-GQA for MQA (varlen.py, docs/varlen.md): q (total_q x group, 1, d), a free
+    # view of MQA's q, so a CTA's tile holds tile_m / group tokens of every q head and a short
+    # sequence fills its tiles; the kernel takes group at run time, reads cu_seqlens_q x group as
+    # the rows, masks each row by its token (row r: token r // group) and writes lse in (heads,
+    # total_q), row r at (r % group, r // group)
+    pack_gqa: bool = False
 
     @property
     def num_consumer_wgs(self) -> int:
@@ -330,14 +336,15 @@ def make_decode_config(dtype: str, head_dim: int, causal: bool, split_kv: bool) 
 VARLEN_PERSISTENT = True
 
 
-def make_varlen_config(dtype: str, head_dim: int, causal: bool, has_lse: bool, knobs: dict) -> KernelConfig:
+def make_varlen_config(dtype: str, head_dim: int, causal: bool, has_lse: bool, knobs: dict,
+                       pack_gqa: bool = False) -> KernelConfig:
     """The varlen build of the forward (KernelConfig.varlen) for these problem options and knobs:
     the tiles are counted on the device from cu_seqlens (no host table); persistent unless the
-    knobs say otherwise (VARLEN_PERSISTENT)."""
+    knobs say otherwise (VARLEN_PERSISTENT); pack_gqa: KernelConfig.pack_gqa."""
     from dataclasses import replace
 
     if knobs.get("persistent") is None:
         knobs = {**knobs, "persistent": VARLEN_PERSISTENT}
     cfg = make_config(dtype, head_dim, causal, has_lse, knobs)
-    return replace(cfg, varlen=True)
+    return replace(cfg, varlen=True, pack_gqa=bool(pack_gqa))
 

@@ -92,6 +92,10 @@ class FlashFwdSm90:
         # TMA where the tile lies inside its sequence, else through row-predicated stores.
         self.varlen = bool(cfg.varlen)
         assert not (self.varlen and self.decode), "varlen: not decode"
+        # pack-GQA in the varlen build (KernelConfig.pack_gqa): q holds total_q x group rows of
+        # one head (row r = token r // group); group comes at run time, as in decode
+        self.pack_gqa = bool(cfg.pack_gqa)
+        assert self.varlen or not self.pack_gqa, "pack_gqa: the varlen build's"
         self.scheduled = (self.persistent or self.causal) and not self.decode and not self.varlen
         # O *= scale of the previous block while this block's S GEMM runs, before the PV GEMM
         # (FA4's RescaleOBeforeGemm for head dims > 128) instead of after the PV wait
@@ -192,8 +196,10 @@ class FlashFwdSm90:
         if const_expr(self.varlen):
             # num_ctas from the host (varlen.py grid_ctas): the SMs' worth when persistent, else
             # a bound on the batch's Q tiles; a CTA without a tile exits at once
-            mCuSeqlensQ, mCuSeqlensK, num_ctas, mTileCounter = var
+            mCuSeqlensQ, mCuSeqlensK, num_ctas, mTileCounter = var[:4]
             grid = (num_ctas, 1, 1)
+            if const_expr(self.pack_gqa):
+                group = var[4]  # to the roles with the decode build's arguments (dec)
         self.kernel(
             tma_atom_Q, tma_Q, tma_atom_K, tma_K, tma_atom_V, tma_V, tma_atom_O, tma_O,
             mLSE, mSched, softmax_scale_log2, tiled_mma_qk, tiled_mma_pv,
@@ -310,13 +316,16 @@ class FlashFwdSm90:
             )
 
     @cute.jit
-    def _varlen_chunk(self, base, mCuSeqlensQ, mCuSeqlensK):
+    def _varlen_chunk(self, base, mCuSeqlensQ, mCuSeqlensK, group=None):
         """Varlen build, one warp: lane i holds sequence base + i's offsets (q start, q end, k
-        start, k end); a lane past the last sequence holds an empty one."""
+        start, k end); a lane past the last sequence holds an empty one. pack_gqa: q's offsets in
+        packed rows (x group)."""
         s = base + cute.arch.lane_idx()
         q0, q1, k0, k1 = Int32(0), Int32(0), Int32(0), Int32(0)
         if s < mCuSeqlensQ.shape[0] - 1:
             q0, q1 = mCuSeqlensQ[s], mCuSeqlensQ[s + 1]
+            if const_expr(self.pack_gqa):
+                q0, q1 = q0 * group, q1 * group
             k0, k1 = mCuSeqlensK[s], mCuSeqlensK[s + 1]
         return q0, q1, k0, k1
 
@@ -334,7 +343,7 @@ class FlashFwdSm90:
         return cnt, incl
 
     @cute.jit
-    def _varlen_seek(self, t, num_heads, mCuSeqlensQ, mCuSeqlensK, base, acc, q0, q1, k0, k1):
+    def _varlen_seek(self, t, num_heads, mCuSeqlensQ, mCuSeqlensK, base, acc, q0, q1, k0, k1, group=None):
         """Varlen build, one warp (warp-uniform result): tile t of the batch, counted sequence by
         sequence (each sequence's Q tiles x heads), found by a prefix sum over the 32 sequences of
         the chunk the cursor (base, acc: its first sequence and the tiles before it; q0..k1: its
@@ -342,7 +351,7 @@ class FlashFwdSm90:
         so the next call starts where this one stopped and, within a chunk, reads no memory.
         Returns (sequence, tiles before it, its first row, rows, first key, keys, tiles up to the
         chunk's end) and the cursor; sequence >= the batch's sequences: no tile t, and the last
-        value is the batch's tile count."""
+        value is the batch's tile count. group: pack_gqa's (_varlen_chunk)."""
         nseq = mCuSeqlensQ.shape[0] - 1
         cnt, incl = self._varlen_counts(q0, q1, num_heads)
         # lanes whose inclusive count ends at or before t: a prefix of the warp (counts >= 0)
@@ -350,7 +359,7 @@ class FlashFwdSm90:
         while n_le == 32 and base + 32 < nseq:
             acc = acc + cute.arch.shuffle_sync(incl, 31)
             base = base + 32
-            q0, q1, k0, k1 = self._varlen_chunk(base, mCuSeqlensQ, mCuSeqlensK)
+            q0, q1, k0, k1 = self._varlen_chunk(base, mCuSeqlensQ, mCuSeqlensK, group)
             cnt, incl = self._varlen_counts(q0, q1, num_heads)
             n_le = cute.arch.popc(cute.arch.vote_ballot_sync(acc + incl <= t))
         before = acc + cute.arch.shuffle_sync(incl - cnt, n_le)
@@ -380,10 +389,16 @@ class FlashFwdSm90:
         return (m_block, head, seq, off_q, len_q, off_k, len_k)
 
     @cute.jit
-    def _varlen_blocks(self, var):
+    def _varlen_blocks(self, var, group=None):
         """Varlen build: (n_block_max, n_unmasked) of the tile's sequence; a sequence without keys
-        still runs one block, fully masked (O 0, lse -inf)."""
-        n_block_max, n_unmasked = self._kv_block_range(var[0], var[4], var[6])
+        still runs one block, fully masked (O 0, lse -inf). pack_gqa: by the rows' tokens
+        (block_info.packed_kv_block_range)."""
+        n_block_max, n_unmasked = None, None
+        if const_expr(self.pack_gqa):
+            n_block_max, n_unmasked, _ = block_info.packed_kv_block_range(
+                var[0], self.tile_m, self.tile_n, var[4], group, var[6], self.causal, block_info.dsl_ops())
+        else:
+            n_block_max, n_unmasked = self._kv_block_range(var[0], var[4], var[6])
         return cutlass.max(n_block_max, 1), n_unmasked
 
     @cute.jit
@@ -454,8 +469,9 @@ class FlashFwdSm90:
         lane = cute.arch.lane_idx()
         grid = cute.arch.grid_dim()[0]
         t = cute.arch.block_idx()[0]
+        group = dec[1]  # pack_gqa's, else None
         found, cur = self._varlen_seek(t, mQ.shape[2], mCuQ, mCuK, Int32(0), Int32(0),
-                                       *self._varlen_chunk(Int32(0), mCuQ, mCuK))
+                                       *self._varlen_chunk(Int32(0), mCuQ, mCuK, group), group)
         raw = Int32(-2)  # the counter's value this CTA last fetched (-2: none)
         i = Int32(0)
         while found[0] < nseq:
@@ -475,7 +491,7 @@ class FlashFwdSm90:
                 t = raw + grid
             else:
                 t = t + grid
-            found, cur = self._varlen_seek(t, mQ.shape[2], mCuQ, mCuK, *cur)
+            found, cur = self._varlen_seek(t, mQ.shape[2], mCuQ, mCuK, *cur, group)
         if const_expr(self.persistent):
             if lane == 0 and raw == found[6] - 1:
                 mCounter[0] = Int32(0)  # every other CTA has made its last fetch
@@ -496,7 +512,7 @@ class FlashFwdSm90:
             n_min, n_block_max = rng[0], rng[1]
         elif const_expr(self.varlen):
             m_block, head, batch = var[0], var[1], 0  # the packed tensors' one batch row
-            n_block_max, _ = self._varlen_blocks(var)
+            n_block_max, _ = self._varlen_blocks(var, dec[1])
         else:
             m_block, head, batch = self._tile_coords(tile, mQ.shape[0], mK.shape[0], mQ.shape[2], mQ.shape[3])
             n_block_max, _ = self._kv_block_range(m_block, mQ.shape[0], mK.shape[0])
@@ -618,7 +634,7 @@ class FlashFwdSm90:
     @cute.jit
     def _apply_mask(self, acc_S, tScS, t0ScS, m_block, n_block, seqlen_q, seqlen_k,
                     mask_seqlen: cutlass.Constexpr, mask_causal: cutlass.Constexpr):
-        if const_expr(self.decode):
+        if const_expr(self.decode or self.pack_gqa):
             self._apply_mask_packed(acc_S, tScS, t0ScS, m_block, n_block, seqlen_q, seqlen_k, mask_seqlen,
                                     mask_causal)
         else:
@@ -650,8 +666,9 @@ class FlashFwdSm90:
     @cute.jit
     def _apply_mask_packed(self, acc_S, tScS, t0ScS, m_block, n_block, group_offset, key_limit,
                            mask_seqlen: cutlass.Constexpr, mask_causal: cutlass.Constexpr):
-        """Decode build's mask: -inf at local keys >= key_limit and, with causal, past each packed
-        row's own token: row r (token r // group) sees local key j iff j <= offset + token."""
+        """The mask of packed rows (decode, varlen pack_gqa): -inf at local keys >= key_limit and,
+        with causal, past each packed row's own token: row r (token r // group) sees local key j iff
+        j <= offset + token."""
         group, offset = group_offset
         s = mn_view(acc_S)
         row0 = m_block * self.tile_m + tScS[0][0]
@@ -878,12 +895,12 @@ class FlashFwdSm90:
         elif const_expr(self.varlen):
             # the producer's tiles, through tile_slot (_produce_varlen), each found by every warp
             mCuQ, mCuK, _, sSlot = var
-            cur = (Int32(0), Int32(0), *self._varlen_chunk(Int32(0), mCuQ, mCuK))
+            cur = (Int32(0), Int32(0), *self._varlen_chunk(Int32(0), mCuQ, mCuK, dec[1]))
             i = Int32(0)
             pipe_q.consumer_wait(q_state)
             t = sSlot[0]
             while t >= 0:
-                found, cur = self._varlen_seek(t, num_heads, mCuQ, mCuK, *cur)
+                found, cur = self._varlen_seek(t, num_heads, mCuQ, mCuK, *cur, dec[1])
                 kv_state, q_state = self._consume_tile(
                     *args, t, num_heads, num_batch, seqlen_q, seqlen_k, tidx, wg_idx, rows,
                     kv_state, q_state, None, dec=dec, var=self._varlen_coords(t, found, num_heads))
@@ -929,9 +946,12 @@ class FlashFwdSm90:
                 out_batch = split * num_batch + batch  # the partials' (split, batch) row
         elif const_expr(self.varlen):
             m_block, head = var[0], var[1]
-            n_block_max, n_unmasked = self._varlen_blocks(var)
+            n_block_max, n_unmasked = self._varlen_blocks(var, dec[1])
             seqlen_q, seqlen_k = var[4], var[6]  # the sequence's rows and keys
             mask_q, mask_k = seqlen_q, seqlen_k
+            if const_expr(self.pack_gqa):
+                # (group, causal offset), as decode's mask takes them (_apply_mask_packed)
+                mask_q = (dec[1], seqlen_k - seqlen_q // dec[1])
             out_batch = var[3]  # the varlen epilogue's row offset
         else:
             m_block, head, batch = self._tile_coords(tile, seqlen_q, seqlen_k, num_heads, num_batch)
@@ -984,8 +1004,11 @@ class FlashFwdSm90:
                 o[r, c] = o[r, c] * inv
 
         tr_epi = self.ins.with_role(tr, 1 + self.num_wg)
+        group = None
+        if const_expr(self.pack_gqa):
+            group = dec[1]
         self._epilogue(acc_O, lse, tma_atom_O, mO, mLSE, tiled_mma_pv, sO, tidx, m_block, head,
-                       out_batch, seqlen_q, tr_epi, n_block_max - 1)
+                       out_batch, seqlen_q, tr_epi, n_block_max - 1, group)
         self.ins.stamp(tr, T_FIN, n_block_max - 1, 1)
         if const_expr((self.persistent or self.varlen) and not self.separate_o):
             # O went out through Q's buffer: hand it back only once the O store has read it (the
@@ -1239,10 +1262,12 @@ class FlashFwdSm90:
 
     @cute.jit
     def _epilogue(self, acc_O, lse, tma_atom_O, mO, mLSE, tiled_mma_pv, sO, tidx, m_block, head,
-                  batch, seqlen_q, tr=None, it=None):
+                  batch, seqlen_q, tr=None, it=None, group=None):
         thr_mma_pv = tiled_mma_pv.get_slice(tidx)
         # LSE straight from registers: the thread holding column 0 of a row writes it.
-        if const_expr(mLSE is not None):
+        if const_expr(mLSE is not None and self.pack_gqa):
+            self._store_lse_unpacked(lse, mLSE, thr_mma_pv, m_block, batch, seqlen_q, group)
+        elif const_expr(mLSE is not None):
             mLSE_row = None
             if const_expr(self.varlen):
                 mLSE_row = cute.domain_offset((batch,), mLSE[None, head, 0])  # batch: the sequence's first row
@@ -1272,6 +1297,20 @@ class FlashFwdSm90:
                 self._store_o_rows(acc_O, mO_rows, tiled_mma_pv, sO, tidx, m_block, head, batch, seqlen_q)
         else:
             self._store_o(acc_O, tma_atom_O, mO, tiled_mma_pv, sO, tidx, m_block, head, batch, tr, it)
+
+    @cute.jit
+    def _store_lse_unpacked(self, lse, mLSE, thr_mma_pv, m_block, row0, rows, group):
+        """pack_gqa: each row's LSE from registers (the thread holding column 0 of the row writes
+        it) into mLSE (total_q, heads, 1) as the unpacked build lays it out: packed row p (row0:
+        the sequence's first packed row) is token p // group of q head p % group."""
+        cO = cute.make_identity_tensor((self.tile_m, self.hd))
+        tOcO = mn_view(thr_mma_pv.partition_C(cO))
+        if tOcO[0][1] == 0:
+            for r in cutlass.range_constexpr(cute.size(tOcO, mode=[0])):
+                if tOcO[r, 0][0] < rows - m_block * self.tile_m:
+                    p = row0 + m_block * self.tile_m + tOcO[r, 0][0]
+                    token = p // group
+                    mLSE[token, p - token * group, 0] = lse[r]
 
     @cute.jit
     def _store_o(self, acc_O, tma_atom_O, mO, tiled_mma_pv, sO, tidx, m_block, head, batch, tr=None, it=None):
@@ -1408,6 +1447,37 @@ class FlashFwdSm90Varlen(FlashFwdSm90):
                    (mCuSeqlensQ, mCuSeqlensK, num_ctas, mTileCounter))
 
 
+class FlashFwdSm90VarlenPacked(FlashFwdSm90):
+    """The varlen build with pack-GQA (KernelConfig.pack_gqa), for MQA: q and out (1, total_q x
+    group, 1, d), views of (total_q, group, d) (row token * group + j: q head j of the token), k /
+    v (1, total_k, 1, d), cu_seqlens in tokens as FlashFwdSm90Varlen's; lse (1, group, total_q),
+    the unpacked build's layout. Causal: row r of a sequence sees key j iff j <= seqlen_k -
+    seqlen_q + r // group (bottom-right per token)."""
+
+    def __init__(self, cfg: KernelConfig):
+        assert cfg.varlen and cfg.pack_gqa, "FlashFwdSm90VarlenPacked needs make_varlen_config(pack_gqa=True)"
+        super().__init__(cfg)
+
+    @cute.jit
+    def __call__(
+        self,
+        mQ: cute.Tensor,  # (1, total_q * group, 1, d)
+        mK: cute.Tensor,  # (1, total_k, 1, d)
+        mV: cute.Tensor,
+        mO: cute.Tensor,  # (1, total_q * group, 1, d)
+        mLSE,  # (1, group, total_q) fp32 or None
+        mCuSeqlensQ: cute.Tensor,  # (sequences + 1,) int32, tokens
+        mCuSeqlensK: cute.Tensor,
+        num_ctas: Int32,
+        mTileCounter: cute.Tensor,
+        group: Int32,  # q heads of the one k/v head
+        softmax_scale_log2: Float32,
+        stream,
+    ):
+        self._host(mQ, mK, mV, mO, mLSE, None, softmax_scale_log2, stream, None, None,
+                   (mCuSeqlensQ, mCuSeqlensK, num_ctas, mTileCounter, group))
+
+
 class FlashFwdSm90Trace(FlashFwdSm90):
     """A diagnostic build (diagnostics.py): the same kernel plus clock64 stamps of one CTA into
     mTrace, an int64 tensor of TRACE_WORDS elements whose element 0 names the CTA (blockIdx.x)
@@ -1440,5 +1510,5 @@ def make_kernel(cfg: KernelConfig, diag: Diagnostics = NONE):
         return FlashFwdSm90Decode(cfg)
     if cfg.varlen:
         assert diag == NONE, "the varlen build has no diagnostic variant"
-        return FlashFwdSm90Varlen(cfg)
+        return FlashFwdSm90VarlenPacked(cfg) if cfg.pack_gqa else FlashFwdSm90Varlen(cfg)
     return FlashFwdSm90Trace(cfg, diag) if diag.buffered else FlashFwdSm90(cfg)

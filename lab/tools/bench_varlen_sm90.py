@@ -4,6 +4,8 @@ A batch is its query lengths (and key lengths, where they differ: chunked prefil
 FlashAttention's varlen functions take them: q (total_q, heads, d), k and v (total_k, heads_kv,
 d), cu_seqlens the offsets. Candidates, each on the same inputs:
   fa4kernel.varlen     fa4kernel.attention with cu_seqlens (its forward's varlen build)
+  fa4kernel.varlen[no_pack]  the same with pack_gqa=False (forward, MQA batches, one k/v head and
+                       more q heads, where fa4kernel.varlen runs its pack-GQA build by default)
   fa4kernel.loop       fa4kernel.attention per sequence on views of the packed tensors (one
                        launch per sequence; --loop, off by default)
   flash-attn-3         flash_attn_interface.flash_attn_varlen_func (tokenspeed-fa3)
@@ -179,9 +181,9 @@ def predict_rows(batches, pass_: str = "fwd", twin: bool = False, *, profile: st
     out = []
     mult = BWD_FLOPS if pass_ == "bwd" else 1.0
 
-    def predict(b, kernel, impl, p, extra):
+    def predict(b, kernel, impl, p, extra, overrides=None):
         try:
-            r = simulate(profile, problem=p, impl=impl, pass_=pass_)
+            r = simulate(profile, problem=p, impl=impl, pass_=pass_, overrides=overrides)
         except Exception as e:  # fa4sim has no model of it: said so in the file
             return {"point": b.name, "kernel": kernel, **extra, "not_modelled": str(e).splitlines()[0][:200]}
         row = {"point": b.name, "kernel": kernel, **extra, "us": r.time_us,
@@ -194,6 +196,8 @@ def predict_rows(batches, pass_: str = "fwd", twin: bool = False, *, profile: st
         p = Problem.varlen(b.heads, b.hdim, list(b.seqlens), list(b.keys) if b.seqlens_k else None,
                            causal=b.causal, heads_kv=b.heads_kv or None)
         out.extend(predict(b, kernel, impl, p, {}) for kernel, impl in MODELLED.items())
+        if pass_ == "fwd" and packs(b):  # the plain build beside the default pack: fa4sim's fa4kernel unpacked
+            out.append(predict(b, UNPACKED, MODELLED["fa4kernel.varlen"], p, {}, {"pack_gqa": False}))
         dense = dense_problem(b) if twin else None
         if dense is not None:
             out.extend(predict(b, kernel, impl, dense, {"dense": list(b.dense_shape())})
@@ -284,9 +288,18 @@ def twin_forwards(b: Batch, errors: dict) -> dict:
     return out
 
 
+UNPACKED = "fa4kernel.varlen[no_pack]"
+
+
+def packs(b: Batch) -> bool:
+    """MQA (one k/v head, more q heads): fa4kernel packs its rows by default (fa4kernel/varlen.py pack_plan)."""
+    return b.kv_heads == 1 and b.heads > 1
+
+
 def candidate_names(b: Batch, pass_: str = "fwd", loop: bool = False, twin: bool = False, variants=()) -> list:
     """The candidates a run times for b, in order (those that import: the dry run lists them)."""
     names = ["fa4kernel.varlen"] + (["fa4kernel.varlen[deterministic]"] if pass_ == "bwd" else [])
+    names += [UNPACKED] if pass_ == "fwd" and packs(b) else []
     names += [variant_name(k) for k in variants] if pass_ == "bwd" else []
     names += (["fa4kernel.loop"] if loop else []) + ["flash-attn-3", "flash-attn-4"]
     return names + (list(TWINS) if twin and b.dense_shape() else [])
@@ -300,6 +313,9 @@ def candidates(torch, b: Batch, q, k, v, cq, ck, errors: dict, loop: bool = Fals
     mq, mk = max(b.seqlens), max(b.keys)
     out = {"fa4kernel.varlen": lambda: fa4kernel.attention(q, k, v, causal=b.causal, cu_seqlens_q=cq, cu_seqlens_k=ck,
                                                            max_seqlen_q=mq, max_seqlen_k=mk)}
+    if packs(b):
+        out[UNPACKED] = lambda: fa4kernel.attention(q, k, v, causal=b.causal, cu_seqlens_q=cq, cu_seqlens_k=ck,
+                                                    max_seqlen_q=mq, max_seqlen_k=mk, pack_gqa=False)
     offs = [(int(cq[i]), int(ck[i]), sq, sk) for i, (sq, sk) in enumerate(zip(b.seqlens, b.keys))]
 
     def per_sequence():
