@@ -11,17 +11,19 @@ from __future__ import annotations
 import math
 from typing import Optional
 
-from .sm90.bwd_config import BWD_HEAD_DIMS, bwd_config_from_knobs, with_gqa_default
+from .sm90.bwd_config import BWD_HEAD_DIMS, bwd_config_from_knobs, with_dq_slices_default, with_gqa_default
 
 
-def _bwd_knobs(q, k, deterministic, bwd_knobs: dict) -> dict:
+def _bwd_knobs(q, k, causal, deterministic, bwd_knobs: dict) -> dict:
     """bwd_knobs with the shape-dependent defaults (gqa_dkv: bwd_config.gqa_dkv_for, on this
-    GPU's SM count)."""
+    GPU's SM count; deterministic, dq_slices: bwd_config.dq_slices_for)."""
     from .inputs import device_props
 
     b, sk, hkv = k.shape[0], k.shape[1], k.shape[2]
     sms = device_props(q.device).multi_processor_count
-    return with_gqa_default(bwd_knobs, q.shape[-1], q.shape[2], hkv, b, sk, deterministic, sms)
+    knobs = with_gqa_default(bwd_knobs, q.shape[-1], q.shape[2], hkv, b, sk, deterministic, sms)
+    dtype = "bfloat16" if str(q.dtype) == "torch.bfloat16" else "float16"
+    return with_dq_slices_default(knobs, dtype, q.shape[-1], causal, deterministic, q.shape[1], sk, q.shape[2] // hkv)
 
 
 def check_backward_supported(q, k, v, causal: bool, deterministic, **bwd_knobs) -> None:
@@ -68,7 +70,7 @@ def _function():
 
             q, k, v, out, lse = ctx.saved_tensors
             dtype = "bfloat16" if q.dtype == torch.bfloat16 else "float16"
-            knobs = _bwd_knobs(q, k, ctx.deterministic, ctx.bwd_knobs)
+            knobs = _bwd_knobs(q, k, ctx.causal, ctx.deterministic, ctx.bwd_knobs)
             bcfg = bwd_config_from_knobs(dtype, q.shape[-1], ctx.causal, ctx.deterministic, knobs)
             scale = ctx.softmax_scale if ctx.softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
             dq, dk, dv = run_bwd(bcfg, dout, q, k, v, out, lse, scale)
@@ -113,7 +115,7 @@ def attention_backward_probed(dout, q, k, v, out, lse, causal: bool = False, sof
     from .sm90.bwd import probe_words
     from .sm90.bwd_config import grid_heads
 
-    bwd_knobs = _bwd_knobs(q, k, deterministic, bwd_knobs)
+    bwd_knobs = _bwd_knobs(q, k, causal, deterministic, bwd_knobs)
     if stamps is None:
         dtype = "bfloat16" if q.dtype == torch.bfloat16 else "float16"
         bcfg = bwd_config_from_knobs(dtype, q.shape[-1], causal, deterministic, bwd_knobs)
@@ -154,6 +156,7 @@ def _backward(dout, q, k, v, out, lse, causal, softmax_scale, deterministic, sta
     from .sm90.bwd import run_bwd
 
     dtype = "bfloat16" if q.dtype == torch.bfloat16 else "float16"
-    bcfg = bwd_config_from_knobs(dtype, q.shape[-1], causal, deterministic, _bwd_knobs(q, k, deterministic, bwd_knobs))
+    knobs = _bwd_knobs(q, k, causal, deterministic, bwd_knobs)
+    bcfg = bwd_config_from_knobs(dtype, q.shape[-1], causal, deterministic, knobs)
     scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
     return run_bwd(bcfg, dout, q, k, v, out, lse, scale, stamps)

@@ -16,3 +16,11 @@ def test_a_bad_problem_is_one_line_and_exit_2(spec, says, capsys):
     with pytest.raises(SystemExit) as e:
         bench.parse_problem(spec)
     assert e.value.code == 2 and says in capsys.readouterr().err
+
+
+def test_variant_takes_dq_slices_as_an_integer(capsys):
+    """The dq_slices predictions' command: --variants deterministic=true,dq_slices=2."""
+    assert bench.parse_variant("deterministic=true,dq_slices=2") == {"deterministic": True, "dq_slices": 2}
+    with pytest.raises(SystemExit) as e:
+        bench.parse_variant("deterministic=true,dq_slices=two")
+    assert e.value.code == 2 and "dq_slices=INTEGER" in capsys.readouterr().err

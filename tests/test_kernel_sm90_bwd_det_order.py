@@ -27,13 +27,16 @@ from collections import defaultdict
 
 import pytest
 
-from fa4kernel.sm90.bwd_config import cluster_ctas, dq_turn, dq_walk, launch_order, make_bwd_config
+from fa4kernel.sm90.bwd_config import cluster_ctas, dq_slice, dq_turn, dq_walk, launch_order, make_bwd_config
 
 PREPROCESS_ROWS = 32  # sm90/bwd_preprocess.py BwdPreprocess.ROWS
 
 BUILDS = [  # (head dim, knobs): every dQ path of the deterministic build
     (64, {}), (64, {"tile_m": 64}), (96, {}), (128, {}), (128, {"dq_reduce": "red"}), (192, {}),
     (256, {}), (256, {"dq_sum": "cta"}), (256, {"grid_order": "tail_lpt"}), (128, {"grid_order": "tail_lpt"}),
+    # copies of the accumulator: each run of key blocks (pairs) on its own semaphores
+    (64, {"dq_slices": 2}), (128, {"dq_slices": 8}), (128, {"dq_slices": 4, "dq_reduce": "red"}),
+    (256, {"dq_slices": 2}), (256, {"dq_slices": 8, "dq_sum": "cta"}),
 ]
 LENGTHS = [  # (seqlen_q, seqlen_k): odd key-block counts (pairs rounded up), partial last query
     # blocks, seqlen_q < tile_m, seqlen_k < tile_n, seqlen_k = 1, more queries than keys and the reverse
@@ -50,7 +53,9 @@ def simulate(cfg, b, sq, sk, h, hkv, resident, reverse=False):
     c = cluster_ctas(cfg)
     assert len(order) % c == 0
     group = h // hkv
-    walks = [[((bi, qh, m), turn) for m, qh, turn in dq_walk(cfg, n, kvh, group, sq, sk)] for n, kvh, bi in order]
+    # the semaphore (batch row of its copy: copy * b + batch, q head, query block) of each add
+    walks = [[((dq_slice(cfg, n, sk)[0] * b + bi, qh, m), turn) for m, qh, turn in dq_walk(cfg, n, kvh, group, sq, sk)]
+             for n, kvh, bi in order]
     lag = cfg.q_stages  # a pair's CTAs: the add of block i needs the partner's of block i - stages
     sem = defaultdict(int)
     log = defaultdict(list)
@@ -124,10 +129,11 @@ def test_bwd_deterministic_launch_never_hangs(hd, knobs, causal):
                 for key, turn in walk:
                     before = log[key][:turn]
                     assert all(y // c < x // c for y in before), (where, x, key, turn)
-            # the semaphores the launch uses: the (b, h, s_q_pad / tile_m) tensor, every one of
-            # them zeroed by the preprocess (the CTA of 32 rows that starts a query block)
+            # the semaphores the launch uses: the (dq_slices x b, h, s_q_pad / tile_m) tensor, every
+            # one of them zeroed (the first copy by the preprocess: the CTA of 32 rows that starts a
+            # query block; the others by the host)
             for bi, qh, m in sem:
-                assert 0 <= bi < b and 0 <= qh < h and 0 <= m < sqp // cfg.tile_m, (where, (bi, qh, m))
+                assert 0 <= bi < cfg.dq_slices * b and 0 <= qh < h and 0 <= m < sqp // cfg.tile_m, (where, (bi, qh, m))
             zeroed = {bx * PREPROCESS_ROWS // cfg.tile_m for bx in range(-(-sqp // PREPROCESS_ROWS))
                       if bx * PREPROCESS_ROWS % cfg.tile_m == 0}
             assert zeroed == set(range(sqp // cfg.tile_m)), where

@@ -443,6 +443,58 @@ def test_bwd_deterministic_more_key_blocks_than_sms(hd, causal):
         assert rel_err(a, f.float()) <= TOL, name
 
 
+# ---- dq_slices: the deterministic accumulator in copies, a run of key blocks (pairs) each
+
+# (batch, seqlen_q, seqlen_k, heads, heads_kv): chunks (few queries on many keys, odd lengths), GQA
+# and MQA, and a square problem where 8 copies leave runs of one key block (pair) and empty copies
+SLICES_CASES = [(2, 256, 8191, 4, 4), (1, 77, 5003, 8, 2), (2, 200, 3001, 3, 1), (2, 333, 333, 4, 2)]
+
+
+def _det_grads(b, sq, sk, h, hkv, hd, causal, seed, **knobs):
+    q, k, v, dout = _inputs(b, sq, sk, h, hkv, hd, seed=seed)
+    out = fa4kernel.attention(q, k, v, causal=causal, deterministic=True, bwd_knobs=knobs)
+    return grads(out, (q, k, v), dout)
+
+
+@pytest.mark.parametrize("slices", [2, 8])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("hd", [64, 128, 256])
+def test_bwd_slices_right_and_bit_repeatable(hd, causal, slices):
+    """dq_slices copies: within the fp32 bound at odd lengths, chunks, GQA and MQA, the caching
+    allocator's free memory full of NaN first (the host zeroes the copies the preprocess does not);
+    the same bits twice."""
+    for i, (b, sq, sk, h, hkv) in enumerate(SLICES_CASES):
+        poison = torch.full((64 << 20,), float("nan"), device="cuda")
+        del poison
+        check(b, sq, sk, h, hkv, hd, causal, deterministic=True, seed=20 + i, dq_slices=slices)
+        runs = [_det_grads(b, sq, sk, h, hkv, hd, causal, 40 + i, dq_slices=slices) for _ in range(2)]
+        for a, b_, name in zip(runs[0], runs[1], ("dq", "dk", "dv")):
+            assert torch.isfinite(a.float()).all(), name
+            assert torch.equal(a, b_), f"{name} differs between two runs with dq_slices={slices}"
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("hd", [64, 128, 256])
+def test_bwd_slices_default_on_a_chunk(hd, causal):
+    """deterministic=True with dq_slices left out on a chunk (256 queries on 8k keys): the rule's
+    8 copies (bwd_config.dq_slices_for), right and the same bits twice; dq close to one copy's,
+    dK and dV its bits."""
+    from fa4kernel.sm90 import bwd
+    from fa4kernel.sm90.bwd_config import dq_slices_for, make_bwd_config
+
+    assert dq_slices_for(make_bwd_config("bfloat16", hd, causal, True), 256, 8192, 2) == 8
+    check(1, 256, 8192, 4, 2, hd, causal, deterministic=True, seed=13)
+    assert any(c.dq_slices == 8 and c.head_dim == hd and c.causal == causal
+               for c in (k[0] if isinstance(k, tuple) else k for k in bwd._CACHE))
+    runs = [_det_grads(1, 256, 8192, 4, 2, hd, causal, 17) for _ in range(2)]
+    one = _det_grads(1, 256, 8192, 4, 2, hd, causal, 17, dq_slices=1)
+    for a, b_, name in zip(runs[0], runs[1], ("dq", "dk", "dv")):
+        assert torch.equal(a, b_), f"{name} differs between two runs"
+    # the copies change only the order of dQ's fp32 adds (at most a 16-bit ulp apart per element)
+    assert rel_err(runs[0][0], one[0].float()) <= TOL
+    assert torch.equal(runs[0][1], one[1]) and torch.equal(runs[0][2], one[2]), "dK / dV do not depend on dq_slices"
+
+
 # ---- torch.autograd
 
 

@@ -31,7 +31,7 @@ LESSONS = sorted((Path(__file__).resolve().parent.parent / "lessons").glob("*.py
 BWD_VALUES = {"dq_reduce": bc.DQ_REDUCE_MODES, "dq_smem": bc.DQ_SMEM_MODES, "dq_sum": bc.DQ_SUM_MODES,
               "stats": bc.STATS_MODES, "mma_order": bc.MMA_ORDERS, "preprocess": bc.PREPROCESS_MODES,
               "postprocess": bc.POSTPROCESS_MODES, "grid_order": bc.GRID_ORDERS, "dq_zero": bc.DQ_ZERO_MODES,
-              "gqa_dkv": bc.GQA_DKV_MODES,
+              "gqa_dkv": bc.GQA_DKV_MODES, "dq_slices": bc.DQ_SLICES,
               "tile_m": tuple(sorted({m for ms in bc.TILE_M_BY_HEAD_DIM.values() for m in ms}))}
 BWD_KNOBS = tuple(n for n in bc.BWD_KNOB_NAMES if n != "deterministic")
 SIM_BWD_CHOICES = {k.name: k.choices for k in fa3_sm90_bwd.KNOBS if k.choices}
@@ -95,6 +95,10 @@ def bwd_shipped() -> dict:
     for heads, heads_kv, batch, keys in ((16, 1, 8, 2048), (64, 8, 8, 4096)):
         for hd in bc.BWD_HEAD_DIMS:
             shipped["gqa_dkv"].add(bc.with_gqa_default({}, hd, heads, heads_kv, batch, keys, False)["gqa_dkv"])
+    # the deterministic default by shape (bwd_config.dq_slices_for): square, and 256 queries on 512 to 8k keys
+    for sq, sk in ((4096, 4096), (256, 512), (256, 1024), (256, 8192)):
+        knobs = bc.with_dq_slices_default({}, "bfloat16", 64, False, True, sq, sk, 1)
+        shipped["dq_slices"].add(knobs["dq_slices"])
     return shipped
 
 

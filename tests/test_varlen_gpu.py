@@ -240,6 +240,34 @@ def test_backward_equals_the_padded_batch():
         assert rel(a, b_) < 2e-3
 
 
+# chunks (few queries on many keys: the rule's copies), an empty and a one-token sequence, keys
+# without queries, and odd lengths around the blocks
+SLICES_Q = [256, 1, 0, 77, 1000, 129]
+SLICES_K = [8191, 3000, 5, 4001, 1000, 63]
+
+
+@pytest.mark.parametrize("slices", [2, 8])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("d,h,hkv", [(64, 4, 4), (128, 8, 2), (256, 4, 1)])
+def test_deterministic_backward_slices(d, h, hkv, causal, slices):
+    """dq_slices copies on the packed batch: within the fp32 bound (no NaN), the same bits twice,
+    and the default (the rule, from the longest sequences) the same way."""
+    check_backward(SLICES_Q, SLICES_K, causal, h, hkv, d, seed=d + slices, tail=3, deterministic=True,
+                   bwd_knobs={"dq_slices": slices})
+    q, k, v = _inputs(SLICES_Q, SLICES_K, h, hkv, d, torch.bfloat16, 7)
+    dout = torch.randn_like(q)
+    for knobs in ({"dq_slices": slices}, {}):
+        grads = []
+        for _ in range(2):
+            qq, kk, vv = (t.clone().requires_grad_() for t in (q, k, v))
+            out = fa4kernel.attention(qq, kk, vv, causal=causal, deterministic=True, cu_seqlens_q=_cu(SLICES_Q),
+                                      cu_seqlens_k=_cu(SLICES_K), bwd_knobs=knobs)
+            out.backward(dout)
+            grads.append([t.grad for t in (qq, kk, vv)])
+        assert all(torch.isfinite(a.float()).all() for a in grads[0])
+        assert all(torch.equal(a, b) for a, b in zip(*grads)), knobs
+
+
 @pytest.mark.parametrize("d,causal", [(128, True), (64, False), (256, True), (192, False)])
 def test_deterministic_backward_is_bit_repeatable_and_right(d, causal):
     """deterministic=True: the varlen build with a fixed dQ order per query block (short and long

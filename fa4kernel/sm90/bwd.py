@@ -49,7 +49,9 @@ Deterministic builds add into the same accumulator, one key block (CTA pair) at 
 query block, in a fixed order: a semaphore per (batch, q head, query block) counts the adds done,
 and a CTA adds its dQ once the count has reached its turn (FlashBwdSm90._dq_turn), then releases
 the next; with a causal mask the key blocks of a head launch last first, so every turn waits only
-for CTAs launched before it.
+for CTAs launched before it. With dq_slices > 1 there are that many copies of the accumulator and
+its semaphores (along the batch axis), a head's key blocks cut into as many runs, each run taking
+its turns in its own copy (_dq_slice); the host sums the copies.
 """
 
 from __future__ import annotations
@@ -228,6 +230,7 @@ class FlashBwdSm90:
         self.causal = cfg.causal
         self.tail_lpt = cfg.grid_order == "tail_lpt"
         self.deterministic = cfg.deterministic
+        self.dq_slices = cfg.dq_slices  # > 1: deterministic, copies of the accumulator (_dq_slice)
         self.varlen = cfg.varlen
         assert not (self.varlen and self.tail_lpt), "varlen: heads_outer"
         self.dq_bulk = cfg.dq_reduce == "bulk"
@@ -310,8 +313,8 @@ class FlashBwdSm90:
         mdO: cute.Tensor,  # (b, s_q, h, d)
         mLSE: cute.Tensor,  # (b, h, s_q_pad) fp32: LSE * log2(e), +inf where P must be 0
         mD: cute.Tensor,  # (b, h, s_q_pad) fp32: rowsum(dO * O)
-        mdQaccum: cute.Tensor,  # (b, h, s_q_pad, d) fp32, zeroed
-        mdQsem: Optional[cute.Tensor],  # deterministic: (b, h, s_q_pad / tile_m) int32, zeroed; else None
+        mdQaccum: cute.Tensor,  # (dq_slices x b, h, s_q_pad, d) fp32, zeroed
+        mdQsem: Optional[cute.Tensor],  # deterministic: (dq_slices x b, h, s_q_pad / tile_m) int32, zeroed; else None
         mdK: cute.Tensor,  # (b, s_k, h_kv, d)
         mdV: cute.Tensor,  # (b, s_k, h_kv, d)
         softmax_scale_log2: Float32,
@@ -622,10 +625,16 @@ class FlashBwdSm90:
                               n_block, kv_head, batch, group, m_block_min, n_m, n_iter)
             if const_expr(self.dq_bulk):
                 if warp_idx == 1:
+                    if const_expr(self.dq_slices > 1):
+                        # worked out by the warp that adds (at head dim 256 the consumers have no
+                        # register to spare): the copy it adds into, its turns within the run
+                        mdQaccum, order = self._dq_slice(order, mdQaccum, mQ.shape[3])
                     self.dq_store(mdQaccum, sdQ, pipe_q, pipe_do, kv_head, batch, group, m_block_min, n_m,
                                   n_iter, order, pair_rank)
         else:
             # ---------------------------------------------------------------- consumer WGs
+            if const_expr(self.dq_slices > 1 and not self.dq_bulk):
+                mdQaccum, order = self._dq_slice(order, mdQaccum, mQ.shape[3])  # dq_reduce="red": they add
             args = (
                 tma_atom_dK, mdK, tma_atom_dV, mdV, mLSE, mD, mdQaccum,
                 softmax_scale_log2, softmax_scale, tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq,
@@ -777,6 +786,25 @@ class FlashBwdSm90:
             m_block = m_block_min
             head = head + 1
         return m_block, head
+
+    @cute.jit
+    def _dq_slice(self, order, mdQaccum, batches):
+        """dq_slices > 1: a head's key blocks (pairs) are cut into dq_slices contiguous runs of
+        ceil(units / dq_slices) (the last ones shorter or empty); run r adds into copy r of the
+        accumulator and of its semaphores, at batch index r * batches + batch (the host sums the
+        copies), each query block's adds in turns within the run. Returns the copy's accumulator
+        and _dq_turn's order for a head whose keys are the run's alone: the unit's index in the run,
+        the run's units, the copy's semaphores, and the keys counted from the run's first, so that
+        the causal count of units that see a query block is the run's (bwd_config.dq_slice)."""
+        unit, units, mdQsem, seqlen_q, seqlen_k = order
+        c = 2 if const_expr(self.dq_pair) else 1
+        run = cutlass.max((units + self.dq_slices - 1) // self.dq_slices, 1)  # a power of two: a shift
+        copy = unit // run  # the one division of the CTA
+        first = copy * run
+        mdQaccum = cute.domain_offset((0, 0, 0, copy * batches), mdQaccum)
+        mdQsem = cute.domain_offset((0, 0, copy * batches), mdQsem)
+        order = (unit - first, cutlass.min(run, units - first), mdQsem, seqlen_q, seqlen_k - first * c * self.tile_n)
+        return mdQaccum, order
 
     @cute.jit
     def _dq_turn(self, m_block, head, batch, order):
@@ -1391,7 +1419,7 @@ class FlashBwdSm90Varlen(FlashBwdSm90):
     """The varlen build (BwdConfig.varlen): q, dO (1, total_q, h, d) and k, v (1, total_k, h_kv, d)
     hold the sequences one after the other (sequence i's rows [cu_seqlens_q[i], cu_seqlens_q[i + 1]),
     keys likewise), dK and dV like k and v; LSE_log2 and D (1, h, s_q_pad), the dQ accumulator
-    (1, h, s_q_pad, d) and the deterministic build's semaphores (1, h, s_q_pad / tile_m) in the
+    (dq_slices, h, s_q_pad, d) and the deterministic build's semaphores (dq_slices, h, s_q_pad / tile_m) in the
     layout padded per sequence of sm90/bwd_varlen.py. The grid: the longest sequence's key blocks
     (max_seqlen_k) x k/v heads x sequences; a CTA whose key block (pair) starts past its
     sequence's keys exits at once."""
@@ -1403,7 +1431,7 @@ class FlashBwdSm90Varlen(FlashBwdSm90):
     @cute.jit
     def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mdO: cute.Tensor, mLSE: cute.Tensor,
                  mD: cute.Tensor, mdQaccum: cute.Tensor,
-                 mdQsem: Optional[cute.Tensor],  # deterministic: (1, h, s_q_pad / tile_m) int32, zeroed
+                 mdQsem: Optional[cute.Tensor],  # deterministic: (dq_slices, h, s_q_pad / tile_m) int32, zeroed
                  mdK: cute.Tensor, mdV: cute.Tensor,
                  mCuSeqlensQ: cute.Tensor,  # (sequences + 1,) int32
                  mCuSeqlensK: cute.Tensor,
@@ -1427,7 +1455,8 @@ def make_bwd_kernel(cfg: BwdConfig, clock_probe: bool = False) -> FlashBwdSm90:
 def fake_bwd_args(cfg: BwdConfig):
     """Fake tensors for compiling without data: dynamic batch, lengths, heads (q's and k/v's)
     and strides (16-byte aligned rows), fp32 statistics and dQ accumulator, the int32 dQ
-    semaphores when deterministic (else None)."""
+    semaphores when deterministic (else None); with dq_slices > 1 both have a batch axis of their
+    own (dq_slices x the batch)."""
     from cutlass.cute.runtime import make_fake_tensor
 
     dt = cutlass.BFloat16 if cfg.dtype == "bfloat16" else cutlass.Float16
@@ -1448,11 +1477,12 @@ def fake_bwd_args(cfg: BwdConfig):
         dk, dv = fake((b, sk, hkv, cfg.head_dim)), fake((b, sk, hkv, cfg.head_dim))
     stats = [make_fake_tensor(cutlass.Float32, (b, h, sqp), stride=(cute.sym_int64(), cute.sym_int64(), 1),
                               assumed_align=4) for _ in range(2)]
-    dq = make_fake_tensor(cutlass.Float32, (b, h, sqp, cfg.head_dim),
+    bq = cute.sym_int() if cfg.dq_slices > 1 else b
+    dq = make_fake_tensor(cutlass.Float32, (bq, h, sqp, cfg.head_dim),
                           stride=tuple(cute.sym_int64(divisibility=4) for _ in range(3)) + (1,), assumed_align=16)
     sem = None
     if cfg.deterministic:
-        sem = make_fake_tensor(cutlass.Int32, (b, h, nm), stride=(cute.sym_int64(), cute.sym_int64(), 1),
+        sem = make_fake_tensor(cutlass.Int32, (bq, h, nm), stride=(cute.sym_int64(), cute.sym_int64(), 1),
                                assumed_align=4)
     return q, k, v, do, stats[0], stats[1], dq, sem, dk, dv
 
@@ -1508,6 +1538,33 @@ def probe_words(cfg: BwdConfig, batch: int, seqlen_k: int, heads_kv: int) -> int
     return 4 * blocks * heads_kv * batch + PROBE_SUM_WORDS
 
 
+def _dq_accumulators(cfg: BwdConfig, b: int, h: int, sqp: int, d: int, alloc, device):
+    """The fp32 dQ accumulator (cfg.dq_slices x b, h, sqp, d) and, deterministic, its int32
+    semaphores (cfg.dq_slices x b, h, sqp / tile_m) (else None): copy r's batch rows r b ..
+    (r + 1) b (sm90/bwd.py _dq_slice)."""
+    import torch
+
+    rows = cfg.dq_slices * b
+    acc = alloc((rows, h, sqp, d), dtype=torch.float32, device=device)
+    sem = alloc((rows, h, sqp // cfg.tile_m), dtype=torch.int32, device=device) if cfg.deterministic else None
+    return acc, sem
+
+
+def _zero_copies(cfg: BwdConfig, dq_accum, dq_sem, b: int) -> None:
+    """dq_slices > 1: the copies past the first, which the preprocess (it zeroes the first) does not see."""
+    if cfg.dq_slices > 1:
+        dq_accum[b:].zero_()
+        dq_sem[b:].zero_()
+
+
+def _sum_copies(cfg: BwdConfig, dq_accum, b: int):
+    """The accumulator's copies summed (one torch reduction over the copy axis: the same order on
+    every run, so the same bits), (b, h, sqp, d); the accumulator itself with one copy."""
+    if cfg.dq_slices == 1:
+        return dq_accum
+    return dq_accum.view(cfg.dq_slices, b, *dq_accum.shape[1:]).sum(0)
+
+
 def run_bwd(cfg: BwdConfig, dout, q, k, v, out, lse, softmax_scale: float, stamps=None):
     """Launch the backward of cfg; returns (dq, dk, dv) shaped and typed like q, k, v. The
     preprocess (D, LSE_log2) runs as cfg.preprocess says, the dQ postprocess (row order, -> 16
@@ -1548,9 +1605,10 @@ def run_bwd_varlen(cfg: BwdConfig, dout, q, k, v, out, lse, cu_q, cu_k, max_seql
     # deterministic: a semaphore per query block, its turns (_dq_turn) per sequence
     dpsum = torch.empty((1, h, sqp), dtype=torch.float32, device=q.device)
     lse_log2 = torch.empty((1, h, sqp), dtype=torch.float32, device=q.device)
-    dq_accum = torch.empty((1, h, sqp, d), dtype=torch.float32, device=q.device)
-    dq_sem = torch.empty((1, h, sqp // cfg.tile_m), dtype=torch.int32, device=q.device) if cfg.deterministic else None
-    preprocess_varlen(cfg, dout, out, lse, dpsum, lse_log2, dq_accum, dq_sem, cu_q, max_seqlen_q, _USE_TVM_FFI)
+    dq_accum, dq_sem = _dq_accumulators(cfg, 1, h, sqp, d, torch.empty, q.device)
+    preprocess_varlen(cfg, dout, out, lse, dpsum, lse_log2, dq_accum[:1], None if dq_sem is None else dq_sem[:1],
+                      cu_q, max_seqlen_q, _USE_TVM_FFI)
+    _zero_copies(cfg, dq_accum, dq_sem, 1)
     if cfg.gqa_dkv == "reduce":  # fp32 accumulators the q heads' CTAs add into: one memset for both
         dkv_accum = torch.zeros((2, *k.shape), dtype=torch.float32, device=k.device)
         dk, dv = dkv_accum[0], dkv_accum[1]
@@ -1566,7 +1624,7 @@ def run_bwd_varlen(cfg: BwdConfig, dout, q, k, v, out, lse, cu_q, cu_k, max_seql
            to_cute(dq_accum, 3), sem, *[to_cute(t, 3) for t in (dk4, dv4)], to_cute(cu_q, 0, align=4),
            to_cute(cu_k, 0, align=4), Int32(max_seqlen_k), *(Float32(x) for x in scales), torch_stream(q.device))
     dq = torch.empty_like(q)
-    postprocess_varlen(cfg, dq_accum, dq, cu_q, max_seqlen_q, _USE_TVM_FFI)
+    postprocess_varlen(cfg, _sum_copies(cfg, dq_accum, 1), dq, cu_q, max_seqlen_q, _USE_TVM_FFI)
     if cfg.gqa_dkv == "reduce":
         dkv = dkv_accum.to(k.dtype)  # one cast launch for both
         return dq, dkv[0], dkv[1]
@@ -1601,10 +1659,12 @@ def prepare_bwd(cfg: BwdConfig, dout, q, k, v, out, lse, softmax_scale: float, s
     # dq_zero="preprocess": the preprocess kernel zeroes it (no memset launch), and the
     # deterministic build's semaphores (one per query block of each (batch, q head))
     alloc = torch.empty if cfg.dq_zero == "preprocess" else torch.zeros
-    dq_accum = alloc((b, h, sqp, d), dtype=torch.float32, device=q.device)
-    dq_sem = alloc((b, h, sqp // cfg.tile_m), dtype=torch.int32, device=q.device) if cfg.deterministic else None
+    dq_accum, dq_sem = _dq_accumulators(cfg, b, h, sqp, d, alloc, q.device)
     if cfg.preprocess == "kernel":
-        dpsum, lse_log2 = preprocess_kernel(cfg, dout, out, lse, sqp, _USE_TVM_FFI, dq_accum, dq_sem)
+        dpsum, lse_log2 = preprocess_kernel(cfg, dout, out, lse, sqp, _USE_TVM_FFI, dq_accum[:b],
+                                            None if dq_sem is None else dq_sem[:b])
+        if cfg.dq_zero == "preprocess":
+            _zero_copies(cfg, dq_accum, dq_sem, b)
     else:
         dpsum, lse_log2 = preprocess_torch(cfg, dout, out, lse, sqp)
     reduce_dkv = cfg.gqa_dkv == "reduce"
@@ -1656,8 +1716,9 @@ def prepare_bwd(cfg: BwdConfig, dout, q, k, v, out, lse, softmax_scale: float, s
 
     def finish():
         dk_out, dv_out = tuple(dkv_accum.to(k.dtype)) if reduce_dkv else (dk, dv)  # one cast launch
+        acc = _sum_copies(cfg, dq_accum, b)
         if cfg.postprocess == "kernel":
-            return postprocess_kernel(cfg, dq_accum, sq, q.dtype, _USE_TVM_FFI), dk_out, dv_out
-        return dq_postprocess(dq_accum, cfg, sq, q.dtype), dk_out, dv_out
+            return postprocess_kernel(cfg, acc, sq, q.dtype, _USE_TVM_FFI), dk_out, dv_out
+        return dq_postprocess(acc, cfg, sq, q.dtype), dk_out, dv_out
 
     return main, finish

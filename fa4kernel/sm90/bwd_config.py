@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass
 BWD_HEAD_DIMS = (64, 96, 128, 192, 256)
 BWD_DTYPES = ("bfloat16", "float16")
 BWD_KNOB_NAMES = ("deterministic", "dq_reduce", "dq_smem", "dq_sum", "stats", "mma_order", "preprocess", "postprocess",
-                  "tile_m", "grid_order", "dq_zero", "gqa_dkv")
+                  "tile_m", "grid_order", "dq_zero", "gqa_dkv", "dq_slices")
 # each knob's values, the default first (measured on the H100: fa4kernel/README.md, "Backward")
 DQ_REDUCE_MODES = ("bulk", "red")
 DQ_SMEM_MODES = ("own", "qdo")
@@ -49,6 +49,8 @@ GRID_ORDER_DEFAULT = {False: "heads_outer", True: "tail_lpt"}
 # tail's longest-first order is gone either way, and at head dim 256 its decode spills a register
 DQ_ZERO_MODES = ("torch", "preprocess")
 GQA_DKV_MODES = ("loop", "reduce")
+# dq_slices: copies of the deterministic build's dQ accumulator, powers of two (dq_slices_for picks one)
+DQ_SLICES = (1, 2, 4, 8)
 # gqa_dkv default with grouped K/V heads (gqa_dkv_for): "reduce" where the loop's grid, a CTA per
 # key block of each (batch, k/v head), has fewer CTAs than the GPU has SMs. There the loop leaves
 # SMs idle while each CTA walks its group's q heads (H200: MQA hd64 2k causal 254 -> 353 TFLOP/s,
@@ -154,6 +156,12 @@ class BwdConfig:
     # turns into 16 bit; not deterministic (the q heads add in no fixed order). The same kernel
     # either way without grouped heads
     gqa_dkv: str = "loop"
+    # deterministic: copies of the fp32 dQ accumulator and of its semaphores (a power of two). A
+    # head's key blocks (pairs) are cut into that many contiguous runs, run r adding into copy r in
+    # its own fixed order (sm90/bwd.py _dq_slice), so a query block's chain of turns is one run long;
+    # the host sums the copies (one torch reduction, a fixed order) before the postprocess. The
+    # host's default is dq_slices_for's rule; 1 here and in every non-deterministic build
+    dq_slices: int = 1
     tile_m: int = TILE_M
     tile_n: int = TILE_N
     q_stages: int = Q_STAGES
@@ -199,7 +207,7 @@ def make_bwd_config(dtype: str, head_dim: int, causal: bool, deterministic: bool
                     dq_reduce: str = None, dq_smem: str = None, dq_sum: str = None, stats: str = "tma", mma_order: str = "dv_dq_dk",
                     preprocess: str = "kernel", tile_m: int = None,
                     postprocess: str = None, grid_order: str = None,
-                    dq_zero: str = None, gqa_dkv: str = "loop") -> BwdConfig:
+                    dq_zero: str = None, gqa_dkv: str = "loop", dq_slices: int = BwdConfig.dq_slices) -> BwdConfig:
     """The backward build for these arguments; one-line ValueError naming what is allowed.
     dq_reduce=None, dq_smem=None, dq_sum=None, tile_m=None: the head dim's defaults
     (DQ_REDUCE_DEFAULT, DQ_SMEM_DEFAULT, DQ_SUM_DEFAULT, TILE_M_DEFAULT; each falls back to the
@@ -263,6 +271,11 @@ def make_bwd_config(dtype: str, head_dim: int, causal: bool, deterministic: bool
     if gqa_dkv == "reduce" and deterministic:
         raise ValueError("gqa_dkv='reduce' adds the q heads' dK, dV in no fixed order; allowed with "
                          "deterministic=True: gqa_dkv='loop'")
+    if type(dq_slices) is not int or dq_slices not in DQ_SLICES:
+        raise ValueError(f"dq_slices={dq_slices!r} not supported; allowed: {', '.join(map(str, DQ_SLICES))}")
+    if dq_slices > 1 and not deterministic:
+        raise ValueError(f"dq_slices={dq_slices} copies the deterministic build's accumulator; allowed with "
+                         f"deterministic=False: dq_slices=1")
     tiles = TILE_M_BY_HEAD_DIM[head_dim]
     if isinstance(tile_m, bool) or tile_m not in tiles:
         raise ValueError(f"tile_m={tile_m!r} not supported at head_dim {head_dim}; allowed: "
@@ -280,7 +293,7 @@ def make_bwd_config(dtype: str, head_dim: int, causal: bool, deterministic: bool
     cfg = BwdConfig(dtype=dtype, head_dim=head_dim, causal=causal, deterministic=deterministic,
                     dq_reduce=dq_reduce, dq_smem=dq_smem, dq_sum=dq_sum, stats=stats, mma_order=mma_order, preprocess=preprocess,
                     postprocess=postprocess, tile_m=tile_m, grid_order=grid_order,
-                    dq_zero=dq_zero, gqa_dkv=gqa_dkv, tile_n=TILE_N_BY_HEAD_DIM[head_dim])
+                    dq_zero=dq_zero, gqa_dkv=gqa_dkv, dq_slices=dq_slices, tile_n=TILE_N_BY_HEAD_DIM[head_dim])
     if bwd_smem_bytes(cfg) > SMEM_LIMIT_BYTES:
         # single-stage Q / dO rings (head_dim 256 with dq_reduce="bulk": the 64 KiB dQ buffer)
         cfg = dataclasses.replace(cfg, q_stages=1)
@@ -366,6 +379,36 @@ def with_gqa_default(knobs: dict, head_dim: int, heads: int, heads_kv: int, batc
     return {**knobs, "gqa_dkv": gqa_dkv_for(heads, heads_kv, blocks, deterministic, sms)}
 
 
+def dq_slices_for(cfg: BwdConfig, seqlen_q: int, seqlen_k: int, group: int = 1) -> int:
+    """The dq_slices default of a deterministic build (1 otherwise): the fewest copies, a power of
+    two up to DQ_SLICES' last, that leave no run of key blocks (pairs) longer than a CTA's walk
+    (the query blocks of the group's q heads it visits without a mask; causal: the longest). Then
+    a query block's chain of turns is no longer than the work of the CTA that waits on it: 1 on
+    square problems, more where few queries see many keys (a chunk: 256 queries on 8k-16k keys).
+    A design choice not yet measured on a GPU, predicted by fa4sim
+    (lab/campaigns/kernel-sm90-backward/predicted_dq_slices_*.json)."""
+    c = cluster_ctas(cfg)
+    units = -(-seqlen_k // (c * cfg.tile_n))
+    walk = group * -(-seqlen_q // cfg.tile_m)
+    slices = 1
+    if not cfg.deterministic or walk == 0:
+        return slices
+    while slices < DQ_SLICES[-1] and -(-units // slices) > walk:
+        slices *= 2
+    return slices
+
+
+def with_dq_slices_default(knobs: dict, dtype: str, head_dim: int, causal: bool, deterministic: bool,
+                           seqlen_q: int, seqlen_k: int, group: int) -> dict:
+    """knobs with dq_slices set to dq_slices_for's choice where the caller left it out and the build
+    is deterministic (a packed batch: its longest sequences' lengths, as the host knows them
+    without reading cu_seqlens). Bad knobs: make_bwd_config's one-line ValueError."""
+    if "dq_slices" in knobs or not deterministic:
+        return knobs
+    cfg = bwd_config_from_knobs(dtype, head_dim, causal, deterministic, knobs)
+    return {**knobs, "dq_slices": dq_slices_for(cfg, seqlen_q, seqlen_k, group)}
+
+
 def grid_heads(cfg: BwdConfig, heads: int, heads_kv: int) -> int:
     """The grid's head axis: one per q head with gqa_dkv="reduce", else one per k/v head."""
     return heads if cfg.gqa_dkv == "reduce" else heads_kv
@@ -405,15 +448,31 @@ def launch_order(cfg: BwdConfig, seqlen_k: int, heads_kv: int, batch: int) -> li
     return out
 
 
+def dq_slice(cfg: BwdConfig, n_block: int, seqlen_k: int) -> tuple[int, int, int, int]:
+    """Deterministic builds: (accumulator copy, index of the key block's pair / key block within
+    its run, the run's units, the keys from the run's first on) of the CTA of key block n_block
+    (sm90/bwd.py FlashBwdSm90._dq_slice, in plain Python): a head's units cut into dq_slices runs of
+    ceil(units / dq_slices), the last ones shorter or empty; dq_slices=1: one run, copy 0."""
+    c = cluster_ctas(cfg)
+    unit, units = n_block // c, -(-seqlen_k // (c * cfg.tile_n))
+    if cfg.dq_slices == 1:
+        return 0, unit, units, seqlen_k
+    run = max(-(-units // cfg.dq_slices), 1)
+    copy = unit // run
+    first = copy * run
+    return copy, unit - first, min(run, units - first), seqlen_k - first * c * cfg.tile_n
+
+
 def dq_turn(cfg: BwdConfig, n_block: int, m_block: int, seqlen_q: int, seqlen_k: int) -> int:
     """Deterministic builds: the count the semaphore of query block m_block must have reached
     before the CTA of key block n_block adds its dQ there (sm90/bwd.py FlashBwdSm90._dq_turn, in
     plain Python). Key blocks go in pairs with dq_sum="pair" (both CTAs of pair u take turn c u,
     c = 2, and each adds 1). Without a mask pair / key block u goes u-th; causal: query block m is
     seen by the first n_max(m) of them, which launch last first (launch_order), so u comes after
-    the n_max(m) - 1 - u above it."""
+    the n_max(m) - 1 - u above it. With dq_slices > 1 the turn is within the unit's run (dq_slice),
+    on the copy's semaphore: a head of the run's keys alone."""
     c = cluster_ctas(cfg)
-    unit, units = n_block // c, -(-seqlen_k // (c * cfg.tile_n))
+    _, unit, units, seqlen_k = dq_slice(cfg, n_block, seqlen_k)
     if not cfg.causal:
         return unit * c
     reach = max((m_block + 1) * cfg.tile_m + seqlen_k - seqlen_q, 0)

@@ -20,7 +20,7 @@ default knobs; the deterministic backward (fa4kernel[deterministic]: one dQ accu
 ordered by a semaphore per query block) is timed at every point.
 
 Backward variants side by side: --variants takes knob sets of the backward (sm90/bwd_config.py:
-dq_reduce, dq_smem, dq_sum, stats, mma_order, preprocess, postprocess, tile_m, grid_order, dq_zero), each
+dq_reduce, dq_smem, dq_sum, stats, mma_order, preprocess, postprocess, tile_m, grid_order, dq_zero, dq_slices), each
 timed as its own row `fa4kernel[KNOBS]` in the same round-robin as the peers; a set that does not apply at a point
 (tile_m=128 outside head dim 64) is recorded there as unsupported; --hdims, --seqlens, --causal narrow the
 grid; --no-deterministic drops the deterministic row.
@@ -105,9 +105,9 @@ def parse_variant(text):
             _bad_input(f"--variants {text!r}: {item!r}; allowed: NAME=VALUE with NAME in {', '.join(BWD_KNOB_NAMES)}")
         if name == "deterministic":
             knobs[name] = val.lower() == "true"
-        elif name == "tile_m":
+        elif name in ("tile_m", "dq_slices"):
             if not val.isdigit():
-                _bad_input(f"--variants {text!r}: {item!r}; allowed: tile_m=INTEGER")
+                _bad_input(f"--variants {text!r}: {item!r}; allowed: {name}=INTEGER")
             knobs[name] = int(val)
         else:
             knobs[name] = val
