@@ -12,7 +12,7 @@ from fa4kernel.sm100.named_barrier import NamedBarrierFwdSm100
 # asserts it), one per (softmax warpgroup, warp) pair on SM100; keyed by name (IntEnum members of
 # equal value from different enums compare and hash equal)
 SPANS = {
-    NamedBarrierFwd: {"PINGPONG": 3, "P_SMEM": 3},
+    NamedBarrierFwd: {"PINGPONG": 3},
     NamedBarrierBwd: {"DQ_EMPTY": 2, "DQ_FULL": 2, "DQ_FULL_STAGE": 8},
     NamedBarrierFwdSm100: {"SM_STATS": 8},
 }

@@ -417,13 +417,15 @@ def test_later_point_groups_are_new_to_every_earlier_run(group, before):
     assert group in bench.ASKED_FOR
 
 
-def test_paired_points_are_new_to_every_recorded_run():
-    """No settled results file in the lab holds a problem of the group "paired" (the ten problems
-    predicted before the run that first measured them), other than that run's own."""
+def test_paired_points_were_first_measured_by_their_own_run():
+    """The ten problems of the group "paired" were predicted before the run that first measured
+    them: no settled results file holds one of them outside that group unless it is dated after
+    the paired run (a later run may measure them again, with predictions of its own)."""
     import glob
 
     names = {p.name for p in bench.select("paired", False)}
     assert any(p.heads_kv < p.heads for p in bench.select("paired", False))  # GQA and MQA among them
+    paired_dates, others = [], []
     for path in glob.glob(os.path.join(ROOT, "lab", "campaigns", "*", "*.json")):
         if os.path.basename(path).startswith("predicted_"):
             continue
@@ -433,8 +435,15 @@ def test_paired_points_are_new_to_every_recorded_run():
             continue
         pts = doc.get("points") if isinstance(doc, dict) else None
         if isinstance(pts, list) and (doc.get("meta") or {}).get("kind") == "sustained":
-            # the run that first measured them records them as group "paired"
-            assert not names & {p.get("name") for p in pts if isinstance(p, dict) and p.get("group") != "paired"}, path
+            date = str(doc["meta"].get("date", ""))[:10]
+            groups = {p.get("group") for p in pts if isinstance(p, dict) and p.get("name") in names}
+            if "paired" in groups:
+                paired_dates.append(date)
+            if groups - {"paired"}:
+                others.append((date, path))
+    assert paired_dates, "the paired run's file"
+    first = min(paired_dates)
+    assert all(date > first for date, _ in others), [p for d, p in others if d <= first]
 
 
 def test_predict_writes_each_modelled_candidate_without_a_gpu(tmp_path):

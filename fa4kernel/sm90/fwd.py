@@ -821,9 +821,11 @@ class FlashFwdSm90:
             rP = cute.make_rmem_tensor_like(p_view, self.dtype)
             to_16bit(p_view, rP)
             cute.copy(smem_thr_copy_P, smem_thr_copy_P.retile(rP), tPsP)
-            # generic-proxy smem writes must be visible to the wgmma (async proxy) of the WG
+            # generic-proxy smem writes must be visible to the wgmma (async proxy); a warp's own
+            # P rows are all its share of the PV GEMM reads (the accumulator rows it holds), so the
+            # warp, not the warpgroup, is what must have written them (flash-attn-4 does the same)
             cute.arch.fence_view_async_shared()
-            cute.arch.barrier(barrier_id=NamedBarrierFwd.P_SMEM + wg_idx, number_of_threads=128)
+            cute.arch.sync_warp()
 
     @cute.jit
     def consumer(

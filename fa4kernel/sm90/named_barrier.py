@@ -10,7 +10,6 @@ class NamedBarrierFwd(IntEnum):
 
     EPILOGUE = 1  # consumers + the store warp (warp 4): O in smem, the TMA store may read it
     PINGPONG = 2  # 2, 3, 4 (+ WG i): "consumer WG i may issue its GEMMs"
-    P_SMEM = 5  # 5, 6, 7 (+ WG i): P written to smem by all threads of WG i
     CONSUMERS = 8  # all consumer threads (epilogue hand-offs between persistent tiles)
 
 

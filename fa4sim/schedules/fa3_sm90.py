@@ -438,8 +438,9 @@ def build(hw, p: Problem, k: dict, n_kv: int, masked_blocks: int, impl, hbm_busy
                           label="scale, exp2, row sum: the part issued before the PV wait"))
         # P via smem, as compiled (fa4kernel hd128, causal and not: 7 of the 8 STSM per warp lie
         # between the PV wait and the last MUFU.EX2, the fence after them, then the O rescale): its
-        # stores issue among the exp2s and the fence's wait overlaps the O rescale, so only the
-        # warpgroup barrier is left at the end
+        # stores issue among the exp2s and the fence's wait overlaps the O rescale. No barrier is
+        # left at the end: a warp's rows of the PV GEMM's A operand are the P rows it stored, so
+        # fa4kernel, flash-attn-4 and FA3 all end with a warp sync (no BAR in their KV loops for it)
         p_store = {"smem:lsu": elems * BYTES / hw.smem_bytes_per_clk} if not rs else {}
         p_in_exp = bool(p_store) and overlap and not before
         if p_in_exp:
@@ -461,11 +462,11 @@ def build(hw, p: Problem, k: dict, n_kv: int, masked_blocks: int, impl, hbm_busy
             ops.append(resc)
         if not p_in_exp:
             cvt = add(cvt, p_store)
-        hand_off = 0.0 if rs else nbar if p_in_exp else hw.smem_latency + nbar
+        hand_off = 0.0 if rs or p_in_exp else hw.smem_latency
         if cvt or hand_off:  # with overlap and P in registers nothing is left after the rescale
             what = ([] if overlap else ["P -> bf16"]) + ([] if rs or p_in_exp else ["P -> smem, fence"])
             ops.append(Op(f"CVT{w}", r, tuple(cvt.items()), hand_off, "softmax",
-                          label=", ".join(what + ([] if rs else ["barrier"]))))
+                          label=", ".join(what + ([] if rs else ["warp sync"]))))
         if not overlap:
             ops.append(pv_op)
         ops.append(Op(f"FIN{w}", r, tuple(phase(hw, "normalize", rows * dv).items()), 0.0, "correction",
