@@ -106,7 +106,9 @@ def test_values(computed):
     by_id = {r["id"]: {c["spec"]["stat"]: c for c in r["computed"]} for r in computed}
     committed = by_id["user-settled-committed-h200"]["committed"]["value"]
     assert committed["count"] == 2 * committed["committed"] == 48
-    assert committed["max"] < 5e-4  # the committed file rounds TFLOP/s to 0.1
+    # the committed file rounds TFLOP/s to 0.1; its hd96 points (P through smem) moved 0.2 % when
+    # fa4sim's P hand-off became the warp sync the kernels have
+    assert committed["max"] < 3e-3
     grid = by_id["fwd-grid-h100"]["tflops"]
     assert grid["value"]["all"]["count"] == 36 and grid["verdict"] == "met"
     assert 0.0 < grid["value"]["all"]["median"] <= grid["value"]["all"]["max"] < 0.12
