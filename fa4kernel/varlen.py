@@ -127,19 +127,20 @@ def pack_plan(pack_gqa, q, k) -> int:
     h, hkv = q.shape[1], k.shape[1]
     if pack_gqa is False or h == 1:
         return 1
+    # why the packed rows would be no view of q (the first that holds), None where they are one
+    why_not = next((reason for bad, reason in (
+        (hkv != 1, f"heads_kv={hkv}; allowed: heads_kv == 1 (MQA, where the packed rows are a view of q)"),
+        (q.shape[0] * h >= 2 ** 31, f"{q.shape[0]} x {h} packed rows; allowed: fewer than 2^31 (the kernel's "
+                                    "int32 row offsets)"),
+        (q.shape[0] > 1 and q.stride(0) != h * q.stride(1),
+         f"q.stride()={tuple(q.stride())}; allowed: q.stride(0) == heads x q.stride(1) (a token's heads "
+         "adjacent, so the packed rows are a view)"),
+    ) if bad), None)
+    if why_not is None:
+        return h
     if pack_gqa is None:
-        view = hkv == 1 and q.shape[0] * h < 2 ** 31 and (q.shape[0] <= 1 or q.stride(0) == h * q.stride(1))
-        return h if view else 1
-    if hkv != 1:
-        raise ValueError(f"pack_gqa=True with heads_kv={hkv}; allowed: heads_kv == 1 (MQA, where the packed rows "
-                         "are a view of q), or pack_gqa=False")
-    if q.shape[0] * h >= 2 ** 31:
-        raise ValueError(f"pack_gqa=True with {q.shape[0]} x {h} packed rows; allowed: fewer than 2^31 (the kernel's "
-                         "int32 row offsets), or pack_gqa=False")
-    if q.shape[0] > 1 and q.stride(0) != h * q.stride(1):
-        raise ValueError(f"pack_gqa=True with q.stride()={tuple(q.stride())}; allowed: q.stride(0) == heads x "
-                         "q.stride(1) (a token's heads adjacent, so the packed rows are a view), or pack_gqa=False")
-    return h
+        return 1
+    raise ValueError(f"pack_gqa=True with {why_not}, or pack_gqa=False")
 
 
 def packed_view(t, group: int):
