@@ -518,7 +518,8 @@ def backward(run: Run) -> Pass:
                 cycles, _ = kernel_bwd.deterministic_grid(grid, units, [cost_of(u) for u in units],
                                                           at.num_sms // (2 if two_cta else 1),
                                                           module.dq_hold(at, problem, knobs),
-                                                          kt.cold_start_us * at.clock_ghz * 1e3, at.cta_launch_cycles)
+                                                          kt.cold_start_us * at.clock_ghz * 1e3, at.cta_launch_cycles,
+                                                          knobs.get("dq_slices", 1), cluster)
             return kernel_bwd.with_traffic(kt, problem, at, units, tile_m, two_cta, cycles, knobs, parts)
         kt = kernel_time(rows_t, at, units, cost_of, tile_m, two_cta, persistent=False, order=order, rows=keys,
                          cluster=cluster)
@@ -528,7 +529,8 @@ def backward(run: Run) -> Pass:
             cold = kt.cold_start_us * at.clock_ghz * 1e3
             slots = at.num_sms // (2 if two_cta else 1)
             cycles, _ = kernel_bwd.deterministic_cycles(units, [cost_of(u) for u in units], n_hb, slots, hold,
-                                                        cold, at.cta_launch_cycles, problem.causal)
+                                                        cold, at.cta_launch_cycles, problem.causal,
+                                                        knobs.get("dq_slices", 1), cluster)
         return kernel_bwd.with_traffic(kt, problem, at, units, tile_m, two_cta, cycles, knobs)
 
     longest = max(units, key=lambda u: (u.n_kv, -u.masked))
@@ -575,8 +577,12 @@ def backward(run: Run) -> Pass:
                                 f"their sequence's keys and exit at once (each costs its CTA launch); "
                                 f"seqlen_q / seqlen_k shown are the longest")
         if knobs.get("deterministic"):
+            copies = knobs.get("dq_slices", 1)
             result.notes.append(f"deterministic: each CTA holds a Q block's dQ order for "
-                                f"{module.dq_hold(at, problem, knobs):.0f} cycles; a CTA waits for those before it")
+                                f"{module.dq_hold(at, problem, knobs):.0f} cycles; a CTA waits for those before it"
+                                + (f"; {copies} copies of the dQ accumulator, a head's KV tiles in {copies} runs "
+                                   f"with an order each, the copies summed before the postprocess" if copies > 1
+                                   else ""))
         return result
 
     # the backward always has tensor work, so its clock starts at the tensor core's ceiling:

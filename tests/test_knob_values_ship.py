@@ -118,8 +118,9 @@ def test_the_backward_value_tuples_cover_the_knobs():
 @functools.cache
 def sim_shipped() -> dict:
     """Every value the implementations' backward choices (their JSON rules) resolve each choice knob
-    to, at each of their head dims, causal or not, short and long, and with every lesson's setting;
-    and the values the lessons set themselves."""
+    to, at each of their head dims, causal or not, short, long and two chunks (256 queries on 1024
+    and 8192 keys), deterministic or not (a user's argument) and with every lesson's setting; and
+    the values the lessons set themselves."""
     shipped = {name: set() for name in SIM_BWD_CHOICES}
     lessons = lesson_settings(SIM_BWD_KNOBS)
     for knobs in lessons:
@@ -128,9 +129,10 @@ def sim_shipped() -> dict:
                 shipped[name].add(value)
     for impl_name in SIM_IMPLS:
         impl = implementation.load(impl_name, "sm90")
-        for (hd, hdv), causal, s in itertools.product(impl.for_pass("bwd").head_dims, (False, True), (1024, 8192)):
-            p = Problem(1, 16, s, s, hd, causal, hdim_v=hdv)
-            for knobs in [{}] + lessons:
+        for (hd, hdv), causal, (sq, sk) in itertools.product(impl.for_pass("bwd").head_dims, (False, True),
+                                                             ((1024, 1024), (8192, 8192), (256, 1024), (256, 8192))):
+            p = Problem(1, 16, sq, sk, hd, causal, hdim_v=hdv)
+            for knobs in [{}, {"deterministic": True}] + lessons:
                 try:
                     k = setup("h100", None, p, knobs, impl, "bwd")[4]
                 except InputError:

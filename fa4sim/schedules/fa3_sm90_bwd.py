@@ -91,6 +91,10 @@ KNOBS = [
     Knob("deterministic_by", "semaphore", "", "semaphore: the dQ reduce-adds of a Q block in a fixed KV-tile order, "
          "held by a semaphore per Q block (flash-attn-4, fa4kernel)", kind="choice",
          choices=("semaphore",)),  # before grid_order, whose choice depends on it (fa4kernel)
+    Knob("dq_slices", 1, "copies", "deterministic: copies of the fp32 dQ accumulator and of its semaphores; a head's "
+         "KV tiles (pairs) are cut into that many runs, each adding in its own order into its own copy (a query "
+         "block's chain of turns is a run long), zeroed before the kernel and summed by one reduction before the "
+         "postprocess (fa4kernel)", choices=(1, 2, 4, 8)),  # after tile_m, tile_n, dq_sum: facts' dq_units_per_walk
     Knob("grid_order", "heads_outer", "", "the order the KV-tile CTAs launch in: heads_outer = the KV tiles of one "
          "(batch, head) after another (blockIdx order); tail_lpt (fa4kernel, causal) = the same, but the last heads, "
          "at least two waves of clusters, go KV tile by KV tile across them, longest first", kind="choice",
@@ -127,7 +131,21 @@ def facts(ctx, k: dict) -> dict:
         return {}
     keys = sum(sk for _, sk in p.sequences)
     tiles = -(-keys // n) if p.is_varlen else p.batch * -(-p.seqlen_k // n)
-    return {"loop_ctas_per_sm": tiles * p.heads_kv / ctx.hw.num_sms}
+    facts = {"loop_ctas_per_sm": tiles * p.heads_kv / ctx.hw.num_sms}
+    if "tile_m" in k and "dq_sum" in k:
+        facts["dq_units_per_walk"] = dq_units_per_walk(p, k)
+    return facts
+
+
+def dq_units_per_walk(p: Problem, k: dict) -> float:
+    """A head's KV tiles (pairs with dq_sum "pair") over a CTA's walk (the Q blocks of the group's q
+    heads it visits without a mask), for the longest sequences (as fa4kernel counts them on the host:
+    sm90/bwd_config.dq_slices_for): more than 1, a Q block's deterministic chain of turns is longer
+    than the work of the CTA at its end."""
+    c = 2 if dq_pair(k) else 1
+    units = -(-p.seqlen_k // (c * k["tile_n"]))
+    walk = p.heads // p.heads_kv * -(-p.seqlen_q // k["tile_m"])
+    return units / walk if walk else 0.0
 
 
 def rows_per_cta(k: dict) -> int:
@@ -212,6 +230,9 @@ def check(hw, p: Problem, k: dict, impl=None) -> None:
     check_shape(ARCH, mw, nw, K)  # a warpgroup's part of S
     check_dq_smem(p, k)
     check_dq_sum(p, k)
+    if k.get("dq_slices", 1) > 1 and not k["deterministic"]:
+        raise InputError("dq_slices", f"{k['dq_slices']} copies of the deterministic dQ order need deterministic "
+                                      f"true; allowed with deterministic false: 1")
     need = smem_bytes(p, k)
     if need > hw.smem_capacity_bytes:
         qdo = " (or dq_smem qdo: no fp32 dQ buffer)" if (k["dq_reduce"] == "bulk" and not qdo_staging(k)

@@ -265,30 +265,47 @@ def dq_order_wait(hw, dq_bytes: float) -> float:
 
 
 def deterministic_cycles(units: list[KvUnit], costs: list[tuple[float, float]], n_hb: int, slots: int,
-                         hold: float, start: float, cta_launch: float, causal: bool) -> tuple[float, int]:
+                         hold: float, start: float, cta_launch: float, causal: bool,
+                         copies: int = 1, cluster: int = 1) -> tuple[float, int]:
     """(launch cycles, CTAs on the busiest slot) of a deterministic backward, one CTA per unit,
     heads outer (flash-attn-4 and fa4kernel: the dQ of a Q block added by KV tile index; causal:
     shortest first, from the last KV tile down, dispatched in that order): deterministic_grid of
-    that grid."""
+    that grid, with `copies` of the accumulator (dq_copy)."""
     order = list(range(len(units)))
     if causal:
         order.reverse()
     return deterministic_grid([(hb, m) for hb in range(n_hb) for m in order], units, costs, slots, hold, start,
-                              cta_launch)
+                              cta_launch, copies, cluster)
+
+
+def dq_copy(rank: int, units_in_head: int, copies: int, cluster: int = 1) -> int:
+    """The accumulator copy the KV tile `rank` of a head adds into (fa4kernel's dq_slices,
+    sm90/bwd.py _dq_slice): the head's `units_in_head` tiles in clusters of `cluster` (dq_sum
+    "pair": 2), cut into `copies` runs of ceil(clusters / copies); run r adds into copy r, in an
+    order of its own."""
+    if copies <= 1:
+        return 0
+    run = max(-(-(-(-units_in_head // cluster)) // copies), 1)
+    return rank // cluster // run
 
 
 def deterministic_grid(grid: list[tuple[int, int]], units: list, costs: list[tuple[float, float]], slots: int,
-                       hold: float, start: float, cta_launch: float) -> tuple[float, int]:
+                       hold: float, start: float, cta_launch: float, copies: int = 1,
+                       cluster: int = 1) -> tuple[float, int]:
     """(launch cycles, CTAs on the busiest slot) of a deterministic backward launched as `grid`:
     (g, m) CTAs in dispatch order, m an index into units (-1: a CTA that exits at once, its
     launch only), the CTAs of one g (a launch head of one sequence) in the dQ order of their Q
-    blocks. A CTA reduces its Q blocks at R + j P (R its first reduction, P its cycles per Q
-    block), and may not reduce a Q block before the CTA before it in its g's order has held that
-    block's order for `hold` cycles: R >= R_prev + hold - (first Q block both share - its own
-    first) P. A CTA that has to wait runs that much longer. CTAs go to the slot that frees first."""
+    blocks, per accumulator copy (dq_copy; one copy: one order per g). A CTA reduces its Q blocks
+    at R + j P (R its first reduction, P its cycles per Q block), and may not reduce a Q block
+    before the CTA before it in its order has held that block's order for `hold` cycles:
+    R >= R_prev + hold - (first Q block both share - its own first) P. A CTA that has to wait runs
+    that much longer. CTAs go to the slot that frees first."""
     heap = [(start, i, 0) for i in range(max(1, slots))]
     end, busiest = start, 0
-    prev: dict[int, tuple[float, int]] = {}  # g -> (R, first Q block) of its previous CTA in the order
+    in_head: dict[int, int] = {}  # g -> its units (a sequence's KV tiles)
+    for g, m in grid:
+        in_head[g] = in_head.get(g, 0) + (m >= 0)
+    prev: dict[tuple, tuple[float, int]] = {}  # (g, copy) -> (R, first Q block) of its previous CTA in the order
     for g, m in grid:
         load, i, n = heapq.heappop(heap)
         begin = load + (cta_launch if n else 0.0)
@@ -296,13 +313,14 @@ def deterministic_grid(grid: list[tuple[int, int]], units: list, costs: list[tup
             heapq.heappush(heap, (begin, i, n + 1))
             continue
         u, (t1, _) = units[m], costs[m]
+        chain = (g, dq_copy(u.rank, in_head[g], copies, cluster))
         per_block = t1 / max(1, u.n_kv)
         r = begin
-        if g in prev:
-            shared = max(prev[g][1], u.first)
-            r = max(r, prev[g][0] + hold - (shared - u.first) * per_block)
+        if chain in prev:
+            shared = max(prev[chain][1], u.first)
+            r = max(r, prev[chain][0] + hold - (shared - u.first) * per_block)
         finish = t1 + r
-        prev[g] = (r, u.first)
+        prev[chain] = (r, u.first)
         heapq.heappush(heap, (finish, i, n + 1))
         if finish > end:
             end, busiest = finish, n + 1
@@ -343,9 +361,25 @@ def varlen_passes(p: Problem, knobs: dict) -> tuple[tuple, tuple]:
     packed, padded = p.heads * total_q, p.heads * blocks
     pre = (("preprocess kernel (varlen)", packed * (2 * p.hdim_v * 2 + 4) + padded * (8 + p.hdim * 4)),)
     post = (("postprocess kernel (varlen)", padded * p.hdim * 4 + packed * p.hdim * 2),)
+    pre, post = pre + copies_passes(padded, p, knobs)[0], copies_passes(padded, p, knobs)[1] + post
     if reduces_dkv(p, knobs):  # fp32 dK, dV accumulators over the packed keys, as the dense launch's (passes)
         pre, post = pre + dkv_accum_passes(p, knobs)[0], post + dkv_accum_passes(p, knobs)[1]
     return pre, post
+
+
+def copies_passes(rows: int, p: Problem, knobs: dict) -> tuple[tuple, tuple]:
+    """The launches the deterministic build's dq_slices copies add (fa4kernel/sm90/bwd.py
+    _zero_copies, _sum_copies), `rows` the accumulator's rows of one copy (every head's): the
+    copies past the first, and their semaphores (one per Q block), zeroed after the preprocess
+    (which zeroes the first); all copies read and their sum written by one reduction before the
+    postprocess. None with one copy."""
+    s = knobs.get("dq_slices", 1)
+    if s <= 1:
+        return (), ()
+    acc = rows * p.hdim * 4
+    return ((("dQ accumulator copies = zeros (fp32)", (s - 1) * acc),
+             ("their semaphores = zeros", (s - 1) * -(-rows // knobs["tile_m"]) * 4)),
+            (("dQ copies summed (fp32)", (s + 1) * acc),))
 
 
 def dkv_accum_passes(p: Problem, knobs: dict) -> tuple[tuple, tuple]:
@@ -379,6 +413,7 @@ def passes(p: Problem, knobs: dict | None = None) -> tuple[tuple, tuple]:
     else:
         pre = (("preprocess kernel", rows * (2 * p.hdim_v * 2 + 4 + 8 + p.hdim * 4)),)
     post = each(POST)
+    pre, post = pre + copies_passes(rows, p, knobs)[0], copies_passes(rows, p, knobs)[1] + post
     if reduces_dkv(p, knobs):  # per-K/V-head fp32 accumulators
         extra_pre, extra_post = dkv_accum_passes(p, knobs)
         pre, post = pre + extra_pre, post + extra_post
