@@ -34,6 +34,8 @@ def test_default_batches_have_unique_names_and_odd_lengths():
     (["--seqlens", "3,4", "--seqlens-k", "5"], "--seqlens-k: 1 lengths"),
     (["--seqlens", "3", "--heads", "6", "--heads-kv", "4"], "--heads-kv 4: must divide --heads 6"),
     (["--reps", "0"], "--reps >= 1"),
+    (["--pass", "bwd", "--variants", "deterministic=maybe"], "deterministic='maybe'; allowed: true, false"),
+    (["--pass", "bwd", "--variants", "dq_slices=8"], "dq_slices=8 copies the deterministic build's accumulator"),
 ])
 def test_bad_input_is_one_line_exit_2(argv, says, capsys):
     with pytest.raises(SystemExit) as e:
@@ -78,7 +80,25 @@ def test_predict_the_backward(tmp_path):
     b = {x.name: x for x in bench.BATCHES}["mqa-hd128-causal"]
     assert ours["us"] == pytest.approx(ours["pre_us"] + ours["main_us"] + ours["post_us"])
     assert ours["tflops"] == pytest.approx(2.5 * b.flops() / (ours["us"] * 1e6))
-    assert all("no varlen backward" in r["not_modelled"] for r in doc["rows"] if r["kernel"] != "fa4kernel.varlen")
+    (det,) = [r for r in doc["rows"] if r["kernel"] == "fa4kernel.varlen[deterministic]"]
+    assert det["us"] > ours["us"] and det["dq_slices"] >= 1 and "dq_slices" not in ours
+    peers = [r for r in doc["rows"] if not r["kernel"].startswith("fa4kernel")]
+    assert peers and all("no varlen backward" in r["not_modelled"] for r in peers)
+
+
+def test_predict_the_backwards_variants(tmp_path):
+    """--variants deterministic=true,dq_slices=N: the deterministic build with that many copies,
+    predicted as its own row, timed as attention(deterministic=True, bwd_knobs={dq_slices: N})."""
+    out = tmp_path / "pred.json"
+    argv = ["--batches", "chunks-hd64", "--pass", "bwd", "--variants", "deterministic=true,dq_slices=1",
+            "deterministic=true,dq_slices=4", "--predict", str(out)]
+    assert bench.main(argv) == 0
+    rows = {r["kernel"]: r for r in json.loads(out.read_text())["rows"]}
+    one, four = rows["fa4kernel.varlen[deterministic=True,dq_slices=1]"], rows["fa4kernel.varlen[deterministic=True,dq_slices=4]"]
+    assert (one["dq_slices"], four["dq_slices"]) == (1, 4)
+    assert rows["fa4kernel.varlen"]["us"] < four["us"] < one["us"]  # copies shorten the chunks' chains of turns
+    assert bench.parse_args(argv).variants[0] == {"deterministic": True, "dq_slices": 1}
+    assert bench.bwd_knobs({"deterministic": True, "dq_slices": 1}) == {"dq_slices": 1}
 
 
 def test_bench_varlen_times_with_the_clock_of_its_timed_batches():

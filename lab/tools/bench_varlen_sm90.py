@@ -173,9 +173,10 @@ def dense_problem(b: Batch):
     return Problem(n, b.heads, sq, sk, b.hdim, b.causal, heads_kv=b.heads_kv or None)
 
 
-def predict_rows(batches, pass_: str = "fwd", twin: bool = False, *, profile: str) -> list:
+def predict_rows(batches, pass_: str = "fwd", twin: bool = False, *, profile: str, variants=()) -> list:
     """fa4sim's predictions (on `profile`) for each batch and each modelled candidate; with twin, the dense
-    twin's of each equal-length batch too (fa4sim's dense prediction of (batch, seqlen_q, seqlen_k))."""
+    twin's of each equal-length batch too (fa4sim's dense prediction of (batch, seqlen_q, seqlen_k));
+    bwd: fa4kernel's deterministic build and each --variants set as well (their dq_slices recorded)."""
     from fa4sim import Problem, simulate
 
     out = []
@@ -190,6 +191,8 @@ def predict_rows(batches, pass_: str = "fwd", twin: bool = False, *, profile: st
                "tflops": mult * b.flops() / (r.time_us * 1e6), "clock_ghz": r.clock_ghz, "bottleneck": r.bottleneck}
         if pass_ == "bwd":
             row.update(pre_us=r.pre_us, main_us=r.main_us, post_us=r.post_us)
+            if r.knobs.get("deterministic"):
+                row["dq_slices"] = r.knobs["dq_slices"]
         return row
 
     for b in batches:
@@ -198,6 +201,10 @@ def predict_rows(batches, pass_: str = "fwd", twin: bool = False, *, profile: st
         out.extend(predict(b, kernel, impl, p, {}) for kernel, impl in MODELLED.items())
         if pass_ == "fwd" and packs(b):  # the plain build beside the default pack: fa4sim's fa4kernel unpacked
             out.append(predict(b, UNPACKED, MODELLED["fa4kernel.varlen"], p, {}, {"pack_gqa": False}))
+        if pass_ == "bwd":
+            builds = [("fa4kernel.varlen[deterministic]", {"deterministic": True})]
+            out.extend(predict(b, kernel, MODELLED["fa4kernel.varlen"], p, {}, knobs)
+                       for kernel, knobs in builds + [(variant_name(v), v) for v in variants])
         dense = dense_problem(b) if twin else None
         if dense is not None:
             out.extend(predict(b, kernel, impl, dense, {"dense": list(b.dense_shape())})
@@ -205,7 +212,7 @@ def predict_rows(batches, pass_: str = "fwd", twin: bool = False, *, profile: st
     return out
 
 
-def write_predictions(path: str, batches, argv, pass_: str, twin: bool, profile: str) -> dict:
+def write_predictions(path: str, batches, argv, pass_: str, twin: bool, profile: str, variants=()) -> dict:
     import subprocess
 
     from lab.tools.hopper import PROFILES
@@ -220,7 +227,7 @@ def write_predictions(path: str, batches, argv, pass_: str, twin: bool, profile:
                        if twin else "") + "; written before the run",
             "pass": pass_, "dense_twin": twin,
             "command": "python3 lab/tools/bench_varlen_sm90.py " + " ".join(argv)}
-    doc = {"meta": meta, "rows": predict_rows(batches, pass_, twin, profile=profile)}
+    doc = {"meta": meta, "rows": predict_rows(batches, pass_, twin, profile=profile, variants=variants)}
     with open(path, "w") as fh:
         json.dump(doc, fh, indent=1)
         fh.write("\n")
@@ -370,7 +377,8 @@ def bwd_candidates(torch, b: Batch, q, k, v, cq, ck, dout, errors: dict, loop: b
     out = {}
     # the default build, the deterministic one, and each --variants knob set
     builds = [("fa4kernel.varlen", {}), ("fa4kernel.varlen[deterministic]", {"deterministic": True})]
-    builds += [(variant_name(knobs), {"bwd_knobs": knobs}) for knobs in variants]
+    builds += [(variant_name(knobs), {"bwd_knobs": bwd_knobs(knobs), "deterministic": knobs.get("deterministic", False)})
+               for knobs in variants]
     for name, kw in builds:
         try:
             out[name] = through_autograd(lambda qq, kk, vv, kw=kw: fa4kernel.attention(
@@ -561,7 +569,8 @@ def parse_args(argv=None):
 
 def variant_knobs(ap, text: str) -> dict:
     """'gqa_dkv=reduce,stats=tma' -> its knobs, checked by the varlen backward's config (ap.error:
-    one line, exit 2)."""
+    one line, exit 2). deterministic=true|false picks the build (attention's `deterministic`), the
+    rest are its bwd_knobs: deterministic=true,dq_slices=16."""
     from fa4kernel.sm90.bwd_config import make_varlen_bwd_config
 
     knobs = {}
@@ -569,12 +578,19 @@ def variant_knobs(ap, text: str) -> dict:
         name, _, val = item.partition("=")
         if not name or not val:
             ap.error(f"--variants {text!r}: {item!r}; allowed: NAME=VALUE,...")
-        knobs[name] = int(val) if val.isdigit() else val
+        if name == "deterministic" and val.lower() not in ("true", "false"):
+            ap.error(f"--variants {text!r}: deterministic={val!r}; allowed: true, false")
+        knobs[name] = (val.lower() == "true") if name == "deterministic" else int(val) if val.isdigit() else val
     try:
-        make_varlen_bwd_config("bfloat16", 128, False, knobs)
+        make_varlen_bwd_config("bfloat16", 128, False, bwd_knobs(knobs), deterministic=knobs.get("deterministic", False))
     except ValueError as e:
         ap.error(f"--variants {text!r}: {e}")
     return knobs
+
+
+def bwd_knobs(variant: dict) -> dict:
+    """A --variants set's backward knobs: all but deterministic, which is attention's own argument."""
+    return {k: v for k, v in variant.items() if k != "deterministic"}
 
 
 def variant_name(knobs: dict) -> str:
@@ -585,7 +601,7 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     if args.predict:
         doc = write_predictions(args.predict, args.selected, sys.argv[1:] if argv is None else list(argv), args.pass_,
-                                args.dense_twin, args.profile)
+                                args.dense_twin, args.profile, args.variants)
         for r in doc["rows"]:
             text = (f"{r['us']:9.1f} us {r['tflops']:6.1f} TFLOP/s  {r['bottleneck'][:60]}" if "us" in r
                     else f"not modelled: {r['not_modelled'][:80]}")
