@@ -263,6 +263,7 @@ def forward(run: Run) -> Pass:
     # before its first TMA: paid by every CTA, so once per SM when persistent, per tile if not
     ctx = Context(problem, profile, impl)
     prologue = float(impl.value("cta_prologue_cycles", ctx, knobs)) if "cta_prologue_cycles" in impl.params else 0.0
+    combine_shape = split_kv.combine_shape(impl, ctx, knobs) if splits > 1 else None
     # a schedule may run a tile with fewer rows differently (fa3: idle warpgroups skip their work)
     unit_knobs = getattr(module, "unit_knobs", lambda k, rows: k)
 
@@ -360,16 +361,16 @@ def forward(run: Run) -> Pass:
                 per_block[unit] = per_block.get(unit, 0.0) + c * share
             idle += idle_v * share
         act = power.activity(at, kt, per_block, sm_blocks, tensor_flops, idle)
-        if splits > 1:  # the combine launch: memory-bound, the same time at any clock, drawing little
+        if splits > 1:  # the combine launch: its bytes or its chain of L2 round trips, drawing little
             act = replace(act, totals={**act.totals, "hbm": act.totals["hbm"] + split_kv.combine_bytes(problem, splits)},
-                          gap_us=act.gap_us + split_kv.combine_us(problem, at, splits))
+                          gap_us=act.gap_us + split_kv.combine_us(problem, at, splits, combine_shape))
         return act
 
     def finish(at, state) -> Result:
         kt, detailed, hbm_busy = state
         _, _, trace, period = detailed(longest.n_kv, longest.masked)
         util, waits, interval = _steady_state(trace, period)
-        combine = split_kv.combine_us(problem, at, splits)
+        combine = split_kv.combine_us(problem, at, splits, combine_shape)
         total_us = kt.time_us + combine
         tflops = run.flops_problem.flops / (total_us * 1e-6) / 1e12
         result = Result(at, run.schedule, impl, run.flops_problem, knobs, tflops, total_us, kt.cycles, util, "",
@@ -381,7 +382,10 @@ def forward(run: Run) -> Pass:
         if splits > 1:
             result.notes.append(f"split-KV: {splits} chunks per Q tile ({kt.units} work units), main kernel "
                                 f"{kt.time_us:.1f} us + combine launch {combine:.1f} us "
-                                f"({split_kv.combine_bytes(problem, splits) / 1e6:.2f} MB of partial O and LSE)")
+                                f"({split_kv.combine_bytes(problem, splits) / 1e6:.2f} MB of partial O and LSE"
+                                + (f", {split_kv.combine_round_trips(splits, combine_shape)} dependent L2 round "
+                                   "trips per row" if combine_shape else ", its bytes alone: the implementation "
+                                   "names no combine shape") + ")")
         if problem.is_varlen:
             result.notes.append(f"varlen: {problem.batch} sequences, {sum(q for q, _ in problem.sequences)} query "
                                 f"and {sum(k for _, k in problem.sequences)} key tokens in all; seqlen_q / seqlen_k "

@@ -83,9 +83,35 @@ def combine_bytes(p, num_splits: int) -> float:
     return num_splits * rows * (p.hdim_v * 4 + 4) + rows * p.hdim_v * 2
 
 
-def combine_us(p, hw, num_splits: int) -> float:
-    """The combine launch: its bytes at the HBM bandwidth plus a launch gap (as the backward's
-    memory-bound launches around its main kernel)."""
+# an implementation's combine kernel, as its params name it: how its rows walk the splits
+COMBINE_SHAPE = ("combine_lse_passes", "combine_lse_splits_per_round", "combine_partial_splits_per_round")
+
+
+def combine_shape(impl, ctx, knobs) -> tuple[int, int, int] | None:
+    """(passes over the splits' LSEs, splits whose LSE a row loads per round trip, splits whose
+    partial O it has in flight per round trip) from the implementation's params; None where it
+    names none (its combine is then its bytes alone)."""
+    if not all(n in impl.params for n in COMBINE_SHAPE):
+        return None
+    return tuple(int(impl.value(n, ctx, knobs)) for n in COMBINE_SHAPE)
+
+
+def combine_round_trips(num_splits: int, shape: tuple[int, int, int]) -> int:
+    """The dependent memory round trips of one row of the combine: each pass over the LSEs takes
+    ceil(splits / per round) of them, the partials ceil(splits / in flight)."""
+    passes, lse_per_round, partial_per_round = shape
+    return passes * math.ceil(num_splits / lse_per_round) + math.ceil(num_splits / partial_per_round)
+
+
+def combine_us(p, hw, num_splits: int, shape: tuple[int, int, int] | None = None) -> float:
+    """The combine launch, us: its bytes at the HBM bandwidth or, where longer, one row's chain of
+    dependent round trips to L2 (the split launch has just written the partials; the TMA's L2-hit
+    latency, l2_latency, stands in for a load's), plus a launch gap (as the backward's
+    memory-bound launches around its main kernel). Every row runs at once: the combine has a
+    warp (fa4kernel) or a CTA's share of threads (FlashAttention-3, flash-attn-4) per row, and a
+    decode batch's rows fit the GPU in one wave."""
     if num_splits <= 1:
         return 0.0
-    return combine_bytes(p, num_splits) / (hw.hbm_bandwidth_tbps * 1e6) + hw.launch_gap_us
+    stream = combine_bytes(p, num_splits) / (hw.hbm_bandwidth_tbps * 1e6)
+    chain = combine_round_trips(num_splits, shape) * hw.l2_latency / (hw.clock_ghz * 1e3) if shape else 0.0
+    return max(stream, chain) + hw.launch_gap_us

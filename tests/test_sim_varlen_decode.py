@@ -208,6 +208,36 @@ def test_split_kv_helps_a_batch_one_long_cache_and_its_combine_shows():
     assert split_kv.combine_bytes(auto.problem, 15) == 32 * (15 * (128 * 4 + 4) + 128 * 2)
 
 
+def test_the_combine_is_its_bytes_or_its_rows_chain_of_round_trips():
+    """A row's splits in a chain of dependent L2 round trips (its kernel's loop, as the
+    implementation's params describe it), or the bytes where they take longer."""
+    assert split_kv.combine_round_trips(29, (2, 32, 1)) == 2 + 29  # fa4kernel: two LSE passes, a split at a time
+    assert split_kv.combine_round_trips(29, (1, 128, 3)) == 1 + 10  # FA3: every LSE, then 3 splits in flight
+    assert split_kv.combine_round_trips(64, (2, 32, 1)) == 4 + 64
+    hw = load_hw(H200)
+    mqa = Problem(4, 8, 1, 65536, 128, heads_kv=1)
+    ours = split_kv.combine_us(mqa, hw, 29, (2, 32, 1))
+    assert ours == pytest.approx(31 * hw.l2_latency / (hw.clock_ghz * 1e3) + hw.launch_gap_us)
+    assert ours > split_kv.combine_us(mqa, hw, 29, (1, 128, 3)) > split_kv.combine_us(mqa, hw, 29)
+    # many rows and two splits: the bytes are longer than the chain
+    wide = Problem(128, 64, 1, 8192, 128, heads_kv=8)
+    stream = split_kv.combine_bytes(wide, 2) / (hw.hbm_bandwidth_tbps * 1e6)
+    assert split_kv.combine_us(wide, hw, 2, (2, 32, 1)) == pytest.approx(stream + hw.launch_gap_us)
+    assert split_kv.combine_us(mqa, hw, 1, (2, 32, 1)) == 0.0
+
+
+def test_each_implementation_names_its_combines_shape():
+    from fa4sim.implementation import load
+
+    shapes = {}
+    for name in ("fa4kernel", "flash-attn-3", "flash-attn-4"):
+        impl = load(name, "sm90")
+        shapes[name] = tuple(impl.params[n]["value"] for n in split_kv.COMBINE_SHAPE)
+    assert shapes == {"fa4kernel": (2, 32, 1), "flash-attn-3": (1, 128, 3), "flash-attn-4": (1, 128, 3)}
+    r = _decode(131072, batch=1, heads=8, kv=1, impl="fa4kernel", num_splits=29)
+    assert any("dependent L2 round trips per row" in n for n in r.notes)
+
+
 def test_the_launch_fixed_costs_show_in_a_short_decode():
     r = _decode(256, batch=1, heads=8, kv=8)  # 2 KV blocks: no split, the gap a fifth of the time
     assert "the launch's fixed costs (launch gap" in r.bottleneck
