@@ -52,6 +52,52 @@ def kv_loop(sass: str) -> list[str]:
     return min(bodies, key=len)
 
 
+def v_zero_loop(sass: str) -> list[str]:
+    """Whole instructions of the decode / varlen forward's V zeroing loop (sm90/fwd.py
+    _zero_v_past_keys): the smallest loop body with a 2-byte shared-memory store and no wgmma."""
+    bodies = [ops for _, ops in loop_bodies(sass, operands=True)
+              if any(o.split()[0] == "STS.U16" for o in ops) and not any(o.startswith("HGMMA") for o in ops)]
+    if not bodies:
+        raise ValueError("no loop with STS.U16 and no HGMMA in this SASS")
+    return min(bodies, key=len)
+
+
+_NO_DEST = ("ST", "BRA", "BAR", "RED", "MEMBAR", "FENCE", "SYNCS", "EXIT", "RET", "CALL", "BSYNC", "BSSY", "NOP")
+
+
+def _regs(text: str) -> list[str]:
+    return re.findall(r"\b(U?R\d+|U?P\d)\b", text)
+
+
+def dependent_chain(instrs: list[str]) -> int:
+    """The longest chain of instructions in `instrs` (one loop trip, in order) each of which reads
+    a register or predicate the one before it in the chain wrote: how many results one trip waits
+    for in a row. An instruction writes its leading operands up to the first one it reads (a
+    compare's one or two predicates, else the first register); stores, branches, barriers and
+    fences write none. Values from before the trip start chains at 0."""
+    depth: dict[str, int] = {}
+    longest = 0
+    for ins in instrs:
+        op, _, rest = ins.partition(" ")
+        operands = [x.strip() for x in rest.split(",")]
+        if op.startswith(_NO_DEST) or not operands or not operands[0]:
+            dests, srcs = [], operands
+        elif "SETP" in op or op.startswith("PLOP3"):
+            n = 0
+            while n < len(operands) and re.fullmatch(r"U?P(\d|T)", operands[n].lstrip("!")):
+                n += 1
+            n = max(1, n - 1) if n == len(operands) else n
+            dests, srcs = operands[:min(n, 2)], operands[min(n, 2):]
+        else:
+            dests, srcs = operands[:1], operands[1:]
+        d = 1 + max([depth.get(r, 0) for x in srcs for r in _regs(x)], default=0)
+        for x in dests:
+            for r in _regs(x):
+                depth[r] = d
+        longest = max(longest, d)
+    return longest
+
+
 def around_pv_wait(loop: list[str]) -> tuple[list[str], list[str]]:
     """A KV loop's opcodes split at its waits: (between the S wait and the PV wait, from the PV
     wait on). The first two WARPGROUP.DEPBARs of the loop are those waits (wait_group 1, then 0)."""

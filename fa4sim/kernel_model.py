@@ -38,9 +38,12 @@ class WorkUnit:
 @dataclass(frozen=True)
 class SeqUnit(WorkUnit):
     """A work unit of a varlen or split-KV launch: which sequence of the packed batch, and which
-    chunk of its Q tile's KV blocks (0: the only one without splits)."""
+    chunk of its Q tile's KV blocks (0: the only one without splits); zero_rows: the key rows of
+    its first block (the last, where the tile starts) past the sequence's keys, where it holds the
+    sequence's last block (a build that zeroes V there pays for them: fa4kernel)."""
     split: int = 0
     seq: int = 0
+    zero_rows: int = 0
 
 
 def work_units(p: Problem, rows: int, tile_n: int, pack: int = 1) -> list[WorkUnit]:
@@ -277,7 +280,8 @@ def split_units(units: list[WorkUnit], num_splits: int) -> list[SeqUnit]:
             if hi <= lo:
                 continue
             masked = max(0, min(hi, u.n_kv) - max(lo, u.n_kv - u.masked))
-            out.append(SeqUnit(hi - lo, masked, u.rows, i, getattr(u, "seq", 0)))
+            zero = getattr(u, "zero_rows", 0) if hi == u.n_kv else 0  # the chunk with the tile's last block
+            out.append(SeqUnit(hi - lo, masked, u.rows, i, getattr(u, "seq", 0), zero))
     return out
 
 
@@ -287,8 +291,15 @@ def varlen_units(p: Problem, rows: int, tile_n: int, pack: int = 1, num_splits: 
     out = []
     for s, (q, k) in enumerate(p.sequences):
         one = Problem(1, p.heads, q, k, p.hdim, p.causal, p.hdim_v, p.heads_kv)
-        out += [SeqUnit(u.n_kv, u.masked, u.rows, 0, s) for u in work_units(one, rows, tile_n, pack)]
+        out += [SeqUnit(u.n_kv, u.masked, u.rows, 0, s, past_keys(u.n_kv, k, tile_n))
+                for u in work_units(one, rows, tile_n, pack)]
     return split_units(out, num_splits)
+
+
+def past_keys(n_kv: int, keys: int, tile_n: int) -> int:
+    """Rows of a tile's last KV block past the sequence's `keys` when that block is the sequence's
+    last (0 otherwise): what fa4kernel's varlen and decode builds zero in V."""
+    return n_kv * tile_n - keys if (n_kv - 1) * tile_n <= keys < n_kv * tile_n else 0
 
 
 def decoder_order(units: list[WorkUnit], n_h: int, lpt: bool, kv_block: float, tile_m: int, tile_n: int,

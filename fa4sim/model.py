@@ -19,6 +19,7 @@ model holds that launch to (once, for both).
 """
 from __future__ import annotations
 
+import functools
 import math
 import numbers
 from collections.abc import Callable, Mapping
@@ -264,6 +265,11 @@ def forward(run: Run) -> Pass:
     ctx = Context(problem, profile, impl)
     prologue = float(impl.value("cta_prologue_cycles", ctx, knobs)) if "cta_prologue_cycles" in impl.params else 0.0
     combine_shape = split_kv.combine_shape(impl, ctx, knobs) if splits > 1 else None
+    # a tile's V rows past its sequence's keys, zeroed before its first S GEMM where the build
+    # does so (fa4kernel's varlen and decode builds: the schedule's v_zero_cycles), cycles
+    zero_cost = getattr(module, "v_zero_cycles", None)
+    v_zero = functools.lru_cache(maxsize=None)(
+        lambda rows: zero_cost(profile, problem, knobs, impl, rows) if zero_cost and rows else (0.0, 0.0))
     # a schedule may run a tile with fewer rows differently (fa3: idle warpgroups skip their work)
     unit_knobs = getattr(module, "unit_knobs", lambda k, rows: k)
 
@@ -309,7 +315,8 @@ def forward(run: Run) -> Pass:
                 t1, extra = _further(*detailed(u.n_kv, u.masked, v)[:2])
             else:
                 t1, extra = _interpolated(u, max(ns), lambda n, m: detailed(n, m, v))
-            return t1 + prologue, extra
+            wait, work = v_zero(getattr(u, "zero_rows", 0))
+            return t1 + prologue + wait + work, None if extra is None else extra + work
 
         if general:
             kt = kernel_time_tiles(problem, at, units, order, cost_of, tile_n, two_cta, persistent, unit_rows,

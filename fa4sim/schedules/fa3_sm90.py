@@ -316,6 +316,26 @@ def unit_knobs(k: dict, rows: int) -> dict:
     return {**k, "tile_m": 64 * live, "_o_box_rows": k["tile_m"]}
 
 
+def v_zero_cycles(hw, p: Problem, k: dict, impl, zero_rows: int) -> tuple[float, float]:
+    """(wait, work): cycles a tile of fa4kernel's varlen or decode build spends before its first S
+    GEMM setting the V rows past its sequence's keys to 0 (sm90/fwd.py _zero_v_past_keys: they
+    may hold anything, and 0 x NaN in the PV GEMM is NaN). wait: for the first block's V beyond
+    its K (the V tile at the TMA rate; a persistent CTA's further tile finds it loaded during the
+    tile before). work: every consumer thread's trips of the zeroing loop (one element each; a
+    trip the longer of its dependent chain at the FMA latency and its instructions' issue, the
+    consumer warps sharing the schedulers; the implementation's v_zero_sass, counted in its
+    SASS), then the barrier of all consumers. (0, 0) without zero rows or for an implementation
+    whose loads zero-fill (no v_zero_sass)."""
+    if zero_rows <= 0 or "v_zero_loop_instr" not in impl.params:
+        return 0.0, 0.0
+    ctx = Context(p, hw, impl)
+    instr, chain = (float(impl.value(n, ctx, k)) for n in ("v_zero_loop_instr", "v_zero_loop_chain"))
+    warps = 4 * consumer_warpgroups(k)
+    trips = -(-zero_rows * p.hdim_v // (32 * warps))
+    trip = max(chain * hw.fma_latency, instr * warps / hw.issue_per_clk)
+    return k["tile_n"] * p.hdim_v * BYTES / hw.tma_bytes_per_clk, trips * trip + hw.named_barrier_latency
+
+
 def _with_issue(uses: tuple, issue: float) -> tuple:
     return uses + (("issue", issue),) if issue > 0 else uses
 

@@ -10,6 +10,9 @@ compile_bwd_sass; the compile cache makes a rerun quick) and counts in its SASS:
   tau_test_sass    the forward's KV loop with conditional rescaling (rescale_threshold 8) less the
                    same build rescaling always (both rescale before the PV GEMM): the instructions
                    its test adds per warp and block, for tau_test_instr, per head dim's default
+  v_zero_sass      the varlen / decode forward's V zeroing loop (fa4kernel.sass.v_zero_loop): its
+                   instructions per trip and the longest chain of them that wait on each other
+                   (dependent_chain), for v_zero_loop_instr and v_zero_loop_chain
   loop_instr_sass  the backward's Q-block loop per consumer thread (loop_counts): per_kstep =
                    (HGMMA + uniform datapath) / HGMMA, fixed = the rest less the pointwise
                    instructions fa4sim counts itself (loop_fixed), for loop_instr_per_kstep and
@@ -100,6 +103,20 @@ def tau_test_rows() -> list[dict]:
                           for k in TAU_PAIR)
             rows.append({"build": {"hdim": hd, "causal": causal}, "compiled_from": " less ".join(calls),
                          "instr": tau - plain})
+    return rows
+
+
+def v_zero_rows() -> list[dict]:
+    import fa4kernel
+    from fa4kernel.sass import dependent_chain, v_zero_loop
+    from fa4kernel.sm90.config import make_varlen_config
+
+    rows = []
+    for hd in (64, 96, 128, 192, 256):
+        call = f"make_varlen_config('bfloat16', {hd}, True, True, {{}})"
+        print(f"# {call}", file=sys.stderr, flush=True)
+        body = v_zero_loop(fa4kernel.compile_sass(make_varlen_config("bfloat16", hd, True, True, {}), arch="sm_90a"))
+        rows.append({"build": {"hdim": hd}, "compiled_from": call, "instr": len(body), "chain": dependent_chain(body)})
     return rows
 
 
@@ -208,6 +225,10 @@ SOURCES = {
                      "rescale_threshold 8 less those of the same build rescaling always before the PV GEMM (the "
                      "compares, vote, branch and the scale's select and FMUL / FADD the test adds), per warp and "
                      "block, of each head dim's default build; its other builds take their head dim's",
+    "v_zero_sass": "fa4kernel's varlen forward builds " + TOOLCHAIN + " (causal; the decode build runs the same "
+                   "_zero_v_past_keys): its V zeroing loop, one 2-byte store per trip and thread, the trip's "
+                   "instructions (the index's division by the head dim and the swizzle's address math included) "
+                   "and the longest chain of them each waiting on the one before",
     "loop_instr_sass": "fa4kernel's backward builds " + TOOLCHAIN + ", the consumers' innermost Q-block loop, "
                        "per thread, counted statically (where both warpgroups' branches are in the loop, both): "
                        "per_kstep (HGMMA + uniform datapath) / HGMMA, fixed the rest less the pointwise "
@@ -222,6 +243,9 @@ def table(name: str) -> dict:
     if name == "tau_test_sass":
         return {"source": SOURCES[name], "columns": {"tau_test_instr": "instr"}, "keys": ["hdim", "causal"],
                 "rows": tau_test_rows()}
+    if name == "v_zero_sass":
+        return {"source": SOURCES[name], "columns": {"v_zero_loop_instr": "instr", "v_zero_loop_chain": "chain"},
+                "keys": ["hdim"], "rows": v_zero_rows()}
     return {"source": SOURCES[name], "columns": {"loop_instr_per_kstep": "per_kstep", "loop_instr_fixed": "fixed"},
             "keys": list(BWD_KEYS), "fallbacks": BWD_FALLBACKS, "rows": loop_instr_rows()}
 
@@ -230,8 +254,9 @@ def document(only=None, old=None) -> dict:
     """The generated file: tables not in `only` kept from `old`."""
     old = old or {}
     doc = {"generated": GENERATED}
-    for pass_, names in (("fwd", ("pv_wait_sass", "tau_test_sass")), ("bwd", ("loop_instr_sass",))):
-        doc[pass_] = {name: table(name) if only in (None, name) else old[pass_][name] for name in names}
+    for pass_, names in (("fwd", ("pv_wait_sass", "tau_test_sass", "v_zero_sass")), ("bwd", ("loop_instr_sass",))):
+        doc[pass_] = {name: table(name) if only in (None, name) or name not in old.get(pass_, {}) else old[pass_][name]
+                      for name in names}
     return doc
 
 
@@ -260,7 +285,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--write", action="store_true", help=f"write {os.path.relpath(PATH, ROOT)}")
-    ap.add_argument("--only", choices=("pv_wait_sass", "tau_test_sass", "loop_instr_sass"),
+    ap.add_argument("--only", choices=("pv_wait_sass", "tau_test_sass", "v_zero_sass", "loop_instr_sass"),
                     help="recompile one table, keep the others")
     args = ap.parse_args(argv)
     os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
