@@ -14,16 +14,15 @@ import tempfile
 from typing import Optional
 
 
-def loop_bodies(sass: str, operands: bool = False) -> list[tuple[str, list[str]]]:
-    """[(label, [opcode, ...])] for every backward branch (a loop body: label .. branch).
-    Predicates (@P0) are dropped; an opcode keeps its modifiers (HGMMA.64x128x16.F32.BF16).
-    operands=True: whole instructions (FMUL R42, R42, R51.reuse) instead of opcodes."""
-    labels = {}
-    ops = []  # instruction texts, in order
+def instructions(sass: str, labels: dict | None = None) -> list[str]:
+    """The whole instructions in order (FMUL R42, R42, R51.reuse), predicates (@P0) dropped;
+    labels, if given, gets each label's index into the list."""
+    ops = []
     for line in sass.splitlines():
         m = re.match(r"^(\.L_x_\d+):", line.strip())
         if m:
-            labels[m.group(1)] = len(ops)
+            if labels is not None:
+                labels[m.group(1)] = len(ops)
             continue
         if "*/" in line:
             s = line.split("*/", 1)[1].strip().rstrip(";").strip()
@@ -32,6 +31,15 @@ def loop_bodies(sass: str, operands: bool = False) -> list[tuple[str, list[str]]
             if s.startswith("@"):
                 s = s.split(None, 1)[1] if " " in s else s
             ops.append(s)
+    return ops
+
+
+def loop_bodies(sass: str, operands: bool = False) -> list[tuple[str, list[str]]]:
+    """[(label, [opcode, ...])] for every backward branch (a loop body: label .. branch).
+    Predicates (@P0) are dropped; an opcode keeps its modifiers (HGMMA.64x128x16.F32.BF16).
+    operands=True: whole instructions (FMUL R42, R42, R51.reuse) instead of opcodes."""
+    labels: dict = {}
+    ops = instructions(sass, labels)
     out = []
     for k, s in enumerate(ops):
         if s.startswith("BRA"):
@@ -52,14 +60,22 @@ def kv_loop(sass: str) -> list[str]:
     return min(bodies, key=len)
 
 
-def v_zero_loop(sass: str) -> list[str]:
-    """Whole instructions of the decode / varlen forward's V zeroing loop (sm90/fwd.py
-    _zero_v_past_keys): the smallest loop body with a 2-byte shared-memory store and no wgmma."""
+def v_zero_trip(sass: str) -> tuple[list[str], int]:
+    """(whole instructions of one trip, elements of V a thread sets to 0 per trip) of the decode /
+    varlen forward's V zeroing (sm90/fwd.py _zero_v_past_keys): a loop of 2-byte shared-memory
+    stores (the smallest loop body with STS.U16 and no wgmma: one element a trip), else one trip
+    of 16-byte stores of zeros (the longest run of STS.128 [...], RZ: 8 elements each)."""
     bodies = [ops for _, ops in loop_bodies(sass, operands=True)
               if any(o.split()[0] == "STS.U16" for o in ops) and not any(o.startswith("HGMMA") for o in ops)]
-    if not bodies:
-        raise ValueError("no loop with STS.U16 and no HGMMA in this SASS")
-    return min(bodies, key=len)
+    if bodies:
+        return min(bodies, key=len), 1
+    run, best = [], []
+    for ins in instructions(sass):
+        run = run + [ins] if re.fullmatch(r"STS\.128 \[[^]]*\], RZ", ins) else []
+        best = run if len(run) > len(best) else best
+    if not best:
+        raise ValueError("no V zeroing in this SASS: no loop with STS.U16, no 16-byte stores of zeros")
+    return best, 8 * len(best)
 
 
 _NO_DEST = ("ST", "BRA", "BAR", "RED", "MEMBAR", "FENCE", "SYNCS", "EXIT", "RET", "CALL", "BSYNC", "BSSY", "NOP")

@@ -60,3 +60,24 @@ def test_the_zeroing_shows_in_a_launch_of_short_sequences():
     same = simulate("h100", problem=Problem.varlen(16, 128, [384] * 64, None, causal=True), impl="fa4kernel",
                     overrides={"v_zero_loop_instr": 0, "v_zero_loop_chain": 0})
     assert filled.time_us == pytest.approx(same.time_us)  # no partial block, nothing to zero
+
+
+def test_a_trip_of_zeroing_is_a_loop_of_2_byte_stores_or_one_run_of_16_byte_ones():
+    from fa4kernel.sass import v_zero_trip
+
+    loop = """.L_x_30:
+        /*3ee0*/                   VIADD R14, R14, 0x100 ;
+        /*3ef0*/                   LEA R17, R14, UR41, 0x1 ;
+        /*3f00*/                   STS.U16 [R17], RZ ;
+        /*3f10*/              @!P0 BRA `(.L_x_30) ;"""
+    trip, elems = v_zero_trip(loop)
+    assert elems == 1 and len(trip) == 4 and dependent_chain(trip) == 3
+    run = """        /*3f40*/              @!P0 BRA `(.L_x_27) ;
+        /*3f50*/              @!P1 STS.128 [R17], RZ ;
+        /*3f60*/               @P2 STS.128 [R17+0x1000], RZ ;
+        /*3f70*/               @P3 STS.128 [R17+0x2000], RZ ;
+        /*3fd0*/                   MEMBAR.ALL.CTA ;"""
+    trip, elems = v_zero_trip(run)
+    assert elems == 24 and len(trip) == 3 and dependent_chain(trip) == 1
+    with pytest.raises(ValueError, match="no V zeroing"):
+        v_zero_trip("        /*0000*/                   EXIT ;")

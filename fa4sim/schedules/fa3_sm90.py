@@ -36,6 +36,7 @@ rates with Hopper's register accumulators, the SM90 implementation's tile and co
 """
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 from ..engine import Edge, Op, Schedule
@@ -323,15 +324,16 @@ def v_zero_cycles(hw, p: Problem, k: dict, impl, zero_rows: int) -> tuple[float,
     its K (the V tile at the TMA rate; a persistent CTA's further tile finds it loaded during the
     tile before). work: every consumer thread's trips of the zeroing loop (one element each; a
     trip the longer of its dependent chain at the FMA latency and its instructions' issue, the
-    consumer warps sharing the schedulers; the implementation's v_zero_sass, counted in its
-    SASS), then the barrier of all consumers. (0, 0) without zero rows or for an implementation
+    consumer warps sharing the schedulers; a trip zeroes v_zero_elems_per_trip elements per thread;
+    the implementation's v_zero_sass, counted in its SASS), then the barrier of all consumers. (0, 0) without zero rows or for an implementation
     whose loads zero-fill (no v_zero_sass)."""
     if zero_rows <= 0 or "v_zero_loop_instr" not in impl.params:
         return 0.0, 0.0
     ctx = Context(p, hw, impl)
-    instr, chain = (float(impl.value(n, ctx, k)) for n in ("v_zero_loop_instr", "v_zero_loop_chain"))
+    instr, chain, elems = (float(impl.value(n, ctx, k))
+                           for n in ("v_zero_loop_instr", "v_zero_loop_chain", "v_zero_elems_per_trip"))
     warps = 4 * consumer_warpgroups(k)
-    trips = -(-zero_rows * p.hdim_v // (32 * warps))
+    trips = math.ceil(zero_rows * p.hdim_v / (32 * warps * elems))
     trip = max(chain * hw.fma_latency, instr * warps / hw.issue_per_clk)
     return k["tile_n"] * p.hdim_v * BYTES / hw.tma_bytes_per_clk, trips * trip + hw.named_barrier_latency
 

@@ -10,9 +10,10 @@ compile_bwd_sass; the compile cache makes a rerun quick) and counts in its SASS:
   tau_test_sass    the forward's KV loop with conditional rescaling (rescale_threshold 8) less the
                    same build rescaling always (both rescale before the PV GEMM): the instructions
                    its test adds per warp and block, for tau_test_instr, per head dim's default
-  v_zero_sass      the varlen / decode forward's V zeroing loop (fa4kernel.sass.v_zero_loop): its
-                   instructions per trip and the longest chain of them that wait on each other
-                   (dependent_chain), for v_zero_loop_instr and v_zero_loop_chain
+  v_zero_sass      the varlen / decode forward's V zeroing (fa4kernel.sass.v_zero_trip): a trip's
+                   instructions, the longest chain of them that wait on each other (dependent_chain)
+                   and the elements a thread zeroes per trip, for v_zero_loop_instr,
+                   v_zero_loop_chain and v_zero_elems_per_trip
   loop_instr_sass  the backward's Q-block loop per consumer thread (loop_counts): per_kstep =
                    (HGMMA + uniform datapath) / HGMMA, fixed = the rest less the pointwise
                    instructions fa4sim counts itself (loop_fixed), for loop_instr_per_kstep and
@@ -108,15 +109,17 @@ def tau_test_rows() -> list[dict]:
 
 def v_zero_rows() -> list[dict]:
     import fa4kernel
-    from fa4kernel.sass import dependent_chain, v_zero_loop
+    from fa4kernel.sass import dependent_chain, v_zero_trip
     from fa4kernel.sm90.config import make_varlen_config
 
     rows = []
     for hd in (64, 96, 128, 192, 256):
         call = f"make_varlen_config('bfloat16', {hd}, True, True, {{}})"
         print(f"# {call}", file=sys.stderr, flush=True)
-        body = v_zero_loop(fa4kernel.compile_sass(make_varlen_config("bfloat16", hd, True, True, {}), arch="sm_90a"))
-        rows.append({"build": {"hdim": hd}, "compiled_from": call, "instr": len(body), "chain": dependent_chain(body)})
+        trip, elems = v_zero_trip(fa4kernel.compile_sass(make_varlen_config("bfloat16", hd, True, True, {}),
+                                                         arch="sm_90a"))
+        rows.append({"build": {"hdim": hd}, "compiled_from": call, "instr": len(trip), "chain": dependent_chain(trip),
+                     "elems": elems})
     return rows
 
 
@@ -226,9 +229,11 @@ SOURCES = {
                      "compares, vote, branch and the scale's select and FMUL / FADD the test adds), per warp and "
                      "block, of each head dim's default build; its other builds take their head dim's",
     "v_zero_sass": "fa4kernel's varlen forward builds " + TOOLCHAIN + " (causal; the decode build runs the same "
-                   "_zero_v_past_keys): its V zeroing loop, one 2-byte store per trip and thread, the trip's "
-                   "instructions (the index's division by the head dim and the swizzle's address math included) "
-                   "and the longest chain of them each waiting on the one before",
+                   "_zero_v_past_keys): one trip of its V zeroing (fa4kernel.sass.v_zero_trip: a loop of one "
+                   "2-byte store per trip and thread, or 16-byte stores of zeros in one trip), the trip's "
+                   "instructions (a loop's index division by the head dim and the swizzle's address math "
+                   "included), the longest chain of them each waiting on the one before, and the elements of V "
+                   "a thread zeroes per trip",
     "loop_instr_sass": "fa4kernel's backward builds " + TOOLCHAIN + ", the consumers' innermost Q-block loop, "
                        "per thread, counted statically (where both warpgroups' branches are in the loop, both): "
                        "per_kstep (HGMMA + uniform datapath) / HGMMA, fixed the rest less the pointwise "
@@ -244,7 +249,8 @@ def table(name: str) -> dict:
         return {"source": SOURCES[name], "columns": {"tau_test_instr": "instr"}, "keys": ["hdim", "causal"],
                 "rows": tau_test_rows()}
     if name == "v_zero_sass":
-        return {"source": SOURCES[name], "columns": {"v_zero_loop_instr": "instr", "v_zero_loop_chain": "chain"},
+        return {"source": SOURCES[name], "columns": {"v_zero_loop_instr": "instr", "v_zero_loop_chain": "chain",
+                                                     "v_zero_elems_per_trip": "elems"},
                 "keys": ["hdim"], "rows": v_zero_rows()}
     return {"source": SOURCES[name], "columns": {"loop_instr_per_kstep": "per_kstep", "loop_instr_fixed": "fixed"},
             "keys": list(BWD_KEYS), "fallbacks": BWD_FALLBACKS, "rows": loop_instr_rows()}
