@@ -50,6 +50,8 @@ CONSTANT_SCALE = 100.0
 FACTS: dict = {}
 _OPS = {"_gt": lambda a, b: a > b, "_ge": lambda a, b: a >= b, "_le": lambda a, b: a <= b,
         "_ne": lambda a, b: a != b}
+# constants the model divides by (a rate, a count per step): a what-if keeps them above 0
+DIVISORS = ("_per_clk", "_splits_per_round", "_elems_per_trip")
 GENERATED_SUFFIX = ".sass.json"  # <name>.sass.json: the tables generated from <name>'s compiled builds
 
 
@@ -122,8 +124,9 @@ class Implementation:
     def check_value(self, name: str, value, origin: str = "--set"):
         """A what-if value for one of its measured constants (a number, or a --set string), of the
         kind its own value is: true or false for a flag; else a number (a whole one for bytes) from
-        0 to CONSTANT_SCALE times what was measured, or for a rate (..._per_clk, a divisor) at
-        least 1/CONSTANT_SCALE of it, as fast as wanted (1e9: free)."""
+        0 to CONSTANT_SCALE times what was measured, or for a rate or a count per step (a divisor:
+        ..._per_clk, ..._splits_per_round, ..._elems_per_trip) at least 1/CONSTANT_SCALE of it, as large as
+        wanted (1e9: free)."""
         if name not in self.params or isinstance(self.params[name]["value"], list):
             known = [n for n, e in self.params.items() if not isinstance(e["value"], list)]
             raise InputError(name, f"unknown parameter of {self.name}; known: {', '.join(known)}")
@@ -134,7 +137,7 @@ class Implementation:
                 return value if isinstance(value, bool) else text == "true"
             raise InputError(name, f"got {value!r} from {origin}; allowed: true or false")
         most = max(abs(m) for m in measured)
-        lo, hi = (most / CONSTANT_SCALE, math.inf) if name.endswith("_per_clk") else (0, most * CONSTANT_SCALE)
+        lo, hi = (most / CONSTANT_SCALE, math.inf) if name.endswith(DIVISORS) else (0, most * CONSTANT_SCALE)
         integer = name.endswith("_bytes")
         try:
             v = float(value) if isinstance(value, str) else value

@@ -88,3 +88,14 @@ def test_a_trip_of_zeroing_is_a_loop_of_2_byte_stores_or_one_run_of_16_byte_ones
     assert elems == 24 and len(trip) == 3 and dependent_chain(trip) == 1
     with pytest.raises(ValueError, match="no V zeroing"):
         v_zero_trip("        /*0000*/                   EXIT ;")
+
+
+@pytest.mark.parametrize("name", ["v_zero_elems_per_trip", "combine_partial_splits_per_round",
+                                  "combine_lse_splits_per_round"])
+def test_a_divisor_set_to_0_is_one_line_exit_2(name, capsys):
+    from fa4sim.cli import main
+
+    code = main(["run", "--hw", "h100", "--impl", "fa4kernel", "--seqlens", "332,332", "--heads", "16", "--causal",
+                 "--set", f"{name}=0"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and name in err and "\n" not in err and ">= " in err
