@@ -322,11 +322,11 @@ def v_zero_cycles(hw, p: Problem, k: dict, impl, zero_rows: int) -> tuple[float,
     GEMM setting the V rows past its sequence's keys to 0 (sm90/fwd.py _zero_v_past_keys: they
     may hold anything, and 0 x NaN in the PV GEMM is NaN). wait: for the first block's V beyond
     its K (the V tile at the TMA rate; a persistent CTA's further tile finds it loaded during the
-    tile before). work: every consumer thread's trips of the zeroing loop (one element each; a
-    trip the longer of its dependent chain at the FMA latency and its instructions' issue, the
-    consumer warps sharing the schedulers; a trip zeroes v_zero_elems_per_trip elements per thread;
-    the implementation's v_zero_sass, counted in its SASS), then the barrier of all consumers. (0, 0) without zero rows or for an implementation
-    whose loads zero-fill (no v_zero_sass)."""
+    tile before). work: every consumer thread's trips of the zeroing (v_zero_elems_per_trip
+    elements each: 1 for a loop of 2-byte stores; a trip the longer of its dependent chain at the
+    FMA latency and its instructions' issue, the consumer warps sharing the schedulers; the
+    implementation's v_zero_sass, counted in its SASS), then the barrier of all consumers. (0, 0)
+    without zero rows or for an implementation whose loads zero-fill (no v_zero_sass)."""
     if zero_rows <= 0 or "v_zero_loop_instr" not in impl.params:
         return 0.0, 0.0
     ctx = Context(p, hw, impl)
