@@ -456,7 +456,7 @@ def _det_grads(b, sq, sk, h, hkv, hd, causal, seed, **knobs):
     return grads(out, (q, k, v), dout)
 
 
-@pytest.mark.parametrize("slices", [2, 8])
+@pytest.mark.parametrize("slices", [2, 8, 32])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("hd", [64, 128, 256])
 def test_bwd_slices_right_and_bit_repeatable(hd, causal, slices):
@@ -476,18 +476,18 @@ def test_bwd_slices_right_and_bit_repeatable(hd, causal, slices):
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("hd", [64, 128, 256])
 def test_bwd_slices_default_on_a_chunk(hd, causal):
-    """deterministic=True with dq_slices left out on a chunk (256 queries on 8k keys): the rule's
-    8 copies (bwd_config.dq_slices_for), right and the same bits twice; dq close to one copy's,
+    """deterministic=True with dq_slices left out on a chunk (128 queries on 16k keys): the rule's
+    32 copies (bwd_config.dq_slices_for), right and the same bits twice; dq close to one copy's,
     dK and dV its bits."""
     from fa4kernel.sm90 import bwd
     from fa4kernel.sm90.bwd_config import dq_slices_for, make_bwd_config
 
-    assert dq_slices_for(make_bwd_config("bfloat16", hd, causal, True), 256, 8192, 2) == 8
-    check(1, 256, 8192, 4, 2, hd, causal, deterministic=True, seed=13)
-    assert any(c.dq_slices == 8 and c.head_dim == hd and c.causal == causal
+    assert dq_slices_for(make_bwd_config("bfloat16", hd, causal, True), 128, 16384, 2) == 32
+    check(1, 128, 16384, 4, 2, hd, causal, deterministic=True, seed=13)
+    assert any(c.dq_slices == 32 and c.head_dim == hd and c.causal == causal
                for c in (k[0] if isinstance(k, tuple) else k for k in bwd._CACHE))
-    runs = [_det_grads(1, 256, 8192, 4, 2, hd, causal, 17) for _ in range(2)]
-    one = _det_grads(1, 256, 8192, 4, 2, hd, causal, 17, dq_slices=1)
+    runs = [_det_grads(1, 128, 16384, 4, 2, hd, causal, 17) for _ in range(2)]
+    one = _det_grads(1, 128, 16384, 4, 2, hd, causal, 17, dq_slices=1)
     for a, b_, name in zip(runs[0], runs[1], ("dq", "dk", "dv")):
         assert torch.equal(a, b_), f"{name} differs between two runs"
     # the copies change only the order of dQ's fp32 adds (at most a 16-bit ulp apart per element)

@@ -42,12 +42,13 @@ def test_rule_takes_one_copy_on_square_problems(hd, causal):
 
 def test_rule_on_chunks_and_grouped_heads():
     # hd64, 128-row query blocks, 128-key blocks: 2 query blocks against 64 key blocks
-    assert bc.dq_slices_for(det(64), 256, 8192) == 8  # 32 wanted: capped at 8
+    assert bc.dq_slices_for(det(64), 256, 8192) == 32  # 64 key blocks over 2 query blocks
+    assert bc.dq_slices_for(det(64), 128, 16384) == 32  # 128 over 1: capped at 32
     assert bc.dq_slices_for(det(64), 256, 1024) == 4  # 8 key blocks over 2 query blocks
     assert bc.dq_slices_for(det(64), 256, 512) == 2
     assert bc.dq_slices_for(det(64), 256, 256) == 1
     # hd128, 64-row query blocks: 4 of them against 128 key blocks; a GQA CTA walks the group's q heads
-    assert [bc.dq_slices_for(det(128, True), 256, 16384, g) for g in (1, 4, 8, 16, 32)] == [8, 8, 4, 2, 1]
+    assert [bc.dq_slices_for(det(128, True), 256, 16384, g) for g in (1, 4, 8, 16, 32)] == [32, 8, 4, 2, 1]
     # hd256: the unit is the CTA pair (128 keys), the query blocks 64 rows
     assert det(256).dq_sum == "pair"
     assert bc.dq_slices_for(det(256), 256, 2048) == 4  # 16 pairs over 4 query blocks
@@ -59,25 +60,27 @@ def test_rule_on_chunks_and_grouped_heads():
 
 def test_rule_gives_the_copies_the_predictions_were_made_for():
     """fa4sim's predictions (committed before any run) name the rule's choice for the shipped
-    deterministic build: the dense rows' dq_slices, and 8 copies on both varlen batches (their
-    meta), which the host picks from the longest sequences (no read of cu_seqlens)."""
+    deterministic build: one copy on the square problems of the first file, and on the two packed
+    chunk batches of the last (dq-slices-32.diff) the copies each of its rows records, which the
+    host picks from the longest sequences (no read of cu_seqlens)."""
     rows = json.loads((PREDICTED / "predicted_dq_slices_dense_h200_2026-12-04.json").read_text())["rows"]
-    shipped = [r for r in rows if r["kernel"] == "fa4kernel[deterministic]"]
-    assert len(shipped) == 5
-    for r in shipped:
+    square = [r for r in rows if r["kernel"] == "fa4kernel[deterministic]" and r.get("seqlen_k", r["seqlen"]) == r["seqlen"]]
+    assert len(square) == 3
+    for r in square:
         cfg = det(r["hdim"], r["causal"])
-        got = bc.dq_slices_for(cfg, r["seqlen"], r.get("seqlen_k", r["seqlen"]), r["heads"] // r["heads_kv"])
-        assert got == r["dq_slices"], r
-    meta = json.loads((PREDICTED / "predicted_dq_slices_varlen_h200_2026-12-04.json").read_text())["meta"]
-    assert "8 copies on both batches" in meta["what"]
+        assert bc.dq_slices_for(cfg, r["seqlen"], r["seqlen"], r["heads"] // r["heads_kv"]) == r["dq_slices"] == 1, r
     # chunks-hd64 (lab/tools/bench_varlen_sm90.py): 256, 1024, 77 queries on 8192, 3000, 4000 keys;
     # the custom batch: 128, 200, 64 on 12000, 8000, 16000 at hd128
-    for hd, lq, lk in ((64, (256, 1024, 77), (8192, 3000, 4000)), (128, (128, 200, 64), (12000, 8000, 16000))):
-        assert bc.with_dq_slices_default({}, "bfloat16", hd, False, True, max(lq), max(lk), 1) == {"dq_slices": 8}
+    for dev in ("h100", "h200"):
+        rows = json.loads((PREDICTED / f"predicted_dq_slices32_{dev}_2026-12-07.json").read_text())["rows"]
+        got = {r["point"]: r["dq_slices"] for r in rows if r["kernel"] == "fa4kernel.varlen[deterministic]"}
+        assert got == {"chunks-hd64": 8, "custom": 32}
+    for hd, lq, lk, want in ((64, (256, 1024, 77), (8192, 3000, 4000), 8), (128, (128, 200, 64), (12000, 8000, 16000), 32)):
+        assert bc.with_dq_slices_default({}, "bfloat16", hd, False, True, max(lq), max(lk), 1) == {"dq_slices": want}
 
 
 def test_host_default_takes_the_rule_only_when_left_out_and_deterministic():
-    assert bc.with_dq_slices_default({}, "bfloat16", 64, False, True, 256, 8192, 1) == {"dq_slices": 8}
+    assert bc.with_dq_slices_default({}, "bfloat16", 64, False, True, 256, 8192, 1) == {"dq_slices": 32}
     assert bc.with_dq_slices_default({"dq_slices": 1}, "bfloat16", 64, False, True, 256, 8192, 1) == {"dq_slices": 1}
     assert bc.with_dq_slices_default({}, "bfloat16", 64, False, False, 256, 8192, 1) == {}
     # the rule reads the build's tiles: 64-row blocks at hd64 walk twice as many
@@ -128,9 +131,9 @@ def test_one_copy_is_todays_turn():
 # ---- one-line errors
 
 
-@pytest.mark.parametrize("val", [0, 3, 16, -2, True, 2.0, "2"])
+@pytest.mark.parametrize("val", [0, 3, 64, -2, True, 2.0, "2"])
 def test_bad_dq_slices(val):
-    with pytest.raises(ValueError, match=r"^dq_slices=.* not supported; allowed: 1, 2, 4, 8$"):
+    with pytest.raises(ValueError, match=r"^dq_slices=.* not supported; allowed: 1, 2, 4, 8, 16, 32$"):
         det(128, dq_slices=val)
 
 
@@ -169,7 +172,7 @@ def test_slices_build_compiles(hd, causal, varlen):
         return det(hd, causal, dq_slices=s)
 
     one = _sass(cfg(1))
-    for s in (2, 8):
+    for s in (2, 8, 32):
         text = _sass(cfg(s))
         if varlen and hd == 256:
             # the varlen builds at hd256 keep a few values in local memory (their consumers at the

@@ -95,8 +95,8 @@ def bwd_shipped() -> dict:
     for heads, heads_kv, batch, keys in ((16, 1, 8, 2048), (64, 8, 8, 4096)):
         for hd in bc.BWD_HEAD_DIMS:
             shipped["gqa_dkv"].add(bc.with_gqa_default({}, hd, heads, heads_kv, batch, keys, False)["gqa_dkv"])
-    # the deterministic default by shape (bwd_config.dq_slices_for): square, and 256 queries on 512 to 8k keys
-    for sq, sk in ((4096, 4096), (256, 512), (256, 1024), (256, 8192)):
+    # the deterministic default by shape (bwd_config.dq_slices_for): square, and 256 queries on 512 to 8k keys and 64 to 512 on 4k
+    for sq, sk in ((4096, 4096), (256, 512), (256, 1024), (256, 8192), (256, 4096), (64, 4096), (512, 4096)):
         knobs = bc.with_dq_slices_default({}, "bfloat16", 64, False, True, sq, sk, 1)
         shipped["dq_slices"].add(knobs["dq_slices"])
     return shipped
@@ -130,7 +130,7 @@ def sim_shipped() -> dict:
     for impl_name in SIM_IMPLS:
         impl = implementation.load(impl_name, "sm90")
         for (hd, hdv), causal, (sq, sk) in itertools.product(impl.for_pass("bwd").head_dims, (False, True),
-                                                             ((1024, 1024), (8192, 8192), (256, 1024), (256, 8192))):
+                                                             ((1024, 1024), (8192, 8192), (256, 1024), (256, 8192), (256, 4096), (64, 4096))):
             p = Problem(1, 16, sq, sk, hd, causal, hdim_v=hdv)
             for knobs in [{}, {"deterministic": True}] + lessons:
                 try:

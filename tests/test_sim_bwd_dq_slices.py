@@ -76,11 +76,11 @@ def test_copies_shorten_the_chain_of_a_chunk():
 def test_the_copies_passes_carry_their_bytes():
     p = Problem(2, 8, 256, 8192, 128, causal=True)
     k = knobs_of(p, {"deterministic": True})
-    assert k["dq_slices"] == 8
+    assert k["dq_slices"] == 16  # 64 key-block pairs over a walk of 4 query blocks
     pre, post = kernel_bwd.passes(p, k)
     acc = 2 * 8 * 256 * 128 * 4  # one copy's fp32 rows, bytes
-    assert dict(pre)["dQ accumulator copies = zeros (fp32)"] == 7 * acc
-    assert dict(post)["dQ copies summed (fp32)"] == 9 * acc
+    assert dict(pre)["dQ accumulator copies = zeros (fp32)"] == 15 * acc
+    assert dict(post)["dQ copies summed (fp32)"] == 17 * acc
     assert [w for w, _ in post][-1].startswith("dQ fp32 -> 16 bit")  # the sum comes before the postprocess
     one = kernel_bwd.passes(p, {**k, "dq_slices": 1})
     assert len(one[0]) == len(pre) - 2 and len(one[1]) == len(post) - 1

@@ -233,7 +233,7 @@ def test_each_implementation_names_its_combines_shape():
     for name in ("fa4kernel", "flash-attn-3", "flash-attn-4"):
         impl = load(name, "sm90")
         shapes[name] = tuple(impl.params[n]["value"] for n in split_kv.COMBINE_SHAPE)
-    assert shapes == {"fa4kernel": (2, 32, 1), "flash-attn-3": (1, 128, 3), "flash-attn-4": (1, 128, 3)}
+    assert shapes == {"fa4kernel": (3, 32, 8), "flash-attn-3": (1, 128, 3), "flash-attn-4": (1, 128, 3)}
     r = _decode(131072, batch=1, heads=8, kv=1, impl="fa4kernel", num_splits=29)
     assert any("dependent L2 round trips per row" in n for n in r.notes)
 

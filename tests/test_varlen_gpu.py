@@ -246,7 +246,7 @@ SLICES_Q = [256, 1, 0, 77, 1000, 129]
 SLICES_K = [8191, 3000, 5, 4001, 1000, 63]
 
 
-@pytest.mark.parametrize("slices", [2, 8])
+@pytest.mark.parametrize("slices", [2, 8, 32])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("d,h,hkv", [(64, 4, 4), (128, 8, 2), (256, 4, 1)])
 def test_deterministic_backward_slices(d, h, hkv, causal, slices):

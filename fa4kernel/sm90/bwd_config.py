@@ -50,7 +50,7 @@ GRID_ORDER_DEFAULT = {False: "heads_outer", True: "tail_lpt"}
 DQ_ZERO_MODES = ("torch", "preprocess")
 GQA_DKV_MODES = ("loop", "reduce")
 # dq_slices: copies of the deterministic build's dQ accumulator, powers of two (dq_slices_for picks one)
-DQ_SLICES = (1, 2, 4, 8)
+DQ_SLICES = (1, 2, 4, 8, 16, 32)
 # gqa_dkv default with grouped K/V heads (gqa_dkv_for): "reduce" where the loop's grid, a CTA per
 # key block of each (batch, k/v head), has fewer CTAs than the GPU has SMs. There the loop leaves
 # SMs idle while each CTA walks its group's q heads (H200: MQA hd64 2k causal 254 -> 353 TFLOP/s,

@@ -10,7 +10,8 @@ A row no split saw a key of (every lse_s = -inf) gets out 0, lse -inf, without N
 
 One warp per packed row: the lanes take the splits 32 at a time for the max and the sum of the
 weights (two warp reductions), then every lane owns head_dim / 32 columns (lane + 32 i: a warp
-reads 128 contiguous bytes of a partial per load) and walks the splits. The partials are small
+reads 128 contiguous bytes of a partial per load) and walks the splits, SPLIT_UNROLL of them in
+flight, each split's weight from the lane that computed it. The partials are small
 (splits x rows x head_dim fp32 per k/v head), so this kernel is a few microseconds; what matters
 is that it is one launch.
 """
@@ -26,6 +27,7 @@ from cutlass import Float32, Int32
 LOG2_E = math.log2(math.e)
 LN_2 = math.log(2.0)
 ROWS_PER_CTA = 4  # one warp per packed row
+SPLIT_UNROLL = 8  # splits whose partials a warp loads before it adds the first
 
 
 class CombineSm90:
@@ -83,10 +85,25 @@ class CombineSm90:
 
             acc = cute.make_rmem_tensor((self.cols,), Float32)
             acc.fill(0.0)
-            for s in cutlass.range(num_splits, unroll=1):
-                w = cute.math.exp2((mLSEacc[s * nb + batch, kh, r] - top_safe) * LOG2_E, fastmath=True) * inv
-                for i in cutlass.range_constexpr(self.cols):
-                    acc[i] = acc[i] + w * mOacc[s * nb + batch, r, kh, lane + 32 * i]
+            # 32 splits at a time: lane j holds split c + j's weight (0 past the last split), shuffled
+            # to the warp when its partial is added; the partials of SPLIT_UNROLL splits are loaded
+            # before any is added (one memory latency for them all, not one per split); a split
+            # index past the last reads the last again, at weight 0
+            for c in cutlass.range(0, num_splits, 32, unroll=1):
+                w_lane = Float32(0.0)
+                if c + lane < num_splits:
+                    w_lane = cute.math.exp2((mLSEacc[(c + lane) * nb + batch, kh, r] - top_safe) * LOG2_E,
+                                            fastmath=True) * inv
+                for j in cutlass.range(0, cutlass.min(num_splits - c, 32), SPLIT_UNROLL, unroll=1):
+                    part = cute.make_rmem_tensor((SPLIT_UNROLL, self.cols), Float32)
+                    for u in cutlass.range_constexpr(SPLIT_UNROLL):
+                        s = cutlass.min(c + j + u, num_splits - 1)
+                        for i in cutlass.range_constexpr(self.cols):
+                            part[u, i] = mOacc[s * nb + batch, r, kh, lane + 32 * i]
+                    for u in cutlass.range_constexpr(SPLIT_UNROLL):
+                        w = cute.arch.shuffle_sync(w_lane, j + u)
+                        for i in cutlass.range_constexpr(self.cols):
+                            acc[i] = acc[i] + w * part[u, i]
             out = cute.make_rmem_tensor((self.cols,), self.dtype)
             out.store(acc.load().to(self.dtype))
             token = r // group

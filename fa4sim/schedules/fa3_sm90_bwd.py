@@ -94,7 +94,7 @@ KNOBS = [
     Knob("dq_slices", 1, "copies", "deterministic: copies of the fp32 dQ accumulator and of its semaphores; a head's "
          "KV tiles (pairs) are cut into that many runs, each adding in its own order into its own copy (a query "
          "block's chain of turns is a run long), zeroed before the kernel and summed by one reduction before the "
-         "postprocess (fa4kernel)", choices=(1, 2, 4, 8)),  # after tile_m, tile_n, dq_sum: facts' dq_units_per_walk
+         "postprocess (fa4kernel)", choices=(1, 2, 4, 8, 16, 32)),  # after tile_m, tile_n, dq_sum: facts' dq_units_per_walk
     Knob("grid_order", "heads_outer", "", "the order the KV-tile CTAs launch in: heads_outer = the KV tiles of one "
          "(batch, head) after another (blockIdx order); tail_lpt (fa4kernel, causal) = the same, but the last heads, "
          "at least two waves of clusters, go KV tile by KV tile across them, longest first", kind="choice",
