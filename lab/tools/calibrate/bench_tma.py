@@ -9,7 +9,8 @@ by one thread; completion through an mbarrier with expect_tx (SYNCS in SASS).
  mode 1 (bandwidth): a ring of STAGES x 8 KB stages, each with its own mbarrier, kept full:
    wait(stage), re-issue. `ctas` CTAs (1 = per-SM rate, 132 = whole chip); CTA b reads tiles
    b * stride + (i mod region). stride 0 and a small region: L2 hits; disjoint regions after a
-   flush: HBM.
+   flush: HBM; the same over 8 to all SMs and 32 MB to 537 MB (hbm_by_ctas): the chip's read rate
+   against the CTAs streaming and the bytes of one pass.
 """
 from __future__ import annotations
 
@@ -28,6 +29,8 @@ STAGES = 24
 ROWS = 1 << 23  # 1 GiB of bf16 at 64 columns
 MAX_REQ = 8
 LAT_MASK = (ROWS // BOX // 2) - 1  # latency tiles stay in the first half (+ MAX_REQ)
+HBM_SWEEP_MB = (32, 134, 537)  # bytes read (MiB): a small decode step, MQA 4 x 65536 (hd128), 1 x 131072 32/8
+HBM_SWEEP_CTAS = (8, 16, 32, 48, 64, 96, 116)  # CTAs streaming (with the SM count): split-KV launches' sizes
 
 
 def _smem_layout(stages):
@@ -202,6 +205,30 @@ def run(dev):
     out["chip_hbm"] = dict(bytes=nsm * region * TILE_BYTES, event_ms=ms,
                            tbps=nsm * region * TILE_BYTES / (ms * 1e-3) / 1e12,
                            per_sm_bytes_per_clk_median=median(per_sm))
+    # ---- HBM reads by the number of SMs reading and by the bytes: a split-KV decode launch keeps
+    # batch x heads_kv x splits CTAs streaming, often fewer than the SMs, and a decode step reads tens
+    # of MB to GBs, where a pass's ramp and tail are a share of it. Disjoint regions, one pass each
+    # after a flush; the kernel's span from the global timer (first CTA's start to last CTA's end)
+    # beside the CUDA-event time (launch included).
+    sweep = []
+    for total_mb in HBM_SWEEP_MB:
+        for ctas in sorted({*HBM_SWEEP_CTAS, nsm}):
+            tiles = total_mb * 2**20 // TILE_BYTES // ctas // STAGES * STAGES
+            if tiles < 2 * STAGES:
+                continue
+            runs = []
+            for _ in range(2):
+                flush()
+                ms, per_sm = ring(1, tiles, tiles, 0x7FFFFFFF, ctas)
+                st = stamps.cpu().tolist()
+                span_ns = max(st[b * 4 + 3] for b in range(ctas)) - min(st[b * 4 + 2] for b in range(ctas))
+                runs.append((span_ns, ms, per_sm))
+            span_ns, ms, per_sm = min(runs)
+            nbytes = ctas * tiles * TILE_BYTES
+            sweep.append(dict(ctas=ctas, bytes=nbytes, event_ms=ms, kernel_us=span_ns / 1e3,
+                              tbps=nbytes / (span_ns * 1e-9) / 1e12,
+                              per_sm_bytes_per_clk_median=median(per_sm)))
+    out["hbm_by_ctas"] = sweep
     # ---- device-to-device copy for comparison (bytes read + written)
     a = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
     b = torch.empty_like(a)
