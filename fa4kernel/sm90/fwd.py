@@ -45,7 +45,7 @@ from ..trace_layout import (
 from .config import KernelConfig
 from .gemm import acc_as_operand_a, gemm, mn_view, opaque_desc, select, smem_layout, transpose_view
 from .named_barrier import NamedBarrierFwd
-from .row_store import store_rows
+from .row_store import store_rows, zero_rows
 
 LOG2_E = math.log2(math.e)
 LN_2 = math.log(2.0)
@@ -694,12 +694,8 @@ class FlashFwdSm90:
         takes part (the idle warpgroup too); the rows are the same for the whole CTA."""
         if keys < self.tile_n:
             pipe_v.consumer_wait(kv_state)
-            sVs = sV[None, None, kv_state.index]
-            zero = cute.make_rmem_tensor((1,), self.dtype)
-            zero.fill(0.0)
-            for i in cutlass.range(cutlass.max(keys, 0) * self.hd + tidx, self.tile_n * self.hd,
-                                   self.num_consumer_threads, unroll=1):
-                sVs[i // self.hd, i % self.hd] = zero[0]
+            # 16-byte stores of zeros (a scalar store per element cost 64 x 332 tokens 11 %, H100)
+            zero_rows(sV[None, None, kv_state.index], tidx, self.num_consumer_threads, keys)
             # generic-proxy smem writes, read by the wgmma (async proxy) of both warpgroups
             cute.arch.fence_view_async_shared()
             cute.arch.barrier(barrier_id=NamedBarrierFwd.CONSUMERS, number_of_threads=self.num_consumer_threads)

@@ -258,8 +258,11 @@ def stat_committed_time(row, files, spec):
     """Time predicted before the run against measured, for the benchmarks whose files join a
     predictions file on (point, kernel): bench_varlen_sm90.py and bench_decode_sm90.py (rows with
     us), sustained_sm90.py (points with TFLOP/s; the time error of a point is measured TFLOP/s
-    over predicted - 1, the same work). spec["predictions"] is the file committed before the run."""
+    over predicted - 1, the same work). spec["predictions"] is the file committed before the run;
+    spec["field"] the measured time to compare ("us", default: eager calls back to back;
+    "graph_us": the same calls replayed from a CUDA graph, no host time between them)."""
     errs: dict = {}
+    field = spec.get("field", "us")
     pred = json.loads((ROOT / spec["predictions"]).read_text())["rows"]
     us = {(p["point"], p["kernel"]): p["us"] for p in pred if "us" in p}
     tflops = {(p["point"], p["kernel"]): p["tflops"] for p in pred if p.get("tflops")}
@@ -267,8 +270,8 @@ def stat_committed_time(row, files, spec):
         doc = json.loads((ROOT / file_path(f)).read_text())
         for r in doc.get("rows", []):
             for kernel, res in r["results"].items():
-                if (r["point"], kernel) in us and res.get("us") and res.get("ok", True):
-                    errs.setdefault(kernel, []).append(us[(r["point"], kernel)] / res["us"] - 1)
+                if (r["point"], kernel) in us and res.get(field) and res.get("ok", True):
+                    errs.setdefault(kernel, []).append(us[(r["point"], kernel)] / res[field] - 1)
         for p in doc.get("points", []):
             for kernel, res in p["results"].items():
                 if (p["name"], kernel) in tflops and res.get("tflops") and res.get("ok", True):
@@ -560,6 +563,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--compare", nargs=2, metavar=("MEASURED", "PREDICTED"),
                     help="one benchmark file (kinds varlen, decode, sustained) against the predictions committed before it: "
                          "time errors by kernel (the committed_time rows' statistic)")
+    ap.add_argument("--field", choices=("us", "graph_us"), default="us",
+                    help="with --compare: the measured time, us (eager calls, default) or graph_us (CUDA graph "
+                         "replays: bench_decode_sm90.py --graph)")
     a = ap.parse_args(argv)
     if a.compare:
         for what, path in zip(("MEASURED", "PREDICTED"), a.compare):
@@ -571,7 +577,7 @@ def main(argv: list[str] | None = None) -> int:
             if not isinstance(doc, dict) or not any(isinstance(doc.get(k), list) for k in key):
                 ap.exit(2, f"--compare {what} {path}: no {' or '.join(key)} list; allowed: a bench_varlen_sm90, "
                            f"bench_decode_sm90 or sustained_sm90 file{'' if what == 'MEASURED' else ' of predictions'}\n")
-        spec = {"stat": "committed_time", "predictions": a.compare[1]}
+        spec = {"stat": "committed_time", "predictions": a.compare[1], "field": a.field}
         print(describe("committed_time", stat_committed_time({}, [a.compare[0]], spec), spec))
         return 0
     t0 = time.time()

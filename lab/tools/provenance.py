@@ -62,6 +62,9 @@ KINDS = {
     "decode_host": "where the host time of a decode call goes: fa4kernel.attention_with_kvcache and torch SDPA's "
                    "wall, host and GPU time per call at decode rows, fa4kernel's cProfile and its per-call pieces "
                    "timed alone (decode_host_sm90.py)",
+    "decode_kernels": "a decode call's kernels apart: the split decode kernel's, the combine's and the others' GPU "
+                      "time and the gap between them per split count, from CUDA profiler records "
+                      "(decode_kernels_sm90.py)",
     "mem_power": "board power and clock under sustained memory-path loads: TMA bulk reduce-adds, RED.ADD from "
                  "registers, the SM-to-SM network, TMA loads (calibrate/bench_mem_power.py)",
 }
