@@ -21,7 +21,7 @@ def _bwd_knobs(q, k, causal, deterministic, bwd_knobs: dict) -> dict:
 
     b, sk, hkv = k.shape[0], k.shape[1], k.shape[2]
     sms = device_props(q.device).multi_processor_count
-    knobs = with_gqa_default(bwd_knobs, q.shape[-1], q.shape[2], hkv, b, sk, deterministic, sms)
+    knobs = with_gqa_default(bwd_knobs, q.shape[-1], q.shape[2], hkv, b, sk, deterministic, sms, causal, q.shape[1])
     dtype = "bfloat16" if str(q.dtype) == "torch.bfloat16" else "float16"
     return with_dq_slices_default(knobs, dtype, q.shape[-1], causal, deterministic, q.shape[1], sk, q.shape[2] // hkv)
 

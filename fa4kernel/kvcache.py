@@ -29,15 +29,17 @@ from . import interface
 from .inputs import device_props, validate_device, validate_tensors
 from .sm90.config import SUPPORTED_HEAD_DIMS, make_decode_config
 
-# num_splits=None (split_heuristic), FlashAttention-3's rule for a kernel bound by reading the
-# cache: the (batch x heads_kv x Q tile) CTAs of an unsplit launch rarely fill the SMs in decode,
-# and one CTA per SM cannot pull an SM's share of HBM bandwidth from a fraction of the SMs, so the
-# KV blocks split until the CTAs make about one full wave; more waves only add partials and
-# start-ups. One CTA fits per SM (the K/V stages take most of its shared memory).
+# num_splits=None (split_heuristic): the (batch x heads_kv x Q tile) CTAs of an unsplit launch
+# rarely fill the SMs in decode, and one split CTA streams its KV blocks at a fraction of an SM's
+# share of HBM (H100: 32 CTAs read a 128 MiB cache at 2.0 TB/s), so the KV blocks split until the
+# CTAs reach HBM_CTA_FILL of the SMs, where the read saturates (48 CTAs 2.6 TB/s, 64 and up 2.8);
+# no further, since each split more adds to the combine (2.2 us at 2 splits, 5.5-7.8 at 29):
+# lab/tools/decode_kernels_sm90.py, lab/campaigns/decode-sm90/. One CTA fits per SM (the K/V
+# stages take most of its shared memory).
 DEFAULT_SMS = 132          # the SM count where q is not on a CUDA device (H100 SXM, H200)
 FILL_FRACTION = 0.8        # this many CTAs per SM already unsplit: no split
-WAVE_EFFICIENCY = 0.85     # the smallest split count within this share of the best wave efficiency
-MIN_SPLIT_BLOCKS = 4       # KV blocks per split at least: a CTA's start-up and epilogue stay small
+HBM_CTA_FILL = 0.5         # split until the CTAs reach this share of the SMs
+MIN_SPLIT_BLOCKS = 2       # KV blocks per split at least: a CTA's start-up and epilogue stay small
 MAX_SPLITS = 128
 
 
@@ -54,19 +56,14 @@ def launch_combine(out_accum, lse_accum, out, lse, group: int, num_splits: int):
 
 def split_heuristic(batch: int, heads_kv: int, rows: int, blocks: int, tile_m: int, sms: int) -> int:
     """num_splits=None: 1 where the unsplit CTAs (batch x heads_kv x Q tiles of the `rows` packed
-    rows) fill FILL_FRACTION of the `sms` SMs; else the smallest split count whose CTAs fill
-    their waves within WAVE_EFFICIENCY of the best count's efficiency (FlashAttention's rule),
-    at most MAX_SPLITS and at least MIN_SPLIT_BLOCKS of a row's `blocks` KV blocks per split."""
+    rows) fill FILL_FRACTION of the `sms` SMs; else the fewest splits whose CTAs reach
+    HBM_CTA_FILL of them, at most MAX_SPLITS and at least MIN_SPLIT_BLOCKS of a row's `blocks`
+    KV blocks per split."""
     tiles = batch * heads_kv * -(-rows // tile_m)
     if tiles >= FILL_FRACTION * sms:
         return 1
     top = max(1, min(MAX_SPLITS, blocks // MIN_SPLIT_BLOCKS))
-    eff = {}
-    for n in range(1, top + 1):
-        waves = tiles * n / sms
-        eff[n] = waves / math.ceil(waves)
-    best = max(eff.values())
-    return min(n for n in eff if eff[n] >= WAVE_EFFICIENCY * best)
+    return max(1, min(top, -(-math.ceil(HBM_CTA_FILL * sms) // tiles)))
 
 
 @functools.lru_cache(maxsize=256)  # host time per call: the plan of a shape is made once

@@ -255,7 +255,7 @@ def attention_varlen(run, tile_rule, q, k, v, cu_seqlens_q, cu_seqlens_k, max_se
         # the packed keys' blocks stand for the sequences' (no read of cu_seqlens on the host),
         # the longest sequences for a CTA's walk and a head's key blocks (dq_slices)
         sms = device_props(q.device).multi_processor_count if q.device.type == "cuda" else TAIL_SLOTS
-        bwd_knobs = with_gqa_default(bwd_knobs, d, h, hkv, 1, k.shape[0], deterministic, sms)
+        bwd_knobs = with_gqa_default(bwd_knobs, d, h, hkv, 1, k.shape[0], deterministic, sms, causal, q.shape[0])
         bwd_knobs = with_dq_slices_default(bwd_knobs, dtype, d, causal, deterministic, max_q, max_k, h // hkv)
         bcfg = make_varlen_bwd_config(dtype, d, causal, bwd_knobs, deterministic)
     cfg = varlen_config(d, dtype, causal, return_lse or grad, max_q, max_k, knobs, tile_rule, group)

@@ -659,10 +659,13 @@ for path, doc in GQA_RUNS[:1]:
 
 # %% [markdown]
 # Where the loop's CTAs fill the SMs (GQA 64/8 or 32/8 on 4k-8k tokens: thousands of CTAs),
-# the two are even: the fp32 adds cost about what the shorter CTAs save. fa4kernel's default
-# takes `"reduce"` only where the loop's CTAs are fewer than the SMs (`sm90/bwd_config.py`,
-# `gqa_dkv_for`). On a batch of chunks (a few queries against many keys each) `"reduce"` loses:
-# each CTA has few Q blocks, and its adds are most of its work.
+# a causal mask still decides: a loop CTA walks its group's q heads over one to all of its Q
+# blocks, a long and uneven walk, while the reduce CTAs are as short as without grouping. So
+# fa4kernel's default takes `"reduce"` where the loop's CTAs are fewer than the SMs, and with a
+# causal mask and at least half as many queries as keys (`sm90/bwd_config.py`, `gqa_dkv_for`;
+# the 0.5 is where fa4sim puts the two even). Without a mask the two are even: the fp32 adds
+# cost about what the shorter CTAs save. On a batch of chunks (a few queries against many keys
+# each) `"reduce"` loses: each CTA has few Q blocks, and its adds are most of its work.
 #
 # %% [markdown]
 # With its defaults the main kernel's power comes out within about 5 % and its clock within about

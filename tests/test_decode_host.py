@@ -35,7 +35,7 @@ def test_dry_run_lists_the_default_rows_and_a_problem_without_a_gpu():
     assert r.returncode == 0, r.stderr
     names = [line.split(":")[0] for line in r.stdout.splitlines() if "GB of K and V" in line]
     assert names == [*tool.DEFAULT_ROWS, "b2-q4-k8192-h16-kv2-causal"]
-    assert "29 splits" in r.stdout.splitlines()[0]  # the MQA row's plan at 132 SMs (the campaign's auto_splits)
+    assert "17 splits" in r.stdout.splitlines()[0]  # the MQA row's plan at 132 SMs (kvcache.split_heuristic)
     assert "fa4kernel.kvcache[auto], sdpa" in r.stdout
 
 

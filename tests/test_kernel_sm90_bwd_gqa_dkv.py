@@ -101,8 +101,8 @@ def test_loop_build_never_traces_the_reduce_epilogue(hd, causal, monkeypatch):
 
 def test_the_default_reduces_where_the_loop_leaves_sms_idle():
     """gqa_dkv_for: "reduce" with grouped heads when the loop's CTAs (key blocks x k/v heads) are
-    fewer than the SMs, "loop" otherwise, without grouped heads and when deterministic; a knob the
-    caller set stays."""
+    fewer than the SMs or with a causal mask and at least half as many queries as keys, "loop"
+    otherwise, without grouped heads and when deterministic; a knob the caller set stays."""
     assert bc.gqa_dkv_for(16, 1, 8 * 16, sms=132) == "reduce"  # MQA hd64 2k, batch 8: 128 CTAs
     assert bc.gqa_dkv_for(16, 1, 8 * 16, sms=114) == "loop"  # the same on 114 SMs: a wave full
     assert bc.gqa_dkv_for(64, 8, 8 * 32) == "loop"  # GQA 8:1, 4k keys, batch 8: 2048 CTAs
@@ -113,6 +113,16 @@ def test_the_default_reduces_where_the_loop_leaves_sms_idle():
     assert bc.with_gqa_default({"gqa_dkv": "loop"}, 64, 16, 1, 8, 2048, False) == {"gqa_dkv": "loop"}
     # a packed batch: its total keys in blocks (the varlen MQA batch: 10581 keys, 83 blocks)
     assert bc.with_gqa_default({}, 128, 32, 1, 1, 10581, False) == {"gqa_dkv": "reduce"}
+    # the loop's CTAs fill the SMs: causal with as many queries as keys reduces, a chunk loops
+    assert bc.gqa_dkv_for(64, 8, 8 * 32, causal=True, queries_per_key=1.0) == "reduce"
+    assert bc.gqa_dkv_for(64, 8, 8 * 32, causal=True, queries_per_key=0.5) == "reduce"
+    assert bc.gqa_dkv_for(64, 8, 8 * 32, causal=True, queries_per_key=0.49) == "loop"
+    assert bc.gqa_dkv_for(64, 8, 8 * 32, causal=False, queries_per_key=1.0) == "loop"
+    assert bc.gqa_dkv_for(64, 8, 8 * 32, True, causal=True, queries_per_key=1.0) == "loop"  # deterministic
+    assert bc.with_gqa_default({}, 128, 64, 8, 2, 4096, False, causal=True, seqlen_q=4096) == {"gqa_dkv": "reduce"}
+    assert bc.with_gqa_default({}, 128, 32, 8, 2, 8192, False, causal=False, seqlen_q=8192) == {"gqa_dkv": "loop"}
+    # the GQA chunk batch: 3025 queries on 18096 keys
+    assert bc.with_gqa_default({}, 128, 32, 8, 1, 18096, False, causal=True, seqlen_q=3025) == {"gqa_dkv": "loop"}
 
 
 def test_fa4sim_describes_the_default():
@@ -125,7 +135,13 @@ def test_fa4sim_describes_the_default():
              (Problem(8, 64, 4096, 4096, 128, True, heads_kv=8), 8, 4096),
              (Problem(4, 16, 4096, 4096, 256, True, heads_kv=2), 4, 4096),
              (Problem(2, 16, 1024, 1024, 128), 2, 1024),
-             (Problem.varlen(32, 128, (1, 100, 2000, 4097, 3000, 1383), causal=True, heads_kv=1), 1, 10581)]
+             (Problem(2, 32, 8192, 8192, 128, False, heads_kv=8), 2, 8192),
+             (Problem(2, 32, 2048, 8192, 128, True, heads_kv=8), 2, 8192),
+             (Problem.varlen(32, 128, (1, 100, 2000, 4097, 3000, 1383), causal=True, heads_kv=1), 1, 10581),
+             (Problem.varlen(32, 128, (512, 512, 1, 2000), causal=True, heads_kv=8,
+                             seqlens_k=(4096, 9000, 3000, 2000)), 1, 18096)]
     for p, batch, keys in cases:
-        want = bc.with_gqa_default({}, p.hdim, p.heads, p.heads_kv, batch, keys, False)["gqa_dkv"]
+        queries = sum(sq for sq, _ in p.sequences) if p.is_varlen else p.seqlen_q
+        want = bc.with_gqa_default({}, p.hdim, p.heads, p.heads_kv, batch, keys, False, causal=p.causal,
+                                   seqlen_q=queries)["gqa_dkv"]
         assert setup("h200", None, p, {}, impl, "bwd")[4]["gqa_dkv"] == want, p

@@ -94,7 +94,9 @@ def bwd_shipped() -> dict:
     # the shape-dependent default (the host's, bwd_config.with_gqa_default): MQA on 8 x 2k keys, GQA 8:1 on 8 x 4k
     for heads, heads_kv, batch, keys in ((16, 1, 8, 2048), (64, 8, 8, 4096)):
         for hd in bc.BWD_HEAD_DIMS:
-            shipped["gqa_dkv"].add(bc.with_gqa_default({}, hd, heads, heads_kv, batch, keys, False)["gqa_dkv"])
+            for causal in (False, True):
+                shipped["gqa_dkv"].add(bc.with_gqa_default({}, hd, heads, heads_kv, batch, keys, False,
+                                                           causal=causal, seqlen_q=keys)["gqa_dkv"])
     # the deterministic default by shape (bwd_config.dq_slices_for): square, and 256 queries on 512 to 8k keys and 64 to 512 on 4k
     for sq, sk in ((4096, 4096), (256, 512), (256, 1024), (256, 8192), (256, 4096), (64, 4096), (512, 4096)):
         knobs = bc.with_dq_slices_default({}, "bfloat16", 64, False, True, sq, sk, 1)

@@ -216,12 +216,14 @@ def test_more_splits_than_blocks_take_one_per_block():
 
 def test_heuristic():
     sms = 132
-    # the decode rows (hd128: 128 x 128 tiles): CTAs for about one wave
-    assert kvcache.split_heuristic(1, 8, 4, 1024, 128, sms) == 15
-    assert kvcache.split_heuristic(8, 8, 4, 256, 128, sms) == 2
+    # the decode rows (hd128: 128 x 128 tiles): CTAs for half the SMs (66 of 132)
+    assert kvcache.split_heuristic(1, 8, 4, 1024, 128, sms) == 9  # 8 tiles: 72 CTAs
+    assert kvcache.split_heuristic(8, 8, 4, 256, 128, sms) == 2  # 64 tiles: 128 CTAs
     assert kvcache.split_heuristic(64, 8, 8, 32, 128, sms) == 1  # 512 CTAs fill the SMs unsplit
-    assert kvcache.split_heuristic(4, 1, 8, 512, 128, sms) == 29
+    assert kvcache.split_heuristic(4, 1, 8, 512, 128, sms) == 17  # MQA: 4 tiles, 68 CTAs
     assert kvcache.split_heuristic(8, 8, 16, 256, 128, sms) == 2
+    assert kvcache.split_heuristic(1, 8, 4, 16, 128, sms) == 8  # 2k keys: 2 blocks per split at least
+    assert kvcache.split_heuristic(12, 8, 4, 256, 128, sms) == 1  # 96 tiles: already half the SMs, no combine
     assert kvcache.split_heuristic(1, 1, 1, 3, 128, sms) == 1  # splits of at least MIN_SPLIT_BLOCKS
     for n in (1, 2, 3, 7):  # the splits of a row cover its blocks exactly once
         for L, causal, rows, g in ((1001, False, 4, 4), (1001, True, 12, 4), (0, False, 1, 1), (129, True, 16, 1)):

@@ -101,7 +101,8 @@ def test_flash_attn_4_backward_gqa_keeps_a_cta_per_q_head_and_reduces_dkv():
 def test_fa4kernel_backward_mqa_defaults_to_reduce_with_joint_accumulators():
     """fa4kernel takes "reduce" where the loop's CTAs (128 here) are fewer than the SMs (132):
     flash-attn-4's grid, its dK and dV accumulators in one allocation (one zeroing launch, one
-    conversion); with 32 q heads on 8 K/V heads the loop fills the SMs and stays."""
+    conversion); with 32 q heads on 8 K/V heads the loop fills the SMs and stays without a mask
+    (with one, as many queries as keys take "reduce")."""
     mqa = simulate("h200", None, Problem(**MQA, heads_kv=1), impl="fa4kernel", pass_="bwd")
     fa4 = simulate("h200", None, Problem(**MQA, heads_kv=1), impl="flash-attn-4", pass_="bwd")
     assert mqa.knobs["gqa_dkv"] == "reduce" and mqa.knobs["dkv_accum"] == "joint"
@@ -109,8 +110,12 @@ def test_fa4kernel_backward_mqa_defaults_to_reduce_with_joint_accumulators():
     pre, post = kernel_bwd.passes(Problem(**MQA, heads_kv=1), mqa.knobs)
     assert len(pre) == 2 and len(post) == 2  # flash-attn-4's: 3 and 3
     assert dict(pre)["dkv_accum = zeros (fp32)"] == 8 * 2048 * (64 + 64) * 4
-    gqa = simulate("h200", None, Problem(8, 32, 2048, 2048, 64, True, heads_kv=8), impl="fa4kernel", pass_="bwd")
+    gqa = simulate("h200", None, Problem(8, 32, 2048, 2048, 64, False, heads_kv=8), impl="fa4kernel", pass_="bwd")
     assert gqa.knobs["gqa_dkv"] == "loop"
+    gqa = simulate("h200", None, Problem(8, 32, 2048, 2048, 64, True, heads_kv=8), impl="fa4kernel", pass_="bwd")
+    assert gqa.knobs["gqa_dkv"] == "reduce"
+    chunk = simulate("h200", None, Problem(8, 32, 512, 2048, 64, True, heads_kv=8), impl="fa4kernel", pass_="bwd")
+    assert chunk.knobs["gqa_dkv"] == "loop"  # a quarter as many queries as keys
 
 
 def test_cli_heads_kv():

@@ -54,9 +54,15 @@ DQ_SLICES = (1, 2, 4, 8, 16, 32)
 # gqa_dkv default with grouped K/V heads (gqa_dkv_for): "reduce" where the loop's grid, a CTA per
 # key block of each (batch, k/v head), has fewer CTAs than the GPU has SMs. There the loop leaves
 # SMs idle while each CTA walks its group's q heads (H200: MQA hd64 2k causal 254 -> 353 TFLOP/s,
-# a varlen MQA batch 154 -> 437); where it fills them, the fp32 adds cost as much as they give
-# (GQA 8:1 at hd128 4k-8k and hd256: within 2.5 %) or more (a GQA chunk batch: 430 -> 317):
-# fa4kernel/README.md, "Backward". The threshold was read off those runs (in-sample).
+# a varlen MQA batch 154 -> 437). Where the loop fills them, "reduce" with a causal mask and at
+# least REDUCE_QUERIES_PER_KEY queries per key: a causal loop CTA walks its group's q heads over
+# 1 to all of its query blocks, a long and uneven walk the tail cannot balance, while reduce's
+# CTAs are a group's times as many and as short. Without a mask, or with few queries per key (a
+# chunk), each CTA's fp32 adds of dK and dV cost as much as they give or more (a GQA chunk batch:
+# 430 -> 317, H200): the loop. The 0.5 is fa4sim's crossover of the two (GQA 32/8, hd128, 512-8k
+# queries on 8k keys, H100 profile: loop and reduce within 0.6 % at 0.5; reduce 8 % ahead at 1,
+# behind below 0.5 and at every length without a mask); fa4kernel/README.md, "Backward".
+REDUCE_QUERIES_PER_KEY = 0.5
 # query rows per block by head dim: 128 only at 64, where dQ is split by query rows over both
 # warpgroups (flash-attn-4's hd64 tile)
 TILE_M_BY_HEAD_DIM = {64: (64, 128), 96: (64,), 128: (64,), 192: (64,), 256: (64,)}
@@ -359,24 +365,30 @@ def tail_heads(units_per_head: int, heads: int, slots: int = TAIL_SLOTS, waves: 
     return min(heads, max(1, -(-waves * slots // max(1, units_per_head))))
 
 
-def gqa_dkv_for(heads: int, heads_kv: int, key_blocks: int, deterministic: bool = False, sms: int = TAIL_SLOTS) -> str:
-    """The gqa_dkv default: "reduce" with grouped K/V heads (heads_kv < heads) when the loop's
-    CTAs, key_blocks per k/v head (summed over the batch or the packed sequences) x heads_kv, are
-    fewer than the SMs; else "loop" (always when deterministic: reduce adds in no fixed order)."""
+def gqa_dkv_for(heads: int, heads_kv: int, key_blocks: int, deterministic: bool = False, sms: int = TAIL_SLOTS,
+                causal: bool = False, queries_per_key: float = 0.0) -> str:
+    """The gqa_dkv default: "loop" without grouped K/V heads (heads_kv == heads) and always when
+    deterministic (reduce adds in no fixed order); else "reduce" where the loop's CTAs, key_blocks
+    per k/v head (summed over the batch or the packed sequences) x heads_kv, are fewer than the
+    SMs, or with a causal mask and queries_per_key (queries over keys, both summed over the batch)
+    at least REDUCE_QUERIES_PER_KEY; else "loop"."""
     if deterministic or heads_kv >= heads:
         return "loop"
-    return "reduce" if key_blocks * heads_kv < sms else "loop"
+    if key_blocks * heads_kv < sms or (causal and queries_per_key >= REDUCE_QUERIES_PER_KEY):
+        return "reduce"
+    return "loop"
 
 
 def with_gqa_default(knobs: dict, head_dim: int, heads: int, heads_kv: int, batch: int, seqlen_k: int,
-                     deterministic: bool, sms: int = TAIL_SLOTS) -> dict:
+                     deterministic: bool, sms: int = TAIL_SLOTS, causal: bool = False, seqlen_q: int = 0) -> dict:
     """knobs with gqa_dkv set to gqa_dkv_for's choice where the caller left it out: the loop's key
     blocks of tile_n keys per (batch, k/v head) (a packed batch: batch 1, seqlen_k its total
-    keys, whose blocks are about its sequences' sum)."""
+    keys, whose blocks are about its sequences' sum; seqlen_q its total queries)."""
     if "gqa_dkv" in knobs or head_dim not in TILE_N_BY_HEAD_DIM:
         return knobs
     blocks = batch * -(-seqlen_k // TILE_N_BY_HEAD_DIM[head_dim])
-    return {**knobs, "gqa_dkv": gqa_dkv_for(heads, heads_kv, blocks, deterministic, sms)}
+    return {**knobs, "gqa_dkv": gqa_dkv_for(heads, heads_kv, blocks, deterministic, sms, causal,
+                                            seqlen_q / seqlen_k if seqlen_k else 0.0)}
 
 
 def dq_slices_for(cfg: BwdConfig, seqlen_q: int, seqlen_k: int, group: int = 1) -> int:

@@ -124,14 +124,17 @@ def facts(ctx, k: dict) -> dict:
     """What an implementation's backward rules may test besides the problem and the knobs:
     loop_ctas_per_sm, the CTAs of a grid of one per KV tile of each (batch, K/V head) over the SMs
     (a packed batch: its total keys in tiles, as fa4kernel counts them without reading the
-    sequences' offsets on the host: sm90/bwd_config.with_gqa_default)."""
+    sequences' offsets on the host: sm90/bwd_config.with_gqa_default); queries_per_key, the
+    queries over the keys, each summed over the batch or the packed sequences (the same
+    function's)."""
     p = ctx.problem
+    keys = sum(sk for _, sk in p.sequences)
+    facts = {"queries_per_key": sum(sq for sq, _ in p.sequences) / keys if keys else 0.0}
     n = k.get("tile_n")
     if not n:
-        return {}
-    keys = sum(sk for _, sk in p.sequences)
+        return facts
     tiles = -(-keys // n) if p.is_varlen else p.batch * -(-p.seqlen_k // n)
-    facts = {"loop_ctas_per_sm": tiles * p.heads_kv / ctx.hw.num_sms}
+    facts["loop_ctas_per_sm"] = tiles * p.heads_kv / ctx.hw.num_sms
     if "tile_m" in k and "dq_sum" in k:
         facts["dq_units_per_walk"] = dq_units_per_walk(p, k)
     return facts

@@ -139,10 +139,11 @@ def main(argv=None) -> int:
         for r in rows:
             print(r.name, "splits", ",".join(map(str, splits)))
         return 0
+    from lab.tools.hopper import require_hopper
+
+    require_hopper("decode_kernels_sm90.py", "--dry-run lists the rows without one")
     import torch
 
-    if not torch.cuda.is_available():
-        ap.exit(2, "decode_kernels_sm90: no CUDA device (it profiles the GPU's kernels); --dry-run lists the rows\n")
     from lab.tools.bench_fwd_sm90 import _version
     from lab.tools.provenance import stamp
 
