@@ -258,14 +258,19 @@ def stat_committed_time(row, files, spec):
     """Time predicted before the run against measured, for the benchmarks whose files join a
     predictions file on (point, kernel): bench_varlen_sm90.py and bench_decode_sm90.py (rows with
     us), sustained_sm90.py (points with TFLOP/s; the time error of a point is measured TFLOP/s
-    over predicted - 1, the same work). spec["predictions"] is the file committed before the run;
+    over predicted - 1, the same work) and bench_bwd_sm90.py's --problem points (on the problem's
+    batch, heads, k/v heads, length, head dim and mask, and the kernel). spec["predictions"] is the file committed before the run;
     spec["field"] the measured time to compare ("us", default: eager calls back to back;
     "graph_us": the same calls replayed from a CUDA graph, no host time between them)."""
     errs: dict = {}
     field = spec.get("field", "us")
     pred = json.loads((ROOT / spec["predictions"]).read_text())["rows"]
     us = {(p["point"], p["kernel"]): p["us"] for p in pred if "us" in p}
-    tflops = {(p["point"], p["kernel"]): p["tflops"] for p in pred if p.get("tflops")}
+    tflops = {(p["point"], p["kernel"]): p["tflops"] for p in pred if p.get("tflops") and "point" in p}
+    # bench_bwd_sm90.py's --problem points (no name): joined on the problem and the kernel
+    shape = lambda x, kernel: (kernel, x["batch"], x["heads"], x["heads_kv"], x["seqlen"], x["hdim"],  # noqa: E731
+                               bool(x["causal"]))
+    by_shape = {shape(p, p["kernel"]): p["tflops"] for p in pred if p.get("tflops") and "point" not in p}
     for f in files:
         doc = json.loads((ROOT / file_path(f)).read_text())
         for r in doc.get("rows", []):
@@ -274,8 +279,10 @@ def stat_committed_time(row, files, spec):
                     errs.setdefault(kernel, []).append(us[(r["point"], kernel)] / res[field] - 1)
         for p in doc.get("points", []):
             for kernel, res in p["results"].items():
-                if (p["name"], kernel) in tflops and res.get("tflops") and res.get("ok", True):
-                    errs.setdefault(kernel, []).append(res["tflops"] / tflops[(p["name"], kernel)] - 1)
+                want = (tflops.get((p["name"], kernel)) if "name" in p
+                        else by_shape.get(shape(p, kernel)) if "heads_kv" in p else None)
+                if want and isinstance(res, dict) and res.get("tflops") and res.get("ok", True):
+                    errs.setdefault(kernel, []).append(res["tflops"] / want - 1)
     out = {k: _abs_stats(v) for k, v in sorted(errs.items())}
     out["all"] = _abs_stats([e for v in errs.values() for e in v])
     return out
