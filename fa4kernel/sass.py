@@ -183,3 +183,20 @@ def disassemble(cubin_path: str, arch: Optional[str] = None) -> str:
     if res.returncode != 0:
         raise RuntimeError(f"nvdisasm failed: {res.stderr.strip()}")
     return res.stdout
+
+
+def combine_in_flight(sass: str, splits_per_trip: int) -> float:
+    """The splits whose partials the split-KV combine (sm90/combine.py) has in flight when it
+    waits for the first of them: in its partial loop (the loop body with SHFL.IDX, LDG and
+    FFMA), the global loads issued before the first FFMA over the loads of one split (the body's
+    LDGs over the `splits_per_trip` splits a trip walks). ptxas weaves the loads between the adds
+    as it likes, so this is what runs, not what the source asks for."""
+    bodies = [ops for _, ops in loop_bodies(sass)
+              if "SHFL.IDX" in ops and any(o.startswith("LDG") for o in ops) and "FFMA" in ops]
+    if not bodies:
+        raise ValueError("no loop with SHFL.IDX, LDG and FFMA in this SASS (the combine's partial loop)")
+    body = min(bodies, key=len)
+    loads = [i for i, o in enumerate(body) if o.startswith("LDG")]
+    first_add = body.index("FFMA")
+    per_split = len(loads) / splits_per_trip
+    return sum(1 for i in loads if i < first_add) / per_split

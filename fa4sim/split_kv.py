@@ -87,13 +87,14 @@ def combine_bytes(p, num_splits: int) -> float:
 COMBINE_SHAPE = ("combine_lse_passes", "combine_lse_splits_per_round", "combine_partial_splits_per_round")
 
 
-def combine_shape(impl, ctx, knobs) -> tuple[int, int, int] | None:
+def combine_shape(impl, ctx, knobs) -> tuple[int, int, float] | None:
     """(passes over the splits' LSEs, splits whose LSE a row loads per round trip, splits whose
     partial O it has in flight per round trip) from the implementation's params; None where it
     names none (its combine is then its bytes alone)."""
     if not all(n in impl.params for n in COMBINE_SHAPE):
         return None
-    return tuple(int(impl.value(n, ctx, knobs)) for n in COMBINE_SHAPE)
+    passes, lse, partial = (impl.value(n, ctx, knobs) for n in COMBINE_SHAPE)
+    return int(passes), int(lse), float(partial)  # partials in flight: as counted in SASS, 2.5 a round
 
 
 def combine_round_trips(num_splits: int, shape: tuple[int, int, int]) -> int:

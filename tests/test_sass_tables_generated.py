@@ -15,7 +15,7 @@ from fa4sim.model import setup
 from fa4sim.params import Context
 
 DOC = json.loads((implementation.IMPL_DIR / "fa4kernel-sm90.sass.json").read_text())
-TABLES = {**DOC["fwd"], **DOC["bwd"]}  # pv_wait_sass, tau_test_sass, v_zero_sass; loop_instr_sass
+TABLES = {**DOC["fwd"], **DOC["bwd"]}  # pv_wait_sass, tau_test_sass, v_zero_sass, combine_sass; loop_instr_sass
 HEAD_DIMS = (64, 96, 128, 192, 256)
 
 
@@ -34,7 +34,8 @@ def test_each_row_names_its_build_by_every_key_once(name):
     assert all(list(b) == t["keys"] for b in builds)
     assert all(isinstance(v, (str, int, bool)) for b in builds for v in b.values())
     assert len({json.dumps(b) for b in builds}) == len(builds)
-    assert all(r["compiled_from"].startswith(("make_config(", "make_varlen_config(", "make_bwd_config("))
+    assert all(r["compiled_from"].startswith(("make_config(", "make_varlen_config(", "make_bwd_config(",
+                                              "compile_combine_sass("))
                for r in t["rows"])
     assert all(set(f) <= set(t["keys"]) for f in t.get("fallbacks", []))
 
@@ -51,6 +52,7 @@ def test_the_file_holds_the_builds_the_command_compiles():
                                                                       for c in (False, True)]
     assert TABLES["loop_instr_sass"]["fallbacks"] == sass_tables.BWD_FALLBACKS
     assert [r["build"] for r in TABLES["v_zero_sass"]["rows"]] == [{"hdim": hd} for hd in HEAD_DIMS]
+    assert [r["build"] for r in TABLES["combine_sass"]["rows"]] == [{"hdim": hd} for hd in HEAD_DIMS]
 
 
 def _fwd_key(p: Problem, k: dict) -> dict:
@@ -164,3 +166,11 @@ def test_v_zero_rows_match_fresh_sass():
     from lab.tools import sass_tables
 
     assert sass_tables.v_zero_rows() == TABLES["v_zero_sass"]["rows"]
+
+
+@pytest.mark.compile
+def test_combine_rows_match_fresh_sass():
+    pytest.importorskip("cutlass")
+    from lab.tools import sass_tables
+
+    assert sass_tables.combine_rows() == TABLES["combine_sass"]["rows"]

@@ -47,8 +47,9 @@ def test_one_sequence_is_the_dense_backward(hdim, causal, seqlen):
 
 def test_one_grouped_sequence_is_the_dense_backward():
     """GQA: one CTA per (key block, K/V head) walks its group's q heads, as the dense launch."""
-    dense = bwd(Problem(1, 32, 3000, 3000, 128, True, heads_kv=8), {**CLOCK, "grid_order": "heads_outer"})
-    one = bwd(Problem.varlen(32, 128, [3000], causal=True, heads_kv=8), CLOCK)
+    loop = {"gqa_dkv": "loop"}  # causal with as many queries as keys: its default reduces
+    dense = bwd(Problem(1, 32, 3000, 3000, 128, True, heads_kv=8), {**CLOCK, **loop, "grid_order": "heads_outer"})
+    one = bwd(Problem.varlen(32, 128, [3000], causal=True, heads_kv=8), {**CLOCK, **loop})
     assert one.main_us == pytest.approx(dense.main_us, rel=0.03)
     assert one.kernel.units == dense.kernel.units == 8 * math.ceil(3000 / 128)
 

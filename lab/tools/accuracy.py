@@ -52,7 +52,7 @@ STAT_KINDS = {"tflops": ("points", "knob_points"), "knob_deltas": ("points", "kn
               "sustained_tflops": ("sustained",), "sustained_clock": ("sustained",),
               "cycle_model_alone": ("sustained",), "power_model_alone": ("sustained",),
               "committed": ("sustained",), "bwd_tflops": ("sm90_bwd",), "bwd_clock": ("sm90_bwd",),
-              "order_gain": ("bwd_ctas",), "published": ("published",), "committed_time": ("varlen", "decode", "sustained")}
+              "order_gain": ("bwd_ctas",), "published": ("published",), "committed_time": ("varlen", "decode", "sustained", "sm90_bwd")}
 
 
 # ---- the registry -------------------------------------------------------------------------------

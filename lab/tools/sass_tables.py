@@ -14,6 +14,9 @@ compile_bwd_sass; the compile cache makes a rerun quick) and counts in its SASS:
                    instructions, the longest chain of them that wait on each other (dependent_chain)
                    and the elements a thread zeroes per trip, for v_zero_loop_instr,
                    v_zero_loop_chain and v_zero_elems_per_trip
+  combine_sass     the split-KV combine (sm90/combine.py, fa4kernel.sass.combine_in_flight): the
+                   splits whose partials its warp has in flight when it waits for the first, for
+                   combine_partial_splits_per_round
   loop_instr_sass  the backward's Q-block loop per consumer thread (loop_counts): per_kstep =
                    (HGMMA + uniform datapath) / HGMMA, fixed = the rest less the pointwise
                    instructions fa4sim counts itself (loop_fixed), for loop_instr_per_kstep and
@@ -120,6 +123,20 @@ def v_zero_rows() -> list[dict]:
                                                          arch="sm_90a"))
         rows.append({"build": {"hdim": hd}, "compiled_from": call, "instr": len(trip), "chain": dependent_chain(trip),
                      "elems": elems})
+    return rows
+
+
+def combine_rows() -> list[dict]:
+    from fa4kernel.interface import compile_combine_sass
+    from fa4kernel.sass import combine_in_flight
+    from fa4kernel.sm90.combine import SPLIT_UNROLL
+
+    rows = []
+    for hd in (64, 96, 128, 192, 256):
+        call = f"compile_combine_sass('bfloat16', {hd})"
+        print(f"# {call}", file=sys.stderr, flush=True)
+        rows.append({"build": {"hdim": hd}, "compiled_from": call,
+                     "in_flight": round(combine_in_flight(compile_combine_sass("bfloat16", hd), SPLIT_UNROLL), 4)})
     return rows
 
 
@@ -234,6 +251,10 @@ SOURCES = {
                    "instructions (a loop's index division by the head dim and the swizzle's address math "
                    "included), the longest chain of them each waiting on the one before, and the elements of V "
                    "a thread zeroes per trip",
+    "combine_sass": "fa4kernel's split-KV combine " + TOOLCHAIN + " (sm90/combine.py, bf16): in its partial "
+                    "loop, the global loads ptxas issues before the first FFMA over one split's loads "
+                    "(fa4kernel.sass.combine_in_flight): the splits a row's warp has in flight per round trip, "
+                    "however many (SPLIT_UNROLL) the source loads before its first add",
     "loop_instr_sass": "fa4kernel's backward builds " + TOOLCHAIN + ", the consumers' innermost Q-block loop, "
                        "per thread, counted statically (where both warpgroups' branches are in the loop, both): "
                        "per_kstep (HGMMA + uniform datapath) / HGMMA, fixed the rest less the pointwise "
@@ -252,6 +273,9 @@ def table(name: str) -> dict:
         return {"source": SOURCES[name], "columns": {"v_zero_loop_instr": "instr", "v_zero_loop_chain": "chain",
                                                      "v_zero_elems_per_trip": "elems"},
                 "keys": ["hdim"], "rows": v_zero_rows()}
+    if name == "combine_sass":
+        return {"source": SOURCES[name], "columns": {"combine_partial_splits_per_round": "in_flight"},
+                "keys": ["hdim"], "rows": combine_rows()}
     return {"source": SOURCES[name], "columns": {"loop_instr_per_kstep": "per_kstep", "loop_instr_fixed": "fixed"},
             "keys": list(BWD_KEYS), "fallbacks": BWD_FALLBACKS, "rows": loop_instr_rows()}
 
@@ -260,7 +284,8 @@ def document(only=None, old=None) -> dict:
     """The generated file: tables not in `only` kept from `old`."""
     old = old or {}
     doc = {"generated": GENERATED}
-    for pass_, names in (("fwd", ("pv_wait_sass", "tau_test_sass", "v_zero_sass")), ("bwd", ("loop_instr_sass",))):
+    for pass_, names in (("fwd", ("pv_wait_sass", "tau_test_sass", "v_zero_sass", "combine_sass")),
+                          ("bwd", ("loop_instr_sass",))):
         doc[pass_] = {name: table(name) if only in (None, name) or name not in old.get(pass_, {}) else old[pass_][name]
                       for name in names}
     return doc
@@ -291,7 +316,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--write", action="store_true", help=f"write {os.path.relpath(PATH, ROOT)}")
-    ap.add_argument("--only", choices=("pv_wait_sass", "tau_test_sass", "v_zero_sass", "loop_instr_sass"),
+    ap.add_argument("--only", choices=("pv_wait_sass", "tau_test_sass", "v_zero_sass", "combine_sass", "loop_instr_sass"),
                     help="recompile one table, keep the others")
     args = ap.parse_args(argv)
     os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
