@@ -358,13 +358,18 @@ def time_graph(torch, fn, reps: int, batch_ms: float) -> dict:
     return {"graph_us": statistics.median(per_call), "graph_us_min": min(per_call), "graph_replays": replays}
 
 
-def run_row(torch, row: Row, args, errors: dict) -> dict:
+def row_inputs(torch, row: Row):
+    """A row's q (batch, seqlen_q, heads, hdim) and full K / V caches, bf16 on the GPU, seed 0."""
     gen = torch.Generator(device="cuda")
     gen.manual_seed(0)
     q = torch.randn(row.batch, row.seqlen_q, row.heads, row.hdim, device="cuda", dtype=torch.bfloat16, generator=gen)
     k = torch.randn(row.batch, row.seqlen_cache, row.heads_kv, row.hdim, device="cuda", dtype=torch.bfloat16,
                     generator=gen)
-    v = torch.randn_like(k)
+    return q, k, torch.randn_like(k)
+
+
+def run_row(torch, row: Row, args, errors: dict) -> dict:
+    q, k, v = row_inputs(torch, row)
     ref = reference(torch, q, k, v, row.causal)
     rec = {"name": row.name, "point": row.name, "batch": row.batch, "seqlen_q": row.seqlen_q, "seqlen_cache": row.seqlen_cache,
            "heads": row.heads, "heads_kv": row.heads_kv, "hdim": row.hdim, "causal": row.causal,

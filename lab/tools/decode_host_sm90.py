@@ -243,13 +243,9 @@ def time_parts(parts, calls: int, repeats: int) -> dict:
 def run_row(torch, row: Row, args, errors: dict) -> dict:
     from fa4kernel.inputs import device_props
     from lab.tools.attn_host_sm90 import kernels
-    from lab.tools.bench_decode_sm90 import candidates, time_graph
+    from lab.tools.bench_decode_sm90 import candidates, row_inputs, time_graph
 
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    q = torch.randn(row.batch, row.seqlen_q, row.heads, row.hdim, device="cuda", dtype=torch.bfloat16, generator=gen)
-    k = torch.randn(row.batch, row.seqlen_cache, row.heads_kv, row.hdim, device="cuda", dtype=torch.bfloat16,
-                    generator=gen)
-    v = torch.randn_like(k)
+    q, k, v = row_inputs(torch, row)
     rec = {"name": row.name, "point": row.name, "batch": row.batch, "seqlen_q": row.seqlen_q,
            "seqlen_cache": row.seqlen_cache, "heads": row.heads, "heads_kv": row.heads_kv, "hdim": row.hdim,
            "causal": row.causal, "kv_bytes": row.kv_bytes,

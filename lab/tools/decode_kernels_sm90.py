@@ -28,7 +28,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-from lab.tools.bench_decode_sm90 import GRID, ROWS, parse_problem, positive_ints  # noqa: E402
+from lab.tools.bench_decode_sm90 import GRID, ROWS, parse_problem, positive_ints, row_inputs  # noqa: E402
 
 ALL_ROWS = {r.name: r for r in ROWS + GRID}
 
@@ -63,12 +63,7 @@ def profile_row(torch, row, splits, calls: int, warmup: int) -> dict:
     import fa4kernel
     from torch.profiler import ProfilerActivity, profile
 
-    gen = torch.Generator(device="cuda")
-    gen.manual_seed(0)
-    q = torch.randn(row.batch, row.seqlen_q, row.heads, row.hdim, device="cuda", dtype=torch.bfloat16, generator=gen)
-    k = torch.randn(row.batch, row.seqlen_cache, row.heads_kv, row.hdim, device="cuda", dtype=torch.bfloat16,
-                    generator=gen)
-    v = torch.randn_like(k)
+    q, k, v = row_inputs(torch, row)
     rec = {"point": row.name, "batch": row.batch, "seqlen_q": row.seqlen_q, "seqlen_cache": row.seqlen_cache,
            "heads": row.heads, "heads_kv": row.heads_kv, "hdim": row.hdim, "causal": row.causal,
            "kv_bytes": row.kv_bytes, "splits": {}}
