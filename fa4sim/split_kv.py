@@ -97,7 +97,7 @@ def combine_shape(impl, ctx, knobs) -> tuple[int, int, float] | None:
     return int(passes), int(lse), float(partial)  # partials in flight: as counted in SASS, 2.5 a round
 
 
-def combine_round_trips(num_splits: int, shape: tuple[int, int, int]) -> int:
+def combine_round_trips(num_splits: int, shape: tuple[int, int, float]) -> int:
     """The dependent memory round trips of one row of the combine: each pass over the LSEs takes
     ceil(splits / per round) of them, the partials ceil(splits / in flight)."""
     passes, lse_per_round, partial_per_round = shape

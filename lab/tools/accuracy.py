@@ -259,8 +259,8 @@ def stat_committed_time(row, files, spec):
     predictions file on (point, kernel): bench_varlen_sm90.py and bench_decode_sm90.py (rows with
     us), sustained_sm90.py (points with TFLOP/s; the time error of a point is measured TFLOP/s
     over predicted - 1, the same work) and bench_bwd_sm90.py's --problem points (on the problem's
-    batch, heads, k/v heads, length, head dim and mask, and the kernel). spec["predictions"] is the file committed before the run;
-    spec["field"] the measured time to compare ("us", default: eager calls back to back;
+    batch, heads, k/v heads, length, head dim and mask, and the kernel). spec["predictions"] is
+    the file committed before the run; spec["field"] the measured time to compare ("us", default: eager calls back to back;
     "graph_us": the same calls replayed from a CUDA graph, no host time between them)."""
     errs: dict = {}
     field = spec.get("field", "us")
@@ -568,7 +568,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--check", action="store_true", help="exit 1 when a generated block differs from the registry's")
     ap.add_argument("--print", dest="print_only", action="store_true", help="print the blocks, write nothing")
     ap.add_argument("--compare", nargs=2, metavar=("MEASURED", "PREDICTED"),
-                    help="one benchmark file (kinds varlen, decode, sustained) against the predictions committed before it: "
+                    help="one benchmark file (kinds varlen, decode, sustained, sm90_bwd) against the predictions committed before it: "
                          "time errors by kernel (the committed_time rows' statistic)")
     ap.add_argument("--field", choices=("us", "graph_us"), default="us",
                     help="with --compare: the measured time, us (eager calls, default) or graph_us (CUDA graph "
@@ -583,7 +583,7 @@ def main(argv: list[str] | None = None) -> int:
             key = ("rows", "points") if what == "MEASURED" else ("rows",)
             if not isinstance(doc, dict) or not any(isinstance(doc.get(k), list) for k in key):
                 ap.exit(2, f"--compare {what} {path}: no {' or '.join(key)} list; allowed: a bench_varlen_sm90, "
-                           f"bench_decode_sm90 or sustained_sm90 file{'' if what == 'MEASURED' else ' of predictions'}\n")
+                           f"bench_decode_sm90, sustained_sm90 or bench_bwd_sm90 file{'' if what == 'MEASURED' else ' of predictions'}\n")
         spec = {"stat": "committed_time", "predictions": a.compare[1], "field": a.field}
         print(describe("committed_time", stat_committed_time({}, [a.compare[0]], spec), spec))
         return 0

@@ -263,6 +263,10 @@ SOURCES = {
 }
 
 
+# the generated file's tables, by pass
+TABLES = {"fwd": ("pv_wait_sass", "tau_test_sass", "v_zero_sass", "combine_sass"), "bwd": ("loop_instr_sass",)}
+
+
 def table(name: str) -> dict:
     if name == "pv_wait_sass":
         return {"source": SOURCES[name], "keys": list(FWD_KEYS), "rows": pv_wait_rows()}
@@ -284,8 +288,7 @@ def document(only=None, old=None) -> dict:
     """The generated file: tables not in `only` kept from `old`."""
     old = old or {}
     doc = {"generated": GENERATED}
-    for pass_, names in (("fwd", ("pv_wait_sass", "tau_test_sass", "v_zero_sass", "combine_sass")),
-                          ("bwd", ("loop_instr_sass",))):
+    for pass_, names in TABLES.items():
         doc[pass_] = {name: table(name) if only in (None, name) or name not in old.get(pass_, {}) else old[pass_][name]
                       for name in names}
     return doc
@@ -316,7 +319,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--write", action="store_true", help=f"write {os.path.relpath(PATH, ROOT)}")
-    ap.add_argument("--only", choices=("pv_wait_sass", "tau_test_sass", "v_zero_sass", "combine_sass", "loop_instr_sass"),
+    ap.add_argument("--only", choices=[name for names in TABLES.values() for name in names],
                     help="recompile one table, keep the others")
     args = ap.parse_args(argv)
     os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
