@@ -265,7 +265,7 @@ def stat_committed_time(row, files, spec):
     errs: dict = {}
     field = spec.get("field", "us")
     pred = json.loads((ROOT / spec["predictions"]).read_text())["rows"]
-    us = {(p["point"], p["kernel"]): p["us"] for p in pred if "us" in p}
+    us = {(p["point"], p["kernel"]): p["us"] for p in pred if "us" in p and "point" in p}
     tflops = {(p["point"], p["kernel"]): p["tflops"] for p in pred if p.get("tflops") and "point" in p}
     # bench_bwd_sm90.py's --problem points (no name): joined on the problem and the kernel
     shape = lambda x, kernel: (kernel, x["batch"], x["heads"], x["heads_kv"], x["seqlen"], x["hdim"],  # noqa: E731

@@ -31,6 +31,10 @@ method), and adds the row fa4kernel[clock probe]: fa4kernel's default backward t
 clock-probe build (four clock64 / globaltimer stamps per CTA), whose median in-kernel clock over
 its timed windows is the point's clock_ghz_in_kernel. --skip leaves candidates out.
 
+--predict FILE (no GPU) writes fa4sim's predictions for the same points and candidates (fa4kernel,
+fa4kernel[deterministic], each variant, flash-attn-4; --profile h200 or h100), to commit before the
+run; `python -m lab.tools.accuracy --compare RUN.json FILE` then joins the two on each point's problem.
+
 Usage (device): python3 lab/tools/bench_bwd_sm90.py --out $OUT/sm90_bwd.json [--quick] [--sustained]
     python3 lab/tools/bench_bwd_sm90.py --hdims 64,128 --seqlens 1024,16384 --no-deterministic \
         --variants tile_m=128 grid_order=heads_outer dq_reduce=red,stats=thread,mma_order=dv_dk_dq,preprocess=torch \
@@ -378,6 +382,53 @@ def bench_point(impls, d, s, causal, quick, points, variants=None, deterministic
     torch.cuda.empty_cache()
 
 
+def predict_rows(runs, variants, deterministic: bool, *, profile: str) -> list:
+    """fa4sim's predictions (on `profile`, each at its power model's clock) for every point of the
+    run: fa4kernel's default backward, its deterministic build, each --variants set and flash-attn-4.
+    A row carries the point's problem, so accuracy --compare joins it to the measured point."""
+    from fa4sim import Problem, simulate
+
+    builds = [("fa4kernel", "fa4kernel", None), ("flash-attn-4", "flash-attn-4", None)]
+    if deterministic:
+        builds.append(("fa4kernel[deterministic]", "fa4kernel", {"deterministic": True}))
+    builds += [(f"fa4kernel[{text}]", "fa4kernel", parse_variant(text)) for text in variants or []]
+    rows = []
+    for d, s, causal, shape in runs:
+        b, h, hkv, sk = shape or (16384 // s, 2048 // d, 2048 // d, s)
+        problem = dict(batch=b, heads=h, heads_kv=hkv, seqlen=s, seqlen_k=sk, hdim=d, causal=causal)
+        for kernel, impl, knobs in builds:
+            try:
+                r = simulate(profile, problem=Problem(b, h, s, sk, d, causal, heads_kv=hkv), impl=impl, pass_="bwd",
+                             overrides=knobs)
+            except Exception as e:  # fa4sim has no model of it: said so in the file
+                rows.append({"kernel": kernel, **problem, "not_modelled": str(e).splitlines()[0][:200]})
+                continue
+            rows.append({"kernel": kernel, **problem, "us": r.time_us,
+                         "tflops": bwd_flops(b, h, s, sk, d, causal) / (r.time_us * 1e6), "clock_ghz": r.clock_ghz,
+                         "pre_us": r.pre_us, "main_us": r.main_us, "post_us": r.post_us, "bottleneck": r.bottleneck,
+                         **{k: r.knobs[k] for k in ("gqa_dkv", "dq_slices") if k in r.knobs}})
+    return rows
+
+
+def write_predictions(path: str, runs, variants, deterministic: bool, profile: str, argv) -> dict:
+    import subprocess
+
+    from lab.tools.hopper import PROFILES
+
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                          cwd=os.path.dirname(os.path.abspath(__file__)))
+    meta = {"kind": "predictions", "device": PROFILES[profile], "profile": profile,
+            "model_commit": head.stdout.strip() or "unknown", "date": dt.date.today().isoformat(),
+            "what": "fa4sim's backward predictions per point: us at the power model's clock, TFLOP/s 2.5 x the "
+                    "forward's FLOPs over the visible pairs; written before the run",
+            "command": "python3 lab/tools/bench_bwd_sm90.py " + " ".join(argv)}
+    doc = {"meta": meta, "rows": predict_rows(runs, variants, deterministic, profile=profile)}
+    with open(path, "w") as fh:
+        json.dump(doc, fh, indent=1)
+        fh.write("\n")
+    return doc
+
+
 def summarize(points) -> dict:
     """geomean of every fa4kernel row (the default and each variant) over each peer, on the
     points where both were timed; and each row's lowest ratio over cuDNN."""
@@ -401,7 +452,11 @@ def summarize(points) -> dict:
 
 def main():
     ap = argparse.ArgumentParser(description="SM90 attention backward benchmark: fa4kernel, flash-attn-4, cuDNN, FA2")
-    ap.add_argument("--out", required=True, help="result JSON (written after every point)")
+    ap.add_argument("--out", help="result JSON (written after every point); required unless --predict")
+    ap.add_argument("--predict", default=None, metavar="FILE",
+                    help="write fa4sim's predictions for the selected points to FILE (to commit before the run); no GPU")
+    ap.add_argument("--profile", default="h200", choices=("h100", "h200"),
+                    help="with --predict: the fa4sim profile to predict for (default h200; h100 for an H100 SXM)")
     ap.add_argument("--quick", action="store_true", help="2 points (hd128 1k, causal and not): a smoke run")
     ap.add_argument("--variants", nargs="*", default=None,
                     help="backward knob sets, each a row fa4kernel[KNOBS] beside the default fa4kernel row, "
@@ -431,9 +486,6 @@ def main():
         if not eq or not label.isidentifier() or not os.path.isfile(os.path.join(path, "fa4kernel", "__init__.py")):
             _bad_input(f"--tree {spec!r}: want LABEL=DIR, LABEL a name and DIR holding a fa4kernel package")
         trees.append((label, path))
-    from lab.tools.hopper import require_hopper
-
-    require_hopper("bench_bwd_sm90.py")
     for text in args.variants or []:
         parse_variant(text)  # bad knob: one line, exit before the GPU work
     try:
@@ -445,6 +497,22 @@ def main():
         if d not in fa4kernel.SUPPORTED_HEAD_DIMS:
             _bad_input(f"--hdims: {d}; allowed: {', '.join(map(str, fa4kernel.SUPPORTED_HEAD_DIMS))}")
     causals = {"both": (False, True), "0": (False,), "1": (True,)}[args.causal]
+    grid = [(d, s, c) for d in hdims for s in seqlens for c in causals]
+    if args.quick:
+        grid = [(128, 1024, False), (128, 1024, True)]
+    if problems and not args.grid:
+        grid = []
+    runs = [(d, s, c, None) for d, s, c in grid] + problems
+    if args.predict:
+        doc = write_predictions(args.predict, runs, args.variants, not args.no_deterministic, args.profile,
+                                sys.argv[1:])
+        print(f"wrote {len(doc['rows'])} predictions ({args.profile}) to {args.predict}")
+        return
+    if not args.out:
+        _bad_input("--out: the result JSON is required (or --predict FILE for fa4sim's predictions, no GPU)")
+    from lab.tools.hopper import require_hopper
+
+    require_hopper("bench_bwd_sm90.py")
 
     dev = torch.cuda.get_device_name(0)
     # time_interleaved records each candidate's mean NVML SM clock while a sampler is set
@@ -497,12 +565,6 @@ def main():
             json.dump(doc, fh, indent=1)
         return doc
 
-    grid = [(d, s, c) for d in hdims for s in seqlens for c in causals]
-    if args.quick:
-        grid = [(128, 1024, False), (128, 1024, True)]
-    if problems and not args.grid:
-        grid = []
-    runs = [(d, s, c, None) for d, s, c in grid] + problems
     for d, s, causal, shape in runs:
         bench_point(impls, d, s, causal, args.quick, points, args.variants, not args.no_deterministic, args.sustained,
                     shape)
