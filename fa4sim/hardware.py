@@ -127,6 +127,10 @@ PARAMS: dict[str, Param] = {
     "l2_bytes": Param("B", "L2 capacity", 1 << 20, 1 << 32, integer=True),
     # 1 to 2 us measured: a millisecond between kernels is no launch gap
     "launch_gap_us": Param("us", "gap between back-to-back kernels of a timed loop (launch, ramp, drain)", 0, 1000),
+    # a kernel launched as a programmatic dependent launch (PDL) behind another: its CTAs launch
+    # while that one runs and wait in griddepcontrol.wait; what is left is the grid's end, the
+    # memory flush and the release
+    "pdl_launch_gap_us": Param("us", "gap a programmatic dependent launch adds behind the kernel before it", 0, 1000),
     "cta_launch_cycles": Param("cycles", "from a CTA retiring to the grid's next CTA starting on that SM", *MEMORY_CYCLES),
     # about 1 measured
     "tile_jitter_q_loads": Param("Q-tile loads", "how much one tile's cycles vary from tile to tile in a full-chip "

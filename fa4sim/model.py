@@ -265,6 +265,7 @@ def forward(run: Run) -> Pass:
     ctx = Context(problem, profile, impl)
     prologue = float(impl.value("cta_prologue_cycles", ctx, knobs)) if "cta_prologue_cycles" in impl.params else 0.0
     combine_shape = split_kv.combine_shape(impl, ctx, knobs) if splits > 1 else None
+    combine_pdl = split_kv.combine_pdl(impl, ctx, knobs) if splits > 1 else False
     # a tile's V rows past its sequence's keys, zeroed before its first S GEMM where the build
     # does so (fa4kernel's varlen and decode builds: the schedule's v_zero_cycles), cycles
     zero_cost = getattr(module, "v_zero_cycles", None)
@@ -369,15 +370,16 @@ def forward(run: Run) -> Pass:
             idle += idle_v * share
         act = power.activity(at, kt, per_block, sm_blocks, tensor_flops, idle)
         if splits > 1:  # the combine launch: its bytes or its chain of L2 round trips, drawing little
+            combine = split_kv.combine_us(problem, at, splits, combine_shape, combine_pdl)
             act = replace(act, totals={**act.totals, "hbm": act.totals["hbm"] + split_kv.combine_bytes(problem, splits)},
-                          gap_us=act.gap_us + split_kv.combine_us(problem, at, splits, combine_shape))
+                          gap_us=act.gap_us + combine)
         return act
 
     def finish(at, state) -> Result:
         kt, detailed, hbm_busy = state
         _, _, trace, period = detailed(longest.n_kv, longest.masked)
         util, waits, interval = _steady_state(trace, period)
-        combine = split_kv.combine_us(problem, at, splits, combine_shape)
+        combine = split_kv.combine_us(problem, at, splits, combine_shape, combine_pdl)
         total_us = kt.time_us + combine
         tflops = run.flops_problem.flops / (total_us * 1e-6) / 1e12
         result = Result(at, run.schedule, impl, run.flops_problem, knobs, tflops, total_us, kt.cycles, util, "",

@@ -97,6 +97,14 @@ def combine_shape(impl, ctx, knobs) -> tuple[int, int, float] | None:
     return int(passes), int(lse), float(partial)  # partials in flight: as counted in SASS, 2.5 a round
 
 
+def combine_pdl(impl, ctx, knobs) -> bool:
+    """Whether the implementation launches its combine as a programmatic dependent launch behind
+    the split launch (its param combine_pdl; False where it names none): its CTAs are resident
+    and waiting when the split launch ends, so the gap between the two is the profile's
+    pdl_launch_gap_us instead of launch_gap_us."""
+    return bool(impl.value("combine_pdl", ctx, knobs)) if "combine_pdl" in impl.params else False
+
+
 def combine_round_trips(num_splits: int, shape: tuple[int, int, float]) -> int:
     """The dependent memory round trips of one row of the combine: each pass over the LSEs takes
     ceil(splits / per round) of them, the partials ceil(splits / in flight)."""
@@ -104,15 +112,16 @@ def combine_round_trips(num_splits: int, shape: tuple[int, int, float]) -> int:
     return passes * math.ceil(num_splits / lse_per_round) + math.ceil(num_splits / partial_per_round)
 
 
-def combine_us(p, hw, num_splits: int, shape: tuple[int, int, int] | None = None) -> float:
+def combine_us(p, hw, num_splits: int, shape: tuple[int, int, int] | None = None, pdl: bool = False) -> float:
     """The combine launch, us: its bytes at the HBM bandwidth or, where longer, one row's chain of
     dependent round trips to L2 (the split launch has just written the partials; the TMA's L2-hit
     latency, l2_latency, stands in for a load's), plus a launch gap (as the backward's
-    memory-bound launches around its main kernel). Every row runs at once: the combine has a
+    memory-bound launches around its main kernel; pdl: the shorter gap of a programmatic
+    dependent launch, pdl_launch_gap_us). Every row runs at once: the combine has a
     warp (fa4kernel) or a CTA's share of threads (FlashAttention-3, flash-attn-4) per row, and a
     decode batch's rows fit the GPU in one wave."""
     if num_splits <= 1:
         return 0.0
     stream = combine_bytes(p, num_splits) / (hw.hbm_bandwidth_tbps * 1e6)
     chain = combine_round_trips(num_splits, shape) * hw.l2_latency / (hw.clock_ghz * 1e3) if shape else 0.0
-    return max(stream, chain) + hw.launch_gap_us
+    return max(stream, chain) + (hw.pdl_launch_gap_us if pdl else hw.launch_gap_us)

@@ -42,6 +42,19 @@ def test_combine_compiles():
     assert count(text, "LDL") == 0 and count(text, "STL") == 0
 
 
+def test_the_combine_launches_behind_the_decode_kernel_without_a_gap():
+    """The combine is a programmatic dependent launch: its griddepcontrol.wait (ACQBULK) comes
+    before its first global load; every decode build lets it launch (griddepcontrol.launch_dependents:
+    PREEXIT), once; the ordinary forward does not."""
+    combine = interface.compile_combine_sass("bfloat16", 128).splitlines()
+    wait = next(i for i, line in enumerate(combine) if "ACQBULK" in line)
+    assert wait < next(i for i, line in enumerate(combine) if "LDG" in line)
+    for split_kv in (False, True):
+        assert count(fa4kernel.compile_sass(make_decode_config("bfloat16", 128, True, split_kv), arch="sm_90a"),
+                     "PREEXIT") == 1
+    assert count(fa4kernel.compile_sass(make_config("bfloat16", 128, True, True, {}), arch="sm_90a"), "PREEXIT") == 0
+
+
 def test_the_ordinary_forward_is_not_the_decode_build():
     """The decode options are compile-time: the ordinary config keeps decode off, and its kernel
     is the plain class, so its trace takes none of the decode branches (the SASS check below)."""

@@ -226,6 +226,25 @@ def test_the_combine_is_its_bytes_or_its_rows_chain_of_round_trips():
     assert split_kv.combine_us(mqa, hw, 1, (2, 32, 1)) == 0.0
 
 
+def test_a_combine_launched_as_a_dependent_launch_adds_the_pdl_gap():
+    """fa4kernel launches its combine as a programmatic dependent launch (its param combine_pdl):
+    the combine then adds the profile's pdl_launch_gap_us instead of launch_gap_us; an
+    implementation that names no combine_pdl keeps the plain gap."""
+    from fa4sim.implementation import load
+
+    hw = load_hw(H200).with_values(pdl_launch_gap_us=0.5)
+    mqa = Problem(4, 8, 1, 65536, 128, heads_kv=1)
+    plain, pdl = (split_kv.combine_us(mqa, hw, 29, (2, 32, 1), pdl=x) for x in (False, True))
+    assert plain - pdl == pytest.approx(hw.launch_gap_us - 0.5)
+    assert split_kv.combine_pdl(load("fa4kernel", "sm90"), None, {}) is True
+    assert split_kv.combine_pdl(load("flash-attn-4", "sm90"), None, {}) is False
+    # end to end: the same split launch, its combine shorter by the gaps' difference
+    knobs = {"num_splits": 29, "pdl_launch_gap_us": 0.5}
+    base = simulate(H200, problem=mqa, impl="fa4kernel", overrides=knobs)
+    without = simulate(H200, problem=mqa, impl="fa4kernel", overrides={**knobs, "combine_pdl": False})
+    assert without.combine_us - base.combine_us == pytest.approx(hw.launch_gap_us - 0.5, rel=0.05)
+
+
 def test_each_implementation_names_its_combines_shape():
     from fa4sim.implementation import load
 

@@ -13,7 +13,10 @@ weights (two warp reductions), then every lane owns head_dim / 32 columns (lane 
 reads 128 contiguous bytes of a partial per load) and walks the splits, SPLIT_UNROLL of them in
 flight, each split's weight from the lane that computed it. The partials are small
 (splits x rows x head_dim fp32 per k/v head), so this kernel is a few microseconds; what matters
-is that it is one launch.
+is that it is one launch, and that it starts at once: it is a programmatic dependent launch
+(use_pdl) behind the decode kernel, whose CTAs let it launch as they start
+(griddepcontrol.launch_dependents, sm90/fwd.py); its CTAs wait in griddepcontrol.wait until the
+decode grid has finished and its partials are visible, so no launch gap lies between the two.
 """
 
 from __future__ import annotations
@@ -53,7 +56,7 @@ class CombineSm90:
         rows = mOacc.shape[1]
         grid = (cute.ceil_div(rows, ROWS_PER_CTA), cute.size(mOacc.shape[2]), cute.size(mO.shape[0]))
         self.kernel(mOacc, mLSEacc, mO, mLSE, group, num_splits).launch(
-            grid=grid, block=[32 * ROWS_PER_CTA, 1, 1], stream=stream)
+            grid=grid, block=[32 * ROWS_PER_CTA, 1, 1], stream=stream, use_pdl=True)
 
     @cute.kernel
     def kernel(self, mOacc, mLSEacc, mO, mLSE, group: Int32, num_splits: Int32):
@@ -63,6 +66,7 @@ class CombineSm90:
         bx, kh, batch = cute.arch.block_idx()
         r = bx * ROWS_PER_CTA + warp
         nb = mO.shape[0]
+        cute.arch.griddepcontrol_wait()  # launched early (PDL): the decode grid's partials are visible after it
         if r < mOacc.shape[1]:
             # the largest lse of the row's splits (-inf: no split saw a key)
             top = -Float32.inf

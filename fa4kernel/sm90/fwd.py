@@ -249,6 +249,10 @@ class FlashFwdSm90:
     ):
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         tr_cta = self.ins.kernel_start(mTrace)
+        if const_expr(self.cfg.decode):
+            # the combine behind this launch (sm90/combine.py, a programmatic dependent launch) may
+            # launch once every CTA has started; it waits for this grid's end before it reads
+            cute.arch.griddepcontrol_launch_dependents()
         if warp_idx == 0:
             for atom in (tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_O):
                 if const_expr(atom is not None):

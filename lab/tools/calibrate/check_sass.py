@@ -30,6 +30,7 @@ def cases():
     yield ("tma", lambda: (bench_tma.make(), bench_tma.fake_args()), {"UTMALDG.2D": 8 + 2 * 24, "SYNCS.ARRIVE.TRANS64": 2})
     yield ("sync", lambda: (bench_sync.make(), bench_sync.fake_args()), {"BAR.ARV": 2, "SYNCS.ARRIVE": 4})
     yield ("launch", lambda: (bench_launch.make(), bench_launch.fake_args()), {})
+    yield ("launch_pdl", lambda: (bench_launch.make(pdl=True), bench_launch.fake_args()), {"ACQBULK": 1, "PREEXIT": 1})
 
 
 def main() -> int:

@@ -235,6 +235,14 @@ def derive(results: dict) -> dict:
             f"sleep kernel (GPU-side gap); torch 1-element add: {_r(_get(lg, 'torch_add_1elem', 'gpu_side_us') or 0, 2)} us; "
             f"host-bound plain loop: cute {_r(_get(lg, 'cute_empty', 'host_loop_us') or 0, 2)} us, "
             f"torch {_r(_get(lg, 'torch_add_1elem', 'host_loop_us') or 0, 2)} us", nd=2)
+    if _num(_get(lg, "cute_empty_pdl", "gpu_side_us")):
+        graph = _get(lg, "cute_empty_pdl_graph_us")
+        put("pdl_launch_gap_us", lg["cute_empty_pdl"]["gpu_side_us"], "launch",
+            "CUDA events around 200 back-to-back programmatic dependent launches (use_pdl) of the empty "
+            "kernel, each letting the next launch at its start (griddepcontrol.launch_dependents) and "
+            "waiting for the one before (griddepcontrol.wait), queued behind a sleep kernel"
+            + (f"; replayed from a CUDA graph: {_r(graph, 2)} us (plain launches "
+               f"{_r(_get(lg, 'cute_empty_graph_us') or 0, 2)} us)" if _num(graph) else ""), nd=2)
     return out
 
 
@@ -246,6 +254,9 @@ def build_profile(results: dict, base: dict, name: str | None = None, skip=(),
     meta = results.get("meta", {})
     device = meta.get("device", "unknown device")
     params = {k: dict(v) for k, v in base["params"].items()}
+    # a measured profile's own base (a re-measured parameter) says so once
+    said = (f"unit parameters measured on {device} by lab/tools/calibrate ({campaign}: the dates, driver and "
+            f"versions), the rest from the {base['name']} profile")
     # with a power model, clock_ghz is the maximum clock and the model predicts the one a kernel
     # holds: the clock measured under one load does not replace it
     powered = (params.get("power_cap_w") or {}).get("value", 0) > 0
@@ -260,8 +271,8 @@ def build_profile(results: dict, base: dict, name: str | None = None, skip=(),
     return {
         "name": name or base["name"].removesuffix("-datasheet"),
         "arch": base["arch"],
-        "description": f"{base.get('description', '')}; unit parameters measured on {device} by lab/tools/calibrate "
-                       f"({campaign}: the dates, driver and versions), the rest from the {base['name']} profile",
+        "description": base.get("description", "") if said in base.get("description", "")
+        else f"{base.get('description', '')}; {said}",
         "params": params,
     }
 
