@@ -14,9 +14,10 @@ reads 128 contiguous bytes of a partial per load) and walks the splits, SPLIT_UN
 flight, each split's weight from the lane that computed it. The partials are small
 (splits x rows x head_dim fp32 per k/v head), so this kernel is a few microseconds; what matters
 is that it is one launch, and that it starts at once: it is a programmatic dependent launch
-(use_pdl) behind the decode kernel, whose CTAs let it launch as they start
-(griddepcontrol.launch_dependents, sm90/fwd.py); its CTAs wait in griddepcontrol.wait until the
-decode grid has finished and its partials are visible, so no launch gap lies between the two.
+(use_pdl) behind the decode kernel, whose CTAs let it launch once their KV loops are done
+(griddepcontrol.launch_dependents in sm90/fwd.py's epilogue); its CTAs wait in
+griddepcontrol.wait until the decode grid has finished and its partials are visible, so no
+launch gap lies between the two.
 """
 
 from __future__ import annotations

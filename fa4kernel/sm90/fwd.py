@@ -249,10 +249,6 @@ class FlashFwdSm90:
     ):
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         tr_cta = self.ins.kernel_start(mTrace)
-        if const_expr(self.cfg.decode):
-            # the combine behind this launch (sm90/combine.py, a programmatic dependent launch) may
-            # launch once every CTA has started; it waits for this grid's end before it reads
-            cute.arch.griddepcontrol_launch_dependents()
         if warp_idx == 0:
             for atom in (tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_O):
                 if const_expr(atom is not None):
@@ -1266,6 +1262,11 @@ class FlashFwdSm90:
     def _epilogue(self, acc_O, lse, tma_atom_O, mO, mLSE, tiled_mma_pv, sO, tidx, m_block, head,
                   batch, seqlen_q, tr=None, it=None, group=None):
         thr_mma_pv = tiled_mma_pv.get_slice(tidx)
+        if const_expr(self.cfg.decode):
+            # the combine behind this launch (sm90/combine.py, a programmatic dependent launch) may
+            # launch once every CTA's loop is done: its CTAs then wait through the stores, not
+            # beside the loop; it waits for this grid's end before it reads
+            cute.arch.griddepcontrol_launch_dependents()
         # LSE straight from registers: the thread holding column 0 of a row writes it.
         if const_expr(mLSE is not None and self.pack_gqa):
             self._store_lse_unpacked(lse, mLSE, thr_mma_pv, m_block, batch, seqlen_q, group)
