@@ -51,7 +51,7 @@ FACTS: dict = {}
 _OPS = {"_gt": lambda a, b: a > b, "_ge": lambda a, b: a >= b, "_le": lambda a, b: a <= b,
         "_ne": lambda a, b: a != b}
 # constants the model divides by (a rate, a count per step): a what-if keeps them above 0
-DIVISORS = ("_per_clk", "_splits_per_round", "_elems_per_trip")
+DIVISORS = ("_per_clk", "_splits_per_round", "_elems_per_trip", "_warps_per_row", "_splits_per_chunk")
 GENERATED_SUFFIX = ".sass.json"  # <name>.sass.json: the tables generated from <name>'s compiled builds
 
 
@@ -125,7 +125,8 @@ class Implementation:
         """A what-if value for one of its measured constants (a number, or a --set string), of the
         kind its own value is: true or false for a flag; else a number (a whole one for bytes) from
         0 to CONSTANT_SCALE times what was measured, or for a rate or a count per step (a divisor:
-        ..._per_clk, ..._splits_per_round, ..._elems_per_trip) at least 1/CONSTANT_SCALE of it, as large as
+        ..._per_clk, ..._splits_per_round, ..._elems_per_trip, ..._warps_per_row,
+        ..._splits_per_chunk) at least 1/CONSTANT_SCALE of it, as large as
         wanted (1e9: free)."""
         if name not in self.params or isinstance(self.params[name]["value"], list):
             known = [n for n, e in self.params.items() if not isinstance(e["value"], list)]

@@ -85,16 +85,22 @@ def combine_bytes(p, num_splits: int) -> float:
 
 # an implementation's combine kernel, as its params name it: how its rows walk the splits
 COMBINE_SHAPE = ("combine_lse_passes", "combine_lse_splits_per_round", "combine_partial_splits_per_round")
+# and, where a row's splits are shared by several warps (fa4kernel), how: split s to warp s % warps
+# within each chunk of splits whose weights the lanes hold at once
+COMBINE_SPREAD = ("combine_warps_per_row", "combine_splits_per_chunk")
 
 
-def combine_shape(impl, ctx, knobs) -> tuple[int, int, float] | None:
+def combine_shape(impl, ctx, knobs) -> tuple | None:
     """(passes over the splits' LSEs, splits whose LSE a row loads per round trip, splits whose
-    partial O it has in flight per round trip) from the implementation's params; None where it
-    names none (its combine is then its bytes alone)."""
+    partial O a warp has in flight per round trip, warps per row, splits per chunk or None) from
+    the implementation's params; None where it names none (its combine is then its bytes alone).
+    Without COMBINE_SPREAD's params: one warp (or thread block) walks all of a row's splits."""
     if not all(n in impl.params for n in COMBINE_SHAPE):
         return None
     passes, lse, partial = (impl.value(n, ctx, knobs) for n in COMBINE_SHAPE)
-    return int(passes), int(lse), float(partial)  # partials in flight: as counted in SASS, 2.5 a round
+    warps, chunk = ((int(impl.value(n, ctx, knobs)) for n in COMBINE_SPREAD)
+                    if all(n in impl.params for n in COMBINE_SPREAD) else (1, None))
+    return int(passes), int(lse), float(partial), warps, chunk  # partials in flight as counted: 2.5
 
 
 def combine_pdl(impl, ctx, knobs) -> bool:
@@ -105,14 +111,19 @@ def combine_pdl(impl, ctx, knobs) -> bool:
     return bool(impl.value("combine_pdl", ctx, knobs)) if "combine_pdl" in impl.params else False
 
 
-def combine_round_trips(num_splits: int, shape: tuple[int, int, float]) -> int:
+def combine_round_trips(num_splits: int, shape: tuple) -> int:
     """The dependent memory round trips of one row of the combine: each pass over the LSEs takes
-    ceil(splits / per round) of them, the partials ceil(splits / in flight)."""
-    passes, lse_per_round, partial_per_round = shape
-    return passes * math.ceil(num_splits / lse_per_round) + math.ceil(num_splits / partial_per_round)
+    ceil(splits / per round) of them; the partials, chunk by chunk, those of the warp with the
+    most of the chunk's splits (ceil(chunk's splits / warps)) at its in-flight count a trip."""
+    passes, lse_per_round, partial_per_round, *spread = shape
+    warps, chunk = spread if spread else (1, None)
+    chunk = chunk or num_splits
+    partial = sum(math.ceil(math.ceil(min(chunk, num_splits - c) / warps) / partial_per_round)
+                  for c in range(0, num_splits, chunk))
+    return passes * math.ceil(num_splits / lse_per_round) + partial
 
 
-def combine_us(p, hw, num_splits: int, shape: tuple[int, int, int] | None = None, pdl: bool = False) -> float:
+def combine_us(p, hw, num_splits: int, shape: tuple | None = None, pdl: bool = False) -> float:
     """The combine launch, us: its bytes at the HBM bandwidth or, where longer, one row's chain of
     dependent round trips to L2 (the split launch has just written the partials; the TMA's L2-hit
     latency, l2_latency, stands in for a load's), plus a launch gap (as the backward's
