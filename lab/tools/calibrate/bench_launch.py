@@ -70,30 +70,12 @@ def run(dev, n=200):
         timed(launch, True)
         out[name] = dict(gpu_side_us=min(timed(launch, True) for _ in range(3)),
                          host_loop_us=min(timed(launch, False) for _ in range(3)))
-    try:
-        g = torch.cuda.CUDAGraph()
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            for _ in range(3):
-                x.add_(1.0)
-        torch.cuda.current_stream().wait_stream(s)
-        with torch.cuda.graph(g):
-            for _ in range(n):
-                x.add_(1.0)
-        g.replay()
-        torch.cuda.synchronize()
-        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        e0.record()
-        g.replay()
-        e1.record()
-        torch.cuda.synchronize()
-        out["torch_add_graph_us"] = e0.elapsed_time(e1) * 1e3 / n
-    except Exception as e:  # noqa: BLE001
-        out["torch_add_graph_us"] = f"failed: {e}"
-    for name, fn in (("cute_empty_graph_us", compiled), ("cute_empty_pdl_graph_us", compiled_pdl)):
-        try:  # the same launches replayed from a CUDA graph (a PDL launch is captured as a programmatic edge)
-            out[name] = _graph_us(torch, lambda fn=fn: fn(*args, dev.stream()), n)
+    graphed = (("torch_add_graph_us", lambda: x.add_(1.0)),
+               ("cute_empty_graph_us", lambda: compiled(*args, dev.stream())),
+               ("cute_empty_pdl_graph_us", lambda: compiled_pdl(*args, dev.stream())))
+    for name, launch in graphed:
+        try:  # replayed from a CUDA graph (a PDL launch is captured as a programmatic edge)
+            out[name] = _graph_us(torch, launch, n)
         except Exception as e:  # noqa: BLE001
             out[name] = f"failed: {e}"
     return out
