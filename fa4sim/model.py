@@ -507,6 +507,10 @@ def backward(run: Run) -> Pass:
                          - detailed(at, n_ref, MASKED_SIM - 1)[0]) if many else 0.0
 
         epilogue = kernel_bwd.dkv_reduce_cycles(at, problem, knobs)  # dK, dV as fp32 reduce-adds (GQA)
+        # each CTA's own start-up before its first TMA (barrier init, descriptor prefetch, register
+        # reallocation, its coordinates): one CTA per KV tile, so every tile pays it
+        prologue = float(impl.value("cta_prologue_cycles", Context(problem, at, impl), knobs)) \
+            if "cta_prologue_cycles" in impl.params else 0.0
 
         def cost_of(u) -> tuple[float, None]:
             m = min(u.masked, MASKED_SIM)
@@ -515,7 +519,7 @@ def backward(run: Run) -> Pass:
             else:
                 t1, extra = _interpolated(replace(u, masked=m), max(by_shape[m]),
                                           lambda n, mk: detailed(at, n, mk))
-            return t1 + (u.masked - m) * per_masked + epilogue, extra
+            return t1 + (u.masked - m) * per_masked + prologue + epilogue, extra
         return cost_of
 
     def launch(at, first: bool = False):

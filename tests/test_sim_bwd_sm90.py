@@ -407,3 +407,27 @@ def test_fa4kernel_loop_instruction_counts_are_its_sass(hdim, causal, knobs):
         counted += dq + 4 * dq + dq
     total = c["hgmma"] + c["uniform"] + c["other"] + c["pointwise"]
     assert value("loop_instr_fixed") == round(total - c["hgmma"] - c["uniform"] - counted)
+
+
+# ---------------------------------------------------------------- a CTA's start and end
+@pytest.mark.parametrize("impl", ["fa4kernel", "flash-attn-4"])
+def test_the_tile_ends_after_the_dkv_store_has_read_shared_memory(impl):
+    """The CTA waits for its dK / dV TMA store's smem read before it exits: the store's fixed
+    part is on the tile's critical path, cycle for cycle."""
+    from fa4sim.steady_state import tile_times
+
+    p = Problem(batch=2, heads=16, seqlen_q=2048, seqlen_k=2048, hdim=128, causal=False)
+    t1 = [tile_times(schedule(p, impl, {"dkv_store_fixed_cycles": f}, n_kv=8), 8, pair=False)[0]
+          for f in (480.0, 4480.0)]
+    assert t1[1] - t1[0] == pytest.approx(4000.0, abs=1.0)
+
+
+def test_every_backward_cta_pays_the_cta_prologue():
+    """One CTA per KV tile: the slowest SM's tiles (512 tiles on 132 SMs: 4) each pay
+    cta_prologue_cycles once."""
+    from fa4sim import simulate
+
+    p = Problem(batch=2, heads=16, seqlen_q=2048, seqlen_k=2048, hdim=128, causal=False)
+    runs = [simulate("h100", problem=p, impl="fa4kernel", pass_="bwd",
+                     overrides={"cta_prologue_cycles": c, "clock_ghz": 1.7}) for c in (0.0, 10000.0)]
+    assert runs[1].cycles - runs[0].cycles == pytest.approx(4 * 10000.0, abs=1.0)

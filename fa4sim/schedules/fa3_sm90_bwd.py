@@ -548,8 +548,16 @@ def build(hw, p: Problem, k: dict, n_kv: int, masked_blocks: int, impl=None, hbm
         elif w < nq and not red:
             edges += [Edge(f"DQW{w}", f"ADDQ{w}", lag=nbar),
                       Edge(f"ADDQ{w}", f"DQW{w}", distance=1, kind="anti", lag=nbar)]
-    ops.append(Op("STKV", "wg0", (("tma", tma(n * (d + dv) * BYTES)), l2(n * (d + dv) * BYTES)), hw.l2_latency,
-                  "store", asynchronous=True, issue_cycles=1, when="last", label="TMA store dK, dV"))
+    # the CTA ends once the TMA engine has read dK and dV from shared memory (bulk wait_group,
+    # read=True): the implementation's store time (its forward's O store, the same TMA store of a
+    # tile from shared memory: a fixed part plus the bytes at a rate far below the TMA load rate),
+    # else the bytes at the load rate after an L2 round trip
+    kv_bytes = n * (d + dv) * BYTES
+    st_tma = tma(kv_bytes)
+    st = const("dkv_store_fixed_cycles") + kv_bytes / const("dkv_store_bytes_per_clk") \
+        if impl is not None and "dkv_store_fixed_cycles" in impl.params else st_tma + hw.l2_latency
+    ops.append(Op("STKV", "wg0", (("tma", st_tma), l2(kv_bytes)), max(0.0, st - st_tma),
+                  "store", asynchronous=True, issue_cycles=1, when="last", label="TMA store dK, dV (smem read)"))
     edges += [Edge(f"EPI{w}", "STKV", lag=nbar) for w in range(WGS)]
     edges += [Edge("dQ0", "LK", distance=1, per="tile", kind="anti", lag=mbar),
               Edge("dP0", "LV", distance=1, per="tile", kind="anti", lag=mbar)]
