@@ -12,7 +12,10 @@ then pip install --no-deps --target DIR the wheel and quack-kernels) is built wi
 interface picks (interface.py _tile_size_bwd_sm90, read from its source), compiled for sm_90a
 against fake tensors and disassembled (fa4kernel.sass.sass_for). Its innermost Q-block loop
 (fa4kernel.sass.kv_loop: the smallest loop with HGMMA and MUFU.EX2) is counted per consumer
-thread as lab/tools/sass_tables.py counts fa4kernel's (loop_counts):
+thread as lab/tools/sass_tables.py counts fa4kernel's (loop_counts). Where its two warpgroups run
+loops of their own (hd96: dQ_single_wg, one computes dQ), that is the loop of the warpgroup
+without dQ (hd96: 340 instructions against the dQ warpgroup's 397); fa4kernel's one loop holds
+both warpgroups' branches. Counted:
   per_kstep  (HGMMA + uniform datapath) / HGMMA
   fixed      the rest that is not a pointwise instruction fa4sim counts itself (FFMA, FADD, FMUL,
              MUFU.EX2, F2FP, FSEL, SHFL, LDS, STSM, STS, ...), less the causal mask's one
