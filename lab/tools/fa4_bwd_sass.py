@@ -26,12 +26,10 @@ Bad input: one line, exit 2.
 from __future__ import annotations
 
 import argparse
-import ast
 import json
 import math
 import os
 import sys
-import types
 import warnings
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -45,24 +43,16 @@ MASK_OP = "ISETP.GT.AND"
 
 
 def _import(path: str):
-    """FlashAttentionBackwardSm90 and the interface's tile choice from the install at `path`,
-    without the packages' __init__s (they import the torch-facing API); quack.dsl is imported for
-    its tensor indexing, which the kernel's code uses."""
-    for name in ("flash_attn", "flash_attn.cute", "quack"):
-        if name not in sys.modules:
-            mod = types.ModuleType(name)
-            mod.__path__ = [os.path.join(path, *name.split("."))]
-            sys.modules[name] = mod
-    sys.path.insert(0, path)
+    """FlashAttentionBackwardSm90 and the interface's tile choice from the install at `path`
+    (loop_sass_peers.fa4_packages: without the packages' __init__s); quack.dsl is imported for its
+    tensor indexing, which the kernel's code uses."""
+    from loop_sass_peers import fa4_interface, fa4_packages
+
+    fa4_packages(path)
     import quack.dsl  # noqa: F401
     from flash_attn.cute.flash_bwd_sm90 import FlashAttentionBackwardSm90
 
-    src = open(os.path.join(path, "flash_attn", "cute", "interface.py")).read()
-    keep = [n for n in ast.parse(src).body if getattr(n, "name", "") in ("BwdConfig", "_tile_size_bwd_sm90")]
-    from dataclasses import dataclass
-    ns = {"dataclass": dataclass}
-    exec(compile(ast.Module(body=keep, type_ignores=[]), "interface.py", "exec"), ns)
-    return FlashAttentionBackwardSm90, ns["_tile_size_bwd_sm90"]
+    return FlashAttentionBackwardSm90, fa4_interface(path, "BwdConfig", "_tile_size_bwd_sm90")["_tile_size_bwd_sm90"]
 
 
 def compile_sass(hd: int, hdv: int, causal: bool, path: str) -> tuple[object, str]:

@@ -119,24 +119,34 @@ def build_ours(hd: int, causal: bool, knobs: dict) -> dict:
     return {"name": f"fa4kernel {cfg!r}", "tile_m": cfg.tile_m, **kv_loop(sass, cfg.tile_n)}
 
 
-def _fa4_import(path: str):
-    """flash-attn-4's SM90 forward from the install at `path`, without the packages' __init__s
-    (they import the torch-facing API and its autotuner, which the compile does not need)."""
+def fa4_packages(path: str) -> None:
+    """Make flash-attn-4's install at `path` importable without the packages' __init__s (they
+    import the torch-facing API and its autotuner, which a compile does not need)."""
     for name in ("flash_attn", "flash_attn.cute", "quack"):
         if name not in sys.modules:
             mod = types.ModuleType(name)
             mod.__path__ = [os.path.join(path, *name.split("."))]
             sys.modules[name] = mod
     sys.path.insert(0, path)
-    from flash_attn.cute.flash_fwd_sm90 import FlashAttentionForwardSm90
 
-    # the interface's tile choice, read from its source (importing interface.py needs triton)
+
+def fa4_interface(path: str, *names: str) -> dict:
+    """The named top-level definitions of flash-attn-4's interface.py (its tile choices), read from
+    its source: importing interface.py needs triton."""
     src = open(os.path.join(path, "flash_attn", "cute", "interface.py")).read()
-    keep = [n for n in ast.parse(src).body if getattr(n, "name", "") in ("FwdConfig", "_tile_size_fwd_sm90")]
+    keep = [n for n in ast.parse(src).body if getattr(n, "name", "") in names]
     from dataclasses import dataclass
     ns = {"dataclass": dataclass}
     exec(compile(ast.Module(body=keep, type_ignores=[]), "interface.py", "exec"), ns)
-    return FlashAttentionForwardSm90, ns["_tile_size_fwd_sm90"]
+    return ns
+
+
+def _fa4_import(path: str):
+    """flash-attn-4's SM90 forward class and its interface's tile choice."""
+    fa4_packages(path)
+    from flash_attn.cute.flash_fwd_sm90 import FlashAttentionForwardSm90
+
+    return FlashAttentionForwardSm90, fa4_interface(path, "FwdConfig", "_tile_size_fwd_sm90")["_tile_size_fwd_sm90"]
 
 
 def build_fa4(hd: int, causal: bool, path: str) -> dict:
