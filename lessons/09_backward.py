@@ -670,6 +670,72 @@ for path, doc in GQA_RUNS[:1]:
 # each) `"reduce"` loses: each CTA has few Q blocks, and its adds are most of its work.
 #
 # %% [markdown]
+# ### Head dim 192: the L2 wall
+#
+# Every CTA adds its fp32 dQ for each Q block it visits (64 rows x hdim x 4 bytes) into one
+# accumulator in L2, and loads that block's Q and dO. At hd192 our CTA holds 64 keys (both
+# warpgroups on the same keys, dK, dV and dQ split by the head dim), flash-attn-4's 96 (dK and
+# dV computed transposed, the head dim on the wgmma's M). **Predict first**: at 3 x 12 heads x
+# 7001 tokens, how many GB of dQ reduce-adds does each launch send into L2, and what is the
+# shortest time the L2 can take them at its reduce-add rate (`l2_reduce_bandwidth_tbps` of the
+# H100 profile, 3.29 TB/s)?
+
+# %%
+guess_l2 = {"ours_gb": None,  # <- GB of dQ reduce-adds with 64 keys per CTA
+            "fa4_gb": None,   # <- with 96
+            "ours_min_us": None}  # <- us, the reduce-adds alone at the L2's rate
+
+# %%
+# SOLUTION (fills in only what you left as None)
+h100 = hardware.load("h100")
+
+
+def reduce_gb(keys_per_cta, b=3, h=12, s=7001, d=192, tile_m=64):
+    visits = b * h * -(-s // keys_per_cta) * -(-s // tile_m)  # (KV tile, Q block) pairs
+    return visits * tile_m * d * 4 / 1e9
+
+
+for key, val in {"ours_gb": reduce_gb(64), "fa4_gb": reduce_gb(96),
+                 "ours_min_us": reduce_gb(64) * 1e3 / h100.l2_reduce_bandwidth_tbps}.items():
+    if guess_l2[key] is None:
+        guess_l2[key] = val
+
+# %%
+HD192 = Problem(batch=3, heads=12, seqlen_q=7001, seqlen_k=7001, hdim=192)
+TILE96 = {"tile_n": 96, "sdp_swapab": False, "dkv_swapab": True, "atom_sdp": 1, "atom_dkv": 2,
+          "pds_stages": 1, "do_stages": 1, "p_with_ds": False}  # flash-attn-4's hd192 layout
+sim_192 = {"fa4kernel": simulate("h100", problem=HD192, impl="fa4kernel", pass_="bwd"),
+           "flash-attn-4": simulate("h100", problem=HD192, impl="flash-attn-4", pass_="bwd"),
+           "fa4kernel, 96 keys (what-if)": simulate("h100", problem=HD192, impl="fa4kernel", pass_="bwd",
+                                                    overrides=TILE96)}
+for label, r in sim_192.items():
+    show(f"H100 {label}", r)
+    print(f"{'':24s} main kernel {r.main_us:6.0f} us, of which the L2 needs at least {r.kernel.l2_us:6.0f} us")
+assert abs(guess_l2["ours_gb"] / guess_l2["fa4_gb"] - 1.5) < 0.02, "64 keys visit 1.5 x the (KV tile, Q block) pairs of 96"
+assert guess_l2["ours_min_us"] > 0.75 * sim_192["fa4kernel"].main_us, "the adds alone are most of our main kernel"
+assert sim_192["fa4kernel, 96 keys (what-if)"].tflops > 1.15 * sim_192["fa4kernel"].tflops
+
+# %% [markdown]
+# The reduce-adds alone take most of our main kernel: with 64 keys per CTA the launch moves 1.5
+# times flash-attn-4's bytes per key through the L2, and the L2, not the tensor core, sets the
+# pace. The same kernel with a 96-key tile (a what-if: fa4kernel does not build it) gets most of
+# the way to flash-attn-4. The recorded runs at hd192, where there are some:
+
+# %%
+HD192_RUNS = kit.recorded(kind="sm90_bwd", where=lambda d: any(
+    pt["hdim"] == 192 and "flash-attn-4" in pt["results"] for pt in d["points"]))
+if not HD192_RUNS:
+    print("No recorded backward run at hd192 (lab/campaigns/kernel-sm90-backward/): skipped.")
+for path, doc in HD192_RUNS[:1]:
+    print(f"{path.name} ({', '.join(kit.describe(doc))}), TFLOP/s:")
+    for pt in doc["points"]:
+        res = {k: v.get("tflops") for k, v in pt["results"].items() if isinstance(v, dict)}
+        if pt["hdim"] == 192 and res.get("fa4kernel") and res.get("flash-attn-4"):
+            print(f"  hd192 {pt['seqlen']} tokens x {pt['batch']}{' causal' if pt['causal'] else ''}: fa4kernel "
+                  f"{res['fa4kernel']:.0f}, flash-attn-4 {res['flash-attn-4']:.0f} "
+                  f"({res['fa4kernel'] / res['flash-attn-4']:.2f}x)")
+
+# %% [markdown]
 # With its defaults the main kernel's power comes out within about 5 % and its clock within about
 # 3 % at 4k and 16k (H100). That rests on the measured memory paths (`bench_mem_power.py`,
 # `fit_mem_power.py`): a byte that a TMA bulk reduce-add adds into L2 costs about 2.5 times a
