@@ -173,7 +173,7 @@ def add_problem_args(p: argparse.ArgumentParser) -> None:
                         "flash-attn-3 and flash-attn-4 (default 0: contiguous)")
     p.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                    help="a what-if: a schedule knob, a hardware parameter or a constant measured on the "
-                        "implementation (repeatable); `fa4sim params` lists them")
+                        "implementation (repeatable); `fa4sim params` lists them (`--pass bwd`: the backward's)")
 
 
 def cmd_run(a) -> int:
@@ -314,7 +314,7 @@ def cmd_params(a) -> int:
     from .model import setup
     problem = Problem(1, 1, 8192, 8192, a.hdim, a.causal, hdim_v=a.hdim_v)
     # resolved and checked as a run of this problem is (the schedule runs on --hw, --impl on it)
-    hw, schedule, module, impl, defaults = setup(a.hw, a.schedule, problem, {}, a.impl)
+    hw, schedule, module, impl, defaults = setup(a.hw, a.schedule, problem, {}, a.impl, a.pass_)
     ctx = Context(problem, hw, impl)
     if a.json:
         print(json.dumps({"schedule": {k.name: {"default": defaults[k.name], "unit": k.unit, "allowed": k.describe(),
@@ -323,7 +323,8 @@ def cmd_params(a) -> int:
                           "hardware": hw.to_json()}, indent=1))
         return 0
     print(f"implementations: {', '.join(implementation.available())} (--impl fa4kernel | flash-attn-4)")
-    print(f"\nknobs of the {schedule} schedule ({module.DESCRIPTION}), as {impl.name} sets them for "
+    print(f"\nknobs of the {schedule} schedule's {'backward' if a.pass_ == 'bwd' else 'forward'} "
+          f"({module.DESCRIPTION}), as {impl.name} sets them for "
           f"hdim {_hd(problem)}{', causal' if a.causal else ''}; * = the implementation's choice:")
     for k in module.KNOBS:
         mark = "*" if k.name in impl.knobs else " "
@@ -522,6 +523,9 @@ def build_parser() -> argparse.ArgumentParser:
     par.add_argument("--hdim", type=int, default=128)
     par.add_argument("--hdim-v", type=int, default=None)
     par.add_argument("--causal", action="store_true")
+    par.add_argument("--pass", dest="pass_", default="fwd", choices=("fwd", "bwd"),
+                     help="the forward's knobs and constants (default) or the backward's (the schedule's backward, "
+                          "the implementation's \"bwd\" choices: what `run --pass bwd --set` takes)")
     par.add_argument("--json", action="store_true")
     par.set_defaults(func=cmd_params)
 

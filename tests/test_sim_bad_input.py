@@ -314,6 +314,7 @@ def test_an_output_the_os_refuses_is_one_line(capsys):
     (["run", "--gantt", "x.png", "--gantt-iters", "1000000"], ("--gantt-iters: must be in 1..64",)),
     (["run", "--impl", ""], ("impl: unknown implementation ''",)), (["params", "--impl", ""], ("impl:",)),
     (["params", "--hw", "h100", "--schedule", "fa4"], ("schedule: fa4 is an sm100 schedule",)),
+    (["params", "--hw", "h100", "--impl", "flash-attn-3", "--pass", "bwd"], ("pass: flash-attn-3-sm90 has no backward",)),
     (["run", "--compact"], ("--compact: only with --json",)), (["graph", "--compact"], ("--compact: only with --json",)),
     (["solve", "--compact"], ("--compact: only with --json",)),
     (["solve", "--time-limit", "0"], ("--time-limit",)), (["solve", "--time-limit", "nan"], ("--time-limit",)),

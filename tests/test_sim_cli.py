@@ -64,6 +64,22 @@ def test_params_lists_every_knob_and_hardware_parameter(sched, hw, capsys):
     assert out.count("source:") == len(PARAMS) + len(impl.params)
 
 
+@pytest.mark.parametrize("impl", ["fa4kernel", "flash-attn-4"])
+def test_params_pass_bwd_lists_the_backward_knobs_and_constants(impl, capsys):
+    """--pass bwd shows what `run --pass bwd --set` takes: the backward schedule's knobs and the
+    implementation's backward constants (its generated loop counts among them)."""
+    from fa4sim.model import BWD_SCHEDULES
+
+    code, out, _ = run_cli(["params", "--hw", "h100", "--impl", impl, "--pass", "bwd", "--hdim", "96"], capsys)
+    assert code == 0
+    for k in BWD_SCHEDULES["fa3"].KNOBS:
+        assert f"  {k.name} " in out
+    bwd = implementation.load(impl, "sm90").for_pass("bwd")
+    for name in bwd.params:
+        assert f"  {name} " in out
+    assert "loop_instr_fixed" in bwd.params and "cta_prologue_cycles" in bwd.params
+
+
 def test_sweep_writes_csv_json_png(tmp_path, capsys):
     prefix = tmp_path / "sw"
     code, out, _ = run_cli(["sweep", "--hw", "b200", *SMALL, "--grid", "exp_emulation=0,0.25",
