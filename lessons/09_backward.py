@@ -646,18 +646,25 @@ assert guess_gqa["faster"] == faster, f"the model has {faster} faster: the loop'
 # recorded run, where there is one, puts both builds beside flash-attn-4:
 
 # %%
-GQA_RUNS = kit.recorded(kind="sm90_bwd", where=lambda d: any(
-    "fa4kernel[gqa_dkv=reduce]" in pt["results"] for pt in d["points"]))
-if not GQA_RUNS:
-    print("No recorded run of the reduce build (lab/campaigns/kernel-sm90-backward/): skipped.")
-for path, doc in GQA_RUNS[:1]:
-    print(f"{path.name} ({', '.join(kit.describe(doc))}), TFLOP/s, settled:")
+def recorded_tflops(where, missing):
+    """(point, TFLOP/s by kernel) of the newest recorded backward run (kind sm90_bwd) that `where`
+    accepts, after a line naming it; `missing` is printed where none is recorded."""
+    runs = kit.recorded(kind="sm90_bwd", where=where)
+    if not runs:
+        print(missing)
+        return
+    path, doc = runs[0]
+    print(f"{path.name} ({', '.join(kit.describe(doc))}), TFLOP/s:")
     for pt in doc["points"]:
-        res = {k: v.get("tflops") for k, v in pt["results"].items() if isinstance(v, dict)}
-        cells = ", ".join(f"{k} {res[k]:.0f}" for k in ("fa4kernel", "fa4kernel[gqa_dkv=reduce]", "flash-attn-4")
-                          if res.get(k))
-        print(f"  hd{pt['hdim']} {pt['heads']}/{pt['heads_kv']} heads, {pt['seqlen']} tokens x {pt['batch']}"
-              f"{' causal' if pt['causal'] else ''}: {cells}")
+        yield pt, {k: v.get("tflops") for k, v in pt["results"].items() if isinstance(v, dict)}
+
+
+for pt, res in recorded_tflops(lambda d: any("fa4kernel[gqa_dkv=reduce]" in pt["results"] for pt in d["points"]),
+                               "No recorded run of the reduce build (lab/campaigns/kernel-sm90-backward/): skipped."):
+    cells = ", ".join(f"{k} {res[k]:.0f}" for k in ("fa4kernel", "fa4kernel[gqa_dkv=reduce]", "flash-attn-4")
+                      if res.get(k))
+    print(f"  hd{pt['hdim']} {pt['heads']}/{pt['heads_kv']} heads, {pt['seqlen']} tokens x {pt['batch']}"
+          f"{' causal' if pt['causal'] else ''}: {cells}")
 
 # %% [markdown]
 # Where the loop's CTAs fill the SMs (GQA 64/8 or 32/8 on 4k-8k tokens: thousands of CTAs),
@@ -722,18 +729,13 @@ assert sim_192["fa4kernel, 96 keys (what-if)"].tflops > 1.15 * sim_192["fa4kerne
 # the way to flash-attn-4. The recorded runs at hd192, where there are some:
 
 # %%
-HD192_RUNS = kit.recorded(kind="sm90_bwd", where=lambda d: any(
-    pt["hdim"] == 192 and "flash-attn-4" in pt["results"] for pt in d["points"]))
-if not HD192_RUNS:
-    print("No recorded backward run at hd192 (lab/campaigns/kernel-sm90-backward/): skipped.")
-for path, doc in HD192_RUNS[:1]:
-    print(f"{path.name} ({', '.join(kit.describe(doc))}), TFLOP/s:")
-    for pt in doc["points"]:
-        res = {k: v.get("tflops") for k, v in pt["results"].items() if isinstance(v, dict)}
-        if pt["hdim"] == 192 and res.get("fa4kernel") and res.get("flash-attn-4"):
-            print(f"  hd192 {pt['seqlen']} tokens x {pt['batch']}{' causal' if pt['causal'] else ''}: fa4kernel "
-                  f"{res['fa4kernel']:.0f}, flash-attn-4 {res['flash-attn-4']:.0f} "
-                  f"({res['fa4kernel'] / res['flash-attn-4']:.2f}x)")
+at_192 = lambda d: any(pt["hdim"] == 192 and "flash-attn-4" in pt["results"] for pt in d["points"])  # noqa: E731
+for pt, res in recorded_tflops(at_192, "No recorded backward run at hd192 (lab/campaigns/kernel-sm90-backward/): "
+                                       "skipped."):
+    if pt["hdim"] == 192 and res.get("fa4kernel") and res.get("flash-attn-4"):
+        print(f"  hd192 {pt['seqlen']} tokens x {pt['batch']}{' causal' if pt['causal'] else ''}: fa4kernel "
+              f"{res['fa4kernel']:.0f}, flash-attn-4 {res['flash-attn-4']:.0f} "
+              f"({res['fa4kernel'] / res['flash-attn-4']:.2f}x)")
 
 # %% [markdown]
 # With its defaults the main kernel's power comes out within about 5 % and its clock within about
