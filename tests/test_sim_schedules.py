@@ -304,6 +304,25 @@ def test_fa3_tile_start_and_o_store_wait():
     assert per_tile(1000.0) - per_tile(0.0) == pytest.approx(1000.0, abs=1.0)
 
 
+def test_fa3_o_staged_in_v_holds_the_next_v_load_and_the_last_warpgroup():
+    """o_smem: O in its own buffer holds the next tile's O; in Q's buffer the next Q load; in V's
+    ring (FlashAttention-3) the next tile's first V load and the last warpgroup, whose last warp
+    issues the store and waits for its smem read. O's own buffer where it does not fit is refused."""
+    def tile_edges(**kw):
+        return {(e.src, e.dst) for e in build("h100-datasheet", "fa3", 128, False, **kw).edges
+                if e.src == "ST" and e.per == "tile"}
+    assert tile_edges(o_smem="own") == {("ST", "OSM0"), ("ST", "OSM1")}
+    assert tile_edges(o_smem="q") == {("ST", "LQ")}
+    assert tile_edges(o_smem="v") == {("ST", "LV"), ("ST", "TS1")}
+    hw = hardware.load("h100").with_values(num_sms=1)
+    p = Problem(1, 1, 128 * 9, 128, 128, False)  # one-block tiles: the store sits between them
+    t = {c: simulate(hw, "fa3", p, {"persistent": True, "o_smem": "v", "o_store_fixed_cycles": c}).cycles
+         for c in (500.0, 3000.0)}
+    assert t[3000.0] > t[500.0]
+    with pytest.raises(InputError, match="o_smem"):
+        simulate(hw, "fa3", Problem(1, 1, 1024, 1024, 256, False), {"o_smem": "own", "kv_stages": 2})
+
+
 def test_fa3_o_store_takes_its_measured_cycles():
     """The O store (issue -> smem read done) lasts the implementation's o_store_fixed_cycles +
     bytes / o_store_bytes_per_clk (the kernel's stamps), however few bytes it moves at the TMA

@@ -28,7 +28,9 @@ Tile boundary (persistent CTAs): every consumer spends the implementation's tile
 before the next tile's first S GEMM; Q is handed back after the tile's last QK GEMM
 (early_q_release) or its last block; the O store lasts o_store_fixed_cycles + bytes /
 o_store_bytes_per_clk and, unless its wait is deferred to the next tile's epilogue
-(defer_o_store_wait), holds warpgroup 0, whose first warp issues it.
+(defer_o_store_wait), holds warpgroup 0, whose first warp issues it. O is staged in a buffer of
+its own, in Q's (the next Q load waits for the store) or in V's ring (o_smem: FlashAttention-3's
+union, where the next tile's V loads and the last warpgroup wait for it).
 The tile per head dim and every constant measured on a kernel come from its implementation
 (fa4sim/implementations/fa4kernel-sm90.json, flash-attn-4-sm90.json).
 On an sm100 profile (`--hw b200 --schedule fa3`) it is the no-TMEM what-if: Blackwell's unit
@@ -121,6 +123,11 @@ KNOBS = [
     Knob("defer_o_store_wait", False, "", "O in its own smem buffer: the warp that issues the O store (warpgroup "
          "0's first) waits for its smem read only before the next tile's O; false: right after issuing it, so "
          "warpgroup 0 starts its next tile after the store", kind="bool"),
+    Knob("o_smem", lambda c, k: "own" if facts(c, k)["o_fits"] else "q", "", "where the epilogue stages O in smem "
+         "for its TMA store: own = a buffer of its own (when it fits beside Q, K and V); q = Q's buffer (the next "
+         "tile's Q load waits for the store to have read it); v = V's ring (FlashAttention-3's union: the next "
+         "tile's V loads wait for it, and the consumer warp that issues the store, the last warpgroup's last, "
+         "waits for it at once)", kind="choice", choices=("own", "q", "v")),
     Knob("skip_idle_wgs", False, "", "consumer warpgroups whose 64 rows all lie past seqlen_q (the last tile of a "
          "length that is not a multiple of tile_m) skip their GEMMs and softmax; false: they compute padding rows "
          "like the others", kind="bool"),
@@ -277,6 +284,9 @@ def check(hw, p: Problem, k: dict, impl=None) -> None:
     wgs = consumer_warpgroups(k)
     if wgs not in (1, 2, 3):
         raise InputError("tile_m", f"tile_m/64 = {wgs} consumer warpgroups; allowed 1..3 (tile_m 64, 128, 192)")
+    if k.get("o_smem") == "own" and not o_fits(hw, p, k):
+        raise InputError("o_smem", f"O's own buffer ({k['tile_m'] * p.hdim_v * BYTES} B) does not fit beside Q, K "
+                                   f"and V ({smem_bytes(p, k)} B of {hw.smem_capacity_bytes}); allowed here: q, v")
     need = smem_bytes(p, k)
     if need > hw.smem_capacity_bytes:
         raise InputError("smem", f"shared memory {need} B (hdim {p.hdim}/{p.hdim_v}, tile_m {k['tile_m']}, tile_n "
@@ -532,12 +542,17 @@ def build(hw, p: Problem, k: dict, n_kv: int, masked_blocks: int, impl, hbm_busy
             prev = f"PP{(w - 1) % W}"
             edges.append(Edge(prev, qk_first, distance=0 if w > 0 else 1, lag=nbar, skip_first=overlap))
     edges += [Edge(f"FIN{v}", f"OSM{w}", lag=nbar) for v in range(W) for w in range(W)]  # the barrier
-    if o_fits(hw, p, k):  # O has its own smem buffer: the next tile's O waits for this store
+    if k["o_smem"] == "own":  # O has its own smem buffer: the next tile's O waits for this store
         edges += [Edge("ST", f"OSM{w}", 1, per="tile", kind="anti", lag=mbar) for w in range(W)]
         if not k["defer_o_store_wait"]:
             # the warp that issues the store waits for its smem read right away, and it is
             # warpgroup 0's first (fa4kernel's warp 4): warpgroup 0's next tile starts after it
             edges.append(Edge("ST", "TS0", 1, per="tile"))
+    elif k["o_smem"] == "v":
+        # O lies over V's ring: the producer's first V load of the next tile waits for the store's
+        # smem read (the later ones follow it), and the last warpgroup's last warp, which issues
+        # the store, waits for that read before its next tile
+        edges += [Edge("ST", "LV", 1, per="tile", kind="anti", lag=mbar), Edge("ST", f"TS{W - 1}", 1, per="tile")]
     else:  # O is staged in Q's buffer: the next Q load waits for this tile's store
         edges.append(Edge("ST", "LQ", 1, per="tile", kind="anti", lag=mbar))
 

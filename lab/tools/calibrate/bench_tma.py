@@ -6,6 +6,9 @@ by one thread; completion through an mbarrier with expect_tx (SYNCS in SASS).
    wait(mbarrier); t1 -> one request at a time. Tiles cold in L2 (after a flush) give the
    HBM latency, the same tiles again the L2-hit latency; nreq = 1, 2, 4 (8, 16, 32 KB) gives
    latency vs bytes.
+ mode 3 (latency under load): CTA 0 runs mode 0 on cold tiles of its own (tile i * MAX_REQ, stamps
+   from PROBE_STAMPS on) while CTAs 1 .. ctas-1 stream disjoint HBM regions as mode 1 does: the
+   time of a Q-sized load (32 or 64 KB) while the rest of the chip keeps HBM busy.
  mode 1 (bandwidth): a ring of STAGES x 8 KB stages, each with its own mbarrier, kept full:
    wait(stage), re-issue. `ctas` CTAs (1 = per-SM rate, 132 = whole chip); CTA b reads tiles
    b * stride + (i mod region). stride 0 and a small region: L2 hits; disjoint regions after a
@@ -31,6 +34,9 @@ MAX_REQ = 8
 LAT_MASK = (ROWS // BOX // 2) - 1  # latency tiles stay in the first half (+ MAX_REQ)
 HBM_SWEEP_MB = (32, 134, 537)  # bytes read (MiB): a small decode step, MQA 4 x 65536 (hd128), 1 x 131072 32/8
 HBM_SWEEP_CTAS = (8, 16, 32, 48, 64, 96, 116)  # CTAs streaming (with the SM count): split-KV launches' sizes
+PROBES = 40  # mode 3: the probe's loads (n counts the streamers' boxes)
+PROBE_STAMPS = 4096  # mode 3: the probe's stamps start here, past the streaming CTAs' 4 per CTA
+LOAD_STREAMERS = (0, 16, 33, 66, 99, 131)  # mode 3: CTAs streaming beside the probe (131: every other SM)
 
 
 def _smem_layout(stages):
@@ -68,11 +74,13 @@ def make():
         tTs, tTg = cpasync.tma_partition(tma_atom, 0, cute.make_layout(1), cute.group_modes(sT, 0, 2),
                                          cute.group_modes(gT, 0, 2))
         if tid == 0:
-            if mode == 0:
+            probe = mode // 3  # 1: mode 3, where CTA 0 probes and the others stream
+            if mode == 0 or (mode == 3 and bid == 0):
                 phase = Int32(0)
-                for i in cutlass.range(n, unroll=1):
-                    # tile index by a mask (one LOP3), no memory load or division in the timed path
-                    tile = (stride + i * region) & LAT_MASK
+                for i in cutlass.range(n * (1 - probe) + PROBES * probe, unroll=1):
+                    # tile index by a mask (one LOP3), no memory load or division in the timed path;
+                    # mode 3: consecutive tiles below CTA 1's region, which no streamer reads
+                    tile = ((stride + i * region) & LAT_MASK) * (1 - probe) + i * MAX_REQ * probe
                     t0 = clk()
                     cute.arch.mbarrier_arrive_and_expect_tx(bars, nreq * TILE_BYTES)
                     for r in cutlass.range_constexpr(MAX_REQ):
@@ -81,7 +89,7 @@ def make():
                     cute.arch.mbarrier_wait(bars, phase)
                     t1 = clk()
                     phase = phase ^ 1
-                    stamps[i] = t1 - t0
+                    stamps[i + probe * PROBE_STAMPS] = t1 - t0
             else:
                 # ring of STAGES boxes, unrolled over the stages; n = rounds * STAGES boxes;
                 # CTA b reads tiles b * stride + (k & region), region = a power of two minus 1
@@ -96,7 +104,7 @@ def make():
                     par = (rnd - 1) & 1
                     k0 = rnd * STAGES
                     for s in cutlass.range_constexpr(STAGES):
-                        if mode == 1:
+                        if mode != 2:
                             cute.arch.mbarrier_wait(bars + s, par)
                         else:
                             done = cute.arch.mbarrier_test_wait(bars + s, par)
@@ -229,6 +237,27 @@ def run(dev):
                               tbps=nbytes / (span_ns * 1e-9) / 1e12,
                               per_sm_bytes_per_clk_median=median(per_sm)))
     out["hbm_by_ctas"] = sweep
+    # ---- a Q-sized load while other SMs stream HBM: CTA 0 times PROBES cold loads of 32 and 64 KB,
+    # one at a time, while CTAs 1 .. s stream disjoint regions once; the streamers' bytes over their
+    # span against chip_hbm's rate is the HBM share the rest of the chip takes (fa4sim's hbm_busy)
+    stride = (ntiles // nsm) // STAGES * STAGES
+    under = []
+    for streamers in sorted({s for s in LOAD_STREAMERS if s < nsm} | {nsm - 1}):
+        for nreq in (4, 8):
+            flush()
+            call(3, stride, nreq, stride, 0x7FFFFFFF, 1 + streamers)
+            st = stamps.cpu().tolist()
+            lat = st[PROBE_STAMPS + 1:PROBE_STAMPS + PROBES]  # the first also fetches the descriptor
+            row = dict(streamers=streamers, bytes=nreq * TILE_BYTES, probe_median=median(lat),
+                       probe_min=min(lat), probe_max=max(lat), samples=len(lat))
+            if streamers:
+                span = max(st[b * 4 + 1] for b in range(1, 1 + streamers)) - min(st[b * 4] for b in range(1, 1 + streamers))
+                ns = max(st[b * 4 + 3] for b in range(1, 1 + streamers)) - min(st[b * 4 + 2] for b in range(1, 1 + streamers))
+                tbps = streamers * stride * TILE_BYTES / (ns * 1e-9) / 1e12
+                row.update(streamer_span_cycles=span, streamer_tbps=tbps, hbm_busy=tbps / out["chip_hbm"]["tbps"],
+                           probe_span_cycles=sum(lat))
+            under.append(row)
+    out["latency_under_load"] = under
     # ---- device-to-device copy for comparison (bytes read + written)
     a = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
     b = torch.empty_like(a)

@@ -111,6 +111,10 @@ def summary(res):
         lines.append(f"tma {k:10s} hbm {v['hbm_median']} l2 {v['l2_median']}")
     lines.append(f"tma sm B/clk {g('tma', 'sm_l2', 'bytes_per_clk')}  chip L2 TB/s {g('tma', 'chip_l2', 'tbps')}  "
                  f"chip HBM TB/s {g('tma', 'chip_hbm', 'tbps')}  d2d {g('tma', 'd2d_copy_tbps')}")
+    for r in t.get("latency_under_load") or []:
+        lines.append(f"tma under load: {r['streamers']:3d} streaming, {r['bytes'] // 1024} KB probe median "
+                     f"{r['probe_median']} cycles" + (f", HBM {r['streamer_tbps']:.2f} TB/s (busy {r['hbm_busy']:.2f})"
+                                                     if r["streamers"] else ""))
     lines.append(f"launch {b.get('launch')}")
     if b.get("contention"):
         from . import bench_contention
