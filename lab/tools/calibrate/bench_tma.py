@@ -245,8 +245,7 @@ def run(dev):
     for streamers in sorted({s for s in LOAD_STREAMERS if s < nsm} | {nsm - 1}):
         for nreq in (4, 8):
             flush()
-            call(3, stride, nreq, stride, 0x7FFFFFFF, 1 + streamers)
-            st = stamps.cpu().tolist()
+            _, st = call(3, stride, nreq, stride, 0x7FFFFFFF, 1 + streamers)
             lat = st[PROBE_STAMPS + 1:PROBE_STAMPS + PROBES]  # the first also fetches the descriptor
             row = dict(streamers=streamers, bytes=nreq * TILE_BYTES, probe_median=median(lat),
                        probe_min=min(lat), probe_max=max(lat), samples=len(lat))
