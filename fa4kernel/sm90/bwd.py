@@ -19,7 +19,7 @@ Warp roles (3 warpgroups):
                      dropped with setmaxnreg.
   warpgroups 1, 2    consumers (MMA warpgroups), 64 keys each (the wgmma M axis):
                        S^T  = K Q^T            (SS)      P^T  = exp2(S^T * scale_log2 - LSE_log2)
-                       dP^T = V dO^T           (SS)      dS^T = P^T * (dP^T - D)
+                       dP^T = V dO^T           (SS)      dS^T = P^T * (dP^T * scale - D)  (ds_scaled; else dP^T - D)
                        dV  += P^T dO           (RS: P^T from registers)
                        dK  += dS^T Q           (RS)
                        dS^T -> shared memory (stmatrix), then dQ = dS K (SS); dQ -> an fp32
@@ -32,7 +32,7 @@ Warp roles (3 warpgroups):
                      query rows with tile_m=128 (head_dim 64), done by warpgroup 1 alone at 64
                      and 96 otherwise (bwd_config.BwdConfig.dq_wgs). setmaxnreg: 240 per consumer
                      thread, 24 per producer thread.
-  epilogue           dK * softmax_scale and dV -> 16 bit -> shared memory (K's and V's buffers)
+  epilogue           dK (* softmax_scale unless ds_scaled) and dV -> 16 bit -> shared memory (K's and V's buffers)
                      -> one TMA store each, clipped at seqlen_k.
 Head dims 192 and 256 (kv_split, bwd_config.py): tile_n = 64 keys shared by both consumer
 warpgroups; S^T and dP^T are split by queries (64 keys x 32 queries each), P^T and dS^T go to
@@ -40,8 +40,10 @@ smem (2 buffers each), and dV, dK (SS, from those buffers) and dQ are split by h
 
 Inputs prepared before the kernel (bwd_preprocess.py; preprocess="kernel": BwdPreprocess, "torch":
 torch ops): LSE_log2 = LSE * log2(e) with rows that see no key (LSE = -inf) and the padding rows
-set to +inf (so their P is 0), D = rowsum(dO * O) in fp32 (padding 0); both padded to a multiple
-of tile_m, as is the dQ accumulator (bwd_postprocess.py turns it into dQ after the kernel).
+set to +inf (so their P is 0), D = rowsum(dO * O) * softmax_scale in fp32 (padding 0) where dS^T
+carries the softmax scale and dQ, dK leave their GEMMs scaled (BwdConfig.ds_scaled: one warpgroup
+computes dQ, head dim 96); elsewhere D unscaled, dQ and dK multiplied after their GEMMs; both padded to a multiple of tile_m,
+as is the dQ accumulator (bwd_postprocess.py turns it into dQ after the kernel).
 Causal masking is bottom-right aligned (block_info.py's convention): key j is visible to query i
 iff j <= i + seqlen_k - seqlen_q; the key blocks before a CTA's first visible query block are
 skipped.
@@ -240,6 +242,7 @@ class FlashBwdSm90:
         self.mma_order = cfg.mma_order
         self.dq_rows_split = cfg.dq_rows_split
         self.kv_split = cfg.kv_split
+        self.ds_scaled = cfg.ds_scaled  # dS carries the softmax scale (bwd_config.BwdConfig.ds_scaled)
         # grouped K/V heads: one CTA per key block of each q head; dK, dV added into fp32
         # accumulators (the host turns them into 16 bit)
         self.gqa_reduce = cfg.gqa_dkv == "reduce"
@@ -1142,17 +1145,19 @@ class FlashBwdSm90:
                 for c in cutlass.range_constexpr(n_cols):  # landed with dO
                     d_c[c] = sD[tScS[0, c][1], state.index]
             warpgroup.wait_group(0)
-            # dS^T = P^T * (dP^T - D)
+            # dS^T = P^T * (dP^T * scale - D), D scaled by the preprocess (ds_scaled): one FFMA and one
+            # FMUL per element, and dQ, dK come out of their GEMMs scaled; else P^T * (dP^T - D)
             dp = mn_view(acc_dP)
+            ds_scale = softmax_scale if const_expr(self.ds_scaled) else Float32(1.0)
             if const_expr(at_use):
                 for c in cutlass.range_constexpr(n_cols):
                     d = sD[tScS[0, c][1], state.index]
                     for r in cutlass.range_constexpr(n_rows):
-                        dp[r, c] = s[r, c] * (dp[r, c] - d)
+                        dp[r, c] = s[r, c] * (dp[r, c] * ds_scale - d)
             else:
                 for r in cutlass.range_constexpr(n_rows):
                     for c in cutlass.range_constexpr(n_cols):
-                        dp[r, c] = s[r, c] * (dp[r, c] - d_c[c])
+                        dp[r, c] = s[r, c] * (dp[r, c] * ds_scale - d_c[c])
 
             ds_buf = it % 2
             aP, adS = tdVrP, tdKrdS  # dV's and dK's A operands
@@ -1271,9 +1276,11 @@ class FlashBwdSm90:
         """dk_in_flight: this warpgroup's dK GEMM still reads its columns of the stage's Q (qdo:
         the Q half waits for it). pair: (this CTA's rank in the cluster, its pair mbarriers).
         order: deterministic, _dq_turn's (None otherwise)."""
-        # dQ leaves scaled, so the host's postprocess is one copy (fp32 -> 16 bit, row order)
-        for i in cutlass.range_constexpr(cute.size(acc_dQ)):
-            acc_dQ[i] = acc_dQ[i] * softmax_scale
+        # dQ leaves scaled, so the host's postprocess is one copy (fp32 -> 16 bit, row order); with
+        # ds_scaled it is already (dS carries the scale)
+        if const_expr(not self.ds_scaled):
+            for i in cutlass.range_constexpr(cute.size(acc_dQ)):
+                acc_dQ[i] = acc_dQ[i] * softmax_scale
         stage = state.index
         if const_expr(self.dq_pair):
             self._pair_dq(acc_dQ, sdQ, dq_tidx, pair, state, dk_in_flight)
@@ -1317,7 +1324,7 @@ class FlashBwdSm90:
     @cute.jit
     def _epilogue(self, acc_dK, acc_dV, softmax_scale, tiled_mma_dkv, sK, sV, tma_atom_dK, mdK,
                   tma_atom_dV, mdV, tidx, n_block, kv_head, batch, var=None):
-        """dK * softmax_scale, dV -> 16 bit -> K's and V's smem buffers (stmatrix) -> TMA stores
+        """dK (scaled already: dS carries the softmax scale), dV -> 16 bit -> K's and V's smem buffers (stmatrix) -> TMA stores
         (varlen: _store_rows, the block's rows inside its sequence only); gqa_dkv="reduce":
         added into the fp32 accumulators instead (_reduce_dkv)."""
         if const_expr(self.gqa_reduce):
@@ -1326,7 +1333,10 @@ class FlashBwdSm90:
             return
         rdK = cute.make_rmem_tensor_like(acc_dK, self.dtype)
         rdV = cute.make_rmem_tensor_like(acc_dV, self.dtype)
-        rdK.store((acc_dK.load() * softmax_scale).to(self.dtype))
+        if const_expr(self.ds_scaled):
+            rdK.store(acc_dK.load().to(self.dtype))
+        else:
+            rdK.store((acc_dK.load() * softmax_scale).to(self.dtype))
         rdV.store(acc_dV.load().to(self.dtype))
         # every consumer's GEMMs (which read sK, sV) are done
         cute.arch.barrier(barrier_id=NamedBarrierBwd.EPILOGUE, number_of_threads=self.num_consumer_threads)
@@ -1363,7 +1373,7 @@ class FlashBwdSm90:
     @cute.jit
     def _reduce_dkv(self, acc_dK, acc_dV, softmax_scale, tiled_mma_dkv, mdK, mdV, tidx, n_block, kv_head, batch,
                     var=None):
-        """gqa_dkv="reduce": this q head's dK * softmax_scale and dV -> the k/v head's fp32
+        """gqa_dkv="reduce": this q head's dK and dV -> the k/v head's fp32
         accumulators, one two-wide RED.ADD per pair of adjacent columns of a row (the wgmma
         accumulator's elements 2i and 2i + 1), rows inside the keys only (varlen: inside the
         sequence's; the next sequence's rows belong to other CTAs). The q heads of a group add in
@@ -1377,9 +1387,9 @@ class FlashBwdSm90:
             mdV = cute.domain_offset((off_k, 0, 0, 0), mdV)
         thr_mma = tiled_mma_dkv.get_slice(tidx)
         tXcX = thr_mma.partition_C(cute.make_identity_tensor((self.tile_n, self.hd)))  # (key, column)
-        for i in cutlass.range_constexpr(cute.size(acc_dK) // 2):
-            acc_dK[2 * i] = acc_dK[2 * i] * softmax_scale
-            acc_dK[2 * i + 1] = acc_dK[2 * i + 1] * softmax_scale
+        if const_expr(not self.ds_scaled):
+            for i in cutlass.range_constexpr(cute.size(acc_dK)):
+                acc_dK[i] = acc_dK[i] * softmax_scale
         for acc, mX in ((acc_dK, mdK), (acc_dV, mdV)):
             gX = cute.local_tile(mX[None, None, kv_head, batch], (self.tile_n, self.hd), (n_block, 0))
             tXgX = thr_mma.partition_C(gX)
@@ -1606,8 +1616,8 @@ def run_bwd_varlen(cfg: BwdConfig, dout, q, k, v, out, lse, cu_q, cu_k, max_seql
     dpsum = torch.empty((1, h, sqp), dtype=torch.float32, device=q.device)
     lse_log2 = torch.empty((1, h, sqp), dtype=torch.float32, device=q.device)
     dq_accum, dq_sem = _dq_accumulators(cfg, 1, h, sqp, d, torch.empty, q.device)
-    preprocess_varlen(cfg, dout, out, lse, dpsum, lse_log2, dq_accum[:1], None if dq_sem is None else dq_sem[:1],
-                      cu_q, max_seqlen_q, _USE_TVM_FFI)
+    preprocess_varlen(cfg, dout, out, lse, softmax_scale if cfg.ds_scaled else 1.0, dpsum, lse_log2,
+                      dq_accum[:1], None if dq_sem is None else dq_sem[:1], cu_q, max_seqlen_q, _USE_TVM_FFI)
     _zero_copies(cfg, dq_accum, dq_sem, 1)
     if cfg.gqa_dkv == "reduce":  # fp32 accumulators the q heads' CTAs add into: one memset for both
         dkv_accum = torch.zeros((2, *k.shape), dtype=torch.float32, device=k.device)
@@ -1661,12 +1671,13 @@ def prepare_bwd(cfg: BwdConfig, dout, q, k, v, out, lse, softmax_scale: float, s
     alloc = torch.empty if cfg.dq_zero == "preprocess" else torch.zeros
     dq_accum, dq_sem = _dq_accumulators(cfg, b, h, sqp, d, alloc, q.device)
     if cfg.preprocess == "kernel":
-        dpsum, lse_log2 = preprocess_kernel(cfg, dout, out, lse, sqp, _USE_TVM_FFI, dq_accum[:b],
+        dpsum, lse_log2 = preprocess_kernel(cfg, dout, out, lse, softmax_scale if cfg.ds_scaled else 1.0, sqp,
+                                            _USE_TVM_FFI, dq_accum[:b],
                                             None if dq_sem is None else dq_sem[:b])
         if cfg.dq_zero == "preprocess":
             _zero_copies(cfg, dq_accum, dq_sem, b)
     else:
-        dpsum, lse_log2 = preprocess_torch(cfg, dout, out, lse, sqp)
+        dpsum, lse_log2 = preprocess_torch(cfg, dout, out, lse, softmax_scale if cfg.ds_scaled else 1.0, sqp)
     reduce_dkv = cfg.gqa_dkv == "reduce"
     if reduce_dkv:  # the kernel adds into fp32 accumulators: zeroed here, one memset for both
         dkv_accum = torch.zeros((2, b, sk, hkv, d), dtype=torch.float32, device=k.device)

@@ -183,6 +183,17 @@ class BwdConfig:
         return self.head_dim > 128
 
     @property
+    def ds_scaled(self) -> bool:
+        """dS carries the softmax scale (D scaled by the preprocess, dS = P (dP scale - D)), so dQ and
+        dK leave their GEMMs scaled, where one warpgroup computes dQ alone (dq_wgs 1: head dim 96,
+        and 64 with 64-row blocks): there the dQ multiplies (tile_m x head_dim / 128 FMUL per query
+        block, 48 at 96) lie on that warpgroup's path alone. Where both share dQ the multiplies
+        split, and the change measured level (lab/campaigns/kernel-sm90-backward, ds-scale); with
+        kv_split the consumers sit at the 240-register limit and holding the scale spills. Else dQ
+        and dK are multiplied by the scale after their GEMMs, and the preprocess scales D by 1."""
+        return not self.kv_split and self.dq_wgs == 1
+
+    @property
     def num_consumer_wgs(self) -> int:
         return 2 if self.kv_split else self.tile_n // 64
 

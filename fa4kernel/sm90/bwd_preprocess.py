@@ -1,6 +1,9 @@
 """The SM90 backward's preprocess (sm90/bwd.py runs it before the main kernel): D = rowsum(dO * O)
-in fp32 and LSE_log2 = LSE * log2(e), both (b, h, s_q_pad), rows that see no key (LSE = -inf) and
-the padding rows at LSE_log2 = +inf (their P is 0), D = 0 on the padding rows.
+* scale in fp32 and LSE_log2 = LSE * log2(e), both (b, h, s_q_pad), rows that see no key
+(LSE = -inf) and the padding rows at LSE_log2 = +inf (their P is 0), D = 0 on the padding rows.
+scale is the softmax scale where dS carries it (BwdConfig.ds_scaled: the main kernel's
+dS = P * (dP * scale - D) comes out scaled, and dQ = dS K and dK = dS^T Q need no multiply of their
+own, one FMUL per dQ element per query block less in the loop), else 1.
 
 preprocess="kernel": BwdPreprocess, a CuTe DSL kernel (with dq_zero="preprocess" it also zeroes
 the dQ accumulator and the deterministic build's dQ semaphores), launched by preprocess_kernel;
@@ -25,7 +28,7 @@ LOG2_E = math.log2(math.e)
 
 
 class BwdPreprocess:
-    """preprocess="kernel": D = rowsum(dO * O) in fp32 and LSE_log2 = LSE * log2(e) (+inf where
+    """preprocess="kernel": D = rowsum(dO * O) * scale in fp32 and LSE_log2 = LSE * log2(e) (+inf where
     LSE = -inf: rows that see no key) for every query row, padding rows (s_q <= row < s_q_pad)
     D = 0 and LSE_log2 = +inf; reads dO and O once (the torch preprocess makes fp32 copies).
 
@@ -46,22 +49,22 @@ class BwdPreprocess:
 
     @cute.jit
     def __call__(self, mO: cute.Tensor, mdO: cute.Tensor, mLSE: cute.Tensor, mD: cute.Tensor,
-                 mLSE2: cute.Tensor, mdQaccum: cute.Tensor, mdQsem: Optional[cute.Tensor], stream):
+                 mLSE2: cute.Tensor, mdQaccum: cute.Tensor, mdQsem: Optional[cute.Tensor], scale: Float32, stream):
         # mO, mdO (b, s_q, h, d); mLSE (b, h, s_q) natural log; mD, mLSE2 (b, h, s_q_pad);
         # mdQaccum (b, h, s_q_pad, d) fp32 (touched only with dq_zero="preprocess"); mdQsem
-        # (b, h, s_q_pad / tile_m) int32 of the deterministic build, else None
+        # (b, h, s_q_pad / tile_m) int32 of the deterministic build, else None; scale: the softmax scale
         grid = (cute.ceil_div(mD.shape[2], self.ROWS), cute.size(mD.shape[1]), cute.size(mD.shape[0]))
-        self.kernel(mO, mdO, mLSE, mD, mLSE2, mdQaccum, mdQsem).launch(grid=grid, block=[4 * self.ROWS, 1, 1],
-                                                                      stream=stream)
+        self.kernel(mO, mdO, mLSE, mD, mLSE2, mdQaccum, mdQsem, scale).launch(
+            grid=grid, block=[4 * self.ROWS, 1, 1], stream=stream)
 
     @cute.kernel
     def kernel(self, mO: cute.Tensor, mdO: cute.Tensor, mLSE: cute.Tensor, mD: cute.Tensor, mLSE2: cute.Tensor,
-               mdQaccum: cute.Tensor, mdQsem):
+               mdQaccum: cute.Tensor, mdQsem, scale: Float32):
         bx, head, batch = cute.arch.block_idx()
-        self._rows(mO, mdO, mLSE, mD, mLSE2, mdQaccum, mdQsem, bx, head, batch, mO.shape[1], mD.shape[2])
+        self._rows(mO, mdO, mLSE, mD, mLSE2, mdQaccum, mdQsem, scale, bx, head, batch, mO.shape[1], mD.shape[2])
 
     @cute.jit
-    def _rows(self, mO, mdO, mLSE, mD, mLSE2, mdQaccum, mdQsem, bx, head, batch, seqlen_q, padded):
+    def _rows(self, mO, mdO, mLSE, mD, mLSE2, mdQaccum, mdQsem, scale, bx, head, batch, seqlen_q, padded):
         """The CTA's 32 rows bx * 32 .. of (head, batch): rows below seqlen_q read, rows below
         `padded` written (past seqlen_q D = 0, LSE_log2 = +inf)."""
         tidx = cute.arch.thread_idx()[0]
@@ -98,7 +101,7 @@ class BwdPreprocess:
                 lse = mLSE[batch, head, row]
                 if lse != -Float32(math.inf):
                     lse2 = lse * LOG2_E
-            mD[batch, head, row] = total
+            mD[batch, head, row] = total * scale
             mLSE2[batch, head, row] = lse2
 
 
@@ -111,15 +114,15 @@ class BwdPreprocessVarlen(BwdPreprocess):
 
     @cute.jit
     def __call__(self, mO: cute.Tensor, mdO: cute.Tensor, mLSE: cute.Tensor, mD: cute.Tensor, mLSE2: cute.Tensor,
-                 mdQaccum: cute.Tensor, mdQsem: Optional[cute.Tensor], mCuSeqlensQ: cute.Tensor, num_pieces: Int32,
-                 stream):
+                 mdQaccum: cute.Tensor, mdQsem: Optional[cute.Tensor], scale: Float32, mCuSeqlensQ: cute.Tensor,
+                 num_pieces: Int32, stream):
         grid = (num_pieces, cute.size(mD.shape[1]), mCuSeqlensQ.shape[0] - 1)
-        self.kernel(mO, mdO, mLSE, mD, mLSE2, mdQaccum, mdQsem, mCuSeqlensQ).launch(
+        self.kernel(mO, mdO, mLSE, mD, mLSE2, mdQaccum, mdQsem, scale, mCuSeqlensQ).launch(
             grid=grid, block=[4 * self.ROWS, 1, 1], stream=stream)
 
     @cute.kernel
     def kernel(self, mO: cute.Tensor, mdO: cute.Tensor, mLSE: cute.Tensor, mD: cute.Tensor, mLSE2: cute.Tensor,
-               mdQaccum: cute.Tensor, mdQsem, mCuSeqlensQ: cute.Tensor):
+               mdQaccum: cute.Tensor, mdQsem, scale: Float32, mCuSeqlensQ: cute.Tensor):
         bx, head, seq = cute.arch.block_idx()
         off = mCuSeqlensQ[seq]
         rows = mCuSeqlensQ[seq + 1] - off
@@ -132,7 +135,7 @@ class BwdPreprocessVarlen(BwdPreprocess):
             self._rows(cute.domain_offset((0, off, 0, 0), mO), cute.domain_offset((0, off, 0, 0), mdO),
                        cute.domain_offset((0, 0, off), mLSE), cute.domain_offset((0, 0, pad), mD),
                        cute.domain_offset((0, 0, pad), mLSE2), cute.domain_offset((0, 0, pad, 0), mdQaccum), sem,
-                       bx, head, 0, rows, blocks)
+                       scale, bx, head, 0, rows, blocks)
 
 
 def fake_preprocess_args(cfg: BwdConfig):
@@ -157,7 +160,8 @@ def fake_preprocess_args(cfg: BwdConfig):
     if cfg.deterministic and cfg.dq_zero == "preprocess":
         sem = make_fake_tensor(cutlass.Int32, (b, h, cute.sym_int()), stride=(cute.sym_int64(), cute.sym_int64(), 1),
                                assumed_align=4)
-    return fake((b, sq, h, cfg.head_dim)), fake((b, sq, h, cfg.head_dim)), stats(sq), stats(sqp), stats(sqp), dq, sem
+    return (fake((b, sq, h, cfg.head_dim)), fake((b, sq, h, cfg.head_dim)), stats(sq), stats(sqp), stats(sqp), dq, sem,
+            Float32(1.0))
 
 
 def compile_preprocess(cfg: BwdConfig, options=None, tvm_ffi: bool = False):
@@ -174,7 +178,8 @@ def compile_preprocess(cfg: BwdConfig, options=None, tvm_ffi: bool = False):
 _PRE_CACHE: dict = {}  # (dtype, head_dim, dq_zero, zeroes semaphores, tile_m, tvm_ffi) -> compiled preprocess
 
 
-def preprocess_kernel(cfg: BwdConfig, dout, out, lse, seqlen_q_pad: int, use_tvm_ffi: bool, dq_accum, dq_sem=None):
+def preprocess_kernel(cfg: BwdConfig, dout, out, lse, softmax_scale: float, seqlen_q_pad: int, use_tvm_ffi: bool,
+                      dq_accum, dq_sem=None):
     """preprocess="kernel": D and LSE_log2 as preprocess_torch, by BwdPreprocess (one launch; with
     dq_zero="preprocess" it also zeroes dq_accum and, deterministic, dq_sem)."""
     import torch
@@ -192,10 +197,10 @@ def preprocess_kernel(cfg: BwdConfig, dout, out, lse, seqlen_q_pad: int, use_tvm
     if use_tvm_ffi:
         if fn is None:
             fn = _PRE_CACHE[key] = compile_preprocess(cfg, tvm_ffi=True)
-        fn(out, dout, lse, dpsum, lse_log2, dq_accum, sem)
+        fn(out, dout, lse, dpsum, lse_log2, dq_accum, sem, softmax_scale)
     else:
         args = [to_cute(out, 3), to_cute(dout, 3)] + [to_cute(t, 2, align=4) for t in (lse, dpsum, lse_log2)] \
-            + [to_cute(dq_accum, 3), to_cute(sem, 2, align=4) if zero_sem else None]
+            + [to_cute(dq_accum, 3), to_cute(sem, 2, align=4) if zero_sem else None, Float32(softmax_scale)]
         stream = torch_stream(dout.device)
         if fn is None:
             fn = _PRE_CACHE[key] = cute.compile(BwdPreprocess(cfg), *args, stream)
@@ -203,8 +208,8 @@ def preprocess_kernel(cfg: BwdConfig, dout, out, lse, seqlen_q_pad: int, use_tvm
     return dpsum, lse_log2
 
 
-def preprocess_varlen(cfg: BwdConfig, dout, out, lse, dpsum, lse_log2, dq_accum, dq_sem, cu_q, max_seqlen_q: int,
-                      use_tvm_ffi: bool):
+def preprocess_varlen(cfg: BwdConfig, dout, out, lse, softmax_scale: float, dpsum, lse_log2, dq_accum, dq_sem, cu_q,
+                      max_seqlen_q: int, use_tvm_ffi: bool):
     """The varlen build's preprocess (BwdPreprocessVarlen, one launch): dout, out (total_q, h, d),
     lse (h, total_q) packed; dpsum, lse_log2 (1, h, s_q_pad) and dq_accum (1, h, s_q_pad, d)
     padded per sequence, written (and zeroed) over each sequence's query blocks, and with them
@@ -218,25 +223,26 @@ def preprocess_varlen(cfg: BwdConfig, dout, out, lse, dpsum, lse_log2, dq_accum,
     if use_tvm_ffi:
         if fn is None:
             fn = _PRE_CACHE[key] = compile_preprocess(cfg, tvm_ffi=True)
-        fn(o, do, ls, dpsum, lse_log2, dq_accum, dq_sem, cu_q, pieces)
+        fn(o, do, ls, dpsum, lse_log2, dq_accum, dq_sem, softmax_scale, cu_q, pieces)
         return
     args = [to_cute(o, 3), to_cute(do, 3)] + [to_cute(t, 2, align=4) for t in (ls, dpsum, lse_log2)] \
         + [to_cute(dq_accum, 3), to_cute(dq_sem, 2, align=4) if dq_sem is not None else None,
-           to_cute(cu_q, 0, align=4)]
+           Float32(softmax_scale), to_cute(cu_q, 0, align=4)]
     stream = torch_stream(dout.device)
     if fn is None:
         fn = _PRE_CACHE[key] = cute.compile(BwdPreprocessVarlen(cfg), *args, Int32(pieces), stream)
     fn(*args, Int32(pieces), stream)
 
 
-def preprocess_torch(cfg: BwdConfig, dout, out, lse, seqlen_q_pad: int):
-    """The preprocess, in torch: D = rowsum(dO * O) in fp32 and LSE_log2 = LSE * log2(e), rows
-    that see no key (LSE = -inf) and the padding rows at +inf (P = 0 there), both (b, h, s_q_pad)."""
+def preprocess_torch(cfg: BwdConfig, dout, out, lse, softmax_scale: float, seqlen_q_pad: int):
+    """The preprocess, in torch: D = rowsum(dO * O) * softmax_scale in fp32 and LSE_log2 = LSE *
+    log2(e), rows that see no key (LSE = -inf) and the padding rows at +inf (P = 0 there), both
+    (b, h, s_q_pad)."""
     import torch
 
     b, sq, h, _ = dout.shape
     dpsum = torch.zeros((b, h, seqlen_q_pad), dtype=torch.float32, device=dout.device)
-    dpsum[:, :, :sq] = (dout.float() * out.float()).sum(-1).transpose(1, 2)
+    dpsum[:, :, :sq] = (dout.float() * out.float()).sum(-1).transpose(1, 2) * softmax_scale
     lse_log2 = torch.full((b, h, seqlen_q_pad), math.inf, dtype=torch.float32, device=dout.device)
     lse_log2[:, :, :sq] = torch.where(lse == -math.inf, math.inf, lse.float() * LOG2_E)
     return dpsum, lse_log2

@@ -429,7 +429,10 @@ def build(hw, p: Problem, k: dict, n_kv: int, masked_blocks: int, impl=None, hbm
                   lse_get, stat_lds, p_store, scaled(fixed, 0.5), every)
         ops.append(Op(f"EXP{w}", r, tuple(exp.items()), hw.mufu_latency, "exp",
                       label="P = exp2(S scale - LSE), to bf16" + ("" if (rs or p_late) else ", P -> smem")))
-        # dS = P (dP - dPsum): a subtract and a multiply per element ("rescale" = one FMUL each)
+        # dS = P (dP - dPsum): a subtract and a multiply per element ("rescale" = one FMUL each);
+        # fa4kernel's at head dim 96 (one warpgroup computes dQ) dS = P (dP scale - dPsum scale),
+        # dPsum scaled by its preprocess: an FFMA for the subtract, the same count, and dQ and dK
+        # need no multiply (its loop's SASS counts, fa4kernel-sm90.sass.json, hold which builds)
         ds = add(phase(hw, "rescale", 2 * elems), phase(hw, "convert", elems), lse_get, stat_lds,
                  ds_store, ds_store if p_late else {}, scaled(fixed, 0.5))
         ops.append(Op(f"DS{w}", r, tuple(ds.items()), 0.0, "softmax",

@@ -339,6 +339,7 @@ TORCH_PRE = (
     ("out.float()", 0, 2 + 4, 0),
     ("dout * out (fp32)", 0, 8 + 4, 0),
     (".sum(-1)", 4, 4, 0),
+    ("* softmax_scale", 4 + 4, 0, 0),
     ("dpsum[..., :sq] = (copy)", 8, 0, 0),
     ("lse_log2 = full(inf)", 4, 0, 0),
     ("lse == -inf", 4 + 1, 0, 0),
