@@ -7,12 +7,14 @@
 #                 (FA3 needs .fa3/ carried in this call or an earlier one on the same machine)
 #   decode-varlen the decode grid with CUDA graphs, then the nine varlen batches with their dense twins
 #   bwd           the backward grid and its seven further problems, beside flash-attn-4 and cuDNN
+#   noadds        what dQ's adds cost (kernel-sm90-backward/no-adds.diff): default, red and the build
+#                 without the adds at hd64 / 128 / 256, 4k and 16k, settled
 # Each step sources setup.sh (the bundle's second half, the install) and stops its last command
 # at LIMIT_S (default 585) seconds from its start.
 set -u
-STEP=${1:-}
-case "$STEP" in tile96|fwd|decode-varlen|bwd) ;;
-  *) echo "runs.sh: step '$STEP' unknown; allowed: tile96, fwd, decode-varlen, bwd" >&2; exit 2 ;;
+STEP=${1:-}  # one of the steps above
+case "$STEP" in tile96|fwd|decode-varlen|bwd|noadds) ;;
+  *) echo "runs.sh: step '$STEP' unknown; allowed: tile96, fwd, decode-varlen, bwd, noadds" >&2; exit 2 ;;
 esac
 T0=$(date +%s); LIMIT=${2:-585}
 source lab/tools/device/setup.sh
@@ -59,4 +61,11 @@ case "$STEP" in
     timeout $(left $LIMIT) python3 lab/tools/bench_bwd_sm90.py --skip fa2 --out $OUT/bwd_grid.json \
       > $OUT/bwd_grid.log 2>&1
     at grid $?; grep "^bwd\|geomean" $OUT/bwd_grid.log | tail -24 ;;
+  noadds)
+    D=lab/campaigns/kernel-sm90-backward/no-adds.diff
+    (git apply "$D" 2>/dev/null || patch -p1 -s < "$D") && echo "applied $D"
+    timeout $(left $LIMIT) python3 lab/tools/bench_bwd_sm90.py --sustained --no-deterministic --skip fa2,sdpa-cudnn \
+      --hdims 64,128,256 --seqlens 4096,16384 --causal 0 --variants dq_reduce=red dq_reduce=none \
+      --out $OUT/noadds.json > $OUT/noadds.log 2>&1
+    at noadds $?; grep "^bwd\|geomean" $OUT/noadds.log | tail -12 ;;
 esac
