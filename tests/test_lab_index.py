@@ -14,3 +14,10 @@ def test_every_indexed_file_is_found_by_kind_and_by_name():
         assert r in index.recorded(kind=r["kind"], device=r["gpu"], kernel=r["kernel"].split(",")[0])
         name = r["path"].split("/", 3)[3]
         assert index.path_of(name) == index.ROOT / r["path"]
+
+
+def test_every_indexed_name_is_one_file():
+    """path_of finds a file by its name alone, so no two campaigns hold files of the same name."""
+    names = [r["path"].split("/", 3)[3] for r in index.load()]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    assert not twice, f"names in two campaigns: {twice}"
